@@ -1,0 +1,19 @@
+"""cupycoll: dense and sparse collective communication over MPI/numpy and NCCL/CuPy."""
+
+from __future__ import annotations
+
+import logging
+
+from . import errors
+from ._registry import algorithms
+from ._types import ReduceOp
+from .collectives import (all_gather, all_reduce, allgather, allreduce, broadcast, reduce,
+                          reduce_scatter)
+from .comm import Communicator, Stats, Work, get_comm, init
+
+__version__ = "0.1.0"
+__all__ = ["init", "get_comm", "Communicator", "Stats", "Work", "ReduceOp", "errors",
+           "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "all_reduce",
+           "all_gather", "algorithms"]
+
+logging.getLogger("cupycoll").addHandler(logging.NullHandler())

@@ -1,0 +1,54 @@
+"""Configuration: keyword argument first, ``CUPYCOLL_*`` environment variable second.
+
+The table below is the single source of the README's configuration table; an unknown
+``CUPYCOLL_*`` variable raises, so a typo is not silently ignored.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from .errors import InvalidArgument
+
+__all__ = ["SETTINGS", "setting", "check_environment"]
+
+
+def _timeout(text: str) -> float | None:
+    value = float(text)
+    return None if value <= 0 else value
+
+
+#: name -> (parser, default, description)
+SETTINGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
+    "CUPYCOLL_BACKEND": (str, "auto", "default backend of init(): auto, mpi or nccl"),
+    "CUPYCOLL_TIMEOUT": (_timeout, None,
+                         "seconds a blocking wait may take before CollectiveTimeout (<= 0: none)"),
+    "CUPYCOLL_ALGORITHM": (str, "auto", "default sparse_allreduce algorithm"),
+    "CUPYCOLL_TOPK_ALGORITHM": (str, "oktopk", "default topk_allreduce algorithm"),
+    "CUPYCOLL_DEBUG": (lambda t: t not in ("", "0", "false", "no"), False,
+                       "check argument agreement across ranks more often (slower)"),
+    "CUPYCOLL_LOG_LEVEL": (str, "WARNING", "level of the 'cupycoll' logger"),
+}
+
+
+def check_environment() -> None:
+    """Raise InvalidArgument for a CUPYCOLL_* environment variable that is not in SETTINGS."""
+    unknown = sorted(k for k in os.environ if k.startswith("CUPYCOLL_") and k not in SETTINGS)
+    if unknown:
+        raise InvalidArgument(unknown[0], os.environ[unknown[0]],
+                              f"unknown setting; known: {sorted(SETTINGS)}")
+
+
+def setting(name: str, value: Any = None) -> Any:
+    """Return ``value`` if given, else the parsed environment variable, else the default."""
+    if value is not None:
+        return value
+    parser, default, _ = SETTINGS[name]
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        return parser(text)
+    except ValueError as exc:
+        raise InvalidArgument(name, text, f"cannot parse environment variable: {exc}") from None

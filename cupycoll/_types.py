@@ -1,0 +1,97 @@
+"""Reduction ops, supported dtypes and array-namespace helpers shared by every layer."""
+
+from __future__ import annotations
+
+import enum
+import types
+from typing import Any
+
+import numpy as np
+
+from .errors import InvalidArgument, InvalidType
+
+__all__ = ["ReduceOp", "parse_op", "array_namespace", "as_array", "check_dtype", "DENSE_DTYPES"]
+
+
+class ReduceOp(str, enum.Enum):
+    """Reduction operations, with NCCL's semantics (``avg`` = sum / P, integers truncate)."""
+
+    SUM = "sum"
+    PROD = "prod"
+    MAX = "max"
+    MIN = "min"
+    AVG = "avg"
+
+
+#: dtypes every dense collective accepts (bfloat16 is added where the array library has it).
+DENSE_DTYPES = tuple(
+    np.dtype(t) for t in ("float16", "float32", "float64", "int8", "uint8", "int32", "int64")
+)
+_ALLOWED_NAMES = frozenset(d.name for d in DENSE_DTYPES) | {"bfloat16"}
+
+_MPI_OP_NAMES = {"SUM": ReduceOp.SUM, "PROD": ReduceOp.PROD, "MAX": ReduceOp.MAX, "MIN": ReduceOp.MIN}
+
+
+def parse_op(op: Any, *, rank: int | None = None, argument: str = "op") -> ReduceOp:
+    """Turn a string, :class:`ReduceOp` or mpi4py ``MPI.SUM``-style op into a :class:`ReduceOp`."""
+    if isinstance(op, ReduceOp):
+        return op
+    if isinstance(op, str):
+        try:
+            return ReduceOp(op.lower())
+        except ValueError:
+            raise InvalidArgument(argument, op, f"unknown op; valid: {sorted(o.value for o in ReduceOp)}",
+                                  rank=rank) from None
+    mpi_name = _mpi_op_name(op)
+    if mpi_name is not None:
+        return mpi_name
+    name = getattr(op, "name", None)  # e.g. torch.distributed.ReduceOp.SUM
+    if isinstance(name, str) and name.lower() in {o.value for o in ReduceOp}:
+        return ReduceOp(name.lower())
+    raise InvalidType(argument, op, "a str, cupycoll.ReduceOp or mpi4py MPI op", rank=rank)
+
+
+def _mpi_op_name(op: Any) -> ReduceOp | None:
+    try:
+        from mpi4py import MPI
+    except ImportError:  # pragma: no cover - mpi4py is a dependency
+        return None
+    if not isinstance(op, MPI.Op):
+        return None
+    for name, value in _MPI_OP_NAMES.items():
+        if op == getattr(MPI, name):
+            return value
+    raise InvalidArgument("op", op, "only MPI.SUM, MPI.PROD, MPI.MAX, MPI.MIN are supported")
+
+
+def array_namespace(x: Any) -> types.ModuleType:
+    """Return numpy or cupy, whichever owns ``x``."""
+    if type(x).__module__.startswith("cupy"):
+        import cupy
+
+        return cupy
+    return np
+
+
+def as_array(x: Any, argument: str, *, rank: int | None = None) -> Any:
+    """Accept a numpy/cupy array or anything with ``__dlpack__`` (zero-copy); reject the rest."""
+    if isinstance(x, np.ndarray) or type(x).__module__.startswith("cupy"):
+        return x
+    if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
+        device_type = int(x.__dlpack_device__()[0])
+        if device_type in (1, 3):  # kDLCPU, kDLCUDAHost
+            return np.from_dlpack(x)
+        import cupy
+
+        return cupy.from_dlpack(x)
+    raise InvalidType(argument, type(x).__name__, "a numpy/cupy array or an object with __dlpack__",
+                      rank=rank)
+
+
+def check_dtype(x: Any, argument: str, *, rank: int | None = None, allowed=None) -> np.dtype:
+    """Return the dtype of ``x`` or raise :class:`InvalidType` if it is not supported."""
+    dtype = np.dtype(x.dtype)
+    names = _ALLOWED_NAMES if allowed is None else {np.dtype(a).name for a in allowed}
+    if dtype.name not in names:
+        raise InvalidType(argument, dtype, f"an array of one of {sorted(names)}", rank=rank)
+    return dtype

@@ -1,0 +1,155 @@
+"""Dense collectives with NCCL's semantics: allreduce, broadcast, reduce, allgather, reduce_scatter.
+
+Out-of-place by default (a new output array; the input is never modified), in-place with
+``out=x``. Inputs are numpy or cupy arrays or anything with ``__dlpack__`` (PyTorch tensors,
+zero-copy); results come back as the caller's array type. Bad arguments raise before anything is
+sent, on the rank that got them.
+
+Example::
+
+    x = np.full(4, comm.rank + 1.0, np.float32)
+    cc.allreduce(x)              # rank 0 and rank 1 (P=2): [3., 3., 3., 3.]
+    cc.reduce(x, root=1)         # rank 0: None          rank 1: [3., 3., 3., 3.]
+"""
+
+from __future__ import annotations
+
+import operator
+import sys
+from typing import Any
+
+from ._types import ReduceOp, array_namespace, as_array, check_dtype, parse_op
+from .comm import Communicator, Work, get_comm
+from .errors import InvalidArgument, InvalidType
+
+__all__ = ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "all_reduce",
+           "all_gather", "reduce_scatter_tensor"]
+
+
+def _input(x: Any, comm: Communicator, name: str = "x") -> Any:
+    arr = as_array(x, name, rank=comm.rank)
+    check_dtype(arr, name, rank=comm.rank)
+    if array_namespace(arr) is not comm.xp and comm.backend == "nccl":
+        raise InvalidType(name, type(arr).__name__, "a cupy array (or CUDA DLPack tensor) on the "
+                          "nccl backend", rank=comm.rank)
+    return arr if arr.flags.c_contiguous else array_namespace(arr).ascontiguousarray(arr)
+
+
+def _output(out: Any, x: Any, shape: tuple, comm: Communicator) -> Any:
+    if out is None:
+        return array_namespace(x).empty(shape, dtype=x.dtype)
+    out = as_array(out, "out", rank=comm.rank)
+    if tuple(out.shape) != tuple(shape):
+        raise InvalidArgument("out", tuple(out.shape), f"shape must be {tuple(shape)}", rank=comm.rank)
+    if out.dtype != x.dtype:
+        raise InvalidType("out", out.dtype, f"an array of dtype {x.dtype} (the input's)",
+                          rank=comm.rank)
+    if not out.flags.c_contiguous:
+        raise InvalidArgument("out", "non-contiguous array", "must be C-contiguous", rank=comm.rank)
+    return out
+
+
+def _root(root: Any, comm: Communicator) -> int:
+    try:
+        value = operator.index(root)
+    except TypeError:
+        raise InvalidType("root", root, "an int rank", rank=comm.rank) from None
+    if not 0 <= value < comm.size:
+        raise InvalidArgument("root", root, f"must be a rank in [0, {comm.size})", rank=comm.rank)
+    return value
+
+
+def _rows(x: Any, comm: Communicator) -> int:
+    if x.ndim == 0:
+        raise InvalidArgument("x", "0-d array", "needs at least one dimension (axis 0 is split "
+                              "or concatenated)", rank=comm.rank)
+    return int(x.shape[0])
+
+
+def _like_caller(result: Any, original: Any) -> Any:
+    """Return ``result`` as the caller's array type (e.g. a torch tensor via DLPack)."""
+    if result is None or type(original).__module__.split(".")[0] in ("numpy", "cupy"):
+        return result
+    module = sys.modules.get(type(original).__module__.split(".")[0])
+    from_dlpack = getattr(module, "from_dlpack", None)
+    return from_dlpack(result) if from_dlpack is not None else result
+
+
+def _deliver(work: Work, result: Any, original: Any, async_op: bool) -> Any:
+    if async_op:
+        return Work(work.wait, work.is_completed,
+                    lambda: _like_caller(result, original))
+    work.wait()
+    return _like_caller(result, original)
+
+
+def allreduce(x: Any, op: Any = "sum", *, comm: Communicator | None = None, out: Any = None,
+              async_op: bool = False) -> Any:
+    """Reduce ``x`` over all ranks with ``op``; every rank gets the identical result.
+
+    Args:
+        x: array (numpy, cupy, or ``__dlpack__``); same shape and dtype on every rank.
+        op: "sum", "prod", "max", "min", "avg", a ReduceOp or an mpi4py op.
+        comm: communicator (default ``cupycoll.get_comm()``).
+        out: output array (``out=x`` for in-place); default a new array.
+        async_op: return a Work whose ``result()`` is the output.
+    Example::
+
+        cc.allreduce(np.array([rank + 1]))    # rank 0: [3]  rank 1: [3]
+    """
+    comm = comm or get_comm()
+    arr = _input(x, comm)
+    red = parse_op(op, rank=comm.rank)
+    dst = _output(out, arr, arr.shape, comm)
+    return _deliver(comm.allreduce(arr, dst, red), dst, x, async_op)
+
+
+def broadcast(x: Any, root: int = 0, *, comm: Communicator | None = None, out: Any = None,
+              async_op: bool = False) -> Any:
+    """Copy root's ``x`` to every rank (``x`` on other ranks only gives shape and dtype)."""
+    comm = comm or get_comm()
+    arr = _input(x, comm)
+    src = _root(root, comm)
+    dst = _output(out, arr, arr.shape, comm)
+    return _deliver(comm.broadcast(arr, dst, src), dst, x, async_op)
+
+
+def reduce(x: Any, root: int = 0, op: Any = "sum", *, comm: Communicator | None = None,
+           out: Any = None, async_op: bool = False) -> Any:
+    """Reduce ``x`` over all ranks onto ``root``; return the result on root and None elsewhere."""
+    comm = comm or get_comm()
+    arr = _input(x, comm)
+    dst_root = _root(root, comm)
+    red = parse_op(op, rank=comm.rank)
+    dst = _output(out, arr, arr.shape, comm) if comm.rank == dst_root else None
+    return _deliver(comm.reduce(arr, dst, red, dst_root), dst, x, async_op)
+
+
+def allgather(x: Any, *, comm: Communicator | None = None, out: Any = None,
+              async_op: bool = False) -> Any:
+    """Concatenate every rank's ``x`` along axis 0 in rank order; identical on every rank."""
+    comm = comm or get_comm()
+    arr = _input(x, comm)
+    shape = (comm.size * _rows(arr, comm),) + tuple(arr.shape[1:])
+    dst = _output(out, arr, shape, comm)
+    return _deliver(comm.allgather(arr, dst), dst, x, async_op)
+
+
+def reduce_scatter(x: Any, op: Any = "sum", *, comm: Communicator | None = None, out: Any = None,
+                   async_op: bool = False) -> Any:
+    """Reduce ``x`` over ranks and return this rank's block (axis 0 split into P equal blocks)."""
+    comm = comm or get_comm()
+    arr = _input(x, comm)
+    rows = _rows(arr, comm)
+    red = parse_op(op, rank=comm.rank)
+    if rows % comm.size:
+        raise InvalidArgument("x", tuple(arr.shape), f"axis 0 ({rows}) must be divisible by the "
+                              f"number of ranks ({comm.size})", rank=comm.rank)
+    dst = _output(out, arr, (rows // comm.size,) + tuple(arr.shape[1:]), comm)
+    return _deliver(comm.reduce_scatter(arr, dst, red), dst, x, async_op)
+
+
+all_reduce = allreduce
+all_gather = allgather
+reduce_scatter_tensor = reduce_scatter
+_ = ReduceOp

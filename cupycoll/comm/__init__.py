@@ -1,0 +1,68 @@
+"""Communicators: the protocol (``Communicator``), the MPI and NCCL backends, and the default."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .._config import check_environment, setting
+from ..errors import BackendUnavailable, InvalidArgument
+from ._base import Communicator, OpStats, Stats, Work, bus_factor
+
+__all__ = ["Communicator", "Stats", "OpStats", "Work", "bus_factor", "init", "get_comm",
+           "nccl_usable"]
+
+_log = logging.getLogger("cupycoll")
+_default: Communicator | None = None
+_BACKENDS = ("auto", "mpi", "nccl")
+
+
+def nccl_usable() -> bool:
+    """Return True when CuPy, its NCCL binding and at least one CUDA device are usable."""
+    try:
+        import cupy
+        from cupy.cuda import nccl  # noqa: F401
+
+        return cupy.cuda.runtime.getDeviceCount() > 0 and nccl.available
+    except Exception:  # any import or driver failure means "not usable"
+        return False
+
+
+def init(backend: str | None = None, *, mpi_comm: Any = None,
+         timeout: float | None = None) -> Communicator:
+    """Create a Communicator over ``mpi_comm`` (default COMM_WORLD) and make it the default.
+
+    Args:
+        backend: "auto" (NCCL when CuPy, NCCL and a device are usable, else MPI), "mpi" or "nccl";
+            default ``CUPYCOLL_BACKEND`` or "auto".
+        mpi_comm: the mpi4py communicator whose ranks form the group (it also bootstraps NCCL).
+        timeout: seconds before a blocking wait raises CollectiveTimeout (``CUPYCOLL_TIMEOUT``).
+    Raises:
+        InvalidArgument: unknown backend. BackendUnavailable: "nccl" asked for but not usable.
+    """
+    global _default
+    check_environment()
+    backend = setting("CUPYCOLL_BACKEND", backend)
+    if backend not in _BACKENDS:
+        raise InvalidArgument("backend", backend, f"valid: {list(_BACKENDS)}")
+    timeout = setting("CUPYCOLL_TIMEOUT", timeout)
+    if backend == "auto":
+        backend = "nccl" if nccl_usable() else "mpi"
+    if backend == "nccl":
+        if not nccl_usable():
+            raise BackendUnavailable("backend 'nccl' needs CuPy, cupy.cuda.nccl and a CUDA device")
+        from .nccl import NCCLCommunicator
+
+        comm: Communicator = NCCLCommunicator(mpi_comm, timeout=timeout)
+    else:
+        from .mpi import MPICommunicator
+
+        comm = MPICommunicator(mpi_comm, timeout=timeout)
+    _log.debug("cupycoll: rank %d/%d on backend %s", comm.rank, comm.size, comm.backend)
+    _default = comm
+    return comm
+
+
+def get_comm() -> Communicator:
+    """Return the default Communicator, initialising it (``init()``) on first use."""
+    return _default if _default is not None else init()

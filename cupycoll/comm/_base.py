@@ -1,0 +1,289 @@
+"""The Communicator protocol every algorithm is written against, its traffic counters and Work.
+
+An algorithm only calls the methods below; it never touches MPI or NCCL itself. Dense methods use
+NCCL's buffer semantics (``send is recv`` means in-place) and return a :class:`Work`; the front
+doors in :mod:`cupycoll.collectives` wait on it unless the caller asked for ``async_op``.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+import threading
+import types
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .._types import ReduceOp
+
+__all__ = ["Communicator", "Stats", "OpStats", "Work", "bus_factor"]
+
+
+@dataclasses.dataclass
+class OpStats:
+    """Traffic of one operation name (or of all of them): bytes and messages, sent and received."""
+
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    messages_sent: int = 0
+    messages_received: int = 0
+
+    def add(self, sent: int, received: int, msgs_sent: int, msgs_received: int) -> None:
+        self.bytes_sent += int(sent)
+        self.bytes_received += int(received)
+        self.messages_sent += int(msgs_sent)
+        self.messages_received += int(msgs_received)
+
+
+class Stats(OpStats):
+    """Per-rank traffic counters, in total and ``by_op`` (operation name -> :class:`OpStats`).
+
+    Point-to-point traffic (``exchange``, ``alltoallv``, ``allgatherv``) is counted exactly: the
+    bytes of every message to or from another rank, one message per peer and buffer. Native dense
+    collectives count what this rank must at least move under the bandwidth-optimal (ring)
+    algorithm that nccl-tests' bus bandwidth assumes, for N = the bytes of the full buffer:
+    allreduce 2(P-1)/P*N sent and received; allgather and reduce_scatter (P-1)/P*N; broadcast N
+    received by every non-root rank and N sent by the root; reduce N sent by every non-root rank
+    and N received by the root (floors of these, in bytes; 0 when P == 1).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_op: dict[str, OpStats] = {}
+        self._lock = threading.Lock()
+
+    def record(self, op: str, sent: int = 0, received: int = 0, msgs_sent: int = 0,
+               msgs_received: int = 0) -> None:
+        """Add traffic to the totals and to ``by_op[op]``."""
+        with self._lock:
+            self.add(sent, received, msgs_sent, msgs_received)
+            self.by_op.setdefault(op, OpStats()).add(sent, received, msgs_sent, msgs_received)
+
+    def reset(self) -> None:
+        """Zero every counter."""
+        with self._lock:
+            self.bytes_sent = self.bytes_received = 0
+            self.messages_sent = self.messages_received = 0
+            self.by_op = {}
+
+    def snapshot(self) -> dict[str, Any]:
+        """Return the counters as a plain dict (for JSON output)."""
+        with self._lock:
+            out = dataclasses.asdict(OpStats(self.bytes_sent, self.bytes_received,
+                                             self.messages_sent, self.messages_received))
+            out["by_op"] = {k: dataclasses.asdict(v) for k, v in self.by_op.items()}
+            return out
+
+
+#: nccl-tests' bus-bandwidth factor per collective, also the per-rank volume model of ``Stats``.
+def bus_factor(collective: str, size: int) -> float:
+    """Return nccl-tests' busbw/algbw factor of ``collective`` on ``size`` ranks."""
+    if size <= 1:
+        return 0.0 if collective != "broadcast" and collective != "reduce" else 1.0
+    return {
+        "allreduce": 2.0 * (size - 1) / size,
+        "allgather": (size - 1) / size,
+        "reduce_scatter": (size - 1) / size,
+        "broadcast": 1.0,
+        "reduce": 1.0,
+    }[collective]
+
+
+class Work:
+    """Handle of an operation in flight: ``wait()``, ``is_completed()``, ``result()``.
+
+    ``wait_fn`` blocks until the transfers are done, ``test_fn`` polls them, ``finalize`` runs once
+    after completion (casts, divisions, copies back) and returns the result.
+    """
+
+    def __init__(self, wait_fn: Callable[[], None] | None = None,
+                 test_fn: Callable[[], bool] | None = None,
+                 finalize: Callable[[], Any] | None = None, result: Any = None) -> None:
+        self._wait_fn, self._test_fn, self._finalize = wait_fn, test_fn, finalize
+        self._result = result
+        self._done = wait_fn is None and finalize is None
+        self._lock = threading.Lock()
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until the operation is complete and return its result."""
+        with self._lock:
+            if not self._done:
+                if self._wait_fn is not None:
+                    self._wait_fn()
+                if self._finalize is not None:
+                    self._result = self._finalize()
+                self._done = True
+        return self._result
+
+    def is_completed(self) -> bool:
+        """Return True when ``wait()`` would not block (it may still have to finalize)."""
+        if self._done:
+            return True
+        return self._test_fn() if self._test_fn is not None else False
+
+    def result(self) -> Any:
+        """Wait and return the result (None for operations without one)."""
+        return self.wait()
+
+    @classmethod
+    def completed(cls, result: Any = None) -> "Work":
+        """Return a Work that is already done."""
+        return cls(result=result)
+
+
+class Communicator(abc.ABC):
+    """A group of ranks and the verbs the algorithms use; see DESIGN.md section 3.
+
+    Attributes: ``rank``, ``size``, ``backend`` ("mpi" | "nccl"), ``xp`` (numpy | cupy), ``stats``
+    and ``timeout`` (seconds a blocking wait may take before :class:`CollectiveTimeout`; None =
+    forever).
+    """
+
+    backend: str
+    xp: types.ModuleType
+    rank: int
+    size: int
+
+    def __init__(self, timeout: float | None = None) -> None:
+        self.stats = Stats()
+        self.timeout = timeout
+
+    # dense collectives, NCCL semantics; each returns a Work whose result is None
+    @abc.abstractmethod
+    def allreduce(self, send: Any, recv: Any, op: ReduceOp) -> Work:
+        """Start recv = op over ranks of send (identical on every rank)."""
+
+    @abc.abstractmethod
+    def broadcast(self, send: Any, recv: Any, root: int) -> Work:
+        """Start recv = root's send on every rank (send is only read on root)."""
+
+    @abc.abstractmethod
+    def reduce(self, send: Any, recv: Any, op: ReduceOp, root: int) -> Work:
+        """Start recv = op over ranks of send, on root only (recv may be None elsewhere)."""
+
+    @abc.abstractmethod
+    def allgather(self, send: Any, recv: Any, op_name: str = "allgather") -> Work:
+        """Start recv = concatenation of every rank's send along axis 0, in rank order."""
+
+    @abc.abstractmethod
+    def reduce_scatter(self, send: Any, recv: Any, op: ReduceOp) -> Work:
+        """Start recv = this rank's block (axis 0 split into P equal blocks) of op over ranks."""
+
+    # point to point
+    @abc.abstractmethod
+    def exchange(self, sends: Sequence[tuple[int, Any]], recvs: Sequence[tuple[int, Any]],
+                 op_name: str = "exchange") -> Work:
+        """Start sending each (peer, array) and receiving into each (peer, buffer), all at once.
+
+        Messages between one pair of ranks arrive in the order they were posted. A peer equal to
+        this rank is a local copy and is not counted as traffic.
+        """
+
+    @abc.abstractmethod
+    def barrier(self) -> None:
+        """Block until every rank has called barrier."""
+
+    @abc.abstractmethod
+    def wait(self, handles: Any, op_name: str) -> None:
+        """Block on backend handles: the one place every blocking wait goes through."""
+
+    def close(self) -> None:
+        """Release backend resources (idempotent)."""
+
+    def abort(self) -> None:
+        """Tear the communicator down after an error so no peer waits forever."""
+        self.close()
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # derived verbs, written once over the primitives above
+    def allgather_counts(self, count: int, op_name: str) -> np.ndarray:
+        """Return every rank's ``count`` (int64, host numpy array) in rank order."""
+        xp = self.xp
+        send = xp.asarray([count], dtype=np.int64)
+        recv = xp.empty(self.size, dtype=np.int64)
+        self.allgather(send, recv, op_name).wait()
+        return _to_host(recv)
+
+    def allgatherv(self, send: Any, counts: Sequence[int] | None = None,
+                   op_name: str = "allgatherv") -> tuple[Any, np.ndarray]:
+        """Gather every rank's rows (axis 0) in rank order; return (recv, counts per rank).
+
+        Counts are exchanged first (an allgather of one int64 per rank, booked as
+        ``<op_name>.counts``) unless the caller passes them.
+        """
+        if counts is None:
+            counts = self.allgather_counts(int(send.shape[0]), op_name + ".counts")
+        counts = np.asarray(counts, dtype=np.int64)
+        recv = self.xp.empty((int(counts.sum()),) + tuple(send.shape[1:]), dtype=send.dtype)
+        self._allgatherv_into(send, recv, counts, op_name).wait()
+        return recv, counts
+
+    def _allgatherv_into(self, send: Any, recv: Any, counts: np.ndarray, op_name: str) -> Work:
+        """Point-to-point allgatherv (backends with a native one override this)."""
+        offsets = np.concatenate([[0], np.cumsum(counts)])
+        blocks = [recv[offsets[r]:offsets[r + 1]] for r in range(self.size)]
+        blocks[self.rank][...] = send
+        peers = [r for r in range(self.size) if r != self.rank]
+        return self.exchange([(r, send) for r in peers if send.shape[0]],
+                             [(r, blocks[r]) for r in peers if counts[r]], op_name)
+
+    def alltoall_counts(self, counts: Sequence[int], op_name: str) -> np.ndarray:
+        """Send counts[j] to rank j; return what every rank sent to this one (host int64)."""
+        send = np.asarray(counts, dtype=np.int64).reshape(self.size)
+        recv = np.zeros(self.size, dtype=np.int64)
+        recv[self.rank] = send[self.rank]
+        xp = self.xp
+        send_d, recv_d = xp.asarray(send), xp.asarray(recv)
+        peers = [r for r in range(self.size) if r != self.rank]
+        self.exchange([(r, send_d[r:r + 1]) for r in peers],
+                      [(r, recv_d[r:r + 1]) for r in peers], op_name).wait()
+        return _to_host(recv_d)
+
+    def alltoallv(self, sends: Sequence[Any], op_name: str = "alltoallv",
+                  recv_counts: Sequence[int] | None = None) -> list[Any]:
+        """Send ``sends[j]`` (rows along axis 0) to rank j; return the list received from each rank.
+
+        Counts go first (one int64 to each peer, booked as ``<op_name>.counts``) unless given.
+        """
+        if len(sends) != self.size:
+            raise ValueError(f"alltoallv needs one array per rank ({self.size}), got {len(sends)}")
+        if recv_counts is None:
+            recv_counts = self.alltoall_counts([s.shape[0] for s in sends], op_name + ".counts")
+        like = sends[self.rank]
+        recvs = [self.xp.empty((int(c),) + tuple(like.shape[1:]), dtype=like.dtype)
+                 for c in recv_counts]
+        recvs[self.rank] = sends[self.rank]
+        peers = [r for r in range(self.size) if r != self.rank]
+        self.exchange([(r, sends[r]) for r in peers if sends[r].shape[0]],
+                      [(r, recvs[r]) for r in peers if recvs[r].shape[0]], op_name).wait()
+        return recvs
+
+    def _record_collective(self, name: str, nbytes: int, root: int | None = None,
+                           op_name: str | None = None) -> None:
+        """Book a native collective's traffic by the rule in :class:`Stats` (under ``op_name``)."""
+        p, book = self.size, op_name or name
+        if p <= 1:
+            self.stats.record(book)
+            return
+        if name in ("broadcast", "reduce"):
+            at_root = self.rank == root
+            sends = at_root if name == "broadcast" else not at_root
+            recv_bytes = 0 if sends else nbytes
+            send_bytes = nbytes if sends else 0
+            self.stats.record(book, send_bytes, recv_bytes, int(sends), int(not sends))
+            return
+        moved = math.floor(bus_factor(name, p) * nbytes)
+        steps = 2 * (p - 1) if name == "allreduce" else p - 1
+        self.stats.record(book, moved, moved, steps, steps)
+
+
+def _to_host(x: Any) -> np.ndarray:
+    """Return a numpy copy/view of a numpy or cupy array."""
+    return x.get() if hasattr(x, "get") and not isinstance(x, np.ndarray) else np.asarray(x)

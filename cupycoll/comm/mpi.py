@@ -1,0 +1,216 @@
+"""MPI backend: mpi4py buffer (upper-case) calls over numpy arrays; cupy arrays are host-staged.
+
+MPI has no float16/bfloat16 reduction and no average: half-precision inputs are reduced in float32
+and rounded back once (so every rank gets the same bits), ``avg`` is a sum followed by a division
+by P (integers truncate toward zero, like NCCL).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+from .._types import ReduceOp
+from ..errors import CollectiveTimeout
+from ._base import Communicator, Work, _to_host
+
+__all__ = ["MPICommunicator"]
+
+_MPI_OPS = {ReduceOp.SUM: MPI.SUM, ReduceOp.AVG: MPI.SUM, ReduceOp.PROD: MPI.PROD,
+            ReduceOp.MAX: MPI.MAX, ReduceOp.MIN: MPI.MIN}
+_MPI_TYPES = {"float32": MPI.FLOAT, "float64": MPI.DOUBLE, "int8": MPI.SIGNED_CHAR,
+              "uint8": MPI.UNSIGNED_CHAR, "int16": MPI.INT16_T, "uint16": MPI.UINT16_T,
+              "int32": MPI.INT32_T, "uint32": MPI.UINT32_T, "int64": MPI.INT64_T,
+              "uint64": MPI.UINT64_T}
+_WIDENED = {"float16": np.float32, "bfloat16": np.float32}
+_TAG = 7
+
+
+def _bytes(a: np.ndarray) -> list:
+    """Buffer spec that moves ``a`` as raw bytes (any dtype, no pickling)."""
+    return [a, MPI.BYTE]
+
+
+def _typed(a: np.ndarray) -> list:
+    return [a, a.size, _MPI_TYPES[a.dtype.name]]
+
+
+def trunc_divide(total: Any, size: int) -> Any:
+    """Divide in place by ``size``: floats exactly, integers truncating toward zero like NCCL."""
+    if total.dtype.kind == "f":
+        total /= size
+        return total
+    floor = total // size
+    floor += ((total % size) != 0) & (total < 0)
+    total[...] = floor
+    return total
+
+
+class MPICommunicator(Communicator):
+    """Communicator over an mpi4py communicator (default ``MPI.COMM_WORLD``)."""
+
+    backend = "mpi"
+
+    def __init__(self, mpi_comm: MPI.Comm | None = None, *, timeout: float | None = None,
+                 xp: Any = np) -> None:
+        super().__init__(timeout)
+        self.mpi_comm = mpi_comm if mpi_comm is not None else MPI.COMM_WORLD
+        self._owned = False
+        self.rank, self.size = self.mpi_comm.Get_rank(), self.mpi_comm.Get_size()
+        self.xp = xp
+
+    def dup(self) -> "MPICommunicator":
+        """Return a communicator over the same ranks with its own message space."""
+        twin = MPICommunicator(self.mpi_comm.Dup(), timeout=self.timeout, xp=self.xp)
+        twin._owned = True
+        return twin
+
+    # the one blocking wait
+    def wait(self, handles: Sequence[MPI.Request], op_name: str) -> None:
+        requests = list(handles)
+        if not requests:
+            return
+        if self.timeout is None:
+            MPI.Request.Waitall(requests)
+            return
+        deadline = time.monotonic() + self.timeout
+        while not MPI.Request.Testall(requests):
+            if time.monotonic() > deadline:
+                raise CollectiveTimeout(
+                    f"{op_name} did not complete within {self.timeout} s on rank {self.rank} of "
+                    f"{self.size}: a peer never arrived (the communicator is unusable now)")
+            time.sleep(1e-4)
+
+    def _work(self, requests: list, op_name: str, finalize=None) -> Work:
+        return Work(lambda: self.wait(requests, op_name),
+                    lambda: bool(MPI.Request.Testall(requests)), finalize)
+
+    # reductions: widen half precision, stage device arrays, post-process avg
+    def _reduction_buffers(self, send: Any, recv: Any, in_place_ok: bool):
+        dtype = np.dtype(send.dtype)
+        wide = _WIDENED.get(dtype.name)
+        host_send = _to_host(send)
+        if wide is not None:
+            host_send = host_send.astype(wide)
+        direct = wide is None and isinstance(recv, np.ndarray)
+        if recv is None:
+            host_recv = None
+        elif direct:
+            host_recv = recv
+        else:
+            host_recv = np.empty(recv.shape, dtype=host_send.dtype)
+        in_place = in_place_ok and direct and send is recv
+        return host_send, host_recv, in_place
+
+    def _finish_reduction(self, host_recv: Any, recv: Any, op: ReduceOp):
+        def finalize() -> None:
+            if host_recv is None:
+                return
+            if op is ReduceOp.AVG:
+                trunc_divide(host_recv, self.size)
+            if host_recv is not recv:
+                recv[...] = self.xp.asarray(host_recv.astype(recv.dtype, copy=False))
+        return finalize
+
+    def allreduce(self, send: Any, recv: Any, op: ReduceOp) -> Work:
+        host_send, host_recv, in_place = self._reduction_buffers(send, recv, True)
+        sbuf = MPI.IN_PLACE if in_place else _typed(np.ascontiguousarray(host_send))
+        req = self.mpi_comm.Iallreduce(sbuf, _typed(host_recv), _MPI_OPS[op])
+        self._record_collective("allreduce", send.nbytes)
+        return self._work([req], "allreduce", self._finish_reduction(host_recv, recv, op))
+
+    def reduce(self, send: Any, recv: Any, op: ReduceOp, root: int) -> Work:
+        at_root = self.rank == root
+        host_send, host_recv, in_place = self._reduction_buffers(send, recv if at_root else None,
+                                                                 at_root)
+        sbuf = MPI.IN_PLACE if in_place else _typed(np.ascontiguousarray(host_send))
+        rbuf = _typed(host_recv) if at_root else None
+        req = self.mpi_comm.Ireduce(sbuf, rbuf, _MPI_OPS[op], root=root)
+        self._record_collective("reduce", send.nbytes, root)
+        finalize = self._finish_reduction(host_recv, recv, op) if at_root else None
+        return self._work([req], "reduce", finalize)
+
+    def reduce_scatter(self, send: Any, recv: Any, op: ReduceOp) -> Work:
+        host_send, host_recv, _ = self._reduction_buffers(send, recv, False)
+        if isinstance(recv, np.ndarray) and np.shares_memory(host_send, host_recv):
+            host_send = host_send.copy()  # NCCL's in-place: recv is this rank's block of send
+        req = self.mpi_comm.Ireduce_scatter_block(_typed(np.ascontiguousarray(host_send)),
+                                                  _typed(host_recv), _MPI_OPS[op])
+        self._record_collective("reduce_scatter", send.nbytes)
+        return self._work([req], "reduce_scatter", self._finish_reduction(host_recv, recv, op))
+
+    # data movement: raw bytes
+    def _staged(self, recv: Any) -> tuple[np.ndarray, Any]:
+        host = recv if isinstance(recv, np.ndarray) else np.empty(recv.shape, recv.dtype)
+        copy_back = None if host is recv else (lambda: recv.__setitem__(Ellipsis, self.xp.asarray(host)))
+        return host, copy_back
+
+    def broadcast(self, send: Any, recv: Any, root: int) -> Work:
+        host, copy_back = self._staged(recv)
+        if self.rank == root and send is not recv:
+            host[...] = _to_host(send)
+        req = self.mpi_comm.Ibcast(_bytes(host), root=root)
+        self._record_collective("broadcast", recv.nbytes, root)
+        return self._work([req], "broadcast", copy_back)
+
+    def allgather(self, send: Any, recv: Any, op_name: str = "allgather") -> Work:
+        host, copy_back = self._staged(recv)
+        sbuf = np.ascontiguousarray(_to_host(send))
+        if np.shares_memory(sbuf, host):
+            sbuf = sbuf.copy()  # NCCL's in-place: send is this rank's block of recv
+        req = self.mpi_comm.Iallgather(_bytes(sbuf), _bytes(host))
+        self._record_collective("allgather", recv.nbytes, op_name=op_name)
+        return self._work([req], op_name, copy_back)
+
+    def _allgatherv_into(self, send: Any, recv: Any, counts: np.ndarray, op_name: str) -> Work:
+        host, copy_back = self._staged(recv)
+        row = int(np.prod(recv.shape[1:], dtype=np.int64)) * recv.dtype.itemsize
+        byte_counts = (counts * row).astype(np.int64)
+        displs = np.concatenate([[0], np.cumsum(byte_counts)[:-1]]).astype(np.int64)
+        sbuf = np.ascontiguousarray(_to_host(send))
+        req = self.mpi_comm.Iallgatherv([sbuf, sbuf.nbytes, MPI.BYTE],
+                                        [host, (byte_counts, displs), MPI.BYTE])
+        others = [r for r in range(self.size) if r != self.rank]
+        self.stats.record(op_name, sbuf.nbytes * len(others), int(byte_counts[others].sum()),
+                          len(others), len(others))
+        return self._work([req], op_name, copy_back)
+
+    def exchange(self, sends: Sequence[tuple[int, Any]], recvs: Sequence[tuple[int, Any]],
+                 op_name: str = "exchange") -> Work:
+        requests, copy_backs, sent, received = [], [], 0, 0
+        local_sends = {peer: a for peer, a in sends if peer == self.rank}
+        for peer, buf in recvs:
+            if peer == self.rank:
+                buf[...] = local_sends.pop(peer)
+                continue
+            host, copy_back = self._staged(buf)
+            requests.append(self.mpi_comm.Irecv(_bytes(host), source=peer, tag=_TAG))
+            if copy_back is not None:
+                copy_backs.append(copy_back)
+            received += 1
+            self.stats.record(op_name, received=host.nbytes, msgs_received=1)
+        for peer, arr in sends:
+            if peer == self.rank:
+                continue
+            host = np.ascontiguousarray(_to_host(arr))
+            requests.append(self.mpi_comm.Isend(_bytes(host), dest=peer, tag=_TAG))
+            sent += 1
+            self.stats.record(op_name, sent=host.nbytes, msgs_sent=1)
+        finalize = (lambda: [f() for f in copy_backs] and None) if copy_backs else None
+        return self._work(requests, op_name, finalize)
+
+    def barrier(self) -> None:
+        self.wait([self.mpi_comm.Ibarrier()], "barrier")
+
+    def close(self) -> None:
+        comm, self.mpi_comm = self.mpi_comm, None
+        if comm is not None and self._owned and not MPI.Is_finalized():
+            comm.Free()
+
+    def abort(self) -> None:
+        """Abort the whole MPI job (MPI cannot tear down a single communicator)."""
+        if self.mpi_comm is not None:
+            self.mpi_comm.Abort(1)

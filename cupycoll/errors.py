@@ -1,0 +1,56 @@
+"""Exception types of cupycoll.
+
+Every error names what was wrong, the argument and the rank, so a message from one rank of a
+large job is enough to find the cause. Cross-rank problems (a bad argument on one rank, ranks that
+disagree) are detected collectively and raised on every rank, never left to hang.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CupycollError",
+    "InvalidArgument",
+    "InvalidType",
+    "MismatchError",
+    "CollectiveTimeout",
+    "BackendUnavailable",
+]
+
+
+class CupycollError(Exception):
+    """Base class of every error raised by cupycoll."""
+
+
+class InvalidArgument(CupycollError, ValueError):
+    """An argument has a bad value (names the argument, the rank and the value)."""
+
+    def __init__(self, argument: str, value: object, reason: str, *, rank: int | None = None):
+        self.argument, self.value, self.reason, self.rank = argument, value, reason, rank
+        where = f" on rank {rank}" if rank is not None else ""
+        super().__init__(f"invalid argument {argument!r}{where}: {reason} (got {_short(value)})")
+
+
+class InvalidType(CupycollError, TypeError):
+    """An argument has the wrong type or dtype (names the parameter and what it got)."""
+
+    def __init__(self, argument: str, got: object, expected: str, *, rank: int | None = None):
+        self.argument, self.got, self.expected, self.rank = argument, got, expected, rank
+        where = f" on rank {rank}" if rank is not None else ""
+        super().__init__(f"argument {argument!r}{where} must be {expected}, got {_short(got)}")
+
+
+class MismatchError(CupycollError, ValueError):
+    """Ranks disagree on something that must be identical (n, dtype, width, op, algorithm...)."""
+
+
+class CollectiveTimeout(CupycollError, TimeoutError):
+    """A collective did not complete in time: some peer never arrived."""
+
+
+class BackendUnavailable(CupycollError, RuntimeError):
+    """The requested backend (NCCL, CuPy, a GPU, MPI) cannot be used here."""
+
+
+def _short(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
