@@ -1,0 +1,39 @@
+"""Helpers shared by the mpiexec workers: seeded per-rank inputs and agreement checks."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+from mpi4py import MPI
+
+
+def rng_for(seed: int, rank: int, *extra: int) -> np.random.Generator:
+    """Return the generator of ``rank``'s input: any rank can rebuild any other rank's input."""
+    return np.random.default_rng([seed, rank, *extra])
+
+
+def digest(*arrays: np.ndarray) -> bytes:
+    """Return a hash of the arrays' dtypes, shapes and bytes (for bitwise cross-rank checks)."""
+    h = hashlib.sha256()
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(str((a.dtype.str, a.shape)).encode())
+        h.update(a.tobytes())
+    return h.digest()
+
+
+def assert_identical_across_ranks(*arrays: np.ndarray, comm=MPI.COMM_WORLD) -> None:
+    """Raise AssertionError unless every rank holds bitwise the same arrays."""
+    mine = digest(*arrays)
+    every = comm.allgather(mine)
+    assert all(d == every[0] for d in every), f"rank {comm.rank}: results differ across ranks"
+
+
+def expect_raises(exc_type, fn, *args, **kwargs):
+    """Call fn and return the exception; AssertionError if it does not raise ``exc_type``."""
+    try:
+        fn(*args, **kwargs)
+    except exc_type as exc:
+        return exc
+    raise AssertionError(f"{getattr(fn, '__name__', fn)} did not raise {exc_type.__name__}")
