@@ -35,7 +35,7 @@ def _bytes(a: np.ndarray) -> list:
 
 
 def _typed(a: np.ndarray) -> list:
-    return [a, a.size, _MPI_TYPES[a.dtype.name]]
+    return [a, _MPI_TYPES[a.dtype.name]]
 
 
 def trunc_divide(total: Any, size: int) -> Any:
@@ -84,9 +84,14 @@ class MPICommunicator(Communicator):
                     f"{self.size}: a peer never arrived (the communicator is unusable now)")
             time.sleep(1e-4)
 
-    def _work(self, requests: list, op_name: str, finalize=None) -> Work:
-        return Work(lambda: self.wait(requests, op_name),
-                    lambda: bool(MPI.Request.Testall(requests)), finalize)
+    def _work(self, requests: list, op_name: str, finalize=None, keep: tuple = ()) -> Work:
+        """Wrap requests; ``keep`` holds every buffer alive until the transfers are done."""
+        def wait() -> None:
+            self.wait(requests, op_name)
+            keep_alive.clear()
+
+        keep_alive = list(keep)
+        return Work(wait, lambda: bool(MPI.Request.Testall(requests)), finalize)
 
     # reductions: widen half precision, stage device arrays, post-process avg
     def _reduction_buffers(self, send: Any, recv: Any, in_place_ok: bool):
@@ -117,30 +122,35 @@ class MPICommunicator(Communicator):
 
     def allreduce(self, send: Any, recv: Any, op: ReduceOp) -> Work:
         host_send, host_recv, in_place = self._reduction_buffers(send, recv, True)
-        sbuf = MPI.IN_PLACE if in_place else _typed(np.ascontiguousarray(host_send))
+        host_send = np.ascontiguousarray(host_send)
+        sbuf = MPI.IN_PLACE if in_place else _typed(host_send)
         req = self.mpi_comm.Iallreduce(sbuf, _typed(host_recv), _MPI_OPS[op])
         self._record_collective("allreduce", send.nbytes)
-        return self._work([req], "allreduce", self._finish_reduction(host_recv, recv, op))
+        return self._work([req], "allreduce", self._finish_reduction(host_recv, recv, op),
+                          (host_send, host_recv))
 
     def reduce(self, send: Any, recv: Any, op: ReduceOp, root: int) -> Work:
         at_root = self.rank == root
         host_send, host_recv, in_place = self._reduction_buffers(send, recv if at_root else None,
                                                                  at_root)
-        sbuf = MPI.IN_PLACE if in_place else _typed(np.ascontiguousarray(host_send))
+        host_send = np.ascontiguousarray(host_send)
+        sbuf = MPI.IN_PLACE if in_place else _typed(host_send)
         rbuf = _typed(host_recv) if at_root else None
         req = self.mpi_comm.Ireduce(sbuf, rbuf, _MPI_OPS[op], root=root)
         self._record_collective("reduce", send.nbytes, root)
         finalize = self._finish_reduction(host_recv, recv, op) if at_root else None
-        return self._work([req], "reduce", finalize)
+        return self._work([req], "reduce", finalize, (host_send, host_recv))
 
     def reduce_scatter(self, send: Any, recv: Any, op: ReduceOp) -> Work:
         host_send, host_recv, _ = self._reduction_buffers(send, recv, False)
         if isinstance(recv, np.ndarray) and np.shares_memory(host_send, host_recv):
             host_send = host_send.copy()  # NCCL's in-place: recv is this rank's block of send
-        req = self.mpi_comm.Ireduce_scatter_block(_typed(np.ascontiguousarray(host_send)),
-                                                  _typed(host_recv), _MPI_OPS[op])
+        host_send = np.ascontiguousarray(host_send)
+        req = self.mpi_comm.Ireduce_scatter_block(_typed(host_send), _typed(host_recv),
+                                                  _MPI_OPS[op])
         self._record_collective("reduce_scatter", send.nbytes)
-        return self._work([req], "reduce_scatter", self._finish_reduction(host_recv, recv, op))
+        return self._work([req], "reduce_scatter", self._finish_reduction(host_recv, recv, op),
+                          (host_send, host_recv))
 
     # data movement: raw bytes
     def _staged(self, recv: Any) -> tuple[np.ndarray, Any]:
@@ -154,7 +164,7 @@ class MPICommunicator(Communicator):
             host[...] = _to_host(send)
         req = self.mpi_comm.Ibcast(_bytes(host), root=root)
         self._record_collective("broadcast", recv.nbytes, root)
-        return self._work([req], "broadcast", copy_back)
+        return self._work([req], "broadcast", copy_back, (host,))
 
     def allgather(self, send: Any, recv: Any, op_name: str = "allgather") -> Work:
         host, copy_back = self._staged(recv)
@@ -163,7 +173,7 @@ class MPICommunicator(Communicator):
             sbuf = sbuf.copy()  # NCCL's in-place: send is this rank's block of recv
         req = self.mpi_comm.Iallgather(_bytes(sbuf), _bytes(host))
         self._record_collective("allgather", recv.nbytes, op_name=op_name)
-        return self._work([req], op_name, copy_back)
+        return self._work([req], op_name, copy_back, (sbuf, host))
 
     def _allgatherv_into(self, send: Any, recv: Any, counts: np.ndarray, op_name: str) -> Work:
         host, copy_back = self._staged(recv)
@@ -176,31 +186,32 @@ class MPICommunicator(Communicator):
         others = [r for r in range(self.size) if r != self.rank]
         self.stats.record(op_name, sbuf.nbytes * len(others), int(byte_counts[others].sum()),
                           len(others), len(others))
-        return self._work([req], op_name, copy_back)
+        return self._work([req], op_name, copy_back, (sbuf, host, byte_counts, displs))
 
     def exchange(self, sends: Sequence[tuple[int, Any]], recvs: Sequence[tuple[int, Any]],
                  op_name: str = "exchange") -> Work:
-        requests, copy_backs, sent, received = [], [], 0, 0
+        requests, copy_backs, buffers = [], [], []
+        self.stats.record(op_name)
         local_sends = {peer: a for peer, a in sends if peer == self.rank}
         for peer, buf in recvs:
             if peer == self.rank:
                 buf[...] = local_sends.pop(peer)
                 continue
             host, copy_back = self._staged(buf)
+            buffers.append(host)
             requests.append(self.mpi_comm.Irecv(_bytes(host), source=peer, tag=_TAG))
             if copy_back is not None:
                 copy_backs.append(copy_back)
-            received += 1
             self.stats.record(op_name, received=host.nbytes, msgs_received=1)
         for peer, arr in sends:
             if peer == self.rank:
                 continue
             host = np.ascontiguousarray(_to_host(arr))
+            buffers.append(host)
             requests.append(self.mpi_comm.Isend(_bytes(host), dest=peer, tag=_TAG))
-            sent += 1
             self.stats.record(op_name, sent=host.nbytes, msgs_sent=1)
         finalize = (lambda: [f() for f in copy_backs] and None) if copy_backs else None
-        return self._work(requests, op_name, finalize)
+        return self._work(requests, op_name, finalize, tuple(buffers))
 
     def barrier(self) -> None:
         self.wait([self.mpi_comm.Ibarrier()], "barrier")

@@ -1,0 +1,107 @@
+"""Communicator checks on real ranks: exact stats on constructed exchanges, errors, timeouts."""
+
+from __future__ import annotations
+
+import numpy as np
+from _common import expect_raises
+
+import cupycoll as cc
+from cupycoll.errors import CollectiveTimeout, InvalidArgument, InvalidType
+
+
+def check_stats(comm) -> None:
+    rank, p = comm.rank, comm.size
+    comm.stats.reset()
+    # exchange: rank r sends (r + 1) * (peer + 1) float64 to every peer
+    sends = [(q, np.full((rank + 1) * (q + 1), rank, np.float64)) for q in range(p) if q != rank]
+    recvs = [(q, np.empty((q + 1) * (rank + 1), np.float64)) for q in range(p) if q != rank]
+    comm.exchange(sends, recvs, "probe").wait()
+    for q, buf in recvs:
+        assert np.all(buf == q)
+    s = comm.stats.by_op["probe"]
+    assert s.bytes_sent == 8 * (rank + 1) * sum(q + 1 for q in range(p) if q != rank)
+    assert s.bytes_received == 8 * (rank + 1) * sum(q + 1 for q in range(p) if q != rank)
+    assert s.messages_sent == s.messages_received == p - 1
+    # allgatherv: rank r contributes r + 2 int32 rows of width 3; counts = one int64 per rank
+    recv, counts = comm.allgatherv(np.full((rank + 2, 3), rank, np.int32))
+    assert list(counts) == [r + 2 for r in range(p)]
+    assert np.array_equal(recv[:, 0], np.repeat(np.arange(p), np.arange(p) + 2))
+    s, c = comm.stats.by_op["allgatherv"], comm.stats.by_op["allgatherv.counts"]
+    assert s.bytes_received == 12 * sum(r + 2 for r in range(p) if r != rank)
+    assert s.bytes_sent == 12 * (rank + 2) * (p - 1)
+    assert c.bytes_received == 8 * (p - 1)
+    # alltoallv: rank r sends j + 1 int16 to rank j
+    got = comm.alltoallv([np.full(j + 1, rank, np.int16) for j in range(p)])
+    assert all(np.array_equal(g, np.full(rank + 1, src, np.int16)) for src, g in enumerate(got))
+    s = comm.stats.by_op["alltoallv"]
+    assert s.bytes_received == 2 * (rank + 1) * (p - 1)
+    assert s.bytes_sent == 2 * sum(j + 1 for j in range(p) if j != rank)
+    # native collectives: the bus-bandwidth rule on a 1000-element float32 buffer (4000 B)
+    x = np.ones(1000, np.float32)
+    cc.allreduce(x, comm=comm)
+    cc.broadcast(x, root=p - 1, comm=comm)
+    cc.reduce(x, root=0, comm=comm)
+    assert comm.stats.by_op["allreduce"].bytes_received == 2 * (p - 1) * 4000 // p
+    assert comm.stats.by_op["broadcast"].bytes_received == (0 if rank == p - 1 or p == 1 else 4000)
+    assert comm.stats.by_op["reduce"].bytes_received == (4000 if rank == 0 and p > 1 else 0)
+    assert comm.stats.by_op["reduce"].bytes_sent == (4000 if rank != 0 else 0)
+    total = sum(v.bytes_received for v in comm.stats.by_op.values())
+    assert comm.stats.bytes_received == total
+    comm.stats.reset()
+    assert comm.stats.bytes_received == 0 and comm.stats.by_op == {}
+
+
+def check_errors(comm) -> None:
+    rank, p = comm.rank, comm.size
+    x = np.ones(4 * p, np.float32)
+    e = expect_raises(InvalidArgument, cc.allreduce, x, op="xor", comm=comm)
+    assert "'op'" in str(e) and f"rank {rank}" in str(e)
+    e = expect_raises(InvalidArgument, cc.broadcast, x, root=p, comm=comm)
+    assert "'root'" in str(e)
+    expect_raises(InvalidArgument, cc.reduce, x, root=-1, comm=comm)
+    expect_raises(InvalidType, cc.reduce, x, root="0", comm=comm)
+    if p > 1:
+        e = expect_raises(InvalidArgument, cc.reduce_scatter, np.ones(4 * p + 1, np.float32),
+                          comm=comm)
+        assert "divisible" in str(e)
+    e = expect_raises(InvalidType, cc.allreduce, x.astype(np.complex64), comm=comm)
+    assert "'x'" in str(e)
+    expect_raises(InvalidType, cc.allreduce, np.array([object()]), comm=comm)
+    expect_raises(InvalidType, cc.allreduce, [1.0, 2.0], comm=comm)
+    expect_raises(InvalidArgument, cc.allreduce, x, out=np.empty(3, np.float32), comm=comm)
+    expect_raises(InvalidType, cc.allreduce, x, out=np.empty(4 * p, np.float64), comm=comm)
+    if p > 1:
+        expect_raises(InvalidArgument, cc.allgather, x, out=x, comm=comm)
+    assert isinstance(expect_raises(ValueError, cc.allreduce, x, op="xor", comm=comm), cc.errors.CupycollError)
+    assert isinstance(expect_raises(TypeError, cc.allreduce, "x", comm=comm), cc.errors.CupycollError)
+    # nothing was sent: a following collective still matches up on every rank
+    assert float(cc.allreduce(np.ones(1, np.float32), comm=comm)[0]) == p
+
+
+def check_timeout(comm) -> None:
+    """A receive from a peer that is late raises CollectiveTimeout, then completes when it comes."""
+    if comm.size < 2:
+        return
+    buf = np.zeros(3)
+    if comm.rank == 0:
+        comm.timeout = 0.5
+        work = comm.exchange([], [(1, buf)], "late")
+        e = expect_raises(CollectiveTimeout, work.wait)
+        assert "late" in str(e) and "rank 0" in str(e)
+        comm.timeout = None
+    comm.barrier()
+    if comm.rank == 1:
+        comm.exchange([(0, np.arange(3.0))], [], "late").wait()
+    if comm.rank == 0:
+        work.wait()
+        assert np.array_equal(buf, np.arange(3.0))
+    comm.barrier()
+
+
+if __name__ == "__main__":
+    comm = cc.init("mpi")
+    assert cc.get_comm() is comm
+    check_stats(comm)
+    check_errors(comm)
+    check_timeout(comm)
+    print(f"rank {comm.rank}: comm ok")

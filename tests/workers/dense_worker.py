@@ -1,0 +1,132 @@
+"""Every dense collective x op x dtype x size x root, in-place and out-of-place, vs numpy."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+from _common import assert_identical_across_ranks, rng_for
+
+import cupycoll as cc
+
+OPS = ["sum", "prod", "max", "min", "avg"]
+DTYPES = ["float16", "float32", "float64", "int8", "uint8", "int32", "int64"]
+SIZES = [0, 1, 7, 1000, 65537]
+
+
+def make(seed: int, rank: int, dtype: str, count: int, op: str) -> np.ndarray:
+    rng = rng_for(seed, rank, DTYPES.index(dtype), count, OPS.index(op))
+    dt = np.dtype(dtype)
+    if dt.kind == "f":
+        lo, hi = (0.5, 1.5) if op == "prod" else (-4.0, 4.0)
+        return rng.uniform(lo, hi, count).astype(dt)
+    lo, hi = (0, 3) if dt.kind == "u" else (-3, 4)
+    if op == "prod":
+        lo, hi = (max(lo, -2), 3)
+    return rng.integers(lo, hi, count).astype(dt)
+
+
+def reference(inputs: list[np.ndarray], op: str) -> np.ndarray:
+    """Independent reduction: wide accumulation, then NCCL's rounding/wrapping/truncation."""
+    dt, p = inputs[0].dtype, len(inputs)
+    if dt.kind == "f":
+        stack = np.stack([a.astype(np.float64) for a in inputs])
+    else:
+        stack = np.stack([a.astype(np.int64) for a in inputs])
+    if op in ("sum", "avg"):
+        total = stack.sum(axis=0)
+    elif op == "prod":
+        total = stack.prod(axis=0)
+    elif op == "max":
+        total = stack.max(axis=0)
+    else:
+        total = stack.min(axis=0)
+    if op == "avg":
+        total = total / p if dt.kind == "f" else np.trunc(total / p).astype(np.int64)
+    if dt.kind != "f":
+        total = total.astype(dt)  # wraps like C integer arithmetic
+    return total.astype(dt)
+
+
+def check(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    assert got.dtype == want.dtype and got.shape == want.shape, (what, got.dtype, got.shape)
+    if want.dtype.kind == "f":
+        tol = {"float16": 4e-3, "float32": 1e-5, "float64": 1e-12}[want.dtype.name]
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol,
+                                   atol=tol, err_msg=what)
+    else:
+        np.testing.assert_array_equal(got, want, err_msg=what)
+
+
+def main(seed: int) -> None:
+    comm = cc.init("mpi")
+    rank, p = comm.rank, comm.size
+    cases = 0
+    for dtype in DTYPES:
+        for op in OPS:
+            for count in SIZES:
+                inputs = [make(seed, r, dtype, count, op) for r in range(p)]
+                want = reference(inputs, op)
+                x = inputs[rank].copy()
+                keep = x.copy()
+                got = cc.allreduce(x, op=op)
+                check(got, want, f"allreduce {dtype} {op} {count}")
+                assert np.array_equal(x, keep, equal_nan=True), "input modified out-of-place"
+                assert_identical_across_ranks(got)
+                cc.allreduce(x, op=op, out=x)
+                check(x, want, f"allreduce in-place {dtype} {op} {count}")
+                for root in range(p):
+                    x = inputs[rank].copy()
+                    got = cc.reduce(x, root=root, op=op)
+                    if rank == root:
+                        check(got, want, f"reduce {dtype} {op} {count} root {root}")
+                        cc.reduce(x, root=root, op=op, out=x)
+                        check(x, want, f"reduce in-place {dtype} {op} {count} root {root}")
+                    else:
+                        assert got is None
+                        cc.reduce(x, root=root, op=op, out=x)
+                    assert np.array_equal(inputs[rank], make(seed, rank, dtype, count, op))
+                # reduce_scatter: every rank's input has p blocks of `count` elements
+                blocks = [make(seed + 1, r, dtype, count * p, op) for r in range(p)]
+                want_rs = reference(blocks, op)[rank * count:(rank + 1) * count]
+                x = blocks[rank].copy()
+                check(cc.reduce_scatter(x, op=op), want_rs, f"reduce_scatter {dtype} {op} {count}")
+                assert np.array_equal(x, blocks[rank])
+                mine = x[rank * count:(rank + 1) * count]
+                cc.reduce_scatter(x, op=op, out=mine)
+                check(mine, want_rs, f"reduce_scatter in-place {dtype} {op} {count}")
+                cases += 4 + 2 * p
+            # data movement does not depend on op: once per dtype and size
+        for count in SIZES:
+            inputs = [make(seed + 2, r, dtype, count, "sum") for r in range(p)]
+            x = inputs[rank].copy()
+            got = cc.allgather(x)
+            check(got, np.concatenate(inputs), f"allgather {dtype} {count}")
+            out = np.zeros(count * p, dtype)
+            out[rank * count:(rank + 1) * count] = x
+            cc.allgather(out[rank * count:(rank + 1) * count], out=out)
+            check(out, np.concatenate(inputs), f"allgather in-place {dtype} {count}")
+            rows = np.stack([inputs[rank], inputs[rank]], axis=1) if count else np.zeros((0, 2), dtype)
+            got2 = cc.allgather(rows)
+            assert got2.shape == (count * p, 2)
+            for root in range(p):
+                x = inputs[rank].copy()
+                check(cc.broadcast(x, root=root), inputs[root], f"broadcast {dtype} {count} r{root}")
+                assert np.array_equal(x, inputs[rank])
+                cc.broadcast(x, root=root, out=x)
+                check(x, inputs[root], f"broadcast in-place {dtype} {count} root {root}")
+            cases += 3 + 2 * p
+    # async handles and mpi4py-style ops
+    from mpi4py import MPI
+
+    x = np.arange(10, dtype=np.float32) + rank
+    work = cc.allreduce(x, op=MPI.MAX, async_op=True)
+    res = work.wait()
+    assert work.is_completed() and res is work.result()
+    check(res, np.arange(10, dtype=np.float32) + (p - 1), "async max")
+    check(cc.all_reduce(x, op=cc.ReduceOp.MIN), np.arange(10, dtype=np.float32), "alias")
+    print(f"rank {rank}: {cases} dense cases ok")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 1234)
