@@ -1,0 +1,127 @@
+"""In-process unit tests of the op/dtype tables, configuration and a one-rank communicator."""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import cupycoll as cc
+from cupycoll import errors
+from cupycoll._config import SETTINGS, check_environment, setting
+from cupycoll._types import ReduceOp, as_array, check_dtype, parse_op
+from cupycoll.comm import Work, bus_factor
+from cupycoll.comm.mpi import MPICommunicator, trunc_divide
+
+
+@pytest.mark.parametrize("spec, want", [("sum", ReduceOp.SUM), ("AVG", ReduceOp.AVG),
+                                        (ReduceOp.MAX, ReduceOp.MAX), (MPI.MIN, ReduceOp.MIN),
+                                        (MPI.PROD, ReduceOp.PROD)])
+def test_parse_op_accepts_strings_enums_and_mpi_ops(spec, want):
+    assert parse_op(spec) is want
+
+
+def test_parse_op_rejects_unknown():
+    with pytest.raises(errors.InvalidArgument, match="'op'.*rank 3"):
+        parse_op("xor", rank=3)
+    with pytest.raises(errors.InvalidArgument):
+        parse_op(MPI.BAND)
+    with pytest.raises(errors.InvalidType, match="'op'"):
+        parse_op(3.5)
+
+
+def test_error_hierarchy():
+    assert issubclass(errors.InvalidArgument, ValueError)
+    assert issubclass(errors.InvalidType, TypeError)
+    assert issubclass(errors.CollectiveTimeout, errors.CupycollError)
+    e = errors.InvalidArgument("n", -1, "must be positive", rank=2)
+    assert "'n'" in str(e) and "rank 2" in str(e) and "-1" in str(e)
+
+
+def test_check_dtype_and_as_array():
+    for dt in ("float16", "float32", "float64", "int8", "uint8", "int32", "int64"):
+        assert check_dtype(np.zeros(1, dt), "x") == np.dtype(dt)
+    for dt in ("complex64", "bool", "uint16", object):
+        with pytest.raises(errors.InvalidType, match="'x'"):
+            check_dtype(np.zeros(1, dt), "x")
+    with pytest.raises(errors.InvalidType, match="'values'"):
+        as_array([1, 2], "values")
+    memview = np.arange(3.0)
+    assert as_array(memview, "x") is memview
+
+
+class _DLPackOnly:
+    """A foreign CPU tensor that only speaks DLPack (stands in for torch.Tensor)."""
+
+    def __init__(self, a):
+        self._a = a
+
+    def __dlpack__(self, **kw):
+        return self._a.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()
+
+
+def test_dlpack_objects_are_zero_copy():
+    base = np.arange(4, dtype=np.float32)
+    view = as_array(_DLPackOnly(base), "x")
+    view[0] = 42
+    assert base[0] == 42
+
+
+def test_trunc_divide_matches_c_integer_division():
+    x = np.array([-7, -6, -1, 0, 1, 7, -128, 127], np.int8)
+    want = np.array([int(v / 3) for v in x.astype(int)], np.int8)
+    assert np.array_equal(trunc_divide(x.copy(), 3), want)
+    assert np.allclose(trunc_divide(np.array([1.0, -3.0]), 2), [0.5, -1.5])
+
+
+def test_bus_factors_follow_nccl_tests():
+    assert bus_factor("allreduce", 4) == 1.5
+    assert bus_factor("allgather", 4) == bus_factor("reduce_scatter", 4) == 0.75
+    assert bus_factor("broadcast", 4) == bus_factor("reduce", 4) == 1.0
+
+
+def test_work_runs_finalize_once():
+    calls = []
+    w = Work(lambda: calls.append("wait"), lambda: False, lambda: calls.append("fin") or 7)
+    assert not w.is_completed()
+    assert w.wait() == 7 and w.result() == 7 and w.is_completed()
+    assert calls == ["wait", "fin"]
+
+
+def test_config_keyword_env_default(monkeypatch):
+    assert setting("CUPYCOLL_BACKEND", "mpi") == "mpi"
+    monkeypatch.setenv("CUPYCOLL_TIMEOUT", "2.5")
+    assert setting("CUPYCOLL_TIMEOUT") == 2.5
+    monkeypatch.setenv("CUPYCOLL_TIMEOUT", "soon")
+    with pytest.raises(errors.InvalidArgument, match="CUPYCOLL_TIMEOUT"):
+        setting("CUPYCOLL_TIMEOUT")
+    monkeypatch.delenv("CUPYCOLL_TIMEOUT")
+    monkeypatch.setenv("CUPYCOLL_BAKEND", "mpi")
+    with pytest.raises(errors.InvalidArgument, match="CUPYCOLL_BAKEND"):
+        check_environment()
+    assert set(SETTINGS) >= {"CUPYCOLL_BACKEND", "CUPYCOLL_TIMEOUT", "CUPYCOLL_ALGORITHM"}
+
+
+def test_init_one_rank_and_errors(monkeypatch):
+    with pytest.raises(errors.InvalidArgument, match="'backend'"):
+        cc.init("gloo")
+    comm = cc.init("mpi", mpi_comm=MPI.COMM_SELF, timeout=5)
+    assert cc.get_comm() is comm and comm.size == 1 and comm.backend == "mpi"
+    x = np.arange(6, dtype=np.float16)
+    assert np.array_equal(cc.allreduce(x, "avg"), x)
+    assert np.array_equal(cc.allgather(x), x) and np.array_equal(cc.reduce_scatter(x), x)
+    if not cc.comm.nccl_usable():
+        with pytest.raises(errors.BackendUnavailable):
+            cc.init("nccl", mpi_comm=MPI.COMM_SELF)
+    monkeypatch.setenv("CUPYCOLL_BACKEND", "auto")
+    assert cc.init(mpi_comm=MPI.COMM_SELF).backend in ("mpi", "nccl")
+
+
+def test_dup_has_own_stats_and_frees():
+    comm = MPICommunicator(MPI.COMM_SELF)
+    twin = comm.dup()
+    cc.allreduce(np.ones(3), comm=twin)
+    assert "allreduce" in twin.stats.by_op and not comm.stats.by_op
+    twin.close()
+    twin.close()
