@@ -1,0 +1,24 @@
+"""Top-k allreduce family (Ok-Topk, TopkA, gTopk, Gaussian-k, dense), selectors, compressor.
+
+``topk_allreduce(x, k, algorithm=...)`` returns on every rank the identical approximate top-k
+(by magnitude) of the sum over ranks of ``x``; ``TopkCompressor`` wraps it with Ok-Topk SGD's
+residuals. Importing this package registers the algorithms (``cupycoll.algorithms("topk")``).
+"""
+
+from __future__ import annotations
+
+from . import dense, gaussiank, gtopk, oktopk, topka  # noqa: F401  (register the algorithms)
+from ._common import Cost, TopkOutcome, TopkState
+from .api import topk_allreduce
+from .compressor import TopkCompressor
+from .selectors import Exact, Gaussian, Selection, Selector, Threshold
+
+__all__ = ["topk_allreduce", "TopkCompressor", "TopkState", "TopkOutcome", "Cost", "Selector",
+           "Selection", "Exact", "Threshold", "Gaussian", "cost_model"]
+
+
+def cost_model(algorithm: str, p: int, k: int, n: int) -> Cost:
+    """Return the per-rank cost model (words received, latency) of ``algorithm`` on p ranks."""
+    from .._registry import lookup
+
+    return lookup("topk", algorithm).cost(p, k, n)

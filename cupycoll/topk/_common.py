@@ -1,0 +1,150 @@
+"""What every top-k algorithm shares: its outcome, the state carried across calls, cost models.
+
+An algorithm is ``fn(comm, x, k, state) -> TopkOutcome``: ``x`` is this rank's dense vector (an
+array of ``comm.xp``), ``k`` the number of entries asked for, ``state`` a :class:`TopkState` whose
+``selector`` the front door has already set. Result values are **sums** over the contributions
+that made it into the result; :class:`TopkOutcome.included` tells this rank which of its own
+entries those were, which is what the residual compressor zeroes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+
+import numpy as np
+
+from .._registry import register
+from .._result import SparseResult
+from .._types import array_namespace
+from ..comm._base import _to_host
+from ..errors import InvalidArgument, InvalidType
+
+if TYPE_CHECKING:
+    from .selectors import Selection, Selector
+
+__all__ = ["TopkState", "TopkOutcome", "Cost", "topk_algorithm", "index_dtype", "smallest_positive",
+           "sorted_member", "to_host"]
+
+to_host = _to_host
+
+
+class Cost(NamedTuple):
+    """Per-rank cost of one call: ``words`` received (1 word = one int32 index or one fp32 value)
+    and ``latency`` (alpha terms on the critical path), both as the algorithm's model states."""
+
+    words: float
+    latency: float
+
+
+class TopkOutcome(NamedTuple):
+    """What an algorithm returns on every rank.
+
+    ``result``: the identical sparse result (ascending unique indices, values = sums).
+    ``included``: ascending indices of this rank's entries whose full value is inside
+    ``result.values`` (the compressor zeroes exactly these in the residual).
+    ``selection``: this rank's local selection (for diagnostics).
+    """
+
+    result: SparseResult
+    included: Any
+    selection: Selection
+
+
+@dataclasses.dataclass
+class TopkState:
+    """What a sequence of top-k allreduce calls carries from one call to the next.
+
+    Attributes:
+        tau: Ok-Topk repartitions the regions when ``step % tau == 0``.
+        tau_prime: thresholds are recomputed exactly when ``step % tau_prime == 0`` (refresh
+            step) and reused, with the count-feedback correction, in between.
+        step: number of calls made with this state (the next call is step ``step``).
+        selector: the local selector (set to the algorithm's default on first use).
+        boundaries: Ok-Topk's region boundaries ``B_0 = 0 <= ... <= B_P = n`` (host int64,
+            identical on every rank: computed from an allreduce).
+        global_th: Ok-Topk's global threshold (identical on every rank: computed from gathered
+            data only).
+        padded_allgather: Ok-Topk's final allgather as an allgather of blocks padded to
+            ``ceil(T/P)`` with a sentinel index (NCCL has no allgatherv) instead of an
+            allgatherv; None = when the communicator has no native allgatherv.
+        last: diagnostics of the last call (selected counts, whether it was a refresh step).
+    """
+
+    tau: int = 64
+    tau_prime: int = 32
+    step: int = 0
+    selector: Selector | None = None
+    boundaries: np.ndarray | None = None
+    global_th: float | None = None
+    padded_allgather: bool | None = None
+    last: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("tau", "tau_prime"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise InvalidType(name, type(value).__name__, "an int")
+            if value < 1:
+                raise InvalidArgument(name, value, "must be >= 1")
+        from .selectors import Selector
+
+        if self.selector is not None and not isinstance(self.selector, Selector):
+            raise InvalidType("selector", type(self.selector).__name__,
+                              "a cupycoll.topk selector (Exact, Threshold, Gaussian)")
+
+    @property
+    def refresh(self) -> bool:
+        """True when the current step recomputes thresholds exactly."""
+        return self.step % self.tau_prime == 0
+
+    @property
+    def repartition(self) -> bool:
+        """True when the current step recomputes Ok-Topk's region boundaries."""
+        return self.step % self.tau == 0
+
+
+def topk_algorithm(name: str, *, selector: Callable[[], Selector],
+                   cost: Callable[[int, int, int], Cost]) -> Callable:
+    """Register ``fn`` as top-k algorithm ``name`` with its default selector and cost model."""
+    def decorate(fn: Callable) -> Callable:
+        fn.default_selector = selector
+        fn.cost = cost
+        return register("topk", name)(fn)
+    return decorate
+
+
+def index_dtype(n: int) -> np.dtype:
+    """Index dtype of a vector of length n (the primitives' rule: int32 below 2**31)."""
+    return np.dtype(np.int32) if n < 2**31 else np.dtype(np.int64)
+
+
+def smallest_positive(dtype: Any) -> float:
+    """The least positive value of ``dtype``: ``|v| >= it`` selects exactly the nonzeros."""
+    return float(np.nextafter(np.zeros((), dtype), np.ones((), dtype)))
+
+
+def positive_threshold(th: float, dtype: Any) -> float:
+    """Return ``th``, or the least positive value when ``th`` is 0 or NaN (never select zeros)."""
+    return th if th > 0 and not math.isnan(th) else smallest_positive(dtype)
+
+
+def sorted_member(a: Any, b: Any) -> Any:
+    """Boolean mask over ascending ``a``: which entries are also in ascending ``b``."""
+    xp = array_namespace(a)
+    if b.shape[0] == 0 or a.shape[0] == 0:
+        return xp.zeros(a.shape[0], dtype=bool)
+    pos = xp.searchsorted(b, a)
+    pos = xp.minimum(pos, b.shape[0] - 1)
+    return b[pos] == a
+
+
+def empty_result(xp: Any, n: int, dtype: Any) -> tuple[Any, Any]:
+    """(indices, values) of an empty result."""
+    return xp.empty(0, dtype=index_dtype(n)), xp.empty(0, dtype=dtype)
+
+
+def log2_ceil(p: int) -> int:
+    """ceil(log2 p) for p >= 1."""
+    return (p - 1).bit_length()

@@ -1,0 +1,184 @@
+"""``topk_allreduce``: the front door of the top-k allreduce family (Ok-Topk and its baselines).
+
+Arguments are validated collectively before any data moves: each rank checks its own arguments,
+then one small allreduce (MAX over int64: an error code keyed by rank, and +/- the length, k,
+dtype and algorithm so min and max can be compared) tells every rank whether any rank failed or
+whether the ranks disagree. So bad input on one rank raises a typed error on every rank instead
+of leaving the others waiting: the failing rank raises its own precise error, the others the same
+type naming that rank; disagreement raises :class:`~cupycoll.errors.MismatchError` everywhere.
+"""
+
+from __future__ import annotations
+
+import numbers
+import zlib
+from typing import Any
+
+import numpy as np
+
+from .._config import setting
+from .._registry import algorithms, lookup
+from .._result import SparseResult
+from .._types import ReduceOp, array_namespace, as_array, check_dtype
+from ..comm import Communicator, get_comm
+from ..comm._base import _to_host
+from ..errors import CupycollError, InvalidArgument, InvalidType, MismatchError
+from ._common import TopkOutcome, TopkState
+from .selectors import Selector
+
+__all__ = ["topk_allreduce", "validate", "run", "FLOAT_DTYPES"]
+
+#: value dtypes the top-k algorithms accept.
+FLOAT_DTYPES = tuple(np.dtype(t) for t in ("float16", "float32", "float64"))
+
+#: arguments an error can name, and error classes; an error is encoded as class * 16 + argument.
+_ARGUMENTS = ("x", "k", "algorithm", "selector", "state", "grad", "n")
+_CLASSES = (InvalidType, InvalidArgument, CupycollError)
+
+
+def _encode(exc: CupycollError) -> int:
+    cls = next(i for i, c in enumerate(_CLASSES) if isinstance(exc, c))
+    arg = getattr(exc, "argument", None)
+    return (cls + 1) * 16 + (_ARGUMENTS.index(arg) if arg in _ARGUMENTS else 15)
+
+
+def _decode(code: int, rank: int) -> CupycollError:
+    cls, arg = _CLASSES[code // 16 - 1], code % 16
+    name = _ARGUMENTS[arg] if arg < len(_ARGUMENTS) else "argument"
+    reason = f"rank {rank} passed an invalid {name!r} (see that rank's error); every rank raises"
+    if cls is InvalidType:
+        return InvalidType(name, "(on another rank)", f"valid on every rank: {reason}", rank=rank)
+    if cls is InvalidArgument:
+        return InvalidArgument(name, "(on another rank)", reason, rank=rank)
+    return CupycollError(reason)
+
+
+def _local_checks(comm: Communicator, x: Any, k: Any, algorithm: Any, selector: Any, state: Any,
+                  argument: str, n: int | None) -> tuple[Any, int]:
+    rank = comm.rank
+    if not isinstance(algorithm, str) or algorithm not in algorithms("topk"):
+        raise InvalidArgument("algorithm", algorithm,
+                              f"unknown topk algorithm; valid: {algorithms('topk')}", rank=rank)
+    if selector is not None and not isinstance(selector, Selector):
+        raise InvalidType("selector", type(selector).__name__,
+                          "None or a selector (Exact, Threshold, Gaussian)", rank=rank)
+    if state is not None and not isinstance(state, TopkState):
+        raise InvalidType("state", type(state).__name__, "None or a TopkState", rank=rank)
+    arr = as_array(x, argument, rank=rank)
+    check_dtype(arr, argument, rank=rank, allowed=FLOAT_DTYPES)
+    if arr.ndim != 1:
+        raise InvalidArgument(argument, tuple(arr.shape), "must be a 1-D array", rank=rank)
+    if n is not None and arr.shape[0] != n:
+        raise InvalidArgument(argument, arr.shape[0], f"length must be n = {n}", rank=rank)
+    if array_namespace(arr) is not comm.xp and comm.backend == "nccl":
+        raise InvalidType(argument, type(arr).__name__, "a cupy array (or CUDA DLPack tensor) "
+                          "on the nccl backend", rank=rank)
+    if isinstance(k, (bool, np.bool_)) or not isinstance(k, (numbers.Integral, np.integer)):
+        raise InvalidType("k", type(k).__name__, "an int", rank=rank)
+    if not 0 < k <= arr.shape[0]:
+        raise InvalidArgument("k", k, f"must satisfy 0 < k <= len({argument}) = {arr.shape[0]}",
+                              rank=rank)
+    return arr, int(k)
+
+
+def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: Any = None,
+             state: Any = None, argument: str = "x", n: int | None = None) -> tuple[Any, int]:
+    """Check the arguments on every rank with one small allreduce; return (array, k).
+
+    Raises (on every rank): InvalidType / InvalidArgument when any rank's arguments are bad
+    (non-float dtype, not 1-D, k <= 0 or k > n, unknown algorithm, bad selector or state),
+    MismatchError when the ranks disagree on the length, k, dtype or algorithm.
+    """
+    error: CupycollError | None = None
+    arr, kk = None, 0
+    try:
+        arr, kk = _local_checks(comm, x, k, algorithm, selector, state, argument, n)
+    except CupycollError as exc:
+        error = exc
+    p = comm.size
+    key = (p - comm.rank) * 256 + _encode(error) if error is not None else 0
+    if error is None:
+        length, dcode = int(arr.shape[0]), FLOAT_DTYPES.index(np.dtype(arr.dtype)) + 1
+        acode = zlib.crc32(algorithm.encode()) & 0x7FFFFFFF
+    else:
+        length = dcode = acode = 0
+    mine = np.array([key, length, -length, kk, -kk, dcode, -dcode, acode, -acode], np.int64)
+    xp = comm.xp
+    send, recv = xp.asarray(mine), xp.empty(mine.shape[0], dtype=np.int64)
+    comm.allreduce(send, recv, ReduceOp.MAX).wait()
+    agreed = _to_host(recv)
+    if agreed[0]:
+        if error is not None:
+            raise error
+        raise _decode(int(agreed[0]) % 256, p - int(agreed[0]) // 256)
+    for name, i in (("length of x", 1), ("k", 3), ("dtype", 5), ("algorithm", 7)):
+        if agreed[i] != -agreed[i + 1]:
+            raise MismatchError(f"ranks disagree on the {name} of topk_allreduce (rank "
+                                f"{comm.rank} has {mine[i]}; range {-agreed[i + 1]}..{agreed[i]})")
+    return arr, kk
+
+
+def run(comm: Communicator, x: Any, k: int, algorithm: str, selector: Selector | None,
+        state: TopkState | None) -> TopkOutcome:
+    """Run a validated call: pick the selector, run the algorithm, advance the state's step."""
+    fn = lookup("topk", algorithm, rank=comm.rank)
+    state = state if state is not None else TopkState()
+    if selector is not None:
+        state.selector = selector
+    elif state.selector is None:
+        state.selector = fn.default_selector()
+    outcome = fn(comm, x, k, state)
+    state.step += 1
+    return outcome
+
+
+def to_comm_namespace(arr: Any, comm: Communicator) -> Any:
+    """Return ``arr`` as an array of ``comm.xp`` (device arrays are staged through the host)."""
+    if array_namespace(arr) is comm.xp:
+        return arr
+    return comm.xp.asarray(_to_host(arr))
+
+
+def to_namespace(arr: Any, xp: Any) -> Any:
+    """Return ``arr`` as an array of ``xp`` (numpy or cupy)."""
+    if array_namespace(arr) is xp:
+        return arr
+    return xp.asarray(_to_host(arr))
+
+
+def topk_allreduce(x: Any, k: int, *, algorithm: str | None = None,
+                   comm: Communicator | None = None, selector: Selector | None = None,
+                   state: TopkState | None = None) -> SparseResult:
+    """Return (approximately) the top-k by magnitude of the sum over ranks of ``x``.
+
+    Every rank gets the identical :class:`SparseResult`: ascending unique int32 indices (int64
+    when n >= 2**31) and their values, which are **sums** over the ranks whose contributions made
+    it into the result (divide by P for an average). What each algorithm selects where, and what
+    it guarantees, is documented in its module: ``dense`` is exact; ``oktopk`` about k entries
+    (exactly ``min(k, nonzeros)`` on refresh steps); ``topka`` and ``gaussiank`` up to P*k;
+    ``gtopk`` at most k.
+
+    Args:
+        x: this rank's dense 1-D float vector (numpy, cupy or ``__dlpack__``); same length and
+            dtype on every rank.
+        k: number of entries asked for, ``0 < k <= len(x)``, the same on every rank.
+        algorithm: "oktopk" (default, or ``CUPYCOLL_TOPK_ALGORITHM``), "topka", "gtopk",
+            "gaussiank", "dense" (``cupycoll.algorithms("topk")``).
+        comm: communicator (default ``cupycoll.get_comm()``).
+        selector: local selector (default: the algorithm's; see :mod:`cupycoll.topk.selectors`).
+        state: a :class:`TopkState` carried across calls (thresholds, boundaries, step); without
+            one every call is a refresh step.
+    Returns:
+        SparseResult in ``x``'s array library (numpy or cupy).
+    Raises:
+        InvalidType, InvalidArgument, MismatchError: on every rank (see :func:`validate`).
+    Example::
+
+        res = cc.topk_allreduce(grad, k=grad.size // 100, state=st)   # every rank: same res
+    """
+    comm = comm or get_comm()
+    algorithm = setting("CUPYCOLL_TOPK_ALGORITHM", algorithm)
+    arr, k = validate(comm, x, k, algorithm, selector=selector, state=state)
+    res = run(comm, to_comm_namespace(arr, comm), k, algorithm, selector, state).result
+    xp = array_namespace(arr)
+    return SparseResult(to_namespace(res.indices, xp), to_namespace(res.values, xp), res.n)

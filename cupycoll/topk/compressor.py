@@ -1,0 +1,145 @@
+"""``TopkCompressor``: Ok-Topk SGD's error feedback (spec section 3) for numpy/CuPy/PyTorch trainers.
+
+Each step adds the gradient to this rank's residual (``acc = residual + grad``), runs a top-k
+allreduce of ``acc`` and returns the **averaged** sparse update (sum of the communicated
+contributions divided by P). The residual keeps everything that was not communicated: the
+algorithm reports which of this rank's entries are inside the result (``included``), and exactly
+those are zeroed. Values that left their rank but were dropped later (gTopk's pairwise
+re-selection, Ok-Topk's global threshold) are therefore still in the contributing rank's
+residual, so mass is conserved exactly for every algorithm::
+
+    sum over ranks of new residual + P * update == sum over ranks of (old residual + grad)
+
+up to float rounding. The learning rate stays outside (as in the reference code): apply it to
+the update, e.g. ``w[upd.indices] -= lr * upd.values``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import numpy as np
+
+from .._config import setting
+from .._result import SparseResult
+from .._types import ReduceOp, array_namespace
+from ..comm import Communicator, get_comm
+from ..errors import InvalidArgument, InvalidType
+from ..primitives import densify, topk_abs
+from ._common import TopkState
+from .api import run, to_comm_namespace, to_namespace, validate
+from .selectors import Selector
+
+__all__ = ["TopkCompressor"]
+
+
+def _positive_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, np.integer)):
+        raise InvalidType(name, type(value).__name__, "an int")
+    if value < minimum:
+        raise InvalidArgument(name, value, f"must be >= {minimum}")
+    return int(value)
+
+
+class TopkCompressor:
+    """Sparsify gradients with a top-k allreduce and keep the rest in a per-rank residual.
+
+    Args:
+        n: gradient length (the same on every rank).
+        density: fraction of entries communicated; ``k = max(1, floor(density * n))``.
+        algorithm: a top-k algorithm (``cupycoll.algorithms("topk")``), default "oktopk".
+        comm: communicator (default ``cupycoll.get_comm()``).
+        tau, tau_prime: Ok-Topk's repartition and threshold-refresh periods.
+        selector: local selector (default: the algorithm's).
+        warmup_steps: the first steps send the whole accumulated gradient densely (one dense
+            allreduce; the update then covers all n entries and the residual becomes zero).
+        measure_xi: record the spec's xi per step in ``xi``: ||top-k(sum of acc) - result|| /
+            ||sum of grad|| (two extra dense allreduces per step: diagnostics only).
+    Attributes:
+        k, n, state (:class:`TopkState`), residual (this rank's dense array, the gradient's
+        array library), xi (list of floats), steps (calls so far).
+    Example::
+
+        comp = cc.TopkCompressor(w.size, 0.01)
+        upd = comp.step(grad)                 # every rank: the same averaged sparse update
+        w[upd.indices] -= lr * upd.values
+    """
+
+    def __init__(self, n: int, density: float, *, algorithm: str | None = None,
+                 comm: Communicator | None = None, tau: int = 64, tau_prime: int = 32,
+                 selector: Selector | None = None, warmup_steps: int = 0,
+                 measure_xi: bool = False) -> None:
+        self.n = _positive_int("n", n, 1)
+        if isinstance(density, bool) or not isinstance(density, numbers.Real) or \
+                not 0 < density <= 1:
+            raise InvalidArgument("density", density, "must be a number in (0, 1]")
+        self.density = float(density)
+        self.k = max(1, math.floor(self.density * self.n))
+        self.algorithm = setting("CUPYCOLL_TOPK_ALGORITHM", algorithm)
+        self.comm = comm or get_comm()
+        self.state = TopkState(tau=tau, tau_prime=tau_prime, selector=selector)
+        self.warmup_steps = _positive_int("warmup_steps", warmup_steps, 0)
+        self.measure_xi = bool(measure_xi)
+        self.xi: list[float] = []
+        self.steps = 0
+        self._residual: Any = None
+
+    @property
+    def residual(self) -> Any:
+        """This rank's residual (dense, length n; zeros before the first step)."""
+        if self._residual is None:
+            return self.comm.xp.zeros(self.n, dtype=np.float32)
+        return self._residual
+
+    def step(self, grad: Any) -> SparseResult:
+        """Add ``grad`` to the residual, communicate, return the averaged sparse update.
+
+        ``grad``: numpy, cupy or ``__dlpack__`` (e.g. a torch tensor), float, length n on every
+        rank. Returns a SparseResult in numpy (host gradients) or cupy (device gradients) whose
+        values are averages over ranks. Raises on every rank as ``topk_allreduce`` does.
+        """
+        comm = self.comm
+        arr, k = validate(comm, grad, self.k, self.algorithm, argument="grad", n=self.n)
+        xp = array_namespace(arr)
+        dtype = np.float32 if arr.dtype == np.float16 else arr.dtype
+        if self._residual is None or array_namespace(self._residual) is not xp \
+                or self._residual.dtype != dtype:
+            self._residual = to_namespace(self.residual, xp).astype(dtype)
+        acc = self._residual + arr.astype(dtype, copy=False)
+        acc_c = to_comm_namespace(acc, comm)
+        if self.steps < self.warmup_steps:
+            update = self._dense_step(acc_c)
+            self._residual = xp.zeros_like(acc)
+        else:
+            outcome = run(comm, acc_c, k, self.algorithm, None, self.state)
+            update = outcome.result
+            if self.measure_xi:
+                self.xi.append(self._xi(acc_c, to_comm_namespace(arr.astype(dtype), comm),
+                                        update))
+            acc[to_namespace(outcome.included, xp)] = 0
+            self._residual = acc
+            update = SparseResult(update.indices, update.values / comm.size, self.n)
+        self.steps += 1
+        return SparseResult(to_namespace(update.indices, xp), to_namespace(update.values, xp),
+                            self.n)
+
+    def _dense_step(self, acc: Any) -> SparseResult:
+        """Warm-up: the dense average of acc, as a SparseResult over all n indices."""
+        comm, xp = self.comm, self.comm.xp
+        total = xp.empty_like(acc)
+        comm.allreduce(acc, total, ReduceOp.SUM).wait()
+        idx = xp.arange(self.n, dtype=np.int32 if self.n < 2**31 else np.int64)
+        return SparseResult(idx, total / comm.size, self.n)
+
+    def _xi(self, acc: Any, grad: Any, result: SparseResult) -> float:
+        """||top-k(sum of acc) - result|| / ||sum of grad|| (sums over ranks)."""
+        comm, xp = self.comm, self.comm.xp
+        sums = [xp.empty_like(acc), xp.empty_like(grad)]
+        comm.allreduce(acc, sums[0], ReduceOp.SUM).wait()
+        comm.allreduce(grad, sums[1], ReduceOp.SUM).wait()
+        ti, tv = topk_abs(sums[0], self.k)
+        diff = densify(ti, tv, self.n) - densify(result.indices, result.values, self.n)
+        scale = float(xp.linalg.norm(sums[1]))
+        return float(xp.linalg.norm(diff)) / scale if scale > 0 else 0.0

@@ -1,0 +1,38 @@
+"""``dense``: dense allreduce of x, then the exact top-k of the sum — the reference the others approximate.
+
+What is selected where: nothing is selected locally (the selector is ignored); every rank
+allreduces its whole vector (sum), then takes ``topk_abs`` of the sum, so the result is exactly
+the top-k of the sum over ranks (ties to the lower index). Every rank contributed its full value
+at every result index, so ``included`` = the result's indices on every rank.
+
+Cost (per rank): 2n(P-1)/P words received (bandwidth-optimal allreduce), 2 log2 P latency.
+Identical bits on every rank: the allreduce gives every rank the same sum and ``topk_abs`` is
+deterministic.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._result import SparseResult
+from .._types import ReduceOp
+from ..primitives import topk_abs
+from ._common import Cost, TopkOutcome, TopkState, log2_ceil, topk_algorithm
+from .selectors import Exact, Selection
+
+__all__ = ["dense", "cost"]
+
+
+def cost(p: int, k: int, n: int) -> Cost:
+    """Words received per rank and latency of ``dense`` on p ranks."""
+    return Cost(2.0 * n * (p - 1) / p, 2.0 * log2_ceil(p))
+
+
+@topk_algorithm("dense", selector=Exact, cost=cost)
+def dense(comm: Any, x: Any, k: int, state: TopkState) -> TopkOutcome:
+    """Allreduce ``x`` densely, then return the exact top-k of the sum (values = sums)."""
+    total = comm.xp.empty_like(x)
+    comm.allreduce(x, total, ReduceOp.SUM).wait()
+    idx, val = topk_abs(total, k)
+    state.last = {"refresh": True, "local_count": int(x.shape[0]), "global_count": k}
+    return TopkOutcome(SparseResult(idx, val, int(x.shape[0])), idx, Selection(idx, val, None))

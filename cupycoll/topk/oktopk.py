@@ -1,0 +1,148 @@
+"""``oktopk``: Ok-Topk's O(k) sparse allreduce (Li & Hoefler, PPoPP'22), Algorithm 1 in full.
+
+What is selected where, at step t of a :class:`TopkState` (spec section 1):
+
+1. Local selection, on every rank, by ``state.selector`` (default :class:`Threshold`: exact
+   k-th magnitude when ``t % tau' == 0``, reused with count feedback in between). Call it L.
+2. When ``t % tau == 0`` (or the boundaries are missing or stale): region boundaries
+   ``0 = B_0 <= ... <= B_P = n``. Each rank proposes ``S[i*c]``, i = 1..P-1, from its sorted
+   selection S with ``c = |S| // P`` (equal split points when ``|S| < P``); one allreduce (sum,
+   int64) and a floor division by P average them. Identical on every rank.
+3. Split and reduce (:mod:`._oktopk_phases`): rank r owns region r and receives every rank's
+   selected pairs in it; rotated schedule (step s sends to r+s, receives from r-s), in buckets of
+   ``min(4, P)`` steps, the scatter-add of one bucket overlapping the next bucket's transfer.
+   ``red`` = the sum over the ranks that selected each index; sources are added in a fixed order.
+4. Refresh step (``t % tau' == 0``): every rank allgathers all nonzeros of every region; the
+   exact top-k of them (``k' = min(k, total)``) is the result and its k'-th magnitude becomes the
+   global threshold (the same on every rank: it comes from the same gathered data).
+5. Other steps: each owner selects ``|red| >= global_th`` (T entries in total), counts are
+   allgathered, the selections are balanced by interval overlap into blocks of ``T//P`` or
+   ``T//P + 1``, and allgathered (natively, or as an allgather of blocks padded to ``ceil(T/P)``
+   with the sentinel index n where the backend has no allgatherv). Then the global threshold is
+   corrected from T alone (``T < 2k/3``: divide by 1.008; ``T > 4k/3``: multiply).
+
+Result: identical on every rank (it is allgathered), ascending indices (regions are contiguous
+and each is emitted in order), values = sums over the ranks that selected the index locally.
+``included`` = L ∩ result: a rank's value at i is in the result iff it selected i and i is in
+the result; values reduced but cut by the global threshold stay in their ranks' residuals.
+
+Cost (per rank, words; 1 word = an int32 index or an fp32 value; spec Eqs. 1-3):
+split and reduce 2k(P-1)/P on balanced selections; balance <= 2k(P-1)/P (all on one rank: the
+owner ships (P-1)/P of its 2k words, every peer receives 2k/P); allgather 2k(P-1)/P: at most
+6k(P-1)/P on a non-refresh step, latency <= 2P + 2 log2 P. Not in the model: the count exchanges
+(``oktopk.reduce.counts``: P-1 int64; ``oktopk.balance.counts``: an allgather of one int64), the
+boundary allreduce every tau steps, the validation allreduce, and on refresh steps the
+allgatherv of all reduced nonzeros (up to 2k(P-1) words, amortised over tau').
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .._result import SparseResult
+from .._types import ReduceOp
+from ..primitives import select_abs_ge, topk_abs
+from ._common import (Cost, TopkOutcome, TopkState, index_dtype, log2_ceil, positive_threshold,
+                      smallest_positive, sorted_member, to_host, topk_algorithm)
+from ._oktopk_phases import allgather_blocks, balance, split_and_reduce
+from .selectors import Threshold
+
+__all__ = ["oktopk", "cost", "region_boundaries", "GLOBAL_FEEDBACK"]
+
+#: count feedback of the global threshold: (low, high, scale) -- T < low*k divides the threshold
+#: by scale, T > high*k multiplies it (the reference code's VGG values).
+GLOBAL_FEEDBACK = (2 / 3, 4 / 3, 1.008)
+
+
+def cost(p: int, k: int, n: int) -> Cost:
+    """Words received per rank (non-refresh upper bound) and latency of ``oktopk`` on p ranks."""
+    return Cost(6.0 * k * (p - 1) / p, 2.0 * p + 2.0 * log2_ceil(p))
+
+
+def region_boundaries(comm: Any, selected: Any, n: int) -> np.ndarray:
+    """Return the P+1 region boundaries (host int64) averaged over the ranks' local selections.
+
+    Rank proposals: ``selected[i*c]`` for i = 1..P-1, ``c = len(selected) // P``; a rank with
+    fewer than P selected entries proposes equal split points ``i*n // P`` instead.
+    """
+    p, xp = comm.size, comm.xp
+    if p == 1:
+        return np.array([0, n], dtype=np.int64)
+    c = int(selected.shape[0]) // p
+    if c > 0:
+        proposal = selected[xp.arange(1, p) * c].astype(np.int64)
+    else:
+        proposal = xp.asarray([i * n // p for i in range(1, p)], dtype=np.int64)
+    total = xp.empty_like(proposal)
+    comm.allreduce(proposal, total, ReduceOp.SUM).wait()
+    cuts = to_host(total) // p
+    return np.concatenate([[0], cuts, [n]]).astype(np.int64)
+
+
+def _stale(state: TopkState, n: int, p: int) -> bool:
+    b = state.boundaries
+    return b is None or b.shape[0] != p + 1 or int(b[-1]) != n
+
+
+def _padded(comm: Any, state: TopkState) -> bool:
+    """Use the padded allgather when asked to, or when the backend has no native allgatherv."""
+    if state.padded_allgather is not None:
+        return bool(state.padded_allgather)
+    return not getattr(comm, "native_allgatherv", comm.backend == "mpi")
+
+
+def _refresh(comm: Any, red: Any, lo: int, k: int, n: int, state: TopkState) -> tuple[Any, Any]:
+    """Gather all reduced nonzeros; return their exact top-k and set the global threshold."""
+    xp = comm.xp
+    nz_i, nz_v = select_abs_ge(red, smallest_positive(red.dtype))
+    gidx = nz_i.astype(index_dtype(n)) + lo
+    all_i, counts = comm.allgatherv(gidx, op_name="oktopk.refresh")
+    all_v, _ = comm.allgatherv(nz_v, counts=counts, op_name="oktopk.refresh")
+    total = int(counts.sum())
+    state.last["global_count"] = total
+    if total == 0:
+        state.global_th = smallest_positive(red.dtype)
+        return all_i, all_v
+    pos, val = topk_abs(all_v, min(k, total))
+    state.global_th = positive_threshold(float(xp.abs(val).min()), red.dtype)
+    return all_i[pos], val
+
+
+def _select_balance_gather(comm: Any, red: Any, lo: int, k: int, n: int,
+                           state: TopkState) -> tuple[Any, Any]:
+    """Select ``|red| >= global_th``, balance the selections, allgather them; adapt the threshold."""
+    sel_i, sel_v = select_abs_ge(red, state.global_th)
+    gidx = sel_i.astype(index_dtype(n)) + lo
+    counts = comm.allgather_counts(int(gidx.shape[0]), "oktopk.balance.counts")
+    total = int(counts.sum())
+    state.last["global_count"] = total
+    low, high, scale = GLOBAL_FEEDBACK
+    if total < low * k:
+        state.global_th = positive_threshold(state.global_th / scale, red.dtype)
+    elif total > high * k:
+        state.global_th *= scale
+    if total == 0:
+        return gidx, sel_v
+    blk_i, blk_v, blocks = balance(comm, gidx, sel_v, counts)
+    return allgather_blocks(comm, blk_i, blk_v, blocks, n, padded=_padded(comm, state))
+
+
+@topk_algorithm("oktopk", selector=Threshold, cost=cost)
+def oktopk(comm: Any, x: Any, k: int, state: TopkState) -> TopkOutcome:
+    """Ok-Topk: split-and-reduce over balanced regions, then a thresholded, balanced allgather."""
+    n, p = int(x.shape[0]), comm.size
+    refresh = state.refresh or state.global_th is None
+    sel = state.selector.select(x, k, refresh=state.refresh)
+    state.last = {"refresh": refresh, "local_count": sel.count}
+    if state.repartition or _stale(state, n, p):
+        state.boundaries = region_boundaries(comm, sel.indices, n)
+        state.last["repartition"] = True
+    red, lo = split_and_reduce(comm, sel.indices, sel.values, state.boundaries)
+    if refresh:
+        res_i, res_v = _refresh(comm, red, lo, k, n, state)
+    else:
+        res_i, res_v = _select_balance_gather(comm, red, lo, k, n, state)
+    included = sel.indices[sorted_member(sel.indices, res_i)]
+    return TopkOutcome(SparseResult(res_i, res_v, n), included, sel)
