@@ -1,0 +1,12 @@
+"""Exact sparse allreduce: the ``sparse_allreduce`` front door and its registered algorithms.
+
+Importing this package registers the algorithms (``cupycoll.algorithms("sparse")`` lists them):
+allgather, mask, dense, recursive_doubling, split and auto.
+"""
+
+from __future__ import annotations
+
+from . import allgather, auto, dense, mask, recursive_doubling, split  # noqa: F401 (registers)
+from .api import SparseResult, sparse_allreduce
+
+__all__ = ["sparse_allreduce", "SparseResult"]

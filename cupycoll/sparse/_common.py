@@ -1,0 +1,95 @@
+"""Helpers shared by the sparse algorithms: zero-filled merges and presence bitmaps.
+
+Semantics every algorithm implements: an index absent on a rank counts as 0 there, for every op.
+A merge of partial results over disjoint groups of ranks is therefore ``op(a or 0, b or 0)`` per
+index: for sum that is the plain merge; for max, min and prod the entries missing from some part
+are combined with 0 (``max(v, 0)``, ``min(v, 0)``, ``v * 0``), exactly as a dense reduction would.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from .._types import ReduceOp, array_namespace
+from ..primitives import merge_sorted
+
+__all__ = ["reduce_parts", "fill_absent", "presence", "union_of_presence", "bitmap_or_allreduce",
+           "bitmap_chunk", "UFUNC_NAMES"]
+
+#: the array-library ufunc of each op (looked up on numpy or cupy by name).
+UFUNC_NAMES = {ReduceOp.SUM: "add", ReduceOp.PROD: "multiply", ReduceOp.MAX: "maximum",
+               ReduceOp.MIN: "minimum"}
+
+
+def fill_absent(union: Any, values: Any, part_indices: Sequence[Any], op: ReduceOp) -> Any:
+    """Combine with 0, in place, the entries of ``union`` missing from at least one part.
+
+    ``union`` is sorted unique and contains every part's (sorted unique) indices. A no-op for sum.
+    """
+    if op is ReduceOp.SUM or union.shape[0] == 0:
+        return values
+    xp = array_namespace(union)
+    present = xp.zeros(union.shape[0], dtype=np.int32)
+    for idx in part_indices:
+        present[xp.searchsorted(union, idx)] += 1
+    missing = present < len(part_indices)
+    if bool(missing.any()):
+        ufunc = getattr(xp, UFUNC_NAMES[op])
+        values[missing] = ufunc(values[missing], values.dtype.type(0))
+    return values
+
+
+def reduce_parts(parts: Sequence[tuple[Any, Any]], op: ReduceOp,
+                 accumulate_dtype: Any = None) -> tuple[Any, Any]:
+    """Merge coalesced parts of disjoint rank groups in part order, absent entries counting as 0."""
+    if len(parts) == 1:
+        return parts[0]
+    idx, val = merge_sorted(list(parts), op.value, accumulate_dtype)
+    return idx, fill_absent(idx, val, [p[0] for p in parts], op)
+
+
+def presence(indices: Any, n: int) -> Any:
+    """Return a bool array of length ``n``, True at ``indices``."""
+    xp = array_namespace(indices)
+    mask = xp.zeros(n, dtype=bool)
+    mask[indices] = True
+    return mask
+
+
+def union_of_presence(mask: Any, index_dtype: Any) -> Any:
+    """Return the ascending indices where ``mask`` is True, as ``index_dtype``."""
+    xp = array_namespace(mask)
+    return xp.flatnonzero(mask).astype(index_dtype, copy=False)
+
+
+def bitmap_chunk(n: int, size: int) -> int:
+    """Bytes of the bitmap chunk each rank owns in :func:`bitmap_or_allreduce`."""
+    return -(-((n + 7) // 8) // size)
+
+
+def bitmap_or_allreduce(comm: Any, mask: Any, op_name: str) -> Any:
+    """OR a bool mask over all ranks through packed bits (n/8 bytes, reduce-scatter + allgather).
+
+    Each rank owns one chunk of the packed bitmap: chunks go to their owner by one exchange,
+    the owner ORs them, and an allgather returns the whole bitmap. Booked under ``op_name``.
+    """
+    xp, p, n = comm.xp, comm.size, int(mask.shape[0])
+    if p == 1:
+        return mask
+    chunk = bitmap_chunk(n, p)
+    bits = xp.zeros(chunk * p, dtype=np.uint8)
+    packed = xp.packbits(mask)
+    bits[:packed.shape[0]] = packed
+    blocks = bits.reshape(p, chunk)
+    recv = xp.empty((p, chunk), dtype=np.uint8)
+    recv[comm.rank] = blocks[comm.rank]
+    peers = [(comm.rank + s) % p for s in range(1, p)]
+    comm.exchange([(r, blocks[r]) for r in peers], [(r, recv[r]) for r in peers], op_name).wait()
+    mine = recv[0].copy()
+    for r in range(1, p):
+        mine |= recv[r]
+    full = xp.empty(chunk * p, dtype=np.uint8)
+    comm.allgather(mine, full, op_name).wait()
+    return xp.unpackbits(full)[:n].view(bool)

@@ -1,0 +1,159 @@
+"""Shared pieces of the sparse algorithms' cost models: the problem shape and per-op traffic.
+
+Every algorithm module has a ``cost(shape, rank) -> Cost`` beside it. A :class:`Cost` is what
+``comm.stats`` of that rank must show after one ``sparse_allreduce`` call: bytes and messages
+received per operation name, booked by the same rules as :class:`cupycoll.comm.Stats`
+(point-to-point exactly; native collectives by the ring volume ``floor(factor * bytes)``).
+
+A :class:`Shape` carries P, n, row width, element sizes and every rank's coalesced nnz. When it
+also carries every rank's coalesced indices (``inputs``), data-dependent terms (group unions of
+recursive doubling, region sizes of split) are exact; without them they are estimated under
+independent uniformly random indices, which is what ``auto`` (and later the tuner) uses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from ..comm import bus_factor
+
+__all__ = ["Shape", "Cost", "estimate_union", "validation_cost", "VALIDATION_FIELDS"]
+
+#: agreement fields of the validation allreduce (each sent as max(x) and max(-x)); see _validate.
+VALIDATION_FIELDS = ("n", "index_dtype", "value_dtype", "width", "op", "algorithm",
+                     "accumulate_dtype", "async_op")
+#: per-rank slots of the validation allreduce: coalesced nnz, error code, offending value.
+VALIDATION_SLOTS = 3
+
+
+def estimate_union(n: int, nnz: Iterable[int]) -> int:
+    """Expected union size of independent uniformly random index sets of the given sizes."""
+    sizes = [min(int(k), n) for k in nnz]
+    if not sizes or n <= 0:
+        return 0
+    log_absent = sum(math.log1p(-k / n) if k < n else -math.inf for k in sizes)
+    expected = n * -math.expm1(log_absent)
+    return int(min(max(round(expected), max(sizes)), sum(sizes), n))
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """One call as the cost models see it.
+
+    Attributes:
+        size: number of ranks P.
+        n: dense length (rows).
+        width: row width (0 for 1-D values).
+        index_bytes, value_bytes: element sizes (values in the accumulate dtype).
+        nnz: coalesced nnz of every rank, in rank order.
+        inputs: optional coalesced sorted indices of every rank (host numpy), for exact terms.
+    """
+
+    size: int
+    n: int
+    width: int
+    index_bytes: int
+    value_bytes: int
+    nnz: tuple[int, ...]
+    inputs: tuple[np.ndarray, ...] | None = None
+
+    @classmethod
+    def from_inputs(cls, inputs: Sequence[np.ndarray], n: int, width: int, index_bytes: int,
+                    value_bytes: int) -> "Shape":
+        """Build an exact shape from every rank's coalesced sorted indices."""
+        arrays = tuple(np.asarray(a) for a in inputs)
+        return cls(len(arrays), n, width, index_bytes, value_bytes,
+                   tuple(int(a.size) for a in arrays), arrays)
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one value row (one value for 1-D)."""
+        return self.value_bytes * max(self.width, 1)
+
+    @property
+    def entry_bytes(self) -> int:
+        """Bytes of one sparse entry: an index and its row."""
+        return self.index_bytes + self.row_bytes
+
+    @property
+    def total_nnz(self) -> int:
+        return sum(self.nnz)
+
+    def union_of(self, ranks: Iterable[int]) -> int:
+        """Size of the union of the given ranks' indices (exact with inputs, else estimated)."""
+        ranks = list(ranks)
+        if self.inputs is not None:
+            parts = [self.inputs[r] for r in ranks]
+            return int(np.unique(np.concatenate(parts)).size) if parts else 0
+        return estimate_union(self.n, (self.nnz[r] for r in ranks))
+
+    @property
+    def union(self) -> int:
+        """Size of the union of every rank's indices."""
+        return self.union_of(range(self.size))
+
+
+@dataclasses.dataclass
+class Cost:
+    """Bytes and messages one rank receives, per operation name (as booked in ``comm.stats``)."""
+
+    received: dict[str, int] = dataclasses.field(default_factory=dict)
+    messages: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def bytes_received(self) -> int:
+        return sum(self.received.values())
+
+    @property
+    def messages_received(self) -> int:
+        return sum(self.messages.values())
+
+    def book(self, op: str, nbytes: int, messages: int) -> "Cost":
+        """Add ``nbytes`` in ``messages`` messages under ``op``; zero entries are not kept."""
+        if nbytes or messages:
+            self.received[op] = self.received.get(op, 0) + int(nbytes)
+            self.messages[op] = self.messages.get(op, 0) + int(messages)
+        return self
+
+    # the Communicator's booking rules, one per verb
+    def allreduce(self, size: int, nbytes: int) -> "Cost":
+        """A native allreduce of ``nbytes`` (booked under "allreduce")."""
+        if size > 1:
+            self.book("allreduce", math.floor(bus_factor("allreduce", size) * nbytes),
+                      2 * (size - 1))
+        return self
+
+    def allgather(self, op: str, size: int, recv_bytes: int) -> "Cost":
+        """A native allgather whose receive buffer holds ``recv_bytes``."""
+        if size > 1:
+            self.book(op, math.floor(bus_factor("allgather", size) * recv_bytes), size - 1)
+        return self
+
+    def allgatherv(self, op: str, size: int, rank: int, counts: Sequence[int], row_bytes: int,
+                   with_counts: bool = True) -> "Cost":
+        """An allgatherv of ``counts[r]`` rows of ``row_bytes`` (counts exchanged first)."""
+        if with_counts:
+            self.allgather(op + ".counts", size, 8 * size)
+        if size > 1:
+            others = sum(int(c) for r, c in enumerate(counts) if r != rank)
+            self.book(op, others * row_bytes, size - 1)
+        return self
+
+    def alltoall_counts(self, op: str, size: int) -> "Cost":
+        """The count exchange before an alltoallv: one int64 from every peer."""
+        return self.book(op, 8 * (size - 1), size - 1)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"bytes_received": self.bytes_received, "messages_received": self.messages_received,
+                "by_op": {k: {"bytes_received": v, "messages_received": self.messages[k]}
+                          for k, v in sorted(self.received.items())}}
+
+
+def validation_cost(size: int) -> Cost:
+    """Traffic of the one validation allreduce every ``sparse_allreduce`` call starts with."""
+    words = 2 * len(VALIDATION_FIELDS) + VALIDATION_SLOTS * size
+    return Cost().allreduce(size, 8 * words)

@@ -1,0 +1,265 @@
+"""Collective validation of a ``sparse_allreduce`` call: one small allreduce before any data moves.
+
+Every rank checks its own arguments locally (types, dtypes, shapes, index range), coalesces its
+input, and then all ranks run ONE int64 MAX-allreduce of
+
+* ``max(x)`` and ``max(-x)`` of every agreement field (n, index dtype, value dtype, width, op,
+  algorithm, accumulate dtype, async_op): the two differ exactly when ranks disagree;
+* one slot per rank for its coalesced nnz, its error code and its offending value (other ranks
+  put INT64_MIN there), so every rank learns every rank's nnz (used by ``auto``) and which rank
+  had which problem.
+
+Then every rank raises the same kind of error: the rank with bad input raises its precise
+InvalidType/InvalidArgument, the others an error of the same type naming that rank and argument;
+ranks that disagree raise MismatchError. Nobody is left waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+import operator
+from typing import Any
+
+import numpy as np
+
+from .._config import setting
+from .._registry import algorithms
+from .._types import ReduceOp, array_namespace, as_array, parse_op
+from ..comm._base import _to_host
+from ..errors import CupycollError, InvalidArgument, InvalidType, MismatchError
+from ..primitives import VALUE_DTYPES, coo_reduce
+from ._cost import VALIDATION_FIELDS, Shape
+
+__all__ = ["Prepared", "prepare"]
+
+_INDEX_NAMES = ("int32", "int64")
+_VALUE_NAMES = tuple(d.name for d in VALUE_DTYPES)
+_OPS = tuple(ReduceOp)
+_ARGUMENTS = ("indices", "values", "n", "op", "algorithm", "accumulate_dtype", "alloc_fn",
+              "completion_fn", "async_op")
+_TYPE, _VALUE, _RANGE = 1, 2, 3  # error kinds; code = kind * 32 + argument position
+_MIN = np.iinfo(np.int64).min
+
+
+@dataclasses.dataclass
+class Prepared:
+    """A validated call: coalesced sorted local input (values in the accumulate dtype) and the
+    arguments every rank agreed on."""
+
+    indices: Any
+    values: Any
+    n: int
+    op: ReduceOp
+    algorithm: str
+    index_dtype: np.dtype
+    value_dtype: np.dtype
+    accumulate_dtype: np.dtype
+    width: int
+    nnz: tuple[int, ...] = ()
+
+    @property
+    def reduce_op(self) -> ReduceOp:
+        """The op the algorithms run (avg is a sum divided by P afterwards)."""
+        return ReduceOp.SUM if self.op is ReduceOp.AVG else self.op
+
+    def shape(self, size: int) -> Shape:
+        return Shape(size, self.n, self.width, self.index_dtype.itemsize,
+                     self.accumulate_dtype.itemsize, self.nnz)
+
+    def fields(self) -> tuple[int, ...]:
+        return (self.n, _INDEX_NAMES.index(self.index_dtype.name),
+                _VALUE_NAMES.index(self.value_dtype.name), self.width, _OPS.index(self.op),
+                algorithms("sparse").index(self.algorithm),
+                _VALUE_NAMES.index(self.accumulate_dtype.name))
+
+
+def _length(n: Any, rank: int) -> int:
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (numbers.Integral, np.integer)):
+        raise InvalidType("n", type(n).__name__, "an int (the dense length)", rank=rank)
+    value = operator.index(n)
+    if not 0 < value < 2**62:
+        raise InvalidArgument("n", value, "must be a positive int (the dense length)", rank=rank)
+    return value
+
+
+def _algorithm(name: Any, rank: int) -> str:
+    name = setting("CUPYCOLL_ALGORITHM", name)
+    valid = algorithms("sparse")
+    if not isinstance(name, str) or name not in valid:
+        raise InvalidArgument("algorithm", name, f"unknown sparse algorithm; valid: {valid}",
+                              rank=rank)
+    return name
+
+
+def _on(xp: Any, a: Any) -> Any:
+    """``a`` as a C-contiguous array of the communicator's library (host copy or upload)."""
+    if array_namespace(a) is not xp:
+        a = _to_host(a) if xp is np else xp.asarray(a)
+    return a if a.flags.c_contiguous else xp.ascontiguousarray(a)
+
+
+def _arrays(comm: Any, indices: Any, values: Any, rank: int) -> tuple[Any, Any, int]:
+    idx = as_array(indices, "indices", rank=rank)
+    val = as_array(values, "values", rank=rank)
+    if np.dtype(idx.dtype).name not in _INDEX_NAMES:
+        raise InvalidType("indices", idx.dtype, "an array of int32 or int64", rank=rank)
+    if idx.ndim != 1:
+        raise InvalidArgument("indices", tuple(idx.shape), "must be 1-D", rank=rank)
+    if np.dtype(val.dtype).name not in _VALUE_NAMES:
+        raise InvalidType("values", val.dtype, f"an array of one of {list(_VALUE_NAMES)}",
+                          rank=rank)
+    if val.ndim not in (1, 2):
+        raise InvalidArgument("values", tuple(val.shape), "must be 1-D, or 2-D rows "
+                              "(len(indices), width)", rank=rank)
+    if val.shape[0] != idx.shape[0]:
+        raise InvalidArgument("values", tuple(val.shape), f"needs one value (row) per index; "
+                              f"there are {idx.shape[0]} indices", rank=rank)
+    if val.ndim == 2 and val.shape[1] < 1:
+        raise InvalidArgument("values", tuple(val.shape), "rows must have width >= 1", rank=rank)
+    width = int(val.shape[1]) if val.ndim == 2 else 0
+    return _on(comm.xp, idx), _on(comm.xp, val), width
+
+
+def _accumulate(accumulate_dtype: Any, value_dtype: np.dtype, rank: int) -> np.dtype:
+    if accumulate_dtype is None:
+        return value_dtype
+    try:
+        acc = np.dtype(accumulate_dtype)
+    except TypeError:
+        raise InvalidType("accumulate_dtype", accumulate_dtype, "a dtype", rank=rank) from None
+    if acc.name not in _VALUE_NAMES:
+        raise InvalidType("accumulate_dtype", acc, f"one of {list(_VALUE_NAMES)}", rank=rank)
+    return acc
+
+
+class _OutOfRange(InvalidArgument):
+    """An index outside [0, n) (an InvalidArgument; its value travels to the other ranks)."""
+
+
+def _check_range(idx: Any, n: int, rank: int) -> None:
+    if idx.shape[0] == 0:
+        return
+    lo, hi = int(idx.min()), int(idx.max())
+    if lo < 0 or hi >= n:
+        bad = lo if lo < 0 else hi
+        raise _OutOfRange("indices", bad, f"index out of range [0, n={n})", rank=rank)
+
+
+def _coalesce(idx: Any, val: Any, op: ReduceOp, acc: np.dtype) -> tuple[Any, Any]:
+    """Sorted unique local input with values in ``acc`` (duplicates reduced with the op)."""
+    if val.dtype != acc:
+        val = val.astype(acc)
+    xp = array_namespace(idx)
+    if idx.shape[0] > 1 and not bool(xp.all(idx[1:] > idx[:-1])):
+        idx, val = coo_reduce(idx, val, (ReduceOp.SUM if op is ReduceOp.AVG else op).value)
+    return idx, val
+
+
+def _local(comm: Any, indices: Any, values: Any, n: Any, op: Any, algorithm: Any,
+           accumulate_dtype: Any, alloc_fn: Any, completion_fn: Any
+           ) -> tuple[Prepared | None, CupycollError | None]:
+    """Check this rank's arguments and coalesce its input; return (prepared, error)."""
+    rank = comm.rank
+    try:
+        red = parse_op(op, rank=rank)
+        name = _algorithm(algorithm, rank)
+        length = _length(n, rank)
+        idx, val, width = _arrays(comm, indices, values, rank)
+        acc = _accumulate(accumulate_dtype, np.dtype(val.dtype), rank)
+        for arg, fn in (("alloc_fn", alloc_fn), ("completion_fn", completion_fn)):
+            if fn is not None and not callable(fn):
+                raise InvalidType(arg, type(fn).__name__, "a callable or None", rank=rank)
+        _check_range(idx, length, rank)
+        value_dtype = np.dtype(val.dtype)
+        idx, val = _coalesce(idx, val, red, acc)
+    except CupycollError as exc:
+        return None, exc
+    return Prepared(idx, val, length, red, name, np.dtype(idx.dtype), value_dtype, acc,
+                    width), None
+
+
+def _code(error: CupycollError) -> int:
+    argument = getattr(error, "argument", "")
+    position = _ARGUMENTS.index(argument) if argument in _ARGUMENTS else len(_ARGUMENTS)
+    if isinstance(error, InvalidType):
+        return _TYPE * 32 + position
+    if isinstance(error, _OutOfRange):
+        return _RANGE * 32 + position
+    return _VALUE * 32 + position
+
+
+def _peer_error(code: int, rank: int, bad: int, n: int, others: list[int]) -> CupycollError:
+    """The error a rank with good input raises for a peer's bad input."""
+    kind, position = divmod(code, 32)
+    argument = _ARGUMENTS[position] if position < len(_ARGUMENTS) else "arguments"
+    also = f"; ranks with bad input: {others}" if len(others) > 1 else ""
+    if kind == _RANGE:
+        return InvalidArgument("indices", bad, f"index out of range [0, n={n}) on rank {rank}"
+                               f"{also}", rank=rank)
+    if kind == _TYPE:
+        return InvalidType(argument, f"a bad {argument} on rank {rank}",
+                           f"valid on every rank (rank {rank} raised the precise error{also})",
+                           rank=rank)
+    return InvalidArgument(argument, f"see rank {rank}", f"rank {rank} passed an invalid "
+                           f"{argument}{also}", rank=rank)
+
+
+def _decode(field: str, value: int) -> str:
+    if field == "index_dtype":
+        return _INDEX_NAMES[value]
+    if field in ("value_dtype", "accumulate_dtype"):
+        return _VALUE_NAMES[value]
+    if field == "op":
+        return _OPS[value].value
+    if field == "algorithm":
+        return algorithms("sparse")[value]
+    return str(value)
+
+
+def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm: Any,
+            accumulate_dtype: Any, alloc_fn: Any, completion_fn: Any,
+            async_op: bool) -> Prepared:
+    """Validate collectively and coalesce; raise the same kind of error on every rank.
+
+    Raises:
+        InvalidType, InvalidArgument: some rank's arguments are bad (that rank and argument are
+            named; the rank itself raises its precise error).
+        MismatchError: ranks disagree on n, dtypes, width, op, algorithm, accumulate_dtype or
+            async_op.
+    """
+    p, rank = comm.size, comm.rank
+    prepared, error = _local(comm, indices, values, n, op, algorithm, accumulate_dtype,
+                             alloc_fn, completion_fn)
+    nf = len(VALIDATION_FIELDS)
+    vec = np.full(2 * nf + 3 * p, _MIN, dtype=np.int64)
+    if prepared is not None:
+        fields = np.asarray(prepared.fields() + (int(bool(async_op)),), dtype=np.int64)
+        vec[0:2 * nf:2], vec[1:2 * nf:2] = fields, -fields
+        vec[2 * nf + rank] = prepared.indices.shape[0]
+        vec[2 * nf + p + rank] = 0
+    else:
+        vec[2 * nf + p + rank] = _code(error)
+        if isinstance(error, _OutOfRange):
+            vec[2 * nf + 2 * p + rank] = error.value
+    dev = comm.xp.asarray(vec)
+    comm.allreduce(dev, dev, ReduceOp.MAX).wait()
+    vec = _to_host(dev)
+    codes = vec[2 * nf + p:2 * nf + 2 * p]
+    bad_ranks = [r for r in range(p) if codes[r] != 0]
+    if error is not None:
+        raise error
+    if bad_ranks:
+        first = bad_ranks[0]
+        raise _peer_error(int(codes[first]), first, int(vec[2 * nf + 2 * p + first]),
+                          prepared.n, bad_ranks)
+    disagree = []
+    for i, field in enumerate(VALIDATION_FIELDS):
+        hi, lo = int(vec[2 * i]), -int(vec[2 * i + 1])
+        if hi != lo:
+            disagree.append(f"{field} ({_decode(field, lo)} vs {_decode(field, hi)})")
+    if disagree:
+        raise MismatchError(f"ranks disagree on {', '.join(disagree)} (seen on rank {rank} of "
+                            f"{p}); every rank must pass the same value")
+    prepared.nnz = tuple(int(k) for k in vec[2 * nf:2 * nf + p])
+    return prepared

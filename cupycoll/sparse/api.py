@@ -1,0 +1,179 @@
+"""``sparse_allreduce``: the front door of the exact sparse allreduce.
+
+Validate collectively (one small allreduce), coalesce, pick the algorithm (``auto``: same choice
+on every rank), run it, then deliver: return a :class:`SparseResult`, fill the caller's buffers
+(``alloc_fn``), call ``completion_fn``, or hand back a :class:`Work` (``async_op=True``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import weakref
+from typing import Any, Callable
+
+import numpy as np
+
+from .._registry import lookup
+from .._result import SparseResult
+from .._types import ReduceOp, array_namespace, as_array
+from ..collectives import _like_caller
+from ..comm import Communicator, Work, get_comm
+from ..comm._base import _to_host
+from ..comm.mpi import trunc_divide
+from ..errors import InvalidArgument, InvalidType
+from . import auto as _auto
+from ._validate import Prepared, prepare
+
+__all__ = ["sparse_allreduce", "SparseResult"]
+
+_log = logging.getLogger("cupycoll")
+
+
+def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
+                     algorithm: str | None = None, comm: Communicator | None = None,
+                     accumulate_dtype: Any = None,
+                     alloc_fn: Callable[..., tuple[Any, Any]] | None = None,
+                     completion_fn: Callable[[Any, Any, Any], Any] | None = None,
+                     fn_ctx: Any = None, async_op: bool = False) -> Any:
+    """Reduce sparse (indices, values) over all ranks; every rank gets the identical result.
+
+    The result holds the ascending union of all ranks' indices (index dtype as given) and, at
+    each of them, the dense allreduce of the densified inputs: an index absent on a rank counts
+    as 0 there for every op (so ``max`` over {3 on rank 0, absent on rank 1} is 3, ``min`` is 0,
+    ``prod`` is 0). Results are bitwise identical on all ranks. NaN propagates like in a dense
+    reduction.
+
+    Args:
+        indices: 1-D int32/int64, any order, duplicates allowed (coalesced with ``op`` first;
+            ``avg`` coalesces with sum). numpy, cupy or any ``__dlpack__`` object.
+        values: 1-D, one per index, or 2-D ``(len(indices), width)`` embedding rows; float16,
+            float32, float64, int32 or int64.
+        n: dense length (number of rows), the same on every rank; indices must be in [0, n).
+        op: "sum", "prod", "max", "min" or "avg" (sum / P; integers truncate toward zero).
+        algorithm: one of ``cupycoll.algorithms("sparse")``; default ``CUPYCOLL_ALGORITHM`` or
+            "auto". The same on every rank.
+        comm: communicator (default ``cupycoll.get_comm()``).
+        accumulate_dtype: dtype the reduction (and the wire) runs in, e.g. float32 for float16
+            values; the result is cast back to the values' dtype once, at the end.
+        alloc_fn: ``alloc_fn(nnz, index_dtype, values_shape, value_dtype, fn_ctx) ->
+            (index_buf, value_buf)``; the result is copied into these buffers, which are
+            returned in the SparseResult.
+        completion_fn: ``completion_fn(indices, values, fn_ctx)``, called with the result
+            (buffers valid during the call only: copy what you keep).
+        fn_ctx: user object passed to the callbacks.
+        async_op: return a :class:`Work` (``wait()``, ``is_completed()``, ``result()``); the
+            algorithm runs on a background thread over a duplicate of ``comm``, in call order;
+            callbacks run in the thread that waits.
+    Returns:
+        ``SparseResult(indices, values, n)`` in the caller's array type, or a Work of it.
+    Raises:
+        InvalidType, InvalidArgument: a bad argument on any rank (raised on every rank, naming
+            the rank and argument). MismatchError: ranks disagree on n, dtypes, width, op,
+            algorithm, accumulate_dtype or async_op.
+    Example::
+
+        # rank 0: indices [1, 5], values [1., 2.]    rank 1: indices [5, 7], values [10., 20.]
+        res = cc.sparse_allreduce(idx, val, n=8)
+        res.indices, res.values                      # both ranks: [1, 5, 7], [1., 12., 20.]
+    """
+    comm = comm or get_comm()
+    prepared = prepare(comm, indices, values, n, op=op, algorithm=algorithm,
+                       accumulate_dtype=accumulate_dtype, alloc_fn=alloc_fn,
+                       completion_fn=completion_fn, async_op=async_op)
+    name = prepared.algorithm
+    if name == "auto":
+        name = _auto.choose(prepared.shape(comm.size))
+    _log.debug("sparse_allreduce: algorithm %s, nnz %s, n %d", name, prepared.nnz, prepared.n)
+    fn = lookup("sparse", name, rank=comm.rank)
+
+    def deliver(result: tuple[Any, Any]) -> Any:
+        return _deliver(result, prepared, indices, values, alloc_fn, completion_fn, fn_ctx)
+
+    if not async_op:
+        return deliver(_run(comm, prepared, fn))
+    runner = _runner(comm)
+    future = runner.submit(_run, runner.comm, prepared, fn)
+    return Work(lambda: concurrent.futures.wait([future]), future.done,
+                lambda: deliver(future.result()))
+
+
+def _run(comm: Communicator, prepared: Prepared, fn: Callable) -> tuple[Any, Any]:
+    """Run the algorithm; apply avg and the single cast back to the caller's dtypes."""
+    idx, val = fn(comm, prepared.indices, prepared.values, prepared.n, prepared.reduce_op,
+                  prepared.accumulate_dtype)
+    xp = comm.xp
+    if xp.may_share_memory(val, prepared.values):
+        val = val.copy()
+    if xp.may_share_memory(idx, prepared.indices):
+        idx = idx.copy()
+    if prepared.op is ReduceOp.AVG:
+        trunc_divide(val, comm.size)
+    return (idx.astype(prepared.index_dtype, copy=False),
+            val.astype(prepared.value_dtype, copy=False))
+
+
+def _like(result: Any, original: Any) -> Any:
+    """``result`` in the array library (or DLPack type) of ``original``."""
+    xp = array_namespace(as_array(original, "values"))
+    if array_namespace(result) is not xp:
+        result = _to_host(result) if xp is np else xp.asarray(result)
+    return _like_caller(result, original)
+
+
+def _deliver(result: tuple[Any, Any], prepared: Prepared, indices: Any, values: Any,
+             alloc_fn: Any, completion_fn: Any, fn_ctx: Any) -> SparseResult:
+    idx, val = result
+    if alloc_fn is not None:
+        idx, val = _fill(alloc_fn(int(idx.shape[0]), prepared.index_dtype, tuple(val.shape),
+                                  prepared.value_dtype, fn_ctx), idx, val)
+    else:
+        idx, val = _like(idx, indices), _like(val, values)
+    if completion_fn is not None:
+        completion_fn(idx, val, fn_ctx)
+    return SparseResult(idx, val, prepared.n)
+
+
+def _fill(buffers: Any, idx: Any, val: Any) -> tuple[Any, Any]:
+    """Copy the result into the buffers ``alloc_fn`` returned (shape and dtype must match)."""
+    if not isinstance(buffers, (tuple, list)) or len(buffers) != 2:
+        raise InvalidType("alloc_fn", type(buffers).__name__,
+                          "a callable returning (index_buf, value_buf)")
+    out = []
+    for name, buf, src in (("index_buf", buffers[0], idx), ("value_buf", buffers[1], val)):
+        arr = as_array(buf, f"alloc_fn {name}")
+        if tuple(arr.shape) != tuple(src.shape) or np.dtype(arr.dtype) != np.dtype(src.dtype):
+            raise InvalidArgument("alloc_fn", f"{name} {tuple(arr.shape)} {arr.dtype}",
+                                  f"must return {name} of shape {tuple(src.shape)} and dtype "
+                                  f"{src.dtype}")
+        arr[...] = _like(src, arr)
+        out.append(buf)
+    return out[0], out[1]
+
+
+class _Runner:
+    """A duplicate of a communicator and one worker thread: async calls run in call order."""
+
+    def __init__(self, comm: Communicator) -> None:
+        dup = getattr(comm, "dup", None)
+        if dup is None:
+            raise InvalidArgument("async_op", True, f"the {comm.backend} communicator cannot be "
+                                  "duplicated for background work", rank=comm.rank)
+        self.comm = dup()
+        self.comm.stats = comm.stats  # traffic is booked on the caller's communicator
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, "cupycoll-sparse")
+        self.submit = self._pool.submit
+
+
+_RUNNERS: "weakref.WeakKeyDictionary[Communicator, _Runner]" = weakref.WeakKeyDictionary()
+_RUNNERS_LOCK = threading.Lock()
+
+
+def _runner(comm: Communicator) -> _Runner:
+    """The cached runner of ``comm`` (created collectively on the first async call)."""
+    with _RUNNERS_LOCK:
+        runner = _RUNNERS.get(comm)
+        if runner is None:
+            runner = _RUNNERS[comm] = _Runner(comm)
+        return runner

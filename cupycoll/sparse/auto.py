@@ -1,0 +1,60 @@
+"""``auto``: pick an exact algorithm from the call's global shape by a short, documented rule.
+
+The rule only reads numbers every rank knows identically after the validation allreduce (P, every
+rank's coalesced nnz, n, row width, element sizes), so every rank picks the same algorithm.
+It estimates the union size U under independent uniformly random indices and goes down this list;
+the first match wins (the tuner of a later release replaces the constants by measurements):
+
+1. P == 1                                              -> ``allgather`` (no traffic at all)
+2. U * (I + R) > DENSE_FRACTION * n * R (union dense)  -> ``dense``
+3. width >= WIDE_ROWS (embedding rows)                 -> ``mask``
+4. total nnz * (I + R) <= SMALL_BYTES (latency bound)  -> ``allgather``
+5. otherwise                                           -> ``split``
+
+with I, R the index and row bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._registry import lookup, register
+from .._types import ReduceOp
+from ._cost import Shape
+
+__all__ = ["choose", "auto", "DENSE_FRACTION", "WIDE_ROWS", "SMALL_BYTES"]
+
+#: sparse union bytes above this fraction of the dense bytes -> dense.
+DENSE_FRACTION = 0.5
+#: rows at least this wide -> mask (index bytes negligible, one native allreduce of the rows).
+WIDE_ROWS = 8
+#: all entries of all ranks together at most this many bytes -> allgather (fewest rounds).
+SMALL_BYTES = 1 << 16
+
+
+def choose(shape: Shape) -> str:
+    """Return the algorithm name the rule above picks for ``shape``."""
+    if shape.size == 1:
+        return "allgather"
+    if shape.union * shape.entry_bytes > DENSE_FRACTION * shape.n * shape.row_bytes:
+        return "dense"
+    if shape.width >= WIDE_ROWS:
+        return "mask"
+    if shape.total_nnz * shape.entry_bytes <= SMALL_BYTES:
+        return "allgather"
+    return "split"
+
+
+@register("sparse", "auto")
+def auto(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
+         accumulate_dtype: Any = None) -> tuple[Any, Any]:
+    """Run the algorithm :func:`choose` picks (nnz of every rank gathered first).
+
+    ``sparse_allreduce`` does not call this: it already knows every rank's nnz from its
+    validation allreduce and calls :func:`choose` directly.
+    """
+    counts = comm.allgather_counts(int(indices.shape[0]), "auto.counts")
+    width = int(values.shape[1]) if values.ndim == 2 else 0
+    shape = Shape(comm.size, n, width, indices.dtype.itemsize, values.dtype.itemsize,
+                  tuple(int(c) for c in counts))
+    return lookup("sparse", choose(shape))(comm, indices, values, n, op, accumulate_dtype)

@@ -1,0 +1,184 @@
+"""Randomized sparse_allreduce cases against an independent dense numpy reference.
+
+Usage: sparse_random.py SEED NCASES [ALGORITHM ...]
+
+Every rank rebuilds every rank's input from the shared seed, densifies and reduces it with numpy
+in float64/int64 (absent entries count as 0), and checks its own result: indices exactly (and
+their dtype), integer values and float max/min exactly, float sums/products/averages within a
+rounding bound derived from the number of terms. Results must be bitwise identical on every rank
+(checked once at the end over all cases) and the inputs must be left untouched.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+from _common import digest, rng_for
+from mpi4py import MPI
+
+import cupycoll as cc
+from cupycoll.comm.mpi import MPICommunicator
+from cupycoll.sparse import sparse_allreduce
+
+ALGORITHMS = ["allgather", "mask", "dense", "recursive_doubling", "split", "auto"]
+OPS = ["sum", "prod", "max", "min", "avg"]
+DTYPES = ["float16", "float32", "float64", "int32", "int64"]
+PATTERNS = ["disjoint", "identical", "random", "hot"]
+UFUNCS = {"sum": np.add, "avg": np.add, "prod": np.multiply, "max": np.maximum,
+          "min": np.minimum}
+IDENTITY = {"sum": 0, "avg": 0, "prod": 1, "max": -np.inf, "min": np.inf}
+
+
+def case_params(seed: int, case: int, size: int, algorithms: list[str]) -> dict:
+    """Parameters shared by all ranks of one case."""
+    rng = np.random.default_rng([seed, case, 7919])
+    dtype = DTYPES[rng.integers(len(DTYPES))]
+    op = OPS[rng.integers(len(OPS))]
+    big = rng.random() < 0.04
+    n = int(rng.integers(2**31, 2**33)) if big else int(rng.choice([1, 2, 5, 17, 64, 200, 1500]))
+    algorithm = algorithms[case % len(algorithms)]
+    if big and algorithm == "dense":
+        algorithm = "split"
+    acc = None
+    if dtype == "float16" and rng.random() < 0.5:
+        acc = "float32"
+    elif dtype in ("float32", "int32") and rng.random() < 0.2:
+        acc = {"float32": "float64", "int32": "int64"}[dtype]
+    empty = rng.random() < 0.05
+    return dict(dtype=dtype, op=op, n=n, algorithm=algorithm, acc=acc,
+                width=int(rng.choice([0, 0, 0, 1, 3, 8])),
+                index_dtype="int64" if big or rng.random() < 0.5 else "int32",
+                pattern=PATTERNS[rng.integers(len(PATTERNS))],
+                dups=rng.random() < 0.4, all_empty=empty,
+                cap=int(rng.choice([4, 16, 60])), shared=int(rng.integers(2**31)))
+
+
+def rank_input(seed: int, case: int, rank: int, size: int, prm: dict):
+    """The (indices, values) of ``rank`` in this case (any rank can rebuild it)."""
+    rng = rng_for(seed, rank, case)
+    n = prm["n"]
+    if prm["all_empty"] or rng.random() < 0.12:
+        k = 0
+    else:
+        k = int(rng.integers(1, prm["cap"] + 1))
+    pattern = prm["pattern"]
+    if pattern == "identical":
+        shared = np.random.default_rng(prm["shared"])
+        idx = shared.integers(0, n, size=k if k else 0)
+        k = idx.size
+    elif pattern == "disjoint":
+        stripe = max((n - rank + size - 1) // size, 0)
+        idx = rank + size * rng.integers(0, max(stripe, 1), size=k) if stripe else np.empty(0, int)
+        k = idx.size
+    elif pattern == "hot":
+        hot = rng.random(k) < 0.7
+        idx = np.where(hot, rng.integers(0, min(n, 3), size=k), rng.integers(0, n, size=k))
+    else:
+        idx = rng.integers(0, n, size=k)
+    if not prm["dups"]:
+        idx = np.unique(idx)
+        rng.shuffle(idx)
+    elif prm["op"] == "prod":  # at most 2 entries per index keep products in range
+        uniq = np.unique(idx)
+        idx = np.concatenate([uniq, uniq[: uniq.size // 2]])
+        rng.shuffle(idx)
+    idx = idx.astype(prm["index_dtype"])
+    shape = (idx.size,) + ((prm["width"],) if prm["width"] else ())
+    dtype, op = np.dtype(prm["dtype"]), prm["op"]
+    if dtype.kind == "f":
+        if op == "prod":
+            val = rng.uniform(0.7, 1.4, shape) * rng.choice([-1, 1], shape)
+        else:
+            val = rng.standard_normal(shape) * 4
+    else:
+        val = rng.choice([-2, -1, 1, 2], shape) if op == "prod" else rng.integers(-50, 51, shape)
+    return idx, val.astype(dtype)
+
+
+def _identity(op: str, wide: type):
+    if op in ("max", "min") and wide is np.int64:
+        info = np.iinfo(np.int64)
+        return info.min if op == "max" else info.max
+    return IDENTITY[op]
+
+
+def reference(inputs, prm: dict, size: int):
+    """Dense numpy reference over the union of indices (absent entries count as 0).
+
+    Returns (union indices, values in float64/int64, sum of |terms|, number of terms).
+    """
+    op = prm["op"]
+    universe = np.unique(np.concatenate([i.astype(np.int64) for i, _ in inputs]))
+    m = universe.size  # densify over the union only: n can be 2**33
+    wide = np.float64 if np.dtype(prm["dtype"]).kind == "f" else np.int64
+    row = (prm["width"],) if prm["width"] else ()
+    total, abs_sum, terms = None, np.zeros((m,) + row), np.zeros(m)
+    for idx, val in inputs:
+        pos = np.searchsorted(universe, idx.astype(np.int64))
+        dense = np.full((m,) + row, _identity(op, wide), dtype=wide)
+        UFUNCS[op].at(dense, pos, val.astype(wide))
+        present = np.zeros(m, bool)
+        present[pos] = True
+        dense[~present] = 0
+        np.add.at(abs_sum, pos, np.abs(val.astype(np.float64)))
+        np.add.at(terms, pos, 1)
+        total = dense if total is None else UFUNCS[op](total, dense)
+    if op == "avg":
+        total = np.sign(total) * (np.abs(total) // size) if wide is np.int64 else total / size
+    return universe, total, abs_sum, terms
+
+
+def check(res, prm: dict, inputs, size: int, case: int) -> None:
+    ref_idx, ref_val, abs_sum, terms = reference(inputs, prm, size)
+    where = f"case {case} {prm}"
+    assert res.indices.dtype == np.dtype(prm["index_dtype"]), where
+    assert res.values.dtype == np.dtype(prm["dtype"]), where
+    assert np.array_equal(res.indices.astype(np.int64), ref_idx), f"indices differ: {where}"
+    want_shape = (ref_idx.size,) + ((prm["width"],) if prm["width"] else ())
+    assert res.values.shape == want_shape, where
+    dtype = np.dtype(prm["dtype"])
+    got = res.values.astype(np.float64 if dtype.kind == "f" else np.int64)
+    if dtype.kind != "f" or prm["op"] in ("max", "min"):
+        want = ref_val.astype(dtype).astype(got.dtype)
+        assert np.array_equal(got, want), f"values differ: {where}\n{got}\n{want}"
+        return
+    acc = np.dtype(prm["acc"] or prm["dtype"])
+    eps_acc, eps_out = np.finfo(acc).eps, np.finfo(dtype).eps
+    t = terms.reshape((-1,) + (1,) * (ref_val.ndim - 1))
+    if prm["op"] == "prod":
+        tol = (2 * t + 2) * eps_acc * np.abs(ref_val) + eps_out * np.abs(ref_val)
+    else:
+        scale = 1.0 / size if prm["op"] == "avg" else 1.0
+        tol = (t + 2) * eps_acc * abs_sum * scale + eps_out * np.abs(ref_val)
+    err = np.abs(got - ref_val)
+    assert np.all(err <= tol + 1e-30), f"values off: {where}\nmax err {err.max()} tol {tol.min()}"
+
+
+def main() -> None:
+    seed, ncases = int(sys.argv[1]), int(sys.argv[2])
+    algorithms = sys.argv[3:] or ALGORITHMS
+    comm = MPICommunicator(MPI.COMM_WORLD, timeout=60)
+    size, rank = comm.size, comm.rank
+    digests = []
+    for case in range(ncases):
+        prm = case_params(seed, case, size, algorithms)
+        inputs = [rank_input(seed, case, r, size, prm) for r in range(size)]
+        idx, val = inputs[rank]
+        keep = (idx.copy(), val.copy())
+        res = sparse_allreduce(idx, val, prm["n"], op=prm["op"], algorithm=prm["algorithm"],
+                               comm=comm, accumulate_dtype=prm["acc"])
+        assert np.array_equal(idx, keep[0]) and np.array_equal(val, keep[1]), "input modified"
+        check(res, prm, inputs, size, case)
+        digests.append(digest(res.indices, res.values))
+    every = MPI.COMM_WORLD.allgather(digests)
+    for case in range(ncases):
+        assert len({d[case] for d in every}) == 1, \
+            f"case {case} differs across ranks: {case_params(seed, case, size, algorithms)}"
+    if rank == 0:
+        print(f"ok {ncases} cases on {size} ranks, algorithms {algorithms}")
+    _ = cc
+
+
+if __name__ == "__main__":
+    main()
