@@ -1,0 +1,495 @@
+"""NCCL backend: ``cupy.cuda.nccl`` over cupy arrays, bootstrapped by mpi4py.
+
+Bootstrap (:func:`bootstrap`): rank 0 makes the NCCL unique id and broadcasts it over the mpi4py
+communicator (128 bytes of metadata, never array data); each rank picks device = node-local rank
+modulo the visible device count (node-local rank from an MPI shared-memory split) and joins with
+``ncclCommInitRank``. Readiness is agreed over MPI first, so a rank without CuPy, NCCL or a device
+makes every rank raise :class:`BackendUnavailable` instead of leaving the others waiting in NCCL.
+
+Every verb enqueues on the current CuPy stream (NCCL semantics: the call returns at once, later
+work on that stream sees the result) and records a CUDA event behind it; ``Work.wait()`` goes
+through :meth:`NCCLCommunicator.wait`, which polls the events under the timeout. A timeout or an
+NCCL error aborts the NCCL communicator (``ncclCommAbort``) before raising, so no kernel is left
+spinning on a peer that will never come.
+
+Point-to-point (``exchange``, ``alltoallv``) is one ``groupStart/groupEnd`` of ``send``/``recv``
+on raw bytes. NCCL has no allgatherv: it is one group of broadcasts, one per rank with rows (each
+block is pipelined from its owner through NCCL's ring, so a large block costs its owner one send,
+not P-1). Traffic is booked exactly as the MPI backend books it (see :class:`~._base.Stats`).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import time
+import types
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+from .._types import ReduceOp, parse_op
+from ..errors import BackendUnavailable, CollectiveTimeout, InvalidArgument, InvalidType
+from ._base import Communicator, Work
+
+__all__ = ["NCCLCommunicator", "NCCL_DTYPES", "NCCL_OPS", "nccl_types", "load_nccl",
+           "device_for", "node_local_rank", "broadcast_unique_id", "agree", "bootstrap",
+           "CudaDevice"]
+
+_log = logging.getLogger("cupycoll")
+
+#: numpy dtype name -> ``cupy.cuda.nccl`` constant (bfloat16 only where that NCCL defines it).
+NCCL_DTYPES: dict[str, str] = {
+    "float16": "NCCL_FLOAT16", "float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64",
+    "int8": "NCCL_INT8", "uint8": "NCCL_UINT8", "int32": "NCCL_INT32", "uint32": "NCCL_UINT32",
+    "int64": "NCCL_INT64", "uint64": "NCCL_UINT64", "bfloat16": "NCCL_BFLOAT16",
+}
+#: ReduceOp -> ``cupy.cuda.nccl`` constant; avg is NCCL's own (integers truncate toward zero).
+NCCL_OPS: dict[ReduceOp, str] = {
+    ReduceOp.SUM: "NCCL_SUM", ReduceOp.PROD: "NCCL_PROD", ReduceOp.MAX: "NCCL_MAX",
+    ReduceOp.MIN: "NCCL_MIN", ReduceOp.AVG: "NCCL_AVG",
+}
+#: dtype of raw-byte transfers (broadcast, allgather, send/recv move bytes, whatever the dtype).
+_BYTES = "NCCL_UINT8"
+_NEEDS_DEVICE = "the NCCL backend needs a CUDA device"
+
+
+def load_nccl() -> tuple[types.ModuleType, types.ModuleType]:
+    """Return ``(cupy, cupy.cuda.nccl)``; raise :class:`BackendUnavailable` if either is missing."""
+    try:
+        import cupy
+        from cupy.cuda import nccl
+    except ImportError as exc:
+        raise BackendUnavailable(
+            f"the NCCL backend needs CuPy with NCCL ({exc}); install it with pip install "
+            "'cupycoll[gpu-cu12]' (CUDA 12) or 'cupycoll[gpu-cu13]' (CUDA 13)") from exc
+    if not nccl.available:
+        raise BackendUnavailable("CuPy cannot load libnccl: install nvidia-nccl-cu12 (or -cu13) "
+                                 "matching your cupy-cuda wheel")
+    return cupy, nccl
+
+
+def _dtype_name(dtype: Any) -> str:
+    try:
+        return np.dtype(dtype).name
+    except TypeError:  # e.g. "bfloat16" without ml_dtypes
+        if isinstance(dtype, str):
+            return dtype
+        raise
+
+
+def nccl_types(dtype: Any, op: Any = None, *, nccl: Any = None,
+               rank: int | None = None) -> tuple[int, int | None]:
+    """Map (dtype, op) to NCCL's (ncclDataType_t, ncclRedOp_t); op None gives (dtype, None).
+
+    Raises:
+        InvalidType: a dtype NCCL cannot reduce (int16, bool, complex, ...).
+        InvalidArgument: an unknown op. BackendUnavailable: no CuPy/NCCL (when ``nccl`` is None).
+    """
+    nccl = load_nccl()[1] if nccl is None else nccl
+    name = _dtype_name(dtype)
+    const = getattr(nccl, NCCL_DTYPES.get(name, ""), None)
+    if const is None:
+        known = sorted(k for k, v in NCCL_DTYPES.items() if hasattr(nccl, v))
+        raise InvalidType("dtype", name, f"one NCCL supports: {known}", rank=rank)
+    if op is None:
+        return int(const), None
+    return int(const), int(getattr(nccl, NCCL_OPS[parse_op(op, rank=rank)]))
+
+
+def device_for(local_rank: int, device_count: int) -> int:
+    """Return the CUDA device of a rank: its node-local rank modulo the visible device count."""
+    if device_count < 1:
+        raise BackendUnavailable(f"{_NEEDS_DEVICE}: none is visible (check CUDA_VISIBLE_DEVICES)")
+    if local_rank < 0:
+        raise InvalidArgument("local_rank", local_rank, "must be >= 0")
+    return local_rank % device_count
+
+
+def node_local_rank(mpi_comm: MPI.Comm) -> tuple[int, int]:
+    """Return (rank, size) of this process among ``mpi_comm``'s ranks on its node (collective)."""
+    local = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=mpi_comm.Get_rank())
+    try:
+        return local.Get_rank(), local.Get_size()
+    finally:
+        local.Free()
+
+
+def agree(mpi_comm: MPI.Comm, error: str | None, what: str) -> None:
+    """Raise :class:`BackendUnavailable` on every rank if any rank has an ``error`` (collective).
+
+    Lets a failure on one rank (no device, no NCCL) stop all ranks before any of them enters a
+    blocking NCCL call the failed one would never join.
+    """
+    errors = mpi_comm.allgather(error)
+    failed = [r for r, e in enumerate(errors) if e]
+    if failed:
+        rank = mpi_comm.Get_rank()
+        shown = rank if error else failed[0]
+        raise BackendUnavailable(f"{what} failed on rank(s) {failed} of {len(errors)}; rank "
+                                 f"{shown}: {errors[shown]}")
+
+
+def broadcast_unique_id(mpi_comm: MPI.Comm, make_id: Callable[[], Any] | None = None,
+                        root: int = 0) -> Any:
+    """Make the NCCL unique id on ``root`` and return it on every rank (collective).
+
+    The id is 128 bytes of metadata (bytes since CuPy 14, a tuple before), so mpi4py's pickling
+    ``bcast`` carries it. A failure on root is broadcast too and raised on every rank.
+    """
+    uid = error = None
+    if mpi_comm.Get_rank() == root:
+        try:
+            uid = (make_id or (lambda: load_nccl()[1].get_unique_id()))()
+        except Exception as exc:  # any failure must reach the other ranks, not hang them
+            error = f"{type(exc).__name__}: {exc}"
+    uid, error = mpi_comm.bcast((uid, error), root=root)
+    if error is not None:
+        raise BackendUnavailable(f"making the NCCL unique id on rank {root} failed: {error}")
+    return uid
+
+
+def _device_count(cupy: types.ModuleType) -> int:
+    try:
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except cupy.cuda.runtime.CUDARuntimeError as exc:
+        raise BackendUnavailable(f"{_NEEDS_DEVICE}: {exc}") from exc
+
+
+def bootstrap(mpi_comm: MPI.Comm, make_id: Callable[[], Any] | None = None) -> Any:
+    """Create this rank's ``NcclCommunicator`` over the ranks of ``mpi_comm`` (collective).
+
+    Selects and activates device = node-local rank % device count, agrees on readiness, broadcasts
+    the unique id from rank 0 and calls ``ncclCommInitRank``.
+    """
+    rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
+    local_rank, local_size = node_local_rank(mpi_comm)
+    error, count, device = None, 0, -1
+    try:
+        cupy, nccl = load_nccl()
+        count = _device_count(cupy)
+        device = device_for(local_rank, count)
+    except BackendUnavailable as exc:
+        error = str(exc)
+    agree(mpi_comm, error, "starting the NCCL backend")
+    if local_size > count:
+        _log.warning("cupycoll: %d ranks on this node share %d CUDA devices; NCCL may reject two "
+                     "ranks of one communicator on one device", local_size, count)
+    uid = broadcast_unique_id(mpi_comm, make_id or nccl.get_unique_id)
+    cupy.cuda.Device(device).use()
+    try:
+        return nccl.NcclCommunicator(size, uid, rank)
+    except nccl.NcclError as exc:
+        raise BackendUnavailable(
+            f"ncclCommInitRank failed on rank {rank} of {size} (device {device}; node-local rank "
+            f"{local_rank} of {local_size}; {count} devices visible): {exc}") from exc
+
+
+class CudaDevice:
+    """How the backend touches CUDA: array pointers, the current stream, completion events.
+
+    Kept apart from the communicator so its logic (booking, grouping, staging, waiting) can run
+    on the host with a stand-in that has the same members.
+    """
+
+    def __init__(self, cupy: types.ModuleType) -> None:
+        self._cupy = cupy
+        self.errors: tuple[type[BaseException], ...] = (cupy.cuda.runtime.CUDARuntimeError,)
+
+    def pointer(self, a: Any) -> int:
+        """Device address of the first element of ``a``."""
+        return int(a.data.ptr)
+
+    def stream(self) -> int:
+        """Handle of the current CuPy stream (what NCCL calls are enqueued on)."""
+        return int(self._cupy.cuda.get_current_stream().ptr)
+
+    def record(self) -> Any:
+        """Record an event on the current stream (has ``done`` and ``synchronize()``)."""
+        event = self._cupy.cuda.Event(disable_timing=True)
+        event.record()
+        return event
+
+
+class NCCLCommunicator(Communicator):
+    """Communicator over an NCCL communicator of cupy arrays (one CUDA device per rank).
+
+    Example::
+
+        comm = NCCLCommunicator()           # under mpiexec; device = node-local rank % #devices
+        x = cupy.full(4, comm.rank + 1.0, cupy.float32)
+        comm.allreduce(x, x, ReduceOp.SUM).wait()   # rank 0 and rank 1 (P=2): [3., 3., 3., 3.]
+    """
+
+    backend = "nccl"
+
+    def __init__(self, mpi_comm: MPI.Comm | None = None, *, timeout: float | None = None) -> None:
+        super().__init__(timeout)
+        self.mpi_comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
+        nccl_comm = bootstrap(self.mpi_comm)  # collective: every rank raises or none does
+        cupy, nccl = load_nccl()
+        self._attach(nccl_comm, nccl, CudaDevice(cupy), cupy)
+
+    @classmethod
+    def wrap(cls, nccl_comm: Any, *, timeout: float | None = None, nccl: Any = None,
+             device: Any = None, xp: Any = None) -> "NCCLCommunicator":
+        """Use an existing ``cupy.cuda.nccl.NcclCommunicator`` (rank and size come from it).
+
+        ``nccl``, ``device`` and ``xp`` default to ``cupy.cuda.nccl``, :class:`CudaDevice` and
+        cupy; the tests pass host stand-ins to exercise the logic without a GPU.
+        """
+        self = cls.__new__(cls)
+        Communicator.__init__(self, timeout)
+        self.mpi_comm = None
+        if nccl is None or device is None or xp is None:
+            cupy, cupy_nccl = load_nccl()
+            nccl = cupy_nccl if nccl is None else nccl
+            device = CudaDevice(cupy) if device is None else device
+            xp = cupy if xp is None else xp
+        self._attach(nccl_comm, nccl, device, xp)
+        return self
+
+    def dup(self) -> "NCCLCommunicator":
+        """Return a communicator over the same ranks with its own NCCL channels (collective).
+
+        Uses ``ncclCommSplit`` (NCCL >= 2.18) with one color, keeping the rank order.
+        """
+        twin = self.wrap(self._live("dup").commSplit(0, self.rank), timeout=self.timeout,
+                         nccl=self._nccl, device=self._device, xp=self.xp)
+        twin.mpi_comm = self.mpi_comm
+        return twin
+
+    def _attach(self, nccl_comm: Any, nccl: Any, device: Any, xp: Any) -> None:
+        self._comm, self._nccl, self._device, self.xp = nccl_comm, nccl, device, xp
+        self.rank, self.size = int(nccl_comm.rank_id()), int(nccl_comm.size())
+        self.device_id = int(nccl_comm.device_id())
+        self._errors = (nccl.NcclError,) + tuple(device.errors)
+        self._bytes = int(getattr(nccl, _BYTES))
+
+    # enqueueing and the one blocking wait
+    def _live(self, op_name: str) -> Any:
+        if self._comm is None:
+            raise BackendUnavailable(f"{op_name} on rank {self.rank}: the NCCL communicator is "
+                                     "closed or was aborted")
+        return self._comm
+
+    def _post(self, op_name: str, launch: Callable[[Any, int], Any], active: bool = True) -> Any:
+        """Run ``launch(nccl_comm, stream)`` and return an event recorded behind its work.
+
+        ``active=False`` (zero elements, the same on every rank) skips the NCCL call.
+        """
+        comm = self._live(op_name)
+        try:
+            if active:
+                launch(comm, self._device.stream())
+        except self._errors:
+            self.abort()
+            raise
+        return self._device.record()
+
+    @contextlib.contextmanager
+    def _group(self) -> Iterator[None]:
+        self._nccl.groupStart()
+        try:
+            yield
+        finally:
+            self._nccl.groupEnd()
+
+    def _work(self, events: list, op_name: str, keep: Any = None) -> Work:
+        """Work over ``events``; ``keep`` (temporaries the transfers use) lives until the wait."""
+        def wait() -> None:
+            nonlocal keep
+            self.wait(events, op_name)
+            keep = None
+        return Work(wait, lambda: all(e.done for e in events))
+
+    def wait(self, handles: Sequence[Any], op_name: str) -> None:
+        """Block until every event in ``handles`` is done, under ``self.timeout``.
+
+        Raises:
+            CollectiveTimeout: not done in time (the NCCL communicator is aborted first).
+            NcclError / CUDA errors: an asynchronous failure (also after aborting).
+        """
+        events = list(handles)
+        if not events:
+            return
+        try:
+            if self.timeout is None:
+                for event in events:
+                    event.synchronize()
+                self._check_async()
+                return
+            deadline = time.monotonic() + self.timeout
+            while not all(e.done for e in events):
+                self._check_async()
+                if time.monotonic() > deadline:
+                    self.abort()
+                    raise CollectiveTimeout(
+                        f"{op_name} did not complete within {self.timeout} s on rank {self.rank} "
+                        f"of {self.size}: a peer never arrived (the NCCL communicator was aborted)")
+                time.sleep(1e-4)
+            self._check_async()
+        except self._errors:
+            self.abort()
+            raise
+
+    def _check_async(self) -> None:
+        if self._comm is not None:
+            self._comm.check_async_error()
+
+    def _ptr(self, a: Any) -> int:
+        return self._device.pointer(a)
+
+    def _contiguous(self, a: Any) -> Any:
+        return a if a.flags.c_contiguous else self.xp.ascontiguousarray(a)
+
+    def _buffer(self, a: Any, argument: str) -> Any:
+        if not a.flags.c_contiguous:
+            raise InvalidArgument(argument, "non-contiguous array", "must be C-contiguous",
+                                  rank=self.rank)
+        return a
+
+    # dense collectives (NCCL natively; in place when the pointers say so)
+    def allreduce(self, send: Any, recv: Any, op: ReduceOp) -> Work:
+        dtype, red = nccl_types(send.dtype, op, nccl=self._nccl, rank=self.rank)
+        src, dst, count = self._contiguous(send), self._buffer(recv, "recv"), int(send.size)
+        event = self._post("allreduce", lambda c, s: c.allReduce(
+            self._ptr(src), self._ptr(dst), count, dtype, red, s), active=count > 0)
+        self._record_collective("allreduce", send.nbytes)
+        return self._work([event], "allreduce", src)
+
+    def reduce(self, send: Any, recv: Any, op: ReduceOp, root: int) -> Work:
+        dtype, red = nccl_types(send.dtype, op, nccl=self._nccl, rank=self.rank)
+        src, count = self._contiguous(send), int(send.size)
+        dst = src if recv is None or self.rank != root else self._buffer(recv, "recv")
+        event = self._post("reduce", lambda c, s: c.reduce(
+            self._ptr(src), self._ptr(dst), count, dtype, red, root, s), active=count > 0)
+        self._record_collective("reduce", send.nbytes, root)
+        return self._work([event], "reduce", src)
+
+    def reduce_scatter(self, send: Any, recv: Any, op: ReduceOp) -> Work:
+        dtype, red = nccl_types(send.dtype, op, nccl=self._nccl, rank=self.rank)
+        src, dst, count = self._contiguous(send), self._buffer(recv, "recv"), int(recv.size)
+        event = self._post("reduce_scatter", lambda c, s: c.reduceScatter(
+            self._ptr(src), self._ptr(dst), count, dtype, red, s), active=count > 0)
+        self._record_collective("reduce_scatter", send.nbytes)
+        return self._work([event], "reduce_scatter", src)
+
+    def broadcast(self, send: Any, recv: Any, root: int) -> Work:
+        dst, nbytes = self._buffer(recv, "recv"), int(recv.nbytes)
+        src = self._contiguous(send) if self.rank == root else dst  # only root's send is read
+        event = self._post("broadcast", lambda c, s: c.broadcast(
+            self._ptr(src), self._ptr(dst), nbytes, self._bytes, root, s), active=nbytes > 0)
+        self._record_collective("broadcast", recv.nbytes, root)
+        return self._work([event], "broadcast", src)
+
+    def allgather(self, send: Any, recv: Any, op_name: str = "allgather") -> Work:
+        src, dst, nbytes = self._contiguous(send), self._buffer(recv, "recv"), int(send.nbytes)
+        event = self._post(op_name, lambda c, s: c.allGather(
+            self._ptr(src), self._ptr(dst), nbytes, self._bytes, s), active=nbytes > 0)
+        self._record_collective("allgather", recv.nbytes, op_name=op_name)
+        return self._work([event], op_name, src)
+
+    def _allgatherv_into(self, send: Any, recv: Any, counts: np.ndarray, op_name: str) -> Work:
+        """NCCL has no allgatherv: one grouped broadcast from every rank that has rows.
+
+        Booked like the MPI backend (this rank's rows sent to each of the P-1 others, their rows
+        received), which is what a point-to-point allgatherv moves.
+        """
+        dst = self._buffer(recv, "recv")
+        row = int(np.prod(recv.shape[1:], dtype=np.int64)) * recv.dtype.itemsize
+        nbytes = np.asarray(counts, dtype=np.int64) * row
+        offsets = np.concatenate([[0], np.cumsum(nbytes)]).astype(np.int64)
+        src = self._contiguous(send)
+        if int(src.nbytes) != int(nbytes[self.rank]):
+            raise InvalidArgument("counts", [int(c) for c in counts], f"entry {self.rank} must be "
+                                  f"this rank's row count {send.shape[0]}", rank=self.rank)
+
+        def launch(c: Any, s: int) -> None:
+            base = self._ptr(dst) if dst.nbytes else 0
+            with self._group():
+                for r in np.flatnonzero(nbytes):
+                    block = base + int(offsets[r])
+                    c.broadcast(self._ptr(src) if r == self.rank else block, block,
+                                int(nbytes[r]), self._bytes, int(r), s)
+
+        event = self._post(op_name, launch)
+        others = [r for r in range(self.size) if r != self.rank]
+        self.stats.record(op_name, int(src.nbytes) * len(others), int(nbytes[others].sum()),
+                          len(others), len(others))
+        return self._work([event], op_name, src)
+
+    # point to point
+    def _check_peer(self, peer: int, argument: str) -> int:
+        if not 0 <= int(peer) < self.size:
+            raise InvalidArgument(argument, peer, f"peer must be a rank in [0, {self.size})",
+                                  rank=self.rank)
+        return int(peer)
+
+    def exchange(self, sends: Sequence[tuple[int, Any]], recvs: Sequence[tuple[int, Any]],
+                 op_name: str = "exchange") -> Work:
+        """One NCCL group of send/recv on raw bytes; messages to this rank are device copies.
+
+        Zero-byte messages are booked (like MPI's) but not posted: both sides know the size.
+        """
+        local = collections.deque(a for peer, a in sends if self._check_peer(peer, "sends") ==
+                                  self.rank)
+        posted_recvs, posted_sends, staged = [], [], []
+        self.stats.record(op_name)  # the operation shows in by_op even with no remote peer
+        for peer, buf in recvs:
+            if self._check_peer(peer, "recvs") == self.rank:
+                if not local:
+                    raise InvalidArgument("recvs", peer, "a receive from this rank needs a send "
+                                          "to this rank", rank=self.rank)
+                buf[...] = local.popleft()
+                continue
+            dst = buf if buf.flags.c_contiguous else self.xp.empty(buf.shape, buf.dtype)
+            if dst is not buf:
+                staged.append((buf, dst))
+            posted_recvs.append((int(peer), dst))
+            self.stats.record(op_name, received=dst.nbytes, msgs_received=1)
+        for peer, arr in sends:
+            if int(peer) == self.rank:
+                continue
+            src = self._contiguous(arr)
+            posted_sends.append((int(peer), src))
+            self.stats.record(op_name, sent=src.nbytes, msgs_sent=1)
+
+        def launch(c: Any, s: int) -> None:
+            with self._group():
+                for peer, dst in posted_recvs:
+                    if dst.nbytes:
+                        c.recv(self._ptr(dst), int(dst.nbytes), self._bytes, peer, s)
+                for peer, src in posted_sends:
+                    if src.nbytes:
+                        c.send(self._ptr(src), int(src.nbytes), self._bytes, peer, s)
+            for buf, dst in staged:  # stream-ordered after the receives
+                buf[...] = dst
+
+        event = self._post(op_name, launch)
+        return self._work([event], op_name, (posted_recvs, posted_sends))
+
+    def barrier(self) -> None:
+        """Allreduce one int32 on the device and wait for it (not booked in ``stats``)."""
+        token = self.xp.zeros(1, dtype=np.int32)
+        dtype, red = nccl_types(token.dtype, ReduceOp.SUM, nccl=self._nccl, rank=self.rank)
+        self.wait([self._post("barrier", lambda c, s: c.allReduce(
+            self._ptr(token), self._ptr(token), 1, dtype, red, s))], "barrier")
+
+    def close(self) -> None:
+        """Destroy the NCCL communicator (idempotent; pending operations are flushed first)."""
+        comm, self._comm = self._comm, None
+        if comm is not None:
+            comm.destroy()
+
+    def abort(self) -> None:
+        """Abort the NCCL communicator: its kernels stop, later calls raise BackendUnavailable.
+
+        Unlike the MPI backend this ends only this communicator, not the MPI job.
+        """
+        comm, self._comm = self._comm, None
+        if comm is not None:
+            _log.warning("cupycoll: rank %d aborts its NCCL communicator", self.rank)
+            comm.abort()
