@@ -192,10 +192,10 @@ class MPICommunicator(Communicator):
                  op_name: str = "exchange") -> Work:
         requests, copy_backs, buffers = [], [], []
         self.stats.record(op_name)
-        local_sends = {peer: a for peer, a in sends if peer == self.rank}
+        to_self = [a for peer, a in sends if peer == self.rank]  # FIFO, like messages to peers
         for peer, buf in recvs:
             if peer == self.rank:
-                buf[...] = local_sends.pop(peer)
+                buf[...] = to_self.pop(0)
                 continue
             host, copy_back = self._staged(buf)
             buffers.append(host)
