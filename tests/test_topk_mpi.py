@@ -1,0 +1,33 @@
+"""Top-k allreduce family under mpiexec: results, volumes and the residual compressor.
+
+Workers (tests/workers/topk_*.py) regenerate every rank's input from shared seeds and compare
+with independent plain-Python references; see their docstrings for what each checks.
+"""
+
+import pytest
+
+from tests._mpi import run_mpi
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
+def test_topk_results_match_references(nprocs):
+    out = run_mpi(nprocs, "topk_results.py", "full", timeout=180)
+    assert "OK" in out
+
+
+@pytest.mark.parametrize("nprocs", [5, 8])
+def test_topk_results_five_and_eight_ranks(nprocs):
+    out = run_mpi(nprocs, "topk_results.py", "light", timeout=240)
+    assert "OK" in out
+
+
+@pytest.mark.parametrize("nprocs", [2, 3, 4, 8])
+def test_topk_volumes(nprocs):
+    out = run_mpi(nprocs, "topk_volume.py", timeout=240)
+    assert "OK" in out
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
+def test_topk_compressor_mass_and_errors(nprocs):
+    out = run_mpi(nprocs, "topk_compressor.py", timeout=180)
+    assert "OK" in out

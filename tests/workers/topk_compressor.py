@@ -1,0 +1,149 @@
+"""TopkCompressor mass conservation, warm-up, xi, DLPack input; typed errors on every rank.
+
+Mass conservation, checked after every step against the inputs every rank regenerates from the
+shared seeds: sum over ranks of the new residuals + P * update == sum over ranks of (old
+residual + grad). With tau=5, tau'=3 the run covers refresh, non-refresh and repartition steps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+import topk_ref as ref
+from _common import assert_identical_across_ranks, expect_raises
+
+import cupycoll as cc
+from cupycoll.errors import InvalidArgument, InvalidType, MismatchError
+from cupycoll.topk import TopkCompressor, TopkState, topk_allreduce
+
+WORLD = MPI.COMM_WORLD
+
+
+class Tensor:
+    """A minimal non-numpy tensor exposing only the DLPack protocol (stands in for torch)."""
+
+    def __init__(self, a: np.ndarray) -> None:
+        self._a = a
+
+    def __dlpack__(self, **kwargs):
+        return self._a.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()
+
+
+def rank_sum(a: np.ndarray) -> np.ndarray:
+    return WORLD.allreduce(np.asarray(a, np.float64), op=MPI.SUM)
+
+
+def conservation(comm, alg: str, n: int, steps: int, *, dtype: str = "float32", wrap=None,
+                 **kwargs) -> TopkCompressor:
+    p, r = comm.size, comm.rank
+    comp = TopkCompressor(n, 0.02, algorithm=alg, comm=comm, tau=5, tau_prime=3, **kwargs)
+    before = np.zeros(n)  # sum over ranks of the residuals
+    refreshes = set()
+    for t in range(steps):
+        grads = ref.inputs(1000 + t, p, n, dtype)
+        upd = comp.step(wrap(grads[r]) if wrap else grads[r])
+        assert isinstance(upd.values, np.ndarray) and upd.values.dtype == np.dtype(dtype)
+        assert_identical_across_ranks(upd.indices, upd.values)
+        after = rank_sum(comp.residual)
+        incoming = before + np.sum([g.astype(np.float64) for g in grads], axis=0)
+        got = after + p * upd.to_dense().astype(np.float64)
+        scale = max(1.0, float(np.abs(incoming).max()))
+        np.testing.assert_allclose(got, incoming, rtol=0, atol=1e-5 * scale,
+                                   err_msg=f"{alg}: mass not conserved at step {t}")
+        before = after
+        refreshes.add(comp.state.last.get("refresh"))
+    if alg != "dense" and comp.steps > comp.warmup_steps + 1:
+        assert refreshes >= {True, False}, refreshes
+    return comp
+
+
+def gtopk_reentry(comm) -> None:
+    """A value dropped by one merge comes back through another subtree: the dropped rank keeps it.
+
+    P=3: rank 2 folds into rank 0 (keeps index 9, drops rank 0's index 5); rank 1 brings index 5
+    back (value 3). P=4: (0,1) keeps 7 and drops rank 0's 5; (2,3) keeps rank 2's 5; the root
+    keeps 5. Either way the result is {5: 3} from a single rank and rank 0 must keep its 1.
+    """
+    p, r = comm.size, comm.rank
+    entries = {3: {0: (5, 1.0), 1: (5, 3.0), 2: (9, 2.0)},
+               4: {0: (5, 1.0), 1: (7, 2.0), 2: (5, 3.0), 3: (9, 0.5)}}[p]
+    grad = np.zeros(16, np.float32)
+    i, v = entries[r]
+    grad[i] = v
+    comp = TopkCompressor(16, 1 / 16, algorithm="gtopk", comm=comm)
+    upd = comp.step(grad)
+    np.testing.assert_array_equal(upd.indices, [5])
+    np.testing.assert_array_equal(upd.values, [np.float32(3.0 / p)])
+    expect = grad.copy()
+    if v == 3.0:
+        expect[5] = 0
+    np.testing.assert_array_equal(comp.residual, expect)
+
+
+def errors(comm) -> None:
+    """Bad input on one rank raises a typed error on every rank; a good call works afterwards."""
+    p, r = comm.size, comm.rank
+    last = p - 1
+    x = np.ones(10, np.float32)
+    cases = [
+        (InvalidArgument, "k", lambda: topk_allreduce(x, 0 if r == last else 3, comm=comm)),
+        (InvalidArgument, "k", lambda: topk_allreduce(x, 11, comm=comm, algorithm="topka")),
+        (InvalidType, "x", lambda: topk_allreduce(x.astype(np.int32) if r == last else x, 3,
+                                                    comm=comm)),
+        (InvalidArgument, "x", lambda: topk_allreduce(np.ones((2, 5), np.float32) if r == last
+                                                      else x, 3, comm=comm)),
+        (InvalidArgument, "algorithm", lambda: topk_allreduce(
+            x, 3, comm=comm, algorithm="nope" if r == last else "oktopk")),
+        (InvalidType, "k", lambda: topk_allreduce(x, 2.5 if r == last else 3, comm=comm)),
+        (InvalidType, "state", lambda: topk_allreduce(x, 3, comm=comm,
+                                                      state="s" if r == last else None)),
+        (InvalidArgument, "grad", lambda: TopkCompressor(10, 0.5, comm=comm).step(
+            np.ones(9 if r == last else 10, np.float32))),
+    ]
+    if p > 1:
+        cases += [
+            (MismatchError, None, lambda: topk_allreduce(np.ones(10 + (r == 0), np.float32), 3,
+                                                         comm=comm)),
+            (MismatchError, None, lambda: topk_allreduce(x, 3 + (r == 0), comm=comm)),
+            (MismatchError, None, lambda: topk_allreduce(
+                x.astype(np.float64) if r == 0 else x, 3, comm=comm)),
+        ]
+    for exc_type, argument, call in cases:
+        exc = expect_raises(exc_type, call)
+        if argument is not None:
+            assert exc.argument == argument, (exc.argument, argument)
+            everywhere = call is cases[1][2]  # k > n on every rank: each names itself
+            assert exc.rank == (r if everywhere else last), (exc.rank, argument)
+    for bad in (lambda: TopkCompressor(0, 0.1, comm=comm),
+                lambda: TopkCompressor(10, 0.0, comm=comm),
+                lambda: TopkState(tau=0)):
+        expect_raises(InvalidArgument, bad)
+    res = topk_allreduce(x * (r + 1), 3, comm=comm)
+    assert res.nnz == 3
+
+
+def main() -> None:
+    comm = cc.init("mpi")
+    n, steps = 2000, 14
+    for alg in cc.algorithms("topk"):
+        conservation(comm, alg, n, steps)
+    comp = conservation(comm, "oktopk", n, 6, warmup_steps=2, measure_xi=True)
+    assert len(comp.xi) == 4 and all(np.isfinite(comp.xi)) and min(comp.xi) >= 0
+    assert comp.state.step == 4
+    comp = conservation(comm, "dense", n, 3, measure_xi=True)
+    assert comp.xi == [0.0, 0.0, 0.0]
+    conservation(comm, "gtopk", n, 4, dtype="float64", wrap=Tensor)
+    conservation(comm, "oktopk", n, 4, wrap=Tensor)
+    if comm.size in (3, 4):
+        gtopk_reentry(comm)
+    errors(comm)
+    if comm.rank == 0:
+        print("OK")
+
+
+if __name__ == "__main__":
+    main()
