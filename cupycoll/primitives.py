@@ -21,7 +21,7 @@ import functools
 import inspect
 import math
 import numbers
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -65,7 +65,7 @@ def _dispatch(fn: Callable) -> Callable:
 
 
 def _array(a: Any, argument: str) -> np.ndarray:
-    if not isinstance(a, np.ndarray):
+    if not isinstance(a, np.ndarray) and array_namespace(a) is np:
         raise InvalidType(argument, type(a).__name__, "a numpy or cupy array")
     return a
 
@@ -97,17 +97,16 @@ def _pair(indices: Any, values: Any, argument: str = "") -> tuple[np.ndarray, np
     return idx, val
 
 
-def _check_range(idx: np.ndarray, n: int | None, argument: str = "indices") -> None:
-    """Raise unless every index is in [0, n) (or >= 0 when n is None)."""
+def _check_range(idx: np.ndarray, n: int | None, argument: str = "indices") -> int:
+    """Raise unless every index is in [0, n) (or >= 0 when n is None); return the largest (or -1)."""
     if idx.size == 0:
-        return
-    lo = int(idx.min())
+        return -1
+    lo, hi = int(idx.min()), int(idx.max())
     if lo < 0:
         raise InvalidArgument(argument, lo, "indices must be non-negative")
-    if n is not None:
-        hi = int(idx.max())
-        if hi >= n:
-            raise InvalidArgument(argument, hi, f"index out of range for n={n}")
+    if n is not None and hi >= n:
+        raise InvalidArgument(argument, hi, f"index out of range for n={n}")
+    return hi
 
 
 def _length(n: Any, argument: str = "n") -> int:
@@ -166,6 +165,13 @@ def _identity(ufunc: np.ufunc, dtype: np.dtype) -> Any:
 # thresholds and top-k
 # --------------------------------------------------------------------------------------------
 
+#: elements per block of the threshold scans: the block's |x| and mask stay in cache.
+_BLOCK = 1 << 16
+#: arrays at least this long find the top-k threshold from a sample (see _kth_candidates).
+_SAMPLE_FROM = 1 << 16
+_SAMPLE_SIZE = 1 << 14
+
+
 def _real(t: Any, argument: str = "t") -> Any:
     if isinstance(t, np.ndarray) and t.ndim == 0:
         t = t[()]
@@ -174,30 +180,62 @@ def _real(t: Any, argument: str = "t") -> Any:
     return t
 
 
-def _abs_ge_mask(x: np.ndarray, t: Any) -> np.ndarray | bool:
-    """Boolean mask of |x| >= t, exact for every dtype; a bool when the answer is uniform."""
-    if x.dtype.kind == "f":
-        tt = x.dtype.type(t)
-        if tt < t:  # t is not representable: the least representable value above it
-            tt = np.nextafter(tt, x.dtype.type(np.inf))
-        return (x >= tt) | (x <= -tt)
-    if isinstance(t, (numbers.Integral, np.integer)):
-        tt = int(t)
-    else:
-        t = float(t)
-        if math.isnan(t):
+def _abs_ge_test(dtype: np.dtype, t: Any) -> bool | Callable[[np.ndarray, np.ndarray, np.ndarray], None]:
+    """Return ``fill(block, mask, scratch)`` setting mask = |block| >= t exactly, or a uniform bool.
+
+    Floats compare |block| with the least value of the dtype that is >= t (so t is never rounded
+    down); integers compare block with ceil(t) on both sides, which has no |INT_MIN| overflow.
+    """
+    if dtype.kind == "f":
+        try:
+            tf = float(t)
+        except OverflowError:  # a Python int beyond the float64 range
+            tf = math.copysign(math.inf, t)
+        with np.errstate(over="ignore"):
+            tt = dtype.type(tf)
+        if float(tt) < tf:
+            tt = np.nextafter(tt, dtype.type(np.inf))
+        if math.isnan(tt):
             return False
-        if math.isinf(t):
-            return t < 0
-        tt = math.ceil(t)
-    if tt <= 0:
-        return True
-    info = np.iinfo(x.dtype)
-    if tt > info.max + 1:
+
+        def fill(block: np.ndarray, mask: np.ndarray, scratch: np.ndarray) -> None:
+            np.greater_equal(np.abs(block, out=scratch), tt, out=mask)
+
+        return fill
+    if isinstance(t, (numbers.Integral, np.integer)):
+        ti = int(t)
+    elif math.isnan(float(t)):
         return False
-    if tt == info.max + 1:
-        return x == info.min
-    return (x >= tt) | (x <= -tt)
+    elif math.isinf(float(t)):
+        return float(t) < 0
+    else:
+        ti = math.ceil(float(t))
+    info = np.iinfo(dtype)
+    if ti <= 0 or ti > info.max + 1:
+        return ti <= 0
+    if ti == info.max + 1:
+        return lambda block, mask, scratch: np.equal(block, info.min, out=mask)
+    lo, hi = dtype.type(-ti), dtype.type(ti)
+
+    def fill_int(block: np.ndarray, mask: np.ndarray, scratch: np.ndarray) -> None:
+        np.greater_equal(block, hi, out=mask)
+        np.logical_or(mask, np.less_equal(block, lo, out=scratch.view(bool)[: block.size]), out=mask)
+
+    return fill_int
+
+
+def _abs_ge_blocks(x: np.ndarray, t: Any) -> Iterator[tuple[int, np.ndarray | bool]]:
+    """Yield ``(start, mask)`` per block of x, mask = |block| >= t; mask is a bool if uniform."""
+    test = _abs_ge_test(x.dtype, t)
+    if isinstance(test, bool):
+        yield 0, test
+        return
+    size = max(1, min(_BLOCK, x.size))
+    mask, scratch = np.empty(size, bool), np.empty(size, x.dtype)
+    for start in range(0, x.size, size):
+        block = x[start:start + size]
+        test(block, mask[: block.size], scratch[: block.size])
+        yield start, mask[: block.size]
 
 
 @_dispatch
@@ -209,26 +247,30 @@ def count_abs_ge(x: Any, t: Any) -> int:
         t: real threshold, compared exactly (not rounded to ``x.dtype``).
     """
     x, t = _values(x, "x", (1,)), _real(t)
-    mask = _abs_ge_mask(x, t)
-    if isinstance(mask, (bool, np.bool_)):
-        return int(x.size) if mask else 0
-    return int(np.count_nonzero(mask))
+    total = 0
+    for _, mask in _abs_ge_blocks(x, t):
+        total += (x.size if mask else 0) if isinstance(mask, bool) else int(np.count_nonzero(mask))
+    return total
 
 
 @_dispatch
 def select_abs_ge(x: Any, t: Any) -> tuple[np.ndarray, np.ndarray]:
     """Return ``(indices, values)`` of the entries with ``|x_i| >= t``, indices ascending.
 
-    Indices are int32 when ``len(x) < 2**31``, else int64; values are copies of ``x[indices]``.
-    NaN is never selected.
+    One pass over x in cache-sized blocks. Indices are int32 when ``len(x) < 2**31``, else
+    int64; values are copies of ``x[indices]``. NaN is never selected.
     """
     x, t = _values(x, "x", (1,)), _real(t)
     itype = _index_dtype(x.size)
-    mask = _abs_ge_mask(x, t)
-    if isinstance(mask, (bool, np.bool_)):
-        idx = np.arange(x.size, dtype=itype) if mask else np.empty(0, itype)
-    else:
-        idx = np.flatnonzero(mask).astype(itype, copy=False)
+    found = []
+    for start, mask in _abs_ge_blocks(x, t):
+        if isinstance(mask, bool):
+            found.append(np.arange(x.size if mask else 0, dtype=itype))
+        else:
+            hits = np.flatnonzero(mask)
+            if hits.size:
+                found.append(hits.astype(itype, copy=False) + itype.type(start))
+    idx = np.concatenate(found) if found else np.empty(0, itype)
     return idx, x[idx]
 
 
@@ -240,6 +282,50 @@ def _magnitudes(x: np.ndarray) -> np.ndarray:
     return mag
 
 
+def _kth_of(mag: np.ndarray, k: int) -> Any:
+    """k-th largest of ``mag`` with NaN ranked lowest (NaN if fewer than k numbers)."""
+    valid = mag.size
+    if mag.dtype.kind == "f" and mag.size and np.isnan(mag.max()):
+        valid -= int(np.count_nonzero(np.isnan(mag)))
+        if k > valid:
+            return mag.dtype.type(np.nan)
+    return np.partition(mag, valid - k)[valid - k]
+
+
+def _sample_threshold(x: np.ndarray, k: int) -> Any:
+    """A threshold that at least k magnitudes reach with overwhelming probability, or None.
+
+    The r-th largest of a fixed pseudo-random sample, r set 4 standard deviations (+8) above
+    the sample's expected count of top-k entries; the caller checks and falls back if unlucky.
+    """
+    where = np.sort(np.random.default_rng(0x5EED).integers(0, x.size, _SAMPLE_SIZE))
+    sample = _magnitudes(x[where])
+    if sample.dtype.kind == "f":
+        sample = sample[~np.isnan(sample)]
+    mean = k / x.size * _SAMPLE_SIZE
+    r = int(mean + 4.0 * math.sqrt(mean) + 8)
+    if r > sample.size:
+        return None
+    return np.partition(sample, sample.size - r)[sample.size - r]
+
+
+def _kth_candidates(x: np.ndarray, k: int) -> tuple[Any, np.ndarray | None, np.ndarray]:
+    """Return ``(kth, idx, val)``: the k-th magnitude and ascending candidates containing top-k.
+
+    Large arrays: one blocked select at a sampled threshold a little below the k-th magnitude,
+    then an exact partition of the ~k candidates (falls back to the full array if the sample was
+    unlucky). The candidates are then exactly the entries with |x| >= some t <= kth; after the
+    fallback they are all of x (``idx`` None).
+    """
+    if x.size >= _SAMPLE_FROM and 4 * k <= x.size:
+        t = _sample_threshold(x, k)
+        if t is not None:
+            idx, val = select_abs_ge(x, t)
+            if idx.size >= k:
+                return _kth_of(_magnitudes(val), k), idx, val
+    return _kth_of(_magnitudes(x), k), None, x
+
+
 @_dispatch
 def kth_abs(x: Any, k: int) -> Any:
     """Return the exact k-th largest ``|x_i|`` (k = 1 is the largest), the threshold of top-k.
@@ -248,14 +334,7 @@ def kth_abs(x: Any, k: int) -> Any:
     Float inputs give a scalar of ``x.dtype``; int32/int64 give uint32/uint64 (``|INT_MIN|`` fits).
     """
     x = _values(x, "x", (1,))
-    k = _k(k, x.size)
-    mag = _magnitudes(x)
-    valid = x.size
-    if mag.dtype.kind == "f" and np.isnan(mag.max()):
-        valid -= int(np.count_nonzero(np.isnan(mag)))
-        if k > valid:
-            return mag.dtype.type(np.nan)
-    return np.partition(mag, valid - k)[valid - k]
+    return _kth_candidates(x, _k(k, x.size))[0]
 
 
 @_dispatch
@@ -267,38 +346,48 @@ def topk_abs(x: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
     """
     x = _values(x, "x", (1,))
     k = _k(k, x.size)
-    mag = _magnitudes(x)
-    t = kth_abs(x, k)
-    if mag.dtype.kind == "f" and np.isnan(t):
+    kth, idx, val = _kth_candidates(x, k)
+    mag = _magnitudes(val)
+    if mag.dtype.kind == "f" and np.isnan(kth):
         above, tied = ~np.isnan(mag), np.isnan(mag)
     else:
-        above, tied = mag > t, mag == t
-    need = k - int(np.count_nonzero(above))
-    take = np.flatnonzero(tied)[:need]
-    keep = above
-    keep[take] = True
-    idx = np.flatnonzero(keep).astype(_index_dtype(x.size), copy=False)
-    return idx, x[idx]
+        above, tied = mag > kth, mag == kth
+    above[np.flatnonzero(tied)[: k - int(np.count_nonzero(above))]] = True
+    keep = np.flatnonzero(above)
+    if idx is None:
+        keep = keep.astype(_index_dtype(x.size), copy=False)
+        return keep, x[keep]
+    return idx[keep], val[keep]
 
 
 # --------------------------------------------------------------------------------------------
 # sparse reductions
 # --------------------------------------------------------------------------------------------
 
-def _fold_runs(idx: np.ndarray, val: np.ndarray, ufunc: np.ufunc,
-               acc: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """Coalesce ``(idx, val)``: ascending unique indices, values left-folded in input order."""
-    order = np.argsort(idx, kind="stable")
-    sidx = idx[order]
-    head = np.empty(sidx.size, bool)
+def _sorted_runs(key: np.ndarray, shift: int) -> tuple[np.ndarray, np.ndarray]:
+    """Split sorted packed keys ``index << shift | tag`` into (indices, run id of each key)."""
+    idx = key >> shift
+    head = np.empty(idx.size, bool)
     head[:1] = True
-    np.not_equal(sidx[1:], sidx[:-1], out=head[1:])
-    uniq = sidx[head]
-    slot = np.empty(idx.size, np.intp)
-    slot[order] = np.cumsum(head) - 1
-    out = np.full((uniq.size,) + val.shape[1:], _identity(ufunc, acc), acc)
-    ufunc.at(out, slot, val.astype(acc, copy=False))
-    return uniq, out.astype(val.dtype, copy=False)
+    np.not_equal(idx[1:], idx[:-1], out=head[1:])
+    run = np.cumsum(head, dtype=np.intp)
+    run -= 1
+    return idx[head], run
+
+
+def _key_dtype(max_index: int, tag_bits: int) -> np.dtype | None:
+    """Narrowest signed integer type holding ``max_index << tag_bits | tag``, or None."""
+    bits = max_index.bit_length() + tag_bits
+    return np.dtype(np.int32) if bits <= 31 else np.dtype(np.int64) if bits <= 63 else None
+
+
+def _fold(runs: int, slot: np.ndarray, val: np.ndarray, ufunc: np.ufunc,
+          acc: np.dtype) -> np.ndarray:
+    """Left-fold ``val`` into ``runs`` slots in input order (ufunc.at is sequential and exact)."""
+    out = np.full((runs,) + val.shape[1:], _identity(ufunc, acc), acc)
+    with np.errstate(all="ignore"):
+        ufunc.at(out, slot, val.astype(acc, copy=False))
+    return out.astype(val.dtype, copy=False)
 
 
 @_dispatch
@@ -319,8 +408,55 @@ def coo_reduce(indices: Any, values: Any, op: Any = "sum", n: int | None = None,
     """
     idx, val = _pair(indices, values)
     ufunc = _reduce_op(op)
-    _check_range(idx, None if n is None else _length(n))
-    return _fold_runs(idx, val, ufunc, _accumulate(accumulate_dtype, val.dtype))
+    hi = _check_range(idx, None if n is None else _length(n))
+    acc = _accumulate(accumulate_dtype, val.dtype)
+    if idx.size == 0:
+        return idx.copy(), val.copy()
+    shift = (idx.size - 1).bit_length()
+    kdt = _key_dtype(hi, shift)
+    if kdt is None:  # indices too large to pack with positions: a stable argsort instead
+        order = np.argsort(idx, kind="stable")
+        key, shift = idx[order], 0
+    else:  # one sort of index << shift | position: stable by construction, no argsort
+        key = idx.astype(kdt)
+        key <<= shift
+        key |= np.arange(idx.size, dtype=kdt)
+        key.sort()
+        order = key & ((1 << shift) - 1)
+    uniq, run = _sorted_runs(key, shift)
+    return uniq.astype(idx.dtype, copy=False), _fold(uniq.size, run, val[order], ufunc, acc)
+
+
+def _merge_slots(pairs: list[tuple[np.ndarray, np.ndarray]],
+                 itype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Union of sorted unique parts, and the slot in it of each entry of the concatenated parts.
+
+    One integer sort of ``index << b | part`` (int32 when it fits). A part is sorted, so its
+    entries keep their order among the sorted keys, and a stable (radix) argsort of the part
+    tags lists each part's positions in the sorted keys in part order.
+    """
+    tag_bits = max(1, (len(pairs) - 1).bit_length())
+    hi = max((int(i[-1]) for i, _ in pairs if i.size), default=0)
+    kdt = _key_dtype(hi, tag_bits)
+    total = sum(i.size for i, _ in pairs)
+    if kdt is None:
+        cat = np.concatenate([i.astype(np.int64, copy=False) for i, _ in pairs])
+        order = np.argsort(cat, kind="stable")
+        uniq, run = _sorted_runs(cat[order], 0)
+        slot = np.empty_like(run)
+        slot[order] = run
+        return uniq.astype(itype), slot
+    key = np.empty(total, kdt)
+    start = 0
+    for p, (i, _) in enumerate(pairs):
+        part = key[start:start + i.size]
+        np.left_shift(i, tag_bits, out=part, casting="unsafe")
+        part |= p
+        start += i.size
+    key.sort()
+    tags = (key & ((1 << tag_bits) - 1)).astype(np.min_scalar_type(len(pairs) - 1))
+    uniq, run = _sorted_runs(key, tag_bits)
+    return uniq.astype(itype, copy=False), run[np.argsort(tags, kind="stable")]
 
 
 @_dispatch
@@ -341,7 +477,8 @@ def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
         idx, val = _pair(part[0], part[1], f"parts[{p}].")
         if idx.size > 1 and not np.all(idx[1:] > idx[:-1]):
             raise InvalidArgument(f"parts[{p}].indices", idx, "must be sorted and unique")
-        _check_range(idx, None, f"parts[{p}].indices")
+        if idx.size and idx[0] < 0:
+            raise InvalidArgument(f"parts[{p}].indices", int(idx[0]), "indices must be non-negative")
         pairs.append((idx, val))
     ref = pairs[0][1]
     for p, (_, val) in enumerate(pairs):
@@ -352,9 +489,10 @@ def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
     ufunc = _reduce_op(op)
     acc = _accumulate(accumulate_dtype, ref.dtype)
     itype = np.result_type(*(i.dtype for i, _ in pairs))
-    idx = np.concatenate([i.astype(itype, copy=False) for i, _ in pairs])
-    val = np.concatenate([v for _, v in pairs])
-    return _fold_runs(idx, val, ufunc, acc)
+    if len(pairs) == 1:
+        return pairs[0][0].astype(itype), pairs[0][1].astype(acc).astype(ref.dtype, copy=False)
+    uniq, slot = _merge_slots(pairs, itype)
+    return uniq, _fold(uniq.size, slot, np.concatenate([v for _, v in pairs]), ufunc, acc)
 
 
 # --------------------------------------------------------------------------------------------
@@ -377,7 +515,8 @@ def scatter_reduce(dense: Any, indices: Any, values: Any, op: Any = "sum") -> np
         raise InvalidArgument("values", val.shape, f"rows of shape {dense.shape[1:]} like dense")
     ufunc = _reduce_op(op)
     _check_range(idx, dense.shape[0])
-    ufunc.at(dense, idx, val)
+    with np.errstate(all="ignore"):
+        ufunc.at(dense, idx, val)
     return dense
 
 
@@ -394,11 +533,14 @@ def gather(dense: Any, indices: Any) -> np.ndarray:
 def densify(indices: Any, values: Any, n: int) -> np.ndarray:
     """Return the dense array of length ``n`` (rows if values are 2-D), zero where absent.
 
-    Duplicate indices are summed.
+    Each present entry is the left-fold sum of its values (a single value is copied, so -0.0
+    stays -0.0), as if by ``coo_reduce`` followed by an assignment.
     """
     idx, val = _pair(indices, values)
     n = _length(n)
     _check_range(idx, n)
     dense = np.zeros((n,) + val.shape[1:], val.dtype)
-    np.add.at(dense, idx, val)
+    if idx.size > 1 and not np.all(idx[1:] > idx[:-1]):
+        idx, val = coo_reduce(idx, val, "sum")
+    dense[idx] = val
     return dense
