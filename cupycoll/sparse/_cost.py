@@ -119,6 +119,13 @@ class Cost:
             self.messages[op] = self.messages.get(op, 0) + int(messages)
         return self
 
+    def add(self, other: "Cost") -> "Cost":
+        """Add another cost's traffic to this one (in place) and return self."""
+        for op, nbytes in other.received.items():
+            self.received[op] = self.received.get(op, 0) + nbytes
+            self.messages[op] = self.messages.get(op, 0) + other.messages[op]
+        return self
+
     # the Communicator's booking rules, one per verb
     def allreduce(self, size: int, nbytes: int) -> "Cost":
         """A native allreduce of ``nbytes`` (booked under "allreduce")."""

@@ -16,13 +16,15 @@ with I, R the index and row bytes.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from .._registry import lookup, register
 from .._types import ReduceOp
-from ._cost import Shape
+from . import allgather, dense, mask, recursive_doubling, split
+from ._cost import Cost, Shape, validation_cost
 
-__all__ = ["choose", "auto", "DENSE_FRACTION", "WIDE_ROWS", "SMALL_BYTES"]
+__all__ = ["choose", "auto", "call_cost", "MODELS", "DENSE_FRACTION", "WIDE_ROWS", "SMALL_BYTES"]
 
 #: sparse union bytes above this fraction of the dense bytes -> dense.
 DENSE_FRACTION = 0.5
@@ -30,6 +32,11 @@ DENSE_FRACTION = 0.5
 WIDE_ROWS = 8
 #: all entries of all ranks together at most this many bytes -> allgather (fewest rounds).
 SMALL_BYTES = 1 << 16
+
+
+#: the cost model of every exact algorithm (bytes and messages received per rank).
+MODELS = {"allgather": allgather.cost, "dense": dense.cost, "mask": mask.cost,
+          "recursive_doubling": recursive_doubling.cost, "split": split.cost}
 
 
 def choose(shape: Shape) -> str:
@@ -58,3 +65,13 @@ def auto(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
     shape = Shape(comm.size, n, width, indices.dtype.itemsize, values.dtype.itemsize,
                   tuple(int(c) for c in counts))
     return lookup("sparse", choose(shape))(comm, indices, values, n, op, accumulate_dtype)
+
+
+def call_cost(algorithm: str, shape: Shape, rank: int) -> Cost:
+    """Traffic ``rank`` receives in one ``sparse_allreduce`` call: validation + the algorithm.
+
+    ``algorithm`` may be "auto": resolved with :func:`choose` from the nnz alone, as
+    ``sparse_allreduce`` does (``shape.inputs`` only sharpens the chosen algorithm's model).
+    """
+    name = choose(dataclasses.replace(shape, inputs=None)) if algorithm == "auto" else algorithm
+    return validation_cost(shape.size).add(MODELS[name](shape, rank))

@@ -1,0 +1,139 @@
+"""In-process unit tests of the sparse package: rules, cost models, helpers, one-rank calls."""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import cupycoll as cc
+from cupycoll._types import ReduceOp
+from cupycoll.comm.mpi import MPICommunicator
+from cupycoll.errors import InvalidArgument, InvalidType
+from cupycoll.sparse import SparseResult, sparse_allreduce
+from cupycoll.sparse import auto, recursive_doubling, split
+from cupycoll.sparse._common import fill_absent, reduce_parts
+from cupycoll.sparse._cost import Shape, estimate_union, validation_cost
+
+ALL = ["allgather", "auto", "dense", "mask", "recursive_doubling", "split"]
+
+
+@pytest.fixture
+def comm():
+    return MPICommunicator(MPI.COMM_SELF)
+
+
+def test_algorithms_are_registered():
+    assert cc.algorithms("sparse") == ALL
+
+
+def test_estimate_union():
+    assert estimate_union(100, [0, 0]) == 0
+    assert estimate_union(100, [100, 5]) == 100
+    assert estimate_union(1000, [10]) == 10
+    u = estimate_union(10**6, [10**5] * 4)  # 1 - 0.9**4 = 0.3439
+    assert abs(u - 343900) < 2
+    assert estimate_union(10, [3, 3]) >= 3
+
+
+def test_fill_absent_combines_missing_entries_with_zero():
+    union = np.array([1, 2, 3])
+    parts = [np.array([1, 2]), np.array([2, 3])]
+    for op, want in ((ReduceOp.MAX, [0.0, -1.0, 4.0]), (ReduceOp.MIN, [-5.0, -1.0, 0.0]),
+                     (ReduceOp.PROD, [-0.0, -1.0, 0.0]), (ReduceOp.SUM, [-5.0, -1.0, 4.0])):
+        got = fill_absent(union, np.array([-5.0, -1.0, 4.0]), parts, op)
+        assert got.tolist() == want, op
+
+
+def test_reduce_parts_zero_fill_and_order():
+    parts = [(np.array([0, 4]), np.array([-3.0, 2.0])), (np.array([4, 9]), np.array([5.0, -1.0]))]
+    idx, val = reduce_parts(parts, ReduceOp.MAX)
+    assert idx.tolist() == [0, 4, 9] and val.tolist() == [0.0, 5.0, 0.0]
+
+
+def test_region_bounds_balance_skewed_indices():
+    rng = np.random.default_rng(0)
+    inputs = [np.unique(np.concatenate([rng.integers(0, 1000, 3000),
+                                        rng.integers(10**6, 2 * 10**6, 100)])) for _ in range(4)]
+    bounds = split.region_bounds(np.stack([split.local_samples(a) for a in inputs]), 2 * 10**6)
+    assert bounds[0] == 0 and bounds[-1] == 2 * 10**6 and np.all(np.diff(bounds) >= 0)
+    loads = [sum(((a >= bounds[r]) & (a < bounds[r + 1])).sum() for a in inputs)
+             for r in range(4)]
+    total = sum(a.size for a in inputs)
+    assert max(loads) < 1.1 * total / 4, loads
+    empty = split.region_bounds(np.stack([split.local_samples(np.empty(0, int))] * 3), 10)
+    assert empty.tolist() == [0, 3, 6, 10]
+
+
+def test_prefer_dense_threshold():
+    # float32 rows, int32 indices: dense is 4n + n/8 bytes, sparse 8 per entry
+    assert not recursive_doubling.prefer_dense(500, 1000, 4, 4)
+    assert recursive_doubling.prefer_dense(600, 1000, 4, 4)
+
+
+def test_auto_rule_branches():
+    def shape(p, n, nnz, width=0):
+        return Shape(p, n, width, 4, 4, (nnz,) * p)
+    assert auto.choose(shape(1, 10**6, 10**5)) == "allgather"
+    assert auto.choose(shape(4, 10**6, 4 * 10**5)) == "dense"
+    assert auto.choose(shape(4, 10**6, 10**4, width=64)) == "mask"
+    assert auto.choose(shape(4, 10**6, 100)) == "allgather"
+    assert auto.choose(shape(4, 1 << 24, 1 << 17)) == "split"
+
+
+def test_cost_model_closed_forms():
+    # allgather, P=4, rank 1, float32 1-D, int32 indices, nnz 10/20/30/40
+    s = Shape(4, 1000, 0, 4, 4, (10, 20, 30, 40))
+    c = auto.MODELS["allgather"](s, 1)
+    assert c.received == {"allgather.indices.counts": 24, "allgather.indices": 320,
+                          "allgather.values": 320}
+    assert c.messages == {"allgather.indices.counts": 3, "allgather.indices": 3,
+                          "allgather.values": 3}
+    d = auto.MODELS["dense"](s, 0)
+    assert d.received == {"allreduce": 6000, "dense.union": 3 * 32 + 3 * 32}
+    assert validation_cost(4).received == {"allreduce": (2 * 8 + 3 * 4) * 8 * 6 // 4}
+    assert validation_cost(1).received == {}
+
+
+def test_one_rank_semantics(comm):
+    idx = np.array([5, 1, 5, 3], np.int32)
+    val = np.array([2.0, -1.0, 4.0, 7.0], np.float32)
+    for algorithm in ALL:
+        for op, want in (("sum", [-1, 7, 6]), ("max", [-1, 7, 4]), ("min", [-1, 7, 2]),
+                         ("prod", [-1, 7, 8]), ("avg", [-1, 7, 6])):
+            res = sparse_allreduce(idx, val, 8, op=op, algorithm=algorithm, comm=comm)
+            assert isinstance(res, SparseResult) and res.n == 8
+            assert res.indices.dtype == np.int32 and res.values.dtype == np.float32
+            assert res.indices.tolist() == [1, 3, 5] and res.values.tolist() == want
+    assert idx.tolist() == [5, 1, 5, 3] and val.tolist() == [2.0, -1.0, 4.0, 7.0]
+
+
+def test_result_never_aliases_input(comm):
+    idx, val = np.array([1, 2]), np.array([3.0, 4.0])
+    for algorithm in ALL:
+        res = sparse_allreduce(idx, val, 4, op="avg", algorithm=algorithm, comm=comm)
+        assert not np.shares_memory(res.values, val) and not np.shares_memory(res.indices, idx)
+
+
+def test_float16_accumulates_in_float32(comm):
+    idx = np.zeros(3, np.int64)
+    val = np.array([2048, 1, 1], np.float16)
+    low = sparse_allreduce(idx, val, 1, comm=comm)
+    high = sparse_allreduce(idx, val, 1, comm=comm, accumulate_dtype=np.float32)
+    assert low.values.tolist() == [2048.0]
+    assert high.values.tolist() == [2050.0] and high.values.dtype == np.float16
+
+
+def test_rows_and_empty_input(comm):
+    res = sparse_allreduce(np.empty(0, np.int64), np.empty((0, 3), np.float64), 10, comm=comm)
+    assert res.indices.shape == (0,) and res.values.shape == (0, 3)
+    rows = np.arange(6.0).reshape(2, 3)
+    res = sparse_allreduce(np.array([4, 4]), rows, 10, comm=comm, algorithm="dense")
+    assert res.values.tolist() == [[3.0, 5.0, 7.0]]
+
+
+def test_one_rank_errors(comm):
+    with pytest.raises(InvalidArgument, match="valid: .*split"):
+        sparse_allreduce(np.array([1]), np.array([1.0]), 4, algorithm="ring", comm=comm)
+    with pytest.raises(InvalidArgument, match="'indices' on rank 0.*got 4"):
+        sparse_allreduce(np.array([4]), np.array([1.0]), 4, comm=comm)
+    with pytest.raises(InvalidType, match="'values'"):
+        sparse_allreduce(np.array([1]), np.array([True]), 4, comm=comm)

@@ -1,0 +1,127 @@
+"""Bad sparse_allreduce arguments raise the right error on EVERY rank, quickly, never a hang.
+
+Usage: sparse_errors.py   (3+ ranks)
+
+Each case breaks the arguments of one rank (or of all ranks, or makes ranks disagree); every
+rank must raise the expected type within a few seconds, the message must name the argument and
+the offending rank, and a correct call right after must still work (nothing left in flight).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from cupycoll.comm.mpi import MPICommunicator
+from cupycoll.errors import InvalidArgument, InvalidType, MismatchError
+from cupycoll.sparse import sparse_allreduce
+
+N = 100
+
+
+def good(rank: int) -> dict:
+    return dict(indices=np.array([rank, 7, 50], np.int64),
+                values=np.array([1.0, 2.0, 3.0], np.float32), n=N)
+
+
+def cases(size: int):
+    """(name, fn(rank) -> kwargs, expected type, offending rank(s) or None, text in message)."""
+    last = size - 1
+
+    def on(victim, **bad):
+        return lambda r: {**good(r), **(bad if r == victim else {})}
+
+    def all_(**bad):
+        return lambda r: {**good(r), **bad}
+
+    def per_rank(key, fn):
+        return lambda r: {**good(r), key: fn(r)}
+
+    yield "index >= n on rank 1", on(1, indices=np.array([1, N + 5, 3])), InvalidArgument, 1, \
+        str(N + 5)
+    yield "negative index on last rank", on(last, indices=np.array([-4, 2, 3])), \
+        InvalidArgument, last, "-4"
+    yield "float indices on rank 0", on(0, indices=np.array([1.0, 2.0, 3.0])), InvalidType, 0, \
+        "indices"
+    yield "3-D values on rank 1", on(1, values=np.zeros((3, 2, 2), np.float32)), \
+        InvalidArgument, 1, "values"
+    yield "length mismatch on last rank", on(last, values=np.zeros(2, np.float32)), \
+        InvalidArgument, last, "values"
+    yield "list values on rank 2", on(2, values=[1.0, 2.0, 3.0]), InvalidType, 2, "values"
+    yield "complex values on rank 0", on(0, values=np.zeros(3, np.complex64)), InvalidType, 0, \
+        "values"
+    yield "2-D indices on rank 1", on(1, indices=np.zeros((3, 1), np.int64)), InvalidArgument, \
+        1, "indices"
+    yield "float n on rank 2", on(2, n=100.0), InvalidType, 2, "'n'"
+    yield "n = 0 everywhere", all_(n=0), InvalidArgument, None, "'n'"
+    yield "bad op on rank 1", lambda r: {**good(r), "op": "xor" if r == 1 else "sum"}, \
+        InvalidArgument, 1, "op"
+    yield "unknown algorithm everywhere", lambda r: {**good(r), "algorithm": "ring"}, \
+        InvalidArgument, None, "split"
+    yield "unknown algorithm on rank 2", lambda r: {**good(r), "algorithm": "ring" if r == 2
+                                                    else "split"}, InvalidArgument, 2, "algorithm"
+    yield "bad accumulate_dtype on rank 0", lambda r: {**good(r), "accumulate_dtype":
+                                                       "complex64" if r == 0 else None}, \
+        InvalidType, 0, "accumulate_dtype"
+    yield "non-callable completion_fn on rank 1", lambda r: {
+        **good(r), "completion_fn": 3 if r == 1 else None}, InvalidType, 1, "completion_fn"
+    yield "n differs on last rank", per_rank("n", lambda r: N + (r == last)), MismatchError, \
+        None, "n ("
+    yield "value dtype differs", lambda r: {**good(r), "values": np.ones(3, np.float64 if r == 1
+                                                                     else np.float32)}, \
+        MismatchError, None, "value_dtype"
+    yield "index dtype differs", lambda r: {**good(r), "indices": good(r)["indices"].astype(
+        np.int32 if r == 0 else np.int64)}, MismatchError, None, "index_dtype"
+    yield "width differs", lambda r: {**good(r), "values": np.ones((3, 2 + (r == 1)),
+                                                                   np.float32)}, \
+        MismatchError, None, "width"
+    yield "op differs", lambda r: {**good(r), "op": "max" if r == last else "sum"}, \
+        MismatchError, None, "op"
+    yield "algorithm differs", lambda r: {**good(r), "algorithm": "mask" if r == 1 else "split"}, \
+        MismatchError, None, "algorithm"
+    yield "async_op differs", lambda r: {**good(r), "async_op": r == 0}, MismatchError, None, \
+        "async_op"
+    yield "two ranks bad", lambda r: {**good(r), "indices": np.array([r, N + r, 0])
+                                      if r in (1, 2) else good(r)["indices"]}, \
+        InvalidArgument, (1, 2), "index out of range"
+
+
+def main() -> None:
+    comm = MPICommunicator(MPI.COMM_WORLD, timeout=20)
+    size, rank = comm.size, comm.rank
+    assert size >= 3, "run on 3+ ranks"
+    for name, make, exc_type, culprit, text in cases(size):
+        start = time.monotonic()
+        try:
+            sparse_allreduce(comm=comm, **make(rank))
+        except exc_type as caught:
+            error, message = caught, str(caught)
+        else:
+            raise AssertionError(f"rank {rank}, {name}: no {exc_type.__name__} raised")
+        elapsed = time.monotonic() - start
+        assert elapsed < 5, f"rank {rank}, {name}: took {elapsed:.1f} s"
+        assert text in message, f"rank {rank}, {name}: {text!r} not in {message!r}"
+        if isinstance(culprit, tuple):  # a bad rank names itself, the others the first bad rank
+            culprit = rank if rank in culprit else culprit[0]
+        if culprit is not None:
+            assert getattr(error, "rank", None) == culprit, f"rank {rank}, {name}: {message}"
+            assert f"rank {culprit}" in message, f"rank {rank}, {name}: {message}"
+        res = sparse_allreduce(comm=comm, **good(rank))  # the communicator still works
+        assert res.indices.tolist() == sorted({*range(size), 7, 50}), name
+    # a wrong-sized buffer from alloc_fn raises (locally: every rank got the same bad buffer)
+    try:
+        sparse_allreduce(comm=comm, **good(rank),
+                         alloc_fn=lambda k, it, vs, vt, ctx: (np.empty(k + 1, it), np.empty(vs, vt)))
+    except InvalidArgument as exc:
+        assert "alloc_fn" in str(exc) and "index_buf" in str(exc), str(exc)
+    else:
+        raise AssertionError("alloc_fn with a wrong-sized buffer did not raise")
+    comm.barrier()
+    if rank == 0:
+        print(f"ok error cases on {size} ranks")
+
+
+if __name__ == "__main__":
+    main()
