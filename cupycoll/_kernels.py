@@ -1,0 +1,147 @@
+"""The CUDA kernels of cupycoll: sources, instantiation names, per-device modules, NVRTC checks.
+
+The ``.cu`` files live in the top-level ``kernels/`` folder, shipped as the ``cupycoll.kernels``
+package. Each lists its template instantiations in ``CC_EXPORT(name<types>)`` lines, which are the
+NVRTC name expressions. Sources are handed to CuPy with their local ``#include "x.cuh"`` lines
+inlined, so CuPy's on-disk kernel cache (keyed by the source text) sees every header change.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._types import ReduceOp
+
+__all__ = ["KERNEL_FILES", "NVRTC_OPTIONS", "CTYPES", "OPS", "expression", "source",
+           "name_expressions", "nvrtc_compile", "CupyLauncher"]
+
+#: every kernel source, in the order they are documented.
+KERNEL_FILES = ("select.cu", "radix_select.cu", "segment.cu", "scatter.cu", "gather.cu")
+#: NVRTC options of every compilation (CuPy adds the architecture of the device).
+NVRTC_OPTIONS = ("-std=c++17",)
+#: C++ type of each value/index dtype in the kernels' template arguments.
+CTYPES = {np.dtype(np.float16): "cc_half", np.dtype(np.float32): "float",
+          np.dtype(np.float64): "double", np.dtype(np.int32): "int",
+          np.dtype(np.int64): "long long"}
+#: C++ functor of each reduction op.
+OPS = {ReduceOp.SUM: "cc_op_sum", ReduceOp.PROD: "cc_op_prod", ReduceOp.MAX: "cc_op_max",
+       ReduceOp.MIN: "cc_op_min"}
+
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"[ \t]*$', re.M)
+_EXPORT = re.compile(r"^CC_EXPORT\((.+)\)[ \t]*$", re.M)
+
+
+def expression(kernel: str, *types: str) -> str:
+    """Return the canonical name expression ``kernel<t1, t2>`` (or ``kernel`` without types)."""
+    return f"{kernel}<{', '.join(types)}>" if types else kernel
+
+
+def _canonical(expr: str) -> str:
+    return re.sub(r"\s*,\s*", ", ", re.sub(r"\s+", " ", expr.strip()))
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_dir() -> Path:
+    """Folder of the ``.cu`` files: the installed ``cupycoll.kernels``, else the source tree's."""
+    try:
+        folder = importlib.resources.files("cupycoll.kernels")
+    except ModuleNotFoundError:
+        folder = None
+    if folder is not None and folder.joinpath(KERNEL_FILES[0]).is_file():
+        return Path(str(folder))
+    return Path(__file__).resolve().parents[1] / "kernels"
+
+
+@functools.lru_cache(maxsize=None)
+def source(name: str) -> str:
+    """Return the text of kernel file ``name`` with its local includes inlined (each once)."""
+    seen: set[str] = set()
+
+    def expand(file: str) -> str:
+        if file in seen:
+            return ""
+        seen.add(file)
+        text = (kernel_dir() / file).read_text()
+        text = text.replace("#pragma once\n", "")
+        return _INCLUDE.sub(lambda m: expand(m.group(1)), text)
+
+    return expand(name)
+
+
+@functools.lru_cache(maxsize=None)
+def name_expressions(name: str) -> tuple[str, ...]:
+    """Return the instantiations that kernel file ``name`` exports, as NVRTC name expressions."""
+    return tuple(_canonical(e) for e in _EXPORT.findall((kernel_dir() / name).read_text()))
+
+
+def nvrtc_compile(name: str, arch: str, *, cubin: bool = True) -> dict[str, str]:
+    """Compile kernel file ``name`` for ``arch`` (e.g. ``"sm_90"``) with NVRTC directly.
+
+    Needs no GPU and no driver (unlike CuPy's own compile helpers). Returns the lowered (mangled)
+    name of every exported name expression; raises ``RuntimeError`` with the compiler log on
+    failure.
+    """
+    from cupy.cuda import nvrtc
+
+    prog = nvrtc.createProgram(source(name), name, [], [])
+    try:
+        exprs = name_expressions(name)
+        for expr in exprs:
+            nvrtc.addNameExpression(prog, expr)
+        try:
+            nvrtc.compileProgram(prog, [f"--gpu-architecture={arch}", *NVRTC_OPTIONS])
+        except nvrtc.NVRTCError as exc:
+            raise RuntimeError(f"NVRTC failed on {name} for {arch}: {exc}\n"
+                               f"{nvrtc.getProgramLog(prog)}") from None
+        binary = nvrtc.getCUBIN(prog) if cubin else nvrtc.getPTX(prog)
+        if not binary:
+            raise RuntimeError(f"NVRTC produced no {'cubin' if cubin else 'PTX'} for {name}")
+        return {expr: nvrtc.getLoweredName(prog, expr) for expr in exprs}
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+class CupyLauncher:
+    """Launch the kernels on the current CUDA device through ``cupy.RawModule`` (one per device)."""
+
+    block = 256
+    blocks_per_sm = 8
+
+    def __init__(self) -> None:
+        self._modules: dict[tuple[int, str], Any] = {}
+        self._functions: dict[tuple[int, str, str], Any] = {}
+
+    @property
+    def xp(self) -> Any:
+        import cupy
+
+        return cupy
+
+    def shape(self, items: int) -> tuple[int, int]:
+        """Return ``(grid, block)`` for a grid-stride loop over ``items`` work items."""
+        cupy = self.xp
+        device = cupy.cuda.Device()
+        cap = device.attributes["MultiProcessorCount"] * self.blocks_per_sm
+        return max(1, min(math.ceil(items / self.block), cap)), self.block
+
+    def __call__(self, file: str, expr: str, shape: tuple[int, int], *args: Any) -> None:
+        """Run instantiation ``expr`` of kernel file ``file``; ``None`` args are null pointers."""
+        cupy = self.xp
+        device = cupy.cuda.Device().id
+        key = (device, file, expr)
+        fn = self._functions.get(key)
+        if fn is None:
+            module = self._modules.get((device, file))
+            if module is None:
+                module = cupy.RawModule(code=source(file), options=NVRTC_OPTIONS,
+                                        name_expressions=name_expressions(file))
+                self._modules[(device, file)] = module
+            fn = self._functions[key] = module.get_function(expr)
+        fn((shape[0],), (shape[1],), tuple(np.uint64(0) if a is None else a for a in args))

@@ -1,0 +1,117 @@
+"""Tier 3: each primitive on cupy arrays (the kernels on a CUDA device) against its numpy twin.
+
+Same seeded cases as the CPU tier plus larger inputs that use full launch grids; results must be
+bit for bit equal. Skipped, with the reason, when cupy or a CUDA device is missing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from cupycoll import primitives
+
+from . import _kernel_cases as cases
+
+
+def _no_device_reason() -> str | None:
+    try:
+        import cupy
+    except Exception as exc:  # not installed, or its CUDA libraries fail to load
+        return f"no CUDA device: cupy is not importable ({exc})"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        return f"no CUDA device: cupy.cuda.runtime.getDeviceCount() raised {exc}"
+    return None if count > 0 else "no CUDA device: cupy.cuda.runtime.getDeviceCount() is 0"
+
+
+REASON = _no_device_reason()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(REASON is not None, reason=str(REASON))]
+
+
+def _to_device(obj: Any) -> Any:
+    import cupy
+
+    if isinstance(obj, np.ndarray):
+        if obj.flags.c_contiguous:
+            return cupy.asarray(obj)
+        assert obj.ndim == 1 and obj.base is not None and obj.base.flags.c_contiguous
+        return cupy.asarray(obj.base)[::obj.strides[0] // obj.itemsize]  # the same 1-D view
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_device(o) for o in obj)
+    return obj
+
+
+def _to_host(obj: Any) -> Any:
+    import cupy
+
+    if isinstance(obj, cupy.ndarray):
+        return cupy.asnumpy(obj)
+    if isinstance(obj, tuple):
+        return tuple(_to_host(o) for o in obj)
+    return obj
+
+
+def _run(name: str, args: tuple, kwargs: dict) -> None:
+    host_args = tuple(a.copy() if isinstance(a, np.ndarray) else a for a in args)
+    want = getattr(primitives, name)(*host_args, **kwargs)
+    device_args = _to_device(args)
+    got = getattr(primitives, name)(*device_args, **kwargs)
+    cases.assert_same(_to_host(got), want, name)
+    if name == "scatter_reduce":  # in place
+        cases.assert_same(_to_host(device_args[0]), host_args[0], "scatter_reduce dense")
+
+
+def _params(generated) -> list:
+    return [pytest.param(name, args, kwargs, id=f"{name}-{label}")
+            for name, label, args, kwargs in generated]
+
+
+def _large_case(name: str, dtype: str) -> tuple:
+    """Inputs big enough for full launch grids (built in the test: cheap to collect)."""
+    rng = np.random.default_rng(5)
+    if name in ("count_abs_ge", "select_abs_ge", "kth_abs", "topk_abs"):
+        x = cases.values(rng, dtype, 1 << 20)
+        return (x, 1.5) if name.endswith("ge") else (x, 1 << 14)
+    idx = rng.integers(0, 1 << 16, 1 << 18)
+    val = cases.values(rng, dtype, idx.size)
+    return (idx, val) if name == "coo_reduce" else (cases.values(rng, dtype, 1 << 16), idx, val)
+
+
+@pytest.mark.parametrize("name,args,kwargs", _params(cases.threshold_cases()))
+def test_thresholds(name, args, kwargs):
+    _run(name, args, kwargs)
+
+
+@pytest.mark.parametrize("name,args,kwargs", _params(cases.topk_cases()))
+def test_topk(name, args, kwargs):
+    _run(name, args, kwargs)
+
+
+@pytest.mark.parametrize("name,args,kwargs", _params(cases.reduce_cases()))
+def test_reductions(name, args, kwargs):
+    _run(name, args, kwargs)
+
+
+@pytest.mark.parametrize("name,args,kwargs", _params(cases.dense_cases()))
+def test_dense(name, args, kwargs):
+    _run(name, args, kwargs)
+
+
+@pytest.mark.parametrize("dtype", cases.VALUE_DTYPES)
+@pytest.mark.parametrize("name", ["count_abs_ge", "select_abs_ge", "kth_abs", "topk_abs",
+                                  "coo_reduce", "scatter_reduce"])
+def test_large(name, dtype):
+    _run(name, _large_case(name, dtype), {})
+
+
+@pytest.mark.parametrize("name,args,kwargs", _params(cases.error_cases()))
+def test_errors(name, args, kwargs):
+    with pytest.raises(Exception) as want:
+        getattr(primitives, name)(*args, **kwargs)
+    with pytest.raises(type(want.value)) as got:
+        getattr(primitives, name)(*_to_device(args), **kwargs)
+    assert getattr(got.value, "argument", None) == getattr(want.value, "argument", None)
