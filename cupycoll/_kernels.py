@@ -117,6 +117,7 @@ class CupyLauncher:
     def __init__(self) -> None:
         self._modules: dict[tuple[int, str], Any] = {}
         self._functions: dict[tuple[int, str, str], Any] = {}
+        self._max_blocks: dict[int, int] = {}
 
     @property
     def xp(self) -> Any:
@@ -126,15 +127,18 @@ class CupyLauncher:
 
     def shape(self, items: int) -> tuple[int, int]:
         """Return ``(grid, block)`` for a grid-stride loop over ``items`` work items."""
-        cupy = self.xp
-        device = cupy.cuda.Device()
-        cap = device.attributes["MultiProcessorCount"] * self.blocks_per_sm
+        runtime = self.xp.cuda.runtime
+        device = runtime.getDevice()
+        cap = self._max_blocks.get(device)
+        if cap is None:
+            sms = runtime.deviceGetAttribute(runtime.cudaDevAttrMultiProcessorCount, device)
+            cap = self._max_blocks[device] = sms * self.blocks_per_sm
         return max(1, min(math.ceil(items / self.block), cap)), self.block
 
     def __call__(self, file: str, expr: str, shape: tuple[int, int], *args: Any) -> None:
         """Run instantiation ``expr`` of kernel file ``file``; ``None`` args are null pointers."""
         cupy = self.xp
-        device = cupy.cuda.Device().id
+        device = cupy.cuda.runtime.getDevice()
         key = (device, file, expr)
         fn = self._functions.get(key)
         if fn is None:

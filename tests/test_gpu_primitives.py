@@ -115,3 +115,12 @@ def test_errors(name, args, kwargs):
     with pytest.raises(type(want.value)) as got:
         getattr(primitives, name)(*_to_device(args), **kwargs)
     assert getattr(got.value, "argument", None) == getattr(want.value, "argument", None)
+
+
+@pytest.mark.parametrize("dtype", cases.VALUE_DTYPES)
+def test_int64_output_indices(dtype, monkeypatch):
+    # arrays of 2**31 elements need 8+ GiB: lower the int64 cut-over instead
+    monkeypatch.setattr(primitives, "_index_dtype", lambda n: np.dtype(np.int64))
+    x = cases.values(np.random.default_rng(6), dtype, 1000)
+    for name, arg in (("select_abs_ge", 1.0), ("topk_abs", 170)):
+        _run(name, (x, arg), {})

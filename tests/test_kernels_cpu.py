@@ -153,3 +153,12 @@ def test_errors(kernels, name, args, kwargs):
     with pytest.raises(type(want.value)) as got:
         getattr(kernels, name)(*args, **kwargs)
     assert str(got.value) == str(want.value)
+
+
+@pytest.mark.parametrize("dtype", cases.VALUE_DTYPES)
+def test_int64_output_indices(kernels, dtype, monkeypatch):
+    # arrays of 2**31 elements are out of reach here: lower the int64 cut-over instead
+    monkeypatch.setattr(primitives, "_index_dtype", lambda n: np.dtype(np.int64))
+    x = cases.values(np.random.default_rng(6), dtype, 100)
+    for name, arg in (("select_abs_ge", 1.0), ("topk_abs", 17)):
+        _run(kernels, name, (x, arg), {})
