@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(REASON is not None, reason=str
 def _to_device(obj: Any) -> Any:
     import cupy
 
-    if isinstance(obj, np.ndarray):
+    if isinstance(obj, np.ndarray) and obj.ndim > 0:  # 0-d thresholds stay host scalars
         if obj.flags.c_contiguous:
             return cupy.asarray(obj)
         assert obj.ndim == 1 and obj.base is not None and obj.base.flags.c_contiguous
