@@ -15,7 +15,7 @@ import numpy as np
 from .._types import ReduceOp, array_namespace
 from ..primitives import merge_sorted
 
-__all__ = ["reduce_parts", "fill_absent", "presence", "union_of_presence", "bitmap_or_allreduce",
+__all__ = ["reduce_parts", "rank_slices", "fill_absent", "presence", "union_of_presence", "bitmap_or_allreduce",
            "bitmap_chunk", "UFUNC_NAMES"]
 
 #: the array-library ufunc of each op (looked up on numpy or cupy by name).
@@ -48,6 +48,12 @@ def reduce_parts(parts: Sequence[tuple[Any, Any]], op: ReduceOp,
         return parts[0]
     idx, val = merge_sorted(list(parts), op.value, accumulate_dtype)
     return idx, fill_absent(idx, val, [p[0] for p in parts], op)
+
+
+def rank_slices(counts: Sequence[int]) -> list[slice]:
+    """The slice of each rank's block in an allgatherv result with these per-rank counts."""
+    ends = np.cumsum(np.asarray(counts, dtype=np.int64)).tolist()
+    return [slice(end - int(c), end) for end, c in zip(ends, counts)]
 
 
 def presence(indices: Any, n: int) -> Any:

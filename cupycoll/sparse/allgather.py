@@ -13,11 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from .._registry import register
 from .._types import ReduceOp
-from ._common import reduce_parts
+from ._common import rank_slices, reduce_parts
 from ._cost import Cost, Shape
 
 __all__ = ["allgather", "cost"]
@@ -29,8 +27,7 @@ def allgather(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
     """Allgatherv indices and values, merge the P parts in rank order (absent counts as 0)."""
     all_idx, counts = comm.allgatherv(indices, op_name="allgather.indices")
     all_val, _ = comm.allgatherv(values, counts=counts, op_name="allgather.values")
-    offsets = np.concatenate([[0], np.cumsum(counts)]).tolist()
-    parts = [(all_idx[a:b], all_val[a:b]) for a, b in zip(offsets[:-1], offsets[1:])]
+    parts = [(all_idx[s], all_val[s]) for s in rank_slices(counts)]
     return reduce_parts(parts, op, accumulate_dtype)
 
 

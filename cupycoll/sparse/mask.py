@@ -15,8 +15,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from .._registry import register
 from .._types import ReduceOp
+from ..primitives import merge_sorted
+from ._common import rank_slices
 from ._cost import Cost, Shape
 
 __all__ = ["mask", "cost"]
@@ -27,8 +31,9 @@ def mask(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
          accumulate_dtype: Any = None) -> tuple[Any, Any]:
     """Allgatherv the indices, zero-fill the union rows with local values, allreduce them."""
     xp = comm.xp
-    all_idx, _ = comm.allgatherv(indices, op_name="mask.indices")
-    union = xp.unique(all_idx) if comm.size > 1 else indices
+    all_idx, counts = comm.allgatherv(indices, op_name="mask.indices")
+    marks = xp.zeros(all_idx.shape[0], dtype=np.int32)  # merge_sorted needs values: dummies
+    union, _ = merge_sorted([(all_idx[s], marks[s]) for s in rank_slices(counts)])
     rows = xp.zeros((union.shape[0],) + tuple(values.shape[1:]), dtype=values.dtype)
     rows[xp.searchsorted(union, indices)] = values
     comm.allreduce(rows, rows, op).wait()

@@ -1,0 +1,188 @@
+"""nccl-tests-style benchmark of sparse_allreduce's algorithms against a plain MPI dense Allreduce.
+
+Sweeps algorithms x density x overlap (x n, x row width) on whatever ``mpiexec -n`` gives; every
+row reports the median time over ranks' slowest (and the minimum), the ratio to mpi4py's dense
+``Allreduce`` of the same n float32 measured in the same run (``x_dense``), the wire bytes this
+algorithm receives per rank (max over ranks), and with ``--memory`` the peak extra memory of one
+call (tracemalloc, which sees numpy's allocations) divided by the bytes that rank received.
+Algorithms are timed interleaved (one call of each per round) so drift hits them alike.
+
+    mpiexec -n 4 python -m mpi4py bench/bench_sparse.py                   # the full sweep
+    mpiexec -n 4 python -m mpi4py bench/bench_sparse.py --n 16M --density 0.01 \\
+        --overlap random --width 0 -n 15 --memory                         # the target row
+    mpiexec -n 4 python -m mpi4py bench/bench_sparse.py --width 64 --json rows.json
+"""
+
+from __future__ import annotations
+
+import time
+import tracemalloc
+
+import numpy as np
+from _common import SPARSE_COLUMNS, Table, bandwidths, common_parser, parse_size, progress
+from mpi4py import MPI
+
+import cupycoll as cc
+from cupycoll.comm import bus_factor
+from cupycoll.sparse import sparse_allreduce
+
+OVERLAPS = ("disjoint", "random", "identical", "hot")
+ALGORITHMS = ("allgather", "mask", "dense", "recursive_doubling", "split", "auto")
+BASELINE = "mpi_dense"
+COLUMNS = SPARSE_COLUMNS + ["overlap", "min(us)", "x_dense", "mem/recv"]
+
+
+def make_input(seed: int, rank: int, size: int, n: int, k: int, width: int, overlap: str):
+    """Sorted unique indices (k of them) and float32 values (rows) of ``rank``."""
+    rng = np.random.default_rng([seed, rank])
+    if overlap == "disjoint":
+        idx = rank + size * np.sort(rng.choice(n // size, min(k, n // size), replace=False))
+    elif overlap == "identical":
+        idx = np.sort(np.random.default_rng(seed).choice(n, k, replace=False))
+    elif overlap == "hot":  # half from the shared hot range [0, k), half uniform: skewed
+        hot = rng.choice(k, k // 2, replace=False)
+        idx = np.union1d(hot, rng.choice(n, k - k // 2, replace=False))
+    else:
+        idx = np.sort(rng.choice(n, k, replace=False))
+    shape = (idx.size, width) if width else (idx.size,)
+    return idx.astype(np.int32 if n < 2**31 else np.int64), rng.standard_normal(shape,
+                                                                               np.float32)
+
+
+def reference(inputs, n: int, width: int):
+    """Union indices and float64 sums of all ranks' inputs (independent of cupycoll)."""
+    total = np.zeros((n, width) if width else n)
+    seen = np.zeros(n, bool)
+    for idx, val in inputs:
+        np.add.at(total, idx, val)
+        seen[idx] = True
+    union = np.flatnonzero(seen)
+    return union, total[union]
+
+
+def count_wrong(res, ref) -> int:
+    union, want = ref
+    if res.indices.shape != union.shape or not np.array_equal(res.indices, union):
+        return int(max(union.size, 1))
+    tol = 1e-5 * (np.abs(want) + 1)
+    return int(np.count_nonzero(np.abs(res.values - want) > tol))
+
+
+def interleaved(calls: dict, iters: int, warmup: int, mpi_comm) -> dict:
+    """Time every call ``iters`` times, one of each per round; a sample = the slowest rank."""
+    names = list(calls)
+    for _ in range(warmup):
+        for name in names:
+            calls[name]()
+    samples = {name: np.empty(iters) for name in names}
+    for i in range(iters):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            mpi_comm.Barrier()
+            t0 = time.perf_counter()
+            calls[name]()
+            samples[name][i] = time.perf_counter() - t0
+    out = {}
+    for name in names:
+        slowest = np.empty(iters)
+        mpi_comm.Allreduce(samples[name], slowest, op=MPI.MAX)
+        out[name] = slowest
+    return out
+
+
+def peak_ratio(call, comm) -> float:
+    """Peak extra memory of one call / bytes this rank received in it (max over ranks)."""
+    comm.stats.reset()
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    base = tracemalloc.get_traced_memory()[0]
+    result = call()
+    peak = tracemalloc.get_traced_memory()[1] - base
+    tracemalloc.stop()
+    del result
+    received = max(comm.stats.bytes_received, 1)
+    return float(comm.mpi_comm.allreduce(peak / received, op=MPI.MAX))
+
+
+def run_group(args, comm, table: Table, n: int, width: int, density: float, overlap: str,
+              algorithms: list[str]) -> dict:
+    p, rank = comm.size, comm.rank
+    k = max(1, int(round(density * n)))
+    inputs = [make_input(args.seed, r, p, n, k, width, overlap) for r in range(p)]
+    idx, val = inputs[rank]
+    dense_in = np.ones((n, width) if width else n, np.float32)
+    dense_out = np.empty_like(dense_in)
+    calls = {BASELINE: lambda: comm.mpi_comm.Allreduce(dense_in, dense_out, op=MPI.SUM)}
+    for name in algorithms:
+        calls[name] = (lambda a: lambda: sparse_allreduce(idx, val, n, algorithm=a, comm=comm))(name)
+    samples = interleaved(calls, args.iters, args.warmup_iters, comm.mpi_comm)
+    ref = reference(inputs, n, width) if args.check else None
+    dense_time = float(np.median(samples[BASELINE]))
+    size_bytes = n * max(width, 1) * 4
+    times = {}
+    for name in [BASELINE] + algorithms:
+        seconds = float(np.median(samples[name]))
+        times[name] = seconds
+        wrong, wire, mem = 0, 2 * (p - 1) * size_bytes // p, ""
+        if name != BASELINE:
+            comm.stats.reset()
+            res = calls[name]()
+            wire = int(comm.mpi_comm.allreduce(comm.stats.bytes_received, op=MPI.MAX))
+            if ref is not None:
+                wrong = int(comm.mpi_comm.allreduce(count_wrong(res, ref)))
+            del res
+            if args.memory:
+                mem = peak_ratio(calls[name], comm)
+        algbw, busbw = bandwidths(size_bytes, seconds, bus_factor("allreduce", p))
+        table.add({"size(B)": size_bytes, "count": n, "type": "float32", "redop": "sum",
+                   "root": -1, "time(us)": seconds * 1e6, "algbw(GB/s)": algbw,
+                   "busbw(GB/s)": busbw, "#wrong": wrong, "density": density,
+                   "nnz": k if name != BASELINE else n, "algorithm": name, "wire(B)": wire,
+                   "overlap": overlap, "min(us)": float(samples[name].min()) * 1e6,
+                   "x_dense": seconds / dense_time, "mem/recv": mem, "width": width,
+                   "ranks": p})
+    exact = {a: t for a, t in times.items() if a not in (BASELINE, "auto")}
+    best = min(exact, key=exact.get) if exact else None
+    return {"n": n, "width": width, "density": density, "overlap": overlap, "best": best,
+            "best_x_dense": exact[best] / dense_time if best else None,
+            "auto_x_best": times["auto"] / exact[best] if best and "auto" in times else None}
+
+
+def main() -> None:
+    parser = common_parser(__doc__)
+    parser.set_defaults(iters=10, warmup_iters=2)
+    parser.add_argument("--n", default="4M,16M", help="dense lengths of 1-D rows (comma list)")
+    parser.add_argument("--rows", default="64K", help="number of rows for --width > 0")
+    parser.add_argument("--width", default="0,64", help="row widths, 0 = 1-D (comma list)")
+    parser.add_argument("--density", default="0.001,0.01,0.1", help="nnz / n per rank")
+    parser.add_argument("--overlap", default=",".join(OVERLAPS))
+    parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
+    parser.add_argument("--memory", action="store_true", help="measure peak extra memory")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    comm = cc.init("mpi")
+    algorithms = [a for a in args.algorithms.split(",") if a]
+    groups = []
+    for width in (int(w) for w in args.width.split(",")):
+        lengths = [parse_size(args.rows)] if width else [parse_size(s) for s in args.n.split(",")]
+        groups += [(n, width, float(d), o) for n in lengths for d in args.density.split(",")
+                   for o in args.overlap.split(",")]
+    table = Table(COLUMNS, comm.rank)
+    table.header(f"sparse_allreduce  ranks={comm.size}  backend={comm.backend}  "
+                 f"iters={args.iters} warmup={args.warmup_iters}  time = median of slowest rank")
+    summary = [run_group(args, comm, table, *g, algorithms)
+               for g in progress(groups, len(groups), comm.rank, not args.no_progress)]
+    table.write_json(args.json, {"ranks": comm.size, "backend": comm.backend,
+                                 "summary": summary})
+    if comm.rank == 0:
+        print("# n  width  density  overlap  best  best/dense  auto/best")
+        for s in summary:
+            auto = f"{s['auto_x_best']:.2f}" if s["auto_x_best"] is not None else "-"
+            best = f"{s['best_x_dense']:.3f}" if s["best_x_dense"] is not None else "-"
+            print(f"# {s['n']} {s['width']} {s['density']} {s['overlap']} {s['best']} "
+                  f"{best} {auto}")
+        bad = sum(r["#wrong"] for r in table.rows)
+        print(f"# out of bounds values : {bad} {'OK' if bad == 0 else 'FAILED'}")
+
+
+if __name__ == "__main__":
+    main()
