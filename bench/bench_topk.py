@@ -143,7 +143,8 @@ def main() -> None:
     p.add_argument("--density", type=float, default=0.01)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--tau-prime", type=int, default=4)
-    p.add_argument("--selection-n", type=parse_size, default=1 << 24)
+    p.add_argument("--selection-n", type=parse_size, default=1 << 24,
+                   help="vector length of the selection timing (0: skip it)")
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
     comm = cc.init("mpi")
@@ -156,8 +157,9 @@ def main() -> None:
     inputs = [drifting(size, rank, n, t) for t in range(args.steps)]
     oktopk_phases(comm, table, "drifting", inputs, n, k, args.tau_prime)
     all_algorithms(comm, table, inputs, n, k, args.tau_prime)
-    sel = selection_cost(comm, args.selection_n, args.density, args.repeats)
-    if rank == 0:
+    sel = selection_cost(comm, args.selection_n, args.density, args.repeats) \
+        if args.selection_n > 0 else {}
+    if rank == 0 and sel:
         print(f"# selection at n={sel['n']}, k={sel['k']} (rank 0, median of {args.repeats}):")
         for name, sec in sel["seconds"].items():
             print(f"#   {name:16s} {sec * 1e3:9.2f} ms")

@@ -69,7 +69,10 @@ class TopkState:
         padded_allgather: Ok-Topk's final allgather as an allgather of blocks padded to
             ``ceil(T/P)`` with a sentinel index (NCCL has no allgatherv) instead of an
             allgatherv; None = when the communicator has no native allgatherv.
-        last: diagnostics of the last call (selected counts, whether it was a refresh step).
+        k: k of the previous call (Ok-Topk refreshes its global threshold when k changes).
+        last: diagnostics of the last call: ``refresh``, ``local_count`` (this rank's
+            selection), ``global_count`` (entries passing the global selection; on Ok-Topk
+            refresh steps, all reduced nonzeros gathered).
     """
 
     tau: int = 64
@@ -79,6 +82,7 @@ class TopkState:
     boundaries: np.ndarray | None = None
     global_th: float | None = None
     padded_allgather: bool | None = None
+    k: int | None = None
     last: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:

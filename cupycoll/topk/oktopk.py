@@ -133,7 +133,8 @@ def _select_balance_gather(comm: Any, red: Any, lo: int, k: int, n: int,
 def oktopk(comm: Any, x: Any, k: int, state: TopkState) -> TopkOutcome:
     """Ok-Topk: split-and-reduce over balanced regions, then a thresholded, balanced allgather."""
     n, p = int(x.shape[0]), comm.size
-    refresh = state.refresh or state.global_th is None
+    refresh = state.refresh or state.global_th is None or state.k != k
+    state.k = k
     sel = state.selector.select(x, k, refresh=state.refresh)
     state.last = {"refresh": refresh, "local_count": sel.count}
     if state.repartition or _stale(state, n, p):

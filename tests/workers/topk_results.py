@@ -158,7 +158,9 @@ def main() -> None:
     topk_allreduce(x, 9, comm=comm, selector=Exact(), state=state)
     assert isinstance(state.selector, Exact)
     topk_allreduce(x, 9, comm=comm, state=state)
-    assert isinstance(state.selector, Exact) and state.step == 2
+    assert isinstance(state.selector, Exact) and state.step == 2 and not state.last["refresh"]
+    topk_allreduce(x, 12, comm=comm, state=state)  # a new k forces a refresh step
+    assert state.last["refresh"] and state.k == 12
     assert isinstance(TopkState().selector, type(None)) and Threshold().threshold is None
     if comm.rank == 0:
         print("recall", {a: round(v, 3) for a, v in sorted(worst.items())})
