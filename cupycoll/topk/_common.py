@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from .selectors import Selection, Selector
 
 __all__ = ["TopkState", "TopkOutcome", "Cost", "topk_algorithm", "index_dtype", "smallest_positive",
-           "sorted_member", "to_host"]
+           "positive_threshold", "sorted_member", "to_host", "to_namespace", "check_int", "min_abs",
+           "log2_ceil"]
 
 to_host = _to_host
 
@@ -86,12 +87,8 @@ class TopkState:
     last: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("tau", "tau_prime"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise InvalidType(name, type(value).__name__, "an int")
-            if value < 1:
-                raise InvalidArgument(name, value, "must be >= 1")
+        self.tau = check_int("tau", self.tau, 1)
+        self.tau_prime = check_int("tau_prime", self.tau_prime, 1)
         from .selectors import Selector
 
         if self.selector is not None and not isinstance(self.selector, Selector):
@@ -107,6 +104,20 @@ class TopkState:
     def repartition(self) -> bool:
         """True when the current step recomputes Ok-Topk's region boundaries."""
         return self.step % self.tau == 0
+
+
+def check_int(name: str, value: Any, minimum: int) -> int:
+    """Return ``value`` as an int, or raise InvalidType / InvalidArgument (below ``minimum``)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise InvalidType(name, type(value).__name__, "an int")
+    if value < minimum:
+        raise InvalidArgument(name, value, f"must be >= {minimum}")
+    return int(value)
+
+
+def min_abs(values: Any) -> float:
+    """Smallest magnitude of a non-empty array, as a host float."""
+    return float(array_namespace(values).abs(values).min())
 
 
 def topk_algorithm(name: str, *, selector: Callable[[], Selector],
@@ -144,9 +155,11 @@ def sorted_member(a: Any, b: Any) -> Any:
     return b[pos] == a
 
 
-def empty_result(xp: Any, n: int, dtype: Any) -> tuple[Any, Any]:
-    """(indices, values) of an empty result."""
-    return xp.empty(0, dtype=index_dtype(n)), xp.empty(0, dtype=dtype)
+def to_namespace(arr: Any, xp: Any) -> Any:
+    """Return ``arr`` as an array of ``xp`` (numpy or cupy; device arrays go through the host)."""
+    if array_namespace(arr) is xp:
+        return arr
+    return xp.asarray(to_host(arr))
 
 
 def log2_ceil(p: int) -> int:

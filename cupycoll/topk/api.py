@@ -21,9 +21,8 @@ from .._registry import algorithms, lookup
 from .._result import SparseResult
 from .._types import ReduceOp, array_namespace, as_array, check_dtype
 from ..comm import Communicator, get_comm
-from ..comm._base import _to_host
 from ..errors import CupycollError, InvalidArgument, InvalidType, MismatchError
-from ._common import TopkOutcome, TopkState
+from ._common import TopkOutcome, TopkState, to_host, to_namespace
 from .selectors import Selector
 
 __all__ = ["topk_allreduce", "validate", "run", "FLOAT_DTYPES"]
@@ -106,7 +105,7 @@ def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: An
     xp = comm.xp
     send, recv = xp.asarray(mine), xp.empty(mine.shape[0], dtype=np.int64)
     comm.allreduce(send, recv, ReduceOp.MAX).wait()
-    agreed = _to_host(recv)
+    agreed = to_host(recv)
     if agreed[0]:
         if error is not None:
             raise error
@@ -130,20 +129,6 @@ def run(comm: Communicator, x: Any, k: int, algorithm: str, selector: Selector |
     outcome = fn(comm, x, k, state)
     state.step += 1
     return outcome
-
-
-def to_comm_namespace(arr: Any, comm: Communicator) -> Any:
-    """Return ``arr`` as an array of ``comm.xp`` (device arrays are staged through the host)."""
-    if array_namespace(arr) is comm.xp:
-        return arr
-    return comm.xp.asarray(_to_host(arr))
-
-
-def to_namespace(arr: Any, xp: Any) -> Any:
-    """Return ``arr`` as an array of ``xp`` (numpy or cupy)."""
-    if array_namespace(arr) is xp:
-        return arr
-    return xp.asarray(_to_host(arr))
 
 
 def topk_allreduce(x: Any, k: int, *, algorithm: str | None = None,
@@ -179,6 +164,6 @@ def topk_allreduce(x: Any, k: int, *, algorithm: str | None = None,
     comm = comm or get_comm()
     algorithm = setting("CUPYCOLL_TOPK_ALGORITHM", algorithm)
     arr, k = validate(comm, x, k, algorithm, selector=selector, state=state)
-    res = run(comm, to_comm_namespace(arr, comm), k, algorithm, selector, state).result
+    res = run(comm, to_namespace(arr, comm.xp), k, algorithm, selector, state).result
     xp = array_namespace(arr)
     return SparseResult(to_namespace(res.indices, xp), to_namespace(res.values, xp), res.n)

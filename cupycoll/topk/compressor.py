@@ -26,21 +26,13 @@ from .._config import setting
 from .._result import SparseResult
 from .._types import ReduceOp, array_namespace
 from ..comm import Communicator, get_comm
-from ..errors import InvalidArgument, InvalidType
+from ..errors import InvalidArgument
 from ..primitives import densify, topk_abs
-from ._common import TopkState
-from .api import run, to_comm_namespace, to_namespace, validate
+from ._common import TopkState, check_int, to_namespace
+from .api import run, validate
 from .selectors import Selector
 
 __all__ = ["TopkCompressor"]
-
-
-def _positive_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, np.integer)):
-        raise InvalidType(name, type(value).__name__, "an int")
-    if value < minimum:
-        raise InvalidArgument(name, value, f"must be >= {minimum}")
-    return int(value)
 
 
 class TopkCompressor:
@@ -71,7 +63,7 @@ class TopkCompressor:
                  comm: Communicator | None = None, tau: int = 64, tau_prime: int = 32,
                  selector: Selector | None = None, warmup_steps: int = 0,
                  measure_xi: bool = False) -> None:
-        self.n = _positive_int("n", n, 1)
+        self.n = check_int("n", n, 1)
         if isinstance(density, bool) or not isinstance(density, numbers.Real) or \
                 not 0 < density <= 1:
             raise InvalidArgument("density", density, "must be a number in (0, 1]")
@@ -80,7 +72,7 @@ class TopkCompressor:
         self.algorithm = setting("CUPYCOLL_TOPK_ALGORITHM", algorithm)
         self.comm = comm or get_comm()
         self.state = TopkState(tau=tau, tau_prime=tau_prime, selector=selector)
-        self.warmup_steps = _positive_int("warmup_steps", warmup_steps, 0)
+        self.warmup_steps = check_int("warmup_steps", warmup_steps, 0)
         self.measure_xi = bool(measure_xi)
         self.xi: list[float] = []
         self.steps = 0
@@ -108,7 +100,7 @@ class TopkCompressor:
                 or self._residual.dtype != dtype:
             self._residual = to_namespace(self.residual, xp).astype(dtype)
         acc = self._residual + arr.astype(dtype, copy=False)
-        acc_c = to_comm_namespace(acc, comm)
+        acc_c = to_namespace(acc, comm.xp)
         if self.steps < self.warmup_steps:
             update = self._dense_step(acc_c)
             self._residual = xp.zeros_like(acc)
@@ -116,7 +108,7 @@ class TopkCompressor:
             outcome = run(comm, acc_c, k, self.algorithm, None, self.state)
             update = outcome.result
             if self.measure_xi:
-                self.xi.append(self._xi(acc_c, to_comm_namespace(arr.astype(dtype), comm),
+                self.xi.append(self._xi(acc_c, to_namespace(arr.astype(dtype), comm.xp),
                                         update))
             acc[to_namespace(outcome.included, xp)] = 0
             self._residual = acc

@@ -44,8 +44,9 @@ import numpy as np
 from .._result import SparseResult
 from .._types import ReduceOp
 from ..primitives import select_abs_ge, topk_abs
-from ._common import (Cost, TopkOutcome, TopkState, index_dtype, log2_ceil, positive_threshold,
-                      smallest_positive, sorted_member, to_host, topk_algorithm)
+from ._common import (Cost, TopkOutcome, TopkState, index_dtype, log2_ceil, min_abs,
+                      positive_threshold, smallest_positive, sorted_member, to_host,
+                      topk_algorithm)
 from ._oktopk_phases import allgather_blocks, balance, split_and_reduce
 from .selectors import Threshold
 
@@ -95,7 +96,6 @@ def _padded(comm: Any, state: TopkState) -> bool:
 
 def _refresh(comm: Any, red: Any, lo: int, k: int, n: int, state: TopkState) -> tuple[Any, Any]:
     """Gather all reduced nonzeros; return their exact top-k and set the global threshold."""
-    xp = comm.xp
     nz_i, nz_v = select_abs_ge(red, smallest_positive(red.dtype))
     gidx = nz_i.astype(index_dtype(n)) + lo
     all_i, counts = comm.allgatherv(gidx, op_name="oktopk.refresh")
@@ -106,7 +106,7 @@ def _refresh(comm: Any, red: Any, lo: int, k: int, n: int, state: TopkState) -> 
         state.global_th = smallest_positive(red.dtype)
         return all_i, all_v
     pos, val = topk_abs(all_v, min(k, total))
-    state.global_th = positive_threshold(float(xp.abs(val).min()), red.dtype)
+    state.global_th = positive_threshold(min_abs(val), red.dtype)
     return all_i[pos], val
 
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from .._types import array_namespace
 from ..primitives import count_abs_ge, select_abs_ge, topk_abs
-from ._common import positive_threshold
+from ._common import min_abs, positive_threshold
 
 __all__ = ["Selection", "Selector", "Exact", "Threshold", "Gaussian"]
 
@@ -80,11 +80,6 @@ class Exact(Selector):
         return Selection(idx, val, None)
 
 
-def _min_abs(values: Any) -> float:
-    """Smallest magnitude of a non-empty array, as a host float."""
-    return float(array_namespace(values).abs(values).min())
-
-
 class Threshold(Selector):
     """Ok-Topk's threshold selector: exact on refresh steps, reused with count feedback between.
 
@@ -110,7 +105,7 @@ class Threshold(Selector):
     def _select(self, x: Any, k: int, refresh: bool) -> Selection:
         if refresh or self.threshold is None or self._k != k:
             idx, val = topk_abs(x, k)
-            th = positive_threshold(_min_abs(val), x.dtype)
+            th = positive_threshold(min_abs(val), x.dtype)
             self._k = k
         else:
             th = self.threshold
