@@ -364,30 +364,69 @@ def topk_abs(x: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
 # sparse reductions
 # --------------------------------------------------------------------------------------------
 
-def _sorted_runs(key: np.ndarray, shift: int) -> tuple[np.ndarray, np.ndarray]:
-    """Split sorted packed keys ``index << shift | tag`` into (indices, run id of each key)."""
-    idx = key >> shift
-    head = np.empty(idx.size, bool)
-    head[:1] = True
-    np.not_equal(idx[1:], idx[:-1], out=head[1:])
-    run = np.cumsum(head, dtype=np.intp)
-    run -= 1
-    return idx[head], run
+#: entries per block of merge_sorted: each block's sort, runs and fold stay in cache.
+_MERGE_BLOCK = 1 << 15
 
 
-def _key_dtype(max_index: int, tag_bits: int) -> np.dtype | None:
-    """Narrowest signed integer type holding ``max_index << tag_bits | tag``, or None."""
-    bits = max_index.bit_length() + tag_bits
+def _key_dtype(span: int, tag_bits: int) -> np.dtype | None:
+    """Narrowest signed integer type holding ``offset << tag_bits | tag`` for offset <= span."""
+    bits = span.bit_length() + tag_bits
     return np.dtype(np.int32) if bits <= 31 else np.dtype(np.int64) if bits <= 63 else None
 
 
-def _fold(runs: int, slot: np.ndarray, val: np.ndarray, ufunc: np.ufunc,
-          acc: np.dtype) -> np.ndarray:
-    """Left-fold ``val`` into ``runs`` slots in input order (ufunc.at is sequential and exact)."""
-    out = np.full((runs,) + val.shape[1:], _identity(ufunc, acc), acc)
-    with np.errstate(all="ignore"):
-        ufunc.at(out, slot, val.astype(acc, copy=False))
-    return out.astype(val.dtype, copy=False)
+def _coalesce(pieces: Sequence[np.ndarray], lo: int, hi: int, val: np.ndarray, ufunc: np.ufunc,
+              out_idx: np.ndarray, out_val: np.ndarray) -> int:
+    """Coalesce the concatenation of ``pieces`` (indices in [lo, hi]) with values ``val``.
+
+    Writes the ascending unique indices to ``out_idx`` and the values of each index, left-folded
+    in input order, to ``out_val`` (whose dtype is the accumulation dtype); returns their number.
+    One integer sort of ``(index - lo) << b | position`` orders the entries stably without an
+    argsort (a stable argsort when such a key would not fit 63 bits); ``ufunc.at`` then folds
+    them sequentially, which is exact and in order by definition.
+    """
+    size = val.shape[0]
+    shift = (size - 1).bit_length()
+    kdt = _key_dtype(hi - lo, shift)
+    if kdt is not None and kdt == _key_dtype(hi, shift):
+        lo = 0  # absolute indices fit the same key type: one pass fewer
+    if kdt is None:
+        cat = np.concatenate(pieces).astype(np.int64, copy=False)
+        order = np.argsort(cat, kind="stable")
+        key = cat[order] - lo
+    else:
+        key, start = np.empty(size, kdt), 0
+        for piece in pieces:
+            part = key[start:start + piece.size]
+            if lo:
+                np.subtract(piece, piece.dtype.type(lo), out=part, casting="unsafe")
+                part <<= shift
+            else:
+                np.left_shift(piece, shift, out=part, dtype=kdt, casting="unsafe")
+            start += piece.size
+        key |= np.arange(size, dtype=kdt)
+        key.sort()
+        order = key & ((1 << shift) - 1)
+        key >>= shift
+    head = np.empty(size, bool)
+    head[:1] = True
+    np.not_equal(key[1:], key[:-1], out=head[1:])
+    run = np.empty(size, np.intp)
+    run[:1] = 0
+    np.cumsum(head[1:], out=run[1:])
+    runs = int(run[-1]) + 1
+    uniq = out_idx[:runs]
+    uniq[...] = key[head]
+    if lo:
+        uniq += out_idx.dtype.type(lo)
+    fold = out_val[:runs]
+    fold.fill(_identity(ufunc, out_val.dtype))
+    ufunc.at(fold, run, val[order].astype(out_val.dtype, copy=False))
+    return runs
+
+
+def _trimmed(a: np.ndarray, size: int) -> np.ndarray:
+    """``a[:size]``, copied when that frees more than half of ``a``."""
+    return a[:size].copy() if 2 * size < a.shape[0] else a[:size]
 
 
 @_dispatch
@@ -412,51 +451,25 @@ def coo_reduce(indices: Any, values: Any, op: Any = "sum", n: int | None = None,
     acc = _accumulate(accumulate_dtype, val.dtype)
     if idx.size == 0:
         return idx.copy(), val.copy()
-    shift = (idx.size - 1).bit_length()
-    kdt = _key_dtype(hi, shift)
-    if kdt is None:  # indices too large to pack with positions: a stable argsort instead
-        order = np.argsort(idx, kind="stable")
-        key, shift = idx[order], 0
-    else:  # one sort of index << shift | position: stable by construction, no argsort
-        key = idx.astype(kdt)
-        key <<= shift
-        key |= np.arange(idx.size, dtype=kdt)
-        key.sort()
-        order = key & ((1 << shift) - 1)
-    uniq, run = _sorted_runs(key, shift)
-    return uniq.astype(idx.dtype, copy=False), _fold(uniq.size, run, val[order], ufunc, acc)
+    out_idx, out_val = np.empty_like(idx), np.empty(val.shape, acc)
+    with np.errstate(all="ignore"):
+        runs = _coalesce([idx], int(idx.min()), hi, val, ufunc, out_idx, out_val)
+    return _trimmed(out_idx, runs), _trimmed(out_val, runs).astype(val.dtype, copy=False)
 
 
-def _merge_slots(pairs: list[tuple[np.ndarray, np.ndarray]],
-                 itype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """Union of sorted unique parts, and the slot in it of each entry of the concatenated parts.
+def _block_cuts(indices: list[np.ndarray], total: int) -> list[list[int]]:
+    """Cut every part at shared index values into blocks of about ``_MERGE_BLOCK`` entries.
 
-    One integer sort of ``index << b | part`` (int32 when it fits). A part is sorted, so its
-    entries keep their order among the sorted keys, and a stable (radix) argsort of the part
-    tags lists each part's positions in the sorted keys in part order.
+    Splitters are quantiles of a strided sample of all parts, so skewed parts still give even
+    blocks; all copies of an index land in the same block (cuts are searchsorted 'left').
     """
-    tag_bits = max(1, (len(pairs) - 1).bit_length())
-    hi = max((int(i[-1]) for i, _ in pairs if i.size), default=0)
-    kdt = _key_dtype(hi, tag_bits)
-    total = sum(i.size for i, _ in pairs)
-    if kdt is None:
-        cat = np.concatenate([i.astype(np.int64, copy=False) for i, _ in pairs])
-        order = np.argsort(cat, kind="stable")
-        uniq, run = _sorted_runs(cat[order], 0)
-        slot = np.empty_like(run)
-        slot[order] = run
-        return uniq.astype(itype), slot
-    key = np.empty(total, kdt)
-    start = 0
-    for p, (i, _) in enumerate(pairs):
-        part = key[start:start + i.size]
-        np.left_shift(i, tag_bits, out=part, casting="unsafe")
-        part |= p
-        start += i.size
-    key.sort()
-    tags = (key & ((1 << tag_bits) - 1)).astype(np.min_scalar_type(len(pairs) - 1))
-    uniq, run = _sorted_runs(key, tag_bits)
-    return uniq.astype(itype, copy=False), run[np.argsort(tags, kind="stable")]
+    blocks = -(-total // _MERGE_BLOCK)
+    if blocks <= 1:
+        return [[0, i.size] for i in indices]
+    stride = max(1, total // (8 * blocks))
+    sample = np.sort(np.concatenate([i[::stride] for i in indices]))
+    splitters = sample[(np.arange(1, blocks) * sample.size) // blocks]
+    return [[0, *np.searchsorted(i, splitters).tolist(), i.size] for i in indices]
 
 
 @_dispatch
@@ -489,10 +502,21 @@ def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
     ufunc = _reduce_op(op)
     acc = _accumulate(accumulate_dtype, ref.dtype)
     itype = np.result_type(*(i.dtype for i, _ in pairs))
+    indices = [i for i, _ in pairs]
     if len(pairs) == 1:
-        return pairs[0][0].astype(itype), pairs[0][1].astype(acc).astype(ref.dtype, copy=False)
-    uniq, slot = _merge_slots(pairs, itype)
-    return uniq, _fold(uniq.size, slot, np.concatenate([v for _, v in pairs]), ufunc, acc)
+        return indices[0].astype(itype), pairs[0][1].astype(acc).astype(ref.dtype, copy=False)
+    total = sum(i.size for i in indices)
+    cuts = _block_cuts(indices, total)
+    out_idx, out_val = np.empty(total, itype), np.empty((total,) + ref.shape[1:], acc)
+    done = 0
+    with np.errstate(all="ignore"):
+        for b in range(len(cuts[0]) - 1):
+            pieces = [i[c[b]:c[b + 1]] for i, c in zip(indices, cuts) if c[b + 1] > c[b]]
+            if pieces:
+                lo, hi = min(int(p[0]) for p in pieces), max(int(p[-1]) for p in pieces)
+                val = np.concatenate([v[c[b]:c[b + 1]] for (_, v), c in zip(pairs, cuts)])
+                done += _coalesce(pieces, lo, hi, val, ufunc, out_idx[done:], out_val[done:])
+    return _trimmed(out_idx, done), _trimmed(out_val, done).astype(ref.dtype, copy=False)
 
 
 # --------------------------------------------------------------------------------------------

@@ -485,12 +485,13 @@ def test_large_arrays_select_and_topk(dtype):
     if dtype.startswith("float"):
         x[rng.integers(0, n, size=500)] = np.nan
     mags = [magnitude(v) for v in x]
-    for t in (0.5, 2, magnitude(x[7]), 1e3):
+    for t in (0.5, magnitude(x[7]), 1e3):
         want = np.array([i for i in range(n) if mags[i] >= t], np.int32)
         assert P.count_abs_ge(x, t) == want.size
         assert_same(P.select_abs_ge(x, t)[0], want)
+    order = sorted(range(n), key=lambda i: rank_key(x, i))
     for k in (1, 100, n // 5, n // 3, n):  # n // 5 uses the sample, n // 3 the full partition
-        want, kth = python_topk(x, k)
+        want, kth = np.array(sorted(order[:k]), np.int32), magnitude(x[order[k - 1]])
         idx, val = P.topk_abs(x, k)
         assert_same(idx, want)
         assert_same(val, x[want])
@@ -515,8 +516,9 @@ def test_sampled_threshold_fallback_and_ties(monkeypatch):
 
 def test_wide_keys_fall_back_to_stable_argsort():
     rng = np.random.default_rng(11)
-    base = 2**62 + 5
-    idx = (base + rng.integers(0, 40, size=300) * 2**30).astype(np.int64)
+    top = 2**63 - 1
+    idx = np.where(rng.random(300) < 0.5, rng.integers(0, 40, size=300),
+                   top - rng.integers(0, 40, size=300)).astype(np.int64)
     val = random_values(rng, "float32", (300,))
     got = P.coo_reduce(idx, val)
     want = reference_arrays(fold_reference(zip(idx.tolist(), val), np.add), "int64", "float32", ())
@@ -529,6 +531,41 @@ def test_wide_keys_fall_back_to_stable_argsort():
     got = P.merge_sorted(parts)
     assert_same(got[0], want[0])
     assert_same(got[1], want[1])
+
+
+@pytest.mark.parametrize("idx_dtype,base", [("int32", 2**31 - 2**22), ("int64", 2**40), ("int32", 0)])
+def test_blocked_merge_and_coo_reduce_large(idx_dtype, base):
+    """Many merge blocks (skewed parts, int32 indices near 2**31) and a large coo_reduce."""
+    rng = np.random.default_rng([13, base % 1000])
+    span = 2**22 - 1
+    parts = [sorted_part(rng, 30000, span, "int64", "float32") for _ in range(3)]
+    parts.append(sorted_part(rng, 9000, 5000, "int64", "float32"))  # skewed: all in a corner
+    parts.append(sorted_part(rng, 20000, 60000, "int64", "float32", width=None, kind="small"))
+    parts = [((i + base).astype(idx_dtype), v) for i, v in parts]
+    entries = [(i, v) for pi, pv in parts for i, v in zip(pi.tolist(), pv)]
+    want = reference_arrays(fold_reference(entries, np.add), idx_dtype, "float32", ())
+    got = P.merge_sorted(parts)
+    assert_same(got[0], want[0])
+    assert_same(got[1], want[1])
+    cat_i = np.concatenate([i for i, _ in parts])
+    cat_v = np.concatenate([v for _, v in parts])
+    perm = rng.permutation(cat_i.size)
+    got = P.coo_reduce(cat_i[perm], cat_v[perm], "max")
+    want = reference_arrays(fold_reference(zip(cat_i[perm].tolist(), cat_v[perm]), np.maximum),
+                            idx_dtype, "float32", ())
+    assert_same(got[0], want[0])
+    assert_same(got[1], want[1])
+
+
+def test_merge_sorted_identical_parts_rows():
+    rng = np.random.default_rng(14)
+    i, v = sorted_part(rng, 50000, 10**6, "int32", "float64", width=2)
+    got = P.merge_sorted([(i, v)] * 8, "prod")
+    assert_same(got[0], i)
+    want = v.copy()
+    for _ in range(7):
+        want = want * v
+    assert_same(got[1], want)
 
 
 def test_merge_sorted_many_parts():

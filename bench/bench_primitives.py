@@ -1,0 +1,160 @@
+"""Benchmark the numpy primitives against plain-numpy references, side by side in one run.
+
+Single process, CPU. Every case and its reference run interleaved (one of each per repetition)
+and the table reports medians and the speedup = reference time / primitive time:
+
+    python bench/bench_primitives.py                 # n = 2**24 float32, density 1 %
+    python bench/bench_primitives.py --json out.json
+
+Targets (issue 3): select_abs_ge <= 3x the time of x.copy() (speedup >= 0.33) and >= 10x faster
+than an np.argpartition top-k; merge_sorted of 4 x 2**18 parts >= 3x faster than
+np.unique(np.concatenate(...), return_inverse=True) + np.add.at.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench._common import Table  # noqa: E402
+from cupycoll import primitives as P  # noqa: E402
+
+COLUMNS = ["primitive", "case", "time(ms)", "reference", "ref(ms)", "speedup", "target", "#wrong"]
+
+
+def measure(fns: dict[str, Callable[[], Any]], reps: int) -> dict[str, float]:
+    """Median seconds of each function, run round-robin so machine noise hits all alike."""
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():  # warm-up
+        fn()
+    for _ in range(reps):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - t0)
+    return {name: float(np.median(s)) for name, s in samples.items()}
+
+
+def argpartition_topk(x: np.ndarray, k: int) -> np.ndarray:
+    """The usual numpy top-k: indices of the k largest |x| (unordered)."""
+    return np.argpartition(np.abs(x), x.size - k)[x.size - k:]
+
+
+def unique_coalesce(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """The usual numpy coalescing: np.unique with inverse, then np.add.at."""
+    idx = np.concatenate([i for i, _ in parts])
+    val = np.concatenate([v for _, v in parts])
+    uniq, inverse = np.unique(idx, return_inverse=True)
+    out = np.zeros(uniq.size, val.dtype)
+    np.add.at(out, inverse, val)
+    return uniq, out
+
+
+def sorted_parts(rng: np.random.Generator, n_parts: int, k: int, universe: int,
+                 dtype: np.dtype) -> list[tuple[np.ndarray, np.ndarray]]:
+    parts = []
+    for _ in range(n_parts):
+        idx = np.sort(rng.choice(universe, size=k, replace=False)).astype(np.int32)
+        parts.append((idx, rng.standard_normal(k).astype(dtype)))
+    return parts
+
+
+def bench_threshold(table: Table, x: np.ndarray, k: int, reps: int, check: bool) -> None:
+    t = P.kth_abs(x, k)
+    times = measure({"copy": x.copy, "select": lambda: P.select_abs_ge(x, t),
+                     "count": lambda: P.count_abs_ge(x, t), "topk": lambda: P.topk_abs(x, k),
+                     "kth": lambda: P.kth_abs(x, k), "argpartition": lambda: argpartition_topk(x, k)},
+                    reps)
+    wrong_select = wrong_topk = 0
+    if check:
+        want = np.flatnonzero(np.abs(x) >= t)
+        wrong_select = int(not np.array_equal(P.select_abs_ge(x, t)[0], want))
+        wrong_topk = int(not np.array_equal(P.topk_abs(x, k)[0], np.sort(argpartition_topk(x, k))))
+    case = f"n=2^{int(np.log2(x.size))} {x.dtype} k={k}"
+    rows = [("select_abs_ge", "copy", times["select"], times["copy"], ">= 0.33 (<= 3x copy)",
+             wrong_select),
+            ("select_abs_ge", "argpartition", times["select"], times["argpartition"], ">= 10",
+             wrong_select),
+            ("count_abs_ge", "copy", times["count"], times["copy"], "", 0),
+            ("kth_abs", "argpartition", times["kth"], times["argpartition"], "", 0),
+            ("topk_abs", "argpartition", times["topk"], times["argpartition"], "", wrong_topk)]
+    for name, ref, mine, theirs, target, wrong in rows:
+        table.add({"primitive": name, "case": case, "time(ms)": mine * 1e3, "reference": ref,
+                   "ref(ms)": theirs * 1e3, "speedup": theirs / mine, "target": target,
+                   "#wrong": wrong})
+
+
+def bench_merge(table: Table, rng: np.random.Generator, n_parts: int, k: int, universe: int,
+                reps: int, check: bool) -> None:
+    parts = sorted_parts(rng, n_parts, k, universe, np.dtype(np.float32))
+    times = measure({"merge": lambda: P.merge_sorted(parts),
+                     "unique": lambda: unique_coalesce(parts)}, reps)
+    wrong = 0
+    if check:
+        got, want = P.merge_sorted(parts), unique_coalesce(parts)
+        wrong = int(not (np.array_equal(got[0], want[0])
+                         and np.allclose(got[1], want[1], rtol=1e-5, atol=1e-5)))
+    table.add({"primitive": "merge_sorted", "case": f"P={n_parts} k=2^{int(np.log2(k))} "
+               f"in 2^{int(np.log2(universe))}", "time(ms)": times["merge"] * 1e3,
+               "reference": "unique+add.at", "ref(ms)": times["unique"] * 1e3,
+               "speedup": times["unique"] / times["merge"],
+               "target": ">= 3" if n_parts == 4 and universe > n_parts * k else "",
+               "#wrong": wrong})
+
+
+def bench_coo(table: Table, rng: np.random.Generator, count: int, universe: int, reps: int,
+              check: bool) -> None:
+    idx = rng.integers(0, universe, size=count).astype(np.int32)
+    val = rng.standard_normal(count).astype(np.float32)
+    times = measure({"coo": lambda: P.coo_reduce(idx, val),
+                     "unique": lambda: unique_coalesce([(idx, val)])}, reps)
+    wrong = 0
+    if check:
+        got, want = P.coo_reduce(idx, val), unique_coalesce([(idx, val)])
+        wrong = int(not (np.array_equal(got[0], want[0])
+                         and np.allclose(got[1], want[1], rtol=1e-5, atol=1e-5)))
+    table.add({"primitive": "coo_reduce", "case": f"{count} unsorted in 2^{int(np.log2(universe))}",
+               "time(ms)": times["coo"] * 1e3, "reference": "unique+add.at",
+               "ref(ms)": times["unique"] * 1e3, "speedup": times["unique"] / times["coo"],
+               "target": "", "#wrong": wrong})
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--log2n", type=int, default=24, help="dense length n = 2**log2n (float32)")
+    p.add_argument("--density", type=float, default=0.01, help="k / n of the threshold cases")
+    p.add_argument("--log2k", type=int, default=18, help="entries per merged part, 2**log2k")
+    p.add_argument("--reps", type=int, default=7, help="repetitions (median reported)")
+    p.add_argument("-c", "--check", type=int, default=1, help="check results (1) or not (0)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", metavar="PATH", help="write the rows as JSON to PATH ('-' = stdout)")
+    args = p.parse_args(argv)
+
+    rng = np.random.default_rng(args.seed)
+    n, k = 1 << args.log2n, 1 << args.log2k
+    x = rng.standard_normal(n).astype(np.float32)
+    table = Table(COLUMNS, rank=0)
+    table.widths = [14, 28, 10, 15, 10, 9, 22, 7]
+    table.header(f"cupycoll primitives, numpy {np.__version__}, median of {args.reps}; "
+                 "speedup = ref(ms) / time(ms)")
+    bench_threshold(table, x, max(1, int(n * args.density)), args.reps, bool(args.check))
+    for n_parts in (4, 8):
+        bench_merge(table, rng, n_parts, k, n, args.reps, bool(args.check))
+    for n_parts in (4, 8):
+        bench_merge(table, rng, n_parts, k, 2 * k, args.reps, bool(args.check))
+    bench_coo(table, rng, 4 * k, n, args.reps, bool(args.check))
+    table.write_json(args.json, meta={"numpy": np.__version__, "n": n, "density": args.density,
+                                      "k_per_part": k, "reps": args.reps,
+                                      "cpus": os.cpu_count()})
+    return 0 if all(row["#wrong"] == 0 for row in table.rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
