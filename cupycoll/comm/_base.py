@@ -145,6 +145,9 @@ class Communicator(abc.ABC):
     xp: types.ModuleType
     rank: int
     size: int
+    #: True when allgatherv is one native collective; False when it is emulated (NCCL), in which
+    #: case algorithms may prefer a padded allgather.
+    native_allgatherv: bool = False
 
     def __init__(self, timeout: float | None = None) -> None:
         self.stats = Stats()
@@ -152,15 +155,16 @@ class Communicator(abc.ABC):
 
     # dense collectives, NCCL semantics; each returns a Work whose result is None
     @abc.abstractmethod
-    def allreduce(self, send: Any, recv: Any, op: ReduceOp) -> Work:
+    def allreduce(self, send: Any, recv: Any, op: ReduceOp, op_name: str = "allreduce") -> Work:
         """Start recv = op over ranks of send (identical on every rank)."""
 
     @abc.abstractmethod
-    def broadcast(self, send: Any, recv: Any, root: int) -> Work:
+    def broadcast(self, send: Any, recv: Any, root: int, op_name: str = "broadcast") -> Work:
         """Start recv = root's send on every rank (send is only read on root)."""
 
     @abc.abstractmethod
-    def reduce(self, send: Any, recv: Any, op: ReduceOp, root: int) -> Work:
+    def reduce(self, send: Any, recv: Any, op: ReduceOp, root: int,
+               op_name: str = "reduce") -> Work:
         """Start recv = op over ranks of send, on root only (recv may be None elsewhere)."""
 
     @abc.abstractmethod
@@ -168,7 +172,8 @@ class Communicator(abc.ABC):
         """Start recv = concatenation of every rank's send along axis 0, in rank order."""
 
     @abc.abstractmethod
-    def reduce_scatter(self, send: Any, recv: Any, op: ReduceOp) -> Work:
+    def reduce_scatter(self, send: Any, recv: Any, op: ReduceOp,
+               op_name: str = "reduce_scatter") -> Work:
         """Start recv = this rank's block (axis 0 split into P equal blocks) of op over ranks."""
 
     # point to point

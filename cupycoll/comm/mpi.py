@@ -53,6 +53,7 @@ class MPICommunicator(Communicator):
     """Communicator over an mpi4py communicator (default ``MPI.COMM_WORLD``)."""
 
     backend = "mpi"
+    native_allgatherv = True
 
     def __init__(self, mpi_comm: MPI.Comm | None = None, *, timeout: float | None = None,
                  xp: Any = np) -> None:
@@ -120,16 +121,17 @@ class MPICommunicator(Communicator):
                 recv[...] = self.xp.asarray(host_recv.astype(recv.dtype, copy=False))
         return finalize
 
-    def allreduce(self, send: Any, recv: Any, op: ReduceOp) -> Work:
+    def allreduce(self, send: Any, recv: Any, op: ReduceOp, op_name: str = "allreduce") -> Work:
         host_send, host_recv, in_place = self._reduction_buffers(send, recv, True)
         host_send = np.ascontiguousarray(host_send)
         sbuf = MPI.IN_PLACE if in_place else _typed(host_send)
         req = self.mpi_comm.Iallreduce(sbuf, _typed(host_recv), _MPI_OPS[op])
-        self._record_collective("allreduce", send.nbytes)
-        return self._work([req], "allreduce", self._finish_reduction(host_recv, recv, op),
+        self._record_collective("allreduce", send.nbytes, op_name=op_name)
+        return self._work([req], op_name, self._finish_reduction(host_recv, recv, op),
                           (host_send, host_recv))
 
-    def reduce(self, send: Any, recv: Any, op: ReduceOp, root: int) -> Work:
+    def reduce(self, send: Any, recv: Any, op: ReduceOp, root: int,
+               op_name: str = "reduce") -> Work:
         at_root = self.rank == root
         host_send, host_recv, in_place = self._reduction_buffers(send, recv if at_root else None,
                                                                  at_root)
@@ -137,34 +139,36 @@ class MPICommunicator(Communicator):
         sbuf = MPI.IN_PLACE if in_place else _typed(host_send)
         rbuf = _typed(host_recv) if at_root else None
         req = self.mpi_comm.Ireduce(sbuf, rbuf, _MPI_OPS[op], root=root)
-        self._record_collective("reduce", send.nbytes, root)
+        self._record_collective("reduce", send.nbytes, root, op_name=op_name)
         finalize = self._finish_reduction(host_recv, recv, op) if at_root else None
-        return self._work([req], "reduce", finalize, (host_send, host_recv))
+        return self._work([req], op_name, finalize, (host_send, host_recv))
 
-    def reduce_scatter(self, send: Any, recv: Any, op: ReduceOp) -> Work:
+    def reduce_scatter(self, send: Any, recv: Any, op: ReduceOp,
+               op_name: str = "reduce_scatter") -> Work:
         host_send, host_recv, _ = self._reduction_buffers(send, recv, False)
         if isinstance(recv, np.ndarray) and np.shares_memory(host_send, host_recv):
             host_send = host_send.copy()  # NCCL's in-place: recv is this rank's block of send
         host_send = np.ascontiguousarray(host_send)
         req = self.mpi_comm.Ireduce_scatter_block(_typed(host_send), _typed(host_recv),
                                                   _MPI_OPS[op])
-        self._record_collective("reduce_scatter", send.nbytes)
-        return self._work([req], "reduce_scatter", self._finish_reduction(host_recv, recv, op),
+        self._record_collective("reduce_scatter", send.nbytes, op_name=op_name)
+        return self._work([req], op_name, self._finish_reduction(host_recv, recv, op),
                           (host_send, host_recv))
 
     # data movement: raw bytes
     def _staged(self, recv: Any) -> tuple[np.ndarray, Any]:
         host = recv if isinstance(recv, np.ndarray) else np.empty(recv.shape, recv.dtype)
-        copy_back = None if host is recv else (lambda: recv.__setitem__(Ellipsis, self.xp.asarray(host)))
-        return host, copy_back
+        if host is recv:
+            return host, None
+        return host, lambda: recv.__setitem__(Ellipsis, self.xp.asarray(host))
 
-    def broadcast(self, send: Any, recv: Any, root: int) -> Work:
+    def broadcast(self, send: Any, recv: Any, root: int, op_name: str = "broadcast") -> Work:
         host, copy_back = self._staged(recv)
         if self.rank == root and send is not recv:
             host[...] = _to_host(send)
         req = self.mpi_comm.Ibcast(_bytes(host), root=root)
-        self._record_collective("broadcast", recv.nbytes, root)
-        return self._work([req], "broadcast", copy_back, (host,))
+        self._record_collective("broadcast", recv.nbytes, root, op_name=op_name)
+        return self._work([req], op_name, copy_back, (host,))
 
     def allgather(self, send: Any, recv: Any, op_name: str = "allgather") -> Work:
         host, copy_back = self._staged(recv)

@@ -352,38 +352,40 @@ class NCCLCommunicator(Communicator):
         return a
 
     # dense collectives (NCCL natively; in place when the pointers say so)
-    def allreduce(self, send: Any, recv: Any, op: ReduceOp) -> Work:
+    def allreduce(self, send: Any, recv: Any, op: ReduceOp, op_name: str = "allreduce") -> Work:
         dtype, red = nccl_types(send.dtype, op, nccl=self._nccl, rank=self.rank)
         src, dst, count = self._contiguous(send), self._buffer(recv, "recv"), int(send.size)
-        event = self._post("allreduce", lambda c, s: c.allReduce(
+        event = self._post(op_name, lambda c, s: c.allReduce(
             self._ptr(src), self._ptr(dst), count, dtype, red, s), active=count > 0)
-        self._record_collective("allreduce", send.nbytes)
-        return self._work([event], "allreduce", src)
+        self._record_collective("allreduce", send.nbytes, op_name=op_name)
+        return self._work([event], op_name, src)
 
-    def reduce(self, send: Any, recv: Any, op: ReduceOp, root: int) -> Work:
+    def reduce(self, send: Any, recv: Any, op: ReduceOp, root: int,
+               op_name: str = "reduce") -> Work:
         dtype, red = nccl_types(send.dtype, op, nccl=self._nccl, rank=self.rank)
         src, count = self._contiguous(send), int(send.size)
         dst = src if recv is None or self.rank != root else self._buffer(recv, "recv")
-        event = self._post("reduce", lambda c, s: c.reduce(
+        event = self._post(op_name, lambda c, s: c.reduce(
             self._ptr(src), self._ptr(dst), count, dtype, red, root, s), active=count > 0)
-        self._record_collective("reduce", send.nbytes, root)
-        return self._work([event], "reduce", src)
+        self._record_collective("reduce", send.nbytes, root, op_name=op_name)
+        return self._work([event], op_name, src)
 
-    def reduce_scatter(self, send: Any, recv: Any, op: ReduceOp) -> Work:
+    def reduce_scatter(self, send: Any, recv: Any, op: ReduceOp,
+               op_name: str = "reduce_scatter") -> Work:
         dtype, red = nccl_types(send.dtype, op, nccl=self._nccl, rank=self.rank)
         src, dst, count = self._contiguous(send), self._buffer(recv, "recv"), int(recv.size)
-        event = self._post("reduce_scatter", lambda c, s: c.reduceScatter(
+        event = self._post(op_name, lambda c, s: c.reduceScatter(
             self._ptr(src), self._ptr(dst), count, dtype, red, s), active=count > 0)
-        self._record_collective("reduce_scatter", send.nbytes)
-        return self._work([event], "reduce_scatter", src)
+        self._record_collective("reduce_scatter", send.nbytes, op_name=op_name)
+        return self._work([event], op_name, src)
 
-    def broadcast(self, send: Any, recv: Any, root: int) -> Work:
+    def broadcast(self, send: Any, recv: Any, root: int, op_name: str = "broadcast") -> Work:
         dst, nbytes = self._buffer(recv, "recv"), int(recv.nbytes)
         src = self._contiguous(send) if self.rank == root else dst  # only root's send is read
-        event = self._post("broadcast", lambda c, s: c.broadcast(
+        event = self._post(op_name, lambda c, s: c.broadcast(
             self._ptr(src), self._ptr(dst), nbytes, self._bytes, root, s), active=nbytes > 0)
-        self._record_collective("broadcast", recv.nbytes, root)
-        return self._work([event], "broadcast", src)
+        self._record_collective("broadcast", recv.nbytes, root, op_name=op_name)
+        return self._work([event], op_name, src)
 
     def allgather(self, send: Any, recv: Any, op_name: str = "allgather") -> Work:
         src, dst, nbytes = self._contiguous(send), self._buffer(recv, "recv"), int(send.nbytes)

@@ -91,7 +91,7 @@ def _padded(comm: Any, state: TopkState) -> bool:
     """Use the padded allgather when asked to, or when the backend has no native allgatherv."""
     if state.padded_allgather is not None:
         return bool(state.padded_allgather)
-    return not getattr(comm, "native_allgatherv", comm.backend == "mpi")
+    return not comm.native_allgatherv
 
 
 def _refresh(comm: Any, red: Any, lo: int, k: int, n: int, state: TopkState) -> tuple[Any, Any]:
