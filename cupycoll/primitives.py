@@ -155,9 +155,9 @@ def _identity(ufunc: np.ufunc, dtype: np.dtype) -> Any:
         return -0.0 if dtype.kind == "f" else 0
     if ufunc is np.multiply:
         return 1
-    info = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype)
     if dtype.kind == "f":
         return -np.inf if ufunc is np.maximum else np.inf
+    info = np.iinfo(dtype)
     return info.min if ufunc is np.maximum else info.max
 
 
@@ -262,16 +262,17 @@ def select_abs_ge(x: Any, t: Any) -> tuple[np.ndarray, np.ndarray]:
     """
     x, t = _values(x, "x", (1,)), _real(t)
     itype = _index_dtype(x.size)
-    found = []
+    found, values = [np.empty(0, np.intp)], [x[:0]]
     for start, mask in _abs_ge_blocks(x, t):
         if isinstance(mask, bool):
-            found.append(np.arange(x.size if mask else 0, dtype=itype))
+            found.append(np.arange(x.size if mask else 0))
+            values.append(x[: found[-1].size])
         else:
             hits = np.flatnonzero(mask)
-            if hits.size:
-                found.append(hits.astype(itype, copy=False) + itype.type(start))
-    idx = np.concatenate(found) if found else np.empty(0, itype)
-    return idx, x[idx]
+            values.append(x[start:start + mask.size][hits])  # gathered while the block is cached
+            hits += start
+            found.append(hits)
+    return np.concatenate(found).astype(itype), np.concatenate(values)
 
 
 def _magnitudes(x: np.ndarray) -> np.ndarray:
