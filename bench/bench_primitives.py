@@ -70,8 +70,8 @@ def bench_threshold(table: Table, x: np.ndarray, k: int, reps: int, check: bool)
     t = P.kth_abs(x, k)
     times = measure({"copy": x.copy, "select": lambda: P.select_abs_ge(x, t),
                      "count": lambda: P.count_abs_ge(x, t), "topk": lambda: P.topk_abs(x, k),
-                     "kth": lambda: P.kth_abs(x, k), "argpartition": lambda: argpartition_topk(x, k)},
-                    reps)
+                     "kth": lambda: P.kth_abs(x, k),
+                     "argpartition": lambda: argpartition_topk(x, k)}, reps)
     wrong_select = wrong_topk = 0
     if check:
         want = np.flatnonzero(np.abs(x) >= t)

@@ -75,7 +75,8 @@ def _values(a: Any, argument: str, ndims: tuple[int, ...] = (1, 2)) -> np.ndarra
     if a.dtype not in VALUE_DTYPES:
         raise InvalidType(argument, a.dtype, f"an array of one of {[d.name for d in VALUE_DTYPES]}")
     if a.ndim not in ndims:
-        raise InvalidArgument(argument, a.shape, f"must have {' or '.join(map(str, ndims))} dimensions")
+        dims = " or ".join(map(str, ndims))
+        raise InvalidArgument(argument, a.shape, f"must have {dims} dimensions")
     return a
 
 
@@ -98,7 +99,7 @@ def _pair(indices: Any, values: Any, argument: str = "") -> tuple[np.ndarray, np
 
 
 def _check_range(idx: np.ndarray, n: int | None, argument: str = "indices") -> int:
-    """Raise unless every index is in [0, n) (or >= 0 when n is None); return the largest (or -1)."""
+    """Raise unless every index is in [0, n) (>= 0 if n is None); return the largest (or -1)."""
     if idx.size == 0:
         return -1
     lo, hi = int(idx.min()), int(idx.max())
@@ -175,12 +176,16 @@ _SAMPLE_SIZE = 1 << 14
 def _real(t: Any, argument: str = "t") -> Any:
     if isinstance(t, np.ndarray) and t.ndim == 0:
         t = t[()]
-    if isinstance(t, (bool, np.bool_)) or not isinstance(t, (numbers.Real, np.integer, np.floating)):
+    real = (numbers.Real, np.integer, np.floating)
+    if isinstance(t, (bool, np.bool_)) or not isinstance(t, real):
         raise InvalidType(argument, type(t).__name__, "a real number")
     return t
 
 
-def _abs_ge_test(dtype: np.dtype, t: Any) -> bool | Callable[[np.ndarray, np.ndarray, np.ndarray], None]:
+_Fill = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
+
+
+def _abs_ge_test(dtype: np.dtype, t: Any) -> bool | _Fill:
     """Return ``fill(block, mask, scratch)`` setting mask = |block| >= t exactly, or a uniform bool.
 
     Floats compare |block| with the least value of the dtype that is >= t (so t is never rounded
@@ -219,7 +224,8 @@ def _abs_ge_test(dtype: np.dtype, t: Any) -> bool | Callable[[np.ndarray, np.nda
 
     def fill_int(block: np.ndarray, mask: np.ndarray, scratch: np.ndarray) -> None:
         np.greater_equal(block, hi, out=mask)
-        np.logical_or(mask, np.less_equal(block, lo, out=scratch.view(bool)[: block.size]), out=mask)
+        low = np.less_equal(block, lo, out=scratch.view(bool)[: block.size])
+        np.logical_or(mask, low, out=mask)
 
     return fill_int
 
@@ -458,6 +464,31 @@ def coo_reduce(indices: Any, values: Any, op: Any = "sum", n: int | None = None,
     return _trimmed(out_idx, runs), _trimmed(out_val, runs).astype(val.dtype, copy=False)
 
 
+def _sorted_parts(parts: Any) -> list[tuple[Any, Any]]:
+    """Validate merge_sorted's parts: (indices, values) pairs, sorted, unique, one value type."""
+    if not isinstance(parts, (list, tuple)) or not parts:
+        raise InvalidArgument("parts", parts, "must be a non-empty list of (indices, values)")
+    pairs = []
+    for p, part in enumerate(parts):
+        if not isinstance(part, (list, tuple)) or len(part) != 2:
+            raise InvalidType(f"parts[{p}]", type(part).__name__, "an (indices, values) pair")
+        idx, val = _pair(part[0], part[1], f"parts[{p}].")
+        if idx.size > 1 and not bool((idx[1:] > idx[:-1]).all()):
+            raise InvalidArgument(f"parts[{p}].indices", idx, "must be sorted and unique")
+        if idx.size and int(idx[0]) < 0:
+            raise InvalidArgument(f"parts[{p}].indices", int(idx[0]),
+                                  "indices must be non-negative")
+        pairs.append((idx, val))
+    ref = pairs[0][1]
+    for p, (_, val) in enumerate(pairs):
+        if val.dtype != ref.dtype:
+            raise InvalidType(f"parts[{p}].values", val.dtype, f"{ref.dtype} like parts[0]")
+        if val.shape[1:] != ref.shape[1:]:
+            raise InvalidArgument(f"parts[{p}].values", val.shape,
+                                  f"row shape {ref.shape[1:]} like parts[0]")
+    return pairs
+
+
 def _block_cuts(indices: list[np.ndarray], total: int) -> list[list[int]]:
     """Cut every part at shared index values into blocks of about ``_MERGE_BLOCK`` entries.
 
@@ -482,24 +513,8 @@ def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
     deterministic and equals ``coo_reduce`` of the concatenated parts. Index dtype: int64 if
     any part has int64 indices, else int32. Values: 1-D or rows, one dtype and width for all.
     """
-    if not isinstance(parts, (list, tuple)) or not parts:
-        raise InvalidArgument("parts", parts, "must be a non-empty list of (indices, values)")
-    pairs = []
-    for p, part in enumerate(parts):
-        if not isinstance(part, (list, tuple)) or len(part) != 2:
-            raise InvalidType(f"parts[{p}]", type(part).__name__, "an (indices, values) pair")
-        idx, val = _pair(part[0], part[1], f"parts[{p}].")
-        if idx.size > 1 and not np.all(idx[1:] > idx[:-1]):
-            raise InvalidArgument(f"parts[{p}].indices", idx, "must be sorted and unique")
-        if idx.size and idx[0] < 0:
-            raise InvalidArgument(f"parts[{p}].indices", int(idx[0]), "indices must be non-negative")
-        pairs.append((idx, val))
+    pairs = _sorted_parts(parts)
     ref = pairs[0][1]
-    for p, (_, val) in enumerate(pairs):
-        if val.dtype != ref.dtype:
-            raise InvalidType(f"parts[{p}].values", val.dtype, f"{ref.dtype} like parts[0]")
-        if val.shape[1:] != ref.shape[1:]:
-            raise InvalidArgument(f"parts[{p}].values", val.shape, f"row shape {ref.shape[1:]} like parts[0]")
     ufunc = _reduce_op(op)
     acc = _accumulate(accumulate_dtype, ref.dtype)
     itype = np.result_type(*(i.dtype for i, _ in pairs))

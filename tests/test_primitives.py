@@ -273,10 +273,12 @@ def test_merge_sorted_part_order_defines_the_bits():
     c = (np.array([7], np.int64), np.array([1.0]))
     assert P.merge_sorted([a, b, c])[1][0] == 1.0
     assert P.merge_sorted([a, c, b])[1][0] == 0.0  # (1e16 + 1) - 1e16 rounds away the 1
-    parts = [sorted_part(np.random.default_rng(s), 2000, 3000, "int32", "float32") for s in range(4)]
+    parts = [sorted_part(np.random.default_rng(s), 2000, 3000, "int32", "float32")
+             for s in range(4)]
     parts = [(i, v + np.float32(0.1) * s) for s, (i, v) in enumerate(parts)]
     first = P.merge_sorted(parts)
-    assert first[1].tobytes() == P.merge_sorted([(i.copy(), v.copy()) for i, v in parts])[1].tobytes()
+    again = P.merge_sorted([(i.copy(), v.copy()) for i, v in parts])
+    assert first[1].tobytes() == again[1].tobytes()
 
 
 def test_merge_sorted_accumulate_and_huge_indices():
@@ -533,7 +535,8 @@ def test_wide_keys_fall_back_to_stable_argsort():
     assert_same(got[1], want[1])
 
 
-@pytest.mark.parametrize("idx_dtype,base", [("int32", 2**31 - 2**22), ("int64", 2**40), ("int32", 0)])
+@pytest.mark.parametrize("idx_dtype,base",
+                         [("int32", 2**31 - 2**22), ("int64", 2**40), ("int32", 0)])
 def test_blocked_merge_and_coo_reduce_large(idx_dtype, base):
     """Many merge blocks (skewed parts, int32 indices near 2**31) and a large coo_reduce."""
     rng = np.random.default_rng([13, base % 1000])
