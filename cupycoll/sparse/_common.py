@@ -15,7 +15,7 @@ import numpy as np
 from .._types import ReduceOp, array_namespace
 from ..primitives import merge_sorted
 
-__all__ = ["reduce_parts", "rank_slices", "fill_absent", "presence", "union_of_presence", "bitmap_or_allreduce",
+__all__ = ["reduce_parts", "rank_slices", "allgatherv_entries", "fill_absent", "presence", "union_of_presence", "bitmap_or_allreduce",
            "bitmap_chunk", "UFUNC_NAMES"]
 
 #: the array-library ufunc of each op (looked up on numpy or cupy by name).
@@ -54,6 +54,28 @@ def rank_slices(counts: Sequence[int]) -> list[slice]:
     """The slice of each rank's block in an allgatherv result with these per-rank counts."""
     ends = np.cumsum(np.asarray(counts, dtype=np.int64)).tolist()
     return [slice(end - int(c), end) for end, c in zip(ends, counts)]
+
+
+def allgatherv_entries(comm: Any, indices: Any, values: Any, op_name: str
+                       ) -> tuple[Any, Any, np.ndarray]:
+    """Allgatherv indices and rows together: counts first, then ONE exchange round.
+
+    Every rank's block is received straight into its slice of the outputs (no staging copy,
+    so the outputs are the only memory), indices and rows as two messages per peer, skipped
+    when that peer has no entries. Returns (all indices, all rows, counts per rank).
+    """
+    xp, rank = comm.xp, comm.rank
+    counts = comm.allgather_counts(int(indices.shape[0]), op_name + ".counts")
+    total = int(counts.sum())
+    all_idx = xp.empty(total, dtype=indices.dtype)
+    all_val = xp.empty((total,) + tuple(values.shape[1:]), dtype=values.dtype)
+    slices = rank_slices(counts)
+    all_idx[slices[rank]], all_val[slices[rank]] = indices, values
+    peers = [(rank + s) % comm.size for s in range(1, comm.size)]
+    sends = [(r, a) for r in peers for a in (indices, values)] if indices.shape[0] else []
+    recvs = [(r, out[slices[r]]) for r in peers if counts[r] for out in (all_idx, all_val)]
+    comm.exchange(sends, recvs, op_name).wait()
+    return all_idx, all_val, counts
 
 
 def presence(indices: Any, n: int) -> Any:

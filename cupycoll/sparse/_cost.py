@@ -150,6 +150,14 @@ class Cost:
             self.book(op, others * row_bytes, size - 1)
         return self
 
+    def allgatherv_entries(self, op: str, size: int, rank: int, counts: Sequence[int],
+                           entry_bytes: int) -> "Cost":
+        """``_common.allgatherv_entries``: counts allgather, then indices + rows from every
+        peer with entries (two messages each)."""
+        self.allgather(op + ".counts", size, 8 * size)
+        others = [int(c) for r, c in enumerate(counts) if r != rank and c]
+        return self.book(op, sum(others) * entry_bytes, 2 * len(others))
+
     def alltoall_counts(self, op: str, size: int) -> "Cost":
         """The count exchange before an alltoallv: one int64 from every peer."""
         return self.book(op, 8 * (size - 1), size - 1)

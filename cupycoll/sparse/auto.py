@@ -2,16 +2,21 @@
 
 The rule only reads numbers every rank knows identically after the validation allreduce (P, every
 rank's coalesced nnz, n, row width, element sizes), so every rank picks the same algorithm.
-It estimates the union size U under independent uniformly random indices and goes down this list;
-the first match wins (the tuner of a later release replaces the constants by measurements):
+With N the total nnz over ranks, E = I + R the bytes of an entry (index + row), the first match
+wins (the tuner of a later release replaces the constants by measurements):
 
-1. P == 1                                              -> ``allgather`` (no traffic at all)
-2. U * (I + R) > DENSE_FRACTION * n * R (union dense)  -> ``dense``
-3. width >= WIDE_ROWS (embedding rows)                 -> ``mask``
-4. total nnz * (I + R) <= SMALL_BYTES (latency bound)  -> ``allgather``
-5. otherwise                                           -> ``split``
+1. P == 1                                            -> ``allgather`` (no traffic at all)
+2. (N / P) * E >= DENSE_FRACTION * n * R             -> ``dense``  (inputs about half dense:
+   the O(n) passes beat merging; float32 + int32: mean density >= 40%)
+3. width >= WIDE_ROWS (embedding rows)               -> ``mask``   (one native allreduce of
+   the union rows beats merging rows)
+4. N * E <= SMALL_BYTES (latency bound)              -> ``allgather`` (fewest rounds)
+5. otherwise                                         -> ``split``
 
-with I, R the index and row bytes.
+The constants come from the CPU sweep in bench/bench_sparse.py (P=4, 2 cores): split beats
+allgather from about 3K entries per rank; mask overtakes split between widths 8 and 16; dense
+overtakes split between 25% and 50% density per rank. ``recursive_doubling`` is never chosen
+here (its log P rounds do not pay off at P <= 8).
 """
 
 from __future__ import annotations
@@ -26,12 +31,12 @@ from ._cost import Cost, Shape, validation_cost
 
 __all__ = ["choose", "auto", "call_cost", "MODELS", "DENSE_FRACTION", "WIDE_ROWS", "SMALL_BYTES"]
 
-#: sparse union bytes above this fraction of the dense bytes -> dense.
-DENSE_FRACTION = 0.5
+#: mean per-rank entry bytes above this fraction of the dense bytes -> dense.
+DENSE_FRACTION = 0.8
 #: rows at least this wide -> mask (index bytes negligible, one native allreduce of the rows).
-WIDE_ROWS = 8
+WIDE_ROWS = 12
 #: all entries of all ranks together at most this many bytes -> allgather (fewest rounds).
-SMALL_BYTES = 1 << 16
+SMALL_BYTES = 96 << 10
 
 
 #: the cost model of every exact algorithm (bytes and messages received per rank).
@@ -43,7 +48,8 @@ def choose(shape: Shape) -> str:
     """Return the algorithm name the rule above picks for ``shape``."""
     if shape.size == 1:
         return "allgather"
-    if shape.union * shape.entry_bytes > DENSE_FRACTION * shape.n * shape.row_bytes:
+    mean_nnz = shape.total_nnz / shape.size
+    if mean_nnz * shape.entry_bytes >= DENSE_FRACTION * shape.n * shape.row_bytes:
         return "dense"
     if shape.width >= WIDE_ROWS:
         return "mask"

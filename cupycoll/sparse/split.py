@@ -9,12 +9,13 @@ SparCML's split-allgather and Ok-Topk's phase 1, exact:
 2. Reduce-scatter: rank r owns region r. Counts go first (one int64 per peer), then every rank
    posts its slice of region r+s to rank r+s for s = 1..P-1 (rotated destinations, one batch).
    The owner merges the P slices in rank order (absent counting as 0).
-3. Allgatherv of the reduced regions: concatenated in rank order they are the sorted result,
-   and each value was computed once, by its owner, so every rank has the same bits.
+3. Allgatherv of the reduced regions (counts, then indices and rows in one exchange round,
+   straight into the output): concatenated in rank order they are the sorted result, and each
+   value was computed once, by its owner, so every rank has the same bits.
 
 Cost per rank (E = index + row bytes): samples (P-1)*(SAMPLES+1)*8; counts (P-1)*8; the other
-ranks' slices of this rank's region * E (one message per non-empty slice and buffer); the
-allgatherv counts (P-1)*8 and (union - own region's union) * E in 2(P-1) messages. Balanced, that
+ranks' slices of this rank's region * E (two messages per non-empty slice); the allgatherv
+counts (P-1)*8 and (union - own region's union) * E (two messages per non-empty region). Balanced, that
 is about (N/P + U)(P-1)/P * E for N total entries: less than allgather as soon as indices
 overlap, with a P-times smaller local merge.
 """
@@ -28,7 +29,7 @@ import numpy as np
 from .._registry import register
 from .._types import ReduceOp, array_namespace
 from ..comm._base import _to_host
-from ._common import reduce_parts
+from ._common import allgatherv_entries, reduce_parts
 from ._cost import Cost, Shape
 
 __all__ = ["split", "cost", "SAMPLES", "local_samples", "region_bounds"]
@@ -112,8 +113,7 @@ def split(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
     comm.exchange(sends, recvs, "split.scatter").wait()
     own_idx, own_val = reduce_parts(parts, op, accumulate_dtype)
     del parts, sends, recvs
-    all_idx, counts = comm.allgatherv(own_idx, op_name="split.indices")
-    all_val, _ = comm.allgatherv(own_val, counts=counts, op_name="split.values")
+    all_idx, all_val, _ = allgatherv_entries(comm, own_idx, own_val, "split.gather")
     return all_idx, all_val
 
 
@@ -142,6 +142,4 @@ def cost(shape: Shape, rank: int) -> Cost:
         got = [share[r] for r in range(p) if r != rank]
         c.book("split.scatter", sum(got) * shape.entry_bytes, 2 * sum(1 for g in got if g))
         region_union = [shape.union // p] * p
-    c.allgatherv("split.indices", p, rank, region_union, shape.index_bytes)
-    c.allgatherv("split.values", p, rank, region_union, shape.row_bytes, with_counts=False)
-    return c
+    return c.allgatherv_entries("split.gather", p, rank, region_union, shape.entry_bytes)
