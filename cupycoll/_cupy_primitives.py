@@ -20,7 +20,6 @@ import numpy as np
 from . import primitives as _twin
 from ._kernels import CTYPES, OPS, CupyLauncher, expression
 from ._types import parse_op
-from .errors import InvalidArgument, InvalidType
 
 __all__ = ["count_abs_ge", "select_abs_ge", "kth_abs", "topk_abs", "coo_reduce", "merge_sorted",
            "scatter_reduce", "gather", "densify", "KernelPrimitives", "Launcher"]
@@ -43,33 +42,12 @@ class Launcher(Protocol):
 
 def _threshold_rank(dtype: np.dtype, t: Any) -> int | None:
     """Return r such that ``|x| >= t`` iff ``rank(x) > r``, or None when nothing can qualify."""
-    if dtype.kind == "f":
-        try:
-            tf = float(t)
-        except OverflowError:  # a Python int beyond the float64 range
-            tf = math.copysign(math.inf, t)
-        with np.errstate(over="ignore"):
-            tt = dtype.type(tf)
-        if float(tt) < tf:  # not representable: the least representable value above it
-            tt = np.nextafter(tt, dtype.type(np.inf))
-        if np.isnan(tt):
-            return None
-        if tt <= 0:
-            return 0
-        return int(np.array(tt).view(f"u{dtype.itemsize}"))
-    if isinstance(t, (int, np.integer)):
-        tt = int(t)
-    else:
-        tf = float(t)
-        if math.isnan(tf) or tf == math.inf:
-            return None
-        if tf == -math.inf:
-            return 0
-        tt = math.ceil(tf)
-    bits = _RANK_BITS[dtype]
-    if tt > 2 ** (bits - 1):  # above |INT_MIN|
-        return None
-    return max(tt, 0)
+    least = _twin._abs_threshold(dtype, t)
+    if isinstance(least, bool):
+        return 0 if least else None  # every rank is > 0 for integers
+    if dtype.kind == "f":  # rank(x) > bits(least) iff bits(|x|) >= bits(least)
+        return int(np.array(least).view(f"u{dtype.itemsize}"))
+    return least  # rank(x) = |x| + 1 > least iff |x| >= least
 
 
 class KernelPrimitives:
@@ -197,7 +175,7 @@ class KernelPrimitives:
     def merge_sorted(self, parts: Sequence[tuple[Any, Any]], op: Any = "sum",
                      accumulate_dtype: Any = None) -> tuple[Any, Any]:
         """Merge coalesced COO parts; duplicates left-folded in part order."""
-        pairs = self._parts(parts)
+        pairs = _twin._sorted_parts(parts)
         op = _op(op)
         ref = pairs[0][1]
         acc = _twin._accumulate(accumulate_dtype, ref.dtype)
@@ -205,30 +183,6 @@ class KernelPrimitives:
         idx = self.xp.concatenate([i.astype(itype, copy=False) for i, _ in pairs])
         val = self.xp.concatenate([v for _, v in pairs])
         return self._fold(idx, val, op, acc)
-
-    def _parts(self, parts: Any) -> list[tuple[Any, Any]]:
-        """Validate merge_sorted's parts like the numpy twin: pairs, sorted unique, one dtype."""
-        if not isinstance(parts, (list, tuple)) or not parts:
-            raise InvalidArgument("parts", parts, "must be a non-empty list of (indices, values)")
-        pairs = []
-        for p, part in enumerate(parts):
-            if not isinstance(part, (list, tuple)) or len(part) != 2:
-                raise InvalidType(f"parts[{p}]", type(part).__name__, "an (indices, values) pair")
-            idx, val = _twin._pair(part[0], part[1], f"parts[{p}].")
-            if not _increasing(idx):
-                raise InvalidArgument(f"parts[{p}].indices", idx, "must be sorted and unique")
-            if idx.size and int(idx[0]) < 0:
-                raise InvalidArgument(f"parts[{p}].indices", int(idx[0]),
-                                      "indices must be non-negative")
-            pairs.append((idx, val))
-        ref = pairs[0][1]
-        for p, (_, val) in enumerate(pairs):
-            if val.dtype != ref.dtype:
-                raise InvalidType(f"parts[{p}].values", val.dtype, f"{ref.dtype} like parts[0]")
-            if val.shape[1:] != ref.shape[1:]:
-                raise InvalidArgument(f"parts[{p}].values", val.shape,
-                                      f"row shape {ref.shape[1:]} like parts[0]")
-        return pairs
 
     # ---------------------------------------------------------------- dense <-> sparse
     def _scatter(self, dense: Any, idx: Any, val: Any, op: Any) -> None:
@@ -241,7 +195,7 @@ class KernelPrimitives:
         types = (CTYPES[dense.dtype], CTYPES[idx.dtype], OPS[op])
         shape = self.launch.shape(idx.size * width)
         args = (dense, xp.ascontiguousarray(idx), val, np.int64(idx.size), np.int64(width))
-        if _increasing(idx):
+        if _twin._increasing(idx):
             self.launch("scatter.cu", expression("cc_scatter_unique", *types), shape, *args)
         elif dense.dtype.kind == "i":
             self.launch("scatter.cu", expression("cc_scatter_atomic", *types), shape, *args)
@@ -254,12 +208,7 @@ class KernelPrimitives:
 
     def scatter_reduce(self, dense: Any, indices: Any, values: Any, op: Any = "sum") -> Any:
         """Reduce ``values`` into ``dense[indices]`` in place (left fold in input order)."""
-        dense = _twin._values(dense, "dense")
-        idx, val = _twin._pair(indices, values)
-        if val.dtype != dense.dtype:
-            raise InvalidType("values", val.dtype, f"{dense.dtype} like dense")
-        if val.shape[1:] != dense.shape[1:]:
-            raise InvalidArgument("values", val.shape, f"rows of shape {dense.shape[1:]} like dense")
+        dense, idx, val = _twin._scatter_operands(dense, indices, values)
         op = _op(op)
         _twin._check_range(idx, dense.shape[0])
         if dense.flags.c_contiguous:
@@ -291,15 +240,10 @@ class KernelPrimitives:
         n = _twin._length(n)
         _twin._check_range(idx, n)
         dense = self.xp.zeros((n,) + val.shape[1:], val.dtype)
-        if not _increasing(idx):
+        if not _twin._increasing(idx):
             idx, val = self._fold(idx, val, parse_op("sum"), val.dtype)
         dense[idx] = val
         return dense
-
-
-def _increasing(idx: Any) -> bool:
-    """True when ``idx`` is strictly increasing (sorted and unique)."""
-    return idx.size < 2 or bool((idx[1:] > idx[:-1]).all())
 
 
 def _op(op: Any) -> Any:

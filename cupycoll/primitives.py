@@ -110,6 +110,11 @@ def _check_range(idx: np.ndarray, n: int | None, argument: str = "indices") -> i
     return hi
 
 
+def _increasing(idx: Any) -> bool:
+    """True when ``idx`` (numpy or cupy) is strictly increasing: sorted and unique."""
+    return idx.size < 2 or bool((idx[1:] > idx[:-1]).all())
+
+
 def _length(n: Any, argument: str = "n") -> int:
     if isinstance(n, (bool, np.bool_)) or not isinstance(n, (numbers.Integral, np.integer)):
         raise InvalidType(argument, type(n).__name__, "an int")
@@ -185,11 +190,14 @@ def _real(t: Any, argument: str = "t") -> Any:
 _Fill = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
 
 
-def _abs_ge_test(dtype: np.dtype, t: Any) -> bool | _Fill:
-    """Return ``fill(block, mask, scratch)`` setting mask = |block| >= t exactly, or a uniform bool.
+def _abs_threshold(dtype: np.dtype, t: Any) -> Any:
+    """Return the least magnitude of ``dtype`` that is >= t, or a bool if the test is uniform.
 
-    Floats compare |block| with the least value of the dtype that is >= t (so t is never rounded
-    down); integers compare block with ceil(t) on both sides, which has no |INT_MIN| overflow.
+    ``|x| >= t`` then equals ``|x| >= result`` for every x of ``dtype``; a bool result is the
+    answer for every element. Floats: the least value of the dtype >= t (t is never rounded
+    down), 0 for t <= 0, False for NaN t. Integers: ``ceil(t)`` as an int in [1, 2**(bits-1)],
+    True for t <= 0, False above ``|INT_MIN|`` or for NaN t. Shared by the numpy scans and the
+    kernels' magnitude ranks so both round t the same way.
     """
     if dtype.kind == "f":
         try:
@@ -202,11 +210,7 @@ def _abs_ge_test(dtype: np.dtype, t: Any) -> bool | _Fill:
             tt = np.nextafter(tt, dtype.type(np.inf))
         if math.isnan(tt):
             return False
-
-        def fill(block: np.ndarray, mask: np.ndarray, scratch: np.ndarray) -> None:
-            np.greater_equal(np.abs(block, out=scratch), tt, out=mask)
-
-        return fill
+        return tt if tt > 0 else dtype.type(0)
     if isinstance(t, (numbers.Integral, np.integer)):
         ti = int(t)
     elif math.isnan(float(t)):
@@ -215,12 +219,30 @@ def _abs_ge_test(dtype: np.dtype, t: Any) -> bool | _Fill:
         return float(t) < 0
     else:
         ti = math.ceil(float(t))
-    info = np.iinfo(dtype)
-    if ti <= 0 or ti > info.max + 1:
+    if ti <= 0 or ti > 2 ** (8 * dtype.itemsize - 1):
         return ti <= 0
-    if ti == info.max + 1:
+    return ti
+
+
+def _abs_ge_test(dtype: np.dtype, t: Any) -> bool | _Fill:
+    """Return ``fill(block, mask, scratch)`` setting mask = |block| >= t exactly, or a uniform bool.
+
+    Floats compare |block| with :func:`_abs_threshold`; integers compare block with it on both
+    sides, which has no |INT_MIN| overflow.
+    """
+    tt = _abs_threshold(dtype, t)
+    if isinstance(tt, bool):
+        return tt
+    if dtype.kind == "f":
+
+        def fill(block: np.ndarray, mask: np.ndarray, scratch: np.ndarray) -> None:
+            np.greater_equal(np.abs(block, out=scratch), tt, out=mask)
+
+        return fill
+    info = np.iinfo(dtype)
+    if tt == info.max + 1:
         return lambda block, mask, scratch: np.equal(block, info.min, out=mask)
-    lo, hi = dtype.type(-ti), dtype.type(ti)
+    lo, hi = dtype.type(-tt), dtype.type(tt)
 
     def fill_int(block: np.ndarray, mask: np.ndarray, scratch: np.ndarray) -> None:
         np.greater_equal(block, hi, out=mask)
@@ -473,7 +495,7 @@ def _sorted_parts(parts: Any) -> list[tuple[Any, Any]]:
         if not isinstance(part, (list, tuple)) or len(part) != 2:
             raise InvalidType(f"parts[{p}]", type(part).__name__, "an (indices, values) pair")
         idx, val = _pair(part[0], part[1], f"parts[{p}].")
-        if idx.size > 1 and not bool((idx[1:] > idx[:-1]).all()):
+        if not _increasing(idx):
             raise InvalidArgument(f"parts[{p}].indices", idx, "must be sorted and unique")
         if idx.size and int(idx[0]) < 0:
             raise InvalidArgument(f"parts[{p}].indices", int(idx[0]),
@@ -539,6 +561,17 @@ def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
 # dense <-> sparse
 # --------------------------------------------------------------------------------------------
 
+def _scatter_operands(dense: Any, indices: Any, values: Any) -> tuple[Any, Any, Any]:
+    """Validate scatter_reduce's arrays: values match dense's dtype and row shape."""
+    dense = _values(dense, "dense")
+    idx, val = _pair(indices, values)
+    if val.dtype != dense.dtype:
+        raise InvalidType("values", val.dtype, f"{dense.dtype} like dense")
+    if val.shape[1:] != dense.shape[1:]:
+        raise InvalidArgument("values", val.shape, f"rows of shape {dense.shape[1:]} like dense")
+    return dense, idx, val
+
+
 @_dispatch
 def scatter_reduce(dense: Any, indices: Any, values: Any, op: Any = "sum") -> np.ndarray:
     """Reduce ``values`` into ``dense[indices]`` in place and return ``dense``.
@@ -547,12 +580,7 @@ def scatter_reduce(dense: Any, indices: Any, values: Any, op: Any = "sum") -> np
     left in input order. ``dense`` is 1-D, or 2-D rows with ``values`` of shape
     ``(len(indices), dense.shape[1])``; ``values.dtype`` must equal ``dense.dtype``.
     """
-    dense = _values(dense, "dense")
-    idx, val = _pair(indices, values)
-    if val.dtype != dense.dtype:
-        raise InvalidType("values", val.dtype, f"{dense.dtype} like dense")
-    if val.shape[1:] != dense.shape[1:]:
-        raise InvalidArgument("values", val.shape, f"rows of shape {dense.shape[1:]} like dense")
+    dense, idx, val = _scatter_operands(dense, indices, values)
     ufunc = _reduce_op(op)
     _check_range(idx, dense.shape[0])
     with np.errstate(all="ignore"):
@@ -580,7 +608,7 @@ def densify(indices: Any, values: Any, n: int) -> np.ndarray:
     n = _length(n)
     _check_range(idx, n)
     dense = np.zeros((n,) + val.shape[1:], val.dtype)
-    if idx.size > 1 and not np.all(idx[1:] > idx[:-1]):
+    if not _increasing(idx):
         idx, val = coo_reduce(idx, val, "sum")
     dense[idx] = val
     return dense
