@@ -104,7 +104,7 @@ def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: An
     mine = np.array([key, length, -length, kk, -kk, dcode, -dcode, acode, -acode], np.int64)
     xp = comm.xp
     send, recv = xp.asarray(mine), xp.empty(mine.shape[0], dtype=np.int64)
-    comm.allreduce(send, recv, ReduceOp.MAX).wait()
+    comm.allreduce(send, recv, ReduceOp.MAX, op_name="topk.validate").wait()
     agreed = to_host(recv)
     if agreed[0]:
         if error is not None:

@@ -121,7 +121,7 @@ class TopkCompressor:
         """Warm-up: the dense average of acc, as a SparseResult over all n indices."""
         comm, xp = self.comm, self.comm.xp
         total = xp.empty_like(acc)
-        comm.allreduce(acc, total, ReduceOp.SUM).wait()
+        comm.allreduce(acc, total, ReduceOp.SUM, op_name="compressor.warmup").wait()
         idx = xp.arange(self.n, dtype=np.int32 if self.n < 2**31 else np.int64)
         return SparseResult(idx, total / comm.size, self.n)
 
@@ -129,8 +129,8 @@ class TopkCompressor:
         """||top-k(sum of acc) - result|| / ||sum of grad|| (sums over ranks)."""
         comm, xp = self.comm, self.comm.xp
         sums = [xp.empty_like(acc), xp.empty_like(grad)]
-        comm.allreduce(acc, sums[0], ReduceOp.SUM).wait()
-        comm.allreduce(grad, sums[1], ReduceOp.SUM).wait()
+        comm.allreduce(acc, sums[0], ReduceOp.SUM, op_name="compressor.xi").wait()
+        comm.allreduce(grad, sums[1], ReduceOp.SUM, op_name="compressor.xi").wait()
         ti, tv = topk_abs(sums[0], self.k)
         diff = densify(ti, tv, self.n) - densify(result.indices, result.values, self.n)
         scale = float(xp.linalg.norm(sums[1]))

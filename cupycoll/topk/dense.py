@@ -32,7 +32,7 @@ def cost(p: int, k: int, n: int) -> Cost:
 def dense(comm: Any, x: Any, k: int, state: TopkState) -> TopkOutcome:
     """Allreduce ``x`` densely, then return the exact top-k of the sum (values = sums)."""
     total = comm.xp.empty_like(x)
-    comm.allreduce(x, total, ReduceOp.SUM).wait()
+    comm.allreduce(x, total, ReduceOp.SUM, op_name="dense.allreduce").wait()
     idx, val = topk_abs(total, k)
     state.last = {"refresh": True, "local_count": int(x.shape[0]), "global_count": k}
     return TopkOutcome(SparseResult(idx, val, int(x.shape[0])), idx, Selection(idx, val, None))

@@ -31,8 +31,9 @@ split and reduce 2k(P-1)/P on balanced selections; balance <= 2k(P-1)/P (all on 
 owner ships (P-1)/P of its 2k words, every peer receives 2k/P); allgather 2k(P-1)/P: at most
 6k(P-1)/P on a non-refresh step, latency <= 2P + 2 log2 P. Not in the model: the count exchanges
 (``oktopk.reduce.counts``: P-1 int64; ``oktopk.balance.counts``: an allgather of one int64), the
-boundary allreduce every tau steps, the validation allreduce, and on refresh steps the
-allgatherv of all reduced nonzeros (up to 2k(P-1) words, amortised over tau').
+boundary allreduce every tau steps (``oktopk.boundaries``), the validation allreduce
+(``topk.validate``), and on refresh steps the allgatherv of all reduced nonzeros
+(``oktopk.refresh``: up to 2k(P-1) words, amortised over tau').
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def region_boundaries(comm: Any, selected: Any, n: int) -> np.ndarray:
     else:
         proposal = xp.asarray([i * n // p for i in range(1, p)], dtype=np.int64)
     total = xp.empty_like(proposal)
-    comm.allreduce(proposal, total, ReduceOp.SUM).wait()
+    comm.allreduce(proposal, total, ReduceOp.SUM, op_name="oktopk.boundaries").wait()
     cuts = to_host(total) // p
     return np.concatenate([[0], cuts, [n]]).astype(np.int64)
 

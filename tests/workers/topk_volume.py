@@ -35,6 +35,13 @@ def sent(comm, op: str) -> int:
     return 0 if st is None else st.bytes_sent
 
 
+def assert_phases_named(comm, *expected: str) -> None:
+    """Every collective is booked as ``<algorithm>.<phase>``, the expected names included."""
+    ops = set(comm.stats.by_op)
+    assert all("." in op for op in ops), sorted(ops)
+    assert set(expected) <= ops, (sorted(expected), sorted(ops))
+
+
 def balanced_input(p: int, r: int, n: int, k: int) -> np.ndarray:
     """Every rank: the same k evenly spaced indices carry distinct values >= 2, the rest tiny."""
     x = np.random.default_rng([7, r]).random(n).astype(np.float32) * 1e-3
@@ -115,9 +122,10 @@ def check_topka_gtopk(comm, n, k) -> None:
         if r < p2:
             merges += next((j for j in range(p2.bit_length()) if r % (2 << j)),
                            p2.bit_length() - 1)
+        assert_phases_named(comm, "topk.validate", "gtopk.broadcast")
         assert received(comm, "gtopk.reduce") == merges * k * PAIR
-        assert received(comm, "broadcast") == (k * PAIR if r else 0)
-        total_words = (received(comm, "gtopk.reduce") + received(comm, "broadcast")) / 4
+        assert received(comm, "gtopk.broadcast") == (k * PAIR if r else 0)
+        total_words = (received(comm, "gtopk.reduce") + received(comm, "gtopk.broadcast")) / 4
         assert total_words <= 4 * k * max(1, (p - 1).bit_length()), total_words
     # identical supports: nothing is dropped, so the feedback carries no index
     assert received(comm, "gtopk.feedback") == 0
@@ -133,6 +141,8 @@ def check_drifting(comm, n, k, steps=9) -> float:
         x = (base + ref.inputs(200 + t, p, n, noise=32, base=4)[r]).astype(np.float32)
         comm.stats.reset()
         topk_allreduce(x, k, comm=comm, state=state)
+        first = ("oktopk.boundaries",) if t == 0 and p > 1 else ()  # P = 1 has one region
+        assert_phases_named(comm, "topk.validate", *first)
         if not state.last["refresh"] and p > 1:
             words = sum(received(comm, op) for op in PHASES) / 4
             worst = max(worst, words / (2 * k * (p - 1) / p))
