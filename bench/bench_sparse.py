@@ -25,6 +25,8 @@ from mpi4py import MPI
 import cupycoll as cc
 from cupycoll.comm import bus_factor
 from cupycoll.sparse import sparse_allreduce
+from cupycoll.sparse._cost import Shape
+from cupycoll.sparse.auto import choose
 
 OVERLAPS = ("disjoint", "random", "identical", "hot")
 ALGORITHMS = ("allgather", "mask", "dense", "recursive_doubling", "split", "auto")
@@ -142,7 +144,9 @@ def run_group(args, comm, table: Table, n: int, width: int, density: float, over
                    "ranks": p})
     exact = {a: t for a, t in times.items() if a not in (BASELINE, "auto")}
     best = min(exact, key=exact.get) if exact else None
+    shape = Shape(p, n, width, idx.dtype.itemsize, 4, tuple(int(i.size) for i, _ in inputs))
     return {"n": n, "width": width, "density": density, "overlap": overlap, "best": best,
+            "auto_choice": choose(shape),
             "best_x_dense": exact[best] / dense_time if best else None,
             "auto_x_best": times["auto"] / exact[best] if best and "auto" in times else None}
 
@@ -174,12 +178,12 @@ def main() -> None:
     table.write_json(args.json, {"ranks": comm.size, "backend": comm.backend,
                                  "summary": summary})
     if comm.rank == 0:
-        print("# n  width  density  overlap  best  best/dense  auto/best")
+        print("# n  width  density  overlap  best  best/dense  auto/best  auto->")
         for s in summary:
             auto = f"{s['auto_x_best']:.2f}" if s["auto_x_best"] is not None else "-"
             best = f"{s['best_x_dense']:.3f}" if s["best_x_dense"] is not None else "-"
             print(f"# {s['n']} {s['width']} {s['density']} {s['overlap']} {s['best']} "
-                  f"{best} {auto}")
+                  f"{best} {auto} {s['auto_choice']}")
         bad = sum(r["#wrong"] for r in table.rows)
         print(f"# out of bounds values : {bad} {'OK' if bad == 0 else 'FAILED'}")
 

@@ -65,8 +65,8 @@ def _as_dense(state: _State, n: int) -> _State:
     return _State(True, densify(state.first, state.second, n), presence(state.first, n))
 
 
-class _Pair:
-    """What one call needs in every round: the communicator, n, element sizes and the op."""
+class _Rounds:
+    """The per-call context of the rounds (communicator, n, row shape, op) and their steps."""
 
     def __init__(self, comm: Any, n: int, op: ReduceOp, index_dtype: Any, values: Any,
                  accumulate_dtype: Any) -> None:
@@ -132,7 +132,7 @@ def recursive_doubling(comm: Any, indices: Any, values: Any, n: int, op: ReduceO
                        accumulate_dtype: Any = None) -> tuple[Any, Any]:
     """Pairwise exchange-and-merge in log2(P) rounds, folding non-power-of-two ranks in and out."""
     p, rank = comm.size, comm.rank
-    pair = _Pair(comm, n, op, indices.dtype, values, accumulate_dtype)
+    pair = _Rounds(comm, n, op, indices.dtype, values, accumulate_dtype)
     state = pair.start(indices, values)
     p2 = 1 << (p.bit_length() - 1)
     if rank >= p2:  # fold in, then wait for the result
