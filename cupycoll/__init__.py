@@ -11,12 +11,13 @@ from .collectives import (all_gather, all_reduce, allgather, allreduce, broadcas
                           reduce_scatter)
 from ._result import SparseResult
 from .comm import Communicator, Stats, Work, get_comm, init
+from .sparse import sparse_allreduce
 from .topk import TopkCompressor, TopkState, topk_allreduce
 
 __version__ = "0.1.0"
 __all__ = ["init", "get_comm", "Communicator", "Stats", "Work", "ReduceOp", "errors",
            "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "all_reduce",
-           "all_gather", "algorithms", "SparseResult", "topk_allreduce", "TopkCompressor",
+           "all_gather", "algorithms", "SparseResult", "sparse_allreduce", "topk_allreduce", "TopkCompressor",
            "TopkState"]
 
 logging.getLogger("cupycoll").addHandler(logging.NullHandler())
