@@ -203,7 +203,7 @@ def _abs_threshold(dtype: np.dtype, t: Any) -> Any:
         try:
             tf = float(t)
         except OverflowError:  # a Python int beyond the float64 range
-            tf = math.copysign(math.inf, t)
+            tf = math.inf if t > 0 else -math.inf
         with np.errstate(over="ignore"):
             tt = dtype.type(tf)
         if float(tt) < tf:

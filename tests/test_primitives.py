@@ -579,3 +579,12 @@ def test_merge_sorted_many_parts():
     got = P.merge_sorted(parts)
     assert_same(got[0], want[0])
     assert_same(got[1], want[1])
+
+
+def test_threshold_beyond_float_range_is_uniform():
+    """A Python int threshold too large for float64 selects nothing; a hugely negative one, all."""
+    from cupycoll.primitives import count_abs_ge as count
+
+    x = np.array([1.0, -np.inf, np.nan], np.float32)
+    assert count(x, 2 ** 2000) == 1  # only |-inf| >= the huge threshold; NaN never counts
+    assert count(x, -(2 ** 2000)) == 2
