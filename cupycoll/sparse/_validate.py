@@ -175,6 +175,11 @@ def _local(comm: Any, indices: Any, values: Any, n: Any, op: Any, algorithm: Any
         idx, val = _coalesce(idx, val, red, acc)
     except CupycollError as exc:
         return None, exc
+    except Exception as exc:  # anything else still has to reach the other ranks as a flag
+        error = InvalidArgument("arguments", f"{type(exc).__name__}: {exc}", "could not be "
+                                "checked", rank=rank)
+        error.__cause__ = exc
+        return None, error
     return Prepared(idx, val, length, red, name, np.dtype(idx.dtype), value_dtype, acc,
                     width), None
 

@@ -21,6 +21,16 @@ from cupycoll.sparse import sparse_allreduce
 N = 100
 
 
+class BrokenTensor:
+    """A DLPack object whose export fails with a non-cupycoll exception."""
+
+    def __dlpack__(self, **kw):
+        raise RuntimeError("device lost")
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
 def good(rank: int) -> dict:
     return dict(indices=np.array([rank, 7, 50], np.int64),
                 values=np.array([1.0, 2.0, 3.0], np.float32), n=N)
@@ -83,6 +93,8 @@ def cases(size: int):
         MismatchError, None, "algorithm"
     yield "async_op differs", lambda r: {**good(r), "async_op": r == 0}, MismatchError, None, \
         "async_op"
+    yield "foreign exception on rank 1", on(1, values=BrokenTensor()), InvalidArgument, 1, \
+        "arguments"
     yield "two ranks bad", lambda r: {**good(r), "indices": np.array([r, N + r, 0])
                                       if r in (1, 2) else good(r)["indices"]}, \
         InvalidArgument, (1, 2), "index out of range"
