@@ -1,7 +1,7 @@
 """Multi-rank sparse_allreduce tests: randomized reference, volume vs cost models, errors, delivery.
 
 Each launch runs many cases (mpiexec start-up is the expensive part). Case counts give a few
-thousand randomized cases per run in total, over P in {1, 2, 3, 4, 5, 8}.
+thousand randomized cases per run in total (4300), over P in {1, 2, 3, 4, 5, 8}.
 """
 
 import pytest
@@ -9,14 +9,14 @@ import pytest
 from tests._mpi import run_mpi
 
 
-@pytest.mark.parametrize("nprocs, ncases", [(1, 600), (2, 600), (3, 500), (4, 500), (5, 250),
-                                            (8, 150)])
+@pytest.mark.parametrize("nprocs, ncases", [(1, 1000), (2, 1000), (3, 800), (4, 800), (5, 400),
+                                            (8, 300)])
 def test_random_cases_match_dense_reference(nprocs, ncases):
     out = run_mpi(nprocs, "sparse_random.py", 1000 + nprocs, ncases, timeout=240)
     assert f"ok {ncases} cases on {nprocs} ranks" in out
 
 
-@pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 8])
 def test_volume_equals_cost_models(nprocs):
     out = run_mpi(nprocs, "sparse_volume.py", 7, timeout=180)
     assert f"on {nprocs} ranks" in out
