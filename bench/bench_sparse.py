@@ -115,7 +115,8 @@ def run_group(args, comm, table: Table, n: int, width: int, density: float, over
     dense_out = np.empty_like(dense_in)
     calls = {BASELINE: lambda: comm.mpi_comm.Allreduce(dense_in, dense_out, op=MPI.SUM)}
     for name in algorithms:
-        calls[name] = (lambda a: lambda: sparse_allreduce(idx, val, n, algorithm=a, comm=comm))(name)
+        calls[name] = (lambda a: lambda: sparse_allreduce(idx, val, n, algorithm=a,
+                                                          comm=comm))(name)
     samples = interleaved(calls, args.iters, args.warmup_iters, comm.mpi_comm)
     ref = reference(inputs, n, width) if args.check else None
     dense_time = float(np.median(samples[BASELINE]))

@@ -15,8 +15,8 @@ import numpy as np
 from .._types import ReduceOp, array_namespace
 from ..primitives import merge_sorted
 
-__all__ = ["reduce_parts", "rank_slices", "allgatherv_entries", "fill_absent", "presence", "union_of_presence", "bitmap_or_allreduce",
-           "bitmap_chunk", "UFUNC_NAMES"]
+__all__ = ["reduce_parts", "rank_slices", "allgatherv_entries", "fill_absent", "presence",
+           "union_of_presence", "bitmap_or_allreduce", "bitmap_chunk", "UFUNC_NAMES"]
 
 #: the array-library ufunc of each op (looked up on numpy or cupy by name).
 UFUNC_NAMES = {ReduceOp.SUM: "add", ReduceOp.PROD: "multiply", ReduceOp.MAX: "maximum",

@@ -29,7 +29,8 @@ from .._types import ReduceOp
 from . import allgather, dense, mask, recursive_doubling, split
 from ._cost import Cost, Shape, validation_cost
 
-__all__ = ["choose", "auto", "call_cost", "MODELS", "DENSE_FRACTION", "WIDE_ROWS", "SMALL_BYTES"]
+__all__ = ["choose", "auto", "call_cost", "MODELS", "DENSE_FRACTION", "WIDE_ROWS",
+           "SMALL_BYTES"]
 
 #: mean per-rank entry bytes above this fraction of the dense bytes -> dense.
 DENSE_FRACTION = 0.8

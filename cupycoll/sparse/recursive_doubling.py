@@ -90,7 +90,8 @@ class _Rounds:
         if header < 0:
             return [xp.empty((self.n,) + self.row, self.value_dtype),
                     xp.empty((self.n + 7) // 8, np.uint8)]
-        return [xp.empty(header, self.index_dtype), xp.empty((header,) + self.row, self.value_dtype)]
+        return [xp.empty(header, self.index_dtype),
+                xp.empty((header,) + self.row, self.value_dtype)]
 
     def transfer(self, state: _State | None, send_to: int | None, recv_from: int | None
                  ) -> _State | None:

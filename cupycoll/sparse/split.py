@@ -15,9 +15,9 @@ SparCML's split-allgather and Ok-Topk's phase 1, exact:
 
 Cost per rank (E = index + row bytes): samples (P-1)*(SAMPLES+1)*8; counts (P-1)*8; the other
 ranks' slices of this rank's region * E (two messages per non-empty slice); the allgatherv
-counts (P-1)*8 and (union - own region's union) * E (two messages per non-empty region). Balanced, that
-is about (N/P + U)(P-1)/P * E for N total entries: less than allgather as soon as indices
-overlap, with a P-times smaller local merge.
+counts (P-1)*8 and (union - own region's union) * E (two messages per non-empty region).
+Balanced, that is about (N/P + U)(P-1)/P * E for N total entries: less than allgather as soon
+as indices overlap, with a P-times smaller local merge.
 """
 
 from __future__ import annotations

@@ -125,7 +125,8 @@ def main() -> None:
     # a wrong-sized buffer from alloc_fn raises (locally: every rank got the same bad buffer)
     try:
         sparse_allreduce(comm=comm, **good(rank),
-                         alloc_fn=lambda k, it, vs, vt, ctx: (np.empty(k + 1, it), np.empty(vs, vt)))
+                         alloc_fn=lambda k, it, vs, vt, ctx: (np.empty(k + 1, it),
+                                                              np.empty(vs, vt)))
     except InvalidArgument as exc:
         assert "alloc_fn" in str(exc) and "index_buf" in str(exc), str(exc)
     else:
