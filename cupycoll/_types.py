@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import sys
 import types
 from typing import Any
 
@@ -10,7 +11,8 @@ import numpy as np
 
 from .errors import InvalidArgument, InvalidType
 
-__all__ = ["ReduceOp", "parse_op", "array_namespace", "as_array", "check_dtype", "DENSE_DTYPES"]
+__all__ = ["ReduceOp", "parse_op", "array_namespace", "as_array", "check_dtype", "DENSE_DTYPES",
+           "to_host", "like_caller", "trunc_divide"]
 
 
 class ReduceOp(str, enum.Enum):
@@ -95,3 +97,28 @@ def check_dtype(x: Any, argument: str, *, rank: int | None = None, allowed=None)
     if dtype.name not in names:
         raise InvalidType(argument, dtype, f"an array of one of {sorted(names)}", rank=rank)
     return dtype
+
+
+def to_host(x: Any) -> np.ndarray:
+    """Return a numpy copy/view of a numpy or cupy array."""
+    return x.get() if hasattr(x, "get") and not isinstance(x, np.ndarray) else np.asarray(x)
+
+
+def like_caller(result: Any, original: Any) -> Any:
+    """Return ``result`` as the caller's array type (e.g. a torch tensor via DLPack)."""
+    if result is None or type(original).__module__.split(".")[0] in ("numpy", "cupy"):
+        return result
+    module = sys.modules.get(type(original).__module__.split(".")[0])
+    from_dlpack = getattr(module, "from_dlpack", None)
+    return from_dlpack(result) if from_dlpack is not None else result
+
+
+def trunc_divide(total: Any, size: int) -> Any:
+    """Divide in place by ``size``: floats exactly, integers truncating toward zero like NCCL."""
+    if total.dtype.kind == "f":
+        total /= size
+        return total
+    floor = total // size
+    floor += ((total % size) != 0) & (total < 0)
+    total[...] = floor
+    return total

@@ -15,10 +15,9 @@ Example::
 from __future__ import annotations
 
 import operator
-import sys
 from typing import Any
 
-from ._types import ReduceOp, array_namespace, as_array, check_dtype, parse_op
+from ._types import ReduceOp, array_namespace, as_array, check_dtype, like_caller, parse_op
 from .comm import Communicator, Work, get_comm
 from .errors import InvalidArgument, InvalidType
 
@@ -66,21 +65,13 @@ def _rows(x: Any, comm: Communicator) -> int:
     return int(x.shape[0])
 
 
-def _like_caller(result: Any, original: Any) -> Any:
-    """Return ``result`` as the caller's array type (e.g. a torch tensor via DLPack)."""
-    if result is None or type(original).__module__.split(".")[0] in ("numpy", "cupy"):
-        return result
-    module = sys.modules.get(type(original).__module__.split(".")[0])
-    from_dlpack = getattr(module, "from_dlpack", None)
-    return from_dlpack(result) if from_dlpack is not None else result
-
 
 def _deliver(work: Work, result: Any, original: Any, async_op: bool) -> Any:
     if async_op:
         return Work(work.wait, work.is_completed,
-                    lambda: _like_caller(result, original))
+                    lambda: like_caller(result, original))
     work.wait()
-    return _like_caller(result, original)
+    return like_caller(result, original)
 
 
 def allreduce(x: Any, op: Any = "sum", *, comm: Communicator | None = None, out: Any = None,

@@ -9,7 +9,8 @@ from cupycoll import errors
 from cupycoll._config import SETTINGS, check_environment, setting
 from cupycoll._types import ReduceOp, as_array, check_dtype, parse_op
 from cupycoll.comm import Work, bus_factor
-from cupycoll.comm.mpi import MPICommunicator, trunc_divide
+from cupycoll._types import trunc_divide
+from cupycoll.comm.mpi import MPICommunicator
 
 
 @pytest.mark.parametrize("spec, want", [("sum", ReduceOp.SUM), ("AVG", ReduceOp.AVG),

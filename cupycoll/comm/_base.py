@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .._types import ReduceOp
+from .._types import ReduceOp, to_host
 
 __all__ = ["Communicator", "Stats", "OpStats", "Work", "bus_factor"]
 
@@ -214,7 +214,7 @@ class Communicator(abc.ABC):
         send = xp.asarray([count], dtype=np.int64)
         recv = xp.empty(self.size, dtype=np.int64)
         self.allgather(send, recv, op_name).wait()
-        return _to_host(recv)
+        return to_host(recv)
 
     def allgatherv(self, send: Any, counts: Sequence[int] | None = None,
                    op_name: str = "allgatherv") -> tuple[Any, np.ndarray]:
@@ -249,7 +249,7 @@ class Communicator(abc.ABC):
         peers = [r for r in range(self.size) if r != self.rank]
         self.exchange([(r, send_d[r:r + 1]) for r in peers],
                       [(r, recv_d[r:r + 1]) for r in peers], op_name).wait()
-        return _to_host(recv_d)
+        return to_host(recv_d)
 
     def alltoallv(self, sends: Sequence[Any], op_name: str = "alltoallv",
                   recv_counts: Sequence[int] | None = None) -> list[Any]:
@@ -287,8 +287,3 @@ class Communicator(abc.ABC):
         moved = math.floor(bus_factor(name, p) * nbytes)
         steps = 2 * (p - 1) if name == "allreduce" else p - 1
         self.stats.record(book, moved, moved, steps, steps)
-
-
-def _to_host(x: Any) -> np.ndarray:
-    """Return a numpy copy/view of a numpy or cupy array."""
-    return x.get() if hasattr(x, "get") and not isinstance(x, np.ndarray) else np.asarray(x)

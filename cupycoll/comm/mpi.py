@@ -13,9 +13,9 @@ from typing import Any, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from .._types import ReduceOp
+from .._types import ReduceOp, to_host, trunc_divide
 from ..errors import CollectiveTimeout
-from ._base import Communicator, Work, _to_host
+from ._base import Communicator, Work
 
 __all__ = ["MPICommunicator"]
 
@@ -37,12 +37,6 @@ def _bytes(a: np.ndarray) -> list:
 def _typed(a: np.ndarray) -> list:
     return [a, _MPI_TYPES[a.dtype.name]]
 
-
-def trunc_divide(total: Any, size: int) -> Any:
-    """Divide in place by ``size``: floats exactly, integers truncating toward zero like NCCL."""
-    if total.dtype.kind == "f":
-        total /= size
-        return total
     floor = total // size
     floor += ((total % size) != 0) & (total < 0)
     total[...] = floor
@@ -98,7 +92,7 @@ class MPICommunicator(Communicator):
     def _reduction_buffers(self, send: Any, recv: Any, in_place_ok: bool):
         dtype = np.dtype(send.dtype)
         wide = _WIDENED.get(dtype.name)
-        host_send = _to_host(send)
+        host_send = to_host(send)
         if wide is not None:
             host_send = host_send.astype(wide)
         direct = wide is None and isinstance(recv, np.ndarray)
@@ -165,14 +159,14 @@ class MPICommunicator(Communicator):
     def broadcast(self, send: Any, recv: Any, root: int, op_name: str = "broadcast") -> Work:
         host, copy_back = self._staged(recv)
         if self.rank == root and send is not recv:
-            host[...] = _to_host(send)
+            host[...] = to_host(send)
         req = self.mpi_comm.Ibcast(_bytes(host), root=root)
         self._record_collective("broadcast", recv.nbytes, root, op_name=op_name)
         return self._work([req], op_name, copy_back, (host,))
 
     def allgather(self, send: Any, recv: Any, op_name: str = "allgather") -> Work:
         host, copy_back = self._staged(recv)
-        sbuf = np.ascontiguousarray(_to_host(send))
+        sbuf = np.ascontiguousarray(to_host(send))
         if np.shares_memory(sbuf, host):
             sbuf = sbuf.copy()  # NCCL's in-place: send is this rank's block of recv
         req = self.mpi_comm.Iallgather(_bytes(sbuf), _bytes(host))
@@ -184,7 +178,7 @@ class MPICommunicator(Communicator):
         row = int(np.prod(recv.shape[1:], dtype=np.int64)) * recv.dtype.itemsize
         byte_counts = (counts * row).astype(np.int64)
         displs = np.concatenate([[0], np.cumsum(byte_counts)[:-1]]).astype(np.int64)
-        sbuf = np.ascontiguousarray(_to_host(send))
+        sbuf = np.ascontiguousarray(to_host(send))
         req = self.mpi_comm.Iallgatherv([sbuf, sbuf.nbytes, MPI.BYTE],
                                         [host, (byte_counts, displs), MPI.BYTE])
         others = [r for r in range(self.size) if r != self.rank]
@@ -210,7 +204,7 @@ class MPICommunicator(Communicator):
         for peer, arr in sends:
             if peer == self.rank:
                 continue
-            host = np.ascontiguousarray(_to_host(arr))
+            host = np.ascontiguousarray(to_host(arr))
             buffers.append(host)
             requests.append(self.mpi_comm.Isend(_bytes(host), dest=peer, tag=_TAG))
             self.stats.record(op_name, sent=host.nbytes, msgs_sent=1)

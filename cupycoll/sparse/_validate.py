@@ -25,8 +25,7 @@ import numpy as np
 
 from .._config import setting
 from .._registry import algorithms
-from .._types import ReduceOp, array_namespace, as_array, parse_op
-from ..comm._base import _to_host
+from .._types import ReduceOp, array_namespace, as_array, parse_op, to_host
 from ..errors import CupycollError, InvalidArgument, InvalidType, MismatchError
 from ..primitives import VALUE_DTYPES, coo_reduce
 from ._cost import VALIDATION_FIELDS, Shape
@@ -95,7 +94,7 @@ def _algorithm(name: Any, rank: int) -> str:
 def _on(xp: Any, a: Any) -> Any:
     """``a`` as a C-contiguous array of the communicator's library (host copy or upload)."""
     if array_namespace(a) is not xp:
-        a = _to_host(a) if xp is np else xp.asarray(a)
+        a = to_host(a) if xp is np else xp.asarray(a)
     return a if a.flags.c_contiguous else xp.ascontiguousarray(a)
 
 
@@ -249,7 +248,7 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
             vec[2 * nf + 2 * p + rank] = error.value
     dev = comm.xp.asarray(vec)
     comm.allreduce(dev, dev, ReduceOp.MAX).wait()
-    vec = _to_host(dev)
+    vec = to_host(dev)
     codes = vec[2 * nf + p:2 * nf + 2 * p]
     bad_ranks = [r for r in range(p) if codes[r] != 0]
     if error is not None:

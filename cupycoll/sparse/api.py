@@ -17,11 +17,8 @@ import numpy as np
 
 from .._registry import lookup
 from .._result import SparseResult
-from .._types import ReduceOp, array_namespace, as_array
-from ..collectives import _like_caller
+from .._types import ReduceOp, array_namespace, as_array, like_caller, to_host, trunc_divide
 from ..comm import Communicator, Work, get_comm
-from ..comm._base import _to_host
-from ..comm.mpi import trunc_divide
 from ..errors import InvalidArgument, InvalidType
 from . import auto as _auto
 from ._validate import Prepared, prepare
@@ -118,8 +115,8 @@ def _like(result: Any, original: Any) -> Any:
     """``result`` in the array library (or DLPack type) of ``original``."""
     xp = array_namespace(as_array(original, "values"))
     if array_namespace(result) is not xp:
-        result = _to_host(result) if xp is np else xp.asarray(result)
-    return _like_caller(result, original)
+        result = to_host(result) if xp is np else xp.asarray(result)
+    return like_caller(result, original)
 
 
 def _deliver(result: tuple[Any, Any], prepared: Prepared, indices: Any, values: Any,

@@ -27,8 +27,7 @@ from typing import Any
 import numpy as np
 
 from .._registry import register
-from .._types import ReduceOp
-from ..comm._base import _to_host
+from .._types import ReduceOp, to_host
 from ..primitives import densify, gather
 from ._common import UFUNC_NAMES, presence, reduce_parts, union_of_presence
 from ._cost import Cost, Shape
@@ -102,12 +101,12 @@ class _Rounds:
         sends = [(send_to, mine)] if send_to is not None else []
         recvs = [(recv_from, theirs)] if recv_from is not None else []
         comm.exchange(sends, recvs, _OP + ".counts").wait()
-        bufs = self._empty(int(_to_host(theirs)[0])) if recv_from is not None else []
+        bufs = self._empty(int(to_host(theirs)[0])) if recv_from is not None else []
         payload = state.wire(xp) if send_to is not None else []
         comm.exchange([(send_to, a) for a in payload], [(recv_from, b) for b in bufs], _OP).wait()
         if recv_from is None:
             return None
-        if int(_to_host(theirs)[0]) < 0:
+        if int(to_host(theirs)[0]) < 0:
             return _State(True, bufs[0], xp.unpackbits(bufs[1])[:self.n].view(bool))
         return _State(False, bufs[0], bufs[1])
 

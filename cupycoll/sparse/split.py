@@ -27,8 +27,7 @@ from typing import Any
 import numpy as np
 
 from .._registry import register
-from .._types import ReduceOp, array_namespace
-from ..comm._base import _to_host
+from .._types import ReduceOp, array_namespace, to_host
 from ._common import allgatherv_entries, reduce_parts
 from ._cost import Cost, Shape
 
@@ -76,14 +75,14 @@ def _bounds(comm: Any, indices: Any, n: int) -> np.ndarray:
     send = local_samples(indices, comm.xp)
     recv = comm.xp.empty(comm.size * (SAMPLES + 1), dtype=np.int64)
     comm.allgather(send, recv, "split.samples").wait()
-    return region_bounds(_to_host(recv).reshape(comm.size, SAMPLES + 1), n)
+    return region_bounds(to_host(recv).reshape(comm.size, SAMPLES + 1), n)
 
 
 def _cuts(indices: Any, bounds: np.ndarray) -> list[int]:
     """Offsets of the P regions in sorted ``indices`` (P+1 host ints, first 0, last nnz)."""
     xp = array_namespace(indices)
     inner = xp.asarray(bounds[1:-1]).astype(indices.dtype, copy=False)  # sample values: fit
-    return [0] + [int(c) for c in _to_host(xp.searchsorted(indices, inner))] + [
+    return [0] + [int(c) for c in to_host(xp.searchsorted(indices, inner))] + [
         int(indices.shape[0])]
 
 

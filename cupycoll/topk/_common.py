@@ -17,8 +17,7 @@ import numpy as np
 
 from .._registry import register
 from .._result import SparseResult
-from .._types import array_namespace
-from ..comm._base import _to_host
+from .._types import array_namespace, to_host
 from ..errors import InvalidArgument, InvalidType
 
 if TYPE_CHECKING:
@@ -27,8 +26,6 @@ if TYPE_CHECKING:
 __all__ = ["TopkState", "TopkOutcome", "Cost", "topk_algorithm", "index_dtype", "smallest_positive",
            "positive_threshold", "sorted_member", "to_host", "to_namespace", "check_int", "min_abs",
            "log2_ceil"]
-
-to_host = _to_host
 
 
 class Cost(NamedTuple):
