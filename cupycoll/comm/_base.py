@@ -270,6 +270,17 @@ class Communicator(abc.ABC):
                       [(r, recvs[r]) for r in peers if recvs[r].shape[0]], op_name).wait()
         return recvs
 
+    def _record_allgatherv(self, op_name: str, byte_counts: np.ndarray) -> None:
+        """Book a native allgatherv exactly: this rank's block to each peer, each peer's block in.
+
+        Empty blocks are no messages, as in ``exchange``.
+        """
+        own = int(byte_counts[self.rank])
+        others = np.delete(np.asarray(byte_counts, dtype=np.int64), self.rank)
+        peers = self.size - 1 if own else 0
+        self.stats.record(op_name, own * (self.size - 1), int(others.sum()), peers,
+                          int(np.count_nonzero(others)))
+
     def _record_collective(self, name: str, nbytes: int, root: int | None = None,
                            op_name: str | None = None) -> None:
         """Book a native collective's traffic by the rule in :class:`Stats` (under ``op_name``)."""

@@ -181,9 +181,7 @@ class MPICommunicator(Communicator):
         sbuf = np.ascontiguousarray(to_host(send))
         req = self.mpi_comm.Iallgatherv([sbuf, sbuf.nbytes, MPI.BYTE],
                                         [host, (byte_counts, displs), MPI.BYTE])
-        others = [r for r in range(self.size) if r != self.rank]
-        self.stats.record(op_name, sbuf.nbytes * len(others), int(byte_counts[others].sum()),
-                          len(others), len(others))
+        self._record_allgatherv(op_name, byte_counts)
         return self._work([req], op_name, copy_back, (sbuf, host, byte_counts, displs))
 
     def exchange(self, sends: Sequence[tuple[int, Any]], recvs: Sequence[tuple[int, Any]],

@@ -418,9 +418,7 @@ class NCCLCommunicator(Communicator):
                                 int(nbytes[r]), self._bytes, int(r), s)
 
         event = self._post(op_name, launch)
-        others = [r for r in range(self.size) if r != self.rank]
-        self.stats.record(op_name, int(src.nbytes) * len(others), int(nbytes[others].sum()),
-                          len(others), len(others))
+        self._record_allgatherv(op_name, nbytes)
         return self._work([event], op_name, src)
 
     # point to point

@@ -127,11 +127,10 @@ class Cost:
         return self
 
     # the Communicator's booking rules, one per verb
-    def allreduce(self, size: int, nbytes: int) -> "Cost":
-        """A native allreduce of ``nbytes`` (booked under "allreduce")."""
+    def allreduce(self, op: str, size: int, nbytes: int) -> "Cost":
+        """A native allreduce of ``nbytes`` booked under ``op``."""
         if size > 1:
-            self.book("allreduce", math.floor(bus_factor("allreduce", size) * nbytes),
-                      2 * (size - 1))
+            self.book(op, math.floor(bus_factor("allreduce", size) * nbytes), 2 * (size - 1))
         return self
 
     def allgather(self, op: str, size: int, recv_bytes: int) -> "Cost":
@@ -146,8 +145,8 @@ class Cost:
         if with_counts:
             self.allgather(op + ".counts", size, 8 * size)
         if size > 1:
-            others = sum(int(c) for r, c in enumerate(counts) if r != rank)
-            self.book(op, others * row_bytes, size - 1)
+            others = [int(c) for r, c in enumerate(counts) if r != rank]
+            self.book(op, sum(others) * row_bytes, sum(1 for c in others if c))
         return self
 
     def allgatherv_entries(self, op: str, size: int, rank: int, counts: Sequence[int],
@@ -171,4 +170,4 @@ class Cost:
 def validation_cost(size: int) -> Cost:
     """Traffic of the one validation allreduce every ``sparse_allreduce`` call starts with."""
     words = 2 * len(VALIDATION_FIELDS) + VALIDATION_SLOTS * size
-    return Cost().allreduce(size, 8 * words)
+    return Cost().allreduce("sparse.validate", size, 8 * words)

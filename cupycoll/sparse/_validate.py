@@ -247,7 +247,7 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
         if isinstance(error, _OutOfRange):
             vec[2 * nf + 2 * p + rank] = error.value
     dev = comm.xp.asarray(vec)
-    comm.allreduce(dev, dev, ReduceOp.MAX).wait()
+    comm.allreduce(dev, dev, ReduceOp.MAX, op_name="sparse.validate").wait()
     vec = to_host(dev)
     codes = vec[2 * nf + p:2 * nf + 2 * p]
     bad_ranks = [r for r in range(p) if codes[r] != 0]

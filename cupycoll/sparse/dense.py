@@ -28,7 +28,7 @@ def dense(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
           accumulate_dtype: Any = None) -> tuple[Any, Any]:
     """Allreduce the densified input and an OR of presence bitmaps; gather the union."""
     full = densify(indices, values, n)
-    work = comm.allreduce(full, full, op)
+    work = comm.allreduce(full, full, op, op_name="dense.allreduce")
     present = bitmap_or_allreduce(comm, presence(indices, n), "dense.union")
     work.wait()
     union = union_of_presence(present, indices.dtype)
@@ -37,7 +37,7 @@ def dense(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
 
 def cost(shape: Shape, rank: int) -> Cost:
     """Bytes and messages ``rank`` receives (without the validation allreduce)."""
-    c = Cost().allreduce(shape.size, shape.n * shape.row_bytes)
+    c = Cost().allreduce("dense.allreduce", shape.size, shape.n * shape.row_bytes)
     if shape.size > 1:
         chunk = bitmap_chunk(shape.n, shape.size)
         c.book("dense.union", (shape.size - 1) * chunk, shape.size - 1)

@@ -36,7 +36,7 @@ def mask(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
     union, _ = merge_sorted([(all_idx[s], marks[s]) for s in rank_slices(counts)])
     rows = xp.zeros((union.shape[0],) + tuple(values.shape[1:]), dtype=values.dtype)
     rows[xp.searchsorted(union, indices)] = values
-    comm.allreduce(rows, rows, op).wait()
+    comm.allreduce(rows, rows, op, op_name="mask.allreduce").wait()
     return union.astype(indices.dtype, copy=False), rows
 
 
@@ -44,4 +44,4 @@ def cost(shape: Shape, rank: int) -> Cost:
     """Bytes and messages ``rank`` receives (without the validation allreduce)."""
     c = Cost()
     c.allgatherv("mask.indices", shape.size, rank, shape.nnz, shape.index_bytes)
-    return c.allreduce(shape.size, shape.union * shape.row_bytes)
+    return c.allreduce("mask.allreduce", shape.size, shape.union * shape.row_bytes)

@@ -30,6 +30,15 @@ def check_stats(comm) -> None:
     assert s.bytes_received == 12 * sum(r + 2 for r in range(p) if r != rank)
     assert s.bytes_sent == 12 * (rank + 2) * (p - 1)
     assert c.bytes_received == 8 * (p - 1)
+    # allgatherv with empty blocks on even ranks: an empty block is no message
+    comm.stats.reset()
+    rows = 0 if rank % 2 == 0 else rank
+    recv, counts = comm.allgatherv(np.full(rows, rank, np.float32), op_name="sparse_gv")
+    assert np.array_equal(recv, np.repeat(np.arange(p), [0 if r % 2 == 0 else r for r in range(p)]))
+    s = comm.stats.by_op["sparse_gv"]
+    senders = [r for r in range(p) if r != rank and r % 2 == 1]
+    assert s.messages_received == len(senders) and s.bytes_received == 4 * sum(senders)
+    assert s.messages_sent == (p - 1 if rows else 0) and s.bytes_sent == 4 * rows * (p - 1)
     # alltoallv: rank r sends j + 1 int16 to rank j
     got = comm.alltoallv([np.full(j + 1, rank, np.int16) for j in range(p)])
     assert all(np.array_equal(g, np.full(rank + 1, src, np.int16)) for src, g in enumerate(got))
