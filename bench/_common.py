@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 GB = 1e9
+_MIN_WIDTH = {"algorithm": 20}  # "recursive_doubling" and friends
 
 #: nccl-tests columns; sparse benchmarks append density, nnz, algorithm, wire bytes.
 DENSE_COLUMNS = ["size(B)", "count", "type", "redop", "root", "time(us)", "algbw(GB/s)",
@@ -77,7 +78,7 @@ class Table:
     def __init__(self, columns: Sequence[str], rank: int, stream=sys.stdout) -> None:
         self.columns, self.rank, self.stream = list(columns), rank, stream
         self.rows: list[dict[str, Any]] = []
-        self.widths = [max(12, len(c) + 1) for c in self.columns]
+        self.widths = [max(_MIN_WIDTH.get(c, 12), len(c) + 1) for c in self.columns]
 
     def header(self, title: str = "") -> None:
         if self.rank != 0:
