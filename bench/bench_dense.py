@@ -30,7 +30,9 @@ def expected(name: str, count: int, rank: int, size: int, root: int, dtype) -> n
 def run_one(name: str, nbytes: int, args, comm, table: Table) -> None:
     dtype = np.dtype(args.datatype)
     p, rank, root = comm.size, comm.rank, args.root
-    count = max(p, nbytes // dtype.itemsize // p * p)  # divisible by P for allgather/reduce_scatter
+    count = max(1, nbytes // dtype.itemsize)
+    if name in ("allgather", "reduce_scatter"):
+        count = max(p, count // p * p)  # P equal blocks
     local = count // p if name == "allgather" else count
     x = np.full(local, rank + 1, dtype)
     calls = {
