@@ -5,6 +5,11 @@ and the table reports medians and the speedup = reference time / primitive time:
 
     python bench/bench_primitives.py                 # n = 2**24 float32, density 1 %
     python bench/bench_primitives.py --json out.json
+    python bench/bench_primitives.py --impl numpy   # only the numpy twins (default: both)
+
+Each primitive is measured with the numpy loops (CUPYCOLL_NUMBA=off) and, when numba is
+installed, with the numba loops (CUPYCOLL_NUMBA=auto), interleaved in the same repetitions;
+the ``impl`` column tells them apart.
 
 Targets (issue 3): select_abs_ge <= 3x the time of x.copy() (speedup >= 0.33) and >= 10x faster
 than an np.argpartition top-k; merge_sorted of 4 x 2**18 parts >= 3x faster than
@@ -26,7 +31,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench._common import Table  # noqa: E402
 from cupycoll import primitives as P  # noqa: E402
 
-COLUMNS = ["primitive", "case", "time(ms)", "reference", "ref(ms)", "speedup", "target", "#wrong"]
+COLUMNS = ["primitive", "impl", "case", "time(ms)", "reference", "ref(ms)", "speedup", "target",
+           "#wrong"]
 
 
 def measure(fns: dict[str, Callable[[], Any]], reps: int) -> dict[str, float]:
@@ -40,6 +46,28 @@ def measure(fns: dict[str, Callable[[], Any]], reps: int) -> dict[str, float]:
             fn()
             samples[name].append(time.perf_counter() - t0)
     return {name: float(np.median(s)) for name, s in samples.items()}
+
+
+def implementations(choice: str) -> list[str]:
+    """The implementations to measure: numpy, and numba when installed (``choice`` both)."""
+    if choice != "both":
+        return [choice]
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return ["numpy"]
+    return ["numpy", "numba"]
+
+
+def under(impl: str, fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` run with the numpy loops (impl numpy) or the numba loops (impl numba)."""
+    mode = "off" if impl == "numpy" else "auto"
+
+    def run() -> Any:
+        os.environ["CUPYCOLL_NUMBA"] = mode
+        return fn()
+
+    return run
 
 
 def argpartition_topk(x: np.ndarray, k: int) -> np.ndarray:
@@ -66,47 +94,57 @@ def sorted_parts(rng: np.random.Generator, n_parts: int, k: int, universe: int,
     return parts
 
 
-def bench_threshold(table: Table, x: np.ndarray, k: int, reps: int, check: bool) -> None:
+def bench_threshold(table: Table, x: np.ndarray, k: int, reps: int, check: bool,
+                    impls: list[str]) -> None:
     t = P.kth_abs(x, k)
-    times = measure({"copy": x.copy, "select": lambda: P.select_abs_ge(x, t),
-                     "count": lambda: P.count_abs_ge(x, t), "topk": lambda: P.topk_abs(x, k),
-                     "kth": lambda: P.kth_abs(x, k),
-                     "argpartition": lambda: argpartition_topk(x, k)}, reps)
-    wrong_select = wrong_topk = 0
-    if check:
-        want = np.flatnonzero(np.abs(x) >= t)
-        wrong_select = int(not np.array_equal(P.select_abs_ge(x, t)[0], want))
-        wrong_topk = int(not np.array_equal(P.topk_abs(x, k)[0], np.sort(argpartition_topk(x, k))))
+    fns: dict[str, Callable[[], Any]] = {"copy": x.copy,
+                                         "argpartition": lambda: argpartition_topk(x, k)}
+    for impl in impls:
+        fns.update({f"select {impl}": under(impl, lambda: P.select_abs_ge(x, t)),
+                    f"count {impl}": under(impl, lambda: P.count_abs_ge(x, t)),
+                    f"topk {impl}": under(impl, lambda: P.topk_abs(x, k)),
+                    f"kth {impl}": under(impl, lambda: P.kth_abs(x, k))})
+    times = measure(fns, reps)
     case = f"n=2^{int(np.log2(x.size))} {x.dtype} k={k}"
-    rows = [("select_abs_ge", "copy", times["select"], times["copy"], ">= 0.33 (<= 3x copy)",
-             wrong_select),
-            ("select_abs_ge", "argpartition", times["select"], times["argpartition"], ">= 10",
-             wrong_select),
-            ("count_abs_ge", "copy", times["count"], times["copy"], "", 0),
-            ("kth_abs", "argpartition", times["kth"], times["argpartition"], "", 0),
-            ("topk_abs", "argpartition", times["topk"], times["argpartition"], "", wrong_topk)]
-    for name, ref, mine, theirs, target, wrong in rows:
-        table.add({"primitive": name, "case": case, "time(ms)": mine * 1e3, "reference": ref,
-                   "ref(ms)": theirs * 1e3, "speedup": theirs / mine, "target": target,
-                   "#wrong": wrong})
+    for impl in impls:
+        wrong_select = wrong_topk = 0
+        if check:
+            want = np.flatnonzero(np.abs(x) >= t)
+            wrong_select = int(not np.array_equal(under(impl, lambda: P.select_abs_ge(x, t))()[0],
+                                                  want))
+            got = under(impl, lambda: P.topk_abs(x, k))()[0]
+            wrong_topk = int(not np.array_equal(got, np.sort(argpartition_topk(x, k))))
+        rows = [("select_abs_ge", "copy", times[f"select {impl}"], times["copy"],
+                 ">= 0.33 (<= 3x copy)", wrong_select),
+                ("select_abs_ge", "argpartition", times[f"select {impl}"], times["argpartition"],
+                 ">= 10", wrong_select),
+                ("count_abs_ge", "copy", times[f"count {impl}"], times["copy"], "", 0),
+                ("kth_abs", "argpartition", times[f"kth {impl}"], times["argpartition"], "", 0),
+                ("topk_abs", "argpartition", times[f"topk {impl}"], times["argpartition"], "",
+                 wrong_topk)]
+        for name, ref, mine, theirs, target, wrong in rows:
+            table.add({"primitive": name, "impl": impl, "case": case, "time(ms)": mine * 1e3,
+                       "reference": ref, "ref(ms)": theirs * 1e3, "speedup": theirs / mine,
+                       "target": target, "#wrong": wrong})
 
 
 def bench_merge(table: Table, rng: np.random.Generator, n_parts: int, k: int, universe: int,
-                reps: int, check: bool) -> None:
+                reps: int, check: bool, impls: list[str]) -> None:
     parts = sorted_parts(rng, n_parts, k, universe, np.dtype(np.float32))
-    times = measure({"merge": lambda: P.merge_sorted(parts),
-                     "unique": lambda: unique_coalesce(parts)}, reps)
-    wrong = 0
-    if check:
-        got, want = P.merge_sorted(parts), unique_coalesce(parts)
-        wrong = int(not (np.array_equal(got[0], want[0])
-                         and np.allclose(got[1], want[1], rtol=1e-5, atol=1e-5)))
-    table.add({"primitive": "merge_sorted", "case": f"P={n_parts} k=2^{int(np.log2(k))} "
-               f"in 2^{int(np.log2(universe))}", "time(ms)": times["merge"] * 1e3,
-               "reference": "unique+add.at", "ref(ms)": times["unique"] * 1e3,
-               "speedup": times["unique"] / times["merge"],
-               "target": ">= 3" if n_parts == 4 and universe > n_parts * k else "",
-               "#wrong": wrong})
+    fns = {impl: under(impl, lambda: P.merge_sorted(parts)) for impl in impls}
+    times = measure({**fns, "unique": lambda: unique_coalesce(parts)}, reps)
+    for impl in impls:
+        wrong = 0
+        if check:
+            got, want = fns[impl](), unique_coalesce(parts)
+            wrong = int(not (np.array_equal(got[0], want[0])
+                             and np.allclose(got[1], want[1], rtol=1e-5, atol=1e-5)))
+        table.add({"primitive": "merge_sorted", "impl": impl,
+                   "case": f"P={n_parts} k=2^{int(np.log2(k))} in 2^{int(np.log2(universe))}",
+                   "time(ms)": times[impl] * 1e3, "reference": "unique+add.at",
+                   "ref(ms)": times["unique"] * 1e3, "speedup": times["unique"] / times[impl],
+                   "target": ">= 3" if n_parts == 4 and universe > n_parts * k else "",
+                   "#wrong": wrong})
 
 
 def bench_coo(table: Table, rng: np.random.Generator, count: int, universe: int, reps: int,
@@ -120,7 +158,8 @@ def bench_coo(table: Table, rng: np.random.Generator, count: int, universe: int,
         got, want = P.coo_reduce(idx, val), unique_coalesce([(idx, val)])
         wrong = int(not (np.array_equal(got[0], want[0])
                          and np.allclose(got[1], want[1], rtol=1e-5, atol=1e-5)))
-    table.add({"primitive": "coo_reduce", "case": f"{count} unsorted in 2^{int(np.log2(universe))}",
+    table.add({"primitive": "coo_reduce", "impl": "numpy",
+               "case": f"{count} unsorted in 2^{int(np.log2(universe))}",
                "time(ms)": times["coo"] * 1e3, "reference": "unique+add.at",
                "ref(ms)": times["unique"] * 1e3, "speedup": times["unique"] / times["coo"],
                "target": "", "#wrong": wrong})
@@ -134,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=7, help="repetitions (median reported)")
     p.add_argument("-c", "--check", type=int, default=1, help="check results (1) or not (0)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--impl", choices=("both", "numpy", "numba"), default="both",
+                   help="numpy loops, numba loops, or both side by side (numba if installed)")
     p.add_argument("--json", metavar="PATH", help="write the rows as JSON to PATH ('-' = stdout)")
     args = p.parse_args(argv)
 
@@ -141,17 +182,18 @@ def main(argv: list[str] | None = None) -> int:
     n, k = 1 << args.log2n, 1 << args.log2k
     x = rng.standard_normal(n).astype(np.float32)
     table = Table(COLUMNS, rank=0)
-    table.widths = [14, 28, 10, 15, 10, 9, 22, 7]
+    table.widths = [14, 6, 28, 10, 15, 10, 9, 22, 7]
+    impls = implementations(args.impl)
     table.header(f"cupycoll primitives, numpy {np.__version__}, median of {args.reps}; "
                  "speedup = ref(ms) / time(ms)")
-    bench_threshold(table, x, max(1, int(n * args.density)), args.reps, bool(args.check))
+    bench_threshold(table, x, max(1, int(n * args.density)), args.reps, bool(args.check), impls)
     for n_parts in (4, 8):
-        bench_merge(table, rng, n_parts, k, n, args.reps, bool(args.check))
+        bench_merge(table, rng, n_parts, k, n, args.reps, bool(args.check), impls)
     for n_parts in (4, 8):
-        bench_merge(table, rng, n_parts, k, 2 * k, args.reps, bool(args.check))
+        bench_merge(table, rng, n_parts, k, 2 * k, args.reps, bool(args.check), impls)
     bench_coo(table, rng, 4 * k, n, args.reps, bool(args.check))
     table.write_json(args.json, meta={"numpy": np.__version__, "n": n, "density": args.density,
-                                      "k_per_part": k, "reps": args.reps,
+                                      "k_per_part": k, "reps": args.reps, "impls": impls,
                                       "cpus": os.cpu_count()})
     return 0 if all(row["#wrong"] == 0 for row in table.rows) else 1
 

@@ -19,6 +19,15 @@ def _timeout(text: str) -> float | None:
     return None if value <= 0 else value
 
 
+def _numba_mode(text: str) -> str:
+    mode = text.strip().lower()
+    if mode in ("0", "off", "false", "no"):
+        return "off"
+    if mode in ("auto", "1", "on"):
+        return "auto"
+    raise ValueError("expected auto or off (0)")
+
+
 #: name -> (parser, default, description)
 SETTINGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "CUPYCOLL_BACKEND": (str, "auto", "default backend of init(): auto, mpi or nccl"),
@@ -28,6 +37,8 @@ SETTINGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "CUPYCOLL_TOPK_ALGORITHM": (str, "oktopk", "default topk_allreduce algorithm"),
     "CUPYCOLL_DEBUG": (lambda t: t not in ("", "0", "false", "no"), False,
                        "check argument agreement across ranks more often (slower)"),
+    "CUPYCOLL_NUMBA": (_numba_mode, "auto",
+                       "numba loops for the hot numpy primitives: auto (when importable) or off"),
     "CUPYCOLL_LOG_LEVEL": (str, "WARNING", "level of the 'cupycoll' logger"),
 }
 

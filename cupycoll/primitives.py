@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from ._config import setting
 from ._types import ReduceOp, array_namespace, parse_op
 from .errors import InvalidArgument, InvalidType
 
@@ -167,6 +168,22 @@ def _identity(ufunc: np.ufunc, dtype: np.dtype) -> Any:
     return info.min if ufunc is np.maximum else info.max
 
 
+#: entries from which the numba loops run: below, numba's import and compile are not worth it.
+_FAST_FROM = 1 << 14
+
+
+def _fast(size: int) -> Any:
+    """``cupycoll._numba_kernels`` for ``size`` entries, unless small, CUPYCOLL_NUMBA=off or
+    numba does not import (then None: the numpy loops run)."""
+    if setting("CUPYCOLL_NUMBA") == "off" or size < _FAST_FROM:
+        return None
+    try:
+        from . import _numba_kernels
+    except ImportError:
+        return None
+    return _numba_kernels
+
+
 # --------------------------------------------------------------------------------------------
 # thresholds and top-k
 # --------------------------------------------------------------------------------------------
@@ -275,6 +292,10 @@ def count_abs_ge(x: Any, t: Any) -> int:
         t: real threshold, compared exactly (not rounded to ``x.dtype``).
     """
     x, t = _values(x, "x", (1,)), _real(t)
+    fast = _fast(x.size)
+    total = None if fast is None else fast.count(x, t)
+    if total is not None:
+        return total
     total = 0
     for _, mask in _abs_ge_blocks(x, t):
         total += (x.size if mask else 0) if isinstance(mask, bool) else int(np.count_nonzero(mask))
@@ -290,6 +311,10 @@ def select_abs_ge(x: Any, t: Any) -> tuple[np.ndarray, np.ndarray]:
     """
     x, t = _values(x, "x", (1,)), _real(t)
     itype = _index_dtype(x.size)
+    fast = _fast(x.size)
+    found = None if fast is None else fast.select(x, t, itype)
+    if found is not None:
+        return found
     found, values = [np.empty(0, np.intp)], [x[:0]]
     for start, mask in _abs_ge_blocks(x, t):
         if isinstance(mask, bool):
@@ -543,6 +568,12 @@ def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
     indices = [i for i, _ in pairs]
     if len(pairs) == 1:
         return indices[0].astype(itype), pairs[0][1].astype(acc).astype(ref.dtype, copy=False)
+    fast = _fast(sum(i.size for i in indices))
+    merged = None if fast is None else fast.merge(indices, [v for _, v in pairs], ufunc, acc,
+                                                  itype)
+    if merged is not None:
+        out_idx, out_val, done = merged
+        return _trimmed(out_idx, done), _trimmed(out_val, done).astype(ref.dtype, copy=False)
     total = sum(i.size for i in indices)
     cuts = _block_cuts(indices, total)
     out_idx, out_val = np.empty(total, itype), np.empty((total,) + ref.shape[1:], acc)

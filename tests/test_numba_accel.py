@@ -1,0 +1,103 @@
+"""The numba loops (CUPYCOLL_NUMBA=auto) give bitwise the results of the numpy twins (off)."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+from cupycoll import primitives as P
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("numba") is None,
+                                reason="numba not installed")
+
+VALUE_DTYPES = ["float16", "float32", "float64", "int32", "int64"]
+OPS = ["sum", "prod", "max", "min"]
+
+
+def both(monkeypatch: pytest.MonkeyPatch, fn: Callable[[], Any]) -> tuple[Any, Any]:
+    """``fn()`` with the numpy loops, then with the numba loops (which must be active)."""
+    monkeypatch.setattr(P, "_FAST_FROM", 0)
+    monkeypatch.setenv("CUPYCOLL_NUMBA", "off")
+    want = fn()
+    monkeypatch.setenv("CUPYCOLL_NUMBA", "auto")
+    assert P._fast(0) is not None
+    return want, fn()
+
+
+def same(got: tuple[np.ndarray, ...], want: tuple[np.ndarray, ...]) -> None:
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        assert g.tobytes() == w.tobytes()
+
+
+def values(rng: np.random.Generator, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Random values with ties, zeros of both signs, NaN (floats) and extremes (integers)."""
+    if dtype.startswith("int"):
+        info = np.iinfo(dtype)
+        v = rng.integers(-4, 5, shape).astype(dtype)
+        v.flat[rng.random(v.size) < 0.05] = info.min
+        v.flat[rng.random(v.size) < 0.05] = info.max
+        return v
+    v = (rng.standard_normal(shape) * rng.choice([1, 3, 100], shape)).astype(dtype)
+    v.flat[rng.random(v.size) < 0.1] = 0.0
+    v.flat[rng.random(v.size) < 0.1] = -0.0
+    v.flat[rng.random(v.size) < 0.03] = np.nan
+    v.flat[rng.random(v.size) < 0.02] = -np.nan
+    v.flat[rng.random(v.size) < 0.02] = np.inf
+    return v
+
+
+def test_merge_sorted_matches_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(7)
+    cases = 0
+    for dtype in VALUE_DTYPES:
+        for op in OPS:
+            for case in range(12):
+                nparts = int(rng.integers(2, 7))
+                universe = int(rng.choice([4, 50, 5000, 2**40]))
+                width = None if case % 3 else int(rng.integers(1, 4))
+                parts = []
+                for p in range(nparts):
+                    size = 0 if rng.random() < 0.2 else int(rng.integers(1, min(universe, 300)))
+                    itype = np.int64 if universe > 2**31 or rng.random() < 0.3 else np.int32
+                    idx = np.unique(rng.integers(0, universe, size)).astype(itype)
+                    shape = (idx.size,) if width is None else (idx.size, width)
+                    parts.append((idx, values(rng, dtype, shape)))
+                acc = [None, "float32", "float64", "int64"][case % 4]
+                want, got = both(monkeypatch, lambda: P.merge_sorted(parts, op, acc))
+                same(got, want)
+                cases += 1
+    # large enough for several merge blocks
+    parts = [(np.sort(rng.choice(2**20, 2**15, replace=False)).astype(np.int32),
+              values(rng, "float32", (2**15,))) for _ in range(5)]
+    same(*both(monkeypatch, lambda: P.merge_sorted(parts, "sum"))[::-1])
+    assert cases == 240
+
+
+def test_select_and_count_match_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(11)
+    for dtype in VALUE_DTYPES:
+        for size in (0, 1, 63, 64, 65, 1000, 5000):
+            x = values(rng, dtype, (size,))
+            sample = [float(abs(v)) for v in x[:3].astype(np.float64)]
+            for t in [0, -1, 0.5, 1, 2.5, 3, np.nan, np.inf, 2**31, 2**63, 1e300, *sample]:
+                same(*both(monkeypatch, lambda: P.select_abs_ge(x, t))[::-1])
+                want, got = both(monkeypatch, lambda: P.count_abs_ge(x, t))
+                assert got == want and type(got) is type(want)
+
+
+def test_errors_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cupycoll.errors import InvalidArgument, InvalidType
+
+    monkeypatch.setattr(P, "_FAST_FROM", 0)
+    monkeypatch.setenv("CUPYCOLL_NUMBA", "auto")
+    with pytest.raises(InvalidArgument):
+        P.merge_sorted([(np.array([2, 1]), np.ones(2)), (np.array([1]), np.ones(1))])
+    with pytest.raises(InvalidType):
+        P.select_abs_ge(np.ones(3, np.uint8), 1)
+    monkeypatch.setenv("CUPYCOLL_NUMBA", "sometimes")
+    with pytest.raises(InvalidArgument, match="CUPYCOLL_NUMBA"):
+        P.count_abs_ge(np.ones(3), 1)
