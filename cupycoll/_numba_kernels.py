@@ -165,7 +165,7 @@ def merge(indices: Sequence[np.ndarray], values: Sequence[np.ndarray], ufunc: np
 
     Values are cast to ``acc`` by numpy (as the twin does) before the loop folds them.
     """
-    if acc not in MERGE_DTYPES:
+    if acc not in MERGE_DTYPES or not any(i.size for i in indices):
         return None
     counts = np.fromiter((i.size for i in indices), np.int64, len(indices))
     starts = np.zeros(len(indices) + 1, np.int64)

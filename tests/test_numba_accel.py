@@ -70,6 +70,8 @@ def test_merge_sorted_matches_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
                 want, got = both(monkeypatch, lambda: P.merge_sorted(parts, op, acc))
                 same(got, want)
                 cases += 1
+    empty = [(np.zeros(0, np.int32), np.zeros((0, 2), np.float32))] * 3
+    same(*both(monkeypatch, lambda: P.merge_sorted(empty, "max"))[::-1])
     # large enough for several merge blocks
     parts = [(np.sort(rng.choice(2**20, 2**15, replace=False)).astype(np.int32),
               values(rng, "float32", (2**15,))) for _ in range(5)]
