@@ -179,7 +179,7 @@ def _fast(size: int) -> Any:
         return None
     try:
         from . import _numba_kernels
-    except ImportError:
+    except (ImportError, RuntimeError):  # RuntimeError: numba finds no writable cache directory
         return None
     return _numba_kernels
 
