@@ -568,13 +568,12 @@ def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
     indices = [i for i, _ in pairs]
     if len(pairs) == 1:
         return indices[0].astype(itype), pairs[0][1].astype(acc).astype(ref.dtype, copy=False)
-    fast = _fast(sum(i.size for i in indices))
+    total = sum(i.size for i in indices)
+    fast = _fast(total)
     merged = None if fast is None else fast.merge(indices, [v for _, v in pairs], ufunc, acc,
                                                   itype)
     if merged is not None:
-        out_idx, out_val, done = merged
-        return _trimmed(out_idx, done), _trimmed(out_val, done).astype(ref.dtype, copy=False)
-    total = sum(i.size for i in indices)
+        return _narrowed(*merged, ref.dtype)
     cuts = _block_cuts(indices, total)
     out_idx, out_val = np.empty(total, itype), np.empty((total,) + ref.shape[1:], acc)
     done = 0
@@ -585,7 +584,15 @@ def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
                 lo, hi = min(int(p[0]) for p in pieces), max(int(p[-1]) for p in pieces)
                 val = np.concatenate([v[c[b]:c[b + 1]] for (_, v), c in zip(pairs, cuts)])
                 done += _coalesce(pieces, lo, hi, val, ufunc, out_idx[done:], out_val[done:])
-    return _trimmed(out_idx, done), _trimmed(out_val, done).astype(ref.dtype, copy=False)
+    return _narrowed(out_idx, out_val, done, ref.dtype)
+
+
+def _narrowed(out_idx: np.ndarray, out_val: np.ndarray, done: int,
+              dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Trim a merge's outputs to ``done`` entries and cast the values back to ``dtype`` once
+    (overflow to inf, as in any reduction in that dtype, is not a warning)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _trimmed(out_idx, done), _trimmed(out_val, done).astype(dtype, copy=False)
 
 
 # --------------------------------------------------------------------------------------------
