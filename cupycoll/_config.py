@@ -36,7 +36,8 @@ SETTINGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "CUPYCOLL_ALGORITHM": (str, "auto", "default sparse_allreduce algorithm"),
     "CUPYCOLL_TOPK_ALGORITHM": (str, "oktopk", "default topk_allreduce algorithm"),
     "CUPYCOLL_DEBUG": (lambda t: t not in ("", "0", "false", "no"), False,
-                       "check argument agreement across ranks more often (slower)"),
+                       "before every dense collective, check that all ranks called the same one with the same op, "
+                       "root, dtype and count (one extra small allreduce; MismatchError otherwise)"),
     "CUPYCOLL_NUMBA": (_numba_mode, "auto",
                        "numba loops for the hot numpy primitives: auto (when importable) or off"),
     "CUPYCOLL_LOG_LEVEL": (str, "WARNING", "level of the 'cupycoll' logger"),

@@ -17,9 +17,12 @@ from __future__ import annotations
 import operator
 from typing import Any
 
-from ._types import ReduceOp, array_namespace, as_array, check_dtype, like_caller, parse_op
+import numpy as np
+
+from ._config import setting
+from ._types import ReduceOp, array_namespace, as_array, check_dtype, like_caller, parse_op, to_host
 from .comm import Communicator, Work, get_comm
-from .errors import InvalidArgument, InvalidType
+from .errors import InvalidArgument, InvalidType, MismatchError
 
 __all__ = ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "all_reduce",
            "all_gather", "reduce_scatter_tensor"]
@@ -65,6 +68,32 @@ def _rows(x: Any, comm: Communicator) -> int:
     return int(x.shape[0])
 
 
+_VERBS = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter")
+_OPS = tuple(ReduceOp)
+
+
+def _agree(comm: Communicator, verb: str, arr: Any, op: ReduceOp | None = None,
+           root: int = -1) -> None:
+    """With CUPYCOLL_DEBUG, check that every rank called the same collective the same way.
+
+    One small MAX-allreduce of each field and its negation (max == -min means all agree) runs
+    before the collective itself, so a rank that called another collective, or the same one with
+    another op, root, dtype or count, makes every rank raise MismatchError instead of hanging or
+    reducing garbage.
+    """
+    if not setting("CUPYCOLL_DEBUG"):
+        return
+    fields = {"collective": _VERBS.index(verb), "op": _OPS.index(op) if op is not None else -1,
+              "root": root, "dtype": np.dtype(arr.dtype).num, "count": int(arr.size)}
+    mine = np.array([v for f in fields.values() for v in (f, -f)], np.int64)
+    both = comm.xp.asarray(mine)
+    comm.allreduce(both, both, ReduceOp.MAX, op_name="debug.check").wait()
+    every = to_host(both)
+    differ = [name for i, name in enumerate(fields) if every[2 * i] != -every[2 * i + 1]]
+    if differ:
+        raise MismatchError(f"rank {comm.rank} called {verb} with {fields}, but ranks differ in "
+                            f"{differ} (CUPYCOLL_DEBUG check)")
+
 
 def _deliver(work: Work, result: Any, original: Any, async_op: bool) -> Any:
     if async_op:
@@ -92,6 +121,7 @@ def allreduce(x: Any, op: Any = "sum", *, comm: Communicator | None = None, out:
     arr = _input(x, comm)
     red = parse_op(op, rank=comm.rank)
     dst = _output(out, arr, arr.shape, comm)
+    _agree(comm, "allreduce", arr, red)
     return _deliver(comm.allreduce(arr, dst, red), dst, x, async_op)
 
 
@@ -102,6 +132,7 @@ def broadcast(x: Any, root: int = 0, *, comm: Communicator | None = None, out: A
     arr = _input(x, comm)
     src = _root(root, comm)
     dst = _output(out, arr, arr.shape, comm)
+    _agree(comm, "broadcast", arr, root=src)
     return _deliver(comm.broadcast(arr, dst, src), dst, x, async_op)
 
 
@@ -113,6 +144,7 @@ def reduce(x: Any, root: int = 0, op: Any = "sum", *, comm: Communicator | None 
     dst_root = _root(root, comm)
     red = parse_op(op, rank=comm.rank)
     dst = _output(out, arr, arr.shape, comm) if comm.rank == dst_root else None
+    _agree(comm, "reduce", arr, red, dst_root)
     return _deliver(comm.reduce(arr, dst, red, dst_root), dst, x, async_op)
 
 
@@ -123,6 +155,7 @@ def allgather(x: Any, *, comm: Communicator | None = None, out: Any = None,
     arr = _input(x, comm)
     shape = (comm.size * _rows(arr, comm),) + tuple(arr.shape[1:])
     dst = _output(out, arr, shape, comm)
+    _agree(comm, "allgather", arr)
     return _deliver(comm.allgather(arr, dst), dst, x, async_op)
 
 
@@ -137,10 +170,10 @@ def reduce_scatter(x: Any, op: Any = "sum", *, comm: Communicator | None = None,
         raise InvalidArgument("x", tuple(arr.shape), f"axis 0 ({rows}) must be divisible by the "
                               f"number of ranks ({comm.size})", rank=comm.rank)
     dst = _output(out, arr, (rows // comm.size,) + tuple(arr.shape[1:]), comm)
+    _agree(comm, "reduce_scatter", arr, red)
     return _deliver(comm.reduce_scatter(arr, dst, red), dst, x, async_op)
 
 
 all_reduce = allreduce
 all_gather = allgather
 reduce_scatter_tensor = reduce_scatter
-_ = ReduceOp

@@ -126,3 +126,19 @@ def test_dup_has_own_stats_and_frees():
     assert "allreduce" in twin.stats.by_op and not comm.stats.by_op
     twin.close()
     twin.close()
+
+
+def test_log_level_from_environment(monkeypatch):
+    import logging
+
+    logger = logging.getLogger("cupycoll")
+    before = logger.level
+    try:
+        monkeypatch.setenv("CUPYCOLL_LOG_LEVEL", "debug")
+        cc.init("mpi", mpi_comm=MPI.COMM_SELF)
+        assert logger.level == logging.DEBUG
+        monkeypatch.setenv("CUPYCOLL_LOG_LEVEL", "chatty")
+        with pytest.raises(errors.InvalidArgument, match="CUPYCOLL_LOG_LEVEL"):
+            cc.init("mpi", mpi_comm=MPI.COMM_SELF)
+    finally:
+        logger.setLevel(before)

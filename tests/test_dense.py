@@ -20,3 +20,9 @@ def test_dense_collectives_eight_ranks():
 def test_comm_stats_errors_timeouts(nprocs):
     out = run_mpi(nprocs, "comm_worker.py", timeout=120)
     assert out.count("comm ok") == nprocs
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_debug_mode_catches_mismatched_calls_on_every_rank(nprocs):
+    out = run_mpi(nprocs, "debug_worker.py", timeout=120, env={"CUPYCOLL_DEBUG": "1"})
+    assert out.count("debug ok") == nprocs

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from .._config import check_environment, setting
@@ -46,6 +47,7 @@ def init(backend: str | None = None, *, mpi_comm: Any = None,
     if backend not in _BACKENDS:
         raise InvalidArgument("backend", backend, f"valid: {list(_BACKENDS)}")
     timeout = setting("CUPYCOLL_TIMEOUT", timeout)
+    _apply_log_level()
     if backend == "auto":
         backend = "nccl" if nccl_usable() else "mpi"
     if backend == "nccl":
@@ -61,6 +63,15 @@ def init(backend: str | None = None, *, mpi_comm: Any = None,
     _log.debug("cupycoll: rank %d/%d on backend %s", comm.rank, comm.size, comm.backend)
     _default = comm
     return comm
+
+
+def _apply_log_level() -> None:
+    """Set the 'cupycoll' logger's level from CUPYCOLL_LOG_LEVEL, only when that is set."""
+    if os.environ.get("CUPYCOLL_LOG_LEVEL"):
+        level = setting("CUPYCOLL_LOG_LEVEL").upper()
+        if not isinstance(logging.getLevelName(level), int):
+            raise InvalidArgument("CUPYCOLL_LOG_LEVEL", level, "not a logging level name")
+        _log.setLevel(level)
 
 
 def get_comm() -> Communicator:
