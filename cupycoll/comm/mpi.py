@@ -27,6 +27,37 @@ _MPI_TYPES = {"float32": MPI.FLOAT, "float64": MPI.DOUBLE, "int8": MPI.SIGNED_CH
               "uint64": MPI.UINT64_T}
 _WIDENED = {"float16": np.float32, "bfloat16": np.float32}
 _TAG = 7
+_FLOAT_MINMAX: dict[ReduceOp, MPI.Op] = {}
+
+
+def _minmax(ufunc: np.ufunc, negative_zero_wins: bool):
+    """A commutative float max/min for MPI: NaN propagates, and a +0/-0 tie has one answer.
+
+    MPI's built-in MAX/MIN compare with ``<``, so a NaN survives or not depending on the order
+    in which a rank combines the operands, and ranks end up with different results. Here the
+    result does not depend on the order: numpy's ufunc (NaN wins), and on a zero tie -0 for min,
+    +0 for max.
+    """
+    def combine(inbuf: Any, inoutbuf: Any, datatype: MPI.Datatype) -> None:
+        dtype = np.float32 if datatype == MPI.FLOAT else np.float64
+        a, b = np.frombuffer(inbuf, dtype), np.frombuffer(inoutbuf, dtype)
+        ties = (a == 0) & (b == 0)
+        sign = np.signbit(a[ties])
+        sign = sign | np.signbit(b[ties]) if negative_zero_wins else sign & np.signbit(b[ties])
+        ufunc(a, b, out=b)
+        b[ties] = np.where(sign, dtype(-0.0), dtype(0.0))
+    return combine
+
+
+def _mpi_op(op: ReduceOp, dtype: np.dtype) -> MPI.Op:
+    """The MPI op of ``op`` on ``dtype``: built-in, except float max/min (see :func:`_minmax`)."""
+    if dtype.kind != "f" or op not in (ReduceOp.MAX, ReduceOp.MIN):
+        return _MPI_OPS[op]
+    if op not in _FLOAT_MINMAX:
+        _FLOAT_MINMAX[op] = MPI.Op.Create(
+            _minmax(np.maximum if op is ReduceOp.MAX else np.minimum, op is ReduceOp.MIN),
+            commute=True)
+    return _FLOAT_MINMAX[op]
 
 
 def _bytes(a: np.ndarray) -> list:
@@ -119,7 +150,7 @@ class MPICommunicator(Communicator):
         host_send, host_recv, in_place = self._reduction_buffers(send, recv, True)
         host_send = np.ascontiguousarray(host_send)
         sbuf = MPI.IN_PLACE if in_place else _typed(host_send)
-        req = self.mpi_comm.Iallreduce(sbuf, _typed(host_recv), _MPI_OPS[op])
+        req = self.mpi_comm.Iallreduce(sbuf, _typed(host_recv), _mpi_op(op, host_recv.dtype))
         self._record_collective("allreduce", send.nbytes, op_name=op_name)
         return self._work([req], op_name, self._finish_reduction(host_recv, recv, op),
                           (host_send, host_recv))
@@ -132,7 +163,7 @@ class MPICommunicator(Communicator):
         host_send = np.ascontiguousarray(host_send)
         sbuf = MPI.IN_PLACE if in_place else _typed(host_send)
         rbuf = _typed(host_recv) if at_root else None
-        req = self.mpi_comm.Ireduce(sbuf, rbuf, _MPI_OPS[op], root=root)
+        req = self.mpi_comm.Ireduce(sbuf, rbuf, _mpi_op(op, host_send.dtype), root=root)
         self._record_collective("reduce", send.nbytes, root, op_name=op_name)
         finalize = self._finish_reduction(host_recv, recv, op) if at_root else None
         return self._work([req], op_name, finalize, (host_send, host_recv))
@@ -144,7 +175,7 @@ class MPICommunicator(Communicator):
             host_send = host_send.copy()  # NCCL's in-place: recv is this rank's block of send
         host_send = np.ascontiguousarray(host_send)
         req = self.mpi_comm.Ireduce_scatter_block(_typed(host_send), _typed(host_recv),
-                                                  _MPI_OPS[op])
+                                                  _mpi_op(op, host_send.dtype))
         self._record_collective("reduce_scatter", send.nbytes, op_name=op_name)
         return self._work([req], op_name, self._finish_reduction(host_recv, recv, op),
                           (host_send, host_recv))

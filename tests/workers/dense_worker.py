@@ -58,6 +58,32 @@ def check(got: np.ndarray, want: np.ndarray, what: str) -> None:
         np.testing.assert_array_equal(got, want, err_msg=what)
 
 
+def nan_and_signed_zero(rank: int, p: int) -> int:
+    """Float max/min: NaN on one rank propagates, a +0/-0 tie has one answer, on every rank.
+
+    (MPI's built-in MAX/MIN depend on the operand order, which differs between ranks.)
+    """
+    def row(r: int, dtype: str) -> np.ndarray:
+        return np.array([np.nan if r == 0 else 1.0, np.nan if r == p - 1 else 2.0 + r,
+                         -0.0 if r % 2 else 0.0, 0.0 if r == p - 1 else -0.0, 3.0], dtype)
+
+    cases = 0
+    for dtype in ("float16", "float32", "float64"):
+        for op, fn in (("max", np.max), ("min", np.min)):
+            stack = np.stack([row(r, dtype) for r in range(p)])
+            want = fn(stack, axis=0)  # a zero tie: -0 for min if any -0, +0 for max if any +0
+            negative = np.signbit(stack).any(0) if op == "min" else np.signbit(stack).all(0)
+            want[want == 0] = np.where(negative, -0.0, 0.0)[want == 0]
+            got = cc.allreduce(row(rank, dtype), op=op)
+            assert got.tobytes() == want.tobytes(), (dtype, op, got, want)
+            got = cc.reduce(row(rank, dtype), root=p - 1, op=op)
+            assert rank != p - 1 or got.tobytes() == want.tobytes(), (dtype, op, got, want)
+            got = cc.reduce_scatter(np.tile(row(rank, dtype), p), op=op)
+            assert got.tobytes() == want.tobytes(), (dtype, op, got, want)
+            cases += 3
+    return cases
+
+
 def main(seed: int) -> None:
     comm = cc.init("mpi")
     rank, p = comm.rank, comm.size
@@ -125,6 +151,7 @@ def main(seed: int) -> None:
     assert work.is_completed() and res is work.result()
     check(res, np.arange(10, dtype=np.float32) + (p - 1), "async max")
     check(cc.all_reduce(x, op=cc.ReduceOp.MIN), np.arange(10, dtype=np.float32), "alias")
+    cases += nan_and_signed_zero(rank, p)
     print(f"rank {rank}: {cases} dense cases ok")
 
 
