@@ -65,6 +65,10 @@ def _bytes(a: np.ndarray) -> list:
     return [a, MPI.BYTE]
 
 
+def _address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
 def _typed(a: np.ndarray) -> list:
     return [a, _MPI_TYPES[a.dtype.name]]
 
@@ -133,7 +137,11 @@ class MPICommunicator(Communicator):
             host_recv = recv
         else:
             host_recv = np.empty(recv.shape, dtype=host_send.dtype)
-        in_place = in_place_ok and direct and send is recv
+        same = direct and host_send.flags.c_contiguous and host_send.nbytes == host_recv.nbytes \
+            and _address(host_send) == _address(host_recv)
+        in_place = in_place_ok and same  # NCCL's rule: in place when the pointers are equal
+        if direct and not in_place and np.shares_memory(host_send, host_recv):
+            host_send = host_send.copy()  # MPI forbids aliased buffers: read the input first
         return host_send, host_recv, in_place
 
     def _finish_reduction(self, host_recv: Any, recv: Any, op: ReduceOp):
@@ -171,8 +179,6 @@ class MPICommunicator(Communicator):
     def reduce_scatter(self, send: Any, recv: Any, op: ReduceOp,
                op_name: str = "reduce_scatter") -> Work:
         host_send, host_recv, _ = self._reduction_buffers(send, recv, False)
-        if isinstance(recv, np.ndarray) and np.shares_memory(host_send, host_recv):
-            host_send = host_send.copy()  # NCCL's in-place: recv is this rank's block of send
         host_send = np.ascontiguousarray(host_send)
         req = self.mpi_comm.Ireduce_scatter_block(_typed(host_send), _typed(host_recv),
                                                   _mpi_op(op, host_send.dtype))
