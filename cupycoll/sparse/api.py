@@ -144,7 +144,11 @@ def _fill(buffers: Any, idx: Any, val: Any) -> tuple[Any, Any]:
             raise InvalidArgument("alloc_fn", f"{name} {tuple(arr.shape)} {arr.dtype}",
                                   f"must return {name} of shape {tuple(src.shape)} and dtype "
                                   f"{src.dtype}")
-        arr[...] = _like(src, arr)
+        try:
+            arr[...] = _like(src, arr)
+        except ValueError as exc:  # a read-only buffer (e.g. a broadcast view)
+            raise InvalidArgument("alloc_fn", f"{name} {tuple(arr.shape)} {arr.dtype}",
+                                  f"must return writable buffers ({exc})") from exc
         out.append(buf)
     return out[0], out[1]
 

@@ -14,6 +14,7 @@ from mpi4py import MPI
 
 from cupycoll.comm.mpi import MPICommunicator
 from cupycoll.comm import Work
+from cupycoll.errors import InvalidArgument
 from cupycoll.sparse import SparseResult, sparse_allreduce
 
 N = 1000
@@ -67,6 +68,15 @@ def main() -> None:
     assert calls == [(union.size, np.dtype(np.int64), (union.size, 4), np.dtype(np.float64),
                       "ctx")], calls
     assert np.array_equal(res.indices, union) and np.array_equal(res.values, want)
+
+    # a read-only alloc_fn buffer is a typed error, not numpy's ValueError
+    try:
+        sparse_allreduce(*inputs(seed, rank, 0, 4), N, comm=comm, alloc_fn=lambda k, it, vs, vt,
+                         c: (np.empty(k, it), np.broadcast_to(np.zeros((1,) + vs[1:], vt), vs)))
+    except InvalidArgument as exc:
+        assert "writable" in str(exc), str(exc)
+    else:
+        raise AssertionError("read-only alloc_fn buffer did not raise InvalidArgument")
 
     # completion_fn: called once with the result and the context
     seen = {}
