@@ -14,15 +14,16 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import operator
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from ._config import setting
 from ._types import ReduceOp, array_namespace, as_array, check_dtype, like_caller, parse_op, to_host
 from .comm import Communicator, Work, get_comm
-from .errors import InvalidArgument, InvalidType, MismatchError
+from .errors import CupycollError, InvalidArgument, InvalidType, MismatchError
 
 __all__ = ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "all_reduce",
            "all_gather", "reduce_scatter_tensor"]
@@ -42,7 +43,8 @@ def _output(out: Any, x: Any, shape: tuple, comm: Communicator) -> Any:
         return array_namespace(x).empty(shape, dtype=x.dtype)
     out = as_array(out, "out", rank=comm.rank)
     if tuple(out.shape) != tuple(shape):
-        raise InvalidArgument("out", tuple(out.shape), f"shape must be {tuple(shape)}", rank=comm.rank)
+        raise InvalidArgument("out", tuple(out.shape), f"shape must be {tuple(shape)}",
+                              rank=comm.rank)
     if out.dtype != x.dtype:
         raise InvalidType("out", out.dtype, f"an array of dtype {x.dtype} (the input's)",
                           rank=comm.rank)
@@ -70,29 +72,57 @@ def _rows(x: Any, comm: Communicator) -> int:
 
 _VERBS = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter")
 _OPS = tuple(ReduceOp)
+_FIELDS = ("collective", "op", "root", "dtype", "count")
 
 
-def _agree(comm: Communicator, verb: str, arr: Any, op: ReduceOp | None = None,
-           root: int = -1) -> None:
+def _agree(comm: Communicator, verb: str, fields: dict[str, int] | None) -> None:
     """With CUPYCOLL_DEBUG, check that every rank called the same collective the same way.
 
-    One small MAX-allreduce of each field and its negation (max == -min means all agree) runs
-    before the collective itself, so a rank that called another collective, or the same one with
-    another op, root, dtype or count, makes every rank raise MismatchError instead of hanging or
-    reducing garbage.
+    One small MAX-allreduce of each field and its negation (max == -min means all agree), plus
+    the highest rank whose arguments were bad (``fields`` None), runs before the collective itself.
+    So a rank that called another collective, or the same one with another op, root, dtype or
+    count, or that raised on bad arguments, makes every other rank raise too instead of hanging
+    or reducing garbage.
     """
-    if not setting("CUPYCOLL_DEBUG"):
-        return
-    fields = {"collective": _VERBS.index(verb), "op": _OPS.index(op) if op is not None else -1,
-              "root": root, "dtype": np.dtype(arr.dtype).num, "count": int(arr.size)}
-    mine = np.array([v for f in fields.values() for v in (f, -f)], np.int64)
+    values = list((fields or {}).values()) or [0] * len(_FIELDS)
+    mine = np.array([comm.rank + 1 if fields is None else 0]
+                    + [v for f in values for v in (f, -f)], np.int64)
     both = comm.xp.asarray(mine)
     comm.allreduce(both, both, ReduceOp.MAX, op_name="debug.check").wait()
     every = to_host(both)
-    differ = [name for i, name in enumerate(fields) if every[2 * i] != -every[2 * i + 1]]
+    if fields is None:
+        return  # this rank raises its own error
+    if every[0]:
+        raise MismatchError(f"rank {int(every[0]) - 1} passed bad arguments to {verb}; rank "
+                            f"{comm.rank} stops too (CUPYCOLL_DEBUG check)")
+    differ = [name for i, name in enumerate(_FIELDS) if every[1 + 2 * i] != -every[2 + 2 * i]]
     if differ:
         raise MismatchError(f"rank {comm.rank} called {verb} with {fields}, but ranks differ in "
                             f"{differ} (CUPYCOLL_DEBUG check)")
+
+
+@contextlib.contextmanager
+def _checked(comm: Communicator, verb: str) -> Iterator[Callable[..., None]]:
+    """Validate one front-door call; with CUPYCOLL_DEBUG, agree on it across ranks.
+
+    The body validates locally and ends with ``check(arr, op, root)``; a CupycollError raised
+    before that still takes part in the agreement (as a bad-argument flag) when debugging.
+    """
+    debug, checked = setting("CUPYCOLL_DEBUG"), []
+
+    def check(arr: Any, op: ReduceOp | None = None, root: int = -1) -> None:
+        checked.append(True)
+        if debug:
+            _agree(comm, verb, {"collective": _VERBS.index(verb),
+                                "op": _OPS.index(op) if op is not None else -1, "root": root,
+                                "dtype": np.dtype(arr.dtype).num, "count": int(arr.size)})
+
+    try:
+        yield check
+    except CupycollError:
+        if debug and not checked:
+            _agree(comm, verb, None)
+        raise
 
 
 def _deliver(work: Work, result: Any, original: Any, async_op: bool) -> Any:
@@ -118,10 +148,11 @@ def allreduce(x: Any, op: Any = "sum", *, comm: Communicator | None = None, out:
         cc.allreduce(np.array([rank + 1]))    # rank 0: [3]  rank 1: [3]
     """
     comm = comm or get_comm()
-    arr = _input(x, comm)
-    red = parse_op(op, rank=comm.rank)
-    dst = _output(out, arr, arr.shape, comm)
-    _agree(comm, "allreduce", arr, red)
+    with _checked(comm, "allreduce") as check:
+        arr = _input(x, comm)
+        red = parse_op(op, rank=comm.rank)
+        dst = _output(out, arr, arr.shape, comm)
+        check(arr, red)
     return _deliver(comm.allreduce(arr, dst, red), dst, x, async_op)
 
 
@@ -129,10 +160,11 @@ def broadcast(x: Any, root: int = 0, *, comm: Communicator | None = None, out: A
               async_op: bool = False) -> Any:
     """Copy root's ``x`` to every rank (``x`` on other ranks only gives shape and dtype)."""
     comm = comm or get_comm()
-    arr = _input(x, comm)
-    src = _root(root, comm)
-    dst = _output(out, arr, arr.shape, comm)
-    _agree(comm, "broadcast", arr, root=src)
+    with _checked(comm, "broadcast") as check:
+        arr = _input(x, comm)
+        src = _root(root, comm)
+        dst = _output(out, arr, arr.shape, comm)
+        check(arr, root=src)
     return _deliver(comm.broadcast(arr, dst, src), dst, x, async_op)
 
 
@@ -140,11 +172,12 @@ def reduce(x: Any, root: int = 0, op: Any = "sum", *, comm: Communicator | None 
            out: Any = None, async_op: bool = False) -> Any:
     """Reduce ``x`` over all ranks onto ``root``; return the result on root and None elsewhere."""
     comm = comm or get_comm()
-    arr = _input(x, comm)
-    dst_root = _root(root, comm)
-    red = parse_op(op, rank=comm.rank)
-    dst = _output(out, arr, arr.shape, comm) if comm.rank == dst_root else None
-    _agree(comm, "reduce", arr, red, dst_root)
+    with _checked(comm, "reduce") as check:
+        arr = _input(x, comm)
+        dst_root = _root(root, comm)
+        red = parse_op(op, rank=comm.rank)
+        dst = _output(out, arr, arr.shape, comm) if comm.rank == dst_root else None
+        check(arr, red, dst_root)
     return _deliver(comm.reduce(arr, dst, red, dst_root), dst, x, async_op)
 
 
@@ -152,10 +185,11 @@ def allgather(x: Any, *, comm: Communicator | None = None, out: Any = None,
               async_op: bool = False) -> Any:
     """Concatenate every rank's ``x`` along axis 0 in rank order; identical on every rank."""
     comm = comm or get_comm()
-    arr = _input(x, comm)
-    shape = (comm.size * _rows(arr, comm),) + tuple(arr.shape[1:])
-    dst = _output(out, arr, shape, comm)
-    _agree(comm, "allgather", arr)
+    with _checked(comm, "allgather") as check:
+        arr = _input(x, comm)
+        shape = (comm.size * _rows(arr, comm),) + tuple(arr.shape[1:])
+        dst = _output(out, arr, shape, comm)
+        check(arr)
     return _deliver(comm.allgather(arr, dst), dst, x, async_op)
 
 
@@ -163,14 +197,15 @@ def reduce_scatter(x: Any, op: Any = "sum", *, comm: Communicator | None = None,
                    async_op: bool = False) -> Any:
     """Reduce ``x`` over ranks and return this rank's block (axis 0 split into P equal blocks)."""
     comm = comm or get_comm()
-    arr = _input(x, comm)
-    rows = _rows(arr, comm)
-    red = parse_op(op, rank=comm.rank)
-    if rows % comm.size:
-        raise InvalidArgument("x", tuple(arr.shape), f"axis 0 ({rows}) must be divisible by the "
-                              f"number of ranks ({comm.size})", rank=comm.rank)
-    dst = _output(out, arr, (rows // comm.size,) + tuple(arr.shape[1:]), comm)
-    _agree(comm, "reduce_scatter", arr, red)
+    with _checked(comm, "reduce_scatter") as check:
+        arr = _input(x, comm)
+        rows = _rows(arr, comm)
+        red = parse_op(op, rank=comm.rank)
+        if rows % comm.size:
+            raise InvalidArgument("x", tuple(arr.shape), f"axis 0 ({rows}) must be divisible by "
+                                  f"the number of ranks ({comm.size})", rank=comm.rank)
+        dst = _output(out, arr, (rows // comm.size,) + tuple(arr.shape[1:]), comm)
+        check(arr, red)
     return _deliver(comm.reduce_scatter(arr, dst, red), dst, x, async_op)
 
 

@@ -28,5 +28,12 @@ e = expect_raises(MismatchError, cc.allgather, np.ones(rank + 1, np.float32))
 assert "'count'" in str(e)
 e = expect_raises(MismatchError, cc.reduce_scatter, x.astype(np.float64 if rank else np.float32))
 assert "'dtype'" in str(e)
+# bad arguments on one rank: that rank raises its own error, the others MismatchError naming it
+bad = p - 1
+e = expect_raises(cc.errors.CupycollError, cc.allreduce, x, op="xor" if rank == bad else "sum")
+assert isinstance(e, cc.errors.InvalidArgument if rank == bad else MismatchError), e
+assert rank == bad or f"rank {bad} passed bad arguments" in str(e)
+e = expect_raises(cc.errors.CupycollError, cc.broadcast, x, root=p if rank == 0 else 0)
+assert rank == 0 or "rank 0 passed bad arguments" in str(e)
 assert float(cc.allreduce(x)[0]) == p  # the communicator is still usable
 print(f"rank {rank}: debug ok")
