@@ -12,7 +12,6 @@ import ctypes
 import shutil
 import subprocess
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
