@@ -11,6 +11,7 @@ from cupycoll._types import ReduceOp, as_array, check_dtype, parse_op
 from cupycoll.comm import Work, bus_factor
 from cupycoll._types import trunc_divide
 from cupycoll.comm.mpi import MPICommunicator
+from tests.workers._common import DLPackOnly
 
 
 @pytest.mark.parametrize("spec, want", [("sum", ReduceOp.SUM), ("AVG", ReduceOp.AVG),
@@ -49,22 +50,10 @@ def test_check_dtype_and_as_array():
     assert as_array(memview, "x") is memview
 
 
-class _DLPackOnly:
-    """A foreign CPU tensor that only speaks DLPack (stands in for torch.Tensor)."""
-
-    def __init__(self, a):
-        self._a = a
-
-    def __dlpack__(self, **kw):
-        return self._a.__dlpack__(**kw)
-
-    def __dlpack_device__(self):
-        return self._a.__dlpack_device__()
-
 
 def test_dlpack_objects_are_zero_copy():
     base = np.arange(4, dtype=np.float32)
-    view = as_array(_DLPackOnly(base), "x")
+    view = as_array(DLPackOnly(base), "x")
     view[0] = 42
     assert base[0] == 42
 

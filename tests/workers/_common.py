@@ -37,3 +37,16 @@ def expect_raises(exc_type, fn, *args, **kwargs):
     except exc_type as exc:
         return exc
     raise AssertionError(f"{getattr(fn, '__name__', fn)} did not raise {exc_type.__name__}")
+
+
+class DLPackOnly:
+    """A foreign CPU tensor that only speaks DLPack (stands in for torch.Tensor)."""
+
+    def __init__(self, a: np.ndarray) -> None:
+        self.a = a
+
+    def __dlpack__(self, **kw):
+        return self.a.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()

@@ -9,7 +9,7 @@ import os
 import sys
 
 import numpy as np
-from _common import assert_identical_across_ranks, rng_for
+from _common import DLPackOnly, assert_identical_across_ranks, rng_for
 from mpi4py import MPI
 
 from cupycoll.comm.mpi import MPICommunicator
@@ -19,18 +19,6 @@ from cupycoll.sparse import SparseResult, sparse_allreduce
 
 N = 1000
 
-
-class DLPackOnly:
-    """A foreign CPU tensor that only speaks DLPack (stands in for torch.Tensor)."""
-
-    def __init__(self, a):
-        self.a = a
-
-    def __dlpack__(self, **kw):
-        return self.a.__dlpack__(**kw)
-
-    def __dlpack_device__(self):
-        return self.a.__dlpack_device__()
 
 
 def inputs(seed: int, rank: int, case: int, width: int = 0):
