@@ -24,6 +24,7 @@ from mpi4py import MPI
 
 import cupycoll as cc
 from cupycoll.comm import bus_factor
+from cupycoll.primitives import free_scratch
 from cupycoll.sparse import sparse_allreduce
 from cupycoll.sparse._cost import Shape
 from cupycoll.sparse.auto import choose
@@ -94,6 +95,7 @@ def interleaved(calls: dict, iters: int, warmup: int, mpi_comm) -> dict:
 def peak_ratio(call, comm) -> float:
     """Peak extra memory of one call / bytes this rank received in it (max over ranks)."""
     comm.stats.reset()
+    free_scratch()  # so the temporaries the numba loops keep are counted in this call
     tracemalloc.start()
     tracemalloc.reset_peak()
     base = tracemalloc.get_traced_memory()[0]

@@ -28,6 +28,15 @@ def _numba_mode(text: str) -> str:
     raise ValueError("expected auto or off (0)")
 
 
+def _threads(text: str) -> int | str:
+    if text.strip().lower() == "auto":
+        return "auto"
+    count = int(text)
+    if count < 1:
+        raise ValueError("expected auto or a positive integer")
+    return count
+
+
 #: name -> (parser, default, description)
 SETTINGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "CUPYCOLL_BACKEND": (str, "auto", "default backend of init(): auto, mpi or nccl"),
@@ -40,6 +49,10 @@ SETTINGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                        "root, dtype and count (one extra small allreduce; MismatchError otherwise)"),
     "CUPYCOLL_NUMBA": (_numba_mode, "auto",
                        "numba loops for the hot numpy primitives: auto (when importable) or off"),
+    "CUPYCOLL_THREADS": (_threads, "auto",
+                         "threads of one numba loop: auto (the CPUs this process may use divided by "
+                         "the MPI ranks on this node, as MPI_LOCALNRANKS or "
+                         "OMPI_COMM_WORLD_LOCAL_SIZE tell) or a positive integer"),
     "CUPYCOLL_LOG_LEVEL": (str, "WARNING", "level of the 'cupycoll' logger"),
 }
 

@@ -21,6 +21,7 @@ import functools
 import inspect
 import math
 import numbers
+import sys
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -30,7 +31,7 @@ from ._types import ReduceOp, array_namespace, parse_op
 from .errors import InvalidArgument, InvalidType
 
 __all__ = ["count_abs_ge", "select_abs_ge", "kth_abs", "topk_abs", "coo_reduce", "merge_sorted",
-           "scatter_reduce", "gather", "densify", "VALUE_DTYPES", "INDEX_DTYPES"]
+           "scatter_reduce", "gather", "densify", "VALUE_DTYPES", "INDEX_DTYPES", "free_scratch"]
 
 #: dtypes of values (and of dense arrays) every primitive accepts.
 VALUE_DTYPES = tuple(np.dtype(t) for t in ("float16", "float32", "float64", "int32", "int64"))
@@ -182,6 +183,13 @@ def _fast(size: int) -> Any:
     except (ImportError, RuntimeError):  # RuntimeError: numba finds no writable cache directory
         return None
     return _numba_kernels
+
+
+def free_scratch() -> None:
+    """Free the temporaries that the numba loops keep between calls of this thread."""
+    loops = sys.modules.get(f"{__package__}._numba_kernels")
+    if loops is not None:
+        loops.free_scratch()
 
 
 # --------------------------------------------------------------------------------------------

@@ -104,3 +104,52 @@ def test_errors_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUPYCOLL_NUMBA", "sometimes")
     with pytest.raises(InvalidArgument, match="CUPYCOLL_NUMBA"):
         P.count_abs_ge(np.ones(3), 1)
+
+
+@pytest.mark.parametrize("threads", ["2", "3", "7"])
+def test_threaded_loops_match_numpy(monkeypatch: pytest.MonkeyPatch, threads: str) -> None:
+    """Loops cut over several threads (also more pieces than blocks) give the serial results."""
+    from cupycoll import _numba_kernels as K
+
+    monkeypatch.setattr(K, "_PARALLEL_FROM", 0)
+    monkeypatch.setenv("CUPYCOLL_THREADS", threads)
+    assert K.threads() == int(threads)
+    rng = np.random.default_rng(int(threads))
+    for size in (1, 17, 100, 5000, 70000):
+        x = values(rng, "float32", (size,))
+        xi = values(rng, "int32", (size,))
+        for arr, t in ((x, 1.5), (x, 0), (x, np.inf), (xi, 3), (xi, 2**31)):
+            same(*both(monkeypatch, lambda: P.select_abs_ge(arr, t))[::-1])
+            want, got = both(monkeypatch, lambda: P.count_abs_ge(arr, t))
+            assert got == want
+    monkeypatch.setattr(P, "_MERGE_BLOCK", 256)  # many blocks from small parts
+    for universe, nparts, width in ((2**20, 4, None), (3000, 5, None), (2**40, 3, 2), (50, 2, None)):
+        parts = []
+        for _ in range(nparts):
+            idx = np.unique(rng.integers(0, universe, int(rng.integers(0, 2000))))
+            shape = (idx.size,) if width is None else (idx.size, width)
+            parts.append((idx, values(rng, "float64", shape)))
+        for op in OPS:
+            same(*both(monkeypatch, lambda: P.merge_sorted(parts, op))[::-1])
+
+
+def test_threads_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """auto divides this process's CPUs among the MPI ranks of the node; bad values raise."""
+    import os
+
+    from cupycoll import _numba_kernels as K
+    from cupycoll.errors import InvalidArgument
+
+    cpus = len(os.sched_getaffinity(0))
+    monkeypatch.delenv("CUPYCOLL_THREADS", raising=False)
+    for name in K._LOCAL_RANKS:
+        monkeypatch.delenv(name, raising=False)
+    assert K.threads() == cpus
+    monkeypatch.setenv("MPI_LOCALNRANKS", str(2 * cpus))
+    assert K.threads() == 1
+    monkeypatch.setenv("CUPYCOLL_THREADS", "3")
+    assert K.threads() == 3
+    for bad in ("0", "-2", "many"):
+        monkeypatch.setenv("CUPYCOLL_THREADS", bad)
+        with pytest.raises(InvalidArgument, match="CUPYCOLL_THREADS"):
+            K.threads()
