@@ -8,8 +8,9 @@ and the table reports medians and the speedup = reference time / primitive time:
     python bench/bench_primitives.py --impl numpy   # only the numpy twins (default: both)
 
 Each primitive is measured with the numpy loops (CUPYCOLL_NUMBA=off) and, when numba is
-installed, with the numba loops (CUPYCOLL_NUMBA=auto), interleaved in the same repetitions;
-the ``impl`` column tells them apart.
+installed, with the numba loops on one thread (impl ``numba1``: CUPYCOLL_THREADS=1) and on the
+default threads (impl ``numba``: CUPYCOLL_THREADS=auto, all CPUs of a process alone on its node),
+interleaved in the same repetitions.
 
 Targets (issue 3): select_abs_ge <= 3x the time of x.copy() (speedup >= 0.33) and >= 10x faster
 than an np.argpartition top-k; merge_sorted of 4 x 2**18 parts >= 3x faster than
@@ -48,6 +49,10 @@ def measure(fns: dict[str, Callable[[], Any]], reps: int) -> dict[str, float]:
     return {name: float(np.median(s)) for name, s in samples.items()}
 
 
+#: impl -> (CUPYCOLL_NUMBA, CUPYCOLL_THREADS)
+IMPLS = {"numpy": ("off", "1"), "numba1": ("auto", "1"), "numba": ("auto", "auto")}
+
+
 def implementations(choice: str) -> list[str]:
     """The implementations to measure: numpy, and numba when installed (``choice`` both)."""
     if choice != "both":
@@ -56,15 +61,15 @@ def implementations(choice: str) -> list[str]:
         import numba  # noqa: F401
     except ImportError:
         return ["numpy"]
-    return ["numpy", "numba"]
+    return list(IMPLS)
 
 
 def under(impl: str, fn: Callable[[], Any]) -> Callable[[], Any]:
-    """``fn`` run with the numpy loops (impl numpy) or the numba loops (impl numba)."""
-    mode = "off" if impl == "numpy" else "auto"
+    """``fn`` run with the numpy loops or the numba loops on one or the default threads."""
+    numba, threads = IMPLS[impl]
 
     def run() -> Any:
-        os.environ["CUPYCOLL_NUMBA"] = mode
+        os.environ["CUPYCOLL_NUMBA"], os.environ["CUPYCOLL_THREADS"] = numba, threads
         return fn()
 
     return run
@@ -173,8 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=7, help="repetitions (median reported)")
     p.add_argument("-c", "--check", type=int, default=1, help="check results (1) or not (0)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--impl", choices=("both", "numpy", "numba"), default="both",
-                   help="numpy loops, numba loops, or both side by side (numba if installed)")
+    p.add_argument("--impl", choices=("both", *IMPLS), default="both",
+                   help="numpy loops, numba loops (numba1: on one thread), or all side by side")
     p.add_argument("--json", metavar="PATH", help="write the rows as JSON to PATH ('-' = stdout)")
     args = p.parse_args(argv)
 
@@ -182,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     n, k = 1 << args.log2n, 1 << args.log2k
     x = rng.standard_normal(n).astype(np.float32)
     table = Table(COLUMNS, rank=0)
-    table.widths = [14, 6, 28, 10, 15, 10, 9, 22, 7]
+    table.widths = [14, 7, 28, 10, 15, 10, 9, 22, 7]
     impls = implementations(args.impl)
     table.header(f"cupycoll primitives, numpy {np.__version__}, median of {args.reps}; "
                  "speedup = ref(ms) / time(ms)")
