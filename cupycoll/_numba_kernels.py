@@ -38,8 +38,8 @@ _SCAN = 16
 _PARALLEL_FROM = 1 << 18
 #: environment variables in which MPI launchers tell the number of ranks on this node.
 _LOCAL_RANKS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE")
-_POOL: list[ThreadPoolExecutor] = []
-_POOL_LOCK = threading.Lock()
+#: the thread pool, by process id: a forked child (a DataLoader worker) makes its own.
+_POOLS: dict[int, ThreadPoolExecutor] = {}
 #: per-thread temporaries of the merge, reused (see _scratch), each at most _SCRATCH_KEPT bytes.
 _SCRATCH = threading.local()
 _SCRATCH_KEPT = 1 << 26
@@ -62,13 +62,19 @@ def _pieces(size: int) -> int:
 
 
 def _in_threads(jobs: list[Callable[[], Any]]) -> list[Any]:
-    """The results of the jobs (numba loops that release the GIL), run in parallel threads."""
-    if len(jobs) == 1:
-        return [jobs[0]()]
-    with _POOL_LOCK:
-        if not _POOL:
-            _POOL.append(ThreadPoolExecutor(thread_name_prefix="cupycoll"))
-    return [future.result() for future in [_POOL[0].submit(job) for job in jobs]]
+    """The results of the jobs (numba loops that release the GIL), run in parallel: the first
+    in this thread, the others on the pool."""
+    others = []
+    if len(jobs) > 1:
+        pool = _POOLS.get(os.getpid())
+        if pool is None:  # setdefault: a pool made by a racing thread wins, ours starts no thread
+            pool = _POOLS.setdefault(os.getpid(), ThreadPoolExecutor(thread_name_prefix="cupycoll"))
+        others = [pool.submit(job) for job in jobs[1:]]
+    try:
+        first = jobs[0]()
+    finally:
+        results = [future.result() for future in others]
+    return [first, *results]
 
 
 def _scratch(name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -153,3 +154,28 @@ def test_threads_setting(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("CUPYCOLL_THREADS", bad)
         with pytest.raises(InvalidArgument, match="CUPYCOLL_THREADS"):
             K.threads()
+
+
+def test_threaded_loops_after_fork(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forked child (as a DataLoader worker) gets its own thread pool instead of hanging."""
+    import os
+
+    from cupycoll import _numba_kernels as K
+
+    monkeypatch.setattr(K, "_PARALLEL_FROM", 0)
+    monkeypatch.setattr(P, "_FAST_FROM", 0)
+    monkeypatch.setenv("CUPYCOLL_THREADS", "2")
+    x = np.arange(-5000, 5000, dtype=np.float32)
+    assert P.count_abs_ge(x, 10) == 9981  # the parent's pool now exists
+    pid = os.fork()
+    if pid == 0:  # child: exit 0 only if the threaded loop answers right
+        os._exit(0 if P.count_abs_ge(x, 10) == 9981 else 1)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    pytest.fail("the forked child hung in a threaded loop")
