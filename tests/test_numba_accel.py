@@ -179,3 +179,21 @@ def test_threaded_loops_after_fork(monkeypatch: pytest.MonkeyPatch) -> None:
         time.sleep(0.05)
     os.kill(pid, 9)
     pytest.fail("the forked child hung in a threaded loop")
+
+
+@pytest.mark.parametrize("kept", [0, 1 << 22])
+def test_merge_temporaries_kept_or_not(monkeypatch: pytest.MonkeyPatch, kept: int) -> None:
+    """Kept temporaries are reused (and freed by free_scratch); results are the same either way,
+    also when a later, larger merge outgrows them."""
+    from cupycoll import _numba_kernels as K
+
+    monkeypatch.setattr(K, "_SCRATCH_KEPT", kept)
+    rng = np.random.default_rng(kept)
+    P.free_scratch()
+    for size in (3000, 300, 9000):
+        indices = [np.unique(rng.integers(0, 50_000, size)) for _ in range(3)]
+        parts = [(i, values(rng, "float32", (i.size,))) for i in indices]
+        same(*both(monkeypatch, lambda: P.merge_sorted(parts, "sum"))[::-1])
+        assert hasattr(K._SCRATCH, "idx") == bool(kept)
+    P.free_scratch()
+    assert not hasattr(K._SCRATCH, "idx")
