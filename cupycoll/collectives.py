@@ -55,6 +55,8 @@ def _output(out: Any, x: Any, shape: tuple, comm: Communicator) -> Any:
 
 def _root(root: Any, comm: Communicator) -> int:
     try:
+        if isinstance(root, (bool, np.bool_)):  # operator.index(True) is 1: not a rank
+            raise TypeError
         value = operator.index(root)
     except TypeError:
         raise InvalidType("root", root, "an int rank", rank=comm.rank) from None

@@ -112,9 +112,23 @@ def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: An
         raise _decode(int(agreed[0]) % 256, p - int(agreed[0]) // 256)
     for name, i in (("length of x", 1), ("k", 3), ("dtype", 5), ("algorithm", 7)):
         if agreed[i] != -agreed[i + 1]:
-            raise MismatchError(f"ranks disagree on the {name} of topk_allreduce (rank "
-                                f"{comm.rank} has {mine[i]}; range {-agreed[i + 1]}..{agreed[i]})")
+            raise MismatchError(_disagreement(name, comm.rank, int(mine[i]), int(-agreed[i + 1]),
+                                              int(agreed[i]), algorithm))
     return arr, kk
+
+
+def _disagreement(name: str, rank: int, mine: int, low: int, high: int, algorithm: str) -> str:
+    """The message of a MismatchError: dtypes by name, algorithms by this rank's name (the
+    validation allreduce carries only a hash of the others')."""
+    if name == "algorithm":
+        return (f"ranks disagree on the algorithm of topk_allreduce (rank {rank} asked for "
+                f"{algorithm!r}, another rank for another one)")
+    if name == "dtype":
+        dtype_of = lambda code: FLOAT_DTYPES[code - 1].name  # noqa: E731
+        return (f"ranks disagree on the dtype of x in topk_allreduce (rank {rank} has "
+                f"{dtype_of(mine)}; the ranks have {dtype_of(low)} to {dtype_of(high)})")
+    return (f"ranks disagree on the {name} of topk_allreduce (rank {rank} has {mine}; "
+            f"range {low}..{high})")
 
 
 def run(comm: Communicator, x: Any, k: int, algorithm: str, selector: Selector | None,

@@ -69,6 +69,8 @@ def check_errors(comm) -> None:
     assert "'root'" in str(e)
     expect_raises(InvalidArgument, cc.reduce, x, root=-1, comm=comm)
     expect_raises(InvalidType, cc.reduce, x, root="0", comm=comm)
+    expect_raises(InvalidType, cc.broadcast, x, root=False, comm=comm)  # a bool is not a rank
+    expect_raises(InvalidType, cc.reduce, x, root=np.True_, comm=comm)
     if p > 1:
         e = expect_raises(InvalidArgument, cc.reduce_scatter, np.ones(4 * p + 1, np.float32),
                           comm=comm)

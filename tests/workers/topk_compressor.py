@@ -111,7 +111,13 @@ def errors(comm) -> None:
             (MismatchError, None, lambda: topk_allreduce(x, 3 + (r == 0), comm=comm)),
             (MismatchError, None, lambda: topk_allreduce(
                 x.astype(np.float64) if r == 0 else x, 3, comm=comm)),
+            (MismatchError, None, lambda: topk_allreduce(
+                x, 3, comm=comm, algorithm="topka" if r == 0 else "oktopk")),
         ]
+        message = str(expect_raises(MismatchError, cases[-2][2]))
+        assert "float32 to float64" in message, message  # dtypes by name, not by code
+        message = str(expect_raises(MismatchError, cases[-1][2]))
+        assert ("'topka'" if r == 0 else "'oktopk'") in message, message
     for exc_type, argument, call in cases:
         exc = expect_raises(exc_type, call)
         if argument is not None:
