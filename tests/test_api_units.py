@@ -79,6 +79,21 @@ def test_work_runs_finalize_once():
     assert calls == ["wait", "fin"]
 
 
+def test_work_whose_finalize_raised_raises_again_without_rerunning():
+    """A completion callback that raised is not called a second time by a retried wait()."""
+    calls = []
+
+    def finalize():
+        calls.append("fin")
+        raise ValueError("callback failed")
+
+    w = Work(lambda: calls.append("wait"), lambda: False, finalize)
+    for _ in range(3):
+        with pytest.raises(ValueError, match="callback failed"):
+            w.wait()
+    assert calls == ["wait", "fin"] and w.is_completed()
+
+
 def test_config_keyword_env_default(monkeypatch):
     assert setting("CUPYCOLL_BACKEND", "mpi") == "mpi"
     monkeypatch.setenv("CUPYCOLL_TIMEOUT", "2.5")

@@ -95,7 +95,8 @@ class Work:
     """Handle of an operation in flight: ``wait()``, ``is_completed()``, ``result()``.
 
     ``wait_fn`` blocks until the transfers are done, ``test_fn`` polls them, ``finalize`` runs once
-    after completion (casts, divisions, copies back) and returns the result.
+    after completion (casts, divisions, copies back, user callbacks) and returns the result. If
+    ``finalize`` raises, every later ``wait()`` raises the same exception without running it again.
     """
 
     def __init__(self, wait_fn: Callable[[], None] | None = None,
@@ -103,6 +104,7 @@ class Work:
                  finalize: Callable[[], Any] | None = None, result: Any = None) -> None:
         self._wait_fn, self._test_fn, self._finalize = wait_fn, test_fn, finalize
         self._result = result
+        self._error: BaseException | None = None
         self._done = wait_fn is None and finalize is None
         self._lock = threading.Lock()
 
@@ -112,9 +114,16 @@ class Work:
             if not self._done:
                 if self._wait_fn is not None:
                     self._wait_fn()
-                if self._finalize is not None:
-                    self._result = self._finalize()
-                self._done = True
+                try:
+                    if self._finalize is not None:
+                        self._result = self._finalize()
+                except BaseException as exc:
+                    self._error = exc
+                    raise
+                finally:
+                    self._done = True
+            if self._error is not None:
+                raise self._error
         return self._result
 
     def is_completed(self) -> bool:
