@@ -16,6 +16,14 @@ def test_random_cases_match_dense_reference(nprocs, ncases):
     assert f"ok {ncases} cases on {nprocs} ranks" in out
 
 
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_random_cases_in_threaded_numba_loops(nprocs):
+    """Every merge in every rank through the numba loops cut over 3 threads."""
+    out = run_mpi(nprocs, "sparse_random.py", 2000 + nprocs, 200, timeout=240,
+                  env={"CC_TEST_NUMBA_THREADS": "1", "CUPYCOLL_THREADS": "3"})
+    assert f"ok 200 cases on {nprocs} ranks" in out
+
+
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 8])
 def test_volume_equals_cost_models(nprocs):
     out = run_mpi(nprocs, "sparse_volume.py", 7, timeout=180)

@@ -1,6 +1,6 @@
 """Randomized sparse_allreduce cases against an independent dense numpy reference.
 
-Usage: sparse_random.py SEED NCASES [ALGORITHM ...]
+Usage: sparse_random.py SEED NCASES [ALGORITHM ...]   (CC_TEST_NUMBA_THREADS=1: see below)
 
 Every rank rebuilds every rank's input from the shared seed, densifies and reduces it with numpy
 in float64/int64 (absent entries count as 0), and checks its own result: indices exactly (and
@@ -11,6 +11,7 @@ rounding bound derived from the number of terms. Results must be bitwise identic
 
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
@@ -154,8 +155,21 @@ def check(res, prm: dict, inputs, size: int, case: int) -> None:
     assert np.all(err <= tol + 1e-30), f"values off: {where}\nmax err {err.max()} tol {tol.min()}"
 
 
+def every_loop_in_numba_threads() -> None:
+    """CC_TEST_NUMBA_THREADS=1: every primitive call of any size takes the numba loops, with
+    merges cut into blocks of 8 entries and loops into CUPYCOLL_THREADS pieces (normally only
+    inputs of >= 2**14 / 2**18 entries do, in blocks of 2**15)."""
+    from cupycoll import _numba_kernels, primitives
+
+    primitives._FAST_FROM = 0
+    primitives._MERGE_BLOCK = 8
+    _numba_kernels._PARALLEL_FROM = 0
+
+
 def main() -> None:
     seed, ncases = int(sys.argv[1]), int(sys.argv[2])
+    if os.environ.get("CC_TEST_NUMBA_THREADS"):
+        every_loop_in_numba_threads()
     algorithms = sys.argv[3:] or ALGORITHMS
     comm = MPICommunicator(MPI.COMM_WORLD, timeout=60)
     size, rank = comm.size, comm.rank
