@@ -74,6 +74,15 @@ def _typed(a: np.ndarray) -> list:
     return [a, _MPI_TYPES[a.dtype.name]]
 
 
+def _missing(requests: list, peers: Sequence[int] | None) -> str:
+    """Who a timed-out wait is waiting for: the peers of the pending point-to-point requests,
+    or, for a collective, an unnamed peer (MPI does not tell which rank is late)."""
+    if peers is None:
+        return "a peer never arrived"
+    late = sorted({peer for request, peer in zip(requests, peers) if not request.Test()})
+    return f"still waiting on rank{'s' if len(late) > 1 else ''} {', '.join(map(str, late))}"
+
+
 class MPICommunicator(Communicator):
     """Communicator over an mpi4py communicator (default ``MPI.COMM_WORLD``)."""
 
@@ -95,7 +104,10 @@ class MPICommunicator(Communicator):
         return twin
 
     # the one blocking wait
-    def wait(self, handles: Sequence[MPI.Request], op_name: str) -> None:
+    def wait(self, handles: Sequence[MPI.Request], op_name: str,
+             peers: Sequence[int] | None = None) -> None:
+        """Block on the requests under ``self.timeout``; ``peers`` (the peer rank of each
+        point-to-point request) lets a timeout name the ranks whose messages are still pending."""
         requests = list(handles)
         if not requests:
             return
@@ -107,13 +119,15 @@ class MPICommunicator(Communicator):
             if time.monotonic() > deadline:
                 raise CollectiveTimeout(
                     f"{op_name} did not complete within {self.timeout} s on rank {self.rank} of "
-                    f"{self.size}: a peer never arrived (the communicator is unusable now)")
+                    f"{self.size}: {_missing(requests, peers)} (the communicator is unusable "
+                    f"now unless they arrive)")
             time.sleep(1e-4)
 
-    def _work(self, requests: list, op_name: str, finalize=None, keep: tuple = ()) -> Work:
+    def _work(self, requests: list, op_name: str, finalize=None, keep: tuple = (),
+              peers: list[int] | None = None) -> Work:
         """Wrap requests; ``keep`` holds every buffer alive until the transfers are done."""
         def wait() -> None:
-            self.wait(requests, op_name)
+            self.wait(requests, op_name, peers)
             keep_alive.clear()
 
         keep_alive = list(keep)
@@ -219,7 +233,7 @@ class MPICommunicator(Communicator):
 
     def exchange(self, sends: Sequence[tuple[int, Any]], recvs: Sequence[tuple[int, Any]],
                  op_name: str = "exchange") -> Work:
-        requests, copy_backs, buffers = [], [], []
+        requests, copy_backs, buffers, peers = [], [], [], []
         self.stats.record(op_name)
         to_self = [a for peer, a in sends if peer == self.rank]  # FIFO, like messages to peers
         for peer, buf in recvs:
@@ -229,6 +243,7 @@ class MPICommunicator(Communicator):
             host, copy_back = self._staged(buf)
             buffers.append(host)
             requests.append(self.mpi_comm.Irecv(_bytes(host), source=peer, tag=_TAG))
+            peers.append(peer)
             if copy_back is not None:
                 copy_backs.append(copy_back)
             self.stats.record(op_name, received=host.nbytes, msgs_received=1)
@@ -238,9 +253,10 @@ class MPICommunicator(Communicator):
             host = np.ascontiguousarray(to_host(arr))
             buffers.append(host)
             requests.append(self.mpi_comm.Isend(_bytes(host), dest=peer, tag=_TAG))
+            peers.append(peer)
             self.stats.record(op_name, sent=host.nbytes, msgs_sent=1)
         finalize = (lambda: [f() for f in copy_backs] and None) if copy_backs else None
-        return self._work(requests, op_name, finalize, tuple(buffers))
+        return self._work(requests, op_name, finalize, tuple(buffers), peers)
 
     def barrier(self) -> None:
         self.wait([self.mpi_comm.Ibarrier()], "barrier")

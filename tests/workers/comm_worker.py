@@ -99,6 +99,7 @@ def check_timeout(comm) -> None:
         work = comm.exchange([], [(1, buf)], "late")
         e = expect_raises(CollectiveTimeout, work.wait)
         assert "late" in str(e) and "rank 0" in str(e)
+        assert "still waiting on rank 1 " in str(e), str(e)  # the late peer, by name
         comm.timeout = None
     comm.barrier()
     if comm.rank == 1:
