@@ -14,6 +14,7 @@ __all__ = [
     "MismatchError",
     "CollectiveTimeout",
     "BackendUnavailable",
+    "BackendError",
 ]
 
 
@@ -49,6 +50,12 @@ class CollectiveTimeout(CupycollError, TimeoutError):
 
 class BackendUnavailable(CupycollError, RuntimeError):
     """The requested backend (NCCL, CuPy, a GPU, MPI) cannot be used here."""
+
+
+class BackendError(CupycollError, RuntimeError):
+    """The backend failed an operation (names the operation and the rank; the backend's own
+    exception is the ``__cause__``). With MPI, the usual cause is ranks that disagree on a dense
+    collective's count or dtype, which only ``CUPYCOLL_DEBUG=1`` checks beforehand."""
 
 
 def _short(value: object, limit: int = 80) -> str:

@@ -14,7 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .._types import ReduceOp, to_host, trunc_divide
-from ..errors import CollectiveTimeout
+from ..errors import BackendError, CollectiveTimeout
 from ._base import Communicator, Work
 
 __all__ = ["MPICommunicator"]
@@ -111,17 +111,26 @@ class MPICommunicator(Communicator):
         requests = list(handles)
         if not requests:
             return
-        if self.timeout is None:
-            MPI.Request.Waitall(requests)
-            return
-        deadline = time.monotonic() + self.timeout
-        while not MPI.Request.Testall(requests):
-            if time.monotonic() > deadline:
-                raise CollectiveTimeout(
-                    f"{op_name} did not complete within {self.timeout} s on rank {self.rank} of "
-                    f"{self.size}: {_missing(requests, peers)} (the communicator is unusable "
-                    f"now unless they arrive)")
-            time.sleep(1e-4)
+        statuses = [MPI.Status() for _ in requests]
+        try:
+            if self.timeout is None:
+                MPI.Request.Waitall(requests, statuses)
+                return
+            deadline = time.monotonic() + self.timeout
+            while not MPI.Request.Testall(requests, statuses):
+                if time.monotonic() > deadline:
+                    raise CollectiveTimeout(
+                        f"{op_name} did not complete within {self.timeout} s on rank {self.rank} "
+                        f"of {self.size}: {_missing(requests, peers)} (the communicator is "
+                        f"unusable now unless they arrive)")
+                time.sleep(1e-4)
+        except MPI.Exception as exc:
+            reasons = {MPI.Get_error_string(s.Get_error()).split(",")[0] for s in statuses
+                       if s.Get_error() != MPI.SUCCESS} or {str(exc)}
+            raise BackendError(
+                f"MPI failed {op_name} on rank {self.rank} of {self.size} "
+                f"({'; '.join(sorted(reasons))}); a common cause is ranks that disagree on a "
+                "dense collective's count or dtype (CUPYCOLL_DEBUG=1 checks them first)") from exc
 
     def _work(self, requests: list, op_name: str, finalize=None, keep: tuple = (),
               peers: list[int] | None = None) -> Work:

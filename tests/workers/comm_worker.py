@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 from _common import expect_raises
+from mpi4py import MPI
 
 import cupycoll as cc
-from cupycoll.errors import CollectiveTimeout, InvalidArgument, InvalidType
+from cupycoll.errors import BackendError, CollectiveTimeout, InvalidArgument, InvalidType
 
 
 def check_stats(comm) -> None:
@@ -89,6 +90,22 @@ def check_errors(comm) -> None:
     assert float(cc.allreduce(np.ones(1, np.float32), comm=comm)[0]) == p
 
 
+def check_backend_error(comm) -> None:
+    """A broadcast into smaller buffers than root's raises BackendError on those ranks (MPICH
+    detects it at the receiver), naming the verb and the rank; the communicator stays usable."""
+    if comm.size < 2:
+        return
+    x = np.ones(4 if comm.rank == 0 else 2, np.float32)
+    if comm.rank == 0:
+        cc.broadcast(x, root=0, comm=comm)
+    else:
+        e = expect_raises(BackendError, cc.broadcast, x, root=0, comm=comm)
+        assert "broadcast" in str(e) and f"rank {comm.rank} of" in str(e), str(e)
+        assert isinstance(e.__cause__, MPI.Exception)
+    comm.barrier()
+    assert float(cc.allreduce(np.ones(1, np.float32), comm=comm)[0]) == comm.size
+
+
 def check_timeout(comm) -> None:
     """A receive from a peer that is late raises CollectiveTimeout, then completes when it comes."""
     if comm.size < 2:
@@ -115,5 +132,6 @@ if __name__ == "__main__":
     assert cc.get_comm() is comm
     check_stats(comm)
     check_errors(comm)
+    check_backend_error(comm)
     check_timeout(comm)
     print(f"rank {comm.rank}: comm ok")
