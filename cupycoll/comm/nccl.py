@@ -31,7 +31,8 @@ import numpy as np
 from mpi4py import MPI
 
 from .._types import ReduceOp, parse_op
-from ..errors import BackendUnavailable, CollectiveTimeout, InvalidArgument, InvalidType
+from ..errors import (BackendError, BackendUnavailable, CollectiveTimeout, InvalidArgument,
+                      InvalidType)
 from ._base import Communicator, Work
 
 __all__ = ["NCCLCommunicator", "NCCL_DTYPES", "NCCL_OPS", "nccl_types", "load_nccl",
@@ -284,10 +285,15 @@ class NCCLCommunicator(Communicator):
         try:
             if active:
                 launch(comm, self._device.stream())
-        except self._errors:
-            self.abort()
-            raise
+        except self._errors as exc:
+            raise self._failed(op_name, exc) from exc
         return self._device.record()
+
+    def _failed(self, op_name: str, exc: BaseException) -> BackendError:
+        """Abort after an NCCL or CUDA error and describe it (the error becomes the cause)."""
+        self.abort()
+        return BackendError(f"NCCL failed {op_name} on rank {self.rank} of {self.size} "
+                            f"({type(exc).__name__}: {exc}); the communicator was aborted")
 
     @contextlib.contextmanager
     def _group(self) -> Iterator[None]:
@@ -310,7 +316,8 @@ class NCCLCommunicator(Communicator):
 
         Raises:
             CollectiveTimeout: not done in time (the NCCL communicator is aborted first).
-            NcclError / CUDA errors: an asynchronous failure (also after aborting).
+            BackendError: an asynchronous NCCL or CUDA failure (after aborting; the NcclError
+                or CUDA error is its ``__cause__``).
         """
         events = list(handles)
         if not events:
@@ -331,9 +338,8 @@ class NCCLCommunicator(Communicator):
                         f"of {self.size}: a peer never arrived (the NCCL communicator was aborted)")
                 time.sleep(1e-4)
             self._check_async()
-        except self._errors:
-            self.abort()
-            raise
+        except self._errors as exc:
+            raise self._failed(op_name, exc) from exc
 
     def _check_async(self) -> None:
         if self._comm is not None:

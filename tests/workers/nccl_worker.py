@@ -30,8 +30,8 @@ from cupycoll import ReduceOp  # noqa: E402
 from cupycoll.comm import nccl_usable  # noqa: E402
 from cupycoll.comm import nccl as backend  # noqa: E402
 from cupycoll.comm.mpi import MPICommunicator  # noqa: E402
-from cupycoll.errors import (BackendUnavailable, CollectiveTimeout, InvalidArgument,  # noqa: E402
-                             InvalidType)
+from cupycoll.errors import (BackendError, BackendUnavailable, CollectiveTimeout,  # noqa: E402
+                             InvalidArgument, InvalidType)
 
 WORLD = MPI.COMM_WORLD
 RANK, P = WORLD.Get_rank(), WORLD.Get_size()
@@ -466,12 +466,14 @@ def check_waits():
     for timeout in (None, 5.0):
         comm, fake, _ = emulated(timeout=timeout)
         fake.async_error = 3
-        err = expect_raises(fake.mod.NcclError, comm.barrier)
+        err = expect_raises(BackendError, comm.barrier)
+        assert isinstance(err.__cause__, fake.mod.NcclError) and f"rank {RANK} of" in str(err)
         assert fake.aborted, "an asynchronous NCCL error must abort"
 
     comm, fake, _ = emulated()
     fake.fail_next = 5
-    expect_raises(fake.mod.NcclError, comm.allreduce, x, x, ReduceOp.SUM)
+    err = expect_raises(BackendError, comm.allreduce, x, x, ReduceOp.SUM)
+    assert isinstance(err.__cause__, fake.mod.NcclError) and "allreduce" in str(err)
     assert fake.aborted, "an NCCL error at enqueue must abort"
 
     comm, fake, _ = emulated()
