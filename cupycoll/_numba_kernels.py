@@ -196,8 +196,8 @@ def merge_blocks(idx, starts, cuts, shift, val, ident, op,  # type: ignore[no-un
     Block by block, blocks ``first..last-1`` (``cuts[p, b]``: offset of block b in part p; no
     index straddles two blocks), keys ``idx << shift | position`` are unique and ascending within
     a part; a tree of branch-free pairwise merges sorts a block's keys in cache-sized buffers, so
-    equal indices meet in position (= part) order, and the last merge writes each index once
-    with ``ident op v_p0 op v_p1 ...``. ``val``, ``out_val`` are 2-D; ``work``: two int64 rows
+    equal indices meet in position (= part) order, and one pass over the sorted keys writes each
+    index once with ``ident op v_p0 op v_p1 ...``. ``val``, ``out_val`` are 2-D; ``work``: two int64 rows
     as long as the largest block. Writes from ``out`` and returns the new end.
     """
     parts = cuts.shape[0]
@@ -266,9 +266,10 @@ def select_blocks(x, lo, hi, magnitude, out_idx, out_val,  # type: ignore[no-unt
     """Write the positions and values of the hits in blocks ``first..last-1`` of ``_SCAN``
     elements of x, ascending from ``found``; return the new end.
 
-    A hit is ``x <= lo or x >= hi`` (``magnitude``: x is float and ``lo == -hi``). Each block is first tested by a vectorised loop (``|x| >= hi`` for floats; for integers
-    ``x >= hi or x <= lo``, as ``|INT_MIN|`` wraps); only a block with a hit is scanned element by
-    element. Works on a view of the blocks: measured faster than offsets into x.
+    A hit is ``x <= lo or x >= hi`` (``magnitude``: x is float and ``lo == -hi``). Each block is
+    first tested by a vectorised loop (``|x| >= hi`` for floats; for integers ``x >= hi or
+    x <= lo``, as ``|INT_MIN|`` wraps); only a block with a hit is scanned element by element.
+    Works on a view of the blocks: measured faster than offsets into x.
     """
     start = first * _SCAN
     xs = x[start:min(last * _SCAN, x.size)]
