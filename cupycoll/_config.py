@@ -50,8 +50,8 @@ SETTINGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "CUPYCOLL_NUMBA": (_numba_mode, "auto",
                        "numba loops for the hot numpy primitives: auto (when importable) or off"),
     "CUPYCOLL_THREADS": (_threads, "auto",
-                         "threads of one numba loop: auto (the CPUs this process may use divided by "
-                         "the MPI ranks on this node, as MPI_LOCALNRANKS or "
+                         "threads of one numba loop: auto (the CPUs this process may use "
+                         "divided by the MPI ranks on this node, as MPI_LOCALNRANKS or "
                          "OMPI_COMM_WORLD_LOCAL_SIZE tell) or a positive integer"),
     "CUPYCOLL_LOG_LEVEL": (str, "WARNING", "level of the 'cupycoll' logger"),
 }

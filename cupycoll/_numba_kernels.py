@@ -197,8 +197,8 @@ def merge_blocks(idx, starts, cuts, shift, val, ident, op,  # type: ignore[no-un
     index straddles two blocks), keys ``idx << shift | position`` are unique and ascending within
     a part; a tree of branch-free pairwise merges sorts a block's keys in cache-sized buffers, so
     equal indices meet in position (= part) order, and one pass over the sorted keys writes each
-    index once with ``ident op v_p0 op v_p1 ...``. ``val``, ``out_val`` are 2-D; ``work``: two int64 rows
-    as long as the largest block. Writes from ``out`` and returns the new end.
+    index once with ``ident op v_p0 op v_p1 ...``. ``val``, ``out_val`` are 2-D; ``work``: two
+    int64 rows as long as the largest block. Writes from ``out`` and returns the new end.
     """
     parts = cuts.shape[0]
     keys, spare = work[0], work[1]
