@@ -34,8 +34,9 @@ OPS = {np.add: 0, np.multiply: 1, np.maximum: 2, np.minimum: 3}
 MERGE_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "int32", "int64"))
 #: elements per scan block: a block without a hit costs one vectorised test (16: fastest at 1%).
 _SCAN = 16
-#: entries (scans) and merged entries from which a loop is split over threads.
-_PARALLEL_FROM = 1 << 18
+#: entries of a piece at least: a loop is cut into min(threads, entries // _PIECE) pieces, so
+#: many threads do not split small loops into pieces that cost more to hand out than to run.
+_PIECE = 1 << 17
 #: environment variables in which MPI launchers tell the number of ranks on this node.
 _LOCAL_RANKS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE")
 #: the thread pool, by process id: a forked child (a DataLoader worker) makes its own.
@@ -57,8 +58,8 @@ def threads() -> int:
 
 
 def _pieces(size: int) -> int:
-    """How many pieces a loop over ``size`` items is cut into: one per thread, 1 when small."""
-    return threads() if size >= _PARALLEL_FROM else 1
+    """How many pieces a loop over ``size`` items is cut into: one per thread, fewer when small."""
+    return max(1, min(threads(), size // _PIECE))
 
 
 def _in_threads(jobs: list[Callable[[], Any]]) -> list[Any]:

@@ -112,7 +112,7 @@ def test_threaded_loops_match_numpy(monkeypatch: pytest.MonkeyPatch, threads: st
     """Loops cut over several threads (also more pieces than blocks) give the serial results."""
     from cupycoll import _numba_kernels as K
 
-    monkeypatch.setattr(K, "_PARALLEL_FROM", 0)
+    monkeypatch.setattr(K, "_PIECE", 1)
     monkeypatch.setenv("CUPYCOLL_THREADS", threads)
     assert K.threads() == int(threads)
     rng = np.random.default_rng(int(threads))
@@ -150,6 +150,8 @@ def test_threads_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     assert K.threads() == 1
     monkeypatch.setenv("CUPYCOLL_THREADS", "3")
     assert K.threads() == 3
+    monkeypatch.setenv("CUPYCOLL_THREADS", "8")  # pieces of at least 2**17 entries
+    assert [K._pieces(1 << e) for e in (10, 17, 18, 19, 20, 24)] == [1, 1, 2, 4, 8, 8]
     for bad in ("0", "-2", "many"):
         monkeypatch.setenv("CUPYCOLL_THREADS", bad)
         with pytest.raises(InvalidArgument, match="CUPYCOLL_THREADS"):
@@ -162,7 +164,7 @@ def test_threaded_loops_after_fork(monkeypatch: pytest.MonkeyPatch) -> None:
 
     from cupycoll import _numba_kernels as K
 
-    monkeypatch.setattr(K, "_PARALLEL_FROM", 0)
+    monkeypatch.setattr(K, "_PIECE", 1)
     monkeypatch.setattr(P, "_FAST_FROM", 0)
     monkeypatch.setenv("CUPYCOLL_THREADS", "2")
     x = np.arange(-5000, 5000, dtype=np.float32)
