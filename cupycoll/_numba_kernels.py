@@ -100,16 +100,6 @@ def free_scratch() -> None:
     _SCRATCH.__dict__.clear()
 
 
-def _joined(out_idx: np.ndarray, out_val: np.ndarray, begins: Sequence[int],
-            ends: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """The stretches ``[begins[p], ends[p])`` of the outputs, one after the other, copied."""
-    if len(begins) == 1:
-        return out_idx[:ends[0]].copy(), out_val[:ends[0]].copy()
-    stretches = [slice(b, e) for b, e in zip(begins, ends)]
-    return (np.concatenate([out_idx[s] for s in stretches]),
-            np.concatenate([out_val[s] for s in stretches]))
-
-
 @njit(cache=True, nogil=True, inline="always")
 def _fold(a, b, op):  # type: ignore[no-untyped-def]
     if op == 0:
@@ -376,11 +366,12 @@ def select(x: np.ndarray, t: Any, itype: np.dtype) -> tuple[np.ndarray, np.ndarr
     out_idx, out_val = np.empty(x.size, itype), np.empty(x.size, x.dtype)
     pieces, blocks = _pieces(x.size), -(-x.size // _SCAN)
     edges = (np.arange(pieces + 1) * blocks) // pieces
-    begins = np.minimum(edges[:-1] * _SCAN, x.size).tolist()
+    begins = np.minimum(edges[:-1] * _SCAN, x.size)
     args = (x, *bounds, x.dtype.kind == "f", out_idx, out_val)
     ends = _in_threads([partial(select_blocks, *args, edges[p], edges[p + 1], begins[p])
                         for p in range(pieces)])
-    return _joined(out_idx, out_val, begins, ends)
+    found = close_up(out_idx, out_val.reshape(-1, 1), begins, np.array(ends))
+    return out_idx[:found].copy(), out_val[:found].copy()
 
 
 def count(x: np.ndarray, t: Any) -> int | None:
