@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from importlib import metadata
 
 from . import errors
 from ._registry import algorithms
@@ -14,7 +15,10 @@ from .comm import Communicator, Stats, Work, get_comm, init
 from .sparse import sparse_allreduce
 from .topk import TopkCompressor, TopkState, topk_allreduce
 
-__version__ = "0.1.0"
+try:  # one version source: the installed distribution's metadata (pyproject.toml)
+    __version__ = metadata.version("cupycoll")
+except metadata.PackageNotFoundError:  # a source checkout that was never installed
+    __version__ = "0+unknown"
 __all__ = ["init", "get_comm", "Communicator", "Stats", "Work", "ReduceOp", "errors",
            "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "all_reduce",
            "all_gather", "algorithms", "SparseResult", "sparse_allreduce", "topk_allreduce", "TopkCompressor",

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from cupycoll.errors import BackendUnavailable
+from cupycoll.jupyter import find_mpiexec
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -16,11 +18,10 @@ WORKERS = Path(__file__).resolve().parent / "workers"
 
 def mpiexec() -> str:
     """Return the mpiexec next to this Python (the mpich wheel's), else the one on PATH."""
-    local = Path(sys.executable).parent / "mpiexec"
-    found = str(local) if local.exists() else shutil.which("mpiexec")
-    if found is None:  # the test extra installs the mpich wheel; without it this is a setup error
-        pytest.fail("mpiexec not found: install the test extra (pip install '.[test]')")
-    return found
+    try:
+        return find_mpiexec()
+    except BackendUnavailable as exc:  # the test extra installs the mpich wheel: a setup error
+        pytest.fail(f"{exc} (install the test extra: pip install '.[test]')")
 
 
 def run_mpi(nprocs: int, worker: str, *args: object, timeout: float = 180,

@@ -1,0 +1,181 @@
+"""The ``cupycoll`` command: ``info`` for bug reports, ``bench`` to run the shipped benchmarks.
+
+    python -m cupycoll info
+    mpiexec -n 4 python -m cupycoll bench sparse --n 16M --density 0.01
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import runpy
+import sys
+import traceback
+from importlib import metadata, resources
+from pathlib import Path
+from typing import Callable
+
+from ._config import SETTINGS, setting
+
+__all__ = ["main", "info_lines", "bench_script"]
+
+BENCHMARKS = ("dense", "sparse", "topk", "primitives")
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _probe(fn: Callable[[], str]) -> str:
+    """Run one version probe; a failure is reported as text, never raised (info must always run)."""
+    try:
+        return fn()
+    except Exception as exc:  # a broken CUDA/MPI install is exactly what info must show
+        return f"unavailable ({type(exc).__name__}: {exc})".replace("\n", " ")
+
+
+def _mpi() -> str:
+    from mpi4py import MPI
+
+    library = MPI.Get_library_version().strip().splitlines()[0]
+    return f"{library} (MPI {'.'.join(map(str, MPI.Get_version()))})"
+
+
+def _numba() -> str:
+    import numba
+
+    return numba.__version__
+
+
+def _cupy_lines() -> list[tuple[str, str]]:
+    """CuPy, CUDA runtime/driver, NCCL and the visible devices, or why they are unavailable."""
+    try:
+        import cupy
+    except Exception as exc:  # not installed, or a broken install
+        return [("cupy", f"unavailable ({type(exc).__name__}: {exc})")]
+    rt = cupy.cuda.runtime
+    lines = [("cupy", cupy.__version__),
+             ("cuda runtime", _probe(lambda: _cuda_version(rt.runtimeGetVersion()))),
+             ("cuda driver", _probe(lambda: _cuda_version(rt.driverGetVersion()))),
+             ("nccl", _probe(_nccl_version)),
+             ("devices", _probe(_devices))]
+    return lines
+
+
+def _cuda_version(code: int) -> str:
+    if code == 0:  # cudaDriverGetVersion's answer when no driver is loaded
+        return "none (no CUDA driver loaded)"
+    return f"{code // 1000}.{code % 1000 // 10}"
+
+
+def _nccl_version() -> str:
+    from cupy.cuda import nccl
+
+    if not nccl.available:
+        return "not available in this CuPy"
+    code = nccl.get_version()
+    return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+
+
+def _devices() -> str:
+    import cupy
+
+    count = cupy.cuda.runtime.getDeviceCount()
+    names = [cupy.cuda.runtime.getDeviceProperties(i)["name"].decode() for i in range(count)]
+    return f"{count}: " + ", ".join(names) if count else "0"
+
+
+def _backend_choice() -> str:
+    """Which backend ``init()`` would pick here, and why (without creating a communicator)."""
+    from .comm import nccl_usable
+
+    backend = setting("CUPYCOLL_BACKEND")
+    source = "CUPYCOLL_BACKEND" if "CUPYCOLL_BACKEND" in os.environ else "default"
+    if backend != "auto":
+        return f"{backend} ({source} says so)"
+    if nccl_usable():
+        return "nccl (auto: CuPy, NCCL and a CUDA device are usable)"
+    return "mpi (auto: no usable CUDA device with CuPy + NCCL here)"
+
+
+def info_lines() -> list[tuple[str, str]]:
+    """Return (name, value) pairs: versions, settings in effect and the backend init() would pick."""
+    lines = [("cupycoll", f"{_version('cupycoll')} at {Path(__file__).resolve().parent}"),
+             ("python", f"{platform.python_version()} ({sys.executable})"),
+             ("platform", platform.platform()),
+             ("numpy", _version("numpy")),
+             ("mpi4py", _version("mpi4py")),
+             ("MPI library", _probe(_mpi)),
+             ("numba", _probe(_numba))]
+    lines += _cupy_lines()
+    for name in sorted(SETTINGS):
+        source = "environment" if name in os.environ else "default"
+        lines.append((name, f"{_probe(lambda n=name: repr(setting(n)))} ({source})"))
+    lines.append(("init() backend", _probe(_backend_choice)))
+    return lines
+
+
+def _info(_: argparse.Namespace) -> int:
+    lines = info_lines()
+    width = max(len(name) for name, _ in lines)
+    for name, value in lines:
+        print(f"{name.ljust(width)}  {value}")
+    return 0
+
+
+def bench_script(name: str) -> Path:
+    """Return the path of benchmark ``name``: shipped in the package, else the source tree's."""
+    file = f"bench_{name}.py"
+    try:
+        shipped = Path(str(resources.files("cupycoll.bench").joinpath(file)))
+    except ModuleNotFoundError:  # a source checkout run without installing
+        shipped = Path(__file__).resolve().parents[1] / "bench" / file
+    if not shipped.is_file():
+        raise FileNotFoundError(f"benchmark {name!r} not found at {shipped}")
+    return shipped
+
+
+def _bench(args: argparse.Namespace) -> int:
+    script = bench_script(args.name)
+    sys.argv = [str(script), *args.rest]
+    sys.path.insert(0, str(script.parent))  # the scripts import their sibling _common
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # like python -m mpi4py: one rank's failure must not hang the others
+        traceback.print_exc()
+        sys.stderr.flush()
+        _abort_if_parallel()
+        raise
+    return 0
+
+
+def _abort_if_parallel() -> None:
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and mpi.COMM_WORLD.Get_size() > 1:
+        mpi.COMM_WORLD.Abort(1)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cupycoll", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    info = sub.add_parser("info", help="versions, settings and backend: paste into a bug report")
+    info.set_defaults(func=_info)
+    bench = sub.add_parser("bench", help="run a shipped benchmark (under mpiexec for P > 1)",
+                           description="Run bench/bench_NAME.py; arguments after NAME go to it "
+                                       "(try: cupycoll bench sparse --help).")
+    bench.add_argument("name", choices=BENCHMARKS)
+    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    bench.set_defaults(func=_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m cupycoll`` and the ``cupycoll`` console script."""
+    args = _parser().parse_args(argv)
+    return int(args.func(args) or 0)

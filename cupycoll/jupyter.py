@@ -1,0 +1,58 @@
+"""Jupyter on P ranks: an ipyparallel cluster of MPI engines that finds this Python's mpiexec.
+
+    import cupycoll.jupyter
+    cluster = cupycoll.jupyter.mpi_cluster(4)     # 4 engines = 4 MPI ranks
+    rc = cluster.start_and_connect_sync()         # then %%px cells run on every engine
+    ...
+    cluster.stop_cluster_sync()                   # or: with cupycoll.jupyter.mpi_cluster(4) as rc:
+
+The kernel itself is not a rank: it only drives the engines. Importing this module does not
+import ipyparallel (install it with the ``notebook`` extra).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from .errors import BackendUnavailable, InvalidArgument
+
+__all__ = ["find_mpiexec", "mpi_cluster"]
+
+
+def find_mpiexec() -> str:
+    """Return the mpiexec next to this Python (the mpich wheel's, venv active or not), else PATH's.
+
+    Raises:
+        BackendUnavailable: no mpiexec anywhere (install the ``mpi`` extra: ``pip install mpich``).
+    """
+    local = Path(sys.executable).parent / "mpiexec"
+    found = str(local) if local.exists() else shutil.which("mpiexec")
+    if found is None:
+        raise BackendUnavailable("no mpiexec next to this Python nor on PATH: "
+                                 "pip install 'cupycoll[mpi]' (the mpich wheel) or install MPI")
+    return found
+
+
+def mpi_cluster(n: int = 4, *, mpi_args: list[str] | None = None, **kwargs: Any):
+    """Return an (unstarted) ``ipyparallel.Cluster`` of ``n`` engines launched by one mpiexec.
+
+    Args:
+        n: number of engines, i.e. MPI ranks (``COMM_WORLD`` of the engines).
+        mpi_args: extra mpiexec arguments (e.g. ``["-bind-to", "none"]``).
+        **kwargs: passed to ``ipyparallel.Cluster`` (``cluster_id``, ``log_level``, ...).
+    """
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise InvalidArgument("n", n, "the number of engines must be a positive int")
+    try:
+        import ipyparallel
+        from traitlets.config import Config
+    except ImportError as exc:
+        raise BackendUnavailable("cupycoll.jupyter needs ipyparallel: "
+                                 "pip install 'cupycoll[notebook]'") from exc
+    config = Config()
+    config.MPILauncher.mpi_cmd = [find_mpiexec()]
+    config.MPILauncher.mpi_args = list(mpi_args or [])
+    return ipyparallel.Cluster(engines="mpi", n=n, config=config, **kwargs)

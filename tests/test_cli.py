@@ -1,0 +1,73 @@
+"""The ``cupycoll`` command (python -m cupycoll): info and bench, run as a user would."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cupycoll._cli import BENCHMARKS, bench_script, info_lines
+from cupycoll._config import SETTINGS
+from tests._mpi import mpiexec
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def run(*args: str, nprocs: int = 0, timeout: float = 120) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "cupycoll", *args]
+    if nprocs:
+        cmd = [mpiexec(), "-n", str(nprocs), *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV,
+                          cwd=ROOT, start_new_session=True)
+
+
+def test_info_reports_versions_settings_and_backend():
+    proc = run("info")
+    assert proc.returncode == 0, proc.stderr
+    names = [line.split("  ")[0].strip() for line in proc.stdout.splitlines()]
+    for name in ("cupycoll", "python", "numpy", "mpi4py", "MPI library", "numba", "cupy",
+                 "cuda runtime", "cuda driver", "nccl", "devices", "init() backend",
+                 *SETTINGS):
+        assert name in names, f"{name} missing from:\n{proc.stdout}"
+    assert "MPICH" in proc.stdout  # the mpich wheel of the test extra
+    assert "init() backend" in proc.stdout and ("mpi (" in proc.stdout or "nccl (" in proc.stdout)
+
+
+def test_info_shows_where_each_setting_comes_from(monkeypatch):
+    monkeypatch.setenv("CUPYCOLL_TIMEOUT", "7")
+    monkeypatch.setenv("CUPYCOLL_BACKEND", "mpi")
+    lines = dict(info_lines())
+    assert lines["CUPYCOLL_TIMEOUT"] == "7.0 (environment)"
+    assert lines["CUPYCOLL_ALGORITHM"] == "'auto' (default)"
+    assert lines["init() backend"] == "mpi (CUPYCOLL_BACKEND says so)"
+
+
+def test_info_survives_a_bad_setting(monkeypatch):
+    monkeypatch.setenv("CUPYCOLL_TIMEOUT", "soon")
+    value = dict(info_lines())["CUPYCOLL_TIMEOUT"]
+    assert value.startswith("unavailable (InvalidArgument") and value.endswith("(environment)")
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_every_listed_benchmark_exists(name):
+    assert bench_script(name).is_file()
+
+
+def test_bench_dense_on_two_ranks():
+    proc = run("bench", "dense", "-b", "8", "-e", "1K", "-f", "4", "-n", "2", "-w", "1",
+               "--no-progress", nprocs=2)
+    assert proc.returncode == 0, proc.stderr
+    rows = [r.split() for r in proc.stdout.splitlines() if r.strip() and not r.startswith("#")]
+    assert [int(r[0]) for r in rows] == [8, 32, 128, 512, 1024][:len(rows)] and len(rows) >= 4
+    assert all(r[-1] == "0" for r in rows), proc.stdout  # #wrong
+
+
+def test_bench_passes_arguments_and_exit_status():
+    proc = run("bench", "sparse", "--help")
+    assert proc.returncode == 0 and "--density" in proc.stdout
+    proc = run("bench", "dense", "--no-such-flag")
+    assert proc.returncode == 2 and "--no-such-flag" in proc.stderr
+    proc = run("bench", "nosuch")
+    assert proc.returncode == 2 and "invalid choice" in proc.stderr

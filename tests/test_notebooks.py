@@ -1,0 +1,43 @@
+"""The example notebooks execute headless, each on its own ipyparallel cluster of MPI engines."""
+
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+import cupycoll.jupyter
+from cupycoll.errors import InvalidArgument
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "examples").glob("*.ipynb"))
+
+
+def test_there_are_notebooks():
+    assert len(NOTEBOOKS) >= 2
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_executes(path, tmp_path, monkeypatch):
+    """Every cell runs without error (the notebooks assert their own results against dense
+    references); the engines import this checkout's cupycoll."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    notebook = nbformat.read(path, as_version=4)
+    NotebookClient(notebook, timeout=240, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    assert list(tmp_path.glob("*.png")), "the notebook drew no figure"
+
+
+def test_mpi_cluster_uses_this_pythons_mpiexec():
+    cluster = cupycoll.jupyter.mpi_cluster(3, mpi_args=["-bind-to", "none"])
+    assert cluster.n == 3
+    assert cluster.config.MPILauncher.mpi_cmd == [cupycoll.jupyter.find_mpiexec()]
+    assert cluster.config.MPILauncher.mpi_args == ["-bind-to", "none"]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, True, "4"])
+def test_mpi_cluster_rejects_bad_engine_counts(bad):
+    with pytest.raises(InvalidArgument, match="invalid argument 'n'"):
+        cupycoll.jupyter.mpi_cluster(bad)

@@ -1,0 +1,68 @@
+"""Without engines or mpiexec (a plain notebook kernel, a script): every call works on one rank.
+
+Runs in the pytest process itself on ``cc.init()``'s default communicator (MPI singleton, one
+rank), each result checked against numpy.
+"""
+
+import numpy as np
+import pytest
+
+import cupycoll as cc
+
+
+@pytest.fixture(scope="module")
+def comm():
+    comm = cc.init("mpi")
+    assert comm.size == 1 and comm.rank == 0
+    return comm
+
+
+def test_dense_verbs(comm):
+    x = np.arange(10, dtype=np.float32)
+    assert np.array_equal(cc.allreduce(x), x)
+    assert np.array_equal(cc.allreduce(x, op="avg"), x)
+    assert np.array_equal(cc.broadcast(x, root=0), x)
+    assert np.array_equal(cc.reduce(x, root=0), x)
+    assert np.array_equal(cc.allgather(x), x)
+    assert np.array_equal(cc.reduce_scatter(x), x)
+    out = np.empty_like(x)
+    work = cc.allreduce(x, op="max", out=out, async_op=True)
+    work.wait()
+    assert np.array_equal(out, x)
+
+
+@pytest.mark.parametrize("algorithm", cc.algorithms("sparse"))
+def test_sparse_allreduce(comm, algorithm):
+    idx = np.array([7, 3, 7, 0], np.int32)
+    val = np.array([1.0, 2.0, 4.0, 8.0], np.float32)
+    res = cc.sparse_allreduce(idx, val, 10, algorithm=algorithm)
+    assert res.indices.tolist() == [0, 3, 7] and res.values.tolist() == [8.0, 2.0, 5.0]
+    work = cc.sparse_allreduce(idx, val, 10, algorithm=algorithm, async_op=True)
+    assert np.array_equal(work.wait().to_dense(), np.bincount(idx, val, minlength=10))
+
+
+@pytest.mark.parametrize("algorithm", cc.algorithms("topk"))
+def test_topk_allreduce(comm, algorithm):
+    x = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    res = cc.topk_allreduce(x, 10, algorithm=algorithm)
+    # gaussiank estimates its threshold, so it may keep a few more or fewer than k: whatever it
+    # keeps must be the largest magnitudes, with their exact values; the others keep exactly k.
+    m = res.nnz
+    assert m == 10 or (algorithm == "gaussiank" and 5 <= m <= 20), m
+    expected = np.sort(np.argsort(-np.abs(x), kind="stable")[:m])
+    assert res.indices.tolist() == expected.tolist()
+    assert np.array_equal(res.values, x[expected])
+
+
+def test_compressor_keeps_every_bit_of_mass(comm):
+    rng = np.random.default_rng(1)
+    comp = cc.TopkCompressor(500, 0.02)
+    sent = np.zeros(500, np.float64)
+    grads = np.zeros(500, np.float64)
+    for _ in range(5):
+        g = rng.standard_normal(500).astype(np.float32)
+        grads += g
+        upd = comp.step(g)
+        assert upd.nnz <= 3 * comp.k
+        sent[upd.indices] += upd.values
+    assert np.allclose(sent + comp.residual, grads, atol=1e-5)
