@@ -1,6 +1,6 @@
 """Configuration: keyword argument first, ``CUPYCOLL_*`` environment variable second.
 
-The table below is the single source of the README's configuration table; an unknown
+The table below is the single source of the configuration table in docs/configuration.md; an unknown
 ``CUPYCOLL_*`` variable raises, so a typo is not silently ignored.
 """
 

@@ -143,7 +143,7 @@ class Work:
 
 
 class Communicator(abc.ABC):
-    """A group of ranks and the verbs the algorithms use; see the README (The Communicator).
+    """A group of ranks and the verbs the algorithms use; see docs/dense.md (The Communicator).
 
     Attributes: ``rank``, ``size``, ``backend`` ("mpi" | "nccl"), ``xp`` (numpy | cupy), ``stats``
     and ``timeout`` (seconds a blocking wait may take before :class:`CollectiveTimeout`; None =
