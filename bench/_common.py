@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import csv
 import json
+import os
+import re
 import sys
 import time
 from typing import Any, Callable, Iterable, Sequence
@@ -19,11 +22,23 @@ DENSE_COLUMNS = ["size(B)", "count", "type", "redop", "root", "time(us)", "algbw
 SPARSE_COLUMNS = DENSE_COLUMNS + ["density", "nnz", "algorithm", "wire(B)"]
 
 
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.I)
+
+
 def parse_size(text: str) -> int:
-    """Parse nccl-tests sizes such as 8, 64K, 1M, 2G (powers of 1024)."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper()
-    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+    """Parse a size: 8, 1e6, 64K, 16M, 16MB, 16MiB, 2G (K/M/G/T are powers of 1024, with or
+    without B/iB, as in nccl-tests); anything else raises argparse.ArgumentTypeError."""
+    match = _SIZE.match(str(text))
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"invalid size {text!r}: use a number with an optional K, M, G or T suffix "
+            "(powers of 1024; B or iB may follow), e.g. 8, 1e6, 64K, 16M, 16MiB")
+    value = float(match.group(1)) * _UNITS[match.group(2).upper()]
+    if value != int(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: not a whole, non-negative "
+                                         "number of bytes or elements")
+    return int(value)
 
 
 def common_parser(description: str) -> argparse.ArgumentParser:
@@ -38,7 +53,10 @@ def common_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("-d", "--datatype", default="float32")
     p.add_argument("-o", "--op", default="sum")
     p.add_argument("--json", metavar="PATH", help="write the rows as JSON to PATH ('-' = stdout)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--csv", metavar="PATH", help="write the rows as CSV to PATH ('-' = stdout)")
+    p.add_argument("--plot", metavar="PATH", help="draw the rows with matplotlib into PATH.png")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (it is drawn only when stderr is a terminal)")
     return p
 
 
@@ -72,38 +90,131 @@ def time_collective(fn: Callable[[], Any], iters: int, warmup: int, mpi_comm) ->
     return slowest
 
 
-class Table:
-    """Print rows in fixed-width nccl-tests style on rank 0 and keep them for --json."""
+def sample_stats(samples: np.ndarray) -> dict[str, float]:
+    """Per-size statistics over iterations (each sample already the slowest rank's), in us."""
+    us = np.asarray(samples, dtype=float) * 1e6
+    return {"median(us)": float(np.median(us)), "min(us)": float(us.min()),
+            "p95(us)": float(np.percentile(us, 95)), "p99(us)": float(np.percentile(us, 99)),
+            "stdev(us)": float(us.std(ddof=1)) if us.size > 1 else 0.0, "iters": int(us.size)}
 
-    def __init__(self, columns: Sequence[str], rank: int, stream=sys.stdout) -> None:
-        self.columns, self.rank, self.stream = list(columns), rank, stream
+
+def run_meta(args: argparse.Namespace | None = None, **extra: Any) -> dict[str, Any]:
+    """What a result needs to be reproduced: versions, arguments, relevant environment."""
+    from cupycoll._cli import info_lines
+
+    versions = dict(info_lines())
+    env = {k: v for k, v in sorted(os.environ.items())
+           if k.startswith(("CUPYCOLL_", "OMP_", "MPI", "OPENBLAS_", "CUDA_VISIBLE", "NCCL_"))}
+    keep = ("cupycoll", "python", "platform", "numpy", "mpi4py", "MPI library", "numba", "cupy",
+            "cuda runtime", "cuda driver", "nccl", "devices")
+    return {"versions": {k: versions[k] for k in keep if k in versions},
+            "arguments": vars(args) if args is not None else {}, "environment": env,
+            "command": sys.argv, **extra}
+
+
+class Table:
+    """Print rows in fixed-width nccl-tests style on rank 0 and keep them for --json/--csv/--plot.
+
+    Rows go to stdout through tqdm.write when tqdm is there, so a progress bar on stderr is
+    cleared and redrawn around them instead of being overwritten by them.
+    """
+
+    def __init__(self, columns: Sequence[str], rank: int, stream=None) -> None:
+        self.columns, self.rank, self._stream = list(columns), rank, stream
         self.rows: list[dict[str, Any]] = []
         self.widths = [max(_MIN_WIDTH.get(c, 12), len(c) + 1) for c in self.columns]
+
+    @property
+    def stream(self):
+        """The output stream: the one given, else sys.stdout at the time of printing."""
+        return self._stream if self._stream is not None else sys.stdout
+
+    def _print(self, line: str) -> None:
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            print(line, file=self.stream, flush=True)
+        else:
+            tqdm.write(line, file=self.stream)
+            self.stream.flush()
 
     def header(self, title: str = "") -> None:
         if self.rank != 0:
             return
         if title:
-            print(f"# {title}", file=self.stream)
-        print("#" + "".join(c.rjust(w) for c, w in zip(self.columns, self.widths)), file=self.stream)
+            self._print(f"# {title}")
+        self._print("#" + "".join(c.rjust(w) for c, w in zip(self.columns, self.widths)))
 
     def add(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
         if self.rank == 0:
             cells = [_fmt(row.get(c, "")) for c in self.columns]
-            print(" " + "".join(c.rjust(w) for c, w in zip(cells, self.widths)), file=self.stream,
-                  flush=True)
+            self._print(" " + "".join(c.rjust(w) for c, w in zip(cells, self.widths)))
 
     def write_json(self, path: str | None, meta: dict[str, Any] | None = None) -> None:
         if self.rank != 0 or not path:
             return
         doc = {"meta": meta or {}, "rows": self.rows}
         if path == "-":
-            json.dump(doc, sys.stdout, indent=1)
+            json.dump(doc, sys.stdout, indent=1, default=str)
             print()
         else:
             with open(path, "w") as fh:
-                json.dump(doc, fh, indent=1)
+                json.dump(doc, fh, indent=1, default=str)
+
+    def write_csv(self, path: str | None) -> None:
+        if self.rank != 0 or not path:
+            return
+        fields = list(dict.fromkeys(k for row in self.rows for k in row))
+        fh = sys.stdout if path == "-" else open(path, "w", newline="")
+        try:
+            writer = csv.DictWriter(fh, fields)
+            writer.writeheader()
+            writer.writerows(self.rows)
+        finally:
+            if fh is not sys.stdout:
+                fh.close()
+
+    def plot(self, path: str | None, x: str, y: str, group: str, title: str = "",
+             logy: bool = True) -> None:
+        """Draw ``y`` against ``x``, one line per value of ``group`` (matplotlib, PNG)."""
+        if self.rank != 0 or not path:
+            return
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for name in dict.fromkeys(row.get(group) for row in self.rows):
+            pts = sorted((row[x], row[y]) for row in self.rows
+                         if row.get(group) == name and x in row and y in row)
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=str(name))
+        ax.set(xlabel=x, ylabel=y, title=title)
+        ax.set_xscale("log")
+        if logy:
+            ax.set_yscale("log")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="small")
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+
+    def finish(self, args: argparse.Namespace, meta: dict[str, Any] | None = None,
+               plot: tuple[str, str, str] | None = None) -> int:
+        """Write --json/--csv/--plot, print nccl-tests' footers; return the exit status."""
+        self.write_json(getattr(args, "json", None), run_meta(args, **(meta or {})))
+        self.write_csv(getattr(args, "csv", None))
+        if plot is not None:
+            self.plot(getattr(args, "plot", None), *plot)
+        wrong = sum(int(row.get("#wrong", 0) or 0) for row in self.rows)
+        if self.rank == 0:
+            self._print(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
+            bus = [row["busbw(GB/s)"] for row in self.rows if "busbw(GB/s)" in row]
+            if bus:
+                self._print(f"# Avg bus bandwidth    : {sum(bus) / len(bus):.4g}")
+        return 0 if wrong == 0 else 1
 
 
 def _fmt(value: Any) -> str:
@@ -113,16 +224,20 @@ def _fmt(value: Any) -> str:
 
 
 def progress(items: Iterable, total: int, rank: int, enabled: bool = True, label: str = ""):
-    """Yield items, drawing a one-line progress bar on rank 0's stderr."""
-    show = enabled and rank == 0
-    for i, item in enumerate(items, 1):
-        yield item
-        if show:
-            filled = int(30 * i / max(total, 1))
-            sys.stderr.write(f"\r{label} [{'#' * filled}{'.' * (30 - filled)}] {i}/{total}")
-            sys.stderr.flush()
+    """Yield items with a tqdm progress bar on rank 0's stderr, drawn only when stderr is a
+    terminal (never in logs or pipes) and tqdm is installed."""
+    show = enabled and rank == 0 and sys.stderr.isatty()
     if show:
-        sys.stderr.write("\n")
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            show = False
+    if not show:
+        yield from items
+        return
+    with tqdm(items, total=total, desc=label or None, file=sys.stderr, leave=False,
+              dynamic_ncols=True) as bar:
+        yield from bar
 
 
 def bandwidths(nbytes: int, seconds: float, factor: float) -> tuple[float, float]:

@@ -6,8 +6,11 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
-from _common import DENSE_COLUMNS, Table, bandwidths, common_parser, progress, sizes, time_collective
+from _common import (DENSE_COLUMNS, Table, bandwidths, common_parser, progress, sample_stats, sizes,
+                     time_collective)
 
 import cupycoll as cc
 from cupycoll.comm import bus_factor
@@ -56,10 +59,10 @@ def run_one(name: str, nbytes: int, args, comm, table: Table) -> None:
                if name in ("allreduce", "reduce", "reduce_scatter") else "none",
                "root": root if name in ("broadcast", "reduce") else -1,
                "time(us)": seconds * 1e6, "algbw(GB/s)": algbw, "busbw(GB/s)": busbw,
-               "#wrong": wrong, "collective": name, "min_time(us)": float(samples.min()) * 1e6})
+               "#wrong": wrong, "collective": name, **sample_stats(samples)})
 
 
-def main() -> None:
+def main() -> int:
     parser = common_parser(__doc__)
     parser.add_argument("--collective", default="allreduce", choices=COLLECTIVES + ("all",))
     parser.add_argument("--root", type=int, default=0)
@@ -73,11 +76,9 @@ def main() -> None:
             table.header(f"{name}  ranks={comm.size}  backend={comm.backend}  "
                          f"iters={args.iters} warmup={args.warmup_iters}  time = median")
         run_one(name, nbytes, args, comm, table)
-    table.write_json(args.json, {"ranks": comm.size, "backend": comm.backend})
-    if comm.rank == 0:
-        bad = sum(r["#wrong"] for r in table.rows)
-        print(f"# out of bounds values : {bad} {'OK' if bad == 0 else 'FAILED'}")
+    return table.finish(args, {"ranks": comm.size, "backend": comm.backend},
+                        plot=("size(B)", "time(us)", "collective"))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -181,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--impl", choices=("both", *IMPLS), default="both",
                    help="numpy loops, numba loops (numba1: on one thread), or all side by side")
     p.add_argument("--json", metavar="PATH", help="write the rows as JSON to PATH ('-' = stdout)")
+    p.add_argument("--csv", metavar="PATH", help="write the rows as CSV to PATH ('-' = stdout)")
     args = p.parse_args(argv)
 
     rng = np.random.default_rng(args.seed)
@@ -197,10 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     for n_parts in (4, 8):
         bench_merge(table, rng, n_parts, k, 2 * k, args.reps, bool(args.check), impls)
     bench_coo(table, rng, 4 * k, n, args.reps, bool(args.check))
-    table.write_json(args.json, meta={"numpy": np.__version__, "n": n, "density": args.density,
-                                      "k_per_part": k, "reps": args.reps, "impls": impls,
-                                      "cpus": os.cpu_count()})
-    return 0 if all(row["#wrong"] == 0 for row in table.rows) else 1
+    return table.finish(args, {"n": n, "density": args.density, "k_per_part": k,
+                               "reps": args.reps, "impls": impls, "cpus": os.cpu_count()})
 
 
 if __name__ == "__main__":

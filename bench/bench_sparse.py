@@ -15,11 +15,13 @@ Algorithms are timed interleaved (one call of each per round) so drift hits them
 
 from __future__ import annotations
 
+import sys
 import time
 import tracemalloc
 
 import numpy as np
-from _common import SPARSE_COLUMNS, Table, bandwidths, common_parser, parse_size, progress
+from _common import (SPARSE_COLUMNS, Table, bandwidths, common_parser, parse_size, progress,
+                     sample_stats)
 from mpi4py import MPI
 
 import cupycoll as cc
@@ -144,7 +146,7 @@ def run_group(args, comm, table: Table, n: int, width: int, density: float, over
                    "nnz": k if name != BASELINE else n, "algorithm": name, "wire(B)": wire,
                    "overlap": overlap, "min(us)": float(samples[name].min()) * 1e6,
                    "x_dense": seconds / dense_time, "mem/recv": mem, "width": width,
-                   "ranks": p})
+                   "ranks": p, **sample_stats(samples[name])})
     exact = {a: t for a, t in times.items() if a not in (BASELINE, "auto")}
     best = min(exact, key=exact.get) if exact else None
     shape = Shape(p, n, width, idx.dtype.itemsize, 4, tuple(int(i.size) for i, _ in inputs))
@@ -154,7 +156,7 @@ def run_group(args, comm, table: Table, n: int, width: int, density: float, over
             "auto_x_best": times["auto"] / exact[best] if best and "auto" in times else None}
 
 
-def main() -> None:
+def main() -> int:
     parser = common_parser(__doc__)
     parser.set_defaults(iters=10, warmup_iters=2)
     parser.add_argument("--n", default="4M,16M", help="dense lengths of 1-D rows (comma list)")
@@ -178,8 +180,8 @@ def main() -> None:
                  f"iters={args.iters} warmup={args.warmup_iters}  time = median of slowest rank")
     summary = [run_group(args, comm, table, *g, algorithms)
                for g in progress(groups, len(groups), comm.rank, not args.no_progress)]
-    table.write_json(args.json, {"ranks": comm.size, "backend": comm.backend,
-                                 "summary": summary})
+    status = table.finish(args, {"ranks": comm.size, "backend": comm.backend,
+                                 "summary": summary}, plot=("density", "x_dense", "algorithm"))
     if comm.rank == 0:
         print("# n  width  density  overlap  best  best/dense  auto/best  auto->")
         for s in summary:
@@ -187,9 +189,8 @@ def main() -> None:
             best = f"{s['best_x_dense']:.3f}" if s["best_x_dense"] is not None else "-"
             print(f"# {s['n']} {s['width']} {s['density']} {s['overlap']} {s['best']} "
                   f"{best} {auto} {s['auto_choice']}")
-        bad = sum(r["#wrong"] for r in table.rows)
-        print(f"# out of bounds values : {bad} {'OK' if bad == 0 else 'FAILED'}")
+    return status
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -166,7 +166,7 @@ def main() -> None:
         print(f"#   threshold reuse is {sel['speedup']:.1f}x cheaper than the exact top-k "
               f"(target >= 10x); argsort top-k (what a sort-based top-k costs) is shown only "
               f"for reference")
-    table.write_json(args.json, {"P": size, "n": n, "k": k, "selection": sel})
+    table.finish(args, {"P": size, "n": n, "k": k, "selection": sel})
 
 
 if __name__ == "__main__":

@@ -1,0 +1,71 @@
+"""Benchmark plumbing (bench/_common.py): sizes, statistics, JSON/CSV/plot output and footers."""
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import _common  # noqa: E402
+
+
+@pytest.mark.parametrize("text,value", [("8", 8), ("1e6", 1_000_000), ("64K", 65536),
+                                        ("16M", 16 << 20), ("16MB", 16 << 20),
+                                        ("16MiB", 16 << 20), ("16mib", 16 << 20),
+                                        ("2G", 2 << 30), ("0.5K", 512), (" 1T ", 1 << 40)])
+def test_parse_size_accepts(text, value):
+    assert _common.parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["16Q", "", "M", "-1", "1.5", "16 MB B", "0x10", "1e-3"])
+def test_parse_size_rejects_clearly(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="invalid size"):
+        _common.parse_size(text)
+
+
+def test_sample_stats_against_numpy():
+    samples = np.array([3.0, 1.0, 2.0, 10.0]) * 1e-6
+    stats = _common.sample_stats(samples)
+    assert stats["median(us)"] == pytest.approx(2.5) and stats["min(us)"] == pytest.approx(1)
+    assert stats["p95(us)"] == pytest.approx(np.percentile([3, 1, 2, 10], 95))
+    assert stats["stdev(us)"] == pytest.approx(np.std([3, 1, 2, 10], ddof=1))
+    assert stats["iters"] == 4
+
+
+def test_table_writes_everything_and_footers(tmp_path, capsys):
+    table = _common.Table(["size(B)", "time(us)", "busbw(GB/s)", "#wrong"], rank=0)
+    table.header("demo")
+    for size, wrong in ((8, 0), (64, 2)):
+        table.add({"size(B)": size, "time(us)": 1.5 * size, "busbw(GB/s)": 0.5, "#wrong": wrong,
+                   "collective": "allreduce"})
+    args = argparse.Namespace(json=str(tmp_path / "r.json"), csv=str(tmp_path / "r.csv"),
+                              plot=str(tmp_path / "r.png"))
+    status = table.finish(args, {"ranks": 2}, plot=("size(B)", "time(us)", "collective"))
+    assert status == 1  # a wrong value fails the run
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2] == "# Out of bounds values : 2 FAILED"
+    assert out[-1] == "# Avg bus bandwidth    : 0.5"
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["meta"]["ranks"] == 2 and "numpy" in doc["meta"]["versions"]
+    assert doc["meta"]["arguments"]["csv"] == args.csv and len(doc["rows"]) == 2
+    rows = list(csv.DictReader((tmp_path / "r.csv").open()))
+    assert [r["size(B)"] for r in rows] == ["8", "64"] and rows[1]["#wrong"] == "2"
+    assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_only_rank_zero_prints_and_writes(tmp_path, capsys):
+    table = _common.Table(["size(B)"], rank=1)
+    table.header("x")
+    table.add({"size(B)": 1})
+    args = argparse.Namespace(json=str(tmp_path / "r.json"), csv=None, plot=None)
+    assert table.finish(args) == 0
+    assert capsys.readouterr().out == "" and not (tmp_path / "r.json").exists()
+
+
+def test_progress_is_silent_off_a_terminal(capsys):
+    assert list(_common.progress(range(5), 5, rank=0)) == list(range(5))
+    assert capsys.readouterr().err == ""  # pytest's stderr is not a terminal
