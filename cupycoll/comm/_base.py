@@ -8,8 +8,11 @@ doors in :mod:`cupycoll.collectives` wait on it unless the caller asked for ``as
 from __future__ import annotations
 
 import abc
+import concurrent.futures
 import dataclasses
 import math
+import os
+import queue
 import threading
 import types
 from typing import Any, Callable, Sequence
@@ -107,6 +110,7 @@ class Work:
         self._error: BaseException | None = None
         self._done = wait_fn is None and finalize is None
         self._lock = threading.Lock()
+        self._future: concurrent.futures.Future | None = None
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until the operation is complete and return its result."""
@@ -136,10 +140,50 @@ class Work:
         """Wait and return the result (None for operations without one)."""
         return self.wait()
 
+    def get_future(self) -> concurrent.futures.Future:
+        """Return a ``concurrent.futures.Future`` that gets ``wait()``'s result or exception.
+
+        The same Future on every call. A cupycoll thread waits for it (in the order futures
+        were asked for), so finalizers and callbacks of a Work asked for its future run there.
+        """
+        with self._lock:
+            if self._future is None:
+                self._future = concurrent.futures.Future()
+                _completer().put((self, self._future))
+        return self._future
+
+    def add_done_callback(self, fn: Callable[["Work"], Any]) -> None:
+        """Call ``fn(self)`` once the operation is complete (at once if it already is)."""
+        self.get_future().add_done_callback(lambda _: fn(self))
+
     @classmethod
     def completed(cls, result: Any = None) -> "Work":
         """Return a Work that is already done."""
         return cls(result=result)
+
+
+def _complete_forever(pending: "queue.SimpleQueue[tuple[Work, concurrent.futures.Future]]") -> None:
+    while True:
+        work, future = pending.get()
+        try:
+            future.set_result(work.wait())
+        except BaseException as exc:  # delivered to whoever holds the future
+            future.set_exception(exc)
+
+
+_COMPLETERS: dict[int, "queue.SimpleQueue"] = {}
+_COMPLETERS_LOCK = threading.Lock()
+
+
+def _completer() -> "queue.SimpleQueue[tuple[Work, concurrent.futures.Future]]":
+    """The queue of this process's completer thread (a forked child starts its own)."""
+    with _COMPLETERS_LOCK:
+        pending = _COMPLETERS.get(os.getpid())
+        if pending is None:
+            pending = _COMPLETERS[os.getpid()] = queue.SimpleQueue()
+            threading.Thread(target=_complete_forever, args=(pending,), daemon=True,
+                             name="cupycoll-completer").start()
+        return pending
 
 
 class Communicator(abc.ABC):

@@ -7,18 +7,16 @@ on every rank), run it, then deliver: return a :class:`SparseResult`, fill the c
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
-import threading
-import weakref
 from typing import Any, Callable
 
 import numpy as np
 
+from .._background import run_async
 from .._registry import lookup
 from .._result import SparseResult
 from .._types import ReduceOp, array_namespace, as_array, like_caller, to_host, trunc_divide
-from ..comm import Communicator, Work, get_comm
+from ..comm import Communicator, get_comm
 from ..errors import InvalidArgument, InvalidType
 from . import auto as _auto
 from ._validate import Prepared, prepare
@@ -90,10 +88,7 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
 
     if not async_op:
         return deliver(_run(comm, prepared, fn))
-    runner = _runner(comm)
-    future = runner.submit(_run, runner.comm, prepared, fn)
-    return Work(lambda: concurrent.futures.wait([future]), future.done,
-                lambda: deliver(future.result()))
+    return run_async(comm, lambda background: _run(background, prepared, fn), deliver)
 
 
 def _run(comm: Communicator, prepared: Prepared, fn: Callable) -> tuple[Any, Any]:
@@ -151,30 +146,3 @@ def _fill(buffers: Any, idx: Any, val: Any) -> tuple[Any, Any]:
                                   f"must return writable buffers ({exc})") from exc
         out.append(buf)
     return out[0], out[1]
-
-
-class _Runner:
-    """A duplicate of a communicator and one worker thread: async calls run in call order."""
-
-    def __init__(self, comm: Communicator) -> None:
-        dup = getattr(comm, "dup", None)
-        if dup is None:
-            raise InvalidArgument("async_op", True, f"the {comm.backend} communicator cannot be "
-                                  "duplicated for background work", rank=comm.rank)
-        self.comm = dup()
-        self.comm.stats = comm.stats  # traffic is booked on the caller's communicator
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, "cupycoll-sparse")
-        self.submit = self._pool.submit
-
-
-_RUNNERS: "weakref.WeakKeyDictionary[Communicator, _Runner]" = weakref.WeakKeyDictionary()
-_RUNNERS_LOCK = threading.Lock()
-
-
-def _runner(comm: Communicator) -> _Runner:
-    """The cached runner of ``comm`` (created collectively on the first async call)."""
-    with _RUNNERS_LOCK:
-        runner = _RUNNERS.get(comm)
-        if runner is None:
-            runner = _RUNNERS[comm] = _Runner(comm)
-        return runner

@@ -24,7 +24,8 @@ import numpy as np
 
 from .._config import setting
 from .._result import SparseResult
-from .._types import ReduceOp, array_namespace
+from .._background import run_async
+from .._types import ReduceOp, array_namespace, as_array
 from ..comm import Communicator, get_comm
 from ..errors import InvalidArgument
 from ..primitives import densify, topk_abs
@@ -77,6 +78,7 @@ class TopkCompressor:
         self.xi: list[float] = []
         self.steps = 0
         self._residual: Any = None
+        self._pending: Any = None  # the Work of the last async step
 
     @property
     def residual(self) -> Any:
@@ -85,14 +87,37 @@ class TopkCompressor:
             return self.comm.xp.zeros(self.n, dtype=np.float32)
         return self._residual
 
-    def step(self, grad: Any) -> SparseResult:
+    @residual.setter
+    def residual(self, value: Any) -> None:
+        """Replace the residual (e.g. mass carried over when gradient buckets are rebuilt)."""
+        arr = as_array(value, "residual")
+        if arr.ndim != 1 or int(arr.shape[0]) != self.n or arr.dtype.kind != "f":
+            raise InvalidArgument("residual", f"{arr.dtype}{tuple(arr.shape)}",
+                                  f"must be a 1-D float array of length n={self.n}",
+                                  rank=self.comm.rank)
+        self._residual = arr
+
+    def step(self, grad: Any, *, async_op: bool = False) -> Any:
         """Add ``grad`` to the residual, communicate, return the averaged sparse update.
 
         ``grad``: numpy, cupy or ``__dlpack__`` (e.g. a torch tensor), float, length n on every
         rank. Returns a SparseResult in numpy (host gradients) or cupy (device gradients) whose
         values are averages over ranks. Raises on every rank as ``topk_allreduce`` does.
+        With ``async_op=True`` returns a :class:`~cupycoll.comm.Work` at once (``wait()``,
+        ``get_future()``, ``add_done_callback()``): the step runs in call order on the
+        communicator's background worker, over a duplicate of it, so it overlaps the caller's
+        work (e.g. the rest of a backward pass). Do not modify ``grad`` nor read ``residual``
+        until it completes; a later synchronous step waits for it first.
         """
-        comm = self.comm
+        if async_op:
+            self._pending = run_async(self.comm, lambda background: self._step(grad, background))
+            return self._pending
+        if self._pending is not None:
+            self._pending.wait()
+        return self._step(grad, self.comm)
+
+    def _step(self, grad: Any, comm: Communicator) -> SparseResult:
+        """One step over ``comm`` (the compressor's communicator or its background duplicate)."""
         arr, k = validate(comm, grad, self.k, self.algorithm, argument="grad", n=self.n)
         xp = array_namespace(arr)
         dtype = np.float32 if arr.dtype == np.float16 else arr.dtype
@@ -102,14 +127,14 @@ class TopkCompressor:
         acc = self._residual + arr.astype(dtype, copy=False)
         acc_c = to_namespace(acc, comm.xp)
         if self.steps < self.warmup_steps:
-            update = self._dense_step(acc_c)
+            update = self._dense_step(acc_c, comm)
             self._residual = xp.zeros_like(acc)
         else:
             outcome = run(comm, acc_c, k, self.algorithm, None, self.state)
             update = outcome.result
             if self.measure_xi:
                 self.xi.append(self._xi(acc_c, to_namespace(arr.astype(dtype), comm.xp),
-                                        update))
+                                        update, comm))
             acc[to_namespace(outcome.included, xp)] = 0
             self._residual = acc
             update = SparseResult(update.indices, update.values / comm.size, self.n)
@@ -117,17 +142,17 @@ class TopkCompressor:
         return SparseResult(to_namespace(update.indices, xp), to_namespace(update.values, xp),
                             self.n)
 
-    def _dense_step(self, acc: Any) -> SparseResult:
+    def _dense_step(self, acc: Any, comm: Communicator) -> SparseResult:
         """Warm-up: the dense average of acc, as a SparseResult over all n indices."""
-        comm, xp = self.comm, self.comm.xp
+        xp = comm.xp
         total = xp.empty_like(acc)
         comm.allreduce(acc, total, ReduceOp.SUM, op_name="compressor.warmup").wait()
         idx = xp.arange(self.n, dtype=np.int32 if self.n < 2**31 else np.int64)
         return SparseResult(idx, total / comm.size, self.n)
 
-    def _xi(self, acc: Any, grad: Any, result: SparseResult) -> float:
+    def _xi(self, acc: Any, grad: Any, result: SparseResult, comm: Communicator) -> float:
         """||top-k(sum of acc) - result|| / ||sum of grad|| (sums over ranks)."""
-        comm, xp = self.comm, self.comm.xp
+        xp = comm.xp
         sums = [xp.empty_like(acc), xp.empty_like(grad)]
         comm.allreduce(acc, sums[0], ReduceOp.SUM, op_name="compressor.xi").wait()
         comm.allreduce(grad, sums[1], ReduceOp.SUM, op_name="compressor.xi").wait()

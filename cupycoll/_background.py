@@ -1,0 +1,55 @@
+"""Background work in call order: one duplicate communicator and one worker thread per communicator.
+
+Async ``sparse_allreduce`` and ``TopkCompressor.step(async_op=True)`` run here, so their
+collectives never interleave with the caller's own on ``comm``: every rank submits in the same
+order and the single worker runs them in that order.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import weakref
+from typing import Any, Callable
+
+from .comm import Communicator, Work
+from .errors import InvalidArgument
+
+__all__ = ["runner", "run_async"]
+
+
+class _Runner:
+    """A duplicate of a communicator and one worker thread: async calls run in call order."""
+
+    def __init__(self, comm: Communicator) -> None:
+        dup = getattr(comm, "dup", None)
+        if dup is None:
+            raise InvalidArgument("async_op", True, f"the {comm.backend} communicator cannot be "
+                                  "duplicated for background work", rank=comm.rank)
+        self.comm = dup()
+        self.comm.stats = comm.stats  # traffic is booked on the caller's communicator
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, "cupycoll-background")
+        self.submit = self._pool.submit
+
+
+_RUNNERS: "weakref.WeakKeyDictionary[Communicator, _Runner]" = weakref.WeakKeyDictionary()
+_RUNNERS_LOCK = threading.Lock()
+
+
+def runner(comm: Communicator) -> _Runner:
+    """The cached runner of ``comm`` (created collectively on the first async call)."""
+    with _RUNNERS_LOCK:
+        found = _RUNNERS.get(comm)
+        if found is None:
+            found = _RUNNERS[comm] = _Runner(comm)
+        return found
+
+
+def run_async(comm: Communicator, fn: Callable[[Communicator], Any],
+              finalize: Callable[[Any], Any] = lambda result: result) -> Work:
+    """Run ``fn(duplicate_of_comm)`` on ``comm``'s worker; a Work whose result is
+    ``finalize(fn's result)`` (finalize runs once, in the thread that waits)."""
+    worker = runner(comm)
+    future = worker.submit(fn, worker.comm)
+    return Work(lambda: concurrent.futures.wait([future]), future.done,
+                lambda: finalize(future.result()))

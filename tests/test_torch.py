@@ -1,0 +1,120 @@
+"""cupycoll.torch: DDP hooks and the sparse-embedding helper (torch CPU from the test extra).
+
+The DDP runs (2 and 4 ranks, gloo for DDP's own bookkeeping) are in tests/workers/torch_ddp.py;
+here: in-process checks on one rank and the launches.
+"""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import cupycoll as cc
+import cupycoll.torch as cct
+from cupycoll.errors import InvalidArgument, InvalidType
+from tests._mpi import run_mpi
+
+
+def test_importing_cupycoll_does_not_import_torch():
+    code = "import sys, cupycoll; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_ddp_hooks(nprocs):
+    out = run_mpi(nprocs, "torch_ddp.py", 200 if nprocs == 2 else 120, "--report", timeout=900)
+    assert out.count('"hook"') == 4
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3])
+def test_work_futures_and_async_compressor(nprocs):
+    run_mpi(nprocs, "async_futures.py", timeout=300)
+
+
+class FakeBucket:
+    """What DDP hands a hook (dist.GradBucket's methods the hooks use)."""
+
+    def __init__(self, index, params, last=True):
+        self._index, self._params, self._last = index, params, last
+        self._buffer = torch.cat([p.grad.reshape(-1) for p in params])
+
+    def index(self):
+        return self._index
+
+    def buffer(self):
+        return self._buffer
+
+    def parameters(self):
+        return self._params
+
+    def is_last(self):
+        return self._last
+
+
+def params_with_grads(sizes, seed):
+    gen = torch.Generator().manual_seed(seed)
+    params = [torch.nn.Parameter(torch.zeros(s)) for s in sizes]
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=gen)
+    return params
+
+
+def test_rebuilt_buckets_inherit_their_parameters_residuals():
+    cc.init("mpi")
+    a, b, c = params_with_grads([30, 20, 50], seed=0)
+    state = cct.TopkHookState(density=0.1, warmup_steps=1)
+    for bucket in (FakeBucket(0, [a, b], last=False), FakeBucket(1, [c])):  # warm-up
+        cct.topk_hook(state, bucket).wait()
+    first = [FakeBucket(0, [a, b], last=False), FakeBucket(1, [c])]
+    for bucket in first:
+        cct.topk_hook(state, bucket).wait()
+    old = {id(p): r for bucket, key in zip(first, [(0, 50), (1, 50)])
+           for p, r in zip(bucket.parameters(),
+                           np.split(np.asarray(state.compressors[key].residual),
+                                    np.cumsum([q.numel() for q in bucket.parameters()])[:-1]))}
+    rebuilt = FakeBucket(0, [c, a], last=False)  # DDP re-buckets: c and a together, b alone
+    fresh = state.compressor(rebuilt)
+    assert np.array_equal(fresh.residual, np.concatenate([old[id(c)], old[id(a)]]))
+    alone = state.compressor(FakeBucket(1, [b]))
+    assert np.array_equal(alone.residual, old[id(b)])
+    assert set(state.compressors) == {(0, 80), (1, 20)}
+
+
+def test_hook_writes_the_averaged_sparse_update_densely():
+    cc.init("mpi")
+    (p,) = params_with_grads([200], seed=1)
+    state = cct.TopkHookState(density=0.05, warmup_steps=1)
+    grad = p.grad.clone()
+    warm = cct.topk_hook(state, FakeBucket(0, [p])).wait()
+    assert torch.equal(warm, grad)  # one rank: the average is the gradient
+    p.grad = grad.clone()
+    out = cct.topk_hook(state, FakeBucket(0, [p])).wait()
+    top = torch.topk(grad.abs(), 10).indices
+    expected = torch.zeros_like(grad)
+    expected[top] = grad[top]
+    assert torch.equal(out, expected)
+    residual = np.asarray(state.compressors[(0, 200)].residual)
+    assert np.array_equal(residual + out.numpy(), grad.numpy())  # nothing lost
+
+
+@pytest.mark.parametrize("kwargs", [{"density": 0.0}, {"density": 1.5},
+                                    {"density": 0.1, "warmup_steps": 0}])
+def test_hook_state_rejects_bad_arguments(kwargs):
+    cc.init("mpi")
+    with pytest.raises(InvalidArgument):
+        cct.TopkHookState(**kwargs)
+
+
+def test_sparse_helper_one_rank_and_errors():
+    cc.init("mpi")
+    i = torch.tensor([[3, 1, 3]])
+    v = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    out = cct.sparse_allreduce(torch.sparse_coo_tensor(i, v, (5, 2), check_invariants=True))
+    assert out.is_coalesced() and out.indices().tolist() == [[1, 3]]
+    assert out.values().tolist() == [[3.0, 4.0], [6.0, 8.0]]
+    with pytest.raises(InvalidType):
+        cct.sparse_allreduce(torch.zeros(3))
+    with pytest.raises(InvalidArgument):
+        cct.sparse_allreduce(torch.zeros(2, 2).to_sparse())
