@@ -183,11 +183,12 @@ def combine(a: Any, b: Any, op: Any) -> Any:
     for min (numpy's ufuncs would return ``b``); NaN propagates as in numpy.
     """
     xp, ufunc = array_namespace(a), _reduce_op(op)
-    out = getattr(xp, ufunc.__name__)(a, b)
-    if ufunc in _ZERO_TIE and out.dtype.kind == "f":
-        tie = (a == 0) & (b == 0)
-        # zeros: +0 + -0 = +0 and -(-0 + +0) = -0, so the sum picks +0 and the negated one -0
-        out = xp.where(tie, a + b if ufunc is np.maximum else -((-a) + (-b)), out)
+    with np.errstate(all="ignore"):
+        out = getattr(xp, ufunc.__name__)(a, b)
+        if ufunc in _ZERO_TIE and out.dtype.kind == "f":
+            tie = (a == 0) & (b == 0)
+            # zeros: +0 + -0 = +0 and -(-0 + +0) = -0: the sum picks +0, the negated one -0
+            out = xp.where(tie, a + b if ufunc is np.maximum else -((-a) + (-b)), out)
     return out
 
 

@@ -18,7 +18,7 @@ from .._types import ReduceOp, array_namespace
 from ..primitives import combine, merge_sorted
 
 __all__ = ["reduce_parts", "rank_slices", "allgatherv_entries", "fill_absent", "presence",
-           "union_of_presence", "bitmap_or_allreduce", "bitmap_chunk"]
+           "union_of_presence", "bitmap_or_allreduce", "bitmap_chunk", "canonical_nan"]
 
 
 def fill_absent(union: Any, values: Any, part_indices: Sequence[Any], op: ReduceOp) -> Any:
@@ -39,6 +39,26 @@ def fill_absent(union: Any, values: Any, part_indices: Sequence[Any], op: Reduce
     missing = present < len(part_indices)
     if bool(missing.any()):
         values[missing] = combine(values[missing], values.dtype.type(0), op)
+    return values
+
+
+def canonical_nan(values: Any) -> Any:
+    """Give every NaN in float ``values`` numpy's NaN bits, in place, and return ``values``.
+
+    A NaN's sign and payload depend on the order of the operands (x86 keeps the first NaN and
+    makes ``inf - inf`` a negative NaN; MPI's built-in ops combine in a per-rank order), so
+    without this the results of the algorithms, or of one algorithm on two ranks, could differ
+    in NaN bits. One dot product detects a NaN (x·x is NaN only if x holds one).
+    """
+    if values.dtype.kind != "f" or values.size == 0:
+        return values
+    xp = array_namespace(values)
+    flat = values.reshape(-1)
+    found = flat.dtype.itemsize < 4 or bool(xp.isnan(xp.dot(flat, flat)))
+    if found:
+        nan = xp.isnan(values)
+        if bool(nan.any()):
+            values[nan] = xp.nan
     return values
 
 
