@@ -116,9 +116,19 @@ def dense_cases() -> Iterator[tuple[str, str, tuple, dict]]:
                 yield "gather", f"{dtype}-{itype}-w{width}", (dense, idx), {}
                 yield "densify", f"{dtype}-{itype}-w{width}", \
                     (idx, values(rng, dtype, (30,) + rows)), {"n": 50}
-        strided = values(rng, dtype, 40)[::2]
-        yield "scatter_reduce", f"{dtype}-strided-dense", \
-            (strided, np.array([3, 1, 3], "int64"), values(rng, dtype, 3, special=False)), {}
+        # non-contiguous dense arrays: every-other element, every-third row, every-other column
+        for label, dense in (("strided", values(rng, dtype, 40)[::2]),
+                             ("row-strided", values(rng, dtype, (30, 3))[::3]),
+                             ("column-strided", values(rng, dtype, (12, 6))[:, ::2])):
+            idx = np.array([3, 1, 3, 0, 9, 3], "int64")
+            for op in OPS:
+                val = values(rng, dtype, (idx.size,) + dense.shape[1:], special=False)
+                yield "scatter_reduce", f"{dtype}-{label}-dense-{op}", (dense, idx, val), \
+                    {"op": op}
+            uniq = np.array([0, 4, 7], "int32")
+            yield "scatter_reduce", f"{dtype}-{label}-dense-unique", \
+                (dense, uniq, values(rng, dtype, (3,) + dense.shape[1:])), {"op": "max"}
+            yield "gather", f"{dtype}-{label}-dense", (dense, idx), {}
 
 
 def error_cases() -> Iterator[tuple[str, str, tuple, dict]]:

@@ -38,8 +38,10 @@ def _to_device(obj: Any) -> Any:
     if isinstance(obj, np.ndarray) and obj.ndim > 0:  # 0-d thresholds stay host scalars
         if obj.flags.c_contiguous:
             return cupy.asarray(obj)
-        assert obj.ndim == 1 and obj.base is not None and obj.base.flags.c_contiguous
-        return cupy.asarray(obj.base)[::obj.strides[0] // obj.itemsize]  # the same 1-D view
+        base = obj.base  # the same view (offset and strides) of a device copy of its base
+        assert isinstance(base, np.ndarray) and base.flags.c_contiguous
+        offset = obj.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+        return cupy.ndarray(obj.shape, obj.dtype, cupy.asarray(base).data + offset, obj.strides)
     if isinstance(obj, (list, tuple)):
         return type(obj)(_to_device(o) for o in obj)
     return obj
