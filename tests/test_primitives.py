@@ -535,6 +535,26 @@ def test_wide_keys_fall_back_to_stable_argsort():
     assert_same(got[1], want[1])
 
 
+@pytest.mark.parametrize("size", [8, 1000])
+@pytest.mark.parametrize("bits", [31, 32, 33, 62, 63, 64])
+def test_sort_key_width_edges(bits, size):
+    """Keys ``(index - lo) << shift | position`` of exactly ``bits`` bits: int32 up to 31 bits,
+    int64 up to 63, a stable argsort beyond; each must sort and fold like the reference."""
+    rng = np.random.default_rng(bits * size)
+    shift = (size - 1).bit_length()
+    lo, span = 5, (1 << (bits - shift)) - 1  # (hi - lo).bit_length() + shift == bits
+    offsets = np.concatenate([[0, span, span, span - 1], rng.integers(0, span, size - 4)])
+    idx = (lo + rng.permutation(offsets)).astype(np.int64)
+    val = random_values(rng, "float64", (size,))
+    want = reference_arrays(fold_reference(zip(idx.tolist(), val), np.add), "int64", "float64", ())
+    assert_same(P.coo_reduce(idx, val), want)
+    halves = [np.unique(idx[s::2]) for s in (0, 1)]
+    parts = [(h, rng.standard_normal(h.size)) for h in halves]
+    entries = [(i, v) for pi, pv in parts for i, v in zip(pi.tolist(), pv)]
+    assert_same(P.merge_sorted(parts), reference_arrays(fold_reference(entries, np.add), "int64",
+                                                        "float64", ()))
+
+
 @pytest.mark.parametrize("idx_dtype,base",
                          [("int32", 2**31 - 2**22), ("int64", 2**40), ("int32", 0)])
 def test_blocked_merge_and_coo_reduce_large(idx_dtype, base):
