@@ -1,7 +1,7 @@
 """Tier 3: each primitive on cupy arrays (the kernels on a CUDA device) against its numpy twin.
 
 Same seeded cases as the CPU tier plus larger inputs that use full launch grids; results must be
-bit for bit equal. Skipped, with the reason, when cupy or a CUDA device is missing.
+bit for bit equal. Skipped, with the reason, only when no CUDA device exists (tests/_gpu.py).
 """
 
 from __future__ import annotations
@@ -14,21 +14,10 @@ import pytest
 from cupycoll import primitives
 
 from . import _kernel_cases as cases
+from ._gpu import no_device_reason
 
 
-def _no_device_reason() -> str | None:
-    try:
-        import cupy
-    except Exception as exc:  # not installed, or its CUDA libraries fail to load
-        return f"no CUDA device: cupy is not importable ({exc})"
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:
-        return f"no CUDA device: cupy.cuda.runtime.getDeviceCount() raised {exc}"
-    return None if count > 0 else "no CUDA device: cupy.cuda.runtime.getDeviceCount() is 0"
-
-
-REASON = _no_device_reason()
+REASON = no_device_reason()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(REASON is not None, reason=str(REASON))]
 
 
