@@ -90,6 +90,16 @@ def reduce_cases() -> Iterator[tuple[str, str, tuple, dict]]:
                     yield "merge_sorted", f"{dtype}-{op}-w{width}-{itype}", (parts,), {"op": op}
         idx, val = _coo(rng, dtype, "int64", 0, 5, 0)
         yield "coo_reduce", f"{dtype}-empty", (idx, val), {}
+    for dtype in ("float16", "float32", "float64"):  # +0/-0 ties in every order
+        for op in ("max", "min"):
+            idx = rng.integers(0, 12, 120).astype("int32")
+            zeros = rng.choice(np.array([0.0, -0.0, -0.0, np.nan], dtype), 120,
+                               p=[.45, .45, .05, .05])
+            yield "coo_reduce", f"{dtype}-{op}-signed-zeros", (idx, zeros), {"op": op}
+            dense = rng.choice(np.array([0.0, -0.0], dtype), 12)
+            yield "scatter_reduce", f"{dtype}-{op}-signed-zeros", (dense, idx, zeros), {"op": op}
+            yield "scatter_reduce", f"{dtype}-{op}-signed-zeros-unique", \
+                (dense, np.arange(12, dtype="int64"), zeros[:12]), {"op": op}
     for dtype, acc in (("float16", "float32"), ("int32", "int64"), ("float32", "float64")):
         idx, val = _coo(rng, dtype, "int32", 300, 10, 0)
         yield "coo_reduce", f"{dtype}-acc-{acc}", (idx, val), {"accumulate_dtype": acc}
