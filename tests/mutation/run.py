@@ -38,7 +38,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "build" / "mutation"
 
-_SPARSE = ["tests/test_sparse_units.py", "tests/test_api_units.py", "tests/test_sparse_mpi.py"]
+# Multi-rank tests at 2-4 ranks that each cover every algorithm in one launch; the randomized
+# launches (thousands of cases, minutes each) are left to the regular suite.
+_SPARSE_MPI = "tests/test_sparse_mpi.py::"
+_SPARSE = ["tests/test_sparse_units.py", "tests/test_api_units.py",
+           *(_SPARSE_MPI + t for t in (
+               "test_nan_inf_signed_zero_same_bits_in_every_algorithm[2]",
+               "test_nan_inf_signed_zero_same_bits_in_every_algorithm[3]",
+               "test_volume_equals_cost_models[3]", "test_volume_equals_cost_models[4]",
+               "test_bad_input_raises_on_every_rank[3]", "test_delivery_alloc_completion_async[3]"))]
 _TOPK = ["tests/test_topk_units.py", "tests/test_topk_mpi.py"]
 _PRIMITIVES = ["tests/test_primitives.py", "tests/test_numba_accel.py",
                "tests/test_kernels_cpu.py", "tests/test_sparse_units.py"]
@@ -54,8 +62,10 @@ MODULES = {
     "cupycoll/primitives.py": _PRIMITIVES,
     "cupycoll/_numba_kernels.py": ["tests/test_numba_accel.py", "tests/test_primitives.py"],
     "cupycoll/_cupy_primitives.py": ["tests/test_kernels_cpu.py"],
-    "cupycoll/comm/_base.py": ["tests/test_api_units.py", "tests/test_dense.py",
-                               "tests/test_sparse_units.py"],
+    "cupycoll/comm/_base.py": ["tests/test_api_units.py", "tests/test_sparse_units.py",
+                               "tests/test_dense.py::test_dense_collectives_match_numpy[3]",
+                               "tests/test_dense.py::test_comm_stats_errors_timeouts[3]",
+                               _SPARSE_MPI + "test_volume_equals_cost_models[3]"],
 }
 #: a small, cheap selection for CI (a few minutes).
 SAMPLE = ["cupycoll/sparse/_common.py"]
