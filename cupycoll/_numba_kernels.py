@@ -7,7 +7,7 @@ output dtypes and trimming stay in the numpy code, so errors and dtypes cannot d
 Each loop does what the numpy twin does, element by element: the merge folds the values of one
 index into the identity of the op in part order (``ufunc.at`` on an identity-filled output), with
 numpy's max/min (``a > b or isnan(a) ? a : b``, likewise ``<``): NaN propagates (the first NaN
-stays) and a tie such as ±0 takes the later value. The scans compare magnitudes exactly like
+stays), except that a +0/-0 tie gives +0 for max and -0 for min (``primitives.combine``). The scans compare magnitudes exactly like
 :func:`primitives._abs_ge_test`. Compiled on first use per signature and cached in
 ``__pycache__`` (numba recompiles silently when that directory is read-only).
 """
@@ -107,8 +107,12 @@ def _fold(a, b, op):  # type: ignore[no-untyped-def]
     if op == 1:
         return a * b
     if op == 2:
-        return a if (a > b or a != a) else b
-    return a if (a < b or a != a) else b
+        if a > b or a != a:
+            return a
+        return a + b if a == 0 and b == 0 else b  # +0 + -0 = +0
+    if a < b or a != a:
+        return a
+    return -((-a) + (-b)) if a == 0 and b == 0 else b  # -(-0 + +0) = -0
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -12,7 +12,9 @@ including 0, by :func:`kth_abs` and :func:`topk_abs`.
 Reductions (:func:`coo_reduce`, :func:`merge_sorted`, :func:`scatter_reduce`) are left folds in
 input order: the values ``v0, v1, v2`` of one index reduce to ``(v0 op v1) op v2``. The result is
 therefore defined bit for bit, and ``merge_sorted(parts)`` equals ``coo_reduce`` of the
-concatenated parts.
+concatenated parts. Float max/min are numpy's ``maximum``/``minimum`` (NaN propagates) except on
+a tie of +0 and -0, which gives +0 for max and -0 for min whatever the order (:func:`combine`):
+numpy would return the later operand, so the bits would depend on the order of the operands.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from ._types import ReduceOp, array_namespace, parse_op
 from .errors import InvalidArgument, InvalidType
 
 __all__ = ["count_abs_ge", "select_abs_ge", "kth_abs", "topk_abs", "coo_reduce", "merge_sorted",
-           "scatter_reduce", "gather", "densify", "VALUE_DTYPES", "INDEX_DTYPES", "free_scratch"]
+           "scatter_reduce", "gather", "densify", "combine", "VALUE_DTYPES", "INDEX_DTYPES",
+           "free_scratch"]
 
 #: dtypes of values (and of dense arrays) every primitive accepts.
 VALUE_DTYPES = tuple(np.dtype(t) for t in ("float16", "float32", "float64", "int32", "int64"))
@@ -167,6 +170,46 @@ def _identity(ufunc: np.ufunc, dtype: np.dtype) -> Any:
         return -np.inf if ufunc is np.maximum else np.inf
     info = np.iinfo(dtype)
     return info.min if ufunc is np.maximum else info.max
+
+
+#: the zero each op returns on a +0/-0 tie (the sign bit's value).
+_ZERO_TIE = {np.maximum: False, np.minimum: True}
+
+
+def combine(a: Any, b: Any, op: Any) -> Any:
+    """Return ``a op b`` elementwise (numpy or cupy), with the order-free ±0 rule of max/min.
+
+    ``op`` is sum, prod, max or min; ``b`` may be a scalar. A +0/-0 tie gives +0 for max and -0
+    for min (numpy's ufuncs would return ``b``); NaN propagates as in numpy.
+    """
+    xp, ufunc = array_namespace(a), _reduce_op(op)
+    with np.errstate(all="ignore"):
+        out = getattr(xp, ufunc.__name__)(a, b)
+        if ufunc in _ZERO_TIE and out.dtype.kind == "f":
+            tie = (a == 0) & (b == 0)
+            # zeros: +0 + -0 = +0 and -(-0 + +0) = -0: the sum picks +0, the negated one -0
+            out = xp.where(tie, a + b if ufunc is np.maximum else -((-a) + (-b)), out)
+    return out
+
+
+
+def _fix_zero_ties(out: np.ndarray, rows: np.ndarray, contrib: np.ndarray,
+                   ufunc: np.ufunc) -> None:
+    """Apply :func:`combine`'s ±0 rule to a ``ufunc.at(out, rows, contrib)`` fold, in place.
+
+    A folded max (min) of 0 is +0 (-0) when any zero folded into it was +0 (-0); otherwise all
+    its zeros had the other sign and ``ufunc.at`` already returned one of them.
+    """
+    if ufunc not in _ZERO_TIE or out.dtype.kind != "f":
+        return
+    win = contrib == 0
+    win &= np.signbit(contrib) == _ZERO_TIE[ufunc]
+    if not win.any():
+        return
+    hit = np.nonzero(win)
+    at = (rows[hit[0]],) + hit[1:]
+    zero = out[at] == 0
+    out[tuple(a[zero] for a in at)] = -0.0 if _ZERO_TIE[ufunc] else 0.0
 
 
 #: entries from which the numba loops run: below, numba's import and compile are not worth it.
@@ -482,7 +525,9 @@ def _coalesce(pieces: Sequence[np.ndarray], lo: int, hi: int, val: np.ndarray, u
         uniq += out_idx.dtype.type(lo)
     fold = out_val[:runs]
     fold.fill(_identity(ufunc, out_val.dtype))
-    ufunc.at(fold, run, val[order].astype(out_val.dtype, copy=False))
+    folded = val[order].astype(out_val.dtype, copy=False)
+    ufunc.at(fold, run, folded)
+    _fix_zero_ties(fold, run, folded, ufunc)
     return runs
 
 
@@ -629,8 +674,12 @@ def scatter_reduce(dense: Any, indices: Any, values: Any, op: Any = "sum") -> np
     dense, idx, val = _scatter_operands(dense, indices, values)
     ufunc = _reduce_op(op)
     _check_range(idx, dense.shape[0])
+    first = dense[idx] if ufunc in _ZERO_TIE and dense.dtype.kind == "f" else None
     with np.errstate(all="ignore"):
         ufunc.at(dense, idx, val)
+    if first is not None:  # the ±0 rule counts dense's own zeros too
+        _fix_zero_ties(dense, idx, first, ufunc)
+        _fix_zero_ties(dense, idx, val, ufunc)
     return dense
 
 

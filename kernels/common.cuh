@@ -90,7 +90,8 @@ __device__ __forceinline__ cc_half cc_float_to_half(float f) {
 //   rank(v): 0 for NaN, else |v| as an unsigned key + 1, so that ranks order magnitudes with NaN
 //   below every number (positive float bits order like their values; |INT_MIN| is exact).
 //   add/mul wrap for integers (like numpy); max/min follow numpy's np.maximum/np.minimum bit for
-//   bit, including NaN propagation and which of two equal values (+0.0/-0.0) is returned.
+//   bit (NaN propagates, the first NaN stays), except that a +0.0/-0.0 tie gives +0.0 for max and
+//   -0.0 for min whatever the order, like cupycoll.primitives.combine.
 template <typename T>
 struct cc_value;
 
@@ -107,10 +108,15 @@ struct cc_value<cc_half> {
   static __device__ __forceinline__ cc_half mul(cc_half a, cc_half b) {
     return cc_float_to_half(cc_half_to_float(a) * cc_half_to_float(b));
   }
+  static __device__ __forceinline__ bool zero_tie(cc_half a, cc_half b) {
+    return (a.bits & 0x7fffu) == 0 && (b.bits & 0x7fffu) == 0;
+  }
   static __device__ __forceinline__ cc_half max(cc_half a, cc_half b) {
+    if (zero_tie(a, b)) return (a.bits & 0x8000u) ? b : a;
     return (cc_half_to_float(a) >= cc_half_to_float(b) || is_nan(a)) ? a : b;
   }
   static __device__ __forceinline__ cc_half min(cc_half a, cc_half b) {
+    if (zero_tie(a, b)) return (a.bits & 0x8000u) ? a : b;
     return (cc_half_to_float(a) <= cc_half_to_float(b) || is_nan(a)) ? a : b;
   }
 };
@@ -120,8 +126,15 @@ struct cc_float_value {
   static __device__ __forceinline__ bool is_nan(F v) { return v != v; }
   static __device__ __forceinline__ F add(F a, F b) { return a + b; }
   static __device__ __forceinline__ F mul(F a, F b) { return a * b; }
-  static __device__ __forceinline__ F max(F a, F b) { return is_nan(a) ? a : (is_nan(b) || !(a > b)) ? b : a; }
-  static __device__ __forceinline__ F min(F a, F b) { return is_nan(a) ? a : (is_nan(b) || !(a < b)) ? b : a; }
+  // on a +0/-0 tie: +0 + -0 = +0 for max, -(-0 + +0) = -0 for min
+  static __device__ __forceinline__ F max(F a, F b) {
+    if (a == F(0) && b == F(0)) return a + b;
+    return is_nan(a) ? a : (is_nan(b) || !(a > b)) ? b : a;
+  }
+  static __device__ __forceinline__ F min(F a, F b) {
+    if (a == F(0) && b == F(0)) return -((-a) + (-b));
+    return is_nan(a) ? a : (is_nan(b) || !(a < b)) ? b : a;
+  }
 };
 
 template <>

@@ -90,6 +90,16 @@ def reduce_cases() -> Iterator[tuple[str, str, tuple, dict]]:
                     yield "merge_sorted", f"{dtype}-{op}-w{width}-{itype}", (parts,), {"op": op}
         idx, val = _coo(rng, dtype, "int64", 0, 5, 0)
         yield "coo_reduce", f"{dtype}-empty", (idx, val), {}
+    for dtype in ("float16", "float32", "float64"):  # +0/-0 ties in every order
+        for op in ("max", "min"):
+            idx = rng.integers(0, 12, 120).astype("int32")
+            zeros = rng.choice(np.array([0.0, -0.0, -0.0, np.nan], dtype), 120,
+                               p=[.45, .45, .05, .05])
+            yield "coo_reduce", f"{dtype}-{op}-signed-zeros", (idx, zeros), {"op": op}
+            dense = rng.choice(np.array([0.0, -0.0], dtype), 12)
+            yield "scatter_reduce", f"{dtype}-{op}-signed-zeros", (dense, idx, zeros), {"op": op}
+            yield "scatter_reduce", f"{dtype}-{op}-signed-zeros-unique", \
+                (dense, np.arange(12, dtype="int64"), zeros[:12]), {"op": op}
     for dtype, acc in (("float16", "float32"), ("int32", "int64"), ("float32", "float64")):
         idx, val = _coo(rng, dtype, "int32", 300, 10, 0)
         yield "coo_reduce", f"{dtype}-acc-{acc}", (idx, val), {"accumulate_dtype": acc}
@@ -116,9 +126,19 @@ def dense_cases() -> Iterator[tuple[str, str, tuple, dict]]:
                 yield "gather", f"{dtype}-{itype}-w{width}", (dense, idx), {}
                 yield "densify", f"{dtype}-{itype}-w{width}", \
                     (idx, values(rng, dtype, (30,) + rows)), {"n": 50}
-        strided = values(rng, dtype, 40)[::2]
-        yield "scatter_reduce", f"{dtype}-strided-dense", \
-            (strided, np.array([3, 1, 3], "int64"), values(rng, dtype, 3, special=False)), {}
+        # non-contiguous dense arrays: every-other element, every-third row, every-other column
+        for label, dense in (("strided", values(rng, dtype, 40)[::2]),
+                             ("row-strided", values(rng, dtype, (30, 3))[::3]),
+                             ("column-strided", values(rng, dtype, (12, 6))[:, ::2])):
+            idx = np.array([3, 1, 3, 0, 9, 3], "int64")
+            for op in OPS:
+                val = values(rng, dtype, (idx.size,) + dense.shape[1:], special=False)
+                yield "scatter_reduce", f"{dtype}-{label}-dense-{op}", (dense, idx, val), \
+                    {"op": op}
+            uniq = np.array([0, 4, 7], "int32")
+            yield "scatter_reduce", f"{dtype}-{label}-dense-unique", \
+                (dense, uniq, values(rng, dtype, (3,) + dense.shape[1:])), {"op": "max"}
+            yield "gather", f"{dtype}-{label}-dense", (dense, idx), {}
 
 
 def error_cases() -> Iterator[tuple[str, str, tuple, dict]]:

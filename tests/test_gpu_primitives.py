@@ -1,7 +1,7 @@
 """Tier 3: each primitive on cupy arrays (the kernels on a CUDA device) against its numpy twin.
 
 Same seeded cases as the CPU tier plus larger inputs that use full launch grids; results must be
-bit for bit equal. Skipped, with the reason, when cupy or a CUDA device is missing.
+bit for bit equal. Skipped, with the reason, only when no CUDA device exists (tests/_gpu.py).
 """
 
 from __future__ import annotations
@@ -14,21 +14,10 @@ import pytest
 from cupycoll import primitives
 
 from . import _kernel_cases as cases
+from ._gpu import no_device_reason
 
 
-def _no_device_reason() -> str | None:
-    try:
-        import cupy
-    except Exception as exc:  # not installed, or its CUDA libraries fail to load
-        return f"no CUDA device: cupy is not importable ({exc})"
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:
-        return f"no CUDA device: cupy.cuda.runtime.getDeviceCount() raised {exc}"
-    return None if count > 0 else "no CUDA device: cupy.cuda.runtime.getDeviceCount() is 0"
-
-
-REASON = _no_device_reason()
+REASON = no_device_reason()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(REASON is not None, reason=str(REASON))]
 
 
@@ -38,8 +27,10 @@ def _to_device(obj: Any) -> Any:
     if isinstance(obj, np.ndarray) and obj.ndim > 0:  # 0-d thresholds stay host scalars
         if obj.flags.c_contiguous:
             return cupy.asarray(obj)
-        assert obj.ndim == 1 and obj.base is not None and obj.base.flags.c_contiguous
-        return cupy.asarray(obj.base)[::obj.strides[0] // obj.itemsize]  # the same 1-D view
+        base = obj.base  # the same view (offset and strides) of a device copy of its base
+        assert isinstance(base, np.ndarray) and base.flags.c_contiguous
+        offset = obj.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+        return cupy.ndarray(obj.shape, obj.dtype, cupy.asarray(base).data + offset, obj.strides)
     if isinstance(obj, (list, tuple)):
         return type(obj)(_to_device(o) for o in obj)
     return obj

@@ -113,8 +113,20 @@ def _run(kernels: KernelPrimitives, name: str, args: tuple, kwargs: dict) -> Non
 
 
 def _copy(obj: Any) -> Any:
+    """A fresh copy of the arguments, arrays in the same layout (strides) as the originals.
+
+    The reference and the kernel each get their own arrays, so an in-place result that never
+    reaches a non-contiguous ``dense`` cannot pass by comparing an array with itself.
+    """
     if isinstance(obj, np.ndarray):
-        return obj.copy() if obj.flags.c_contiguous else obj
+        if obj.flags.c_contiguous:
+            return obj.copy()
+        base = obj.base
+        assert isinstance(base, np.ndarray) and base.flags.c_contiguous, "view of a plain array"
+        offset = obj.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+        fresh = np.ndarray(obj.shape, obj.dtype, base.copy(), offset, obj.strides)
+        assert fresh.strides == obj.strides and not fresh.flags.c_contiguous
+        return fresh
     if isinstance(obj, (list, tuple)):
         return type(obj)(_copy(o) for o in obj)
     return obj

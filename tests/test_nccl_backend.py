@@ -13,6 +13,7 @@ from mpi4py import MPI
 from cupycoll import ReduceOp
 from cupycoll.comm import nccl as backend
 from cupycoll.errors import BackendUnavailable, InvalidArgument, InvalidType
+from tests._gpu import no_device_reason
 from tests._mpi import run_mpi
 
 #: ncclDataType_t and ncclRedOp_t as nccl.h numbers them (independent of both tables).
@@ -26,16 +27,8 @@ CUPY_DTYPES = {"int8": "NCCL_INT8", "uint8": "NCCL_UINT8", "int32": "NCCL_INT32"
 
 
 def _no_device_reason(nprocs: int = 1) -> str | None:
-    """Why the GPU tests cannot run here (None when they can)."""
-    try:
-        import cupy
-
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # no driver, no runtime, no device: all mean "skip"
-        return f"needs a CUDA device: {exc}"
-    if count < nprocs:
-        return f"needs a CUDA device per rank: {nprocs} ranks, {count} devices visible"
-    return None
+    """Why the GPU tests cannot run here (None when they can); fails on a broken CUDA."""
+    return no_device_reason(nprocs)
 
 
 @pytest.mark.parametrize("name", sorted(HEADER_DTYPES))

@@ -64,14 +64,38 @@ def rank_key(x, i):
     return (1, 0.0, i) if m != m else (0, -m, i)
 
 
+def assert_same_pair(got, want):
+    """assert_same on both halves of an (indices, values) result."""
+    assert isinstance(got, tuple) and len(got) == 2
+    assert_same(got[0], want[0])
+    assert_same(got[1], want[1])
+
+
+def zero_tie_rule(ufunc):
+    """``ufunc`` with the documented tie: max(+0, -0) = +0 and min(+0, -0) = -0 in either order."""
+    if ufunc not in (np.maximum, np.minimum):
+        return ufunc
+
+    def op(a, b):
+        out = np.asarray(ufunc(a, b))
+        tie = (np.asarray(a) == 0) & (np.asarray(b) == 0)
+        if out.dtype.kind == "f" and tie.any():
+            negative = np.signbit(a) | np.signbit(b) if ufunc is np.minimum else \
+                np.signbit(a) & np.signbit(b)
+            out = np.where(tie, np.where(negative, -0.0, 0.0).astype(out.dtype), out)
+        return out
+    return op
+
+
 def fold_reference(entries, ufunc, acc=None):
     """dict index -> left fold (in order) of its values, in numpy scalars/rows of dtype ``acc``."""
     out: dict[int, object] = {}
+    op = zero_tie_rule(ufunc)
     with np.errstate(all="ignore"):
         for i, v in entries:
             v = np.asarray(v)
             v = v.astype(acc) if acc is not None else v
-            out[i] = v if i not in out else ufunc(out[i], v)
+            out[i] = v if i not in out else op(out[i], v)
     return out
 
 
@@ -533,6 +557,61 @@ def test_wide_keys_fall_back_to_stable_argsort():
     got = P.merge_sorted(parts)
     assert_same(got[0], want[0])
     assert_same(got[1], want[1])
+
+
+@pytest.mark.parametrize("fast", [False, True])
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_signed_zero_ties_do_not_depend_on_order(op, dtype, fast, monkeypatch):
+    """+0 and -0 of one index in every order: max gives +0, min -0, unless all zeros share a
+    sign; NaN still wins. numpy, numba (fast) and every reduction agree, 1-D and rows."""
+    if fast:
+        monkeypatch.setattr(P, "_FAST_FROM", 0)
+    rng = np.random.default_rng(12)
+    ufunc = {"max": np.maximum, "min": np.minimum}[op]
+    for width in (None, 3):
+        idx, val = random_coo(rng, 400, 30, "int64", dtype, width)
+        val = np.where(rng.random(val.shape) < 0.8, rng.choice([0.0, -0.0], val.shape),
+                       np.where(rng.random(val.shape) < 0.5, -1.0, np.nan)).astype(dtype)
+        want = reference_arrays(fold_reference(zip(idx.tolist(), val), ufunc), "int64", dtype,
+                                val.shape[1:])
+        assert_same_pair(P.coo_reduce(idx, val, op), want)
+        parts = [(np.unique(idx[s::2], return_index=True)) for s in (0, 1)]
+        parts = [(u, val[s::2][first]) for s, (u, first) in enumerate(parts)]
+        entries = [(i, v) for pi, pv in parts for i, v in zip(pi.tolist(), pv)]
+        want = reference_arrays(fold_reference(entries, ufunc), "int64", dtype, val.shape[1:])
+        assert_same_pair(P.merge_sorted(parts, op), want)
+        dense = np.where(rng.random((30,) + val.shape[1:]) < 0.5, 0.0, -0.0).astype(dtype)
+        entries = list(enumerate(dense)) + list(zip(idx.tolist(), val))
+        want = reference_arrays(fold_reference(entries, ufunc), "int64", dtype, val.shape[1:])
+        assert_same(P.scatter_reduce(dense, idx, val, op), want[1])
+    a = np.array([0.0, -0.0, -0.0, 0.0, np.nan], dtype)
+    b = np.array([-0.0, 0.0, -0.0, 0.0, 0.0], dtype)
+    for x, y in ((a, b), (b, a)):
+        want = [0.0, 0.0, -0.0, 0.0] if op == "max" else [-0.0, -0.0, -0.0, 0.0]
+        got = P.combine(x, y, op)
+        assert np.isnan(got[4]) and got[:4].tolist() == want
+        assert np.signbit(got[:4]).tolist() == np.signbit(np.array(want)).tolist()
+
+
+@pytest.mark.parametrize("size", [8, 1000])
+@pytest.mark.parametrize("bits", [31, 32, 33, 62, 63, 64])
+def test_sort_key_width_edges(bits, size):
+    """Keys ``(index - lo) << shift | position`` of exactly ``bits`` bits: int32 up to 31 bits,
+    int64 up to 63, a stable argsort beyond; each must sort and fold like the reference."""
+    rng = np.random.default_rng(bits * size)
+    shift = (size - 1).bit_length()
+    lo, span = 5, (1 << (bits - shift)) - 1  # (hi - lo).bit_length() + shift == bits
+    offsets = np.concatenate([[0, span, span, span - 1], rng.integers(0, span, size - 4)])
+    idx = (lo + rng.permutation(offsets)).astype(np.int64)
+    val = random_values(rng, "float64", (size,))
+    want = reference_arrays(fold_reference(zip(idx.tolist(), val), np.add), "int64", "float64", ())
+    assert_same_pair(P.coo_reduce(idx, val), want)
+    halves = [np.unique(idx[s::2]) for s in (0, 1)]
+    parts = [(h, rng.standard_normal(h.size)) for h in halves]
+    entries = [(i, v) for pi, pv in parts for i, v in zip(pi.tolist(), pv)]
+    assert_same_pair(P.merge_sorted(parts), reference_arrays(fold_reference(entries, np.add), "int64",
+                                                        "float64", ()))
 
 
 @pytest.mark.parametrize("idx_dtype,base",

@@ -40,3 +40,9 @@ def test_bad_input_raises_on_every_rank(nprocs):
 def test_delivery_alloc_completion_async(nprocs):
     out = run_mpi(nprocs, "sparse_delivery.py", 11, timeout=120)
     assert f"ok delivery on {nprocs} ranks" in out
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
+def test_nan_inf_signed_zero_same_bits_in_every_algorithm(nprocs):
+    out = run_mpi(nprocs, "sparse_semantics.py", 5, timeout=120)
+    assert f"x 6 algorithms on {nprocs} ranks" in out

@@ -49,16 +49,38 @@ def test_reduce_parts_zero_fill_and_order():
     assert idx.tolist() == [0, 4, 9] and val.tolist() == [0.0, 5.0, 0.0]
 
 
-def test_region_bounds_balance_skewed_indices():
-    rng = np.random.default_rng(0)
-    inputs = [np.unique(np.concatenate([rng.integers(0, 1000, 3000),
-                                        rng.integers(10**6, 2 * 10**6, 100)])) for _ in range(4)]
-    bounds = split.region_bounds(np.stack([split.local_samples(a) for a in inputs]), 2 * 10**6)
-    assert bounds[0] == 0 and bounds[-1] == 2 * 10**6 and np.all(np.diff(bounds) >= 0)
-    loads = [sum(((a >= bounds[r]) & (a < bounds[r + 1])).sum() for a in inputs)
-             for r in range(4)]
-    total = sum(a.size for a in inputs)
-    assert max(loads) < 1.1 * total / 4, loads
+def _skewed_inputs(rng, sizes, n):
+    """Sorted unique indices per rank: unequal nnz, half of each from a hot range of 1% of n."""
+    out = []
+    for k in sizes:
+        hot = rng.integers(0, n // 100, k // 2)
+        cold = rng.integers(0, n, k - k // 2) ** 2 // n  # denser towards 0
+        out.append(np.unique(np.concatenate([hot, cold])))
+    return out
+
+
+@pytest.mark.parametrize("sizes", [(20, 2000, 60000, 500), (50000, 10, 3000), (7, 90000),
+                                   (1000, 1000, 1000, 1000, 1, 40000, 5, 300)])
+def test_region_bounds_balance_unequal_skewed_ranks(sizes):
+    """Each region holds 1/P of all entries within 3/SAMPLES + P/N, whatever each rank's nnz.
+
+    A sample of rank r stands for nnz_r/SAMPLES entries, so each bound is off by at most one
+    sample per rank (N/SAMPLES entries in all, up to the floor of the sample positions, one index
+    per rank) and a region by twice that, plus the samples equal to a bound.
+    """
+    rng = np.random.default_rng(len(sizes))
+    n = 10**7
+    inputs = _skewed_inputs(rng, sizes, n)
+    p, total = len(inputs), sum(a.size for a in inputs)
+    bounds = split.region_bounds(np.stack([split.local_samples(a) for a in inputs]), n)
+    assert bounds[0] == 0 and bounds[-1] == n and np.all(np.diff(bounds) >= 0)
+    everything = np.concatenate(inputs)  # first principles: count every entry per region
+    share = np.histogram(everything, bins=bounds)[0] / total  # every index < n: bins half-open
+    bound = 3 / split.SAMPLES + p / total
+    assert np.all(np.abs(share - 1 / p) <= bound), (share, bound)
+
+
+def test_region_bounds_without_entries_cut_evenly():
     empty = split.region_bounds(np.stack([split.local_samples(np.empty(0, int))] * 3), 10)
     assert empty.tolist() == [0, 3, 6, 10]
 

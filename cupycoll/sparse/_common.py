@@ -4,6 +4,8 @@ Semantics every algorithm implements: an index absent on a rank counts as 0 ther
 A merge of partial results over disjoint groups of ranks is therefore ``op(a or 0, b or 0)`` per
 index: for sum that is the plain merge; for max, min and prod the entries missing from some part
 are combined with 0 (``max(v, 0)``, ``min(v, 0)``, ``v * 0``), exactly as a dense reduction would.
+The 0 of an absent entry is +0 and every combination follows ``primitives.combine`` (a +0/-0 tie
+gives +0 for max, -0 for min), so a -0 survives a sum or max only where every rank holds it.
 """
 
 from __future__ import annotations
@@ -13,31 +15,50 @@ from typing import Any, Sequence
 import numpy as np
 
 from .._types import ReduceOp, array_namespace
-from ..primitives import merge_sorted
+from ..primitives import combine, merge_sorted
 
 __all__ = ["reduce_parts", "rank_slices", "allgatherv_entries", "fill_absent", "presence",
-           "union_of_presence", "bitmap_or_allreduce", "bitmap_chunk", "UFUNC_NAMES"]
-
-#: the array-library ufunc of each op (looked up on numpy or cupy by name).
-UFUNC_NAMES = {ReduceOp.SUM: "add", ReduceOp.PROD: "multiply", ReduceOp.MAX: "maximum",
-               ReduceOp.MIN: "minimum"}
+           "union_of_presence", "bitmap_or_allreduce", "bitmap_chunk", "canonical_nan"]
 
 
 def fill_absent(union: Any, values: Any, part_indices: Sequence[Any], op: ReduceOp) -> Any:
-    """Combine with 0, in place, the entries of ``union`` missing from at least one part.
+    """Combine with +0, in place, the entries of ``union`` missing from at least one part.
 
-    ``union`` is sorted unique and contains every part's (sorted unique) indices. A no-op for sum.
+    ``union`` is sorted unique and contains every part's (sorted unique) indices. For sum only a
+    -0 changes (to +0), so a sum without -0 values returns at once.
     """
-    if op is ReduceOp.SUM or union.shape[0] == 0:
+    if union.shape[0] == 0:
         return values
     xp = array_namespace(union)
+    if op is ReduceOp.SUM and (values.dtype.kind != "f"
+                               or not bool(((values == 0) & xp.signbit(values)).any())):
+        return values
     present = xp.zeros(union.shape[0], dtype=np.int32)
     for idx in part_indices:
         present[xp.searchsorted(union, idx)] += 1
     missing = present < len(part_indices)
     if bool(missing.any()):
-        ufunc = getattr(xp, UFUNC_NAMES[op])
-        values[missing] = ufunc(values[missing], values.dtype.type(0))
+        values[missing] = combine(values[missing], values.dtype.type(0), op)
+    return values
+
+
+def canonical_nan(values: Any) -> Any:
+    """Give every NaN in float ``values`` numpy's NaN bits, in place, and return ``values``.
+
+    A NaN's sign and payload depend on the order of the operands (x86 keeps the first NaN and
+    makes ``inf - inf`` a negative NaN; MPI's built-in ops combine in a per-rank order), so
+    without this the results of the algorithms, or of one algorithm on two ranks, could differ
+    in NaN bits. One dot product detects a NaN (x·x is NaN only if x holds one).
+    """
+    if values.dtype.kind != "f" or values.size == 0:
+        return values
+    xp = array_namespace(values)
+    flat = values.reshape(-1)
+    found = flat.dtype.itemsize < 4 or bool(xp.isnan(xp.dot(flat, flat)))
+    if found:
+        nan = xp.isnan(values)
+        if bool(nan.any()):
+            values[nan] = xp.nan
     return values
 
 

@@ -19,6 +19,7 @@ from .._types import ReduceOp, array_namespace, as_array, like_caller, to_host, 
 from ..comm import Communicator, get_comm
 from ..errors import InvalidArgument, InvalidType
 from . import auto as _auto
+from ._common import canonical_nan
 from ._validate import Prepared, prepare
 
 __all__ = ["sparse_allreduce", "SparseResult"]
@@ -103,7 +104,7 @@ def _run(comm: Communicator, prepared: Prepared, fn: Callable) -> tuple[Any, Any
     if prepared.op is ReduceOp.AVG:
         trunc_divide(val, comm.size)
     return (idx.astype(prepared.index_dtype, copy=False),
-            val.astype(prepared.value_dtype, copy=False))
+            canonical_nan(val.astype(prepared.value_dtype, copy=False)))
 
 
 def _like(result: Any, original: Any) -> Any:

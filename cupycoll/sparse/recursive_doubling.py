@@ -28,8 +28,8 @@ import numpy as np
 
 from .._registry import register
 from .._types import ReduceOp, to_host
-from ..primitives import densify, gather
-from ._common import UFUNC_NAMES, presence, reduce_parts, union_of_presence
+from ..primitives import combine, densify, gather
+from ._common import presence, reduce_parts, union_of_presence
 from ._cost import Cost, Shape
 
 __all__ = ["recursive_doubling", "cost", "DELTA", "prefer_dense"]
@@ -117,8 +117,7 @@ class _Rounds:
                                   self.op, self.accumulate_dtype)
             return self.switch(_State(False, *merged))
         lo, hi = _as_dense(lower, self.n), _as_dense(higher, self.n)
-        ufunc = getattr(self.xp, UFUNC_NAMES[self.op])
-        return _State(True, ufunc(lo.first, hi.first), lo.second | hi.second)
+        return _State(True, combine(lo.first, hi.first, self.op), lo.second | hi.second)
 
     def finish(self, state: _State) -> tuple[Any, Any]:
         if not state.dense:

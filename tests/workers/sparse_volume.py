@@ -5,7 +5,9 @@ Usage: sparse_volume.py SEED
 Constructed inputs (disjoint, identical, random overlap, dense enough for recursive doubling's
 switch, empty ranks) are rebuilt on every rank; after each call this rank's ``comm.stats``
 (per operation name: bytes and messages received) must equal the model of the algorithm plus
-the validation allreduce.
+the validation allreduce. split's traffic is also derived here from first principles (regions
+from the documented sampling rule, slices and unions counted with numpy on the gathered inputs),
+independently of the library's model, including on skewed inputs with unequal nnz per rank.
 """
 
 from __future__ import annotations
@@ -24,7 +26,14 @@ from cupycoll.sparse.auto import call_cost
 ALGORITHMS = ["allgather", "mask", "dense", "recursive_doubling", "split", "auto"]
 
 
+SAMPLES = 128  # split's documented samples per rank
+
+
 def indices_for(pattern: str, rank: int, size: int, n: int, k: int, rng) -> np.ndarray:
+    if pattern == "skewed":  # nnz k, 4k, 9k, ...: half from a hot 1% range, the rest spread
+        m = k * (rank + 1) ** 2
+        return np.unique(np.concatenate([rng.integers(0, n // 100, m // 2),
+                                         rng.integers(0, n, m - m // 2)]))
     if pattern == "disjoint":
         return np.arange(rank, n, size)[:k]
     if pattern == "identical":
@@ -32,6 +41,49 @@ def indices_for(pattern: str, rank: int, size: int, n: int, k: int, rng) -> np.n
     if pattern == "empty_some":
         return np.empty(0, np.int64) if rank % 2 else np.unique(rng.integers(0, n, k))
     return np.unique(rng.integers(0, n, k))
+
+
+def split_regions(inputs: list[np.ndarray], n: int) -> np.ndarray:
+    """Region bounds by split's documented rule, written from the rule, not from the library.
+
+    Every rank's SAMPLES samples ``a[i * nnz // SAMPLES]`` weigh nnz each; bound j (0 < j < P) is
+    the smallest sample value whose samples at or below it weigh at least j/P of all samples
+    (rounded up); with no entries anywhere the bounds cut [0, n) evenly.
+    """
+    p = len(inputs)
+    values = np.concatenate([a[(np.arange(SAMPLES) * a.size) // SAMPLES] for a in inputs if a.size]
+                            or [np.empty(0, np.int64)])
+    weights = np.concatenate([np.full(SAMPLES, a.size) for a in inputs if a.size]
+                             or [np.empty(0, np.int64)])
+    total = int(weights.sum())
+    if total == 0:
+        return np.array([j * n // p for j in range(p)] + [n])
+    distinct = np.unique(values)
+    at_or_below = np.array([weights[values <= v].sum() for v in distinct])
+    bounds = [0]
+    for j in range(1, p):
+        target = -(-j * total // p)
+        bounds.append(max(bounds[-1], int(distinct[np.argmax(at_or_below >= target)])))
+    return np.array(bounds + [n])
+
+
+def split_traffic(inputs: list[np.ndarray], n: int, rank: int, entry_bytes: int) -> dict:
+    """split's (bytes, messages) received by ``rank`` per operation, counted with numpy."""
+    p = len(inputs)
+    if p == 1:
+        return {}
+    bounds = split_regions(inputs, n)
+    region = [[a[(a >= bounds[r]) & (a < bounds[r + 1])] for a in inputs] for r in range(p)]
+    mine = [region[rank][q].size for q in range(p) if q != rank]  # others' slices of my region
+    unions = [np.unique(np.concatenate(region[r])).size for r in range(p) if r != rank]
+    peers = (p - 1) * 8
+    want = {"split.samples": ((p - 1) * (SAMPLES + 1) * 8, p - 1), "split.counts": (peers, p - 1),
+            "split.gather.counts": (peers, p - 1)}
+    if sum(mine):
+        want["split.scatter"] = (sum(mine) * entry_bytes, 2 * sum(1 for c in mine if c))
+    if sum(unions):
+        want["split.gather"] = (sum(unions) * entry_bytes, 2 * sum(1 for u in unions if u))
+    return want
 
 
 def measured(comm) -> dict:
@@ -46,7 +98,8 @@ def main() -> None:
     cases = [(pattern, n, k, width, dtype, acc, itype)
              for pattern, n, k in (("disjoint", 4000, 300), ("identical", 4000, 300),
                                    ("random", 4000, 300), ("random", 64, 40),
-                                   ("random", 1 << 20, 5000), ("empty_some", 500, 60))
+                                   ("random", 1 << 20, 5000), ("empty_some", 500, 60),
+                                   ("skewed", 1 << 22, 400))
              for width, dtype, acc, itype in ((0, "float32", None, "int32"),
                                               (3, "float16", "float32", "int64"),
                                               (0, "int64", None, "int64"))]
@@ -72,6 +125,12 @@ def main() -> None:
                                  f"{dtype}/{acc} {itype}:\n got  {sorted(got.items())}\n"
                                  f" want {sorted(want.items())}")
             assert comm.stats.bytes_received == model.bytes_received
+            if algorithm == "split":
+                first = split_traffic([i for i, _ in inputs], n, rank,
+                                      np.dtype(itype).itemsize + vbytes * max(width, 1))
+                got.pop("sparse.validate", None)
+                assert got == first, (f"rank {rank} split {pattern} n={n}: numpy count differs"
+                                      f"\n got  {sorted(got.items())}\n want {sorted(first.items())}")
             checked += 1
     if rank == 0:
         print(f"ok {checked} volume checks on {size} ranks")

@@ -1,0 +1,61 @@
+"""Session-wide test policy: a skip for any reason but a missing CUDA device fails the run.
+
+Also, under mutation testing only (tests/mutation/run.py), hands mutmut the functions that
+the mpiexec workers of a test called, so mutants of multi-rank code are tested by them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests._gpu import NO_DEVICE
+
+
+def skip_reasons(reports) -> Counter:
+    """Number of skipped tests per reason (pytest's "Skipped: " prefix removed)."""
+    reasons = Counter()
+    for rep in reports:
+        longrepr = rep.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        reasons[reason.removeprefix("Skipped: ")] += 1
+    return reasons
+
+
+def _bad_reasons(reasons: Counter) -> list[str]:
+    return [r for r in reasons if not r.startswith(NO_DEVICE)]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and _bad_reasons(skip_reasons(reporter.stats.get("skipped", []))):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    reasons = skip_reasons(terminalreporter.stats.get("skipped", []))
+    if not reasons:
+        return
+    terminalreporter.section("skips by reason")
+    for reason, count in reasons.most_common():
+        terminalreporter.line(f"{count:6d}  {reason}")
+    bad = _bad_reasons(reasons)
+    if bad:
+        terminalreporter.line(f"FAILED: {len(bad)} skip reason(s) other than '{NO_DEVICE}': "
+                              f"only a missing GPU may skip a test (tests/_gpu.py)", red=True)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Mutation testing's stats run: credit this test with the workers' trampoline hits."""
+    folder = os.environ.get("CC_MUTMUT_HITS")
+    if not folder or os.environ.get("MUTANT_UNDER_TEST") != "stats":
+        return
+    from mutmut.state import state
+
+    for path in Path(folder).glob("*.hits"):
+        state()._stats.update(path.read_text().split())
+        path.unlink()

@@ -1,0 +1,171 @@
+"""Mutation testing of cupycoll with mutmut, one module at a time, with the tests that matter.
+
+Usage (from the repository root; needs the test extra, which installs mutmut):
+
+    python tests/mutation/run.py                      # every module of MODULES
+    python tests/mutation/run.py cupycoll/sparse/split.py cupycoll/primitives.py
+    python tests/mutation/run.py --sample             # CI-sized: SAMPLE only
+    python tests/mutation/run.py --list               # modules and their test selections
+
+Each module runs in its own folder ``build/mutation/<module>/`` (a copy of cupycoll/, tests/,
+kernels/ and a setup.cfg naming the module and its tests), so runs of different modules never
+share state and a finished module keeps its results (mutmut resumes an interrupted run). mutmut
+mutates one function at a time behind a trampoline and runs only the tests that called that
+function; the tests' mpiexec workers report the functions they called back to mutmut
+(``sitecustomize.py`` here and ``tests/conftest.py``), so mutants of multi-rank code are tested
+by the multi-rank tests. Everything runs under ``nice``; ``--jobs`` bounds the parallel mutants.
+
+Prints, per module, killed / survived / no tests / timeout and the score
+killed / (killed + survived + no tests), and writes ``build/mutation/summary.json``. Surviving
+mutants: ``cd build/mutation/<module> && mutmut results`` and ``mutmut show NAME``.
+
+Not mutated (mutmut skips decorated functions): the ``@njit`` loops of ``_numba_kernels.py``
+(a trampoline cannot run inside nopython code; their bit-equality tests cover them) and any
+other decorated function (the registered top-k entry points).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD = ROOT / "build" / "mutation"
+
+# Multi-rank tests at 2-4 ranks that each cover every algorithm in one launch; the randomized
+# launches (thousands of cases, minutes each) are left to the regular suite.
+_SPARSE_MPI = "tests/test_sparse_mpi.py::"
+_SPARSE = ["tests/test_sparse_units.py", "tests/test_api_units.py",
+           *(_SPARSE_MPI + t for t in (
+               "test_nan_inf_signed_zero_same_bits_in_every_algorithm[2]",
+               "test_nan_inf_signed_zero_same_bits_in_every_algorithm[3]",
+               "test_volume_equals_cost_models[3]", "test_volume_equals_cost_models[4]",
+               "test_bad_input_raises_on_every_rank[3]", "test_delivery_alloc_completion_async[3]"))]
+_TOPK = ["tests/test_topk_units.py", "tests/test_topk_mpi.py"]
+_PRIMITIVES = ["tests/test_primitives.py", "tests/test_numba_accel.py",
+               "tests/test_kernels_cpu.py", "tests/test_sparse_units.py"]
+
+#: module -> the tests mutmut may choose from (it runs those that call the mutated function).
+MODULES = {
+    **{f"cupycoll/sparse/{m}.py": _SPARSE for m in (
+        "_common", "_cost", "_validate", "allgather", "api", "auto", "dense", "mask",
+        "recursive_doubling", "split")},
+    **{f"cupycoll/topk/{m}.py": _TOPK for m in (
+        "_common", "_oktopk_phases", "api", "compressor", "dense", "gaussiank", "gtopk", "oktopk",
+        "selectors", "topka")},
+    "cupycoll/primitives.py": _PRIMITIVES,
+    "cupycoll/_numba_kernels.py": ["tests/test_numba_accel.py", "tests/test_primitives.py"],
+    "cupycoll/_cupy_primitives.py": ["tests/test_kernels_cpu.py"],
+    "cupycoll/comm/_base.py": ["tests/test_api_units.py", "tests/test_sparse_units.py",
+                               "tests/test_dense.py::test_dense_collectives_match_numpy[3]",
+                               "tests/test_dense.py::test_comm_stats_errors_timeouts[3]",
+                               _SPARSE_MPI + "test_volume_equals_cost_models[3]"],
+}
+#: a small, cheap selection for CI (a few minutes).
+SAMPLE = ["cupycoll/sparse/_common.py"]
+
+
+def _setup(module: str, tests: list[str]) -> Path:
+    """A fresh work folder for ``module`` (kept as is when it exists: mutmut resumes)."""
+    work = BUILD / module.replace("/", "_").removesuffix(".py")
+    if (work / "mutants").exists():
+        return work
+    work.mkdir(parents=True, exist_ok=True)
+    for name in ("cupycoll", "tests", "kernels"):
+        shutil.rmtree(work / name, ignore_errors=True)
+        shutil.copytree(ROOT / name, work / name,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    shutil.copy(ROOT / "pyproject.toml", work / "pyproject.toml")
+    (work / "setup.cfg").write_text(
+        "[mutmut]\nsource_paths = cupycoll\n"
+        f"only_mutate = {module}\n"
+        "also_copy =\n    kernels\n"
+        "pytest_add_cli_args_test_selection =\n" + "".join(f"    {t}\n" for t in tests) +
+        "pytest_add_cli_args =\n    -p\n    no:cacheprovider\n"
+        "timeout_multiplier = 3.0\ntimeout_constant = 60.0\n")
+    return work
+
+
+def _env(work: Path) -> dict[str, str]:
+    hits = work / "hits"
+    hits.mkdir(exist_ok=True)
+    env = dict(os.environ)
+    env["CC_MUTMUT_HITS"] = str(hits)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    env.setdefault("CUPYCOLL_THREADS", "1")
+    return env
+
+
+def _mutmut() -> list[str]:
+    return [sys.executable, "-c", "import sys; from mutmut.__main__ import cli; sys.exit(cli())"]
+
+
+def run_module(module: str, jobs: int) -> dict:
+    work = _setup(module, MODULES[module])
+    env = _env(work)
+    start = time.perf_counter()
+    proc = subprocess.run(["nice", "-n", "10", *_mutmut(), "run", "--max-children", str(jobs)],
+                          cwd=work, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    (work / "run.log").write_text(proc.stdout + proc.stderr)
+    subprocess.run([*_mutmut(), "export-cicd-stats"], cwd=work, env=env, capture_output=True)
+    stats_file = work / "mutants" / "mutmut-cicd-stats.json"
+    if proc.returncode != 0 or not stats_file.exists():
+        return {"module": module, "error": f"mutmut exit {proc.returncode}, see {work}/run.log",
+                "seconds": round(seconds)}
+    stats = json.loads(stats_file.read_text())
+    counted = stats["killed"] + stats["survived"] + stats["no_tests"]
+    survivors = subprocess.run([*_mutmut(), "results"], cwd=work, env=env, capture_output=True,
+                               text=True).stdout.split("\n")
+    return {"module": module, "seconds": round(seconds), **stats,
+            "score": round(stats["killed"] / counted, 4) if counted else None,
+            "not_killed": [s.strip() for s in survivors if s.strip()]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("modules", nargs="*", help="modules (default: all of MODULES)")
+    parser.add_argument("--sample", action="store_true", help="only the CI sample")
+    parser.add_argument("--jobs", type=int, default=2, help="mutants run in parallel")
+    parser.add_argument("--list", action="store_true", help="print modules and tests, exit")
+    parser.add_argument("--fresh", action="store_true", help="forget earlier results")
+    parser.add_argument("--min-score", type=float, default=0.0,
+                        help="exit 1 if a module scores below this (0..1)")
+    args = parser.parse_args(argv)
+    modules = SAMPLE if args.sample else args.modules or list(MODULES)
+    if args.list:
+        for m in modules:
+            print(f"{m}: {' '.join(MODULES[m])}")
+        return 0
+    unknown = [m for m in modules if m not in MODULES]
+    if unknown:
+        parser.error(f"unknown modules {unknown}; known: {sorted(MODULES)}")
+    summary_file = BUILD / "summary.json"
+    summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
+    failed = False
+    for module in modules:
+        if args.fresh:
+            shutil.rmtree(BUILD / module.replace("/", "_").removesuffix(".py"), ignore_errors=True)
+        result = run_module(module, args.jobs)
+        summary[module] = result
+        BUILD.mkdir(parents=True, exist_ok=True)
+        summary_file.write_text(json.dumps(summary, indent=1))
+        if "error" in result:
+            print(f"{module}: {result['error']}")
+            failed = True
+            continue
+        print(f"{module}: killed {result['killed']} survived {result['survived']} no tests "
+              f"{result['no_tests']} timeout {result['timeout']} score {result['score']} "
+              f"({result['seconds']} s)", flush=True)
+        failed |= result["score"] is not None and result["score"] < args.min_score
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

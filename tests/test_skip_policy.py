@@ -1,0 +1,77 @@
+"""The skip policy of tests/conftest.py and tests/_gpu.py can fail a run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests import _gpu
+from tests._mpi import ROOT
+
+
+def _pytest_on(tmp_path, body: str) -> subprocess.CompletedProcess:
+    test = tmp_path / "test_probe.py"
+    test.write_text("import pytest\n\n" + body)
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest",
+                           "-p", "no:cacheprovider", str(test)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_a_skip_for_another_reason_fails_the_session(tmp_path):
+    proc = _pytest_on(tmp_path, "def test_x():\n    pytest.skip('nvcc not on PATH')\n")
+    assert proc.returncode == pytest.ExitCode.TESTS_FAILED, proc.stdout
+    assert "1  nvcc not on PATH" in proc.stdout and "other than 'no CUDA device'" in proc.stdout
+
+
+def test_a_skip_for_a_missing_device_passes(tmp_path):
+    proc = _pytest_on(tmp_path, "def test_x():\n    pytest.skip('no CUDA device: none here')\n")
+    assert proc.returncode == 0, proc.stdout
+    assert "1  no CUDA device: none here" in proc.stdout
+
+
+class _FakeRuntime:
+    class CUDARuntimeError(RuntimeError):
+        def __init__(self, status):
+            super().__init__(f"status {status}")
+            self.status = status
+
+    def __init__(self, status=None, count=0):
+        self.status, self.count = status, count
+
+    def getDeviceCount(self):
+        if self.status is not None:
+            raise self.CUDARuntimeError(self.status)
+        return self.count
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    """Install a stand-in cupy whose getDeviceCount behaves as each test says."""
+    import types
+
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=_FakeRuntime()))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    return fake.cuda
+
+
+@pytest.mark.parametrize("status,driver,skips", [
+    (_gpu.CUDA_ERROR_NO_DEVICE, True, True),
+    (_gpu.CUDA_ERROR_INSUFFICIENT_DRIVER, False, True),   # no driver installed: no device
+    (_gpu.CUDA_ERROR_INSUFFICIENT_DRIVER, True, False),   # a driver too old: a failure
+    (999, False, False)])                                 # anything else: a failure
+def test_only_no_device_errors_skip(fake_cupy, monkeypatch, status, driver, skips):
+    fake_cupy.runtime = _FakeRuntime(status)
+    monkeypatch.setattr(_gpu, "_driver_installed", lambda: driver)
+    if skips:
+        assert _gpu.no_device_reason().startswith(_gpu.NO_DEVICE)
+    else:
+        with pytest.raises(pytest.fail.Exception, match="broken"):
+            _gpu.no_device_reason()
+
+
+def test_device_counts(fake_cupy):
+    fake_cupy.runtime = _FakeRuntime(count=2)
+    assert _gpu.no_device_reason(2) is None
+    assert _gpu.no_device_reason(3).startswith(_gpu.NO_DEVICE)

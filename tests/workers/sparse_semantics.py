@@ -1,0 +1,69 @@
+"""Every sparse algorithm gives the same bits for NaN, +-inf and +-0, on every rank.
+
+Usage: sparse_semantics.py SEED
+
+Values are exact in every dtype (small integers, halves, +-0, +-inf, NaN), so the order of the
+arithmetic cannot show, and every algorithm must return exactly the numpy reference of
+sparse_random (absent entries count as +0; a +0/-0 tie gives +0 for max and -0 for min; NaN is
+numpy's NaN): the same bits in allgather, mask, dense, recursive_doubling, split and auto, for
+every op and float dtype, 1-D and rows, with indices present on every rank ("full", so products
+are not absent zeros) or on some. Results must also be bitwise identical on every rank.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+from _common import assert_identical_across_ranks, rng_for
+from mpi4py import MPI
+from sparse_random import ALGORITHMS, reference, same_bits
+
+from cupycoll.comm.mpi import MPICommunicator
+from cupycoll.sparse import sparse_allreduce
+
+EXACT = np.array([-2, -1, -0.5, -0.0, 0.0, 0.5, 1, 2, 3, np.nan, np.inf, -np.inf])
+N = 24
+
+
+def rank_input(seed: int, case: int, rank: int, pattern: str, width: int, dtype: str):
+    """One rank's entries: every index ("full") or a random subset, values from EXACT."""
+    rng = rng_for(seed, rank, case)
+    idx = np.arange(N) if pattern == "full" else np.flatnonzero(rng.random(N) < 0.5)
+    rng.shuffle(idx)
+    shape = (idx.size,) + ((width,) if width else ())
+    # NaN and inf in one entry of ten, so most indices stay finite and their zeros show
+    weights = np.where(np.isfinite(EXACT), 9.0 / np.isfinite(EXACT).sum(), 1 / 3)
+    return idx, rng.choice(EXACT, shape, p=weights / weights.sum()).astype(dtype)
+
+
+def main() -> None:
+    np.seterr(all="ignore")  # the reference meets inf - inf and 0 * inf on purpose
+    seed = int(sys.argv[1])
+    comm = MPICommunicator(MPI.COMM_WORLD, timeout=60)
+    size, rank, case, results = comm.size, comm.rank, 0, []
+    for dtype in ("float16", "float32", "float64"):
+        for op in ("sum", "prod", "max", "min", "avg"):
+            for pattern in ("full", "some"):
+                for width in (0, 3):
+                    case += 1
+                    prm = dict(op=op, dtype=dtype, width=width)
+                    inputs = [rank_input(seed, case, r, pattern, width, dtype)
+                              for r in range(size)]
+                    ref_idx, ref_val, _, _ = reference(inputs, prm, size)
+                    want = ref_val.astype(dtype)
+                    for algorithm in ALGORITHMS:
+                        res = sparse_allreduce(*inputs[rank], N, op=op, algorithm=algorithm,
+                                               comm=comm)
+                        where = f"{algorithm} {prm} {pattern}"
+                        assert np.array_equal(res.indices, ref_idx), where
+                        assert same_bits(res.values, want), \
+                            f"{where}: got\n{res.values}\nwant\n{want}"
+                        results += [res.indices, res.values]
+    assert_identical_across_ranks(*results)
+    if rank == 0:
+        print(f"ok {case} semantics cases x {len(ALGORITHMS)} algorithms on {size} ranks")
+
+
+if __name__ == "__main__":
+    main()
