@@ -90,6 +90,30 @@ def time_collective(fn: Callable[[], Any], iters: int, warmup: int, mpi_comm) ->
     return slowest
 
 
+def interleaved(calls: dict[str, Callable[[], Any]], iters: int, warmup: int,
+                mpi_comm) -> dict[str, np.ndarray]:
+    """Time every call ``iters`` times, one of each per round (rotating the order), so drift
+    on a shared machine hits them alike; each sample is the slowest rank's time of that call."""
+    from mpi4py import MPI
+
+    names = list(calls)
+    for _ in range(warmup):
+        for name in names:
+            calls[name]()
+    samples = {name: np.empty(iters) for name in names}
+    for i in range(iters):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            mpi_comm.Barrier()
+            t0 = time.perf_counter()
+            calls[name]()
+            samples[name][i] = time.perf_counter() - t0
+    slowest = {}
+    for name in names:
+        slowest[name] = np.empty(iters)
+        mpi_comm.Allreduce(samples[name], slowest[name], op=MPI.MAX)
+    return slowest
+
+
 def sample_stats(samples: np.ndarray) -> dict[str, float]:
     """Per-size statistics over iterations (each sample already the slowest rank's), in us."""
     us = np.asarray(samples, dtype=float) * 1e6

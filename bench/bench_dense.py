@@ -2,15 +2,28 @@
 
     mpiexec -n 4 python -m mpi4py bench/bench_dense.py -b 8 -e 64M -f 2 -n 20 -w 3
     mpiexec -n 4 python -m mpi4py bench/bench_dense.py --collective all --json dense.json
+    mpiexec -n 2 python -m mpi4py bench/bench_dense.py --vs-mpi --collective all \\
+        --sizes 8,1K,256K,16M -n 20
+
+``--vs-mpi`` times each cupycoll verb next to mpi4py's blocking call on the same buffers, in
+three ways (in place; ``out=`` a preallocated buffer; out of place, a fresh output per call),
+interleaved one call of each per round; a time is the median over rounds of the slowest rank.
+It prints one row per verb and way, a column per size: cupycoll us / mpi4py us = ratio. The
+mpi4py twins: Allreduce, Bcast, Reduce, Allgather, Reduce_scatter_block (``MPI.IN_PLACE`` for
+the in-place way; Bcast is in place by nature, so its ``out=`` and fresh twins copy root's input
+into the output first, as NCCL's out-of-place broadcast must).
+Sizes below 1 MiB run 10x the ``-n`` rounds.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 
 import numpy as np
-from _common import (DENSE_COLUMNS, Table, bandwidths, common_parser, progress, sample_stats, sizes,
-                     time_collective)
+from _common import (DENSE_COLUMNS, Table, bandwidths, common_parser, interleaved, parse_size,
+                     progress, run_meta, sample_stats, sizes, time_collective)
+from mpi4py import MPI
 
 import cupycoll as cc
 from cupycoll.comm import bus_factor
@@ -62,13 +75,107 @@ def run_one(name: str, nbytes: int, args, comm, table: Table) -> None:
                "#wrong": wrong, "collective": name, **sample_stats(samples)})
 
 
+WAYS = ("in-place", "out=", "fresh")
+
+
+def twins(name: str, nbytes: int, comm, root: int) -> dict:
+    """(cupycoll call, mpi4py call) of ``name`` in each way, over float32 buffers of ``nbytes``."""
+    p, rank, mc = comm.size, comm.rank, comm.mpi_comm
+    count = max(p, nbytes // 4 // p * p)
+    local = count // p if name == "allgather" else count
+    x, whole = np.ones(local, np.float32), np.ones(count, np.float32)
+    out = np.empty(count // p if name == "reduce_scatter" else count, np.float32)
+    fresh = lambda: np.empty_like(out)  # noqa: E731
+    block = out[rank * local:(rank + 1) * local]
+    inplace = MPI.IN_PLACE
+    if name == "allreduce":
+        return {"in-place": (lambda: cc.allreduce(whole, out=whole, comm=comm),
+                             lambda: mc.Allreduce(inplace, whole)),
+                "out=": (lambda: cc.allreduce(x, out=out, comm=comm),
+                         lambda: mc.Allreduce(x, out)),
+                "fresh": (lambda: cc.allreduce(x, comm=comm), lambda: mc.Allreduce(x, fresh()))}
+    if name == "broadcast":
+        def bcast_into(buf):  # NCCL's out-of-place semantics: root's output gets its input too
+            if rank == root:
+                buf[...] = x
+            mc.Bcast(buf, root)
+        return {"in-place": (lambda: cc.broadcast(whole, root, out=whole, comm=comm),
+                             lambda: mc.Bcast(whole, root)),
+                "out=": (lambda: cc.broadcast(x, root, out=out, comm=comm),
+                         lambda: bcast_into(out)),
+                "fresh": (lambda: cc.broadcast(x, root, comm=comm),
+                          lambda: bcast_into(fresh()))}
+    if name == "reduce":
+        at_root = rank == root
+        return {"in-place": (lambda: cc.reduce(whole, root, out=whole, comm=comm),
+                             lambda: mc.Reduce(inplace if at_root else whole,
+                                               whole if at_root else None, root=root)),
+                "out=": (lambda: cc.reduce(x, root, out=out, comm=comm),
+                         lambda: mc.Reduce(x, out if at_root else None, root=root)),
+                "fresh": (lambda: cc.reduce(x, root, comm=comm),
+                          lambda: mc.Reduce(x, fresh() if at_root else None, root=root))}
+    if name == "allgather":
+        return {"in-place": (lambda: cc.allgather(block, out=out, comm=comm),
+                             lambda: mc.Allgather(inplace, out)),
+                "out=": (lambda: cc.allgather(x, out=out, comm=comm),
+                         lambda: mc.Allgather(x, out)),
+                "fresh": (lambda: cc.allgather(x, comm=comm), lambda: mc.Allgather(x, fresh()))}
+    return {"in-place": (lambda: cc.reduce_scatter(whole, out=whole[rank * out.size:
+                                                                     (rank + 1) * out.size],
+                                                   comm=comm),
+                         lambda: mc.Reduce_scatter_block(inplace, whole)),
+            "out=": (lambda: cc.reduce_scatter(whole, out=out, comm=comm),
+                     lambda: mc.Reduce_scatter_block(whole, out)),
+            "fresh": (lambda: cc.reduce_scatter(whole, comm=comm),
+                      lambda: mc.Reduce_scatter_block(whole, fresh()))}
+
+
+def side_by_side(args, comm, names) -> None:
+    """Print and (--json) write cupycoll vs mpi4py per verb, way and size (see the docstring)."""
+    sizes_ = [parse_size(s) for s in args.sizes.split(",")]
+    rows = []
+    for name in names:
+        for nbytes in sizes_:
+            calls = {}
+            for way, (ours, theirs) in twins(name, nbytes, comm, args.root).items():
+                calls[("cc", way)], calls[("mpi", way)] = ours, theirs
+            iters = args.iters * (10 if nbytes < 1 << 20 else 1)
+            samples = interleaved(calls, iters, args.warmup_iters, comm.mpi_comm)
+            for way in WAYS:
+                ours, theirs = (float(np.median(samples[(who, way)])) * 1e6
+                                for who in ("cc", "mpi"))
+                rows.append({"collective": name, "way": way, "size(B)": nbytes,
+                             "cupycoll(us)": ours, "mpi4py(us)": theirs, "ratio": ours / theirs})
+    if comm.rank == 0:
+        print(f"# ranks={comm.size}  float32 sum  root={args.root}  median of the slowest rank; "
+              "cell: cupycoll us / mpi4py us = ratio")
+        head = "".join(f"{s:>28}" for s in args.sizes.split(","))
+        print(f"# {'collective':<15}{'way':<9}{head}")
+        for name in names:
+            for way in WAYS:
+                cells = "".join(f"{r['cupycoll(us)']:>10.1f} /{r['mpi4py(us)']:>8.1f} ="
+                                f"{r['ratio']:>5.2f}x" for r in rows
+                                if r["collective"] == name and r["way"] == way)
+                print(f"  {name:<15}{way:<9}{cells}", flush=True)
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump({"meta": run_meta(args, ranks=comm.size, mode="vs-mpi"), "rows": rows},
+                          fh, indent=1, default=str)
+
+
 def main() -> int:
     parser = common_parser(__doc__)
     parser.add_argument("--collective", default="allreduce", choices=COLLECTIVES + ("all",))
     parser.add_argument("--root", type=int, default=0)
+    parser.add_argument("--vs-mpi", action="store_true",
+                        help="cupycoll next to mpi4py's blocking call (see the docstring)")
+    parser.add_argument("--sizes", default="8,1K,256K,16M", help="sizes of --vs-mpi")
     args = parser.parse_args()
     comm = cc.init("mpi")
     names = COLLECTIVES if args.collective == "all" else (args.collective,)
+    if args.vs_mpi:
+        side_by_side(args, comm, names)
+        return 0
     table = Table(DENSE_COLUMNS, comm.rank)
     jobs = [(n, s) for n in names for s in sizes(args.minbytes, args.maxbytes, args.stepfactor)]
     for i, (name, nbytes) in enumerate(progress(jobs, len(jobs), comm.rank, not args.no_progress)):

@@ -16,17 +16,63 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import os
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from ._config import setting
-from ._types import ReduceOp, array_namespace, as_array, check_dtype, like_caller, parse_op, to_host
+from ._types import (DENSE_DTYPES, ReduceOp, array_namespace, as_array, check_dtype, like_caller,
+                     parse_op, to_host)
 from .comm import Communicator, Work, get_comm
 from .errors import CupycollError, InvalidArgument, InvalidType, MismatchError
 
 __all__ = ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "all_reduce",
            "all_gather", "reduce_scatter_tensor"]
+
+
+#: The common case, whose checks all pass, takes a fast path (:func:`_plain`): an array of the
+#: communicator's own library, C-contiguous, of one of these dtypes, an op given by name or as a
+#: ReduceOp, a preallocated ``out`` that fits (or none), an int root, CUPYCOLL_DEBUG off.
+#: Anything else takes the general path below, which runs every check and raises its errors.
+_PLAIN_DTYPES = frozenset(DENSE_DTYPES)
+_PLAIN_OPS = {op.value: op for op in ReduceOp}
+_DEBUG_OFF = ("", "0", "false", "no")
+
+
+def _plain(x: Any, comm: Communicator) -> bool:
+    """True when ``x`` needs no conversion and passes every input check (the fast path)."""
+    return (type(x) is comm.xp.ndarray and x.dtype in _PLAIN_DTYPES and x.flags.c_contiguous
+            and os.environ.get("CUPYCOLL_DEBUG", "") in _DEBUG_OFF)
+
+
+def _plain_op(op: Any) -> ReduceOp | None:
+    return _PLAIN_OPS.get(op) if type(op) is str or type(op) is ReduceOp else None
+
+
+def _plain_output(out: Any, x: Any, shape: tuple, comm: Communicator) -> Any:
+    """A new output, or ``out`` when it passes every check of :func:`_output`; else None."""
+    if out is None:
+        return comm.xp.empty(shape, dtype=x.dtype)
+    if (type(out) is type(x) and out.shape == shape and out.dtype == x.dtype
+            and out.flags.c_contiguous):
+        return out
+    return None
+
+
+def _plain_root(root: Any, comm: Communicator) -> bool:
+    return type(root) is int and 0 <= root < comm.size
+
+
+def _start(comm: Communicator, verb: str, args: tuple, result: Any, original: Any,
+           async_op: bool) -> Any:
+    """Run ``comm.<verb>(*args)``: to completion (the backend's cheapest blocking way) and
+    return ``result`` in the caller's array type, or (async_op) return a Work of it."""
+    if async_op:
+        work = getattr(comm, verb)(*args)
+        return Work(work.wait, work.is_completed, lambda: like_caller(result, original))
+    comm.run(verb, *args)
+    return result if type(original) is type(result) else like_caller(result, original)
 
 
 def _input(x: Any, comm: Communicator, name: str = "x") -> Any:
@@ -127,14 +173,6 @@ def _checked(comm: Communicator, verb: str) -> Iterator[Callable[..., None]]:
         raise
 
 
-def _deliver(work: Work, result: Any, original: Any, async_op: bool) -> Any:
-    if async_op:
-        return Work(work.wait, work.is_completed,
-                    lambda: like_caller(result, original))
-    work.wait()
-    return like_caller(result, original)
-
-
 def allreduce(x: Any, op: Any = "sum", *, comm: Communicator | None = None, out: Any = None,
               async_op: bool = False) -> Any:
     """Reduce ``x`` over all ranks with ``op``; every rank gets the identical result.
@@ -150,55 +188,80 @@ def allreduce(x: Any, op: Any = "sum", *, comm: Communicator | None = None, out:
         cc.allreduce(np.array([rank + 1]))    # rank 0: [3]  rank 1: [3]
     """
     comm = comm or get_comm()
+    red = _plain_op(op)
+    if red is not None and _plain(x, comm):
+        dst = _plain_output(out, x, x.shape, comm)
+        if dst is not None:
+            return _start(comm, "allreduce", (x, dst, red), dst, x, async_op)
     with _checked(comm, "allreduce") as check:
         arr = _input(x, comm)
         red = parse_op(op, rank=comm.rank)
         dst = _output(out, arr, arr.shape, comm)
         check(arr, red)
-    return _deliver(comm.allreduce(arr, dst, red), dst, x, async_op)
+    return _start(comm, "allreduce", (arr, dst, red), dst, x, async_op)
 
 
 def broadcast(x: Any, root: int = 0, *, comm: Communicator | None = None, out: Any = None,
               async_op: bool = False) -> Any:
     """Copy root's ``x`` to every rank (``x`` on other ranks only gives shape and dtype)."""
     comm = comm or get_comm()
+    if _plain_root(root, comm) and _plain(x, comm):
+        dst = _plain_output(out, x, x.shape, comm)
+        if dst is not None:
+            return _start(comm, "broadcast", (x, dst, root), dst, x, async_op)
     with _checked(comm, "broadcast") as check:
         arr = _input(x, comm)
         src = _root(root, comm)
         dst = _output(out, arr, arr.shape, comm)
         check(arr, root=src)
-    return _deliver(comm.broadcast(arr, dst, src), dst, x, async_op)
+    return _start(comm, "broadcast", (arr, dst, src), dst, x, async_op)
 
 
 def reduce(x: Any, root: int = 0, op: Any = "sum", *, comm: Communicator | None = None,
            out: Any = None, async_op: bool = False) -> Any:
     """Reduce ``x`` over all ranks onto ``root``; return the result on root and None elsewhere."""
     comm = comm or get_comm()
+    red = _plain_op(op)
+    if red is not None and _plain_root(root, comm) and _plain(x, comm):
+        if comm.rank != root:
+            return _start(comm, "reduce", (x, None, red, root), None, x, async_op)
+        dst = _plain_output(out, x, x.shape, comm)
+        if dst is not None:
+            return _start(comm, "reduce", (x, dst, red, root), dst, x, async_op)
     with _checked(comm, "reduce") as check:
         arr = _input(x, comm)
         dst_root = _root(root, comm)
         red = parse_op(op, rank=comm.rank)
         dst = _output(out, arr, arr.shape, comm) if comm.rank == dst_root else None
         check(arr, red, dst_root)
-    return _deliver(comm.reduce(arr, dst, red, dst_root), dst, x, async_op)
+    return _start(comm, "reduce", (arr, dst, red, dst_root), dst, x, async_op)
 
 
 def allgather(x: Any, *, comm: Communicator | None = None, out: Any = None,
               async_op: bool = False) -> Any:
     """Concatenate every rank's ``x`` along axis 0 in rank order; identical on every rank."""
     comm = comm or get_comm()
+    if _plain(x, comm) and x.ndim:
+        dst = _plain_output(out, x, (comm.size * x.shape[0],) + x.shape[1:], comm)
+        if dst is not None:
+            return _start(comm, "allgather", (x, dst), dst, x, async_op)
     with _checked(comm, "allgather") as check:
         arr = _input(x, comm)
         shape = (comm.size * _rows(arr, comm),) + tuple(arr.shape[1:])
         dst = _output(out, arr, shape, comm)
         check(arr)
-    return _deliver(comm.allgather(arr, dst), dst, x, async_op)
+    return _start(comm, "allgather", (arr, dst), dst, x, async_op)
 
 
 def reduce_scatter(x: Any, op: Any = "sum", *, comm: Communicator | None = None, out: Any = None,
                    async_op: bool = False) -> Any:
     """Reduce ``x`` over ranks and return this rank's block (axis 0 split into P equal blocks)."""
     comm = comm or get_comm()
+    red = _plain_op(op)
+    if red is not None and _plain(x, comm) and x.ndim and x.shape[0] % comm.size == 0:
+        dst = _plain_output(out, x, (x.shape[0] // comm.size,) + x.shape[1:], comm)
+        if dst is not None:
+            return _start(comm, "reduce_scatter", (x, dst, red), dst, x, async_op)
     with _checked(comm, "reduce_scatter") as check:
         arr = _input(x, comm)
         rows = _rows(arr, comm)
@@ -208,7 +271,7 @@ def reduce_scatter(x: Any, op: Any = "sum", *, comm: Communicator | None = None,
                                   f"the number of ranks ({comm.size})", rank=comm.rank)
         dst = _output(out, arr, (rows // comm.size,) + tuple(arr.shape[1:]), comm)
         check(arr, red)
-    return _deliver(comm.reduce_scatter(arr, dst, red), dst, x, async_op)
+    return _start(comm, "reduce_scatter", (arr, dst, red), dst, x, async_op)
 
 
 all_reduce = allreduce

@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 import concurrent.futures
 import dataclasses
+import functools
 import math
 import os
 import queue
@@ -60,9 +61,20 @@ class Stats(OpStats):
     def record(self, op: str, sent: int = 0, received: int = 0, msgs_sent: int = 0,
                msgs_received: int = 0) -> None:
         """Add traffic to the totals and to ``by_op[op]``."""
+        sent, received = int(sent), int(received)
+        msgs_sent, msgs_received = int(msgs_sent), int(msgs_received)
         with self._lock:
-            self.add(sent, received, msgs_sent, msgs_received)
-            self.by_op.setdefault(op, OpStats()).add(sent, received, msgs_sent, msgs_received)
+            self.bytes_sent += sent
+            self.bytes_received += received
+            self.messages_sent += msgs_sent
+            self.messages_received += msgs_received
+            per = self.by_op.get(op)
+            if per is None:
+                per = self.by_op[op] = OpStats()
+            per.bytes_sent += sent
+            per.bytes_received += received
+            per.messages_sent += msgs_sent
+            per.messages_received += msgs_received
 
     def reset(self) -> None:
         """Zero every counter."""
@@ -92,6 +104,12 @@ def bus_factor(collective: str, size: int) -> float:
         "broadcast": 1.0,
         "reduce": 1.0,
     }[collective]
+
+
+@functools.lru_cache(maxsize=None)
+def _ring_steps(collective: str, size: int) -> tuple[float, int]:
+    """(bus factor, messages per rank) of allreduce, allgather or reduce_scatter on ``size``."""
+    return bus_factor(collective, size), (2 if collective == "allreduce" else 1) * (size - 1)
 
 
 class Work:
@@ -202,9 +220,14 @@ class Communicator(abc.ABC):
     #: case algorithms may prefer a padded allgather.
     native_allgatherv: bool = False
 
+    #: dense collectives this rank has started on this communicator (every rank starts the same
+    #: ones in the same order, so the count names a collective across ranks).
+    sequence: int = 0
+
     def __init__(self, timeout: float | None = None) -> None:
         self.stats = Stats()
         self.timeout = timeout
+        self.sequence = 0
 
     # dense collectives, NCCL semantics; each returns a Work whose result is None
     @abc.abstractmethod
@@ -228,6 +251,15 @@ class Communicator(abc.ABC):
     def reduce_scatter(self, send: Any, recv: Any, op: ReduceOp,
                op_name: str = "reduce_scatter") -> Work:
         """Start recv = this rank's block (axis 0 split into P equal blocks) of op over ranks."""
+
+    def run(self, verb: str, *args: Any, op_name: str | None = None) -> None:
+        """Run dense ``verb`` (a method name above, or ``_allgatherv_into``) to completion.
+
+        The same as ``getattr(self, verb)(*args).wait()``; a backend may override it with a
+        cheaper blocking call (the MPI backend does).
+        """
+        method = getattr(self, verb)
+        (method(*args) if op_name is None else method(*args, op_name=op_name)).wait()
 
     # point to point
     @abc.abstractmethod
@@ -266,7 +298,7 @@ class Communicator(abc.ABC):
         xp = self.xp
         send = xp.asarray([count], dtype=np.int64)
         recv = xp.empty(self.size, dtype=np.int64)
-        self.allgather(send, recv, op_name).wait()
+        self.run("allgather", send, recv, op_name=op_name)
         return to_host(recv)
 
     def allgatherv(self, send: Any, counts: Sequence[int] | None = None,
@@ -280,7 +312,7 @@ class Communicator(abc.ABC):
             counts = self.allgather_counts(int(send.shape[0]), op_name + ".counts")
         counts = np.asarray(counts, dtype=np.int64)
         recv = self.xp.empty((int(counts.sum()),) + tuple(send.shape[1:]), dtype=send.dtype)
-        self._allgatherv_into(send, recv, counts, op_name).wait()
+        self.run("_allgatherv_into", send, recv, counts, op_name=op_name)
         return recv, counts
 
     def _allgatherv_into(self, send: Any, recv: Any, counts: np.ndarray, op_name: str) -> Work:
@@ -336,18 +368,18 @@ class Communicator(abc.ABC):
 
     def _record_collective(self, name: str, nbytes: int, root: int | None = None,
                            op_name: str | None = None) -> None:
-        """Book a native collective's traffic by the rule in :class:`Stats` (under ``op_name``)."""
+        """Book a native collective's traffic by the rule in :class:`Stats` (under ``op_name``)
+        and count it in ``sequence``."""
+        self.sequence += 1
         p, book = self.size, op_name or name
         if p <= 1:
             self.stats.record(book)
             return
-        if name in ("broadcast", "reduce"):
-            at_root = self.rank == root
-            sends = at_root if name == "broadcast" else not at_root
-            recv_bytes = 0 if sends else nbytes
-            send_bytes = nbytes if sends else 0
-            self.stats.record(book, send_bytes, recv_bytes, int(sends), int(not sends))
+        if name == "broadcast" or name == "reduce":
+            sends = (self.rank == root) is (name == "broadcast")
+            self.stats.record(book, nbytes if sends else 0, 0 if sends else nbytes, int(sends),
+                              int(not sends))
             return
-        moved = math.floor(bus_factor(name, p) * nbytes)
-        steps = 2 * (p - 1) if name == "allreduce" else p - 1
+        factor, steps = _ring_steps(name, p)
+        moved = math.floor(factor * nbytes)
         self.stats.record(book, moved, moved, steps, steps)

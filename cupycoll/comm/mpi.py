@@ -21,10 +21,13 @@ __all__ = ["MPICommunicator"]
 
 _MPI_OPS = {ReduceOp.SUM: MPI.SUM, ReduceOp.AVG: MPI.SUM, ReduceOp.PROD: MPI.PROD,
             ReduceOp.MAX: MPI.MAX, ReduceOp.MIN: MPI.MIN}
-_MPI_TYPES = {"float32": MPI.FLOAT, "float64": MPI.DOUBLE, "int8": MPI.SIGNED_CHAR,
-              "uint8": MPI.UNSIGNED_CHAR, "int16": MPI.INT16_T, "uint16": MPI.UINT16_T,
-              "int32": MPI.INT32_T, "uint32": MPI.UINT32_T, "int64": MPI.INT64_T,
-              "uint64": MPI.UINT64_T}
+#: MPI datatype of each dtype MPI reduces natively, keyed by the dtype itself (a dict hit per call;
+#: byte-swapped or half-precision dtypes miss and take the general path).
+_MPI_TYPES = {np.dtype(name): mpi_type for name, mpi_type in (
+    ("float32", MPI.FLOAT), ("float64", MPI.DOUBLE), ("int8", MPI.SIGNED_CHAR),
+    ("uint8", MPI.UNSIGNED_CHAR), ("int16", MPI.INT16_T), ("uint16", MPI.UINT16_T),
+    ("int32", MPI.INT32_T), ("uint32", MPI.UINT32_T), ("int64", MPI.INT64_T),
+    ("uint64", MPI.UINT64_T))}
 _WIDENED = {"float16": np.float32, "bfloat16": np.float32}
 _TAG = 7
 _FLOAT_MINMAX: dict[ReduceOp, MPI.Op] = {}
@@ -71,7 +74,12 @@ def _address(a: np.ndarray) -> int:
 
 def _typed(a: np.ndarray) -> list:
     """Buffer spec that moves ``a`` as its own MPI datatype (for reductions)."""
-    return [a, _MPI_TYPES[a.dtype.name]]
+    return [a, _MPI_TYPES[a.dtype]]
+
+
+def _separate(send: np.ndarray, recv: np.ndarray) -> bool:
+    """True when two host buffers surely do not overlap (a bounds check, no solving)."""
+    return send is not recv and not np.may_share_memory(send, recv)
 
 
 def _missing(requests: list, peers: Sequence[int] | None) -> str:
@@ -96,6 +104,10 @@ class MPICommunicator(Communicator):
         self._owned = False
         self.rank, self.size = self.mpi_comm.Get_rank(), self.mpi_comm.Get_size()
         self.xp = xp
+        self._verbs = {"allreduce": self._allreduce, "broadcast": self._broadcast,
+                       "reduce": self._reduce, "allgather": self._allgather,
+                       "reduce_scatter": self._reduce_scatter,
+                       "_allgatherv_into": self._allgatherv_into}
 
     def dup(self) -> "MPICommunicator":
         """Return a communicator over the same ranks with its own message space."""
@@ -116,21 +128,57 @@ class MPICommunicator(Communicator):
             if self.timeout is None:
                 MPI.Request.Waitall(requests, statuses)
                 return
-            deadline = time.monotonic() + self.timeout
-            while not MPI.Request.Testall(requests, statuses):
-                if time.monotonic() > deadline:
-                    raise CollectiveTimeout(
-                        f"{op_name} did not complete within {self.timeout} s on rank {self.rank} "
-                        f"of {self.size}: {_missing(requests, peers)} (the communicator is "
-                        f"unusable now unless they arrive)")
-                time.sleep(1e-4)
+            self._poll(requests, statuses, op_name, peers)
         except MPI.Exception as exc:
             reasons = {MPI.Get_error_string(s.Get_error()).split(",")[0] for s in statuses
-                       if s.Get_error() != MPI.SUCCESS} or {str(exc)}
-            raise BackendError(
-                f"MPI failed {op_name} on rank {self.rank} of {self.size} "
-                f"({'; '.join(sorted(reasons))}); a common cause is ranks that disagree on a "
-                "dense collective's count or dtype (CUPYCOLL_DEBUG=1 checks them first)") from exc
+                       if s.Get_error() != MPI.SUCCESS}
+            raise self._failure(op_name, reasons or {str(exc)}) from exc
+
+    def _poll(self, requests: list, statuses: list, op_name: str,
+              peers: Sequence[int] | None) -> None:
+        """Test the requests until done or ``self.timeout`` passes: yield the core for the first
+        millisecond (a small collective completes within a few microseconds of its last peer),
+        then sleep 0.1 ms between tests."""
+        if MPI.Request.Testall(requests, statuses):
+            return
+        start = time.monotonic()
+        deadline, nap = start + self.timeout, start + 1e-3
+        while not MPI.Request.Testall(requests, statuses):
+            now = time.monotonic()
+            if now > deadline:
+                raise CollectiveTimeout(
+                    f"{op_name} did not complete within {self.timeout} s on rank {self.rank} "
+                    f"of {self.size}: {_missing(requests, peers)} (the communicator is "
+                    f"unusable now unless they arrive)")
+            time.sleep(0 if now < nap else 1e-4)
+
+    def _failure(self, op_name: str, reasons: set[str]) -> BackendError:
+        return BackendError(
+            f"MPI failed {op_name} on rank {self.rank} of {self.size} "
+            f"({'; '.join(sorted(reasons))}); a common cause is ranks that disagree on a "
+            "dense collective's count or dtype (CUPYCOLL_DEBUG=1 checks them first)")
+
+    def run(self, verb: str, *args: Any, op_name: str | None = None) -> None:
+        """Run a dense verb to completion with MPI's blocking call (cheaper than posting the
+        nonblocking one and waiting); under a timeout, post it and poll."""
+        self._verbs[verb](*args, op_name or verb, True)
+
+    def _launch(self, blocking: bool, op_name: str, call: Any, icall: Any, args: tuple,
+                finalize: Any = None, keep: tuple = ()) -> Work | None:
+        """Start ``icall(*args)`` and return its Work, or (``blocking``) complete the operation:
+        with ``call(*args)`` when no timeout is set, else by polling the nonblocking request."""
+        if blocking and self.timeout is None:
+            try:
+                call(*args)
+            except MPI.Exception as exc:
+                raise self._failure(op_name, {str(exc)}) from exc
+        elif blocking:
+            self.wait([icall(*args)], op_name)
+        else:
+            return self._work([icall(*args)], op_name, finalize, keep)
+        if finalize is not None:
+            finalize()
+        return None
 
     def _work(self, requests: list, op_name: str, finalize=None, keep: tuple = (),
               peers: list[int] | None = None) -> Work:
@@ -144,6 +192,12 @@ class MPICommunicator(Communicator):
 
     # reductions: widen half precision, stage device arrays, post-process avg
     def _reduction_buffers(self, send: Any, recv: Any, in_place_ok: bool):
+        if (send is recv and in_place_ok and type(send) is np.ndarray and send.dtype in _MPI_TYPES
+                and send.flags.c_contiguous):
+            return send, recv, True
+        if (type(send) is np.ndarray and send.dtype in _MPI_TYPES and send.flags.c_contiguous
+                and (recv is None or type(recv) is np.ndarray and _separate(send, recv))):
+            return send, recv, False  # the common case: host buffers MPI can use as they are
         dtype = np.dtype(send.dtype)
         wide = _WIDENED.get(dtype.name)
         host_send = to_host(send)
@@ -161,12 +215,15 @@ class MPICommunicator(Communicator):
         in_place = in_place_ok and same  # NCCL's rule: in place when the pointers are equal
         if direct and not in_place and np.shares_memory(host_send, host_recv):
             host_send = host_send.copy()  # MPI forbids aliased buffers: read the input first
-        return host_send, host_recv, in_place
+        return np.ascontiguousarray(host_send), host_recv, in_place
 
     def _finish_reduction(self, host_recv: Any, recv: Any, op: ReduceOp):
+        """What must run after the transfer: avg's division, copying back a staged result
+        (None when nothing must)."""
+        if host_recv is None or (host_recv is recv and op is not ReduceOp.AVG):
+            return None
+
         def finalize() -> None:
-            if host_recv is None:
-                return
             if op is ReduceOp.AVG:
                 trunc_divide(host_recv, self.size)
             if host_recv is not recv:
@@ -174,71 +231,114 @@ class MPICommunicator(Communicator):
         return finalize
 
     def allreduce(self, send: Any, recv: Any, op: ReduceOp, op_name: str = "allreduce") -> Work:
+        return self._allreduce(send, recv, op, op_name, False)
+
+    def _allreduce(self, send: Any, recv: Any, op: ReduceOp, op_name: str, blocking: bool):
         host_send, host_recv, in_place = self._reduction_buffers(send, recv, True)
-        host_send = np.ascontiguousarray(host_send)
         sbuf = MPI.IN_PLACE if in_place else _typed(host_send)
-        req = self.mpi_comm.Iallreduce(sbuf, _typed(host_recv), _mpi_op(op, host_recv.dtype))
         self._record_collective("allreduce", send.nbytes, op_name=op_name)
-        return self._work([req], op_name, self._finish_reduction(host_recv, recv, op),
-                          (host_send, host_recv))
+        comm = self.mpi_comm
+        return self._launch(blocking, op_name, comm.Allreduce, comm.Iallreduce,
+                            (sbuf, _typed(host_recv), _mpi_op(op, host_recv.dtype)),
+                            self._finish_reduction(host_recv, recv, op), (host_send, host_recv))
 
     def reduce(self, send: Any, recv: Any, op: ReduceOp, root: int,
                op_name: str = "reduce") -> Work:
+        return self._reduce(send, recv, op, root, op_name, False)
+
+    def _reduce(self, send: Any, recv: Any, op: ReduceOp, root: int, op_name: str,
+                blocking: bool):
         at_root = self.rank == root
         host_send, host_recv, in_place = self._reduction_buffers(send, recv if at_root else None,
                                                                  at_root)
-        host_send = np.ascontiguousarray(host_send)
         sbuf = MPI.IN_PLACE if in_place else _typed(host_send)
         rbuf = _typed(host_recv) if at_root else None
-        req = self.mpi_comm.Ireduce(sbuf, rbuf, _mpi_op(op, host_send.dtype), root=root)
         self._record_collective("reduce", send.nbytes, root, op_name=op_name)
         finalize = self._finish_reduction(host_recv, recv, op) if at_root else None
-        return self._work([req], op_name, finalize, (host_send, host_recv))
+        comm = self.mpi_comm
+        return self._launch(blocking, op_name, comm.Reduce, comm.Ireduce,
+                            (sbuf, rbuf, _mpi_op(op, host_send.dtype), root), finalize,
+                            (host_send, host_recv))
 
     def reduce_scatter(self, send: Any, recv: Any, op: ReduceOp,
-               op_name: str = "reduce_scatter") -> Work:
+                       op_name: str = "reduce_scatter") -> Work:
+        return self._reduce_scatter(send, recv, op, op_name, False)
+
+    def _reduce_scatter(self, send: Any, recv: Any, op: ReduceOp, op_name: str, blocking: bool):
         host_send, host_recv, _ = self._reduction_buffers(send, recv, False)
-        host_send = np.ascontiguousarray(host_send)
-        req = self.mpi_comm.Ireduce_scatter_block(_typed(host_send), _typed(host_recv),
-                                                  _mpi_op(op, host_send.dtype))
         self._record_collective("reduce_scatter", send.nbytes, op_name=op_name)
-        return self._work([req], op_name, self._finish_reduction(host_recv, recv, op),
-                          (host_send, host_recv))
+        comm = self.mpi_comm
+        return self._launch(blocking, op_name, comm.Reduce_scatter_block,
+                            comm.Ireduce_scatter_block,
+                            (_typed(host_send), _typed(host_recv), _mpi_op(op, host_send.dtype)),
+                            self._finish_reduction(host_recv, recv, op), (host_send, host_recv))
 
     # data movement: raw bytes
     def _staged(self, recv: Any) -> tuple[np.ndarray, Any]:
+        if type(recv) is np.ndarray:
+            return recv, None
         host = recv if isinstance(recv, np.ndarray) else np.empty(recv.shape, recv.dtype)
         if host is recv:
             return host, None
         return host, lambda: recv.__setitem__(Ellipsis, self.xp.asarray(host))
 
     def broadcast(self, send: Any, recv: Any, root: int, op_name: str = "broadcast") -> Work:
+        return self._broadcast(send, recv, root, op_name, False)
+
+    def _broadcast(self, send: Any, recv: Any, root: int, op_name: str, blocking: bool):
         host, copy_back = self._staged(recv)
         if self.rank == root and send is not recv:
             host[...] = to_host(send)
-        req = self.mpi_comm.Ibcast(_bytes(host), root=root)
         self._record_collective("broadcast", recv.nbytes, root, op_name=op_name)
-        return self._work([req], op_name, copy_back, (host,))
+        comm = self.mpi_comm
+        return self._launch(blocking, op_name, self._bcast, comm.Ibcast, (_bytes(host), root),
+                            copy_back, (host,))
+
+    def _bcast(self, buf: list, root: int) -> None:
+        """A blocking broadcast: Bcast on two ranks, Ibcast + Wait on more.
+
+        When ranks disagree on the count, MPICH's blocking tree stops at the rank that detects
+        the truncation and its subtree waits forever, while the nonblocking schedule still
+        forwards, so every rank returns (BackendError where the buffer was too small). With two
+        ranks nobody forwards, and Bcast is up to 2x faster than Ibcast + Wait on small messages.
+        """
+        if self.size == 2:
+            self.mpi_comm.Bcast(buf, root)
+        else:
+            self.mpi_comm.Ibcast(buf, root).Wait()
 
     def allgather(self, send: Any, recv: Any, op_name: str = "allgather") -> Work:
-        host, copy_back = self._staged(recv)
-        sbuf = np.ascontiguousarray(to_host(send))
-        if np.shares_memory(sbuf, host):
-            sbuf = sbuf.copy()  # NCCL's in-place: send is this rank's block of recv
-        req = self.mpi_comm.Iallgather(_bytes(sbuf), _bytes(host))
-        self._record_collective("allgather", recv.nbytes, op_name=op_name)
-        return self._work([req], op_name, copy_back, (sbuf, host))
+        return self._allgather(send, recv, op_name, False)
 
-    def _allgatherv_into(self, send: Any, recv: Any, counts: np.ndarray, op_name: str) -> Work:
+    def _allgather(self, send: Any, recv: Any, op_name: str, blocking: bool):
+        host, copy_back = self._staged(recv)
+        sbuf = send if type(send) is np.ndarray else to_host(send)
+        sbuf = np.ascontiguousarray(sbuf)
+        if not _separate(sbuf, host):
+            own = _address(host) + self.rank * sbuf.nbytes  # NCCL's in place: this rank's block
+            if _address(sbuf) == own and sbuf.nbytes * self.size == host.nbytes:
+                sbuf = None
+            elif np.shares_memory(sbuf, host):
+                sbuf = sbuf.copy()
+        self._record_collective("allgather", recv.nbytes, op_name=op_name)
+        comm = self.mpi_comm
+        return self._launch(blocking, op_name, comm.Allgather, comm.Iallgather,
+                            (MPI.IN_PLACE if sbuf is None else _bytes(sbuf), _bytes(host)),
+                            copy_back, (sbuf, host))
+
+    def _allgatherv_into(self, send: Any, recv: Any, counts: np.ndarray, op_name: str,
+                         blocking: bool = False) -> Work | None:
         host, copy_back = self._staged(recv)
         row = int(np.prod(recv.shape[1:], dtype=np.int64)) * recv.dtype.itemsize
         byte_counts = (counts * row).astype(np.int64)
         displs = np.concatenate([[0], np.cumsum(byte_counts)[:-1]]).astype(np.int64)
         sbuf = np.ascontiguousarray(to_host(send))
-        req = self.mpi_comm.Iallgatherv([sbuf, sbuf.nbytes, MPI.BYTE],
-                                        [host, (byte_counts, displs), MPI.BYTE])
         self._record_allgatherv(op_name, byte_counts)
-        return self._work([req], op_name, copy_back, (sbuf, host, byte_counts, displs))
+        comm = self.mpi_comm
+        return self._launch(blocking, op_name, comm.Allgatherv, comm.Iallgatherv,
+                            ([sbuf, sbuf.nbytes, MPI.BYTE],
+                             [host, (byte_counts, displs), MPI.BYTE]),
+                            copy_back, (sbuf, host, byte_counts, displs))
 
     def exchange(self, sends: Sequence[tuple[int, Any]], recvs: Sequence[tuple[int, Any]],
                  op_name: str = "exchange") -> Work:

@@ -1,0 +1,52 @@
+"""Small calls end to end: sparse_allreduce of a few entries and topk_allreduce of a short vector,
+next to a pickled mpi4py ``allgather`` of the same (index, value) pairs (run under mpiexec).
+
+Small tensors are common (per-layer buckets, small embedding tables), and there the fixed cost
+of a call (argument checks, the one validation allreduce, algorithm choice, delivery) is all
+there is. Calls are interleaved, one of each per round; a time is the median over rounds of the
+slowest rank.
+
+    mpiexec -n 2 python -m mpi4py bench/bench_small.py -n 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+from _common import interleaved
+
+import cupycoll as cc
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("-n", "--iters", type=int, default=2000)
+    parser.add_argument("-w", "--warmup_iters", type=int, default=50)
+    parser.add_argument("--entries", type=int, default=10, help="sparse entries per rank")
+    parser.add_argument("--length", type=int, default=1000, help="n of both calls")
+    parser.add_argument("-k", type=int, default=10, help="k of topk_allreduce")
+    args = parser.parse_args()
+    comm = cc.init("mpi")
+    rng = np.random.default_rng([7, comm.rank])
+    idx = np.sort(rng.choice(args.length, args.entries, replace=False)).astype(np.int64)
+    val = rng.standard_normal(args.entries).astype(np.float32)
+    dense = rng.standard_normal(args.length).astype(np.float32)
+    calls = {
+        "mpi4py allgather (pickled pairs)": lambda: comm.mpi_comm.allgather((idx, val)),
+        "sparse_allreduce": lambda: cc.sparse_allreduce(idx, val, args.length, comm=comm),
+        f"topk_allreduce(k={args.k})": lambda: cc.topk_allreduce(dense, args.k, comm=comm),
+    }
+    samples = interleaved(calls, args.iters, args.warmup_iters, comm.mpi_comm)
+    if comm.rank == 0:
+        base = float(np.median(samples["mpi4py allgather (pickled pairs)"]))
+        print(f"# ranks={comm.size}  entries/rank={args.entries}  n={args.length}  "
+              f"iters={args.iters}  time = median of the slowest rank")
+        print(f"# {'call':<34}{'time(us)':>10}{'x_allgather':>13}")
+        for name, s in samples.items():
+            t = float(np.median(s))
+            print(f"  {name:<34}{t * 1e6:>10.1f}{t / base:>13.2f}")
+
+
+if __name__ == "__main__":
+    main()
