@@ -173,9 +173,9 @@ class KernelPrimitives:
         return self._fold(idx, val, op, _twin._accumulate(accumulate_dtype, val.dtype))
 
     def merge_sorted(self, parts: Sequence[tuple[Any, Any]], op: Any = "sum",
-                     accumulate_dtype: Any = None) -> tuple[Any, Any]:
+                     accumulate_dtype: Any = None, *, checked: bool = True) -> tuple[Any, Any]:
         """Merge coalesced COO parts; duplicates left-folded in part order."""
-        pairs = _twin._sorted_parts(parts)
+        pairs = _twin._sorted_parts(parts, checked)
         op = _op(op)
         ref = pairs[0][1]
         acc = _twin._accumulate(accumulate_dtype, ref.dtype)
@@ -185,7 +185,7 @@ class KernelPrimitives:
         return self._fold(idx, val, op, acc)
 
     # ---------------------------------------------------------------- dense <-> sparse
-    def _scatter(self, dense: Any, idx: Any, val: Any, op: Any) -> None:
+    def _scatter(self, dense: Any, idx: Any, val: Any, op: Any, increasing: bool) -> None:
         """``dense[idx] op= val`` in place on a C-contiguous ``dense`` (indices validated)."""
         xp = self.xp
         if idx.size == 0:
@@ -195,7 +195,7 @@ class KernelPrimitives:
         types = (CTYPES[dense.dtype], CTYPES[idx.dtype], OPS[op])
         shape = self.launch.shape(idx.size * width)
         args = (dense, xp.ascontiguousarray(idx), val, np.int64(idx.size), np.int64(width))
-        if _twin._increasing(idx):
+        if increasing:
             self.launch("scatter.cu", expression("cc_scatter_unique", *types), shape, *args)
         elif dense.dtype.kind == "i":
             self.launch("scatter.cu", expression("cc_scatter_atomic", *types), shape, *args)
@@ -206,16 +206,20 @@ class KernelPrimitives:
                         np.int64(width), starts, np.int64(starts.size),
                         uniq.astype(np.int64, copy=False), dense)
 
-    def scatter_reduce(self, dense: Any, indices: Any, values: Any, op: Any = "sum") -> Any:
-        """Reduce ``values`` into ``dense[indices]`` in place (left fold in input order)."""
+    def scatter_reduce(self, dense: Any, indices: Any, values: Any, op: Any = "sum", *,
+                       checked: bool = True) -> Any:
+        """Reduce ``values`` into ``dense[indices]`` in place (left fold in input order).
+
+        Range and order come from one device read (none with ``checked=False``: the caller
+        guarantees strictly increasing indices in range)."""
         dense, idx, val = _twin._scatter_operands(dense, indices, values)
         op = _op(op)
-        _twin._check_range(idx, dense.shape[0])
+        increasing = _twin._checked_range(idx, dense.shape[0]) if checked else True
         if dense.flags.c_contiguous:
-            self._scatter(dense, idx, val, op)
+            self._scatter(dense, idx, val, op, increasing)
         else:
             work = self.xp.ascontiguousarray(dense)
-            self._scatter(work, idx, val, op)
+            self._scatter(work, idx, val, op, increasing)
             dense[...] = work
         return dense
 

@@ -216,14 +216,35 @@ class Communicator(abc.ABC):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # host synchronisation points (each is one on a GPU; see cupycoll._syncs)
+    def fetch(self, work: Work, array: Any) -> np.ndarray:
+        """Wait for ``work`` and return ``array`` (which it produced) on the host.
+
+        One host synchronisation where the backend can order the copy behind the operation;
+        this default waits, then copies.
+        """
+        work.wait()
+        return to_host(array)
+
+    def stream_order(self, work: Work) -> None:
+        """Make ``work``'s results visible to the work this rank issues next.
+
+        For results only device work reads (the next kernel, the next transfer): NCCL orders
+        them on the stream already, so the host need not wait; this default waits.
+        """
+        work.wait()
+
     # derived verbs, written once over the primitives above
-    def allgather_counts(self, count: int, op_name: str) -> np.ndarray:
-        """Return every rank's ``count`` (int64, host numpy array) in rank order."""
+    def allgather_counts(self, count: Any, op_name: str) -> np.ndarray:
+        """Return every rank's ``count`` (int64, host numpy array) in rank order.
+
+        ``count`` may be a host int or a 1-element device array (read with the result: no
+        sync of its own).
+        """
         xp = self.xp
-        send = xp.asarray([count], dtype=np.int64)
+        send = xp.asarray([count], dtype=np.int64) if np.ndim(count) == 0 else count
         recv = xp.empty(self.size, dtype=np.int64)
-        self.allgather(send, recv, op_name).wait()
-        return to_host(recv)
+        return self.fetch(self.allgather(send, recv, op_name), recv)
 
     def allgatherv(self, send: Any, counts: Sequence[int] | None = None,
                    op_name: str = "allgatherv") -> tuple[Any, np.ndarray]:
@@ -250,15 +271,21 @@ class Communicator(abc.ABC):
 
     def alltoall_counts(self, counts: Sequence[int], op_name: str) -> np.ndarray:
         """Send counts[j] to rank j; return what every rank sent to this one (host int64)."""
-        send = np.asarray(counts, dtype=np.int64).reshape(self.size)
-        recv = np.zeros(self.size, dtype=np.int64)
-        recv[self.rank] = send[self.rank]
-        xp = self.xp
-        send_d, recv_d = xp.asarray(send), xp.asarray(recv)
-        peers = [r for r in range(self.size) if r != self.rank]
-        self.exchange([(r, send_d[r:r + 1]) for r in peers],
-                      [(r, recv_d[r:r + 1]) for r in peers], op_name).wait()
-        return to_host(recv_d)
+        send = self.xp.asarray(np.asarray(counts, dtype=np.int64).reshape(self.size))
+        return self.alltoall_device_counts(send, op_name)[1]
+
+    def alltoall_device_counts(self, counts: Any, op_name: str) -> tuple[np.ndarray, np.ndarray]:
+        """Send device ``counts[j]`` (int64, P entries) to rank j; return (sent, received) on the
+        host, both read by one :meth:`fetch`."""
+        p, rank = self.size, self.rank
+        both = self.xp.empty(2 * p, dtype=np.int64)
+        both[:p] = counts
+        both[p + rank:p + rank + 1] = counts[rank:rank + 1]
+        peers = [r for r in range(p) if r != rank]
+        work = self.exchange([(r, both[r:r + 1]) for r in peers],
+                             [(r, both[p + r:p + r + 1]) for r in peers], op_name)
+        host = self.fetch(work, both)
+        return host[:p], host[p:]
 
     def alltoallv(self, sends: Sequence[Any], op_name: str = "alltoallv",
                   recv_counts: Sequence[int] | None = None) -> list[Any]:

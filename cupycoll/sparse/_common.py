@@ -35,9 +35,11 @@ def fill_absent(union: Any, values: Any, part_indices: Sequence[Any], op: Reduce
     for idx in part_indices:
         present[xp.searchsorted(union, idx)] += 1
     missing = present < len(part_indices)
-    if bool(missing.any()):
-        ufunc = getattr(xp, UFUNC_NAMES[op])
-        values[missing] = ufunc(values[missing], values.dtype.type(0))
+    if values.ndim > 1:
+        missing = missing.reshape((-1,) + (1,) * (values.ndim - 1))
+    ufunc = getattr(xp, UFUNC_NAMES[op])  # on every entry, kept where missing: no host read
+    with np.errstate(invalid="ignore", over="ignore"):  # e.g. inf * 0 where it is not kept
+        values[...] = xp.where(missing, ufunc(values, values.dtype.type(0)), values)
     return values
 
 
@@ -46,7 +48,7 @@ def reduce_parts(parts: Sequence[tuple[Any, Any]], op: ReduceOp,
     """Merge coalesced parts of disjoint rank groups in part order, absent entries counting as 0."""
     if len(parts) == 1:
         return parts[0]
-    idx, val = merge_sorted(list(parts), op.value, accumulate_dtype)
+    idx, val = merge_sorted(list(parts), op.value, accumulate_dtype, checked=False)
     return idx, fill_absent(idx, val, [p[0] for p in parts], op)
 
 
@@ -74,7 +76,7 @@ def allgatherv_entries(comm: Any, indices: Any, values: Any, op_name: str
     peers = [(rank + s) % comm.size for s in range(1, comm.size)]
     sends = [(r, a) for r in peers for a in (indices, values)] if indices.shape[0] else []
     recvs = [(r, out[slices[r]]) for r in peers if counts[r] for out in (all_idx, all_val)]
-    comm.exchange(sends, recvs, op_name).wait()
+    comm.exchange(sends, recvs, op_name).wait()  # the one wait the result needs
     return all_idx, all_val, counts
 
 

@@ -27,7 +27,7 @@ from .._config import setting
 from .._registry import algorithms
 from .._types import ReduceOp, array_namespace, as_array, parse_op, to_host
 from ..errors import CupycollError, InvalidArgument, InvalidType, MismatchError
-from ..primitives import VALUE_DTYPES, coo_reduce
+from ..primitives import VALUE_DTYPES, _index_stats, coo_reduce
 from ._cost import VALIDATION_FIELDS, Shape
 
 __all__ = ["Prepared", "prepare"]
@@ -136,21 +136,24 @@ class _OutOfRange(InvalidArgument):
     """An index outside [0, n) (an InvalidArgument; its value travels to the other ranks)."""
 
 
-def _check_range(idx: Any, n: int, rank: int) -> None:
+def _check_range(idx: Any, n: int, rank: int) -> bool:
+    """Raise unless every index is in [0, n); return whether ``idx`` is strictly increasing
+    (range and order come from one device read)."""
     if idx.shape[0] == 0:
-        return
-    lo, hi = int(idx.min()), int(idx.max())
+        return True
+    lo, hi, increasing = _index_stats(idx)
     if lo < 0 or hi >= n:
         bad = lo if lo < 0 else hi
         raise _OutOfRange("indices", bad, f"index out of range [0, n={n})", rank=rank)
+    return increasing
 
 
-def _coalesce(idx: Any, val: Any, op: ReduceOp, acc: np.dtype) -> tuple[Any, Any]:
+def _coalesce(idx: Any, val: Any, op: ReduceOp, acc: np.dtype,
+              increasing: bool) -> tuple[Any, Any]:
     """Sorted unique local input with values in ``acc`` (duplicates reduced with the op)."""
     if val.dtype != acc:
         val = val.astype(acc)
-    xp = array_namespace(idx)
-    if idx.shape[0] > 1 and not bool(xp.all(idx[1:] > idx[:-1])):
+    if not increasing:
         idx, val = coo_reduce(idx, val, (ReduceOp.SUM if op is ReduceOp.AVG else op).value)
     return idx, val
 
@@ -169,9 +172,9 @@ def _local(comm: Any, indices: Any, values: Any, n: Any, op: Any, algorithm: Any
         for arg, fn in (("alloc_fn", alloc_fn), ("completion_fn", completion_fn)):
             if fn is not None and not callable(fn):
                 raise InvalidType(arg, type(fn).__name__, "a callable or None", rank=rank)
-        _check_range(idx, length, rank)
+        increasing = _check_range(idx, length, rank)
         value_dtype = np.dtype(val.dtype)
-        idx, val = _coalesce(idx, val, red, acc)
+        idx, val = _coalesce(idx, val, red, acc, increasing)
     except CupycollError as exc:
         return None, exc
     except Exception as exc:  # anything else still has to reach the other ranks as a flag
@@ -247,8 +250,7 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
         if isinstance(error, _OutOfRange):
             vec[2 * nf + 2 * p + rank] = error.value
     dev = comm.xp.asarray(vec)
-    comm.allreduce(dev, dev, ReduceOp.MAX, op_name="sparse.validate").wait()
-    vec = to_host(dev)
+    vec = comm.fetch(comm.allreduce(dev, dev, ReduceOp.MAX, op_name="sparse.validate"), dev)
     codes = vec[2 * nf + p:2 * nf + 2 * p]
     bad_ranks = [r for r in range(p) if codes[r] != 0]
     if error is not None:

@@ -22,7 +22,7 @@ from .._result import SparseResult
 from .._types import ReduceOp, array_namespace, as_array, check_dtype
 from ..comm import Communicator, get_comm
 from ..errors import CupycollError, InvalidArgument, InvalidType, MismatchError
-from ._common import TopkOutcome, TopkState, to_host, to_namespace
+from ._common import TopkOutcome, TopkState, to_namespace
 from .selectors import Selector
 
 __all__ = ["topk_allreduce", "validate", "run", "FLOAT_DTYPES"]
@@ -104,8 +104,7 @@ def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: An
     mine = np.array([key, length, -length, kk, -kk, dcode, -dcode, acode, -acode], np.int64)
     xp = comm.xp
     send, recv = xp.asarray(mine), xp.empty(mine.shape[0], dtype=np.int64)
-    comm.allreduce(send, recv, ReduceOp.MAX, op_name="topk.validate").wait()
-    agreed = to_host(recv)
+    agreed = comm.fetch(comm.allreduce(send, recv, ReduceOp.MAX, op_name="topk.validate"), recv)
     if agreed[0]:
         if error is not None:
             raise error
