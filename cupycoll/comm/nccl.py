@@ -213,6 +213,18 @@ class CudaDevice:
         event.record()
         return event
 
+    def download(self, a: Any) -> tuple[np.ndarray, Any]:
+        """Queue a copy of ``a`` into pinned host memory on the current stream; return the host
+        array (valid once the event is done) and an event recorded behind the copy."""
+        import cupyx
+
+        a = self._cupy.ascontiguousarray(a)
+        host = cupyx.empty_pinned(a.shape, a.dtype)
+        runtime = self._cupy.cuda.runtime
+        runtime.memcpyAsync(host.ctypes.data, a.data.ptr, a.nbytes,
+                            runtime.memcpyDeviceToHost, self.stream())
+        return host, self.record()
+
 
 class NCCLCommunicator(Communicator):
     """Communicator over an NCCL communicator of cupy arrays (one CUDA device per rank).
@@ -340,6 +352,16 @@ class NCCLCommunicator(Communicator):
             self._check_async()
         except self._errors as exc:
             raise self._failed(op_name, exc) from exc
+
+    def fetch(self, work: Work, array: Any) -> np.ndarray:
+        """ONE host synchronisation: the copy is queued behind ``work`` on the current stream
+        and only the copy's event is waited for (under the timeout)."""
+        host, event = self._device.download(array)
+        self.wait([event], "fetch")
+        return host
+
+    def stream_order(self, work: Work) -> None:
+        """No host wait: ``work`` is on the current stream, which orders everything after it."""
 
     def _check_async(self) -> None:
         if self._comm is not None:

@@ -97,6 +97,9 @@ class HostDevice:
     def record(self):
         return self.Never() if self.stuck else self.Done()
 
+    def download(self, a):
+        return a.copy(), self.record()
+
 
 class HostNcclComm:
     """What ncclComm does, done with mpi4py on memory named by host addresses."""
