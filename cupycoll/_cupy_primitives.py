@@ -53,21 +53,26 @@ def _threshold_rank(dtype: np.dtype, t: Any) -> int | None:
 class KernelPrimitives:
     """The primitives over ``launcher``'s array namespace, each a few kernels plus array calls."""
 
-    def __init__(self, launcher: Launcher, chunk: int = 64):
+    def __init__(self, launcher: Launcher, chunk: int = 4096):
         self.launch = launcher
-        self.chunk = chunk  # elements per compaction chunk (one thread's run of the input)
+        self.chunk = chunk  # elements per compaction tile (one block's run of the input)
 
     @property
     def xp(self) -> Any:
         return self.launch.xp
 
     # ---------------------------------------------------------------- thresholds and top-k
+    def _tiles(self, nchunks: int) -> tuple[int, int]:
+        """Launch shape of the tile kernels: one block per tile, up to the launcher's cap."""
+        block = self.launch.shape(1)[1]
+        return self.launch.shape(nchunks * block)
+
     def _rank_counts(self, x: Any, r: int) -> tuple[Any, int]:
-        """Per-chunk counts of ranks above and equal to ``r``, as a (2, nchunks) int64 array."""
+        """Per-tile counts of ranks above and equal to ``r``, as a (2, nchunks) int64 array."""
         nchunks = -(-x.size // self.chunk)
         counts = self.xp.empty(2 * nchunks, np.int64)
         self.launch("select.cu", expression("cc_rank_count", CTYPES[x.dtype]),
-                    self.launch.shape(nchunks), x, np.int64(x.size), np.int64(self.chunk),
+                    self._tiles(nchunks), x, np.int64(x.size), np.int64(self.chunk),
                     np.uint64(r), np.int64(nchunks), counts)
         return counts.reshape(2, nchunks), nchunks
 
@@ -82,7 +87,7 @@ class KernelPrimitives:
         idx, val = xp.empty(above + need, itype), xp.empty(above + need, x.dtype)
         if above + need:
             self.launch("select.cu", expression("cc_rank_select", CTYPES[x.dtype], CTYPES[itype]),
-                        self.launch.shape(nchunks), x, np.int64(x.size), np.int64(self.chunk),
+                        self._tiles(nchunks), x, np.int64(x.size), np.int64(self.chunk),
                         np.uint64(r), np.int64(nchunks), (ends - counts).ravel(), np.int64(need),
                         idx, val)
         return idx, val
