@@ -18,7 +18,7 @@ import numpy as np
 
 from .._types import ReduceOp, to_host
 
-__all__ = ["Communicator", "Stats", "OpStats", "Work", "bus_factor"]
+__all__ = ["Communicator", "Stats", "OpStats", "Work", "Overlap", "bus_factor"]
 
 
 @dataclasses.dataclass
@@ -142,6 +142,29 @@ class Work:
         return cls(result=result)
 
 
+class Overlap:
+    """Device work that consumes finished transfers while later transfers are in flight.
+
+    ``after(work, fn)`` runs ``fn`` (device work reading ``work``'s results; ``work`` may be
+    None) once ``work`` is done; ``join()`` orders all of it before what the caller issues next.
+    This default orders ``work`` with :meth:`Communicator.stream_order` and runs ``fn`` at once
+    (MPI progresses the later transfers meanwhile); NCCL runs ``fn`` on a side stream that waits
+    for ``work``'s event, so transfers and kernels overlap on the GPU. Every ``fn`` runs in call
+    order.
+    """
+
+    def __init__(self, comm: "Communicator") -> None:
+        self._comm = comm
+
+    def after(self, work: Work | None, fn: Callable[[], None]) -> None:
+        if work is not None:
+            self._comm.stream_order(work)
+        fn()
+
+    def join(self) -> None:
+        """Order everything run so far before the caller's next work (nothing to do here)."""
+
+
 class Communicator(abc.ABC):
     """A group of ranks and the verbs the algorithms use; see DESIGN.md section 3.
 
@@ -233,6 +256,10 @@ class Communicator(abc.ABC):
         them on the stream already, so the host need not wait; this default waits.
         """
         work.wait()
+
+    def overlap(self) -> Overlap:
+        """Return an :class:`Overlap` for consumers of this communicator's transfers."""
+        return Overlap(self)
 
     # derived verbs, written once over the primitives above
     def allgather_counts(self, count: Any, op_name: str) -> np.ndarray:

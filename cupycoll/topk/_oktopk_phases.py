@@ -25,9 +25,10 @@ def split_and_reduce(comm: Any, idx: Any, val: Any, bounds: np.ndarray) -> tuple
 
     Schedule: at step s = 0..P-1 rank r sends region (r+s) % P to rank (r+s) % P and receives
     from (r-s) % P (step 0 is local), so no two senders target one receiver in a step. Steps go
-    in buckets of ``min(THROTTLE, P)``: bucket b's transfers are posted, bucket b-1's chunks are
-    scatter-added into the region while they are in flight, then bucket b is waited for. The
-    region sum adds sources in schedule order (r, r-1, r-2, ...), so it is deterministic.
+    in buckets of ``min(THROTTLE, P)``: bucket b's transfers are posted, then bucket b-1's chunks
+    are scatter-added into the region while they are in flight (on NCCL on a side stream that
+    waits for bucket b-1's event, see ``Communicator.overlap``). The region sum adds sources in
+    schedule order (r, r-1, r-2, ...), so it is deterministic.
     """
     xp, p, r = comm.xp, comm.size, comm.rank
     cuts_d = xp.searchsorted(idx, xp.asarray(bounds.astype(idx.dtype)))
@@ -42,7 +43,9 @@ def split_and_reduce(comm: Any, idx: Any, val: Any, bounds: np.ndarray) -> tuple
         return idx[a:b] - idx.dtype.type(bounds[dst]), val[a:b]
 
     throttle = min(THROTTLE, p)
+    overlap = comm.overlap()  # NCCL: the scatter-adds on a side stream, overlapping transfers
     pending: list = []
+    previous = None
     for first in range(0, p, throttle):
         sends, recvs, arriving = [], [], []
         for s in range(first, min(first + throttle, p)):
@@ -59,13 +62,17 @@ def split_and_reduce(comm: Any, idx: Any, val: Any, bounds: np.ndarray) -> tuple
                 recvs += [(src, bi), (src, bv)]
                 arriving.append((bi, bv))
         work = comm.exchange(sends, recvs, "oktopk.reduce")
-        for ci, cv in pending:  # chunks of sorted selections, rebased into the region
-            scatter_reduce(red, ci, cv, checked=False)
-        comm.stream_order(work)
-        pending = arriving
-    for ci, cv in pending:
-        scatter_reduce(red, ci, cv, checked=False)
+        overlap.after(previous, lambda chunks=pending: _add(red, chunks))
+        previous, pending = work, arriving
+    overlap.after(previous, lambda: _add(red, pending))
+    overlap.join()
     return red, lo
+
+
+def _add(red: Any, chunks: list) -> None:
+    """Scatter-add chunks of sorted selections, rebased into the region, in order."""
+    for ci, cv in chunks:
+        scatter_reduce(red, ci, cv, checked=False)
 
 
 def block_sizes(total: int, p: int) -> np.ndarray:
