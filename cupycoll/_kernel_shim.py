@@ -9,6 +9,7 @@ arrays. Built libraries are cached by the hash of the sources and the compiler c
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
 import os
 import shutil
@@ -42,17 +43,25 @@ def _command(file: str, out: Path) -> list[str]:
 def build(folder: Path | None = None) -> dict[str, Path]:
     """Compile every kernel file for the CPU (one g++ per file, in parallel); return the paths.
 
-    Libraries already built from the same sources are reused. Raises RuntimeError with the
+    Libraries already built from the same sources are reused; concurrent callers (the ranks of
+    one job) take turns on a lock file, so only the first compiles. Raises RuntimeError with the
     compiler log on failure or on any warning.
     """
     kdir = _kernels.kernel_dir()
-    digest = hashlib.sha256(" ".join(_FLAGS).encode())
+    digest = hashlib.sha256(" ".join([compiler() or "g++", *_FLAGS]).encode())
     for name in sorted(p.name for p in kdir.iterdir() if p.suffix in (".cu", ".cuh", ".h")):
         digest.update(name.encode() + (kdir / name).read_bytes())
     folder = Path(folder or Path(tempfile.gettempdir()) / f"cupycoll-shim-{os.getuid()}")
     folder = folder / digest.hexdigest()[:16]
     folder.mkdir(parents=True, exist_ok=True)
     paths = {file: folder / f"{file}.so" for file in _kernels.KERNEL_FILES}
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _compile_missing(paths)
+    return paths
+
+
+def _compile_missing(paths: dict[str, Path]) -> None:
     procs = {}
     for file, path in paths.items():
         if not path.exists():
@@ -64,8 +73,7 @@ def build(folder: Path | None = None) -> dict[str, Path]:
         log, _ = proc.communicate(timeout=300)
         if proc.returncode != 0 or "warning" in log:
             raise RuntimeError(f"g++ failed or warned on {file}:\n{log}")
-        os.replace(partial, paths[file])  # atomic: concurrent builders never see half a file
-    return paths
+        os.replace(partial, paths[file])  # atomic: a reader never sees half a file
 
 
 def load(paths: dict[str, Path]) -> dict[str, ctypes.CDLL]:

@@ -11,8 +11,9 @@
 // after another; the threads of a block run as fibers (ucontext) on one OS thread: each runs
 // until it reaches __syncthreads() or ends, then the next one, so every thread has reached a
 // barrier before any thread passes it. That is one legal schedule; atomics are therefore plain
-// read-modify-writes, and a __shared__ variable (a static) is the block's, as blocks never
-// overlap. The launchers are listed by cc_shim_count / cc_shim_name / cc_shim_launcher, named by
+// read-modify-writes, and a __shared__ variable (a thread_local static) is the block's, as blocks
+// never overlap. The built-ins are thread_local too: two host threads may launch at once (an
+// async call's worker and the caller), as long as they do not share output arrays. The launchers are listed by cc_shim_count / cc_shim_name / cc_shim_launcher, named by
 // the CC_EXPORT text; they are the library's only exported symbols, so several kernel libraries
 // can be loaded into one process side by side.
 #pragma once
@@ -31,12 +32,12 @@
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __shared__ static
+#define __shared__ static thread_local
 
 struct cc_shim_dim3 {
   unsigned int x = 1, y = 1, z = 1;
 };
-static cc_shim_dim3 blockIdx, threadIdx, blockDim, gridDim;
+static thread_local cc_shim_dim3 blockIdx, threadIdx, blockDim, gridDim;
 
 template <typename To, typename From>
 inline To cc_shim_bit_cast(From v) {
@@ -94,7 +95,7 @@ struct cc_shim_block {
   ucontext_t scheduler;
   unsigned int current = 0;
 };
-static cc_shim_block* cc_shim_running = nullptr;
+static thread_local cc_shim_block* cc_shim_running = nullptr;
 
 inline void cc_shim_fiber_main() {
   cc_shim_block* block = cc_shim_running;

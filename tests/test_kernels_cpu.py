@@ -22,12 +22,13 @@ from cupycoll._kernel_shim import ShimLauncher
 from . import _kernel_cases as cases
 
 @pytest.fixture(scope="module")
-def libraries(tmp_path_factory) -> dict[str, ctypes.CDLL]:
-    """Compile every kernel file for the CPU, all at once (one g++ per file)."""
+def libraries() -> dict[str, ctypes.CDLL]:
+    """Compile every kernel file for the CPU, all at once (one g++ per file; reused while the
+    sources are unchanged, also by the sync-counting namespace)."""
     if _kernel_shim.compiler() is None:
         pytest.fail("tier-2 kernel tests need a C++17 compiler (g++) on PATH")
     start = time.perf_counter()
-    libs = _kernel_shim.load(_kernel_shim.build(tmp_path_factory.mktemp("kernels_cpu")))
+    libs = _kernel_shim.load(_kernel_shim.build())
     print(f"g++ build of {len(libs)} kernel files: {time.perf_counter() - start:.1f} s")
     return libs
 

@@ -79,7 +79,18 @@ def test_primitives_on_the_namespace_run_the_kernels():
     assert syncs.total == 3  # range read (min, max) 2, run starts (nonzero) 1
 
 
-@pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 8])
-def test_sync_budget_and_results_on_the_gpu_path(nprocs):
+def _budget_counts(nprocs: int) -> str:
     out = run_mpi(nprocs, "sync_budget.py", timeout=300)
-    assert f"ok syncs on {nprocs} ranks" in out
+    line = next(line for line in out.splitlines() if line.startswith("ok syncs on"))
+    assert line.startswith(f"ok syncs on {nprocs} ranks: ")
+    return line.split(": ", 1)[1]
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3])
+def test_sync_budget_and_results_on_the_gpu_path(nprocs):
+    _budget_counts(nprocs)
+
+
+def test_sync_budget_is_the_same_at_p4_and_p8():
+    four, eight = _budget_counts(4), _budget_counts(8)
+    assert four == eight, f"syncs depend on P: P=4 {four}; P=8 {eight}"
