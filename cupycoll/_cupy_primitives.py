@@ -174,7 +174,7 @@ class KernelPrimitives:
         """Coalesce unsorted COO entries into ascending unique indices (left fold per index)."""
         idx, val = _twin._pair(indices, values)
         op = _op(op)
-        _twin._check_range(idx, None if n is None else _twin._length(n))
+        _twin._checked_range(idx, None if n is None else _twin._length(n))
         return self._fold(idx, val, op, _twin._accumulate(accumulate_dtype, val.dtype))
 
     def merge_sorted(self, parts: Sequence[tuple[Any, Any]], op: Any = "sum",
@@ -233,7 +233,7 @@ class KernelPrimitives:
         xp = self.xp
         dense = _twin._values(dense, "dense")
         idx = _twin._indices(indices)
-        _twin._check_range(idx, dense.shape[0])
+        _twin._checked_range(idx, dense.shape[0])
         out = xp.empty((idx.size,) + dense.shape[1:], dense.dtype)
         width = math.prod(dense.shape[1:])
         if idx.size:
@@ -247,9 +247,9 @@ class KernelPrimitives:
         """Dense array of length ``n`` (rows if values are 2-D): coalesced sums, zeros elsewhere."""
         idx, val = _twin._pair(indices, values)
         n = _twin._length(n)
-        _twin._check_range(idx, n)
+        increasing = _twin._checked_range(idx, n)
         dense = self.xp.zeros((n,) + val.shape[1:], val.dtype)
-        if not _twin._increasing(idx):
+        if not increasing:
             idx, val = self._fold(idx, val, parse_op("sum"), val.dtype)
         dense[idx] = val
         return dense

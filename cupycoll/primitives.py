@@ -129,14 +129,15 @@ def _index_stats(idx: Any) -> tuple[int, int, bool]:
     return lo, hi, bool(increasing)
 
 
-def _checked_range(idx: Any, n: int, argument: str = "indices") -> bool:
-    """Raise unless every index is in [0, n); return whether ``idx`` is strictly increasing."""
+def _checked_range(idx: Any, n: int | None, argument: str = "indices") -> bool:
+    """:func:`_check_range` and :func:`_increasing` from one read: raise unless every index is
+    in [0, n) (>= 0 if n is None); return whether ``idx`` is strictly increasing."""
     if idx.size == 0:
         return True
     lo, hi, increasing = _index_stats(idx)
     if lo < 0:
         raise InvalidArgument(argument, lo, "indices must be non-negative")
-    if hi >= n:
+    if n is not None and hi >= n:
         raise InvalidArgument(argument, hi, f"index out of range for n={n}")
     return increasing
 
