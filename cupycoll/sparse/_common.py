@@ -116,7 +116,8 @@ def bitmap_or_allreduce(comm: Any, mask: Any, op_name: str) -> Any:
     recv = xp.empty((p, chunk), dtype=np.uint8)
     recv[comm.rank] = blocks[comm.rank]
     peers = [(comm.rank + s) % p for s in range(1, p)]
-    comm.exchange([(r, blocks[r]) for r in peers], [(r, recv[r]) for r in peers], op_name).wait()
+    comm.stream_order(comm.exchange([(r, blocks[r]) for r in peers],
+                                    [(r, recv[r]) for r in peers], op_name))
     mine = recv[0].copy()
     for r in range(1, p):
         mine |= recv[r]
