@@ -53,21 +53,26 @@ def _threshold_rank(dtype: np.dtype, t: Any) -> int | None:
 class KernelPrimitives:
     """The primitives over ``launcher``'s array namespace, each a few kernels plus array calls."""
 
-    def __init__(self, launcher: Launcher, chunk: int = 64):
+    def __init__(self, launcher: Launcher, chunk: int = 4096):
         self.launch = launcher
-        self.chunk = chunk  # elements per compaction chunk (one thread's run of the input)
+        self.chunk = chunk  # elements per compaction tile (one block's run of the input)
 
     @property
     def xp(self) -> Any:
         return self.launch.xp
 
     # ---------------------------------------------------------------- thresholds and top-k
+    def _tiles(self, nchunks: int) -> tuple[int, int]:
+        """Launch shape of the tile kernels: one block per tile, up to the launcher's cap."""
+        block = self.launch.shape(1)[1]
+        return self.launch.shape(nchunks * block)
+
     def _rank_counts(self, x: Any, r: int) -> tuple[Any, int]:
-        """Per-chunk counts of ranks above and equal to ``r``, as a (2, nchunks) int64 array."""
+        """Per-tile counts of ranks above and equal to ``r``, as a (2, nchunks) int64 array."""
         nchunks = -(-x.size // self.chunk)
         counts = self.xp.empty(2 * nchunks, np.int64)
         self.launch("select.cu", expression("cc_rank_count", CTYPES[x.dtype]),
-                    self.launch.shape(nchunks), x, np.int64(x.size), np.int64(self.chunk),
+                    self._tiles(nchunks), x, np.int64(x.size), np.int64(self.chunk),
                     np.uint64(r), np.int64(nchunks), counts)
         return counts.reshape(2, nchunks), nchunks
 
@@ -82,7 +87,7 @@ class KernelPrimitives:
         idx, val = xp.empty(above + need, itype), xp.empty(above + need, x.dtype)
         if above + need:
             self.launch("select.cu", expression("cc_rank_select", CTYPES[x.dtype], CTYPES[itype]),
-                        self.launch.shape(nchunks), x, np.int64(x.size), np.int64(self.chunk),
+                        self._tiles(nchunks), x, np.int64(x.size), np.int64(self.chunk),
                         np.uint64(r), np.int64(nchunks), (ends - counts).ravel(), np.int64(need),
                         idx, val)
         return idx, val
@@ -169,13 +174,13 @@ class KernelPrimitives:
         """Coalesce unsorted COO entries into ascending unique indices (left fold per index)."""
         idx, val = _twin._pair(indices, values)
         op = _op(op)
-        _twin._check_range(idx, None if n is None else _twin._length(n))
+        _twin._checked_range(idx, None if n is None else _twin._length(n))
         return self._fold(idx, val, op, _twin._accumulate(accumulate_dtype, val.dtype))
 
     def merge_sorted(self, parts: Sequence[tuple[Any, Any]], op: Any = "sum",
-                     accumulate_dtype: Any = None) -> tuple[Any, Any]:
+                     accumulate_dtype: Any = None, *, checked: bool = True) -> tuple[Any, Any]:
         """Merge coalesced COO parts; duplicates left-folded in part order."""
-        pairs = _twin._sorted_parts(parts)
+        pairs = _twin._sorted_parts(parts, checked)
         op = _op(op)
         ref = pairs[0][1]
         acc = _twin._accumulate(accumulate_dtype, ref.dtype)
@@ -185,7 +190,7 @@ class KernelPrimitives:
         return self._fold(idx, val, op, acc)
 
     # ---------------------------------------------------------------- dense <-> sparse
-    def _scatter(self, dense: Any, idx: Any, val: Any, op: Any) -> None:
+    def _scatter(self, dense: Any, idx: Any, val: Any, op: Any, increasing: bool) -> None:
         """``dense[idx] op= val`` in place on a C-contiguous ``dense`` (indices validated)."""
         xp = self.xp
         if idx.size == 0:
@@ -195,7 +200,7 @@ class KernelPrimitives:
         types = (CTYPES[dense.dtype], CTYPES[idx.dtype], OPS[op])
         shape = self.launch.shape(idx.size * width)
         args = (dense, xp.ascontiguousarray(idx), val, np.int64(idx.size), np.int64(width))
-        if _twin._increasing(idx):
+        if increasing:
             self.launch("scatter.cu", expression("cc_scatter_unique", *types), shape, *args)
         elif dense.dtype.kind == "i":
             self.launch("scatter.cu", expression("cc_scatter_atomic", *types), shape, *args)
@@ -206,16 +211,20 @@ class KernelPrimitives:
                         np.int64(width), starts, np.int64(starts.size),
                         uniq.astype(np.int64, copy=False), dense)
 
-    def scatter_reduce(self, dense: Any, indices: Any, values: Any, op: Any = "sum") -> Any:
-        """Reduce ``values`` into ``dense[indices]`` in place (left fold in input order)."""
+    def scatter_reduce(self, dense: Any, indices: Any, values: Any, op: Any = "sum", *,
+                       checked: bool = True) -> Any:
+        """Reduce ``values`` into ``dense[indices]`` in place (left fold in input order).
+
+        Range and order come from one device read (none with ``checked=False``: the caller
+        guarantees strictly increasing indices in range)."""
         dense, idx, val = _twin._scatter_operands(dense, indices, values)
         op = _op(op)
-        _twin._check_range(idx, dense.shape[0])
+        increasing = _twin._checked_range(idx, dense.shape[0]) if checked else True
         if dense.flags.c_contiguous:
-            self._scatter(dense, idx, val, op)
+            self._scatter(dense, idx, val, op, increasing)
         else:
             work = self.xp.ascontiguousarray(dense)
-            self._scatter(work, idx, val, op)
+            self._scatter(work, idx, val, op, increasing)
             dense[...] = work
         return dense
 
@@ -224,7 +233,7 @@ class KernelPrimitives:
         xp = self.xp
         dense = _twin._values(dense, "dense")
         idx = _twin._indices(indices)
-        _twin._check_range(idx, dense.shape[0])
+        _twin._checked_range(idx, dense.shape[0])
         out = xp.empty((idx.size,) + dense.shape[1:], dense.dtype)
         width = math.prod(dense.shape[1:])
         if idx.size:
@@ -238,9 +247,9 @@ class KernelPrimitives:
         """Dense array of length ``n`` (rows if values are 2-D): coalesced sums, zeros elsewhere."""
         idx, val = _twin._pair(indices, values)
         n = _twin._length(n)
-        _twin._check_range(idx, n)
+        increasing = _twin._checked_range(idx, n)
         dense = self.xp.zeros((n,) + val.shape[1:], val.dtype)
-        if not _twin._increasing(idx):
+        if not increasing:
             idx, val = self._fold(idx, val, parse_op("sum"), val.dtype)
         dense[idx] = val
         return dense

@@ -2,15 +2,19 @@
 
 The ``.cu`` files live in the top-level ``kernels/`` folder, shipped as the ``cupycoll.kernels``
 package. Each lists its template instantiations in ``CC_EXPORT(name<types>)`` lines, which are the
-NVRTC name expressions. Sources are handed to CuPy with their local ``#include "x.cuh"`` lines
-inlined, so CuPy's on-disk kernel cache (keyed by the source text) sees every header change.
+NVRTC name expressions. Sources are compiled with their local ``#include "x.cuh"`` lines inlined,
+one instantiation at a time on its first use, and the cubins are cached on disk keyed by the
+inlined source (so every header change recompiles): CuPy < 14.1 does not cache modules compiled
+with name expressions, and compiling all of a file's instantiations up front costs seconds.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.resources
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -20,7 +24,7 @@ import numpy as np
 from ._types import ReduceOp
 
 __all__ = ["KERNEL_FILES", "NVRTC_OPTIONS", "CTYPES", "OPS", "expression", "source",
-           "name_expressions", "nvrtc_compile", "CupyLauncher"]
+           "name_expressions", "nvrtc_compile", "compiled", "cache_dir", "CupyLauncher"]
 
 #: every kernel source, in the order they are documented.
 KERNEL_FILES = ("select.cu", "radix_select.cu", "segment.cu", "scatter.cu", "gather.cu")
@@ -81,18 +85,12 @@ def name_expressions(name: str) -> tuple[str, ...]:
     return tuple(_canonical(e) for e in _EXPORT.findall((kernel_dir() / name).read_text()))
 
 
-def nvrtc_compile(name: str, arch: str, *, cubin: bool = True) -> dict[str, str]:
-    """Compile kernel file ``name`` for ``arch`` (e.g. ``"sm_90"``) with NVRTC directly.
-
-    Needs no GPU and no driver (unlike CuPy's own compile helpers). Returns the lowered (mangled)
-    name of every exported name expression; raises ``RuntimeError`` with the compiler log on
-    failure.
-    """
+def _nvrtc(name: str, exprs: tuple[str, ...], arch: str, cubin: bool) -> tuple[bytes, dict]:
+    """Compile kernel file ``name`` for ``exprs`` only; return (binary, expr -> lowered name)."""
     from cupy.cuda import nvrtc
 
     prog = nvrtc.createProgram(source(name), name, [], [])
     try:
-        exprs = name_expressions(name)
         for expr in exprs:
             nvrtc.addNameExpression(prog, expr)
         try:
@@ -103,9 +101,49 @@ def nvrtc_compile(name: str, arch: str, *, cubin: bool = True) -> dict[str, str]
         binary = nvrtc.getCUBIN(prog) if cubin else nvrtc.getPTX(prog)
         if not binary:
             raise RuntimeError(f"NVRTC produced no {'cubin' if cubin else 'PTX'} for {name}")
-        return {expr: nvrtc.getLoweredName(prog, expr) for expr in exprs}
+        return binary, {expr: nvrtc.getLoweredName(prog, expr) for expr in exprs}
     finally:
         nvrtc.destroyProgram(prog)
+
+
+def nvrtc_compile(name: str, arch: str, *, cubin: bool = True) -> dict[str, str]:
+    """Compile kernel file ``name`` for ``arch`` (e.g. ``"sm_90"``) with NVRTC directly.
+
+    Needs no GPU and no driver (unlike CuPy's own compile helpers). Returns the lowered (mangled)
+    name of every exported name expression; raises ``RuntimeError`` with the compiler log on
+    failure.
+    """
+    return _nvrtc(name, name_expressions(name), arch, cubin)[1]
+
+
+def cache_dir() -> Path:
+    """Where compiled instantiations are kept: ``$CUPY_CACHE_DIR/cupycoll`` (CuPy's own cache
+    folder, default ``~/.cupy/kernel_cache``)."""
+    root = os.environ.get("CUPY_CACHE_DIR") or os.path.expanduser("~/.cupy/kernel_cache")
+    return Path(root) / "cupycoll"
+
+
+def compiled(name: str, expr: str, arch: str) -> tuple[Path, str]:
+    """Return (cubin path, lowered name) of one instantiation, compiling it only once per machine.
+
+    The cache key is the inlined source, the instantiation, the architecture, the options and
+    NVRTC's version, so any change recompiles; files are written atomically, so concurrent ranks
+    at worst compile twice.
+    """
+    from cupy.cuda import nvrtc
+
+    key = hashlib.sha256("\0".join([source(name), expr, arch, *NVRTC_OPTIONS,
+                                     str(nvrtc.getVersion())]).encode()).hexdigest()[:32]
+    folder = cache_dir()
+    cubin, lowered = folder / f"{key}.cubin", folder / f"{key}.name"
+    if not (cubin.exists() and lowered.exists()):
+        binary, names = _nvrtc(name, (expr,), arch, cubin=True)
+        folder.mkdir(parents=True, exist_ok=True)
+        for path, data in ((cubin, bytes(binary)), (lowered, names[expr].encode())):
+            partial = path.with_suffix(f".{os.getpid()}.tmp")
+            partial.write_bytes(data)
+            os.replace(partial, path)
+    return cubin, lowered.read_text()
 
 
 class CupyLauncher:
@@ -115,7 +153,7 @@ class CupyLauncher:
     blocks_per_sm = 8
 
     def __init__(self) -> None:
-        self._modules: dict[tuple[int, str], Any] = {}
+        self._modules: list[Any] = []  # kept alive: their functions are in use
         self._functions: dict[tuple[int, str, str], Any] = {}
         self._max_blocks: dict[int, int] = {}
 
@@ -136,16 +174,19 @@ class CupyLauncher:
         return max(1, min(math.ceil(items / self.block), cap)), self.block
 
     def __call__(self, file: str, expr: str, shape: tuple[int, int], *args: Any) -> None:
-        """Run instantiation ``expr`` of kernel file ``file``; ``None`` args are null pointers."""
+        """Run instantiation ``expr`` of kernel file ``file``; ``None`` args are null pointers.
+
+        Each instantiation is compiled on its first use, for this device's architecture only,
+        and kept in :func:`cache_dir` across runs (see :func:`compiled`).
+        """
         cupy = self.xp
         device = cupy.cuda.runtime.getDevice()
         key = (device, file, expr)
         fn = self._functions.get(key)
         if fn is None:
-            module = self._modules.get((device, file))
-            if module is None:
-                module = cupy.RawModule(code=source(file), options=NVRTC_OPTIONS,
-                                        name_expressions=name_expressions(file))
-                self._modules[(device, file)] = module
-            fn = self._functions[key] = module.get_function(expr)
+            arch = "sm_" + cupy.cuda.Device(device).compute_capability
+            cubin, lowered = compiled(file, expr, arch)
+            module = cupy.RawModule(path=str(cubin))
+            self._modules.append(module)
+            fn = self._functions[key] = module.get_function(lowered)
         fn((shape[0],), (shape[1],), tuple(np.uint64(0) if a is None else a for a in args))

@@ -67,8 +67,12 @@ def _mpi_op_name(op: Any) -> ReduceOp | None:
 
 
 def array_namespace(x: Any) -> types.ModuleType:
-    """Return numpy or cupy, whichever owns ``x``."""
-    if type(x).__module__.startswith("cupy"):
+    """Return numpy or cupy, whichever owns ``x`` (or the namespace an emulated device array
+    names in ``__cupycoll_namespace__``)."""
+    own = getattr(x, "__cupycoll_namespace__", None)
+    if own is not None:
+        return own
+    if type(x).__module__.split(".")[0] == "cupy":
         import cupy
 
         return cupy
@@ -100,8 +104,8 @@ def check_dtype(x: Any, argument: str, *, rank: int | None = None, allowed=None)
 
 
 def to_host(x: Any) -> np.ndarray:
-    """Return a numpy copy/view of a numpy or cupy array."""
-    return x.get() if hasattr(x, "get") and not isinstance(x, np.ndarray) else np.asarray(x)
+    """Return a numpy copy/view of a numpy or cupy (or emulated device) array."""
+    return x.get() if type(x) is not np.ndarray and hasattr(x, "get") else np.asarray(x)
 
 
 def like_caller(result: Any, original: Any) -> Any:

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from ._config import setting
-from ._types import ReduceOp, array_namespace, parse_op
+from ._types import ReduceOp, array_namespace, parse_op, to_host
 from .errors import InvalidArgument, InvalidType
 
 __all__ = ["count_abs_ge", "select_abs_ge", "kth_abs", "topk_abs", "coo_reduce", "merge_sorted",
@@ -60,10 +60,12 @@ def _dispatch(fn: Callable) -> Callable:
         for _ in range(2):  # merge_sorted: parts -> first part -> its indices
             if isinstance(probe, (list, tuple)) and probe:
                 probe = probe[0]
-        if probe is not None and array_namespace(probe) is not np:
-            from . import _cupy_primitives
-
-            return getattr(_cupy_primitives, name)(*args, **kwargs)
+        xp = np if probe is None else array_namespace(probe)
+        if xp is not np:  # a device namespace may bring its own (e.g. kernels run on the CPU)
+            impl = getattr(xp, "cupycoll_primitives", None)
+            if impl is None:
+                from . import _cupy_primitives as impl
+            return getattr(impl, name)(*args, **kwargs)
         return fn(*args, **kwargs)
 
     return wrapper
@@ -118,6 +120,29 @@ def _check_range(idx: np.ndarray, n: int | None, argument: str = "indices") -> i
 def _increasing(idx: Any) -> bool:
     """True when ``idx`` (numpy or cupy) is strictly increasing: sorted and unique."""
     return idx.size < 2 or bool((idx[1:] > idx[:-1]).all())
+
+
+def _index_stats(idx: Any) -> tuple[int, int, bool]:
+    """``(min, max, strictly increasing)`` of non-empty indices, read from a device in ONE
+    transfer (three separate reads would each synchronise the host)."""
+    xp = array_namespace(idx)
+    stats = xp.stack([idx.min().astype(np.int64), idx.max().astype(np.int64),
+                      xp.all(idx[1:] > idx[:-1]).astype(np.int64)])
+    lo, hi, increasing = (int(v) for v in to_host(stats))
+    return lo, hi, bool(increasing)
+
+
+def _checked_range(idx: Any, n: int | None, argument: str = "indices") -> bool:
+    """:func:`_check_range` and :func:`_increasing` from one read: raise unless every index is
+    in [0, n) (>= 0 if n is None); return whether ``idx`` is strictly increasing."""
+    if idx.size == 0:
+        return True
+    lo, hi, increasing = _index_stats(idx)
+    if lo < 0:
+        raise InvalidArgument(argument, lo, "indices must be non-negative")
+    if n is not None and hi >= n:
+        raise InvalidArgument(argument, hi, f"index out of range for n={n}")
+    return increasing
 
 
 def _length(n: Any, argument: str = "n") -> int:
@@ -564,21 +589,16 @@ def coo_reduce(indices: Any, values: Any, op: Any = "sum", n: int | None = None,
     return _trimmed(out_idx, runs), _trimmed(out_val, runs).astype(val.dtype, copy=False)
 
 
-def _sorted_parts(parts: Any) -> list[tuple[Any, Any]]:
-    """Validate merge_sorted's parts: (indices, values) pairs, sorted, unique, one value type."""
+def _sorted_parts(parts: Any, checked: bool = True) -> list[tuple[Any, Any]]:
+    """Validate merge_sorted's parts: (indices, values) pairs, one value type, and (``checked``)
+    each sorted, unique and non-negative, all parts read from a device at once."""
     if not isinstance(parts, (list, tuple)) or not parts:
         raise InvalidArgument("parts", parts, "must be a non-empty list of (indices, values)")
     pairs = []
     for p, part in enumerate(parts):
         if not isinstance(part, (list, tuple)) or len(part) != 2:
             raise InvalidType(f"parts[{p}]", type(part).__name__, "an (indices, values) pair")
-        idx, val = _pair(part[0], part[1], f"parts[{p}].")
-        if not _increasing(idx):
-            raise InvalidArgument(f"parts[{p}].indices", idx, "must be sorted and unique")
-        if idx.size and int(idx[0]) < 0:
-            raise InvalidArgument(f"parts[{p}].indices", int(idx[0]),
-                                  "indices must be non-negative")
-        pairs.append((idx, val))
+        pairs.append(_pair(part[0], part[1], f"parts[{p}]."))
     ref = pairs[0][1]
     for p, (_, val) in enumerate(pairs):
         if val.dtype != ref.dtype:
@@ -586,7 +606,25 @@ def _sorted_parts(parts: Any) -> list[tuple[Any, Any]]:
         if val.shape[1:] != ref.shape[1:]:
             raise InvalidArgument(f"parts[{p}].values", val.shape,
                                   f"row shape {ref.shape[1:]} like parts[0]")
+    if checked:
+        _check_sorted([idx for idx, _ in pairs])
     return pairs
+
+
+def _check_sorted(indices: list[Any]) -> None:
+    """Raise unless every part is strictly increasing and starts at an index >= 0 (one read)."""
+    xp = array_namespace(indices[0])
+    flags = [xp.stack([xp.all(i[1:] > i[:-1]).astype(np.int64), i[0].astype(np.int64)])
+             for i in indices if i.size]
+    if not flags:
+        return
+    host = iter(to_host(xp.concatenate(flags)).reshape(-1, 2).tolist())
+    for p, idx in enumerate(indices):
+        increasing, first = next(host) if idx.size else (True, 0)
+        if not increasing:
+            raise InvalidArgument(f"parts[{p}].indices", idx, "must be sorted and unique")
+        if first < 0:
+            raise InvalidArgument(f"parts[{p}].indices", first, "indices must be non-negative")
 
 
 def _block_cuts(indices: list[np.ndarray], total: int) -> list[list[int]]:
@@ -606,14 +644,17 @@ def _block_cuts(indices: list[np.ndarray], total: int) -> list[list[int]]:
 
 @_dispatch
 def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
-                 accumulate_dtype: Any = None) -> tuple[np.ndarray, np.ndarray]:
+                 accumulate_dtype: Any = None, *, checked: bool = True
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """Merge already coalesced COO parts (each sorted, unique) into one, reducing duplicates.
 
     The values of one index are left-folded in part order, so the result is bitwise
     deterministic and equals ``coo_reduce`` of the concatenated parts. Index dtype: int64 if
     any part has int64 indices, else int32. Values: 1-D or rows, one dtype and width for all.
+    ``checked=False``: the caller guarantees sorted, unique, non-negative parts (skips a
+    device read on a GPU).
     """
-    pairs = _sorted_parts(parts)
+    pairs = _sorted_parts(parts, checked)
     ref = pairs[0][1]
     ufunc = _reduce_op(op)
     acc = _accumulate(accumulate_dtype, ref.dtype)
@@ -664,16 +705,20 @@ def _scatter_operands(dense: Any, indices: Any, values: Any) -> tuple[Any, Any, 
 
 
 @_dispatch
-def scatter_reduce(dense: Any, indices: Any, values: Any, op: Any = "sum") -> np.ndarray:
+def scatter_reduce(dense: Any, indices: Any, values: Any, op: Any = "sum", *,
+                   checked: bool = True) -> np.ndarray:
     """Reduce ``values`` into ``dense[indices]`` in place and return ``dense``.
 
     Duplicate indices accumulate: each ``dense[i]`` becomes ``dense[i] op v0 op v1 ...`` folded
     left in input order. ``dense`` is 1-D, or 2-D rows with ``values`` of shape
     ``(len(indices), dense.shape[1])``; ``values.dtype`` must equal ``dense.dtype``.
+    ``checked=False``: the caller guarantees strictly increasing indices in range (skips a
+    device read on a GPU).
     """
     dense, idx, val = _scatter_operands(dense, indices, values)
     ufunc = _reduce_op(op)
-    _check_range(idx, dense.shape[0])
+    if checked:
+        _check_range(idx, dense.shape[0])
     first = dense[idx] if ufunc in _ZERO_TIE and dense.dtype.kind == "f" else None
     with np.errstate(all="ignore"):
         ufunc.at(dense, idx, val)

@@ -1,8 +1,9 @@
 // Shared definitions of the cupycoll kernels: value types, magnitude ranks, reduction ops,
 // grid-stride helpers and the CC_EXPORT list of template instantiations.
 //
-// Every kernel is written without shared memory, barriers or warp intrinsics, so the same source
-// compiles with NVRTC/nvcc for the GPU and, with cpu_shim.h, as plain C++ for tests on a CPU.
+// Kernels use no warp intrinsics; shared memory and __syncthreads() are allowed (cpu_shim.h runs
+// a block's threads as fibers that meet at each barrier), so the same source compiles with
+// NVRTC/nvcc for the GPU and, with cpu_shim.h, as plain C++ for tests on a CPU.
 // float16 is handled as its raw bits (cc_half) with exact software conversions, so the kernels
 // need no cuda_fp16.h (which NVRTC from the pip wheels cannot find) and round exactly like numpy.
 #pragma once

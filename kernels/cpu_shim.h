@@ -3,20 +3,27 @@
 //   g++ -x c++ -std=c++17 -O1 -shared -fPIC -fvisibility=hidden -include cpu_shim.h
 //       -o select.so select.cu
 //
-// It defines the CUDA keywords, the built-in index variables, the bit-cast intrinsics and the
-// atomics the kernels use, and turns each CC_EXPORT(name<types>) line into a launcher
+// It defines the CUDA keywords, the built-in index variables, the bit-cast intrinsics, the
+// atomics, __shared__ and __syncthreads() the kernels use, and turns each CC_EXPORT(name<types>)
+// line into a launcher
 //   void launch(unsigned grid, unsigned block, void** args)
-// that runs the kernel for every (block, thread) in turn with cuLaunchKernel's argument
-// convention (args[i] points at the i-th argument). Threads run one after another, which is one
-// legal schedule of kernels that use no barriers and no shared memory; atomics are therefore
-// plain read-modify-writes. The launchers are listed by cc_shim_count / cc_shim_name /
-// cc_shim_launcher, named by the CC_EXPORT text; they are the library's only exported symbols, so
-// several kernel libraries can be loaded into one process side by side.
+// with cuLaunchKernel's argument convention (args[i] points at the i-th argument). Blocks run one
+// after another; the threads of a block run as fibers (ucontext) on one OS thread: each runs
+// until it reaches __syncthreads() or ends, then the next one, so every thread has reached a
+// barrier before any thread passes it. That is one legal schedule; atomics are therefore plain
+// read-modify-writes, and a __shared__ variable (a thread_local static) is the block's, as blocks
+// never overlap. The built-ins are thread_local too: two host threads may launch at once (an
+// async call's worker and the caller), as long as they do not share output arrays. The launchers are listed by cc_shim_count / cc_shim_name / cc_shim_launcher, named by
+// the CC_EXPORT text; they are the library's only exported symbols, so several kernel libraries
+// can be loaded into one process side by side.
 #pragma once
 #define CUPYCOLL_CPU_SHIM 1
 
+#include <ucontext.h>
+
 #include <cstddef>
 #include <cstring>
+#include <functional>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -25,11 +32,12 @@
 #define __device__
 #define __host__
 #define __forceinline__ inline
+#define __shared__ static thread_local
 
 struct cc_shim_dim3 {
   unsigned int x = 1, y = 1, z = 1;
 };
-static cc_shim_dim3 blockIdx, threadIdx, blockDim, gridDim;
+static thread_local cc_shim_dim3 blockIdx, threadIdx, blockDim, gridDim;
 
 template <typename To, typename From>
 inline To cc_shim_bit_cast(From v) {
@@ -78,16 +86,65 @@ inline void cc_shim_call(void (*kernel)(P...), void** args, std::index_sequence<
   kernel(*static_cast<std::remove_reference_t<P>*>(args[I])...);
 }
 
+// The fibers of the running block: one per thread, run in turn between barriers.
+struct cc_shim_block {
+  std::function<void()> body;
+  std::vector<ucontext_t> fibers;
+  std::vector<std::vector<char>> stacks;
+  std::vector<bool> done;
+  ucontext_t scheduler;
+  unsigned int current = 0;
+};
+static thread_local cc_shim_block* cc_shim_running = nullptr;
+
+inline void cc_shim_fiber_main() {
+  cc_shim_block* block = cc_shim_running;
+  block->body();
+  block->done[block->current] = true;  // then uc_link returns to the scheduler
+}
+
+inline void __syncthreads() {
+  cc_shim_block* block = cc_shim_running;
+  unsigned int me = block->current;
+  swapcontext(&block->fibers[me], &block->scheduler);  // resumed in the next round
+  threadIdx.x = me;
+}
+
+// Run one block: every thread up to its next barrier, round after round, until all have ended.
+inline void cc_shim_run_block(unsigned int threads, std::function<void()> body) {
+  cc_shim_block block;
+  block.body = std::move(body);
+  block.fibers.resize(threads);
+  block.stacks.assign(threads, std::vector<char>(1 << 16));
+  block.done.assign(threads, false);
+  for (unsigned int t = 0; t < threads; ++t) {
+    getcontext(&block.fibers[t]);
+    block.fibers[t].uc_stack.ss_sp = block.stacks[t].data();
+    block.fibers[t].uc_stack.ss_size = block.stacks[t].size();
+    block.fibers[t].uc_link = &block.scheduler;
+    makecontext(&block.fibers[t], cc_shim_fiber_main, 0);
+  }
+  cc_shim_running = &block;
+  for (bool active = true; active;) {
+    active = false;
+    for (unsigned int t = 0; t < threads; ++t) {
+      if (block.done[t]) continue;
+      block.current = t;
+      threadIdx.x = t;
+      swapcontext(&block.scheduler, &block.fibers[t]);
+      active = active || !block.done[t];
+    }
+  }
+  cc_shim_running = nullptr;
+}
+
 template <typename... P>
 inline void cc_shim_run(void (*kernel)(P...), unsigned int grid, unsigned int block, void** args) {
   gridDim.x = grid;
   blockDim.x = block;
   for (unsigned int b = 0; b < grid; ++b) {
     blockIdx.x = b;
-    for (unsigned int t = 0; t < block; ++t) {
-      threadIdx.x = t;
-      cc_shim_call(kernel, args, std::index_sequence_for<P...>{});
-    }
+    cc_shim_run_block(block, [&] { cc_shim_call(kernel, args, std::index_sequence_for<P...>{}); });
   }
 }
 

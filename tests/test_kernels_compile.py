@@ -103,3 +103,24 @@ def test_nvcc_compiles_standalone(file, arch, tmp_path):
     lowered, _ = _nvrtc(file, arch)
     assert _elf_global_functions(cubin.read_bytes()) == set(lowered.values())
     print(f"nvcc {file} {arch}: {seconds:.1f} s")
+
+
+def test_instantiations_compile_alone_once_and_are_cached(tmp_path, monkeypatch):
+    """The launcher's path: one instantiation per NVRTC program, cached on disk across runs."""
+    whole_file = _nvrtc("select.cu", "sm_80")[0]  # fails with the reason if NVRTC is missing
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path))
+    expr = _kernels.expression("cc_rank_select", "float", "int")
+    cubin, lowered = _kernels.compiled("select.cu", expr, "sm_80")
+    assert cubin.parent == tmp_path / "cupycoll"
+    blob = cubin.read_bytes()
+    assert lowered == whole_file[expr] and lowered.encode() in blob
+    others = [name for e, name in whole_file.items() if e != expr]
+    assert not [name for name in others if name.encode() in blob]  # that one kernel only
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("compiled again although cached")
+
+    monkeypatch.setattr(_kernels, "_nvrtc", no_compile)
+    assert _kernels.compiled("select.cu", expr, "sm_80") == (cubin, lowered)
+    with pytest.raises(AssertionError, match="compiled again"):
+        _kernels.compiled("select.cu", expr, "sm_90")  # another architecture is another key

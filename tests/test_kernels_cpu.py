@@ -9,84 +9,28 @@ GPU runs, with numpy in place of cupy) must then equal the numpy twins bit for b
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
 import time
 from typing import Any
 
 import numpy as np
 import pytest
 
-from cupycoll import _kernels, primitives
+from cupycoll import _kernel_shim, _kernels, primitives
 from cupycoll._cupy_primitives import KernelPrimitives
+from cupycoll._kernel_shim import ShimLauncher
 
 from . import _kernel_cases as cases
 
-_LAUNCH = ctypes.CFUNCTYPE(None, ctypes.c_uint, ctypes.c_uint, ctypes.POINTER(ctypes.c_void_p))
-
-
-class ShimLauncher:
-    """Runs kernel instantiations from the CPU-compiled libraries, cuLaunchKernel-style."""
-
-    xp = np
-
-    def __init__(self, libraries: dict[str, ctypes.CDLL]):
-        self.libraries = libraries  # kept alive: the launchers point into them
-        self.kernels: dict[tuple[str, str], Any] = {}
-        for file, lib in libraries.items():
-            lib.cc_shim_name.restype = ctypes.c_char_p
-            lib.cc_shim_launcher.restype = ctypes.c_void_p
-            for i in range(lib.cc_shim_count()):
-                name = _kernels._canonical(lib.cc_shim_name(i).decode())
-                self.kernels[(file, name)] = _LAUNCH(lib.cc_shim_launcher(i))
-
-    def shape(self, items: int) -> tuple[int, int]:
-        # a few odd-sized blocks, so grid-stride loops wrap and partial outputs have many columns
-        return max(1, min(2, -(-items // 3))), 3
-
-    def __call__(self, file: str, expr: str, shape: tuple[int, int], *args: Any) -> None:
-        assert (file, expr) in self.kernels, f"{expr} is not exported by {file}"
-        cells = []
-        for a in args:
-            if a is None:
-                cells.append(ctypes.c_void_p(None))
-            elif isinstance(a, np.ndarray):
-                assert a.flags.c_contiguous, f"{expr}: non-contiguous array argument"
-                cells.append(ctypes.c_void_p(a.ctypes.data))
-            else:  # a typed numpy scalar, exactly like a kernel argument through CuPy
-                assert isinstance(a, np.generic), f"{expr}: untyped argument {a!r}"
-                cells.append(ctypes.create_string_buffer(a.tobytes(), a.itemsize))
-        argv = (ctypes.c_void_p * len(cells))(*(ctypes.addressof(c) for c in cells))
-        self.kernels[(file, expr)](shape[0], shape[1], argv)
-
-
-def _compiler() -> str:
-    found = shutil.which("g++") or shutil.which("c++")
-    if found is None:
-        pytest.fail("tier-2 kernel tests need a C++17 compiler (g++) on PATH")
-    return found
-
-
 @pytest.fixture(scope="module")
-def libraries(tmp_path_factory) -> dict[str, ctypes.CDLL]:
-    """Compile every kernel file for the CPU, all at once (one g++ per file)."""
-    out = tmp_path_factory.mktemp("kernels_cpu")
-    folder = _kernels.kernel_dir()
+def libraries() -> dict[str, ctypes.CDLL]:
+    """Compile every kernel file for the CPU, all at once (one g++ per file; reused while the
+    sources are unchanged, also by the sync-counting namespace)."""
+    if _kernel_shim.compiler() is None:
+        pytest.fail("tier-2 kernel tests need a C++17 compiler (g++) on PATH")
     start = time.perf_counter()
-    procs = {}
-    for file in _kernels.KERNEL_FILES:
-        cmd = [_compiler(), "-x", "c++", "-std=c++17", "-O1", "-shared", "-fPIC",
-               "-fvisibility=hidden", "-Wall", "-Wno-unknown-pragmas",
-               "-include", str(folder / "cpu_shim.h"),
-               "-o", str(out / f"{file}.so"), str(folder / file)]
-        procs[file] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                       text=True)
-    for file, proc in procs.items():
-        log, _ = proc.communicate(timeout=120)
-        assert proc.returncode == 0, f"g++ failed on {file}:\n{log}"
-        assert "warning" not in log, f"g++ warned on {file}:\n{log}"
-    print(f"g++ build of {len(procs)} kernel files: {time.perf_counter() - start:.1f} s")
-    return {file: ctypes.CDLL(str(out / f"{file}.so")) for file in procs}
+    libs = _kernel_shim.load(_kernel_shim.build())
+    print(f"g++ build of {len(libs)} kernel files: {time.perf_counter() - start:.1f} s")
+    return libs
 
 
 @pytest.fixture(scope="module")

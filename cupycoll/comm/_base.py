@@ -22,7 +22,7 @@ import numpy as np
 
 from .._types import ReduceOp, to_host
 
-__all__ = ["Communicator", "Stats", "OpStats", "Work", "bus_factor"]
+__all__ = ["Communicator", "Stats", "OpStats", "Work", "Overlap", "bus_factor"]
 
 
 @dataclasses.dataclass
@@ -204,6 +204,29 @@ def _completer() -> "queue.SimpleQueue[tuple[Work, concurrent.futures.Future]]":
         return pending
 
 
+class Overlap:
+    """Device work that consumes finished transfers while later transfers are in flight.
+
+    ``after(work, fn)`` runs ``fn`` (device work reading ``work``'s results; ``work`` may be
+    None) once ``work`` is done; ``join()`` orders all of it before what the caller issues next.
+    This default orders ``work`` with :meth:`Communicator.stream_order` and runs ``fn`` at once
+    (MPI progresses the later transfers meanwhile); NCCL runs ``fn`` on a side stream that waits
+    for ``work``'s event, so transfers and kernels overlap on the GPU. Every ``fn`` runs in call
+    order.
+    """
+
+    def __init__(self, comm: "Communicator") -> None:
+        self._comm = comm
+
+    def after(self, work: Work | None, fn: Callable[[], None]) -> None:
+        if work is not None:
+            self._comm.stream_order(work)
+        fn()
+
+    def join(self) -> None:
+        """Order everything run so far before the caller's next work (nothing to do here)."""
+
+
 class Communicator(abc.ABC):
     """A group of ranks and the verbs the algorithms use; see docs/dense.md (The Communicator).
 
@@ -292,14 +315,44 @@ class Communicator(abc.ABC):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # host synchronisation points (each is one on a GPU; see cupycoll._syncs)
+    def fetch(self, work: Work, array: Any) -> np.ndarray:
+        """Wait for ``work`` and return ``array`` (which it produced) on the host.
+
+        One host synchronisation where the backend can order the copy behind the operation;
+        this default waits, then copies.
+        """
+        work.wait()
+        return to_host(array)
+
+    def run_fetch(self, verb: str, *args: Any, result: Any, op_name: str) -> np.ndarray:
+        """Run dense ``verb`` to completion and return ``result`` (an array it wrote) on the
+        host: one synchronisation, as :meth:`fetch`; MPI makes it one blocking call."""
+        return self.fetch(getattr(self, verb)(*args, op_name=op_name), result)
+
+    def stream_order(self, work: Work) -> None:
+        """Make ``work``'s results visible to the work this rank issues next.
+
+        For results only device work reads (the next kernel, the next transfer): NCCL orders
+        them on the stream already, so the host need not wait; this default waits.
+        """
+        work.wait()
+
+    def overlap(self) -> Overlap:
+        """Return an :class:`Overlap` for consumers of this communicator's transfers."""
+        return Overlap(self)
+
     # derived verbs, written once over the primitives above
-    def allgather_counts(self, count: int, op_name: str) -> np.ndarray:
-        """Return every rank's ``count`` (int64, host numpy array) in rank order."""
+    def allgather_counts(self, count: Any, op_name: str) -> np.ndarray:
+        """Return every rank's ``count`` (int64, host numpy array) in rank order.
+
+        ``count`` may be a host int or a 1-element device array (read with the result: no
+        sync of its own).
+        """
         xp = self.xp
-        send = xp.asarray([count], dtype=np.int64)
+        send = xp.asarray([count], dtype=np.int64) if np.ndim(count) == 0 else count
         recv = xp.empty(self.size, dtype=np.int64)
-        self.run("allgather", send, recv, op_name=op_name)
-        return to_host(recv)
+        return self.run_fetch("allgather", send, recv, result=recv, op_name=op_name)
 
     def allgatherv(self, send: Any, counts: Sequence[int] | None = None,
                    op_name: str = "allgatherv") -> tuple[Any, np.ndarray]:
@@ -326,15 +379,21 @@ class Communicator(abc.ABC):
 
     def alltoall_counts(self, counts: Sequence[int], op_name: str) -> np.ndarray:
         """Send counts[j] to rank j; return what every rank sent to this one (host int64)."""
-        send = np.asarray(counts, dtype=np.int64).reshape(self.size)
-        recv = np.zeros(self.size, dtype=np.int64)
-        recv[self.rank] = send[self.rank]
-        xp = self.xp
-        send_d, recv_d = xp.asarray(send), xp.asarray(recv)
-        peers = [r for r in range(self.size) if r != self.rank]
-        self.exchange([(r, send_d[r:r + 1]) for r in peers],
-                      [(r, recv_d[r:r + 1]) for r in peers], op_name).wait()
-        return to_host(recv_d)
+        send = self.xp.asarray(np.asarray(counts, dtype=np.int64).reshape(self.size))
+        return self.alltoall_device_counts(send, op_name)[1]
+
+    def alltoall_device_counts(self, counts: Any, op_name: str) -> tuple[np.ndarray, np.ndarray]:
+        """Send device ``counts[j]`` (int64, P entries) to rank j; return (sent, received) on the
+        host, both read by one :meth:`fetch`."""
+        p, rank = self.size, self.rank
+        both = self.xp.empty(2 * p, dtype=np.int64)
+        both[:p] = counts
+        both[p + rank:p + rank + 1] = counts[rank:rank + 1]
+        peers = [r for r in range(p) if r != rank]
+        work = self.exchange([(r, both[r:r + 1]) for r in peers],
+                             [(r, both[p + r:p + r + 1]) for r in peers], op_name)
+        host = self.fetch(work, both)
+        return host[:p], host[p:]
 
     def alltoallv(self, sends: Sequence[Any], op_name: str = "alltoallv",
                   recv_counts: Sequence[int] | None = None) -> list[Any]:

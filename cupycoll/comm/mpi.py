@@ -163,6 +163,11 @@ class MPICommunicator(Communicator):
         nonblocking one and waiting); under a timeout, post it and poll."""
         self._verbs[verb](*args, op_name or verb, True)
 
+    def run_fetch(self, verb: str, *args: Any, result: Any, op_name: str) -> np.ndarray:
+        """``run`` (one blocking call), then ``result`` on the host."""
+        self.run(verb, *args, op_name=op_name)
+        return to_host(result)
+
     def _launch(self, blocking: bool, op_name: str, call: Any, icall: Any, args: tuple,
                 finalize: Any = None, keep: tuple = ()) -> Work | None:
         """Start ``icall(*args)`` and return its Work, or (``blocking``) complete the operation:

@@ -33,7 +33,7 @@ from mpi4py import MPI
 from .._types import ReduceOp, parse_op
 from ..errors import (BackendError, BackendUnavailable, CollectiveTimeout, InvalidArgument,
                       InvalidType)
-from ._base import Communicator, Work
+from ._base import Communicator, Overlap, Work
 
 __all__ = ["NCCLCommunicator", "NCCL_DTYPES", "NCCL_OPS", "nccl_types", "load_nccl",
            "device_for", "node_local_rank", "broadcast_unique_id", "agree", "bootstrap",
@@ -226,6 +226,56 @@ class CudaDevice:
         event.record()
         return event
 
+    def side_stream(self) -> "SideStream":
+        """A non-blocking stream of this device for work that overlaps the current stream's."""
+        return SideStream(self._cupy)
+
+    def download(self, a: Any) -> tuple[np.ndarray, Any]:
+        """Queue a copy of ``a`` into pinned host memory on the current stream; return the host
+        array (valid once the event is done) and an event recorded behind the copy."""
+        import cupyx
+
+        a = self._cupy.ascontiguousarray(a)
+        host = cupyx.empty_pinned(a.shape, a.dtype)
+        runtime = self._cupy.cuda.runtime
+        runtime.memcpyAsync(host.ctypes.data, a.data.ptr, a.nbytes,
+                            runtime.memcpyDeviceToHost, self.stream())
+        return host, self.record()
+
+
+class SideStream:
+    """A second CUDA stream: ``after(events)`` makes it wait for the events and current for the
+    block; ``join()`` makes the current stream wait for everything queued on it."""
+
+    def __init__(self, cupy: types.ModuleType) -> None:
+        self._cupy = cupy
+        self._stream = cupy.cuda.Stream(non_blocking=True)
+
+    @contextlib.contextmanager
+    def after(self, events: Sequence[Any]) -> Iterator[None]:
+        for event in events:
+            self._stream.wait_event(event)
+        with self._stream:
+            yield
+
+    def join(self) -> None:
+        self._cupy.cuda.get_current_stream().wait_event(self._stream.record())
+
+
+class _SideStreamOverlap(Overlap):
+    """Consumers on the communicator's side stream, each after its transfers' events."""
+
+    def __init__(self, comm: "NCCLCommunicator", side: Any) -> None:
+        super().__init__(comm)
+        self._side = side
+
+    def after(self, work: Work | None, fn: Callable[[], None]) -> None:
+        with self._side.after(getattr(work, "events", [])):
+            fn()
+
+    def join(self) -> None:
+        self._side.join()
+
 
 class NCCLCommunicator(Communicator):
     """Communicator over an NCCL communicator of cupy arrays (one CUDA device per rank).
@@ -280,6 +330,7 @@ class NCCLCommunicator(Communicator):
         self.rank, self.size = int(nccl_comm.rank_id()), int(nccl_comm.size())
         self.device_id = int(nccl_comm.device_id())
         self._errors = (nccl.NcclError,) + tuple(device.errors)
+        self._side: Any = None  # the side stream of overlap(), made on first use
         self._bytes = int(getattr(nccl, _BYTES))
         self._dtype_codes, self._op_codes = _code_tables(nccl)
         self._posters = {"allreduce": self._allreduce, "broadcast": self._broadcast,
@@ -326,7 +377,9 @@ class NCCLCommunicator(Communicator):
             nonlocal keep
             self.wait([event], op_name)
             keep = None
-        return Work(wait, lambda: event.done)
+        work = Work(wait, lambda: event.done)
+        work.events = [event]  # type: ignore[attr-defined]  # for stream-side waits (overlap)
+        return work
 
     def wait(self, handles: Sequence[Any], op_name: str) -> None:
         """Block until every event in ``handles`` is done, under ``self.timeout``.
@@ -357,6 +410,22 @@ class NCCLCommunicator(Communicator):
             self._check_async()
         except self._errors as exc:
             raise self._failed(op_name, exc) from exc
+
+    def fetch(self, work: Work, array: Any) -> np.ndarray:
+        """ONE host synchronisation: the copy is queued behind ``work`` on the current stream
+        and only the copy's event is waited for (under the timeout)."""
+        host, event = self._device.download(array)
+        self.wait([event], "fetch")
+        return host
+
+    def stream_order(self, work: Work) -> None:
+        """No host wait: ``work`` is on the current stream, which orders everything after it."""
+
+    def overlap(self) -> Overlap:
+        """Consumers run on a side stream after their transfers' events (see :class:`Overlap`)."""
+        if self._side is None:
+            self._side = self._device.side_stream()
+        return _SideStreamOverlap(self, self._side)
 
     def _check_async(self) -> None:
         if self._comm is not None:

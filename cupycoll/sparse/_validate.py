@@ -27,7 +27,7 @@ from .._config import setting
 from .._registry import algorithms
 from .._types import ReduceOp, array_namespace, as_array, parse_op, to_host
 from ..errors import CupycollError, InvalidArgument, InvalidType, MismatchError
-from ..primitives import VALUE_DTYPES, coo_reduce
+from ..primitives import VALUE_DTYPES, _index_stats, coo_reduce
 from ._cost import VALIDATION_FIELDS, Shape
 
 __all__ = ["Prepared", "prepare"]
@@ -140,22 +140,20 @@ class _OutOfRange(InvalidArgument):
     """An index outside [0, n) (an InvalidArgument; its value travels to the other ranks)."""
 
 
-def _check_range(idx: Any, n: int, increasing: bool, rank: int) -> None:
+def _check_range(idx: Any, n: int, rank: int) -> bool:
+    """Raise unless every index is in [0, n); return whether ``idx`` is strictly increasing
+    (range and order come from one device read)."""
     if idx.shape[0] == 0:
-        return
-    lo, hi = (int(idx[0]), int(idx[-1])) if increasing else (int(idx.min()), int(idx.max()))
+        return True
+    lo, hi, increasing = _index_stats(idx)
     if lo < 0 or hi >= n:
         bad = lo if lo < 0 else hi
         raise _OutOfRange("indices", bad, f"index out of range [0, n={n})", rank=rank)
+    return increasing
 
 
-def _increasing(idx: Any) -> bool:
-    """True when ``idx`` is strictly increasing (already sorted and unique)."""
-    return idx.shape[0] < 2 or bool((idx[1:] > idx[:-1]).all())
-
-
-def _coalesce(idx: Any, val: Any, op: ReduceOp, acc: np.dtype, increasing: bool
-              ) -> tuple[Any, Any]:
+def _coalesce(idx: Any, val: Any, op: ReduceOp, acc: np.dtype,
+              increasing: bool) -> tuple[Any, Any]:
     """Sorted unique local input with values in ``acc`` (duplicates reduced with the op)."""
     if val.dtype != acc:
         val = val.astype(acc)
@@ -178,8 +176,7 @@ def _local(comm: Any, indices: Any, values: Any, n: Any, op: Any, algorithm: Any
         for arg, fn in (("alloc_fn", alloc_fn), ("completion_fn", completion_fn)):
             if fn is not None and not callable(fn):
                 raise InvalidType(arg, type(fn).__name__, "a callable or None", rank=rank)
-        increasing = _increasing(idx)
-        _check_range(idx, length, increasing, rank)
+        increasing = _check_range(idx, length, rank)
         value_dtype = np.dtype(val.dtype)
         idx, val = _coalesce(idx, val, red, acc, increasing)
     except CupycollError as exc:
@@ -260,8 +257,7 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
         if isinstance(error, _OutOfRange):
             vec[2 * nf + 2 * p + rank] = error.value
     dev = vec if comm.xp is np else comm.xp.asarray(vec)
-    comm.run("allreduce", dev, dev, ReduceOp.MAX, op_name="sparse.validate")
-    vec = to_host(dev)
+    vec = comm.run_fetch("allreduce", dev, dev, ReduceOp.MAX, result=dev, op_name="sparse.validate")
     codes = vec[2 * nf + p:2 * nf + 2 * p]
     if error is not None:
         raise error

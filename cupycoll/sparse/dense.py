@@ -29,8 +29,8 @@ def dense(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
     """Allreduce the densified input and an OR of presence bitmaps; gather the union."""
     full = densify(indices, values, n)
     work = comm.allreduce(full, full, op, op_name="dense.allreduce")
-    present = bitmap_or_allreduce(comm, presence(indices, n), "dense.union")
-    work.wait()
+    present = bitmap_or_allreduce(comm, presence(indices, n), "dense.union")  # waited last
+    comm.stream_order(work)
     union = union_of_presence(present, indices.dtype)
     return union, gather(full, union)
 

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from .._registry import register
-from .._types import ReduceOp, array_namespace, to_host
+from .._types import ReduceOp
 from ._common import allgatherv_entries, reduce_parts
 from ._cost import Cost, Shape
 
@@ -74,16 +74,20 @@ def region_bounds(samples: np.ndarray, n: int) -> np.ndarray:
 def _bounds(comm: Any, indices: Any, n: int) -> np.ndarray:
     send = local_samples(indices, comm.xp)
     recv = comm.xp.empty(comm.size * (SAMPLES + 1), dtype=np.int64)
-    comm.allgather(send, recv, "split.samples").wait()
-    return region_bounds(to_host(recv).reshape(comm.size, SAMPLES + 1), n)
+    samples = comm.fetch(comm.allgather(send, recv, "split.samples"), recv)
+    return region_bounds(samples.reshape(comm.size, SAMPLES + 1), n)
 
 
-def _cuts(indices: Any, bounds: np.ndarray) -> list[int]:
-    """Offsets of the P regions in sorted ``indices`` (P+1 host ints, first 0, last nnz)."""
-    xp = array_namespace(indices)
+def _counts(comm: Any, indices: Any, bounds: np.ndarray) -> tuple[list[int], np.ndarray]:
+    """Offsets of the P regions in sorted ``indices`` (P+1 host ints, first 0, last nnz) and
+    the number of entries every rank sends this one: one host read for both."""
+    xp = comm.xp
     inner = xp.asarray(bounds[1:-1]).astype(indices.dtype, copy=False)  # sample values: fit
-    return [0] + [int(c) for c in to_host(xp.searchsorted(indices, inner))] + [
-        int(indices.shape[0])]
+    cuts = xp.zeros(comm.size + 1, dtype=np.int64)
+    cuts[1:-1] = xp.searchsorted(indices, inner)
+    cuts[-1] = indices.shape[0]
+    sent, received = comm.alltoall_device_counts(xp.diff(cuts), "split.counts")
+    return [0] + np.cumsum(sent).tolist(), received
 
 
 @register("sparse", "split")
@@ -93,9 +97,8 @@ def split(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
     p, rank, xp = comm.size, comm.rank, comm.xp
     if p == 1:
         return indices, values
-    cuts = _cuts(indices, _bounds(comm, indices, n))
+    cuts, recv_counts = _counts(comm, indices, _bounds(comm, indices, n))
     send_counts = [cuts[r + 1] - cuts[r] for r in range(p)]
-    recv_counts = comm.alltoall_counts(send_counts, "split.counts")
     row = tuple(values.shape[1:])
     parts: list[tuple[Any, Any]] = [None] * p  # type: ignore[list-item]
     parts[rank] = (indices[cuts[rank]:cuts[rank + 1]], values[cuts[rank]:cuts[rank + 1]])
@@ -109,7 +112,7 @@ def split(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
         parts[src] = (xp.empty(count, dtype=indices.dtype), xp.empty((count,) + row, values.dtype))
         if count:
             recvs += [(src, parts[src][0]), (src, parts[src][1])]
-    comm.exchange(sends, recvs, "split.scatter").wait()
+    comm.stream_order(comm.exchange(sends, recvs, "split.scatter"))
     own_idx, own_val = reduce_parts(parts, op, accumulate_dtype)
     del parts, sends, recvs
     all_idx, all_val, _ = allgatherv_entries(comm, own_idx, own_val, "split.gather")

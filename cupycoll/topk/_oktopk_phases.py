@@ -13,7 +13,6 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..primitives import scatter_reduce
-from ._common import to_host
 
 __all__ = ["split_and_reduce", "balance", "block_sizes", "allgather_blocks", "THROTTLE"]
 
@@ -26,14 +25,16 @@ def split_and_reduce(comm: Any, idx: Any, val: Any, bounds: np.ndarray) -> tuple
 
     Schedule: at step s = 0..P-1 rank r sends region (r+s) % P to rank (r+s) % P and receives
     from (r-s) % P (step 0 is local), so no two senders target one receiver in a step. Steps go
-    in buckets of ``min(THROTTLE, P)``: bucket b's transfers are posted, bucket b-1's chunks are
-    scatter-added into the region while they are in flight, then bucket b is waited for. The
-    region sum adds sources in schedule order (r, r-1, r-2, ...), so it is deterministic.
+    in buckets of ``min(THROTTLE, P)``: bucket b's transfers are posted, then bucket b-1's chunks
+    are scatter-added into the region while they are in flight (on NCCL on a side stream that
+    waits for bucket b-1's event, see ``Communicator.overlap``). The region sum adds sources in
+    schedule order (r, r-1, r-2, ...), so it is deterministic.
     """
     xp, p, r = comm.xp, comm.size, comm.rank
-    cuts = to_host(xp.searchsorted(idx, xp.asarray(bounds.astype(idx.dtype))))
-    send_counts = np.diff(cuts)
-    recv_counts = comm.alltoall_counts(send_counts, "oktopk.reduce.counts")
+    cuts_d = xp.searchsorted(idx, xp.asarray(bounds.astype(idx.dtype)))
+    send_counts, recv_counts = comm.alltoall_device_counts(
+        xp.diff(cuts_d).astype(np.int64), "oktopk.reduce.counts")  # one host read for both
+    cuts = np.concatenate([[0], np.cumsum(send_counts)])
     lo, hi = int(bounds[r]), int(bounds[r + 1])
     red = xp.zeros(hi - lo, dtype=val.dtype)
 
@@ -42,7 +43,9 @@ def split_and_reduce(comm: Any, idx: Any, val: Any, bounds: np.ndarray) -> tuple
         return idx[a:b] - idx.dtype.type(bounds[dst]), val[a:b]
 
     throttle = min(THROTTLE, p)
+    overlap = comm.overlap()  # NCCL: the scatter-adds on a side stream, overlapping transfers
     pending: list = []
+    previous = None
     for first in range(0, p, throttle):
         sends, recvs, arriving = [], [], []
         for s in range(first, min(first + throttle, p)):
@@ -59,13 +62,17 @@ def split_and_reduce(comm: Any, idx: Any, val: Any, bounds: np.ndarray) -> tuple
                 recvs += [(src, bi), (src, bv)]
                 arriving.append((bi, bv))
         work = comm.exchange(sends, recvs, "oktopk.reduce")
-        for ci, cv in pending:
-            scatter_reduce(red, ci, cv)
-        work.wait()
-        pending = arriving
-    for ci, cv in pending:
-        scatter_reduce(red, ci, cv)
+        overlap.after(previous, lambda chunks=pending: _add(red, chunks))
+        previous, pending = work, arriving
+    overlap.after(previous, lambda: _add(red, pending))
+    overlap.join()
     return red, lo
+
+
+def _add(red: Any, chunks: list) -> None:
+    """Scatter-add chunks of sorted selections, rebased into the region, in order."""
+    for ci, cv in chunks:
+        scatter_reduce(red, ci, cv, checked=False)
 
 
 def block_sizes(total: int, p: int) -> np.ndarray:
@@ -105,7 +112,7 @@ def balance(comm: Any, idx: Any, val: Any,
         a, b = _overlap(int(offsets[j]), int(offsets[j + 1]), blk0, blk1)
         if a < b and j != r:
             recvs += [(j, out_i[a - blk0:b - blk0]), (j, out_v[a - blk0:b - blk0])]
-    comm.exchange(sends, recvs, "oktopk.balance").wait()
+    comm.stream_order(comm.exchange(sends, recvs, "oktopk.balance"))
     return out_i, out_v, blocks
 
 
@@ -129,7 +136,9 @@ def allgather_blocks(comm: Any, idx: Any, val: Any, blocks: np.ndarray, n: int, 
     send_v[:val.shape[0]] = val
     all_i = xp.empty(p * width, dtype=idx.dtype)
     all_v = xp.empty(p * width, dtype=val.dtype)
-    comm.allgather(send_i, all_i, "oktopk.allgather").wait()
+    comm.stream_order(comm.allgather(send_i, all_i, "oktopk.allgather"))
     comm.allgather(send_v, all_v, "oktopk.allgather").wait()
-    keep = all_i != n
+    # the pads' places are known on the host: gather the rest (a boolean mask would read the
+    # device to learn the result's size)
+    keep = xp.asarray(np.concatenate([j * width + np.arange(blocks[j]) for j in range(p)]))
     return all_i[keep], all_v[keep]

@@ -23,7 +23,7 @@ from .._result import SparseResult
 from .._types import ReduceOp, array_namespace, as_array, check_dtype
 from ..comm import Communicator, get_comm
 from ..errors import CupycollError, InvalidArgument, InvalidType, MismatchError
-from ._common import TopkOutcome, TopkState, to_host, to_namespace
+from ._common import TopkOutcome, TopkState, to_namespace
 from .selectors import Selector
 
 __all__ = ["topk_allreduce", "validate", "run", "FLOAT_DTYPES"]
@@ -110,8 +110,8 @@ def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: An
     xp = comm.xp
     send = mine if xp is np else xp.asarray(mine)
     recv = xp.empty(mine.shape[0], dtype=np.int64)
-    comm.run("allreduce", send, recv, ReduceOp.MAX, op_name="topk.validate")
-    agreed = to_host(recv)
+    agreed = comm.run_fetch("allreduce", send, recv, ReduceOp.MAX, result=recv,
+                            op_name="topk.validate")
     if agreed[0]:
         if error is not None:
             raise error

@@ -46,7 +46,7 @@ from .._result import SparseResult
 from .._types import ReduceOp
 from ..primitives import select_abs_ge, topk_abs
 from ._common import (Cost, TopkOutcome, TopkState, index_dtype, log2_ceil, min_abs,
-                      positive_threshold, smallest_positive, sorted_member, to_host,
+                      positive_threshold, smallest_positive, sorted_member,
                       topk_algorithm)
 from ._oktopk_phases import allgather_blocks, balance, split_and_reduce
 from .selectors import Threshold
@@ -78,8 +78,8 @@ def region_boundaries(comm: Any, selected: Any, n: int) -> np.ndarray:
     else:
         proposal = xp.asarray([i * n // p for i in range(1, p)], dtype=np.int64)
     total = xp.empty_like(proposal)
-    comm.allreduce(proposal, total, ReduceOp.SUM, op_name="oktopk.boundaries").wait()
-    cuts = to_host(total) // p
+    cuts = comm.fetch(comm.allreduce(proposal, total, ReduceOp.SUM,
+                                     op_name="oktopk.boundaries"), total) // p
     return np.concatenate([[0], cuts, [n]]).astype(np.int64)
 
 

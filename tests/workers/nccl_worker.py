@@ -12,6 +12,7 @@ Every result is compared with a dense numpy reference rebuilt on every rank from
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import sys
 
@@ -96,6 +97,29 @@ class HostDevice:
 
     def record(self):
         return self.Never() if self.stuck else self.Done()
+
+    def download(self, a):
+        return a.copy(), self.record()
+
+    def side_stream(self):
+        return HostSideStream()
+
+
+class HostSideStream:
+    """Host stand-in for SideStream: the events it is told to wait for must exist and be done
+    (the stand-in's transfers complete inside groupEnd), and joins are counted."""
+
+    def __init__(self):
+        self.waited = self.joins = 0
+
+    @contextlib.contextmanager
+    def after(self, events):
+        assert all(e.done for e in events), "side stream work before its transfers are done"
+        self.waited += len(events)
+        yield
+
+    def join(self):
+        self.joins += 1
 
 
 class HostNcclComm:
@@ -501,8 +525,36 @@ def mode_emulated():
     check_stats_parity(comm, np)
     check_errors(comm, np)
     check_dup(comm, np)
+    check_algorithms(comm)
     comm.close()
     check_waits()
+
+
+def check_algorithms(comm):
+    """split and Ok-Topk (three steps, padded allgather, side-stream reduce) over the NCCL
+    backend equal, bit for bit, the same calls over MPI; the reduce's consumers waited for
+    their transfers' events and were joined once per Ok-Topk step."""
+    from cupycoll.topk import TopkState, topk_allreduce
+
+    mpi = MPICommunicator()
+    rng = rng_for(31, RANK)
+    idx = np.sort(rng.choice(5000, 300, replace=False)).astype(np.int32)
+    val = rng.standard_normal(300).astype(np.float32)
+    got = cupycoll.sparse_allreduce(idx, val, 5000, algorithm="split", comm=comm)
+    want = cupycoll.sparse_allreduce(idx, val, 5000, algorithm="split", comm=mpi)
+    assert got.indices.tobytes() == want.indices.tobytes()
+    assert got.values.tobytes() == want.values.tobytes()
+    states = TopkState(tau_prime=2), TopkState(tau_prime=2)
+    for t in range(3):
+        x = (rng_for(32, 0, t).standard_t(3, 4000) + rng_for(33, RANK, t).standard_normal(4000)
+             ).astype(np.float32)
+        got = topk_allreduce(x, 40, algorithm="oktopk", comm=comm, state=states[0])
+        want = topk_allreduce(x, 40, algorithm="oktopk", comm=mpi, state=states[1])
+        assert got.indices.tobytes() == want.indices.tobytes(), f"oktopk step {t}"
+        assert got.values.tobytes() == want.values.tobytes(), f"oktopk step {t}"
+    side = comm._side
+    assert side is not None and side.joins == 3
+    assert side.waited == 3 * -(-P // 4), side.waited  # one event per bucket, each step
 
 
 def mode_gpu():
