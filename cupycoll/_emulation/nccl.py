@@ -1,0 +1,561 @@
+"""Emulated ``cupy.cuda.nccl``: NCCL's rules between MPI processes, data moved by mpi4py.
+
+What a call checks on the host (before anything moves): the communicator is alive, the current
+device and the stream's device are the communicator's, every buffer is live device memory of that
+device and large enough for ``count`` elements (NCCL's units), in-place calls use NCCL's exact
+in-place pointers and other buffers do not overlap; and the same call with the same argument
+types goes to the real ``cupy.cuda.nccl`` on an uninitialised communicator, which must answer
+with NCCL's own NcclError (proves names, signatures and enums of the installed CuPy).
+
+What happens next: like NCCL >= 2.22, the first collective of a communicator and the first
+send/recv with each peer block the calling host thread in a connection handshake with the peer(s);
+the data moves later, in a task on the stream (poisoned receive buffers until then). Every call
+is logged; :func:`check_logs` compares the logs across ranks. ``abort()`` from any thread makes a
+blocked call or task fail with NcclError.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+from mpi4py import MPI
+
+from . import device as dev
+from .array import buffer_at, raw_view
+
+__all__ = ["build", "check_logs", "release_blocked"]
+
+_STATE: dict[str, Any] = {}
+_tls = threading.local()
+_ids = itertools.count(1)
+_SHUTDOWN = threading.Event()
+_GLOBAL_LOG: list[tuple[bytes, tuple]] = []
+_COMMS: list["NcclCommunicator"] = []
+_P2P_TAG, _HANDSHAKE_TAG = 7, 9
+# ncclResult_t values
+_INTERNAL, _INVALID_ARGUMENT, _INVALID_USAGE, _REMOTE = 3, 4, 5, 6
+
+
+def release_blocked() -> None:
+    """Make every blocked emulated NCCL call fail (end of a test that left a peer missing)."""
+    _SHUTDOWN.set()
+
+
+def _error(status: int) -> BaseException:
+    return _STATE["real"].NcclError(status)
+
+
+def _poll(done: Callable[[], bool], comm: "NcclCommunicator | None", what: str) -> None:
+    """Wait for ``done()``; an abort of ``comm`` (or a release) makes it raise NcclError."""
+    pause = 2e-5
+    while not done():
+        if (comm is not None and comm.aborted) or _SHUTDOWN.is_set():
+            raise _error(_REMOTE if comm is None or not comm.aborted else _INTERNAL)
+        time.sleep(pause)
+        pause = min(pause * 2, 2e-3)
+
+
+def _waitall(requests: list, comm: "NcclCommunicator | None", what: str) -> None:
+    if requests:
+        _poll(lambda: MPI.Request.Testall(requests), comm, what)
+
+
+def get_unique_id() -> Any:
+    """128 bytes naming the creating world rank and a counter (a tuple in CuPy 13 style)."""
+    raw = np.zeros(128, np.uint8)
+    raw[:16] = np.frombuffer(np.array([0x454D55, MPI.COMM_WORLD.Get_rank(), next(_ids), 0],
+                                      np.int32).tobytes(), np.uint8)
+    raw[16:] = np.frombuffer(os.urandom(112), np.uint8)
+    return bytes(raw) if _STATE["version"] >= 14 else tuple(int(b) for b in raw.view(np.int8))
+
+
+def _uid_bytes(uid: Any) -> bytes:
+    if _STATE["version"] >= 14:
+        if not isinstance(uid, bytes) or len(uid) != 128:
+            raise TypeError(f"commId must be the 128 bytes of get_unique_id(), got {type(uid)}")
+        return uid
+    if not isinstance(uid, tuple) or len(uid) != 128:
+        raise TypeError(f"commId must be the 128-tuple of get_unique_id(), got {type(uid)}")
+    return np.array(uid, np.int8).tobytes()
+
+
+def groupStart() -> None:
+    _tls.depth = getattr(_tls, "depth", 0) + 1
+    if _tls.depth == 1:
+        _tls.pending = []
+
+
+def groupEnd() -> None:
+    depth = getattr(_tls, "depth", 0)
+    if depth < 1:
+        raise _error(_INVALID_USAGE)
+    _tls.depth = depth - 1
+    if _tls.depth == 0:
+        pending, _tls.pending = _tls.pending, []
+        by_comm: dict[int, list] = {}
+        for comm, op in pending:
+            by_comm.setdefault(id(comm), [comm]).append(op)
+        for comm, *ops in by_comm.values():
+            comm._launch(ops)
+
+
+class _Op:
+    """One logged call: what moves (``run`` on the stream thread) and the buffers it touches."""
+
+    def __init__(self, entry: tuple, stream: dev.Stream, reads: list, writes: list,
+                 run: Callable[[], None], peer: int | None = None) -> None:
+        self.entry, self.stream, self.reads, self.writes = entry, stream, reads, writes
+        self.run, self.peer = run, peer
+
+
+class NcclCommunicator:
+    """``NcclCommunicator(ndev, commId, rank)``: blocks until all ``ndev`` ranks have joined."""
+
+    def __init__(self, ndev: int, commId: Any, rank: int, *, _mpi: Any = None,
+                 _uid: bytes | None = None) -> None:
+        if not isinstance(ndev, int) or not isinstance(rank, int):
+            raise TypeError("ndev and rank must be int")
+        if not 0 <= rank < ndev:
+            raise _error(_INVALID_ARGUMENT)
+        self.uid = _uid if _uid is not None else _uid_bytes(commId)
+        self._rank, self._size, self.device = rank, ndev, dev.current_device()
+        self.aborted = self.destroyed = False
+        self.async_error: int | None = None
+        self.log: list[tuple] = []
+        self.connected: set = set()
+        self.coll_seq = 0
+        self.tasks: list[dev.Task] = []
+        self._real = _STATE["real"].NcclCommunicator.__new__(_STATE["real"].NcclCommunicator)
+        self.mpi = _mpi if _mpi is not None else self._join()
+        self.handshake = self.mpi.Dup()
+        self.world_ranks = self.mpi.Get_group().Translate_ranks(
+            list(range(ndev)), MPI.COMM_WORLD.Get_group())
+        _COMMS.append(self)
+
+    def _join(self) -> Any:
+        """Rendezvous at the id's creator (NCCL's bootstrap root), then an MPI group of us."""
+        boot, world = _STATE["boot"], MPI.COMM_WORLD.Get_rank()
+        head = np.frombuffer(self.uid[:16], np.int32)
+        root, tag = int(head[1]), int(head[2]) % 30000 + 100
+        me = (self._rank, world, _STATE["node"], self.device)
+        if world == root:
+            table = {self._rank: me}
+            while len(table) < self._size:
+                req = boot.irecv(source=MPI.ANY_SOURCE, tag=tag)
+                got: list = []
+                _poll(lambda: got.append(req.test()) or got[-1][0], None, "ncclCommInitRank")
+                info = got[-1][1]
+                if info[0] in table:
+                    raise _error(_INVALID_ARGUMENT)
+                table[info[0]] = info
+            placed = [(node, device) for _, _, node, device in table.values()]
+            if len(set(placed)) < len(placed):  # NCCL: "Duplicate GPU detected"
+                table = None
+            for _, rank_world, _, _ in (table or {}).values():
+                if rank_world != world:
+                    boot.send(table, dest=rank_world, tag=tag)
+            if table is None:
+                raise _error(_INVALID_USAGE)
+        else:
+            boot.send(me, dest=root, tag=tag)
+            req = boot.irecv(source=root, tag=tag)
+            got = []
+            _poll(lambda: got.append(req.test()) or got[-1][0], None, "ncclCommInitRank")
+            table = got[-1][1]
+        order = [table[r][1] for r in range(self._size)]
+        group = MPI.COMM_WORLD.Get_group().Incl(order)
+        return boot.Create_group(group, tag)
+
+    # ---------------------------------------------------------------- what it is
+    def rank_id(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+    def device_id(self) -> int:
+        return self.device
+
+    # ---------------------------------------------------------------- checks at the call
+    def _check_call(self, method: str, real_args: tuple, stream_ptr: int) -> dev.Stream:
+        getattr(self._real, method)  # AttributeError where the installed CuPy lacks it
+        try:
+            getattr(self._real, method)(*real_args)
+        except _STATE["real"].NcclError:
+            pass  # NCCL's own argument error: names, arity, types and enums were accepted
+        else:
+            raise dev.EmulationError(f"real {method} on a null communicator did not fail")
+        if self.aborted or self.destroyed:
+            raise dev.EmulationError(f"{method} on a communicator that was "
+                                     f"{'aborted' if self.aborted else 'destroyed'}")
+        if dev.current_device() != self.device:
+            raise dev.DeviceMismatch(f"nccl {method} on rank {self._rank}: device "
+                                     f"{dev.current_device()} is current, the communicator's is "
+                                     f"{self.device}")
+        stream = dev.lookup_stream(stream_ptr)
+        if stream.device != self.device:
+            raise dev.DeviceMismatch(f"nccl {method}: {stream} is not on the communicator's "
+                                     f"device {self.device}")
+        return stream
+
+    def _span(self, method: str, ptr: int, count: int, dtype: int, what: str) -> tuple:
+        """(buffer, start, end) of ``count`` elements at ``ptr``; must be this device's memory."""
+        nbytes = count * _itemsize(dtype)
+        found = buffer_at(int(ptr), nbytes)
+        if found is None:
+            raise dev.EmulationError(f"nccl {method} on rank {self._rank}: {what} {ptr:#x} + "
+                                     f"{nbytes} bytes is not inside one live device allocation "
+                                     "(host memory, a freed buffer, or count in wrong units)")
+        buf = found[0]
+        if buf.device != self.device:
+            raise dev.DeviceMismatch(f"nccl {method} on rank {self._rank}: {what} is on device "
+                                     f"{buf.device}, the communicator on {self.device}")
+        return buf, int(ptr), int(ptr) + nbytes
+
+    def _no_overlap(self, method: str, a: tuple, b: tuple, rule: str) -> None:
+        if a[1] < b[2] and b[1] < a[2]:
+            raise dev.EmulationError(f"nccl {method} on rank {self._rank}: send and receive "
+                                     f"buffers overlap but are not in place ({rule})")
+
+    # ---------------------------------------------------------------- collectives
+    def allReduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int,
+                  stream: int) -> None:
+        self._collective("allReduce", (sendbuf, recvbuf, count, datatype, op, stream),
+                         ("allReduce", count, datatype, op), sendbuf, count, recvbuf, count,
+                         datatype, stream, lambda s: _reduce(s, op, datatype), same=True)
+
+    def reduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int, root: int,
+               stream: int) -> None:
+        self._root(root)
+        at_root = self._rank == root
+        self._collective("reduce", (sendbuf, recvbuf, count, datatype, op, root, stream),
+                         ("reduce", count, datatype, op, root), sendbuf, count,
+                         recvbuf if at_root else None, count, datatype, stream,
+                         lambda s: _reduce(s, op, datatype), same=True)
+
+    def broadcast(self, sendbuff: int, recvbuff: int, count: int, datatype: int, root: int,
+                  stream: int) -> None:
+        self._root(root)
+        at_root = self._rank == root
+        self._collective("broadcast", (sendbuff, recvbuff, count, datatype, root, stream),
+                         ("broadcast", count, datatype, root), sendbuff if at_root else None,
+                         count, recvbuff, count, datatype, stream, lambda s: s[root], same=True)
+
+    def allGather(self, sendbuf: int, recvbuf: int, count: int, datatype: int,
+                  stream: int) -> None:
+        place = recvbuf + self._rank * count * _itemsize(datatype)
+        self._collective("allGather", (sendbuf, recvbuf, count, datatype, stream),
+                         ("allGather", count, datatype), sendbuf, count, recvbuf,
+                         count * self._size, datatype, stream, lambda s: s.reshape(-1),
+                         in_place=sendbuf == place)
+
+    def reduceScatter(self, sendbuf: int, recvbuf: int, recvcount: int, datatype: int, op: int,
+                      stream: int) -> None:
+        place = sendbuf + self._rank * recvcount * _itemsize(datatype)
+        me = self._rank
+        self._collective("reduceScatter", (sendbuf, recvbuf, recvcount, datatype, op, stream),
+                         ("reduceScatter", recvcount, datatype, op), sendbuf,
+                         recvcount * self._size, recvbuf, recvcount, datatype, stream,
+                         lambda s: _reduce(s, op, datatype)[me * recvcount:(me + 1) * recvcount],
+                         in_place=recvbuf == place)
+
+    def _root(self, root: int) -> None:
+        if not 0 <= int(root) < self._size:
+            raise _error(_INVALID_ARGUMENT)
+
+    def _collective(self, method: str, real_args: tuple, entry: tuple, sendbuf: Any,
+                    send_count: int, recvbuf: Any, recv_count: int, datatype: int,
+                    stream_ptr: int, combine: Callable[[np.ndarray], np.ndarray],
+                    same: bool = False, in_place: bool | None = None) -> None:
+        stream = self._check_call(method, real_args, stream_ptr)
+        dtype = _dtype(datatype)
+        send = None if sendbuf is None else self._span(method, sendbuf, send_count, datatype,
+                                                       "sendbuff")
+        recv = None if recvbuf is None else self._span(method, recvbuf, recv_count, datatype,
+                                                       "recvbuff")
+        if send is not None and recv is not None:
+            if same:
+                in_place = sendbuf == recvbuf
+            if not in_place:
+                self._no_overlap(method, send, recv, "NCCL: in place only with the documented "
+                                 "pointers, other overlaps are undefined")
+        comm, seq_holder = self, []
+
+        def run() -> None:
+            tag = 1000 + seq_holder[0] % 20000
+            mine = raw_view(sendbuf, send_count, dtype).copy() if send is not None else None
+            stack = comm._exchange(method, mine, send_count, dtype, tag, entry)
+            if recv is not None:
+                raw_view(recvbuf, recv_count, dtype)[...] = combine(stack)
+
+        self.coll_seq += 1
+        seq_holder.append(self.coll_seq)
+        op = _Op(entry, stream, [send] if send else [], [recv] if recv else [], run)
+        self._issue(op)
+
+    def _exchange(self, method: str, mine: np.ndarray | None, count: int, dtype: np.dtype,
+                  tag: int, entry: tuple) -> np.ndarray:
+        """Every rank's contribution, stacked in rank order (who sends to whom by ``method``)."""
+        p, me = self._size, self._rank
+        root = entry[-1] if method in ("reduce", "broadcast") else None
+        senders = [root] if method == "broadcast" else list(range(p))
+        receivers = [root] if method == "reduce" else list(range(p))
+        stack = np.zeros((p, count), dtype)
+        requests = []
+        if me in senders:
+            stack[me] = mine
+            requests += [self.mpi.Isend(stack[me].view(np.uint8), dest=r, tag=tag)
+                         for r in receivers if r != me]
+        if me in receivers:
+            requests += [self.mpi.Irecv(stack[s].view(np.uint8), source=s, tag=tag)
+                         for s in senders if s != me]
+        _waitall(requests, self, method)
+        return stack
+
+    # ---------------------------------------------------------------- point to point
+    def send(self, sendbuf: int, count: int, datatype: int, peer: int, stream: int) -> None:
+        self._p2p("send", sendbuf, count, datatype, peer, stream)
+
+    def recv(self, recvbuf: int, count: int, datatype: int, peer: int, stream: int) -> None:
+        self._p2p("recv", recvbuf, count, datatype, peer, stream)
+
+    def _p2p(self, method: str, ptr: int, count: int, datatype: int, peer: int,
+             stream_ptr: int) -> None:
+        stream = self._check_call(method, (ptr, count, datatype, peer, stream_ptr), stream_ptr)
+        if not 0 <= int(peer) < self._size or peer == self._rank:
+            raise _error(_INVALID_ARGUMENT)
+        span = self._span(method, ptr, count, datatype, "buffer")
+        dtype, comm = _dtype(datatype), self
+        if method == "send":
+            def run() -> Any:
+                data = raw_view(ptr, count, dtype).copy()
+                return [comm.mpi.Isend(data.view(np.uint8), dest=peer, tag=_P2P_TAG)], data
+            op = _Op((method, peer, count, datatype), stream, [span], [], run, peer)
+        else:
+            def run() -> Any:
+                return [comm.mpi.Irecv(raw_view(ptr, count, dtype).view(np.uint8), source=peer,
+                                       tag=_P2P_TAG)], None
+            op = _Op((method, peer, count, datatype), stream, [], [span], run, peer)
+        self._issue(op)
+
+    # ---------------------------------------------------------------- launching
+    def _issue(self, op: _Op) -> None:
+        self.log.append(op.entry)
+        _GLOBAL_LOG.append((self.uid, op.entry))
+        if getattr(_tls, "depth", 0):
+            _tls.pending.append((self, op))
+        else:
+            self._launch([op])
+
+    def _connect(self, ops: list[_Op]) -> None:
+        """NCCL >= 2.22 connects lazily: block until the new peers take part too."""
+        requests = []
+        if any(op.peer is None for op in ops) and "all" not in self.connected:
+            requests.append(self.handshake.Ibarrier())
+            self.connected.add("all")
+        for peer in sorted({op.peer for op in ops if op.peer is not None} - self.connected):
+            token = np.zeros(1, np.uint8)
+            requests += [self.handshake.Isend(token, dest=peer, tag=_HANDSHAKE_TAG),
+                         self.handshake.Irecv(np.zeros(1, np.uint8), source=peer,
+                                              tag=_HANDSHAKE_TAG)]
+            self.connected.add(peer)
+        _waitall(requests, self, "connection handshake")
+
+    def _launch(self, ops: list[_Op]) -> None:
+        """One NCCL launch (a call, or a group): handshake, order, poison, enqueue one task."""
+        stream = ops[0].stream
+        if any(op.stream is not stream for op in ops):
+            raise dev.EmulationError("one NCCL group on several streams")
+        spans = [s for op in ops for s in op.writes]
+        for i, a in enumerate(spans):
+            for b in spans[i + 1:]:
+                self._no_overlap("group", a, b, "two receive buffers of one launch overlap")
+        self._connect(ops)
+        comm = self
+
+        def run() -> None:
+            try:
+                pending, keep = [], []
+                for op in ops:
+                    if op.peer is None:
+                        op.run()
+                    else:
+                        requests, data = op.run()
+                        pending += requests
+                        keep.append(data)
+                _waitall(pending, comm, "send/recv")
+            except BaseException as exc:
+                comm.async_error = getattr(exc, "status", _INTERNAL)
+                raise
+
+        name = "nccl " + "+".join(op.entry[0] for op in ops)
+        reads = [s for op in ops for s in op.reads]
+        with dev.LOCK:
+            poison = [(start, end) for buf, start, end in spans
+                      if not any(s[1] < end and start < s[2] for s in reads) and _idle(buf)]
+            dev.ordered_access([(s[0], False) for s in reads] + [(s[0], True) for s in spans],
+                               name, here=stream, task_seq=stream.seq + 1)
+            for start, end in poison:  # what a missing wait reads: NaN, -1
+                raw_view(start, end - start, np.dtype(np.uint8))[...] = 0xFF
+            self.tasks = [t for t in self.tasks if not t.finished.is_set()]
+            self.tasks.append(stream.enqueue(name, run))
+
+    # ---------------------------------------------------------------- lifetime
+    def check_async_error(self) -> None:
+        self._check_real("check_async_error")
+        if self.async_error is not None:
+            raise _error(self.async_error)
+
+    def _check_real(self, method: str) -> None:
+        try:
+            getattr(self._real, method)()
+        except _STATE["real"].NcclError:
+            pass
+
+    def abort(self) -> None:
+        """From any thread: blocked calls and tasks of this communicator fail."""
+        self.aborted = True
+        if self.async_error is None:
+            self.async_error = _INTERNAL
+
+    def destroy(self) -> None:
+        """Flush: wait for this communicator's tasks (unless aborted), then free it."""
+        if not self.aborted:
+            _poll(lambda: all(t.finished.is_set() for t in self.tasks), self, "destroy")
+        self.destroyed = True
+
+    def commSplit(self, color: int, key: int) -> "NcclCommunicator | None":
+        self._check_call("commSplit", (color, key), 0)
+        self.log.append(("commSplit",))
+        _GLOBAL_LOG.append((self.uid, ("commSplit",)))
+        self._connect([_Op(("commSplit",), dev.null_stream(), [], [], lambda: None)])
+        child = self.handshake.Split(color if color >= 0 else MPI.UNDEFINED, key)
+        if color < 0:
+            return None
+        uid = (self.uid[:100] + np.int32(len(self.log)).tobytes() +
+               np.int32(color).tobytes())[:128].ljust(128, b"\0")
+        return type(self)(child.Get_size(), None, child.Get_rank(), _mpi=child, _uid=uid)
+
+
+class _Cupy13Communicator(NcclCommunicator):
+    """CuPy 13's binding: no ``commSplit``."""
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "commSplit":
+            raise AttributeError("'cupy.cuda.nccl.NcclCommunicator' object has no attribute "
+                                 "'commSplit' (CuPy 13)")
+        return super().__getattribute__(name)
+
+
+def _idle(buf: dev.Buffer) -> bool:
+    """No unfinished stream work reads or writes ``buf`` (so poisoning it harms nobody)."""
+    marks = ([buf.writer] if buf.writer else []) + buf.readers
+    return all(stream.done_seq >= seq for stream, seq, _ in marks)
+
+
+def _itemsize(datatype: int) -> int:
+    return _dtype(datatype).itemsize
+
+
+def _dtype(datatype: int) -> np.dtype:
+    try:
+        return _STATE["dtypes"][int(datatype)]
+    except KeyError:
+        raise _error(_INVALID_ARGUMENT) from None
+
+
+def _reduce(stack: np.ndarray, op: int, datatype: int) -> np.ndarray:
+    """NCCL's reduction of the ranks' rows, in rank order (avg: sum * 1/P for floats)."""
+    real = _STATE["real"]
+    if op == real.NCCL_AVG:
+        if stack.dtype.kind == "f":
+            scale = stack.dtype.type(1.0 / stack.shape[0])
+            return (stack * scale).sum(axis=0, dtype=stack.dtype)
+        total = stack.astype(np.int64).sum(axis=0)
+        return (np.sign(total) * (np.abs(total) // stack.shape[0])).astype(stack.dtype)
+    ufunc = {real.NCCL_SUM: np.add, real.NCCL_PROD: np.multiply, real.NCCL_MAX: np.maximum,
+             real.NCCL_MIN: np.minimum}.get(int(op))
+    if ufunc is None:
+        raise _error(_INVALID_ARGUMENT)
+    out = stack[0].copy()
+    for row in stack[1:]:
+        ufunc(out, row, out=out)
+    return out
+
+
+def check_logs() -> None:
+    """Compare every rank's NCCL calls (collective over COMM_WORLD); then start new logs.
+
+    Per communicator, every member must have made the same collective calls (operation, count,
+    dtype, op, root) in the same order, and the k-th send from a to b must match the k-th recv at
+    b from a; across communicators, two ranks must have launched the collectives of the
+    communicators they share in the same global order. Raises EmulationError naming the first
+    difference.
+    """
+    world = MPI.COMM_WORLD
+    mine = {"comms": {c.uid: (c._rank, c.world_ranks, list(c.log)) for c in _COMMS},
+            "global": [(uid, e) for uid, e in _GLOBAL_LOG if e[0] not in ("send", "recv")]}
+    every = _STATE["boot"].allgather(mine)
+    for c in _COMMS:
+        c.log = []
+    _GLOBAL_LOG.clear()
+    me = world.Get_rank()
+    for uid, (rank, members, log) in mine["comms"].items():
+        coll = [e for e in log if e[0] not in ("send", "recv")]
+        for r, world_rank in enumerate(members):
+            theirs = every[world_rank]["comms"].get(uid)
+            if theirs is None:
+                continue  # that rank already destroyed it (its log went with it)
+            other = [e for e in theirs[2] if e[0] not in ("send", "recv")]
+            if other != coll:
+                raise dev.EmulationError(_diff(f"collectives of communicator {uid[:12].hex()}",
+                                               me, coll, world_rank, other))
+            sent = [e[2:] for e in theirs[2] if e[0] == "send" and e[1] == rank]
+            got = [e[2:] for e in log if e[0] == "recv" and e[1] == r]
+            if sent != got:
+                raise dev.EmulationError(_diff(f"sends from rank {r} to rank {rank}",
+                                               me, got, world_rank, sent))
+    shared = set(mine["comms"])
+    for r, theirs in enumerate(every):
+        both = shared & set(theirs["comms"])
+        a = [x for x in mine["global"] if x[0] in both]
+        b = [x for x in theirs["global"] if x[0] in both]
+        if a != b:
+            raise dev.EmulationError(_diff("global launch order of shared communicators",
+                                           me, a, r, b))
+
+
+def _diff(what: str, me: int, mine: list, other: int, theirs: list) -> str:
+    k = next((i for i, (x, y) in enumerate(zip(mine, theirs)) if x != y), min(len(mine),
+                                                                             len(theirs)))
+    return (f"NCCL calls differ across ranks ({what}): at call {k}, world rank {me} has "
+            f"{mine[k] if k < len(mine) else 'nothing'}, world rank {other} has "
+            f"{theirs[k] if k < len(theirs) else 'nothing'} (NCCL would hang or mix data)")
+
+
+def build(real: Any, version: int, node: int) -> Any:
+    """The emulated ``cupy.cuda.nccl`` module over the real binding ``real``."""
+    import types
+
+    mod = types.ModuleType("cupy.cuda.nccl")
+    for name in dir(real):
+        if name.startswith("NCCL_"):
+            setattr(mod, name, getattr(real, name))
+    _STATE.update(real=real, version=version, node=node, boot=MPI.COMM_WORLD.Dup(),
+                  dtypes={int(getattr(real, "NCCL_" + n.upper())): np.dtype(n) for n in
+                          ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16",
+                           "float32", "float64")})
+    mod.NcclError = real.NcclError
+    mod.available = True
+    mod.get_version = real.get_version
+    mod.get_unique_id = get_unique_id
+    real.groupStart()  # the real ones exist and pair up (the calls inside are not real:
+    real.groupEnd()  # NCCL would report their null-communicator errors at groupEnd)
+    mod.groupStart, mod.groupEnd = groupStart, groupEnd
+    mod.NcclCommunicator = NcclCommunicator if version >= 14 else _Cupy13Communicator
+    return mod
