@@ -36,7 +36,7 @@ _ids = itertools.count(1)
 _SHUTDOWN = threading.Event()
 _GLOBAL_LOG: list[tuple[bytes, tuple]] = []
 _COMMS: list["NcclCommunicator"] = []
-_P2P_TAG, _HANDSHAKE_TAG = 7, 9
+_P2P_TAG, _HANDSHAKE_TAG, _ABORT_TAG = 7, 9, 11
 # ncclResult_t values
 _INTERNAL, _INVALID_ARGUMENT, _INVALID_USAGE, _REMOTE = 3, 4, 5, 6
 
@@ -50,19 +50,27 @@ def _error(status: int) -> BaseException:
     return _STATE["real"].NcclError(status)
 
 
-def _poll(done: Callable[[], bool], comm: "NcclCommunicator | None", what: str) -> None:
-    """Wait for ``done()``; an abort of ``comm`` (or a release) makes it raise NcclError."""
+def _poll(done: Callable[[], bool], comm: "NcclCommunicator | None", what: str,
+          kernel: bool = False) -> None:
+    """Wait for ``done()``; an abort of ``comm`` (or a release) makes it raise NcclError.
+
+    A peer's abort sets ``comm``'s asynchronous error; a host call then fails at once, while a
+    ``kernel`` (a task on a stream) keeps spinning, as NCCL's kernels do, until ``comm`` aborts.
+    """
     pause = 2e-5
     while not done():
         if (comm is not None and comm.aborted) or _SHUTDOWN.is_set():
-            raise _error(_REMOTE if comm is None or not comm.aborted else _INTERNAL)
+            raise _error(_INTERNAL if comm is not None and comm.aborted else _REMOTE)
+        if comm is not None and comm.peer_aborted() and not kernel:
+            raise _error(_REMOTE)
         time.sleep(pause)
         pause = min(pause * 2, 2e-3)
 
 
-def _waitall(requests: list, comm: "NcclCommunicator | None", what: str) -> None:
+def _waitall(requests: list, comm: "NcclCommunicator | None", what: str,
+             kernel: bool = False) -> None:
     if requests:
-        _poll(lambda: MPI.Request.Testall(requests), comm, what)
+        _poll(lambda: MPI.Request.Testall(requests), comm, what, kernel)
 
 
 def get_unique_id() -> Any:
@@ -314,7 +322,7 @@ class NcclCommunicator:
         if me in receivers:
             requests += [self.mpi.Irecv(stack[s].view(np.uint8), source=s, tag=tag)
                          for s in senders if s != me]
-        _waitall(requests, self, method)
+        _waitall(requests, self, method, kernel=True)
         return stack
 
     # ---------------------------------------------------------------- point to point
@@ -388,7 +396,7 @@ class NcclCommunicator:
                         requests, data = op.run()
                         pending += requests
                         keep.append(data)
-                _waitall(pending, comm, "send/recv")
+                _waitall(pending, comm, "send/recv", kernel=True)
             except BaseException as exc:
                 comm.async_error = getattr(exc, "status", _INTERNAL)
                 raise
@@ -418,10 +426,19 @@ class NcclCommunicator:
             pass
 
     def abort(self) -> None:
-        """From any thread: blocked calls and tasks of this communicator fail."""
+        """From any thread: blocked calls and tasks of this communicator fail; peers see a
+        remote error (their calls fail, their kernels spin until they abort too)."""
+        if not self.aborted:
+            self.notices = [self.handshake.Isend(np.zeros(1, np.uint8), dest=r, tag=_ABORT_TAG)
+                            for r in range(self._size) if r != self._rank]
         self.aborted = True
         if self.async_error is None:
             self.async_error = _INTERNAL
+
+    def peer_aborted(self) -> bool:
+        if self.async_error is None and self.handshake.Iprobe(MPI.ANY_SOURCE, _ABORT_TAG):
+            self.async_error = _REMOTE
+        return self.async_error == _REMOTE
 
     def destroy(self) -> None:
         """Flush: wait for this communicator's tasks (unless aborted), then free it."""
@@ -498,7 +515,8 @@ def check_logs() -> None:
     difference.
     """
     world = MPI.COMM_WORLD
-    mine = {"comms": {c.uid: (c._rank, c.world_ranks, list(c.log)) for c in _COMMS},
+    mine = {"comms": {c.uid: (c._rank, c.world_ranks, list(c.log)) for c in _COMMS
+                      if not c.aborted},  # an aborted communicator's calls need not match
             "global": [(uid, e) for uid, e in _GLOBAL_LOG if e[0] not in ("send", "recv")]}
     every = _STATE["boot"].allgather(mine)
     for c in _COMMS:

@@ -60,9 +60,12 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
         completion_fn: ``completion_fn(indices, values, fn_ctx)``, called with the result
             (buffers valid during the call only: copy what you keep).
         fn_ctx: user object passed to the callbacks.
-        async_op: return a :class:`Work` (``wait()``, ``is_completed()``, ``result()``); the
-            algorithm runs on a background thread over a duplicate of ``comm``, in call order;
-            callbacks run in the thread that waits.
+        async_op: return a :class:`Work` (``wait()``, ``is_completed()``, ``result()``);
+            callbacks run in the thread that waits. On MPI the algorithm runs on a background
+            thread over a duplicate of ``comm``, in call order. On NCCL its host part runs in
+            the calling thread, on the caller's device and stream (NCCL needs one launch order
+            on every rank, which a second host thread cannot keep), and the Work completes when
+            the device work queued by the call has run.
     Returns:
         ``SparseResult(indices, values, n)`` in the caller's array type, or a Work of it.
     Raises:
@@ -90,6 +93,11 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
 
     if not async_op:
         return deliver(_run(comm, prepared, fn))
+    stream_work = getattr(comm, "stream_work", None)
+    if stream_work is not None:  # NCCL: see the docstring of async_op
+        result = _run(comm, prepared, fn)
+        done = stream_work("sparse_allreduce")
+        return Work(done.wait, done.is_completed, lambda: deliver(result))
     runner = _runner(comm)
     future = runner.submit(_run, runner.comm, prepared, fn)
     return Work(lambda: concurrent.futures.wait([future]), future.done,
