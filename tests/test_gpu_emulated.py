@@ -65,3 +65,9 @@ def test_init_keeps_the_current_device():
 @pytest.mark.parametrize("nprocs", [1, 2])
 def test_auto_backend_agreed_across_ranks(nprocs):
     _run(nprocs, "auto_agrees", timeout=90)
+
+
+def test_the_emulator_catches_what_a_gpu_would_not_forgive():
+    """Device mismatches, host arrays, NCCL units/overlap/memory, unordered stream reads, host
+    syncs reported, cross-rank log differences, abort unblocking a blocked call."""
+    _run(2, "rules", timeout=120)

@@ -104,8 +104,9 @@ class Task:
 class Stream:
     """A FIFO of tasks run by its own daemon thread; eager operations order after it."""
 
-    def __init__(self, device: int, ptr: int | None = None, null: bool = False) -> None:
-        self.device, self.null = device, null
+    def __init__(self, device: int, ptr: int | None = None, null: bool = False,
+                 blocking: bool = False) -> None:
+        self.device, self.null, self.blocking = device, null, blocking
         self.ptr = 0 if null else (next(_ptrs) if ptr is None else ptr)
         self.seq = 0  # last sequence number handed out
         self.done_seq = 0  # every task up to here has finished
@@ -317,28 +318,37 @@ class Buffer:
         self.readers: list[tuple[Stream, int, str]] = []
 
 
+def _implicit(a: Stream, b: Stream) -> bool:
+    """The legacy null stream and a blocking stream of one device wait for each other's work."""
+    return a.device == b.device and ((a.null and b.blocking) or (b.null and a.blocking))
+
+
 def _ordered(stream: Stream, seq: int, here: Stream) -> bool:
     """Is work #seq on ``stream`` ordered before what runs next on ``here`` for this thread?"""
     return (stream is here or _known().get(stream, 0) >= seq or here.known.get(stream, 0) >= seq)
 
 
 def ordered_access(buffers: list[tuple[Buffer, bool]], what: str, here: Stream | None = None,
-                   task_seq: int | None = None) -> None:
+                   task_seq: int | None = None) -> list[tuple[Stream, int]]:
     """Check (and book) reads/writes of ``buffers`` by ``what`` on stream ``here``.
 
     ``task_seq`` None: an operation run now on the host thread (it waits for its own stream
-    first); else the sequence number of an enqueued task on ``here``.
+    first); else the sequence number of an enqueued task on ``here``, which must first wait for
+    the returned (stream, seq) pairs (work it is implicitly ordered after, see :func:`_implicit`).
     """
     here = current_stream() if here is None else here
     if task_seq is None:
         seq = here.eager()
     else:
         seq = task_seq
+    waits = []
     with LOCK:
         for buf, writes in buffers:
             conflicts = ([buf.writer] if buf.writer else []) + (buf.readers if writes else [])
             for stream, done, name in conflicts:
-                if not _ordered(stream, done, here):
+                if _implicit(stream, here) and not _ordered(stream, done, here):
+                    waits.append((stream, done))
+                elif not _ordered(stream, done, here):
                     raise StreamOrderError(
                         f"{what} on {here} touches a buffer of device {buf.device} that {name} "
                         f"(#{done} on {stream}) {'writes' if (stream, done, name) == buf.writer else 'reads'}"
@@ -350,3 +360,7 @@ def ordered_access(buffers: list[tuple[Buffer, bool]], what: str, here: Stream |
                 buf.writer, buf.readers = mark, []
             else:
                 buf.readers = [r for r in buf.readers if r[0] is not here] + [mark]
+    if task_seq is None:
+        for stream, done in waits:
+            stream.drain(done)
+    return waits

@@ -192,6 +192,10 @@ class NcclCommunicator:
     # ---------------------------------------------------------------- checks at the call
     def _check_call(self, method: str, real_args: tuple, stream_ptr: int) -> dev.Stream:
         getattr(self._real, method)  # AttributeError where the installed CuPy lacks it
+        for value in real_args:  # pointers, counts, enums, ranks, streams: all C integers
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+                raise TypeError(f"nccl {method}: argument {value!r} is not an integer (the "
+                                "binding would truncate or reject it)")
         try:
             getattr(self._real, method)(*real_args)
         except _STATE["real"].NcclError:
@@ -386,8 +390,12 @@ class NcclCommunicator:
         self._connect(ops)
         comm = self
 
+        waits: list = []
+
         def run() -> None:
             try:
+                for other, seq in waits:  # implicit null-stream ordering
+                    other.drain(seq)
                 pending, keep = [], []
                 for op in ops:
                     if op.peer is None:
@@ -406,8 +414,9 @@ class NcclCommunicator:
         with dev.LOCK:
             poison = [(start, end) for buf, start, end in spans
                       if not any(s[1] < end and start < s[2] for s in reads) and _idle(buf)]
-            dev.ordered_access([(s[0], False) for s in reads] + [(s[0], True) for s in spans],
-                               name, here=stream, task_seq=stream.seq + 1)
+            waits += dev.ordered_access([(s[0], False) for s in reads] +
+                                        [(s[0], True) for s in spans], name, here=stream,
+                                        task_seq=stream.seq + 1)
             for start, end in poison:  # what a missing wait reads: NaN, -1
                 raw_view(start, end - start, np.dtype(np.uint8))[...] = 0xFF
             self.tasks = [t for t in self.tasks if not t.finished.is_set()]

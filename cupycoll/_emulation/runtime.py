@@ -60,7 +60,7 @@ class Stream(dev.Stream):
     """``cupy.cuda.Stream``: a new stream on the current device."""
 
     def __init__(self, null: bool = False, non_blocking: bool = False, ptds: bool = False):
-        super().__init__(dev.current_device())
+        super().__init__(dev.current_device(), blocking=not non_blocking)
 
 
 class Event(dev.Event):

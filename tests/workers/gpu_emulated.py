@@ -13,7 +13,9 @@ Modes:
   dup                         dup() on CuPy 13's binding (no commSplit); its errors
   missing_peer                a rank that never joins a collective: CollectiveTimeout, no hang
   init_fails                  ncclCommInitRank fails on one rank: every rank raises in time
-  device_choice               init() keeps a device the application made current; auto agrees
+  device_choice               init() keeps a device the application made current
+  auto_agrees                 init("auto") picks NCCL only if every rank can
+  rules                       every rule of the emulator fires on a program that breaks it
 After every mode the ranks' NCCL call logs are compared (cupycoll._emulation.check_logs).
 """
 
@@ -257,7 +259,84 @@ def mode_auto_agrees():
                         comm=comm).sum() == 2 * P
 
 
-{"suites": mode_suites, "async_device": mode_async_device, "async_order": mode_async_order,
+# ---------------------------------------------------------------- the emulator's own rules
+def mode_rules():
+    """Every rule the emulator enforces fires on a program that breaks it (P = 2)."""
+    from cupycoll._emulation import DeviceMismatch, EmulationError, StreamOrderError
+
+    comm = nccl_comm()
+    raw, nccl = comm._comm, cupy.cuda.nccl
+    f32, total = nccl.NCCL_FLOAT32, nccl.NCCL_SUM
+    stream = cupy.cuda.get_current_stream().ptr
+    # devices: another device's array, a kernel or NCCL call from a thread on the wrong device
+    with cupy.cuda.Device(1 - comm.device_id):
+        elsewhere = cupy.zeros(3, cupy.float32)
+    expect_raises(DeviceMismatch, lambda: elsewhere + 1)
+    x = cupy.arange(6, dtype=cupy.float32)
+    expect_raises(DeviceMismatch, raw.allReduce, elsewhere.data.ptr, elsewhere.data.ptr, 3,
+                  f32, total, stream)
+    # cupy's own rules: no host arrays in device operations, no implicit conversion
+    expect_raises(TypeError, lambda: x + np.ones(6, np.float32))
+    expect_raises(TypeError, np.asarray, x)
+    # NCCL's rules: device memory only, counts in elements, in-place pointers exactly
+    host = np.zeros(6, np.float32)
+    expect_raises(EmulationError, raw.allReduce, host.ctypes.data, host.ctypes.data, 6, f32,
+                  total, stream)
+    expect_raises(EmulationError, raw.allReduce, x.data.ptr, x.data.ptr, x.nbytes, f32,
+                  total, stream)  # bytes where NCCL counts elements
+    expect_raises(EmulationError, raw.allReduce, x.data.ptr, x.data.ptr + 4, 5, f32, total,
+                  stream)  # overlapping, not in place
+    expect_raises(TypeError, raw.allReduce, x.data.ptr, x.data.ptr, 6.0, f32, total, stream)
+    # streams: a result read on another stream before its work is ordered there
+    side = cupy.cuda.Stream(non_blocking=True)
+    y = cupy.zeros(6, cupy.float32)
+    expect_raises(StreamOrderError, raw.allReduce, x.data.ptr, y.data.ptr, 6, f32, total,
+                  side.ptr)  # x and y were written on the null stream, unordered with side
+    ready = cupy.cuda.Event()
+    ready.record()
+    side.wait_event(ready)
+    with side:
+        raw.allReduce(x.data.ptr, y.data.ptr, 6, f32, total, side.ptr)
+        event = cupy.cuda.Event()
+        event.record(side)
+    expect_raises(StreamOrderError, lambda: y + 1)  # no wait: the read is a race
+    cupy.cuda.get_current_stream().wait_event(event)
+    assert (y + 0).get().tolist() == [P * v for v in range(6)]  # ordered: correct
+    expect_raises(StreamOrderError, raw.allReduce, x.data.ptr, y.data.ptr, 6, f32, total,
+                  side.ptr)  # overwriting y on side while the null stream's read is unordered
+    side.wait_event(cupy.cuda.get_current_stream().record())
+    with side:
+        raw.allReduce(x.data.ptr, y.data.ptr, 6, f32, total, side.ptr)
+    event.record(side)
+    event.synchronize()  # the host knows it is done: reading is fine
+    assert y.get().tolist() == [P * v for v in range(6)]
+    # host synchronizations reach the hooks
+    kinds = []
+    emu.HOST_SYNC_HOOKS.append(kinds.append)
+    int(y.sum()), y[y > 1], cupy.flatnonzero(y), y.get()
+    emu.HOST_SYNC_HOOKS.remove(kinds.append)
+    assert kinds == ["scalar", "boolean mask", "flatnonzero (data-dependent size)", "get"], kinds
+    # the logs: ranks calling different collectives are caught at the end
+    z = cupy.zeros(4, cupy.int32 if RANK else cupy.float32)
+    comm.allreduce(z, z, "sum").wait()
+    err = expect_raises(EmulationError, emu.check_logs)
+    assert "differ across ranks" in str(err), err
+    # abort from another thread unblocks a call blocked in the connection handshake
+    from cupycoll.comm.nccl import NCCLCommunicator
+
+    fresh = NCCLCommunicator(timeout=None)
+    if RANK == 0:
+        import threading
+
+        timer = threading.Timer(0.5, fresh._comm.abort)
+        timer.start()
+        expect_raises(nccl.NcclError, fresh._comm.allReduce, x.data.ptr, x.data.ptr, 6, f32,
+                      total, stream)
+    WORLD.Barrier()
+    fresh.abort()
+
+
+{"suites": mode_suites, "rules": mode_rules, "async_device": mode_async_device, "async_order": mode_async_order,
  "dup": mode_dup, "missing_peer": mode_missing_peer, "peer_aborts": mode_peer_aborts,
  "init_fails": mode_init_fails, "device_choice": mode_device_choice,
  "auto_agrees": mode_auto_agrees}[MODE]()
