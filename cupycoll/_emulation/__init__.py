@@ -31,7 +31,7 @@ from .device import (HOST_SYNC_HOOKS, DeviceMismatch, EmulationError, StreamOrde
 from .nccl import check_logs, release_blocked
 
 __all__ = ["install", "check_logs", "release_blocked", "HOST_SYNC_HOOKS", "EmulationError",
-           "StreamOrderError", "DeviceMismatch", "host_sync", "installed"]
+           "StreamOrderError", "DeviceMismatch", "host_sync", "installed", "real_cupy_version"]
 
 _INSTALLED: dict[str, types.ModuleType] = {}
 
@@ -49,6 +49,7 @@ def install(devices_per_node: int = 2, cupy_version: int = 14) -> types.ModuleTy
     """
     if _INSTALLED:
         return _INSTALLED["cupy"]
+    import cupy as real_cupy
     from cupy.cuda import nccl as real_nccl  # the real binding, checked call by call
     from cupy.cuda import nvrtc as real_nvrtc
     from mpi4py import MPI
@@ -69,5 +70,10 @@ def install(devices_per_node: int = 2, cupy_version: int = 14) -> types.ModuleTy
     for name, module in (("cupy", cupy), ("cupy.cuda", cuda), ("cupy.cuda.nccl", emulated_nccl),
                          ("cupy.cuda.runtime", cuda.runtime)):
         sys.modules[name] = module
-    _INSTALLED.update(cupy=cupy)
+    _INSTALLED.update(cupy=cupy, real=real_cupy.__version__)
     return cupy
+
+
+def real_cupy_version() -> str:
+    """Version of the real CuPy whose NCCL binding checks every call."""
+    return _INSTALLED["real"]

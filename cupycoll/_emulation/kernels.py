@@ -8,6 +8,7 @@ the current stream, then runs every (block, thread) of the grid in turn.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import fcntl
 import hashlib
@@ -32,6 +33,8 @@ _FLAGS = ("-x", "c++", "-std=c++17", "-O1", "-shared", "-fPIC", "-fvisibility=hi
 #: the shim runs threads through process-wide built-ins (blockIdx ...): one launch at a time.
 _LAUNCH_LOCK = threading.Lock()
 _LIBRARIES: dict[str, ctypes.CDLL] = {}
+#: kernel name expression -> launches so far (tests check that a path really ran the kernels).
+LAUNCHES: collections.Counter = collections.Counter()
 
 
 def _cache_dir() -> Path:
@@ -125,3 +128,4 @@ class _Kernel:
         argv = (ctypes.c_void_p * len(cells))(*(ctypes.addressof(c) for c in cells))
         with _LAUNCH_LOCK:
             self.launch(int(grid[0]), int(block[0]), argv)
+            LAUNCHES[self.name] += 1
