@@ -16,10 +16,7 @@ blocked call or task fail with NcclError.
 
 from __future__ import annotations
 
-import itertools
-import os
 import threading
-import time
 from typing import Any, Callable
 
 import numpy as np
@@ -27,69 +24,15 @@ from mpi4py import MPI
 
 from . import device as dev
 from .array import buffer_at, raw_view
+from .logs import COMMS, GLOBAL_LOG, check_logs
+from .nccl_core import (INTERNAL, INVALID_ARGUMENT, INVALID_USAGE, REMOTE, STATE, dtype_of,
+                        error, get_unique_id, itemsize, join, poll, reduce_rows,
+                        release_blocked, uid_bytes, waitall)
 
 __all__ = ["build", "check_logs", "release_blocked"]
 
-_STATE: dict[str, Any] = {}
 _tls = threading.local()
-_ids = itertools.count(1)
-_SHUTDOWN = threading.Event()
-_GLOBAL_LOG: list[tuple[bytes, tuple]] = []
-_COMMS: list["NcclCommunicator"] = []
 _P2P_TAG, _HANDSHAKE_TAG, _ABORT_TAG = 7, 9, 11
-# ncclResult_t values
-_INTERNAL, _INVALID_ARGUMENT, _INVALID_USAGE, _REMOTE = 3, 4, 5, 6
-
-
-def release_blocked() -> None:
-    """Make every blocked emulated NCCL call fail (end of a test that left a peer missing)."""
-    _SHUTDOWN.set()
-
-
-def _error(status: int) -> BaseException:
-    return _STATE["real"].NcclError(status)
-
-
-def _poll(done: Callable[[], bool], comm: "NcclCommunicator | None", what: str,
-          kernel: bool = False) -> None:
-    """Wait for ``done()``; an abort of ``comm`` (or a release) makes it raise NcclError.
-
-    A peer's abort sets ``comm``'s asynchronous error; a host call then fails at once, while a
-    ``kernel`` (a task on a stream) keeps spinning, as NCCL's kernels do, until ``comm`` aborts.
-    """
-    pause = 2e-5
-    while not done():
-        if (comm is not None and comm.aborted) or _SHUTDOWN.is_set():
-            raise _error(_INTERNAL if comm is not None and comm.aborted else _REMOTE)
-        if comm is not None and comm.peer_aborted() and not kernel:
-            raise _error(_REMOTE)
-        time.sleep(pause)
-        pause = min(pause * 2, 2e-3)
-
-
-def _waitall(requests: list, comm: "NcclCommunicator | None", what: str,
-             kernel: bool = False) -> None:
-    if requests:
-        _poll(lambda: MPI.Request.Testall(requests), comm, what, kernel)
-
-
-def get_unique_id() -> Any:
-    """128 bytes naming the creating world rank and a counter (a tuple in CuPy 13 style)."""
-    raw = np.zeros(128, np.uint8)
-    raw[:16] = np.frombuffer(np.array([0x454D55, MPI.COMM_WORLD.Get_rank(), next(_ids), 0],
-                                      np.int32).tobytes(), np.uint8)
-    raw[16:] = np.frombuffer(os.urandom(112), np.uint8)
-    return bytes(raw) if _STATE["version"] >= 14 else tuple(int(b) for b in raw.view(np.int8))
-
-
-def _uid_bytes(uid: Any) -> bytes:
-    if _STATE["version"] >= 14:
-        if not isinstance(uid, bytes) or len(uid) != 128:
-            raise TypeError(f"commId must be the 128 bytes of get_unique_id(), got {type(uid)}")
-        return uid
-    if not isinstance(uid, tuple) or len(uid) != 128:
-        raise TypeError(f"commId must be the 128-tuple of get_unique_id(), got {type(uid)}")
-    return np.array(uid, np.int8).tobytes()
 
 
 def groupStart() -> None:
@@ -101,7 +44,7 @@ def groupStart() -> None:
 def groupEnd() -> None:
     depth = getattr(_tls, "depth", 0)
     if depth < 1:
-        raise _error(_INVALID_USAGE)
+        raise error(INVALID_USAGE)
     _tls.depth = depth - 1
     if _tls.depth == 0:
         pending, _tls.pending = _tls.pending, []
@@ -129,8 +72,8 @@ class NcclCommunicator:
         if not isinstance(ndev, int) or not isinstance(rank, int):
             raise TypeError("ndev and rank must be int")
         if not 0 <= rank < ndev:
-            raise _error(_INVALID_ARGUMENT)
-        self.uid = _uid if _uid is not None else _uid_bytes(commId)
+            raise error(INVALID_ARGUMENT)
+        self.uid = _uid if _uid is not None else uid_bytes(commId)
         self._rank, self._size, self.device = rank, ndev, dev.current_device()
         self.aborted = self.destroyed = False
         self.async_error: int | None = None
@@ -138,46 +81,15 @@ class NcclCommunicator:
         self.connected: set = set()
         self.coll_seq = 0
         self.tasks: list[dev.Task] = []
-        self._real = _STATE["real"].NcclCommunicator.__new__(_STATE["real"].NcclCommunicator)
+        self._real = STATE["real"].NcclCommunicator.__new__(STATE["real"].NcclCommunicator)
         self.mpi = _mpi if _mpi is not None else self._join()
         self.handshake = self.mpi.Dup()
         self.world_ranks = self.mpi.Get_group().Translate_ranks(
             list(range(ndev)), MPI.COMM_WORLD.Get_group())
-        _COMMS.append(self)
+        COMMS.append(self)
 
     def _join(self) -> Any:
-        """Rendezvous at the id's creator (NCCL's bootstrap root), then an MPI group of us."""
-        boot, world = _STATE["boot"], MPI.COMM_WORLD.Get_rank()
-        head = np.frombuffer(self.uid[:16], np.int32)
-        root, tag = int(head[1]), int(head[2]) % 30000 + 100
-        me = (self._rank, world, _STATE["node"], self.device)
-        if world == root:
-            table = {self._rank: me}
-            while len(table) < self._size:
-                req = boot.irecv(source=MPI.ANY_SOURCE, tag=tag)
-                got: list = []
-                _poll(lambda: got.append(req.test()) or got[-1][0], None, "ncclCommInitRank")
-                info = got[-1][1]
-                if info[0] in table:
-                    raise _error(_INVALID_ARGUMENT)
-                table[info[0]] = info
-            placed = [(node, device) for _, _, node, device in table.values()]
-            if len(set(placed)) < len(placed):  # NCCL: "Duplicate GPU detected"
-                table = None
-            for _, rank_world, _, _ in (table or {}).values():
-                if rank_world != world:
-                    boot.send(table, dest=rank_world, tag=tag)
-            if table is None:
-                raise _error(_INVALID_USAGE)
-        else:
-            boot.send(me, dest=root, tag=tag)
-            req = boot.irecv(source=root, tag=tag)
-            got = []
-            _poll(lambda: got.append(req.test()) or got[-1][0], None, "ncclCommInitRank")
-            table = got[-1][1]
-        order = [table[r][1] for r in range(self._size)]
-        group = MPI.COMM_WORLD.Get_group().Incl(order)
-        return boot.Create_group(group, tag)
+        return join(self.uid, self._rank, self._size, self.device)
 
     # ---------------------------------------------------------------- what it is
     def rank_id(self) -> int:
@@ -198,7 +110,7 @@ class NcclCommunicator:
                                 "binding would truncate or reject it)")
         try:
             getattr(self._real, method)(*real_args)
-        except _STATE["real"].NcclError:
+        except STATE["real"].NcclError:
             pass  # NCCL's own argument error: names, arity, types and enums were accepted
         else:
             raise dev.EmulationError(f"real {method} on a null communicator did not fail")
@@ -217,7 +129,7 @@ class NcclCommunicator:
 
     def _span(self, method: str, ptr: int, count: int, dtype: int, what: str) -> tuple:
         """(buffer, start, end) of ``count`` elements at ``ptr``; must be this device's memory."""
-        nbytes = count * _itemsize(dtype)
+        nbytes = count * itemsize(dtype)
         found = buffer_at(int(ptr), nbytes)
         if found is None:
             raise dev.EmulationError(f"nccl {method} on rank {self._rank}: {what} {ptr:#x} + "
@@ -239,7 +151,7 @@ class NcclCommunicator:
                   stream: int) -> None:
         self._collective("allReduce", (sendbuf, recvbuf, count, datatype, op, stream),
                          ("allReduce", count, datatype, op), sendbuf, count, recvbuf, count,
-                         datatype, stream, lambda s: _reduce(s, op, datatype), same=True)
+                         datatype, stream, lambda s: reduce_rows(s, op, datatype), same=True)
 
     def reduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int, root: int,
                stream: int) -> None:
@@ -248,7 +160,7 @@ class NcclCommunicator:
         self._collective("reduce", (sendbuf, recvbuf, count, datatype, op, root, stream),
                          ("reduce", count, datatype, op, root), sendbuf, count,
                          recvbuf if at_root else None, count, datatype, stream,
-                         lambda s: _reduce(s, op, datatype), same=True)
+                         lambda s: reduce_rows(s, op, datatype), same=True)
 
     def broadcast(self, sendbuff: int, recvbuff: int, count: int, datatype: int, root: int,
                   stream: int) -> None:
@@ -260,7 +172,7 @@ class NcclCommunicator:
 
     def allGather(self, sendbuf: int, recvbuf: int, count: int, datatype: int,
                   stream: int) -> None:
-        place = recvbuf + self._rank * count * _itemsize(datatype)
+        place = recvbuf + self._rank * count * itemsize(datatype)
         self._collective("allGather", (sendbuf, recvbuf, count, datatype, stream),
                          ("allGather", count, datatype), sendbuf, count, recvbuf,
                          count * self._size, datatype, stream, lambda s: s.reshape(-1),
@@ -268,24 +180,24 @@ class NcclCommunicator:
 
     def reduceScatter(self, sendbuf: int, recvbuf: int, recvcount: int, datatype: int, op: int,
                       stream: int) -> None:
-        place = sendbuf + self._rank * recvcount * _itemsize(datatype)
+        place = sendbuf + self._rank * recvcount * itemsize(datatype)
         me = self._rank
         self._collective("reduceScatter", (sendbuf, recvbuf, recvcount, datatype, op, stream),
                          ("reduceScatter", recvcount, datatype, op), sendbuf,
                          recvcount * self._size, recvbuf, recvcount, datatype, stream,
-                         lambda s: _reduce(s, op, datatype)[me * recvcount:(me + 1) * recvcount],
+                         lambda s: reduce_rows(s, op, datatype)[me * recvcount:(me + 1) * recvcount],
                          in_place=recvbuf == place)
 
     def _root(self, root: int) -> None:
         if not 0 <= int(root) < self._size:
-            raise _error(_INVALID_ARGUMENT)
+            raise error(INVALID_ARGUMENT)
 
     def _collective(self, method: str, real_args: tuple, entry: tuple, sendbuf: Any,
                     send_count: int, recvbuf: Any, recv_count: int, datatype: int,
                     stream_ptr: int, combine: Callable[[np.ndarray], np.ndarray],
                     same: bool = False, in_place: bool | None = None) -> None:
         stream = self._check_call(method, real_args, stream_ptr)
-        dtype = _dtype(datatype)
+        dtype = dtype_of(datatype)
         send = None if sendbuf is None else self._span(method, sendbuf, send_count, datatype,
                                                        "sendbuff")
         recv = None if recvbuf is None else self._span(method, recvbuf, recv_count, datatype,
@@ -326,7 +238,7 @@ class NcclCommunicator:
         if me in receivers:
             requests += [self.mpi.Irecv(stack[s].view(np.uint8), source=s, tag=tag)
                          for s in senders if s != me]
-        _waitall(requests, self, method, kernel=True)
+        waitall(requests, self, method, kernel=True)
         return stack
 
     # ---------------------------------------------------------------- point to point
@@ -340,9 +252,9 @@ class NcclCommunicator:
              stream_ptr: int) -> None:
         stream = self._check_call(method, (ptr, count, datatype, peer, stream_ptr), stream_ptr)
         if not 0 <= int(peer) < self._size or peer == self._rank:
-            raise _error(_INVALID_ARGUMENT)
+            raise error(INVALID_ARGUMENT)
         span = self._span(method, ptr, count, datatype, "buffer")
-        dtype, comm = _dtype(datatype), self
+        dtype, comm = dtype_of(datatype), self
         if method == "send":
             def run() -> Any:
                 data = raw_view(ptr, count, dtype).copy()
@@ -358,7 +270,7 @@ class NcclCommunicator:
     # ---------------------------------------------------------------- launching
     def _issue(self, op: _Op) -> None:
         self.log.append(op.entry)
-        _GLOBAL_LOG.append((self.uid, op.entry))
+        GLOBAL_LOG.append((self.uid, op.entry))
         if getattr(_tls, "depth", 0):
             _tls.pending.append((self, op))
         else:
@@ -376,7 +288,7 @@ class NcclCommunicator:
                          self.handshake.Irecv(np.zeros(1, np.uint8), source=peer,
                                               tag=_HANDSHAKE_TAG)]
             self.connected.add(peer)
-        _waitall(requests, self, "connection handshake")
+        waitall(requests, self, "connection handshake")
 
     def _launch(self, ops: list[_Op]) -> None:
         """One NCCL launch (a call, or a group): handshake, order, poison, enqueue one task."""
@@ -404,9 +316,9 @@ class NcclCommunicator:
                         requests, data = op.run()
                         pending += requests
                         keep.append(data)
-                _waitall(pending, comm, "send/recv", kernel=True)
+                waitall(pending, comm, "send/recv", kernel=True)
             except BaseException as exc:
-                comm.async_error = getattr(exc, "status", _INTERNAL)
+                comm.async_error = getattr(exc, "status", INTERNAL)
                 raise
 
         name = "nccl " + "+".join(op.entry[0] for op in ops)
@@ -426,12 +338,12 @@ class NcclCommunicator:
     def check_async_error(self) -> None:
         self._check_real("check_async_error")
         if self.async_error is not None:
-            raise _error(self.async_error)
+            raise error(self.async_error)
 
     def _check_real(self, method: str) -> None:
         try:
             getattr(self._real, method)()
-        except _STATE["real"].NcclError:
+        except STATE["real"].NcclError:
             pass
 
     def abort(self) -> None:
@@ -442,23 +354,23 @@ class NcclCommunicator:
                             for r in range(self._size) if r != self._rank]
         self.aborted = True
         if self.async_error is None:
-            self.async_error = _INTERNAL
+            self.async_error = INTERNAL
 
     def peer_aborted(self) -> bool:
         if self.async_error is None and self.handshake.Iprobe(MPI.ANY_SOURCE, _ABORT_TAG):
-            self.async_error = _REMOTE
-        return self.async_error == _REMOTE
+            self.async_error = REMOTE
+        return self.async_error == REMOTE
 
     def destroy(self) -> None:
         """Flush: wait for this communicator's tasks (unless aborted), then free it."""
         if not self.aborted:
-            _poll(lambda: all(t.finished.is_set() for t in self.tasks), self, "destroy")
+            poll(lambda: all(t.finished.is_set() for t in self.tasks), self, "destroy")
         self.destroyed = True
 
     def commSplit(self, color: int, key: int) -> "NcclCommunicator | None":
         self._check_call("commSplit", (color, key), 0)
         self.log.append(("commSplit",))
-        _GLOBAL_LOG.append((self.uid, ("commSplit",)))
+        GLOBAL_LOG.append((self.uid, ("commSplit",)))
         self._connect([_Op(("commSplit",), dev.null_stream(), [], [], lambda: None)])
         child = self.handshake.Split(color if color >= 0 else MPI.UNDEFINED, key)
         if color < 0:
@@ -484,87 +396,6 @@ def _idle(buf: dev.Buffer) -> bool:
     return all(stream.done_seq >= seq for stream, seq, _ in marks)
 
 
-def _itemsize(datatype: int) -> int:
-    return _dtype(datatype).itemsize
-
-
-def _dtype(datatype: int) -> np.dtype:
-    try:
-        return _STATE["dtypes"][int(datatype)]
-    except KeyError:
-        raise _error(_INVALID_ARGUMENT) from None
-
-
-def _reduce(stack: np.ndarray, op: int, datatype: int) -> np.ndarray:
-    """NCCL's reduction of the ranks' rows, in rank order (avg: sum * 1/P for floats)."""
-    real = _STATE["real"]
-    if op == real.NCCL_AVG:
-        if stack.dtype.kind == "f":
-            scale = stack.dtype.type(1.0 / stack.shape[0])
-            return (stack * scale).sum(axis=0, dtype=stack.dtype)
-        total = stack.astype(np.int64).sum(axis=0)
-        return (np.sign(total) * (np.abs(total) // stack.shape[0])).astype(stack.dtype)
-    ufunc = {real.NCCL_SUM: np.add, real.NCCL_PROD: np.multiply, real.NCCL_MAX: np.maximum,
-             real.NCCL_MIN: np.minimum}.get(int(op))
-    if ufunc is None:
-        raise _error(_INVALID_ARGUMENT)
-    out = stack[0].copy()
-    for row in stack[1:]:
-        ufunc(out, row, out=out)
-    return out
-
-
-def check_logs() -> None:
-    """Compare every rank's NCCL calls (collective over COMM_WORLD); then start new logs.
-
-    Per communicator, every member must have made the same collective calls (operation, count,
-    dtype, op, root) in the same order, and the k-th send from a to b must match the k-th recv at
-    b from a; across communicators, two ranks must have launched the collectives of the
-    communicators they share in the same global order. Raises EmulationError naming the first
-    difference.
-    """
-    world = MPI.COMM_WORLD
-    mine = {"comms": {c.uid: (c._rank, c.world_ranks, list(c.log)) for c in _COMMS
-                      if not c.aborted},  # an aborted communicator's calls need not match
-            "global": [(uid, e) for uid, e in _GLOBAL_LOG if e[0] not in ("send", "recv")]}
-    every = _STATE["boot"].allgather(mine)
-    for c in _COMMS:
-        c.log = []
-    _GLOBAL_LOG.clear()
-    me = world.Get_rank()
-    for uid, (rank, members, log) in mine["comms"].items():
-        coll = [e for e in log if e[0] not in ("send", "recv")]
-        for r, world_rank in enumerate(members):
-            theirs = every[world_rank]["comms"].get(uid)
-            if theirs is None:
-                continue  # that rank already destroyed it (its log went with it)
-            other = [e for e in theirs[2] if e[0] not in ("send", "recv")]
-            if other != coll:
-                raise dev.EmulationError(_diff(f"collectives of communicator {uid[:12].hex()}",
-                                               me, coll, world_rank, other))
-            sent = [e[2:] for e in theirs[2] if e[0] == "send" and e[1] == rank]
-            got = [e[2:] for e in log if e[0] == "recv" and e[1] == r]
-            if sent != got:
-                raise dev.EmulationError(_diff(f"sends from rank {r} to rank {rank}",
-                                               me, got, world_rank, sent))
-    shared = set(mine["comms"])
-    for r, theirs in enumerate(every):
-        both = shared & set(theirs["comms"])
-        a = [x for x in mine["global"] if x[0] in both]
-        b = [x for x in theirs["global"] if x[0] in both]
-        if a != b:
-            raise dev.EmulationError(_diff("global launch order of shared communicators",
-                                           me, a, r, b))
-
-
-def _diff(what: str, me: int, mine: list, other: int, theirs: list) -> str:
-    k = next((i for i, (x, y) in enumerate(zip(mine, theirs)) if x != y), min(len(mine),
-                                                                             len(theirs)))
-    return (f"NCCL calls differ across ranks ({what}): at call {k}, world rank {me} has "
-            f"{mine[k] if k < len(mine) else 'nothing'}, world rank {other} has "
-            f"{theirs[k] if k < len(theirs) else 'nothing'} (NCCL would hang or mix data)")
-
-
 def build(real: Any, version: int, node: int) -> Any:
     """The emulated ``cupy.cuda.nccl`` module over the real binding ``real``."""
     import types
@@ -573,10 +404,10 @@ def build(real: Any, version: int, node: int) -> Any:
     for name in dir(real):
         if name.startswith("NCCL_"):
             setattr(mod, name, getattr(real, name))
-    _STATE.update(real=real, version=version, node=node, boot=MPI.COMM_WORLD.Dup(),
-                  dtypes={int(getattr(real, "NCCL_" + n.upper())): np.dtype(n) for n in
-                          ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16",
-                           "float32", "float64")})
+    STATE.update(real=real, version=version, node=node, boot=MPI.COMM_WORLD.Dup(),
+                 dtypes={int(getattr(real, "NCCL_" + n.upper())): np.dtype(n) for n in
+                         ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16",
+                          "float32", "float64")})
     mod.NcclError = real.NcclError
     mod.available = True
     mod.get_version = real.get_version
