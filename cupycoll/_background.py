@@ -46,9 +46,21 @@ def runner(comm: Communicator) -> _Runner:
 
 
 def run_async(comm: Communicator, fn: Callable[[Communicator], Any],
-              finalize: Callable[[Any], Any] = lambda result: result) -> Work:
-    """Run ``fn(duplicate_of_comm)`` on ``comm``'s worker; a Work whose result is
-    ``finalize(fn's result)`` (finalize runs once, in the thread that waits)."""
+              finalize: Callable[[Any], Any] = lambda result: result,
+              op_name: str = "async") -> Work:
+    """Start ``fn(communicator)``; a Work whose result is ``finalize(fn's result)`` (finalize
+    runs once, in the thread that waits).
+
+    MPI: ``fn`` runs on ``comm``'s worker over its duplicate. NCCL (a communicator with
+    ``stream_work``): ``fn`` runs here, on the caller's device and stream, since NCCL needs one
+    launch order on every rank, which a second host thread cannot keep; the Work completes when
+    the device work it queued has run.
+    """
+    stream_work = getattr(comm, "stream_work", None)
+    if stream_work is not None:
+        result = fn(comm)
+        done = stream_work(op_name)
+        return Work(done.wait, done.is_completed, lambda: finalize(result))
     worker = runner(comm)
     future = worker.submit(fn, worker.comm)
     return Work(lambda: concurrent.futures.wait([future]), future.done,

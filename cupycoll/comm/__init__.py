@@ -34,7 +34,8 @@ def init(backend: str | None = None, *, mpi_comm: Any = None,
     """Create a Communicator over ``mpi_comm`` (default COMM_WORLD) and make it the default.
 
     Args:
-        backend: "auto" (NCCL when CuPy, NCCL and a device are usable, else MPI), "mpi" or "nccl";
+        backend: "auto" (NCCL when CuPy, NCCL and a device are usable on every rank, else MPI;
+            collective), "mpi" or "nccl";
             default ``CUPYCOLL_BACKEND`` or "auto".
         mpi_comm: the mpi4py communicator whose ranks form the group (it also bootstraps NCCL).
         timeout: seconds before a blocking wait raises CollectiveTimeout (``CUPYCOLL_TIMEOUT``).
@@ -49,13 +50,14 @@ def init(backend: str | None = None, *, mpi_comm: Any = None,
     timeout = setting("CUPYCOLL_TIMEOUT", timeout)
     _apply_log_level()
     if backend == "auto":
-        backend = "nccl" if nccl_usable() else "mpi"
-    if backend == "nccl":
-        if not nccl_usable():
-            raise BackendUnavailable("backend 'nccl' needs CuPy, cupy.cuda.nccl and a CUDA device")
+        backend = _agreed_auto(mpi_comm)
+    if backend == "nccl":  # readiness is agreed inside: every rank raises or none does
         from .nccl import NCCLCommunicator
 
-        comm: Communicator = NCCLCommunicator(mpi_comm, timeout=timeout)
+        try:
+            comm: Communicator = NCCLCommunicator(mpi_comm, timeout=timeout)
+        except BackendUnavailable as exc:
+            raise BackendUnavailable(f"backend 'nccl': {exc}") from exc
     else:
         from .mpi import MPICommunicator
 
@@ -63,6 +65,14 @@ def init(backend: str | None = None, *, mpi_comm: Any = None,
     _log.debug("cupycoll: rank %d/%d on backend %s", comm.rank, comm.size, comm.backend)
     _default = comm
     return comm
+
+
+def _agreed_auto(mpi_comm: Any) -> str:
+    """"nccl" if every rank of ``mpi_comm`` can use NCCL, else "mpi" (collective, one allreduce)."""
+    from mpi4py import MPI
+
+    group = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
+    return "nccl" if group.allreduce(nccl_usable(), op=MPI.LAND) else "mpi"
 
 
 def _apply_log_level() -> None:

@@ -34,6 +34,7 @@ from .._types import ReduceOp, parse_op
 from ..errors import (BackendError, BackendUnavailable, CollectiveTimeout, InvalidArgument,
                       InvalidType)
 from ._base import Communicator, Overlap, Work
+from ._nccl_guard import Watchdog, agreed_init
 
 __all__ = ["NCCLCommunicator", "NCCL_DTYPES", "NCCL_OPS", "nccl_types", "load_nccl",
            "device_for", "node_local_rank", "broadcast_unique_id", "agree", "bootstrap",
@@ -172,11 +173,14 @@ def _device_count(cupy: types.ModuleType) -> int:
         raise BackendUnavailable(f"{_NEEDS_DEVICE}: {exc}") from exc
 
 
-def bootstrap(mpi_comm: MPI.Comm, make_id: Callable[[], Any] | None = None) -> Any:
+def bootstrap(mpi_comm: MPI.Comm, make_id: Callable[[], Any] | None = None,
+              timeout: float | None = None) -> Any:
     """Create this rank's ``NcclCommunicator`` over the ranks of ``mpi_comm`` (collective).
 
-    Selects and activates device = node-local rank % device count, agrees on readiness, broadcasts
-    the unique id from rank 0 and calls ``ncclCommInitRank``.
+    Device: the one the application already made current (any but 0), else node-local rank %
+    device count. Agrees on readiness, broadcasts the unique id from rank 0 and runs
+    ``ncclCommInitRank`` under :func:`~._nccl_guard.agreed_init`: if any rank's init fails, every
+    rank raises BackendUnavailable; if ``timeout`` passes first, CollectiveTimeout.
     """
     rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
     local_rank, local_size = node_local_rank(mpi_comm)
@@ -184,7 +188,7 @@ def bootstrap(mpi_comm: MPI.Comm, make_id: Callable[[], Any] | None = None) -> A
     try:
         cupy, nccl = load_nccl()
         count = _device_count(cupy)
-        device = device_for(local_rank, count)
+        device = _chosen_device(cupy) or device_for(local_rank, count)
     except BackendUnavailable as exc:
         error = str(exc)
     agree(mpi_comm, error, "starting the NCCL backend")
@@ -193,12 +197,28 @@ def bootstrap(mpi_comm: MPI.Comm, make_id: Callable[[], Any] | None = None) -> A
                      "ranks of one communicator on one device", local_size, count)
     uid = broadcast_unique_id(mpi_comm, make_id or nccl.get_unique_id)
     cupy.cuda.Device(device).use()
-    try:
-        return nccl.NcclCommunicator(size, uid, rank)
-    except nccl.NcclError as exc:
-        raise BackendUnavailable(
-            f"ncclCommInitRank failed on rank {rank} of {size} (device {device}; node-local rank "
-            f"{local_rank} of {local_size}; {count} devices visible): {exc}") from exc
+    return new_nccl_comm(mpi_comm, uid, device, timeout, f"device {device}; node-local rank "
+                         f"{local_rank} of {local_size}; {count} devices visible")
+
+
+def _chosen_device(cupy: types.ModuleType) -> int | None:
+    """The device the application made current before init (None for the default device 0)."""
+    return int(cupy.cuda.runtime.getDevice()) or None
+
+
+def new_nccl_comm(mpi_comm: MPI.Comm, uid: Any, device: int, timeout: float | None,
+                  describe: str) -> Any:
+    """``ncclCommInitRank`` on ``device`` for every rank of ``mpi_comm``, agreed (collective)."""
+    cupy, nccl = load_nccl()
+    status = mpi_comm.Dup()  # the outcomes travel apart from the application's messages
+
+    def init() -> Any:
+        cupy.cuda.Device(device).use()  # the device is per host thread
+        return nccl.NcclCommunicator(mpi_comm.Get_size(), uid, mpi_comm.Get_rank())
+
+    comm = agreed_init(status, init, timeout, describe)
+    status.Free()
+    return comm
 
 
 class CudaDevice:
@@ -292,7 +312,7 @@ class NCCLCommunicator(Communicator):
     def __init__(self, mpi_comm: MPI.Comm | None = None, *, timeout: float | None = None) -> None:
         super().__init__(timeout)
         self.mpi_comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
-        nccl_comm = bootstrap(self.mpi_comm)  # collective: every rank raises or none does
+        nccl_comm = bootstrap(self.mpi_comm, timeout=timeout)  # every rank raises or none does
         cupy, nccl = load_nccl()
         self._attach(nccl_comm, nccl, CudaDevice(cupy), cupy)
 
@@ -318,10 +338,31 @@ class NCCLCommunicator(Communicator):
     def dup(self) -> "NCCLCommunicator":
         """Return a communicator over the same ranks with its own NCCL channels (collective).
 
-        Uses ``ncclCommSplit`` (NCCL >= 2.18) with one color, keeping the rank order.
+        Uses ``ncclCommSplit`` (NCCL >= 2.18, CuPy >= 14) with one color, keeping the rank order;
+        with an older CuPy, a new ``ncclCommInitRank`` bootstrapped over ``mpi_comm``.
+
+        Raises:
+            BackendError: NCCL failed (the NcclError is the cause).
+            BackendUnavailable: no ``commSplit`` and no MPI communicator to bootstrap over.
         """
-        twin = self.wrap(self._live("dup").commSplit(0, self.rank), timeout=self.timeout,
-                         nccl=self._nccl, device=self._device, xp=self.xp)
+        comm = self._live("dup")
+        split = getattr(comm, "commSplit", None)
+        if split is None and self.mpi_comm is None:
+            raise BackendUnavailable(f"dup on rank {self.rank}: this CuPy's NCCL binding has no "
+                                     "commSplit (CuPy < 14) and the communicator was wrapped "
+                                     "without an MPI communicator to bootstrap a new one")
+        try:
+            with self._watchdog.armed(self.timeout):
+                if split is not None:
+                    twin_comm = split(0, self.rank)
+                else:
+                    uid = broadcast_unique_id(self.mpi_comm, self._nccl.get_unique_id)
+                    twin_comm = new_nccl_comm(self.mpi_comm, uid, self.device_id, self.timeout,
+                                              f"dup of the communicator on {self.device_id}")
+        except self._errors as exc:
+            raise self._failed("dup", exc) from exc
+        twin = self.wrap(twin_comm, timeout=self.timeout, nccl=self._nccl, device=self._device,
+                         xp=self.xp)
         twin.mpi_comm = self.mpi_comm
         return twin
 
@@ -336,6 +377,7 @@ class NCCLCommunicator(Communicator):
         self._posters = {"allreduce": self._allreduce, "broadcast": self._broadcast,
                          "reduce": self._reduce, "allgather": self._allgather,
                          "reduce_scatter": self._reduce_scatter}
+        self._watchdog = Watchdog(self.abort)
 
     # enqueueing and the one blocking wait
     def _live(self, op_name: str) -> Any:
@@ -351,11 +393,26 @@ class NCCLCommunicator(Communicator):
         """
         comm = self._live(op_name)
         try:
-            if active:
-                launch(comm, self._device.stream())
+            if active:  # the watchdog aborts a call blocked connecting to a missing peer
+                with self._watchdog.armed(self.timeout):
+                    launch(comm, self._device.stream())
         except self._errors as exc:
+            if self._watchdog.fired:
+                raise self._timed_out(op_name) from exc
             raise self._failed(op_name, exc) from exc
+        if self._watchdog.fired:  # it fired just as the call returned: the comm is aborted
+            raise self._timed_out(op_name)
         return self._device.record()
+
+    def _timed_out(self, op_name: str) -> CollectiveTimeout:
+        self.abort()
+        return CollectiveTimeout(
+            f"{op_name} did not complete within {self.timeout} s on rank {self.rank} of "
+            f"{self.size}: a peer never arrived (the NCCL communicator was aborted)")
+
+    def stream_work(self, op_name: str) -> Work:
+        """A Work that completes when what is queued on the current stream so far has run."""
+        return self._work([self._device.record()], op_name)
 
     def _failed(self, op_name: str, exc: BaseException) -> BackendError:
         """Abort after an NCCL or CUDA error and describe it (the error becomes the cause)."""
@@ -392,21 +449,15 @@ class NCCLCommunicator(Communicator):
         events = list(handles)
         if not events:
             return
-        try:
-            if self.timeout is None:
-                for event in events:
-                    event.synchronize()
-                self._check_async()
-                return
-            deadline = time.monotonic() + self.timeout
+        try:  # polled even without a timeout: a failed peer leaves NCCL's kernels spinning
+            deadline = None if self.timeout is None else time.monotonic() + self.timeout
+            pause = 1e-5
             while not all(e.done for e in events):
                 self._check_async()
-                if time.monotonic() > deadline:
-                    self.abort()
-                    raise CollectiveTimeout(
-                        f"{op_name} did not complete within {self.timeout} s on rank {self.rank} "
-                        f"of {self.size}: a peer never arrived (the NCCL communicator was aborted)")
-                time.sleep(1e-4)
+                if deadline is not None and time.monotonic() > deadline:
+                    raise self._timed_out(op_name)
+                time.sleep(pause)
+                pause = min(2 * pause, 1e-3)
             self._check_async()
         except self._errors as exc:
             raise self._failed(op_name, exc) from exc

@@ -59,9 +59,12 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
         completion_fn: ``completion_fn(indices, values, fn_ctx)``, called with the result
             (buffers valid during the call only: copy what you keep).
         fn_ctx: user object passed to the callbacks.
-        async_op: return a :class:`Work` (``wait()``, ``is_completed()``, ``result()``); the
-            algorithm runs on a background thread over a duplicate of ``comm``, in call order;
-            callbacks run in the thread that waits.
+        async_op: return a :class:`Work` (``wait()``, ``is_completed()``, ``result()``);
+            callbacks run in the thread that waits. On MPI the algorithm runs on a background
+            thread over a duplicate of ``comm``, in call order. On NCCL its host part runs in
+            the calling thread, on the caller's device and stream (NCCL needs one launch order
+            on every rank, which a second host thread cannot keep), and the Work completes when
+            the device work queued by the call has run.
     Returns:
         ``SparseResult(indices, values, n)`` in the caller's array type, or a Work of it.
     Raises:
@@ -89,7 +92,7 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
 
     if not async_op:
         return deliver(_run(comm, prepared, fn))
-    return run_async(comm, lambda background: _run(background, prepared, fn), deliver)
+    return run_async(comm, lambda on: _run(on, prepared, fn), deliver, "sparse_allreduce")
 
 
 def _run(comm: Communicator, prepared: Prepared, fn: Callable) -> tuple[Any, Any]:

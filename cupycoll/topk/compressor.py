@@ -110,7 +110,8 @@ class TopkCompressor:
         until it completes; a later synchronous step waits for it first.
         """
         if async_op:
-            self._pending = run_async(self.comm, lambda background: self._step(grad, background))
+            self._pending = run_async(self.comm, lambda on: self._step(grad, on),
+                                      op_name="compressor.step")
             return self._pending
         if self._pending is not None:
             self._pending.wait()

@@ -581,8 +581,9 @@ def mode_gpu():
     comm.close()
 
 
-{"bootstrap": mode_bootstrap, "nocupy": mode_nocupy, "emulated": mode_emulated,
- "gpu": mode_gpu}[MODE]()
-WORLD.Barrier()
-if RANK == 0:
-    print(f"nccl_worker {MODE}: ok on {P} ranks")
+if __name__ == "__main__":  # tests/workers/gpu_emulated.py imports the checks
+    {"bootstrap": mode_bootstrap, "nocupy": mode_nocupy, "emulated": mode_emulated,
+     "gpu": mode_gpu}[MODE]()
+    WORLD.Barrier()
+    if RANK == 0:
+        print(f"nccl_worker {MODE}: ok on {P} ranks")

@@ -1,0 +1,370 @@
+"""Emulated ``cupy.ndarray`` and the cupy array namespace: numpy underneath, GPU rules on top.
+
+An :class:`ndarray` wraps a numpy array and the :class:`~.device.Buffer` (device allocation) it
+lives in. Like cupy: mixing it with numpy arrays raises TypeError, implicit conversion to numpy
+raises, reductions return 0-d device arrays, every operation needs its arrays on the current
+device (:class:`~.device.DeviceMismatch` otherwise), and reading a value on the host (``get``,
+``int()``, ``bool()``, ``item``, data-dependent sizes such as ``nonzero`` or boolean masks) is a
+host synchronization reported to :data:`~.device.HOST_SYNC_HOOKS`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import types
+import weakref
+from typing import Any
+
+import numpy as np
+from numpy.lib.mixins import NDArrayOperatorsMixin
+
+from . import device as dev
+
+__all__ = ["ndarray", "namespace", "raw_view", "buffer_at"]
+
+#: functions whose result size depends on the data: cupy reads a count back to the host.
+SIZE_SYNCS = frozenset({"nonzero", "flatnonzero", "argwhere", "unique", "extract", "compress"})
+#: functions that accept host data (host-to-device copies).
+FROM_HOST = frozenset({"asarray", "array", "asanyarray"})
+#: array methods that write their array.
+WRITING_METHODS = frozenset({"fill", "sort", "put", "itemset", "partition"})
+
+_REGISTRY: dict[int, tuple[Any, int]] = {}
+_ADDRESSES: list[int] = []
+_dirty = [False]
+
+
+def _root(a: np.ndarray) -> np.ndarray:
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def _address(a: np.ndarray) -> int:
+    return int(a.__array_interface__["data"][0])
+
+
+def _register(buf: dev.Buffer, root: np.ndarray) -> None:
+    if root.nbytes:
+        with dev.LOCK:
+            _REGISTRY[_address(root)] = (weakref.ref(buf), root.nbytes, root)
+            _dirty[0] = True
+        weakref.finalize(buf, _unregister, _address(root))
+
+
+def _unregister(address: int) -> None:
+    with dev.LOCK:
+        _REGISTRY.pop(address, None)
+        _dirty[0] = True
+
+
+def buffer_at(ptr: int, nbytes: int) -> tuple[dev.Buffer, np.ndarray] | None:
+    """The live device allocation holding ``[ptr, ptr + nbytes)``, with its numpy root."""
+    with dev.LOCK:
+        if _dirty[0]:
+            _ADDRESSES[:] = sorted(_REGISTRY)
+            _dirty[0] = False
+        i = bisect.bisect_right(_ADDRESSES, ptr) - 1
+        if i < 0:
+            return None
+        start = _ADDRESSES[i]
+        ref, size, root = _REGISTRY[start]
+        buf = ref()
+        if buf is None or ptr + nbytes > start + size:
+            return None
+        return buf, root
+
+
+def raw_view(ptr: int, count: int, dtype: np.dtype) -> np.ndarray:
+    """A numpy view of ``count`` elements of ``dtype`` at device address ``ptr``."""
+    raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(ptr)
+    return np.frombuffer(raw, dtype=dtype)
+
+
+class _Data:
+    __slots__ = ("ptr", "device_id")
+
+    def __init__(self, ptr: int, device_id: int) -> None:
+        self.ptr, self.device_id = ptr, device_id
+
+
+class ndarray(NDArrayOperatorsMixin):
+    """A device array: a numpy array plus the device buffer it lives in."""
+
+    __slots__ = ("_a", "_buf", "__weakref__")
+    __array_priority__ = 100
+
+    def __init__(self, shape: Any = None, dtype: Any = float, *, _a: Any = None,
+                 _buf: dev.Buffer | None = None) -> None:
+        if _a is None:  # cupy.ndarray(shape, dtype): an uninitialised allocation
+            _a = np.empty(shape, dtype)
+        self._a = _a
+        if _buf is None:
+            _buf = dev.Buffer(dev.current_device())
+            _register(_buf, _root(_a))
+        self._buf = _buf
+
+    # ---------------------------------------------------------------- what it is
+    shape = property(lambda self: self._a.shape)
+    dtype = property(lambda self: self._a.dtype)
+    size = property(lambda self: self._a.size)
+    ndim = property(lambda self: self._a.ndim)
+    nbytes = property(lambda self: self._a.nbytes)
+    itemsize = property(lambda self: self._a.itemsize)
+    strides = property(lambda self: self._a.strides)
+    flags = property(lambda self: self._a.flags)
+    T = property(lambda self: _view(self, self._a.T))
+
+    @property
+    def data(self) -> _Data:
+        return _Data(_address(self._a) if self._a.size else 0, self._buf.device)
+
+    @property
+    def device(self) -> Any:
+        from .runtime import Device
+
+        return Device(self._buf.device)
+
+    def __len__(self) -> int:
+        return len(self._a)
+
+    def __repr__(self) -> str:
+        return f"emulated cupy {self.get()!r} on device {self._buf.device}"
+
+    # ---------------------------------------------------------------- host reads (syncs)
+    def get(self, stream: Any = None, order: str = "C", out: Any = None,
+            blocking: bool = True) -> np.ndarray:
+        """Device-to-host copy: a host synchronization on the current stream."""
+        return _call(np.array, "get", (self,), {}, sync="get", host=True)
+
+    def _scalar(self, kind: str) -> Any:
+        if self.size != 1:
+            raise TypeError("only size-1 arrays can be read as a scalar")
+        return _call(lambda a: a.reshape(-1)[0].item(), kind, (self,), {}, sync="scalar",
+                     host=True)
+
+    def item(self, *args: Any) -> Any:
+        return self._scalar("item") if not args else self[args].item()
+
+    def tolist(self) -> Any:
+        return self.get().tolist()
+
+    def __int__(self) -> int:
+        return int(self._scalar("int()"))
+
+    def __index__(self) -> int:
+        if self.dtype.kind not in "iu":
+            raise TypeError("only integer arrays can be an index")
+        return int(self._scalar("index"))
+
+    def __float__(self) -> float:
+        return float(self._scalar("float()"))
+
+    def __bool__(self) -> bool:
+        return bool(self._scalar("bool()"))
+
+    def __array__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("Implicit conversion to a NumPy array is not allowed. Please use "
+                        "`.get()` to construct a NumPy array explicitly.")
+
+    def __iter__(self) -> Any:
+        return (self[i] for i in range(len(self)))
+
+    # ---------------------------------------------------------------- numpy's protocols
+    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        return _call(getattr(ufunc, method), ufunc.__name__, inputs, kwargs)
+
+    def __array_function__(self, func: Any, types_: Any, args: Any, kwargs: Any) -> Any:
+        return _call(func, func.__name__, args, kwargs, sync=_size_sync(func.__name__))
+
+    def __getitem__(self, key: Any) -> Any:
+        masked = any(getattr(k, "dtype", None) == np.bool_ for k in
+                     (key if isinstance(key, tuple) else (key,)))
+        return _call(lambda a, k: a[k], "getitem", (self, key), {},
+                     sync="boolean mask" if masked else None)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if isinstance(value, np.ndarray):  # a host-to-device copy, allowed like cupy
+            value = _from_host(value)
+
+        def store(a: np.ndarray, k: Any, v: Any) -> None:
+            a[k] = v
+        _call(store, "setitem", (self, key, value), {}, writes=(0,))
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        attr = getattr(self._a, name)  # AttributeError as numpy's
+        if not callable(attr):
+            return attr
+        method = getattr(np.ndarray, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return _call(method, name, (self,) + args, kwargs,
+                         writes=(0,) if name in WRITING_METHODS else ())
+        return call
+
+    def set(self, arr: np.ndarray, stream: Any = None) -> None:
+        self[...] = arr
+
+
+ndarray.__module__ = "cupy"
+
+
+def _size_sync(name: str) -> str | None:
+    return f"{name} (data-dependent size)" if name in SIZE_SYNCS else None
+
+
+def _view(of: ndarray, a: np.ndarray) -> ndarray:
+    return ndarray(_a=a, _buf=of._buf)
+
+
+def _from_host(value: Any) -> ndarray:
+    out = ndarray(_a=np.array(value, copy=True))
+    dev.ordered_access([(out._buf, True)], "host-to-device copy")
+    return out
+
+
+def _call(fn: Any, name: str, args: Any, kwargs: dict, sync: str | None = None,
+          writes: tuple[int, ...] = (), host: bool = False) -> Any:
+    """Run ``fn`` on the numpy arrays behind the device arrays in its arguments, in order."""
+    found: list[tuple[ndarray, bool]] = []
+    raw_args = tuple(_unwrap(a, found, i in writes, name) for i, a in enumerate(args))
+    raw_kwargs = {k: _unwrap(v, found, k == "out", name) for k, v in kwargs.items()}
+    here = dev.current_stream()
+    _check_devices(found, name)
+    access = {}
+    for arr, writes_it in found:
+        access[id(arr._buf)] = (arr._buf, access.get(id(arr._buf), (None, False))[1] or writes_it)
+    dev.ordered_access(list(access.values()), name, here)
+    if sync is not None:
+        dev.host_sync(sync)
+    seq = here.seq
+    result = fn(*raw_args, **raw_kwargs)
+    return result if host else _wrap(result, found, here, seq, name)
+
+
+def _check_devices(found: list[tuple[ndarray, bool]], name: str) -> None:
+    device = dev.current_device()
+    for arr, _ in found:
+        if arr._buf.device != device:
+            raise dev.DeviceMismatch(
+                f"{name}: an array on device {arr._buf.device} used while device {device} is "
+                "current (cupy raises: the array's device differs from the current device)")
+
+
+def _unwrap(x: Any, found: list, writes: bool, name: str) -> Any:
+    if isinstance(x, ndarray):
+        found.append((x, writes))
+        return x._a
+    if isinstance(x, np.ndarray) and x.ndim > 0 and name not in FROM_HOST \
+            and name not in ("getitem", "setitem"):
+        raise TypeError(f"Unsupported type {type(x)} in emulated cupy.{name} (a host numpy "
+                        "array mixed with device arrays)")
+    if isinstance(x, (list, tuple)):
+        return type(x)(_unwrap(v, found, writes, name) for v in x)
+    if isinstance(x, slice):
+        return slice(*(_unwrap(v, found, False, name) for v in (x.start, x.stop, x.step)))
+    return x
+
+
+def _wrap(result: Any, found: list, here: dev.Stream, seq: int, name: str) -> Any:
+    if isinstance(result, np.generic):
+        result = np.asarray(result)
+    if isinstance(result, np.ndarray):
+        for arr, _ in found:
+            if arr._a is result:
+                return arr
+        root = _root(result)
+        for arr, _ in found:
+            if _root(arr._a) is root:
+                return _view(arr, result)
+        out = ndarray(_a=result)
+        out._buf.writer = (here, seq, name)
+        return out
+    if isinstance(result, (list, tuple)):
+        return type(result)(_wrap(r, found, here, seq, name) for r in result)
+    return result
+
+
+# -------------------------------------------------------------------- the cupy namespace
+def _creator(fn: Any, name: str) -> Any:
+    def create(*args: Any, **kwargs: Any) -> Any:
+        return _call(fn, name, args, kwargs, sync=_size_sync(name))
+    create.__name__ = name
+    return create
+
+
+def asarray(a: Any, dtype: Any = None, order: Any = None, *, blocking: bool = False) -> ndarray:
+    if isinstance(a, ndarray):
+        return a if dtype is None or np.dtype(dtype) == a.dtype else a.astype(dtype)
+    out = ndarray(_a=np.array(a, dtype=dtype, order=order or "K", copy=True))
+    dev.ordered_access([(out._buf, True)], "host-to-device copy")
+    return out
+
+
+def array(a: Any, dtype: Any = None, copy: bool = True, order: str = "K", ndmin: int = 0,
+          **kwargs: Any) -> ndarray:
+    if isinstance(a, ndarray):
+        return _call(np.array, "array", (a,), {"dtype": dtype, "copy": True, "order": order})
+    out = ndarray(_a=np.array(a, dtype=dtype, order=order, copy=True, ndmin=ndmin))
+    dev.ordered_access([(out._buf, True)], "host-to-device copy")
+    return out
+
+
+def asnumpy(a: Any, stream: Any = None, order: str = "C", out: Any = None,
+            blocking: bool = True) -> np.ndarray:
+    return a.get() if isinstance(a, ndarray) else np.asarray(a, order=order)
+
+
+def get_array_module(*args: Any) -> Any:
+    import sys
+
+    return sys.modules["cupy"] if any(isinstance(a, ndarray) for a in args) else np
+
+
+def from_dlpack(x: Any) -> ndarray:
+    return asarray(np.from_dlpack(x))
+
+
+_SPECIAL = {"ndarray": ndarray, "asarray": asarray, "array": array, "asnumpy": asnumpy,
+            "get_array_module": get_array_module, "from_dlpack": from_dlpack,
+            "ascontiguousarray": _creator(np.ascontiguousarray, "ascontiguousarray")}
+
+
+def namespace(name: str) -> Any:
+    """The attribute ``name`` of the emulated ``cupy`` module (numpy's, made device-side)."""
+    if name in _SPECIAL:
+        return _SPECIAL[name]
+    attr = getattr(np, name)
+    if isinstance(attr, np.ufunc):
+        return _Ufunc(attr)
+    if isinstance(attr, types.ModuleType):  # cupy.linalg, cupy.random, ...
+        return _Submodule(attr)
+    if callable(attr) and not isinstance(attr, type):
+        return _creator(attr, name)
+    return attr  # dtypes, scalar types, constants
+
+
+class _Ufunc:
+    """A numpy ufunc that works on (and returns) device arrays."""
+
+    def __init__(self, ufunc: np.ufunc) -> None:
+        self._ufunc = ufunc
+        self.__name__ = ufunc.__name__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _call(self._ufunc, self.__name__, args, kwargs)
+
+    def __getattr__(self, method: str) -> Any:
+        return _creator(getattr(self._ufunc, method), f"{self.__name__}.{method}")
+
+
+class _Submodule:
+    def __init__(self, module: types.ModuleType) -> None:
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._module, name)
+        return _creator(attr, name) if callable(attr) and not isinstance(attr, type) else attr

@@ -1,0 +1,366 @@
+"""Emulated CUDA devices, streams and events: the ordering rules a GPU enforces, on the host.
+
+* Every host thread has its own current device (0 until it calls ``use``/``setDevice``), as in
+  the CUDA runtime, and per device a current stream (the device's legacy null stream by default).
+* Every device allocation is a :class:`Buffer` that knows its device. Array operations run at
+  once on the calling thread, as if the stream had drained up to them: they first wait for the
+  work already enqueued on the current stream (stream order).
+* NCCL operations are :class:`Task` s on a stream, run later by that stream's own thread, in
+  stream order. A task that will write a buffer poisons it when enqueued.
+* Ordering is tracked per buffer (last writer, readers since): touching a buffer that a task on
+  another stream writes (or reads, for a write) is a :class:`StreamOrderError` unless that task
+  is known complete (event/stream synchronize, ``event.done``) or the current stream waited on an
+  event recorded after it. So a missing wait fails deterministically, however fast the task ran.
+* :data:`HOST_SYNC_HOOKS`: callables ``hook(kind)`` run on every operation that blocks the host
+  until the device catches up (device-to-host copy, scalar read, data-dependent size, event or
+  stream synchronize): plug a counter in there.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from typing import Any, Callable
+
+__all__ = ["EmulationError", "StreamOrderError", "DeviceMismatch", "Buffer", "Stream", "Event",
+           "Task", "HOST_SYNC_HOOKS", "host_sync", "current_device", "set_device",
+           "current_stream", "set_stream", "device_count", "null_stream", "lookup_stream",
+           "ordered_access", "synchronize_device", "LOCK"]
+
+#: callables ``hook(kind: str)`` run on every host-blocking operation.
+HOST_SYNC_HOOKS: list[Callable[[str], None]] = []
+#: guards the bookkeeping (never held while blocking).
+LOCK = threading.RLock()
+_DEVICES = {"count": 2}
+_tls = threading.local()
+_ptrs = itertools.count(0x7E000)
+_STREAMS: dict[int, "Stream"] = {}
+
+
+class EmulationError(AssertionError):
+    """A rule that real CUDA/NCCL hardware enforces was broken (the emulator's verdict)."""
+
+
+class StreamOrderError(EmulationError):
+    """A buffer was touched before the stream work that writes (or reads) it was ordered before."""
+
+
+class DeviceMismatch(EmulationError, ValueError):
+    """An array, stream or communicator of one device used while another device is current."""
+
+
+def host_sync(kind: str) -> None:
+    """Report one host synchronization to every hook."""
+    for hook in list(HOST_SYNC_HOOKS):
+        hook(kind)
+
+
+def device_count() -> int:
+    return _DEVICES["count"]
+
+
+def configure(count: int) -> None:
+    _DEVICES["count"] = int(count)
+
+
+def current_device() -> int:
+    return getattr(_tls, "device", 0)
+
+
+def set_device(device: int) -> None:
+    if not 0 <= int(device) < device_count():
+        raise ValueError(f"invalid device ordinal {device} (emulating {device_count()} devices)")
+    _tls.device = int(device)
+
+
+def _known() -> dict:
+    """What this host thread knows complete: stream -> highest finished sequence number."""
+    known = getattr(_tls, "known", None)
+    if known is None:
+        known = _tls.known = {}
+    return known
+
+
+def _learn(into: dict, facts: dict) -> None:
+    for stream, seq in facts.items():
+        if into.get(stream, -1) < seq:
+            into[stream] = seq
+
+
+class Task:
+    """One piece of stream work: ``run()`` on the stream's thread, ``seq`` its place in order."""
+
+    def __init__(self, stream: "Stream", seq: int, name: str, run: Callable[[], None] | None):
+        self.stream, self.seq, self.name, self.run = stream, seq, name, run
+        self.finished = threading.Event()
+        self.error: BaseException | None = None
+
+    def __repr__(self) -> str:
+        return f"{self.name} (#{self.seq} on {self.stream})"
+
+
+class Stream:
+    """A FIFO of tasks run by its own daemon thread; eager operations order after it."""
+
+    def __init__(self, device: int, ptr: int | None = None, null: bool = False,
+                 blocking: bool = False) -> None:
+        self.device, self.null, self.blocking = device, null, blocking
+        self.ptr = 0 if null else (next(_ptrs) if ptr is None else ptr)
+        self.seq = 0  # last sequence number handed out
+        self.done_seq = 0  # every task up to here has finished
+        self.known: dict[Stream, int] = {}  # other streams' progress this one has waited for
+        self.tasks: "queue.Queue[Task]" = queue.Queue()
+        self.last: Task | None = None
+        self._thread: threading.Thread | None = None
+        if not null:
+            _STREAMS[self.ptr] = self
+
+    def __repr__(self) -> str:
+        return f"{'null stream' if self.null else f'stream {self.ptr:#x}'} of device {self.device}"
+
+    # enqueueing
+    def next_seq(self) -> int:
+        with LOCK:
+            self.seq += 1
+            return self.seq
+
+    def enqueue(self, name: str, run: Callable[[], None] | None) -> Task:
+        """Append ``run`` to the stream; it runs after everything enqueued before it."""
+        with LOCK:
+            task = Task(self, self.next_seq(), name, run)
+            self.last = task
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, daemon=True,
+                                                name=f"emulated {self}")
+                self._thread.start()
+        self.tasks.put(task)
+        return task
+
+    def eager(self) -> int:
+        """Order a host-run operation on this stream: wait for what is queued, take a number."""
+        self.drain()
+        with LOCK:
+            seq = self.next_seq()
+            if self.last is None or self.last.finished.is_set():
+                self.done_seq = seq
+            return seq
+
+    def _serve(self) -> None:
+        while True:
+            task = self.tasks.get()
+            try:
+                if task.run is not None:
+                    task.run()
+            except BaseException as exc:  # recorded; the NCCL layer turns it into async errors
+                task.error = exc
+            with LOCK:
+                self.done_seq = max(self.done_seq, task.seq)
+            task.finished.set()
+
+    # waiting
+    def drain(self, upto: int | None = None) -> None:
+        """Block until every task up to ``upto`` (default: all enqueued) has finished."""
+        last = self.last
+        if last is None:
+            return
+        if upto is None or upto >= last.seq:
+            _wait(last.finished)
+            return
+        while self.done_seq < upto:
+            time.sleep(1e-4)
+
+    def synchronize(self) -> None:
+        """Host waits for all work on this stream (cudaStreamSynchronize)."""
+        host_sync("stream.synchronize")
+        self.drain()
+        with LOCK:
+            _learn(_known(), {self: self.seq})
+            _learn(_known(), self.known)
+
+    @property
+    def done(self) -> bool:
+        last = self.last
+        finished = last is None or last.finished.is_set()
+        if finished:
+            with LOCK:
+                _learn(_known(), {self: self.seq})
+        return finished
+
+    def wait_event(self, event: "Event") -> None:
+        """Later work on this stream runs after the event's work (cudaStreamWaitEvent)."""
+        if event.task is None:
+            return
+        waited = event.task
+
+        def wait() -> None:
+            _wait(waited.finished)
+        self.enqueue(f"wait {event}", wait)
+        with LOCK:
+            _learn(self.known, event.facts)
+
+    def record(self, event: "Event | None" = None) -> "Event":
+        event = Event() if event is None else event
+        event.record(self)
+        return event
+
+    def use(self) -> "Stream":
+        set_stream(self)
+        return self
+
+    def __enter__(self) -> "Stream":
+        self._prev = current_stream()
+        set_stream(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        set_stream(self._prev)
+
+
+class Event:
+    """A marker on a stream: ``done`` / ``synchronize()`` make its work known to the host."""
+
+    def __init__(self, block: bool = False, disable_timing: bool = False,
+                 interprocess: bool = False) -> None:
+        self.task: Task | None = None
+        self.facts: dict[Stream, int] = {}
+
+    def record(self, stream: Stream | None = None) -> None:
+        stream = current_stream() if stream is None else stream
+        if stream.device != current_device():
+            raise DeviceMismatch(f"cudaEventRecord on {stream} while device {current_device()} "
+                                 "is current")
+        self.task = stream.enqueue("event", None)
+        with LOCK:
+            self.facts = dict(stream.known)
+            self.facts[stream] = self.task.seq
+
+    def _learn(self) -> None:
+        with LOCK:
+            _learn(_known(), self.facts)
+
+    @property
+    def done(self) -> bool:
+        if self.task is None or self.task.finished.is_set():
+            self._learn()
+            return True
+        return False
+
+    def synchronize(self) -> None:
+        host_sync("event.synchronize")
+        if self.task is not None:
+            _wait(self.task.finished)
+        self._learn()
+
+
+def _wait(flag: threading.Event) -> None:
+    while not flag.wait(0.5):
+        pass
+
+
+_NULL: dict[int, Stream] = {}
+
+
+def null_stream(device: int | None = None) -> Stream:
+    device = current_device() if device is None else device
+    with LOCK:
+        stream = _NULL.get(device)
+        if stream is None:
+            stream = _NULL[device] = Stream(device, null=True)
+        return stream
+
+
+def current_stream() -> Stream:
+    streams = getattr(_tls, "streams", None)
+    stream = None if streams is None else streams.get(current_device())
+    return stream if stream is not None else null_stream()
+
+
+def set_stream(stream: Stream) -> None:
+    if stream.device != current_device():
+        raise DeviceMismatch(f"making {stream} current while device {current_device()} is "
+                             "current")
+    if getattr(_tls, "streams", None) is None:
+        _tls.streams = {}
+    _tls.streams[stream.device] = stream
+
+
+def lookup_stream(ptr: int) -> Stream:
+    """The stream behind an NCCL ``stream`` argument (0: the current device's null stream)."""
+    if int(ptr) == 0:
+        return null_stream()
+    stream = _STREAMS.get(int(ptr))
+    if stream is None:
+        raise EmulationError(f"stream handle {ptr:#x} is not a stream")
+    return stream
+
+
+def synchronize_device() -> None:
+    """Host waits for every stream of the current device (cudaDeviceSynchronize)."""
+    host_sync("device.synchronize")
+    device = current_device()
+    for stream in [s for s in list(_STREAMS.values()) + list(_NULL.values())
+                   if s.device == device]:
+        stream.drain()
+        with LOCK:
+            _learn(_known(), {stream: stream.seq})
+
+
+class Buffer:
+    """One device allocation: its device, and the stream work that last wrote and read it."""
+
+    __slots__ = ("device", "writer", "readers", "__weakref__")
+
+    def __init__(self, device: int) -> None:
+        self.device = device
+        self.writer: tuple[Stream, int, str] | None = None
+        self.readers: list[tuple[Stream, int, str]] = []
+
+
+def _implicit(a: Stream, b: Stream) -> bool:
+    """The legacy null stream and a blocking stream of one device wait for each other's work."""
+    return a.device == b.device and ((a.null and b.blocking) or (b.null and a.blocking))
+
+
+def _ordered(stream: Stream, seq: int, here: Stream) -> bool:
+    """Is work #seq on ``stream`` ordered before what runs next on ``here`` for this thread?"""
+    return (stream is here or _known().get(stream, 0) >= seq or here.known.get(stream, 0) >= seq)
+
+
+def ordered_access(buffers: list[tuple[Buffer, bool]], what: str, here: Stream | None = None,
+                   task_seq: int | None = None) -> list[tuple[Stream, int]]:
+    """Check (and book) reads/writes of ``buffers`` by ``what`` on stream ``here``.
+
+    ``task_seq`` None: an operation run now on the host thread (it waits for its own stream
+    first); else the sequence number of an enqueued task on ``here``, which must first wait for
+    the returned (stream, seq) pairs (work it is implicitly ordered after, see :func:`_implicit`).
+    """
+    here = current_stream() if here is None else here
+    if task_seq is None:
+        seq = here.eager()
+    else:
+        seq = task_seq
+    waits = []
+    with LOCK:
+        for buf, writes in buffers:
+            conflicts = ([buf.writer] if buf.writer else []) + (buf.readers if writes else [])
+            for stream, done, name in conflicts:
+                if _implicit(stream, here) and not _ordered(stream, done, here):
+                    waits.append((stream, done))
+                elif not _ordered(stream, done, here):
+                    raise StreamOrderError(
+                        f"{what} on {here} touches a buffer of device {buf.device} that {name} "
+                        f"(#{done} on {stream}) {'writes' if (stream, done, name) == buf.writer else 'reads'}"
+                        ", with no event, stream wait or synchronize ordering it before: a missing "
+                        "wait on a GPU (the data would be garbage)")
+        for buf, writes in buffers:
+            mark = (here, seq, what)
+            if writes:
+                buf.writer, buf.readers = mark, []
+            else:
+                buf.readers = [r for r in buf.readers if r[0] is not here] + [mark]
+    if task_seq is None:
+        for stream, done in waits:
+            stream.drain(done)
+    return waits

@@ -1,0 +1,419 @@
+"""Emulated ``cupy.cuda.nccl``: NCCL's rules between MPI processes, data moved by mpi4py.
+
+What a call checks on the host (before anything moves): the communicator is alive, the current
+device and the stream's device are the communicator's, every buffer is live device memory of that
+device and large enough for ``count`` elements (NCCL's units), in-place calls use NCCL's exact
+in-place pointers and other buffers do not overlap; and the same call with the same argument
+types goes to the real ``cupy.cuda.nccl`` on an uninitialised communicator, which must answer
+with NCCL's own NcclError (proves names, signatures and enums of the installed CuPy).
+
+What happens next: like NCCL >= 2.22, the first collective of a communicator and the first
+send/recv with each peer block the calling host thread in a connection handshake with the peer(s);
+the data moves later, in a task on the stream (poisoned receive buffers until then). Every call
+is logged; :func:`check_logs` compares the logs across ranks. ``abort()`` from any thread makes a
+blocked call or task fail with NcclError.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import numpy as np
+from mpi4py import MPI
+
+from . import device as dev
+from .array import buffer_at, raw_view
+from .logs import COMMS, GLOBAL_LOG, check_logs
+from .nccl_core import (INTERNAL, INVALID_ARGUMENT, INVALID_USAGE, REMOTE, STATE, dtype_of,
+                        error, get_unique_id, itemsize, join, poll, reduce_rows,
+                        release_blocked, uid_bytes, waitall)
+
+__all__ = ["build", "check_logs", "release_blocked"]
+
+_tls = threading.local()
+_P2P_TAG, _HANDSHAKE_TAG, _ABORT_TAG = 7, 9, 11
+
+
+def groupStart() -> None:
+    _tls.depth = getattr(_tls, "depth", 0) + 1
+    if _tls.depth == 1:
+        _tls.pending = []
+
+
+def groupEnd() -> None:
+    depth = getattr(_tls, "depth", 0)
+    if depth < 1:
+        raise error(INVALID_USAGE)
+    _tls.depth = depth - 1
+    if _tls.depth == 0:
+        pending, _tls.pending = _tls.pending, []
+        by_comm: dict[int, list] = {}
+        for comm, op in pending:
+            by_comm.setdefault(id(comm), [comm]).append(op)
+        for comm, *ops in by_comm.values():
+            comm._launch(ops)
+
+
+class _Op:
+    """One logged call: what moves (``run`` on the stream thread) and the buffers it touches."""
+
+    def __init__(self, entry: tuple, stream: dev.Stream, reads: list, writes: list,
+                 run: Callable[[], None], peer: int | None = None) -> None:
+        self.entry, self.stream, self.reads, self.writes = entry, stream, reads, writes
+        self.run, self.peer = run, peer
+
+
+class NcclCommunicator:
+    """``NcclCommunicator(ndev, commId, rank)``: blocks until all ``ndev`` ranks have joined."""
+
+    def __init__(self, ndev: int, commId: Any, rank: int, *, _mpi: Any = None,
+                 _uid: bytes | None = None) -> None:
+        if not isinstance(ndev, int) or not isinstance(rank, int):
+            raise TypeError("ndev and rank must be int")
+        if not 0 <= rank < ndev:
+            raise error(INVALID_ARGUMENT)
+        self.uid = _uid if _uid is not None else uid_bytes(commId)
+        self._rank, self._size, self.device = rank, ndev, dev.current_device()
+        self.aborted = self.destroyed = False
+        self.async_error: int | None = None
+        self.log: list[tuple] = []
+        self.connected: set = set()
+        self.coll_seq = 0
+        self.tasks: list[dev.Task] = []
+        self._real = STATE["real"].NcclCommunicator.__new__(STATE["real"].NcclCommunicator)
+        self.mpi = _mpi if _mpi is not None else self._join()
+        self.handshake = self.mpi.Dup()
+        self.world_ranks = self.mpi.Get_group().Translate_ranks(
+            list(range(ndev)), MPI.COMM_WORLD.Get_group())
+        COMMS.append(self)
+
+    def _join(self) -> Any:
+        return join(self.uid, self._rank, self._size, self.device)
+
+    # ---------------------------------------------------------------- what it is
+    def rank_id(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+    def device_id(self) -> int:
+        return self.device
+
+    # ---------------------------------------------------------------- checks at the call
+    def _check_call(self, method: str, real_args: tuple, stream_ptr: int) -> dev.Stream:
+        getattr(self._real, method)  # AttributeError where the installed CuPy lacks it
+        for value in real_args:  # pointers, counts, enums, ranks, streams: all C integers
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+                raise TypeError(f"nccl {method}: argument {value!r} is not an integer (the "
+                                "binding would truncate or reject it)")
+        try:
+            getattr(self._real, method)(*real_args)
+        except STATE["real"].NcclError:
+            pass  # NCCL's own argument error: names, arity, types and enums were accepted
+        else:
+            raise dev.EmulationError(f"real {method} on a null communicator did not fail")
+        if self.aborted or self.destroyed:
+            raise dev.EmulationError(f"{method} on a communicator that was "
+                                     f"{'aborted' if self.aborted else 'destroyed'}")
+        if dev.current_device() != self.device:
+            raise dev.DeviceMismatch(f"nccl {method} on rank {self._rank}: device "
+                                     f"{dev.current_device()} is current, the communicator's is "
+                                     f"{self.device}")
+        stream = dev.lookup_stream(stream_ptr)
+        if stream.device != self.device:
+            raise dev.DeviceMismatch(f"nccl {method}: {stream} is not on the communicator's "
+                                     f"device {self.device}")
+        return stream
+
+    def _span(self, method: str, ptr: int, count: int, dtype: int, what: str) -> tuple:
+        """(buffer, start, end) of ``count`` elements at ``ptr``; must be this device's memory."""
+        nbytes = count * itemsize(dtype)
+        found = buffer_at(int(ptr), nbytes)
+        if found is None:
+            raise dev.EmulationError(f"nccl {method} on rank {self._rank}: {what} {ptr:#x} + "
+                                     f"{nbytes} bytes is not inside one live device allocation "
+                                     "(host memory, a freed buffer, or count in wrong units)")
+        buf = found[0]
+        if buf.device != self.device:
+            raise dev.DeviceMismatch(f"nccl {method} on rank {self._rank}: {what} is on device "
+                                     f"{buf.device}, the communicator on {self.device}")
+        return buf, int(ptr), int(ptr) + nbytes
+
+    def _no_overlap(self, method: str, a: tuple, b: tuple, rule: str) -> None:
+        if a[1] < b[2] and b[1] < a[2]:
+            raise dev.EmulationError(f"nccl {method} on rank {self._rank}: send and receive "
+                                     f"buffers overlap but are not in place ({rule})")
+
+    # ---------------------------------------------------------------- collectives
+    def allReduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int,
+                  stream: int) -> None:
+        self._collective("allReduce", (sendbuf, recvbuf, count, datatype, op, stream),
+                         ("allReduce", count, datatype, op), sendbuf, count, recvbuf, count,
+                         datatype, stream, lambda s: reduce_rows(s, op, datatype), same=True)
+
+    def reduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int, root: int,
+               stream: int) -> None:
+        self._root(root)
+        at_root = self._rank == root
+        self._collective("reduce", (sendbuf, recvbuf, count, datatype, op, root, stream),
+                         ("reduce", count, datatype, op, root), sendbuf, count,
+                         recvbuf if at_root else None, count, datatype, stream,
+                         lambda s: reduce_rows(s, op, datatype), same=True)
+
+    def broadcast(self, sendbuff: int, recvbuff: int, count: int, datatype: int, root: int,
+                  stream: int) -> None:
+        self._root(root)
+        at_root = self._rank == root
+        self._collective("broadcast", (sendbuff, recvbuff, count, datatype, root, stream),
+                         ("broadcast", count, datatype, root), sendbuff if at_root else None,
+                         count, recvbuff, count, datatype, stream, lambda s: s[root], same=True)
+
+    def allGather(self, sendbuf: int, recvbuf: int, count: int, datatype: int,
+                  stream: int) -> None:
+        place = recvbuf + self._rank * count * itemsize(datatype)
+        self._collective("allGather", (sendbuf, recvbuf, count, datatype, stream),
+                         ("allGather", count, datatype), sendbuf, count, recvbuf,
+                         count * self._size, datatype, stream, lambda s: s.reshape(-1),
+                         in_place=sendbuf == place)
+
+    def reduceScatter(self, sendbuf: int, recvbuf: int, recvcount: int, datatype: int, op: int,
+                      stream: int) -> None:
+        place = sendbuf + self._rank * recvcount * itemsize(datatype)
+        me = self._rank
+        self._collective("reduceScatter", (sendbuf, recvbuf, recvcount, datatype, op, stream),
+                         ("reduceScatter", recvcount, datatype, op), sendbuf,
+                         recvcount * self._size, recvbuf, recvcount, datatype, stream,
+                         lambda s: reduce_rows(s, op, datatype)[me * recvcount:(me + 1) * recvcount],
+                         in_place=recvbuf == place)
+
+    def _root(self, root: int) -> None:
+        if not 0 <= int(root) < self._size:
+            raise error(INVALID_ARGUMENT)
+
+    def _collective(self, method: str, real_args: tuple, entry: tuple, sendbuf: Any,
+                    send_count: int, recvbuf: Any, recv_count: int, datatype: int,
+                    stream_ptr: int, combine: Callable[[np.ndarray], np.ndarray],
+                    same: bool = False, in_place: bool | None = None) -> None:
+        stream = self._check_call(method, real_args, stream_ptr)
+        dtype = dtype_of(datatype)
+        send = None if sendbuf is None else self._span(method, sendbuf, send_count, datatype,
+                                                       "sendbuff")
+        recv = None if recvbuf is None else self._span(method, recvbuf, recv_count, datatype,
+                                                       "recvbuff")
+        if send is not None and recv is not None:
+            if same:
+                in_place = sendbuf == recvbuf
+            if not in_place:
+                self._no_overlap(method, send, recv, "NCCL: in place only with the documented "
+                                 "pointers, other overlaps are undefined")
+        comm, seq_holder = self, []
+
+        def run() -> None:
+            tag = 1000 + seq_holder[0] % 20000
+            mine = raw_view(sendbuf, send_count, dtype).copy() if send is not None else None
+            stack = comm._exchange(method, mine, send_count, dtype, tag, entry)
+            if recv is not None:
+                raw_view(recvbuf, recv_count, dtype)[...] = combine(stack)
+
+        self.coll_seq += 1
+        seq_holder.append(self.coll_seq)
+        op = _Op(entry, stream, [send] if send else [], [recv] if recv else [], run)
+        self._issue(op)
+
+    def _exchange(self, method: str, mine: np.ndarray | None, count: int, dtype: np.dtype,
+                  tag: int, entry: tuple) -> np.ndarray:
+        """Every rank's contribution, stacked in rank order (who sends to whom by ``method``)."""
+        p, me = self._size, self._rank
+        root = entry[-1] if method in ("reduce", "broadcast") else None
+        senders = [root] if method == "broadcast" else list(range(p))
+        receivers = [root] if method == "reduce" else list(range(p))
+        stack = np.zeros((p, count), dtype)
+        requests = []
+        if me in senders:
+            stack[me] = mine
+            requests += [self.mpi.Isend(stack[me].view(np.uint8), dest=r, tag=tag)
+                         for r in receivers if r != me]
+        if me in receivers:
+            requests += [self.mpi.Irecv(stack[s].view(np.uint8), source=s, tag=tag)
+                         for s in senders if s != me]
+        waitall(requests, self, method, kernel=True)
+        return stack
+
+    # ---------------------------------------------------------------- point to point
+    def send(self, sendbuf: int, count: int, datatype: int, peer: int, stream: int) -> None:
+        self._p2p("send", sendbuf, count, datatype, peer, stream)
+
+    def recv(self, recvbuf: int, count: int, datatype: int, peer: int, stream: int) -> None:
+        self._p2p("recv", recvbuf, count, datatype, peer, stream)
+
+    def _p2p(self, method: str, ptr: int, count: int, datatype: int, peer: int,
+             stream_ptr: int) -> None:
+        stream = self._check_call(method, (ptr, count, datatype, peer, stream_ptr), stream_ptr)
+        if not 0 <= int(peer) < self._size or peer == self._rank:
+            raise error(INVALID_ARGUMENT)
+        span = self._span(method, ptr, count, datatype, "buffer")
+        dtype, comm = dtype_of(datatype), self
+        if method == "send":
+            def run() -> Any:
+                data = raw_view(ptr, count, dtype).copy()
+                return [comm.mpi.Isend(data.view(np.uint8), dest=peer, tag=_P2P_TAG)], data
+            op = _Op((method, peer, count, datatype), stream, [span], [], run, peer)
+        else:
+            def run() -> Any:
+                return [comm.mpi.Irecv(raw_view(ptr, count, dtype).view(np.uint8), source=peer,
+                                       tag=_P2P_TAG)], None
+            op = _Op((method, peer, count, datatype), stream, [], [span], run, peer)
+        self._issue(op)
+
+    # ---------------------------------------------------------------- launching
+    def _issue(self, op: _Op) -> None:
+        self.log.append(op.entry)
+        GLOBAL_LOG.append((self.uid, op.entry))
+        if getattr(_tls, "depth", 0):
+            _tls.pending.append((self, op))
+        else:
+            self._launch([op])
+
+    def _connect(self, ops: list[_Op]) -> None:
+        """NCCL >= 2.22 connects lazily: block until the new peers take part too."""
+        requests = []
+        if any(op.peer is None for op in ops) and "all" not in self.connected:
+            requests.append(self.handshake.Ibarrier())
+            self.connected.add("all")
+        for peer in sorted({op.peer for op in ops if op.peer is not None} - self.connected):
+            token = np.zeros(1, np.uint8)
+            requests += [self.handshake.Isend(token, dest=peer, tag=_HANDSHAKE_TAG),
+                         self.handshake.Irecv(np.zeros(1, np.uint8), source=peer,
+                                              tag=_HANDSHAKE_TAG)]
+            self.connected.add(peer)
+        waitall(requests, self, "connection handshake")
+
+    def _launch(self, ops: list[_Op]) -> None:
+        """One NCCL launch (a call, or a group): handshake, order, poison, enqueue one task."""
+        stream = ops[0].stream
+        if any(op.stream is not stream for op in ops):
+            raise dev.EmulationError("one NCCL group on several streams")
+        spans = [s for op in ops for s in op.writes]
+        for i, a in enumerate(spans):
+            for b in spans[i + 1:]:
+                self._no_overlap("group", a, b, "two receive buffers of one launch overlap")
+        self._connect(ops)
+        comm = self
+
+        waits: list = []
+
+        def run() -> None:
+            try:
+                for other, seq in waits:  # implicit null-stream ordering
+                    other.drain(seq)
+                pending, keep = [], []
+                for op in ops:
+                    if op.peer is None:
+                        op.run()
+                    else:
+                        requests, data = op.run()
+                        pending += requests
+                        keep.append(data)
+                waitall(pending, comm, "send/recv", kernel=True)
+            except BaseException as exc:
+                comm.async_error = getattr(exc, "status", INTERNAL)
+                raise
+
+        name = "nccl " + "+".join(op.entry[0] for op in ops)
+        reads = [s for op in ops for s in op.reads]
+        with dev.LOCK:
+            poison = [(start, end) for buf, start, end in spans
+                      if not any(s[1] < end and start < s[2] for s in reads) and _idle(buf)]
+            waits += dev.ordered_access([(s[0], False) for s in reads] +
+                                        [(s[0], True) for s in spans], name, here=stream,
+                                        task_seq=stream.seq + 1)
+            for start, end in poison:  # what a missing wait reads: NaN, -1
+                raw_view(start, end - start, np.dtype(np.uint8))[...] = 0xFF
+            self.tasks = [t for t in self.tasks if not t.finished.is_set()]
+            self.tasks.append(stream.enqueue(name, run))
+
+    # ---------------------------------------------------------------- lifetime
+    def check_async_error(self) -> None:
+        self._check_real("check_async_error")
+        if self.async_error is not None:
+            raise error(self.async_error)
+
+    def _check_real(self, method: str) -> None:
+        try:
+            getattr(self._real, method)()
+        except STATE["real"].NcclError:
+            pass
+
+    def abort(self) -> None:
+        """From any thread: blocked calls and tasks of this communicator fail; peers see a
+        remote error (their calls fail, their kernels spin until they abort too)."""
+        if not self.aborted:
+            self.notices = [self.handshake.Isend(np.zeros(1, np.uint8), dest=r, tag=_ABORT_TAG)
+                            for r in range(self._size) if r != self._rank]
+        self.aborted = True
+        if self.async_error is None:
+            self.async_error = INTERNAL
+
+    def peer_aborted(self) -> bool:
+        if self.async_error is None and self.handshake.Iprobe(MPI.ANY_SOURCE, _ABORT_TAG):
+            self.async_error = REMOTE
+        return self.async_error == REMOTE
+
+    def destroy(self) -> None:
+        """Flush: wait for this communicator's tasks (unless aborted), then free it."""
+        if not self.aborted:
+            poll(lambda: all(t.finished.is_set() for t in self.tasks), self, "destroy")
+        self.destroyed = True
+
+    def commSplit(self, color: int, key: int) -> "NcclCommunicator | None":
+        self._check_call("commSplit", (color, key), 0)
+        self.log.append(("commSplit",))
+        GLOBAL_LOG.append((self.uid, ("commSplit",)))
+        self._connect([_Op(("commSplit",), dev.null_stream(), [], [], lambda: None)])
+        child = self.handshake.Split(color if color >= 0 else MPI.UNDEFINED, key)
+        if color < 0:
+            return None
+        uid = (self.uid[:100] + np.int32(len(self.log)).tobytes() +
+               np.int32(color).tobytes())[:128].ljust(128, b"\0")
+        return type(self)(child.Get_size(), None, child.Get_rank(), _mpi=child, _uid=uid)
+
+
+class _Cupy13Communicator(NcclCommunicator):
+    """CuPy 13's binding: no ``commSplit``."""
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "commSplit":
+            raise AttributeError("'cupy.cuda.nccl.NcclCommunicator' object has no attribute "
+                                 "'commSplit' (CuPy 13)")
+        return super().__getattribute__(name)
+
+
+def _idle(buf: dev.Buffer) -> bool:
+    """No unfinished stream work reads or writes ``buf`` (so poisoning it harms nobody)."""
+    marks = ([buf.writer] if buf.writer else []) + buf.readers
+    return all(stream.done_seq >= seq for stream, seq, _ in marks)
+
+
+def build(real: Any, version: int, node: int) -> Any:
+    """The emulated ``cupy.cuda.nccl`` module over the real binding ``real``."""
+    import types
+
+    mod = types.ModuleType("cupy.cuda.nccl")
+    for name in dir(real):
+        if name.startswith("NCCL_"):
+            setattr(mod, name, getattr(real, name))
+    STATE.update(real=real, version=version, node=node, boot=MPI.COMM_WORLD.Dup(),
+                 dtypes={int(getattr(real, "NCCL_" + n.upper())): np.dtype(n) for n in
+                         ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16",
+                          "float32", "float64")})
+    mod.NcclError = real.NcclError
+    mod.available = True
+    mod.get_version = real.get_version
+    mod.get_unique_id = get_unique_id
+    real.groupStart()  # the real ones exist and pair up (the calls inside are not real:
+    real.groupEnd()  # NCCL would report their null-communicator errors at groupEnd)
+    mod.groupStart, mod.groupEnd = groupStart, groupEnd
+    mod.NcclCommunicator = NcclCommunicator if version >= 14 else _Cupy13Communicator
+    return mod

@@ -1,0 +1,136 @@
+"""The emulated NCCL's plumbing: state, errors, abortable waits, unique ids, the bootstrap."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+from mpi4py import MPI
+
+__all__ = ["STATE", "release_blocked", "error", "poll", "waitall", "get_unique_id", "uid_bytes",
+           "join", "dtype_of", "itemsize", "reduce_rows", "INTERNAL", "INVALID_ARGUMENT",
+           "INVALID_USAGE", "REMOTE"]
+
+STATE: dict[str, Any] = {}
+_ids = itertools.count(1)
+_SHUTDOWN = threading.Event()
+# ncclResult_t values
+INTERNAL, INVALID_ARGUMENT, INVALID_USAGE, REMOTE = 3, 4, 5, 6
+
+
+def release_blocked() -> None:
+    """Make every blocked emulated NCCL call fail (end of a test that left a peer missing)."""
+    _SHUTDOWN.set()
+
+
+def error(status: int) -> BaseException:
+    return STATE["real"].NcclError(status)
+
+
+def poll(done: Callable[[], bool], comm: Any, what: str, kernel: bool = False) -> None:
+    """Wait for ``done()``; an abort of ``comm`` (or a release) makes it raise NcclError.
+
+    A peer's abort sets ``comm``'s asynchronous error; a host call then fails at once, while a
+    ``kernel`` (a task on a stream) keeps spinning, as NCCL's kernels do, until ``comm`` aborts.
+    """
+    pause = 2e-5
+    while not done():
+        if (comm is not None and comm.aborted) or _SHUTDOWN.is_set():
+            raise error(INTERNAL if comm is not None and comm.aborted else REMOTE)
+        if comm is not None and comm.peer_aborted() and not kernel:
+            raise error(REMOTE)
+        time.sleep(pause)
+        pause = min(pause * 2, 2e-3)
+
+
+def waitall(requests: list, comm: Any, what: str, kernel: bool = False) -> None:
+    if requests:
+        poll(lambda: MPI.Request.Testall(requests), comm, what, kernel)
+
+
+def get_unique_id() -> Any:
+    """128 bytes naming the creating world rank and a counter (a tuple in CuPy 13 style)."""
+    raw = np.zeros(128, np.uint8)
+    raw[:16] = np.frombuffer(np.array([0x454D55, MPI.COMM_WORLD.Get_rank(), next(_ids), 0],
+                                      np.int32).tobytes(), np.uint8)
+    raw[16:] = np.frombuffer(os.urandom(112), np.uint8)
+    return bytes(raw) if STATE["version"] >= 14 else tuple(int(b) for b in raw.view(np.int8))
+
+
+def uid_bytes(uid: Any) -> bytes:
+    if STATE["version"] >= 14:
+        if not isinstance(uid, bytes) or len(uid) != 128:
+            raise TypeError(f"commId must be the 128 bytes of get_unique_id(), got {type(uid)}")
+        return uid
+    if not isinstance(uid, tuple) or len(uid) != 128:
+        raise TypeError(f"commId must be the 128-tuple of get_unique_id(), got {type(uid)}")
+    return np.array(uid, np.int8).tobytes()
+
+
+def join(uid: bytes, rank: int, size: int, device: int) -> Any:
+    """Rendezvous at the id's creator (NCCL's bootstrap root), then an MPI group of us."""
+    boot, world = STATE["boot"], MPI.COMM_WORLD.Get_rank()
+    head = np.frombuffer(uid[:16], np.int32)
+    root, tag = int(head[1]), int(head[2]) % 30000 + 100
+    me = (rank, world, STATE["node"], device)
+    if world == root:
+        table = {rank: me}
+        while len(table) < size:
+            req = boot.irecv(source=MPI.ANY_SOURCE, tag=tag)
+            got: list = []
+            poll(lambda: got.append(req.test()) or got[-1][0], None, "ncclCommInitRank")
+            info = got[-1][1]
+            if info[0] in table:
+                raise error(INVALID_ARGUMENT)
+            table[info[0]] = info
+        placed = [(node, gpu) for _, _, node, gpu in table.values()]
+        if len(set(placed)) < len(placed):  # NCCL: "Duplicate GPU detected"
+            table = None
+        for _, rank_world, _, _ in (table or {}).values():
+            if rank_world != world:
+                boot.send(table, dest=rank_world, tag=tag)
+        if table is None:
+            raise error(INVALID_USAGE)
+    else:
+        boot.send(me, dest=root, tag=tag)
+        req = boot.irecv(source=root, tag=tag)
+        got = []
+        poll(lambda: got.append(req.test()) or got[-1][0], None, "ncclCommInitRank")
+        table = got[-1][1]
+    order = [table[r][1] for r in range(size)]
+    group = MPI.COMM_WORLD.Get_group().Incl(order)
+    return boot.Create_group(group, tag)
+
+
+def itemsize(datatype: int) -> int:
+    return dtype_of(datatype).itemsize
+
+
+def dtype_of(datatype: int) -> np.dtype:
+    try:
+        return STATE["dtypes"][int(datatype)]
+    except KeyError:
+        raise error(INVALID_ARGUMENT) from None
+
+
+def reduce_rows(stack: np.ndarray, op: int, datatype: int) -> np.ndarray:
+    """NCCL's reduction of the ranks' rows, in rank order (avg: sum * 1/P for floats)."""
+    real = STATE["real"]
+    if op == real.NCCL_AVG:
+        if stack.dtype.kind == "f":
+            scale = stack.dtype.type(1.0 / stack.shape[0])
+            return (stack * scale).sum(axis=0, dtype=stack.dtype)
+        total = stack.astype(np.int64).sum(axis=0)
+        return (np.sign(total) * (np.abs(total) // stack.shape[0])).astype(stack.dtype)
+    ufunc = {real.NCCL_SUM: np.add, real.NCCL_PROD: np.multiply, real.NCCL_MAX: np.maximum,
+             real.NCCL_MIN: np.minimum}.get(int(op))
+    if ufunc is None:
+        raise error(INVALID_ARGUMENT)
+    out = stack[0].copy()
+    for row in stack[1:]:
+        ufunc(out, row, out=out)
+    return out

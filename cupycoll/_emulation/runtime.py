@@ -1,0 +1,96 @@
+"""Emulated ``cupy.cuda`` and ``cupy.cuda.runtime``: devices, streams and events by CuPy's names."""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+from . import device as dev
+
+__all__ = ["Device", "Stream", "Event", "CUDARuntimeError", "runtime_module", "cuda_module"]
+
+
+class CUDARuntimeError(RuntimeError):
+    """Raised like cupy's for a bad device ordinal and other runtime failures."""
+
+    def __init__(self, status: int, message: str = "") -> None:
+        self.status = status
+        super().__init__(message or f"cudaError {status}")
+
+
+class Device:
+    """``cupy.cuda.Device``: ``use()`` makes it current for the calling host thread only."""
+
+    def __init__(self, device: Any = None) -> None:
+        self.id = dev.current_device() if device is None else int(device)
+
+    def use(self) -> None:
+        _set_device(self.id)
+
+    def __enter__(self) -> "Device":
+        self._prev = dev.current_device()
+        _set_device(self.id)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _set_device(self._prev)
+
+    def synchronize(self) -> None:
+        with self:
+            dev.synchronize_device()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Device) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return self.id
+
+    def __repr__(self) -> str:
+        return f"<CUDA Device {self.id} (emulated)>"
+
+
+def _set_device(device: int) -> None:
+    try:
+        dev.set_device(device)
+    except ValueError as exc:
+        raise CUDARuntimeError(101, f"cudaErrorInvalidDevice: {exc}") from None
+
+
+class Stream(dev.Stream):
+    """``cupy.cuda.Stream``: a new stream on the current device."""
+
+    def __init__(self, null: bool = False, non_blocking: bool = False, ptds: bool = False):
+        super().__init__(dev.current_device(), blocking=not non_blocking)
+
+
+class Event(dev.Event):
+    """``cupy.cuda.Event``."""
+
+
+def get_current_stream(device_id: int | None = None) -> dev.Stream:
+    return dev.current_stream()
+
+
+def runtime_module() -> types.ModuleType:
+    rt = types.ModuleType("cupy.cuda.runtime")
+    rt.CUDARuntimeError = CUDARuntimeError
+    rt.cudaDevAttrMultiProcessorCount = 16
+    rt.getDeviceCount = dev.device_count
+    rt.getDevice = dev.current_device
+    rt.setDevice = _set_device
+    rt.deviceSynchronize = dev.synchronize_device
+    rt.deviceGetAttribute = lambda attr, device: 2  # two SMs: small grids, many wraps
+    rt.is_hip = False
+    return rt
+
+
+def cuda_module(nccl: types.ModuleType) -> types.ModuleType:
+    cuda = types.ModuleType("cupy.cuda")
+    cuda.Device = Device
+    cuda.Stream = Stream
+    cuda.Event = Event
+    cuda.get_current_stream = get_current_stream
+    cuda.runtime = runtime_module()
+    cuda.nccl = nccl
+    cuda.is_available = lambda: True
+    return cuda

@@ -1,0 +1,354 @@
+"""cupycoll's GPU path on emulated GPUs (cupycoll._emulation) under mpiexec.
+
+Usage: gpu_emulated.py MODE [ARGS]   (CC_EMU_DEVICES: emulated devices per node, default 2;
+CC_EMU_CUPY: emulated CuPy major version, default 14)
+
+Modes:
+  suites SEED NCASES [quick]  the dense, sparse (every algorithm, sync and async) and top-k
+                              (every algorithm; Ok-Topk refresh and non-refresh steps) suites on
+                              init("nccl") over emulated devices, against numpy references
+  async_device                async sparse_allreduce runs on the communicator's device
+  async_order                 async sparse_allreduce beside the caller's own collectives keeps
+                              one launch order on every rank
+  dup                         dup() on CuPy 13's binding (no commSplit); its errors
+  missing_peer                a rank that never joins a collective: CollectiveTimeout, no hang
+  init_fails                  ncclCommInitRank fails on one rank: every rank raises in time
+  device_choice               init() keeps a device the application made current
+  auto_agrees                 init("auto") picks NCCL only if every rank can
+  rules                       every rule of the emulator fires on a program that breaks it
+After every mode the ranks' NCCL call logs are compared (cupycoll._emulation.check_logs).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+
+MODE = sys.argv[1]
+import cupycoll._emulation as emu  # noqa: E402
+
+emu.install(int(os.environ.get("CC_EMU_DEVICES", "2")), int(os.environ.get("CC_EMU_CUPY", "14")))
+import cupy  # noqa: E402  (the emulated one)
+from mpi4py import MPI  # noqa: E402
+
+from _common import expect_raises  # noqa: E402
+
+import cupycoll as cc  # noqa: E402
+from cupycoll._result import SparseResult  # noqa: E402
+from cupycoll.errors import BackendError, BackendUnavailable, CollectiveTimeout  # noqa: E402
+
+WORLD = MPI.COMM_WORLD
+RANK, P = WORLD.Get_rank(), WORLD.Get_size()
+DEVICES = int(os.environ.get("CC_EMU_DEVICES", "2"))
+
+
+def host(obj):
+    """Device arrays (inside results, outcomes, tuples) copied to numpy."""
+    if isinstance(obj, cupy.ndarray):
+        return obj.get()
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(host(o) for o in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(host(o) for o in obj)
+    return obj
+
+
+def nccl_comm(timeout=60.0):
+    comm = cc.init("nccl", timeout=timeout)
+    assert comm.backend == "nccl" and comm.xp is cupy, comm
+    assert comm.device_id == RANK % DEVICES == cupy.cuda.runtime.getDevice(), comm.device_id
+    return comm
+
+
+# ---------------------------------------------------------------- suites
+def dense_suite(comm, quick):
+    import nccl_worker as checks
+
+    checks.check_dense(comm, cupy, sizes=(0, 7) if quick else (0, 1, 7, 100))
+    checks.check_exchange(comm, cupy)
+    checks.check_variable(comm, cupy)
+    checks.check_stats_parity(comm, cupy)
+    checks.check_errors(comm, cupy)
+    if not quick:
+        checks.check_dup(comm, cupy)
+
+
+def sparse_suite(comm, seed, ncases):
+    import sparse_random as sr
+    from _common import digest
+
+    algorithms = cc.algorithms("sparse")
+    digests = []
+    for case in range(ncases):
+        prm = sr.case_params(seed, case, P, algorithms)
+        inputs = [sr.rank_input(seed, case, r, P, prm) for r in range(P)]
+        idx, val = (cupy.asarray(a) for a in inputs[RANK])
+        out = cc.sparse_allreduce(idx, val, prm["n"], op=prm["op"], algorithm=prm["algorithm"],
+                                  comm=comm, accumulate_dtype=prm["acc"],
+                                  async_op=bool(case % 2))
+        res = out.wait() if case % 2 else out
+        assert isinstance(res.indices, cupy.ndarray) and isinstance(res.values, cupy.ndarray)
+        got = SparseResult(res.indices.get(), res.values.get(), res.n)
+        assert np.array_equal(idx.get(), inputs[RANK][0]), "input modified"
+        assert np.array_equal(val.get(), inputs[RANK][1]), "input modified"
+        sr.check(got, prm, inputs, P, case)
+        digests.append(digest(got.indices, got.values))
+    every = WORLD.allgather(digests)
+    assert all(d == every[0] for d in every), "sparse results differ across ranks"
+
+
+def topk_suite(comm, quick):
+    import topk_results as tr
+
+    def run_outcome(comm, x, k, alg, state=None, _run=tr.run_outcome):
+        return host(_run(comm, cupy.asarray(x), k, alg, state))
+
+    def topk_allreduce(x, k, _call=tr.topk_allreduce, **kwargs):
+        return host(_call(cupy.asarray(x), k, **kwargs))
+
+    tr.run_outcome, tr.topk_allreduce = run_outcome, topk_allreduce
+    cases = [(2, 7, 3, "float64"), (4, 4099, 41, "float32"), (6, 300, 30, "float16")]
+    for seed, n, k, dtype in cases[:2] if quick else cases:
+        tr.check_case(comm, seed, n, k, dtype)
+    steps = 3 if quick else 5  # refresh at even steps, non-refresh at odd ones
+    native = tr.oktopk_sequence(comm, 11, 3000, 30, steps, padded=False)
+    padded = tr.oktopk_sequence(comm, 11, 3000, 30, steps, padded=True)
+    for (ai, av), (bi, bv) in zip(native, padded):
+        assert np.array_equal(ai, bi) and np.array_equal(av, bv)
+
+
+def mode_suites():
+    seed, ncases = int(sys.argv[2]), int(sys.argv[3])
+    quick = "quick" in sys.argv[4:]
+    comm = nccl_comm()
+    from cupycoll._emulation.kernels import LAUNCHES
+
+    for suite in (lambda: dense_suite(comm, quick), lambda: sparse_suite(comm, seed, ncases),
+                  lambda: topk_suite(comm, quick)):
+        suite()
+        emu.check_logs()
+    ran = {name.split("<")[0] for name in LAUNCHES}  # the cupy primitives ran the CUDA kernels
+    assert {"cc_segment_fold", "cc_radix_histogram", "cc_rank_select"} <= ran, sorted(ran)
+
+
+# ---------------------------------------------------------------- defects (failing first)
+def sparse_case(seed=3):
+    """Every rank's (indices, values) and the dense numpy sum over ranks (n = 50)."""
+    parts = []
+    for r in range(P):
+        rng = np.random.default_rng([seed, r])
+        idx = rng.choice(50, 6, replace=False).astype(np.int64)
+        parts.append((idx, rng.integers(-9, 9, 6).astype(np.float32)))
+    dense = np.zeros(50, np.float64)
+    for idx, val in parts:
+        dense[idx] += val
+    want = np.unique(np.concatenate([i for i, _ in parts]))
+    return parts, want, dense[want]
+
+
+def check_sparse(res, want_idx, want_val):
+    assert isinstance(res.values, cupy.ndarray)
+    assert res.values.device.id == cupy.cuda.runtime.getDevice()
+    assert np.array_equal(res.indices.get(), want_idx), res.indices.get()
+    assert np.array_equal(res.values.get().astype(np.float64), want_val), res.values.get()
+
+
+def mode_async_device():
+    """Defect 1: the worker thread of async sparse_allreduce must use the communicator's GPU."""
+    comm = nccl_comm()
+    parts, want_idx, want_val = sparse_case()
+    for algorithm in cc.algorithms("sparse"):
+        idx, val = (cupy.asarray(a) for a in parts[RANK])
+        work = cc.sparse_allreduce(idx, val, 50, algorithm=algorithm, comm=comm, async_op=True)
+        check_sparse(work.wait(), want_idx, want_val)
+
+
+def mode_async_order():
+    """Defect 2: async sparse_allreduce beside the caller's own collectives: one launch order."""
+    comm = nccl_comm(timeout=5.0)
+    parts, want_idx, want_val = sparse_case()
+    idx, val = (cupy.asarray(a) for a in parts[RANK])
+    work = cc.sparse_allreduce(idx, val, 50, algorithm="allgather", comm=comm, async_op=True)
+    if RANK == 0:
+        time.sleep(0.3)  # the caller's next collective comes late here, early elsewhere
+    x = cupy.full(4, RANK + 1.0, cupy.float32)
+    assert cc.allreduce(x, comm=comm).get().tolist() == [P * (P + 1) / 2] * 4
+    check_sparse(work.wait(), want_idx, want_val)
+
+
+def mode_dup():
+    """Defect 3: dup() on CuPy 13 (no commSplit); a failing dup raises BackendError."""
+    comm = nccl_comm()
+    twin = comm.dup()
+    x = cupy.full(3, RANK + 1, cupy.int32)
+    twin.allreduce(x, x, "sum").wait()
+    assert x.get().tolist() == [P * (P + 1) // 2] * 3
+    twin.close()
+    comm.barrier()
+    if os.environ.get("CC_EMU_CUPY", "14") != "13":
+        def broken(*args):
+            raise cupy.cuda.nccl.NcclError(5)
+        comm._comm.commSplit = broken
+        err = expect_raises(BackendError, comm.dup)
+        assert "dup" in str(err) and f"rank {RANK}" in str(err), err
+
+
+def mode_missing_peer():
+    """Defect 4: the last rank never joins: the others' first collective blocks in NCCL's
+    connection handshake; CUPYCOLL_TIMEOUT must still fire (CollectiveTimeout, no hang)."""
+    from cupycoll.comm.nccl import NCCLCommunicator
+
+    lonely = NCCLCommunicator(timeout=2.0)
+    if RANK != P - 1:
+        start = time.monotonic()
+        x = cupy.ones(4, cupy.float32)
+        # the first rank whose watchdog fires aborts; a peer still blocked may see that abort
+        # first, as NCCL's remote error (BackendError) instead of its own timeout
+        err = expect_raises((CollectiveTimeout, BackendError), lambda: cc.allreduce(x, comm=lonely))
+        assert "allreduce" in str(err) and f"rank {RANK}" in str(err), err
+        assert isinstance(err, CollectiveTimeout) or "REMOTE" in str(err), err
+        assert time.monotonic() - start < 30, "the timeout fired far too late"
+    WORLD.Barrier()
+    lonely.abort()
+
+
+def mode_peer_aborts():
+    """Defect 4: without a timeout, a wait must still see NCCL's asynchronous error (a peer
+    aborted) instead of waiting forever for a kernel that spins."""
+    comm = nccl_comm(timeout=None)
+    x = cupy.ones(4, cupy.float32)
+    comm.allreduce(x, x, "sum").wait()  # connected
+    if RANK == P - 1:
+        comm.abort()
+    else:
+        err = expect_raises(BackendError, comm.allreduce(x, x, "sum").wait)
+        assert "allreduce" in str(err), err
+    WORLD.Barrier()
+
+
+def mode_init_fails():
+    """Defect 4: ncclCommInitRank fails on the last rank: every rank raises, none waits."""
+    from cupycoll.comm.nccl import NCCLCommunicator
+
+    if RANK == P - 1:
+        def broken(*args, **kwargs):
+            raise cupy.cuda.nccl.NcclError(5)
+        cupy.cuda.nccl.NcclCommunicator = broken
+    start = time.monotonic()
+    err = expect_raises(BackendUnavailable, NCCLCommunicator, timeout=3.0)
+    assert f"rank {P - 1}" in str(err) or f"rank(s) [{P - 1}]" in str(err), err
+    assert time.monotonic() - start < 30
+    emu.release_blocked()  # the init threads of the others stop waiting for the last rank
+
+
+def mode_device_choice():
+    """init() keeps a device the application made current (here: the other one)."""
+    chosen = DEVICES - 1 - RANK  # run with 3 devices per node: rank 0 picks 2, rank 1 picks 1
+    cupy.cuda.Device(chosen).use()
+    comm = cc.init("nccl", timeout=30.0)
+    assert comm.device_id == chosen == cupy.cuda.runtime.getDevice(), (comm.device_id, chosen)
+    x = cupy.full(2, 1.0, cupy.float32)
+    assert cc.allreduce(x, comm=comm).get().tolist() == [float(P)] * 2
+
+
+def mode_auto_agrees():
+    """init("auto"): NCCL only if every rank can use it (here the last rank cannot)."""
+    import cupycoll.comm as comm_module
+
+    if RANK == P - 1:
+        comm_module.nccl_usable = lambda: False
+    comm = cc.init("auto", timeout=10.0)
+    assert comm.backend == "mpi", comm.backend
+    assert cc.allreduce(np.ones(2) if comm.backend == "mpi" else cupy.ones(2),
+                        comm=comm).sum() == 2 * P
+
+
+# ---------------------------------------------------------------- the emulator's own rules
+def mode_rules():
+    """Every rule the emulator enforces fires on a program that breaks it (P = 2)."""
+    from cupycoll._emulation import DeviceMismatch, EmulationError, StreamOrderError
+
+    comm = nccl_comm()
+    raw, nccl = comm._comm, cupy.cuda.nccl
+    f32, total = nccl.NCCL_FLOAT32, nccl.NCCL_SUM
+    stream = cupy.cuda.get_current_stream().ptr
+    # devices: another device's array, a kernel or NCCL call from a thread on the wrong device
+    with cupy.cuda.Device(1 - comm.device_id):
+        elsewhere = cupy.zeros(3, cupy.float32)
+    expect_raises(DeviceMismatch, lambda: elsewhere + 1)
+    x = cupy.arange(6, dtype=cupy.float32)
+    expect_raises(DeviceMismatch, raw.allReduce, elsewhere.data.ptr, elsewhere.data.ptr, 3,
+                  f32, total, stream)
+    # cupy's own rules: no host arrays in device operations, no implicit conversion
+    expect_raises(TypeError, lambda: x + np.ones(6, np.float32))
+    expect_raises(TypeError, np.asarray, x)
+    # NCCL's rules: device memory only, counts in elements, in-place pointers exactly
+    host = np.zeros(6, np.float32)
+    expect_raises(EmulationError, raw.allReduce, host.ctypes.data, host.ctypes.data, 6, f32,
+                  total, stream)
+    expect_raises(EmulationError, raw.allReduce, x.data.ptr, x.data.ptr, x.nbytes, f32,
+                  total, stream)  # bytes where NCCL counts elements
+    expect_raises(EmulationError, raw.allReduce, x.data.ptr, x.data.ptr + 4, 5, f32, total,
+                  stream)  # overlapping, not in place
+    expect_raises(TypeError, raw.allReduce, x.data.ptr, x.data.ptr, 6.0, f32, total, stream)
+    # streams: a result read on another stream before its work is ordered there
+    side = cupy.cuda.Stream(non_blocking=True)
+    y = cupy.zeros(6, cupy.float32)
+    expect_raises(StreamOrderError, raw.allReduce, x.data.ptr, y.data.ptr, 6, f32, total,
+                  side.ptr)  # x and y were written on the null stream, unordered with side
+    ready = cupy.cuda.Event()
+    ready.record()
+    side.wait_event(ready)
+    with side:
+        raw.allReduce(x.data.ptr, y.data.ptr, 6, f32, total, side.ptr)
+        event = cupy.cuda.Event()
+        event.record(side)
+    expect_raises(StreamOrderError, lambda: y + 1)  # no wait: the read is a race
+    cupy.cuda.get_current_stream().wait_event(event)
+    assert (y + 0).get().tolist() == [P * v for v in range(6)]  # ordered: correct
+    expect_raises(StreamOrderError, raw.allReduce, x.data.ptr, y.data.ptr, 6, f32, total,
+                  side.ptr)  # overwriting y on side while the null stream's read is unordered
+    side.wait_event(cupy.cuda.get_current_stream().record())
+    with side:
+        raw.allReduce(x.data.ptr, y.data.ptr, 6, f32, total, side.ptr)
+    event.record(side)
+    event.synchronize()  # the host knows it is done: reading is fine
+    assert y.get().tolist() == [P * v for v in range(6)]
+    # host synchronizations reach the hooks
+    kinds = []
+    emu.HOST_SYNC_HOOKS.append(kinds.append)
+    int(y.sum()), y[y > 1], cupy.flatnonzero(y), y.get()
+    emu.HOST_SYNC_HOOKS.remove(kinds.append)
+    assert kinds == ["scalar", "boolean mask", "flatnonzero (data-dependent size)", "get"], kinds
+    # the logs: ranks calling different collectives are caught at the end
+    z = cupy.zeros(4, cupy.int32 if RANK else cupy.float32)
+    comm.allreduce(z, z, "sum").wait()
+    err = expect_raises(EmulationError, emu.check_logs)
+    assert "differ across ranks" in str(err), err
+    # abort from another thread unblocks a call blocked in the connection handshake
+    from cupycoll.comm.nccl import NCCLCommunicator
+
+    fresh = NCCLCommunicator(timeout=None)
+    if RANK == 0:
+        import threading
+
+        timer = threading.Timer(0.5, fresh._comm.abort)
+        timer.start()
+        expect_raises(nccl.NcclError, fresh._comm.allReduce, x.data.ptr, x.data.ptr, 6, f32,
+                      total, stream)
+    WORLD.Barrier()
+    fresh.abort()
+
+
+{"suites": mode_suites, "rules": mode_rules, "async_device": mode_async_device, "async_order": mode_async_order,
+ "dup": mode_dup, "missing_peer": mode_missing_peer, "peer_aborts": mode_peer_aborts,
+ "init_fails": mode_init_fails, "device_choice": mode_device_choice,
+ "auto_agrees": mode_auto_agrees}[MODE]()
+emu.check_logs()
+WORLD.Barrier()
+if RANK == 0:
+    print(f"gpu_emulated {MODE}: ok on {P} ranks (NCCL calls checked against the real "
+          f"binding of CuPy {emu.real_cupy_version()})")
