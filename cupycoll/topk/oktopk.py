@@ -48,6 +48,7 @@ from ..primitives import select_abs_ge, topk_abs
 from ._common import (Cost, TopkOutcome, TopkState, index_dtype, log2_ceil, min_abs,
                       positive_threshold, smallest_positive, sorted_member, to_host,
                       topk_algorithm)
+from ._global_threshold import histogram_threshold
 from ._oktopk_phases import allgather_blocks, balance, split_and_reduce
 from .selectors import Threshold
 
@@ -113,21 +114,40 @@ def _refresh(comm: Any, red: Any, lo: int, k: int, n: int, state: TopkState) -> 
 
 def _select_balance_gather(comm: Any, red: Any, lo: int, k: int, n: int,
                            state: TopkState) -> tuple[Any, Any]:
-    """Select ``|red| >= global_th``, balance the selections, allgather them; adapt the threshold."""
-    sel_i, sel_v = select_abs_ge(red, state.global_th)
+    """Select ``|red| >= global threshold``, balance the selections, allgather them.
+
+    Quantile policy: the threshold of this step from the allreduced histogram of every region's
+    nonzero sums (:mod:`._global_threshold`). Reference policy: the shared threshold as it is,
+    corrected afterwards from the count T alone (GLOBAL_FEEDBACK), for the next step.
+    """
+    if _reference_policy(state):
+        sel_i, sel_v = select_abs_ge(red, state.global_th)
+    else:
+        nz_i, nz_v = select_abs_ge(red, smallest_positive(red.dtype))
+        state.global_th, _ = histogram_threshold(comm, comm.xp.abs(nz_v), k, n,
+                                                 state.global_th, red.dtype)
+        pos, sel_v = select_abs_ge(nz_v, state.global_th)
+        sel_i = nz_i[pos]
     gidx = sel_i.astype(index_dtype(n)) + lo
     counts = comm.allgather_counts(int(gidx.shape[0]), "oktopk.balance.counts")
     total = int(counts.sum())
     state.last["global_count"] = total
-    low, high, scale = GLOBAL_FEEDBACK
-    if total < low * k:
-        state.global_th = positive_threshold(state.global_th / scale, red.dtype)
-    elif total > high * k:
-        state.global_th *= scale
+    if _reference_policy(state):
+        low, high, scale = GLOBAL_FEEDBACK
+        if total < low * k:
+            state.global_th = positive_threshold(state.global_th / scale, red.dtype)
+        elif total > high * k:
+            state.global_th *= scale
     if total == 0:
         return gidx, sel_v
     blk_i, blk_v, blocks = balance(comm, gidx, sel_v, counts)
     return allgather_blocks(comm, blk_i, blk_v, blocks, n, padded=_padded(comm, state))
+
+
+def _reference_policy(state: TopkState) -> bool:
+    """True when the local selector is ``Threshold(policy="reference")``: then the global
+    threshold follows the reference code's count feedback too."""
+    return isinstance(state.selector, Threshold) and state.selector.policy == "reference"
 
 
 @topk_algorithm("oktopk", selector=Threshold, cost=cost)
