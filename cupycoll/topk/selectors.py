@@ -4,12 +4,15 @@ Three selectors (Ok-Topk spec section 2), two of them with two policies:
 
 - :class:`Exact`: the exact top-k by magnitude (``topk_abs``), every step. Exactly k entries.
 - :class:`Threshold` (Ok-Topk's selector):
-  ``policy="quantile"`` (default): every step, the k-th magnitude from one sampled pass -- a
-  threshold a little below the k-th magnitude read from a fixed pseudo-random sample of ``|x|``,
-  one ``|x| >= t`` pass, then the exact k-th magnitude among the ~1.6k entries that passed
-  (O(k)). The selection is ``|x| >= (k-th magnitude)``: k entries (more only on ties), whatever
-  the residuals did since the last step. ``policy="reference"``: the reference code's heuristic
-  -- exact top-k on refresh steps, in between the last threshold reused with count feedback:
+  ``policy="quantile"`` (default): every step, a threshold a little below the k-th magnitude
+  read from a fixed pseudo-random sample of ``x`` (about 256 sampled entries above it, at most
+  1/512 of x), then one ``|x| >= t`` pass: about 1.13k entries. Counts outside
+  ``[0.8k, 1.25k]`` (LOCAL_RANGE) are corrected in the same step: too many are cut to the exact
+  top-k of the selection (one partition of the selection, O(count)), too few select again below
+  a wider-margin sampled threshold. So the count stays in range whatever the residuals did since
+  the last step, for about one pass over x (short vectors, below 2^19: the exact k-th
+  magnitude, then the pass). ``policy="reference"``: the reference code's heuristic -- exact
+  top-k on refresh steps, in between the last threshold reused with count feedback:
   while more than ``cap*k`` pass, raise it by ``cap_scale`` (at most ``cap_tries`` times,
   re-selecting among the selected entries), then for the next step divide by ``scale`` below
   ``low*k`` and multiply above ``high*k``. Under error feedback that lets 4-5k entries through
@@ -17,10 +20,10 @@ Three selectors (Ok-Topk spec section 2), two of them with two policies:
 - :class:`Gaussian` (Gaussian-k): the threshold ``|mean| + z*std``, ``z = Phi^-1(1 - d/2)``,
   ``d = k/n``, above which a normal distribution would leave k entries.
   ``policy="corrected"`` (default): mean, std and the predicted count come from the same sample;
-  when the predicted count is outside ``[low*k, high*k]`` the threshold is corrected to the
-  sampled k-th magnitude; after the one pass, a count above ``high*k`` is cut to the exact top-k
-  of the selection (O(count)) and a count below ``low*k`` re-selects once below the sampled k-th
-  magnitude. So the count lands in range on every step. ``policy="reference"``: mean and std of
+  when the predicted count is outside ``[low*k, high*k]``, or the pass selects fewer than
+  ``low*k``, the threshold is corrected to the quantile policy's sampled one; a count above
+  ``high*k`` is cut to the exact top-k of the selection (O(count)). So the count lands in range
+  on every step, for about one pass over x. ``policy="reference"``: mean and std of
   the whole vector, then up to ``max_corrections`` rescalings by ``scale`` (one O(n) count
   each) while the count is outside the range -- real gradients have heavier tails, so the count
   can stay far from k.
@@ -45,11 +48,14 @@ from ._common import min_abs, positive_threshold, smallest_positive
 
 __all__ = ["Selection", "Selector", "Exact", "Threshold", "Gaussian", "magnitude_sample"]
 
-#: sample size of the sampled quantile: about this many sampled entries lie above the k-th
-#: magnitude (the sampled count's relative error is about 1/sqrt of it), at least SAMPLE_MIN
-#: entries; vectors at most 4x the sample are used whole (the quantile is then exact).
-SAMPLE_HITS = 64
-SAMPLE_MIN = 1 << 12
+#: sample size of the sampled quantile: about SAMPLE_HITS sampled entries lie above the k-th
+#: magnitude (the sampled count's relative error is about 1/sqrt of it), the sample is at least
+#: SAMPLE_MIN and at most 1/512 of x (a random gather touches a cache line per entry); vectors
+#: shorter than 512 * SAMPLE_MIN are used whole.
+SAMPLE_HITS = 256
+SAMPLE_MIN = 1 << 10
+#: the quantile policy's accepted local count, as fractions of k (outside: corrected in the step).
+LOCAL_RANGE = (0.8, 1.25)
 _POSITIONS: dict = {}
 
 
@@ -74,8 +80,8 @@ def magnitude_sample(x: Any, k: int) -> tuple[Any, float]:
     same entries; they are ascending, so the gather reads x in order.
     """
     xp, n = array_namespace(x), int(x.shape[0])
-    m = max(SAMPLE_MIN, -(-SAMPLE_HITS * n // k))
-    if 4 * m >= n:
+    m = min(max(SAMPLE_MIN, -(-SAMPLE_HITS * n // k)), n // 512)
+    if m < SAMPLE_MIN:
         return x, 1.0
     key = (xp.__name__, n, m)
     if key not in _POSITIONS:
@@ -86,38 +92,44 @@ def magnitude_sample(x: Any, k: int) -> tuple[Any, float]:
     return x[_POSITIONS[key]], n / m
 
 
-def _below_kth(sample: Any, scale: float, k: int) -> float:
+def _below_kth(sample: Any, scale: float, k: int, margin: float = 1.0) -> float:
     """A magnitude at or a little below the k-th largest of x, from ``magnitude_sample``.
 
     Whole vector (scale 1): the exact k-th magnitude. Sample: the sample's r-th largest magnitude,
-    r set 4 standard deviations (+8) above the expected count of sampled entries above the k-th.
+    r set ``margin`` x (2 standard deviations + 2) above the expected count h of sampled entries
+    above the k-th: about k (1 + 2/sqrt(h)) entries pass, 1.13k at h = 256.
     """
     size = int(sample.shape[0])
     mean = k / scale
-    r = k if scale == 1.0 else int(mean + 4.0 * math.sqrt(mean) + 8)
+    r = k if scale == 1.0 else int(mean + margin * (2.0 * math.sqrt(mean) + 2))
     if r > size:
         return 0.0
     return float(kth_abs(sample, r))
 
 
 def _exact_top(idx: Any, val: Any, k: int) -> tuple[Any, Any, float]:
-    """Cut a selection of more than k entries to ``|v| >= (its k-th magnitude)``: O(count)."""
-    kth = float(kth_abs(val, k))
-    pos, val = select_abs_ge(val, kth)
-    return idx[pos], val, kth
+    """Cut a selection of more than k entries (no NaN) to ``|v| >= (its k-th magnitude)``:
+    one partition and one mask over the selection, O(count)."""
+    xp = array_namespace(val)
+    mag = xp.abs(val)
+    kth = mag.dtype.type(xp.partition(mag, mag.shape[0] - k)[mag.shape[0] - k])
+    keep = xp.flatnonzero(mag >= kth)
+    return idx[keep], val[keep], float(kth)
 
 
-def _quantile_select(x: Any, k: int, sampled: tuple[Any, float] | None = None
-                     ) -> tuple[Any, Any, float]:
+def _quantile_select(x: Any, k: int, sampled: tuple[Any, float] | None = None,
+                     low: float = 1.0) -> tuple[Any, Any, float]:
     """Select ``|x| >= t``, t a little below the sampled k-th magnitude (``sampled``: the
-    ``magnitude_sample`` of x, when already taken); when fewer than k pass (an unlucky sample, or
-    fewer than k nonzeros), select all nonzeros instead."""
-    th = positive_threshold(_below_kth(*(sampled or magnitude_sample(x, k)), k), x.dtype)
-    idx, val = select_abs_ge(x, th)
+    ``magnitude_sample`` of x, when already taken). When fewer than ``low*k`` pass (an unlucky
+    sample), select again with a margin 4x wider, then all nonzeros (fewer than k nonzeros)."""
+    sample, scale = sampled or magnitude_sample(x, k)
     floor = smallest_positive(x.dtype)
-    if idx.shape[0] < k and th > floor:
-        th = floor
+    for margin in (1.0, 4.0, math.inf):
+        th = floor if margin == math.inf else \
+            positive_threshold(_below_kth(sample, scale, k, margin), x.dtype)
         idx, val = select_abs_ge(x, th)
+        if idx.shape[0] >= low * k or th <= floor:
+            break
     return idx, val, th
 
 
@@ -189,8 +201,8 @@ class Threshold(Selector):
 
     def _select(self, x: Any, k: int, refresh: bool) -> Selection:
         if self.policy == "quantile":
-            idx, val, th = _quantile_select(x, k)
-            if idx.shape[0] > k:
+            idx, val, th = _quantile_select(x, k, low=LOCAL_RANGE[0])
+            if idx.shape[0] > LOCAL_RANGE[1] * k:
                 idx, val, th = _exact_top(idx, val, k)
             self.threshold = th
             return Selection(idx, val, th)
@@ -257,7 +269,7 @@ class Gaussian(Selector):
         if self.low * k <= predicted <= self.high * k:
             idx, val = select_abs_ge(x, th)
         if not self.low * k <= predicted <= self.high * k or idx.shape[0] < self.low * k:
-            idx, val, th = _quantile_select(x, k, (sample, scale))  # the fit missed
+            idx, val, th = _quantile_select(x, k, (sample, scale), self.low)  # the fit missed
         if idx.shape[0] > self.high * k:
             idx, val, th = _exact_top(idx, val, k)
         return Selection(idx, val, th)
