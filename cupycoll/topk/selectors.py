@@ -4,18 +4,18 @@ Three selectors (Ok-Topk spec section 2), two of them with two policies:
 
 - :class:`Exact`: the exact top-k by magnitude (``topk_abs``), every step. Exactly k entries.
 - :class:`Threshold` (Ok-Topk's selector):
-  ``policy="quantile"`` (default): every step, a threshold a little below the k-th magnitude
-  read from a fixed pseudo-random sample of ``x`` (about 256 sampled entries above it, at most
-  1/512 of x), then one ``|x| >= t`` pass: about 1.13k entries. Counts outside
-  ``[0.8k, 1.25k]`` (LOCAL_RANGE) are corrected in the same step: too many are cut to the exact
-  top-k of the selection (one partition of the selection, O(count)), too few select again below
-  a wider-margin sampled threshold. So the count stays in range whatever the residuals did since
-  the last step, for about one pass over x (short vectors, below 2^19: the exact k-th
-  magnitude, then the pass). ``policy="reference"``: the reference code's heuristic -- exact
-  top-k on refresh steps, in between the last threshold reused with count feedback:
-  while more than ``cap*k`` pass, raise it by ``cap_scale`` (at most ``cap_tries`` times,
-  re-selecting among the selected entries), then for the next step divide by ``scale`` below
-  ``low*k`` and multiply above ``high*k``. Under error feedback that lets 4-5k entries through
+  ``policy="quantile"`` (default): every step, a threshold read from a fixed pseudo-random
+  sample of ``x`` (about 256 sampled entries above the k-th magnitude, at most 1/512 of x), set
+  so that at least 0.8k entries pass (3 standard deviations sure), then one ``|x| >= t`` pass:
+  about k entries. Counts outside ``[0.8k, 1.25k]`` (LOCAL_RANGE) are corrected in the same
+  step: too many are cut to the exact top-k of the selection (one partition of the selection,
+  O(count)), too few select again below a lower sampled threshold. So the count stays in range
+  whatever the residuals did since the last step, for about one pass over x (vectors shorter
+  than 2^19: the exact k-th magnitude, then the pass). ``policy="reference"``: the reference
+  code's heuristic -- exact top-k on refresh steps, in between the last threshold reused with
+  count feedback: while more than ``cap*k`` pass, raise it by ``cap_scale`` (at most
+  ``cap_tries`` times, re-selecting among the selected entries), then for the next step divide
+  by ``scale`` below ``low*k`` and multiply above ``high*k``. Under error feedback that lets 4-5k entries through
   (issue 11); it is kept so the comparison stays reproducible.
 - :class:`Gaussian` (Gaussian-k): the threshold ``|mean| + z*std``, ``z = Phi^-1(1 - d/2)``,
   ``d = k/n``, above which a normal distribution would leave k entries.
@@ -92,16 +92,20 @@ def magnitude_sample(x: Any, k: int) -> tuple[Any, float]:
     return x[_POSITIONS[key]], n / m
 
 
-def _below_kth(sample: Any, scale: float, k: int, margin: float = 1.0) -> float:
-    """A magnitude at or a little below the k-th largest of x, from ``magnitude_sample``.
+def _below_kth(sample: Any, scale: float, k: int, low: float) -> float:
+    """A magnitude that at least ``low*k`` entries of x reach, 3 standard deviations sure, from
+    ``magnitude_sample``.
 
-    Whole vector (scale 1): the exact k-th magnitude. Sample: the sample's r-th largest magnitude,
-    r set ``margin`` x (2 standard deviations + 2) above the expected count h of sampled entries
-    above the k-th: about k (1 + 2/sqrt(h)) entries pass, 1.13k at h = 256.
+    Whole vector (scale 1): the exact k-th magnitude. Sample, h = k / scale sampled entries
+    expected above the k-th: the sample's r-th largest magnitude, r the least >= h with
+    ``r/h * (1 - 3/sqrt(r)) >= low``: r = h when h >= 225 (about k entries pass, +-1/sqrt(h)),
+    a little above h for small samples.
     """
     size = int(sample.shape[0])
-    mean = k / scale
-    r = k if scale == 1.0 else int(mean + margin * (2.0 * math.sqrt(mean) + 2))
+    h = k / scale
+    r = k if scale == 1.0 else max(1, math.ceil(h))
+    while scale != 1.0 and r / h * (1 - 3 / math.sqrt(r)) < low and r <= size:
+        r += 1 + r // 16
     if r > size:
         return 0.0
     return float(kth_abs(sample, r))
@@ -117,16 +121,17 @@ def _exact_top(idx: Any, val: Any, k: int) -> tuple[Any, Any, float]:
     return idx[keep], val[keep], float(kth)
 
 
-def _quantile_select(x: Any, k: int, sampled: tuple[Any, float] | None = None,
-                     low: float = 1.0) -> tuple[Any, Any, float]:
-    """Select ``|x| >= t``, t a little below the sampled k-th magnitude (``sampled``: the
-    ``magnitude_sample`` of x, when already taken). When fewer than ``low*k`` pass (an unlucky
-    sample), select again with a margin 4x wider, then all nonzeros (fewer than k nonzeros)."""
+def _quantile_select(x: Any, k: int, low: float,
+                     sampled: tuple[Any, float] | None = None) -> tuple[Any, Any, float]:
+    """Select ``|x| >= t``, t the sampled magnitude that ``low*k`` entries reach (``sampled``:
+    the ``magnitude_sample`` of x, when already taken). When fewer than ``low*k`` pass (a 3-sigma
+    miss), select again below a sampled magnitude 1.5k entries reach, then all nonzeros (when x
+    has fewer nonzeros than that)."""
     sample, scale = sampled or magnitude_sample(x, k)
     floor = smallest_positive(x.dtype)
-    for margin in (1.0, 4.0, math.inf):
-        th = floor if margin == math.inf else \
-            positive_threshold(_below_kth(sample, scale, k, margin), x.dtype)
+    for target in (low, 1.5, 0.0):
+        th = positive_threshold(_below_kth(sample, scale, k, target), x.dtype) if target else \
+            floor
         idx, val = select_abs_ge(x, th)
         if idx.shape[0] >= low * k or th <= floor:
             break
@@ -201,7 +206,7 @@ class Threshold(Selector):
 
     def _select(self, x: Any, k: int, refresh: bool) -> Selection:
         if self.policy == "quantile":
-            idx, val, th = _quantile_select(x, k, low=LOCAL_RANGE[0])
+            idx, val, th = _quantile_select(x, k, LOCAL_RANGE[0])
             if idx.shape[0] > LOCAL_RANGE[1] * k:
                 idx, val, th = _exact_top(idx, val, k)
             self.threshold = th
@@ -269,7 +274,7 @@ class Gaussian(Selector):
         if self.low * k <= predicted <= self.high * k:
             idx, val = select_abs_ge(x, th)
         if not self.low * k <= predicted <= self.high * k or idx.shape[0] < self.low * k:
-            idx, val, th = _quantile_select(x, k, (sample, scale), self.low)  # the fit missed
+            idx, val, th = _quantile_select(x, k, self.low, (sample, scale))  # the fit missed
         if idx.shape[0] > self.high * k:
             idx, val, th = _exact_top(idx, val, k)
         return Selection(idx, val, th)
