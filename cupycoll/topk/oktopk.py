@@ -18,7 +18,7 @@ What is selected where, at step t of a :class:`TopkState` (spec section 1):
    exact top-k of them (``k' = min(k, total)``) is the result and its k'-th magnitude becomes the
    global threshold (the same on every rank: it comes from the same gathered data).
 5. Other steps: the global threshold of this step comes from an allreduced log-scale histogram
-   of every region's nonzero sums (:mod:`._global_threshold`: 66 counts, more rounds only when
+   of every region's nonzero sums (:mod:`._global_threshold`: 34 counts, more rounds only when
    the threshold moved more than an octave or the k-th sum is on a large tie), so the count T of
    ``|red| >= global_th`` is 0.9k..1.1k. (``Threshold(policy="reference")``: the shared
    threshold is used as it is and corrected afterwards from T alone, ``T < 2k/3``: divide by
@@ -38,7 +38,7 @@ owner ships (P-1)/P of its 2k words, every peer receives 2k/P); allgather 2k(P-1
 6k(P-1)/P on a non-refresh step, latency <= 2P + 2 log2 P. Not in the model: the count exchanges
 (``oktopk.reduce.counts``: P-1 int64; ``oktopk.balance.counts``: an allgather of one int64), the
 boundary allreduce every tau steps (``oktopk.boundaries``), the threshold histogram
-(``oktopk.threshold``: an allreduce of 66 int32 per round), the validation allreduce
+(``oktopk.threshold``: an allreduce of 34 int32 per round), the validation allreduce
 (``topk.validate``), and on refresh steps the allgatherv of all reduced nonzeros
 (``oktopk.refresh``: up to 2k(P-1) words, amortised over tau').
 """
