@@ -44,7 +44,7 @@ MAX_ROUNDS = 8
 def _counts_at_edges(comm: Any, mags: Any, edges: np.ndarray, wide: bool) -> np.ndarray:
     """Global count of ``mags >= e`` for every edge e (sum over ranks), host int64."""
     xp = comm.xp
-    bins = xp.searchsorted(xp.asarray(edges), mags, side="right")
+    bins = xp.searchsorted(xp.asarray(edges), mags.astype(np.float64), side="right")
     local = xp.bincount(bins, minlength=edges.shape[0] + 1).astype(np.int64 if wide else np.int32)
     total = xp.empty_like(local)
     comm.allreduce(local, total, ReduceOp.SUM, op_name="oktopk.threshold").wait()
