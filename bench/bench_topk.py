@@ -185,11 +185,14 @@ def summary(rows: list[dict]) -> list[str]:
                and not r["refresh"]]
         if not got:
             continue
-        rng = lambda f, name: f"{name} {min(f(r) for r in got):.2f}-{max(f(r) for r in got):.2f}"  # noqa: E731
+        def rng(f, name):
+            return f"{name} {min(f(r) for r in got):.2f}-{max(f(r) for r in got):.2f}"
+
         lines.append(f"# {key[0]:8s} {key[1]:9s}: " + ", ".join([
             rng(lambda r: r["local_min"], "local/k min") + " / max " +
             f"{max(r['local_max'] for r in got):.2f}", rng(lambda r: r["nnz/k"], "nnz/k"),
-            rng(lambda r: r["data/bound"], "data/bound"), rng(lambda r: r["all/bound"], "all/bound"),
+            rng(lambda r: r["data/bound"], "data/bound"),
+            rng(lambda r: r["all/bound"], "all/bound"),
             f"select {np.median([r['select(ms)'] for r in got]):.2f} ms (median)"]))
     return lines
 

@@ -122,7 +122,8 @@ def train(comm, algorithm: str, data, args) -> dict:
     return {"algorithm": algorithm, "accuracy": curve[-1][1], "curve": curve,
             "last5": float(np.mean([a for _, a in curve[-5:]])),
             "bytes_per_step": received,
-            "real_density": 1.0 if comp is None else sent / step / model.w.size, "ms_per_step": 1e3 * seconds / step, "steps": step,
+            "real_density": 1.0 if comp is None else sent / step / model.w.size,
+            "ms_per_step": 1e3 * seconds / step, "steps": step,
             "params": int(model.w.size),
             "k": None if comp is None else comp.k}
 

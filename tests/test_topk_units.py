@@ -61,7 +61,8 @@ def test_threshold_reference_count_feedback_and_cap():
     x = heavy(3)
     sel = Threshold(policy="reference")
     sel.select(x, 200, refresh=True)
-    th = sel.threshold
+    th = kth_magnitude(x, 200)  # the documented refresh rule, from the input
+    assert sel.threshold == th
     small = sel.select(x * 0.5, 200, refresh=False)  # far too few pass: divide by 1.012
     assert small.count < 200 * 2 / 3 and sel.threshold == pytest.approx(th / 1.012)
     sel.threshold = th

@@ -33,8 +33,8 @@ from ._common import smallest_positive, to_host
 
 __all__ = ["histogram_threshold", "BINS", "OCTAVES", "COUNT_RANGE", "MAX_ROUNDS"]
 
-#: log-spaced bins per round (16 per octave), the window's half-width in octaves around the last threshold, the
-#: accepted count range as fractions of k, and the most rounds per step.
+#: log-spaced bins per round (16 per octave), the window's half-width in octaves around the last
+#: threshold, the accepted count range as fractions of k, and the most rounds per step.
 BINS = 32
 OCTAVES = 1
 COUNT_RANGE = (0.9, 1.1)
@@ -48,7 +48,8 @@ def _counts_at_edges(comm: Any, mags: Any, edges: np.ndarray, wide: bool) -> np.
     local = xp.bincount(bins, minlength=edges.shape[0] + 1).astype(np.int64 if wide else np.int32)
     total = xp.empty_like(local)
     comm.allreduce(local, total, ReduceOp.SUM, op_name="oktopk.threshold").wait()
-    above = np.cumsum(to_host(total)[::-1].astype(np.int64))[::-1]  # above[b]: bins b, b+1, ... (bin b: b edges <= m)
+    # above[b] = count in bins b, b+1, ...; a magnitude m is in bin b when b edges are <= m
+    above = np.cumsum(to_host(total)[::-1].astype(np.int64))[::-1]
     return above[1:]  # mags >= e_j  <=>  bin >= j + 1
 
 

@@ -5,8 +5,8 @@ corrected policy: the threshold ``|mean| + z*std`` fitted on a sample of its own
 corrected in the same step to the sampled k-th magnitude when the count would leave
 ``[3k/4, 5k/4]``; ``Gaussian(policy="reference")``: the whole vector's fit with up to 20
 rescalings, whose count can stay far from k on heavy tails); the selections are allgathered and
-merged by sum in rank order, so the result has up to about P*k entries. Nothing is dropped after leaving a rank: ``included`` is the
-rank's whole selection.
+merged by sum in rank order, so the result has up to about P*k entries. Nothing is dropped
+after leaving a rank: ``included`` is the rank's whole selection.
 
 Cost (per rank): 2c(P-1) words received for c selected entries per rank (about 2k(P-1)), log2 P
 latency, plus the count allgather; the selection costs about one O(n) pass (reference policy:
