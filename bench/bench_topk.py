@@ -1,4 +1,4 @@
-"""Top-k allreduce benchmark: words per rank and phase, density under error feedback, selection cost.
+"""Top-k allreduce benchmark: words per rank and phase, density under error feedback, selection.
 
     mpiexec -n 4 python -m mpi4py bench/bench_topk.py                      # n = 2^20, density 1%
     mpiexec -n 4 python -m mpi4py bench/bench_topk.py --n 4M --json topk.json
