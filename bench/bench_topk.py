@@ -1,31 +1,42 @@
-"""Top-k allreduce benchmark: words received per rank and per phase, time per call, selection cost.
+"""Top-k allreduce benchmark: words per rank and phase, density under error feedback, selection.
 
     mpiexec -n 4 python -m mpi4py bench/bench_topk.py                      # n = 2^20, density 1%
     mpiexec -n 4 python -m mpi4py bench/bench_topk.py --n 4M --json topk.json
+    mpiexec -n 4 python -m mpi4py bench/bench_topk.py --only compressor --n 16M --steps 12
 
-Three parts (rank 0 prints; volumes are the maximum over ranks, from ``comm.stats``; one word =
-4 bytes, an int32 index or an fp32 value):
+Four parts (rank 0 prints; volumes are the maximum over ranks, from ``comm.stats``; one word =
+4 bytes, an int32 index or an fp32 value; ``--only`` runs one part):
 
-1. Ok-Topk per phase on non-refresh steps, as a ratio to the COO lower bound 2k(P-1)/P
-   (target: total <= 2x, i.e. <= 4k(P-1)/P, on balanced inputs; the paper's bound is 3x), on
-   balanced inputs (every rank selects the same k indices, k/P per region) and on drifting
-   correlated heavy-tailed data.
-2. Every algorithm on the drifting data: words received per rank per step (all phases, counts
-   included) beside its cost model, and the time per call.
-3. Local selection at ``--selection-n`` (default 2^24): Ok-Topk's threshold reuse (one
-   ``|x| >= t`` pass) vs the exact top-k (``topk_abs``) (target: >= 10x cheaper).
+1. ``phases``: Ok-Topk per phase on non-refresh steps, as a ratio to the COO lower bound
+   2k(P-1)/P, on balanced inputs (every rank selects the same k indices, k/P per region) and on
+   drifting correlated heavy-tailed data.
+2. ``algorithms``: every algorithm on the drifting data: words received per rank per step (all
+   phases, counts included) beside its cost model, and the time per call.
+3. ``compressor`` (issue 11): ``TopkCompressor(n, density, "oktopk")`` over ``--steps`` steps of
+   residual accumulation, gradient = heavy-tailed t(3) component shared by every rank (fixed, or
+   drifting: a fresh t(3) part each step) + per-rank normal noise; both threshold policies side
+   by side (``Threshold(policy="reference")`` = before, default ``"quantile"`` = after). Per step:
+   local selection / k (min-max over ranks), result nnz / k, words received in the three data
+   phases / bound and all words (control included) / bound, selection time (max over ranks).
+   Targets (non-refresh steps after the first): nnz in [0.9k, 1.1k], local in [0.8k, 1.25k],
+   data words <= 2.2x the bound.
+4. ``selection``: local selection at ``--selection-n`` (default 2^24) on rank 0, every selector
+   beside one threshold pass ``|x| >= t`` (``select_abs_ge`` at the k-th magnitude), as ratios
+   (target for Ok-Topk's per-step selection: <= 1.2x one pass).
 """
 
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
 from _common import Table, common_parser, parse_size
 
 import cupycoll as cc
-from cupycoll.primitives import topk_abs
-from cupycoll.topk import Exact, Threshold, TopkState, cost_model, topk_allreduce
+from cupycoll.primitives import kth_abs, select_abs_ge, topk_abs
+from cupycoll.topk import (Exact, Gaussian, Threshold, TopkCompressor, TopkState, cost_model,
+                           topk_allreduce)
 
 WORD = 4
 PHASES = ("oktopk.reduce", "oktopk.balance", "oktopk.allgather")
@@ -108,8 +119,86 @@ def all_algorithms(comm, table: Table, inputs, n: int, k: int, tau_prime: int) -
                    "model": cost_model(alg, p, k, n).words, "time(us)": seconds * 1e6})
 
 
+@functools.lru_cache(maxsize=1)
+def _shared(n: int) -> np.ndarray:
+    return (np.random.default_rng(6).standard_t(3, n) * 64).astype(np.float32)
+
+
+def compressor_grad(r: int, n: int, t: int, drift: bool) -> np.ndarray:
+    """The compressor workload's gradient of rank r at step t (module docstring, part 3)."""
+    shared = _shared(n)
+    if drift:
+        shared = shared + np.random.default_rng([7, t]).standard_t(3, n) * 12
+    return (shared + np.random.default_rng([8, r, t]).standard_normal(n) * 32).astype(np.float32)
+
+
+def timed(selector):
+    """Make ``selector.select`` record its duration in ``selector.seconds``."""
+    inner = selector.select
+
+    def select(*args, **kwargs):
+        t0 = time.perf_counter()
+        out = inner(*args, **kwargs)
+        selector.seconds = time.perf_counter() - t0
+        return out
+
+    selector.select = select
+    return selector
+
+
+def compressor(comm, table: Table, n: int, density: float, steps: int, tau: int,
+               tau_prime: int) -> list[dict]:
+    """Part 3: per step counts, volumes and selection time under error feedback; return rows."""
+    from mpi4py import MPI
+
+    p, r, mpi = comm.size, comm.rank, comm.mpi_comm
+    rows = []
+    for drift in (False, True):
+        for policy in ("reference", "quantile"):
+            sel = timed(Threshold(policy=policy))
+            comp = TopkCompressor(n, density, algorithm="oktopk", comm=comm, tau=tau,
+                                  tau_prime=tau_prime, selector=sel)
+            k, bound = comp.k, 2 * comp.k * (p - 1) / p
+            for t in range(steps):
+                grad = compressor_grad(r, n, t, drift)
+                comm.stats.reset()
+                upd = comp.step(grad)
+                local = mpi.allgather(comp.state.last["local_count"])
+                row = {"workload": "drifting" if drift else "fixed", "policy": policy, "step": t,
+                       "refresh": comp.state.last["refresh"], "P": p, "n": n, "k": k,
+                       "local/k": f"{min(local) / k:.2f}-{max(local) / k:.2f}",
+                       "nnz/k": upd.nnz / k,
+                       "data/bound": phase_words(comm, PHASES) / bound if p > 1 else 0.0,
+                       "all/bound": phase_words(comm, comm.stats.by_op) / bound if p > 1 else 0.0,
+                       "select(ms)": mpi.allreduce(sel.seconds, op=MPI.MAX) * 1e3}
+                row["local_min"], row["local_max"] = min(local) / k, max(local) / k
+                table.add(row)
+                rows.append(row)
+    return rows
+
+
+def summary(rows: list[dict]) -> list[str]:
+    """Per workload and policy, the ranges over non-refresh steps after the first."""
+    lines = []
+    for key in sorted({(r["workload"], r["policy"]) for r in rows}):
+        got = [r for r in rows if (r["workload"], r["policy"]) == key and r["step"] > 0
+               and not r["refresh"]]
+        if not got:
+            continue
+        def rng(f, name):
+            return f"{name} {min(f(r) for r in got):.2f}-{max(f(r) for r in got):.2f}"
+
+        lines.append(f"# {key[0]:8s} {key[1]:9s}: " + ", ".join([
+            rng(lambda r: r["local_min"], "local/k min") + " / max " +
+            f"{max(r['local_max'] for r in got):.2f}", rng(lambda r: r["nnz/k"], "nnz/k"),
+            rng(lambda r: r["data/bound"], "data/bound"),
+            rng(lambda r: r["all/bound"], "all/bound"),
+            f"select {np.median([r['select(ms)'] for r in got]):.2f} ms (median)"]))
+    return lines
+
+
 def selection_cost(comm, n: int, density: float, repeats: int) -> dict:
-    """Time (rank 0) the exact top-k and a reused-threshold selection on one vector of length n."""
+    """Part 4: time (rank 0) every selector beside one threshold pass on one vector of length n."""
     if comm.rank != 0:  # wait without spinning, so rank 0 has the cores to itself
         request = comm.mpi_comm.Ibarrier()
         while not request.Test():
@@ -117,13 +206,19 @@ def selection_cost(comm, n: int, density: float, repeats: int) -> dict:
         return {}
     k = max(1, int(density * n))
     x = np.random.default_rng(5).standard_t(3, n).astype(np.float32)
-    thr = Threshold()
-    thr.select(x, k, refresh=True)
+    kth = float(kth_abs(x, k))
+    reference = Threshold(policy="reference")
+    reference.select(x, k, refresh=True)
     drifted = x * np.float32(1.001)
     timings = {}
-    for name, fn in (("exact topk_abs", lambda: topk_abs(x, k)),
+    for name, fn in (("one pass |x|>=t", lambda: select_abs_ge(x, kth)),
+                     ("Threshold quantile", lambda: Threshold().select(x, k)),
+                     ("Threshold reference reuse", lambda: reference.select(drifted, k,
+                                                                           refresh=False)),
+                     ("Gaussian corrected", lambda: Gaussian().select(x, k)),
+                     ("Gaussian reference", lambda: Gaussian(policy="reference").select(x, k)),
+                     ("exact topk_abs", lambda: topk_abs(x, k)),
                      ("Exact selector", lambda: Exact().select(x, k)),
-                     ("Threshold reuse", lambda: thr.select(drifted, k, refresh=False)),
                      ("argsort top-k", lambda: np.sort(np.argsort(-np.abs(x))[:k]))):
         fn()
         samples = []
@@ -133,40 +228,67 @@ def selection_cost(comm, n: int, density: float, repeats: int) -> dict:
             samples.append(time.perf_counter() - t0)
         timings[name] = float(np.median(samples))
     comm.mpi_comm.Ibarrier().Wait()
+    one = timings["one pass |x|>=t"]
     return {"n": n, "k": k, "seconds": timings,
-            "speedup": timings["exact topk_abs"] / timings["Threshold reuse"]}
+            "ratio": {name: sec / one for name, sec in timings.items()}}
+
+
+PARTS = ("phases", "algorithms", "compressor", "selection")
+CCOLUMNS = ["workload", "policy", "step", "refresh", "P", "n", "k", "local/k", "nnz/k",
+            "data/bound", "all/bound", "select(ms)"]
 
 
 def main() -> None:
-    p = common_parser("Top-k allreduce volumes per phase and selection cost")
+    p = common_parser("Top-k allreduce volumes per phase, density under error feedback, "
+                      "selection cost")
     p.add_argument("--n", type=parse_size, default=parse_size("1M"), help="vector length")
     p.add_argument("--density", type=float, default=0.01)
-    p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--tau-prime", type=int, default=4)
+    p.add_argument("--steps", type=int, default=None,
+                   help="steps (default: 8 for the phases, 40 for the compressor)")
+    p.add_argument("--tau", type=int, default=64, help="compressor: repartition period")
+    p.add_argument("--tau-prime", type=int, default=None,
+                   help="refresh period (default: 4 for the phases, 32 for the compressor)")
+    p.add_argument("--only", choices=PARTS, action="append", help="run only these parts")
     p.add_argument("--selection-n", type=parse_size, default=1 << 24,
                    help="vector length of the selection timing (0: skip it)")
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
+    parts = args.only or PARTS
     comm = cc.init("mpi")
     size, rank, n = comm.size, comm.rank, args.n
     k = max(size, int(args.density * n)) // size * size
     table = Table(COLUMNS, rank)
-    table.header(f"top-k allreduce on {size} ranks: n={n}, k={k}; words received per rank "
-                 f"(max over ranks), bound = 2k(P-1)/P; non-refresh steps")
-    oktopk_phases(comm, table, "balanced", [balanced(size, rank, n, k)] * 2, n, k, 32)
-    inputs = [drifting(size, rank, n, t) for t in range(args.steps)]
-    oktopk_phases(comm, table, "drifting", inputs, n, k, args.tau_prime)
-    all_algorithms(comm, table, inputs, n, k, args.tau_prime)
+    meta: dict = {"P": size, "n": n, "k": k}
+    if "phases" in parts or "algorithms" in parts:
+        table.header(f"top-k allreduce on {size} ranks: n={n}, k={k}; words received per rank "
+                     f"(max over ranks), bound = 2k(P-1)/P; non-refresh steps")
+        inputs = [drifting(size, rank, n, t) for t in range(args.steps or 8)]
+    if "phases" in parts:
+        oktopk_phases(comm, table, "balanced", [balanced(size, rank, n, k)] * 2, n, k, 32)
+        oktopk_phases(comm, table, "drifting", inputs, n, k, args.tau_prime or 4)
+    if "algorithms" in parts:
+        all_algorithms(comm, table, inputs, n, k, args.tau_prime or 4)
+    if "compressor" in parts:
+        ctable = Table(CCOLUMNS, rank)
+        ctable.header(f"compressor workload on {size} ranks: TopkCompressor(n={n}, density="
+                      f"{args.density:g}, 'oktopk', tau={args.tau}, tau_prime="
+                      f"{args.tau_prime or 32}); words received per rank (max over ranks) / "
+                      f"2k(P-1)/P")
+        rows = compressor(comm, ctable, n, args.density, args.steps or 40, args.tau,
+                          args.tau_prime or 32)
+        meta["compressor"] = rows
+        if rank == 0:
+            print("# non-refresh steps after the first (targets: local/k 0.8-1.25, nnz/k "
+                  "0.9-1.1, data/bound <= 2.2):")
+            print("\n".join(summary(rows)))
     sel = selection_cost(comm, args.selection_n, args.density, args.repeats) \
-        if args.selection_n > 0 else {}
+        if "selection" in parts and args.selection_n > 0 else {}
     if rank == 0 and sel:
         print(f"# selection at n={sel['n']}, k={sel['k']} (rank 0, median of {args.repeats}):")
         for name, sec in sel["seconds"].items():
-            print(f"#   {name:16s} {sec * 1e3:9.2f} ms")
-        print(f"#   threshold reuse is {sel['speedup']:.1f}x cheaper than the exact top-k "
-              f"(target >= 10x); argsort top-k (what a sort-based top-k costs) is shown only "
-              f"for reference")
-    table.finish(args, {"P": size, "n": n, "k": k, "selection": sel})
+            print(f"#   {name:26s} {sec * 1e3:9.2f} ms  {sel['ratio'][name]:7.2f}x one pass")
+    meta["selection"] = sel
+    table.finish(args, meta)
 
 
 if __name__ == "__main__":

@@ -31,3 +31,10 @@ def test_topk_volumes(nprocs):
 def test_topk_compressor_mass_and_errors(nprocs):
     out = run_mpi(nprocs, "topk_compressor.py", timeout=180)
     assert "OK" in out
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 8])
+def test_topk_density_under_error_feedback(nprocs):
+    """The compressor workload: counts, volume and residuals against the documented rules."""
+    out = run_mpi(nprocs, "topk_density.py", timeout=300)
+    assert "OK" in out

@@ -46,9 +46,9 @@ def test_exact_selector_is_the_exact_topk_with_ties_to_lower_index():
     np.testing.assert_array_equal(Exact().select(x, 200).indices, reference_topk(x, 200))
 
 
-def test_threshold_refresh_is_exact_then_reused():
+def test_threshold_reference_refresh_is_exact_then_reused():
     x = heavy(2)
-    sel = Threshold()
+    sel = Threshold(policy="reference")
     first = sel.select(x, 200, refresh=True)
     np.testing.assert_array_equal(first.indices, reference_topk(x, 200))
     assert first.threshold == pytest.approx(np.sort(np.abs(x))[-200])
@@ -57,11 +57,12 @@ def test_threshold_refresh_is_exact_then_reused():
     assert sel.last_count == 200
 
 
-def test_threshold_count_feedback_and_cap():
+def test_threshold_reference_count_feedback_and_cap():
     x = heavy(3)
-    sel = Threshold()
+    sel = Threshold(policy="reference")
     sel.select(x, 200, refresh=True)
-    th = sel.threshold
+    th = kth_magnitude(x, 200)  # the documented refresh rule, from the input
+    assert sel.threshold == th
     small = sel.select(x * 0.5, 200, refresh=False)  # far too few pass: divide by 1.012
     assert small.count < 200 * 2 / 3 and sel.threshold == pytest.approx(th / 1.012)
     sel.threshold = th
@@ -72,26 +73,112 @@ def test_threshold_count_feedback_and_cap():
     assert sel.threshold == pytest.approx(big.threshold * 1.012)
 
 
+def kth_magnitude(x, k):
+    return np.sort(np.abs(x.astype(np.float64)))[-k]
+
+
+@pytest.mark.parametrize("n, density", [(20000, 0.01), (1 << 18, 0.3), (300, 0.5),
+                                        (1 << 20, 0.01), (1 << 20, 0.001), (1 << 20, 0.2)])
+def test_threshold_quantile_selects_a_threshold_set_of_0_8k_to_1_25k_every_step(n, density):
+    """Below 2^19 entries the threshold is the exact k-th magnitude; above, a sampled one: either
+    way every magnitude reaching the threshold is selected and the count is in [0.8k, 1.25k]."""
+    rng = np.random.default_rng(n)
+    k = max(1, int(density * n))
+    sel = Threshold()
+    assert sel.policy == "quantile"
+    for step, scale in enumerate((1.0, 4.0, 0.25, 9.0)):  # growing/shrinking residuals
+        x = (rng.standard_t(3, n) * scale).astype(np.float32)
+        got = sel.select(x, k, refresh=step == 0)
+        mag = np.abs(x.astype(np.float64))
+        want = np.flatnonzero(mag >= got.threshold)
+        np.testing.assert_array_equal(got.indices, want)
+        np.testing.assert_array_equal(got.values, x[want])
+        assert 0.8 * k <= want.size <= 1.25 * k and sel.last_count == want.size
+        if n < 1 << 19:
+            assert got.threshold == kth_magnitude(x, k)
+    heavy_tie = np.repeat(np.float32([1, 2]), [n - k // 2, k // 2])  # k-th value on a tie
+    got = sel.select(heavy_tie, k)
+    np.testing.assert_array_equal(got.indices, np.arange(n))  # all ties reach it: more than k
+
+
+def test_threshold_quantile_with_fewer_nonzeros_than_k_selects_all_nonzeros():
+    x = np.zeros(1 << 17, np.float32)
+    x[[5, 70000, 100000]] = [1, -2, 3]
+    for policy in ("quantile", "reference"):
+        got = Threshold(policy=policy).select(x, 1000)
+        np.testing.assert_array_equal(got.indices, [5, 70000, 100000])
+
+
 def test_threshold_never_selects_zeros():
     x = np.zeros(100, np.float32)
     x[[3, 50]] = [1, -2]
-    sel = Threshold()
-    sel.select(x, 10, refresh=True)
-    assert sel.threshold > 0
-    np.testing.assert_array_equal(sel.select(x, 10, refresh=False).indices, [3, 50])
+    for policy in ("quantile", "reference"):
+        sel = Threshold(policy=policy)
+        sel.select(x, 10, refresh=True)
+        assert sel.threshold > 0
+        np.testing.assert_array_equal(sel.select(x, 10, refresh=False).indices, [3, 50])
 
 
-def test_gaussian_selector_lands_near_k_on_normal_data():
+def test_policies_are_checked():
+    with pytest.raises(InvalidArgument):
+        Threshold(policy="fast")
+    with pytest.raises(InvalidArgument):
+        Gaussian(policy="quantile")
+
+
+def test_gaussian_reference_lands_near_k_on_normal_data():
     x = np.random.default_rng(4).standard_normal(50000).astype(np.float32)
-    g = Gaussian()
+    g = Gaussian(policy="reference")
     sel = g.select(x, 500)
     assert 0.75 * 500 <= sel.count <= 1.25 * 500
     np.testing.assert_array_equal(sel.indices, np.flatnonzero(np.abs(x) >= sel.threshold))
     assert g.estimate(x, 500) == pytest.approx(2.576, rel=0.05)
 
 
+@pytest.mark.parametrize("tail", ["normal", "t3", "t1", "scaled"])
+@pytest.mark.parametrize("n, density", [(1 << 18, 0.01), (1 << 18, 0.001), (20000, 0.05)])
+def test_gaussian_corrected_count_lands_in_range(tail, n, density):
+    rng = np.random.default_rng(7)
+    x = {"normal": lambda: rng.standard_normal(n), "t3": lambda: rng.standard_t(3, n),
+         "t1": lambda: rng.standard_t(1, n),
+         "scaled": lambda: rng.standard_normal(n) * np.where(rng.random(n) < 0.02, 50, 1)}[tail]()
+    x = x.astype(np.float32)
+    k = int(density * n)
+    sel = Gaussian().select(x, k)
+    assert 0.75 * k <= sel.count <= 1.25 * k, (sel.count, k)
+    want = np.flatnonzero(np.abs(x.astype(np.float64)) >= sel.threshold)  # a threshold selection
+    np.testing.assert_array_equal(sel.indices, want)
+    if tail == "t1" and density == 0.01:  # the reference misses on heavy tails: why we correct
+        ref = Gaussian(policy="reference").select(x, k)
+        assert not 0.75 * k <= ref.count <= 1.25 * k, (ref.count, k)
+
+
 def test_gaussian_selector_on_all_zeros_selects_nothing():
-    assert Gaussian().select(np.zeros(50, np.float32), 5).count == 0
+    for policy in ("corrected", "reference"):
+        assert Gaussian(policy=policy).select(np.zeros(50, np.float32), 5).count == 0
+
+
+def test_histogram_threshold_count_from_first_principles():
+    """One rank: the threshold's count of |v| >= t, counted by numpy, is in [0.9k, 1.1k] and is
+    the count returned, wherever the previous threshold was (window hit, below, above)."""
+    from mpi4py import MPI
+
+    from cupycoll.topk._global_threshold import histogram_threshold
+
+    comm = cc.init("mpi", mpi_comm=MPI.COMM_SELF)
+    rng = np.random.default_rng(9)
+    mags = np.abs(rng.standard_t(2, 50000)).astype(np.float32)
+    for k in (1, 50, 700, 20000):
+        for center in (float(np.sort(mags)[-k]), 1e-30, 1e30, 3.0):
+            t, count = histogram_threshold(comm, mags, k, 50000, center, np.float32)
+            assert count == np.count_nonzero(mags.astype(np.float64) >= t)
+            assert 0.9 * k <= count <= 1.1 * k or (k == 1 and count == 1), (k, center, count)
+    ties = np.repeat(np.float32([1.0, 2.0, 3.0]), [500, 500, 500])  # k-th value on a big tie
+    for k, want in ((800, 1000), (700, 500)):  # no count in range: the closest to k
+        t, count = histogram_threshold(comm, ties, k, 1500, 1.0, np.float32)
+        assert count == want and np.count_nonzero(ties >= t) == want
+    t, count = histogram_threshold(comm, ties[:5], 700, 1500, 1.0, np.float32)  # fewer than k
+    assert count == 5 and t > 0
 
 
 def test_block_sizes_differ_by_at_most_one():

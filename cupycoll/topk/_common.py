@@ -56,14 +56,15 @@ class TopkState:
 
     Attributes:
         tau: Ok-Topk repartitions the regions when ``step % tau == 0``.
-        tau_prime: thresholds are recomputed exactly when ``step % tau_prime == 0`` (refresh
-            step) and reused, with the count-feedback correction, in between.
+        tau_prime: refresh step when ``step % tau_prime == 0``: Ok-Topk's result is the exact
+            top-k of the reduced sums (and the reference policy recomputes its thresholds
+            exactly, reusing them with count feedback in between).
         step: number of calls made with this state (the next call is step ``step``).
         selector: the local selector (set to the algorithm's default on first use).
         boundaries: Ok-Topk's region boundaries ``B_0 = 0 <= ... <= B_P = n`` (host int64,
             identical on every rank: computed from an allreduce).
-        global_th: Ok-Topk's global threshold (identical on every rank: computed from gathered
-            data only).
+        global_th: Ok-Topk's global threshold of the last step (identical on every rank:
+            computed from gathered or allreduced data only).
         padded_allgather: Ok-Topk's final allgather as an allgather of blocks padded to
             ``ceil(T/P)`` with a sentinel index (NCCL has no allgatherv) instead of an
             allgatherv; None = when the communicator has no native allgatherv.

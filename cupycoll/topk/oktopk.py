@@ -2,8 +2,10 @@
 
 What is selected where, at step t of a :class:`TopkState` (spec section 1):
 
-1. Local selection, on every rank, by ``state.selector`` (default :class:`Threshold`: exact
-   k-th magnitude when ``t % tau' == 0``, reused with count feedback in between). Call it L.
+1. Local selection, on every rank, by ``state.selector`` (default :class:`Threshold`, quantile
+   policy: a sampled k-th magnitude every step, 0.8k..1.25k entries; ``policy="reference"``:
+   exact k-th magnitude when ``t % tau' == 0``, reused with count feedback in between). Call it
+   L.
 2. When ``t % tau == 0`` (or the boundaries are missing or stale): region boundaries
    ``0 = B_0 <= ... <= B_P = n``. Each rank proposes ``S[i*c]``, i = 1..P-1, from its sorted
    selection S with ``c = |S| // P`` (equal split points when ``|S| < P``); one allreduce (sum,
@@ -15,11 +17,15 @@ What is selected where, at step t of a :class:`TopkState` (spec section 1):
 4. Refresh step (``t % tau' == 0``): every rank allgathers all nonzeros of every region; the
    exact top-k of them (``k' = min(k, total)``) is the result and its k'-th magnitude becomes the
    global threshold (the same on every rank: it comes from the same gathered data).
-5. Other steps: each owner selects ``|red| >= global_th`` (T entries in total), counts are
-   allgathered, the selections are balanced by interval overlap into blocks of ``T//P`` or
-   ``T//P + 1``, and allgathered (natively, or as an allgather of blocks padded to ``ceil(T/P)``
-   with the sentinel index n where the backend has no allgatherv). Then the global threshold is
-   corrected from T alone (``T < 2k/3``: divide by 1.008; ``T > 4k/3``: multiply).
+5. Other steps: the global threshold of this step comes from an allreduced log-scale histogram
+   of every region's nonzero sums (:mod:`._global_threshold`: 34 counts, more rounds only when
+   the threshold moved more than an octave or the k-th sum is on a large tie), so the count T of
+   ``|red| >= global_th`` is 0.9k..1.1k. (``Threshold(policy="reference")``: the shared
+   threshold is used as it is and corrected afterwards from T alone, ``T < 2k/3``: divide by
+   1.008; ``T > 4k/3``: multiply -- the reference code's feedback.) Each owner selects its
+   entries, counts are allgathered, the selections are balanced by interval overlap into blocks
+   of ``T//P`` or ``T//P + 1``, and allgathered (natively, or as an allgather of blocks padded to
+   ``ceil(T/P)`` with the sentinel index n where the backend has no allgatherv).
 
 Result: identical on every rank (it is allgathered), ascending indices (regions are contiguous
 and each is emitted in order), values = sums over the ranks that selected the index locally.
@@ -31,7 +37,8 @@ split and reduce 2k(P-1)/P on balanced selections; balance <= 2k(P-1)/P (all on 
 owner ships (P-1)/P of its 2k words, every peer receives 2k/P); allgather 2k(P-1)/P: at most
 6k(P-1)/P on a non-refresh step, latency <= 2P + 2 log2 P. Not in the model: the count exchanges
 (``oktopk.reduce.counts``: P-1 int64; ``oktopk.balance.counts``: an allgather of one int64), the
-boundary allreduce every tau steps (``oktopk.boundaries``), the validation allreduce
+boundary allreduce every tau steps (``oktopk.boundaries``), the threshold histogram
+(``oktopk.threshold``: an allreduce of 34 int32 per round), the validation allreduce
 (``topk.validate``), and on refresh steps the allgatherv of all reduced nonzeros
 (``oktopk.refresh``: up to 2k(P-1) words, amortised over tau').
 """
@@ -48,6 +55,7 @@ from ..primitives import select_abs_ge, topk_abs
 from ._common import (Cost, TopkOutcome, TopkState, index_dtype, log2_ceil, min_abs,
                       positive_threshold, smallest_positive, sorted_member,
                       topk_algorithm)
+from ._global_threshold import histogram_threshold
 from ._oktopk_phases import allgather_blocks, balance, split_and_reduce
 from .selectors import Threshold
 
@@ -113,21 +121,40 @@ def _refresh(comm: Any, red: Any, lo: int, k: int, n: int, state: TopkState) -> 
 
 def _select_balance_gather(comm: Any, red: Any, lo: int, k: int, n: int,
                            state: TopkState) -> tuple[Any, Any]:
-    """Select ``|red| >= global_th``, balance the selections, allgather them; adapt the threshold."""
-    sel_i, sel_v = select_abs_ge(red, state.global_th)
+    """Select ``|red| >= global threshold``, balance the selections, allgather them.
+
+    Quantile policy: the threshold of this step from the allreduced histogram of every region's
+    nonzero sums (:mod:`._global_threshold`). Reference policy: the shared threshold as it is,
+    corrected afterwards from the count T alone (GLOBAL_FEEDBACK), for the next step.
+    """
+    if _reference_policy(state):
+        sel_i, sel_v = select_abs_ge(red, state.global_th)
+    else:
+        nz_i, nz_v = select_abs_ge(red, smallest_positive(red.dtype))
+        state.global_th, _ = histogram_threshold(comm, comm.xp.abs(nz_v), k, n,
+                                                 state.global_th, red.dtype)
+        pos, sel_v = select_abs_ge(nz_v, state.global_th)
+        sel_i = nz_i[pos]
     gidx = sel_i.astype(index_dtype(n)) + lo
     counts = comm.allgather_counts(int(gidx.shape[0]), "oktopk.balance.counts")
     total = int(counts.sum())
     state.last["global_count"] = total
-    low, high, scale = GLOBAL_FEEDBACK
-    if total < low * k:
-        state.global_th = positive_threshold(state.global_th / scale, red.dtype)
-    elif total > high * k:
-        state.global_th *= scale
+    if _reference_policy(state):
+        low, high, scale = GLOBAL_FEEDBACK
+        if total < low * k:
+            state.global_th = positive_threshold(state.global_th / scale, red.dtype)
+        elif total > high * k:
+            state.global_th *= scale
     if total == 0:
         return gidx, sel_v
     blk_i, blk_v, blocks = balance(comm, gidx, sel_v, counts)
     return allgather_blocks(comm, blk_i, blk_v, blocks, n, padded=_padded(comm, state))
+
+
+def _reference_policy(state: TopkState) -> bool:
+    """True when the local selector is ``Threshold(policy="reference")``: then the global
+    threshold follows the reference code's count feedback too."""
+    return isinstance(state.selector, Threshold) and state.selector.policy == "reference"
 
 
 @topk_algorithm("oktopk", selector=Threshold, cost=cost)

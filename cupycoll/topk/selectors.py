@@ -1,18 +1,32 @@
 """Local selectors: which entries of a rank's dense vector it offers to a top-k allreduce.
 
-Three policies (Ok-Topk spec section 2):
+Three selectors (Ok-Topk spec section 2), two of them with two policies:
 
 - :class:`Exact`: the exact top-k by magnitude (``topk_abs``), every step. Exactly k entries.
-- :class:`Threshold`: Ok-Topk's selector. On a refresh step the exact top-k, whose k-th
-  magnitude becomes the threshold; in between one O(n) pass ``|x| >= threshold`` with the
-  reference code's count feedback: while more than ``cap*k`` entries pass, the threshold is raised
-  by ``cap_scale`` (at most ``cap_tries`` times; re-selecting only among the entries already
-  selected, so it costs O(count), not O(n)); after selecting, fewer than ``low*k`` divides the
-  threshold by ``scale`` and more than ``high*k`` multiplies it, for the next step.
-- :class:`Gaussian`: Gaussian-k. The threshold ``|mean| + z*std`` with ``z = Phi^-1(1 - d/2)``,
-  ``d = k/n``, is the magnitude above which a normal distribution would leave ``k`` entries;
-  then up to ``max_corrections`` rescalings by ``scale`` while the count is outside
-  ``[low*k, high*k]``. Real gradients have heavier tails, so the count can stay far from k.
+- :class:`Threshold` (Ok-Topk's selector):
+  ``policy="quantile"`` (default): every step, a threshold read from a fixed pseudo-random
+  sample of ``x`` (about 256 sampled entries above the k-th magnitude, at most 1/512 of x), set
+  so that at least 0.8k entries pass (3 standard deviations sure), then one ``|x| >= t`` pass:
+  about k entries. Counts outside ``[0.8k, 1.25k]`` (LOCAL_RANGE) are corrected in the same
+  step: too many are cut to the exact top-k of the selection (one partition of the selection,
+  O(count)), too few select again below a lower sampled threshold. So the count stays in range
+  whatever the residuals did since the last step, for about one pass over x (vectors shorter
+  than 2^19: the exact k-th magnitude, then the pass). ``policy="reference"``: the reference
+  code's heuristic -- exact top-k on refresh steps, in between the last threshold reused with
+  count feedback: while more than ``cap*k`` pass, raise it by ``cap_scale`` (at most
+  ``cap_tries`` times, re-selecting among the selected entries), then for the next step divide
+  by ``scale`` below ``low*k`` and multiply above ``high*k``. Under error feedback that lets
+  4-5k entries through (issue 11); it is kept so the comparison stays reproducible.
+- :class:`Gaussian` (Gaussian-k): the threshold ``|mean| + z*std``, ``z = Phi^-1(1 - d/2)``,
+  ``d = k/n``, above which a normal distribution would leave k entries.
+  ``policy="corrected"`` (default): mean, std and the predicted count come from the same sample;
+  when the predicted count is outside ``[low*k, high*k]``, or the pass selects fewer than
+  ``low*k``, the threshold is corrected to the quantile policy's sampled one; a count above
+  ``high*k`` is cut to the exact top-k of the selection (O(count)). So the count lands in range
+  on every step, for about one pass over x. ``policy="reference"``: mean and std of
+  the whole vector, then up to ``max_corrections`` rescalings by ``scale`` (one O(n) count
+  each) while the count is outside the range -- real gradients have heavier tails, so the count
+  can stay far from k.
 
 Every selector returns a :class:`Selection` (ascending indices, their values, the threshold) and
 keeps the count in ``last_count``. Zeros are never selected by the threshold selectors.
@@ -21,16 +35,28 @@ keeps the count in ``last_count``. Zeros are never selected by the threshold sel
 from __future__ import annotations
 
 import abc
+import math
 import statistics
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from .._types import array_namespace
-from ..primitives import count_abs_ge, select_abs_ge, topk_abs
-from ._common import min_abs, positive_threshold
+from ..errors import InvalidArgument
+from ..primitives import count_abs_ge, kth_abs, select_abs_ge, topk_abs
+from ._common import min_abs, positive_threshold, smallest_positive
 
-__all__ = ["Selection", "Selector", "Exact", "Threshold", "Gaussian"]
+__all__ = ["Selection", "Selector", "Exact", "Threshold", "Gaussian", "magnitude_sample"]
+
+#: sample size of the sampled quantile: about SAMPLE_HITS sampled entries lie above the k-th
+#: magnitude (the sampled count's relative error is about 1/sqrt of it), the sample is at least
+#: SAMPLE_MIN and at most 1/512 of x (a random gather touches a cache line per entry); vectors
+#: shorter than 512 * SAMPLE_MIN are used whole.
+SAMPLE_HITS = 256
+SAMPLE_MIN = 1 << 10
+#: the quantile policy's accepted local count, as fractions of k (outside: corrected in the step).
+LOCAL_RANGE = (0.8, 1.25)
+_POSITIONS: dict = {}
 
 
 class Selection(NamedTuple):
@@ -45,6 +71,71 @@ class Selection(NamedTuple):
     def count(self) -> int:
         """Number of selected entries."""
         return int(self.indices.shape[0])
+
+
+def magnitude_sample(x: Any, k: int) -> tuple[Any, float]:
+    """Return (``x`` at fixed pseudo-random positions, n / sample size); all of x when small.
+
+    The positions depend only on (n, sample size), so every call -- and every rank -- samples the
+    same entries; they are ascending, so the gather reads x in order.
+    """
+    xp, n = array_namespace(x), int(x.shape[0])
+    m = min(max(SAMPLE_MIN, -(-SAMPLE_HITS * n // k)), n // 512)
+    if m < SAMPLE_MIN:
+        return x, 1.0
+    key = (xp.__name__, n, m)
+    if key not in _POSITIONS:
+        if len(_POSITIONS) > 16:
+            _POSITIONS.clear()
+        where = np.sort(np.random.default_rng(0x0C70).integers(0, n, m))
+        _POSITIONS[key] = xp.asarray(where)
+    return x[_POSITIONS[key]], n / m
+
+
+def _below_kth(sample: Any, scale: float, k: int, low: float) -> float:
+    """A magnitude that at least ``low*k`` entries of x reach, 3 standard deviations sure, from
+    ``magnitude_sample``.
+
+    Whole vector (scale 1): the exact k-th magnitude. Sample, h = k / scale sampled entries
+    expected above the k-th: the sample's r-th largest magnitude, r the least >= h with
+    ``r/h * (1 - 3/sqrt(r)) >= low``: r = h when h >= 225 (about k entries pass, +-1/sqrt(h)),
+    a little above h for small samples.
+    """
+    size = int(sample.shape[0])
+    h = k / scale
+    r = k if scale == 1.0 else max(1, math.ceil(h))
+    while scale != 1.0 and r / h * (1 - 3 / math.sqrt(r)) < low and r <= size:
+        r += 1 + r // 16
+    if r > size:
+        return 0.0
+    return float(kth_abs(sample, r))
+
+
+def _exact_top(idx: Any, val: Any, k: int) -> tuple[Any, Any, float]:
+    """Cut a selection of more than k entries (no NaN) to ``|v| >= (its k-th magnitude)``:
+    one partition and one mask over the selection, O(count)."""
+    xp = array_namespace(val)
+    mag = xp.abs(val)
+    kth = mag.dtype.type(xp.partition(mag, mag.shape[0] - k)[mag.shape[0] - k])
+    keep = xp.flatnonzero(mag >= kth)
+    return idx[keep], val[keep], float(kth)
+
+
+def _quantile_select(x: Any, k: int, low: float,
+                     sampled: tuple[Any, float] | None = None) -> tuple[Any, Any, float]:
+    """Select ``|x| >= t``, t the sampled magnitude that ``low*k`` entries reach (``sampled``:
+    the ``magnitude_sample`` of x, when already taken). When fewer than ``low*k`` pass (a 3-sigma
+    miss), select again below a sampled magnitude 1.5k entries reach, then all nonzeros (when x
+    has fewer nonzeros than that)."""
+    sample, scale = sampled or magnitude_sample(x, k)
+    floor = smallest_positive(x.dtype)
+    for target in (low, 1.5, 0.0):
+        th = positive_threshold(_below_kth(sample, scale, k, target), x.dtype) if target else \
+            floor
+        idx, val = select_abs_ge(x, th)
+        if idx.shape[0] >= low * k or th <= floor:
+            break
+    return idx, val, th
 
 
 class Selector(abc.ABC):
@@ -70,6 +161,12 @@ class Selector(abc.ABC):
         return f"{type(self).__name__}()"
 
 
+def _check_policy(policy: Any, allowed: tuple[str, ...]) -> str:
+    if policy not in allowed:
+        raise InvalidArgument("policy", policy, f"must be one of {allowed}")
+    return str(policy)
+
+
 class Exact(Selector):
     """The exact top-k by magnitude; ties go to the lower index. Cost: one ``topk_abs``."""
 
@@ -81,31 +178,48 @@ class Exact(Selector):
 
 
 class Threshold(Selector):
-    """Ok-Topk's threshold selector: exact on refresh steps, reused with count feedback between.
+    """Ok-Topk's threshold selector (module docstring): ``policy="quantile"`` (default) or
+    ``"reference"``. With Ok-Topk the policy also picks the global threshold's rule
+    (:mod:`cupycoll.topk.oktopk`).
 
     Args:
-        low, high, scale: after each selection, fewer than ``low*k`` entries divides the
-            threshold by ``scale``, more than ``high*k`` multiplies it (reference VGG values).
-        cap, cap_scale, cap_tries: before accepting a selection of more than ``cap*k`` entries,
-            multiply the threshold by ``cap_scale``, up to ``cap_tries`` times.
+        policy: "quantile" or "reference".
+        low, high, scale: reference policy: after each selection, fewer than ``low*k`` entries
+            divides the threshold by ``scale``, more than ``high*k`` multiplies it (VGG values).
+        cap, cap_scale, cap_tries: reference policy: before accepting a selection of more than
+            ``cap*k`` entries, multiply the threshold by ``cap_scale``, up to ``cap_tries`` times.
     Attributes:
-        threshold: the current magnitude threshold (None until the first refresh).
+        threshold: the threshold of the last selection (reference policy: for the next one).
     """
 
     name = "threshold"
 
-    def __init__(self, *, low: float = 2 / 3, high: float = 5 / 4, scale: float = 1.012,
-                 cap: float = 4 / 3, cap_scale: float = 1.03, cap_tries: int = 5) -> None:
+    def __init__(self, *, policy: str = "quantile", low: float = 2 / 3, high: float = 5 / 4,
+                 scale: float = 1.012, cap: float = 4 / 3, cap_scale: float = 1.03,
+                 cap_tries: int = 5) -> None:
         super().__init__()
+        self.policy = _check_policy(policy, ("quantile", "reference"))
         self.low, self.high, self.scale = low, high, scale
         self.cap, self.cap_scale, self.cap_tries = cap, cap_scale, cap_tries
         self.threshold: float | None = None
         self._k: int | None = None
 
     def _select(self, x: Any, k: int, refresh: bool) -> Selection:
+        if self.policy == "quantile":
+            idx, val, th = _quantile_select(x, k, LOCAL_RANGE[0])
+            if idx.shape[0] > LOCAL_RANGE[1] * k:
+                idx, val, th = _exact_top(idx, val, k)
+            self.threshold = th
+            return Selection(idx, val, th)
+        return self._reference(x, k, refresh)
+
+    def _reference(self, x: Any, k: int, refresh: bool) -> Selection:
         if refresh or self.threshold is None or self._k != k:
             idx, val = topk_abs(x, k)
             th = positive_threshold(min_abs(val), x.dtype)
+            if min_abs(val) == 0:  # fewer than k nonzeros: never select zeros
+                pos, val = select_abs_ge(val, th)
+                idx = idx[pos]
             self._k = k
         else:
             th = self.threshold
@@ -125,35 +239,47 @@ class Threshold(Selector):
         return Selection(idx, val, th)
 
     def __repr__(self) -> str:
-        return f"Threshold(threshold={self.threshold})"
+        return f"Threshold(policy={self.policy!r}, threshold={self.threshold})"
 
 
 class Gaussian(Selector):
-    """Gaussian-k: threshold from a normal fit of ``x``, with bounded count corrections.
+    """Gaussian-k: threshold from a normal fit, count kept in ``[low*k, high*k]`` (module
+    docstring): ``policy="corrected"`` (default) or ``"reference"``.
 
     Args:
+        policy: "corrected" or "reference".
         low, high: acceptable count range ``[low*k, high*k]``.
-        scale: each correction multiplies or divides the threshold by this.
-        max_corrections: at most this many corrections (each one O(n) count pass).
+        scale, max_corrections: reference policy: at most ``max_corrections`` rescalings of the
+            threshold by ``scale`` (each one O(n) count pass).
     """
 
     name = "gaussian"
 
-    def __init__(self, *, low: float = 3 / 4, high: float = 5 / 4, scale: float = 1.02,
-                 max_corrections: int = 20) -> None:
+    def __init__(self, *, policy: str = "corrected", low: float = 3 / 4, high: float = 5 / 4,
+                 scale: float = 1.02, max_corrections: int = 20) -> None:
         super().__init__()
+        self.policy = _check_policy(policy, ("corrected", "reference"))
         self.low, self.high, self.scale, self.max_corrections = low, high, scale, max_corrections
 
     def estimate(self, x: Any, k: int) -> float:
         """Return the Gaussian estimate ``|mean| + z*std`` of the k-th magnitude of ``x``."""
-        xp = array_namespace(x)
-        density = k / x.shape[0]
-        z = statistics.NormalDist().inv_cdf(1 - density / 2) if density < 1 else 0.0
-        mean = float(xp.mean(x, dtype=np.float64))
-        std = float(xp.std(x, dtype=np.float64))
-        return abs(mean) + z * std
+        return _normal_fit(x, k / x.shape[0])
 
     def _select(self, x: Any, k: int, refresh: bool) -> Selection:
+        if self.policy == "reference":
+            return self._reference(x, k)
+        sample, scale = magnitude_sample(x, k)
+        th = positive_threshold(_normal_fit(sample, k / x.shape[0]), x.dtype)
+        predicted = count_abs_ge(sample, th) * scale
+        if self.low * k <= predicted <= self.high * k:
+            idx, val = select_abs_ge(x, th)
+        if not self.low * k <= predicted <= self.high * k or idx.shape[0] < self.low * k:
+            idx, val, th = _quantile_select(x, k, self.low, (sample, scale))  # the fit missed
+        if idx.shape[0] > self.high * k:
+            idx, val, th = _exact_top(idx, val, k)
+        return Selection(idx, val, th)
+
+    def _reference(self, x: Any, k: int) -> Selection:
         th = positive_threshold(self.estimate(x, k), x.dtype)
         count = count_abs_ge(x, th)
         for _ in range(self.max_corrections):
@@ -166,3 +292,15 @@ class Gaussian(Selector):
             count = count_abs_ge(x, th)
         idx, val = select_abs_ge(x, th)
         return Selection(idx, val, th)
+
+    def __repr__(self) -> str:
+        return f"Gaussian(policy={self.policy!r})"
+
+
+def _normal_fit(x: Any, density: float) -> float:
+    """``|mean| + Phi^-1(1 - density/2) * std`` of x: where a normal fit leaves the top density."""
+    xp = array_namespace(x)
+    z = statistics.NormalDist().inv_cdf(1 - density / 2) if density < 1 else 0.0
+    mean = float(xp.mean(x, dtype=np.float64))
+    std = float(xp.std(x, dtype=np.float64))
+    return abs(mean) + z * std

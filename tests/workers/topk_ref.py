@@ -82,3 +82,115 @@ def gtopk(locals_: list[tuple[np.ndarray, np.ndarray]], k: int) -> tuple[np.ndar
 def recall(got: np.ndarray, want: np.ndarray) -> float:
     """Fraction of ``want`` found in ``got``."""
     return len(set(got.tolist()) & set(want.tolist())) / max(1, len(want))
+
+
+# ---- Ok-Topk's documented selection rules, re-implemented in plain numpy ----------------------
+
+SMALLEST = {np.dtype(np.float16): float(np.finfo(np.float16).smallest_subnormal),
+            np.dtype(np.float32): float(np.finfo(np.float32).smallest_subnormal),
+            np.dtype(np.float64): float(np.finfo(np.float64).smallest_subnormal)}
+
+
+def positive(th: float, dtype) -> float:
+    """The documented rule: a threshold of 0 or NaN becomes the least positive value."""
+    return th if th > 0 and th == th else SMALLEST[np.dtype(dtype)]
+
+
+def kth_magnitude(x: np.ndarray, k: int) -> float:
+    return float(np.sort(np.abs(x.astype(np.float64)))[-k])
+
+
+def quantile_local(x: np.ndarray, k: int) -> np.ndarray:
+    """Default policy: every nonzero entry whose magnitude reaches the exact k-th magnitude."""
+    mag = np.abs(x.astype(np.float64))
+    return np.flatnonzero((mag >= kth_magnitude(x, k)) & (mag > 0))
+
+
+def upper_set(ui: np.ndarray, uv: np.ndarray, res_i: np.ndarray) -> bool:
+    """True when ``res_i`` is exactly the entries of the union with |u| >= its smallest |u|."""
+    if res_i.size == 0:
+        return True
+    mag = np.abs(uv)
+    t = mag[np.searchsorted(ui, res_i)].min()
+    return np.array_equal(ui[mag >= t], res_i)
+
+
+class ReferencePolicy:
+    """The reference code's heuristics (spec section 2, VGG values), one rank's local part and the
+    shared global part, simulated step by step from the inputs alone."""
+
+    def __init__(self, k: int, dtype=np.float32) -> None:
+        self.k, self.dtype = k, np.dtype(dtype)
+        self.local_th: float | None = None
+        self.global_th: float | None = None
+
+    def local(self, x: np.ndarray, refresh: bool) -> np.ndarray:
+        k, mag = self.k, np.abs(x.astype(np.float64))
+        if refresh or self.local_th is None:
+            idx = topk(x, k)
+            th = positive(float(mag[idx].min()), self.dtype)
+            idx = idx[mag[idx] > 0]
+        else:
+            th = self.local_th
+            idx = np.flatnonzero(mag >= th)
+            tries = 0
+            while idx.size > 4 / 3 * k and tries < 5:  # cap: x1.03 at most 5 times
+                th *= 1.03
+                tries += 1
+                idx = idx[mag[idx] >= th]
+        self.local_th = th
+        if idx.size < 2 / 3 * k:
+            self.local_th = positive(th / 1.012, self.dtype)
+        elif idx.size > 5 / 4 * k:
+            self.local_th = th * 1.012
+        return idx
+
+    def result(self, ui: np.ndarray, uv: np.ndarray, refresh: bool):
+        """The global selection of the union sums (ui, uv); updates the global threshold."""
+        k = self.k
+        nz = uv != 0
+        if refresh or self.global_th is None:
+            ri, rv = top_of(ui[nz], uv[nz], k)
+            self.global_th = positive(float(np.abs(rv).min()), self.dtype) if rv.size else \
+                SMALLEST[self.dtype]
+            return ri, rv
+        keep = nz & (np.abs(uv) >= self.global_th)
+        total = int(keep.sum())
+        if total < 2 / 3 * k:
+            self.global_th = positive(self.global_th / 1.008, self.dtype)
+        elif total > 4 / 3 * k:
+            self.global_th *= 1.008
+        return ui[keep], uv[keep]
+
+
+def gaussian_reference(x: np.ndarray, k: int) -> np.ndarray:
+    """Gaussian-k as the reference code: |mean| + z std, then up to 20 corrections x/÷1.02
+    while the count is outside [3k/4, 5k/4]."""
+    import statistics
+
+    density = k / x.size
+    z = statistics.NormalDist().inv_cdf(1 - density / 2) if density < 1 else 0.0
+    th = positive(abs(float(np.mean(x, dtype=np.float64))) +
+                  z * float(np.std(x, dtype=np.float64)), x.dtype)
+    mag = np.abs(x.astype(np.float64))
+    for _ in range(20):
+        count = int(np.count_nonzero(mag >= th))
+        if count < 3 / 4 * k:
+            th = positive(th / 1.02, x.dtype)
+        elif count > 5 / 4 * k:
+            th *= 1.02
+        else:
+            break
+    return np.flatnonzero(mag >= th)
+
+
+def gaussian_corrected_ok(x: np.ndarray, k: int, sel: np.ndarray) -> bool:
+    """The default Gaussian-k rule as a property: a threshold selection (every entry reaching
+    its smallest magnitude) with 3k/4..5k/4 entries -- or, when ties at the k-th magnitude make
+    that impossible, exactly the entries reaching the k-th magnitude."""
+    mag = np.abs(x.astype(np.float64))
+    if sel.size == 0:
+        return not mag.any()
+    if not np.array_equal(np.flatnonzero(mag >= mag[sel].min()), sel):
+        return False
+    return 3 / 4 * k <= sel.size <= 5 / 4 * k or np.array_equal(sel, quantile_local(x, k))

@@ -2,10 +2,13 @@
 
 Usage: topk_results.py full|light. Checks, for every algorithm: identical bits on every rank,
 ascending unique indices, dtypes; each algorithm's exact semantics against a plain-Python
-reference (dense = exact top-k of the sum; topka = sum of the local top-k sets; gaussiank = sum of
-the threshold selections; gtopk = simulated pairwise tree; oktopk refresh = exact top-k of the
-sums of the local selections, non-refresh = |sum| >= the shared global threshold); recall >= 0.8
-of the exact top-k on correlated data; Ok-Topk's state across steps and its padded allgather.
+reference built from the inputs and the documented rules only (dense = exact top-k of the sum;
+topka = sum of the local top-k sets; gaussiank = sum of selections obeying the rule: default a
+threshold selection of 3k/4..5k/4 entries, reference policy simulated; gtopk = simulated pairwise
+tree; oktopk refresh = exact top-k of the sums of the local selections, non-refresh: default a
+threshold selection of the union of 0.9k..1.1k entries, reference policy simulated step by step
+with ``topk_ref.ReferencePolicy``); recall >= 0.8 of the exact top-k on correlated data; Ok-Topk's
+state across steps and its padded allgather.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import topk_ref as ref
 from _common import assert_identical_across_ranks
 
 import cupycoll as cc
-from cupycoll.topk import Exact, Threshold, TopkState, topk_allreduce
+from cupycoll.topk import Exact, Gaussian, Threshold, TopkState, topk_allreduce
 from cupycoll.topk.api import run
 
 WORLD = MPI.COMM_WORLD
@@ -67,12 +70,17 @@ def check_case(comm, seed: int, n: int, k: int, dtype: str, zeros: bool = False)
             assert_equal(res, *ref.union_sum([top_pair(x, k) for x in xs]))
         elif alg == "gtopk":
             assert_equal(res, *ref.gtopk([top_pair(x, k) for x in xs], k))
-        elif alg == "gaussiank":
-            ths = WORLD.allgather(sel.threshold)
-            chosen = [np.flatnonzero(np.abs(x.astype(np.float64)) >= t) for x, t in zip(xs, ths)]
+        elif alg == "gaussiank":  # default policy: each rank's selection obeys the rule
+            chosen = WORLD.allgather(np.asarray(sel.indices, np.int64))
+            for x, c in zip(xs, chosen):
+                assert ref.gaussian_corrected_ok(x, k, c), (seed, c.size, k)
+            assert_equal(res, *ref.union_sum([(i, x[i]) for i, x in zip(chosen, xs)]))
+            st = TopkState(selector=Gaussian(policy="reference"))
+            res = topk_allreduce(xs[r], k, algorithm=alg, comm=comm, state=st)
+            chosen = [ref.gaussian_reference(x, k) for x in xs]
             assert_equal(res, *ref.union_sum([(i, x[i]) for i, x in zip(chosen, xs)]))
         elif alg == "oktopk":  # a call without state is a refresh step: exact top-k of the sums
-            ui, uv = ref.union_sum([top_pair(x, k) for x in xs])
+            ui, uv = ref.union_sum([(i, x[i]) for x in xs for i in [ref.quantile_local(x, k)]])
             nz = uv != 0
             assert_equal(res, *ref.top_of(ui[nz], uv[nz], k))
     return recalls
@@ -90,40 +98,48 @@ def run_outcome(comm, x, k, alg, state=None):
     return run(comm, arr, kk, alg, None, state)
 
 
-def oktopk_sequence(comm, seed: int, n: int, k: int, steps: int, padded: bool | None) -> list:
-    """Run Ok-Topk with a state over drifting inputs; check every step; return the results."""
+def oktopk_sequence(comm, seed: int, n: int, k: int, steps: int, padded: bool | None,
+                    policy: str = "quantile") -> list:
+    """Run Ok-Topk with a state over drifting inputs; check every step against the documented
+    rules applied to the inputs (never the library's thresholds); return the results."""
     p, r = comm.size, comm.rank
-    state = TopkState(tau=3, tau_prime=2, padded_allgather=padded)
+    state = TopkState(tau=3, tau_prime=2, padded_allgather=padded,
+                      selector=Threshold(policy=policy))
+    sims = [ref.ReferencePolicy(k) for _ in range(p)]
     base = ref.inputs(seed, p, n)
     results = []
     for t in range(steps):
         xs = [(x + ref.inputs(seed + 100 + t, p, n, noise=16, base=8)[q]).astype(np.float32)
               for q, x in enumerate(base)]
-        th_before = state.global_th
         bounds_before = None if state.boundaries is None else state.boundaries.copy()
         out = run_outcome(comm, xs[r], k, "oktopk", state)
         res = out.result
         check_shape(res, n, "float32")
         assert state.step == t + 1
-        assert state.last["refresh"] == (t % 2 == 0), (t, state.last)
+        refresh = t % 2 == 0
+        assert state.last["refresh"] == refresh, (t, state.last)
         if t % 3 and bounds_before is not None:
             np.testing.assert_array_equal(state.boundaries, bounds_before)
         b = state.boundaries
         assert b[0] == 0 and b[-1] == n and np.all(np.diff(b) >= 0)
         assert_identical_across_ranks(b, np.array([state.global_th]))
-        sels = WORLD.allgather((np.asarray(out.selection.indices), np.asarray(out.selection.values)))
-        ui, uv = ref.union_sum(sels)
-        if t % 2 == 0:
-            nz = uv != 0
-            assert_equal(res, *ref.top_of(ui[nz], uv[nz], k))
+        if policy == "reference":
+            locals_ = [sim.local(x, refresh) for sim, x in zip(sims, xs)]
         else:
-            keep = np.abs(uv) >= th_before
-            assert_equal(res, ui[keep], uv[keep])
-        mine = np.asarray(out.selection.indices)
+            locals_ = [ref.quantile_local(x, k) for x in xs]
+        np.testing.assert_array_equal(np.asarray(out.selection.indices), locals_[r])
+        ui, uv = ref.union_sum([(i, x[i]) for i, x in zip(locals_, xs)])
+        nz = uv != 0
+        if policy == "reference":
+            assert_equal(res, *sims[0].result(ui, uv, refresh))
+        elif refresh:
+            assert_equal(res, *ref.top_of(ui[nz], uv[nz], k))
+        else:  # a threshold selection of the union with its exact sums, 0.9k..1.1k entries
+            got = np.asarray(res.indices, np.int64)
+            assert_equal(res, got, uv[np.searchsorted(ui, got)])
+            assert ref.upper_set(ui, uv, got) and 0.9 * k <= got.size <= 1.1 * k, (t, got.size)
         np.testing.assert_array_equal(np.asarray(out.included),
-                                      np.intersect1d(mine, np.asarray(res.indices)))
-        if t % 2:
-            assert out.selection.threshold is not None
+                                      np.intersect1d(locals_[r], np.asarray(res.indices)))
         results.append((np.asarray(res.indices).copy(), np.asarray(res.values).copy()))
     return results
 
@@ -147,11 +163,12 @@ def main() -> None:
         assert rec >= 0.8, f"{alg}: recall {rec:.3f} < 0.8 on correlated data"
     # Ok-Topk across steps: refresh every tau'=2, repartition every tau=3; padded == native
     steps = 5 if mode == "light" else 7
-    native = oktopk_sequence(comm, 11, 3000, 30, steps, padded=False)
-    padded = oktopk_sequence(comm, 11, 3000, 30, steps, padded=True)
-    for (ai, av), (bi, bv) in zip(native, padded):
-        np.testing.assert_array_equal(ai, bi)
-        np.testing.assert_array_equal(av, bv)
+    for policy in ("quantile", "reference"):
+        native = oktopk_sequence(comm, 11, 3000, 30, steps, False, policy)
+        padded = oktopk_sequence(comm, 11, 3000, 30, steps, True, policy)
+        for (ai, av), (bi, bv) in zip(native, padded):
+            np.testing.assert_array_equal(ai, bi)
+            np.testing.assert_array_equal(av, bv)
     # a selector passed by the caller replaces the default and persists in the state
     state = TopkState()
     x = ref.inputs(3, p, 500)[comm.rank]
