@@ -17,7 +17,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .._config import parse_timeout
 from .._types import ReduceOp, to_host
+from ..errors import BackendError, CollectiveTimeout, CupycollError
+from ._watchdog import NO_SLOT, Board, Fate, timeout_error
 
 __all__ = ["Communicator", "Stats", "OpStats", "Work", "bus_factor"]
 
@@ -180,10 +183,16 @@ class Communicator(abc.ABC):
     #: ones in the same order, so the count names a collective across ranks).
     sequence: int = 0
 
+    #: the arrival board (see :mod:`._watchdog`) and this rank's slot on it.
+    board: Board | None = None
+    _slot: memoryview = NO_SLOT
+
     def __init__(self, timeout: float | None = None) -> None:
         self.stats = Stats()
-        self.timeout = timeout
+        self.timeout = parse_timeout(timeout)
         self.sequence = 0
+        self._fate = Fate()
+        self._fate.members.add(self)
 
     # dense collectives, NCCL semantics; each returns a Work whose result is None
     @abc.abstractmethod
@@ -239,8 +248,50 @@ class Communicator(abc.ABC):
         """Release backend resources (idempotent)."""
 
     def abort(self) -> None:
-        """Tear the communicator down after an error so no peer waits forever."""
-        self.close()
+        """Mark this communicator (and its duplicates) dead: every later call raises at once."""
+        self._die(BackendError(f"abort() was called on rank {self.rank}"), "abort()")
+
+    # failures: see _watchdog
+    def _watch(self, mpi_comm: Any) -> None:
+        """Publish this rank's collective count on an arrival board over ``mpi_comm``
+        (collective), so a timeout can name the ranks that never arrived."""
+        self.board = Board(mpi_comm)
+        self._slot = self.board.slot
+        self._slot[0] = self.sequence
+
+    def _share_fate(self, parent: "Communicator") -> None:
+        """Live and die with ``parent`` (a duplicate of it)."""
+        self._fate = parent._fate
+        self._fate.members.add(self)
+
+    def _timed_out(self, op_name: str, sequence: int | None = None,
+                   pending: Sequence[int] = ()) -> CollectiveTimeout:
+        """Build the CollectiveTimeout of a wait on collective ``sequence`` (default the latest)
+        that gave up, naming the missing ranks, and abort the communicator."""
+        seq = self.sequence if sequence is None else sequence
+        error = timeout_error(self.board, self.rank, self.size, op_name, self.timeout, seq,
+                              pending)
+        self._die(error, f"{op_name} (collective #{seq})")
+        return error
+
+    def _interrupted(self, op_name: str) -> None:
+        """A wait was interrupted (KeyboardInterrupt): its operation stays pending, so the
+        communicator is aborted (a later call would match it)."""
+        self._die(BackendError(f"{op_name} was interrupted on rank {self.rank}"),
+                  f"{op_name} (collective #{self.sequence}, interrupted)")
+
+    def _die(self, error: CupycollError, where: str) -> None:
+        self._fate.kill(error, where, self.sequence, self._slot)
+
+    def _disable(self) -> None:
+        """Stop publishing arrivals (calls on a dead communicator start nothing); a backend
+        extends this so every later operation raises ``self._fate.dead_error()``."""
+        self._slot = memoryview(bytearray(16)).cast("q")
+
+    def _check_alive(self) -> None:
+        """Raise at once if this communicator was aborted."""
+        if self._fate.error is not None:
+            raise self._fate.dead_error()
 
     def __enter__(self) -> "Communicator":
         return self
@@ -326,7 +377,7 @@ class Communicator(abc.ABC):
                            op_name: str | None = None) -> None:
         """Book a native collective's traffic by the rule in :class:`Stats` (under ``op_name``)
         and count it in ``sequence``."""
-        self.sequence += 1
+        self._slot[0] = self.sequence = self.sequence + 1  # the arrival notice
         p, book = self.size, op_name or name
         if p <= 1:
             self.stats.record(book)

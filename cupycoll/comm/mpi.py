@@ -14,7 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .._types import ReduceOp, to_host, trunc_divide
-from ..errors import BackendError, CollectiveTimeout
+from ..errors import BackendError
 from ._base import Communicator, Work
 
 __all__ = ["MPICommunicator"]
@@ -82,13 +82,21 @@ def _separate(send: np.ndarray, recv: np.ndarray) -> bool:
     return send is not recv and not np.may_share_memory(send, recv)
 
 
-def _missing(requests: list, peers: Sequence[int] | None) -> str:
-    """Who a timed-out wait is waiting for: the peers of the pending point-to-point requests,
-    or, for a collective, an unnamed peer (MPI does not tell which rank is late)."""
+def _pending(requests: list, peers: Sequence[int] | None) -> list[int]:
+    """The peers of the point-to-point requests still pending (none for a collective)."""
     if peers is None:
-        return "a peer never arrived"
-    late = sorted({peer for request, peer in zip(requests, peers) if not request.Test()})
-    return f"still waiting on rank{'s' if len(late) > 1 else ''} {', '.join(map(str, late))}"
+        return []
+    return sorted({peer for request, peer in zip(requests, peers) if not request.Test()})
+
+
+class _DeadComm:
+    """Stands in for the MPI communicator of an aborted Communicator: any use raises why."""
+
+    def __init__(self, fate: Any) -> None:
+        self._fate = fate
+
+    def __getattr__(self, name: str) -> Any:
+        raise self._fate.dead_error()
 
 
 class MPICommunicator(Communicator):
@@ -99,56 +107,63 @@ class MPICommunicator(Communicator):
 
     def __init__(self, mpi_comm: MPI.Comm | None = None, *, timeout: float | None = None,
                  xp: Any = np) -> None:
+        """Collective over ``mpi_comm``: works on a duplicate of it (its own message space, so
+        operations a dead communicator left pending never match a new one's) and sets up the
+        arrival board that names late ranks."""
         super().__init__(timeout)
-        self.mpi_comm = mpi_comm if mpi_comm is not None else MPI.COMM_WORLD
-        self._owned = False
+        self.mpi_comm = (mpi_comm if mpi_comm is not None else MPI.COMM_WORLD).Dup()
+        self._owned = True
         self.rank, self.size = self.mpi_comm.Get_rank(), self.mpi_comm.Get_size()
         self.xp = xp
+        self._watch(self.mpi_comm)
         self._verbs = {"allreduce": self._allreduce, "broadcast": self._broadcast,
                        "reduce": self._reduce, "allgather": self._allgather,
                        "reduce_scatter": self._reduce_scatter}
 
     def dup(self) -> "MPICommunicator":
         """Return a communicator over the same ranks with its own message space."""
-        twin = MPICommunicator(self.mpi_comm.Dup(), timeout=self.timeout, xp=self.xp)
-        twin._owned = True
+        twin = MPICommunicator(self.mpi_comm, timeout=self.timeout, xp=self.xp)
+        twin._share_fate(self)
         return twin
 
     # the one blocking wait
     def wait(self, handles: Sequence[MPI.Request], op_name: str,
-             peers: Sequence[int] | None = None) -> None:
-        """Block on the requests under ``self.timeout``; ``peers`` (the peer rank of each
-        point-to-point request) lets a timeout name the ranks whose messages are still pending."""
+             peers: Sequence[int] | None = None, sequence: int | None = None) -> None:
+        """Block on the requests under ``self.timeout`` (interruptible: a Python loop of tests).
+
+        ``sequence``: the collective the requests belong to (default the latest started);
+        ``peers``: the peer rank of each point-to-point request. A timeout names the ranks that
+        never started that collective (or else the peers still owing messages).
+        """
         requests = list(handles)
         if not requests:
             return
         statuses = [MPI.Status() for _ in requests]
         try:
-            if self.timeout is None:
-                MPI.Request.Waitall(requests, statuses)
-                return
-            self._poll(requests, statuses, op_name, peers)
+            self._poll(requests, statuses, op_name, peers, sequence)
+        except KeyboardInterrupt:
+            self._interrupted(op_name)
+            raise
         except MPI.Exception as exc:
             reasons = {MPI.Get_error_string(s.Get_error()).split(",")[0] for s in statuses
                        if s.Get_error() != MPI.SUCCESS}
             raise self._failure(op_name, reasons or {str(exc)}) from exc
 
     def _poll(self, requests: list, statuses: list, op_name: str,
-              peers: Sequence[int] | None) -> None:
+              peers: Sequence[int] | None, sequence: int | None = None) -> None:
         """Test the requests until done or ``self.timeout`` passes: yield the core for the first
         millisecond (a small collective completes within a few microseconds of its last peer),
-        then sleep 0.1 ms between tests."""
+        then sleep 0.1 ms between tests. Being a Python loop, Ctrl-C interrupts it."""
         if MPI.Request.Testall(requests, statuses):
             return
+        self._check_alive()  # a Work of a dead communicator never completes
         start = time.monotonic()
-        deadline, nap = start + self.timeout, start + 1e-3
+        deadline = start + self.timeout if self.timeout is not None else float("inf")
+        nap = start + 1e-3
         while not MPI.Request.Testall(requests, statuses):
             now = time.monotonic()
             if now > deadline:
-                raise CollectiveTimeout(
-                    f"{op_name} did not complete within {self.timeout} s on rank {self.rank} "
-                    f"of {self.size}: {_missing(requests, peers)} (the communicator is "
-                    f"unusable now unless they arrive)")
+                raise self._timed_out(op_name, sequence, _pending(requests, peers))
             time.sleep(0 if now < nap else 1e-4)
 
     def _failure(self, op_name: str, reasons: set[str]) -> BackendError:
@@ -164,15 +179,17 @@ class MPICommunicator(Communicator):
 
     def _launch(self, blocking: bool, op_name: str, call: Any, icall: Any, args: tuple,
                 finalize: Any = None, keep: tuple = ()) -> Work | None:
-        """Start ``icall(*args)`` and return its Work, or (``blocking``) complete the operation:
-        with ``call(*args)`` when no timeout is set, else by polling the nonblocking request."""
-        if blocking and self.timeout is None:
+        """Start ``icall(*args)`` and return its Work, or (``blocking``) complete the operation
+        by testing the request in :meth:`wait`'s interruptible loop (MPI's blocking ``call``
+        would ignore Ctrl-C until it returns; testing is also faster on oversubscribed cores)."""
+        if blocking:
+            request = icall(*args)
             try:
-                call(*args)
+                done = request.Test()
             except MPI.Exception as exc:
                 raise self._failure(op_name, {str(exc)}) from exc
-        elif blocking:
-            self.wait([icall(*args)], op_name)
+            if not done:
+                self.wait([request], op_name)
         else:
             return self._work([icall(*args)], op_name, finalize, keep)
         if finalize is not None:
@@ -183,8 +200,10 @@ class MPICommunicator(Communicator):
               peers: list[int] | None = None) -> Work:
         """Wrap requests; ``keep`` holds every buffer alive until the transfers are done."""
         def wait() -> None:
-            self.wait(requests, op_name, peers)
+            self.wait(requests, op_name, peers, sequence)
             keep_alive.clear()
+
+        sequence = self.sequence
 
         keep_alive = list(keep)
         return Work(wait, lambda: bool(MPI.Request.Testall(requests)), finalize)
@@ -362,10 +381,13 @@ class MPICommunicator(Communicator):
 
     def close(self) -> None:
         comm, self.mpi_comm = self.mpi_comm, None
+        if isinstance(comm, _DeadComm):
+            return  # its pending operations may never complete: leave it to MPI_Finalize
         if comm is not None and self._owned and not MPI.Is_finalized():
             comm.Free()
 
-    def abort(self) -> None:
-        """Abort the whole MPI job (MPI cannot tear down a single communicator)."""
-        if self.mpi_comm is not None:
-            self.mpi_comm.Abort(1)
+    def _disable(self) -> None:
+        """Replace the MPI communicator with one that raises: nothing more is posted on it."""
+        super()._disable()
+        if self.mpi_comm is not None and not isinstance(self.mpi_comm, _DeadComm):
+            self.mpi_comm = _DeadComm(self._fate)

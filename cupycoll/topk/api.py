@@ -16,13 +16,14 @@ from typing import Any
 
 import numpy as np
 
+from .. import _agreement as agreement
 from .._config import setting
 from .._registry import algorithms, lookup
 from .._result import SparseResult
-from .._types import ReduceOp, array_namespace, as_array, check_dtype
+from .._types import array_namespace, as_array, check_dtype
 from ..comm import Communicator, get_comm
 from ..errors import CupycollError, InvalidArgument, InvalidType, MismatchError
-from ._common import TopkOutcome, TopkState, to_host, to_namespace
+from ._common import TopkOutcome, TopkState, to_namespace
 from .selectors import Selector
 
 __all__ = ["topk_allreduce", "validate", "run", "FLOAT_DTYPES"]
@@ -81,8 +82,12 @@ def _local_checks(comm: Communicator, x: Any, k: Any, algorithm: Any, selector: 
 
 
 def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: Any = None,
-             state: Any = None, argument: str = "x", n: int | None = None) -> tuple[Any, int]:
+             state: Any = None, argument: str = "x", n: int | None = None,
+             verb: str = "topk_allreduce") -> tuple[Any, int]:
     """Check the arguments on every rank with one small allreduce; return (array, k).
+
+    The allreduce carries ``verb``'s tag (see :mod:`cupycoll._agreement`), so a rank in another
+    validating verb makes every rank raise MismatchError.
 
     Raises (on every rank): InvalidType / InvalidArgument when any rank's arguments are bad
     (non-float dtype, not 1-D, k <= 0 or k > n, unknown algorithm, bad selector or state),
@@ -102,10 +107,9 @@ def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: An
     else:
         length = dcode = acode = 0
     mine = np.array([key, length, -length, kk, -kk, dcode, -dcode, acode, -acode], np.int64)
-    xp = comm.xp
-    send, recv = xp.asarray(mine), xp.empty(mine.shape[0], dtype=np.int64)
-    comm.allreduce(send, recv, ReduceOp.MAX, op_name="topk.validate").wait()
-    agreed = to_host(recv)
+    vec = agreement.start(comm, verb)
+    vec[agreement.HEADER:agreement.HEADER + mine.shape[0]] = mine
+    agreed = agreement.settle(comm, vec, verb, "topk.validate")
     if agreed[0]:
         if error is not None:
             raise error

@@ -93,7 +93,8 @@ class TopkCompressor:
         values are averages over ranks. Raises on every rank as ``topk_allreduce`` does.
         """
         comm = self.comm
-        arr, k = validate(comm, grad, self.k, self.algorithm, argument="grad", n=self.n)
+        arr, k = validate(comm, grad, self.k, self.algorithm, argument="grad", n=self.n,
+                          verb="TopkCompressor.step")
         xp = array_namespace(arr)
         dtype = np.float32 if arr.dtype == np.float16 else arr.dtype
         if self._residual is None or array_namespace(self._residual) is not xp \
