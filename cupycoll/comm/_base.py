@@ -8,6 +8,7 @@ doors in :mod:`cupycoll.collectives` wait on it unless the caller asked for ``as
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import functools
 import math
@@ -186,6 +187,8 @@ class Communicator(abc.ABC):
     #: the arrival board (see :mod:`._watchdog`) and this rank's slot on it.
     board: Board | None = None
     _slot: memoryview = NO_SLOT
+    #: the front-door verb running on this communicator (named by a timeout), if not dense.
+    _verb: str | None = None
 
     def __init__(self, timeout: float | None = None) -> None:
         self.stats = Stats()
@@ -252,6 +255,20 @@ class Communicator(abc.ABC):
         self._die(BackendError(f"abort() was called on rank {self.rank}"), "abort()")
 
     # failures: see _watchdog
+    @contextlib.contextmanager
+    def calling(self, verb: str) -> Any:
+        """Name the front-door ``verb`` the operations inside belong to (the outermost wins), so
+        a timeout reports ``sparse_allreduce`` rather than one of its steps."""
+        if self._verb is not None:
+            yield
+            return
+        self._check_alive()
+        self._verb = verb
+        try:
+            yield
+        finally:
+            self._verb = None
+
     def _watch(self, mpi_comm: Any) -> None:
         """Publish this rank's collective count on an arrival board over ``mpi_comm``
         (collective), so a timeout can name the ranks that never arrived."""
@@ -269,9 +286,10 @@ class Communicator(abc.ABC):
         """Build the CollectiveTimeout of a wait on collective ``sequence`` (default the latest)
         that gave up, naming the missing ranks, and abort the communicator."""
         seq = self.sequence if sequence is None else sequence
-        error = timeout_error(self.board, self.rank, self.size, op_name, self.timeout, seq,
+        verb = self._verb or op_name
+        error = timeout_error(self.board, self.rank, self.size, verb, op_name, self.timeout, seq,
                               pending)
-        self._die(error, f"{op_name} (collective #{seq})")
+        self._die(error, f"{verb} (collective #{seq})")
         return error
 
     def _interrupted(self, op_name: str) -> None:
@@ -315,12 +333,13 @@ class Communicator(abc.ABC):
         Counts are exchanged first (an allgather of one int64 per rank, booked as
         ``<op_name>.counts``) unless the caller passes them.
         """
-        if counts is None:
-            counts = self.allgather_counts(int(send.shape[0]), op_name + ".counts")
-        counts = np.asarray(counts, dtype=np.int64)
-        recv = self.xp.empty((int(counts.sum()),) + tuple(send.shape[1:]), dtype=send.dtype)
-        self._allgatherv_into(send, recv, counts, op_name).wait()
-        return recv, counts
+        with self.calling("allgatherv"):
+            if counts is None:
+                counts = self.allgather_counts(int(send.shape[0]), op_name + ".counts")
+            counts = np.asarray(counts, dtype=np.int64)
+            recv = self.xp.empty((int(counts.sum()),) + tuple(send.shape[1:]), dtype=send.dtype)
+            self._allgatherv_into(send, recv, counts, op_name).wait()
+            return recv, counts
 
     def _allgatherv_into(self, send: Any, recv: Any, counts: np.ndarray, op_name: str) -> Work:
         """Point-to-point allgatherv (backends with a native one override this)."""
@@ -351,16 +370,18 @@ class Communicator(abc.ABC):
         """
         if len(sends) != self.size:
             raise ValueError(f"alltoallv needs one array per rank ({self.size}), got {len(sends)}")
-        if recv_counts is None:
-            recv_counts = self.alltoall_counts([s.shape[0] for s in sends], op_name + ".counts")
-        like = sends[self.rank]
-        recvs = [self.xp.empty((int(c),) + tuple(like.shape[1:]), dtype=like.dtype)
-                 for c in recv_counts]
-        recvs[self.rank] = sends[self.rank]
-        peers = [r for r in range(self.size) if r != self.rank]
-        self.exchange([(r, sends[r]) for r in peers if sends[r].shape[0]],
-                      [(r, recvs[r]) for r in peers if recvs[r].shape[0]], op_name).wait()
-        return recvs
+        with self.calling("alltoallv"):
+            if recv_counts is None:
+                recv_counts = self.alltoall_counts([s.shape[0] for s in sends],
+                                                   op_name + ".counts")
+            like = sends[self.rank]
+            recvs = [self.xp.empty((int(c),) + tuple(like.shape[1:]), dtype=like.dtype)
+                     for c in recv_counts]
+            recvs[self.rank] = sends[self.rank]
+            peers = [r for r in range(self.size) if r != self.rank]
+            self.exchange([(r, sends[r]) for r in peers if sends[r].shape[0]],
+                          [(r, recvs[r]) for r in peers if recvs[r].shape[0]], op_name).wait()
+            return recvs
 
     def _record_allgatherv(self, op_name: str, byte_counts: np.ndarray) -> None:
         """Book a native allgatherv exactly: this rank's block to each peer, each peer's block in.

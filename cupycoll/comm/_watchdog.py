@@ -98,6 +98,12 @@ class Fate:
         self.error: CupycollError | None = None
         self.where = ""
         self.members: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self._abandoned: list[Any] = []
+
+    def abandon(self, *pending: Any) -> None:
+        """Keep the requests and buffers of an operation given up on alive for good: MPI may
+        still read or write them when a late peer arrives."""
+        self._abandoned.append(pending)
 
     def kill(self, error: CupycollError, where: str, sequence: int, slot: memoryview) -> None:
         """Mark every member dead (first cause wins) and publish it on the board."""
@@ -124,9 +130,11 @@ def _ranks(ranks: Sequence[int]) -> str:
     return f"rank{'s' if len(ranks) != 1 else ''} {', '.join(map(str, ranks))}"
 
 
-def timeout_error(board: Board | None, rank: int, size: int, op_name: str, waited: float | None,
-                  sequence: int, pending: Sequence[int] = ()) -> CollectiveTimeout:
-    """The CollectiveTimeout of a wait on collective number ``sequence`` that gave up.
+def timeout_error(board: Board | None, rank: int, size: int, verb: str, step: str,
+                  waited: float | None, sequence: int,
+                  pending: Sequence[int] = ()) -> CollectiveTimeout:
+    """The CollectiveTimeout of a wait in ``verb`` (at its ``step``) on collective number
+    ``sequence`` that gave up.
 
     Missing: ranks whose board count is below ``sequence`` (they never started it); when every
     rank has started it (a point-to-point step inside a call), the peers whose messages are still
@@ -149,7 +157,8 @@ def timeout_error(board: Board | None, rank: int, size: int, op_name: str, waite
     if behind:
         why = f"{_ranks(behind)} never arrived (started only collectives before #{sequence})"
     elif missing:
-        why = f"every rank started it, but {_ranks(missing)} still owe this rank messages"
+        owe = "still owe" if len(missing) > 1 else "still owes"
+        why = f"every rank started it, but {_ranks(missing)} {owe} this rank messages"
     elif unread:
         why = f"{_ranks(unread)} on other nodes could not be read (MPI needs their help)"
         missing = unread
@@ -157,8 +166,10 @@ def timeout_error(board: Board | None, rank: int, size: int, op_name: str, waite
         why = "the ranks that never arrived cannot be known (no arrival board)"
     notes = "; ".join(died)
     within = f"within {waited} s " if waited is not None else ""
+    where = f"step {step}, " if step != verb else ""
     return CollectiveTimeout(
-        f"{op_name} (collective #{sequence}) did not complete {within}on rank {rank} of {size}: "
+        f"{verb} ({where}collective #{sequence}) did not complete {within}on rank {rank} of "
+        f"{size}: "
         f"{why}{'; ' + notes if notes else ''}. The communicator is aborted: every later call "
         "on it raises at once; call cupycoll.init() on every rank for a new one",
-        missing_ranks=missing, op_name=op_name)
+        missing_ranks=missing, op_name=verb)

@@ -135,6 +135,7 @@ class MPICommunicator(Communicator):
         ``peers``: the peer rank of each point-to-point request. A timeout names the ranks that
         never started that collective (or else the peers still owing messages).
         """
+        self._check_alive()  # also for a Work started before the communicator died
         requests = list(handles)
         if not requests:
             return
@@ -156,7 +157,6 @@ class MPICommunicator(Communicator):
         then sleep 0.1 ms between tests. Being a Python loop, Ctrl-C interrupts it."""
         if MPI.Request.Testall(requests, statuses):
             return
-        self._check_alive()  # a Work of a dead communicator never completes
         start = time.monotonic()
         deadline = start + self.timeout if self.timeout is not None else float("inf")
         nap = start + 1e-3
@@ -189,7 +189,11 @@ class MPICommunicator(Communicator):
             except MPI.Exception as exc:
                 raise self._failure(op_name, {str(exc)}) from exc
             if not done:
-                self.wait([request], op_name)
+                try:
+                    self.wait([request], op_name)
+                except BaseException:
+                    self._fate.abandon(request, args)
+                    raise
         else:
             return self._work([icall(*args)], op_name, finalize, keep)
         if finalize is not None:
@@ -200,7 +204,11 @@ class MPICommunicator(Communicator):
               peers: list[int] | None = None) -> Work:
         """Wrap requests; ``keep`` holds every buffer alive until the transfers are done."""
         def wait() -> None:
-            self.wait(requests, op_name, peers, sequence)
+            try:
+                self.wait(requests, op_name, peers, sequence)
+            except BaseException:
+                self._fate.abandon(requests, keep_alive)
+                raise
             keep_alive.clear()
 
         sequence = self.sequence
@@ -377,7 +385,9 @@ class MPICommunicator(Communicator):
         return self._work(requests, op_name, finalize, tuple(buffers), peers)
 
     def barrier(self) -> None:
-        self.wait([self.mpi_comm.Ibarrier()], "barrier")
+        request = self.mpi_comm.Ibarrier()
+        self._slot[0] = self.sequence = self.sequence + 1  # a collective: an arrival notice
+        self.wait([request], "barrier")
 
     def close(self) -> None:
         comm, self.mpi_comm = self.mpi_comm, None

@@ -181,7 +181,8 @@ def topk_allreduce(x: Any, k: int, *, algorithm: str | None = None,
     """
     comm = comm or get_comm()
     algorithm = setting("CUPYCOLL_TOPK_ALGORITHM", algorithm)
-    arr, k = validate(comm, x, k, algorithm, selector=selector, state=state)
-    res = run(comm, to_namespace(arr, comm.xp), k, algorithm, selector, state).result
+    with comm.calling("topk_allreduce"):
+        arr, k = validate(comm, x, k, algorithm, selector=selector, state=state)
+        res = run(comm, to_namespace(arr, comm.xp), k, algorithm, selector, state).result
     xp = array_namespace(arr)
     return SparseResult(to_namespace(res.indices, xp), to_namespace(res.values, xp), res.n)
