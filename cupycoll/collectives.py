@@ -137,7 +137,8 @@ def _agree(comm: Communicator, verb: str, fields: dict[str, int] | None) -> None
     mine = [comm.rank + 1 if fields is None else 0] + [v for f in values for v in (f, -f)]
     vec = agreement.start(comm, verb)
     vec[agreement.HEADER:agreement.HEADER + len(mine)] = mine
-    every = agreement.settle(comm, vec, verb, "debug.check")
+    with comm.calling(verb):  # a timeout here names the verb, not its check
+        every = agreement.settle(comm, vec, verb, "debug.check")
     if fields is None:
         return  # this rank raises its own error
     if every[0]:
