@@ -74,8 +74,8 @@ def time_collective(fn: Callable[[], Any], iters: int, warmup: int, mpi_comm) ->
 
 def interleaved(calls: dict[str, Callable[[], Any]], iters: int, warmup: int,
                 mpi_comm) -> dict[str, np.ndarray]:
-    """Time every call ``iters`` times, one of each per round (rotating the order), so drift on
-    a shared machine hits them alike; each sample is the slowest rank's time of that call."""
+    """Time every call ``iters`` times, one of each per round (rotating the order), so drift
+    on a shared machine hits them alike; each sample is the slowest rank's time of that call."""
     from mpi4py import MPI
 
     names = list(calls)

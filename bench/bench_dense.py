@@ -147,8 +147,9 @@ def side_by_side(args, comm, names) -> None:
         print(f"# {'collective':<15}{'way':<9}{head}")
         for name in names:
             for way in WAYS:
-                cells = "".join(f"{r['cupycoll(us)']:>10.1f} /{r['mpi4py(us)']:>8.1f} ={r['ratio']:>5.2f}x"
-                                for r in rows if r["collective"] == name and r["way"] == way)
+                cells = "".join(f"{r['cupycoll(us)']:>10.1f} /{r['mpi4py(us)']:>8.1f} ="
+                                f"{r['ratio']:>5.2f}x" for r in rows
+                                if r["collective"] == name and r["way"] == way)
                 print(f"  {name:<15}{way:<9}{cells}", flush=True)
         if args.json:
             with open(args.json, "w") as fh:

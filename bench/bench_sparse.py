@@ -15,11 +15,11 @@ Algorithms are timed interleaved (one call of each per round) so drift hits them
 
 from __future__ import annotations
 
-import time
 import tracemalloc
 
 import numpy as np
-from _common import SPARSE_COLUMNS, Table, bandwidths, common_parser, parse_size, progress
+from _common import (SPARSE_COLUMNS, Table, bandwidths, common_parser, interleaved, parse_size,
+                     progress)
 from mpi4py import MPI
 
 import cupycoll as cc
@@ -69,27 +69,6 @@ def count_wrong(res, ref) -> int:
         return int(max(union.size, 1))
     tol = 1e-5 * (np.abs(want) + 1)
     return int(np.count_nonzero(np.abs(res.values - want) > tol))
-
-
-def interleaved(calls: dict, iters: int, warmup: int, mpi_comm) -> dict:
-    """Time every call ``iters`` times, one of each per round; a sample = the slowest rank."""
-    names = list(calls)
-    for _ in range(warmup):
-        for name in names:
-            calls[name]()
-    samples = {name: np.empty(iters) for name in names}
-    for i in range(iters):
-        for name in names[i % len(names):] + names[:i % len(names)]:
-            mpi_comm.Barrier()
-            t0 = time.perf_counter()
-            calls[name]()
-            samples[name][i] = time.perf_counter() - t0
-    out = {}
-    for name in names:
-        slowest = np.empty(iters)
-        mpi_comm.Allreduce(samples[name], slowest, op=MPI.MAX)
-        out[name] = slowest
-    return out
 
 
 def peak_ratio(call, comm) -> float:

@@ -54,8 +54,8 @@ def settle(comm: Any, vec: np.ndarray, verb: str, op_name: str) -> np.ndarray:
         MismatchError: (on every rank) the ranks called different verbs, or this call is not
             the same collective of the communicator on every rank.
     """
-    dev = comm.xp.asarray(vec)
-    comm.allreduce(dev, dev, ReduceOp.MAX, op_name=op_name).wait()
+    dev = vec if comm.xp is np else comm.xp.asarray(vec)
+    comm.run("allreduce", dev, dev, ReduceOp.MAX, op_name=op_name)
     out = to_host(dev)
     low, high = -int(out[1]), int(out[0])
     if low != high:

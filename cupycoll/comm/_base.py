@@ -221,7 +221,7 @@ class Communicator(abc.ABC):
         """Start recv = this rank's block (axis 0 split into P equal blocks) of op over ranks."""
 
     def run(self, verb: str, *args: Any, op_name: str | None = None) -> None:
-        """Run dense ``verb`` (a method name above) on ``args`` to completion.
+        """Run dense ``verb`` (a method name above, or ``_allgatherv_into``) to completion.
 
         The same as ``getattr(self, verb)(*args).wait()``; a backend may override it with a
         cheaper blocking call (the MPI backend does).
@@ -323,7 +323,7 @@ class Communicator(abc.ABC):
         xp = self.xp
         send = xp.asarray([count], dtype=np.int64)
         recv = xp.empty(self.size, dtype=np.int64)
-        self.allgather(send, recv, op_name).wait()
+        self.run("allgather", send, recv, op_name=op_name)
         return to_host(recv)
 
     def allgatherv(self, send: Any, counts: Sequence[int] | None = None,
@@ -338,7 +338,7 @@ class Communicator(abc.ABC):
                 counts = self.allgather_counts(int(send.shape[0]), op_name + ".counts")
             counts = np.asarray(counts, dtype=np.int64)
             recv = self.xp.empty((int(counts.sum()),) + tuple(send.shape[1:]), dtype=send.dtype)
-            self._allgatherv_into(send, recv, counts, op_name).wait()
+            self.run("_allgatherv_into", send, recv, counts, op_name=op_name)
             return recv, counts
 
     def _allgatherv_into(self, send: Any, recv: Any, counts: np.ndarray, op_name: str) -> Work:

@@ -118,7 +118,8 @@ class MPICommunicator(Communicator):
         self._watch(self.mpi_comm)
         self._verbs = {"allreduce": self._allreduce, "broadcast": self._broadcast,
                        "reduce": self._reduce, "allgather": self._allgather,
-                       "reduce_scatter": self._reduce_scatter}
+                       "reduce_scatter": self._reduce_scatter,
+                       "_allgatherv_into": self._allgatherv_into}
 
     def dup(self) -> "MPICommunicator":
         """Return a communicator over the same ranks with its own message space."""
@@ -346,16 +347,19 @@ class MPICommunicator(Communicator):
                             (MPI.IN_PLACE if sbuf is None else _bytes(sbuf), _bytes(host)),
                             copy_back, (sbuf, host))
 
-    def _allgatherv_into(self, send: Any, recv: Any, counts: np.ndarray, op_name: str) -> Work:
+    def _allgatherv_into(self, send: Any, recv: Any, counts: np.ndarray, op_name: str,
+                         blocking: bool = False) -> Work | None:
         host, copy_back = self._staged(recv)
         row = int(np.prod(recv.shape[1:], dtype=np.int64)) * recv.dtype.itemsize
         byte_counts = (counts * row).astype(np.int64)
         displs = np.concatenate([[0], np.cumsum(byte_counts)[:-1]]).astype(np.int64)
         sbuf = np.ascontiguousarray(to_host(send))
-        req = self.mpi_comm.Iallgatherv([sbuf, sbuf.nbytes, MPI.BYTE],
-                                        [host, (byte_counts, displs), MPI.BYTE])
         self._record_allgatherv(op_name, byte_counts)
-        return self._work([req], op_name, copy_back, (sbuf, host, byte_counts, displs))
+        comm = self.mpi_comm
+        return self._launch(blocking, op_name, comm.Allgatherv, comm.Iallgatherv,
+                            ([sbuf, sbuf.nbytes, MPI.BYTE],
+                             [host, (byte_counts, displs), MPI.BYTE]),
+                            copy_back, (sbuf, host, byte_counts, displs))
 
     def exchange(self, sends: Sequence[tuple[int, Any]], recvs: Sequence[tuple[int, Any]],
                  op_name: str = "exchange") -> Work:

@@ -31,8 +31,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .._types import ReduceOp, parse_op
-from ..errors import (BackendError, BackendUnavailable, CollectiveTimeout, InvalidArgument,
-                      InvalidType)
+from ..errors import BackendError, BackendUnavailable, InvalidArgument, InvalidType
 from ._base import Communicator, Work
 
 __all__ = ["NCCLCommunicator", "NCCL_DTYPES", "NCCL_OPS", "nccl_types", "load_nccl",
@@ -98,6 +97,19 @@ def nccl_types(dtype: Any, op: Any = None, *, nccl: Any = None,
     if op is None:
         return int(const), None
     return int(const), int(getattr(nccl, NCCL_OPS[parse_op(op, rank=rank)]))
+
+
+def _code_tables(nccl: Any) -> tuple[dict[np.dtype, int], dict[ReduceOp, int]]:
+    """NCCL's dtype and op codes keyed by numpy dtype and ReduceOp (a dict hit per call)."""
+    dtypes = {}
+    for name, const in NCCL_DTYPES.items():
+        try:
+            dtype = np.dtype(name)
+        except TypeError:  # bfloat16 without ml_dtypes: nccl_types handles it by name
+            continue
+        if hasattr(nccl, const):
+            dtypes[dtype] = int(getattr(nccl, const))
+    return dtypes, {op: int(getattr(nccl, const)) for op, const in NCCL_OPS.items()}
 
 
 def device_for(local_rank: int, device_count: int) -> int:
@@ -268,6 +280,10 @@ class NCCLCommunicator(Communicator):
         self.device_id = int(nccl_comm.device_id())
         self._errors = (nccl.NcclError,) + tuple(device.errors)
         self._bytes = int(getattr(nccl, _BYTES))
+        self._dtype_codes, self._op_codes = _code_tables(nccl)
+        self._posters = {"allreduce": self._allreduce, "broadcast": self._broadcast,
+                         "reduce": self._reduce, "allgather": self._allgather,
+                         "reduce_scatter": self._reduce_scatter}
 
     # enqueueing and the one blocking wait
     def _live(self, op_name: str) -> Any:
@@ -303,13 +319,13 @@ class NCCLCommunicator(Communicator):
         finally:
             self._nccl.groupEnd()
 
-    def _work(self, events: list, op_name: str, keep: Any = None) -> Work:
-        """Work over ``events``; ``keep`` (temporaries the transfers use) lives until the wait."""
+    def _work(self, event: Any, keep: Any, op_name: str) -> Work:
+        """Work over ``event``; ``keep`` (temporaries the transfers use) lives until the wait."""
         def wait() -> None:
             nonlocal keep
-            self.wait(events, op_name)
+            self.wait([event], op_name)
             keep = None
-        return Work(wait, lambda: all(e.done for e in events))
+        return Work(wait, lambda: event.done)
 
     def wait(self, handles: Sequence[Any], op_name: str) -> None:
         """Block until every event in ``handles`` is done, under ``self.timeout``.
@@ -333,9 +349,7 @@ class NCCLCommunicator(Communicator):
                 self._check_async()
                 if time.monotonic() > deadline:
                     self.abort()
-                    raise CollectiveTimeout(
-                        f"{op_name} did not complete within {self.timeout} s on rank {self.rank} "
-                        f"of {self.size}: a peer never arrived (the NCCL communicator was aborted)")
+                    raise self._timed_out(op_name)  # names the late ranks (arrival board)
                 time.sleep(1e-4)
             self._check_async()
         except self._errors as exc:
@@ -357,48 +371,87 @@ class NCCLCommunicator(Communicator):
                                   rank=self.rank)
         return a
 
-    # dense collectives (NCCL natively; in place when the pointers say so)
+    # dense collectives (NCCL natively; in place when the pointers say so). Each ``_verb`` posts
+    # and returns (event, buffer to keep alive); the public verb wraps that in a Work, ``run``
+    # waits on it directly.
+    def run(self, verb: str, *args: Any, op_name: str | None = None) -> None:
+        """Run a dense verb to completion: post it and wait on its event (no Work)."""
+        name = op_name or verb
+        poster = self._posters.get(verb)
+        if poster is None:
+            return super().run(verb, *args, op_name=op_name)
+        event, _keep = poster(*args, name)
+        self.wait([event], name)
+
+    def _types(self, dtype: Any, op: Any) -> tuple[int, int | None]:
+        """NCCL's (dtype, op) codes: from the tables built in ``_attach``, else nccl_types."""
+        code = self._dtype_codes.get(dtype)
+        red = self._op_codes.get(op) if op is not None else None
+        if code is None or (red is None and op is not None):
+            return nccl_types(dtype, op, nccl=self._nccl, rank=self.rank)
+        return code, red
+
     def allreduce(self, send: Any, recv: Any, op: ReduceOp, op_name: str = "allreduce") -> Work:
-        dtype, red = nccl_types(send.dtype, op, nccl=self._nccl, rank=self.rank)
+        return self._work(*self._allreduce(send, recv, op, op_name), op_name)
+
+    def _allreduce(self, send: Any, recv: Any, op: ReduceOp, op_name: str) -> tuple:
+        dtype, red = self._types(send.dtype, op)
         src, dst, count = self._contiguous(send), self._buffer(recv, "recv"), int(send.size)
+        ptr = self._ptr
         event = self._post(op_name, lambda c, s: c.allReduce(
-            self._ptr(src), self._ptr(dst), count, dtype, red, s), active=count > 0)
+            ptr(src), ptr(dst), count, dtype, red, s), active=count > 0)
         self._record_collective("allreduce", send.nbytes, op_name=op_name)
-        return self._work([event], op_name, src)
+        return event, src
 
     def reduce(self, send: Any, recv: Any, op: ReduceOp, root: int,
                op_name: str = "reduce") -> Work:
-        dtype, red = nccl_types(send.dtype, op, nccl=self._nccl, rank=self.rank)
+        return self._work(*self._reduce(send, recv, op, root, op_name), op_name)
+
+    def _reduce(self, send: Any, recv: Any, op: ReduceOp, root: int, op_name: str) -> tuple:
+        dtype, red = self._types(send.dtype, op)
         src, count = self._contiguous(send), int(send.size)
         dst = src if recv is None or self.rank != root else self._buffer(recv, "recv")
+        ptr = self._ptr
         event = self._post(op_name, lambda c, s: c.reduce(
-            self._ptr(src), self._ptr(dst), count, dtype, red, root, s), active=count > 0)
+            ptr(src), ptr(dst), count, dtype, red, root, s), active=count > 0)
         self._record_collective("reduce", send.nbytes, root, op_name=op_name)
-        return self._work([event], op_name, src)
+        return event, src
 
     def reduce_scatter(self, send: Any, recv: Any, op: ReduceOp,
-               op_name: str = "reduce_scatter") -> Work:
-        dtype, red = nccl_types(send.dtype, op, nccl=self._nccl, rank=self.rank)
+                       op_name: str = "reduce_scatter") -> Work:
+        return self._work(*self._reduce_scatter(send, recv, op, op_name), op_name)
+
+    def _reduce_scatter(self, send: Any, recv: Any, op: ReduceOp, op_name: str) -> tuple:
+        dtype, red = self._types(send.dtype, op)
         src, dst, count = self._contiguous(send), self._buffer(recv, "recv"), int(recv.size)
+        ptr = self._ptr
         event = self._post(op_name, lambda c, s: c.reduceScatter(
-            self._ptr(src), self._ptr(dst), count, dtype, red, s), active=count > 0)
+            ptr(src), ptr(dst), count, dtype, red, s), active=count > 0)
         self._record_collective("reduce_scatter", send.nbytes, op_name=op_name)
-        return self._work([event], op_name, src)
+        return event, src
 
     def broadcast(self, send: Any, recv: Any, root: int, op_name: str = "broadcast") -> Work:
+        return self._work(*self._broadcast(send, recv, root, op_name), op_name)
+
+    def _broadcast(self, send: Any, recv: Any, root: int, op_name: str) -> tuple:
         dst, nbytes = self._buffer(recv, "recv"), int(recv.nbytes)
         src = self._contiguous(send) if self.rank == root else dst  # only root's send is read
+        ptr = self._ptr
         event = self._post(op_name, lambda c, s: c.broadcast(
-            self._ptr(src), self._ptr(dst), nbytes, self._bytes, root, s), active=nbytes > 0)
+            ptr(src), ptr(dst), nbytes, self._bytes, root, s), active=nbytes > 0)
         self._record_collective("broadcast", recv.nbytes, root, op_name=op_name)
-        return self._work([event], op_name, src)
+        return event, src
 
     def allgather(self, send: Any, recv: Any, op_name: str = "allgather") -> Work:
+        return self._work(*self._allgather(send, recv, op_name), op_name)
+
+    def _allgather(self, send: Any, recv: Any, op_name: str) -> tuple:
         src, dst, nbytes = self._contiguous(send), self._buffer(recv, "recv"), int(send.nbytes)
+        ptr = self._ptr
         event = self._post(op_name, lambda c, s: c.allGather(
-            self._ptr(src), self._ptr(dst), nbytes, self._bytes, s), active=nbytes > 0)
+            ptr(src), ptr(dst), nbytes, self._bytes, s), active=nbytes > 0)
         self._record_collective("allgather", recv.nbytes, op_name=op_name)
-        return self._work([event], op_name, src)
+        return event, src
 
     def _allgatherv_into(self, send: Any, recv: Any, counts: np.ndarray, op_name: str) -> Work:
         """NCCL has no allgatherv: one grouped broadcast from every rank that has rows.
@@ -425,7 +478,7 @@ class NCCLCommunicator(Communicator):
 
         event = self._post(op_name, launch)
         self._record_allgatherv(op_name, nbytes)
-        return self._work([event], op_name, src)
+        return self._work(event, src, op_name)
 
     # point to point
     def _check_peer(self, peer: int, argument: str) -> int:
@@ -475,7 +528,7 @@ class NCCLCommunicator(Communicator):
                 buf[...] = dst
 
         event = self._post(op_name, launch)
-        return self._work([event], op_name, (posted_recvs, posted_sends))
+        return self._work(event, (posted_recvs, posted_sends), op_name)
 
     def barrier(self) -> None:
         """Allreduce one int32 on the device and wait for it (not booked in ``stats``)."""

@@ -35,7 +35,11 @@ __all__ = ["Prepared", "prepare"]
 
 _INDEX_NAMES = ("int32", "int64")
 _VALUE_NAMES = tuple(d.name for d in VALUE_DTYPES)
+#: dtype -> its code in the validation vector, looked up by the dtype itself (one dict hit).
+_INDEX_CODES = {np.dtype(name): code for code, name in enumerate(_INDEX_NAMES)}
+_VALUE_CODES = {np.dtype(name): code for code, name in enumerate(_VALUE_NAMES)}
 _OPS = tuple(ReduceOp)
+_OP_CODES = {op: code for code, op in enumerate(_OPS)}
 _ARGUMENTS = ("indices", "values", "n", "op", "algorithm", "accumulate_dtype", "alloc_fn",
               "completion_fn", "async_op")
 _TYPE, _VALUE, _RANGE = 1, 2, 3  # error kinds; code = kind * 32 + argument position
@@ -66,11 +70,12 @@ class Prepared:
         return Shape(size, self.n, self.width, self.index_dtype.itemsize,
                      self.accumulate_dtype.itemsize, self.nnz)
 
-    def fields(self) -> tuple[int, ...]:
-        return (self.n, _INDEX_NAMES.index(self.index_dtype.name),
-                _VALUE_NAMES.index(self.value_dtype.name), self.width, _OPS.index(self.op),
-                algorithms("sparse").index(self.algorithm),
-                _VALUE_NAMES.index(self.accumulate_dtype.name))
+    def fields(self, names: list[str]) -> tuple[int, ...]:
+        """The agreement fields (see VALIDATION_FIELDS but async_op); ``names`` = the sparse
+        algorithms."""
+        return (self.n, _INDEX_CODES[self.index_dtype], _VALUE_CODES[self.value_dtype],
+                self.width, _OP_CODES[self.op], names.index(self.algorithm),
+                _VALUE_CODES[self.accumulate_dtype])
 
 
 def _length(n: Any, rank: int) -> int:
@@ -82,9 +87,8 @@ def _length(n: Any, rank: int) -> int:
     return value
 
 
-def _algorithm(name: Any, rank: int) -> str:
+def _algorithm(name: Any, valid: list[str], rank: int) -> str:
     name = setting("CUPYCOLL_ALGORITHM", name)
-    valid = algorithms("sparse")
     if not isinstance(name, str) or name not in valid:
         raise InvalidArgument("algorithm", name, f"unknown sparse algorithm; valid: {valid}",
                               rank=rank)
@@ -93,7 +97,7 @@ def _algorithm(name: Any, rank: int) -> str:
 
 def _on(xp: Any, a: Any) -> Any:
     """``a`` as a C-contiguous array of the communicator's library (host copy or upload)."""
-    if array_namespace(a) is not xp:
+    if type(a) is not xp.ndarray and array_namespace(a) is not xp:
         a = to_host(a) if xp is np else xp.asarray(a)
     return a if a.flags.c_contiguous else xp.ascontiguousarray(a)
 
@@ -101,11 +105,11 @@ def _on(xp: Any, a: Any) -> Any:
 def _arrays(comm: Any, indices: Any, values: Any, rank: int) -> tuple[Any, Any, int]:
     idx = as_array(indices, "indices", rank=rank)
     val = as_array(values, "values", rank=rank)
-    if np.dtype(idx.dtype).name not in _INDEX_NAMES:
+    if idx.dtype not in _INDEX_CODES and np.dtype(idx.dtype).name not in _INDEX_NAMES:
         raise InvalidType("indices", idx.dtype, "an array of int32 or int64", rank=rank)
     if idx.ndim != 1:
         raise InvalidArgument("indices", tuple(idx.shape), "must be 1-D", rank=rank)
-    if np.dtype(val.dtype).name not in _VALUE_NAMES:
+    if val.dtype not in _VALUE_CODES and np.dtype(val.dtype).name not in _VALUE_NAMES:
         raise InvalidType("values", val.dtype, f"an array of one of {list(_VALUE_NAMES)}",
                           rank=rank)
     if val.ndim not in (1, 2):
@@ -136,42 +140,48 @@ class _OutOfRange(InvalidArgument):
     """An index outside [0, n) (an InvalidArgument; its value travels to the other ranks)."""
 
 
-def _check_range(idx: Any, n: int, rank: int) -> None:
+def _check_range(idx: Any, n: int, increasing: bool, rank: int) -> None:
     if idx.shape[0] == 0:
         return
-    lo, hi = int(idx.min()), int(idx.max())
+    lo, hi = (int(idx[0]), int(idx[-1])) if increasing else (int(idx.min()), int(idx.max()))
     if lo < 0 or hi >= n:
         bad = lo if lo < 0 else hi
         raise _OutOfRange("indices", bad, f"index out of range [0, n={n})", rank=rank)
 
 
-def _coalesce(idx: Any, val: Any, op: ReduceOp, acc: np.dtype) -> tuple[Any, Any]:
+def _increasing(idx: Any) -> bool:
+    """True when ``idx`` is strictly increasing (already sorted and unique)."""
+    return idx.shape[0] < 2 or bool((idx[1:] > idx[:-1]).all())
+
+
+def _coalesce(idx: Any, val: Any, op: ReduceOp, acc: np.dtype, increasing: bool
+              ) -> tuple[Any, Any]:
     """Sorted unique local input with values in ``acc`` (duplicates reduced with the op)."""
     if val.dtype != acc:
         val = val.astype(acc)
-    xp = array_namespace(idx)
-    if idx.shape[0] > 1 and not bool(xp.all(idx[1:] > idx[:-1])):
+    if not increasing:
         idx, val = coo_reduce(idx, val, (ReduceOp.SUM if op is ReduceOp.AVG else op).value)
     return idx, val
 
 
 def _local(comm: Any, indices: Any, values: Any, n: Any, op: Any, algorithm: Any,
-           accumulate_dtype: Any, alloc_fn: Any, completion_fn: Any
+           accumulate_dtype: Any, alloc_fn: Any, completion_fn: Any, names: list[str]
            ) -> tuple[Prepared | None, CupycollError | None]:
     """Check this rank's arguments and coalesce its input; return (prepared, error)."""
     rank = comm.rank
     try:
         red = parse_op(op, rank=rank)
-        name = _algorithm(algorithm, rank)
+        name = _algorithm(algorithm, names, rank)
         length = _length(n, rank)
         idx, val, width = _arrays(comm, indices, values, rank)
         acc = _accumulate(accumulate_dtype, np.dtype(val.dtype), rank)
         for arg, fn in (("alloc_fn", alloc_fn), ("completion_fn", completion_fn)):
             if fn is not None and not callable(fn):
                 raise InvalidType(arg, type(fn).__name__, "a callable or None", rank=rank)
-        _check_range(idx, length, rank)
+        increasing = _increasing(idx)
+        _check_range(idx, length, increasing, rank)
         value_dtype = np.dtype(val.dtype)
-        idx, val = _coalesce(idx, val, red, acc)
+        idx, val = _coalesce(idx, val, red, acc, increasing)
     except CupycollError as exc:
         return None, exc
     except Exception as exc:  # anything else still has to reach the other ranks as a flag
@@ -233,14 +243,17 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
             async_op.
     """
     p, rank = comm.size, comm.rank
+    names = algorithms("sparse")
     prepared, error = _local(comm, indices, values, n, op, algorithm, accumulate_dtype,
-                             alloc_fn, completion_fn)
+                             alloc_fn, completion_fn, names)
     nf = len(VALIDATION_FIELDS)
     full = agreement.start(comm, "sparse_allreduce")  # room for 2 * nf + VALIDATION_SLOTS * p
     vec = full[agreement.HEADER:agreement.HEADER + 2 * nf + 3 * p]
     if prepared is not None:
-        fields = np.asarray(prepared.fields() + (int(bool(async_op)),), dtype=np.int64)
-        vec[0:2 * nf:2], vec[1:2 * nf:2] = fields, -fields
+        fields = prepared.fields(names) + (int(bool(async_op)),)
+        vec[0:2 * nf:2] = fields
+        vec[1:2 * nf:2] = vec[0:2 * nf:2]
+        np.negative(vec[1:2 * nf:2], out=vec[1:2 * nf:2])
         vec[2 * nf + rank] = prepared.indices.shape[0]
         vec[2 * nf + p + rank] = 0
     else:
@@ -249,20 +262,25 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
             vec[2 * nf + 2 * p + rank] = error.value
     vec = agreement.settle(comm, full, "sparse_allreduce", "sparse.validate")
     codes = vec[2 * nf + p:2 * nf + 2 * p]
-    bad_ranks = [r for r in range(p) if codes[r] != 0]
     if error is not None:
         raise error
-    if bad_ranks:
+    if codes.any():
+        bad_ranks = np.flatnonzero(codes).tolist()
         first = bad_ranks[0]
         raise _peer_error(int(codes[first]), first, int(vec[2 * nf + 2 * p + first]),
                           prepared.n, bad_ranks)
+    if (vec[0:2 * nf:2] != -vec[1:2 * nf:2]).any():
+        _disagreement(vec, rank, p)
+    prepared.nnz = tuple(vec[2 * nf:2 * nf + p].tolist())
+    return prepared
+
+
+def _disagreement(vec: np.ndarray, rank: int, p: int) -> None:
+    """Raise MismatchError naming every field on which the ranks disagree."""
     disagree = []
     for i, field in enumerate(VALIDATION_FIELDS):
         hi, lo = int(vec[2 * i]), -int(vec[2 * i + 1])
         if hi != lo:
             disagree.append(f"{field} ({_decode(field, lo)} vs {_decode(field, hi)})")
-    if disagree:
-        raise MismatchError(f"ranks disagree on {', '.join(disagree)} (seen on rank {rank} of "
-                            f"{p}); every rank must pass the same value")
-    prepared.nnz = tuple(int(k) for k in vec[2 * nf:2 * nf + p])
-    return prepared
+    raise MismatchError(f"ranks disagree on {', '.join(disagree)} (seen on rank {rank} of "
+                        f"{p}); every rank must pass the same value")

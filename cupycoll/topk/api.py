@@ -10,6 +10,7 @@ type naming that rank; disagreement raises :class:`~cupycoll.errors.MismatchErro
 
 from __future__ import annotations
 
+import functools
 import numbers
 import zlib
 from typing import Any
@@ -30,6 +31,9 @@ __all__ = ["topk_allreduce", "validate", "run", "FLOAT_DTYPES"]
 
 #: value dtypes the top-k algorithms accept.
 FLOAT_DTYPES = tuple(np.dtype(t) for t in ("float16", "float32", "float64"))
+
+#: dtype -> its code in the validation allreduce (1-based; 0 = this rank had an error).
+_DTYPE_CODES = {dtype: code for code, dtype in enumerate(FLOAT_DTYPES, 1)}
 
 #: arguments an error can name, and error classes; an error is encoded as class * 16 + argument.
 _ARGUMENTS = ("x", "k", "algorithm", "selector", "state", "grad", "n")
@@ -65,12 +69,13 @@ def _local_checks(comm: Communicator, x: Any, k: Any, algorithm: Any, selector: 
     if state is not None and not isinstance(state, TopkState):
         raise InvalidType("state", type(state).__name__, "None or a TopkState", rank=rank)
     arr = as_array(x, argument, rank=rank)
-    check_dtype(arr, argument, rank=rank, allowed=FLOAT_DTYPES)
+    if arr.dtype not in _DTYPE_CODES:
+        check_dtype(arr, argument, rank=rank, allowed=FLOAT_DTYPES)
     if arr.ndim != 1:
         raise InvalidArgument(argument, tuple(arr.shape), "must be a 1-D array", rank=rank)
     if n is not None and arr.shape[0] != n:
         raise InvalidArgument(argument, arr.shape[0], f"length must be n = {n}", rank=rank)
-    if array_namespace(arr) is not comm.xp and comm.backend == "nccl":
+    if comm.backend == "nccl" and array_namespace(arr) is not comm.xp:
         raise InvalidType(argument, type(arr).__name__, "a cupy array (or CUDA DLPack tensor) "
                           "on the nccl backend", rank=rank)
     if isinstance(k, (bool, np.bool_)) or not isinstance(k, (numbers.Integral, np.integer)):
@@ -102,8 +107,8 @@ def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: An
     p = comm.size
     key = (p - comm.rank) * 256 + _encode(error) if error is not None else 0
     if error is None:
-        length, dcode = int(arr.shape[0]), FLOAT_DTYPES.index(np.dtype(arr.dtype)) + 1
-        acode = zlib.crc32(algorithm.encode()) & 0x7FFFFFFF
+        length, dcode = int(arr.shape[0]), _DTYPE_CODES[np.dtype(arr.dtype)]
+        acode = _algorithm_code(algorithm)
     else:
         length = dcode = acode = 0
     mine = np.array([key, length, -length, kk, -kk, dcode, -dcode, acode, -acode], np.int64)
@@ -119,6 +124,12 @@ def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: An
             raise MismatchError(_disagreement(name, comm.rank, int(mine[i]), int(-agreed[i + 1]),
                                               int(agreed[i]), algorithm))
     return arr, kk
+
+
+@functools.lru_cache(maxsize=64)
+def _algorithm_code(algorithm: str) -> int:
+    """A positive int32 hash of the algorithm's name (ranks compare these, not the names)."""
+    return zlib.crc32(algorithm.encode()) & 0x7FFFFFFF
 
 
 def _disagreement(name: str, rank: int, mine: int, low: int, high: int, algorithm: str) -> str:
