@@ -8,9 +8,47 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
+from mpi4py import MPI
+
+import cupycoll as cc
+from cupycoll._config import parse_timeout
+from cupycoll.errors import CollectiveTimeout, InvalidArgument
+
 from ._mpi import ROOT, WORKERS, mpiexec, run_mpi
+
+
+def test_one_timeout_parser_for_keyword_and_variable(monkeypatch):
+    """timeout=0 as keyword means no timeout, as CUPYCOLL_TIMEOUT=0 does; bad values raise."""
+    assert [parse_timeout(v) for v in (None, 0, -1, "0", "2.5", 3, float("inf"))] == \
+        [None, None, None, None, 2.5, 3.0, None]
+    for bad in ("soon", True, float("nan"), [1]):
+        with pytest.raises(InvalidArgument, match="timeout"):
+            parse_timeout(bad)
+    monkeypatch.setenv("CUPYCOLL_TIMEOUT", "0")
+    assert cc.init("mpi", mpi_comm=MPI.COMM_SELF).timeout is None
+    monkeypatch.setenv("CUPYCOLL_TIMEOUT", "4")
+    assert cc.init("mpi", mpi_comm=MPI.COMM_SELF).timeout == 4.0
+    assert cc.init("mpi", mpi_comm=MPI.COMM_SELF, timeout=0).timeout is None  # keyword first
+    with pytest.raises(InvalidArgument, match="timeout"):
+        cc.init("mpi", mpi_comm=MPI.COMM_SELF, timeout="soon")
+
+
+def test_collective_timeout_fields():
+    exc = CollectiveTimeout("late", missing_ranks=[3, 1], op_name="allreduce")
+    assert exc.missing_ranks == [1, 3] and exc.op_name == "allreduce"
+    assert CollectiveTimeout("x").missing_ranks == [] and isinstance(exc, TimeoutError)
+
+
+def test_abort_kills_the_communicator_and_init_gives_a_fresh_one():
+    comm = cc.init("mpi", mpi_comm=MPI.COMM_SELF)
+    comm.abort()
+    with pytest.raises(cc.errors.BackendError, match="aborted in abort"):
+        cc.allreduce(np.ones(2), comm=comm)
+    fresh = cc.init("mpi", mpi_comm=MPI.COMM_SELF)
+    assert np.array_equal(cc.allreduce(np.ones(2), comm=fresh), np.ones(2))
 
 
 @pytest.mark.parametrize("nprocs,prefix,late", [(2, 0, 1), (3, 3, 1), (4, 2, 2)])
