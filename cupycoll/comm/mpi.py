@@ -30,6 +30,7 @@ _MPI_TYPES = {np.dtype(name): mpi_type for name, mpi_type in (
     ("uint64", MPI.UINT64_T))}
 _WIDENED = {"float16": np.float32, "bfloat16": np.float32}
 _TAG = 7
+_SPIN = 0.05  # seconds a wait tests back to back before it starts to nap
 _FLOAT_MINMAX: dict[ReduceOp, MPI.Op] = {}
 
 
@@ -153,19 +154,22 @@ class MPICommunicator(Communicator):
 
     def _poll(self, requests: list, statuses: list, op_name: str,
               peers: Sequence[int] | None, sequence: int | None = None) -> None:
-        """Test the requests until done or ``self.timeout`` passes: yield the core for the first
-        millisecond (a small collective completes within a few microseconds of its last peer),
-        then sleep 0.1 ms between tests. Being a Python loop, Ctrl-C interrupts it."""
+        """Test the requests until done or ``self.timeout`` passes: spin (test back to back)
+        for the first ``_SPIN`` seconds, then sleep 0.1 ms between tests. Being a Python loop,
+        Ctrl-C interrupts it. Spinning is what MPI's blocking calls do too; on oversubscribed
+        cores it is also what completes a small collective soonest (a yield or a nap costs a
+        scheduler time slice: see the README's "Failures" section for the figures)."""
         if MPI.Request.Testall(requests, statuses):
             return
         start = time.monotonic()
         deadline = start + self.timeout if self.timeout is not None else float("inf")
-        nap = start + 1e-3
+        nap = start + _SPIN
         while not MPI.Request.Testall(requests, statuses):
             now = time.monotonic()
             if now > deadline:
                 raise self._timed_out(op_name, sequence, _pending(requests, peers))
-            time.sleep(0 if now < nap else 1e-4)
+            if now > nap:
+                time.sleep(1e-4)
 
     def _failure(self, op_name: str, reasons: set[str]) -> BackendError:
         return BackendError(
