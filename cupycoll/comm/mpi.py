@@ -7,6 +7,7 @@ by P (integers truncate toward zero, like NCCL).
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Sequence
 
@@ -30,7 +31,8 @@ _MPI_TYPES = {np.dtype(name): mpi_type for name, mpi_type in (
     ("uint64", MPI.UINT64_T))}
 _WIDENED = {"float16": np.float32, "bfloat16": np.float32}
 _TAG = 7
-_SPIN = 0.05  # seconds a wait tests back to back before it starts to nap
+_SPIN = 0.05  # seconds a wait tests (and yields) before it starts to nap
+_POLLS = 64  # tests between two yields (or naps, or deadline checks)
 _FLOAT_MINMAX: dict[ReduceOp, MPI.Op] = {}
 
 
@@ -154,22 +156,28 @@ class MPICommunicator(Communicator):
 
     def _poll(self, requests: list, statuses: list, op_name: str,
               peers: Sequence[int] | None, sequence: int | None = None) -> None:
-        """Test the requests until done or ``self.timeout`` passes: spin (test back to back)
-        for the first ``_SPIN`` seconds, then sleep 0.1 ms between tests. Being a Python loop,
-        Ctrl-C interrupts it. Spinning is what MPI's blocking calls do too; on oversubscribed
-        cores it is also what completes a small collective soonest (a yield or a nap costs a
-        scheduler time slice: see the README's "Failures" section for the figures)."""
+        """Test the requests until done or ``self.timeout`` passes: back to back, yielding the
+        core every ``_POLLS`` tests (as MPICH's blocking progress loop does) for the first
+        ``_SPIN`` seconds, then sleeping 0.1 ms between rounds. Being a Python loop, Ctrl-C
+        interrupts it. On oversubscribed cores this completes small collectives sooner than
+        napping (a nap costs a scheduler time slice) and than spinning without yielding (which
+        starves a peer computing on the same core)."""
         if MPI.Request.Testall(requests, statuses):
             return
         start = time.monotonic()
         deadline = start + self.timeout if self.timeout is not None else float("inf")
-        nap = start + _SPIN
+        nap, polls = start + _SPIN, 0
         while not MPI.Request.Testall(requests, statuses):
+            polls += 1
+            if polls % _POLLS:
+                continue
             now = time.monotonic()
             if now > deadline:
                 raise self._timed_out(op_name, sequence, _pending(requests, peers))
             if now > nap:
                 time.sleep(1e-4)
+            else:
+                os.sched_yield()
 
     def _failure(self, op_name: str, reasons: set[str]) -> BackendError:
         return BackendError(
