@@ -10,7 +10,8 @@ three ways (in place; ``out=`` a preallocated buffer; out of place, a fresh outp
 interleaved one call of each per round; a time is the median over rounds of the slowest rank.
 It prints one row per verb and way, a column per size: cupycoll us / mpi4py us = ratio. The
 mpi4py twins: Allreduce, Bcast, Reduce, Allgather, Reduce_scatter_block (``MPI.IN_PLACE`` for
-the in-place way; Bcast is in place by nature, so its ``out=`` twin is Bcast into ``out``).
+the in-place way; Bcast is in place by nature, so its ``out=`` and fresh twins copy root's input
+into the output first, as NCCL's out-of-place broadcast must).
 Sizes below 1 MiB run 10x the ``-n`` rounds.
 """
 
@@ -93,12 +94,16 @@ def twins(name: str, nbytes: int, comm, root: int) -> dict:
                          lambda: mc.Allreduce(x, out)),
                 "fresh": (lambda: cc.allreduce(x, comm=comm), lambda: mc.Allreduce(x, fresh()))}
     if name == "broadcast":
+        def bcast_into(buf):  # NCCL's out-of-place semantics: root's output gets its input too
+            if rank == root:
+                buf[...] = x
+            mc.Bcast(buf, root)
         return {"in-place": (lambda: cc.broadcast(whole, root, out=whole, comm=comm),
                              lambda: mc.Bcast(whole, root)),
                 "out=": (lambda: cc.broadcast(x, root, out=out, comm=comm),
-                         lambda: mc.Bcast(out, root)),
+                         lambda: bcast_into(out)),
                 "fresh": (lambda: cc.broadcast(x, root, comm=comm),
-                          lambda: mc.Bcast(fresh(), root))}
+                          lambda: bcast_into(fresh()))}
     if name == "reduce":
         at_root = rank == root
         return {"in-place": (lambda: cc.reduce(whole, root, out=whole, comm=comm),

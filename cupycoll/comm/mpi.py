@@ -334,11 +334,17 @@ class MPICommunicator(Communicator):
                             copy_back, (host,))
 
     def _bcast(self, buf: list, root: int) -> None:
-        """A blocking broadcast as Ibcast + Wait, not Bcast: when ranks disagree on the count,
-        MPICH's blocking tree stops at the rank that detects the truncation and its subtree waits
-        forever, while the nonblocking schedule still forwards, so every rank returns (with
-        BackendError where the buffer was too small)."""
-        self.mpi_comm.Ibcast(buf, root).Wait()
+        """A blocking broadcast: Bcast on two ranks, Ibcast + Wait on more.
+
+        When ranks disagree on the count, MPICH's blocking tree stops at the rank that detects
+        the truncation and its subtree waits forever, while the nonblocking schedule still
+        forwards, so every rank returns (BackendError where the buffer was too small). With two
+        ranks nobody forwards, and Bcast is up to 2x faster than Ibcast + Wait on small messages.
+        """
+        if self.size == 2:
+            self.mpi_comm.Bcast(buf, root)
+        else:
+            self.mpi_comm.Ibcast(buf, root).Wait()
 
     def allgather(self, send: Any, recv: Any, op_name: str = "allgather") -> Work:
         return self._allgather(send, recv, op_name, False)
