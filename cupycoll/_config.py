@@ -11,12 +11,26 @@ from typing import Any, Callable
 
 from .errors import InvalidArgument
 
-__all__ = ["SETTINGS", "setting", "check_environment"]
+__all__ = ["SETTINGS", "setting", "check_environment", "parse_timeout"]
 
 
-def _timeout(text: str) -> float | None:
+def _timeout(text: Any) -> float | None:
+    if isinstance(text, bool):
+        raise ValueError("expected a number of seconds, not a bool")
     value = float(text)
-    return None if value <= 0 else value
+    if value != value:
+        raise ValueError("expected a number of seconds, not NaN")
+    return None if value <= 0 or value == float("inf") else value
+
+
+def parse_timeout(value: Any) -> float | None:
+    """Seconds of a timeout (keyword or ``CUPYCOLL_TIMEOUT`` text): <= 0 or None mean none."""
+    if value is None:
+        return None
+    try:
+        return _timeout(value)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument("timeout", value, f"not a number of seconds ({exc})") from None
 
 
 def _numba_mode(text: str) -> str:

@@ -21,9 +21,10 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from . import _agreement as agreement
 from ._config import setting
 from ._types import (DENSE_DTYPES, ReduceOp, array_namespace, as_array, check_dtype, like_caller,
-                     parse_op, to_host)
+                     parse_op)
 from .comm import Communicator, Work, get_comm
 from .errors import CupycollError, InvalidArgument, InvalidType, MismatchError
 
@@ -133,11 +134,11 @@ def _agree(comm: Communicator, verb: str, fields: dict[str, int] | None) -> None
     or reducing garbage.
     """
     values = list((fields or {}).values()) or [0] * len(_FIELDS)
-    mine = np.array([comm.rank + 1 if fields is None else 0]
-                    + [v for f in values for v in (f, -f)], np.int64)
-    both = comm.xp.asarray(mine)
-    comm.allreduce(both, both, ReduceOp.MAX, op_name="debug.check").wait()
-    every = to_host(both)
+    mine = [comm.rank + 1 if fields is None else 0] + [v for f in values for v in (f, -f)]
+    vec = agreement.start(comm, verb)
+    vec[agreement.HEADER:agreement.HEADER + len(mine)] = mine
+    with comm.calling(verb):  # a timeout here names the verb, not its check
+        every = agreement.settle(comm, vec, verb, "debug.check")
     if fields is None:
         return  # this rank raises its own error
     if every[0]:

@@ -45,7 +45,17 @@ class MismatchError(CupycollError, ValueError):
 
 
 class CollectiveTimeout(CupycollError, TimeoutError):
-    """A collective did not complete in time: some peer never arrived."""
+    """A collective did not complete in time: some peer never arrived.
+
+    ``missing_ranks``: sorted ranks that had not reached this operation when the wait gave up
+    (``[]`` only when that cannot be known); ``op_name``: the operation that timed out.
+    """
+
+    def __init__(self, message: str, *, missing_ranks: list[int] | None = None,
+                 op_name: str | None = None) -> None:
+        super().__init__(message)
+        self.missing_ranks = sorted(missing_ranks or [])
+        self.op_name = op_name
 
 
 class BackendUnavailable(CupycollError, RuntimeError):

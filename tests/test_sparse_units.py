@@ -112,7 +112,8 @@ def test_cost_model_closed_forms():
     assert c.messages == {"allgather.counts": 3, "allgather": 6}
     d = auto.MODELS["dense"](s, 0)
     assert d.received == {"dense.allreduce": 6000, "dense.union": 3 * 32 + 3 * 32}
-    assert validation_cost(4).received == {"sparse.validate": (2 * 8 + 3 * 4) * 8 * 6 // 4}
+    # header (verb, collective count: 4 words) + 8 fields as max/-min + 3 slots per rank
+    assert validation_cost(4).received == {"sparse.validate": (4 + 2 * 8 + 3 * 4) * 8 * 6 // 4}
     assert validation_cost(1).received == {}
 
 

@@ -38,7 +38,8 @@ def init(backend: str | None = None, *, mpi_comm: Any = None,
             collective), "mpi" or "nccl";
             default ``CUPYCOLL_BACKEND`` or "auto".
         mpi_comm: the mpi4py communicator whose ranks form the group (it also bootstraps NCCL).
-        timeout: seconds before a blocking wait raises CollectiveTimeout (``CUPYCOLL_TIMEOUT``).
+        timeout: seconds before a blocking wait raises CollectiveTimeout (``CUPYCOLL_TIMEOUT``);
+            0 or less means no timeout, as for the variable.
     Raises:
         InvalidArgument: unknown backend. BackendUnavailable: "nccl" asked for but not usable.
     """
@@ -62,6 +63,8 @@ def init(backend: str | None = None, *, mpi_comm: Any = None,
         from .mpi import MPICommunicator
 
         comm = MPICommunicator(mpi_comm, timeout=timeout)
+    if comm.board is None:  # backends that do not set up the arrival board themselves
+        comm._watch(comm.mpi_comm)
     _log.debug("cupycoll: rank %d/%d on backend %s", comm.rank, comm.size, comm.backend)
     _default = comm
     return comm

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import math
@@ -20,7 +21,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .._config import parse_timeout
 from .._types import ReduceOp, to_host
+from ..errors import BackendError, CollectiveTimeout, CupycollError
+from ._watchdog import NO_SLOT, Board, Fate, timeout_error
 
 __all__ = ["Communicator", "Stats", "OpStats", "Work", "Overlap", "bus_factor"]
 
@@ -247,10 +251,18 @@ class Communicator(abc.ABC):
     #: ones in the same order, so the count names a collective across ranks).
     sequence: int = 0
 
+    #: the arrival board (see :mod:`._watchdog`) and this rank's slot on it.
+    board: Board | None = None
+    _slot: memoryview = NO_SLOT
+    #: the front-door verb running on this communicator (named by a timeout), if not dense.
+    _verb: str | None = None
+
     def __init__(self, timeout: float | None = None) -> None:
         self.stats = Stats()
-        self.timeout = timeout
+        self.timeout = parse_timeout(timeout)
         self.sequence = 0
+        self._fate = Fate()
+        self._fate.members.add(self)
 
     # dense collectives, NCCL semantics; each returns a Work whose result is None
     @abc.abstractmethod
@@ -306,8 +318,65 @@ class Communicator(abc.ABC):
         """Release backend resources (idempotent)."""
 
     def abort(self) -> None:
-        """Tear the communicator down after an error so no peer waits forever."""
-        self.close()
+        """Mark this communicator (and its duplicates) dead: every later call raises at once."""
+        self._die(BackendError(f"abort() was called on rank {self.rank}"), "abort()")
+
+    # failures: see _watchdog
+    @contextlib.contextmanager
+    def calling(self, verb: str) -> Any:
+        """Name the front-door ``verb`` the operations inside belong to (the outermost wins), so
+        a timeout reports ``sparse_allreduce`` rather than one of its steps."""
+        if self._verb is not None:
+            yield
+            return
+        self._check_alive()
+        self._verb = verb
+        try:
+            yield
+        finally:
+            self._verb = None
+
+    def _watch(self, mpi_comm: Any) -> None:
+        """Publish this rank's collective count on an arrival board over ``mpi_comm``
+        (collective), so a timeout can name the ranks that never arrived."""
+        self.board = Board(mpi_comm)
+        self._slot = self.board.slot
+        self._slot[0] = self.sequence
+
+    def _share_fate(self, parent: "Communicator") -> None:
+        """Live and die with ``parent`` (a duplicate of it)."""
+        self._fate = parent._fate
+        self._fate.members.add(self)
+
+    def _timed_out(self, op_name: str, sequence: int | None = None,
+                   pending: Sequence[int] = ()) -> CollectiveTimeout:
+        """Build the CollectiveTimeout of a wait on collective ``sequence`` (default the latest)
+        that gave up, naming the missing ranks, and abort the communicator."""
+        seq = self.sequence if sequence is None else sequence
+        verb = self._verb or op_name
+        error = timeout_error(self.board, self.rank, self.size, verb, op_name, self.timeout, seq,
+                              pending)
+        self._die(error, f"{verb} (collective #{seq})")
+        return error
+
+    def _interrupted(self, op_name: str) -> None:
+        """A wait was interrupted (KeyboardInterrupt): its operation stays pending, so the
+        communicator is aborted (a later call would match it)."""
+        self._die(BackendError(f"{op_name} was interrupted on rank {self.rank}"),
+                  f"{op_name} (collective #{self.sequence}, interrupted)")
+
+    def _die(self, error: CupycollError, where: str) -> None:
+        self._fate.kill(error, where, self.sequence, self._slot)
+
+    def _disable(self) -> None:
+        """Stop publishing arrivals (calls on a dead communicator start nothing); a backend
+        extends this so every later operation raises ``self._fate.dead_error()``."""
+        self._slot = memoryview(bytearray(16)).cast("q")
+
+    def _check_alive(self) -> None:
+        """Raise at once if this communicator was aborted."""
+        if self._fate.error is not None:
+            raise self._fate.dead_error()
 
     def __enter__(self) -> "Communicator":
         return self
@@ -361,12 +430,13 @@ class Communicator(abc.ABC):
         Counts are exchanged first (an allgather of one int64 per rank, booked as
         ``<op_name>.counts``) unless the caller passes them.
         """
-        if counts is None:
-            counts = self.allgather_counts(int(send.shape[0]), op_name + ".counts")
-        counts = np.asarray(counts, dtype=np.int64)
-        recv = self.xp.empty((int(counts.sum()),) + tuple(send.shape[1:]), dtype=send.dtype)
-        self.run("_allgatherv_into", send, recv, counts, op_name=op_name)
-        return recv, counts
+        with self.calling("allgatherv"):
+            if counts is None:
+                counts = self.allgather_counts(int(send.shape[0]), op_name + ".counts")
+            counts = np.asarray(counts, dtype=np.int64)
+            recv = self.xp.empty((int(counts.sum()),) + tuple(send.shape[1:]), dtype=send.dtype)
+            self.run("_allgatherv_into", send, recv, counts, op_name=op_name)
+            return recv, counts
 
     def _allgatherv_into(self, send: Any, recv: Any, counts: np.ndarray, op_name: str) -> Work:
         """Point-to-point allgatherv (backends with a native one override this)."""
@@ -403,16 +473,18 @@ class Communicator(abc.ABC):
         """
         if len(sends) != self.size:
             raise ValueError(f"alltoallv needs one array per rank ({self.size}), got {len(sends)}")
-        if recv_counts is None:
-            recv_counts = self.alltoall_counts([s.shape[0] for s in sends], op_name + ".counts")
-        like = sends[self.rank]
-        recvs = [self.xp.empty((int(c),) + tuple(like.shape[1:]), dtype=like.dtype)
-                 for c in recv_counts]
-        recvs[self.rank] = sends[self.rank]
-        peers = [r for r in range(self.size) if r != self.rank]
-        self.exchange([(r, sends[r]) for r in peers if sends[r].shape[0]],
-                      [(r, recvs[r]) for r in peers if recvs[r].shape[0]], op_name).wait()
-        return recvs
+        with self.calling("alltoallv"):
+            if recv_counts is None:
+                recv_counts = self.alltoall_counts([s.shape[0] for s in sends],
+                                                   op_name + ".counts")
+            like = sends[self.rank]
+            recvs = [self.xp.empty((int(c),) + tuple(like.shape[1:]), dtype=like.dtype)
+                     for c in recv_counts]
+            recvs[self.rank] = sends[self.rank]
+            peers = [r for r in range(self.size) if r != self.rank]
+            self.exchange([(r, sends[r]) for r in peers if sends[r].shape[0]],
+                          [(r, recvs[r]) for r in peers if recvs[r].shape[0]], op_name).wait()
+            return recvs
 
     def _record_allgatherv(self, op_name: str, byte_counts: np.ndarray) -> None:
         """Book a native allgatherv exactly: this rank's block to each peer, each peer's block in.
@@ -429,7 +501,7 @@ class Communicator(abc.ABC):
                            op_name: str | None = None) -> None:
         """Book a native collective's traffic by the rule in :class:`Stats` (under ``op_name``)
         and count it in ``sequence``."""
-        self.sequence += 1
+        self._slot[0] = self.sequence = self.sequence + 1  # the arrival notice
         p, book = self.size, op_name or name
         if p <= 1:
             self.stats.record(book)

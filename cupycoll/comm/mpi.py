@@ -7,6 +7,7 @@ by P (integers truncate toward zero, like NCCL).
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Sequence
 
@@ -14,7 +15,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .._types import ReduceOp, to_host, trunc_divide
-from ..errors import BackendError, CollectiveTimeout
+from ..errors import BackendError
 from ._base import Communicator, Work
 
 __all__ = ["MPICommunicator"]
@@ -30,6 +31,8 @@ _MPI_TYPES = {np.dtype(name): mpi_type for name, mpi_type in (
     ("uint64", MPI.UINT64_T))}
 _WIDENED = {"float16": np.float32, "bfloat16": np.float32}
 _TAG = 7
+_SPIN = 0.05  # seconds a wait tests (and yields) before it starts to nap
+_POLLS = 64  # tests between two yields (or naps, or deadline checks)
 _FLOAT_MINMAX: dict[ReduceOp, MPI.Op] = {}
 
 
@@ -82,13 +85,21 @@ def _separate(send: np.ndarray, recv: np.ndarray) -> bool:
     return send is not recv and not np.may_share_memory(send, recv)
 
 
-def _missing(requests: list, peers: Sequence[int] | None) -> str:
-    """Who a timed-out wait is waiting for: the peers of the pending point-to-point requests,
-    or, for a collective, an unnamed peer (MPI does not tell which rank is late)."""
+def _pending(requests: list, peers: Sequence[int] | None) -> list[int]:
+    """The peers of the point-to-point requests still pending (none for a collective)."""
     if peers is None:
-        return "a peer never arrived"
-    late = sorted({peer for request, peer in zip(requests, peers) if not request.Test()})
-    return f"still waiting on rank{'s' if len(late) > 1 else ''} {', '.join(map(str, late))}"
+        return []
+    return sorted({peer for request, peer in zip(requests, peers) if not request.Test()})
+
+
+class _DeadComm:
+    """Stands in for the MPI communicator of an aborted Communicator: any use raises why."""
+
+    def __init__(self, fate: Any) -> None:
+        self._fate = fate
+
+    def __getattr__(self, name: str) -> Any:
+        raise self._fate.dead_error()
 
 
 class MPICommunicator(Communicator):
@@ -99,11 +110,15 @@ class MPICommunicator(Communicator):
 
     def __init__(self, mpi_comm: MPI.Comm | None = None, *, timeout: float | None = None,
                  xp: Any = np) -> None:
+        """Collective over ``mpi_comm``: works on a duplicate of it (its own message space, so
+        operations a dead communicator left pending never match a new one's) and sets up the
+        arrival board that names late ranks."""
         super().__init__(timeout)
-        self.mpi_comm = mpi_comm if mpi_comm is not None else MPI.COMM_WORLD
-        self._owned = False
+        self.mpi_comm = (mpi_comm if mpi_comm is not None else MPI.COMM_WORLD).Dup()
+        self._owned = True
         self.rank, self.size = self.mpi_comm.Get_rank(), self.mpi_comm.Get_size()
         self.xp = xp
+        self._watch(self.mpi_comm)
         self._verbs = {"allreduce": self._allreduce, "broadcast": self._broadcast,
                        "reduce": self._reduce, "allgather": self._allgather,
                        "reduce_scatter": self._reduce_scatter,
@@ -111,46 +126,58 @@ class MPICommunicator(Communicator):
 
     def dup(self) -> "MPICommunicator":
         """Return a communicator over the same ranks with its own message space."""
-        twin = MPICommunicator(self.mpi_comm.Dup(), timeout=self.timeout, xp=self.xp)
-        twin._owned = True
+        twin = MPICommunicator(self.mpi_comm, timeout=self.timeout, xp=self.xp)
+        twin._share_fate(self)
         return twin
 
     # the one blocking wait
     def wait(self, handles: Sequence[MPI.Request], op_name: str,
-             peers: Sequence[int] | None = None) -> None:
-        """Block on the requests under ``self.timeout``; ``peers`` (the peer rank of each
-        point-to-point request) lets a timeout name the ranks whose messages are still pending."""
+             peers: Sequence[int] | None = None, sequence: int | None = None) -> None:
+        """Block on the requests under ``self.timeout`` (interruptible: a Python loop of tests).
+
+        ``sequence``: the collective the requests belong to (default the latest started);
+        ``peers``: the peer rank of each point-to-point request. A timeout names the ranks that
+        never started that collective (or else the peers still owing messages).
+        """
+        self._check_alive()  # also for a Work started before the communicator died
         requests = list(handles)
         if not requests:
             return
         statuses = [MPI.Status() for _ in requests]
         try:
-            if self.timeout is None:
-                MPI.Request.Waitall(requests, statuses)
-                return
-            self._poll(requests, statuses, op_name, peers)
+            self._poll(requests, statuses, op_name, peers, sequence)
+        except KeyboardInterrupt:
+            self._interrupted(op_name)
+            raise
         except MPI.Exception as exc:
             reasons = {MPI.Get_error_string(s.Get_error()).split(",")[0] for s in statuses
                        if s.Get_error() != MPI.SUCCESS}
             raise self._failure(op_name, reasons or {str(exc)}) from exc
 
     def _poll(self, requests: list, statuses: list, op_name: str,
-              peers: Sequence[int] | None) -> None:
-        """Test the requests until done or ``self.timeout`` passes: yield the core for the first
-        millisecond (a small collective completes within a few microseconds of its last peer),
-        then sleep 0.1 ms between tests."""
+              peers: Sequence[int] | None, sequence: int | None = None) -> None:
+        """Test the requests until done or ``self.timeout`` passes: back to back, yielding the
+        core every ``_POLLS`` tests (as MPICH's blocking progress loop does) for the first
+        ``_SPIN`` seconds, then sleeping 0.1 ms between rounds. Being a Python loop, Ctrl-C
+        interrupts it. On oversubscribed cores this completes small collectives sooner than
+        napping (a nap costs a scheduler time slice) and than spinning without yielding (which
+        starves a peer computing on the same core)."""
         if MPI.Request.Testall(requests, statuses):
             return
         start = time.monotonic()
-        deadline, nap = start + self.timeout, start + 1e-3
+        deadline = start + self.timeout if self.timeout is not None else float("inf")
+        nap, polls = start + _SPIN, 0
         while not MPI.Request.Testall(requests, statuses):
+            polls += 1
+            if polls % _POLLS:
+                continue
             now = time.monotonic()
             if now > deadline:
-                raise CollectiveTimeout(
-                    f"{op_name} did not complete within {self.timeout} s on rank {self.rank} "
-                    f"of {self.size}: {_missing(requests, peers)} (the communicator is "
-                    f"unusable now unless they arrive)")
-            time.sleep(0 if now < nap else 1e-4)
+                raise self._timed_out(op_name, sequence, _pending(requests, peers))
+            if now > nap:
+                time.sleep(1e-4)
+            else:
+                os.sched_yield()
 
     def _failure(self, op_name: str, reasons: set[str]) -> BackendError:
         return BackendError(
@@ -170,15 +197,21 @@ class MPICommunicator(Communicator):
 
     def _launch(self, blocking: bool, op_name: str, call: Any, icall: Any, args: tuple,
                 finalize: Any = None, keep: tuple = ()) -> Work | None:
-        """Start ``icall(*args)`` and return its Work, or (``blocking``) complete the operation:
-        with ``call(*args)`` when no timeout is set, else by polling the nonblocking request."""
-        if blocking and self.timeout is None:
+        """Start ``icall(*args)`` and return its Work, or (``blocking``) complete the operation
+        by testing the request in :meth:`wait`'s interruptible loop (MPI's blocking ``call``
+        would ignore Ctrl-C until it returns; testing is also faster on oversubscribed cores)."""
+        if blocking:
+            request = icall(*args)
             try:
-                call(*args)
+                done = request.Test()
             except MPI.Exception as exc:
                 raise self._failure(op_name, {str(exc)}) from exc
-        elif blocking:
-            self.wait([icall(*args)], op_name)
+            if not done:
+                try:
+                    self.wait([request], op_name)
+                except BaseException:
+                    self._fate.abandon(request, args)
+                    raise
         else:
             return self._work([icall(*args)], op_name, finalize, keep)
         if finalize is not None:
@@ -189,8 +222,14 @@ class MPICommunicator(Communicator):
               peers: list[int] | None = None) -> Work:
         """Wrap requests; ``keep`` holds every buffer alive until the transfers are done."""
         def wait() -> None:
-            self.wait(requests, op_name, peers)
+            try:
+                self.wait(requests, op_name, peers, sequence)
+            except BaseException:
+                self._fate.abandon(requests, keep_alive)
+                raise
             keep_alive.clear()
+
+        sequence = self.sequence
 
         keep_alive = list(keep)
         return Work(wait, lambda: bool(MPI.Request.Testall(requests)), finalize)
@@ -373,14 +412,19 @@ class MPICommunicator(Communicator):
         return self._work(requests, op_name, finalize, tuple(buffers), peers)
 
     def barrier(self) -> None:
-        self.wait([self.mpi_comm.Ibarrier()], "barrier")
+        request = self.mpi_comm.Ibarrier()
+        self._slot[0] = self.sequence = self.sequence + 1  # a collective: an arrival notice
+        self.wait([request], "barrier")
 
     def close(self) -> None:
         comm, self.mpi_comm = self.mpi_comm, None
+        if isinstance(comm, _DeadComm):
+            return  # its pending operations may never complete: leave it to MPI_Finalize
         if comm is not None and self._owned and not MPI.Is_finalized():
             comm.Free()
 
-    def abort(self) -> None:
-        """Abort the whole MPI job (MPI cannot tear down a single communicator)."""
-        if self.mpi_comm is not None:
-            self.mpi_comm.Abort(1)
+    def _disable(self) -> None:
+        """Replace the MPI communicator with one that raises: nothing more is posted on it."""
+        super()._disable()
+        if self.mpi_comm is not None and not isinstance(self.mpi_comm, _DeadComm):
+            self.mpi_comm = _DeadComm(self._fate)

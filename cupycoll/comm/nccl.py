@@ -404,15 +404,16 @@ class NCCLCommunicator(Communicator):
             raise self._timed_out(op_name)
         return self._device.record()
 
-    def _timed_out(self, op_name: str) -> CollectiveTimeout:
+    def _timed_out(self, op_name: str, sequence: int | None = None,
+                   pending: Sequence[int] = ()) -> CollectiveTimeout:
+        """Abort the NCCL communicator (so a call blocked inside NCCL returns), then name the
+        late ranks like every backend (arrival board)."""
         self.abort()
-        return CollectiveTimeout(
-            f"{op_name} did not complete within {self.timeout} s on rank {self.rank} of "
-            f"{self.size}: a peer never arrived (the NCCL communicator was aborted)")
+        return super()._timed_out(op_name, sequence, pending)
 
     def stream_work(self, op_name: str) -> Work:
         """A Work that completes when what is queued on the current stream so far has run."""
-        return self._work([self._device.record()], op_name)
+        return self._work(self._device.record(), None, op_name)
 
     def _failed(self, op_name: str, exc: BaseException) -> BackendError:
         """Abort after an NCCL or CUDA error and describe it (the error becomes the cause)."""
@@ -455,7 +456,7 @@ class NCCLCommunicator(Communicator):
             while not all(e.done for e in events):
                 self._check_async()
                 if deadline is not None and time.monotonic() > deadline:
-                    raise self._timed_out(op_name)
+                    raise self._timed_out(op_name)  # aborts; names the late ranks
                 time.sleep(pause)
                 pause = min(2 * pause, 1e-3)
             self._check_async()

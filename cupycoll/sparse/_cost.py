@@ -19,6 +19,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from .. import _agreement as agreement
 from ..comm import bus_factor
 
 __all__ = ["Shape", "Cost", "estimate_union", "validation_cost", "VALIDATION_FIELDS"]
@@ -169,5 +170,4 @@ class Cost:
 
 def validation_cost(size: int) -> Cost:
     """Traffic of the one validation allreduce every ``sparse_allreduce`` call starts with."""
-    words = 2 * len(VALIDATION_FIELDS) + VALIDATION_SLOTS * size
-    return Cost().allreduce("sparse.validate", size, 8 * words)
+    return Cost().allreduce("sparse.validate", size, 8 * agreement.length(size))

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _agreement as agreement
 from .._config import setting
 from .._registry import algorithms
 from .._types import ReduceOp, array_namespace, as_array, parse_op, to_host
@@ -42,7 +43,6 @@ _OP_CODES = {op: code for code, op in enumerate(_OPS)}
 _ARGUMENTS = ("indices", "values", "n", "op", "algorithm", "accumulate_dtype", "alloc_fn",
               "completion_fn", "async_op")
 _TYPE, _VALUE, _RANGE = 1, 2, 3  # error kinds; code = kind * 32 + argument position
-_MIN = np.iinfo(np.int64).min
 
 
 @dataclasses.dataclass
@@ -244,7 +244,8 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
     prepared, error = _local(comm, indices, values, n, op, algorithm, accumulate_dtype,
                              alloc_fn, completion_fn, names)
     nf = len(VALIDATION_FIELDS)
-    vec = np.full(2 * nf + 3 * p, _MIN, dtype=np.int64)
+    full = agreement.start(comm, "sparse_allreduce")  # room for 2 * nf + VALIDATION_SLOTS * p
+    vec = full[agreement.HEADER:agreement.HEADER + 2 * nf + 3 * p]
     if prepared is not None:
         fields = prepared.fields(names) + (int(bool(async_op)),)
         vec[0:2 * nf:2] = fields
@@ -256,8 +257,7 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
         vec[2 * nf + p + rank] = _code(error)
         if isinstance(error, _OutOfRange):
             vec[2 * nf + 2 * p + rank] = error.value
-    dev = vec if comm.xp is np else comm.xp.asarray(vec)
-    vec = comm.run_fetch("allreduce", dev, dev, ReduceOp.MAX, result=dev, op_name="sparse.validate")
+    vec = agreement.settle(comm, full, "sparse_allreduce", "sparse.validate")
     codes = vec[2 * nf + p:2 * nf + 2 * p]
     if error is not None:
         raise error

@@ -78,9 +78,10 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
         res.indices, res.values                      # both ranks: [1, 5, 7], [1., 12., 20.]
     """
     comm = comm or get_comm()
-    prepared = prepare(comm, indices, values, n, op=op, algorithm=algorithm,
-                       accumulate_dtype=accumulate_dtype, alloc_fn=alloc_fn,
-                       completion_fn=completion_fn, async_op=async_op)
+    with comm.calling("sparse_allreduce"):
+        prepared = prepare(comm, indices, values, n, op=op, algorithm=algorithm,
+                           accumulate_dtype=accumulate_dtype, alloc_fn=alloc_fn,
+                           completion_fn=completion_fn, async_op=async_op)
     name = prepared.algorithm
     if name == "auto":
         name = _auto.choose(prepared.shape(comm.size))
@@ -97,8 +98,9 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
 
 def _run(comm: Communicator, prepared: Prepared, fn: Callable) -> tuple[Any, Any]:
     """Run the algorithm; apply avg and the single cast back to the caller's dtypes."""
-    idx, val = fn(comm, prepared.indices, prepared.values, prepared.n, prepared.reduce_op,
-                  prepared.accumulate_dtype)
+    with comm.calling("sparse_allreduce"):
+        idx, val = fn(comm, prepared.indices, prepared.values, prepared.n, prepared.reduce_op,
+                      prepared.accumulate_dtype)
     xp = comm.xp
     if xp.may_share_memory(val, prepared.values):
         val = val.copy()

@@ -17,10 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from .. import _agreement as agreement
 from .._config import setting
 from .._registry import algorithms, lookup
 from .._result import SparseResult
-from .._types import ReduceOp, array_namespace, as_array, check_dtype
+from .._types import array_namespace, as_array, check_dtype
 from ..comm import Communicator, get_comm
 from ..errors import CupycollError, InvalidArgument, InvalidType, MismatchError
 from ._common import TopkOutcome, TopkState, to_namespace
@@ -86,8 +87,12 @@ def _local_checks(comm: Communicator, x: Any, k: Any, algorithm: Any, selector: 
 
 
 def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: Any = None,
-             state: Any = None, argument: str = "x", n: int | None = None) -> tuple[Any, int]:
+             state: Any = None, argument: str = "x", n: int | None = None,
+             verb: str = "topk_allreduce") -> tuple[Any, int]:
     """Check the arguments on every rank with one small allreduce; return (array, k).
+
+    The allreduce carries ``verb``'s tag (see :mod:`cupycoll._agreement`), so a rank in another
+    validating verb makes every rank raise MismatchError.
 
     Raises (on every rank): InvalidType / InvalidArgument when any rank's arguments are bad
     (non-float dtype, not 1-D, k <= 0 or k > n, unknown algorithm, bad selector or state),
@@ -107,11 +112,9 @@ def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: An
     else:
         length = dcode = acode = 0
     mine = np.array([key, length, -length, kk, -kk, dcode, -dcode, acode, -acode], np.int64)
-    xp = comm.xp
-    send = mine if xp is np else xp.asarray(mine)
-    recv = xp.empty(mine.shape[0], dtype=np.int64)
-    agreed = comm.run_fetch("allreduce", send, recv, ReduceOp.MAX, result=recv,
-                            op_name="topk.validate")
+    vec = agreement.start(comm, verb)
+    vec[agreement.HEADER:agreement.HEADER + mine.shape[0]] = mine
+    agreed = agreement.settle(comm, vec, verb, "topk.validate")
     if agreed[0]:
         if error is not None:
             raise error
@@ -189,7 +192,8 @@ def topk_allreduce(x: Any, k: int, *, algorithm: str | None = None,
     """
     comm = comm or get_comm()
     algorithm = setting("CUPYCOLL_TOPK_ALGORITHM", algorithm)
-    arr, k = validate(comm, x, k, algorithm, selector=selector, state=state)
-    res = run(comm, to_namespace(arr, comm.xp), k, algorithm, selector, state).result
+    with comm.calling("topk_allreduce"):
+        arr, k = validate(comm, x, k, algorithm, selector=selector, state=state)
+        res = run(comm, to_namespace(arr, comm.xp), k, algorithm, selector, state).result
     xp = array_namespace(arr)
     return SparseResult(to_namespace(res.indices, xp), to_namespace(res.values, xp), res.n)

@@ -106,25 +106,28 @@ def check_backend_error(comm) -> None:
     assert float(cc.allreduce(np.ones(1, np.float32), comm=comm)[0]) == comm.size
 
 
-def check_timeout(comm) -> None:
-    """A receive from a peer that is late raises CollectiveTimeout, then completes when it comes."""
+def check_timeout(comm):
+    """A receive from a late peer raises CollectiveTimeout naming it; the communicator is then
+    dead (every call raises at once) and init() gives a working one. Returns that one."""
     if comm.size < 2:
-        return
+        return comm
     buf = np.zeros(3)
     if comm.rank == 0:
         comm.timeout = 0.5
         work = comm.exchange([], [(1, buf)], "late")
         e = expect_raises(CollectiveTimeout, work.wait)
         assert "late" in str(e) and "rank 0" in str(e)
-        assert "still waiting on rank 1 " in str(e), str(e)  # the late peer, by name
-        comm.timeout = None
-    comm.barrier()
+        assert "rank 1 still owes" in str(e) and e.missing_ranks == [1], str(e)  # by name
+        assert e.op_name == "late"
+        e = expect_raises(CollectiveTimeout, work.wait)  # dead: at once, saying where
+        assert "aborted in late" in str(e), str(e)
+        expect_raises(CollectiveTimeout, comm.barrier)
+    MPI.COMM_WORLD.Barrier()  # rank 1 is late: it sends only after rank 0 gave up
     if comm.rank == 1:
-        comm.exchange([(0, np.arange(3.0))], [], "late").wait()
-    if comm.rank == 0:
-        work.wait()
-        assert np.array_equal(buf, np.arange(3.0))
-    comm.barrier()
+        comm.exchange([(0, np.arange(3.0))], [], "late").wait()  # lands in the abandoned buffer
+    comm = cc.init("mpi")
+    assert float(cc.allreduce(np.ones(1, np.float32), comm=comm)[0]) == comm.size
+    return comm
 
 
 if __name__ == "__main__":
@@ -133,5 +136,5 @@ if __name__ == "__main__":
     check_stats(comm)
     check_errors(comm)
     check_backend_error(comm)
-    check_timeout(comm)
+    comm = check_timeout(comm)
     print(f"rank {comm.rank}: comm ok")

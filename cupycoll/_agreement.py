@@ -1,0 +1,75 @@
+"""The header of every validating allreduce: which verb each rank called, at which collective.
+
+``sparse_allreduce``, ``topk_allreduce``, ``TopkCompressor.step`` and (with ``CUPYCOLL_DEBUG``)
+the dense verbs agree on their arguments with one small int64 MAX-allreduce before any data
+moves. All of them send a vector of the same length (:func:`length`) that starts with the same
+header: +/- a code of the verb and +/- the communicator's collective count. So when ranks call
+different verbs, their validation allreduces still match each other, and every rank sees that
+max != -max(-x) for the verb (or for the count, when a rank skipped or added a collective) and
+raises :class:`~cupycoll.errors.MismatchError` naming both sides, before anything has moved;
+the communicator stays usable.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._types import ReduceOp, to_host
+from .errors import MismatchError
+
+__all__ = ["VERBS", "HEADER", "length", "start", "settle"]
+
+#: the verbs that validate collectively (codes are positions + 1).
+VERBS = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "sparse_allreduce",
+         "topk_allreduce", "TopkCompressor.step")
+HEADER = 4
+_MIN = np.iinfo(np.int64).min
+#: the longest payload is sparse_allreduce's: 16 fixed words and 3 per rank (sparse/_cost.py).
+_FIXED, _PER_RANK = 16, 3
+
+
+def length(size: int) -> int:
+    """Length of every agreement vector on ``size`` ranks (header + the longest payload)."""
+    return HEADER + _FIXED + _PER_RANK * size
+
+
+def start(comm: Any, verb: str) -> np.ndarray:
+    """A new agreement vector: the header filled in, the payload INT64_MIN (neutral for MAX).
+
+    Callers fill ``vec[HEADER:]`` (at most ``length(P) - HEADER`` words) and pass it to
+    :func:`settle`.
+    """
+    vec = np.full(length(comm.size), _MIN, dtype=np.int64)
+    code, seq = VERBS.index(verb) + 1, comm.sequence
+    vec[:HEADER] = code, -code, seq, -seq
+    return vec
+
+
+def settle(comm: Any, vec: np.ndarray, verb: str, op_name: str) -> np.ndarray:
+    """Run the agreement allreduce (MAX); return the reduced payload.
+
+    Raises:
+        MismatchError: (on every rank) the ranks called different verbs, or this call is not
+            the same collective of the communicator on every rank.
+    """
+    dev = vec if comm.xp is np else comm.xp.asarray(vec)
+    out = comm.run_fetch("allreduce", dev, dev, ReduceOp.MAX, result=dev, op_name=op_name)
+    low, high = -int(out[1]), int(out[0])
+    if low != high:
+        raise MismatchError(
+            f"ranks called different collectives at the same point: {_verb(low)} and "
+            f"{_verb(high)} (rank {comm.rank} called {verb}); nothing was moved, every rank "
+            "raises this")
+    first, last = -int(out[3]), int(out[2])
+    if first != last:
+        raise MismatchError(
+            f"ranks reached {verb} at different points: after {first} collectives on some "
+            f"ranks, {last} on others (rank {comm.rank}: {comm.sequence - 1}); a rank skipped "
+            "or added a call (e.g. it raised between collectives); nothing was moved")
+    return out[HEADER:]
+
+
+def _verb(code: int) -> str:
+    return VERBS[code - 1] if 1 <= code <= len(VERBS) else f"an unknown collective ({code})"

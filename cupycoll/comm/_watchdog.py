@@ -1,0 +1,175 @@
+"""Late ranks named, dead communicators loud: the arrival board and the fate of a communicator.
+
+Every rank counts the collectives it has started on a communicator (``Communicator.sequence``;
+every rank starts the same collectives in the same order, so the count names one collective
+across ranks). The **arrival board** publishes that count: one int64 slot per rank in an MPI
+shared-memory window, overwritten with a plain store each time a collective starts (the whole
+hot-path cost). Nobody reads it until a wait times out: then the timed-out rank reads every
+rank's slot -- directly from shared memory for the ranks on its node, so a late rank that is
+busy elsewhere (not calling MPI at all) need not help; ranks on other nodes through an MPI RMA
+read that is given a short grace period -- and names the ranks whose count is below the one of
+the collective it waited for.
+
+A second slot holds where the rank aborted the communicator (0 while it is alive), so a rank
+that times out after its peers gave up says so.
+
+The **fate** is shared by a communicator and its duplicates: after a timeout, an interrupt or an
+abort, every later call on any of them raises at once, naming the operation it died in, instead
+of matching the operations left pending on other ranks. ``cupycoll.init()`` (on every rank)
+builds a fresh communicator over a new MPI communicator.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from typing import Any, Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+from ..errors import BackendError, CollectiveTimeout, CupycollError
+
+__all__ = ["Board", "Fate", "NO_SLOT", "timeout_error"]
+
+#: stand-in for the board slot of a communicator without a board (stores go nowhere useful).
+NO_SLOT = memoryview(np.zeros(2, np.int64)).cast("B").cast("q")
+_ARRIVED, _DIED = 0, 1
+_REMOTE_GRACE = 0.5  # seconds a timed-out rank waits for RMA reads of ranks on other nodes
+
+
+class Board:
+    """The arrival board of one MPI communicator (collective to create).
+
+    ``slot`` is this rank's ``[sequence, died at + 1]`` (int64 memoryview: a store is ~30 ns).
+    """
+
+    def __init__(self, mpi_comm: MPI.Comm) -> None:
+        rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
+        node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        self._shared = MPI.Win.Allocate_shared(16, 8, comm=node)
+        memory = self._shared.tomemory()
+        self.slot = memoryview(memory).cast("B").cast("q")
+        self.slot[_ARRIVED] = self.slot[_DIED] = 0
+        members = node.allgather(rank)
+        self._local = {}
+        for i, world in enumerate(members):
+            buf, _ = self._shared.Shared_query(i)
+            self._local[world] = np.frombuffer(buf, np.int64, 2)
+        self._remote = None
+        if node.Get_size() < size:  # ranks on other nodes: RMA reads of the same memory
+            self._remote = MPI.Win.Create(memory, 8, comm=mpi_comm)
+        self.size = size
+        node.Free()
+
+    def read(self) -> list[tuple[int, int] | None]:
+        """Return every rank's (sequence, died at + 1), or None where it could not be read."""
+        out: list[tuple[int, int] | None] = [None] * self.size
+        for r, view in self._local.items():
+            out[r] = (int(view[_ARRIVED]), int(view[_DIED]))
+        far = [r for r in range(self.size) if r not in self._local]
+        if far and self._remote is not None:
+            out_far = self._read_remote(far)
+            for r in far:
+                out[r] = out_far.get(r)
+        return out
+
+    def _read_remote(self, ranks: Sequence[int]) -> dict[int, tuple[int, int]]:
+        """RMA reads of ranks on other nodes, given ``_REMOTE_GRACE`` s (a rank whose MPI
+        library needs its help to serve the read and is busy elsewhere stays unread)."""
+        win, bufs, reqs = self._remote, {}, []
+        win.Lock_all()
+        for r in ranks:
+            bufs[r] = np.zeros(2, np.int64)
+            reqs.append(win.Rget(bufs[r], r))
+        deadline = time.monotonic() + _REMOTE_GRACE
+        while not MPI.Request.Testall(reqs) and time.monotonic() < deadline:
+            time.sleep(1e-3)
+        done = {r: (int(b[0]), int(b[1])) for (r, b), q in zip(bufs.items(), reqs) if q.Test()}
+        if len(done) == len(ranks):
+            win.Unlock_all()
+        return done
+
+
+class Fate:
+    """Alive or dead, shared by a communicator and its duplicates."""
+
+    def __init__(self) -> None:
+        self.error: CupycollError | None = None
+        self.where = ""
+        self.members: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self._abandoned: list[Any] = []
+
+    def abandon(self, *pending: Any) -> None:
+        """Keep the requests and buffers of an operation given up on alive for good: MPI may
+        still read or write them when a late peer arrives."""
+        self._abandoned.append(pending)
+
+    def kill(self, error: CupycollError, where: str, sequence: int, slot: memoryview) -> None:
+        """Mark every member dead (first cause wins) and publish it on the board."""
+        if self.error is None:
+            self.error, self.where = error, where
+            slot[_DIED] = sequence + 1
+            # calls on a dead communicator raise before they start: they are no arrivals
+        for member in list(self.members):
+            member._disable()
+
+    def dead_error(self) -> CupycollError:
+        """A fresh error of the kind that killed the communicator, saying where."""
+        text = f"this communicator was aborted in {self.where}"
+        tail = "; every call on it raises now: call cupycoll.init() on every rank for a new one"
+        if isinstance(self.error, CollectiveTimeout):
+            missing = self.error.missing_ranks
+            text += " (timed out" + (f"; missing {_ranks(missing)})" if missing else ")")
+            return CollectiveTimeout(text + tail, missing_ranks=missing,
+                                     op_name=self.error.op_name)
+        return BackendError(f"{text} ({self.error}){tail}")
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return f"rank{'s' if len(ranks) != 1 else ''} {', '.join(map(str, ranks))}"
+
+
+def timeout_error(board: Board | None, rank: int, size: int, verb: str, step: str,
+                  waited: float | None, sequence: int,
+                  pending: Sequence[int] = ()) -> CollectiveTimeout:
+    """The CollectiveTimeout of a wait in ``verb`` (at its ``step``) on collective number
+    ``sequence`` that gave up.
+
+    Missing: ranks whose board count is below ``sequence`` (they never started it); when every
+    rank has started it (a point-to-point step inside a call), the peers whose messages are still
+    pending (``pending``).
+    """
+    seen = board.read() if board is not None else [None] * size
+    behind, died, unread = [], [], []
+    for r, entry in enumerate(seen):
+        if r == rank:
+            continue
+        if entry is None:
+            unread.append(r)
+            continue
+        count, dead = entry
+        if count < sequence:
+            behind.append(r)
+        if dead:
+            died.append(f"rank {r} aborted it at collective #{dead - 1}")
+    missing = behind or sorted(set(pending))
+    if behind:
+        why = f"{_ranks(behind)} never arrived (started only collectives before #{sequence})"
+    elif missing:
+        owe = "still owe" if len(missing) > 1 else "still owes"
+        why = f"every rank started it, but {_ranks(missing)} {owe} this rank messages"
+    elif unread:
+        why = f"{_ranks(unread)} on other nodes could not be read (MPI needs their help)"
+        missing = unread
+    else:
+        why = "the ranks that never arrived cannot be known (no arrival board)"
+    notes = "; ".join(died)
+    within = f"within {waited} s " if waited is not None else ""
+    where = f"step {step}, " if step != verb else ""
+    return CollectiveTimeout(
+        f"{verb} ({where}collective #{sequence}) did not complete {within}on rank {rank} of "
+        f"{size}: "
+        f"{why}{'; ' + notes if notes else ''}. The communicator is aborted: every later call "
+        "on it raises at once; call cupycoll.init() on every rank for a new one",
+        missing_ranks=missing, op_name=verb)

@@ -1,0 +1,99 @@
+"""Fault injection under mpiexec: late ranks named, dead communicators, crossed verbs, stale
+operations, interrupts, dying ranks, and a soak run (see each worker's docstring)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from mpi4py import MPI
+
+import cupycoll as cc
+from cupycoll._config import parse_timeout
+from cupycoll.errors import CollectiveTimeout, InvalidArgument
+
+from ._mpi import ROOT, WORKERS, mpiexec, run_mpi
+
+
+def test_one_timeout_parser_for_keyword_and_variable(monkeypatch):
+    """timeout=0 as keyword means no timeout, as CUPYCOLL_TIMEOUT=0 does; bad values raise."""
+    assert [parse_timeout(v) for v in (None, 0, -1, "0", "2.5", 3, float("inf"))] == \
+        [None, None, None, None, 2.5, 3.0, None]
+    for bad in ("soon", True, float("nan"), [1]):
+        with pytest.raises(InvalidArgument, match="timeout"):
+            parse_timeout(bad)
+    monkeypatch.setenv("CUPYCOLL_TIMEOUT", "0")
+    assert cc.init("mpi", mpi_comm=MPI.COMM_SELF).timeout is None
+    monkeypatch.setenv("CUPYCOLL_TIMEOUT", "4")
+    assert cc.init("mpi", mpi_comm=MPI.COMM_SELF).timeout == 4.0
+    assert cc.init("mpi", mpi_comm=MPI.COMM_SELF, timeout=0).timeout is None  # keyword first
+    with pytest.raises(InvalidArgument, match="timeout"):
+        cc.init("mpi", mpi_comm=MPI.COMM_SELF, timeout="soon")
+
+
+def test_collective_timeout_fields():
+    exc = CollectiveTimeout("late", missing_ranks=[3, 1], op_name="allreduce")
+    assert exc.missing_ranks == [1, 3] and exc.op_name == "allreduce"
+    assert CollectiveTimeout("x").missing_ranks == [] and isinstance(exc, TimeoutError)
+
+
+def test_abort_kills_the_communicator_and_init_gives_a_fresh_one():
+    comm = cc.init("mpi", mpi_comm=MPI.COMM_SELF)
+    comm.abort()
+    with pytest.raises(cc.errors.BackendError, match="aborted in abort"):
+        cc.allreduce(np.ones(2), comm=comm)
+    fresh = cc.init("mpi", mpi_comm=MPI.COMM_SELF)
+    assert np.array_equal(cc.allreduce(np.ones(2), comm=fresh), np.ones(2))
+
+
+@pytest.mark.parametrize("nprocs,prefix,late", [(2, 0, 1), (3, 3, 1), (4, 2, 2)])
+def test_late_rank_named_for_every_verb(nprocs, prefix, late):
+    """Every verb: the punctual ranks raise CollectiveTimeout naming the late ones after ~1 s;
+    the communicator is dead at once afterwards; init() gives a working one."""
+    out = run_mpi(nprocs, "fault_late.py", 1.0, prefix, late, timeout=150)
+    assert out.count("LATE ") == 13 and "OK" in out, out
+
+
+@pytest.mark.parametrize("nprocs,debug,scenarios", [
+    (2, "0", ("crossed", "stale", "skip", "interrupt")),
+    (3, "1", ("crossed", "stale", "interrupt")),
+    (4, "0", ("crossed", "skip")),
+])
+def test_crossed_stale_skip_interrupt(nprocs, debug, scenarios):
+    out = run_mpi(nprocs, "fault_misc.py", *scenarios, timeout=150,
+                  env={"CUPYCOLL_DEBUG": debug})
+    assert "OK" in out, out
+    if "crossed" in scenarios:
+        assert "crossed allreduce/broadcast" in out if debug == "1" else "crossed sparse" in out
+
+
+@pytest.mark.parametrize("nprocs,mode", [(3, "sigkill"), (2, "raise")])
+def test_dying_rank_ends_the_job(nprocs, mode):
+    """A SIGKILLed rank, or an uncaught exception on one rank, ends the whole job, nonzero."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH",
+                                                                                   "")]))
+    start = time.monotonic()
+    proc = subprocess.run([mpiexec(), "-n", str(nprocs), sys.executable, "-m", "mpi4py",
+                           str(WORKERS / "fault_kill.py"), mode], capture_output=True,
+                          text=True, timeout=60, env=env, cwd=ROOT, start_new_session=True)
+    assert proc.returncode != 0, proc.stdout
+    assert time.monotonic() - start < 30
+
+
+def test_soak_memory_flat():
+    """2,000 random calls (dense, sparse, top-k; sync and async) at P=2: RSS grows < 5%."""
+    out = run_mpi(2, "soak.py", 2000, 0.05, timeout=240)
+    assert "SOAK calls=2000" in out, out
+
+
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_properties_match_numpy_or_raise_typed_everywhere(nprocs):
+    """hypothesis over the public API's arguments: numpy's answer or a typed error on every
+    rank (tests/workers/props.py)."""
+    out = run_mpi(nprocs, "props.py", 40, timeout=240)
+    assert "OK" in out, out

@@ -1,0 +1,167 @@
+"""Fault injection beyond late ranks, several scenarios per launch (every rank prints a row).
+
+    fault_misc.py SCENARIO [SCENARIO ...]
+
+stale      the notebook case: rank 0 (short timeout) gives up on an allreduce that rank 1 joins
+           later; the next allreduce must not match the stale one: rank 0 raises at once, the
+           others time out naming rank 0 as aborted; init() on every rank works again.
+crossed    ranks call different verbs at the same point: sparse_allreduce vs topk_allreduce vs
+           TopkCompressor.step always, dense verbs too when CUPYCOLL_DEBUG=1 is set; every rank
+           raises MismatchError naming both verbs and the communicator stays usable.
+skip       one rank raises (and catches) an exception between collectives and skips a call;
+           calls match by order, so the others time out at the end naming it; init() recovers.
+interrupt  a blocking wait without a timeout (``timeout=0``: none) raises KeyboardInterrupt
+           within 1 s of SIGINT; the communicator is then dead; init() recovers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import cupycoll as cc
+from cupycoll.errors import CollectiveTimeout, MismatchError
+
+WORLD = MPI.COMM_WORLD
+P, RANK = WORLD.size, WORLD.rank
+DEBUG = os.environ.get("CUPYCOLL_DEBUG", "") not in ("", "0")
+
+
+def report(name: str, outcome: str, took: float) -> None:
+    every = WORLD.gather((outcome, took), root=0)
+    if RANK == 0:
+        cells = ", ".join(f"r{r}: {o} {t:.2f}s" for r, (o, t) in enumerate(every))
+        print(f"MISC {name:<28} P={P}  {cells}", flush=True)
+
+
+def fresh_allreduce(comm) -> None:
+    got = cc.allreduce(np.full(3, RANK + 1.0), comm=comm)
+    assert np.array_equal(got, np.full(3, P * (P + 1) / 2)), got
+
+
+def stale() -> None:
+    comm = cc.init("mpi", timeout=1.0 if RANK == 0 else 4.0)
+    fresh_allreduce(comm)
+    if RANK == 1:
+        time.sleep(1.5)  # rank 0 gives up meanwhile
+    start = time.monotonic()
+    try:
+        fresh_allreduce(comm)  # rank 1 joins rank 0's abandoned allreduce: right data
+        first = "completed"
+    except CollectiveTimeout as exc:
+        # with CUPYCOLL_DEBUG the late rank's check allreduce pairs with the abandoned one, and
+        # then its allreduce proper waits for rank 0, which gave up
+        late_debug = DEBUG and RANK != 0 and exc.missing_ranks == [0]
+        assert (RANK == 0 and exc.missing_ranks == [1]) or late_debug, (RANK, str(exc))
+        first = f"CollectiveTimeout{exc.missing_ranks}"
+    took_first = time.monotonic() - start
+    report("stale: first allreduce", first, took_first)
+    start = time.monotonic()
+    try:
+        fresh_allreduce(comm)
+        raise AssertionError(f"rank {RANK}: the allreduce after a timeout matched a stale one")
+    except CollectiveTimeout as exc:
+        took = time.monotonic() - start
+        if first != "completed":
+            assert "aborted in allreduce" in str(exc) and took < 0.5, (took, str(exc))
+        else:
+            assert exc.missing_ranks == [0] and "rank 0 aborted it" in str(exc), str(exc)
+        outcome = f"CollectiveTimeout{exc.missing_ranks}"
+    report("stale: next allreduce", outcome, took)
+    fresh_allreduce(cc.init("mpi", timeout=5))
+
+
+def crossed() -> None:
+    comm = cc.init("mpi", timeout=5)
+    x = np.arange(8, dtype=np.float32) + RANK
+    idx, val = np.array([1, 5], np.int64), np.ones(2, np.float32)
+    comp = cc.TopkCompressor(8, 0.25, comm=comm)
+    verbs = {
+        "sparse_allreduce": lambda: cc.sparse_allreduce(idx, val, 8, comm=comm),
+        "topk_allreduce": lambda: cc.topk_allreduce(x, 2, comm=comm),
+        "TopkCompressor.step": lambda: comp.step(x),
+    }
+    if DEBUG:
+        verbs.update({
+            "allreduce": lambda: cc.allreduce(x, comm=comm),
+            "broadcast": lambda: cc.broadcast(x, root=0, comm=comm),
+            "allgather": lambda: cc.allgather(x, comm=comm),
+        })
+    names = list(verbs)
+    pairs = [(a, b) for a in names for b in names if a != b]
+    for i, (a, b) in enumerate(pairs):
+        mine = a if RANK == i % P else b  # one rank calls a, the others b
+        start = time.monotonic()
+        try:
+            verbs[mine]()
+            raise AssertionError(f"rank {RANK}: {a} crossed with {b} did not raise")
+        except MismatchError as exc:
+            assert a in str(exc) and b in str(exc), str(exc)
+            outcome = "MismatchError"
+        report(f"crossed {a}/{b}", outcome, time.monotonic() - start)
+        fresh_allreduce(comm)  # still usable, nothing moved
+
+
+def skip() -> None:
+    """Calls match by order (as in MPI and NCCL): rank 1's next call pairs with the call it
+    skipped on the others, so the others are left waiting at the end and name rank 1."""
+    comm = cc.init("mpi", timeout=1.5)
+    idx, val = np.array([RANK], np.int64), np.ones(1, np.float32)
+    cc.sparse_allreduce(idx, val, P, comm=comm)
+    try:
+        if RANK == 1:
+            raise ValueError("a bug in this rank's own code")
+        cc.sparse_allreduce(idx, val, P, comm=comm)  # rank 1 skips this call
+    except ValueError:
+        pass
+    start = time.monotonic()
+    try:
+        cc.sparse_allreduce(idx, val, P, comm=comm)
+        assert RANK == 1, "only the rank that skipped a call completes its last one"
+        outcome = "completed (paired with the others' previous call)"
+    except CollectiveTimeout as exc:
+        assert exc.missing_ranks == [1], str(exc)
+        outcome = f"CollectiveTimeout{exc.missing_ranks}"
+    report("skip: exception between calls", outcome, time.monotonic() - start)
+    fresh_allreduce(cc.init("mpi", timeout=5))
+
+
+def interrupt() -> None:
+    comm = cc.init("mpi", timeout=0)  # 0 as keyword: no timeout, like CUPYCOLL_TIMEOUT=0
+    assert comm.timeout is None
+    if RANK == 1:
+        time.sleep(0.3)  # a short delay must not time out
+    fresh_allreduce(comm)
+    outcome, took = "waited", 0.0
+    if RANK == 0:
+        sent = []
+        timer = threading.Timer(0.5, lambda: (sent.append(time.monotonic()),
+                                              os.kill(os.getpid(), signal.SIGINT)))
+        timer.start()
+        try:
+            fresh_allreduce(comm)  # rank 1 never comes
+            raise AssertionError("the allreduce completed without rank 1")
+        except KeyboardInterrupt:
+            took = time.monotonic() - sent[0]
+            assert took < 1.0, took
+            outcome = "KeyboardInterrupt"
+        try:
+            fresh_allreduce(comm)
+            raise AssertionError("an interrupted communicator answered")
+        except cc.errors.BackendError as exc:
+            assert "interrupted" in str(exc), str(exc)
+    report("interrupt (no timeout)", outcome, took)
+    fresh_allreduce(cc.init("mpi", timeout=5))
+
+
+for name in sys.argv[1:]:
+    {"stale": stale, "crossed": crossed, "skip": skip, "interrupt": interrupt}[name]()
+    WORLD.Barrier()
+if RANK == 0:
+    print("OK")
