@@ -46,14 +46,13 @@ def _timed(comm: Any, fn: Callable[[], Any], repeats: int) -> float:
         t0 = time.perf_counter()
         fn()
         samples[i] = time.perf_counter() - t0
-    return float(np.median(comm.mpi_comm.allreduce(samples, op=_max_op()) if comm.size > 1
-                           else samples))
+    if comm.size > 1:
+        from mpi4py import MPI
 
-
-def _max_op() -> Any:
-    from mpi4py import MPI
-
-    return MPI.MAX
+        slowest = np.empty_like(samples)
+        comm.mpi_comm.Allreduce(samples, slowest, op=MPI.MAX)
+        samples = slowest
+    return float(np.median(samples))
 
 
 def _line(t_small: float, t_large: float, small: Cost, large: Cost, native: bool
