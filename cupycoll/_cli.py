@@ -1,12 +1,16 @@
-"""The ``cupycoll`` command: ``info`` for bug reports, ``bench`` to run the shipped benchmarks.
+"""The ``cupycoll`` command: ``info`` for bug reports, ``bench`` to run the shipped benchmarks,
+``tune`` to measure this machine's profile, ``simulate`` to predict times up to 1,024 ranks.
 
     python -m cupycoll info
     mpiexec -n 4 python -m cupycoll bench sparse --n 16M --density 0.01
+    mpiexec -n 4 python -m cupycoll tune
+    python -m cupycoll simulate --json sim.json --plot sim.png
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import runpy
@@ -161,6 +165,27 @@ def _abort_if_parallel() -> None:
         mpi.COMM_WORLD.Abort(1)
 
 
+def _tune(args: argparse.Namespace) -> int:
+    import cupycoll as cc
+
+    from .tuner.calibrate import tune
+    from .tuner.profile import save_profile
+
+    comm = cc.init(args.backend)
+    profile = tune(comm, repeats=args.repeats)
+    if comm.rank == 0:
+        path = save_profile(profile, args.output)
+        print(json.dumps(profile.as_dict(), indent=1, sort_keys=True))
+        print(f"# profile of {comm.size} ranks written to {path}")
+    return 0
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from .tuner.simulate import run
+
+    return run(args)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cupycoll", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -172,6 +197,19 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("name", choices=BENCHMARKS)
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(func=_bench)
+    tune = sub.add_parser("tune", help="measure alpha, beta, gamma here; write the profile auto "
+                          "reads (run under mpiexec with the job's ranks)")
+    tune.add_argument("--output", help="profile file (default: CUPYCOLL_PROFILE or the cache "
+                      "dir)")
+    tune.add_argument("--repeats", type=int, default=15, help="timed repeats per measurement")
+    tune.add_argument("--backend", default=None, help="communicator backend (default: init()'s)")
+    tune.set_defaults(func=_tune)
+    from .tuner.simulate import add_arguments
+
+    simulate = sub.add_parser("simulate", help="predict per-algorithm time and bytes per rank, "
+                              "sparse and top-k families, P = 2..1024, named networks")
+    add_arguments(simulate)
+    simulate.set_defaults(func=_simulate)
     return p
 
 

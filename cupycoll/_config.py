@@ -68,6 +68,9 @@ SETTINGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                          "divided by the MPI ranks on this node, as MPI_LOCALNRANKS or "
                          "OMPI_COMM_WORLD_LOCAL_SIZE tell) or a positive integer"),
     "CUPYCOLL_LOG_LEVEL": (str, "WARNING", "level of the 'cupycoll' logger"),
+    "CUPYCOLL_PROFILE": (str, None, "machine profile (JSON) that auto's time model reads and "
+                         "'cupycoll tune' writes; default ~/.cache/cupycoll/profile.json, "
+                         "else the profile shipped with the package"),
 }
 
 

@@ -52,6 +52,8 @@ class Shape:
         index_bytes, value_bytes: element sizes (values in the accumulate dtype).
         nnz: coalesced nnz of every rank, in rank order.
         inputs: optional coalesced sorted indices of every rank (host numpy), for exact terms.
+        op: the reduction ("sum", "prod", "max", "min"; avg reduces as sum): ``dense`` folds
+            presence into its allreduce only for sum.
     """
 
     size: int
@@ -61,6 +63,7 @@ class Shape:
     value_bytes: int
     nnz: tuple[int, ...]
     inputs: tuple[np.ndarray, ...] | None = None
+    op: str = "sum"
 
     @classmethod
     def from_inputs(cls, inputs: Sequence[np.ndarray], n: int, width: int, index_bytes: int,
@@ -100,10 +103,16 @@ class Shape:
 
 @dataclasses.dataclass
 class Cost:
-    """Bytes and messages one rank receives, per operation name (as booked in ``comm.stats``)."""
+    """Bytes and messages one rank receives, per operation name (as booked in ``comm.stats``).
+
+    ``native_bytes`` / ``native_messages`` count the part booked by native collectives
+    (allreduce, allgather), which the time model prices apart from point-to-point traffic.
+    """
 
     received: dict[str, int] = dataclasses.field(default_factory=dict)
     messages: dict[str, int] = dataclasses.field(default_factory=dict)
+    native_bytes: int = 0
+    native_messages: int = 0
 
     @property
     def bytes_received(self) -> int:
@@ -125,19 +134,26 @@ class Cost:
         for op, nbytes in other.received.items():
             self.received[op] = self.received.get(op, 0) + nbytes
             self.messages[op] = self.messages.get(op, 0) + other.messages[op]
+        self.native_bytes += other.native_bytes
+        self.native_messages += other.native_messages
         return self
+
+    def _native(self, op: str, nbytes: int, messages: int) -> "Cost":
+        self.native_bytes += int(nbytes)
+        self.native_messages += int(messages)
+        return self.book(op, nbytes, messages)
 
     # the Communicator's booking rules, one per verb
     def allreduce(self, op: str, size: int, nbytes: int) -> "Cost":
         """A native allreduce of ``nbytes`` booked under ``op``."""
         if size > 1:
-            self.book(op, math.floor(bus_factor("allreduce", size) * nbytes), 2 * (size - 1))
+            self._native(op, math.floor(bus_factor("allreduce", size) * nbytes), 2 * (size - 1))
         return self
 
     def allgather(self, op: str, size: int, recv_bytes: int) -> "Cost":
         """A native allgather whose receive buffer holds ``recv_bytes``."""
         if size > 1:
-            self.book(op, math.floor(bus_factor("allgather", size) * recv_bytes), size - 1)
+            self._native(op, math.floor(bus_factor("allgather", size) * recv_bytes), size - 1)
         return self
 
     def allgatherv(self, op: str, size: int, rank: int, counts: Sequence[int], row_bytes: int,

@@ -84,7 +84,7 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
                            completion_fn=completion_fn, async_op=async_op)
     name = prepared.algorithm
     if name == "auto":
-        name = _auto.choose(prepared.shape(comm.size))
+        name = _auto.choose(prepared.shape(comm.size), comm=comm, op=prepared.op)
     _log.debug("sparse_allreduce: algorithm %s, nnz %s, n %d", name, prepared.nnz, prepared.n)
     fn = lookup("sparse", name, rank=comm.rank)
 

@@ -1,0 +1,153 @@
+"""``python -m cupycoll tune``: measure alpha, beta and gamma on this machine, write a profile.
+
+Run it under ``mpiexec`` with the ranks the job will use (it prices the communicator it is
+given). Every measurement is the median over repeats of the slowest rank (ranks timed together,
+so the contention of a real call is in the numbers):
+
+- native collectives: allreduce of 8 B and of ``LARGE`` B; alpha and beta from the two points,
+  against the messages and bytes :class:`~cupycoll.sparse._cost.Cost` books for them;
+- point-to-point: one exchange with every peer, 8 B and ``LARGE / P`` B per message;
+- gamma (local work, the primitives the algorithms use): ``merge`` a P-way merge_sorted of
+  1-D float32 parts, per entry; ``row`` a gather of 16-wide float32 rows, per element; ``dense``
+  the dense algorithm's own local passes (zero fill, presence fields in and out, gather) per
+  element; ``scan`` presence bitmap packing and unpacking plus flatnonzero, per position;
+- ``fixed``: every algorithm on a tiny input (nothing but its rounds and overheads), minus the
+  time alpha and beta already account for.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from .._types import ReduceOp
+from ..primitives import merge_sorted
+from ..sparse import auto as _auto
+from ..sparse import dense as _dense
+from ..sparse._common import presence, union_of_presence
+from ..sparse._cost import Cost, Shape
+from .predict import rank_time
+from .profile import Profile
+
+__all__ = ["tune", "LARGE"]
+
+#: bytes of the large native allreduce (and of the P-1 large point-to-point messages together).
+LARGE = 4 << 20
+
+
+def _timed(comm: Any, fn: Callable[[], Any], repeats: int) -> float:
+    """Median over ``repeats`` of the slowest rank's seconds for ``fn()`` (one warm-up)."""
+    fn()
+    samples = np.empty(repeats)
+    for i in range(repeats):
+        comm.barrier()
+        t0 = time.perf_counter()
+        fn()
+        samples[i] = time.perf_counter() - t0
+    if comm.size > 1:
+        from mpi4py import MPI
+
+        slowest = np.empty_like(samples)
+        comm.mpi_comm.Allreduce(samples, slowest, op=MPI.MAX)
+        samples = slowest
+    return float(np.median(samples))
+
+
+def _line(t_small: float, t_large: float, small: Cost, large: Cost, native: bool
+          ) -> tuple[float, float]:
+    """alpha (per message) and beta (per byte) through two measured points."""
+    def volume(c: Cost) -> tuple[int, int]:
+        if native:
+            return c.native_messages, c.native_bytes
+        return c.messages_received - c.native_messages, c.bytes_received - c.native_bytes
+    (m0, b0), (m1, b1) = volume(small), volume(large)
+    beta = max((t_large - t_small) / max(b1 - b0, 1), 0.0)
+    alpha = max((t_small - beta * b0) / max(m0, 1), 0.0)
+    return alpha, beta
+
+
+def _native(comm: Any, repeats: int) -> tuple[float, float]:
+    p, xp = comm.size, comm.xp
+    small, large = xp.ones(2, np.float32), xp.ones(LARGE // 4, np.float32)
+    ts = [_timed(comm, lambda a=a, b=xp.empty_like(a): comm.allreduce(
+        a, b, ReduceOp.SUM, op_name="tune").wait(), repeats) for a in (small, large)]
+    costs = [Cost().allreduce("tune", p, a.nbytes) for a in (small, large)]
+    return _line(ts[0], ts[1], costs[0], costs[1], native=True)
+
+
+def _p2p(comm: Any, repeats: int) -> tuple[float, float]:
+    p, xp, rank = comm.size, comm.xp, comm.rank
+    peers = [(rank + s) % p for s in range(1, p)]
+    points, costs = [], []
+    for nbytes in (8, max(LARGE // p, 8)):
+        send, recv = xp.ones(nbytes, np.uint8), xp.empty((p, nbytes), np.uint8)
+        points.append(_timed(comm, lambda s=send, r=recv: comm.exchange(
+            [(q, s) for q in peers], [(q, r[q]) for q in peers], "tune").wait(), repeats))
+        costs.append(Cost().book("tune", (p - 1) * nbytes, p - 1))
+    return _line(points[0], points[1], costs[0], costs[1], native=False)
+
+
+def _local(comm: Any, repeats: int, k: int = 1 << 16, n: int = 1 << 20) -> dict[str, float]:
+    """Seconds per unit of each kind of local work (see predict.work)."""
+    p, xp = comm.size, comm.xp
+    rng = np.random.default_rng(comm.rank)
+    parts = [(xp.asarray(np.sort(rng.choice(8 * k, k, replace=False))),
+              xp.ones(k, np.float32)) for _ in range(max(p, 2))]
+    rows = xp.ones((k, 16), np.float32)
+    order = xp.asarray(rng.permutation(k))
+    idx = xp.asarray(np.sort(rng.choice(n, n // 10, replace=False)).astype(np.int32))
+    fields, bits = _dense.presence_fields(min(p, 7), 4, "sum")
+    m = -(-n // fields)
+
+    def dense_local() -> None:
+        buf = xp.zeros(n + m, np.float32)
+        buf[idx] = 1.0
+        _dense._encode(xp, idx, buf[n:], fields, bits)
+        union = _dense._decode(xp, buf[n:], fields, bits, n, idx.dtype)
+        buf[union]
+
+    def scan() -> None:
+        union_of_presence(xp.unpackbits(xp.packbits(presence(idx, n)))[:n].view(bool),
+                          idx.dtype)
+
+    per_row = _timed(comm, lambda: rows[order], repeats) / (k * 16)
+    return {"merge": _timed(comm, lambda: merge_sorted(parts), repeats) / (len(parts) * k),
+            "row": per_row,
+            "dense": max(_timed(comm, dense_local, repeats) / n - 0.2 * per_row, 0.0),
+            "scan": _timed(comm, scan, repeats) / n}
+
+
+def _fixed(comm: Any, profile: Profile, repeats: int) -> dict[str, float]:
+    """Per-call cost of every algorithm beyond its modelled traffic and work (tiny input)."""
+    from ..sparse import sparse_allreduce
+
+    p, n, k = comm.size, 1024, 8
+    rng = np.random.default_rng([7, comm.rank])
+    idx = comm.xp.asarray(np.sort(rng.choice(n, k, replace=False)).astype(np.int32))
+    val = comm.xp.ones(k, np.float32)
+    shape = Shape(p, n, 0, 4, 4, (k,) * p)
+    fixed = {}
+    for name in _auto.MODELS:
+        measured = _timed(comm, lambda a=name: sparse_allreduce(idx, val, n, algorithm=a,
+                                                                comm=comm), repeats)
+        model = max(rank_time(name, shape, r, profile) for r in range(p))
+        fixed[name] = max(measured - model, 0.0)
+    return fixed
+
+
+def tune(comm: Any, repeats: int = 15, name: str = "tuned") -> Profile:
+    """Measure this machine's profile over ``comm`` (collective; every rank returns it)."""
+    alpha_n, beta_n = _native(comm, repeats) if comm.size > 1 else (0.0, 0.0)
+    alpha_p, beta_p = _p2p(comm, repeats) if comm.size > 1 else (0.0, 0.0)
+    gamma = _local(comm, repeats)
+    base = Profile(name, alpha_p, beta_p, alpha_n, beta_n, gamma)
+    fixed = _fixed(comm, base, repeats)
+    meta = {"ranks": comm.size, "backend": getattr(comm, "backend", "?"),
+            "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    profile = Profile(name, alpha_p, beta_p, alpha_n, beta_n, gamma, fixed, meta)
+    if getattr(comm, "mpi_comm", None) is not None and comm.size > 1:
+        profile = Profile.from_dict(comm.mpi_comm.bcast(profile.as_dict(), root=0))
+    return profile
+

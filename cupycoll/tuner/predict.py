@@ -1,0 +1,110 @@
+"""Time of one ``sparse_allreduce`` call predicted from the cost models and a :class:`Profile`.
+
+Per rank: ``fixed[algorithm]`` + alpha x messages + beta x bytes (point-to-point and native
+collectives priced apart, from the exact per-op traffic of each algorithm's ``cost``) + gamma x
+local work. The call takes as long as its slowest rank (the ranks with the fewest and the most
+entries are evaluated: the first receives the most, the second merges and sends the most).
+
+Local work, in the units ``gamma`` prices (N = total nnz, U = union, W = max(width, 1)):
+
+- ``merge``: entries entering a k-way merge (allgather: N; split: its region's N/P; mask: the N
+  indices; recursive doubling: both partners' partial results every sparse round);
+- ``row``: value elements copied or scattered besides the merge (received rows, result rows);
+- ``dense``: value elements of an n-long dense pass (zero fill, scatter, gather);
+- ``scan``: dense positions scanned for presence (bitmap, presence fields, flatnonzero).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from ..sparse import auto as _auto
+from ..sparse._cost import Cost, Shape, estimate_union, validation_cost
+from ..sparse.recursive_doubling import prefer_dense
+from .profile import Profile
+
+__all__ = ["work", "predict", "comm_time", "WORK_MODELS"]
+
+
+def _allgather(shape: Shape, rank: int) -> dict[str, float]:
+    w = max(shape.width, 1)
+    return {"merge": shape.total_nnz, "row": shape.total_nnz * w}
+
+
+def _split(shape: Shape, rank: int) -> dict[str, float]:
+    if shape.size == 1:
+        return {}
+    w, region = max(shape.width, 1), shape.total_nnz / shape.size
+    return {"merge": region, "row": (region + shape.union) * w}
+
+
+def _mask(shape: Shape, rank: int) -> dict[str, float]:
+    w = max(shape.width, 1)
+    return {"merge": shape.total_nnz, "row": (shape.nnz[rank] + 2 * shape.union) * w}
+
+
+def _dense(shape: Shape, rank: int) -> dict[str, float]:
+    w = max(shape.width, 1)
+    return {"dense": shape.n * w, "row": (shape.nnz[rank] + shape.union) * w,
+            "scan": shape.n}
+
+
+def _recursive_doubling(shape: Shape, rank: int) -> dict[str, float]:
+    """Rounds of a homogeneous estimate: group unions of 2^j ranks' mean nnz."""
+    w, p = max(shape.width, 1), shape.size
+    mean = shape.total_nnz / max(p, 1)
+    out = {"merge": 0.0, "row": 0.0, "dense": 0.0, "scan": 0.0}
+    rounds = max(p.bit_length() - 1, 0) + (1 if p & (p - 1) else 0)
+    for j in range(rounds):
+        group = estimate_union(shape.n, [mean] * min(2 ** j, p))
+        if prefer_dense(group, shape.n, shape.index_bytes, shape.row_bytes):
+            out["dense"] += 2 * shape.n * w
+            out["scan"] += shape.n
+        else:
+            out["merge"] += 2 * group
+            out["row"] += 2 * group * w
+    return out
+
+
+#: local work of every algorithm (units priced by Profile.gamma).
+WORK_MODELS: dict[str, Callable[[Shape, int], dict[str, float]]] = {
+    "allgather": _allgather, "split": _split, "mask": _mask, "dense": _dense,
+    "recursive_doubling": _recursive_doubling}
+
+
+def work(algorithm: str, shape: Shape, rank: int) -> dict[str, float]:
+    """Units of local work ``rank`` does in ``algorithm`` (see the module docstring)."""
+    return WORK_MODELS[algorithm](shape, rank)
+
+
+def comm_time(cost: Cost, profile: Profile) -> float:
+    """alpha x messages + beta x bytes, point-to-point and native collectives apart."""
+    p2p_bytes = cost.bytes_received - cost.native_bytes
+    p2p_messages = cost.messages_received - cost.native_messages
+    return (profile.alpha_p2p * p2p_messages + profile.beta_p2p * p2p_bytes
+            + profile.alpha_native * cost.native_messages + profile.beta_native * cost.native_bytes)
+
+
+def rank_time(algorithm: str, shape: Shape, rank: int, profile: Profile) -> float:
+    cost = validation_cost(shape.size).add(_auto.MODELS[algorithm](shape, rank))
+    local = sum(profile.gamma.get(k, 0.0) * v for k, v in work(algorithm, shape, rank).items())
+    return profile.fixed.get(algorithm, 0.0) + comm_time(cost, profile) + local
+
+
+def predict(algorithm: str, shape: Shape, profile: Profile) -> float:
+    """Predicted seconds of one call (its slowest rank); estimated shapes (no inputs) use the
+    uniform-random union estimates of the cost models."""
+    shape = dataclasses.replace(shape, inputs=None) if shape.inputs is not None else shape
+    if shape.size == 1:
+        return rank_time(algorithm, shape, 0, profile)
+    ranks = {min(range(shape.size), key=shape.nnz.__getitem__),
+             max(range(shape.size), key=shape.nnz.__getitem__)}
+    return max(rank_time(algorithm, shape, r, profile) for r in sorted(ranks))
+
+
+def dense_allreduce_time(size: int, nbytes: int, profile: Profile) -> float:
+    """Predicted seconds of a plain native allreduce of ``nbytes`` (the baseline of auto)."""
+    cost = Cost().allreduce("dense", size, nbytes)
+    return profile.fixed.get("allreduce", 0.0) + comm_time(cost, profile)
+

@@ -1,0 +1,215 @@
+"""``python -m cupycoll simulate``: predicted time and traffic per algorithm, P = 2 .. 1,024.
+
+The sparse family is priced by exactly what ``auto`` uses (each algorithm's traffic model,
+:mod:`cupycoll.tuner.predict`'s work model, one :class:`Profile`), with the profile built from a
+named network and a compute profile. The top-k family is priced from its documented volumes
+and latencies (docs/topk.md; the Ok-Topk paper's Table 1): words received per rank (1 word =
+4 bytes) times beta, messages on the critical path times alpha, plus one selection pass over n.
+
+Networks (``NETWORKS``): ``nvlink`` one node of 8 GPUs over NVLink; ``ib400`` 8 GPUs per node
+(NVLink inside) over 400 Gb/s InfiniBand, one NIC per GPU; ``eth100`` one GPU per node over
+100 Gb/s Ethernet; ``machine`` this machine's profile (``CUPYCOLL_PROFILE``), to validate the
+models against measurements at P <= 8. Across nodes the slower link prices the share of an
+all-to-all's bytes that leaves the node, and all of a native collective's (rings cross nodes).
+Stragglers: ``--skew s`` gives rank 0 (1 + s) times the mean nnz; the slowest rank's time is
+reported (the models price the ranks with the fewest and the most entries).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+from typing import Any
+
+from ..sparse import auto as _auto
+from ..sparse._cost import Shape, validation_cost
+from .predict import predict
+from .profile import Profile, load_profile
+
+__all__ = ["NETWORKS", "GPU", "network_profile", "sparse_rows", "topk_rows", "TOPK_MODELS",
+           "add_arguments", "run"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Network:
+    """Per-message latency (s) and per-byte time (s/B) inside a node and between nodes."""
+
+    ranks_per_node: int
+    alpha_intra: float
+    beta_intra: float
+    alpha_inter: float
+    beta_inter: float
+    about: str
+    max_ranks: int | None = None
+
+
+#: named networks (published link rates; latencies typical of NCCL/UCX point-to-point).
+NETWORKS = {
+    "nvlink": Network(8, 3e-6, 1 / 150e9, 3e-6, 1 / 150e9,
+                      "one node of 8 GPUs, NVLink (~150 GB/s per GPU per direction)", 8),
+    "ib400": Network(8, 3e-6, 1 / 150e9, 6e-6, 1 / 50e9,
+                     "8 GPUs per node on NVLink, 400 Gb/s InfiniBand NIC per GPU (50 GB/s)"),
+    "eth100": Network(1, 20e-6, 1 / 12.5e9, 20e-6, 1 / 12.5e9,
+                      "one GPU per node, 100 Gb/s Ethernet (12.5 GB/s, ~20 us per message)"),
+}
+
+#: a GPU compute profile: seconds per unit of local work (a ~1 TB/s device: merges ~2
+#: G entries/s, copies ~250 G elements/s, dense passes ~50 G elements/s) and per-call overheads
+#: (kernel launches and host synchronisations of each algorithm's steps).
+GPU = Profile("gpu", 0.0, 0.0, 0.0, 0.0,
+              {"merge": 5e-10, "row": 4e-12, "dense": 2e-11, "scan": 1e-11},
+              {"allgather": 60e-6, "dense": 60e-6, "mask": 100e-6, "split": 150e-6,
+               "recursive_doubling": 80e-6, "allreduce": 10e-6})
+
+#: top-k: (words received per rank, messages on the critical path) of (P, k, n), docs/topk.md.
+TOPK_MODELS = {
+    "oktopk": lambda p, k, n: (6 * k * (p - 1) / p, 2 * p + 2 * math.log2(p)),
+    "topka": lambda p, k, n: (2 * k * (p - 1), math.log2(p)),
+    "gaussiank": lambda p, k, n: (2 * k * (p - 1), math.log2(p)),
+    "gtopk": lambda p, k, n: (4 * k * math.ceil(math.log2(p)), 2 * math.log2(p)),
+    "dense": lambda p, k, n: (2 * n * (p - 1) / p, 2 * math.log2(p)),
+}
+
+
+def network_profile(name: str, size: int, compute: Profile = GPU) -> Profile:
+    """The profile of ``size`` ranks on network ``name`` with ``compute``'s gamma and fixed."""
+    if name == "machine":
+        return load_profile()
+    net = NETWORKS[name]
+    if size <= net.ranks_per_node:
+        a_p2p = a_nat = net.alpha_intra
+        b_p2p = b_nat = net.beta_intra
+    else:
+        off_node = (size - net.ranks_per_node) / (size - 1)
+        a_p2p = a_nat = net.alpha_inter
+        b_p2p = max(off_node * net.beta_inter, (1 - off_node) * net.beta_intra)
+        b_nat = net.beta_inter
+    return Profile(f"{name}-P{size}", a_p2p, b_p2p, a_nat, b_nat, compute.gamma, compute.fixed)
+
+
+def _fits(net: str, size: int) -> bool:
+    limit = NETWORKS[net].max_ranks if net in NETWORKS else None
+    return limit is None or size <= limit
+
+
+def _shape(size: int, n: int, density: float, width: int, skew: float) -> Shape:
+    k = max(1, int(round(density * n)))
+    nnz = [k] * size
+    nnz[0] = min(n, int(round(k * (1 + skew))))
+    return Shape(size, n, width, 4, 4, tuple(nnz))
+
+
+def sparse_rows(sizes: list[int], networks: list[str], n: int, density: float, width: int,
+                skew: float = 0.0) -> list[dict[str, Any]]:
+    """One row per (P, network, algorithm) of the sparse family, plus auto's pick."""
+    rows = []
+    for size in sizes:
+        shape = _shape(size, n, density, width, skew)
+        volume = {name: max(validation_cost(size).add(model(shape, r)).bytes_received
+                            for r in sorted({0, size - 1}))
+                  for name, model in _auto.MODELS.items()}
+        for net in (net for net in networks if _fits(net, size)):
+            profile = network_profile(net, size)
+            times = {name: predict(name, shape, profile) for name in _auto.MODELS}
+            best = min(times, key=times.__getitem__)
+            for name, seconds in times.items():
+                rows.append({"family": "sparse", "algorithm": name, "P": size, "network": net,
+                             "predicted_s": seconds, "bytes_per_rank": volume[name], "n": n,
+                             "density": density, "width": width, "skew": skew,
+                             "auto_pick": name == best})
+    return rows
+
+
+def topk_rows(sizes: list[int], networks: list[str], n: int, density: float
+              ) -> list[dict[str, Any]]:
+    """One row per (P, network, algorithm) of the top-k family (k = density * n)."""
+    k, rows = max(1, int(round(density * n))), []
+    for size in sizes:
+        for net in (net for net in networks if _fits(net, size)):
+            profile = network_profile(net, size)
+            select = profile.gamma.get("scan", 0.0) * n
+            for name, model in TOPK_MODELS.items():
+                words, messages = model(size, k, n)
+                seconds = (profile.fixed.get("allreduce", 0.0) + select
+                           + profile.alpha_p2p * messages + profile.beta_p2p * 4 * words)
+                rows.append({"family": "topk", "algorithm": name, "P": size, "network": net,
+                             "predicted_s": seconds, "bytes_per_rank": int(4 * words), "n": n,
+                             "density": density, "messages": messages})
+    return rows
+
+
+def crossover_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Lines: for each family and network, the fastest algorithm at every P."""
+    lines = []
+    keys = sorted({(r["family"], r["network"]) for r in rows})
+    sizes = sorted({r["P"] for r in rows})
+    lines.append("| family | network | " + " | ".join(f"P={p}" for p in sizes) + " |")
+    lines.append("|---|---|" + "---|" * len(sizes))
+    for family, net in keys:
+        cells = []
+        for p in sizes:
+            group = [r for r in rows if (r["family"], r["network"], r["P"]) == (family, net, p)]
+            best = min(group, key=lambda r: r["predicted_s"]) if group else None
+            cells.append(f"{best['algorithm']} {best['predicted_s'] * 1e3:.3g} ms" if best
+                         else "-")
+        lines.append(f"| {family} | {net} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def plot(rows: list[dict[str, Any]], path: str) -> None:
+    """Time vs P per algorithm, one panel per (family, network)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = sorted({(r["family"], r["network"]) for r in rows})
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.6), squeeze=False)
+    for ax, (family, net) in zip(axes[0], keys):
+        group = [r for r in rows if (r["family"], r["network"]) == (family, net)]
+        for name in sorted({r["algorithm"] for r in group}):
+            pts = sorted((r["P"], r["predicted_s"]) for r in group if r["algorithm"] == name)
+            ax.loglog([p for p, _ in pts], [t for _, t in pts], marker="o", ms=3, label=name)
+        ax.set_title(f"{family} / {net}", fontsize=9)
+        ax.set_xlabel("P")
+        ax.set_ylabel("predicted s")
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--P", default="2,4,8,16,32,64,128,256,512,1024", help="rank counts")
+    parser.add_argument("--networks", default="nvlink,ib400,eth100",
+                        help=f"comma list of {sorted(NETWORKS)} or machine")
+    parser.add_argument("--n", type=float, default=2 ** 24, help="dense length")
+    parser.add_argument("--density", type=float, default=0.01, help="nnz / n per rank (or k/n)")
+    parser.add_argument("--width", type=int, default=0, help="row width of the sparse family")
+    parser.add_argument("--skew", type=float, default=0.0, help="rank 0 has (1+skew) x nnz")
+    parser.add_argument("--family", default="sparse,topk", help="sparse, topk or both")
+    parser.add_argument("--json", help="write {'rows': [...]} to this file")
+    parser.add_argument("--plot", help="draw time vs P per algorithm to this PNG")
+
+
+def run(args: argparse.Namespace) -> int:
+    sizes = [int(p) for p in str(args.P).split(",") if p]
+    networks = [s for s in args.networks.split(",") if s]
+    unknown = [s for s in networks if s not in NETWORKS and s != "machine"]
+    if unknown:
+        raise SystemExit(f"unknown network {unknown[0]!r}; known: {sorted(NETWORKS)} or machine")
+    n, families = int(args.n), args.family.split(",")
+    rows = []
+    if "sparse" in families:
+        rows += sparse_rows(sizes, networks, n, args.density, args.width, args.skew)
+    if "topk" in families:
+        rows += topk_rows(sizes, networks, n, args.density)
+    for line in crossover_table(rows):
+        print(line)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows}, f, indent=1)
+    if args.plot:
+        plot(rows, args.plot)
+    return 0

@@ -1,0 +1,120 @@
+"""The tuner: profiles, auto's choice from predicted time, the simulator, the dense algorithm's
+folded presence (multi-rank) and ``tune`` (multi-rank)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from cupycoll.sparse import auto
+from cupycoll.sparse._cost import Shape
+from cupycoll.tuner import Profile, default_profile, load_profile, save_profile
+from cupycoll.tuner.simulate import TOPK_MODELS, sparse_rows, topk_rows
+
+from ._mpi import run_mpi
+
+ZERO_WORK = {"merge": 0.0, "row": 0.0, "dense": 0.0, "scan": 0.0}
+
+
+def shape(p, n, k, width=0):
+    return Shape(p, n, width, 4, 4, (k,) * p)
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 8])
+def test_dense_folded_presence_and_tune(nprocs):
+    out = run_mpi(nprocs, "sparse_dense_fold.py", 5, timeout=300)
+    assert f"ok 12 dense cases on {nprocs} ranks" in out
+
+
+def test_bandwidth_only_profile_picks_fewest_bytes():
+    """beta = 1 s/B and nothing else: at 50% density 1-D float32 on 4 ranks the dense allreduce
+    (2 * 3/4 * (4n + n/2) B) moves less than any sparse exchange of 8-byte entries, and at
+    0.1% any sparse algorithm moves far less than it."""
+    bytes_only = Profile("b", 0.0, 1.0, 0.0, 1.0, ZERO_WORK)
+    n = 1 << 20
+    assert auto.choose(shape(4, n, n // 2), bytes_only) == "dense"
+    assert auto.choose(shape(4, n, n // 1000), bytes_only) != "dense"
+
+
+def test_latency_only_profile_picks_fewest_messages():
+    """alpha = 1 s per message: tiny vectors go to the algorithm with the fewest messages. At
+    P = 4 the folded dense allreduce receives 2(P-1) = 6 after validation's 6; allgather 3 + 6,
+    split and recursive doubling more."""
+    messages_only = Profile("a", 1.0, 0.0, 1.0, 0.0, ZERO_WORK)
+    assert auto.choose(shape(4, 64, 3), messages_only) == "dense"
+    assert auto.choose(shape(1, 64, 3), messages_only) == "allgather"  # P = 1: no traffic
+
+
+def test_local_work_dominated_profile_avoids_dense_passes():
+    """Dense passes priced high and nothing else: a 0.01%-dense input never goes dense."""
+    dense_costly = Profile("g", 0.0, 0.0, 0.0, 0.0, {**ZERO_WORK, "dense": 1.0, "scan": 1.0})
+    assert auto.choose(shape(4, 1 << 20, 100), dense_costly) != "dense"
+
+
+def test_op_changes_dense_traffic():
+    """max cannot fold presence into the sum: the dense model books the bitmap rounds."""
+    from cupycoll.sparse import dense
+
+    s = shape(4, 1000, 100)
+    folded, bitmap = dense.cost(s, 0), dense.cost(Shape(**{**s.__dict__, "op": "max"}), 0)
+    assert "dense.union" not in folded.received and "dense.union" in bitmap.received
+    assert folded.received["dense.allreduce"] == math.floor(1.5 * (4000 + 4 * 125))
+
+
+def test_profile_round_trip_env_and_bad_file(tmp_path, monkeypatch, caplog):
+    path = tmp_path / "p.json"
+    mine = Profile("x", 1e-6, 2e-9, 3e-6, 4e-9, dict(ZERO_WORK, merge=5e-9), {"dense": 1e-4})
+    save_profile(mine, path)
+    monkeypatch.setenv("CUPYCOLL_PROFILE", str(path))
+    assert load_profile() == mine
+    path.write_text("{not json")
+    assert load_profile() == default_profile()
+    assert "ignoring unreadable profile" in caplog.text
+    shipped = default_profile()
+    assert shipped.alpha_native > 0 and shipped.beta_native > 0 and shipped.gamma["merge"] > 0
+
+
+def test_simulator_rows_cover_every_algorithm_to_1024_ranks():
+    rows = sparse_rows([2, 1024], ["ib400", "eth100"], 1 << 20, 0.01, 0)
+    assert {r["algorithm"] for r in rows} == set(auto.MODELS)
+    assert {(r["P"], r["network"]) for r in rows} == {(p, net) for p in (2, 1024)
+                                                       for net in ("ib400", "eth100")}
+    for r in rows:
+        assert r["predicted_s"] > 0 and r["bytes_per_rank"] > 0 and r["family"] == "sparse"
+    big = {r["algorithm"]: r for r in rows if r["P"] == 1024 and r["network"] == "ib400"}
+    # allgather receives every other rank's 1% entries (8 B each): 1023 * 10486 * 8 B
+    assert big["allgather"]["bytes_per_rank"] >= 1023 * 10486 * 8
+    assert sum(r["auto_pick"] for r in rows) == 4  # one pick per (P, network)
+
+
+def test_simulator_topk_trends_match_oktopk_table1():
+    """Ok-Topk paper Table 1: Ok-Topk's bandwidth stays below 6k words whatever P; TopkA's and
+    Gaussiank's grow as 2k(P-1) and pass dense's 2n(P-1)/P once P > n/k; gTopk's grows with
+    log P; dense's is independent of k."""
+    n, density = 1 << 20, 0.01
+    k = round(density * n)
+    rows = topk_rows([8, 64, 256, 1024], ["ib400"], n, density)
+    by = {(r["algorithm"], r["P"]): r["bytes_per_rank"] for r in rows}
+    for p in (8, 64, 256, 1024):
+        assert by[("oktopk", p)] <= 6 * k * 4
+        assert by[("dense", p)] <= 2 * n * 4
+    assert by[("topka", 64)] < by[("dense", 64)] < by[("topka", 256)]  # n/k = 100
+    assert by[("gtopk", 1024)] == 4 * k * 10 * 4
+    assert by[("oktopk", 1024)] < by[("gtopk", 1024)] < by[("topka", 1024)]
+    assert set(TOPK_MODELS) == {"oktopk", "topka", "gaussiank", "gtopk", "dense"}
+
+
+def test_simulate_command_writes_json(tmp_path, capsys):
+    from cupycoll._cli import main
+
+    out = tmp_path / "sim.json"
+    assert main(["simulate", "--P", "2,8,64", "--networks", "nvlink,eth100", "--n", "65536",
+                 "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert {"family", "algorithm", "P", "network", "predicted_s", "bytes_per_rank"} <= set(
+        rows[0])
+    assert {r["family"] for r in rows} == {"sparse", "topk"}
+    assert not [r for r in rows if r["network"] == "nvlink" and r["P"] > 8]  # one node of 8
+    assert "| sparse | eth100 |" in capsys.readouterr().out
