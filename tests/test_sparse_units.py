@@ -176,3 +176,17 @@ def test_one_rank_errors(comm):
         sparse_allreduce(np.array([4]), np.array([1.0]), 4, comm=comm)
     with pytest.raises(InvalidType, match="'values'"):
         sparse_allreduce(np.array([1]), np.array([True]), 4, comm=comm)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_every_nan_of_a_result_has_numpys_bits(comm, dtype):
+    """A negative NaN with a payload in, numpy's NaN out, one entry or several, 1-D or rows."""
+    bits = {"float16": np.uint16, "float32": np.uint32, "float64": np.uint64}[dtype]
+    odd_nan = (np.array(np.nan, dtype).view(bits) | bits(1) | (bits(1) << bits(8 * np.dtype(
+        dtype).itemsize - 1))).view(dtype)
+    canonical = np.array(np.nan, dtype).view(bits)
+    for idx, shape in ((np.array([2]), (1,)), (np.array([4, 1, 2]), (3,)), (np.array([3]), (1, 2))):
+        val = np.full(shape, odd_nan, dtype)
+        for algorithm in ALL:
+            res = sparse_allreduce(idx, val, 8, algorithm=algorithm, comm=comm)
+            assert np.all(res.values.view(bits) == canonical), (algorithm, shape, res.values)
