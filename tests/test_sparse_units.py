@@ -10,7 +10,7 @@ from cupycoll.comm.mpi import MPICommunicator
 from cupycoll.errors import InvalidArgument, InvalidType
 from cupycoll.sparse import SparseResult, sparse_allreduce
 from cupycoll.sparse import auto, recursive_doubling, split
-from cupycoll.sparse._common import fill_absent, reduce_parts
+from cupycoll.sparse._common import bitmap_chunk, fill_absent, reduce_parts
 from cupycoll.sparse._cost import Shape, estimate_union, validation_cost
 
 ALL = ["allgather", "auto", "dense", "mask", "recursive_doubling", "split"]
@@ -41,6 +41,22 @@ def test_fill_absent_combines_missing_entries_with_zero():
                      (ReduceOp.PROD, [-0.0, -1.0, 0.0]), (ReduceOp.SUM, [-5.0, -1.0, 4.0])):
         got = fill_absent(union, np.array([-5.0, -1.0, 4.0]), parts, op)
         assert got.tolist() == want, op
+
+
+def test_fill_absent_sum_turns_a_missing_minus_zero_into_plus_zero():
+    """An absent entry is +0: -0 + (+0) = +0 where a part misses the index, -0 stays where every
+    part holds it; no negative number in sight, so only the -0 itself can trigger the fill."""
+    union = np.array([1, 2, 3])
+    got = fill_absent(union, np.array([-0.0, -0.0, 2.0]), [np.array([1, 2, 3]), np.array([2])],
+                      ReduceOp.SUM)
+    assert np.signbit(got).tolist() == [False, True, False] and got.tolist() == [0.0, 0.0, 2.0]
+
+
+def test_bitmap_chunk_is_the_ceiling_of_the_packed_bytes_per_rank():
+    for n in (0, 1, 7, 8, 9, 63, 64, 4000, 4001):
+        for p in (1, 2, 3, 4, 5, 8):
+            packed = -(-n // 8)  # bytes of n bits
+            assert bitmap_chunk(n, p) == -(-packed // p), (n, p)
 
 
 def test_reduce_parts_zero_fill_and_order():
@@ -161,3 +177,17 @@ def test_one_rank_errors(comm):
         sparse_allreduce(np.array([4]), np.array([1.0]), 4, comm=comm)
     with pytest.raises(InvalidType, match="'values'"):
         sparse_allreduce(np.array([1]), np.array([True]), 4, comm=comm)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_every_nan_of_a_result_has_numpys_bits(comm, dtype):
+    """A negative NaN with a payload in, numpy's NaN out, one entry or several, 1-D or rows."""
+    bits = {"float16": np.uint16, "float32": np.uint32, "float64": np.uint64}[dtype]
+    odd_nan = (np.array(np.nan, dtype).view(bits) | bits(1) | (bits(1) << bits(8 * np.dtype(
+        dtype).itemsize - 1))).view(dtype)
+    canonical = np.array(np.nan, dtype).view(bits)
+    for idx, shape in ((np.array([2]), (1,)), (np.array([4, 1, 2]), (3,)), (np.array([3]), (1, 2))):
+        val = np.full(shape, odd_nan, dtype)
+        for algorithm in ALL:
+            res = sparse_allreduce(idx, val, 8, algorithm=algorithm, comm=comm)
+            assert np.all(res.values.view(bits) == canonical), (algorithm, shape, res.values)

@@ -5,7 +5,7 @@ Usage: sparse_semantics.py SEED
 Values are exact in every dtype (small integers, halves, +-0, +-inf, NaN), so the order of the
 arithmetic cannot show, and every algorithm must return exactly the numpy reference of
 sparse_random (absent entries count as +0; a +0/-0 tie gives +0 for max and -0 for min; NaN is
-numpy's NaN): the same bits in allgather, mask, dense, recursive_doubling, split and auto, for
+numpy's NaN, bit for bit): the same bits in allgather, mask, dense, recursive_doubling, split and auto, for
 every op and float dtype, 1-D and rows, with indices present on every rank ("full", so products
 are not absent zeros) or on some. Results must also be bitwise identical on every rank.
 """
@@ -24,6 +24,9 @@ from cupycoll.sparse import sparse_allreduce
 
 EXACT = np.array([-2, -1, -0.5, -0.0, 0.0, 0.5, 1, 2, 3, np.nan, np.inf, -np.inf])
 N = 24
+#: the bits of numpy's NaN in each float dtype: every NaN of a result must have them.
+CANONICAL = {d: np.array(np.nan, d).view(f"u{np.dtype(d).itemsize}")
+             for d in ("float16", "float32", "float64")}
 
 
 def rank_input(seed: int, case: int, rank: int, pattern: str, width: int, dtype: str):
@@ -59,6 +62,9 @@ def main() -> None:
                         assert np.array_equal(res.indices, ref_idx), where
                         assert same_bits(res.values, want), \
                             f"{where}: got\n{res.values}\nwant\n{want}"
+                        nan = res.values[np.isnan(res.values)]
+                        assert np.all(nan.view(f"u{nan.itemsize}") == CANONICAL[dtype]), \
+                            f"{where}: a NaN without numpy's NaN bits"
                         results += [res.indices, res.values]
     assert_identical_across_ranks(*results)
     if rank == 0:
