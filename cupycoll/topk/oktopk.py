@@ -3,7 +3,7 @@
 What is selected where, at step t of a :class:`TopkState` (spec section 1):
 
 1. Local selection, on every rank, by ``state.selector`` (default :class:`Threshold`, quantile
-   policy: a sampled k-th magnitude every step, 0.8k..1.25k entries; ``policy="reference"``:
+   policy: a sampled k-th magnitude every step, 0.8k..1.1k entries; ``policy="reference"``:
    exact k-th magnitude when ``t % tau' == 0``, reused with count feedback in between). Call it
    L.
 2. When ``t % tau == 0`` (or the boundaries are missing or stale): region boundaries

@@ -5,13 +5,13 @@ Three selectors (Ok-Topk spec section 2), two of them with two policies:
 - :class:`Exact`: the exact top-k by magnitude (``topk_abs``), every step. Exactly k entries.
 - :class:`Threshold` (Ok-Topk's selector):
   ``policy="quantile"`` (default): every step, a threshold read from a fixed pseudo-random
-  sample of ``x`` (about 256 sampled entries above the k-th magnitude, at most 1/512 of x), set
-  so that at least 0.8k entries pass (3 standard deviations sure), then one ``|x| >= t`` pass:
-  about k entries. Counts outside ``[0.8k, 1.25k]`` (LOCAL_RANGE) are corrected in the same
-  step: too many are cut to the exact top-k of the selection (one partition of the selection,
+  sample of ``x`` (about 256 sampled entries above the k-th magnitude, at most 2^15 entries and
+  1/64 of x), set so that at least 0.8k entries pass (3 standard deviations sure), then one
+  ``|x| >= t`` pass: about k entries. Counts outside ``[0.8k, 1.1k]`` (LOCAL_RANGE) are
+  corrected in the same step: too many are cut to the exact top-k of the selection (one partition of the selection,
   O(count)), too few select again below a lower sampled threshold. So the count stays in range
   whatever the residuals did since the last step, for about one pass over x (vectors shorter
-  than 2^19: the exact k-th magnitude, then the pass). ``policy="reference"``: the reference
+  than 2^16: the exact k-th magnitude, then the pass). ``policy="reference"``: the reference
   code's heuristic -- exact top-k on refresh steps, in between the last threshold reused with
   count feedback: while more than ``cap*k`` pass, raise it by ``cap_scale`` (at most
   ``cap_tries`` times, re-selecting among the selected entries), then for the next step divide
@@ -49,13 +49,15 @@ from ._common import min_abs, positive_threshold, smallest_positive
 __all__ = ["Selection", "Selector", "Exact", "Threshold", "Gaussian", "magnitude_sample"]
 
 #: sample size of the sampled quantile: about SAMPLE_HITS sampled entries lie above the k-th
-#: magnitude (the sampled count's relative error is about 1/sqrt of it), the sample is at least
-#: SAMPLE_MIN and at most 1/512 of x (a random gather touches a cache line per entry); vectors
-#: shorter than 512 * SAMPLE_MIN are used whole.
+#: magnitude (the sampled count's relative error is about 1/sqrt of it); the sample is at least
+#: SAMPLE_MIN, at most SAMPLE_MAX and at most 1/64 of x (a random gather touches a cache line
+#: per entry); vectors shorter than 64 * SAMPLE_MIN are used whole.
 SAMPLE_HITS = 256
 SAMPLE_MIN = 1 << 10
-#: the quantile policy's accepted local count, as fractions of k (outside: corrected in the step).
-LOCAL_RANGE = (0.8, 1.25)
+SAMPLE_MAX = 1 << 15
+#: the quantile policy's accepted local count, as fractions of k (outside: corrected in the step;
+#: the upper end is near 1 because the split-and-reduce volume grows with the local count).
+LOCAL_RANGE = (0.8, 1.1)
 _POSITIONS: dict = {}
 
 
@@ -80,7 +82,7 @@ def magnitude_sample(x: Any, k: int) -> tuple[Any, float]:
     same entries; they are ascending, so the gather reads x in order.
     """
     xp, n = array_namespace(x), int(x.shape[0])
-    m = min(max(SAMPLE_MIN, -(-SAMPLE_HITS * n // k)), n // 512)
+    m = min(max(SAMPLE_MIN, -(-SAMPLE_HITS * n // k)), SAMPLE_MAX, n // 64)
     if m < SAMPLE_MIN:
         return x, 1.0
     key = (xp.__name__, n, m)
