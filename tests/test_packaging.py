@@ -20,5 +20,6 @@ def test_wheel_ships_kernels(tmp_path):
         assert f"cupycoll/kernels/{name}" in names, f"{name} missing from the wheel"
     for module in ("cupycoll/__init__.py", "cupycoll/py.typed", "cupycoll/comm/mpi.py",
                    "cupycoll/comm/nccl.py", "cupycoll/sparse/__init__.py",
-                   "cupycoll/topk/__init__.py", "cupycoll/primitives.py"):
+                   "cupycoll/topk/__init__.py", "cupycoll/primitives.py",
+                   "cupycoll/_emulation/nccl.py", "cupycoll/kernels/cpu_shim.h"):
         assert module in names, f"{module} missing from the wheel"

@@ -349,11 +349,11 @@ def ordered_access(buffers: list[tuple[Buffer, bool]], what: str, here: Stream |
                 if _implicit(stream, here) and not _ordered(stream, done, here):
                     waits.append((stream, done))
                 elif not _ordered(stream, done, here):
+                    verb = "writes" if (stream, done, name) == buf.writer else "reads"
                     raise StreamOrderError(
                         f"{what} on {here} touches a buffer of device {buf.device} that {name} "
-                        f"(#{done} on {stream}) {'writes' if (stream, done, name) == buf.writer else 'reads'}"
-                        ", with no event, stream wait or synchronize ordering it before: a missing "
-                        "wait on a GPU (the data would be garbage)")
+                        f"(#{done} on {stream}) {verb}, with no event, stream wait or synchronize "
+                        "ordering it before: a missing wait on a GPU (the data would be garbage)")
         for buf, writes in buffers:
             mark = (here, seq, what)
             if writes:

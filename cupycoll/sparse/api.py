@@ -162,7 +162,8 @@ def _fill(buffers: Any, idx: Any, val: Any) -> tuple[Any, Any]:
 
 
 class _Runner:
-    """A duplicate of a communicator and one worker thread: async calls run in call order."""
+    """A duplicate of a communicator and one worker thread: async calls run in call order (MPI;
+    NCCL runs them in the calling thread, see ``async_op``)."""
 
     def __init__(self, comm: Communicator) -> None:
         dup = getattr(comm, "dup", None)

@@ -1,7 +1,8 @@
 """cupycoll's GPU path on emulated GPUs (cupycoll._emulation) under mpiexec.
 
-Usage: gpu_emulated.py MODE[,MODE...] [ARGS]   (CC_EMU_DEVICES: emulated devices per node, default 2;
-CC_EMU_CUPY: emulated CuPy major version, default 14)
+Usage: gpu_emulated.py MODE[,MODE...] [ARGS]
+(CC_EMU_DEVICES: emulated devices per node, default 2; CC_EMU_CUPY: emulated CuPy major version,
+default 14; CC_REAL_GPU=1: no emulation, the suites on real GPUs)
 
 Modes:
   suites SEED NCASES [quick]  the dense, sparse (every algorithm, sync and async) and top-k
@@ -226,7 +227,8 @@ def mode_missing_peer():
         x = cupy.ones(4, cupy.float32)
         # the first rank whose watchdog fires aborts; a peer still blocked may see that abort
         # first, as NCCL's remote error (BackendError) instead of its own timeout
-        err = expect_raises((CollectiveTimeout, BackendError), lambda: cc.allreduce(x, comm=lonely))
+        err = expect_raises((CollectiveTimeout, BackendError),
+                            lambda: cc.allreduce(x, comm=lonely))
         assert "allreduce" in str(err) and f"rank {RANK}" in str(err), err
         assert isinstance(err, CollectiveTimeout) or "REMOTE" in str(err), err
         assert time.monotonic() - start < 30, "the timeout fired far too late"
