@@ -11,7 +11,7 @@
   another stream writes (or reads, for a write) is a :class:`StreamOrderError` unless that task
   is known complete (event/stream synchronize, ``event.done``) or the current stream waited on an
   event recorded after it. So a missing wait fails deterministically, however fast the task ran.
-* :data:`HOST_SYNC_HOOKS`: callables ``hook(kind)`` run on every operation that blocks the host
+* :data:`HOST_SYNC_HOOKS`: callables ``hook((kind,))`` run on every operation that blocks the host
   until the device catches up (device-to-host copy, scalar read, data-dependent size, event or
   stream synchronize): plug a counter in there.
 """
@@ -29,8 +29,9 @@ __all__ = ["EmulationError", "StreamOrderError", "DeviceMismatch", "Buffer", "St
            "current_stream", "set_stream", "device_count", "null_stream", "lookup_stream",
            "ordered_access", "synchronize_device", "LOCK"]
 
-#: callables ``hook(kind: str)`` run on every host-blocking operation.
-HOST_SYNC_HOOKS: list[Callable[[str], None]] = []
+#: callables ``hook((kind,))`` run on every host-blocking operation (a 1-tuple, so that
+#: ``collections.Counter().update`` is a hook).
+HOST_SYNC_HOOKS: list[Callable[[tuple[str]], None]] = []
 #: guards the bookkeeping (never held while blocking).
 LOCK = threading.RLock()
 _DEVICES = {"count": 2}
@@ -54,7 +55,7 @@ class DeviceMismatch(EmulationError, ValueError):
 def host_sync(kind: str) -> None:
     """Report one host synchronization to every hook."""
     for hook in list(HOST_SYNC_HOOKS):
-        hook(kind)
+        hook((kind,))
 
 
 def device_count() -> int:

@@ -339,11 +339,10 @@ def mode_rules():
     event.synchronize()  # the host knows it is done: reading is fine
     assert y.get().tolist() == [P * v for v in range(6)]
     # host synchronizations reach the hooks
-    kinds = []
-    emu.HOST_SYNC_HOOKS.append(kinds.append)
-    int(y.sum()), y[y > 1], cupy.flatnonzero(y), y.get()
-    emu.HOST_SYNC_HOOKS.remove(kinds.append)
-    assert kinds == ["scalar", "boolean mask", "flatnonzero (data-dependent size)", "get"], kinds
+    with emu.counting_host_syncs() as kinds:
+        int(y.sum()), y[y > 1], cupy.flatnonzero(y), y.get(), y + 1, y.sum()
+    assert kinds == {"scalar": 1, "boolean mask": 1, "flatnonzero (data-dependent size)": 1,
+                     "get": 1}, kinds
     # the logs: ranks calling different collectives are caught at the end
     z = cupy.zeros(4, cupy.int32 if RANK else cupy.float32)
     comm.allreduce(z, z, "sum").wait()
