@@ -226,6 +226,7 @@ class Event:
                  interprocess: bool = False) -> None:
         self.task: Task | None = None
         self.facts: dict[Stream, int] = {}
+        self.observed = False  # the host has seen it complete (counted as one host sync)
 
     def record(self, stream: Stream | None = None) -> None:
         stream = current_stream() if stream is None else stream
@@ -233,26 +234,29 @@ class Event:
             raise DeviceMismatch(f"cudaEventRecord on {stream} while device {current_device()} "
                                  "is current")
         self.task = stream.enqueue("event", None)
+        self.observed = False
         with LOCK:
             self.facts = dict(stream.known)
             self.facts[stream] = self.task.seq
 
-    def _learn(self) -> None:
+    def _learn(self, kind: str) -> None:
+        if not self.observed:  # a wait that polls ``done`` is one synchronization, not many
+            self.observed = True
+            host_sync(kind)
         with LOCK:
             _learn(_known(), self.facts)
 
     @property
     def done(self) -> bool:
         if self.task is None or self.task.finished.is_set():
-            self._learn()
+            self._learn("event query (a wait)")
             return True
         return False
 
     def synchronize(self) -> None:
-        host_sync("event.synchronize")
         if self.task is not None:
             _wait(self.task.finished)
-        self._learn()
+        self._learn("event.synchronize")
 
 
 def _wait(flag: threading.Event) -> None:
