@@ -106,9 +106,11 @@ def test_without_cupy_every_rank_raises_backend_unavailable():
     assert "ok on" in run_mpi(2, "nccl_worker.py", "nocupy", timeout=60)
 
 
-@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
+@pytest.mark.parametrize("nprocs", [2, 3])
 def test_backend_logic_over_host_nccl(nprocs):
-    """The backend's own code on a host stand-in for NCCL: results, groups, stats, waits."""
+    """The backend's own code on a host stand-in for NCCL: results, groups, stats, waits with
+    stuck events (tests/test_gpu_emulated.py runs the same checks at P = 1-4 and 8 on strictly
+    emulated GPUs)."""
     assert "ok on" in run_mpi(nprocs, "nccl_worker.py", "emulated", 40 + nprocs, timeout=120)
 
 

@@ -32,7 +32,8 @@ def test_wheel_ships_kernels_and_benchmarks(wheel):
     for module in ("cupycoll/__init__.py", "cupycoll/py.typed", "cupycoll/comm/mpi.py",
                    "cupycoll/comm/nccl.py", "cupycoll/sparse/__init__.py",
                    "cupycoll/topk/__init__.py", "cupycoll/primitives.py",
-                   "cupycoll/__main__.py", "cupycoll/jupyter.py"):
+                   "cupycoll/__main__.py", "cupycoll/jupyter.py",
+                   "cupycoll/_emulation/nccl.py", "cupycoll/kernels/cpu_shim.h"):
         assert module in names, f"{module} missing from the wheel"
 
 

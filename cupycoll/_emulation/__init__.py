@@ -23,15 +23,19 @@ Run a script under it: ``mpiexec -n 4 python -m cupycoll._emulation script.py [a
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import sys
 import types
+from typing import Iterator
 
 from .device import (HOST_SYNC_HOOKS, DeviceMismatch, EmulationError, StreamOrderError,
                      host_sync)
 from .nccl import check_logs, release_blocked
 
 __all__ = ["install", "check_logs", "release_blocked", "HOST_SYNC_HOOKS", "EmulationError",
-           "StreamOrderError", "DeviceMismatch", "host_sync", "installed", "real_cupy_version"]
+           "StreamOrderError", "DeviceMismatch", "host_sync", "installed", "real_cupy_version",
+           "counting_host_syncs"]
 
 _INSTALLED: dict[str, types.ModuleType] = {}
 
@@ -77,3 +81,14 @@ def install(devices_per_node: int = 2, cupy_version: int = 14) -> types.ModuleTy
 def real_cupy_version() -> str:
     """Version of the real CuPy whose NCCL binding checks every call."""
     return _INSTALLED["real"]
+
+
+@contextlib.contextmanager
+def counting_host_syncs() -> Iterator[collections.Counter]:
+    """Count the host synchronizations in the body, by kind (``sum(counter.values())``)."""
+    counts: collections.Counter = collections.Counter()
+    HOST_SYNC_HOOKS.append(counts.update)
+    try:
+        yield counts
+    finally:
+        HOST_SYNC_HOOKS.remove(counts.update)

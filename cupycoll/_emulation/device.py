@@ -11,7 +11,7 @@
   another stream writes (or reads, for a write) is a :class:`StreamOrderError` unless that task
   is known complete (event/stream synchronize, ``event.done``) or the current stream waited on an
   event recorded after it. So a missing wait fails deterministically, however fast the task ran.
-* :data:`HOST_SYNC_HOOKS`: callables ``hook(kind)`` run on every operation that blocks the host
+* :data:`HOST_SYNC_HOOKS`: callables ``hook((kind,))`` run on every operation that blocks the host
   until the device catches up (device-to-host copy, scalar read, data-dependent size, event or
   stream synchronize): plug a counter in there.
 """
@@ -29,8 +29,9 @@ __all__ = ["EmulationError", "StreamOrderError", "DeviceMismatch", "Buffer", "St
            "current_stream", "set_stream", "device_count", "null_stream", "lookup_stream",
            "ordered_access", "synchronize_device", "LOCK"]
 
-#: callables ``hook(kind: str)`` run on every host-blocking operation.
-HOST_SYNC_HOOKS: list[Callable[[str], None]] = []
+#: callables ``hook((kind,))`` run on every host-blocking operation (a 1-tuple, so that
+#: ``collections.Counter().update`` is a hook).
+HOST_SYNC_HOOKS: list[Callable[[tuple[str]], None]] = []
 #: guards the bookkeeping (never held while blocking).
 LOCK = threading.RLock()
 _DEVICES = {"count": 2}
@@ -54,7 +55,7 @@ class DeviceMismatch(EmulationError, ValueError):
 def host_sync(kind: str) -> None:
     """Report one host synchronization to every hook."""
     for hook in list(HOST_SYNC_HOOKS):
-        hook(kind)
+        hook((kind,))
 
 
 def device_count() -> int:
@@ -225,6 +226,7 @@ class Event:
                  interprocess: bool = False) -> None:
         self.task: Task | None = None
         self.facts: dict[Stream, int] = {}
+        self.observed = False  # the host has seen it complete (counted as one host sync)
 
     def record(self, stream: Stream | None = None) -> None:
         stream = current_stream() if stream is None else stream
@@ -232,26 +234,29 @@ class Event:
             raise DeviceMismatch(f"cudaEventRecord on {stream} while device {current_device()} "
                                  "is current")
         self.task = stream.enqueue("event", None)
+        self.observed = False
         with LOCK:
             self.facts = dict(stream.known)
             self.facts[stream] = self.task.seq
 
-    def _learn(self) -> None:
+    def _learn(self, kind: str) -> None:
+        if not self.observed:  # a wait that polls ``done`` is one synchronization, not many
+            self.observed = True
+            host_sync(kind)
         with LOCK:
             _learn(_known(), self.facts)
 
     @property
     def done(self) -> bool:
         if self.task is None or self.task.finished.is_set():
-            self._learn()
+            self._learn("event query (a wait)")
             return True
         return False
 
     def synchronize(self) -> None:
-        host_sync("event.synchronize")
         if self.task is not None:
             _wait(self.task.finished)
-        self._learn()
+        self._learn("event.synchronize")
 
 
 def _wait(flag: threading.Event) -> None:
@@ -349,11 +354,11 @@ def ordered_access(buffers: list[tuple[Buffer, bool]], what: str, here: Stream |
                 if _implicit(stream, here) and not _ordered(stream, done, here):
                     waits.append((stream, done))
                 elif not _ordered(stream, done, here):
+                    verb = "writes" if (stream, done, name) == buf.writer else "reads"
                     raise StreamOrderError(
                         f"{what} on {here} touches a buffer of device {buf.device} that {name} "
-                        f"(#{done} on {stream}) {'writes' if (stream, done, name) == buf.writer else 'reads'}"
-                        ", with no event, stream wait or synchronize ordering it before: a missing "
-                        "wait on a GPU (the data would be garbage)")
+                        f"(#{done} on {stream}) {verb}, with no event, stream wait or synchronize "
+                        "ordering it before: a missing wait on a GPU (the data would be garbage)")
         for buf, writes in buffers:
             mark = (here, seq, what)
             if writes:

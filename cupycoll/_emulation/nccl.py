@@ -181,11 +181,11 @@ class NcclCommunicator:
     def reduceScatter(self, sendbuf: int, recvbuf: int, recvcount: int, datatype: int, op: int,
                       stream: int) -> None:
         place = sendbuf + self._rank * recvcount * itemsize(datatype)
-        me = self._rank
+        me, block = self._rank, recvcount
         self._collective("reduceScatter", (sendbuf, recvbuf, recvcount, datatype, op, stream),
                          ("reduceScatter", recvcount, datatype, op), sendbuf,
                          recvcount * self._size, recvbuf, recvcount, datatype, stream,
-                         lambda s: reduce_rows(s, op, datatype)[me * recvcount:(me + 1) * recvcount],
+                         lambda s: reduce_rows(s, op, datatype)[me * block:(me + 1) * block],
                          in_place=recvbuf == place)
 
     def _root(self, root: int) -> None:

@@ -39,6 +39,8 @@ class Device:
         with self:
             dev.synchronize_device()
 
+    compute_capability = "80"  # what kernels are compiled for is checked by the NVRTC tests
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Device) and other.id == self.id
 
@@ -81,6 +83,7 @@ def runtime_module() -> types.ModuleType:
     rt.deviceSynchronize = dev.synchronize_device
     rt.deviceGetAttribute = lambda attr, device: 2  # two SMs: small grids, many wraps
     rt.is_hip = False
+    rt.runtimeGetVersion = rt.driverGetVersion = lambda: 12080
     return rt
 
 

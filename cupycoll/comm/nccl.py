@@ -1,16 +1,19 @@
 """NCCL backend: ``cupy.cuda.nccl`` over cupy arrays, bootstrapped by mpi4py.
 
 Bootstrap (:func:`bootstrap`): rank 0 makes the NCCL unique id and broadcasts it over the mpi4py
-communicator (128 bytes of metadata, never array data); each rank picks device = node-local rank
-modulo the visible device count (node-local rank from an MPI shared-memory split) and joins with
-``ncclCommInitRank``. Readiness is agreed over MPI first, so a rank without CuPy, NCCL or a device
-makes every rank raise :class:`BackendUnavailable` instead of leaving the others waiting in NCCL.
+communicator (128 bytes of metadata, never array data); each rank keeps the device the
+application made current (any but 0), else picks node-local rank modulo the visible device count
+(node-local rank from an MPI shared-memory split), and joins with ``ncclCommInitRank``, whose
+outcome is agreed over MPI (:mod:`._nccl_guard`). Readiness is agreed over MPI first, so a rank
+without CuPy, NCCL or a device makes every rank raise :class:`BackendUnavailable` instead of
+leaving the others waiting in NCCL.
 
 Every verb enqueues on the current CuPy stream (NCCL semantics: the call returns at once, later
 work on that stream sees the result) and records a CUDA event behind it; ``Work.wait()`` goes
-through :meth:`NCCLCommunicator.wait`, which polls the events under the timeout. A timeout or an
-NCCL error aborts the NCCL communicator (``ncclCommAbort``) before raising, so no kernel is left
-spinning on a peer that will never come.
+through :meth:`NCCLCommunicator.wait`, which polls the events and NCCL's asynchronous error,
+with or without a timeout. A call blocked in NCCL's lazy connection to a missing peer is aborted
+by a watchdog when the timeout passes. A timeout or an NCCL error aborts the NCCL communicator
+(``ncclCommAbort``) before raising, so no kernel is left spinning on a peer that never comes.
 
 Point-to-point (``exchange``, ``alltoallv``) is one ``groupStart/groupEnd`` of ``send``/``recv``
 on raw bytes. NCCL has no allgatherv: it is one group of broadcasts, one per rank with rows (each

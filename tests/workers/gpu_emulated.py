@@ -1,7 +1,8 @@
 """cupycoll's GPU path on emulated GPUs (cupycoll._emulation) under mpiexec.
 
-Usage: gpu_emulated.py MODE [ARGS]   (CC_EMU_DEVICES: emulated devices per node, default 2;
-CC_EMU_CUPY: emulated CuPy major version, default 14)
+Usage: gpu_emulated.py MODE[,MODE...] [ARGS]
+(CC_EMU_DEVICES: emulated devices per node, default 2; CC_EMU_CUPY: emulated CuPy major version,
+default 14; CC_REAL_GPU=1: no emulation, the suites on real GPUs)
 
 Modes:
   suites SEED NCASES [quick]  the dense, sparse (every algorithm, sync and async) and top-k
@@ -12,7 +13,9 @@ Modes:
                               one launch order on every rank
   dup                         dup() on CuPy 13's binding (no commSplit); its errors
   missing_peer                a rank that never joins a collective: CollectiveTimeout, no hang
+  peer_aborts                 without a timeout, a wait sees a peer's abort (async error)
   init_fails                  ncclCommInitRank fails on one rank: every rank raises in time
+                              (leaves the emulated NCCL released: run it last)
   device_choice               init() keeps a device the application made current
   auto_agrees                 init("auto") picks NCCL only if every rank can
   rules                       every rule of the emulator fires on a program that breaks it
@@ -28,10 +31,13 @@ import time
 import numpy as np
 
 MODE = sys.argv[1]
+REAL = os.environ.get("CC_REAL_GPU") == "1"  # the same suites on real GPUs (no emulation)
 import cupycoll._emulation as emu  # noqa: E402
 
-emu.install(int(os.environ.get("CC_EMU_DEVICES", "2")), int(os.environ.get("CC_EMU_CUPY", "14")))
-import cupy  # noqa: E402  (the emulated one)
+if not REAL:
+    emu.install(int(os.environ.get("CC_EMU_DEVICES", "2")),
+                int(os.environ.get("CC_EMU_CUPY", "14")))
+import cupy  # noqa: E402  (the emulated one, unless CC_REAL_GPU=1)
 from mpi4py import MPI  # noqa: E402
 
 from _common import expect_raises  # noqa: E402
@@ -42,7 +48,13 @@ from cupycoll.errors import BackendError, BackendUnavailable, CollectiveTimeout 
 
 WORLD = MPI.COMM_WORLD
 RANK, P = WORLD.Get_rank(), WORLD.Get_size()
-DEVICES = int(os.environ.get("CC_EMU_DEVICES", "2"))
+DEVICES = (cupy.cuda.runtime.getDeviceCount() if REAL
+           else int(os.environ.get("CC_EMU_DEVICES", "2")))
+
+
+def check_logs():
+    if not REAL:
+        emu.check_logs()
 
 
 def host(obj):
@@ -65,9 +77,13 @@ def nccl_comm(timeout=60.0):
 
 # ---------------------------------------------------------------- suites
 def dense_suite(comm, quick):
+    """Every verb; every dtype and op at P = 2 (the calls' enums are what the real binding
+    checks), a few dtypes at larger P (many roots and ranks, fewer repeats)."""
     import nccl_worker as checks
 
-    checks.check_dense(comm, cupy, sizes=(0, 7) if quick else (0, 1, 7, 100))
+    if P > 2:
+        checks.DTYPES = ("float16", "float32", "int64", "uint8")
+    checks.check_dense(comm, cupy, sizes=(7,) if P > 2 else (0, 7))
     checks.check_exchange(comm, cupy)
     checks.check_variable(comm, cupy)
     checks.check_stats_parity(comm, cupy)
@@ -126,12 +142,16 @@ def mode_suites():
     comm = nccl_comm()
     from cupycoll._emulation.kernels import LAUNCHES
 
-    for suite in (lambda: dense_suite(comm, quick), lambda: sparse_suite(comm, seed, ncases),
-                  lambda: topk_suite(comm, quick)):
+    for name, suite in (("dense", lambda: dense_suite(comm, quick)),
+                        ("sparse", lambda: sparse_suite(comm, seed, ncases)),
+                        ("topk", lambda: topk_suite(comm, quick))):
+        start = time.perf_counter()
         suite()
-        emu.check_logs()
+        check_logs()
+        if RANK == 0:
+            print(f"{name} suite: {time.perf_counter() - start:.1f} s")
     ran = {name.split("<")[0] for name in LAUNCHES}  # the cupy primitives ran the CUDA kernels
-    assert {"cc_segment_fold", "cc_radix_histogram", "cc_rank_select"} <= ran, sorted(ran)
+    assert REAL or {"cc_segment_fold", "cc_radix_histogram", "cc_rank_select"} <= ran, sorted(ran)
 
 
 # ---------------------------------------------------------------- defects (failing first)
@@ -207,7 +227,8 @@ def mode_missing_peer():
         x = cupy.ones(4, cupy.float32)
         # the first rank whose watchdog fires aborts; a peer still blocked may see that abort
         # first, as NCCL's remote error (BackendError) instead of its own timeout
-        err = expect_raises((CollectiveTimeout, BackendError), lambda: cc.allreduce(x, comm=lonely))
+        err = expect_raises((CollectiveTimeout, BackendError),
+                            lambda: cc.allreduce(x, comm=lonely))
         assert "allreduce" in str(err) and f"rank {RANK}" in str(err), err
         assert isinstance(err, CollectiveTimeout) or "REMOTE" in str(err), err
         assert time.monotonic() - start < 30, "the timeout fired far too late"
@@ -318,11 +339,10 @@ def mode_rules():
     event.synchronize()  # the host knows it is done: reading is fine
     assert y.get().tolist() == [P * v for v in range(6)]
     # host synchronizations reach the hooks
-    kinds = []
-    emu.HOST_SYNC_HOOKS.append(kinds.append)
-    int(y.sum()), y[y > 1], cupy.flatnonzero(y), y.get()
-    emu.HOST_SYNC_HOOKS.remove(kinds.append)
-    assert kinds == ["scalar", "boolean mask", "flatnonzero (data-dependent size)", "get"], kinds
+    with emu.counting_host_syncs() as kinds:
+        int(y.sum()), y[y > 1], cupy.flatnonzero(y), y.get(), y + 1, y.sum()
+    assert kinds == {"scalar": 1, "boolean mask": 1, "flatnonzero (data-dependent size)": 1,
+                     "get": 1}, kinds
     # the logs: ranks calling different collectives are caught at the end
     z = cupy.zeros(4, cupy.int32 if RANK else cupy.float32)
     comm.allreduce(z, z, "sum").wait()
@@ -343,12 +363,14 @@ def mode_rules():
     fresh.abort()
 
 
-{"suites": mode_suites, "rules": mode_rules, "async_device": mode_async_device, "async_order": mode_async_order,
- "dup": mode_dup, "missing_peer": mode_missing_peer, "peer_aborts": mode_peer_aborts,
- "init_fails": mode_init_fails, "device_choice": mode_device_choice,
- "auto_agrees": mode_auto_agrees}[MODE]()
-emu.check_logs()
+MODES = {"suites": mode_suites, "rules": mode_rules, "async_device": mode_async_device,
+         "async_order": mode_async_order, "dup": mode_dup, "missing_peer": mode_missing_peer,
+         "peer_aborts": mode_peer_aborts, "init_fails": mode_init_fails,
+         "device_choice": mode_device_choice, "auto_agrees": mode_auto_agrees}
+for mode in MODE.split(","):  # several modes per launch: each launch costs seconds
+    MODES[mode]()
+    check_logs()
 WORLD.Barrier()
 if RANK == 0:
     print(f"gpu_emulated {MODE}: ok on {P} ranks (NCCL calls checked against the real "
-          f"binding of CuPy {emu.real_cupy_version()})")
+          f"binding of CuPy {cupy.__version__ if REAL else emu.real_cupy_version()})")
