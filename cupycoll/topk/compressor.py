@@ -92,29 +92,32 @@ class TopkCompressor:
         rank. Returns a SparseResult in numpy (host gradients) or cupy (device gradients) whose
         values are averages over ranks. Raises on every rank as ``topk_allreduce`` does.
         """
+        with self.comm.calling("TopkCompressor.step"):
+            return self._step(grad)
+
+    def _step(self, grad: Any) -> SparseResult:
         comm = self.comm
-        with comm.calling("TopkCompressor.step"):
-            arr, k = validate(comm, grad, self.k, self.algorithm, argument="grad", n=self.n,
-                              verb="TopkCompressor.step")
-            xp = array_namespace(arr)
-            dtype = np.float32 if arr.dtype == np.float16 else arr.dtype
-            if self._residual is None or array_namespace(self._residual) is not xp \
-                    or self._residual.dtype != dtype:
-                self._residual = to_namespace(self.residual, xp).astype(dtype)
-            acc = self._residual + arr.astype(dtype, copy=False)
-            acc_c = to_namespace(acc, comm.xp)
-            if self.steps < self.warmup_steps:
-                update = self._dense_step(acc_c)
-                self._residual = xp.zeros_like(acc)
-            else:
-                outcome = run(comm, acc_c, k, self.algorithm, None, self.state)
-                update = outcome.result
-                if self.measure_xi:
-                    self.xi.append(self._xi(acc_c, to_namespace(arr.astype(dtype), comm.xp),
-                                            update))
-                acc[to_namespace(outcome.included, xp)] = 0
-                self._residual = acc
-                update = SparseResult(update.indices, update.values / comm.size, self.n)
+        arr, k = validate(comm, grad, self.k, self.algorithm, argument="grad", n=self.n,
+                          verb="TopkCompressor.step")
+        xp = array_namespace(arr)
+        dtype = np.float32 if arr.dtype == np.float16 else arr.dtype
+        if self._residual is None or array_namespace(self._residual) is not xp \
+                or self._residual.dtype != dtype:
+            self._residual = to_namespace(self.residual, xp).astype(dtype)
+        acc = self._residual + arr.astype(dtype, copy=False)
+        acc_c = to_namespace(acc, comm.xp)
+        if self.steps < self.warmup_steps:
+            update = self._dense_step(acc_c)
+            self._residual = xp.zeros_like(acc)
+        else:
+            outcome = run(comm, acc_c, k, self.algorithm, None, self.state)
+            update = outcome.result
+            if self.measure_xi:
+                self.xi.append(self._xi(acc_c, to_namespace(arr.astype(dtype), comm.xp),
+                                        update))
+            acc[to_namespace(outcome.included, xp)] = 0
+            self._residual = acc
+            update = SparseResult(update.indices, update.values / comm.size, self.n)
         self.steps += 1
         return SparseResult(to_namespace(update.indices, xp), to_namespace(update.values, xp),
                             self.n)
