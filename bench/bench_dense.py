@@ -6,8 +6,9 @@
         --sizes 8,1K,256K,16M -n 20
 
 ``--vs-mpi`` times each cupycoll verb next to mpi4py's blocking call on the same buffers, in
-three ways (in place; ``out=`` a preallocated buffer; out of place, a fresh output per call),
-interleaved one call of each per round; a time is the median over rounds of the slowest rank.
+three ways (in place; ``out=`` a preallocated buffer; out of place, a fresh output per call);
+each way is timed on its own, the two calls interleaved (alternating which goes first); a time
+is the median over rounds of the slowest rank.
 It prints one row per verb and way, a column per size: cupycoll us / mpi4py us = ratio. The
 mpi4py twins: Allreduce, Bcast, Reduce, Allgather, Reduce_scatter_block (``MPI.IN_PLACE`` for
 the in-place way; Bcast is in place by nature, so its ``out=`` and fresh twins copy root's input
@@ -135,14 +136,13 @@ def side_by_side(args, comm, names) -> None:
     rows = []
     for name in names:
         for nbytes in sizes_:
-            calls = {}
-            for way, (ours, theirs) in twins(name, nbytes, comm, args.root).items():
-                calls[("cc", way)], calls[("mpi", way)] = ours, theirs
             iters = args.iters * (10 if nbytes < 1 << 20 else 1)
-            samples = interleaved(calls, iters, args.warmup_iters, comm.mpi_comm)
-            for way in WAYS:
-                ours, theirs = (float(np.median(samples[(who, way)])) * 1e6
-                                for who in ("cc", "mpi"))
+            for way, (ours, theirs) in twins(name, nbytes, comm, args.root).items():
+                # one way at a time: a call right after one that freed a fresh large output
+                # is slower (measured up to 2x at 16 MiB), whichever library makes it
+                samples = interleaved({"cc": ours, "mpi": theirs}, iters, args.warmup_iters,
+                                      comm.mpi_comm)
+                ours, theirs = (float(np.median(samples[who])) * 1e6 for who in ("cc", "mpi"))
                 rows.append({"collective": name, "way": way, "size(B)": nbytes,
                              "cupycoll(us)": ours, "mpi4py(us)": theirs, "ratio": ours / theirs})
     if comm.rank == 0:

@@ -388,11 +388,11 @@ class Communicator(abc.ABC):
 
         Empty blocks are no messages, as in ``exchange``.
         """
-        own = int(byte_counts[self.rank])
-        others = np.delete(np.asarray(byte_counts, dtype=np.int64), self.rank)
+        counts = [int(c) for c in byte_counts]
+        own = counts.pop(self.rank)
         peers = self.size - 1 if own else 0
-        self.stats.record(op_name, own * (self.size - 1), int(others.sum()), peers,
-                          int(np.count_nonzero(others)))
+        self.stats.record(op_name, own * (self.size - 1), sum(counts), peers,
+                          sum(1 for c in counts if c))
 
     def _record_collective(self, name: str, nbytes: int, root: int | None = None,
                            op_name: str | None = None) -> None:

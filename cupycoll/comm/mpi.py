@@ -7,7 +7,11 @@ by P (integers truncate toward zero, like NCCL).
 
 from __future__ import annotations
 
+<<<<<<< HEAD
 import os
+=======
+import math
+>>>>>>> i9
 import time
 from typing import Any, Sequence
 
@@ -368,9 +372,10 @@ class MPICommunicator(Communicator):
     def _allgatherv_into(self, send: Any, recv: Any, counts: np.ndarray, op_name: str,
                          blocking: bool = False) -> Work | None:
         host, copy_back = self._staged(recv)
-        row = int(np.prod(recv.shape[1:], dtype=np.int64)) * recv.dtype.itemsize
-        byte_counts = (counts * row).astype(np.int64)
-        displs = np.concatenate([[0], np.cumsum(byte_counts)[:-1]]).astype(np.int64)
+        row = math.prod(recv.shape[1:]) * recv.dtype.itemsize
+        byte_counts = np.asarray(counts, dtype=np.int64) * row
+        displs = np.zeros_like(byte_counts)
+        np.cumsum(byte_counts[:-1], out=displs[1:])
         sbuf = np.ascontiguousarray(to_host(send))
         self._record_allgatherv(op_name, byte_counts)
         comm = self.mpi_comm

@@ -260,26 +260,28 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
         vec[2 * nf + p + rank] = _code(error)
         if isinstance(error, _OutOfRange):
             vec[2 * nf + 2 * p + rank] = error.value
-    vec = agreement.settle(comm, full, "sparse_allreduce", "sparse.validate")
-    codes = vec[2 * nf + p:2 * nf + 2 * p]
+    agreed = agreement.settle(comm, full, "sparse_allreduce", "sparse.validate")
+    agreed = agreed.tolist()  # a few dozen ints: plain Python beats numpy calls here
+    codes = agreed[2 * nf + p:2 * nf + 2 * p]
     if error is not None:
         raise error
-    if codes.any():
-        bad_ranks = np.flatnonzero(codes).tolist()
+    if any(codes):
+        bad_ranks = [r for r, code in enumerate(codes) if code]
         first = bad_ranks[0]
-        raise _peer_error(int(codes[first]), first, int(vec[2 * nf + 2 * p + first]),
-                          prepared.n, bad_ranks)
-    if (vec[0:2 * nf:2] != -vec[1:2 * nf:2]).any():
-        _disagreement(vec, rank, p)
-    prepared.nnz = tuple(vec[2 * nf:2 * nf + p].tolist())
+        raise _peer_error(codes[first], first, agreed[2 * nf + 2 * p + first], prepared.n,
+                          bad_ranks)
+    highs, negated_lows = agreed[0:2 * nf:2], agreed[1:2 * nf:2]
+    if any(hi != -lo for hi, lo in zip(highs, negated_lows)):
+        _disagreement(highs, negated_lows, rank, p)
+    prepared.nnz = tuple(agreed[2 * nf:2 * nf + p])
     return prepared
 
 
-def _disagreement(vec: np.ndarray, rank: int, p: int) -> None:
+def _disagreement(highs: list[int], negated_lows: list[int], rank: int, p: int) -> None:
     """Raise MismatchError naming every field on which the ranks disagree."""
     disagree = []
-    for i, field in enumerate(VALIDATION_FIELDS):
-        hi, lo = int(vec[2 * i]), -int(vec[2 * i + 1])
+    for field, hi, lo in zip(VALIDATION_FIELDS, highs, negated_lows):
+        lo = -lo
         if hi != lo:
             disagree.append(f"{field} ({_decode(field, lo)} vs {_decode(field, hi)})")
     raise MismatchError(f"ranks disagree on {', '.join(disagree)} (seen on rank {rank} of "
