@@ -7,11 +7,8 @@ by P (integers truncate toward zero, like NCCL).
 
 from __future__ import annotations
 
-<<<<<<< HEAD
-import os
-=======
 import math
->>>>>>> i9
+import os
 import time
 from typing import Any, Sequence
 
