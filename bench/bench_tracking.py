@@ -1,10 +1,12 @@
-"""What the late-rank tracking costs a small dense call, side by side in one run (rank 0 prints).
+"""What the reliability machinery costs small calls, side by side in one run (rank 0 prints).
 
-The tracking adds exactly one thing to a collective that does not time out: one store of the
-collective count into this rank's slot of the arrival board (``cupycoll/comm/_watchdog.py``).
-This times, interleaved one of each per round, ``cc.allreduce`` of 8 bytes (the whole call,
-tracking included), mpi4py's ``Allreduce`` of the same buffer, and 1000 board stores in a loop;
-it prints the cost of one store as a fraction of the allreduce.
+The late-rank tracking adds exactly one thing to a collective that does not time out: one store
+of the collective count into this rank's slot of the arrival board (``cupycoll/comm/_watchdog.py``).
+Interruptible waits add another: a blocking call is posted nonblocking and tested from Python
+(MPI's blocking call would ignore Ctrl-C). This times, interleaved one of each per round:
+``cc.allreduce`` of 8 bytes and a 10-entry ``sparse_allreduce`` as they are, the same two on a
+communicator whose blocking calls are MPI's own (uninterruptible: the comparison), mpi4py's
+``Allreduce``, and 1000 board stores in a loop (printed per store).
 
     mpiexec -n 2 python -m mpi4py bench/bench_tracking.py -n 2000
 """
@@ -17,8 +19,21 @@ import numpy as np
 from _common import interleaved
 
 import cupycoll as cc
+from cupycoll.comm.mpi import MPICommunicator
 
 STORES = 1000
+
+
+class Uninterruptible(MPICommunicator):
+    """Completes blocking calls with MPI's own blocking call (no Python test loop)."""
+
+    def _launch(self, blocking, op_name, call, icall, args, finalize=None, keep=()):
+        if not blocking:
+            return super()._launch(blocking, op_name, call, icall, args, finalize, keep)
+        call(*args)
+        if finalize is not None:
+            finalize()
+        return None
 
 
 def main() -> None:
@@ -27,7 +42,11 @@ def main() -> None:
     parser.add_argument("-w", "--warmup_iters", type=int, default=100)
     args = parser.parse_args()
     comm = cc.init("mpi")
+    plain = Uninterruptible()
     x, y = np.ones(2, np.float32), np.empty(2, np.float32)
+    rng = np.random.default_rng([7, comm.rank])
+    idx = np.sort(rng.choice(1000, 10, replace=False)).astype(np.int64)
+    val = rng.standard_normal(10).astype(np.float32)
     slot = comm._slot
 
     def stores() -> None:
@@ -36,7 +55,10 @@ def main() -> None:
 
     calls = {
         "cc.allreduce 8 B": lambda: cc.allreduce(x, comm=comm, out=y),
+        "  MPI blocking calls": lambda: cc.allreduce(x, comm=plain, out=y),
         "mpi4py Allreduce 8 B": lambda: comm.mpi_comm.Allreduce(x, y),
+        "cc.sparse_allreduce 10": lambda: cc.sparse_allreduce(idx, val, 1000, comm=comm),
+        "  MPI blocking calls ": lambda: cc.sparse_allreduce(idx, val, 1000, comm=plain),
         f"{STORES} board stores": stores,
     }
     samples = interleaved(calls, args.iters, args.warmup_iters, comm.mpi_comm)

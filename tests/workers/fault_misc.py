@@ -46,8 +46,9 @@ def fresh_allreduce(comm) -> None:
 
 
 def stale() -> None:
-    comm = cc.init("mpi", timeout=1.0 if RANK == 0 else 4.0)
+    comm = cc.init("mpi", timeout=0)
     fresh_allreduce(comm)
+    comm.timeout = 1.0 if RANK == 0 else 4.0
     if RANK == 1:
         time.sleep(1.5)  # rank 0 gives up meanwhile
     start = time.monotonic()
@@ -111,9 +112,10 @@ def crossed() -> None:
 def skip() -> None:
     """Calls match by order (as in MPI and NCCL): rank 1's next call pairs with the call it
     skipped on the others, so the others are left waiting at the end and name rank 1."""
-    comm = cc.init("mpi", timeout=1.5)
+    comm = cc.init("mpi", timeout=0)
     idx, val = np.array([RANK], np.int64), np.ones(1, np.float32)
     cc.sparse_allreduce(idx, val, P, comm=comm)
+    comm.timeout = 1.5
     try:
         if RANK == 1:
             raise ValueError("a bug in this rank's own code")
