@@ -9,8 +9,7 @@ so the contention of a real call is in the numbers):
 - point-to-point: one exchange with every peer, 8 B and ``LARGE / P`` B per message;
 - gamma (local work, the primitives the algorithms use): ``merge`` a P-way merge_sorted of
   1-D float32 parts, per entry; ``row`` a gather of 16-wide float32 rows, per element; ``dense``
-  the dense algorithm's own local passes (zero fill, presence fields in and out, gather) per
-  element; ``scan`` presence bitmap packing and unpacking plus flatnonzero, per position;
+  the dense algorithm's own value passes (zero fill, scatter, scan, gather) per element; ``scan`` presence bitmap packing and unpacking plus flatnonzero, per position;
 - ``fixed``: every algorithm on a tiny input (nothing but its rounds and overheads), minus the
   time alpha and beta already account for.
 """
@@ -25,7 +24,6 @@ import numpy as np
 from .._types import ReduceOp
 from ..primitives import merge_sorted
 from ..sparse import auto as _auto
-from ..sparse import dense as _dense
 from ..sparse._common import presence, union_of_presence
 from ..sparse._cost import Cost, Shape
 from .predict import rank_time
@@ -98,15 +96,11 @@ def _local(comm: Any, repeats: int, k: int = 1 << 16, n: int = 1 << 20) -> dict[
     rows = xp.ones((k, 16), np.float32)
     order = xp.asarray(rng.permutation(k))
     idx = xp.asarray(np.sort(rng.choice(n, n // 10, replace=False)).astype(np.int32))
-    fields, bits = _dense.presence_fields(min(p, 7), 4, "sum")
-    m = -(-n // fields)
 
     def dense_local() -> None:
-        buf = xp.zeros(n + m, np.float32)
-        buf[idx] = 1.0
-        _dense._encode(xp, idx, buf[n:], fields, bits)
-        union = _dense._decode(xp, buf[n:], fields, bits, n, idx.dtype)
-        buf[union]
+        full = xp.zeros(n, np.float32)
+        full[idx] = 1.0
+        full[xp.flatnonzero(full)]
 
     def scan() -> None:
         union_of_presence(xp.unpackbits(xp.packbits(presence(idx, n)))[:n].view(bool),

@@ -180,11 +180,20 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _size(text: str) -> int:
+    """Parse 8, 64K, 16M, 2G (powers of 1024) or a plain number such as 1e6."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper()
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(float(text))
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--P", default="2,4,8,16,32,64,128,256,512,1024", help="rank counts")
     parser.add_argument("--networks", default="nvlink,ib400,eth100",
                         help=f"comma list of {sorted(NETWORKS)} or machine")
-    parser.add_argument("--n", type=float, default=2 ** 24, help="dense length")
+    parser.add_argument("--n", type=_size, default=2 ** 24, help="dense length (16M, 64K, ...)")
     parser.add_argument("--density", type=float, default=0.01, help="nnz / n per rank (or k/n)")
     parser.add_argument("--width", type=int, default=0, help="row width of the sparse family")
     parser.add_argument("--skew", type=float, default=0.0, help="rank 0 has (1+skew) x nnz")
