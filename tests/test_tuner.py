@@ -38,16 +38,25 @@ def test_bandwidth_only_profile_picks_fewest_bytes():
     assert auto.choose(shape(4, n, n // 1000), bytes_only) != "dense"
 
 
-def test_latency_only_profile_picks_fewest_messages():
-    """alpha = 1 s per message: small inputs go to the algorithm with the fewest messages. At
-    P = 4 after validation's 6: allgather 3 + 2 * 3 = 9, dense 6 + 3 + 3 = 12 (bitmap), split
-    and mask more; recursive doubling 2 rounds of 3 = 6 on 4 ranks. Wide summed rows: dense
-    6 (count folded in) ties recursive doubling's 6 and comes first in MODELS."""
-    messages_only = Profile("a", 1.0, 0.0, 1.0, 0.0, ZERO_WORK)
-    assert auto.choose(shape(4, 64, 3), messages_only) == "recursive_doubling"
-    assert auto.choose(shape(3, 64, 3), messages_only) == "allgather"  # 2 + 4, ties rd 3 + 3
-    assert auto.choose(shape(4, 64, 3, width=8), messages_only) == "dense"
-    assert auto.choose(shape(1, 64, 3), messages_only) == "allgather"  # P = 1: no traffic
+def test_latency_only_profile_picks_fewest_rounds():
+    """alpha = 1 s per round and nothing else: small inputs go to the algorithm with the fewest
+    sequential rounds. After validation's one: allgather 2 (counts, one exchange), dense 3
+    (allreduce, bitmap exchange, allgather) or 1 for summed wide rows (count folded in), mask
+    3, split 5, recursive doubling 2 per pairwise round."""
+    rounds_only = Profile("a", 1.0, 0.0, 1.0, 0.0, ZERO_WORK)
+    for p in (2, 3, 4, 8):
+        assert auto.choose(shape(p, 64, 3), rounds_only) == "allgather"
+        assert auto.choose(shape(p, 64, 3, width=8), rounds_only) == "dense"
+    assert auto.choose(shape(1, 64, 3), rounds_only) == "allgather"  # P = 1: no traffic
+
+
+def test_rounds_booked_by_the_models():
+    from cupycoll.sparse import allgather, mask, split
+
+    s = shape(4, 4000, 100)
+    assert (allgather.cost(s, 0).rounds, mask.cost(s, 0).rounds, split.cost(s, 0).rounds) == (
+        2, 3, 5)
+    assert auto.call_cost("allgather", s, 0).native_rounds == 2  # validation + counts
 
 
 def test_local_work_dominated_profile_avoids_dense_passes():
@@ -70,7 +79,8 @@ def test_dense_presence_folds_only_for_summed_wide_rows():
 
 def test_profile_round_trip_env_and_bad_file(tmp_path, monkeypatch, caplog):
     path = tmp_path / "p.json"
-    mine = Profile("x", 1e-6, 2e-9, 3e-6, 4e-9, dict(ZERO_WORK, merge=5e-9), {"dense": 1e-4})
+    mine = Profile("x", 1e-6, 2e-9, 3e-6, 4e-9, dict(ZERO_WORK, merge=5e-9), 1e-7,
+                   {"dense": 1e-4})
     save_profile(mine, path)
     monkeypatch.setenv("CUPYCOLL_PROFILE", str(path))
     assert load_profile() == mine
