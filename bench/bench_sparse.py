@@ -11,6 +11,13 @@ Algorithms are timed interleaved (one call of each per round) so drift hits them
     mpiexec -n 4 python -m mpi4py bench/bench_sparse.py --n 16M --density 0.01 \\
         --overlap random --width 0 -n 15 --memory                         # the target row
     mpiexec -n 4 python -m mpi4py bench/bench_sparse.py --width 64 --json rows.json
+    mpiexec -n 3 python -m mpi4py bench/bench_sparse.py --cases 64K/0.3/0/random/0.5,4K/0.01/16/hot
+
+Every row also shows the time the tuner's model predicts (``pred(us)``, from the profile
+``auto`` uses: CUPYCOLL_PROFILE or the shipped one) and ``pred/meas``. The summary ends with the
+regret table: per case, the best exact algorithm, auto's pick, auto / best, auto / plain dense
+Allreduce, and the counts against the targets (auto <= 1.10x best, auto <= 1.15x dense,
+predictions within +-30%).
 """
 
 from __future__ import annotations
@@ -26,19 +33,26 @@ from mpi4py import MPI
 import cupycoll as cc
 from cupycoll.comm import bus_factor
 from cupycoll.primitives import free_scratch
-from cupycoll.sparse import sparse_allreduce
+from cupycoll._registry import lookup
+from cupycoll._types import ReduceOp
+from cupycoll.sparse import SparseResult, sparse_allreduce
 from cupycoll.sparse._cost import Shape
 from cupycoll.sparse.auto import choose
+from cupycoll.tuner.predict import predict
+from cupycoll.tuner.profile import profile_for
 
 OVERLAPS = ("disjoint", "random", "identical", "hot")
 ALGORITHMS = ("allgather", "mask", "dense", "recursive_doubling", "split", "auto")
 BASELINE = "mpi_dense"
-COLUMNS = SPARSE_COLUMNS + ["overlap", "min(us)", "x_dense", "mem/recv"]
+COLUMNS = SPARSE_COLUMNS + ["overlap", "min(us)", "x_dense", "pred(us)", "pred/meas",
+                            "mem/recv"]
 
 
-def make_input(seed: int, rank: int, size: int, n: int, k: int, width: int, overlap: str):
-    """Sorted unique indices (k of them) and float32 values (rows) of ``rank``."""
+def make_input(seed: int, rank: int, size: int, n: int, k: int, width: int, overlap: str,
+               skew: float = 0.0):
+    """Sorted unique indices (k of them; rank 0: (1 + skew) k) and float32 values (rows)."""
     rng = np.random.default_rng([seed, rank])
+    k = min(n, int(round(k * (1 + skew)))) if rank == 0 else k
     if overlap == "disjoint":
         idx = rank + size * np.sort(rng.choice(n // size, min(k, n // size), replace=False))
     elif overlap == "identical":
@@ -88,10 +102,14 @@ def peak_ratio(call, comm) -> float:
 
 
 def run_group(args, comm, table: Table, n: int, width: int, density: float, overlap: str,
-              algorithms: list[str]) -> dict:
+              algorithms: list[str], skew: float = 0.0) -> dict:
     p, rank = comm.size, comm.rank
     k = max(1, int(round(density * n)))
-    inputs = [make_input(args.seed, r, p, n, k, width, overlap) for r in range(p)]
+    inputs = [make_input(args.seed, r, p, n, k, width, overlap, skew) for r in range(p)]
+    shape = Shape(p, n, width, inputs[0][0].dtype.itemsize, 4,
+                  tuple(int(i.size) for i, _ in inputs))
+    profile = profile_for(comm)
+    predicted = {a: predict(a, shape, profile) for a in algorithms if a != "auto"}
     idx, val = inputs[rank]
     dense_in = np.ones((n, width) if width else n, np.float32)
     dense_out = np.empty_like(dense_in)
@@ -99,6 +117,9 @@ def run_group(args, comm, table: Table, n: int, width: int, density: float, over
     for name in algorithms:
         calls[name] = (lambda a: lambda: sparse_allreduce(idx, val, n, algorithm=a,
                                                           comm=comm))(name)
+        if args.raw and name != "auto":  # the algorithm alone: no validation, no coalescing
+            calls[name] = (lambda fn: lambda: SparseResult(*fn(comm, idx, val, n, ReduceOp.SUM),
+                                                           n))(lookup("sparse", name))
     samples = interleaved(calls, args.iters, args.warmup_iters, comm.mpi_comm)
     ref = reference(inputs, n, width) if args.check else None
     dense_time = float(np.median(samples[BASELINE]))
@@ -118,20 +139,58 @@ def run_group(args, comm, table: Table, n: int, width: int, density: float, over
             if args.memory:
                 mem = peak_ratio(calls[name], comm)
         algbw, busbw = bandwidths(size_bytes, seconds, bus_factor("allreduce", p))
+        pred = predicted.get(choose(shape, profile) if name == "auto" else name)
         table.add({"size(B)": size_bytes, "count": n, "type": "float32", "redop": "sum",
                    "root": -1, "time(us)": seconds * 1e6, "algbw(GB/s)": algbw,
                    "busbw(GB/s)": busbw, "#wrong": wrong, "density": density,
                    "nnz": k if name != BASELINE else n, "algorithm": name, "wire(B)": wire,
                    "overlap": overlap, "min(us)": float(samples[name].min()) * 1e6,
                    "x_dense": seconds / dense_time, "mem/recv": mem, "width": width,
-                   "ranks": p, **sample_stats(samples[name])})
+                   "ranks": p, "skew": skew, "pred(us)": pred * 1e6 if pred else "",
+                   "pred/meas": pred / seconds if pred else "", **sample_stats(samples[name])})
     exact = {a: t for a, t in times.items() if a not in (BASELINE, "auto")}
     best = min(exact, key=exact.get) if exact else None
-    shape = Shape(p, n, width, idx.dtype.itemsize, 4, tuple(int(i.size) for i, _ in inputs))
-    return {"n": n, "width": width, "density": density, "overlap": overlap, "best": best,
-            "auto_choice": choose(shape),
+    errors = [predicted[a] / times[a] for a in predicted]
+    return {"n": n, "width": width, "density": density, "overlap": overlap, "skew": skew,
+            "ranks": p, "best": best, "auto_choice": choose(shape, profile),
             "best_x_dense": exact[best] / dense_time if best else None,
-            "auto_x_best": times["auto"] / exact[best] if best and "auto" in times else None}
+            "auto_x_best": times["auto"] / exact[best] if best and "auto" in times else None,
+            "auto_x_dense": times["auto"] / dense_time if "auto" in times else None,
+            "pick_x_best": (times[choose(shape, profile)] / exact[best]
+                            if best and choose(shape, profile) in times else None),
+            "pred_over_meas": errors}
+
+
+def _case(text: str) -> tuple:
+    """``n/density/width/overlap[/skew]`` -> a group of run_group's arguments."""
+    parts = text.split("/")
+    skew = float(parts[4]) if len(parts) > 4 else 0.0
+    return parse_size(parts[0]), int(parts[2]), float(parts[1]), parts[3], skew
+
+
+def print_regret(summary: list[dict]) -> None:
+    """The regret table (markdown) and the counts against auto's targets."""
+    print("| P | n | width | density | overlap | skew | best | auto -> | pick/best | auto/best | "
+          "auto/dense | best/dense | pred/meas range |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for s in summary:
+        if s["auto_x_best"] is None:
+            continue
+        err = s["pred_over_meas"]
+        print(f"| {s['ranks']} | {s['n']} | {s['width']} | {s['density']} | {s['overlap']} | "
+              f"{s['skew']} | {s['best']} | {s['auto_choice']} | {s['pick_x_best']:.2f} | "
+              f"{s['auto_x_best']:.2f} | "
+              f"{s['auto_x_dense']:.2f} | {s['best_x_dense']:.2f} | "
+              f"{min(err):.2f}-{max(err):.2f} |")
+    rows = [s for s in summary if s["auto_x_best"] is not None]
+    errors = [e for s in rows for e in s["pred_over_meas"]]
+    if rows:
+        print(f"# auto's pick (its interleaved time) <= 1.10x best on "
+              f"{sum(s['pick_x_best'] <= 1.10 for s in rows)}/{len(rows)} rows; "
+              f"auto's own run <= 1.10x best on {sum(s['auto_x_best'] <= 1.10 for s in rows)}"
+              f"/{len(rows)} rows; auto <= 1.15x dense Allreduce on "
+              f"{sum(s['auto_x_dense'] <= 1.15 for s in rows)}/{len(rows)}; predictions "
+              f"within +-30% on {sum(0.7 <= e <= 1.3 for e in errors)}/{len(errors)}")
 
 
 def main() -> int:
@@ -145,28 +204,30 @@ def main() -> int:
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
     parser.add_argument("--memory", action="store_true", help="measure peak extra memory")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--raw", action="store_true", help="time the algorithms alone (no "
+                        "validation allreduce): their own cost against the dense Allreduce")
+    parser.add_argument("--skew", type=float, default=0.0, help="rank 0 has (1 + skew) x nnz")
+    parser.add_argument("--cases", default="", help="explicit cases n/density/width/overlap"
+                        "[/skew], comma separated (replaces the grid)")
     args = parser.parse_args()
     comm = cc.init("mpi")
     algorithms = [a for a in args.algorithms.split(",") if a]
     groups = []
     for width in (int(w) for w in args.width.split(",")):
         lengths = [parse_size(args.rows)] if width else [parse_size(s) for s in args.n.split(",")]
-        groups += [(n, width, float(d), o) for n in lengths for d in args.density.split(",")
-                   for o in args.overlap.split(",")]
+        groups += [(n, width, float(d), o, args.skew) for n in lengths
+                   for d in args.density.split(",") for o in args.overlap.split(",")]
+    if args.cases:
+        groups = [_case(c) for c in args.cases.split(",") if c]
     table = Table(COLUMNS, comm.rank)
     table.header(f"sparse_allreduce  ranks={comm.size}  backend={comm.backend}  "
                  f"iters={args.iters} warmup={args.warmup_iters}  time = median of slowest rank")
-    summary = [run_group(args, comm, table, *g, algorithms)
+    summary = [run_group(args, comm, table, *g[:4], algorithms, skew=g[4])
                for g in progress(groups, len(groups), comm.rank, not args.no_progress)]
     status = table.finish(args, {"ranks": comm.size, "backend": comm.backend,
                                  "summary": summary}, plot=("density", "x_dense", "algorithm"))
     if comm.rank == 0:
-        print("# n  width  density  overlap  best  best/dense  auto/best  auto->")
-        for s in summary:
-            auto = f"{s['auto_x_best']:.2f}" if s["auto_x_best"] is not None else "-"
-            best = f"{s['best_x_dense']:.3f}" if s["best_x_dense"] is not None else "-"
-            print(f"# {s['n']} {s['width']} {s['density']} {s['overlap']} {s['best']} "
-                  f"{best} {auto} {s['auto_choice']}")
+        print_regret(summary)
     return status
 
 

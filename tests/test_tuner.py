@@ -25,7 +25,7 @@ def shape(p, n, k, width=0):
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 8])
 def test_dense_folded_presence_and_tune(nprocs):
     out = run_mpi(nprocs, "sparse_dense_fold.py", 5, timeout=300)
-    assert f"ok 12 dense cases on {nprocs} ranks" in out
+    assert f"ok 13 dense cases on {nprocs} ranks" in out
 
 
 def test_bandwidth_only_profile_picks_fewest_bytes():
@@ -38,13 +38,25 @@ def test_bandwidth_only_profile_picks_fewest_bytes():
     assert auto.choose(shape(4, n, n // 1000), bytes_only) != "dense"
 
 
-def test_latency_only_profile_picks_fewest_messages():
-    """alpha = 1 s per message: tiny vectors go to the algorithm with the fewest messages. At
-    P = 4 the folded dense allreduce receives 2(P-1) = 6 after validation's 6; allgather 3 + 6,
-    split and recursive doubling more."""
-    messages_only = Profile("a", 1.0, 0.0, 1.0, 0.0, ZERO_WORK)
-    assert auto.choose(shape(4, 64, 3), messages_only) == "dense"
-    assert auto.choose(shape(1, 64, 3), messages_only) == "allgather"  # P = 1: no traffic
+def test_latency_only_profile_picks_fewest_rounds():
+    """alpha = 1 s per round and nothing else: small inputs go to the algorithm with the fewest
+    sequential rounds. After validation's one: allgather 2 (counts, one exchange), dense 3
+    (allreduce, bitmap exchange, allgather) or 1 for summed wide rows (count folded in), mask
+    3, split 5, recursive doubling 2 per pairwise round."""
+    rounds_only = Profile("a", 1.0, 0.0, 1.0, 0.0, ZERO_WORK)
+    for p in (2, 3, 4, 8):
+        assert auto.choose(shape(p, 64, 3), rounds_only) == "allgather"
+        assert auto.choose(shape(p, 64, 3, width=8), rounds_only) == "dense"
+    assert auto.choose(shape(1, 64, 3), rounds_only) == "allgather"  # P = 1: no traffic
+
+
+def test_rounds_booked_by_the_models():
+    from cupycoll.sparse import allgather, mask, split
+
+    s = shape(4, 4000, 100)
+    assert (allgather.cost(s, 0).rounds, mask.cost(s, 0).rounds, split.cost(s, 0).rounds) == (
+        2, 3, 5)
+    assert auto.call_cost("allgather", s, 0).native_rounds == 2  # validation + counts
 
 
 def test_local_work_dominated_profile_avoids_dense_passes():
@@ -53,19 +65,22 @@ def test_local_work_dominated_profile_avoids_dense_passes():
     assert auto.choose(shape(4, 1 << 20, 100), dense_costly) != "dense"
 
 
-def test_op_changes_dense_traffic():
-    """max cannot fold presence into the sum: the dense model books the bitmap rounds."""
+def test_dense_presence_folds_only_for_summed_wide_rows():
+    """Rows of width >= 8 summed: a count per row in the values' allreduce, no bitmap rounds;
+    max (cannot count) and 1-D (a count per value would add a whole value) keep the bitmap."""
     from cupycoll.sparse import dense
 
-    s = shape(4, 1000, 100)
-    folded, bitmap = dense.cost(s, 0), dense.cost(Shape(**{**s.__dict__, "op": "max"}), 0)
-    assert "dense.union" not in folded.received and "dense.union" in bitmap.received
-    assert folded.received["dense.allreduce"] == math.floor(1.5 * (4000 + 4 * 125))
+    wide = shape(4, 1000, 100, width=8)
+    folded = dense.cost(wide, 0)
+    assert folded.received == {"dense.allreduce": math.floor(1.5 * 1000 * (32 + 4))}
+    for other in (Shape(**{**wide.__dict__, "op": "max"}), shape(4, 1000, 100)):
+        assert "dense.union" in dense.cost(other, 0).received
 
 
 def test_profile_round_trip_env_and_bad_file(tmp_path, monkeypatch, caplog):
     path = tmp_path / "p.json"
-    mine = Profile("x", 1e-6, 2e-9, 3e-6, 4e-9, dict(ZERO_WORK, merge=5e-9), {"dense": 1e-4})
+    mine = Profile("x", 1e-6, 2e-9, 3e-6, 4e-9, dict(ZERO_WORK, merge=5e-9), 1e-7,
+                   {"dense": 1e-4})
     save_profile(mine, path)
     monkeypatch.setenv("CUPYCOLL_PROFILE", str(path))
     assert load_profile() == mine

@@ -106,13 +106,17 @@ class Cost:
     """Bytes and messages one rank receives, per operation name (as booked in ``comm.stats``).
 
     ``native_bytes`` / ``native_messages`` count the part booked by native collectives
-    (allreduce, allgather), which the time model prices apart from point-to-point traffic.
+    (allreduce, allgather), which the time model prices apart from point-to-point traffic;
+    ``rounds`` counts the sequential communication steps on the critical path (one per booking:
+    a collective, an exchange, a count exchange), ``native_rounds`` those of native collectives.
     """
 
     received: dict[str, int] = dataclasses.field(default_factory=dict)
     messages: dict[str, int] = dataclasses.field(default_factory=dict)
     native_bytes: int = 0
     native_messages: int = 0
+    rounds: int = 0
+    native_rounds: int = 0
 
     @property
     def bytes_received(self) -> int:
@@ -125,6 +129,7 @@ class Cost:
     def book(self, op: str, nbytes: int, messages: int) -> "Cost":
         """Add ``nbytes`` in ``messages`` messages under ``op``; zero entries are not kept."""
         if nbytes or messages:
+            self.rounds += 1
             self.received[op] = self.received.get(op, 0) + int(nbytes)
             self.messages[op] = self.messages.get(op, 0) + int(messages)
         return self
@@ -136,11 +141,15 @@ class Cost:
             self.messages[op] = self.messages.get(op, 0) + other.messages[op]
         self.native_bytes += other.native_bytes
         self.native_messages += other.native_messages
+        self.rounds += other.rounds
+        self.native_rounds += other.native_rounds
         return self
 
     def _native(self, op: str, nbytes: int, messages: int) -> "Cost":
-        self.native_bytes += int(nbytes)
-        self.native_messages += int(messages)
+        if nbytes or messages:
+            self.native_bytes += int(nbytes)
+            self.native_messages += int(messages)
+            self.native_rounds += 1
         return self.book(op, nbytes, messages)
 
     # the Communicator's booking rules, one per verb

@@ -4,13 +4,13 @@ Run it under ``mpiexec`` with the ranks the job will use (it prices the communic
 given). Every measurement is the median over repeats of the slowest rank (ranks timed together,
 so the contention of a real call is in the numbers):
 
-- native collectives: allreduce of 8 B and of ``LARGE`` B; alpha and beta from the two points,
-  against the messages and bytes :class:`~cupycoll.sparse._cost.Cost` books for them;
-- point-to-point: one exchange with every peer, 8 B and ``LARGE / P`` B per message;
+- native collectives: allreduce of 8 B and of ``LARGE`` B; alpha (per round) and beta (per
+  byte :class:`~cupycoll.sparse._cost.Cost` books) from the two points;
+- point-to-point: an exchange of 8 B with the two ring neighbours, of 8 B with every peer
+  (alpha_msg: the extra per peer, from P = 4 on) and of ``LARGE / P`` B with every peer (beta);
 - gamma (local work, the primitives the algorithms use): ``merge`` a P-way merge_sorted of
   1-D float32 parts, per entry; ``row`` a gather of 16-wide float32 rows, per element; ``dense``
-  the dense algorithm's own local passes (zero fill, presence fields in and out, gather) per
-  element; ``scan`` presence bitmap packing and unpacking plus flatnonzero, per position;
+  the dense algorithm's own value passes (zero fill, scatter, scan, gather) per element; ``scan`` presence bitmap packing and unpacking plus flatnonzero, per position;
 - ``fixed``: every algorithm on a tiny input (nothing but its rounds and overheads), minus the
   time alpha and beta already account for.
 """
@@ -25,7 +25,6 @@ import numpy as np
 from .._types import ReduceOp
 from ..primitives import merge_sorted
 from ..sparse import auto as _auto
-from ..sparse import dense as _dense
 from ..sparse._common import presence, union_of_presence
 from ..sparse._cost import Cost, Shape
 from .predict import rank_time
@@ -55,38 +54,36 @@ def _timed(comm: Any, fn: Callable[[], Any], repeats: int) -> float:
     return float(np.median(samples))
 
 
-def _line(t_small: float, t_large: float, small: Cost, large: Cost, native: bool
-          ) -> tuple[float, float]:
-    """alpha (per message) and beta (per byte) through two measured points."""
-    def volume(c: Cost) -> tuple[int, int]:
-        if native:
-            return c.native_messages, c.native_bytes
-        return c.messages_received - c.native_messages, c.bytes_received - c.native_bytes
-    (m0, b0), (m1, b1) = volume(small), volume(large)
-    beta = max((t_large - t_small) / max(b1 - b0, 1), 0.0)
-    alpha = max((t_small - beta * b0) / max(m0, 1), 0.0)
-    return alpha, beta
-
-
 def _native(comm: Any, repeats: int) -> tuple[float, float]:
+    """alpha (per round) and beta (per booked byte) of a native allreduce, from 8 B and LARGE."""
     p, xp = comm.size, comm.xp
     small, large = xp.ones(2, np.float32), xp.ones(LARGE // 4, np.float32)
-    ts = [_timed(comm, lambda a=a, b=xp.empty_like(a): comm.allreduce(
+    t_small, t_large = [_timed(comm, lambda a=a, b=xp.empty_like(a): comm.allreduce(
         a, b, ReduceOp.SUM, op_name="tune").wait(), repeats) for a in (small, large)]
-    costs = [Cost().allreduce("tune", p, a.nbytes) for a in (small, large)]
-    return _line(ts[0], ts[1], costs[0], costs[1], native=True)
+    b_small, b_large = [Cost().allreduce("tune", p, a.nbytes).native_bytes
+                        for a in (small, large)]
+    beta = max((t_large - t_small) / max(b_large - b_small, 1), 0.0)
+    return max(t_small - beta * b_small, 0.0), beta
 
 
-def _p2p(comm: Any, repeats: int) -> tuple[float, float]:
+def _p2p(comm: Any, repeats: int) -> tuple[float, float, float]:
+    """alpha (per round), alpha_msg (per peer message) and beta (per byte) of an exchange:
+    8 B from one peer, 8 B from every peer, LARGE / P B from every peer."""
     p, xp, rank = comm.size, comm.xp, comm.rank
-    peers = [(rank + s) % p for s in range(1, p)]
-    points, costs = [], []
-    for nbytes in (8, max(LARGE // p, 8)):
+    every = [(rank + s) % p for s in range(1, p)]
+
+    def exchange(peers: list[int], nbytes: int) -> float:
         send, recv = xp.ones(nbytes, np.uint8), xp.empty((p, nbytes), np.uint8)
-        points.append(_timed(comm, lambda s=send, r=recv: comm.exchange(
-            [(q, s) for q in peers], [(q, r[q]) for q in peers], "tune").wait(), repeats))
-        costs.append(Cost().book("tune", (p - 1) * nbytes, p - 1))
-    return _line(points[0], points[1], costs[0], costs[1], native=False)
+        return _timed(comm, lambda: comm.exchange(
+            [(q, send) for q in peers], [(q, recv[q]) for q in peers], "tune").wait(), repeats)
+    # pairs: with one peer, rank r talks to r+1 and r-1 (both directions posted, one round)
+    one = exchange(sorted({(rank + 1) % p, (rank - 1) % p} - {rank}), 8)
+    t_all, large = exchange(every, 8), max(LARGE // p, 8)
+    t_large = exchange(every, large)
+    peers_one = len({(rank + 1) % p, (rank - 1) % p} - {rank})
+    alpha_msg = max((t_all - one) / max(p - 1 - peers_one, 1), 0.0) if p > 3 else 0.0
+    beta = max((t_large - t_all) / max((p - 1) * (large - 8), 1), 0.0)
+    return max(one - alpha_msg * peers_one, 0.0), alpha_msg, beta
 
 
 def _local(comm: Any, repeats: int, k: int = 1 << 16, n: int = 1 << 20) -> dict[str, float]:
@@ -98,15 +95,11 @@ def _local(comm: Any, repeats: int, k: int = 1 << 16, n: int = 1 << 20) -> dict[
     rows = xp.ones((k, 16), np.float32)
     order = xp.asarray(rng.permutation(k))
     idx = xp.asarray(np.sort(rng.choice(n, n // 10, replace=False)).astype(np.int32))
-    fields, bits = _dense.presence_fields(min(p, 7), 4, "sum")
-    m = -(-n // fields)
 
     def dense_local() -> None:
-        buf = xp.zeros(n + m, np.float32)
-        buf[idx] = 1.0
-        _dense._encode(xp, idx, buf[n:], fields, bits)
-        union = _dense._decode(xp, buf[n:], fields, bits, n, idx.dtype)
-        buf[union]
+        full = xp.zeros(n, np.float32)
+        full[idx] = 1.0
+        full[xp.flatnonzero(full)]
 
     def scan() -> None:
         union_of_presence(xp.unpackbits(xp.packbits(presence(idx, n)))[:n].view(bool),
@@ -140,13 +133,13 @@ def _fixed(comm: Any, profile: Profile, repeats: int) -> dict[str, float]:
 def tune(comm: Any, repeats: int = 15, name: str = "tuned") -> Profile:
     """Measure this machine's profile over ``comm`` (collective; every rank returns it)."""
     alpha_n, beta_n = _native(comm, repeats) if comm.size > 1 else (0.0, 0.0)
-    alpha_p, beta_p = _p2p(comm, repeats) if comm.size > 1 else (0.0, 0.0)
+    alpha_p, alpha_m, beta_p = _p2p(comm, repeats) if comm.size > 1 else (0.0, 0.0, 0.0)
     gamma = _local(comm, repeats)
-    base = Profile(name, alpha_p, beta_p, alpha_n, beta_n, gamma)
+    base = Profile(name, alpha_p, beta_p, alpha_n, beta_n, gamma, alpha_m)
     fixed = _fixed(comm, base, repeats)
     meta = {"ranks": comm.size, "backend": getattr(comm, "backend", "?"),
             "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    profile = Profile(name, alpha_p, beta_p, alpha_n, beta_n, gamma, fixed, meta)
+    profile = Profile(name, alpha_p, beta_p, alpha_n, beta_n, gamma, alpha_m, fixed, meta)
     if getattr(comm, "mpi_comm", None) is not None and comm.size > 1:
         profile = Profile.from_dict(comm.mpi_comm.bcast(profile.as_dict(), root=0))
     return profile

@@ -1,8 +1,8 @@
 """Time of one ``sparse_allreduce`` call predicted from the cost models and a :class:`Profile`.
 
-Per rank: ``fixed[algorithm]`` + alpha x messages + beta x bytes (point-to-point and native
-collectives priced apart, from the exact per-op traffic of each algorithm's ``cost``) + gamma x
-local work. The call takes as long as its slowest rank (the ranks with the fewest and the most
+Per rank: ``fixed[algorithm]`` + alpha x rounds + alpha_msg x point-to-point messages + beta x
+bytes (point-to-point and native collectives priced apart, from the exact per-op traffic of each
+algorithm's ``cost``) + gamma x local work. The call takes as long as its slowest rank (the ranks with the fewest and the most
 entries are evaluated: the first receives the most, the second merges and sends the most).
 
 Local work, in the units ``gamma`` prices (N = total nnz, U = union, W = max(width, 1)):
@@ -79,11 +79,12 @@ def work(algorithm: str, shape: Shape, rank: int) -> dict[str, float]:
 
 
 def comm_time(cost: Cost, profile: Profile) -> float:
-    """alpha x messages + beta x bytes, point-to-point and native collectives apart."""
+    """alpha x rounds + alpha_msg x messages + beta x bytes, point-to-point and native apart."""
     p2p_bytes = cost.bytes_received - cost.native_bytes
     p2p_messages = cost.messages_received - cost.native_messages
-    return (profile.alpha_p2p * p2p_messages + profile.beta_p2p * p2p_bytes
-            + profile.alpha_native * cost.native_messages + profile.beta_native * cost.native_bytes)
+    return (profile.alpha_p2p * (cost.rounds - cost.native_rounds)
+            + profile.alpha_msg * p2p_messages + profile.beta_p2p * p2p_bytes
+            + profile.alpha_native * cost.native_rounds + profile.beta_native * cost.native_bytes)
 
 
 def rank_time(algorithm: str, shape: Shape, rank: int, profile: Profile) -> float:

@@ -1,8 +1,9 @@
 """A machine profile: what one message, one byte and one element of local work cost.
 
-``alpha`` is seconds per message received on a rank's critical path, ``beta`` seconds per byte
-received, each for point-to-point exchanges and for native collectives (allreduce, allgather)
-separately; ``gamma`` is seconds per unit of local work (see :mod:`cupycoll.tuner.predict`);
+``alpha`` is seconds per sequential communication round on a rank's critical path and
+``beta`` seconds per byte received, each for point-to-point exchanges and for native
+collectives (allreduce, allgather) separately; ``alpha_msg`` seconds per point-to-point message
+received (the per-peer cost of a round with many peers); ``gamma`` is seconds per unit of local work (see :mod:`cupycoll.tuner.predict`);
 ``fixed`` is each algorithm's per-call cost beyond those (launch and Python overhead, the
 validation allreduce's software path). ``python -m cupycoll tune`` measures a profile and writes
 it to ``CUPYCOLL_PROFILE`` (default ``$XDG_CACHE_HOME/cupycoll/profile.json``, else
@@ -41,6 +42,7 @@ class Profile:
     alpha_native: float
     beta_native: float
     gamma: dict[str, float]
+    alpha_msg: float = 0.0
     fixed: dict[str, float] = dataclasses.field(default_factory=dict)
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
 

@@ -10,7 +10,9 @@ Networks (``NETWORKS``): ``nvlink`` one node of 8 GPUs over NVLink; ``ib400`` 8 
 (NVLink inside) over 400 Gb/s InfiniBand, one NIC per GPU; ``eth100`` one GPU per node over
 100 Gb/s Ethernet; ``machine`` this machine's profile (``CUPYCOLL_PROFILE``), to validate the
 models against measurements at P <= 8. Across nodes the slower link prices the share of an
-all-to-all's bytes that leaves the node, and all of a native collective's (rings cross nodes).
+all-to-all's bytes that leaves the node, and all of a native collective's (rings cross nodes);
+a native collective's round costs 2 ceil(log2 P) latencies (trees), each extra point-to-point
+message of a round a quarter of one (injection).
 Stragglers: ``--skew s`` gives rank 0 (1 + s) times the mean nnz; the slowest rank's time is
 reported (the models price the ranks with the fewest and the most entries).
 """
@@ -60,7 +62,7 @@ NETWORKS = {
 #: (kernel launches and host synchronisations of each algorithm's steps).
 GPU = Profile("gpu", 0.0, 0.0, 0.0, 0.0,
               {"merge": 5e-10, "row": 4e-12, "dense": 2e-11, "scan": 1e-11},
-              {"allgather": 60e-6, "dense": 60e-6, "mask": 100e-6, "split": 150e-6,
+              fixed={"allgather": 60e-6, "dense": 60e-6, "mask": 100e-6, "split": 150e-6,
                "recursive_doubling": 80e-6, "allreduce": 10e-6})
 
 #: top-k: (words received per rank, messages on the critical path) of (P, k, n), docs/topk.md.
@@ -86,7 +88,11 @@ def network_profile(name: str, size: int, compute: Profile = GPU) -> Profile:
         a_p2p = a_nat = net.alpha_inter
         b_p2p = max(off_node * net.beta_inter, (1 - off_node) * net.beta_intra)
         b_nat = net.beta_inter
-    return Profile(f"{name}-P{size}", a_p2p, b_p2p, a_nat, b_nat, compute.gamma, compute.fixed)
+    # a native collective's round: a tree/recursive latency of 2 ceil(log2 P) steps; every
+    # point-to-point message past a round's first costs a quarter of a latency (injection)
+    steps = 2 * max(math.ceil(math.log2(size)), 1)
+    return Profile(f"{name}-P{size}", a_p2p, b_p2p, a_nat * steps, b_nat, compute.gamma,
+                   alpha_msg=a_p2p / 4, fixed=compute.fixed)
 
 
 def _fits(net: str, size: int) -> bool:
@@ -180,11 +186,20 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _size(text: str) -> int:
+    """Parse 8, 64K, 16M, 2G (powers of 1024) or a plain number such as 1e6."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper()
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(float(text))
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--P", default="2,4,8,16,32,64,128,256,512,1024", help="rank counts")
     parser.add_argument("--networks", default="nvlink,ib400,eth100",
                         help=f"comma list of {sorted(NETWORKS)} or machine")
-    parser.add_argument("--n", type=float, default=2 ** 24, help="dense length")
+    parser.add_argument("--n", type=_size, default=2 ** 24, help="dense length (16M, 64K, ...)")
     parser.add_argument("--density", type=float, default=0.01, help="nnz / n per rank (or k/n)")
     parser.add_argument("--width", type=int, default=0, help="row width of the sparse family")
     parser.add_argument("--skew", type=float, default=0.0, help="rank 0 has (1+skew) x nnz")

@@ -2,9 +2,8 @@
 
 Usage: sparse_dense_fold.py SEED
 
-Folded presence (sum/avg: presence fields in the tail of the values' allreduce; 1-D float32 up
-to P = 7, float64 up to 63, rows of width >= 8) and the packed bitmap (max/min/prod, and 1-D
-float32 from P = 8): the union must be exactly the union of the inputs' indices (entries that
+Folded presence (sum/avg of rows of width >= 8: a count per row in the tail of the values'
+allreduce) and the packed bitmap (1-D values; max/min/prod): the union must be exactly the union of the inputs' indices (entries that
 cancel to 0, explicit zeros and empty ranks included), the values the float64/int64 sums or
 maxima of the densified inputs (integer-valued inputs: exact), the traffic equal to the cost
 model per op name, and the result bitwise identical on every rank. The tuner's ``tune`` is run
@@ -30,10 +29,10 @@ from cupycoll.sparse.auto import call_cost
 CASES = [  # n, k, width, value dtype, op, pattern
     (1000, 120, 0, "float32", "sum", "random"), (1000, 999, 0, "float32", "sum", "random"),
     (37, 9, 0, "float64", "sum", "cancel"), (513, 60, 8, "float32", "sum", "random"),
-    (300, 40, 9, "float16", "avg", "random"), (777, 100, 0, "int64", "sum", "zeros"),
+    (300, 40, 9, "float16", "avg", "random"), (90, 30, 8, "int32", "sum", "cancel"), (777, 100, 0, "int64", "sum", "zeros"),
     (200, 50, 0, "int32", "sum", "empty_some"), (400, 80, 0, "float32", "max", "random"),
     (400, 80, 3, "float64", "min", "cancel"), (5, 5, 0, "float32", "sum", "random"),
-    (64, 0, 0, "float32", "sum", "random"), (2049, 300, 0, "float16", "sum", "random")]
+    (64, 0, 8, "float32", "sum", "random"), (2049, 300, 16, "float64", "sum", "zeros")]
 
 
 def inputs_of(seed: int, case: int, size: int):
