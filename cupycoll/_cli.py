@@ -24,7 +24,9 @@ from ._config import SETTINGS, setting
 
 __all__ = ["main", "info_lines", "bench_script"]
 
-BENCHMARKS = ("dense", "sparse", "topk", "primitives")
+#: every bench/bench_NAME.py (``cupycoll bench NAME``); the convergence demo runs as ``demo``
+BENCHMARKS = ("dense", "sparse", "topk", "primitives", "small", "host", "syncs", "tracking",
+              "kernel_compile", "demo")
 
 
 def _version(dist: str) -> str:
@@ -133,7 +135,7 @@ def _info(_: argparse.Namespace) -> int:
 
 def bench_script(name: str) -> Path:
     """Return the path of benchmark ``name``: shipped in the package, else the source tree's."""
-    file = f"bench_{name}.py"
+    file = "convergence_demo.py" if name == "demo" else f"bench_{name}.py"
     try:
         shipped = Path(str(resources.files("cupycoll.bench").joinpath(file)))
     except ModuleNotFoundError:  # a source checkout run without installing

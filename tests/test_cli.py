@@ -71,3 +71,8 @@ def test_bench_passes_arguments_and_exit_status():
     assert proc.returncode == 2 and "--no-such-flag" in proc.stderr
     proc = run("bench", "nosuch")
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
+
+
+def test_every_benchmark_script_is_reachable():
+    shipped = {p.stem[len("bench_"):] for p in (ROOT / "bench").glob("bench_*.py")}
+    assert shipped <= set(BENCHMARKS), shipped - set(BENCHMARKS)
