@@ -136,10 +136,12 @@ def compiled(name: str, expr: str, arch: str) -> tuple[Path, str]:
                                      str(nvrtc.getVersion())]).encode()).hexdigest()[:32]
     folder = cache_dir()
     cubin, lowered = folder / f"{key}.cubin", folder / f"{key}.name"
-    if not (cubin.exists() and lowered.exists()):
+    note = folder / f"{key}.source"  # which kernel file (for tools such as the emulator)
+    if not (cubin.exists() and lowered.exists() and note.exists()):
         binary, names = _nvrtc(name, (expr,), arch, cubin=True)
         folder.mkdir(parents=True, exist_ok=True)
-        for path, data in ((cubin, bytes(binary)), (lowered, names[expr].encode())):
+        for path, data in ((cubin, bytes(binary)), (lowered, names[expr].encode()),
+                           (note, f"{name}\n{expr}".encode())):
             partial = path.with_suffix(f".{os.getpid()}.tmp")
             partial.write_bytes(data)
             os.replace(partial, path)

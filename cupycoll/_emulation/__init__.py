@@ -58,6 +58,8 @@ def install(devices_per_node: int = 2, cupy_version: int = 14) -> types.ModuleTy
     from cupy.cuda import nvrtc as real_nvrtc
     from mpi4py import MPI
 
+    real_nvrtc.getVersion()  # loads libnvrtc now: its lazy loader looks up cupy._environment
+
     from . import array, device, kernels, nccl, runtime
 
     device.configure(devices_per_node)
@@ -70,9 +72,10 @@ def install(devices_per_node: int = 2, cupy_version: int = 14) -> types.ModuleTy
     cupy.__version__ = f"{cupy_version}.0.0+emulated"
     cupy.cuda = cuda
     cupy.RawModule = kernels.RawModule
+    cupy._environment = real_cupy._environment  # what the real NVRTC binding's loader reads
     cupy.ndarray = array.ndarray
     for name, module in (("cupy", cupy), ("cupy.cuda", cuda), ("cupy.cuda.nccl", emulated_nccl),
-                         ("cupy.cuda.runtime", cuda.runtime)):
+                         ("cupy.cuda.runtime", cuda.runtime), ("cupyx", runtime.cupyx_module())):
         sys.modules[name] = module
     _INSTALLED.update(cupy=cupy, real=real_cupy.__version__)
     return cupy

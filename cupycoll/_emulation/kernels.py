@@ -79,11 +79,28 @@ def _canonical(expr: str) -> str:
     return canonical(expr)
 
 
+def _cached_kernel(path: str) -> tuple[str, dict[str, str]]:
+    """The CUDA source a cubin of cupycoll's kernel cache was compiled from, and its lowered
+    name -> name expression (from the ``.source`` and ``.name`` notes that
+    :func:`cupycoll._kernels.compiled` writes beside it)."""
+    note, lowered = Path(path).with_suffix(".source"), Path(path).with_suffix(".name")
+    if not (note.exists() and lowered.exists()):
+        raise RuntimeError(f"the emulated RawModule(path=...) runs cupycoll's cached kernels "
+                           f"only: no {note.name} and {lowered.name} beside {path}")
+    from .. import _kernels
+
+    file, expr = note.read_text().split("\n", 1)
+    return _kernels.source(file), {lowered.read_text(): expr}
+
+
 class RawModule:
     """``cupy.RawModule(code=..., options=..., name_expressions=...)`` run on the CPU."""
 
     def __init__(self, code: str = "", options: tuple = (), name_expressions: Any = None,
-                 **kwargs: Any) -> None:
+                 path: str | None = None, **kwargs: Any) -> None:
+        self._aliases: dict[str, str] = {}
+        if path is not None:  # a cubin of cupycoll's kernel cache: run its source instead
+            code, self._aliases = _cached_kernel(path)
         lib = _compile(code)
         self._lib = lib
         self._kernels = {_canonical(lib.cc_shim_name(i).decode()): _LAUNCH(lib.cc_shim_launcher(i))
@@ -95,6 +112,7 @@ class RawModule:
                 raise RuntimeError(f"name expressions not in the module: {sorted(missing)}")
 
     def get_function(self, name: str) -> "_Kernel":
+        name = self._aliases.get(name, name)
         try:
             return _Kernel(self._kernels[_canonical(name)], name, self.device)
         except KeyError:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
 import types
 from typing import Any
+
+import numpy as np
 
 from . import device as dev
 
@@ -73,6 +76,43 @@ def get_current_stream(device_id: int | None = None) -> dev.Stream:
     return dev.current_stream()
 
 
+def memcpy_async(dst: int, src: int, nbytes: int, kind: int, stream: int) -> None:
+    """``cudaMemcpyAsync`` device-to-host: queued on ``stream`` behind its work, ordered like a
+    kernel reading the source allocation (which must be live device memory)."""
+    if kind != MEMCPY_DEVICE_TO_HOST:
+        raise dev.EmulationError(f"cudaMemcpyAsync kind {kind}: only device-to-host is emulated")
+    from .array import buffer_at
+
+    found = buffer_at(int(src), int(nbytes))
+    if found is None:
+        raise CUDARuntimeError(1, f"cudaErrorInvalidValue: cudaMemcpyAsync from {src:#x} "
+                                  f"({nbytes} bytes) is not live device memory")
+    here = dev.lookup_stream(stream)
+    if here.device != dev.current_device():
+        raise dev.DeviceMismatch(f"cudaMemcpyAsync on {here} while device "
+                                 f"{dev.current_device()} is current")
+
+    def run() -> None:
+        for other, seq in waits:
+            other.drain(seq)
+        ctypes.memmove(int(dst), int(src), int(nbytes))
+
+    with dev.LOCK:
+        waits = dev.ordered_access([(found[0], False)], "cudaMemcpyAsync", here=here,
+                                   task_seq=here.seq + 1)
+        here.enqueue("memcpy device to host", run)
+
+
+MEMCPY_DEVICE_TO_HOST = 2
+
+
+def cupyx_module() -> types.ModuleType:
+    """``cupyx`` as far as cupycoll uses it: pinned host memory (plain host memory here)."""
+    cupyx = types.ModuleType("cupyx")
+    cupyx.empty_pinned = lambda shape, dtype=float, order="C": np.empty(shape, dtype, order)
+    return cupyx
+
+
 def runtime_module() -> types.ModuleType:
     rt = types.ModuleType("cupy.cuda.runtime")
     rt.CUDARuntimeError = CUDARuntimeError
@@ -83,6 +123,8 @@ def runtime_module() -> types.ModuleType:
     rt.deviceSynchronize = dev.synchronize_device
     rt.deviceGetAttribute = lambda attr, device: 2  # two SMs: small grids, many wraps
     rt.is_hip = False
+    rt.memcpyAsync = memcpy_async
+    rt.memcpyDeviceToHost = MEMCPY_DEVICE_TO_HOST
     rt.runtimeGetVersion = rt.driverGetVersion = lambda: 12080
     return rt
 

@@ -118,7 +118,7 @@ def _exact_top(idx: Any, val: Any, k: int) -> tuple[Any, Any, float]:
     one partition and one mask over the selection, O(count)."""
     xp = array_namespace(val)
     mag = xp.abs(val)
-    kth = mag.dtype.type(xp.partition(mag, mag.shape[0] - k)[mag.shape[0] - k])
+    kth = xp.partition(mag, mag.shape[0] - k)[mag.shape[0] - k]  # stays on the device
     keep = xp.flatnonzero(mag >= kth)
     return idx[keep], val[keep], float(kth)
 
