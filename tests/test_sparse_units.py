@@ -52,6 +52,13 @@ def test_fill_absent_sum_turns_a_missing_minus_zero_into_plus_zero():
     assert np.signbit(got).tolist() == [False, True, False] and got.tolist() == [0.0, 0.0, 2.0]
 
 
+def test_reduce_parts_accumulates_in_the_accumulate_dtype():
+    """float16 2048 + 1 + 1: 2050 when the merge adds in float32, 2048 when it rounds each step."""
+    parts = [(np.array([0]), np.array([v], np.float16)) for v in (2048, 1, 1)]
+    assert reduce_parts(parts, ReduceOp.SUM, np.float32)[1].tolist() == [2050.0]
+    assert reduce_parts(parts, ReduceOp.SUM)[1].tolist() == [2048.0]
+
+
 def test_bitmap_chunk_is_the_ceiling_of_the_packed_bytes_per_rank():
     for n in (0, 1, 7, 8, 9, 63, 64, 4000, 4001):
         for p in (1, 2, 3, 4, 5, 8):
