@@ -125,6 +125,11 @@ def test_auto_rule_branches():
     assert auto.choose(shape(4, 10**6, 100)) == "allgather"
     assert auto.choose(shape(4, 10**6, 4000)) == "split"
     assert auto.choose(shape(4, 1 << 24, 1 << 17)) == "split"
+    # the documented bounds are inclusive: width >= 12 -> mask, N * E <= 96 KiB -> allgather
+    assert auto.choose(shape(4, 10**6, 10**4, width=12)) == "mask"
+    assert auto.choose(shape(4, 10**6, 10**4, width=11)) == "split"
+    assert auto.choose(shape(4, 10**6, 96 * 1024 // 8 // 4)) == "allgather"  # N * 8 == 96 KiB
+    assert auto.choose(shape(4, 10**6, 96 * 1024 // 8 // 4 + 1)) == "split"
 
 
 def test_cost_model_closed_forms():
