@@ -207,10 +207,10 @@ def test_every_nan_of_a_result_has_numpys_bits(comm, dtype):
 def test_split_cost_estimate_without_inputs():
     """Without the inputs split's model assumes balanced regions: rank r gets nnz_q // P entries
     from every other rank q and U // P of the union from every other region (E = 8 bytes)."""
-    s = Shape(4, 10**6, 0, 4, 4, (100, 200, 0, 400))
+    s = Shape(4, 10**6, 0, 4, 4, (101, 203, 0, 402))  # not multiples of P: // is tested
     c = split.cost(s, 1)
     region = s.union // 4
-    assert region > 0
+    assert region > 0 and s.union % 4
     assert c.received == {"split.samples": 3 * 129 * 8, "split.counts": 24,
                           "split.scatter": (25 + 0 + 100) * 8, "split.gather.counts": 24,
                           "split.gather": 3 * region * 8}
