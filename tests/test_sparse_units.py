@@ -216,3 +216,17 @@ def test_split_cost_estimate_without_inputs():
                           "split.gather": 3 * region * 8}
     assert c.messages == {"split.samples": 3, "split.counts": 3, "split.scatter": 4,
                           "split.gather.counts": 3, "split.gather": 6}
+
+
+def test_region_bounds_and_cuts_exact_beyond_float64():
+    """Indices near 2**62 (float64 spacing 1024 there): bounds are exact sample values and the
+    cuts equal an integer searchsorted, so no step may pass through floats."""
+    base = 2**62
+    inputs = [base + np.arange(r, 4000, 3, dtype=np.int64) for r in range(3)]
+    bounds = split.region_bounds(np.stack([split.local_samples(a) for a in inputs]), 2**63 - 1)
+    assert bounds.dtype == np.int64
+    everything = np.concatenate(inputs)
+    assert all(b in everything for b in bounds[1:-1].tolist())
+    for a in inputs:
+        want = [0] + [int(np.searchsorted(a, b)) for b in bounds[1:-1].tolist()] + [a.size]
+        assert split._cuts(a, bounds) == want
