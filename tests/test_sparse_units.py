@@ -52,6 +52,13 @@ def test_fill_absent_sum_turns_a_missing_minus_zero_into_plus_zero():
     assert np.signbit(got).tolist() == [False, True, False] and got.tolist() == [0.0, 0.0, 2.0]
 
 
+def test_reduce_parts_accumulates_in_the_accumulate_dtype():
+    """float16 2048 + 1 + 1: 2050 when the merge adds in float32, 2048 when it rounds each step."""
+    parts = [(np.array([0]), np.array([v], np.float16)) for v in (2048, 1, 1)]
+    assert reduce_parts(parts, ReduceOp.SUM, np.float32)[1].tolist() == [2050.0]
+    assert reduce_parts(parts, ReduceOp.SUM)[1].tolist() == [2048.0]
+
+
 def test_bitmap_chunk_is_the_ceiling_of_the_packed_bytes_per_rank():
     for n in (0, 1, 7, 8, 9, 63, 64, 4000, 4001):
         for p in (1, 2, 3, 4, 5, 8):
@@ -192,3 +199,31 @@ def test_every_nan_of_a_result_has_numpys_bits(comm, dtype):
         for algorithm in ALL:
             res = sparse_allreduce(idx, val, 8, algorithm=algorithm, comm=comm)
             assert np.all(res.values.view(bits) == canonical), (algorithm, shape, res.values)
+
+
+def test_split_cost_estimate_without_inputs():
+    """Without the inputs split's model assumes balanced regions: rank r gets nnz_q // P entries
+    from every other rank q and U // P of the union from every other region (E = 8 bytes)."""
+    s = Shape(4, 10**6, 0, 4, 4, (101, 203, 0, 402))  # not multiples of P: // is tested
+    c = split.cost(s, 1)
+    region = s.union // 4
+    assert region > 0 and s.union % 4
+    assert c.received == {"split.samples": 3 * 129 * 8, "split.counts": 24,
+                          "split.scatter": (25 + 0 + 100) * 8, "split.gather.counts": 24,
+                          "split.gather": 3 * region * 8}
+    assert c.messages == {"split.samples": 3, "split.counts": 3, "split.scatter": 4,
+                          "split.gather.counts": 3, "split.gather": 6}
+
+
+def test_region_bounds_and_cuts_exact_beyond_float64():
+    """Indices near 2**62 (float64 spacing 1024 there): bounds are exact sample values and the
+    cuts equal an integer searchsorted, so no step may pass through floats."""
+    base = 2**62
+    inputs = [base + np.arange(r, 4000, 3, dtype=np.int64) for r in range(3)]
+    bounds = split.region_bounds(np.stack([split.local_samples(a) for a in inputs]), 2**63 - 1)
+    assert bounds.dtype == np.int64
+    everything = np.concatenate(inputs)
+    assert all(b in everything for b in bounds[1:-1].tolist())
+    for a in inputs:
+        want = [0] + [int(np.searchsorted(a, b)) for b in bounds[1:-1].tolist()] + [a.size]
+        assert split._cuts(a, bounds) == want
