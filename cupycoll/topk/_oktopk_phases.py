@@ -50,8 +50,9 @@ def split_and_reduce(comm: Any, idx: Any, val: Any, bounds: np.ndarray) -> tuple
         sends, recvs, arriving = [], [], []
         for s in range(first, min(first + throttle, p)):
             dst, src = (r + s) % p, (r - s) % p
-            if s == 0:
-                arriving.append(chunk(r))
+            if s == 0:  # own values copied: later sends read ``val`` while this chunk is added
+                ci, cv = chunk(r)
+                arriving.append((ci, cv.copy()))
                 continue
             if send_counts[dst]:
                 ci, cv = chunk(dst)
