@@ -14,7 +14,9 @@ shows the maximum over ranks and the minimum; a budgeted call must count the sam
 
 Backends (``--backend``): ``counting`` (default) -- numpy-backed stand-in for cupy that
 reports every sync, the kernels compiled for the CPU, MPI for transport booked as NCCL (a wait
-or a fetch is one sync, staging none). Another backend registers a factory in ``BACKENDS``.
+or a fetch is one sync, staging none); ``emulated`` -- the real NCCL backend on the strict
+emulation tier (emulated devices, streams and NCCL), every blocking operation of the emulated
+CUDA runtime counted. Another backend registers a factory in ``BACKENDS``.
 """
 
 from __future__ import annotations
@@ -38,8 +40,18 @@ def _counting() -> Any:
     return SyncCountingCommunicator()
 
 
+def _emulated() -> Any:
+    """The real NCCL backend on the strict emulation tier (cupycoll._emulation): every host
+    synchronisation the emulated CUDA runtime sees is reported to the same counter."""
+    from cupycoll import _emulation, _syncs
+
+    _emulation.install()
+    _emulation.HOST_SYNC_HOOKS.append(lambda kinds: _syncs.host_sync(kinds[0]))
+    return cc.init("nccl")
+
+
 #: backend name -> factory of a communicator over a counting device namespace.
-BACKENDS: dict[str, Callable[[], Any]] = {"counting": _counting}
+BACKENDS: dict[str, Callable[[], Any]] = {"counting": _counting, "emulated": _emulated}
 #: budget of host syncs per call (the issue's targets), independent of P.
 BUDGET = {"allreduce": 1, "sparse_allreduce.split": 8, "sparse_allreduce.allgather": 6,
           "topk_allreduce.oktopk.nonrefresh": 10}

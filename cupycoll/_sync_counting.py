@@ -37,7 +37,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ._syncs import host_sync, uncounted
-from .comm._base import Work
+from .comm._base import Communicator, Work
 from .comm.mpi import MPICommunicator
 
 __all__ = ["DeviceArray", "xp", "SyncCountingCommunicator"]
@@ -227,6 +227,14 @@ class SyncCountingCommunicator(MPICommunicator):
         twin = SyncCountingCommunicator(self.mpi_comm.Dup(), timeout=self.timeout)
         twin._owned = True
         return twin
+
+    def run(self, verb: str, *args: Any, op_name: str | None = None) -> None:
+        """Post and wait, as NCCL must (one sync), not MPI's blocking call."""
+        Communicator.run(self, verb, *args, op_name=op_name)
+
+    def run_fetch(self, verb: str, *args: Any, result: Any, op_name: str) -> np.ndarray:
+        """Post, then one fetch (one sync), as on NCCL."""
+        return Communicator.run_fetch(self, verb, *args, result=result, op_name=op_name)
 
     def fetch(self, work: Work, array: Any) -> np.ndarray:
         host_sync("fetch")

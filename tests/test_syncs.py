@@ -8,6 +8,7 @@ reference and the numpy path.
 
 from __future__ import annotations
 
+import json
 import threading
 
 import numpy as np
@@ -93,4 +94,20 @@ def test_sync_budget_and_results_on_the_gpu_path(nprocs):
 
 def test_sync_budget_is_the_same_at_p4_and_p8():
     four, eight = _budget_counts(4), _budget_counts(8)
+    assert four == eight, f"syncs depend on P: P=4 {four}; P=8 {eight}"
+
+
+def _emulated_budget(nprocs: int, tmp_path) -> dict:
+    """bench_syncs.py on the real NCCL backend over the strict emulation tier."""
+    path = tmp_path / f"syncs{nprocs}.json"
+    run_mpi(nprocs, "../../bench/bench_syncs.py", "--backend", "emulated", "--json", path,
+            timeout=400)  # exits 1 (and fails here) when a call is over budget or unequal
+    rows = json.loads(path.read_text())["rows"]
+    return {row["call"]: row["host_syncs"] for row in rows if row.get("budget") not in (None, "")}
+
+
+def test_sync_budget_on_emulated_nccl_is_met_and_independent_of_p(tmp_path):
+    four, eight = _emulated_budget(4, tmp_path), _emulated_budget(8, tmp_path)
+    assert set(four) >= {"allreduce", "sparse_allreduce.split", "sparse_allreduce.allgather",
+                         "topk_allreduce.oktopk.nonrefresh"}
     assert four == eight, f"syncs depend on P: P=4 {four}; P=8 {eight}"

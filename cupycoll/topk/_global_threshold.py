@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from .._types import ReduceOp
-from ._common import smallest_positive, to_host
+from ._common import smallest_positive
 
 __all__ = ["histogram_threshold", "BINS", "OCTAVES", "COUNT_RANGE", "MAX_ROUNDS"]
 
@@ -47,9 +47,10 @@ def _counts_at_edges(comm: Any, mags: Any, edges: np.ndarray, wide: bool) -> np.
     bins = xp.searchsorted(xp.asarray(edges), mags.astype(np.float64), side="right")
     local = xp.bincount(bins, minlength=edges.shape[0] + 1).astype(np.int64 if wide else np.int32)
     total = xp.empty_like(local)
-    comm.allreduce(local, total, ReduceOp.SUM, op_name="oktopk.threshold").wait()
+    total = comm.run_fetch("allreduce", local, total, ReduceOp.SUM, result=total,
+                           op_name="oktopk.threshold")  # one host sync: wait and read
     # above[b] = count in bins b, b+1, ...; a magnitude m is in bin b when b edges are <= m
-    above = np.cumsum(to_host(total)[::-1].astype(np.int64))[::-1]
+    above = np.cumsum(total[::-1].astype(np.int64))[::-1]
     return above[1:]  # mags >= e_j  <=>  bin >= j + 1
 
 
