@@ -24,7 +24,7 @@ def test_importing_cupycoll_does_not_import_torch():
 
 @pytest.mark.parametrize("nprocs", [2, 4])
 def test_ddp_hooks(nprocs):
-    out = run_mpi(nprocs, "torch_ddp.py", 200 if nprocs == 2 else 120, "--report", timeout=900)
+    out = run_mpi(nprocs, "torch_ddp.py", 300, "--report", timeout=900)
     assert out.count('"hook"') == 4
 
 
