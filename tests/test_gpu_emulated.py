@@ -52,3 +52,11 @@ def test_dup_on_cupy13_binding():
 def test_init_device_and_auto_backend():
     """init() keeps the device the application made current; init("auto") is agreed."""
     _run(2, ["device_choice", "auto_agrees"], devices=3, timeout=120)
+
+
+@pytest.mark.parametrize("nprocs", [2, 3, 4])
+def test_late_rank_named_and_interrupt_on_nccl(nprocs):
+    """Issue 12 on the NCCL backend: a late rank is named in CollectiveTimeout.missing_ranks
+    (arrival board), the communicator is then dead at once; a wait with no timeout raises
+    KeyboardInterrupt within 1 s of SIGINT."""
+    _run(nprocs, ["late_named", "interrupt"], timeout=120)

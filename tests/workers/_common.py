@@ -36,7 +36,7 @@ def expect_raises(exc_type, fn, *args, **kwargs):
         fn(*args, **kwargs)
     except exc_type as exc:
         return exc
-    raise AssertionError(f"{getattr(fn, '__name__', fn)} did not raise {exc_type.__name__}")
+    raise AssertionError(f"{getattr(fn, '__name__', fn)} did not raise {exc_type}")
 
 
 class DLPackOnly:

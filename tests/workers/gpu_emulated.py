@@ -363,7 +363,66 @@ def mode_rules():
     fresh.abort()
 
 
-MODES = {"suites": mode_suites, "rules": mode_rules, "async_device": mode_async_device,
+def mode_late_named():
+    """Issue 12 on NCCL: after good calls, the last rank is late; the others' CollectiveTimeout
+    names it (arrival board), the communicator is then dead at once, and the late rank fails
+    cleanly (its peers aborted)."""
+    comm = nccl_comm(timeout=1.5)
+    x = cupy.ones(4, cupy.float32)
+    for _ in range(2):
+        cc.allreduce(x, comm=comm)
+    named = False
+    if RANK == P - 1:
+        time.sleep(4)
+        try:  # it completes against the operation its peers left pending, or sees their abort
+            cc.allreduce(x, comm=comm)
+        except (CollectiveTimeout, BackendError, BackendUnavailable):
+            pass
+    else:
+        start = time.monotonic()
+        # the first rank to time out aborts its NCCL communicator; a peer still waiting may see
+        # that abort (NCCL's remote error) before its own timeout, as on real NCCL
+        err = expect_raises((CollectiveTimeout, BackendError), lambda: cc.allreduce(x, comm=comm))
+        if isinstance(err, CollectiveTimeout):
+            assert err.missing_ranks == [P - 1], (err.missing_ranks, str(err))
+            assert err.op_name == "allreduce" and 1.4 < time.monotonic() - start < 10, err
+            named = True
+        else:
+            assert "REMOTE" in str(err), err
+        again = time.monotonic()
+        expect_raises((CollectiveTimeout, BackendError, BackendUnavailable),
+                      lambda: cc.allreduce(x, comm=comm))
+        assert time.monotonic() - again < 0.5, "a dead communicator must raise at once"
+    assert P == 1 or any(WORLD.allgather(named)), "no rank named the late one"
+    WORLD.Barrier()
+
+
+def mode_interrupt():
+    """Issue 12 on NCCL: a wait without a timeout raises KeyboardInterrupt within 1 s of SIGINT
+    (rank 0 waits on an allreduce the others join only 3 s later)."""
+    import signal
+    import threading
+
+    comm = nccl_comm(timeout=None if RANK == 0 else 20.0)
+    x = cupy.ones(4, cupy.float32)
+    cc.allreduce(x, comm=comm)  # connected
+    if RANK == 0:
+        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+        start = time.monotonic()
+        timer.start()
+        expect_raises(KeyboardInterrupt, lambda: cc.allreduce(x, comm=comm))
+        assert time.monotonic() - start < 1.3, time.monotonic() - start
+    else:
+        time.sleep(3)
+        try:  # rank 0 left its operation pending (kept alive) or aborted it: either is fine
+            cc.allreduce(x, comm=comm)
+        except (BackendError, CollectiveTimeout, BackendUnavailable):
+            pass
+    WORLD.Barrier()
+    comm.abort()
+
+
+MODES = {"late_named": mode_late_named, "interrupt": mode_interrupt, "suites": mode_suites, "rules": mode_rules, "async_device": mode_async_device,
          "async_order": mode_async_order, "dup": mode_dup, "missing_peer": mode_missing_peer,
          "peer_aborts": mode_peer_aborts, "init_fails": mode_init_fails,
          "device_choice": mode_device_choice, "auto_agrees": mode_auto_agrees}
