@@ -258,7 +258,8 @@ class CudaDevice:
         array (valid once the event is done) and an event recorded behind the copy."""
         import cupyx
 
-        a = self._cupy.ascontiguousarray(a)
+        if not a.flags.c_contiguous:  # results are contiguous: no device work queued here
+            a = self._cupy.ascontiguousarray(a)
         host = cupyx.empty_pinned(a.shape, a.dtype)
         runtime = self._cupy.cuda.runtime
         runtime.memcpyAsync(host.ctypes.data, a.data.ptr, a.nbytes,
