@@ -58,6 +58,6 @@ def test_init_device_and_auto_backend():
 def test_late_rank_named_and_interrupt_on_nccl(nprocs):
     """Issue 12 on the NCCL backend: a late rank is named in CollectiveTimeout.missing_ranks
     (arrival board), the communicator is then dead at once; a wait with no timeout raises
-    KeyboardInterrupt within 1 s of SIGINT; the same naming for every front door (dense verbs,
-    sparse_allreduce, topk_allreduce)."""
-    _run(nprocs, ["late_named", "interrupt", "late_verbs"], timeout=180)
+    KeyboardInterrupt within 1 s of SIGINT."""
+    _run(nprocs, ["late_named", "interrupt"], timeout=120)
+

@@ -397,42 +397,6 @@ def mode_late_named():
     WORLD.Barrier()
 
 
-def mode_late_verbs():
-    """Issue 12 on NCCL, every front door: for each verb a fresh communicator, one good call,
-    then the last rank late: a punctual rank names it, or saw the first one's abort."""
-    n = 64
-    verbs = {"allreduce": lambda c, x, i: cc.allreduce(x, comm=c),
-             "broadcast": lambda c, x, i: cc.broadcast(x, root=P - 1, comm=c),  # the late root
-             "allgather": lambda c, x, i: cc.allgather(x, comm=c),
-             "reduce_scatter": lambda c, x, i: cc.reduce_scatter(x[:P * 4], comm=c),
-             "sparse_allreduce": lambda c, x, i: cc.sparse_allreduce(i, x[:i.shape[0]], n,
-                                                                     comm=c),
-             "topk_allreduce": lambda c, x, i: cc.topk_allreduce(x + RANK, 8, comm=c)}
-    for verb, call in verbs.items():
-        comm = nccl_comm(timeout=0.8)  # makes this rank's device current
-        x, idx = cupy.ones(n, cupy.float32), cupy.arange(RANK, n, P, dtype=cupy.int32)
-        call(comm, x, idx)
-        named = False
-        if RANK == P - 1:
-            time.sleep(2.5)
-            try:
-                call(comm, x, idx)
-            except (CollectiveTimeout, BackendError, BackendUnavailable):
-                pass
-        else:
-            try:
-                call(comm, x, idx)
-                raise AssertionError(f"{verb} completed without the late rank")
-            except (CollectiveTimeout, BackendError) as exc:
-                err = exc
-            if isinstance(err, CollectiveTimeout):
-                assert err.missing_ranks == [P - 1] and err.op_name == verb, (verb, str(err))
-                named = True
-        assert P == 1 or any(WORLD.allgather(named)), f"{verb}: no rank named the late one"
-        WORLD.Barrier()
-        comm.abort()
-
-
 def mode_interrupt():
     """Issue 12 on NCCL: a wait without a timeout raises KeyboardInterrupt within 1 s of SIGINT
     (rank 0 waits on an allreduce the others join only 3 s later)."""
@@ -458,7 +422,7 @@ def mode_interrupt():
     comm.abort()
 
 
-MODES = {"late_named": mode_late_named, "late_verbs": mode_late_verbs, "interrupt": mode_interrupt, "suites": mode_suites, "rules": mode_rules, "async_device": mode_async_device,
+MODES = {"late_named": mode_late_named, "interrupt": mode_interrupt, "suites": mode_suites, "rules": mode_rules, "async_device": mode_async_device,
          "async_order": mode_async_order, "dup": mode_dup, "missing_peer": mode_missing_peer,
          "peer_aborts": mode_peer_aborts, "init_fails": mode_init_fails,
          "device_choice": mode_device_choice, "auto_agrees": mode_auto_agrees}
