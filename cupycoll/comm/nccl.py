@@ -185,7 +185,6 @@ def bootstrap(mpi_comm: MPI.Comm, make_id: Callable[[], Any] | None = None,
     ``ncclCommInitRank`` under :func:`~._nccl_guard.agreed_init`: if any rank's init fails, every
     rank raises BackendUnavailable; if ``timeout`` passes first, CollectiveTimeout.
     """
-    rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
     local_rank, local_size = node_local_rank(mpi_comm)
     error, count, device = None, 0, -1
     try:
