@@ -146,7 +146,7 @@ def timed(selector):
     return selector
 
 
-def compressor(comm, table: Table, n: int, density: float, steps: int, tau: int,
+def compressor(comm, table: Table, n: int, density: float, steps: int, tau: int | str,
                tau_prime: int) -> list[dict]:
     """Part 3: per step counts, volumes and selection time under error feedback; return rows."""
     from mpi4py import MPI
@@ -246,7 +246,8 @@ def main() -> None:
     p.add_argument("--density", type=float, default=0.01)
     p.add_argument("--steps", type=int, default=None,
                    help="steps (default: 8 for the phases, 40 for the compressor)")
-    p.add_argument("--tau", type=int, default=64, help="compressor: repartition period")
+    p.add_argument("--tau", type=lambda v: v if v == "auto" else int(v), default="auto",
+                   help='compressor: repartition period, an int or "auto" (default)')
     p.add_argument("--tau-prime", type=int, default=None,
                    help="refresh period (default: 4 for the phases, 32 for the compressor)")
     p.add_argument("--only", choices=PARTS, action="append", help="run only these parts")

@@ -55,7 +55,10 @@ class TopkState:
     """What a sequence of top-k allreduce calls carries from one call to the next.
 
     Attributes:
-        tau: Ok-Topk repartitions the regions when ``step % tau == 0``.
+        tau: Ok-Topk repartitions the regions when ``step % tau == 0``; ``"auto"`` (default)
+            repartitions every step when the regions' expected share noise is above
+            :data:`cupycoll.topk.oktopk.SHARE_NOISE` (few entries per region), every
+            :data:`cupycoll.topk.oktopk.AUTO_TAU` steps otherwise.
         tau_prime: refresh step when ``step % tau_prime == 0``: Ok-Topk's result is the exact
             top-k of the reduced sums (and the reference policy recomputes its thresholds
             exactly, reusing them with count feedback in between).
@@ -74,7 +77,7 @@ class TopkState:
             refresh steps, all reduced nonzeros gathered).
     """
 
-    tau: int = 64
+    tau: int | str = "auto"
     tau_prime: int = 32
     step: int = 0
     selector: Selector | None = None
@@ -85,7 +88,11 @@ class TopkState:
     last: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.tau = check_int("tau", self.tau, 1)
+        if isinstance(self.tau, str):
+            if self.tau != "auto":
+                raise InvalidArgument("tau", self.tau, 'must be an int >= 1 or "auto"')
+        else:
+            self.tau = check_int("tau", self.tau, 1)
         self.tau_prime = check_int("tau_prime", self.tau_prime, 1)
         from .selectors import Selector
 
@@ -98,10 +105,10 @@ class TopkState:
         """True when the current step recomputes thresholds exactly."""
         return self.step % self.tau_prime == 0
 
-    @property
-    def repartition(self) -> bool:
-        """True when the current step recomputes Ok-Topk's region boundaries."""
-        return self.step % self.tau == 0
+    def repartition(self, every: int) -> bool:
+        """True when the current step recomputes Ok-Topk's region boundaries (``every`` is
+        the period that ``tau="auto"`` stands for at this call's k and P)."""
+        return self.step % (every if self.tau == "auto" else self.tau) == 0
 
 
 def check_int(name: str, value: Any, minimum: int) -> int:

@@ -44,7 +44,8 @@ class TopkCompressor:
         density: fraction of entries communicated; ``k = max(1, floor(density * n))``.
         algorithm: a top-k algorithm (``cupycoll.algorithms("topk")``), default "oktopk".
         comm: communicator (default ``cupycoll.get_comm()``).
-        tau, tau_prime: Ok-Topk's repartition and threshold-refresh periods.
+        tau, tau_prime: Ok-Topk's repartition ("auto": see ``TopkState``) and threshold-refresh
+            periods.
         selector: local selector (default: the algorithm's).
         warmup_steps: the first steps send the whole accumulated gradient densely (one dense
             allreduce; the update then covers all n entries and the residual becomes zero).
@@ -61,7 +62,8 @@ class TopkCompressor:
     """
 
     def __init__(self, n: int, density: float, *, algorithm: str | None = None,
-                 comm: Communicator | None = None, tau: int = 64, tau_prime: int = 32,
+                 comm: Communicator | None = None, tau: int | str = "auto",
+                 tau_prime: int = 32,
                  selector: Selector | None = None, warmup_steps: int = 0,
                  measure_xi: bool = False) -> None:
         self.n = check_int("n", n, 1)
