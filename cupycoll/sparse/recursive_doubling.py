@@ -153,39 +153,32 @@ def recursive_doubling(comm: Any, indices: Any, values: Any, n: int, op: ReduceO
 def cost(shape: Shape, rank: int) -> Cost:
     """Bytes and messages ``rank`` receives (without the validation allreduce).
 
-    Group unions are exact when ``shape.inputs`` is given, else estimated.
+    Group unions are exact when ``shape.inputs`` is given, else estimated. A group's state is
+    dense iff its union prefers dense: unions only grow as groups merge and
+    :func:`prefer_dense` is monotone in the size, so a dense part always makes a dense whole.
+    Only the ~log2 P groups this rank receives are priced (O(P log P), not O(P^2 log P)).
     """
     p, c = shape.size, Cost()
     p2 = 1 << (p.bit_length() - 1)
     dense_bytes = shape.n * shape.row_bytes + (shape.n + 7) // 8
 
-    def state(group: frozenset[int], was_dense: bool) -> tuple[bool, int]:
-        size = shape.union_of(sorted(group))
-        dense = was_dense or prefer_dense(size, shape.n, shape.index_bytes, shape.row_bytes)
-        return dense, dense_bytes if dense else size * shape.entry_bytes
-
-    def receive(group: frozenset[int], dense: bool) -> None:
+    def receive(group: list[int]) -> None:
+        size = shape.union_of(group)
+        dense = prefer_dense(size, shape.n, shape.index_bytes, shape.row_bytes)
         c.book(_OP + ".counts", 8, 1)
-        c.book(_OP, state(group, dense)[1], 2)
+        c.book(_OP, dense_bytes if dense else size * shape.entry_bytes, 2)
 
-    groups = {r: frozenset([r]) for r in range(p)}
-    dense = {r: state(groups[r], False)[0] for r in range(p)}
-    for r in range(p2, p):  # fold in
-        if rank == r - p2:
-            receive(groups[r], dense[r])
-        groups[r - p2] = groups[r - p2] | groups[r]
-        dense[r - p2] = state(groups[r - p2], dense[r - p2] or dense[r])[0]
+    def block(first: int, count: int) -> list[int]:
+        """The ranks behind virtual ranks [first, first + count) after the fold-in."""
+        return [r for v in range(first, first + count) for r in (v, v + p2) if r < p]
+
+    if rank >= p2:  # folded in: receives only the final result
+        receive(list(range(p)))
+        return c
+    if rank + p2 < p:  # fold in
+        receive([rank + p2])
     d = 1
     while d < p2:
-        new_groups, new_dense = dict(groups), dict(dense)
-        for r in range(p2):
-            peer = r ^ d
-            if r == rank:
-                receive(groups[peer], dense[peer])
-            new_groups[r] = groups[r] | groups[peer]
-            new_dense[r] = state(new_groups[r], dense[r] or dense[peer])[0]
-        groups, dense = new_groups, new_dense
+        receive(block(((rank ^ d) // d) * d, d))
         d <<= 1
-    if rank >= p2:  # fold out
-        receive(groups[rank - p2], dense[rank - p2])
     return c
