@@ -23,6 +23,12 @@ from ._cost import Cost, Shape, validation_cost
 
 __all__ = ["choose", "auto", "call_cost", "predicted_times", "MODELS"]
 
+#: recent decisions: (id(profile), shape) -> (profile, name). A training loop repeats shapes, and
+#: pricing five models costs ~1,000 Python calls (milliseconds at large P); the key is the full
+#: agreed shape, so a hit returns exactly what the models would (and the same on every rank).
+_DECISIONS: dict[tuple[int, Shape], tuple[Any, str]] = {}
+_DECISIONS_MAX = 512
+
 #: the cost model of every exact algorithm (bytes and messages received per rank).
 MODELS = {"allgather": allgather.cost, "dense": dense.cost, "mask": mask.cost,
           "recursive_doubling": recursive_doubling.cost, "split": split.cost}
@@ -47,12 +53,21 @@ def choose(shape: Shape, profile: Any = None, *, comm: Any = None, op: Any = Non
         return "allgather"
     if op is not None:
         shape = dataclasses.replace(shape, op=str(getattr(op, "value", op)))
-    if profile is None and comm is not None:
-        from ..tuner.profile import profile_for
+    if profile is None:
+        from ..tuner.profile import load_profile, profile_for
 
-        profile = profile_for(comm)
+        profile = profile_for(comm) if comm is not None else load_profile()
+    key = (id(profile), shape) if shape.inputs is None else None
+    hit = _DECISIONS.get(key) if key else None
+    if hit is not None and hit[0] is profile:
+        return hit[1]
     times = predicted_times(shape, profile)
-    return min(times, key=times.__getitem__)
+    name = min(times, key=times.__getitem__)
+    if key:
+        if len(_DECISIONS) >= _DECISIONS_MAX:
+            _DECISIONS.clear()
+        _DECISIONS[key] = (profile, name)
+    return name
 
 
 @register("sparse", "auto")
