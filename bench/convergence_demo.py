@@ -165,7 +165,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64, help="global mini-batch (split over ranks)")
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--lr", type=float, default=0.2)
-    ap.add_argument("--tau", type=int, default=64)
+    ap.add_argument("--tau", type=lambda v: v if v == "auto" else int(v), default="auto",
+                    help="Ok-Topk repartition period: an int or \"auto\" (default)")
     ap.add_argument("--tau-prime", type=int, default=32)
     ap.add_argument("--eval-every", type=int, default=25)
     ap.add_argument("--seed", type=int, default=0)
