@@ -19,7 +19,7 @@ kind                    operations
 ======================  =====================================================================
 
 Host-to-device copies (``asarray`` of host data) are no sync (CUDA stages them). Primitives on
-these arrays run :class:`~cupycoll._cupy_primitives.KernelPrimitives`, the GPU code, with the
+these arrays run :class:`~cupycoll.primitives._cupy.KernelPrimitives`, the GPU code, with the
 kernels compiled for the CPU (``cupycoll._kernel_shim``), found through the namespace's
 ``cupycoll_primitives`` attribute.
 
@@ -183,7 +183,7 @@ xp = _Namespace()
 
 def _primitives() -> Any:
     from . import _kernel_shim
-    from ._cupy_primitives import KernelPrimitives
+    from .primitives._cupy import KernelPrimitives
 
     with uncounted():
         libraries = _kernel_shim.load(_kernel_shim.build())

@@ -31,7 +31,7 @@ def test_wheel_ships_kernels_and_benchmarks(wheel):
         assert f"cupycoll/bench/{name}" in names, f"{name} missing from the wheel"
     for module in ("cupycoll/__init__.py", "cupycoll/py.typed", "cupycoll/comm/mpi.py",
                    "cupycoll/comm/nccl.py", "cupycoll/sparse/__init__.py",
-                   "cupycoll/topk/__init__.py", "cupycoll/primitives.py",
+                   "cupycoll/topk/__init__.py", "cupycoll/primitives/__init__.py",
                    "cupycoll/__main__.py", "cupycoll/jupyter.py",
                    "cupycoll/_emulation/nccl.py", "cupycoll/kernels/cpu_shim.h"):
         assert module in names, f"{module} missing from the wheel"
