@@ -37,7 +37,8 @@ from typing import Any, Callable
 import numpy as np
 
 from ._syncs import host_sync, uncounted
-from .comm._base import Communicator, Work
+from .comm._base import Communicator
+from .comm._work import Work
 from .comm.mpi import MPICommunicator
 
 __all__ = ["DeviceArray", "xp", "SyncCountingCommunicator"]

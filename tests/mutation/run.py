@@ -63,10 +63,11 @@ MODULES = {
         "__init__", "_accel", "_checks", "_common", "_numpy_reduce", "_numpy_select")},
     "cupycoll/primitives/_numba.py": ["tests/test_numba_accel.py", "tests/test_primitives.py"],
     "cupycoll/primitives/_cupy.py": ["tests/test_kernels_cpu.py"],
-    "cupycoll/comm/_base.py": ["tests/test_api_units.py", "tests/test_sparse_units.py",
-                               "tests/test_dense.py::test_dense_collectives_match_numpy[3]",
-                               "tests/test_dense.py::test_comm_stats_errors_timeouts[3]",
-                               _SPARSE_MPI + "test_volume_equals_cost_models[3]"],
+    **{f"cupycoll/comm/{m}.py": ["tests/test_api_units.py", "tests/test_sparse_units.py",
+                                 "tests/test_dense.py::test_dense_collectives_match_numpy[3]",
+                                 "tests/test_dense.py::test_comm_stats_errors_timeouts[3]",
+                                 _SPARSE_MPI + "test_volume_equals_cost_models[3]"]
+       for m in ("_base", "_stats", "_work")},
 }
 #: a small, cheap selection for CI (a few minutes).
 SAMPLE = ["cupycoll/sparse/_common.py"]
