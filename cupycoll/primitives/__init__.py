@@ -58,6 +58,7 @@ def _dispatch(fn: Callable) -> Callable:
             return getattr(impl, name)(*args, **kwargs)
         return fn(*args, **kwargs)
 
+    wrapper.__module__ = __name__  # the public name (pickle finds the dispatcher, not the twin)
     return wrapper
 
 
