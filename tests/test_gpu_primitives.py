@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from cupycoll import primitives
+from cupycoll.primitives import _checks, _numpy_select
 
 from . import _kernel_cases as cases
 from ._gpu import no_device_reason
@@ -111,7 +112,8 @@ def test_errors(name, args, kwargs):
 @pytest.mark.parametrize("dtype", cases.VALUE_DTYPES)
 def test_int64_output_indices(dtype, monkeypatch):
     # arrays of 2**31 elements need 8+ GiB: lower the int64 cut-over instead
-    monkeypatch.setattr(primitives, "_index_dtype", lambda n: np.dtype(np.int64))
+    for module in (_checks, _numpy_select):  # the kernels' and the numpy twin's cut-over
+        monkeypatch.setattr(module, "_index_dtype", lambda n: np.dtype(np.int64))
     x = cases.values(np.random.default_rng(6), dtype, 1000)
     for name, arg in (("select_abs_ge", 1.0), ("topk_abs", 170)):
         _run(name, (x, arg), {})

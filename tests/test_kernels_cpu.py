@@ -2,7 +2,7 @@
 
 Each ``kernels/*.cu`` is compiled once as C++ by g++ with ``kernels/cpu_shim.h`` (CUDA built-ins
 as plain C++, every (block, thread) run in turn) into a shared library loaded with ctypes. The
-kernel-backed primitives (:class:`cupycoll._cupy_primitives.KernelPrimitives`, the same code the
+kernel-backed primitives (:class:`cupycoll.primitives._cupy.KernelPrimitives`, the same code the
 GPU runs, with numpy in place of cupy) must then equal the numpy twins bit for bit.
 """
 
@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from cupycoll import _kernel_shim, _kernels, primitives
-from cupycoll._cupy_primitives import KernelPrimitives
+from cupycoll.primitives import _checks, _numpy_select
+from cupycoll.primitives._cupy import KernelPrimitives
 from cupycoll._kernel_shim import ShimLauncher
 
 from . import _kernel_cases as cases
@@ -113,7 +114,8 @@ def test_errors(kernels, name, args, kwargs):
 @pytest.mark.parametrize("dtype", cases.VALUE_DTYPES)
 def test_int64_output_indices(kernels, dtype, monkeypatch):
     # arrays of 2**31 elements are out of reach here: lower the int64 cut-over instead
-    monkeypatch.setattr(primitives, "_index_dtype", lambda n: np.dtype(np.int64))
+    for module in (_checks, _numpy_select):  # the kernels' and the numpy twin's cut-over
+        monkeypatch.setattr(module, "_index_dtype", lambda n: np.dtype(np.int64))
     x = cases.values(np.random.default_rng(6), dtype, 100)
     for name, arg in (("select_abs_ge", 1.0), ("topk_abs", 17)):
         _run(kernels, name, (x, arg), {})

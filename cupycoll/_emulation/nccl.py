@@ -1,4 +1,5 @@
-"""Emulated ``cupy.cuda.nccl``: NCCL's rules between MPI processes, data moved by mpi4py.
+"""Emulated ``cupy.cuda.nccl``: NCCL's rules between MPI processes, data moved by mpi4py (the
+module itself is assembled by :func:`.nccl_module.build`).
 
 What a call checks on the host (before anything moves): the communicator is alive, the current
 device and the stream's device are the communicator's, every buffer is live device memory of that
@@ -24,12 +25,11 @@ from mpi4py import MPI
 
 from . import device as dev
 from .array import buffer_at, raw_view
-from .logs import COMMS, GLOBAL_LOG, check_logs
+from .logs import COMMS, GLOBAL_LOG
 from .nccl_core import (INTERNAL, INVALID_ARGUMENT, INVALID_USAGE, REMOTE, STATE, dtype_of,
-                        error, get_unique_id, itemsize, join, poll, reduce_rows,
-                        release_blocked, uid_bytes, waitall)
+                        error, itemsize, join, poll, reduce_rows, uid_bytes, waitall)
 
-__all__ = ["build", "check_logs", "release_blocked"]
+__all__ = ["NcclCommunicator", "groupStart", "groupEnd"]
 
 _tls = threading.local()
 _P2P_TAG, _HANDSHAKE_TAG, _ABORT_TAG = 7, 9, 11
@@ -380,40 +380,9 @@ class NcclCommunicator:
         return type(self)(child.Get_size(), None, child.Get_rank(), _mpi=child, _uid=uid)
 
 
-class _Cupy13Communicator(NcclCommunicator):
-    """CuPy 13's binding: no ``commSplit``."""
-
-    def __getattribute__(self, name: str) -> Any:
-        if name == "commSplit":
-            raise AttributeError("'cupy.cuda.nccl.NcclCommunicator' object has no attribute "
-                                 "'commSplit' (CuPy 13)")
-        return super().__getattribute__(name)
-
-
 def _idle(buf: dev.Buffer) -> bool:
     """No unfinished stream work reads or writes ``buf`` (so poisoning it harms nobody)."""
     marks = ([buf.writer] if buf.writer else []) + buf.readers
     return all(stream.done_seq >= seq for stream, seq, _ in marks)
 
 
-def build(real: Any, version: int, node: int) -> Any:
-    """The emulated ``cupy.cuda.nccl`` module over the real binding ``real``."""
-    import types
-
-    mod = types.ModuleType("cupy.cuda.nccl")
-    for name in dir(real):
-        if name.startswith("NCCL_"):
-            setattr(mod, name, getattr(real, name))
-    STATE.update(real=real, version=version, node=node, boot=MPI.COMM_WORLD.Dup(),
-                 dtypes={int(getattr(real, "NCCL_" + n.upper())): np.dtype(n) for n in
-                         ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16",
-                          "float32", "float64")})
-    mod.NcclError = real.NcclError
-    mod.available = True
-    mod.get_version = real.get_version
-    mod.get_unique_id = get_unique_id
-    real.groupStart()  # the real ones exist and pair up (the calls inside are not real:
-    real.groupEnd()  # NCCL would report their null-communicator errors at groupEnd)
-    mod.groupStart, mod.groupEnd = groupStart, groupEnd
-    mod.NcclCommunicator = NcclCommunicator if version >= 14 else _Cupy13Communicator
-    return mod

@@ -28,7 +28,8 @@ from .._config import setting
 from .._registry import algorithms
 from .._types import ReduceOp, array_namespace, as_array, parse_op, to_host
 from ..errors import CupycollError, InvalidArgument, InvalidType, MismatchError
-from ..primitives import VALUE_DTYPES, _index_stats, coo_reduce
+from ..primitives import VALUE_DTYPES, coo_reduce
+from ..primitives._checks import _index_stats
 from ._cost import VALIDATION_FIELDS, Shape
 
 __all__ = ["Prepared", "prepare"]
