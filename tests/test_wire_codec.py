@@ -257,3 +257,107 @@ def test_values_bad_arguments():
         wire.widen_values(np.ones(3, np.int16), "float16")
     with pytest.raises(InvalidType):
         wire.widen_values(np.ones(3, np.uint16), "float16", np.float16)
+
+
+# ---------------------------------------------------------------------------- kernels
+@pytest.fixture(scope="module")
+def shim_codec():
+    """The codec of kernels/wire.cu compiled for the CPU (cached g++ build), on numpy arrays."""
+    from cupycoll import _kernel_shim
+    from cupycoll.wire._cupy import WireKernels
+
+    if _kernel_shim.compiler() is None:
+        pytest.fail("the kernel tests need a C++17 compiler (g++) on PATH")
+    return WireKernels(_kernel_shim.ShimLauncher(_kernel_shim.load(_kernel_shim.build())))
+
+
+@pytest.mark.parametrize("label,idx,lo,hi", CASES, ids=IDS)
+def test_kernels_on_cpu_equal_the_twin(shim_codec, label, idx, lo, hi):
+    want = twin.encode(idx, lo, hi)
+    np.testing.assert_array_equal(shim_codec.encode(idx, lo, hi), want)
+    big = np.zeros(len(want) + 13, np.uint8)
+    big[5:5 + len(want)] = want  # an unaligned view with trailing bytes
+    for dtype in (idx.dtype, np.int64):
+        got = shim_codec.decode(big[5:], dtype)
+        assert got.dtype == dtype
+        np.testing.assert_array_equal(got, idx)
+
+
+def test_kernels_reject_like_the_twin(shim_codec):
+    with pytest.raises(InvalidArgument, match="strictly increasing"):
+        shim_codec.encode(np.array([1, 3, 3, 9]), 0, 10)
+    with pytest.raises(InvalidArgument, match=r"\[lo, hi\)"):
+        shim_codec.encode(np.array([1, 10]), 0, 10)
+    with pytest.raises(InvalidArgument, match="format tag"):
+        shim_codec.decode(np.zeros(8, np.uint8))
+
+
+def test_device_path_syncs_once_per_call():
+    """On the sync-counting stand-in for CuPy (kernels on the CPU): encode reads one small array
+    (the size must be known), decode reads the header; the values never leave the device."""
+    from cupycoll._sync_counting import xp
+    from cupycoll._syncs import count_host_syncs
+
+    rng = np.random.default_rng(12)
+    for density in (0.01, 0.5):
+        idx = _stream(rng, 30000, density, 0, np.int32)
+        dev = xp.asarray(idx)
+        with count_host_syncs() as enc_syncs:
+            enc = wire.encode_indices(dev, 0, 30000)
+        with count_host_syncs() as dec_syncs:
+            out = wire.decode_indices(enc, np.int32)
+        assert enc_syncs.total == 1 and dec_syncs.total == 1, (enc_syncs, dec_syncs)
+        assert type(enc) is type(dev) and type(out) is type(dev)
+        np.testing.assert_array_equal(np.asarray(enc), twin.encode(idx, 0, 30000))
+        np.testing.assert_array_equal(np.asarray(out), idx)
+        payload, rounded = wire.round_values(xp.asarray(rng.standard_normal(50, np.float32)),
+                                             "bfloat16")
+        assert type(payload) is type(dev) and payload.dtype == np.uint16
+
+
+def _gpu_reason():
+    from ._gpu import no_device_reason
+
+    return no_device_reason()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("label,idx,lo,hi", CASES, ids=IDS)
+def test_gpu_parity(label, idx, lo, hi):
+    reason = _gpu_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    import cupy
+
+    want = twin.encode(idx, lo, hi)
+    got = wire.encode_indices(cupy.asarray(idx), lo, hi)
+    assert isinstance(got, cupy.ndarray)
+    np.testing.assert_array_equal(cupy.asnumpy(got), want)
+    big = cupy.zeros(len(want) + 11, np.uint8)
+    big[3:3 + len(want)] = cupy.asarray(want)
+    for dtype in (idx.dtype, np.int64):
+        out = wire.decode_indices(big[3:], dtype)
+        assert isinstance(out, cupy.ndarray) and out.dtype == dtype
+        np.testing.assert_array_equal(cupy.asnumpy(out), idx)
+    x = np.random.default_rng(13).standard_normal(1000).astype(np.float32)
+    for fmt in wire.FORMATS:
+        payload, rounded = wire.round_values(cupy.asarray(x), fmt)
+        want_payload, want_rounded = wire.round_values(x, fmt)
+        np.testing.assert_array_equal(cupy.asnumpy(payload), want_payload)
+        np.testing.assert_array_equal(cupy.asnumpy(rounded), want_rounded)
+
+
+@pytest.mark.gpu
+def test_gpu_parity_large():
+    reason = _gpu_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    import cupy
+
+    rng = np.random.default_rng(14)
+    for density in (0.01, 0.4):
+        idx = _stream(rng, 1 << 22, density, 0, np.int32)
+        want = twin.encode(idx, 0, 1 << 22)
+        got = wire.encode_indices(cupy.asarray(idx), 0, 1 << 22)
+        np.testing.assert_array_equal(cupy.asnumpy(got), want)
+        np.testing.assert_array_equal(cupy.asnumpy(wire.decode_indices(got, np.int32)), idx)

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import numpy as np
@@ -38,18 +37,26 @@ def fast(size: int) -> Any:
     return _numba
 
 
-@functools.lru_cache(maxsize=None)
+#: the kernel codec of each device namespace, by id (namespaces live as long as the process).
+_CODECS: dict[int, Any] = {}
+
+
 def _device_codec(xp: Any) -> Any:
     """The kernel codec of a device namespace: its own launcher when it brings primitives
     (kernels compiled for the CPU), else CuPy's."""
-    from ._cupy import WireKernels
+    codec = _CODECS.get(id(xp))
+    if codec is None:
+        from ._cupy import WireKernels
 
-    primitives = getattr(xp, "cupycoll_primitives", None)
-    if primitives is not None:
-        return WireKernels(primitives.launch)
-    from .._kernels import CupyLauncher
+        primitives = getattr(xp, "cupycoll_primitives", None)
+        if primitives is not None:
+            codec = WireKernels(primitives.launch)
+        else:
+            from .._kernels import CupyLauncher
 
-    return WireKernels(CupyLauncher())
+            codec = WireKernels(CupyLauncher())
+        codec = _CODECS.setdefault(id(xp), codec)
+    return codec
 
 
 def encode_indices(idx: Any, lo: int, hi: int) -> Any:
