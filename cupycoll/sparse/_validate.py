@@ -74,7 +74,8 @@ class Prepared:
     def shape(self, size: int, wire: Wire = COO) -> Shape:
         return Shape(size, self.n, self.width, self.index_dtype.itemsize,
                      self.accumulate_dtype.itemsize, self.nnz, wire=wire,
-                     float_values=self.accumulate_dtype.kind == "f")
+                     float_values=self.accumulate_dtype.kind == "f"
+                     and self.accumulate_dtype.itemsize >= 4)
 
     def fields(self, names: list[str]) -> tuple[int, ...]:
         """The agreement fields (see VALIDATION_FIELDS but async_op); ``names`` = the sparse

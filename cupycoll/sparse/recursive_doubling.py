@@ -112,7 +112,7 @@ class _Rounds:
         sends = [(send_to, mine)] if send_to is not None else []
         recvs = [(recv_from, theirs)] if recv_from is not None else []
         comm.exchange(sends, recvs, _OP + ".counts").wait()
-        got = [int(v) for v in to_host(theirs)] if recv_from is not None else [0]
+        got = [int(v) for v in to_host(theirs)] if recv_from is not None else [0, 0]
         nbytes = got[1] if wire.compact else (
             dense_nbytes(self.n, self.row, self.value_dtype, wire) if got[0] < 0 else
             coo_nbytes(got[0], self.row, self.index_dtype, self.value_dtype, wire))

@@ -31,17 +31,19 @@ def _nbytes(counts: Sequence[int], row: tuple, index_dtype: Any, dtype: Any,
 
 
 def gather_entries(comm: Any, idx: Any, val: Any, op_name: str, wire: Wire = COO,
-                   lo: int = 0, hi: int = 0) -> tuple[list[tuple[Any, Any]], np.ndarray]:
+                   lo: int = 0, hi: int = 0, counts: Any = None
+                   ) -> tuple[list[tuple[Any, Any]], np.ndarray]:
     """Allgatherv sorted unique ``idx`` (in ``[lo, hi)``) and rows ``val`` as packed blocks.
 
-    Sizes first (``op_name.counts``), then ONE exchange round, one message per peer with
+    Sizes first (``op_name.counts``; skipped on the coo wire when the caller knows every
+    rank's ``counts``), then ONE exchange round, one message per peer with
     entries. Returns every rank's (indices, rows) in rank order, and the counts. This rank's
     part holds its values as the others receive them (rounded when the wire rounds), so every
     rank combines the same numbers.
     """
     xp, rank, p = comm.xp, comm.rank, comm.size
     row, count = tuple(val.shape[1:]), int(idx.shape[0])
-    block = pack(xp, idx, val, wire, lo, hi) if count and (p > 1 or wire.values) else \
+    block = pack(xp, idx, val, wire, lo, hi) if count and p > 1 else \
         Packed(None, count, val)
     if wire.compact:
         sizes = xp.asarray([count, 0 if block.buf is None else int(block.buf.shape[0])],
@@ -51,7 +53,9 @@ def gather_entries(comm: Any, idx: Any, val: Any, op_name: str, wire: Wire = COO
                               op_name=op_name + ".counts").reshape(p, 2)
         counts, nbytes = both[:, 0].copy(), both[:, 1].tolist()
     else:
-        counts = comm.allgather_counts(count, op_name + ".counts")
+        if counts is None:
+            counts = comm.allgather_counts(count, op_name + ".counts")
+        counts = np.asarray(counts, dtype=np.int64)
         nbytes = _nbytes(counts, row, idx.dtype, val.dtype, wire)
     peers = [(rank + s) % p for s in range(1, p)]
     _, slots = receive_blocks(xp, [nbytes[r] if r != rank else 0 for r in range(p)])

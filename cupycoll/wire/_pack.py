@@ -38,8 +38,10 @@ class Wire:
         return "compact" if self.compact else "coo"
 
     def rounds(self, dtype: Any) -> bool:
-        """True when values of ``dtype`` travel rounded to a 16-bit payload (floats only)."""
-        return self.values is not None and np.dtype(dtype).kind == "f"
+        """True when values of ``dtype`` travel rounded to a 16-bit payload (float32 and
+        float64 only: float16 values are 16-bit already, integers travel exact)."""
+        return self.values is not None and np.dtype(dtype).kind == "f" and \
+            np.dtype(dtype).itemsize >= 4
 
     def wire_dtype(self, dtype: Any) -> np.dtype:
         """The dtype values of ``dtype`` have on the wire."""
