@@ -58,21 +58,17 @@ __global__ void cc_wire_pack(const I* __restrict__ idx, long long n, long long n
     long long begin = 1 + b * CC_WIRE_BLOCK, end = cc_min(n, begin + CC_WIRE_BLOCK);
     int w = widths[b];
     unsigned char* p = out + starts[b];
-    unsigned int acc = 0;
+    cc_u64 acc = 0;  // fewer than 8 pending bits between pieces of at most 32 bits
     int fill = 0;
     for (long long i = begin; i < end; ++i) {
       cc_u64 v = (cc_u64)((long long)idx[i] - (long long)idx[i - 1] - 1);
       for (int left = w; left > 0;) {
-        int take = 8 - fill < left ? 8 - fill : left;
-        acc |= (unsigned int)(v & ((1ull << take) - 1ull)) << fill;
+        int take = left < 32 ? left : 32;
+        acc |= (v & ((1ull << take) - 1ull)) << fill;
         v >>= take;
         fill += take;
         left -= take;
-        if (fill == 8) {
-          *p++ = (unsigned char)acc;
-          acc = 0;
-          fill = 0;
-        }
+        for (; fill >= 8; fill -= 8, acc >>= 8) *p++ = (unsigned char)(acc & 0xffu);
       }
     }
     if (fill) *p = (unsigned char)acc;

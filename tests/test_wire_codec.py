@@ -57,7 +57,8 @@ IDS = [c[0] for c in CASES]
 def test_round_trip_bit_exact_every_path(label, idx, lo, hi):
     want = twin.encode(idx, lo, hi)
     assert want.dtype == np.uint8 and want.ndim == 1
-    assert len(want) == wire.encoded_nbytes(idx, lo, hi)
+    assert len(want) == wire.encoded_nbytes(idx, lo, hi) == twin.encoded_nbytes(idx, lo, hi) \
+        == loops.encoded_nbytes(idx, lo, hi)
     np.testing.assert_array_equal(loops.encode(idx, lo, hi), want)
     np.testing.assert_array_equal(wire.encode_indices(idx, lo, hi), want)
     for dtype in (idx.dtype, np.int64):
@@ -116,13 +117,14 @@ def test_round_trip_property(values, lo, pad, int32):
         idx = idx[idx < 2**31].astype(np.int32)
     hi = (int(idx[-1]) if idx.size else lo) + pad
     enc = twin.encode(idx, lo, hi)
-    assert len(enc) == wire.encoded_nbytes(idx, lo, hi)
+    assert len(enc) == twin.encoded_nbytes(idx, lo, hi) == loops.encoded_nbytes(idx, lo, hi)
     np.testing.assert_array_equal(loops.encode(idx, lo, hi), enc)
     np.testing.assert_array_equal(twin.decode(enc, idx.dtype), idx)
     np.testing.assert_array_equal(loops.decode(enc, idx.dtype), idx)
 
 
-@pytest.mark.parametrize("encode", [twin.encode, loops.encode, wire.encode_indices])
+@pytest.mark.parametrize("encode", [twin.encode, loops.encode, wire.encode_indices,
+                                    twin.encoded_nbytes, loops.encoded_nbytes])
 def test_bad_streams_raise(encode):
     with pytest.raises(InvalidArgument, match="strictly increasing"):
         encode(np.array([1, 3, 3, 9]), 0, 10)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .._config import setting
+from .. import primitives
 from .._types import array_namespace
 from . import _index_codec
 from ._values import FORMATS, round_values, widen_values
@@ -22,18 +22,13 @@ from ._values import FORMATS, round_values, widen_values
 __all__ = ["encode_indices", "decode_indices", "encoded_nbytes", "round_values", "widen_values",
            "FORMATS"]
 
-#: entries from which numpy arrays take the numba loops (below, numpy is as fast).
-_FAST_FROM = 1 << 12
-
-
 def fast(size: int) -> Any:
-    """The numba codec for ``size`` entries, unless small, CUPYCOLL_NUMBA=off or no numba."""
-    if setting("CUPYCOLL_NUMBA") == "off" or size < _FAST_FROM:
+    """The numba codec for ``size`` entries wherever the primitives' numba loops would run
+    (``CUPYCOLL_NUMBA`` not off, numba imports, not a small input), else None."""
+    if primitives._fast(size) is None:
         return None
-    try:
-        from . import _numba
-    except (ImportError, RuntimeError):  # RuntimeError: numba finds no writable cache directory
-        return None
+    from . import _numba  # imports: numba did
+
     return _numba
 
 
@@ -81,4 +76,5 @@ def decode_indices(buf: Any, dtype: Any = np.int64) -> Any:
 
 def encoded_nbytes(idx: Any, lo: int, hi: int) -> int:
     """Exact ``len(encode_indices(idx, lo, hi))`` from a host (numpy) array."""
-    return _index_codec.encoded_nbytes(np.asarray(idx), lo, hi)
+    idx = np.asarray(idx)
+    return (fast(idx.size) or _index_codec).encoded_nbytes(idx, lo, hi)

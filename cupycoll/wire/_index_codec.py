@@ -185,24 +185,32 @@ def encoded_nbytes(idx: np.ndarray, lo: int, hi: int) -> int:
                   widths.size + int(sizes.sum()))[1]
 
 
+def _by_width(widths: np.ndarray) -> Any:
+    """``(w, blocks of width w)`` for each width that occurs (one vectorised pass per width)."""
+    for w in np.unique(widths):
+        yield int(w), np.flatnonzero(widths == w)
+
+
 def _pack(gaps: np.ndarray, widths: np.ndarray, starts: np.ndarray, total: int) -> np.ndarray:
-    """Bit-pack ``gaps`` (block b at byte ``starts[b]``, ``widths[b]`` bits each), LSB first."""
-    j = np.arange(gaps.size, dtype=np.int64)
-    w = widths.astype(np.int64)[j // BLOCK]
-    bit = starts[j // BLOCK] * 8 + (j % BLOCK) * w
-    byte, shift = bit >> 3, (bit & 7).astype(_U64)
-    acc = np.zeros(total, np.float64)  # disjoint bits: sums of bytes are exact
-    for k in range(-(-(7 + int(w.max(initial=0))) // 8)):
-        if k == 0:
-            part = (gaps << shift) & np.uint64(0xFF)
-        else:
-            right = np.uint64(8 * k) - shift  # 1..64; numpy shifts by 64 give 0 only via where
-            part = np.where(right < 64, gaps >> np.minimum(right, np.uint64(63)), 0)
-            part &= np.uint64(0xFF)
-        live = (8 * k < shift.astype(np.int64) + w)
-        acc += np.bincount(byte[live] + k, weights=part[live].astype(np.float64),
-                           minlength=total)[:total]
-    return acc.astype(np.uint8)
+    """Bit-pack ``gaps`` (block b at byte ``starts[b]``, ``widths[b]`` bits each), LSB first.
+
+    Blocks of one width at a time: their gaps' low ``w`` bits, unpacked to bits and packed
+    again 32 * w at a time, are exactly the blocks' bytes (a last short block is padded with
+    zero gaps; its padding lands past ``total``, in the slack that is cut off).
+    """
+    out = np.zeros(total + 4 * 64, np.uint8)
+    padded = np.zeros(widths.size * BLOCK, "<u8")
+    padded[:gaps.size] = gaps
+    blocks = padded.reshape(widths.size, BLOCK)
+    for w, which in _by_width(widths):
+        if w == 0:
+            continue
+        nbytes = -(-w // 8)  # flat (un)packing: numpy is slow along short axes
+        low = np.ascontiguousarray(blocks[which].view(np.uint8).reshape(-1, 8)[:, :nbytes])
+        bits = np.unpackbits(low.reshape(-1), bitorder="little").reshape(-1, 8 * nbytes)[:, :w]
+        packed = np.packbits(np.ascontiguousarray(bits).reshape(-1), bitorder="little")
+        out[(starts[which][:, None] + np.arange(4 * w)).reshape(-1)] = packed
+    return out[:total]
 
 
 def encode(idx: np.ndarray, lo: int, hi: int) -> np.ndarray:
@@ -258,19 +266,21 @@ def delta_layout(buf: np.ndarray, head: Header) -> tuple[np.ndarray, np.ndarray,
 
 
 def _unpack(buf: np.ndarray, widths: np.ndarray, starts: np.ndarray, ngaps: int) -> np.ndarray:
-    """The gaps - 1 of a D stream as uint64."""
-    j = np.arange(ngaps, dtype=np.int64)
-    w = widths.astype(np.int64)[j // BLOCK]
-    bit = starts[j // BLOCK] * 8 + (j % BLOCK) * w
-    byte, shift = bit >> 3, (bit & 7).astype(_U64)
-    data = np.zeros(len(buf) + 16, np.uint8)
+    """The gaps - 1 of a D stream as uint64 (the inverse of :func:`_pack`)."""
+    data = np.zeros(len(buf) + 4 * 64, np.uint8)  # a short last block reads zeros past the end
     data[:len(buf)] = buf
-    window = data[byte[:, None] + np.arange(9)]
-    low = np.ascontiguousarray(window[:, :8]).view("<u8").ravel()
-    high = window[:, 8].astype(_U64)
-    value = (low >> shift) | np.where(shift > 0, high << (np.uint64(64) - np.maximum(shift, 1)), 0)
-    mask = (np.uint64(1) << w.astype(_U64)) - np.uint64(1)
-    return value & mask
+    blocks = np.zeros((widths.size, BLOCK, 8), np.uint8)
+    for w, which in _by_width(widths):
+        if w == 0:
+            continue
+        raw = data.take(starts[which][:, None] + np.arange(4 * w))
+        bits = np.unpackbits(raw.reshape(-1), bitorder="little").reshape(-1, w)
+        nbytes = -(-w // 8)  # flat (un)packing: numpy is slow along short axes
+        wide = np.zeros((bits.shape[0], 8 * nbytes), np.uint8)
+        wide[:, :w] = bits
+        packed = np.packbits(wide.reshape(-1), bitorder="little").reshape(which.size, BLOCK, -1)
+        blocks[which, :, :nbytes] = packed
+    return blocks.view("<u8").reshape(-1)[:ngaps].astype(_U64, copy=False)
 
 
 def decode(buf: Any, dtype: Any = np.int64) -> np.ndarray:

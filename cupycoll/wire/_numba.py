@@ -12,7 +12,7 @@ from numba import njit
 
 from . import _index_codec as twin
 
-__all__ = ["encode", "decode"]
+__all__ = ["encode", "decode", "encoded_nbytes"]
 
 _BLOCK = twin.BLOCK
 
@@ -41,29 +41,30 @@ def _plan(idx, widths, sizes):  # pragma: no cover - compiled
 
 @njit(cache=True, nogil=True)
 def _pack(idx, widths, starts, out):  # pragma: no cover - compiled
-    """Bit-pack each block's gaps LSB first from byte ``starts[b]`` of ``out``."""
+    """Bit-pack each block's gaps LSB first from byte ``starts[b]`` of ``out``: at most 32 bits
+    at a time into a 64-bit accumulator that keeps fewer than 8 pending bits between pieces."""
     n = idx.size
     for b in range(widths.size):
-        w = widths[b]
+        w = np.int64(widths[b])
         pos = starts[b]
-        acc = 0
-        fill = 0
+        acc = np.uint64(0)
+        fill = np.int64(0)
         for i in range(1 + b * _BLOCK, min(n, 1 + (b + 1) * _BLOCK)):
             v = np.uint64(np.int64(idx[i]) - np.int64(idx[i - 1]) - 1)
             left = w
             while left > 0:
-                take = min(8 - fill, left)
-                acc |= int(v & np.uint64((1 << take) - 1)) << fill
+                take = min(left, 32)
+                acc |= (v & np.uint64((1 << take) - 1)) << np.uint64(fill)
                 v >>= np.uint64(take)
                 fill += take
                 left -= take
-                if fill == 8:
-                    out[pos] = acc
+                while fill >= 8:
+                    out[pos] = np.uint8(acc & np.uint64(0xFF))
+                    acc >>= np.uint64(8)
+                    fill -= 8
                     pos += 1
-                    acc = 0
-                    fill = 0
         if fill:
-            out[pos] = acc
+            out[pos] = np.uint8(acc)
 
 
 @njit(cache=True, nogil=True)
@@ -115,8 +116,8 @@ def _bitmap_unpack(bits, span, first, out):  # pragma: no cover - compiled
     return k
 
 
-def encode(idx: np.ndarray, lo: int, hi: int) -> np.ndarray:
-    """:func:`._index_codec.encode` with numba loops (same bytes)."""
+def _layout(idx: np.ndarray, lo: int, hi: int) -> tuple:
+    """Validated ``(idx, widths, sizes, first, header, total)`` of a stream."""
     lo, hi = twin.check_stream(idx, lo, hi)
     idx = np.ascontiguousarray(idx)
     n = idx.size
@@ -125,7 +126,18 @@ def encode(idx: np.ndarray, lo: int, hi: int) -> np.ndarray:
     bad = _plan(idx, widths, sizes) if n > 1 else False
     first, last = (int(idx[0]), int(idx[-1])) if n else (0, 0)
     twin.check_values(n, bad, first, last, lo, hi)
-    head, total = twin.choose(n, first, last, nblocks + int(sizes.sum()))
+    return (idx, widths, sizes, first) + twin.choose(n, first, last, nblocks + int(sizes.sum()))
+
+
+def encoded_nbytes(idx: np.ndarray, lo: int, hi: int) -> int:
+    """:func:`._index_codec.encoded_nbytes` with the numba planning loop."""
+    return _layout(idx, lo, hi)[-1]
+
+
+def encode(idx: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """:func:`._index_codec.encode` with numba loops (same bytes)."""
+    idx, widths, sizes, first, head, total = _layout(idx, lo, hi)
+    n, nblocks = idx.size, widths.size
     out = np.zeros(total, np.uint8)
     out[:len(head)] = np.frombuffer(head, np.uint8)
     body = out[len(head):]
