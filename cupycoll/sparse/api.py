@@ -20,6 +20,7 @@ from ..comm import Communicator, get_comm
 from ..errors import InvalidArgument, InvalidType
 from . import auto as _auto
 from ._common import canonical_nan
+from ..wire._pack import Wire
 from ._validate import Prepared, prepare
 
 __all__ = ["sparse_allreduce", "SparseResult"]
@@ -91,8 +92,9 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
                            completion_fn=completion_fn, async_op=async_op, wire=wire,
                            wire_values=wire_values)
     name = prepared.algorithm
-    if name == "auto":
-        name = _auto.choose(prepared.shape(comm.size), comm=comm, op=prepared.op)
+    if name == "auto":  # priced with the wire asked for (raw when auto decides it after)
+        asked = Wire(prepared.wire == "compact", prepared.wire_values)
+        name = _auto.choose(prepared.shape(comm.size, asked), comm=comm, op=prepared.op)
     prepared.format = _auto.choose_wire(name, prepared.shape(comm.size), prepared.wire,
                                         prepared.wire_values, comm=comm)
     _log.debug("sparse_allreduce: algorithm %s, wire %s, nnz %s, n %d", name, prepared.format,

@@ -164,6 +164,8 @@ def recursive_doubling(comm: Any, indices: Any, values: Any, n: int, op: ReduceO
         d <<= 1
     if rank + p2 < p:
         state = pair.transfer(state, rank + p2, None)[0]
+    elif p > 1 and wire.rounds(state.first.dtype if state.dense else state.second.dtype):
+        state = state.pack(comm.xp, n, wire)[1]  # as a fold-out partner would receive it
     return pair.finish(state)
 
 

@@ -24,16 +24,15 @@ SAMPLE = 4096
 
 
 @functools.lru_cache(maxsize=512)
-def _bytes_per_index(gap_bucket: int, index_bytes: int) -> float:
+def _bytes_per_index(gap_bucket: int) -> float:
     """Encoded bytes per index of SAMPLE uniform random indices at mean gap 2^(bucket/8)."""
     from . import encoded_nbytes
 
     gap = 2.0 ** (gap_bucket / 8)
     span = max(int(math.ceil(SAMPLE * gap)), SAMPLE)
     rng = np.random.default_rng(12345)
-    dtype = np.int32 if index_bytes == 4 else np.int64
-    idx = np.sort(rng.choice(span, SAMPLE, replace=False)).astype(dtype)
-    return encoded_nbytes(idx, 0, span) / SAMPLE
+    idx = np.unique(rng.integers(0, span, SAMPLE, dtype=np.int64))
+    return encoded_nbytes(idx, 0, span) / idx.size
 
 
 def expected_index_nbytes(count: int, span: int, index_bytes: int) -> int:
@@ -44,7 +43,7 @@ def expected_index_nbytes(count: int, span: int, index_bytes: int) -> int:
     if count >= span:  # every position: at least as cheap as a bitmap
         return (span + 7) // 8 + 16
     bucket = int(round(8 * math.log2(max(span / count, 1.0))))
-    return int(math.ceil(count * _bytes_per_index(bucket, index_bytes)))
+    return int(math.ceil(count * _bytes_per_index(bucket)))
 
 
 def block_nbytes(wire: Wire, count: int, row_bytes: int, index_bytes: int,

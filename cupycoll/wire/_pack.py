@@ -84,10 +84,13 @@ def _as_bytes(a: Any) -> Any:
 
 
 def pack(xp: Any, idx: Any, val: Any, wire: Wire, lo: int = 0, hi: int = 0) -> Packed:
-    """Pack sorted unique ``idx`` (in ``[lo, hi)``) and their rows ``val`` into one block."""
+    """Pack sorted unique ``idx`` (in ``[lo, hi)``) and their rows ``val`` into one block
+    (no bytes at all for no entries)."""
     from . import encode_indices, round_values
 
     count = int(idx.shape[0])
+    if count == 0:  # an empty block is empty on every wire (nothing to decode)
+        return Packed(xp.empty(0, dtype=np.uint8), 0, val)
     if wire.rounds(val.dtype):
         payload, val = round_values(val, wire.values)
     else:
