@@ -164,7 +164,8 @@ def run_group(args, comm, table: Table, n: int, width: int, density: float, over
                    "x_bound": wire / bound, **sample_stats(samples[name])})
     exact = {a: t for a, t in times.items() if a not in (BASELINE, "auto")}
     best = min(exact, key=exact.get) if exact else None
-    errors = [predicted[a] / times[a] for a in predicted]
+    errors = [predicted[a.split("[")[0]] / times[a] for a in times
+              if a.split("[")[0] in predicted]
     return {"n": n, "width": width, "density": density, "overlap": overlap, "skew": skew,
             "ranks": p, "best": best, "auto_choice": choose(shape, profile),
             "best_x_dense": exact[best] / dense_time if best else None,
