@@ -19,7 +19,7 @@ from typing import Any
 from .._registry import lookup, register
 from .._types import ReduceOp
 from . import allgather, dense, mask, recursive_doubling, split
-from ..wire._choice import prefer_compact
+from ..wire._choice import could_pay, prefer_compact
 from ..wire._pack import COO, Wire
 from ._cost import Cost, Shape, validation_cost
 
@@ -73,6 +73,8 @@ def choose_wire(name: str, shape: Shape, request: str, values: str | None = None
         from ..tuner.profile import load_profile, profile_for
 
         profile = profile_for(comm) if comm is not None else load_profile()
+    if not could_pay(profile, shape.index_bytes):
+        return Wire(False, values)
     ranks = sorted({min(range(shape.size), key=shape.nnz.__getitem__),
                     max(range(shape.size), key=shape.nnz.__getitem__)})
 

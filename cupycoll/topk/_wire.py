@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from .._types import to_host
-from ..wire._choice import prefer_compact
+from ..wire._choice import could_pay, prefer_compact
 from ..wire._model import expected_index_nbytes
 from ..wire._pack import Packed, Wire, coo_nbytes, pack, unpack
 
@@ -113,6 +113,8 @@ def choose_wire(request: str, values: str | None, p: int, k: int, n: int,
     if request == "compact":
         return Wire(True, values)
     index_bytes = 4 if n < 2**31 else 8
+    if not could_pay(profile, index_bytes):
+        return Wire(False, values)
     coded = expected_index_nbytes(k, n, index_bytes)
 
     def cost_of(wire: Wire) -> tuple[int, int]:

@@ -19,7 +19,7 @@ from ..errors import InvalidArgument
 from ._pack import Wire
 
 __all__ = ["WIRES", "WIRE_VALUES", "check_wire", "check_wire_values", "wire_code", "decode_code",
-           "prefer_compact", "DEFAULT_CODE_COST"]
+           "prefer_compact", "could_pay", "DEFAULT_CODE_COST"]
 
 WIRES = ("coo", "compact", "auto")
 WIRE_VALUES = (None, "bfloat16", "float16")
@@ -56,6 +56,19 @@ def decode_code(code: int) -> str:
     return f"{WIRES[wire]}/{WIRE_VALUES[values]}"
 
 
+def _prices(profile: Any) -> tuple[float, float]:
+    beta = getattr(profile, "beta_p2p", 0.0)
+    gamma = dict(getattr(profile, "gamma", {}) or {}).get("code", DEFAULT_CODE_COST)
+    return beta, gamma
+
+
+def could_pay(profile: Any, index_bytes: int) -> bool:
+    """False when even an index coded in no bytes at all would not pay its two codings (then
+    no cost model need be evaluated: the common case on shared memory)."""
+    beta, gamma = _prices(profile)
+    return index_bytes * beta > 2 * gamma
+
+
 def prefer_compact(cost_of: Callable[[Wire], tuple[int, int]], values: str | None,
                    profile: Any) -> bool:
     """True when compact index coding pays: bytes saved x beta > coded indices x gamma.
@@ -65,6 +78,5 @@ def prefer_compact(cost_of: Callable[[Wire], tuple[int, int]], values: str | Non
     """
     coo_bytes, _ = cost_of(Wire(False, values))
     compact_bytes, coded = cost_of(Wire(True, values))
-    beta = getattr(profile, "beta_p2p", 0.0)
-    gamma = dict(getattr(profile, "gamma", {}) or {}).get("code", DEFAULT_CODE_COST)
+    beta, gamma = _prices(profile)
     return (coo_bytes - compact_bytes) * beta > coded * gamma
