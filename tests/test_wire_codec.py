@@ -108,6 +108,13 @@ def test_every_density_is_smaller_than_raw():
             assert wire.encoded_nbytes(idx, 0, 1 << 16) <= idx.nbytes, (d, dtype)
 
 
+def test_numpy_path_choice(monkeypatch):
+    """numba loops for large host streams, numpy for small ones or with CUPYCOLL_NUMBA=off."""
+    assert wire.fast(1 << 20) is loops and wire.fast(10) is None
+    monkeypatch.setenv("CUPYCOLL_NUMBA", "off")
+    assert wire.fast(1 << 20) is None
+
+
 @settings(max_examples=200, deadline=None)
 @given(values=st.sets(st.integers(0, 2**41), max_size=300), lo=st.integers(0, 50),
        pad=st.integers(1, 2**20), int32=st.booleans())
@@ -202,7 +209,11 @@ def _special_values(dtype) -> np.ndarray:
         one = 1 + 2.0**-8
         x = np.concatenate([x, [one, one + 2.0**-40, one - 2.0**-40, 1 + 3 * 2.0**-8,
                                 3.3961e38, 3.39617e38, 1e300, -1e300, 1e-300, -1e-45,
-                                2.0**-134, 2.0**-134 * (1 + 2.0**-30), 2.0**-133 * 1.5]])
+                                2.0**-134, 2.0**-134 * (1 + 2.0**-30), 2.0**-133 * 1.5,
+                                # float16 ties and near-ties, normal and subnormal
+                                1 + 2.0**-11, 1 + 2.0**-11 + 2.0**-40, 1 + 3 * 2.0**-11,
+                                1 + 2.0**-11 - 2.0**-45, 2.0**-25, 3 * 2.0**-25,
+                                2.0**-25 + 2.0**-60, 65520 - 2.0**-30, 65520.0]])
     return x.astype(dtype)
 
 

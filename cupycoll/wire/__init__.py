@@ -22,6 +22,7 @@ from ._values import FORMATS, round_values, widen_values
 __all__ = ["encode_indices", "decode_indices", "encoded_nbytes", "round_values", "widen_values",
            "FORMATS"]
 
+
 def fast(size: int) -> Any:
     """The numba codec for ``size`` entries wherever the primitives' numba loops would run
     (``CUPYCOLL_NUMBA`` not off, numba imports, not a small input), else None."""
@@ -43,9 +44,9 @@ def _device_codec(xp: Any) -> Any:
     if codec is None:
         from ._cupy import WireKernels
 
-        primitives = getattr(xp, "cupycoll_primitives", None)
-        if primitives is not None:
-            codec = WireKernels(primitives.launch)
+        own = getattr(xp, "cupycoll_primitives", None)
+        if own is not None:
+            codec = WireKernels(own.launch)
         else:
             from .._kernels import CupyLauncher
 

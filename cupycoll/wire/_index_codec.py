@@ -236,6 +236,7 @@ def encode(idx: np.ndarray, lo: int, hi: int) -> np.ndarray:
 
 
 def output_dtype(dtype: Any) -> np.dtype:
+    """The decode dtype, checked: int32 or int64."""
     dt = np.dtype(dtype)
     if dt not in INDEX_DTYPES:
         raise InvalidType("dtype", dt, "int32 or int64")

@@ -2,8 +2,10 @@
 
 Works on numpy and cupy arrays alike (array operations only). bfloat16 needs no ml_dtypes: it is
 the top half of a float32, rounded on the uint32 bits. float64 input is rounded to bfloat16 in
-one step (float32 with round-to-odd first, which cannot double-round: 16 bits stay below the
-bfloat16 rounding position). float16 uses the namespace's own cast (numpy's and CUDA's are RNE).
+one step: float32 with round-to-odd first, which cannot double-round (16 bits stay below the
+bfloat16 rounding position, 13 below float16's), so float64 -> float16 takes the same route
+and never depends on how a library casts float64 to float16. float32 -> float16 is the
+namespace's own cast (numpy's and CUDA's ``__float2half_rn`` round to nearest even).
 """
 
 from __future__ import annotations
@@ -84,8 +86,11 @@ def round_values(values: Any, fmt: str) -> tuple[Any, Any]:
         raise InvalidType("values", getattr(values, "dtype", type(values).__name__),
                           "an array of float16, float32 or float64")
     if fmt == "float16":
+        narrow = values
+        if values.dtype == np.float64:  # not every float64 -> float16 cast rounds once
+            narrow = _round_to_odd_f32(xp, values).view(np.float32)
         with np.errstate(over="ignore"):
-            payload = values.astype(np.float16).view(np.uint16)
+            payload = narrow.astype(np.float16).view(np.uint16)
     else:
         payload = _bfloat16_bits(xp, values)
     out = np.float64 if values.dtype == np.float64 else np.float32
