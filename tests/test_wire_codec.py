@@ -374,3 +374,44 @@ def test_gpu_parity_large():
         got = wire.encode_indices(cupy.asarray(idx), 0, 1 << 22)
         np.testing.assert_array_equal(cupy.asnumpy(got), want)
         np.testing.assert_array_equal(cupy.asnumpy(wire.decode_indices(got, np.int32)), idx)
+
+
+_EMULATED = '''
+import numpy as np, cupy
+from cupycoll import wire
+from cupycoll.wire import _index_codec as twin
+rng = np.random.default_rng(15)
+for density in (0.01, 0.5):
+    for dtype in (np.int32, np.int64):
+        idx = np.flatnonzero(rng.random(20000) < density).astype(dtype)
+        enc = wire.encode_indices(cupy.asarray(idx), 0, 20000)
+        assert np.array_equal(cupy.asnumpy(enc), twin.encode(idx, 0, 20000))
+        big = cupy.zeros(len(enc) + 7, np.uint8)
+        big[3:3 + len(enc)] = enc
+        out = wire.decode_indices(big[3:], dtype)
+        assert out.dtype == dtype and np.array_equal(cupy.asnumpy(out), idx)
+x = rng.standard_normal(100)
+for fmt in wire.FORMATS:
+    payload, rounded = wire.round_values(cupy.asarray(x), fmt)
+    assert np.array_equal(cupy.asnumpy(payload), wire.round_values(x, fmt)[0])
+print("emulated wire ok")
+'''
+
+
+@pytest.mark.mpi
+def test_device_path_under_the_strict_gpu_emulation(tmp_path):
+    """The cupy path on the emulated GPU (cupycoll._emulation): stream order, device and
+    launch rules enforced, kernels compiled for the CPU from the cached-cubin path."""
+    import os
+    import subprocess
+    import sys
+
+    from ._mpi import ROOT, mpiexec
+
+    script = tmp_path / "emulated_wire.py"
+    script.write_text(_EMULATED)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([mpiexec(), "-n", "1", sys.executable, "-m", "mpi4py", "-m",
+                           "cupycoll._emulation", str(script)], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path, env=env, start_new_session=True)
+    assert proc.returncode == 0 and "emulated wire ok" in proc.stdout, proc.stdout + proc.stderr
