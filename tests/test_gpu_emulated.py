@@ -28,6 +28,13 @@ def test_suites_on_emulated_gpus(nprocs):
     _run(nprocs, ["suites"], 60 + nprocs, 16)
 
 
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_wire_formats_on_emulated_gpus(nprocs):
+    """compact == coo bitwise for every sparse and top-k algorithm on the device path (the
+    codec's kernels, packed uint8 messages over NCCL), bfloat16 values identical everywhere."""
+    _run(nprocs, ["wire"], timeout=900)
+
+
 def test_suites_on_8_emulated_gpus():
     _run(8, ["suites"], 68, 6, "quick", timeout=400)
 

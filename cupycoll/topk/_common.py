@@ -43,11 +43,15 @@ class TopkOutcome(NamedTuple):
     ``included``: ascending indices of this rank's entries whose full value is inside
     ``result.values`` (the compressor zeroes exactly these in the residual).
     ``selection``: this rank's local selection (for diagnostics).
+    ``remainders``: (indices, values) pairs, each with unique indices, that this rank adds back
+    into its residual after zeroing ``included``: the rounding errors of the values it sent
+    that reached the result (``wire_values``), so error feedback keeps every bit of mass.
     """
 
     result: SparseResult
     included: Any
     selection: Selection
+    remainders: tuple = ()
 
 
 @dataclasses.dataclass
@@ -72,6 +76,8 @@ class TopkState:
             ``ceil(T/P)`` with a sentinel index (NCCL has no allgatherv) instead of an
             allgatherv; None = when the communicator has no native allgatherv.
         k: k of the previous call (Ok-Topk refreshes its global threshold when k changes).
+        wire: the wire format of the current call (:class:`cupycoll.wire.Wire`, set by the
+            front door from its ``wire`` / ``wire_values`` keywords; None = raw COO).
         last: diagnostics of the last call: ``refresh``, ``local_count`` (this rank's
             selection), ``global_count`` (entries passing the global selection; on Ok-Topk
             refresh steps, all reduced nonzeros gathered).
@@ -86,6 +92,7 @@ class TopkState:
     padded_allgather: bool | None = None
     k: int | None = None
     last: dict = dataclasses.field(default_factory=dict)
+    wire: Any = None
 
     def __post_init__(self) -> None:
         if isinstance(self.tau, str):

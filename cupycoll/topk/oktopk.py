@@ -58,6 +58,9 @@ from ._common import (Cost, TopkOutcome, TopkState, index_dtype, log2_ceil, min_
                       positive_threshold, smallest_positive, sorted_member,
                       topk_algorithm)
 from ._global_threshold import histogram_threshold
+from ..wire import round_values
+from ..wire._exchange import gather_entries
+from ..wire._pack import COO
 from ._oktopk_phases import allgather_blocks, balance, split_and_reduce
 from .selectors import Threshold
 
@@ -129,24 +132,32 @@ def _padded(comm: Any, state: TopkState) -> bool:
     return not comm.native_allgatherv
 
 
-def _refresh(comm: Any, red: Any, lo: int, k: int, n: int, state: TopkState) -> tuple[Any, Any]:
-    """Gather all reduced nonzeros; return their exact top-k and set the global threshold."""
+def _refresh(comm: Any, red: Any, lo: int, hi: int, k: int, n: int, state: TopkState
+             ) -> tuple[Any, Any, tuple]:
+    """Gather all reduced nonzeros; return their exact top-k, set the global threshold, and
+    this owner's rounding errors of the gathered values (as remainders) when the wire rounds."""
+    wire, xp = state.wire or COO, comm.xp
     nz_i, nz_v = select_abs_ge(red, smallest_positive(red.dtype))
     gidx = nz_i.astype(index_dtype(n)) + lo
-    all_i, counts = comm.allgatherv(gidx, op_name="oktopk.refresh")
-    all_v, _ = comm.allgatherv(nz_v, counts=counts, op_name="oktopk.refresh")
+    parts, counts = gather_entries(comm, gidx, nz_v, "oktopk.refresh", wire, lo, hi)
+    all_i = xp.concatenate([a for a, _ in parts])
+    all_v = xp.concatenate([b for _, b in parts])
     total = int(counts.sum())
     state.last["global_count"] = total
     if total == 0:
         state.global_th = smallest_positive(red.dtype)
-        return all_i, all_v
+        return all_i, all_v, ()
     pos, val = topk_abs(all_v, min(k, total))
     state.global_th = positive_threshold(min_abs(val), red.dtype)
-    return all_i[pos], val
+    res_i = all_i[pos]
+    if not wire.rounds(red.dtype):
+        return res_i, val, ()
+    reached = sorted_member(gidx, res_i)
+    return res_i, val, ((gidx[reached], (nz_v - parts[comm.rank][1])[reached]),)
 
 
 def _select_balance_gather(comm: Any, red: Any, lo: int, k: int, n: int,
-                           state: TopkState) -> tuple[Any, Any]:
+                           state: TopkState) -> tuple[Any, Any, tuple]:
     """Select ``|red| >= global threshold``, balance the selections, allgather them.
 
     Quantile policy: the threshold of this step from the allreduced histogram of every region's
@@ -162,6 +173,10 @@ def _select_balance_gather(comm: Any, red: Any, lo: int, k: int, n: int,
         pos, sel_v = select_abs_ge(nz_v, state.global_th)
         sel_i = nz_i[pos]
     gidx = sel_i.astype(index_dtype(n)) + lo
+    wire, remainders = state.wire or COO, ()
+    if wire.rounds(sel_v.dtype):  # rounded once, here: balance and allgather move them as is
+        _, rounded = round_values(sel_v, wire.values)
+        remainders, sel_v = ((gidx, sel_v - rounded),), rounded
     counts = comm.allgather_counts(int(gidx.shape[0]), "oktopk.balance.counts")
     total = int(counts.sum())
     state.last["global_count"] = total
@@ -172,9 +187,10 @@ def _select_balance_gather(comm: Any, red: Any, lo: int, k: int, n: int,
         elif total > high * k:
             state.global_th *= scale
     if total == 0:
-        return gidx, sel_v
-    blk_i, blk_v, blocks = balance(comm, gidx, sel_v, counts)
-    return allgather_blocks(comm, blk_i, blk_v, blocks, n, padded=_padded(comm, state))
+        return gidx, sel_v, remainders
+    blk_i, blk_v, blocks = balance(comm, gidx, sel_v, counts, wire, n)
+    return (*allgather_blocks(comm, blk_i, blk_v, blocks, n, padded=_padded(comm, state),
+                              wire=wire), remainders)
 
 
 def _reference_policy(state: TopkState) -> bool:
@@ -194,10 +210,15 @@ def oktopk(comm: Any, x: Any, k: int, state: TopkState) -> TopkOutcome:
     if state.repartition(auto_tau(k, p)) or _stale(state, n, p):
         state.boundaries = region_boundaries(comm, sel.indices, n)
         state.last["repartition"] = True
-    red, lo = split_and_reduce(comm, sel.indices, sel.values, state.boundaries)
+    red, lo, errors = split_and_reduce(comm, sel.indices, sel.values, state.boundaries,
+                                       state.wire or COO)
     if refresh:
-        res_i, res_v = _refresh(comm, red, lo, k, n, state)
+        hi = int(state.boundaries[comm.rank + 1])
+        res_i, res_v, remainders = _refresh(comm, red, lo, hi, k, n, state)
     else:
-        res_i, res_v = _select_balance_gather(comm, red, lo, k, n, state)
-    included = sel.indices[sorted_member(sel.indices, res_i)]
-    return TopkOutcome(SparseResult(res_i, res_v, n), included, sel)
+        res_i, res_v, remainders = _select_balance_gather(comm, red, lo, k, n, state)
+    member = sorted_member(sel.indices, res_i)
+    included = sel.indices[member]
+    if errors is not None:  # this rank's sent values that reached the result
+        remainders = ((included, errors[member]),) + remainders
+    return TopkOutcome(SparseResult(res_i, res_v, n), included, sel, remainders)

@@ -12,6 +12,7 @@ Local work, in the units ``gamma`` prices (N = total nnz, U = union, W = max(wid
 - ``row``: value elements copied or scattered besides the merge (received rows, result rows);
 - ``dense``: value elements of an n-long dense pass (zero fill, scatter, gather);
 - ``scan``: dense positions scanned for presence (bitmap, presence fields, flatnonzero).
+- ``code`` (compact wire only): indices encoded or decoded, about two per entry received.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Callable
 from ..sparse import auto as _auto
 from ..sparse._cost import Cost, Shape, estimate_union, validation_cost
 from ..sparse.recursive_doubling import prefer_dense
+from ..wire._choice import DEFAULT_CODE_COST
 from .profile import Profile
 
 __all__ = ["work", "predict", "comm_time", "WORK_MODELS"]
@@ -87,10 +89,18 @@ def comm_time(cost: Cost, profile: Profile) -> float:
             + profile.alpha_native * cost.native_rounds + profile.beta_native * cost.native_bytes)
 
 
+def coded_indices(cost: Cost, shape: Shape) -> float:
+    """Indices a rank encodes or decodes on the compact wire: about two per entry received."""
+    if not shape.wire.compact:
+        return 0.0
+    return 2.0 * cost.bytes_received / max(shape.entry_bytes, 1)
+
+
 def rank_time(algorithm: str, shape: Shape, rank: int, profile: Profile) -> float:
     cost = validation_cost(shape.size).add(_auto.MODELS[algorithm](shape, rank))
     local = sum(profile.gamma.get(k, 0.0) * v for k, v in work(algorithm, shape, rank).items())
-    return profile.fixed.get(algorithm, 0.0) + comm_time(cost, profile) + local
+    coding = profile.gamma.get("code", DEFAULT_CODE_COST) * coded_indices(cost, shape)
+    return profile.fixed.get(algorithm, 0.0) + comm_time(cost, profile) + local + coding
 
 
 def predict(algorithm: str, shape: Shape, profile: Profile) -> float:

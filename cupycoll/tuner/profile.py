@@ -29,7 +29,7 @@ __all__ = ["Profile", "default_profile", "profile_path", "load_profile", "save_p
            "profile_for", "WORK_KINDS"]
 
 #: units of local work priced by ``gamma`` (seconds per unit), see predict.work.
-WORK_KINDS = ("merge", "row", "dense", "scan")
+WORK_KINDS = ("merge", "row", "dense", "scan", "code")
 
 
 @dataclasses.dataclass(frozen=True)

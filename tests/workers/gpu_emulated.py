@@ -19,6 +19,8 @@ Modes:
   device_choice               init() keeps a device the application made current
   auto_agrees                 init("auto") picks NCCL only if every rank can
   rules                       every rule of the emulator fires on a program that breaks it
+  wire                        wire formats: compact == coo bitwise for every sparse and top-k
+                              algorithm, rounded values identical on every rank
 After every mode the ranks' NCCL call logs are compared (cupycoll._emulation.check_logs).
 """
 
@@ -134,6 +136,41 @@ def topk_suite(comm, quick):
     padded = tr.oktopk_sequence(comm, 11, 3000, 30, steps, padded=True)
     for (ai, av), (bi, bv) in zip(native, padded):
         assert np.array_equal(ai, bi) and np.array_equal(av, bv)
+
+
+def wire_suite(comm):
+    """Wire formats on the device path: compact == coo bitwise (every sparse and top-k
+    algorithm), rounded values identical on every rank."""
+    from _common import digest
+
+    rng = np.random.default_rng([5, RANK])
+    idx = np.unique(rng.choice(4000, 300, replace=False)).astype(np.int32)
+    val = rng.standard_normal((idx.size, 2)).astype(np.float32)
+    digests = []
+    for alg in cc.algorithms("sparse"):
+        outs = [host(cc.sparse_allreduce(cupy.asarray(idx), cupy.asarray(val), 4000, comm=comm,
+                                         algorithm=alg, wire=wire, wire_values=values))
+                for wire, values in (("coo", None), ("compact", None), ("compact", "bfloat16"))]
+        assert outs[0].indices.tobytes() == outs[1].indices.tobytes(), alg
+        assert outs[0].values.tobytes() == outs[1].values.tobytes(), alg
+        digests.append(digest(outs[2].indices, outs[2].values))
+    for alg in cc.algorithms("topk"):
+        states = [cc.TopkState(tau_prime=2, padded_allgather=True) for _ in range(2)]
+        for t in range(3):
+            x = cupy.asarray(np.random.default_rng([6, RANK, t]).standard_normal(3000)
+                             .astype(np.float32))
+            a, b = (host(cc.topk_allreduce(x, 30, algorithm=alg, comm=comm, state=st, wire=w))
+                    for st, w in zip(states, ("coo", "compact")))
+            assert a.indices.tobytes() == b.indices.tobytes(), (alg, t)
+            assert a.values.tobytes() == b.values.tobytes(), (alg, t)
+        comp = cc.TopkCompressor(3000, 0.01, algorithm=alg, comm=comm, wire="compact",
+                                 wire_values="bfloat16")
+        for t in range(3):
+            upd = host(comp.step(cupy.asarray(np.random.default_rng([7, RANK, t])
+                                              .standard_normal(3000).astype(np.float32))))
+            digests.append(digest(upd.indices, upd.values))
+    every = WORLD.allgather(digests)
+    assert all(d == every[0] for d in every), "rounded wire results differ across ranks"
 
 
 def mode_suites():
@@ -422,7 +459,12 @@ def mode_interrupt():
     comm.abort()
 
 
-MODES = {"late_named": mode_late_named, "interrupt": mode_interrupt, "suites": mode_suites, "rules": mode_rules, "async_device": mode_async_device,
+def mode_wire():
+    wire_suite(nccl_comm())
+    check_logs()
+
+
+MODES = {"wire": mode_wire, "late_named": mode_late_named, "interrupt": mode_interrupt, "suites": mode_suites, "rules": mode_rules, "async_device": mode_async_device,
          "async_order": mode_async_order, "dup": mode_dup, "missing_peer": mode_missing_peer,
          "peer_aborts": mode_peer_aborts, "init_fails": mode_init_fails,
          "device_choice": mode_device_choice, "auto_agrees": mode_auto_agrees}
