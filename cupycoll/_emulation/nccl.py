@@ -11,7 +11,9 @@ What happens next: like NCCL >= 2.22, the first collective of a communicator and
 send/recv with each peer block the calling host thread in a connection handshake with the peer(s);
 the data moves later, in a task on the stream (poisoned receive buffers until then). Every call
 is logged; :func:`check_logs` compares the logs across ranks. ``abort()`` from any thread makes a
-blocked call or task fail with NcclError.
+blocked call or task fail with NcclError, and cancels the communicator's pending operations: an
+operation completes only when every partner's live operation confirmed it arrived, so nothing
+matches across an aborted communicator (``nccl_core.waitall_confirmed``).
 """
 
 from __future__ import annotations
