@@ -18,6 +18,7 @@ def _run(nprocs, modes, *args, timeout=300, **env):
     env = {"CC_EMU_" + k.upper(): str(v) for k, v in env.items()}
     out = run_mpi(nprocs, "gpu_emulated.py", ",".join(modes), *args, timeout=timeout, env=env)
     assert f"gpu_emulated {','.join(modes)}: ok on {nprocs} ranks" in out
+    return out
 
 
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
@@ -63,8 +64,13 @@ def test_init_device_and_auto_backend():
 
 @pytest.mark.parametrize("nprocs", [2, 3, 4])
 def test_late_rank_named_and_interrupt_on_nccl(nprocs):
-    """Issue 12 on the NCCL backend: a late rank is named in CollectiveTimeout.missing_ranks
-    (arrival board), the communicator is then dead at once; a wait with no timeout raises
+    """Issue 12 on the NCCL backend, one launch per P: a late rank is named in
+    CollectiveTimeout.missing_ranks (arrival board) for every front door (dense verbs,
+    sparse_allreduce sync and async, topk_allreduce, TopkCompressor.step; kernels warmed by a
+    good call first, 3 s timeout), the communicator is then dead at once; a late rank whose
+    peers aborted never completes against them (strict NCCL: failed before the emulator
+    cancelled an aborted communicator's operations); a wait with no timeout raises
     KeyboardInterrupt within 1 s of SIGINT."""
-    _run(nprocs, ["late_named", "interrupt"], timeout=120)
-
+    out = _run(nprocs, ["late_named", "late_after_abort", "late_verbs", "interrupt"],
+               timeout=420)
+    assert out.count("LATE ") == 9, out

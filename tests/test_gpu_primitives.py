@@ -93,6 +93,12 @@ def test_dense(name, args, kwargs):
     _run(name, args, kwargs)
 
 
+@pytest.mark.parametrize("name,args,kwargs", _params(cases.hot_cases(256)))
+def test_hot_index(name, args, kwargs):
+    """A hot index (100,000 duplicates) and runs around the block-fold cut of 256-thread blocks."""
+    _run(name, args, kwargs)
+
+
 @pytest.mark.parametrize("dtype", cases.VALUE_DTYPES)
 @pytest.mark.parametrize("name", ["count_abs_ge", "select_abs_ge", "kth_abs", "topk_abs",
                                   "coo_reduce", "scatter_reduce"])

@@ -102,6 +102,33 @@ def test_dense(kernels, name, args, kwargs):
     _run(kernels, name, args, kwargs)
 
 
+class _BlockLauncher(ShimLauncher):
+    """The shim launcher with ``block`` threads per block (the GPU launcher's 256, or a warp)."""
+
+    def __init__(self, libraries, block: int):
+        super().__init__(libraries)
+        self.block = block
+
+    def shape(self, items: int) -> tuple[int, int]:
+        return max(1, min(3, -(-items // self.block))), self.block
+
+
+@pytest.mark.parametrize("name,args,kwargs", _params(cases.hot_cases()))
+def test_hot_index(kernels, name, args, kwargs):
+    """Long runs of one index (100,000 duplicates), folded by a whole block where the op allows:
+    bit-equal to the numpy twin's left fold."""
+    _run(kernels, name, args, kwargs)
+
+
+@pytest.mark.parametrize("block", (32, 256))
+def test_hot_index_block_sizes(libraries, block):
+    """The same with the GPU's block sizes (runs around 4 * block elements)."""
+    prims = KernelPrimitives(_BlockLauncher(libraries, block), chunk=5)
+    for name, label, args, kwargs in cases.hot_cases(block, hot=20_000):
+        if name != "merge_sorted" or block == 32:
+            _run(prims, name, args, kwargs)
+
+
 @pytest.mark.parametrize("name,args,kwargs", _params(cases.error_cases()))
 def test_errors(kernels, name, args, kwargs):
     with pytest.raises(Exception) as want:
