@@ -199,3 +199,37 @@ def test_state_validation():
     assert st.refresh and st.repartition
     st.step = 2
     assert st.refresh and not st.repartition
+
+
+class _SameProposals:
+    """What ``region_boundaries`` needs of a communicator of ``size`` ranks that all propose the
+    same points: the allreduce (sum) is ``size`` times this rank's proposal."""
+
+    xp = np
+
+    def __init__(self, size):
+        self.size = size
+
+    def allreduce(self, send, recv, op, op_name):
+        recv[...] = send * self.size
+
+    def fetch(self, work, out):
+        return out
+
+
+def test_region_boundaries_from_the_documented_rule():
+    """Proposals ``S[i*c]`` with c = |S| // P (also at c = 1), equal split points ``i*n // P``
+    when |S| < P, and [0, n] on one rank -- references from the rule, in Python integers."""
+    from cupycoll.topk.oktopk import region_boundaries
+
+    n = 1000
+    for p in (2, 3, 4):
+        for size in (0, 1, p - 1, p, p + 1, 2 * p - 1, 2 * p, 5 * p + 2):
+            sel = np.sort(np.random.default_rng(size).choice(n, size, replace=False))
+            c = size // p
+            points = [int(sel[i * c]) for i in range(1, p)] if c else [i * n // p
+                                                                      for i in range(1, p)]
+            got = region_boundaries(_SameProposals(p), sel.astype(np.int32), n)
+            assert got.dtype == np.int64 and got.tolist() == [0, *points, n], (p, size)
+    one = region_boundaries(_SameProposals(1), np.arange(5, dtype=np.int32), n)
+    assert one.dtype == np.int64 and one.tolist() == [0, n]
