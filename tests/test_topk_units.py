@@ -231,5 +231,8 @@ def test_region_boundaries_from_the_documented_rule():
                                                                       for i in range(1, p)]
             got = region_boundaries(_SameProposals(p), sel.astype(np.int32), n)
             assert got.dtype == np.int64 and got.tolist() == [0, *points, n], (p, size)
+    big = 2**61 + 1  # equal split points in integers (float64 spacing is 512 there)
+    got = region_boundaries(_SameProposals(3), np.arange(2, dtype=np.int64), big)
+    assert got.tolist() == [0, big // 3, 2 * big // 3, big]
     one = region_boundaries(_SameProposals(1), np.arange(5, dtype=np.int32), n)
     assert one.dtype == np.int64 and one.tolist() == [0, n]

@@ -74,13 +74,19 @@ MODULES = {
                                "tests/test_dense.py::test_comm_stats_errors_timeouts[3]",
                                _SPARSE_MPI + "test_volume_equals_cost_models[3]"],
 }
-#: a small, cheap selection for CI (a few minutes).
-SAMPLE = ["cupycoll/sparse/_common.py"]
+#: CI-sized sample: split's two pure region functions (~100 mutants) against the in-process
+#: unit tests only, in its own folder (``build/mutation/sample_...``).
+SAMPLE = {"module": "cupycoll/sparse/split.py", "tests": ["tests/test_sparse_units.py"],
+          "mutants": ["cupycoll.sparse.split.x_local_samples*",
+                      "cupycoll.sparse.split.x_region_bounds*"]}
 
 
-def _setup(module: str, tests: list[str]) -> Path:
+def _work(module: str, sample: bool = False) -> Path:
+    return BUILD / (("sample_" if sample else "") + module.replace("/", "_").removesuffix(".py"))
+
+
+def _setup(work: Path, module: str, tests: list[str]) -> Path:
     """A fresh work folder for ``module`` (kept as is when it exists: mutmut resumes)."""
-    work = BUILD / module.replace("/", "_").removesuffix(".py")
     if (work / "mutants").exists():
         return work
     work.mkdir(parents=True, exist_ok=True)
@@ -113,11 +119,13 @@ def _mutmut() -> list[str]:
     return [sys.executable, "-c", "import sys; from mutmut.__main__ import cli; sys.exit(cli())"]
 
 
-def run_module(module: str, jobs: int) -> dict:
-    work = _setup(module, MODULES[module])
+def run_module(module: str, jobs: int, sample: bool = False) -> dict:
+    work = _setup(_work(module, sample), module, SAMPLE["tests"] if sample else MODULES[module])
     env = _env(work)
     start = time.perf_counter()
-    proc = subprocess.run(["nice", "-n", "10", *_mutmut(), "run", "--max-children", str(jobs)],
+    names = SAMPLE["mutants"] if sample else []
+    proc = subprocess.run(["nice", "-n", "10", *_mutmut(), "run", "--max-children", str(jobs),
+                           *names],
                           cwd=work, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     (work / "run.log").write_text(proc.stdout + proc.stderr)
@@ -127,12 +135,27 @@ def run_module(module: str, jobs: int) -> dict:
         return {"module": module, "error": f"mutmut exit {proc.returncode}, see {work}/run.log",
                 "seconds": round(seconds)}
     stats = json.loads(stats_file.read_text())
+    if sample:  # the stats count every mutant of the module; count the sample's only
+        stats = _sample_stats(work)
     counted = stats["killed"] + stats["survived"] + stats["no_tests"]
     survivors = subprocess.run([*_mutmut(), "results"], cwd=work, env=env, capture_output=True,
                                text=True).stdout.split("\n")
     return {"module": module, "seconds": round(seconds), **stats,
             "score": round(stats["killed"] / counted, 4) if counted else None,
-            "not_killed": [s.strip() for s in survivors if s.strip()]}
+            "not_killed": [s.strip() for s in survivors if s.strip()
+                           and not (sample and "not checked" in s)]}
+
+
+def _sample_stats(work: Path) -> dict:
+    """killed / survived / no_tests / timeout of the SAMPLE mutants, from mutmut's meta file."""
+    import fnmatch
+
+    meta = json.loads((work / "mutants" / (SAMPLE["module"] + ".meta")).read_text())
+    codes = [c for name, c in meta["exit_code_by_key"].items()
+             if any(fnmatch.fnmatch(name, pat) for pat in SAMPLE["mutants"])]
+    return {"killed": sum(c in (1, 3) for c in codes), "survived": codes.count(0),
+            "no_tests": sum(c in (5, 33) for c in codes),
+            "timeout": sum(c in (24, -24, 36, 152, 255) for c in codes), "total": len(codes)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,10 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-score", type=float, default=0.0,
                         help="exit 1 if a module scores below this (0..1)")
     args = parser.parse_args(argv)
-    modules = SAMPLE if args.sample else args.modules or list(MODULES)
+    modules = [SAMPLE["module"]] if args.sample else args.modules or list(MODULES)
     if args.list:
         for m in modules:
-            print(f"{m}: {' '.join(MODULES[m])}")
+            tests = SAMPLE["tests"] if args.sample else MODULES[m]
+            print(f"{m}: {' '.join(tests)}" + (f" (mutants {SAMPLE['mutants']})"
+                                                  if args.sample else ""))
         return 0
     unknown = [m for m in modules if m not in MODULES]
     if unknown:
@@ -158,9 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     for module in modules:
         if args.fresh:
-            shutil.rmtree(BUILD / module.replace("/", "_").removesuffix(".py"), ignore_errors=True)
-        result = run_module(module, args.jobs)
-        summary[module] = result
+            shutil.rmtree(_work(module, args.sample), ignore_errors=True)
+        result = run_module(module, args.jobs, args.sample)
+        summary[("sample " if args.sample else "") + module] = result
         BUILD.mkdir(parents=True, exist_ok=True)
         summary_file.write_text(json.dumps(summary, indent=1))
         if "error" in result:
