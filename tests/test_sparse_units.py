@@ -247,6 +247,10 @@ def test_split_cost_estimate_without_inputs():
                           "split.gather": 3 * region * 8}
     assert c.messages == {"split.samples": 3, "split.counts": 3, "split.scatter": 4,
                           "split.gather.counts": 3, "split.gather": 6}
+    tiny = Shape(4, 10**6, 0, 4, 4, (1, 2, 0, 0))  # a union below P: empty regions, no message
+    assert 0 < tiny.union < 4
+    c = split.cost(tiny, 1)
+    assert c.received.get("split.gather", 0) == 0 and c.messages.get("split.gather", 0) == 0
 
 
 def test_region_bounds_and_cuts_exact_beyond_float64():
