@@ -236,3 +236,24 @@ def test_region_boundaries_from_the_documented_rule():
     assert got.tolist() == [0, big // 3, 2 * big // 3, big]
     one = region_boundaries(_SameProposals(1), np.arange(5, dtype=np.int32), n)
     assert one.dtype == np.int64 and one.tolist() == [0, n]
+
+
+def test_oktopk_recomputes_missing_or_stale_boundaries():
+    """A state without boundaries past step 0, or whose boundaries were made for another n, gets
+    fresh ones: the top entries of x (largest magnitudes, found by numpy) are in the result
+    wherever they are, also beyond the old n (one rank, so the threshold selection of 0.8k..1.1k
+    entries contains at least the top 0.8k)."""
+    from mpi4py import MPI
+
+    comm = cc.init("mpi", mpi_comm=MPI.COMM_SELF)
+    rng = np.random.default_rng(4)
+    st = TopkState(tau=8, tau_prime=8)
+    st.step = 1  # not a repartition step, no boundaries yet
+    for n in (100, 300):  # second call: same state, longer x, top entries beyond 100
+        x = (rng.standard_normal(n) * 0.01).astype(np.float32)
+        x[n - 20:n - 10] = np.arange(10, 20, dtype=np.float32)
+        res = cc.topk_allreduce(x, 10, algorithm="oktopk", comm=comm, state=st)
+        idx = np.asarray(res.indices, np.int64)
+        top = np.argsort(-np.abs(x), kind="stable")[:8]
+        assert res.n == n and set(top.tolist()) <= set(idx.tolist()), (n, idx)
+        np.testing.assert_array_equal(np.asarray(res.values), x[idx])
