@@ -257,7 +257,8 @@ def test_region_bounds_and_cuts_exact_beyond_float64():
     """Indices near 2**62 (float64 spacing 1024 there): bounds are exact sample values and the
     cuts equal an integer searchsorted, so no step may pass through floats."""
     base = 2**62
-    inputs = [base + np.arange(r, 4000, 3, dtype=np.int64) for r in range(3)]
+    # odd indices: none is a multiple of 1024, so a bound that went through float64 is no index
+    inputs = [base + 1 + 2 * np.arange(r, 4000, 3, dtype=np.int64) for r in range(3)]
     bounds = split.region_bounds(np.stack([split.local_samples(a) for a in inputs]), 2**63 - 1)
     assert bounds.dtype == np.int64
     everything = np.concatenate(inputs)
