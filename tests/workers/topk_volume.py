@@ -108,7 +108,7 @@ def check_refresh(comm, n, k) -> None:
     p, state = comm.size, TopkState()
     comm.stats.reset()
     topk_allreduce(balanced_input(p, comm.rank, n, k), k, comm=comm, state=state)
-    assert state.last["refresh"]
+    assert state.last["refresh"] and state.last["global_count"] == k  # the reduced nonzeros
     total = MPI.COMM_WORLD.allreduce(received(comm, "oktopk.refresh"))
     assert total == (p - 1) * k * PAIR, (total, (p - 1) * k * PAIR)
     assert received(comm, "oktopk.refresh.counts") == 8 * (p - 1)
