@@ -257,3 +257,17 @@ def test_oktopk_recomputes_missing_or_stale_boundaries():
         top = np.argsort(-np.abs(x), kind="stable")[:8]
         assert res.n == n and set(top.tolist()) <= set(idx.tolist()), (n, idx)
         np.testing.assert_array_equal(np.asarray(res.values), x[idx])
+
+
+def test_oktopk_all_zero_refresh_keeps_a_positive_threshold():
+    """An all-zero refresh step: empty result, global threshold = the least positive value of
+    x's dtype (never 0 or None: zeros are never selected), so the next step is no refresh."""
+    from mpi4py import MPI
+
+    comm = cc.init("mpi", mpi_comm=MPI.COMM_SELF)
+    st = TopkState(tau_prime=8)
+    res = cc.topk_allreduce(np.zeros(64, np.float32), 4, algorithm="oktopk", comm=comm, state=st)
+    assert res.nnz == 0 and st.last["global_count"] == 0
+    assert st.global_th == float(np.nextafter(np.float32(0), np.float32(1)))
+    cc.topk_allreduce(np.arange(64, dtype=np.float32), 4, algorithm="oktopk", comm=comm, state=st)
+    assert not st.last["refresh"]
