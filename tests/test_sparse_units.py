@@ -108,6 +108,40 @@ def test_region_bounds_without_entries_cut_evenly():
     assert empty.tolist() == [0, 3, 6, 10]
 
 
+def _bounds_reference(samples: np.ndarray, n: int) -> list[int]:
+    """Region bounds from the documented rule in Python integers: b_j is the smallest sample
+    value whose cumulative weight (nnz_r per sample of rank r) reaches ceil(j * total / P)."""
+    p = len(samples)
+    pairs = sorted((int(v), int(row[0])) for row in samples for v in row[1:])
+    total = sum(w for _, w in pairs)
+    if total == 0:
+        return [j * n // p for j in range(p)] + [n]
+    out = [0]
+    for j in range(1, p):
+        target, acc = -(-j * total // p), 0
+        for v, w in pairs:
+            acc += w
+            if acc >= target:
+                out.append(max(v, out[-1]))
+                break
+    return out + [n]
+
+
+def test_region_bounds_exact_integer_arithmetic():
+    """Weights near 2**58 where j * total / P in float64 rounds down onto a cumulative weight,
+    and an even cut of n = 2**61 + 1 without entries: both must be exact integer results."""
+    s = split.SAMPLES
+    k = 2**44  # rank 0: 43 samples weigh exactly floor(total / 3), one less than the target
+    samples = np.zeros((3, s + 1), np.int64)
+    samples[0, 0], samples[0, 1:] = 128 * k - 1, np.arange(s)
+    samples[1, 0], samples[1, 1:] = k, 1000 + np.arange(s)
+    assert split.region_bounds(samples, 10**6).tolist() == _bounds_reference(samples, 10**6)
+    assert split.region_bounds(samples, 10**6).tolist()[1] == 43
+    empty = np.zeros((3, s + 1), np.int64)
+    n = 2**61 + 1
+    assert split.region_bounds(empty, n).tolist() == _bounds_reference(empty, n)
+
+
 def test_prefer_dense_threshold():
     # float32 rows, int32 indices: dense is 4n + n/8 bytes, sparse 8 per entry
     assert not recursive_doubling.prefer_dense(500, 1000, 4, 4)
@@ -213,13 +247,18 @@ def test_split_cost_estimate_without_inputs():
                           "split.gather": 3 * region * 8}
     assert c.messages == {"split.samples": 3, "split.counts": 3, "split.scatter": 2,
                           "split.gather.counts": 3, "split.gather": 3}  # one block per peer
+    tiny = Shape(4, 10**6, 0, 4, 4, (1, 2, 0, 0))  # a union below P: empty regions, no message
+    assert 0 < tiny.union < 4
+    c = split.cost(tiny, 1)
+    assert c.received.get("split.gather", 0) == 0 and c.messages.get("split.gather", 0) == 0
 
 
 def test_region_bounds_and_cuts_exact_beyond_float64():
     """Indices near 2**62 (float64 spacing 1024 there): bounds are exact sample values and the
     cuts equal an integer searchsorted, so no step may pass through floats."""
     base = 2**62
-    inputs = [base + np.arange(r, 4000, 3, dtype=np.int64) for r in range(3)]
+    # odd indices: none is a multiple of 1024, so a bound that went through float64 is no index
+    inputs = [base + 1 + 2 * np.arange(r, 4000, 3, dtype=np.int64) for r in range(3)]
     bounds = split.region_bounds(np.stack([split.local_samples(a) for a in inputs]), 2**63 - 1)
     assert bounds.dtype == np.int64
     everything = np.concatenate(inputs)

@@ -218,3 +218,75 @@ def test_auto_tau_from_region_share_noise():
         noisy = p > 1 and np.sqrt(2 * np.log(p) * p / k) > 0.05
         assert auto_tau(k, p) == (1 if noisy else 64), (p, k)
     assert auto_tau(10_485, 8) == 1 and auto_tau(10_485, 4) == 64
+
+
+class _SameProposals:
+    """What ``region_boundaries`` needs of a communicator of ``size`` ranks that all propose the
+    same points: the allreduce (sum) is ``size`` times this rank's proposal."""
+
+    xp = np
+
+    def __init__(self, size):
+        self.size = size
+
+    def allreduce(self, send, recv, op, op_name):
+        recv[...] = send * self.size
+
+    def fetch(self, work, out):
+        return out
+
+
+def test_region_boundaries_from_the_documented_rule():
+    """Proposals ``S[i*c]`` with c = |S| // P (also at c = 1), equal split points ``i*n // P``
+    when |S| < P, and [0, n] on one rank -- references from the rule, in Python integers."""
+    from cupycoll.topk.oktopk import region_boundaries
+
+    n = 1000
+    for p in (2, 3, 4):
+        for size in (0, 1, p - 1, p, p + 1, 2 * p - 1, 2 * p, 5 * p + 2):
+            sel = np.sort(np.random.default_rng(size).choice(n, size, replace=False))
+            c = size // p
+            points = [int(sel[i * c]) for i in range(1, p)] if c else [i * n // p
+                                                                      for i in range(1, p)]
+            got = region_boundaries(_SameProposals(p), sel.astype(np.int32), n)
+            assert got.dtype == np.int64 and got.tolist() == [0, *points, n], (p, size)
+    big = 2**61 + 1  # equal split points in integers (float64 spacing is 512 there)
+    got = region_boundaries(_SameProposals(3), np.arange(2, dtype=np.int64), big)
+    assert got.tolist() == [0, big // 3, 2 * big // 3, big]
+    one = region_boundaries(_SameProposals(1), np.arange(5, dtype=np.int32), n)
+    assert one.dtype == np.int64 and one.tolist() == [0, n]
+
+
+def test_oktopk_recomputes_missing_or_stale_boundaries():
+    """A state without boundaries past step 0, or whose boundaries were made for another n, gets
+    fresh ones: the top entries of x (largest magnitudes, found by numpy) are in the result
+    wherever they are, also beyond the old n (one rank, so the threshold selection of 0.8k..1.1k
+    entries contains at least the top 0.8k)."""
+    from mpi4py import MPI
+
+    comm = cc.init("mpi", mpi_comm=MPI.COMM_SELF)
+    rng = np.random.default_rng(4)
+    st = TopkState(tau=8, tau_prime=8)
+    st.step = 1  # not a repartition step, no boundaries yet
+    for n in (100, 300):  # second call: same state, longer x, top entries beyond 100
+        x = (rng.standard_normal(n) * 0.01).astype(np.float32)
+        x[n - 20:n - 10] = np.arange(10, 20, dtype=np.float32)
+        res = cc.topk_allreduce(x, 10, algorithm="oktopk", comm=comm, state=st)
+        idx = np.asarray(res.indices, np.int64)
+        top = np.argsort(-np.abs(x), kind="stable")[:8]
+        assert res.n == n and set(top.tolist()) <= set(idx.tolist()), (n, idx)
+        np.testing.assert_array_equal(np.asarray(res.values), x[idx])
+
+
+def test_oktopk_all_zero_refresh_keeps_a_positive_threshold():
+    """An all-zero refresh step: empty result, global threshold = the least positive value of
+    x's dtype (never 0 or None: zeros are never selected), so the next step is no refresh."""
+    from mpi4py import MPI
+
+    comm = cc.init("mpi", mpi_comm=MPI.COMM_SELF)
+    st = TopkState(tau_prime=8)
+    res = cc.topk_allreduce(np.zeros(64, np.float32), 4, algorithm="oktopk", comm=comm, state=st)
+    assert res.nnz == 0 and st.last["global_count"] == 0
+    assert st.global_th == float(np.nextafter(np.float32(0), np.float32(1)))
+    cc.topk_allreduce(np.arange(64, dtype=np.float32), 4, algorithm="oktopk", comm=comm, state=st)
+    assert not st.last["refresh"]

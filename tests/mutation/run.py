@@ -47,7 +47,14 @@ _SPARSE = ["tests/test_sparse_units.py", "tests/test_api_units.py",
                "test_nan_inf_signed_zero_same_bits_in_every_algorithm[3]",
                "test_volume_equals_cost_models[2]", "test_volume_equals_cost_models[3]",
                "test_bad_input_raises_on_every_rank[3]", "test_delivery_alloc_completion_async[3]"))]
-_TOPK = ["tests/test_topk_units.py", "tests/test_topk_mpi.py"]
+# One launch per worker at 2-3 ranks (the 5-8 rank launches and the longer density runs, ~100 s
+# of the ~130 s of tests/test_topk_mpi.py, are left to the regular suite).
+_TOPK_MPI = "tests/test_topk_mpi.py::"
+_TOPK = ["tests/test_topk_units.py",
+         *(_TOPK_MPI + t for t in (
+             "test_topk_results_match_references[2]", "test_topk_results_match_references[3]",
+             "test_topk_volumes[3]", "test_topk_compressor_mass_and_errors[3]",
+             "test_topk_density_under_error_feedback[2]"))]
 _PRIMITIVES = ["tests/test_primitives.py", "tests/test_numba_accel.py",
                "tests/test_kernels_cpu.py", "tests/test_sparse_units.py"]
 
@@ -57,8 +64,8 @@ MODULES = {
         "_common", "_cost", "_validate", "allgather", "api", "auto", "dense", "mask",
         "recursive_doubling", "split")},
     **{f"cupycoll/topk/{m}.py": _TOPK for m in (
-        "_common", "_oktopk_phases", "api", "compressor", "dense", "gaussiank", "gtopk", "oktopk",
-        "selectors", "topka")},
+        "_common", "_global_threshold", "_oktopk_phases", "api", "compressor", "dense",
+        "gaussiank", "gtopk", "oktopk", "selectors", "topka")},
     **{f"cupycoll/primitives/{m}.py": _PRIMITIVES for m in (
         "__init__", "_accel", "_checks", "_common", "_numpy_reduce", "_numpy_select")},
     "cupycoll/primitives/_numba.py": ["tests/test_numba_accel.py", "tests/test_primitives.py"],
@@ -69,13 +76,19 @@ MODULES = {
                                  _SPARSE_MPI + "test_volume_equals_cost_models[3]"]
        for m in ("_base", "_stats", "_work")},
 }
-#: a small, cheap selection for CI (a few minutes).
-SAMPLE = ["cupycoll/sparse/_common.py"]
+#: CI-sized sample: split's two pure region functions (~100 mutants) against the in-process
+#: unit tests only, in its own folder (``build/mutation/sample_...``).
+SAMPLE = {"module": "cupycoll/sparse/split.py", "tests": ["tests/test_sparse_units.py"],
+          "mutants": ["cupycoll.sparse.split.x_local_samples*",
+                      "cupycoll.sparse.split.x_region_bounds*"]}
 
 
-def _setup(module: str, tests: list[str]) -> Path:
+def _work(module: str, sample: bool = False) -> Path:
+    return BUILD / (("sample_" if sample else "") + module.replace("/", "_").removesuffix(".py"))
+
+
+def _setup(work: Path, module: str, tests: list[str]) -> Path:
     """A fresh work folder for ``module`` (kept as is when it exists: mutmut resumes)."""
-    work = BUILD / module.replace("/", "_").removesuffix(".py")
     if (work / "mutants").exists():
         return work
     work.mkdir(parents=True, exist_ok=True)
@@ -108,11 +121,13 @@ def _mutmut() -> list[str]:
     return [sys.executable, "-c", "import sys; from mutmut.__main__ import cli; sys.exit(cli())"]
 
 
-def run_module(module: str, jobs: int) -> dict:
-    work = _setup(module, MODULES[module])
+def run_module(module: str, jobs: int, sample: bool = False) -> dict:
+    work = _setup(_work(module, sample), module, SAMPLE["tests"] if sample else MODULES[module])
     env = _env(work)
     start = time.perf_counter()
-    proc = subprocess.run(["nice", "-n", "10", *_mutmut(), "run", "--max-children", str(jobs)],
+    names = SAMPLE["mutants"] if sample else []
+    proc = subprocess.run(["nice", "-n", "10", *_mutmut(), "run", "--max-children", str(jobs),
+                           *names],
                           cwd=work, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     (work / "run.log").write_text(proc.stdout + proc.stderr)
@@ -122,12 +137,27 @@ def run_module(module: str, jobs: int) -> dict:
         return {"module": module, "error": f"mutmut exit {proc.returncode}, see {work}/run.log",
                 "seconds": round(seconds)}
     stats = json.loads(stats_file.read_text())
+    if sample:  # the stats count every mutant of the module; count the sample's only
+        stats = _sample_stats(work)
     counted = stats["killed"] + stats["survived"] + stats["no_tests"]
     survivors = subprocess.run([*_mutmut(), "results"], cwd=work, env=env, capture_output=True,
                                text=True).stdout.split("\n")
     return {"module": module, "seconds": round(seconds), **stats,
             "score": round(stats["killed"] / counted, 4) if counted else None,
-            "not_killed": [s.strip() for s in survivors if s.strip()]}
+            "not_killed": [s.strip() for s in survivors if s.strip()
+                           and not (sample and "not checked" in s)]}
+
+
+def _sample_stats(work: Path) -> dict:
+    """killed / survived / no_tests / timeout of the SAMPLE mutants, from mutmut's meta file."""
+    import fnmatch
+
+    meta = json.loads((work / "mutants" / (SAMPLE["module"] + ".meta")).read_text())
+    codes = [c for name, c in meta["exit_code_by_key"].items()
+             if any(fnmatch.fnmatch(name, pat) for pat in SAMPLE["mutants"])]
+    return {"killed": sum(c in (1, 3) for c in codes), "survived": codes.count(0),
+            "no_tests": sum(c in (5, 33) for c in codes),
+            "timeout": sum(c in (24, -24, 36, 152, 255) for c in codes), "total": len(codes)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,10 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-score", type=float, default=0.0,
                         help="exit 1 if a module scores below this (0..1)")
     args = parser.parse_args(argv)
-    modules = SAMPLE if args.sample else args.modules or list(MODULES)
+    modules = [SAMPLE["module"]] if args.sample else args.modules or list(MODULES)
     if args.list:
         for m in modules:
-            print(f"{m}: {' '.join(MODULES[m])}")
+            tests = SAMPLE["tests"] if args.sample else MODULES[m]
+            print(f"{m}: {' '.join(tests)}" + (f" (mutants {SAMPLE['mutants']})"
+                                                  if args.sample else ""))
         return 0
     unknown = [m for m in modules if m not in MODULES]
     if unknown:
@@ -153,9 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     for module in modules:
         if args.fresh:
-            shutil.rmtree(BUILD / module.replace("/", "_").removesuffix(".py"), ignore_errors=True)
-        result = run_module(module, args.jobs)
-        summary[module] = result
+            shutil.rmtree(_work(module, args.sample), ignore_errors=True)
+        result = run_module(module, args.jobs, args.sample)
+        summary[("sample " if args.sample else "") + module] = result
         BUILD.mkdir(parents=True, exist_ok=True)
         summary_file.write_text(json.dumps(summary, indent=1))
         if "error" in result:

@@ -87,6 +87,33 @@ def check_balanced(comm, n, k) -> dict:
     return {"reduce": exact / 4, "allgather": exact / 4}
 
 
+def check_uneven_blocks(comm, n, k) -> None:
+    """T = k = 24P + 1 selected sums: blocks of T//P + 1 (rank 0) and T//P (the others). Native
+    allgatherv: rank r receives T - block_r pairs; padded: P-1 blocks of ceil(T/P) pairs."""
+    p, r = comm.size, comm.rank
+    blocks = [k // p + (j < k % p) for j in range(p)]
+    native, padded_want = k - blocks[r], (p - 1) * -(-k // p)  # MPI: native allgatherv
+    for padded, want in ((False, native), (None, native), (True, padded_want)):
+        res, state = oktopk_two_steps(comm, balanced_input(p, r, n, k), k, padded)
+        assert res.nnz == k and state.last["global_count"] == k
+        got = received(comm, "oktopk.allgather")
+        assert got == want * PAIR, (padded, got, want * PAIR)
+
+
+def check_refresh(comm, n, k) -> None:
+    """Refresh step on the balanced input: the k reduced sums are allgathered once (every one
+    received by the P-1 ranks not owning it) after one count exchange."""
+    from mpi4py import MPI
+
+    p, state = comm.size, TopkState()
+    comm.stats.reset()
+    topk_allreduce(balanced_input(p, comm.rank, n, k), k, comm=comm, state=state)
+    assert state.last["refresh"] and state.last["global_count"] == k  # the reduced nonzeros
+    total = MPI.COMM_WORLD.allreduce(received(comm, "oktopk.refresh"))
+    assert total == (p - 1) * k * PAIR, (total, (p - 1) * k * PAIR)
+    assert received(comm, "oktopk.refresh.counts") == 8 * (p - 1)
+
+
 def check_skewed(comm, n, k) -> dict:
     p, r = comm.size, comm.rank
     res, state = oktopk_two_steps(comm, skewed_input(p, r, n, k), k)
@@ -156,6 +183,9 @@ def main() -> None:
     k = 24 * p
     n = 64 * k
     check_balanced(comm, n, k)
+    if p > 1:
+        check_uneven_blocks(comm, n, k + 1)
+        check_refresh(comm, n, k)
     check_skewed(comm, n, k)
     check_topka_gtopk(comm, n, k)
     worst = check_drifting(comm, 8192, 80)

@@ -83,13 +83,13 @@ def recording_hook(state: cct.TopkHookState, totals: dict):
     return hook
 
 
-def train(hook: str, density: float) -> dict:
+def train(hook: str, density: float, **wire: str) -> dict:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
     ddp = DDP(model, bucket_cap_mb=0.004)  # several buckets, so rebuilds and ordering matter
     state, totals = None, {"fed": 0.0, "sent": 0.0}
     if hook == "topk":
-        state = cct.TopkHookState(density=density, warmup_steps=1)
+        state = cct.TopkHookState(density=density, warmup_steps=1, **wire)
         ddp.register_comm_hook(state, recording_hook(state, totals))
     elif hook == "cupycoll-allreduce":
         ddp.register_comm_hook(None, cct.allreduce_hook)
@@ -107,7 +107,7 @@ def train(hook: str, density: float) -> dict:
     seconds = (time.perf_counter() - start) / STEPS
     with torch.no_grad():
         accuracy = float((model(xv).argmax(1) == yv).float().mean())
-    result = {"hook": hook, "density": density, "P": P, "accuracy": accuracy,
+    result = {"hook": hook, "density": density, "P": P, "accuracy": accuracy, **wire,
               "step_ms": seconds * 1e3, "params": sum(p.numel() for p in model.parameters())}
     if state is not None:
         residual = sum(float(np.asarray(c.residual, np.float64).sum())
@@ -142,10 +142,11 @@ def main() -> None:
     init_gloo()
     check_sparse_embedding()
     runs = [train("default", 0.0), train("cupycoll-allreduce", 0.0), train("topk", 0.05),
-            train("topk", 0.01)]
+            train("topk", 0.01), train("topk", 0.05, wire="compact", wire_values="bfloat16")]
     default = runs[0]["accuracy"]
     assert abs(runs[1]["accuracy"] - default) < 1e-6, runs  # same math, other transport
     assert runs[2]["accuracy"] >= default - 0.02, runs
+    assert runs[4]["accuracy"] >= default - 0.02, runs  # compact indices, bfloat16 values
     if REPORT and RANK == 0:
         for run in runs:
             print(json.dumps(run))
