@@ -24,6 +24,7 @@ from .comm import Communicator, Work, get_comm
 from .errors import InvalidArgument, InvalidType
 from .sparse import sparse_allreduce as _sparse_allreduce
 from .topk import TopkCompressor
+from .wire._choice import check_wire, check_wire_values
 
 __all__ = ["TopkHookState", "topk_hook", "allreduce_hook", "sparse_allreduce"]
 
@@ -85,6 +86,9 @@ class TopkHookState:
         comm: communicator to duplicate for the hook (default: the default communicator).
         tau, tau_prime: Ok-Topk's repartition ("auto": see ``TopkState``) and threshold-refresh
             periods.
+        wire, wire_values: the wire format of every bucket's top-k allreduce (see
+            :func:`cupycoll.topk_allreduce`; default ``CUPYCOLL_WIRE``, else "auto"); with
+            ``wire_values`` the rounding errors land in the buckets' residuals.
     Attributes:
         iteration: completed iterations (counted at each iteration's last bucket).
         compressors: bucket key (index, size) -> TopkCompressor.
@@ -97,6 +101,8 @@ class TopkHookState:
     comm: Communicator | None = None
     tau: int | str = "auto"
     tau_prime: int = 32
+    wire: str | None = None
+    wire_values: str | None = None
     iteration: int = 0
     compressors: dict = dataclasses.field(default_factory=dict)
     _params: dict = dataclasses.field(default_factory=dict)  # bucket key -> its parameters
@@ -109,6 +115,8 @@ class TopkHookState:
                                   "must be an int >= 1: DDP rebuilds buckets after iteration 1")
         if not isinstance(self.density, (int, float)) or not 0 < self.density <= 1:
             raise InvalidArgument("density", self.density, "must be a number in (0, 1]")
+        check_wire(self.wire)
+        check_wire_values(self.wire_values)
         self.comm = _background(self.comm)
 
     @property
@@ -123,7 +131,8 @@ class TopkHookState:
         if found is not None:
             return found
         found = TopkCompressor(buffer.numel(), self.density, algorithm=self.algorithm,
-                               comm=self.comm, tau=self.tau, tau_prime=self.tau_prime)
+                               comm=self.comm, tau=self.tau, tau_prime=self.tau_prime,
+                               wire=self.wire, wire_values=self.wire_values)
         params = list(bucket.parameters())
         carried = self._carry_residuals(params)
         if carried is not None:
