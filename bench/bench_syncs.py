@@ -84,15 +84,19 @@ def calls(comm: Any, n: int, nnz: int, k: int) -> list[tuple[str, Callable[[], A
                 idx, val, n, op=op, algorithm=name, comm=comm)))
     for name in cc.algorithms("topk"):
         xs = [xp.asarray(_topk_input(rank, n, t)) for t in range(4)]
-        state = TopkState()
-
-        def step(name: str = name, state: TopkState = state, xs: list = xs) -> Any:
-            return topk_allreduce(xs[state.step % len(xs)], k, algorithm=name, comm=comm,
-                                  state=state)
+        # the budgeted non-refresh step keeps its regions (tau=64); with tau="auto" at this
+        # small k Ok-Topk repartitions every step: one more sync (the boundary allreduce)
+        states = {"nonrefresh": TopkState(tau=64)}
+        if name == "oktopk":
+            states["nonrefresh.repartition"] = TopkState(tau=1)
         # steps 0 (refresh, counted after a warm-up on its own state) and 1, 2 (non-refresh)
         out.append((f"topk_allreduce.{name}.refresh",
                     lambda name=name: topk_allreduce(xs[0], k, algorithm=name, comm=comm)))
-        out.append((f"topk_allreduce.{name}.nonrefresh", step))
+        for label, state in states.items():
+            def step(name: str = name, state: TopkState = state, xs: list = xs) -> Any:
+                return topk_allreduce(xs[state.step % len(xs)], k, algorithm=name, comm=comm,
+                                      state=state)
+            out.append((f"topk_allreduce.{name}.{label}", step))
     return out
 
 
