@@ -75,16 +75,17 @@ def rank_slices(counts: Sequence[int]) -> list[slice]:
     return [slice(end - int(c), end) for end, c in zip(ends, counts)]
 
 
-def allgatherv_entries(comm: Any, indices: Any, values: Any, op_name: str
-                       ) -> tuple[Any, Any, np.ndarray]:
-    """Allgatherv indices and rows together: counts first, then ONE exchange round.
+def allgatherv_entries(comm: Any, indices: Any, values: Any, op_name: str,
+                       counts: np.ndarray | None = None) -> tuple[Any, Any, np.ndarray]:
+    """Allgatherv indices and rows together: counts first (unless given), then ONE exchange.
 
     Every rank's block is received straight into its slice of the outputs (no staging copy,
     so the outputs are the only memory), indices and rows as two messages per peer, skipped
     when that peer has no entries. Returns (all indices, all rows, counts per rank).
     """
     xp, rank = comm.xp, comm.rank
-    counts = comm.allgather_counts(int(indices.shape[0]), op_name + ".counts")
+    if counts is None:
+        counts = comm.allgather_counts(int(indices.shape[0]), op_name + ".counts")
     total = int(counts.sum())
     all_idx = xp.empty(total, dtype=indices.dtype)
     all_val = xp.empty((total,) + tuple(values.shape[1:]), dtype=values.dtype)

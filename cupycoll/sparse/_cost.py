@@ -54,6 +54,8 @@ class Shape:
         inputs: optional coalesced sorted indices of every rank (host numpy), for exact terms.
         op: the reduction ("sum", "prod", "max", "min"; avg reduces as sum): ``dense`` folds
             presence into its allreduce only for sum.
+        nodes: node of every rank (see :mod:`cupycoll.comm._topology`), for the node-aware
+            algorithms; None = one node.
     """
 
     size: int
@@ -64,6 +66,7 @@ class Shape:
     nnz: tuple[int, ...]
     inputs: tuple[np.ndarray, ...] | None = None
     op: str = "sum"
+    nodes: tuple[int, ...] | None = None
 
     @classmethod
     def from_inputs(cls, inputs: Sequence[np.ndarray], n: int, width: int, index_bytes: int,

@@ -24,9 +24,12 @@ __all__ = ["allgather", "cost"]
 
 @register("sparse", "allgather")
 def allgather(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
-              accumulate_dtype: Any = None) -> tuple[Any, Any]:
-    """Allgatherv indices and values, merge the P parts in rank order (absent counts as 0)."""
-    all_idx, all_val, counts = allgatherv_entries(comm, indices, values, "allgather")
+              accumulate_dtype: Any = None, counts: Any = None) -> tuple[Any, Any]:
+    """Allgatherv indices and values, merge the P parts in rank order (absent counts as 0).
+
+    ``counts``: every rank's nnz when the caller already has them (the count round is skipped).
+    """
+    all_idx, all_val, counts = allgatherv_entries(comm, indices, values, "allgather", counts)
     parts = [(all_idx[s], all_val[s]) for s in rank_slices(counts)]
     return reduce_parts(parts, op, accumulate_dtype)
 

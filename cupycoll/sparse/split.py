@@ -31,7 +31,7 @@ from .._types import ReduceOp
 from ._common import allgatherv_entries, reduce_parts
 from ._cost import Cost, Shape
 
-__all__ = ["split", "cost", "SAMPLES", "local_samples", "region_bounds"]
+__all__ = ["split", "cost", "SAMPLES", "local_samples", "region_bounds", "reduce_scatter"]
 
 #: index samples per rank that balance the regions (the region loads are within ~1/SAMPLES).
 SAMPLES = 128
@@ -48,14 +48,15 @@ def local_samples(indices: Any, xp: Any = np) -> Any:
     return out
 
 
-def region_bounds(samples: np.ndarray, n: int) -> np.ndarray:
+def region_bounds(samples: np.ndarray, n: int, parts: int | None = None) -> np.ndarray:
     """Return P+1 region bounds ``0 = b_0 <= ... <= b_P = n`` from every rank's samples.
 
     ``samples`` is (P, SAMPLES+1) as made by :func:`local_samples`. A sample of rank r stands
     for nnz_r / SAMPLES entries; bound b_j is the first sample value where the cumulative weight
-    reaches j/P of the total (integer arithmetic: the same on every rank).
+    reaches j/P of the total (integer arithmetic: the same on every rank). ``parts`` regions
+    instead of P if given (the hierarchical algorithm's regions).
     """
-    p = samples.shape[0]
+    p = samples.shape[0] if parts is None else parts
     weights = np.repeat(samples[:, 0], SAMPLES)
     values = samples[:, 1:].reshape(-1)
     order = np.argsort(values, kind="stable")
@@ -71,14 +72,16 @@ def region_bounds(samples: np.ndarray, n: int) -> np.ndarray:
     return np.maximum.accumulate(bounds)
 
 
-def _bounds(comm: Any, indices: Any, n: int) -> np.ndarray:
+def _bounds(comm: Any, indices: Any, n: int, op_name: str = "split.samples",
+            parts: int | None = None) -> np.ndarray:
     send = local_samples(indices, comm.xp)
     recv = comm.xp.empty(comm.size * (SAMPLES + 1), dtype=np.int64)
-    samples = comm.fetch(comm.allgather(send, recv, "split.samples"), recv)
-    return region_bounds(samples.reshape(comm.size, SAMPLES + 1), n)
+    samples = comm.fetch(comm.allgather(send, recv, op_name), recv)
+    return region_bounds(samples.reshape(comm.size, SAMPLES + 1), n, parts)
 
 
-def _counts(comm: Any, indices: Any, bounds: np.ndarray) -> tuple[list[int], np.ndarray]:
+def _counts(comm: Any, indices: Any, bounds: np.ndarray, op_name: str = "split.counts"
+            ) -> tuple[list[int], np.ndarray]:
     """Offsets of the P regions in sorted ``indices`` (P+1 host ints, first 0, last nnz) and
     the number of entries every rank sends this one: one host read for both."""
     xp = comm.xp
@@ -86,7 +89,7 @@ def _counts(comm: Any, indices: Any, bounds: np.ndarray) -> tuple[list[int], np.
     cuts = xp.zeros(comm.size + 1, dtype=np.int64)
     cuts[1:-1] = xp.searchsorted(indices, inner)
     cuts[-1] = indices.shape[0]
-    sent, received = comm.alltoall_device_counts(xp.diff(cuts), "split.counts")
+    sent, received = comm.alltoall_device_counts(xp.diff(cuts), op_name)
     return [0] + np.cumsum(sent).tolist(), received
 
 
@@ -94,10 +97,23 @@ def _counts(comm: Any, indices: Any, bounds: np.ndarray) -> tuple[list[int], np.
 def split(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
           accumulate_dtype: Any = None) -> tuple[Any, Any]:
     """Reduce-scatter balanced index regions to their owners, then allgatherv the regions."""
-    p, rank, xp = comm.size, comm.rank, comm.xp
-    if p == 1:
+    if comm.size == 1:
         return indices, values
-    cuts, recv_counts = _counts(comm, indices, _bounds(comm, indices, n))
+    own_idx, own_val = reduce_scatter(comm, indices, values, _bounds(comm, indices, n), op,
+                                      accumulate_dtype)
+    all_idx, all_val, _ = allgatherv_entries(comm, own_idx, own_val, "split.gather")
+    return all_idx, all_val
+
+
+def reduce_scatter(comm: Any, indices: Any, values: Any, bounds: np.ndarray, op: ReduceOp,
+                   accumulate_dtype: Any = None, name: str = "split") -> tuple[Any, Any]:
+    """Phase 2: rank r gets region ``[bounds[r], bounds[r+1])`` reduced over all ranks.
+
+    Booked as ``<name>.counts`` and ``<name>.scatter``; the hierarchical algorithm runs it
+    among the ranks of a node.
+    """
+    p, rank, xp = comm.size, comm.rank, comm.xp
+    cuts, recv_counts = _counts(comm, indices, bounds, name + ".counts")
     send_counts = [cuts[r + 1] - cuts[r] for r in range(p)]
     row = tuple(values.shape[1:])
     parts: list[tuple[Any, Any]] = [None] * p  # type: ignore[list-item]
@@ -112,11 +128,8 @@ def split(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
         parts[src] = (xp.empty(count, dtype=indices.dtype), xp.empty((count,) + row, values.dtype))
         if count:
             recvs += [(src, parts[src][0]), (src, parts[src][1])]
-    comm.stream_order(comm.exchange(sends, recvs, "split.scatter"))
-    own_idx, own_val = reduce_parts(parts, op, accumulate_dtype)
-    del parts, sends, recvs
-    all_idx, all_val, _ = allgatherv_entries(comm, own_idx, own_val, "split.gather")
-    return all_idx, all_val
+    comm.stream_order(comm.exchange(sends, recvs, name + ".scatter"))
+    return reduce_parts(parts, op, accumulate_dtype)
 
 
 def cost(shape: Shape, rank: int) -> Cost:
