@@ -1,0 +1,59 @@
+"""The node-aware ``hierarchical`` sparse allreduce: topology, region ownership, exactness on
+emulated nodes (P = 1..8, 1-4 ranks per node, the last node short), setting validation.
+
+Its traffic model is checked exactly against ``comm.stats`` by
+``test_sparse_mpi.py::test_volume_equals_cost_models`` (ranks per node 1, 2, 3).
+"""
+
+import numpy as np
+import pytest
+
+from cupycoll._config import setting
+from cupycoll.comm._topology import Topology
+from cupycoll.errors import InvalidArgument
+from cupycoll.sparse._cost import Shape
+from cupycoll.sparse.hierarchical import cost, link_costs, owned, owner
+from tests._mpi import run_mpi
+
+
+@pytest.mark.parametrize("nprocs, ncases", [(1, 10), (2, 25), (3, 20), (4, 20), (5, 15),
+                                            (8, 10)])
+def test_exact_on_emulated_nodes(nprocs, ncases):
+    # ncases x 4 node sizes x 3 rail choices per launch
+    out = run_mpi(nprocs, "sparse_hier.py", 300 + nprocs, ncases, timeout=600)
+    assert f"ok {ncases * 12} hierarchical cases on {nprocs} ranks" in out
+
+
+@pytest.mark.parametrize("regions", [1, 2, 3, 4, 7, 8])
+def test_every_region_has_exactly_one_owner_per_node(regions):
+    for size in range(1, regions + 1):
+        got = [j for local in range(size) for j in owned(regions, size, local)]
+        assert got == list(range(regions)), (regions, size)
+        for j in range(regions):
+            assert j in owned(regions, size, owner(regions, size, j))
+
+
+def test_topology_renumbers_and_groups():
+    topo = Topology.of([5, 5, 2, 2, 9])
+    assert topo.nodes == (0, 0, 1, 1, 2)
+    assert topo.members == [(0, 1), (2, 3), (4,)] and topo.width == 2 and topo.count == 3
+
+
+@pytest.mark.parametrize("text", ["0", "-2", "two", "1.5"])
+def test_ranks_per_node_must_be_a_positive_integer(monkeypatch, text):
+    monkeypatch.setenv("CUPYCOLL_RANKS_PER_NODE", text)
+    with pytest.raises(InvalidArgument, match="CUPYCOLL_RANKS_PER_NODE"):
+        setting("CUPYCOLL_RANKS_PER_NODE")
+
+
+def test_one_node_moves_what_split_moves_and_one_rank_per_node_has_no_node_phase():
+    from cupycoll.sparse import split
+
+    rng = np.random.default_rng(0)
+    inputs = [np.unique(rng.integers(0, 5000, 300 + 40 * r)) for r in range(6)]
+    shape = Shape.from_inputs(inputs, 5000, 0, 4, 4)
+    for r in range(6):
+        assert cost(shape, r).bytes_received == split.cost(shape, r).bytes_received
+        intra, inter, rails = link_costs(
+            Shape(**{**shape.__dict__, "nodes": tuple(range(6))}), r)
+        assert intra.bytes_received == 0 and len(rails) == 1 and inter.bytes_received > 0
