@@ -18,8 +18,9 @@ nodes). Nodes come from :mod:`cupycoll.comm._topology` (MPI's shared-memory spli
 4. Node allgatherv of the owners' final regions: in local-rank order they are the sorted result.
 
 Every value is reduced once per region by the same rail in the same order and then copied, so
-all ranks hold the same bits. One node: split's traffic (the rail step is empty). One rank per
-node: split or allgather over all ranks. Traffic is booked as ``hierarchical.samples``,
+all ranks hold the same bits. One node: it runs split itself (same traffic, same names, same
+predicted time: ``auto`` keeps split on a tie). One rank per node: split or allgather over all
+ranks, point-to-point. Traffic is booked as ``hierarchical.samples``,
 ``hierarchical.node.{counts,scatter,gather.counts,gather}`` (intra-node) and
 ``hierarchical.rail.{counts, allgather, split.*}`` (inter-node); :func:`link_costs` splits the
 exact model the same way so the tuner prices each part on its link.
@@ -80,9 +81,9 @@ def rail_algorithm(counts: Sequence[int], span: int, like: Shape, profile: Any) 
 def hierarchical(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
                  accumulate_dtype: Any = None) -> tuple[Any, Any]:
     """Node reduce-scatter, per-region sparse allreduce between nodes, node allgatherv."""
-    if comm.size == 1:
-        return indices, values
     topo = topology(comm)
+    if topo.count == 1:  # one node: exactly split (its native collectives included)
+        return _split.split(comm, indices, values, n, op, accumulate_dtype)
     mine = topo.members[topo.nodes[comm.rank]]
     regions, local = topo.width, Group(comm, mine, "hierarchical.")
     bounds = (_split._bounds(comm, indices, n, "hierarchical.samples", regions) if regions > 1
@@ -176,13 +177,13 @@ def link_costs(shape: Shape, rank: int, profile: Any = None
     does (default: :func:`cupycoll.tuner.profile.load_profile`)."""
     intra, inter, rails = Cost(), Cost(), []
     p = shape.size
-    if p == 1:
-        return intra, inter, rails
+    topo = Topology.of(shape.nodes or (0,) * p)
+    if topo.count == 1:
+        return intra.add(_split.cost(shape, rank)), inter, rails
     if profile is None:
         from ..tuner.profile import load_profile
 
         profile = load_profile()
-    topo = Topology.of(shape.nodes or (0,) * p)
     regions, node = topo.width, topo.nodes[rank]
     mine = topo.members[node]
     size, local, e = len(mine), mine.index(rank), shape.entry_bytes

@@ -116,6 +116,8 @@ def _hierarchical_time(shape: Shape, rank: int, profile: Profile) -> float:
     """Intra-node phases on ``profile.link("intra")``, the rails on ``link("inter")`` (native
     collectives at the profile's native prices), plus every rail's own work and fixed cost;
     without a measured ``fixed["hierarchical"]`` the node phases cost split's."""
+    if shape.nodes is None or len(set(shape.nodes)) == 1:  # one node: it runs split
+        return rank_time("split", shape, rank, profile)
     intra, inter, rails = _hier.link_costs(shape, rank, profile)
     fixed = profile.fixed.get("hierarchical", profile.fixed.get("split", 0.0))
     seconds = (fixed + _local(work("hierarchical", shape, rank), profile)
