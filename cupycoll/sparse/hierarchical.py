@@ -4,7 +4,7 @@ Node-aware split (the two-level structure of NCCL's tree/ring-over-nodes and of 
 nodes). Nodes come from :mod:`cupycoll.comm._topology` (MPI's shared-memory split, or
 ``CUPYCOLL_RANKS_PER_NODE``); R = the ranks on the largest node.
 
-1. Balance: every rank allgathers split's samples (one native allgather, skipped when R == 1)
+1. Balance: every rank allgathers split's samples (one native allgather)
    and computes the same R regions ``[b_j, b_{j+1})``, each about 1/R of all entries.
 2. Node reduce-scatter: on a node of L ranks, local rank l owns regions
    ``[l*R//L, (l+1)*R//L)`` (one region on a full node, several on a short one) and gets them
@@ -19,8 +19,9 @@ nodes). Nodes come from :mod:`cupycoll.comm._topology` (MPI's shared-memory spli
 
 Every value is reduced once per region by the same rail in the same order and then copied, so
 all ranks hold the same bits. One node: it runs split itself (same traffic, same names, same
-predicted time: ``auto`` keeps split on a tie). One rank per node: split or allgather over all
-ranks, point-to-point. Traffic is booked as ``hierarchical.samples``,
+predicted time: ``auto`` keeps split on a tie). One rank per node: a count allgather
+(``hierarchical.counts``), then split or allgather over all ranks with their native
+collectives. Traffic is booked as ``hierarchical.samples``,
 ``hierarchical.node.{counts,scatter,gather.counts,gather}`` (intra-node) and
 ``hierarchical.rail.{counts, allgather, split.*}`` (inter-node); :func:`link_costs` splits the
 exact model the same way so the tuner prices each part on its link.
@@ -84,49 +85,55 @@ def hierarchical(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
     topo = topology(comm)
     if topo.count == 1:  # one node: exactly split (its native collectives included)
         return _split.split(comm, indices, values, n, op, accumulate_dtype)
+    from ..tuner.profile import profile_for
+
+    profile = profile_for(comm)  # collective on first use: before any rail starts
+    if topo.width == 1:  # one rank per node: one rail of every rank, on its native collectives
+        return _rail(comm, indices, values, n, op, accumulate_dtype, np.array([0, n]), 0,
+                     "hierarchical.", profile)
     mine = topo.members[topo.nodes[comm.rank]]
     regions, local = topo.width, Group(comm, mine, "hierarchical.")
-    bounds = (_split._bounds(comm, indices, n, "hierarchical.samples", regions) if regions > 1
-              else np.array([0, n], dtype=np.int64))
+    bounds = _split._bounds(comm, indices, n, "hierarchical.samples", regions)
     own = owned(regions, local.size, local.rank)
     if local.size > 1:
         cut = [bounds[o.start] for o in (owned(regions, local.size, l) for l in range(local.size))]
         indices, values = _split.reduce_scatter(local, indices, values,
                                                 np.array(cut + [n], dtype=np.int64), op,
                                                 accumulate_dtype, "node")
-    if topo.count > 1:
-        indices, values = _between_nodes(comm, topo, own, bounds, indices, values, n, op,
-                                         accumulate_dtype)
+    indices, values = _between_nodes(comm, topo, own, bounds, indices, values, n, op,
+                                     accumulate_dtype, profile)
     if local.size > 1:
         indices, values, _ = allgatherv_entries(local, indices, values, "node.gather")
     return indices, values
 
 
 def _between_nodes(comm: Any, topo: Topology, own: range, bounds: np.ndarray, indices: Any,
-                   values: Any, n: int, op: ReduceOp, accumulate_dtype: Any) -> tuple[Any, Any]:
+                   values: Any, n: int, op: ReduceOp, accumulate_dtype: Any, profile: Any
+                   ) -> tuple[Any, Any]:
     """Step 3 for every region this rank owns, in region order; returns their concatenation."""
-    from ..tuner.profile import profile_for
-
-    xp, profile = comm.xp, profile_for(comm)
-    like = Shape(comm.size, n, int(values.shape[1]) if values.ndim == 2 else 0,
-                 indices.dtype.itemsize, values.dtype.itemsize, ())
+    xp = comm.xp
     offsets = [0, int(indices.shape[0])]
     if len(own) > 1:  # one host read for the cuts between this rank's regions
         inner = xp.asarray(bounds[own.start + 1:own.stop]).astype(indices.dtype, copy=False)
         offsets[1:1] = to_host(xp.searchsorted(indices, inner)).tolist()
-    out = []
-    for j, a, b in zip(own, offsets, offsets[1:]):
-        rail = Group(comm, rail_members(topo, j), "hierarchical.rail.")
-        idx, val = indices[a:b], values[a:b]
-        counts = rail.allgather_counts(b - a, "counts")
-        name = rail_algorithm(counts, bounds[j + 1] - bounds[j], like, profile)
-        if name == "split":
-            out.append(_split.split(rail, idx, val, n, op, accumulate_dtype))
-        else:
-            out.append(_allgather.allgather(rail, idx, val, n, op, accumulate_dtype, counts))
+    out = [_rail(Group(comm, rail_members(topo, j), "hierarchical.rail."), indices[a:b],
+                 values[a:b], n, op, accumulate_dtype, bounds, j, "", profile)
+           for j, a, b in zip(own, offsets, offsets[1:])]
     if len(out) == 1:
         return out[0]
     return xp.concatenate([i for i, _ in out]), xp.concatenate([v for _, v in out])
+
+
+def _rail(rail: Any, indices: Any, values: Any, n: int, op: ReduceOp, accumulate_dtype: Any,
+          bounds: np.ndarray, region: int, prefix: str, profile: Any) -> tuple[Any, Any]:
+    """Counts, then split or allgather (the model's choice) among the rail's ranks."""
+    like = Shape(rail.size, n, int(values.shape[1]) if values.ndim == 2 else 0,
+                 indices.dtype.itemsize, values.dtype.itemsize, ())
+    counts = rail.allgather_counts(int(indices.shape[0]), prefix + "counts")
+    name = rail_algorithm(counts, bounds[region + 1] - bounds[region], like, profile)
+    if name == "split":
+        return _split.split(rail, indices, values, n, op, accumulate_dtype)
+    return _allgather.allgather(rail, indices, values, n, op, accumulate_dtype, counts)
 
 
 # ------------------------------------------------------------------------------ cost model
@@ -184,42 +191,48 @@ def link_costs(shape: Shape, rank: int, profile: Any = None
         from ..tuner.profile import load_profile
 
         profile = load_profile()
+    if topo.width == 1:
+        inter.allgather("hierarchical.counts", p, 8 * p)
+        name = rail_algorithm(shape.nnz, shape.n, shape, profile)
+        inter.add(_split.cost(shape, rank) if name == "split"
+                  else _allgather_cost(shape.nnz, rank, shape.entry_bytes))
+        return intra, inter, [(name, shape, rank)]
     regions, node = topo.width, topo.nodes[rank]
     mine = topo.members[node]
     size, local, e = len(mine), mine.index(rank), shape.entry_bytes
+    intra.allgather("hierarchical.samples", p, p * (_split.SAMPLES + 1) * 8)
     bounds = None
-    if regions > 1:
-        intra.allgather("hierarchical.samples", p, p * (_split.SAMPLES + 1) * 8)
     if shape.inputs is not None:
-        bounds = (_split.region_bounds(np.stack([_split.local_samples(a) for a in shape.inputs]),
-                                       shape.n, regions) if regions > 1
-                  else np.array([0, shape.n], dtype=np.int64))
+        bounds = _split.region_bounds(np.stack([_split.local_samples(a) for a in shape.inputs]),
+                                      shape.n, regions)
     count = _Counter(shape, topo, bounds)
     own = owned(regions, size, local)
     if size > 1:
         got = [count.rank(m, own.start, own.stop) for m in mine if m != rank]
         intra.alltoall_counts("hierarchical.node.counts", size)
         intra.book("hierarchical.node.scatter", sum(got) * e, 2 * sum(1 for g in got if g))
-    if topo.count > 1:
-        for j in own:
-            nnz = [count.union(m, j, j + 1) for m in topo.members]
-            span = bounds[j + 1] - bounds[j] if bounds is not None else shape.n // regions
-            name = rail_algorithm(nnz, span, shape, profile)
-            q = len(nnz)
-            inter.add(_p2p(Cost().allgather("counts", q, 8 * q), "hierarchical.rail."))
-            rail = Shape(q, shape.n if bounds is not None else max(span, 1), shape.width,
-                         shape.index_bytes, shape.value_bytes, tuple(nnz),
-                         count.node_inputs(j), shape.op)
-            sub = (_split.cost(rail, node) if name == "split" else
-                   Cost().book("allgather", sum(c for k, c in enumerate(nnz) if k != node) * e,
-                               2 * sum(1 for k, c in enumerate(nnz) if k != node and c)))
-            inter.add(_p2p(sub, "hierarchical.rail."))
-            rails.append((name, rail, node))
+    for j in own:
+        nnz = [count.union(m, j, j + 1) for m in topo.members]
+        span = bounds[j + 1] - bounds[j] if bounds is not None else shape.n // regions
+        name = rail_algorithm(nnz, span, shape, profile)
+        q = len(nnz)
+        inter.add(_p2p(Cost().allgather("counts", q, 8 * q), "hierarchical.rail."))
+        rail = Shape(q, shape.n if bounds is not None else max(span, 1), shape.width,
+                     shape.index_bytes, shape.value_bytes, tuple(nnz), count.node_inputs(j))
+        sub = _split.cost(rail, node) if name == "split" else _allgather_cost(nnz, node, e)
+        inter.add(_p2p(sub, "hierarchical.rail."))
+        rails.append((name, rail, node))
     if size > 1:
         unions = [count.union(range(p), o.start, o.stop)
                   for o in (owned(regions, size, l) for l in range(size))]
         intra.add(_gather(size, local, unions, e, "hierarchical.node.gather"))
     return intra, inter, rails
+
+
+def _allgather_cost(nnz: Sequence[int], rank: int, entry_bytes: int) -> Cost:
+    """allgather with the counts already known (no count round)."""
+    others = [int(c) for k, c in enumerate(nnz) if k != rank]
+    return Cost().book("allgather", sum(others) * entry_bytes, 2 * sum(1 for c in others if c))
 
 
 def cost(shape: Shape, rank: int, profile: Any = None) -> Cost:

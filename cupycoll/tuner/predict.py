@@ -74,6 +74,8 @@ def _hierarchical(shape: Shape, rank: int) -> dict[str, float]:
     if shape.size == 1:
         return {}
     topo = Topology.of(shape.nodes or (0,) * shape.size)
+    if topo.width == 1:  # no node phases: one rail of every rank
+        return {}
     mine = topo.members[topo.nodes[rank]]
     share = len(_hier.owned(topo.width, len(mine), mine.index(rank))) / topo.width
     w, region = max(shape.width, 1), sum(shape.nnz[m] for m in mine) * share
@@ -115,11 +117,13 @@ def rank_time(algorithm: str, shape: Shape, rank: int, profile: Profile) -> floa
 def _hierarchical_time(shape: Shape, rank: int, profile: Profile) -> float:
     """Intra-node phases on ``profile.link("intra")``, the rails on ``link("inter")`` (native
     collectives at the profile's native prices), plus every rail's own work and fixed cost;
-    without a measured ``fixed["hierarchical"]`` the node phases cost split's."""
+    without a measured ``fixed["hierarchical"]`` the node phases cost split's (nothing with one
+    rank per node, where only the rail runs)."""
     if shape.nodes is None or len(set(shape.nodes)) == 1:  # one node: it runs split
         return rank_time("split", shape, rank, profile)
     intra, inter, rails = _hier.link_costs(shape, rank, profile)
-    fixed = profile.fixed.get("hierarchical", profile.fixed.get("split", 0.0))
+    fixed = (profile.fixed.get("hierarchical", profile.fixed.get("split", 0.0))
+             if len(set(shape.nodes)) < shape.size else 0.0)  # node phases run
     seconds = (fixed + _local(work("hierarchical", shape, rank), profile)
                + comm_time(validation_cost(shape.size).add(intra), profile.link("intra"))
                + comm_time(inter, profile.link("inter")))
