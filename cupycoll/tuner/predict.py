@@ -117,13 +117,18 @@ def rank_time(algorithm: str, shape: Shape, rank: int, profile: Profile) -> floa
 def _hierarchical_time(shape: Shape, rank: int, profile: Profile) -> float:
     """Intra-node phases on ``profile.link("intra")``, the rails on ``link("inter")`` (native
     collectives at the profile's native prices), plus every rail's own work and fixed cost;
-    without a measured ``fixed["hierarchical"]`` the node phases cost split's (nothing with one
-    rank per node, where only the rail runs)."""
+    without a measured ``fixed["hierarchical"]`` the node phases cost split's. One rank per
+    node: the rail's algorithm on the inter-node link (allgather reuses the counts; split
+    pays one more count round)."""
     if shape.nodes is None or len(set(shape.nodes)) == 1:  # one node: it runs split
         return rank_time("split", shape, rank, profile)
     intra, inter, rails = _hier.link_costs(shape, rank, profile)
-    fixed = (profile.fixed.get("hierarchical", profile.fixed.get("split", 0.0))
-             if len(set(shape.nodes)) < shape.size else 0.0)  # node phases run
+    if len(set(shape.nodes)) == shape.size:  # one rank per node: the rail alone (+ its counts)
+        name = rails[0][0]
+        counts = Cost().allgather("hierarchical.counts", shape.size, 8 * shape.size)
+        return (rank_time(name, shape, rank, profile.link("inter"))
+                + (comm_time(counts, profile) if name == "split" else 0.0))
+    fixed = profile.fixed.get("hierarchical", profile.fixed.get("split", 0.0))
     seconds = (fixed + _local(work("hierarchical", shape, rank), profile)
                + comm_time(validation_cost(shape.size).add(intra), profile.link("intra"))
                + comm_time(inter, profile.link("inter")))
