@@ -59,6 +59,10 @@ MODULES = {
     **{f"cupycoll/topk/{m}.py": _TOPK for m in (
         "_common", "_oktopk_phases", "api", "compressor", "dense", "gaussiank", "gtopk", "oktopk",
         "selectors", "topka")},
+    **{m: _SPARSE + ["tests/test_hierarchical.py::test_exact_on_emulated_nodes[4]",
+                     "tests/test_hierarchical.py::test_exact_on_emulated_nodes[5]"]
+       for m in ("cupycoll/sparse/hierarchical.py", "cupycoll/comm/_group.py",
+                 "cupycoll/comm/_topology.py")},
     "cupycoll/primitives.py": _PRIMITIVES,
     "cupycoll/_numba_kernels.py": ["tests/test_numba_accel.py", "tests/test_primitives.py"],
     "cupycoll/_cupy_primitives.py": ["tests/test_kernels_cpu.py"],
