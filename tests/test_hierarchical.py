@@ -57,3 +57,20 @@ def test_one_node_moves_what_split_moves_and_one_rank_per_node_has_no_node_phase
         intra, inter, rails = link_costs(
             Shape(**{**shape.__dict__, "nodes": tuple(range(6))}), r)
         assert intra.bytes_received == 0 and len(rails) == 1 and inter.bytes_received > 0
+
+
+def test_auto_picks_it_only_where_the_network_between_nodes_is_slower():
+    from cupycoll.sparse.auto import choose
+    from cupycoll.tuner.profile import default_profile
+    from cupycoll.tuner.simulate import network_profile
+
+    def shape(p, per_node):
+        return Shape(p, 1 << 24, 0, 4, 4, (1 << 17,) * p,
+                     nodes=tuple(r // per_node for r in range(p)))
+
+    assert choose(shape(64, 8), network_profile("ib400", 64)) == "hierarchical"
+    assert choose(shape(256, 8), network_profile("ib400", 256)) == "hierarchical"
+    # this machine's profile has no link prices: nodes emulated here never make it win
+    for p, per_node in ((4, 2), (8, 2), (8, 4), (5, 2)):
+        assert choose(shape(p, per_node), default_profile()) != "hierarchical"
+    assert choose(shape(8, 8), network_profile("nvlink", 8)) == "split"  # one node: the tie
