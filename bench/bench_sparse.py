@@ -12,6 +12,8 @@ Algorithms are timed interleaved (one call of each per round) so drift hits them
         --overlap random --width 0 -n 15 --memory                         # the target row
     mpiexec -n 4 python -m mpi4py bench/bench_sparse.py --width 64 --json rows.json
     mpiexec -n 3 python -m mpi4py bench/bench_sparse.py --cases 64K/0.3/0/random/0.5,4K/0.01/16/hot
+    mpiexec -n 4 python -m mpi4py bench/bench_sparse.py --cases 16M/0.01/0/random \
+        --algorithms split --wire coo,compact --wire-values none,bfloat16   # wire formats
 
 Every row also shows the time the tuner's model predicts (``pred(us)``, from the profile
 ``auto`` uses: CUPYCOLL_PROFILE or the shipped one) and ``pred/meas``. The summary ends with the
@@ -40,12 +42,13 @@ from cupycoll.sparse._cost import Shape
 from cupycoll.sparse.auto import choose
 from cupycoll.tuner.predict import predict
 from cupycoll.tuner.profile import profile_for
+from cupycoll.wire._pack import Wire
 
 OVERLAPS = ("disjoint", "random", "identical", "hot")
 ALGORITHMS = ("allgather", "mask", "dense", "recursive_doubling", "split", "auto")
 BASELINE = "mpi_dense"
 COLUMNS = SPARSE_COLUMNS + ["overlap", "min(us)", "x_dense", "pred(us)", "pred/meas",
-                            "mem/recv"]
+                            "mem/recv", "format", "x_coo", "x_bound"]
 
 
 def make_input(seed: int, rank: int, size: int, n: int, k: int, width: int, overlap: str,
@@ -78,11 +81,11 @@ def reference(inputs, n: int, width: int):
     return union, total[union]
 
 
-def count_wrong(res, ref) -> int:
+def count_wrong(res, ref, rtol: float = 1e-5) -> int:
     union, want = ref
     if res.indices.shape != union.shape or not np.array_equal(res.indices, union):
         return int(max(union.size, 1))
-    tol = 1e-5 * (np.abs(want) + 1)
+    tol = rtol * (np.abs(want) + 1)
     return int(np.count_nonzero(np.abs(res.values - want) > tol))
 
 
@@ -114,32 +117,43 @@ def run_group(args, comm, table: Table, n: int, width: int, density: float, over
     dense_in = np.ones((n, width) if width else n, np.float32)
     dense_out = np.empty_like(dense_in)
     calls = {BASELINE: lambda: comm.mpi_comm.Allreduce(dense_in, dense_out, op=MPI.SUM)}
-    for name in algorithms:
-        calls[name] = (lambda a: lambda: sparse_allreduce(idx, val, n, algorithm=a,
-                                                          comm=comm))(name)
-        if args.raw and name != "auto":  # the algorithm alone: no validation, no coalescing
-            calls[name] = (lambda fn: lambda: SparseResult(*fn(comm, idx, val, n, ReduceOp.SUM),
-                                                           n))(lookup("sparse", name))
+    formats = wire_formats(args)
+    for base in algorithms:
+        for fmt in formats:
+            name = base + format_suffix(fmt, formats)
+            calls[name] = (lambda a, f: lambda: sparse_allreduce(
+                idx, val, n, algorithm=a, comm=comm, wire=f[0], wire_values=f[1]))(base, fmt)
+            if args.raw and base != "auto":  # the algorithm alone: no validation, no coalescing
+                calls[name] = (lambda fn, f: lambda: SparseResult(*fn(
+                    comm, idx, val, n, ReduceOp.SUM, None, Wire(f[0] == "compact", f[1])),
+                    n))(lookup("sparse", base), fmt)
+    algorithms = [a for a in calls if a != BASELINE]
     samples = interleaved(calls, args.iters, args.warmup_iters, comm.mpi_comm)
     ref = reference(inputs, n, width) if args.check else None
     dense_time = float(np.median(samples[BASELINE]))
     size_bytes = n * max(width, 1) * 4
-    times = {}
+    times, coo_bytes = {}, {}
+    bound = 2 * k * (p - 1) / p * 4  # the COO lower bound, 2k(P-1)/P words of 4 bytes
     for name in [BASELINE] + algorithms:
         seconds = float(np.median(samples[name]))
         times[name] = seconds
         wrong, wire, mem = 0, 2 * (p - 1) * size_bytes // p, ""
+        base, fmt = name.split("[")[0], name.partition("[")[2].rstrip("]") or "-"
         if name != BASELINE:
             comm.stats.reset()
             res = calls[name]()
             wire = int(comm.mpi_comm.allreduce(comm.stats.bytes_received, op=MPI.MAX))
             if ref is not None:
-                wrong = int(comm.mpi_comm.allreduce(count_wrong(res, ref)))
+                # rounded values (wire_values): within a rounding per rank of the sum
+                rtol = {"bfloat16": 2**-8, "float16": 2**-11}.get(fmt.partition("+")[2], 1e-5)
+                wrong = int(comm.mpi_comm.allreduce(count_wrong(res, ref, rtol * p)))
             del res
             if args.memory:
                 mem = peak_ratio(calls[name], comm)
         algbw, busbw = bandwidths(size_bytes, seconds, bus_factor("allreduce", p))
-        pred = predicted.get(choose(shape, profile) if name == "auto" else name)
+        if name != BASELINE and fmt in ("-", "coo"):
+            coo_bytes[base] = wire
+        pred = predicted.get(choose(shape, profile) if base == "auto" else base)
         table.add({"size(B)": size_bytes, "count": n, "type": "float32", "redop": "sum",
                    "root": -1, "time(us)": seconds * 1e6, "algbw(GB/s)": algbw,
                    "busbw(GB/s)": busbw, "#wrong": wrong, "density": density,
@@ -147,10 +161,13 @@ def run_group(args, comm, table: Table, n: int, width: int, density: float, over
                    "overlap": overlap, "min(us)": float(samples[name].min()) * 1e6,
                    "x_dense": seconds / dense_time, "mem/recv": mem, "width": width,
                    "ranks": p, "skew": skew, "pred(us)": pred * 1e6 if pred else "",
-                   "pred/meas": pred / seconds if pred else "", **sample_stats(samples[name])})
+                   "pred/meas": pred / seconds if pred else "", "format": fmt,
+                   "x_coo": wire / coo_bytes[base] if base in coo_bytes else "",
+                   "x_bound": wire / bound, **sample_stats(samples[name])})
     exact = {a: t for a, t in times.items() if a not in (BASELINE, "auto")}
     best = min(exact, key=exact.get) if exact else None
-    errors = [predicted[a] / times[a] for a in predicted]
+    errors = [predicted[a.split("[")[0]] / times[a] for a in times
+              if a.split("[")[0] in predicted]
     return {"n": n, "width": width, "density": density, "overlap": overlap, "skew": skew,
             "ranks": p, "best": best, "auto_choice": choose(shape, profile),
             "best_x_dense": exact[best] / dense_time if best else None,
@@ -159,6 +176,19 @@ def run_group(args, comm, table: Table, n: int, width: int, density: float, over
             "pick_x_best": (times[choose(shape, profile)] / exact[best]
                             if best and choose(shape, profile) in times else None),
             "pred_over_meas": errors}
+
+
+def wire_formats(args) -> list[tuple[str, str | None]]:
+    """(wire, wire_values) pairs asked for by --wire and --wire-values (coo first)."""
+    values = [None if v in ("", "none") else v for v in args.wire_values.split(",")]
+    return [(w, v) for w in args.wire.split(",") if w for v in values]
+
+
+def format_suffix(fmt: tuple[str, str | None], formats: list) -> str:
+    """``[compact+bfloat16]``-style row suffix (none when only the default format runs)."""
+    if formats == [("auto", None)]:
+        return ""
+    return f"[{fmt[0]}{'+' + fmt[1] if fmt[1] else ''}]"
 
 
 def _case(text: str) -> tuple:
@@ -207,6 +237,11 @@ def main() -> int:
     parser.add_argument("--raw", action="store_true", help="time the algorithms alone (no "
                         "validation allreduce): their own cost against the dense Allreduce")
     parser.add_argument("--skew", type=float, default=0.0, help="rank 0 has (1 + skew) x nnz")
+    parser.add_argument("--wire", default="auto", help="wire formats (comma list of coo, "
+                        "compact, auto); bytes are reported against coo's and against the "
+                        "COO lower bound 2k(P-1)/P words (x_coo, x_bound)")
+    parser.add_argument("--wire-values", default="none", help="value formats (comma list of "
+                        "none, bfloat16, float16)")
     parser.add_argument("--cases", default="", help="explicit cases n/density/width/overlap"
                         "[/skew], comma separated (replaces the grid)")
     args = parser.parse_args()

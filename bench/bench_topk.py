@@ -3,6 +3,8 @@
     mpiexec -n 4 python -m mpi4py bench/bench_topk.py                      # n = 2^20, density 1%
     mpiexec -n 4 python -m mpi4py bench/bench_topk.py --n 4M --json topk.json
     mpiexec -n 4 python -m mpi4py bench/bench_topk.py --only compressor --n 16M --steps 12
+    mpiexec -n 4 python -m mpi4py bench/bench_topk.py --only phases --n 16M \
+        --wire coo,compact --wire-values none,bfloat16         # words vs coo and the bound
 
 Four parts (rank 0 prints; volumes are the maximum over ranks, from ``comm.stats``; one word =
 4 bytes, an int32 index or an fp32 value; ``--only`` runs one part):
@@ -40,8 +42,12 @@ from cupycoll.topk import (Exact, Gaussian, Threshold, TopkCompressor, TopkState
 
 WORD = 4
 PHASES = ("oktopk.reduce", "oktopk.balance", "oktopk.allgather")
-COLUMNS = ["input", "algorithm", "phase", "P", "n", "k", "words/rank", "bound", "ratio", "model",
-           "time(us)"]
+COLUMNS = ["input", "algorithm", "format", "phase", "P", "n", "k", "words/rank", "bound", "ratio",
+           "x_coo", "model", "time(us)"]
+#: the wire format of the runs: (wire, wire_values), set by --wire / --wire-values
+FORMAT: list = [("auto", None)]
+#: words of the coo rows, by (input, algorithm, phase): x_coo of the other formats
+_COO: dict = {}
 
 
 def drifting(p: int, r: int, n: int, t: int) -> np.ndarray:
@@ -71,15 +77,32 @@ def _max():
     return MPI.MAX
 
 
+def _format_name() -> str:
+    wire, values = FORMAT[0]
+    return wire + (f"+{values}" if values else "")
+
+
+def _row(table: Table, row: dict) -> None:
+    """Add a row with its format and, after a coo row of the same case, x_coo."""
+    row["format"] = _format_name()
+    key = (row["input"], row["algorithm"], row["phase"])
+    if FORMAT[0] == ("coo", None):
+        _COO[key] = row["words/rank"]
+    row["x_coo"] = row["words/rank"] / _COO[key] if _COO.get(key) else ""
+    table.add(row)
+
+
 def run_sequence(comm, algorithm: str, inputs, k: int, tau_prime: int):
     """Run the steps with one state; return per non-refresh step {op: words}, and mean time."""
     state = TopkState(tau_prime=tau_prime)
+    wire, values = FORMAT[0]
     per_step, times = [], []
     for x in inputs:
         comm.stats.reset()
         comm.mpi_comm.Barrier()
         t0 = time.perf_counter()
-        topk_allreduce(x, k, algorithm=algorithm, comm=comm, state=state)
+        topk_allreduce(x, k, algorithm=algorithm, comm=comm, state=state, wire=wire,
+                       wire_values=values)
         times.append(time.perf_counter() - t0)
         ops = sorted(set().union(*comm.mpi_comm.allgather(set(comm.stats.by_op))))
         words = {op: phase_words(comm, [op]) for op in ops}
@@ -98,11 +121,11 @@ def oktopk_phases(comm, table: Table, name: str, inputs, n: int, k: int, tau_pri
     for phase, model in models.items():
         ops = PHASES if phase == "3 phases" else ("oktopk." + phase,)
         words = max(sum(s.get(o, 0.0) for o in ops) for s in steps)
-        table.add({"input": name, "algorithm": "oktopk", "phase": phase, "P": p, "n": n, "k": k,
+        _row(table, {"input": name, "algorithm": "oktopk", "phase": phase, "P": p, "n": n, "k": k,
                    "words/rank": words, "bound": bound, "ratio": words / bound if bound else 0.0,
                    "model": model, "time(us)": seconds * 1e6 if phase == "3 phases" else ""})
     extra = max(s["total"] - sum(s.get(o, 0.0) for o in PHASES) for s in steps)
-    table.add({"input": name, "algorithm": "oktopk", "phase": "counts+ctl", "P": p, "n": n,
+    _row(table, {"input": name, "algorithm": "oktopk", "phase": "counts+ctl", "P": p, "n": n,
                "k": k, "words/rank": extra, "bound": bound,
                "ratio": extra / bound if bound else 0.0, "model": "", "time(us)": ""})
 
@@ -113,7 +136,7 @@ def all_algorithms(comm, table: Table, inputs, n: int, k: int, tau_prime: int) -
     for alg in cc.algorithms("topk"):
         steps, seconds = run_sequence(comm, alg, inputs, k, tau_prime)
         words = float(np.mean([s["total"] for s in steps]))
-        table.add({"input": "drifting", "algorithm": alg, "phase": "all", "P": p,
+        _row(table, {"input": "drifting", "algorithm": alg, "phase": "all", "P": p,
                    "n": n, "k": k, "words/rank": words, "bound": bound,
                    "ratio": words / bound if bound else 0.0,
                    "model": cost_model(alg, p, k, n).words, "time(us)": seconds * 1e6})
@@ -146,7 +169,7 @@ def timed(selector):
     return selector
 
 
-def compressor(comm, table: Table, n: int, density: float, steps: int, tau: int,
+def compressor(comm, table: Table, n: int, density: float, steps: int, tau: int | str,
                tau_prime: int) -> list[dict]:
     """Part 3: per step counts, volumes and selection time under error feedback; return rows."""
     from mpi4py import MPI
@@ -157,6 +180,7 @@ def compressor(comm, table: Table, n: int, density: float, steps: int, tau: int,
         for policy in ("reference", "quantile"):
             sel = timed(Threshold(policy=policy))
             comp = TopkCompressor(n, density, algorithm="oktopk", comm=comm, tau=tau,
+                                  wire=FORMAT[0][0], wire_values=FORMAT[0][1],
                                   tau_prime=tau_prime, selector=sel)
             k, bound = comp.k, 2 * comp.k * (p - 1) / p
             for t in range(steps):
@@ -246,14 +270,22 @@ def main() -> None:
     p.add_argument("--density", type=float, default=0.01)
     p.add_argument("--steps", type=int, default=None,
                    help="steps (default: 8 for the phases, 40 for the compressor)")
-    p.add_argument("--tau", type=int, default=64, help="compressor: repartition period")
+    p.add_argument("--tau", type=lambda v: v if v == "auto" else int(v), default="auto",
+                   help='compressor: repartition period, an int or "auto" (default)')
     p.add_argument("--tau-prime", type=int, default=None,
                    help="refresh period (default: 4 for the phases, 32 for the compressor)")
     p.add_argument("--only", choices=PARTS, action="append", help="run only these parts")
     p.add_argument("--selection-n", type=parse_size, default=1 << 24,
                    help="vector length of the selection timing (0: skip it)")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--wire", default="auto", help="wire formats of the phases and algorithms "
+                   "parts (comma list of coo, compact, auto; x_coo = words / the coo row's; "
+                   "the compressor runs the first)")
+    p.add_argument("--wire-values", default="none", help="value formats (comma list of none, "
+                   "bfloat16, float16)")
     args = p.parse_args()
+    formats = [(w, None if v in ("", "none") else v) for w in args.wire.split(",") if w
+               for v in args.wire_values.split(",")]
     parts = args.only or PARTS
     comm = cc.init("mpi")
     size, rank, n = comm.size, comm.rank, args.n
@@ -264,11 +296,14 @@ def main() -> None:
         table.header(f"top-k allreduce on {size} ranks: n={n}, k={k}; words received per rank "
                      f"(max over ranks), bound = 2k(P-1)/P; non-refresh steps")
         inputs = [drifting(size, rank, n, t) for t in range(args.steps or 8)]
-    if "phases" in parts:
-        oktopk_phases(comm, table, "balanced", [balanced(size, rank, n, k)] * 2, n, k, 32)
-        oktopk_phases(comm, table, "drifting", inputs, n, k, args.tau_prime or 4)
-    if "algorithms" in parts:
-        all_algorithms(comm, table, inputs, n, k, args.tau_prime or 4)
+    for fmt in formats:
+        FORMAT[0] = fmt
+        if "phases" in parts:
+            oktopk_phases(comm, table, "balanced", [balanced(size, rank, n, k)] * 2, n, k, 32)
+            oktopk_phases(comm, table, "drifting", inputs, n, k, args.tau_prime or 4)
+        if "algorithms" in parts:
+            all_algorithms(comm, table, inputs, n, k, args.tau_prime or 4)
+    FORMAT[0] = formats[0]
     if "compressor" in parts:
         ctable = Table(CCOLUMNS, rank)
         ctable.header(f"compressor workload on {size} ranks: TopkCompressor(n={n}, density="

@@ -2,6 +2,7 @@
 
     mpiexec -n 4 python -m mpi4py bench/convergence_demo.py                  # density 1%
     mpiexec -n 4 python -m mpi4py bench/convergence_demo.py --density 0.05 --plot digits5.png
+    mpiexec -n 4 python -m mpi4py bench/convergence_demo.py --wire compact --wire-values bfloat16
 
 Every rank holds the same model (one flat float32 parameter vector, as Ok-Topk flattens the whole
 model into one buffer) and a quarter of every global mini-batch. Dense SGD averages the
@@ -96,7 +97,8 @@ def train(comm, algorithm: str, data, args) -> dict:
                                       else "corrected")}.get(algorithm)
     comp = None if algorithm == "dense-sgd" else TopkCompressor(
         model.w.size, args.density, algorithm=algorithm, comm=comm, tau=args.tau,
-        tau_prime=args.tau_prime, selector=selector)
+        tau_prime=args.tau_prime, selector=selector, wire=args.wire,
+        wire_values=None if args.wire_values == "none" else args.wire_values)
     rng = np.random.default_rng(args.seed + 1)
     per_rank = args.batch // p
     curve, step, sent = [], 0, 0
@@ -165,7 +167,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64, help="global mini-batch (split over ranks)")
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--lr", type=float, default=0.2)
-    ap.add_argument("--tau", type=int, default=64)
+    ap.add_argument("--tau", type=lambda v: v if v == "auto" else int(v), default="auto",
+                    help="Ok-Topk repartition period: an int or \"auto\" (default)")
     ap.add_argument("--tau-prime", type=int, default=32)
     ap.add_argument("--eval-every", type=int, default=25)
     ap.add_argument("--seed", type=int, default=0)
@@ -173,6 +176,10 @@ def main() -> None:
     ap.add_argument("--policy", choices=("quantile", "reference"), default="quantile",
                     help="threshold policy of oktopk and gaussiank (reference = the reference "
                          "code's heuristics)")
+    ap.add_argument("--wire", default="auto", choices=("coo", "compact", "auto"),
+                    help="wire format of the compressors' sparse entries")
+    ap.add_argument("--wire-values", default="none", choices=("none", "bfloat16", "float16"),
+                    help="values on the wire (rounded, with error feedback)")
     ap.add_argument("--plot", default=None, help="PNG path (default convergence_d<density>.png)")
     ap.add_argument("--json", default=None, help="write the results as JSON to this path")
     args = ap.parse_args()

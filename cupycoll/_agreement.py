@@ -26,8 +26,8 @@ VERBS = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "spa
          "topk_allreduce", "TopkCompressor.step")
 HEADER = 4
 _MIN = np.iinfo(np.int64).min
-#: the longest payload is sparse_allreduce's: 16 fixed words and 3 per rank (sparse/_cost.py).
-_FIXED, _PER_RANK = 16, 3
+#: the longest payload is sparse_allreduce's: 18 fixed words and 3 per rank (sparse/_cost.py).
+_FIXED, _PER_RANK = 18, 3
 
 
 def length(size: int) -> int:

@@ -65,6 +65,8 @@ SETTINGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                          "seconds a blocking wait may take before CollectiveTimeout (<= 0: none)"),
     "CUPYCOLL_ALGORITHM": (str, "auto", "default sparse_allreduce algorithm"),
     "CUPYCOLL_TOPK_ALGORITHM": (str, "oktopk", "default topk_allreduce algorithm"),
+    "CUPYCOLL_WIRE": (str, "auto", "default wire format of sparse entries in sparse_allreduce, "
+                      "topk_allreduce and TopkCompressor: coo, compact or auto"),
     "CUPYCOLL_DEBUG": (lambda t: t not in ("", "0", "false", "no"), False,
                        "before every dense collective, check that all ranks called the same one with the same op, "
                        "root, dtype and count (one extra small allreduce; MismatchError otherwise)"),

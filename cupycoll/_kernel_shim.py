@@ -2,7 +2,7 @@
 
 For tests and tools without a GPU: each ``kernels/*.cu`` is compiled as C++ by g++ into a shared
 library loaded with ctypes; :class:`ShimLauncher` runs its instantiations cuLaunchKernel-style,
-so :class:`~cupycoll._cupy_primitives.KernelPrimitives` (the code the GPU runs) can work on host
+so :class:`~cupycoll.primitives._cupy.KernelPrimitives` (the code the GPU runs) can work on host
 arrays. Built libraries are cached by the hash of the sources and the compiler command.
 """
 

@@ -27,7 +27,7 @@ __all__ = ["KERNEL_FILES", "NVRTC_OPTIONS", "CTYPES", "OPS", "expression", "sour
            "name_expressions", "nvrtc_compile", "compiled", "cache_dir", "CupyLauncher"]
 
 #: every kernel source, in the order they are documented.
-KERNEL_FILES = ("select.cu", "radix_select.cu", "segment.cu", "scatter.cu", "gather.cu")
+KERNEL_FILES = ("select.cu", "radix_select.cu", "segment.cu", "scatter.cu", "gather.cu", "wire.cu")
 #: NVRTC options of every compilation (CuPy adds the architecture of the device).
 NVRTC_OPTIONS = ("-std=c++17",)
 #: C++ type of each value/index dtype in the kernels' template arguments.

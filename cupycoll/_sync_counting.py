@@ -19,7 +19,7 @@ kind                    operations
 ======================  =====================================================================
 
 Host-to-device copies (``asarray`` of host data) are no sync (CUDA stages them). Primitives on
-these arrays run :class:`~cupycoll._cupy_primitives.KernelPrimitives`, the GPU code, with the
+these arrays run :class:`~cupycoll.primitives._cupy.KernelPrimitives`, the GPU code, with the
 kernels compiled for the CPU (``cupycoll._kernel_shim``), found through the namespace's
 ``cupycoll_primitives`` attribute.
 
@@ -37,7 +37,8 @@ from typing import Any, Callable
 import numpy as np
 
 from ._syncs import host_sync, uncounted
-from .comm._base import Communicator, Work
+from .comm._base import Communicator
+from .comm._work import Work
 from .comm.mpi import MPICommunicator
 
 __all__ = ["DeviceArray", "xp", "SyncCountingCommunicator"]
@@ -183,7 +184,7 @@ xp = _Namespace()
 
 def _primitives() -> Any:
     from . import _kernel_shim
-    from ._cupy_primitives import KernelPrimitives
+    from .primitives._cupy import KernelPrimitives
 
     with uncounted():
         libraries = _kernel_shim.load(_kernel_shim.build())

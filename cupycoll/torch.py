@@ -83,7 +83,8 @@ class TopkHookState:
         warmup_steps: iterations that send plain averaged allreduces first (>= 1: DDP rebuilds
             its buckets after the first iteration, so compression starts on the final buckets).
         comm: communicator to duplicate for the hook (default: the default communicator).
-        tau, tau_prime: Ok-Topk's repartition and threshold-refresh periods.
+        tau, tau_prime: Ok-Topk's repartition ("auto": see ``TopkState``) and threshold-refresh
+            periods.
     Attributes:
         iteration: completed iterations (counted at each iteration's last bucket).
         compressors: bucket key (index, size) -> TopkCompressor.
@@ -94,7 +95,7 @@ class TopkHookState:
     algorithm: str = "oktopk"
     warmup_steps: int = 1
     comm: Communicator | None = None
-    tau: int = 64
+    tau: int | str = "auto"
     tau_prime: int = 32
     iteration: int = 0
     compressors: dict = dataclasses.field(default_factory=dict)

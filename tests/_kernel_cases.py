@@ -105,6 +105,53 @@ def reduce_cases() -> Iterator[tuple[str, str, tuple, dict]]:
         yield "coo_reduce", f"{dtype}-acc-{acc}", (idx, val), {"accumulate_dtype": acc}
 
 
+def _hot_lengths(block: int, hot: int) -> list[int]:
+    """Run lengths in sorted-index order around the kernel's long-run cut (4 per thread of a
+    ``block``-thread block), long runs side by side across tile boundaries, and one ``hot`` run."""
+    cut = 4 * block
+    return [1, 2, cut, cut + 1, cut - 1, hot, 3, cut, cut + 2, 1, 2 * cut + 5, block, cut - 2]
+
+
+def _hot_values(rng: np.random.Generator, dtype: str, op: str, shape: tuple,
+                variant: str) -> np.ndarray:
+    dt = np.dtype(dtype)
+    if variant == "zeros":  # +-0 only: the sign of a folded max/min depends on every element
+        return rng.choice(np.array([0.0, -0.0], dt), shape, p=[0.001, 0.999])
+    if op == "prod":  # odd integers wrap without collapsing to 0; float products stay finite-ish
+        if dt.kind == "i":
+            return (2 * rng.integers(-4, 4, shape) + 1).astype(dt)
+        return rng.choice(np.array([1.0, -1.0, 0.5, 2.0, 1.25, 0.8], dt), shape)
+    return values(rng, dtype, shape, special=variant == "special")
+
+
+def hot_cases(block: int = 3, hot: int = 100_000) -> Iterator[tuple[str, str, tuple, dict]]:
+    """(primitive, id, args, kwargs): one hot index repeated ``hot`` times among runs just below,
+    at and above the length where a block folds a run together, in shuffled input order, for
+    coo_reduce, scatter_reduce and merge_sorted, every dtype and op."""
+    rng = np.random.default_rng(7)
+    lengths = _hot_lengths(block, hot)
+    keys = 3 * np.arange(len(lengths)) + 2
+    for dtype in VALUE_DTYPES:
+        variants = ("special", "plain", "zeros") if dtype.startswith("float") else ("plain",)
+        for op in OPS:
+            for variant in variants if op in ("max", "min") else ("plain",):
+                for width in (0, 3):
+                    n = 0 if width == 0 else min(hot, 5000)  # rows: a shorter hot run
+                    lens = [n if length == hot and n else length for length in lengths]
+                    idx = rng.permutation(np.repeat(keys, lens)).astype("int64")
+                    shape = (idx.size,) + ((width,) if width else ())
+                    val = _hot_values(rng, dtype, op, shape, variant)
+                    label = f"{dtype}-{op}-{variant}-w{width}"
+                    yield "coo_reduce", label, (idx, val), {"op": op}
+                    dense = _hot_values(rng, dtype, op, (int(keys[-1]) + 1,) + shape[1:], variant)
+                    yield "scatter_reduce", label, (dense, idx.astype("int32"), val), {"op": op}
+                parts = []
+                for p in range(4 * block + 3):  # key 5 in every part: a run of that many
+                    i = np.unique(np.append(rng.integers(0, 40, 6), 5))
+                    parts.append((i, _hot_values(rng, dtype, op, (i.size,), variant)))
+                yield "merge_sorted", f"{dtype}-{op}-{variant}", (parts,), {"op": op}
+
+
 def dense_cases() -> Iterator[tuple[str, str, tuple, dict]]:
     """(primitive, id, args, kwargs) for scatter_reduce, gather and densify."""
     rng = np.random.default_rng(4)

@@ -19,6 +19,7 @@ def _run(nprocs, modes, *args, timeout=300, settings=None, **env):
     env.update(settings or {})
     out = run_mpi(nprocs, "gpu_emulated.py", ",".join(modes), *args, timeout=timeout, env=env)
     assert f"gpu_emulated {','.join(modes)}: ok on {nprocs} ranks" in out
+    return out
 
 
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
@@ -28,6 +29,13 @@ def test_suites_on_emulated_gpus(nprocs):
     for the CPU); NCCL call logs agree across ranks. At P >= 3 the node-aware algorithm sees
     nodes of 2 ranks (P = 3: the last one short), so its node and rail steps run on NCCL."""
     _run(nprocs, ["suites"], 60 + nprocs, 16, settings=_NODES_OF_2 if nprocs >= 3 else None)
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_wire_formats_on_emulated_gpus(nprocs):
+    """compact == coo bitwise for every sparse and top-k algorithm on the device path (the
+    codec's kernels, packed uint8 messages over NCCL), bfloat16 values identical everywhere."""
+    _run(nprocs, ["wire"], timeout=900)
 
 
 def test_suites_on_8_emulated_gpus():
@@ -61,8 +69,13 @@ def test_init_device_and_auto_backend():
 
 @pytest.mark.parametrize("nprocs", [2, 3, 4])
 def test_late_rank_named_and_interrupt_on_nccl(nprocs):
-    """Issue 12 on the NCCL backend: a late rank is named in CollectiveTimeout.missing_ranks
-    (arrival board), the communicator is then dead at once; a wait with no timeout raises
+    """Issue 12 on the NCCL backend, one launch per P: a late rank is named in
+    CollectiveTimeout.missing_ranks (arrival board) for every front door (dense verbs,
+    sparse_allreduce sync and async, topk_allreduce, TopkCompressor.step; kernels warmed by a
+    good call first, 3 s timeout), the communicator is then dead at once; a late rank whose
+    peers aborted never completes against them (strict NCCL: failed before the emulator
+    cancelled an aborted communicator's operations); a wait with no timeout raises
     KeyboardInterrupt within 1 s of SIGINT."""
-    _run(nprocs, ["late_named", "interrupt"], timeout=120)
-
+    out = _run(nprocs, ["late_named", "late_after_abort", "late_verbs", "interrupt"],
+               timeout=420)
+    assert out.count("LATE ") == 9, out

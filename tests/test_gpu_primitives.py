@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from cupycoll import primitives
+from cupycoll.primitives import _checks, _numpy_select
 
 from . import _kernel_cases as cases
 from ._gpu import no_device_reason
@@ -92,6 +93,12 @@ def test_dense(name, args, kwargs):
     _run(name, args, kwargs)
 
 
+@pytest.mark.parametrize("name,args,kwargs", _params(cases.hot_cases(256)))
+def test_hot_index(name, args, kwargs):
+    """A hot index (100,000 duplicates) and runs around the block-fold cut of 256-thread blocks."""
+    _run(name, args, kwargs)
+
+
 @pytest.mark.parametrize("dtype", cases.VALUE_DTYPES)
 @pytest.mark.parametrize("name", ["count_abs_ge", "select_abs_ge", "kth_abs", "topk_abs",
                                   "coo_reduce", "scatter_reduce"])
@@ -111,7 +118,8 @@ def test_errors(name, args, kwargs):
 @pytest.mark.parametrize("dtype", cases.VALUE_DTYPES)
 def test_int64_output_indices(dtype, monkeypatch):
     # arrays of 2**31 elements need 8+ GiB: lower the int64 cut-over instead
-    monkeypatch.setattr(primitives, "_index_dtype", lambda n: np.dtype(np.int64))
+    for module in (_checks, _numpy_select):  # the kernels' and the numpy twin's cut-over
+        monkeypatch.setattr(module, "_index_dtype", lambda n: np.dtype(np.int64))
     x = cases.values(np.random.default_rng(6), dtype, 1000)
     for name, arg in (("select_abs_ge", 1.0), ("topk_abs", 170)):
         _run(name, (x, arg), {})

@@ -2,7 +2,7 @@
 
 Each ``kernels/*.cu`` is compiled once as C++ by g++ with ``kernels/cpu_shim.h`` (CUDA built-ins
 as plain C++, every (block, thread) run in turn) into a shared library loaded with ctypes. The
-kernel-backed primitives (:class:`cupycoll._cupy_primitives.KernelPrimitives`, the same code the
+kernel-backed primitives (:class:`cupycoll.primitives._cupy.KernelPrimitives`, the same code the
 GPU runs, with numpy in place of cupy) must then equal the numpy twins bit for bit.
 """
 
@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from cupycoll import _kernel_shim, _kernels, primitives
-from cupycoll._cupy_primitives import KernelPrimitives
+from cupycoll.primitives import _checks, _numpy_select
+from cupycoll.primitives._cupy import KernelPrimitives
 from cupycoll._kernel_shim import ShimLauncher
 
 from . import _kernel_cases as cases
@@ -101,6 +102,33 @@ def test_dense(kernels, name, args, kwargs):
     _run(kernels, name, args, kwargs)
 
 
+class _BlockLauncher(ShimLauncher):
+    """The shim launcher with ``block`` threads per block (the GPU launcher's 256, or a warp)."""
+
+    def __init__(self, libraries, block: int):
+        super().__init__(libraries)
+        self.block = block
+
+    def shape(self, items: int) -> tuple[int, int]:
+        return max(1, min(3, -(-items // self.block))), self.block
+
+
+@pytest.mark.parametrize("name,args,kwargs", _params(cases.hot_cases()))
+def test_hot_index(kernels, name, args, kwargs):
+    """Long runs of one index (100,000 duplicates), folded by a whole block where the op allows:
+    bit-equal to the numpy twin's left fold."""
+    _run(kernels, name, args, kwargs)
+
+
+@pytest.mark.parametrize("block", (32, 256))
+def test_hot_index_block_sizes(libraries, block):
+    """The same with the GPU's block sizes (runs around 4 * block elements)."""
+    prims = KernelPrimitives(_BlockLauncher(libraries, block), chunk=5)
+    for name, label, args, kwargs in cases.hot_cases(block, hot=20_000):
+        if name != "merge_sorted" or block == 32:
+            _run(prims, name, args, kwargs)
+
+
 @pytest.mark.parametrize("name,args,kwargs", _params(cases.error_cases()))
 def test_errors(kernels, name, args, kwargs):
     with pytest.raises(Exception) as want:
@@ -113,7 +141,8 @@ def test_errors(kernels, name, args, kwargs):
 @pytest.mark.parametrize("dtype", cases.VALUE_DTYPES)
 def test_int64_output_indices(kernels, dtype, monkeypatch):
     # arrays of 2**31 elements are out of reach here: lower the int64 cut-over instead
-    monkeypatch.setattr(primitives, "_index_dtype", lambda n: np.dtype(np.int64))
+    for module in (_checks, _numpy_select):  # the kernels' and the numpy twin's cut-over
+        monkeypatch.setattr(module, "_index_dtype", lambda n: np.dtype(np.int64))
     x = cases.values(np.random.default_rng(6), dtype, 100)
     for name, arg in (("select_abs_ge", 1.0), ("topk_abs", 17)):
         _run(kernels, name, (x, arg), {})

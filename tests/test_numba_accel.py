@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from cupycoll import primitives as P
+from cupycoll.primitives import _accel, _common
 
 if importlib.util.find_spec("numba") is None:  # part of the test extra: not a reason to skip
     pytest.fail("numba is missing: install the test extra (pip install '.[test]')",
@@ -21,11 +22,11 @@ OPS = ["sum", "prod", "max", "min"]
 
 def both(monkeypatch: pytest.MonkeyPatch, fn: Callable[[], Any]) -> tuple[Any, Any]:
     """``fn()`` with the numpy loops, then with the numba loops (which must be active)."""
-    monkeypatch.setattr(P, "_FAST_FROM", 0)
+    monkeypatch.setattr(_accel, "_FAST_FROM", 0)
     monkeypatch.setenv("CUPYCOLL_NUMBA", "off")
     want = fn()
     monkeypatch.setenv("CUPYCOLL_NUMBA", "auto")
-    assert P._fast(0) is not None
+    assert _accel._fast(0) is not None
     return want, fn()
 
 
@@ -96,7 +97,7 @@ def test_select_and_count_match_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_errors_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
     from cupycoll.errors import InvalidArgument, InvalidType
 
-    monkeypatch.setattr(P, "_FAST_FROM", 0)
+    monkeypatch.setattr(_accel, "_FAST_FROM", 0)
     monkeypatch.setenv("CUPYCOLL_NUMBA", "auto")
     with pytest.raises(InvalidArgument):
         P.merge_sorted([(np.array([2, 1]), np.ones(2)), (np.array([1]), np.ones(1))])
@@ -110,7 +111,7 @@ def test_errors_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("threads", ["2", "3", "7"])
 def test_threaded_loops_match_numpy(monkeypatch: pytest.MonkeyPatch, threads: str) -> None:
     """Loops cut over several threads (also more pieces than blocks) give the serial results."""
-    from cupycoll import _numba_kernels as K
+    from cupycoll.primitives import _numba as K
 
     monkeypatch.setattr(K, "_PIECE", 1)
     monkeypatch.setenv("CUPYCOLL_THREADS", threads)
@@ -123,7 +124,7 @@ def test_threaded_loops_match_numpy(monkeypatch: pytest.MonkeyPatch, threads: st
             same(*both(monkeypatch, lambda: P.select_abs_ge(arr, t))[::-1])
             want, got = both(monkeypatch, lambda: P.count_abs_ge(arr, t))
             assert got == want
-    monkeypatch.setattr(P, "_MERGE_BLOCK", 256)  # many blocks from small parts
+    monkeypatch.setattr(_common, "_MERGE_BLOCK", 256)  # many blocks from small parts
     for universe, nparts, width in ((2**20, 4, None), (3000, 5, None), (2**40, 3, 2), (50, 2, None)):
         parts = []
         for _ in range(nparts):
@@ -138,7 +139,7 @@ def test_threads_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     """auto divides this process's CPUs among the MPI ranks of the node; bad values raise."""
     import os
 
-    from cupycoll import _numba_kernels as K
+    from cupycoll.primitives import _numba as K
     from cupycoll.errors import InvalidArgument
 
     cpus = len(os.sched_getaffinity(0))
@@ -162,10 +163,10 @@ def test_threaded_loops_after_fork(monkeypatch: pytest.MonkeyPatch) -> None:
     """A forked child (as a DataLoader worker) gets its own thread pool instead of hanging."""
     import os
 
-    from cupycoll import _numba_kernels as K
+    from cupycoll.primitives import _numba as K
 
     monkeypatch.setattr(K, "_PIECE", 1)
-    monkeypatch.setattr(P, "_FAST_FROM", 0)
+    monkeypatch.setattr(_accel, "_FAST_FROM", 0)
     monkeypatch.setenv("CUPYCOLL_THREADS", "2")
     x = np.arange(-5000, 5000, dtype=np.float32)
     assert P.count_abs_ge(x, 10) == 9981  # the parent's pool now exists
@@ -187,7 +188,7 @@ def test_threaded_loops_after_fork(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_merge_temporaries_kept_or_not(monkeypatch: pytest.MonkeyPatch, kept: int) -> None:
     """Kept temporaries are reused (and freed by free_scratch); results are the same either way,
     also when a later, larger merge outgrows them."""
-    from cupycoll import _numba_kernels as K
+    from cupycoll.primitives import _numba as K
 
     monkeypatch.setattr(K, "_SCRATCH_KEPT", kept)
     rng = np.random.default_rng(kept)

@@ -1,6 +1,7 @@
 """The built wheel ships the CUDA kernels, the benchmarks, the typing marker, every subpackage and
-a working ``cupycoll`` command."""
+a working ``cupycoll`` command; the source tree keeps its layout rules (module size, imports)."""
 
+import ast
 import os
 import subprocess
 import sys
@@ -31,9 +32,10 @@ def test_wheel_ships_kernels_and_benchmarks(wheel):
         assert f"cupycoll/bench/{name}" in names, f"{name} missing from the wheel"
     for module in ("cupycoll/__init__.py", "cupycoll/py.typed", "cupycoll/comm/mpi.py",
                    "cupycoll/comm/nccl.py", "cupycoll/sparse/__init__.py",
-                   "cupycoll/topk/__init__.py", "cupycoll/primitives.py",
+                   "cupycoll/topk/__init__.py", "cupycoll/primitives/__init__.py",
                    "cupycoll/__main__.py", "cupycoll/jupyter.py",
-                   "cupycoll/_emulation/nccl.py", "cupycoll/kernels/cpu_shim.h"):
+                   "cupycoll/_emulation/nccl.py", "cupycoll/kernels/cpu_shim.h",
+                   "cupycoll/wire/__init__.py", "cupycoll/wire/_cupy.py"):
         assert module in names, f"{module} missing from the wheel"
 
 
@@ -56,3 +58,117 @@ def test_installed_command_runs_info_and_a_benchmark(wheel, tmp_path):
     assert bench.returncode == 0, bench.stderr
     rows = [r for r in bench.stdout.splitlines() if r.strip() and not r.startswith("#")]
     assert len(rows) == 4 and all(r.split()[-1] == "0" for r in rows), bench.stdout
+
+
+# ------------------------------------------------------------------------------------------
+# layout: module size and import order
+# ------------------------------------------------------------------------------------------
+
+PACKAGE = ROOT / "cupycoll"
+#: the most lines a module may have (the style rule is ~400; this is the hard stop).
+MAX_LINES = 450
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_module(name: str) -> bool:
+    base = ROOT.joinpath(*name.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def _imports(path: Path) -> set[str]:
+    """The cupycoll modules ``path`` imports, at module level or inside functions (lazily), but
+    not under ``if TYPE_CHECKING``. ``from P import name`` counts P unless name is a submodule."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            if isinstance(child, ast.Import):
+                found.update(a.name for a in child.names if a.name.startswith("cupycoll"))
+            elif isinstance(child, ast.ImportFrom):
+                target = child.module or ""
+                if child.level:
+                    base = package.rsplit(".", child.level - 1)[0] if child.level > 1 else package
+                    target = f"{base}.{child.module}" if child.module else base
+                if target.startswith("cupycoll"):
+                    subs = {f"{target}.{a.name}" for a in child.names
+                            if _is_module(f"{target}.{a.name}")}
+                    found.update(subs if len(subs) == len(child.names) else subs | {target})
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return found - {name}
+
+
+def _cycles(package: str) -> list[list[str]]:
+    """Import cycles among the modules of ``package`` (its ``__init__`` included)."""
+    graph = {_module_name(p): _imports(p) for p in PACKAGE.rglob("*.py")}
+    nodes = {n for n in graph if n == package or n.startswith(package + ".")}
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}
+
+    def walk(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node] & nodes):
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                walk(nxt, stack)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(nodes):
+        if node not in state:
+            walk(node, [])
+    return cycles
+
+
+def test_no_module_is_too_long():
+    long = {str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split them along a seam): {long}"
+
+
+@pytest.mark.parametrize("package", ["cupycoll.primitives", "cupycoll.comm"])
+def test_no_import_cycle(package):
+    """Imports flow one way: leaves <- implementations <- the package ``__init__`` (which no
+    submodule imports), lazy imports included."""
+    assert _cycles(package) == []
+
+
+def test_import_graph_sees_a_cycle(tmp_path, monkeypatch):
+    """The cycle check itself: a submodule importing its package's ``__init__`` is a cycle."""
+    pkg = tmp_path / "cupycoll" / "demo"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from ._leaf import f\n")
+    (pkg / "_leaf.py").write_text("def f():\n    from . import g\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "cupycoll")
+    assert _cycles("cupycoll.demo") == [["cupycoll.demo", "cupycoll.demo._leaf", "cupycoll.demo"]]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_every_module_imports_first_in_a_fresh_interpreter(seed):
+    """Import every cupycoll module in a shuffled order in a new process: whichever comes first
+    must import on its own (no order-dependent, half-initialised circle)."""
+    code = ("import importlib, pathlib, random, sys\n"
+            "root = pathlib.Path('cupycoll')\n"
+            "names = sorted('.'.join(p.with_suffix('').parts).removesuffix('.__init__')\n"
+            "               for p in root.rglob('*.py') if p.name != '__main__.py')\n"
+            f"random.Random({seed}).shuffle(names)\n"
+            "for name in names:\n"
+            "    importlib.import_module(name)\n"
+            "print(len(names))\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.split()[-1]) > 50

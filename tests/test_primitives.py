@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from cupycoll import primitives as P
+from cupycoll.primitives import _accel, _numpy_select
 from cupycoll._types import ReduceOp
 from cupycoll.errors import InvalidArgument, InvalidType
 
@@ -463,14 +464,12 @@ def test_cupy_inputs_route_to_cupy_twin(monkeypatch):
     def twin(name):
         return lambda *a, **kw: calls.append((name, a, kw)) or name
 
-    fake = types.ModuleType("cupycoll._cupy_primitives")
+    fake = types.ModuleType("cupycoll.primitives._cupy")
     for name in ("count_abs_ge", "select_abs_ge", "kth_abs", "topk_abs", "coo_reduce",
                  "merge_sorted", "scatter_reduce", "gather", "densify"):
         setattr(fake, name, twin(name))
-    monkeypatch.setitem(sys.modules, "cupycoll._cupy_primitives", fake)
-    import cupycoll
-
-    monkeypatch.setattr(cupycoll, "_cupy_primitives", fake, raising=False)
+    monkeypatch.setitem(sys.modules, "cupycoll.primitives._cupy", fake)
+    monkeypatch.setattr(P, "_cupy", fake, raising=False)
     Fake = type("ndarray", (), {"__module__": "cupy._core.core"})
     a = Fake()
     assert P.count_abs_ge(a, 1.0) == "count_abs_ge"
@@ -531,7 +530,7 @@ def test_sampled_threshold_fallback_and_ties(monkeypatch):
     x = rng.standard_normal(n).astype(np.float32)
     want, kth = python_topk(x, 300)
     for fake in (lambda x, k: np.float32(np.inf), lambda x, k: None):  # unlucky sample
-        monkeypatch.setattr(P, "_sample_threshold", fake)
+        monkeypatch.setattr(_numpy_select, "_sample_threshold", fake)
         assert_same(P.topk_abs(x, 300)[0], want)
         assert P.kth_abs(x, 300) == kth
     monkeypatch.undo()
@@ -566,7 +565,7 @@ def test_signed_zero_ties_do_not_depend_on_order(op, dtype, fast, monkeypatch):
     """+0 and -0 of one index in every order: max gives +0, min -0, unless all zeros share a
     sign; NaN still wins. numpy, numba (fast) and every reduction agree, 1-D and rows."""
     if fast:
-        monkeypatch.setattr(P, "_FAST_FROM", 0)
+        monkeypatch.setattr(_accel, "_FAST_FROM", 0)
     rng = np.random.default_rng(12)
     ufunc = {"max": np.maximum, "min": np.minimum}[op]
     for width in (None, 3):

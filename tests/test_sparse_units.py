@@ -131,13 +131,13 @@ def test_cost_model_closed_forms():
     s = Shape(4, 1000, 0, 4, 4, (10, 20, 30, 40))
     c = auto.MODELS["allgather"](s, 1)
     assert c.received == {"allgather.counts": 24, "allgather": (10 + 30 + 40) * 8}
-    assert c.messages == {"allgather.counts": 3, "allgather": 6}
+    assert c.messages == {"allgather.counts": 3, "allgather": 3}  # one packed block per peer
     d = auto.MODELS["dense"](s, 0)
     assert d.received == {"dense.allreduce": 6000, "dense.union": 3 * 32 + 3 * 32}
     rows = auto.MODELS["dense"](Shape(4, 1000, 8, 4, 4, (10, 20, 30, 40)), 0)
     assert rows.received == {"dense.allreduce": 3 * 1000 * (32 + 4) // 2}  # + a count per row
-    # header (verb, collective count: 4 words) + 8 fields as max/-min + 3 slots per rank
-    assert validation_cost(4).received == {"sparse.validate": (4 + 2 * 8 + 3 * 4) * 8 * 6 // 4}
+    # header (verb, collective count: 4 words) + 9 fields as max/-min + 3 slots per rank
+    assert validation_cost(4).received == {"sparse.validate": (4 + 2 * 9 + 3 * 4) * 8 * 6 // 4}
     assert validation_cost(1).received == {}
 
 
@@ -211,8 +211,8 @@ def test_split_cost_estimate_without_inputs():
     assert c.received == {"split.samples": 3 * 129 * 8, "split.counts": 24,
                           "split.scatter": (25 + 0 + 100) * 8, "split.gather.counts": 24,
                           "split.gather": 3 * region * 8}
-    assert c.messages == {"split.samples": 3, "split.counts": 3, "split.scatter": 4,
-                          "split.gather.counts": 3, "split.gather": 6}
+    assert c.messages == {"split.samples": 3, "split.counts": 3, "split.scatter": 2,
+                          "split.gather.counts": 3, "split.gather": 3}  # one block per peer
 
 
 def test_region_bounds_and_cuts_exact_beyond_float64():
@@ -224,12 +224,9 @@ def test_region_bounds_and_cuts_exact_beyond_float64():
     assert bounds.dtype == np.int64
     everything = np.concatenate(inputs)
     assert all(b in everything for b in bounds[1:-1].tolist())
-    class ThreeRanks:  # what split._counts needs of a communicator (counts echoed back)
+    class ThreeRanks:  # what split._cuts needs of a communicator
         size, xp = 3, np
-
-        def alltoall_device_counts(self, counts, op_name):
-            return np.asarray(counts), np.asarray(counts)
 
     for a in inputs:
         want = [0] + [int(np.searchsorted(a, b)) for b in bounds[1:-1].tolist()] + [a.size]
-        assert split._counts(ThreeRanks(), a, bounds)[0] == want
+        assert split._cuts(ThreeRanks(), a, bounds).tolist() == want

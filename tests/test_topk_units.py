@@ -195,7 +195,26 @@ def test_state_validation():
         TopkState(tau=1.5)
     with pytest.raises(InvalidType):
         TopkState(selector="exact")
+    with pytest.raises(InvalidArgument, match="auto"):
+        TopkState(tau="often")
     st = TopkState(tau=4, tau_prime=2)
-    assert st.refresh and st.repartition
+    assert st.refresh and st.repartition(64)
     st.step = 2
-    assert st.refresh and not st.repartition
+    assert st.refresh and not st.repartition(1)  # an int tau ignores the auto period
+    st.step = 4
+    assert st.repartition(64)
+    auto = TopkState()
+    assert auto.tau == "auto"
+    auto.step = 3
+    assert auto.repartition(1) and not auto.repartition(64)
+
+
+def test_auto_tau_from_region_share_noise():
+    """tau="auto": every step when sqrt(2 ln P * P / k) > 5 %, the paper's 64 otherwise."""
+    from cupycoll.topk.oktopk import auto_tau
+
+    for p, k in [(1, 10), (2, 100), (4, 1048), (8, 1048), (8, 10_485), (4, 10_485),
+                 (4, 167_772), (1024, 1_000_000), (1024, 20_000_000)]:
+        noisy = p > 1 and np.sqrt(2 * np.log(p) * p / k) > 0.05
+        assert auto_tau(k, p) == (1 if noisy else 64), (p, k)
+    assert auto_tau(10_485, 8) == 1 and auto_tau(10_485, 4) == 64

@@ -133,3 +133,22 @@ def test_simulate_command_writes_json(tmp_path, capsys):
     assert {r["family"] for r in rows} == {"sparse", "topk"}
     assert not [r for r in rows if r["network"] == "nvlink" and r["P"] > 8]  # one node of 8
     assert "| sparse | eth100 |" in capsys.readouterr().out
+
+
+def test_choose_remembers_a_shape_per_profile(monkeypatch):
+    """A repeated shape is priced once per profile object, with the same answer as pricing it."""
+    calls = []
+    real = auto.predicted_times
+    monkeypatch.setattr(auto, "predicted_times",
+                        lambda shape, profile=None: calls.append(shape) or real(shape, profile))
+    monkeypatch.setattr(auto, "_DECISIONS", {})
+    prof = default_profile()
+    shape = Shape(4, 1 << 20, 0, 4, 4, (1000, 2000, 3000, 4000))
+    first = auto.choose(shape, prof)
+    assert auto.choose(shape, prof) == first and len(calls) == 1
+    times = real(shape, prof)
+    assert first == min(times, key=times.__getitem__)
+    other = Profile.from_dict({**prof.as_dict(), "beta_p2p": prof.beta_p2p * 1e3})
+    assert auto.choose(shape, other) and len(calls) == 2   # another profile: priced again
+    assert auto.choose(Shape(4, 1 << 20, 0, 4, 4, (1000, 2000, 3000, 4001)), prof)
+    assert len(calls) == 3                                  # another shape: priced again

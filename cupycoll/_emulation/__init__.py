@@ -31,7 +31,8 @@ from typing import Iterator
 
 from .device import (HOST_SYNC_HOOKS, DeviceMismatch, EmulationError, StreamOrderError,
                      host_sync)
-from .nccl import check_logs, release_blocked
+from .logs import check_logs
+from .nccl_core import release_blocked
 
 __all__ = ["install", "check_logs", "release_blocked", "HOST_SYNC_HOOKS", "EmulationError",
            "StreamOrderError", "DeviceMismatch", "host_sync", "installed", "real_cupy_version",
@@ -60,11 +61,11 @@ def install(devices_per_node: int = 2, cupy_version: int = 14) -> types.ModuleTy
 
     real_nvrtc.getVersion()  # loads libnvrtc now: its lazy loader looks up cupy._environment
 
-    from . import array, device, kernels, nccl, runtime
+    from . import array, device, kernels, nccl_module, runtime
 
     device.configure(devices_per_node)
     node = MPI.COMM_WORLD.Get_rank() // devices_per_node
-    emulated_nccl = nccl.build(real_nccl, cupy_version, node)
+    emulated_nccl = nccl_module.build(real_nccl, cupy_version, node)
     cuda = runtime.cuda_module(emulated_nccl)
     cuda.nvrtc = real_nvrtc
     cupy = types.ModuleType("cupy")

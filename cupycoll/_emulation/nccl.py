@@ -1,4 +1,5 @@
-"""Emulated ``cupy.cuda.nccl``: NCCL's rules between MPI processes, data moved by mpi4py.
+"""Emulated ``cupy.cuda.nccl``: NCCL's rules between MPI processes, data moved by mpi4py (the
+module itself is assembled by :func:`.nccl_module.build`).
 
 What a call checks on the host (before anything moves): the communicator is alive, the current
 device and the stream's device are the communicator's, every buffer is live device memory of that
@@ -11,7 +12,9 @@ What happens next: like NCCL >= 2.22, the first collective of a communicator and
 send/recv with each peer block the calling host thread in a connection handshake with the peer(s);
 the data moves later, in a task on the stream (poisoned receive buffers until then). Every call
 is logged; :func:`check_logs` compares the logs across ranks. ``abort()`` from any thread makes a
-blocked call or task fail with NcclError.
+blocked call or task fail with NcclError, and cancels the communicator's pending operations: an
+operation completes only when every partner's live operation confirmed it arrived, so nothing
+matches across an aborted communicator (``nccl_core.waitall_confirmed``).
 """
 
 from __future__ import annotations
@@ -24,12 +27,12 @@ from mpi4py import MPI
 
 from . import device as dev
 from .array import buffer_at, raw_view
-from .logs import COMMS, GLOBAL_LOG, check_logs
-from .nccl_core import (INTERNAL, INVALID_ARGUMENT, INVALID_USAGE, REMOTE, STATE, dtype_of,
-                        error, get_unique_id, itemsize, join, poll, reduce_rows,
-                        release_blocked, uid_bytes, waitall)
+from .logs import COMMS, GLOBAL_LOG
+from .nccl_core import (INTERNAL, INVALID_ARGUMENT, INVALID_USAGE, REMOTE, STATE,
+                        collective_links, dtype_of, error, itemsize, join, p2p_links, poll,
+                        reduce_rows, uid_bytes, waitall, waitall_confirmed)
 
-__all__ = ["build", "check_logs", "release_blocked"]
+__all__ = ["NcclCommunicator", "groupStart", "groupEnd"]
 
 _tls = threading.local()
 _P2P_TAG, _HANDSHAKE_TAG, _ABORT_TAG = 7, 9, 11
@@ -84,6 +87,8 @@ class NcclCommunicator:
         self._real = STATE["real"].NcclCommunicator.__new__(STATE["real"].NcclCommunicator)
         self.mpi = _mpi if _mpi is not None else self._join()
         self.handshake = self.mpi.Dup()
+        self.tokens = self.mpi.Dup()  # liveness handshakes (nccl_core.waitall_confirmed)
+        self.stale: list = []  # requests of operations that failed: kept alive
         self.world_ranks = self.mpi.Get_group().Translate_ranks(
             list(range(ndev)), MPI.COMM_WORLD.Get_group())
         COMMS.append(self)
@@ -211,9 +216,8 @@ class NcclCommunicator:
         comm, seq_holder = self, []
 
         def run() -> None:
-            tag = 1000 + seq_holder[0] % 20000
             mine = raw_view(sendbuf, send_count, dtype).copy() if send is not None else None
-            stack = comm._exchange(method, mine, send_count, dtype, tag, entry)
+            stack = comm._exchange(method, mine, send_count, dtype, seq_holder[0], entry)
             if recv is not None:
                 raw_view(recvbuf, recv_count, dtype)[...] = combine(stack)
 
@@ -223,8 +227,11 @@ class NcclCommunicator:
         self._issue(op)
 
     def _exchange(self, method: str, mine: np.ndarray | None, count: int, dtype: np.dtype,
-                  tag: int, entry: tuple) -> np.ndarray:
-        """Every rank's contribution, stacked in rank order (who sends to whom by ``method``)."""
+                  seq: int, entry: tuple) -> np.ndarray:
+        """Every rank's contribution, stacked in rank order (who sends to whom by ``method``);
+        done only when every partner's operation confirmed it was alive (no match across an
+        aborted communicator)."""
+        tag = 1000 + seq % 20000
         p, me = self._size, self._rank
         root = entry[-1] if method in ("reduce", "broadcast") else None
         senders = [root] if method == "broadcast" else list(range(p))
@@ -238,7 +245,9 @@ class NcclCommunicator:
         if me in receivers:
             requests += [self.mpi.Irecv(stack[s].view(np.uint8), source=s, tag=tag)
                          for s in senders if s != me]
-        waitall(requests, self, method, kernel=True)
+        partners = sorted(({r for r in receivers if r != me} if me in senders else set()) |
+                          ({s for s in senders if s != me} if me in receivers else set()))
+        waitall_confirmed(requests, self, method, collective_links(seq, partners))
         return stack
 
     # ---------------------------------------------------------------- point to point
@@ -308,7 +317,7 @@ class NcclCommunicator:
             try:
                 for other, seq in waits:  # implicit null-stream ordering
                     other.drain(seq)
-                pending, keep = [], []
+                pending, keep, links = [], [], []
                 for op in ops:
                     if op.peer is None:
                         op.run()
@@ -316,7 +325,9 @@ class NcclCommunicator:
                         requests, data = op.run()
                         pending += requests
                         keep.append(data)
-                waitall(pending, comm, "send/recv", kernel=True)
+                        links += p2p_links(op.entry[0], op.peer)
+                if links:
+                    waitall_confirmed(pending, comm, "send/recv", links)
             except BaseException as exc:
                 comm.async_error = getattr(exc, "status", INTERNAL)
                 raise
@@ -380,40 +391,9 @@ class NcclCommunicator:
         return type(self)(child.Get_size(), None, child.Get_rank(), _mpi=child, _uid=uid)
 
 
-class _Cupy13Communicator(NcclCommunicator):
-    """CuPy 13's binding: no ``commSplit``."""
-
-    def __getattribute__(self, name: str) -> Any:
-        if name == "commSplit":
-            raise AttributeError("'cupy.cuda.nccl.NcclCommunicator' object has no attribute "
-                                 "'commSplit' (CuPy 13)")
-        return super().__getattribute__(name)
-
-
 def _idle(buf: dev.Buffer) -> bool:
     """No unfinished stream work reads or writes ``buf`` (so poisoning it harms nobody)."""
     marks = ([buf.writer] if buf.writer else []) + buf.readers
     return all(stream.done_seq >= seq for stream, seq, _ in marks)
 
 
-def build(real: Any, version: int, node: int) -> Any:
-    """The emulated ``cupy.cuda.nccl`` module over the real binding ``real``."""
-    import types
-
-    mod = types.ModuleType("cupy.cuda.nccl")
-    for name in dir(real):
-        if name.startswith("NCCL_"):
-            setattr(mod, name, getattr(real, name))
-    STATE.update(real=real, version=version, node=node, boot=MPI.COMM_WORLD.Dup(),
-                 dtypes={int(getattr(real, "NCCL_" + n.upper())): np.dtype(n) for n in
-                         ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16",
-                          "float32", "float64")})
-    mod.NcclError = real.NcclError
-    mod.available = True
-    mod.get_version = real.get_version
-    mod.get_unique_id = get_unique_id
-    real.groupStart()  # the real ones exist and pair up (the calls inside are not real:
-    real.groupEnd()  # NCCL would report their null-communicator errors at groupEnd)
-    mod.groupStart, mod.groupEnd = groupStart, groupEnd
-    mod.NcclCommunicator = NcclCommunicator if version >= 14 else _Cupy13Communicator
-    return mod

@@ -11,7 +11,8 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["STATE", "release_blocked", "error", "poll", "waitall", "get_unique_id", "uid_bytes",
+__all__ = ["STATE", "release_blocked", "error", "poll", "waitall", "waitall_confirmed",
+           "collective_links", "p2p_links", "get_unique_id", "uid_bytes",
            "join", "dtype_of", "itemsize", "reduce_rows", "INTERNAL", "INVALID_ARGUMENT",
            "INVALID_USAGE", "REMOTE"]
 
@@ -50,6 +51,54 @@ def poll(done: Callable[[], bool], comm: Any, what: str, kernel: bool = False) -
 def waitall(requests: list, comm: Any, what: str, kernel: bool = False) -> None:
     if requests:
         poll(lambda: MPI.Request.Testall(requests), comm, what, kernel)
+
+
+def collective_links(seq: int, partners: list) -> list:
+    """The (peer, tags) a collective's liveness handshake uses: one pair of tags per collective
+    number, the same at both ends."""
+    arrive, confirm = 1000 + seq % 15000, 16000 + seq % 15000
+    return [(peer, (arrive, arrive, confirm, confirm)) for peer in partners]
+
+
+def p2p_links(method: str, peer: int) -> list:
+    """A send's or recv's liveness handshake: direction-specific tags, so the k-th send a->b
+    pairs with the k-th recv at b (MPI's non-overtaking order), not with b's own sends."""
+    return [(peer, (1, 2, 3, 4) if method == "send" else (2, 1, 4, 3))]
+
+
+def waitall_confirmed(requests: list, comm: Any, what: str, links: list) -> None:
+    """Wait (as a kernel) for the data ``requests`` AND for each link's peer to confirm, from
+    its live operation, that it saw this operation arrive.
+
+    Data moves eagerly, so a late rank can receive what a peer sent before it aborted; NCCL
+    never completes an operation against an aborted communicator (its kernels were killed).
+    Each end sends "arrived" (arrive tag) and answers the other's "arrived" with "confirm"
+    (confirm tag) only while its own operation is alive, so a peer that aborted before this
+    one arrived never confirms: the late operation spins until its own abort or timeout. The
+    requests of an operation that fails are kept (their buffers must outlive MPI's use).
+    """
+    tokens, mark = comm.tokens, np.zeros(1, np.uint8)
+    pending, answer = list(requests), []
+    for peer, (arrive_out, arrive_in, confirm_out, confirm_in) in links:
+        pending += [tokens.Isend(mark, dest=peer, tag=arrive_out),
+                    tokens.Irecv(np.zeros(1, np.uint8), source=peer, tag=confirm_in)]
+        answer.append((tokens.Irecv(np.zeros(1, np.uint8), source=peer, tag=arrive_in), peer,
+                       confirm_out))
+
+    def done() -> bool:
+        for item in list(answer):
+            if comm.aborted:  # an aborted operation confirms nothing (poll raises next)
+                return False
+            if item[0].Test():
+                answer.remove(item)
+                pending.append(tokens.Isend(mark, dest=item[1], tag=item[2]))
+        return not answer and MPI.Request.Testall(pending)
+
+    try:
+        poll(done, comm, what, kernel=True)
+    except BaseException:
+        comm.stale.append((pending, answer))
+        raise
 
 
 def get_unique_id() -> Any:

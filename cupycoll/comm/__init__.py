@@ -8,7 +8,9 @@ from typing import Any
 
 from .._config import check_environment, setting
 from ..errors import BackendUnavailable, InvalidArgument
-from ._base import Communicator, OpStats, Stats, Work, bus_factor
+from ._base import Communicator
+from ._stats import OpStats, Stats, bus_factor
+from ._work import Work
 
 __all__ = ["Communicator", "Stats", "OpStats", "Work", "bus_factor", "init", "get_comm",
            "nccl_usable"]

@@ -1,234 +1,29 @@
-"""The Communicator protocol every algorithm is written against, its traffic counters and Work.
+"""The Communicator protocol every algorithm is written against.
 
 An algorithm only calls the methods below; it never touches MPI or NCCL itself. Dense methods use
 NCCL's buffer semantics (``send is recv`` means in-place) and return a :class:`Work`; the front
-doors in :mod:`cupycoll.collectives` wait on it unless the caller asked for ``async_op``.
+doors in :mod:`cupycoll.collectives` wait on it unless the caller asked for ``async_op``. The
+traffic counters live in :mod:`._stats`, the handles in :mod:`._work`.
 """
 
 from __future__ import annotations
 
 import abc
-import concurrent.futures
 import contextlib
-import dataclasses
-import functools
 import math
-import os
-import queue
-import threading
 import types
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from .._config import parse_timeout
 from .._types import ReduceOp, to_host
 from ..errors import BackendError, CollectiveTimeout, CupycollError
+from ._stats import Stats, _ring_steps
 from ._watchdog import NO_SLOT, Board, Fate, timeout_error
+from ._work import Overlap, Work
 
-__all__ = ["Communicator", "Stats", "OpStats", "Work", "Overlap", "bus_factor"]
-
-
-@dataclasses.dataclass
-class OpStats:
-    """Traffic of one operation name (or of all of them): bytes and messages, sent and received."""
-
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    messages_sent: int = 0
-    messages_received: int = 0
-
-    def add(self, sent: int, received: int, msgs_sent: int, msgs_received: int) -> None:
-        self.bytes_sent += int(sent)
-        self.bytes_received += int(received)
-        self.messages_sent += int(msgs_sent)
-        self.messages_received += int(msgs_received)
-
-
-class Stats(OpStats):
-    """Per-rank traffic counters, in total and ``by_op`` (operation name -> :class:`OpStats`).
-
-    Point-to-point traffic (``exchange``, ``alltoallv``, ``allgatherv``) is counted exactly: the
-    bytes of every message to or from another rank, one message per peer and buffer. Native dense
-    collectives count what this rank must at least move under the bandwidth-optimal (ring)
-    algorithm that nccl-tests' bus bandwidth assumes, for N = the bytes of the full buffer:
-    allreduce 2(P-1)/P*N sent and received; allgather and reduce_scatter (P-1)/P*N; broadcast N
-    received by every non-root rank and N sent by the root; reduce N sent by every non-root rank
-    and N received by the root (floors of these, in bytes; 0 when P == 1).
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.by_op: dict[str, OpStats] = {}
-        self._lock = threading.Lock()
-
-    def record(self, op: str, sent: int = 0, received: int = 0, msgs_sent: int = 0,
-               msgs_received: int = 0) -> None:
-        """Add traffic to the totals and to ``by_op[op]``."""
-        sent, received = int(sent), int(received)
-        msgs_sent, msgs_received = int(msgs_sent), int(msgs_received)
-        with self._lock:
-            self.bytes_sent += sent
-            self.bytes_received += received
-            self.messages_sent += msgs_sent
-            self.messages_received += msgs_received
-            per = self.by_op.get(op)
-            if per is None:
-                per = self.by_op[op] = OpStats()
-            per.bytes_sent += sent
-            per.bytes_received += received
-            per.messages_sent += msgs_sent
-            per.messages_received += msgs_received
-
-    def reset(self) -> None:
-        """Zero every counter."""
-        with self._lock:
-            self.bytes_sent = self.bytes_received = 0
-            self.messages_sent = self.messages_received = 0
-            self.by_op = {}
-
-    def snapshot(self) -> dict[str, Any]:
-        """Return the counters as a plain dict (for JSON output)."""
-        with self._lock:
-            out = dataclasses.asdict(OpStats(self.bytes_sent, self.bytes_received,
-                                             self.messages_sent, self.messages_received))
-            out["by_op"] = {k: dataclasses.asdict(v) for k, v in self.by_op.items()}
-            return out
-
-
-#: nccl-tests' bus-bandwidth factor per collective, also the per-rank volume model of ``Stats``.
-def bus_factor(collective: str, size: int) -> float:
-    """Return nccl-tests' busbw/algbw factor of ``collective`` on ``size`` ranks."""
-    if size <= 1:
-        return 0.0 if collective != "broadcast" and collective != "reduce" else 1.0
-    return {
-        "allreduce": 2.0 * (size - 1) / size,
-        "allgather": (size - 1) / size,
-        "reduce_scatter": (size - 1) / size,
-        "broadcast": 1.0,
-        "reduce": 1.0,
-    }[collective]
-
-
-@functools.lru_cache(maxsize=None)
-def _ring_steps(collective: str, size: int) -> tuple[float, int]:
-    """(bus factor, messages per rank) of allreduce, allgather or reduce_scatter on ``size``."""
-    return bus_factor(collective, size), (2 if collective == "allreduce" else 1) * (size - 1)
-
-
-class Work:
-    """Handle of an operation in flight: ``wait()``, ``is_completed()``, ``result()``.
-
-    ``wait_fn`` blocks until the transfers are done, ``test_fn`` polls them, ``finalize`` runs once
-    after completion (casts, divisions, copies back, user callbacks) and returns the result. If
-    ``finalize`` raises, every later ``wait()`` raises the same exception without running it again.
-    """
-
-    def __init__(self, wait_fn: Callable[[], None] | None = None,
-                 test_fn: Callable[[], bool] | None = None,
-                 finalize: Callable[[], Any] | None = None, result: Any = None) -> None:
-        self._wait_fn, self._test_fn, self._finalize = wait_fn, test_fn, finalize
-        self._result = result
-        self._error: BaseException | None = None
-        self._done = wait_fn is None and finalize is None
-        self._lock = threading.Lock()
-        self._future: concurrent.futures.Future | None = None
-
-    def wait(self, timeout: float | None = None) -> Any:
-        """Block until the operation is complete and return its result."""
-        with self._lock:
-            if not self._done:
-                if self._wait_fn is not None:
-                    self._wait_fn()
-                try:
-                    if self._finalize is not None:
-                        self._result = self._finalize()
-                except BaseException as exc:
-                    self._error = exc
-                    raise
-                finally:
-                    self._done = True
-            if self._error is not None:
-                raise self._error
-        return self._result
-
-    def is_completed(self) -> bool:
-        """Return True when ``wait()`` would not block (it may still have to finalize)."""
-        if self._done:
-            return True
-        return self._test_fn() if self._test_fn is not None else False
-
-    def result(self) -> Any:
-        """Wait and return the result (None for operations without one)."""
-        return self.wait()
-
-    def get_future(self) -> concurrent.futures.Future:
-        """Return a ``concurrent.futures.Future`` that gets ``wait()``'s result or exception.
-
-        The same Future on every call. A cupycoll thread waits for it (in the order futures
-        were asked for), so finalizers and callbacks of a Work asked for its future run there.
-        """
-        with self._lock:
-            if self._future is None:
-                self._future = concurrent.futures.Future()
-                _completer().put((self, self._future))
-        return self._future
-
-    def add_done_callback(self, fn: Callable[["Work"], Any]) -> None:
-        """Call ``fn(self)`` once the operation is complete (at once if it already is)."""
-        self.get_future().add_done_callback(lambda _: fn(self))
-
-    @classmethod
-    def completed(cls, result: Any = None) -> "Work":
-        """Return a Work that is already done."""
-        return cls(result=result)
-
-
-def _complete_forever(pending: "queue.SimpleQueue[tuple[Work, concurrent.futures.Future]]") -> None:
-    while True:
-        work, future = pending.get()
-        try:
-            future.set_result(work.wait())
-        except BaseException as exc:  # delivered to whoever holds the future
-            future.set_exception(exc)
-
-
-_COMPLETERS: dict[int, "queue.SimpleQueue"] = {}
-_COMPLETERS_LOCK = threading.Lock()
-
-
-def _completer() -> "queue.SimpleQueue[tuple[Work, concurrent.futures.Future]]":
-    """The queue of this process's completer thread (a forked child starts its own)."""
-    with _COMPLETERS_LOCK:
-        pending = _COMPLETERS.get(os.getpid())
-        if pending is None:
-            pending = _COMPLETERS[os.getpid()] = queue.SimpleQueue()
-            threading.Thread(target=_complete_forever, args=(pending,), daemon=True,
-                             name="cupycoll-completer").start()
-        return pending
-
-
-class Overlap:
-    """Device work that consumes finished transfers while later transfers are in flight.
-
-    ``after(work, fn)`` runs ``fn`` (device work reading ``work``'s results; ``work`` may be
-    None) once ``work`` is done; ``join()`` orders all of it before what the caller issues next.
-    This default orders ``work`` with :meth:`Communicator.stream_order` and runs ``fn`` at once
-    (MPI progresses the later transfers meanwhile); NCCL runs ``fn`` on a side stream that waits
-    for ``work``'s event, so transfers and kernels overlap on the GPU. Every ``fn`` runs in call
-    order.
-    """
-
-    def __init__(self, comm: "Communicator") -> None:
-        self._comm = comm
-
-    def after(self, work: Work | None, fn: Callable[[], None]) -> None:
-        if work is not None:
-            self._comm.stream_order(work)
-        fn()
-
-    def join(self) -> None:
-        """Order everything run so far before the caller's next work (nothing to do here)."""
+__all__ = ["Communicator"]
 
 
 class Communicator(abc.ABC):

@@ -1,12 +1,8 @@
 """NCCL backend: ``cupy.cuda.nccl`` over cupy arrays, bootstrapped by mpi4py.
 
-Bootstrap (:func:`bootstrap`): rank 0 makes the NCCL unique id and broadcasts it over the mpi4py
-communicator (128 bytes of metadata, never array data); each rank keeps the device the
-application made current (any but 0), else picks node-local rank modulo the visible device count
-(node-local rank from an MPI shared-memory split), and joins with ``ncclCommInitRank``, whose
-outcome is agreed over MPI (:mod:`._nccl_guard`). Readiness is agreed over MPI first, so a rank
-without CuPy, NCCL or a device makes every rank raise :class:`BackendUnavailable` instead of
-leaving the others waiting in NCCL.
+The bootstrap and the dtype/op tables live in :mod:`._nccl_setup` (re-exported here: they are
+this module's public names), the CUDA plumbing in :mod:`._cuda`, the verbs in
+:mod:`._nccl_verbs`.
 
 Every verb enqueues on the current CuPy stream (NCCL semantics: the call returns at once, later
 work on that stream sees the result) and records a CUDA event behind it; ``Work.wait()`` goes
@@ -18,26 +14,29 @@ by a watchdog when the timeout passes. A timeout or an NCCL error aborts the NCC
 Point-to-point (``exchange``, ``alltoallv``) is one ``groupStart/groupEnd`` of ``send``/``recv``
 on raw bytes. NCCL has no allgatherv: it is one group of broadcasts, one per rank with rows (each
 block is pipelined from its owner through NCCL's ring, so a large block costs its owner one send,
-not P-1). Traffic is booked exactly as the MPI backend books it (see :class:`~._base.Stats`).
+not P-1). Traffic is booked exactly as the MPI backend books it (see :class:`~._stats.Stats`).
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import time
-import types
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 from mpi4py import MPI
 
-from .._types import ReduceOp, parse_op
-from ..errors import (BackendError, BackendUnavailable, CollectiveTimeout, InvalidArgument,
-                      InvalidType)
-from ._base import Communicator, Overlap, Work
-from ._nccl_guard import Watchdog, agreed_init
+from .._types import ReduceOp
+from ..errors import BackendError, BackendUnavailable, CollectiveTimeout, InvalidArgument
+from ._base import Communicator
+from ._cuda import CudaDevice, _SideStreamOverlap
+from ._nccl_guard import Watchdog
+from ._nccl_setup import (_BYTES, NCCL_DTYPES, NCCL_OPS, _code_tables, agree, bootstrap,
+                          broadcast_unique_id, device_for, load_nccl, nccl_types, new_nccl_comm,
+                          node_local_rank)
+from ._nccl_verbs import _NcclVerbs
+from ._work import Overlap, Work
 
 __all__ = ["NCCLCommunicator", "NCCL_DTYPES", "NCCL_OPS", "nccl_types", "load_nccl",
            "device_for", "node_local_rank", "broadcast_unique_id", "agree", "bootstrap",
@@ -45,262 +44,8 @@ __all__ = ["NCCLCommunicator", "NCCL_DTYPES", "NCCL_OPS", "nccl_types", "load_nc
 
 _log = logging.getLogger("cupycoll")
 
-#: numpy dtype name -> ``cupy.cuda.nccl`` constant (bfloat16 only where that NCCL defines it).
-NCCL_DTYPES: dict[str, str] = {
-    "float16": "NCCL_FLOAT16", "float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64",
-    "int8": "NCCL_INT8", "uint8": "NCCL_UINT8", "int32": "NCCL_INT32", "uint32": "NCCL_UINT32",
-    "int64": "NCCL_INT64", "uint64": "NCCL_UINT64", "bfloat16": "NCCL_BFLOAT16",
-}
-#: ReduceOp -> ``cupy.cuda.nccl`` constant; avg is NCCL's own (integers truncate toward zero).
-NCCL_OPS: dict[ReduceOp, str] = {
-    ReduceOp.SUM: "NCCL_SUM", ReduceOp.PROD: "NCCL_PROD", ReduceOp.MAX: "NCCL_MAX",
-    ReduceOp.MIN: "NCCL_MIN", ReduceOp.AVG: "NCCL_AVG",
-}
-#: dtype of raw-byte transfers (broadcast, allgather, send/recv move bytes, whatever the dtype).
-_BYTES = "NCCL_UINT8"
-_NEEDS_DEVICE = "the NCCL backend needs a CUDA device"
 
-
-def load_nccl() -> tuple[types.ModuleType, types.ModuleType]:
-    """Return ``(cupy, cupy.cuda.nccl)``; raise :class:`BackendUnavailable` if either is missing."""
-    try:
-        import cupy
-        from cupy.cuda import nccl
-    except ImportError as exc:
-        raise BackendUnavailable(
-            f"the NCCL backend needs CuPy with NCCL ({exc}); install it with pip install "
-            "'cupycoll[gpu-cu12]' (CUDA 12) or 'cupycoll[gpu-cu13]' (CUDA 13)") from exc
-    if not nccl.available:
-        raise BackendUnavailable("CuPy cannot load libnccl: install nvidia-nccl-cu12 (or -cu13) "
-                                 "matching your cupy-cuda wheel")
-    return cupy, nccl
-
-
-def _dtype_name(dtype: Any) -> str:
-    try:
-        return np.dtype(dtype).name
-    except TypeError:  # e.g. "bfloat16" without ml_dtypes
-        if isinstance(dtype, str):
-            return dtype
-        raise
-
-
-def nccl_types(dtype: Any, op: Any = None, *, nccl: Any = None,
-               rank: int | None = None) -> tuple[int, int | None]:
-    """Map (dtype, op) to NCCL's (ncclDataType_t, ncclRedOp_t); op None gives (dtype, None).
-
-    Raises:
-        InvalidType: a dtype NCCL cannot reduce (int16, bool, complex, ...).
-        InvalidArgument: an unknown op. BackendUnavailable: no CuPy/NCCL (when ``nccl`` is None).
-    """
-    nccl = load_nccl()[1] if nccl is None else nccl
-    name = _dtype_name(dtype)
-    const = getattr(nccl, NCCL_DTYPES.get(name, ""), None)
-    if const is None:
-        known = sorted(k for k, v in NCCL_DTYPES.items() if hasattr(nccl, v))
-        raise InvalidType("dtype", name, f"one NCCL supports: {known}", rank=rank)
-    if op is None:
-        return int(const), None
-    return int(const), int(getattr(nccl, NCCL_OPS[parse_op(op, rank=rank)]))
-
-
-def _code_tables(nccl: Any) -> tuple[dict[np.dtype, int], dict[ReduceOp, int]]:
-    """NCCL's dtype and op codes keyed by numpy dtype and ReduceOp (a dict hit per call)."""
-    dtypes = {}
-    for name, const in NCCL_DTYPES.items():
-        try:
-            dtype = np.dtype(name)
-        except TypeError:  # bfloat16 without ml_dtypes: nccl_types handles it by name
-            continue
-        if hasattr(nccl, const):
-            dtypes[dtype] = int(getattr(nccl, const))
-    return dtypes, {op: int(getattr(nccl, const)) for op, const in NCCL_OPS.items()}
-
-
-def device_for(local_rank: int, device_count: int) -> int:
-    """Return the CUDA device of a rank: its node-local rank modulo the visible device count."""
-    if device_count < 1:
-        raise BackendUnavailable(f"{_NEEDS_DEVICE}: none is visible (check CUDA_VISIBLE_DEVICES)")
-    if local_rank < 0:
-        raise InvalidArgument("local_rank", local_rank, "must be >= 0")
-    return local_rank % device_count
-
-
-def node_local_rank(mpi_comm: MPI.Comm) -> tuple[int, int]:
-    """Return (rank, size) of this process among ``mpi_comm``'s ranks on its node (collective)."""
-    local = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=mpi_comm.Get_rank())
-    try:
-        return local.Get_rank(), local.Get_size()
-    finally:
-        local.Free()
-
-
-def agree(mpi_comm: MPI.Comm, error: str | None, what: str) -> None:
-    """Raise :class:`BackendUnavailable` on every rank if any rank has an ``error`` (collective).
-
-    Lets a failure on one rank (no device, no NCCL) stop all ranks before any of them enters a
-    blocking NCCL call the failed one would never join.
-    """
-    errors = mpi_comm.allgather(error)
-    failed = [r for r, e in enumerate(errors) if e]
-    if failed:
-        rank = mpi_comm.Get_rank()
-        shown = rank if error else failed[0]
-        raise BackendUnavailable(f"{what} failed on rank(s) {failed} of {len(errors)}; rank "
-                                 f"{shown}: {errors[shown]}")
-
-
-def broadcast_unique_id(mpi_comm: MPI.Comm, make_id: Callable[[], Any] | None = None,
-                        root: int = 0) -> Any:
-    """Make the NCCL unique id on ``root`` and return it on every rank (collective).
-
-    The id is 128 bytes of metadata (bytes since CuPy 14, a tuple before), so mpi4py's pickling
-    ``bcast`` carries it. A failure on root is broadcast too and raised on every rank.
-    """
-    uid = error = None
-    if mpi_comm.Get_rank() == root:
-        try:
-            uid = (make_id or (lambda: load_nccl()[1].get_unique_id()))()
-        except Exception as exc:  # any failure must reach the other ranks, not hang them
-            error = f"{type(exc).__name__}: {exc}"
-    uid, error = mpi_comm.bcast((uid, error), root=root)
-    if error is not None:
-        raise BackendUnavailable(f"making the NCCL unique id on rank {root} failed: {error}")
-    return uid
-
-
-def _device_count(cupy: types.ModuleType) -> int:
-    try:
-        return int(cupy.cuda.runtime.getDeviceCount())
-    except cupy.cuda.runtime.CUDARuntimeError as exc:
-        raise BackendUnavailable(f"{_NEEDS_DEVICE}: {exc}") from exc
-
-
-def bootstrap(mpi_comm: MPI.Comm, make_id: Callable[[], Any] | None = None,
-              timeout: float | None = None) -> Any:
-    """Create this rank's ``NcclCommunicator`` over the ranks of ``mpi_comm`` (collective).
-
-    Device: the one the application already made current (any but 0), else node-local rank %
-    device count. Agrees on readiness, broadcasts the unique id from rank 0 and runs
-    ``ncclCommInitRank`` under :func:`~._nccl_guard.agreed_init`: if any rank's init fails, every
-    rank raises BackendUnavailable; if ``timeout`` passes first, CollectiveTimeout.
-    """
-    local_rank, local_size = node_local_rank(mpi_comm)
-    error, count, device = None, 0, -1
-    try:
-        cupy, nccl = load_nccl()
-        count = _device_count(cupy)
-        device = _chosen_device(cupy) or device_for(local_rank, count)
-    except BackendUnavailable as exc:
-        error = str(exc)
-    agree(mpi_comm, error, "starting the NCCL backend")
-    if local_size > count:
-        _log.warning("cupycoll: %d ranks on this node share %d CUDA devices; NCCL may reject two "
-                     "ranks of one communicator on one device", local_size, count)
-    uid = broadcast_unique_id(mpi_comm, make_id or nccl.get_unique_id)
-    cupy.cuda.Device(device).use()
-    return new_nccl_comm(mpi_comm, uid, device, timeout, f"device {device}; node-local rank "
-                         f"{local_rank} of {local_size}; {count} devices visible")
-
-
-def _chosen_device(cupy: types.ModuleType) -> int | None:
-    """The device the application made current before init (None for the default device 0)."""
-    return int(cupy.cuda.runtime.getDevice()) or None
-
-
-def new_nccl_comm(mpi_comm: MPI.Comm, uid: Any, device: int, timeout: float | None,
-                  describe: str) -> Any:
-    """``ncclCommInitRank`` on ``device`` for every rank of ``mpi_comm``, agreed (collective)."""
-    cupy, nccl = load_nccl()
-    status = mpi_comm.Dup()  # the outcomes travel apart from the application's messages
-
-    def init() -> Any:
-        cupy.cuda.Device(device).use()  # the device is per host thread
-        return nccl.NcclCommunicator(mpi_comm.Get_size(), uid, mpi_comm.Get_rank())
-
-    comm = agreed_init(status, init, timeout, describe)
-    status.Free()
-    return comm
-
-
-class CudaDevice:
-    """How the backend touches CUDA: array pointers, the current stream, completion events.
-
-    Kept apart from the communicator so its logic (booking, grouping, staging, waiting) can run
-    on the host with a stand-in that has the same members.
-    """
-
-    def __init__(self, cupy: types.ModuleType) -> None:
-        self._cupy = cupy
-        self.errors: tuple[type[BaseException], ...] = (cupy.cuda.runtime.CUDARuntimeError,)
-
-    def pointer(self, a: Any) -> int:
-        """Device address of the first element of ``a``."""
-        return int(a.data.ptr)
-
-    def stream(self) -> int:
-        """Handle of the current CuPy stream (what NCCL calls are enqueued on)."""
-        return int(self._cupy.cuda.get_current_stream().ptr)
-
-    def record(self) -> Any:
-        """Record an event on the current stream (has ``done`` and ``synchronize()``)."""
-        event = self._cupy.cuda.Event(disable_timing=True)
-        event.record()
-        return event
-
-    def side_stream(self) -> "SideStream":
-        """A non-blocking stream of this device for work that overlaps the current stream's."""
-        return SideStream(self._cupy)
-
-    def download(self, a: Any) -> tuple[np.ndarray, Any]:
-        """Queue a copy of ``a`` into pinned host memory on the current stream; return the host
-        array (valid once the event is done) and an event recorded behind the copy."""
-        import cupyx
-
-        if not a.flags.c_contiguous:  # results are contiguous: no device work queued here
-            a = self._cupy.ascontiguousarray(a)
-        host = cupyx.empty_pinned(a.shape, a.dtype)
-        runtime = self._cupy.cuda.runtime
-        runtime.memcpyAsync(host.ctypes.data, a.data.ptr, a.nbytes,
-                            runtime.memcpyDeviceToHost, self.stream())
-        return host, self.record()
-
-
-class SideStream:
-    """A second CUDA stream: ``after(events)`` makes it wait for the events and current for the
-    block; ``join()`` makes the current stream wait for everything queued on it."""
-
-    def __init__(self, cupy: types.ModuleType) -> None:
-        self._cupy = cupy
-        self._stream = cupy.cuda.Stream(non_blocking=True)
-
-    @contextlib.contextmanager
-    def after(self, events: Sequence[Any]) -> Iterator[None]:
-        for event in events:
-            self._stream.wait_event(event)
-        with self._stream:
-            yield
-
-    def join(self) -> None:
-        self._cupy.cuda.get_current_stream().wait_event(self._stream.record())
-
-
-class _SideStreamOverlap(Overlap):
-    """Consumers on the communicator's side stream, each after its transfers' events."""
-
-    def __init__(self, comm: "NCCLCommunicator", side: Any) -> None:
-        super().__init__(comm)
-        self._side = side
-
-    def after(self, work: Work | None, fn: Callable[[], None]) -> None:
-        with self._side.after(getattr(work, "events", [])):
-            fn()
-
-    def join(self) -> None:
-        self._side.join()
-
-
-class NCCLCommunicator(Communicator):
+class NCCLCommunicator(_NcclVerbs, Communicator):
     """Communicator over an NCCL communicator of cupy arrays (one CUDA device per rank).
 
     Example::
@@ -497,165 +242,6 @@ class NCCLCommunicator(Communicator):
             raise InvalidArgument(argument, "non-contiguous array", "must be C-contiguous",
                                   rank=self.rank)
         return a
-
-    # dense collectives (NCCL natively; in place when the pointers say so). Each ``_verb`` posts
-    # and returns (event, buffer to keep alive); the public verb wraps that in a Work, ``run``
-    # waits on it directly.
-    def run(self, verb: str, *args: Any, op_name: str | None = None) -> None:
-        """Run a dense verb to completion: post it and wait on its event (no Work)."""
-        name = op_name or verb
-        poster = self._posters.get(verb)
-        if poster is None:
-            return super().run(verb, *args, op_name=op_name)
-        event, _keep = poster(*args, name)
-        self.wait([event], name)
-
-    def _types(self, dtype: Any, op: Any) -> tuple[int, int | None]:
-        """NCCL's (dtype, op) codes: from the tables built in ``_attach``, else nccl_types."""
-        code = self._dtype_codes.get(dtype)
-        red = self._op_codes.get(op) if op is not None else None
-        if code is None or (red is None and op is not None):
-            return nccl_types(dtype, op, nccl=self._nccl, rank=self.rank)
-        return code, red
-
-    def allreduce(self, send: Any, recv: Any, op: ReduceOp, op_name: str = "allreduce") -> Work:
-        return self._work(*self._allreduce(send, recv, op, op_name), op_name)
-
-    def _allreduce(self, send: Any, recv: Any, op: ReduceOp, op_name: str) -> tuple:
-        dtype, red = self._types(send.dtype, op)
-        src, dst, count = self._contiguous(send), self._buffer(recv, "recv"), int(send.size)
-        ptr = self._ptr
-        event = self._post(op_name, lambda c, s: c.allReduce(
-            ptr(src), ptr(dst), count, dtype, red, s), active=count > 0)
-        self._record_collective("allreduce", send.nbytes, op_name=op_name)
-        return event, src
-
-    def reduce(self, send: Any, recv: Any, op: ReduceOp, root: int,
-               op_name: str = "reduce") -> Work:
-        return self._work(*self._reduce(send, recv, op, root, op_name), op_name)
-
-    def _reduce(self, send: Any, recv: Any, op: ReduceOp, root: int, op_name: str) -> tuple:
-        dtype, red = self._types(send.dtype, op)
-        src, count = self._contiguous(send), int(send.size)
-        dst = src if recv is None or self.rank != root else self._buffer(recv, "recv")
-        ptr = self._ptr
-        event = self._post(op_name, lambda c, s: c.reduce(
-            ptr(src), ptr(dst), count, dtype, red, root, s), active=count > 0)
-        self._record_collective("reduce", send.nbytes, root, op_name=op_name)
-        return event, src
-
-    def reduce_scatter(self, send: Any, recv: Any, op: ReduceOp,
-                       op_name: str = "reduce_scatter") -> Work:
-        return self._work(*self._reduce_scatter(send, recv, op, op_name), op_name)
-
-    def _reduce_scatter(self, send: Any, recv: Any, op: ReduceOp, op_name: str) -> tuple:
-        dtype, red = self._types(send.dtype, op)
-        src, dst, count = self._contiguous(send), self._buffer(recv, "recv"), int(recv.size)
-        ptr = self._ptr
-        event = self._post(op_name, lambda c, s: c.reduceScatter(
-            ptr(src), ptr(dst), count, dtype, red, s), active=count > 0)
-        self._record_collective("reduce_scatter", send.nbytes, op_name=op_name)
-        return event, src
-
-    def broadcast(self, send: Any, recv: Any, root: int, op_name: str = "broadcast") -> Work:
-        return self._work(*self._broadcast(send, recv, root, op_name), op_name)
-
-    def _broadcast(self, send: Any, recv: Any, root: int, op_name: str) -> tuple:
-        dst, nbytes = self._buffer(recv, "recv"), int(recv.nbytes)
-        src = self._contiguous(send) if self.rank == root else dst  # only root's send is read
-        ptr = self._ptr
-        event = self._post(op_name, lambda c, s: c.broadcast(
-            ptr(src), ptr(dst), nbytes, self._bytes, root, s), active=nbytes > 0)
-        self._record_collective("broadcast", recv.nbytes, root, op_name=op_name)
-        return event, src
-
-    def allgather(self, send: Any, recv: Any, op_name: str = "allgather") -> Work:
-        return self._work(*self._allgather(send, recv, op_name), op_name)
-
-    def _allgather(self, send: Any, recv: Any, op_name: str) -> tuple:
-        src, dst, nbytes = self._contiguous(send), self._buffer(recv, "recv"), int(send.nbytes)
-        ptr = self._ptr
-        event = self._post(op_name, lambda c, s: c.allGather(
-            ptr(src), ptr(dst), nbytes, self._bytes, s), active=nbytes > 0)
-        self._record_collective("allgather", recv.nbytes, op_name=op_name)
-        return event, src
-
-    def _allgatherv_into(self, send: Any, recv: Any, counts: np.ndarray, op_name: str) -> Work:
-        """NCCL has no allgatherv: one grouped broadcast from every rank that has rows.
-
-        Booked like the MPI backend (this rank's rows sent to each of the P-1 others, their rows
-        received), which is what a point-to-point allgatherv moves.
-        """
-        dst = self._buffer(recv, "recv")
-        row = int(np.prod(recv.shape[1:], dtype=np.int64)) * recv.dtype.itemsize
-        nbytes = np.asarray(counts, dtype=np.int64) * row
-        offsets = np.concatenate([[0], np.cumsum(nbytes)]).astype(np.int64)
-        src = self._contiguous(send)
-        if int(src.nbytes) != int(nbytes[self.rank]):
-            raise InvalidArgument("counts", [int(c) for c in counts], f"entry {self.rank} must be "
-                                  f"this rank's row count {send.shape[0]}", rank=self.rank)
-
-        def launch(c: Any, s: int) -> None:
-            base = self._ptr(dst) if dst.nbytes else 0
-            with self._group():
-                for r in np.flatnonzero(nbytes):
-                    block = base + int(offsets[r])
-                    c.broadcast(self._ptr(src) if r == self.rank else block, block,
-                                int(nbytes[r]), self._bytes, int(r), s)
-
-        event = self._post(op_name, launch)
-        self._record_allgatherv(op_name, nbytes)
-        return self._work(event, src, op_name)
-
-    # point to point
-    def _check_peer(self, peer: int, argument: str) -> int:
-        if not 0 <= int(peer) < self.size:
-            raise InvalidArgument(argument, peer, f"peer must be a rank in [0, {self.size})",
-                                  rank=self.rank)
-        return int(peer)
-
-    def exchange(self, sends: Sequence[tuple[int, Any]], recvs: Sequence[tuple[int, Any]],
-                 op_name: str = "exchange") -> Work:
-        """One NCCL group of send/recv on raw bytes; messages to this rank are device copies.
-
-        Zero-byte messages are booked (like MPI's) but not posted: both sides know the size.
-        """
-        local = collections.deque(a for peer, a in sends if self._check_peer(peer, "sends") ==
-                                  self.rank)
-        posted_recvs, posted_sends, staged = [], [], []
-        self.stats.record(op_name)  # the operation shows in by_op even with no remote peer
-        for peer, buf in recvs:
-            if self._check_peer(peer, "recvs") == self.rank:
-                if not local:
-                    raise InvalidArgument("recvs", peer, "a receive from this rank needs a send "
-                                          "to this rank", rank=self.rank)
-                buf[...] = local.popleft()
-                continue
-            dst = buf if buf.flags.c_contiguous else self.xp.empty(buf.shape, buf.dtype)
-            if dst is not buf:
-                staged.append((buf, dst))
-            posted_recvs.append((int(peer), dst))
-            self.stats.record(op_name, received=dst.nbytes, msgs_received=1)
-        for peer, arr in sends:
-            if int(peer) == self.rank:
-                continue
-            src = self._contiguous(arr)
-            posted_sends.append((int(peer), src))
-            self.stats.record(op_name, sent=src.nbytes, msgs_sent=1)
-
-        def launch(c: Any, s: int) -> None:
-            with self._group():
-                for peer, dst in posted_recvs:
-                    if dst.nbytes:
-                        c.recv(self._ptr(dst), int(dst.nbytes), self._bytes, peer, s)
-                for peer, src in posted_sends:
-                    if src.nbytes:
-                        c.send(self._ptr(src), int(src.nbytes), self._bytes, peer, s)
-            for buf, dst in staged:  # stream-ordered after the receives
-                buf[...] = dst
-
-        event = self._post(op_name, launch)
-        return self._work(event, (posted_recvs, posted_sends), op_name)
 
     def barrier(self) -> None:
         """Allreduce one int32 on the device and wait for it (not booked in ``stats``)."""

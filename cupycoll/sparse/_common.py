@@ -16,6 +16,8 @@ import numpy as np
 
 from .._types import ReduceOp, array_namespace
 from ..primitives import combine, merge_sorted
+from ..wire._exchange import gather_entries
+from ..wire._pack import COO, Wire
 
 __all__ = ["reduce_parts", "rank_slices", "allgatherv_entries", "fill_absent", "presence",
            "union_of_presence", "bitmap_or_allreduce", "bitmap_chunk", "canonical_nan"]
@@ -75,27 +77,20 @@ def rank_slices(counts: Sequence[int]) -> list[slice]:
     return [slice(end - int(c), end) for end, c in zip(ends, counts)]
 
 
-def allgatherv_entries(comm: Any, indices: Any, values: Any, op_name: str,
-                       counts: np.ndarray | None = None) -> tuple[Any, Any, np.ndarray]:
-    """Allgatherv indices and rows together: counts first (unless given), then ONE exchange.
+def allgatherv_entries(comm: Any, indices: Any, values: Any, op_name: str, wire: Wire = COO,
+                       lo: int = 0, hi: int = 0) -> tuple[Any, Any, np.ndarray]:
+    """Allgatherv indices and rows together: sizes first, then ONE exchange round.
 
-    Every rank's block is received straight into its slice of the outputs (no staging copy,
-    so the outputs are the only memory), indices and rows as two messages per peer, skipped
-    when that peer has no entries. Returns (all indices, all rows, counts per rank).
+    Each peer's entries arrive as one packed block (:mod:`cupycoll.wire`), skipped when that
+    peer has none; the blocks are concatenated in rank order. Returns (all indices, all rows,
+    counts per rank).
     """
-    xp, rank = comm.xp, comm.rank
-    if counts is None:
-        counts = comm.allgather_counts(int(indices.shape[0]), op_name + ".counts")
-    total = int(counts.sum())
-    all_idx = xp.empty(total, dtype=indices.dtype)
-    all_val = xp.empty((total,) + tuple(values.shape[1:]), dtype=values.dtype)
-    slices = rank_slices(counts)
-    all_idx[slices[rank]], all_val[slices[rank]] = indices, values
-    peers = [(rank + s) % comm.size for s in range(1, comm.size)]
-    sends = [(r, a) for r in peers for a in (indices, values)] if indices.shape[0] else []
-    recvs = [(r, out[slices[r]]) for r in peers if counts[r] for out in (all_idx, all_val)]
-    comm.exchange(sends, recvs, op_name).wait()  # the one wait the result needs
-    return all_idx, all_val, counts
+    parts, counts = gather_entries(comm, indices, values, op_name, wire, lo, hi)
+    if len(parts) == 1:
+        return parts[0][0], parts[0][1], counts
+    xp = comm.xp
+    return (xp.concatenate([a for a, _ in parts]), xp.concatenate([b for _, b in parts]),
+            counts)
 
 
 def presence(indices: Any, n: int) -> Any:

@@ -21,12 +21,14 @@ import numpy as np
 
 from .. import _agreement as agreement
 from ..comm import bus_factor
+from ..wire._model import block_nbytes
+from ..wire._pack import COO, Wire
 
 __all__ = ["Shape", "Cost", "estimate_union", "validation_cost", "VALIDATION_FIELDS"]
 
 #: agreement fields of the validation allreduce (each sent as max(x) and max(-x)); see _validate.
 VALIDATION_FIELDS = ("n", "index_dtype", "value_dtype", "width", "op", "algorithm",
-                     "accumulate_dtype", "async_op")
+                     "accumulate_dtype", "wire", "async_op")
 #: per-rank slots of the validation allreduce: coalesced nnz, error code, offending value.
 VALIDATION_SLOTS = 3
 
@@ -56,6 +58,8 @@ class Shape:
             presence into its allreduce only for sum.
         nodes: node of every rank (see :mod:`cupycoll.comm._topology`), for the node-aware
             algorithms; None = one node.
+        wire: how entries travel (:class:`cupycoll.wire.Wire`: raw or compact indices, values
+            as they are or rounded to 16 bits); ``float_values``: whether rounding applies.
     """
 
     size: int
@@ -67,6 +71,8 @@ class Shape:
     inputs: tuple[np.ndarray, ...] | None = None
     op: str = "sum"
     nodes: tuple[int, ...] | None = None
+    wire: Wire = COO
+    float_values: bool = True
 
     @classmethod
     def from_inputs(cls, inputs: Sequence[np.ndarray], n: int, width: int, index_bytes: int,
@@ -85,6 +91,24 @@ class Shape:
     def entry_bytes(self) -> int:
         """Bytes of one sparse entry: an index and its row."""
         return self.index_bytes + self.row_bytes
+
+    @property
+    def wire_row_bytes(self) -> int:
+        """Bytes of one value row on the wire (2 per value when the wire rounds them)."""
+        rounded = self.wire.values is not None and self.float_values
+        return (2 if rounded else self.value_bytes) * max(self.width, 1)
+
+    @property
+    def size_words(self) -> int:
+        """int64 words per size record of a packed transfer (count, + bytes when compact)."""
+        return 2 if self.wire.compact else 1
+
+    def block_bytes(self, count: int, indices: Any = None, lo: int = 0, hi: int | None = None
+                    ) -> int:
+        """Bytes of one packed block of ``count`` entries with indices in ``[lo, hi)``
+        (exact with ``indices``, else expected for uniformly random ones)."""
+        return block_nbytes(self.wire, count, self.wire_row_bytes, self.index_bytes, indices,
+                            lo, self.n if hi is None else hi)
 
     @property
     def total_nnz(self) -> int:
@@ -178,17 +202,17 @@ class Cost:
             self.book(op, sum(others) * row_bytes, sum(1 for c in others if c))
         return self
 
-    def allgatherv_entries(self, op: str, size: int, rank: int, counts: Sequence[int],
-                           entry_bytes: int) -> "Cost":
-        """``_common.allgatherv_entries``: counts allgather, then indices + rows from every
-        peer with entries (two messages each)."""
-        self.allgather(op + ".counts", size, 8 * size)
-        others = [int(c) for r, c in enumerate(counts) if r != rank and c]
-        return self.book(op, sum(others) * entry_bytes, 2 * len(others))
+    def allgatherv_entries(self, op: str, size: int, rank: int, block_bytes: Sequence[int],
+                           words: int = 1) -> "Cost":
+        """``wire.gather_entries``: a size allgather (``words`` int64 per rank), then one
+        packed block of ``block_bytes[r]`` from every peer with entries (one message each)."""
+        self.allgather(op + ".counts", size, 8 * words * size)
+        others = [int(b) for r, b in enumerate(block_bytes) if r != rank and b]
+        return self.book(op, sum(others), len(others))
 
-    def alltoall_counts(self, op: str, size: int) -> "Cost":
-        """The count exchange before an alltoallv: one int64 from every peer."""
-        return self.book(op, 8 * (size - 1), size - 1)
+    def alltoall_counts(self, op: str, size: int, words: int = 1) -> "Cost":
+        """The size exchange before an alltoallv: ``words`` int64 from every peer."""
+        return self.book(op, 8 * words * (size - 1), size - 1)
 
     def as_dict(self) -> dict[str, Any]:
         return {"bytes_received": self.bytes_received, "messages_received": self.messages_received,

@@ -28,7 +28,10 @@ from .._config import setting
 from .._registry import algorithms
 from .._types import ReduceOp, array_namespace, as_array, parse_op, to_host
 from ..errors import CupycollError, InvalidArgument, InvalidType, MismatchError
-from ..primitives import VALUE_DTYPES, _index_stats, coo_reduce
+from ..primitives import VALUE_DTYPES, coo_reduce
+from ..primitives._checks import _index_stats
+from ..wire._choice import check_wire, check_wire_values, decode_code, wire_code
+from ..wire._pack import COO, Wire
 from ._cost import VALIDATION_FIELDS, Shape
 
 __all__ = ["Prepared", "prepare"]
@@ -41,7 +44,7 @@ _VALUE_CODES = {np.dtype(name): code for code, name in enumerate(_VALUE_NAMES)}
 _OPS = tuple(ReduceOp)
 _OP_CODES = {op: code for code, op in enumerate(_OPS)}
 _ARGUMENTS = ("indices", "values", "n", "op", "algorithm", "accumulate_dtype", "alloc_fn",
-              "completion_fn", "async_op")
+              "completion_fn", "async_op", "wire", "wire_values")
 _TYPE, _VALUE, _RANGE = 1, 2, 3  # error kinds; code = kind * 32 + argument position
 
 
@@ -60,22 +63,27 @@ class Prepared:
     accumulate_dtype: np.dtype
     width: int
     nnz: tuple[int, ...] = ()
+    wire: str = "coo"
+    wire_values: str | None = None
+    format: Wire = COO  # the resolved wire format (after auto)
 
     @property
     def reduce_op(self) -> ReduceOp:
         """The op the algorithms run (avg is a sum divided by P afterwards)."""
         return ReduceOp.SUM if self.op is ReduceOp.AVG else self.op
 
-    def shape(self, size: int) -> Shape:
+    def shape(self, size: int, wire: Wire = COO) -> Shape:
         return Shape(size, self.n, self.width, self.index_dtype.itemsize,
-                     self.accumulate_dtype.itemsize, self.nnz)
+                     self.accumulate_dtype.itemsize, self.nnz, wire=wire,
+                     float_values=self.accumulate_dtype.kind == "f"
+                     and self.accumulate_dtype.itemsize >= 4)
 
     def fields(self, names: list[str]) -> tuple[int, ...]:
         """The agreement fields (see VALIDATION_FIELDS but async_op); ``names`` = the sparse
         algorithms."""
         return (self.n, _INDEX_CODES[self.index_dtype], _VALUE_CODES[self.value_dtype],
                 self.width, _OP_CODES[self.op], names.index(self.algorithm),
-                _VALUE_CODES[self.accumulate_dtype])
+                _VALUE_CODES[self.accumulate_dtype], wire_code(self.wire, self.wire_values))
 
 
 def _length(n: Any, rank: int) -> int:
@@ -163,16 +171,21 @@ def _coalesce(idx: Any, val: Any, op: ReduceOp, acc: np.dtype,
 
 
 def _local(comm: Any, indices: Any, values: Any, n: Any, op: Any, algorithm: Any,
-           accumulate_dtype: Any, alloc_fn: Any, completion_fn: Any, names: list[str]
+           accumulate_dtype: Any, alloc_fn: Any, completion_fn: Any, names: list[str],
+           wire: Any = None, wire_values: Any = None
            ) -> tuple[Prepared | None, CupycollError | None]:
     """Check this rank's arguments and coalesce its input; return (prepared, error)."""
     rank = comm.rank
     try:
         red = parse_op(op, rank=rank)
         name = _algorithm(algorithm, names, rank)
+        wire = check_wire(wire, rank)
+        wire_values = check_wire_values(wire_values, rank)
         length = _length(n, rank)
         idx, val, width = _arrays(comm, indices, values, rank)
         acc = _accumulate(accumulate_dtype, np.dtype(val.dtype), rank)
+        if wire_values is not None and acc == np.float16:
+            acc = np.dtype(np.float32)  # rounded values are accumulated in float32 at least
         for arg, fn in (("alloc_fn", alloc_fn), ("completion_fn", completion_fn)):
             if fn is not None and not callable(fn):
                 raise InvalidType(arg, type(fn).__name__, "a callable or None", rank=rank)
@@ -187,7 +200,7 @@ def _local(comm: Any, indices: Any, values: Any, n: Any, op: Any, algorithm: Any
         error.__cause__ = exc
         return None, error
     return Prepared(idx, val, length, red, name, np.dtype(idx.dtype), value_dtype, acc,
-                    width), None
+                    width, wire=wire, wire_values=wire_values), None
 
 
 def _code(error: CupycollError) -> int:
@@ -225,24 +238,26 @@ def _decode(field: str, value: int) -> str:
         return _OPS[value].value
     if field == "algorithm":
         return algorithms("sparse")[value]
+    if field == "wire":
+        return decode_code(value)
     return str(value)
 
 
 def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm: Any,
             accumulate_dtype: Any, alloc_fn: Any, completion_fn: Any,
-            async_op: bool) -> Prepared:
+            async_op: bool, wire: Any = None, wire_values: Any = None) -> Prepared:
     """Validate collectively and coalesce; raise the same kind of error on every rank.
 
     Raises:
         InvalidType, InvalidArgument: some rank's arguments are bad (that rank and argument are
             named; the rank itself raises its precise error).
-        MismatchError: ranks disagree on n, dtypes, width, op, algorithm, accumulate_dtype or
-            async_op.
+        MismatchError: ranks disagree on n, dtypes, width, op, algorithm, accumulate_dtype,
+            wire, wire_values or async_op.
     """
     p, rank = comm.size, comm.rank
     names = algorithms("sparse")
     prepared, error = _local(comm, indices, values, n, op, algorithm, accumulate_dtype,
-                             alloc_fn, completion_fn, names)
+                             alloc_fn, completion_fn, names, wire, wire_values)
     nf = len(VALIDATION_FIELDS)
     full = agreement.start(comm, "sparse_allreduce")  # room for 2 * nf + VALIDATION_SLOTS * p
     vec = full[agreement.HEADER:agreement.HEADER + 2 * nf + 3 * p]

@@ -5,8 +5,8 @@ sorted and unique, and every rank merges the same parts in the same (rank) order
 is computed by the same left fold everywhere and the result is bitwise identical on all ranks.
 
 Cost per rank (E = index + row bytes): counts allgather (P-1)*8 bytes; then, in one exchange
-round, indices and rows of every other rank with entries (sum of others' nnz) * E, two messages
-per such peer, received straight into the output. Local work: one P-way merge of all P * nnz
+round, indices and rows of every other rank with entries (sum of others' nnz) * E, one packed
+message per such peer (compact wire: (count, bytes) pairs first, and the encoded blocks). Local work: one P-way merge of all P * nnz
 entries. Best for small totals, where its two rounds (after validation) win.
 """
 
@@ -16,7 +16,9 @@ from typing import Any
 
 from .._registry import register
 from .._types import ReduceOp
-from ._common import allgatherv_entries, rank_slices, reduce_parts
+from ..wire._exchange import gather_entries
+from ..wire._pack import COO, Wire
+from ._common import reduce_parts
 from ._cost import Cost, Shape
 
 __all__ = ["allgather", "cost"]
@@ -24,16 +26,14 @@ __all__ = ["allgather", "cost"]
 
 @register("sparse", "allgather")
 def allgather(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
-              accumulate_dtype: Any = None, counts: Any = None) -> tuple[Any, Any]:
-    """Allgatherv indices and values, merge the P parts in rank order (absent counts as 0).
-
-    ``counts``: every rank's nnz when the caller already has them (the count round is skipped).
-    """
-    all_idx, all_val, counts = allgatherv_entries(comm, indices, values, "allgather", counts)
-    parts = [(all_idx[s], all_val[s]) for s in rank_slices(counts)]
+              accumulate_dtype: Any = None, wire: Wire = COO) -> tuple[Any, Any]:
+    """Allgatherv indices and values, merge the P parts in rank order (absent counts as 0)."""
+    parts, _ = gather_entries(comm, indices, values, "allgather", wire, 0, n)
     return reduce_parts(parts, op, accumulate_dtype)
 
 
 def cost(shape: Shape, rank: int) -> Cost:
     """Bytes and messages ``rank`` receives (without the validation allreduce)."""
-    return Cost().allgatherv_entries("allgather", shape.size, rank, shape.nnz, shape.entry_bytes)
+    inputs = shape.inputs or [None] * shape.size
+    blocks = [shape.block_bytes(c, a) for c, a in zip(shape.nnz, inputs)]
+    return Cost().allgatherv_entries("allgather", shape.size, rank, blocks, shape.size_words)

@@ -20,6 +20,7 @@ from ..comm import Communicator, get_comm
 from ..errors import InvalidArgument, InvalidType
 from . import auto as _auto
 from ._common import canonical_nan
+from ..wire._pack import Wire
 from ._validate import Prepared, prepare
 
 __all__ = ["sparse_allreduce", "SparseResult"]
@@ -32,7 +33,8 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
                      accumulate_dtype: Any = None,
                      alloc_fn: Callable[..., tuple[Any, Any]] | None = None,
                      completion_fn: Callable[[Any, Any, Any], Any] | None = None,
-                     fn_ctx: Any = None, async_op: bool = False) -> Any:
+                     fn_ctx: Any = None, async_op: bool = False, wire: str | None = None,
+                     wire_values: str | None = None) -> Any:
     """Reduce sparse (indices, values) over all ranks; every rank gets the identical result.
 
     The result holds the ascending union of all ranks' indices (index dtype as given) and, at
@@ -59,6 +61,12 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
         completion_fn: ``completion_fn(indices, values, fn_ctx)``, called with the result
             (buffers valid during the call only: copy what you keep).
         fn_ctx: user object passed to the callbacks.
+        wire: how sparse entries travel: "coo" (raw indices), "compact" (sorted index streams
+            encoded losslessly: bitwise the same result, fewer bytes), "auto" (default, or
+            ``CUPYCOLL_WIRE``: compact where the cost model says coding pays). See docs/wire.md.
+        wire_values: None, "bfloat16" or "float16": float values travel rounded to nearest
+            even and are summed in float32 (at least) at the receivers; the result is then
+            approximate (still identical on every rank).
         async_op: return a :class:`Work` (``wait()``, ``is_completed()``, ``result()``);
             callbacks run in the thread that waits. On MPI the algorithm runs on a background
             thread over a duplicate of ``comm``, in call order. On NCCL its host part runs in
@@ -70,7 +78,7 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
     Raises:
         InvalidType, InvalidArgument: a bad argument on any rank (raised on every rank, naming
             the rank and argument). MismatchError: ranks disagree on n, dtypes, width, op,
-            algorithm, accumulate_dtype or async_op.
+            algorithm, accumulate_dtype, wire, wire_values or async_op.
     Example::
 
         # rank 0: indices [1, 5], values [1., 2.]    rank 1: indices [5, 7], values [10., 20.]
@@ -81,11 +89,16 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
     with comm.calling("sparse_allreduce"):
         prepared = prepare(comm, indices, values, n, op=op, algorithm=algorithm,
                            accumulate_dtype=accumulate_dtype, alloc_fn=alloc_fn,
-                           completion_fn=completion_fn, async_op=async_op)
+                           completion_fn=completion_fn, async_op=async_op, wire=wire,
+                           wire_values=wire_values)
     name = prepared.algorithm
-    if name == "auto":
-        name = _auto.choose(prepared.shape(comm.size), comm=comm, op=prepared.op)
-    _log.debug("sparse_allreduce: algorithm %s, nnz %s, n %d", name, prepared.nnz, prepared.n)
+    if name == "auto":  # priced with the wire asked for (raw when auto decides it after)
+        asked = Wire(prepared.wire == "compact", prepared.wire_values)
+        name = _auto.choose(prepared.shape(comm.size, asked), comm=comm, op=prepared.op)
+    prepared.format = _auto.choose_wire(name, prepared.shape(comm.size), prepared.wire,
+                                        prepared.wire_values, comm=comm)
+    _log.debug("sparse_allreduce: algorithm %s, wire %s, nnz %s, n %d", name, prepared.format,
+               prepared.nnz, prepared.n)
     fn = lookup("sparse", name, rank=comm.rank)
 
     def deliver(result: tuple[Any, Any]) -> Any:
@@ -100,7 +113,7 @@ def _run(comm: Communicator, prepared: Prepared, fn: Callable) -> tuple[Any, Any
     """Run the algorithm; apply avg and the single cast back to the caller's dtypes."""
     with comm.calling("sparse_allreduce"):
         idx, val = fn(comm, prepared.indices, prepared.values, prepared.n, prepared.reduce_op,
-                      prepared.accumulate_dtype)
+                      prepared.accumulate_dtype, prepared.format)
     xp = comm.xp
     if xp.may_share_memory(val, prepared.values):
         val = val.copy()

@@ -19,9 +19,17 @@ from typing import Any
 from .._registry import lookup, register
 from .._types import ReduceOp
 from . import allgather, dense, hierarchical, mask, recursive_doubling, split
+from ..wire._choice import could_pay, prefer_compact
+from ..wire._pack import COO, Wire
 from ._cost import Cost, Shape, validation_cost
 
-__all__ = ["choose", "auto", "call_cost", "predicted_times", "MODELS"]
+__all__ = ["choose", "choose_wire", "auto", "call_cost", "predicted_times", "MODELS"]
+
+#: recent decisions: (id(profile), shape) -> (profile, name). A training loop repeats shapes, and
+#: pricing five models costs ~1,000 Python calls (milliseconds at large P); the key is the full
+#: agreed shape, so a hit returns exactly what the models would (and the same on every rank).
+_DECISIONS: dict[tuple[int, Shape], tuple[Any, str]] = {}
+_DECISIONS_MAX = 512
 
 #: the cost model of every exact algorithm (bytes and messages received per rank); on a tie the
 #: first wins (split before hierarchical, which costs the same on one node).
@@ -54,17 +62,56 @@ def choose(shape: Shape, profile: Any = None, *, comm: Any = None, op: Any = Non
         from ..comm._topology import node_ids
 
         shape = dataclasses.replace(shape, nodes=node_ids(comm))
-    if profile is None and comm is not None:
-        from ..tuner.profile import profile_for
+    if profile is None:
+        from ..tuner.profile import load_profile, profile_for
 
-        profile = profile_for(comm)
+        profile = profile_for(comm) if comm is not None else load_profile()
+    key = (id(profile), shape) if shape.inputs is None else None
+    hit = _DECISIONS.get(key) if key else None
+    if hit is not None and hit[0] is profile:
+        return hit[1]
     times = predicted_times(shape, profile)
-    return min(times, key=times.__getitem__)
+    name = min(times, key=times.__getitem__)
+    if key:
+        if len(_DECISIONS) >= _DECISIONS_MAX:
+            _DECISIONS.clear()
+        _DECISIONS[key] = (profile, name)
+    return name
+
+
+def choose_wire(name: str, shape: Shape, request: str, values: str | None = None,
+                profile: Any = None, *, comm: Any = None) -> Wire:
+    """The wire format of a call running algorithm ``name`` (``request``: coo, compact, auto).
+
+    ``auto`` takes compact when the bytes it saves on the slowest rank, priced at beta, beat
+    the coding work of about two codings (encode, decode) per entry received, priced at
+    ``gamma["code"]``; ``dense`` moves no sparse entries and keeps coo. Agreed inputs only.
+    """
+    if request == "coo" or name == "dense" or shape.size == 1:
+        return Wire(False, values)
+    if request == "compact":
+        return Wire(True, values)
+    if profile is None:
+        from ..tuner.profile import load_profile, profile_for
+
+        profile = profile_for(comm) if comm is not None else load_profile()
+    if not could_pay(profile, shape.index_bytes):
+        return Wire(False, values)
+    ranks = sorted({min(range(shape.size), key=shape.nnz.__getitem__),
+                    max(range(shape.size), key=shape.nnz.__getitem__)})
+
+    def cost_of(wire: Wire) -> tuple[int, int]:
+        costs = [MODELS[name](dataclasses.replace(shape, wire=wire, inputs=None), r)
+                 for r in ranks]
+        worst = max(c.bytes_received for c in costs)
+        return worst, 2 * worst // max(shape.entry_bytes, 1)
+
+    return Wire(prefer_compact(cost_of, values, profile), values)
 
 
 @register("sparse", "auto")
 def auto(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
-         accumulate_dtype: Any = None) -> tuple[Any, Any]:
+         accumulate_dtype: Any = None, wire: Wire = COO) -> tuple[Any, Any]:
     """Run the algorithm :func:`choose` picks (nnz of every rank gathered first).
 
     ``sparse_allreduce`` does not call this: it already knows every rank's nnz from its
@@ -75,7 +122,7 @@ def auto(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
     shape = Shape(comm.size, n, width, indices.dtype.itemsize, values.dtype.itemsize,
                   tuple(int(c) for c in counts))
     name = choose(shape, comm=comm, op=op)
-    return lookup("sparse", name)(comm, indices, values, n, op, accumulate_dtype)
+    return lookup("sparse", name)(comm, indices, values, n, op, accumulate_dtype, wire)
 
 
 def call_cost(algorithm: str, shape: Shape, rank: int, profile: Any = None) -> Cost:

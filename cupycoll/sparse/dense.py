@@ -12,6 +12,7 @@ zeros), so presence travels with them:
   reduce-scatter by one exchange, then an allgather), overlapped with the values' allreduce.
 
 Values are reduced once by the native allreduce, which gives the same bits on every rank.
+No sparse entries travel, so the wire format (``wire``) does not apply.
 (Presence packed as bit fields into the values' own tail was tried for 1-D: its pack and unpack
 passes cost more on the CPU than the two bitmap rounds they save; see docs/tuning.md.)
 
@@ -48,7 +49,7 @@ def folds_presence(size: int, itemsize: int, op: Any, width: int) -> bool:
 
 @register("sparse", "dense")
 def dense(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
-          accumulate_dtype: Any = None) -> tuple[Any, Any]:
+          accumulate_dtype: Any = None, wire: Any = None) -> tuple[Any, Any]:
     """Allreduce the densified input with its presence (folded for wide rows, else a bitmap)."""
     xp, row = comm.xp, tuple(values.shape[1:])
     width = int(np.prod(row, dtype=np.int64)) if row else 0

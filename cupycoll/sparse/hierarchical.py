@@ -38,9 +38,10 @@ from .._registry import register
 from .._types import ReduceOp, to_host
 from ..comm._group import Group
 from ..comm._topology import Topology, topology
-from . import allgather as _allgather
+from ..wire._exchange import gather_entries
+from ..wire._pack import COO, Wire
 from . import split as _split
-from ._common import allgatherv_entries
+from ._common import allgatherv_entries, reduce_parts
 from ._cost import Cost, Shape
 
 __all__ = ["hierarchical", "cost", "link_costs", "rail_algorithm", "owned", "owner"]
@@ -72,7 +73,7 @@ def rail_algorithm(counts: Sequence[int], span: int, like: Shape, profile: Any) 
     from ..tuner.predict import predict
 
     shape = Shape(len(counts), max(int(span), 1), like.width, like.index_bytes, like.value_bytes,
-                  tuple(int(c) for c in counts))
+                  tuple(int(c) for c in counts), wire=like.wire, float_values=like.float_values)
     link = profile.link("inter")
     times = [predict(name, shape, link) for name in RAIL_ALGORITHMS]
     return RAIL_ALGORITHMS[times.index(min(times))]
@@ -80,17 +81,20 @@ def rail_algorithm(counts: Sequence[int], span: int, like: Shape, profile: Any) 
 
 @register("sparse", "hierarchical")
 def hierarchical(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
-                 accumulate_dtype: Any = None) -> tuple[Any, Any]:
-    """Node reduce-scatter, per-region sparse allreduce between nodes, node allgatherv."""
+                 accumulate_dtype: Any = None, wire: Wire = COO) -> tuple[Any, Any]:
+    """Node reduce-scatter, per-region sparse allreduce between nodes, node allgatherv.
+
+    Every phase moves packed blocks on ``wire`` (compact: each block's indices coded over its
+    region, as split does)."""
     topo = topology(comm)
     if topo.count == 1:  # one node: exactly split (its native collectives included)
-        return _split.split(comm, indices, values, n, op, accumulate_dtype)
+        return _split.split(comm, indices, values, n, op, accumulate_dtype, wire)
     from ..tuner.profile import profile_for
 
     profile = profile_for(comm)  # collective on first use: before any rail starts
     if topo.width == 1:  # one rank per node: one rail of every rank, on its native collectives
         return _rail(comm, indices, values, n, op, accumulate_dtype, np.array([0, n]), 0,
-                     "hierarchical.", profile)
+                     "hierarchical.", profile, wire)
     mine = topo.members[topo.nodes[comm.rank]]
     regions, local = topo.width, Group(comm, mine, "hierarchical.")
     bounds = _split._bounds(comm, indices, n, "hierarchical.samples", regions)
@@ -99,17 +103,18 @@ def hierarchical(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
         cut = [bounds[o.start] for o in (owned(regions, local.size, l) for l in range(local.size))]
         indices, values = _split.reduce_scatter(local, indices, values,
                                                 np.array(cut + [n], dtype=np.int64), op,
-                                                accumulate_dtype, "node")
+                                                accumulate_dtype, "node", wire)
     indices, values = _between_nodes(comm, topo, own, bounds, indices, values, n, op,
-                                     accumulate_dtype, profile)
+                                     accumulate_dtype, profile, wire)
     if local.size > 1:
-        indices, values, _ = allgatherv_entries(local, indices, values, "node.gather")
+        indices, values, _ = allgatherv_entries(local, indices, values, "node.gather", wire,
+                                                int(bounds[own.start]), int(bounds[own.stop]))
     return indices, values
 
 
 def _between_nodes(comm: Any, topo: Topology, own: range, bounds: np.ndarray, indices: Any,
-                   values: Any, n: int, op: ReduceOp, accumulate_dtype: Any, profile: Any
-                   ) -> tuple[Any, Any]:
+                   values: Any, n: int, op: ReduceOp, accumulate_dtype: Any, profile: Any,
+                   wire: Wire) -> tuple[Any, Any]:
     """Step 3 for every region this rank owns, in region order; returns their concatenation."""
     xp = comm.xp
     offsets = [0, int(indices.shape[0])]
@@ -117,7 +122,7 @@ def _between_nodes(comm: Any, topo: Topology, own: range, bounds: np.ndarray, in
         inner = xp.asarray(bounds[own.start + 1:own.stop]).astype(indices.dtype, copy=False)
         offsets[1:1] = to_host(xp.searchsorted(indices, inner)).tolist()
     out = [_rail(Group(comm, rail_members(topo, j), "hierarchical.rail."), indices[a:b],
-                 values[a:b], n, op, accumulate_dtype, bounds, j, "", profile)
+                 values[a:b], n, op, accumulate_dtype, bounds, j, "", profile, wire)
            for j, a, b in zip(own, offsets, offsets[1:])]
     if len(out) == 1:
         return out[0]
@@ -125,15 +130,20 @@ def _between_nodes(comm: Any, topo: Topology, own: range, bounds: np.ndarray, in
 
 
 def _rail(rail: Any, indices: Any, values: Any, n: int, op: ReduceOp, accumulate_dtype: Any,
-          bounds: np.ndarray, region: int, prefix: str, profile: Any) -> tuple[Any, Any]:
-    """Counts, then split or allgather (the model's choice) among the rail's ranks."""
+          bounds: np.ndarray, region: int, prefix: str, profile: Any, wire: Wire
+          ) -> tuple[Any, Any]:
+    """Counts, then split or allgather (the model's choice) among the rail's ranks; allgather
+    reuses the counts (coo; compact exchanges its (count, bytes) pairs as usual)."""
     like = Shape(rail.size, n, int(values.shape[1]) if values.ndim == 2 else 0,
-                 indices.dtype.itemsize, values.dtype.itemsize, ())
+                 indices.dtype.itemsize, values.dtype.itemsize, (), wire=wire,
+                 float_values=values.dtype.kind == "f")
     counts = rail.allgather_counts(int(indices.shape[0]), prefix + "counts")
-    name = rail_algorithm(counts, bounds[region + 1] - bounds[region], like, profile)
+    lo, hi = int(bounds[region]), int(bounds[region + 1])
+    name = rail_algorithm(counts, hi - lo, like, profile)
     if name == "split":
-        return _split.split(rail, indices, values, n, op, accumulate_dtype)
-    return _allgather.allgather(rail, indices, values, n, op, accumulate_dtype, counts)
+        return _split.split(rail, indices, values, n, op, accumulate_dtype, wire)
+    parts, _ = gather_entries(rail, indices, values, "allgather", wire, lo, hi, counts)
+    return reduce_parts(parts, op, accumulate_dtype)
 
 
 # ------------------------------------------------------------------------------ cost model
@@ -148,15 +158,19 @@ class _Counter:
         return np.unique(np.concatenate([x[(x >= a) & (x < b)] for x in
                                          (self.shape.inputs[r] for r in ranks)]))
 
-    def rank(self, r: int, lo: int, hi: int) -> int:
-        if self.bounds is None:
-            return self.shape.nnz[r] * (hi - lo) // self.regions
-        return int(self._within([r], lo, hi).size)
-
     def union(self, ranks: Sequence[int], lo: int, hi: int) -> int:
         if self.bounds is None:
             return self.shape.union_of(ranks) * (hi - lo) // self.regions
         return int(self._within(ranks, lo, hi).size)
+
+    def block(self, ranks: Sequence[int], lo: int, hi: int) -> int:
+        """Packed bytes of the union of ``ranks``' entries in regions ``[lo, hi)``, coded over
+        those regions (the algorithm's block)."""
+        if self.bounds is None:
+            span = self.shape.n // self.regions * (hi - lo)
+            return self.shape.block_bytes(self.union(ranks, lo, hi), None, 0, span)
+        a = self._within(ranks, lo, hi)
+        return self.shape.block_bytes(a.size, a, int(self.bounds[lo]), int(self.bounds[hi]))
 
     def node_inputs(self, region: int) -> tuple[np.ndarray, ...] | None:
         if self.bounds is None:
@@ -172,9 +186,9 @@ def _p2p(sub: Cost, prefix: str) -> Cost:
     return out
 
 
-def _gather(size: int, rank: int, counts: Sequence[int], entry_bytes: int, op: str) -> Cost:
-    """A group's allgatherv_entries (its counts allgather is point-to-point too)."""
-    return _p2p(Cost().allgatherv_entries(op, size, rank, counts, entry_bytes), "")
+def _gather(size: int, rank: int, blocks: Sequence[int], words: int, op: str) -> Cost:
+    """A group's allgatherv_entries (its size allgather is point-to-point too)."""
+    return _p2p(Cost().allgatherv_entries(op, size, rank, blocks, words), "")
 
 
 def link_costs(shape: Shape, rank: int, profile: Any = None
@@ -195,11 +209,11 @@ def link_costs(shape: Shape, rank: int, profile: Any = None
         inter.allgather("hierarchical.counts", p, 8 * p)
         name = rail_algorithm(shape.nnz, shape.n, shape, profile)
         inter.add(_split.cost(shape, rank) if name == "split"
-                  else _allgather_cost(shape.nnz, rank, shape.entry_bytes))
+                  else _allgather_cost(shape, rank, 0, shape.n))
         return intra, inter, [(name, shape, rank)]
     regions, node = topo.width, topo.nodes[rank]
     mine = topo.members[node]
-    size, local, e = len(mine), mine.index(rank), shape.entry_bytes
+    size, local, words = len(mine), mine.index(rank), shape.size_words
     intra.allgather("hierarchical.samples", p, p * (_split.SAMPLES + 1) * 8)
     bounds = None
     if shape.inputs is not None:
@@ -208,9 +222,9 @@ def link_costs(shape: Shape, rank: int, profile: Any = None
     count = _Counter(shape, topo, bounds)
     own = owned(regions, size, local)
     if size > 1:
-        got = [count.rank(m, own.start, own.stop) for m in mine if m != rank]
-        intra.alltoall_counts("hierarchical.node.counts", size)
-        intra.book("hierarchical.node.scatter", sum(got) * e, 2 * sum(1 for g in got if g))
+        got = [count.block([m], own.start, own.stop) for m in mine if m != rank]
+        intra.alltoall_counts("hierarchical.node.counts", size, words)
+        intra.book("hierarchical.node.scatter", sum(got), sum(1 for g in got if g))
     for j in own:
         nnz = [count.union(m, j, j + 1) for m in topo.members]
         span = bounds[j + 1] - bounds[j] if bounds is not None else shape.n // regions
@@ -218,21 +232,28 @@ def link_costs(shape: Shape, rank: int, profile: Any = None
         q = len(nnz)
         inter.add(_p2p(Cost().allgather("counts", q, 8 * q), "hierarchical.rail."))
         rail = Shape(q, shape.n if bounds is not None else max(span, 1), shape.width,
-                     shape.index_bytes, shape.value_bytes, tuple(nnz), count.node_inputs(j))
-        sub = _split.cost(rail, node) if name == "split" else _allgather_cost(nnz, node, e)
+                     shape.index_bytes, shape.value_bytes, tuple(nnz), count.node_inputs(j),
+                     wire=shape.wire, float_values=shape.float_values)
+        lo, hi = (int(bounds[j]), int(bounds[j + 1])) if bounds is not None else (0, rail.n)
+        sub = _split.cost(rail, node) if name == "split" else _allgather_cost(rail, node, lo, hi)
         inter.add(_p2p(sub, "hierarchical.rail."))
         rails.append((name, rail, node))
     if size > 1:
-        unions = [count.union(range(p), o.start, o.stop)
+        blocks = [count.block(range(p), o.start, o.stop)
                   for o in (owned(regions, size, l) for l in range(size))]
-        intra.add(_gather(size, local, unions, e, "hierarchical.node.gather"))
+        intra.add(_gather(size, local, blocks, words, "hierarchical.node.gather"))
     return intra, inter, rails
 
 
-def _allgather_cost(nnz: Sequence[int], rank: int, entry_bytes: int) -> Cost:
-    """allgather with the counts already known (no count round)."""
-    others = [int(c) for k, c in enumerate(nnz) if k != rank]
-    return Cost().book("allgather", sum(others) * entry_bytes, 2 * sum(1 for c in others if c))
+def _allgather_cost(shape: Shape, rank: int, lo: int, hi: int) -> Cost:
+    """A rail's allgather of blocks coded over ``[lo, hi)``: coo reuses the rail's counts (no
+    size round), compact exchanges its (count, bytes) pairs first."""
+    inputs = shape.inputs or [None] * shape.size
+    blocks = [shape.block_bytes(c, a, lo, hi) for c, a in zip(shape.nnz, inputs)]
+    if shape.wire.compact:
+        return Cost().allgatherv_entries("allgather", shape.size, rank, blocks, 2)
+    others = [b for k, b in enumerate(blocks) if k != rank and b]
+    return Cost().book("allgather", sum(others), len(others))
 
 
 def cost(shape: Shape, rank: int, profile: Any = None) -> Cost:

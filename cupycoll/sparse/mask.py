@@ -7,7 +7,8 @@ entries, so it suits wide embedding rows; each value is reduced once by the allr
 gives the same bits on every rank.
 
 Cost per rank (U = union size, R = row bytes, I = index bytes): counts allgather (P-1)*8; the
-other ranks' indices (sum of others' nnz) * I in P-1 messages; allreduce of U*R bytes booked
+other ranks' indices (sum of others' nnz) * I in P-1 messages (compact wire: (count, bytes)
+pairs, then the encoded streams; values never travel sparse, so rounding does not apply); allreduce of U*R bytes booked
 as floor(2(P-1)/P * U*R) in 2(P-1) messages. Local work: a union of P*nnz indices, one scatter.
 """
 
@@ -20,6 +21,9 @@ import numpy as np
 from .._registry import register
 from .._types import ReduceOp
 from ..primitives import merge_sorted
+from ..wire._exchange import gather_entries
+from ..wire._model import block_nbytes
+from ..wire._pack import COO, Wire
 from ._common import rank_slices
 from ._cost import Cost, Shape
 
@@ -28,12 +32,18 @@ __all__ = ["mask", "cost"]
 
 @register("sparse", "mask")
 def mask(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
-         accumulate_dtype: Any = None) -> tuple[Any, Any]:
+         accumulate_dtype: Any = None, wire: Wire = COO) -> tuple[Any, Any]:
     """Allgatherv the indices, zero-fill the union rows with local values, allreduce them."""
     xp = comm.xp
-    all_idx, counts = comm.allgatherv(indices, op_name="mask.indices")
-    marks = xp.zeros(all_idx.shape[0], dtype=np.int32)  # merge_sorted needs values: dummies
-    union, _ = merge_sorted([(all_idx[s], marks[s]) for s in rank_slices(counts)],
+    if wire.compact:  # encoded index streams (blocks without values)
+        nothing = xp.empty((indices.shape[0], 0), dtype=np.int32)
+        parts, _ = gather_entries(comm, indices, nothing, "mask.indices", wire, 0, n)
+        sets = [a for a, _ in parts]
+    else:
+        all_idx, counts = comm.allgatherv(indices, op_name="mask.indices")
+        sets = [all_idx[s] for s in rank_slices(counts)]
+    marks = xp.zeros(max(int(a.shape[0]) for a in sets), dtype=np.int32)  # merge needs values
+    union, _ = merge_sorted([(a, marks[:a.shape[0]]) for a in sets],
                             checked=False)  # coalesced inputs
     rows = xp.zeros((union.shape[0],) + tuple(values.shape[1:]), dtype=values.dtype)
     rows[xp.searchsorted(union, indices)] = values
@@ -44,5 +54,11 @@ def mask(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
 def cost(shape: Shape, rank: int) -> Cost:
     """Bytes and messages ``rank`` receives (without the validation allreduce)."""
     c = Cost()
-    c.allgatherv("mask.indices", shape.size, rank, shape.nnz, shape.index_bytes)
+    if shape.wire.compact:
+        inputs = shape.inputs or [None] * shape.size
+        blocks = [block_nbytes(shape.wire, k, 0, shape.index_bytes, a, 0, shape.n)
+                  for k, a in zip(shape.nnz, inputs)]
+        c.allgatherv_entries("mask.indices", shape.size, rank, blocks, shape.size_words)
+    else:
+        c.allgatherv("mask.indices", shape.size, rank, shape.nnz, shape.index_bytes)
     return c.allreduce("mask.allreduce", shape.size, shape.union * shape.row_bytes)

@@ -15,8 +15,10 @@ dense and stays dense. ``DELTA`` = 1 switches at equal bytes, i.e. at union dens
 (R + 1/8) / (I + R): about 0.52 for float32 values and int32 indices. Both partners see the same
 merged nnz, so they switch together.
 
-Cost per rank and round: an 8-byte header (nnz, or -1 for dense) and the partner's partial
-result (|union of its group| * E, or n*R + ceil(n/8) when dense), 1 + 2 messages. Total
+Cost per rank and round: an 8-byte header (nnz, or -1 for dense; compact wire: + the block's
+bytes, 16 bytes) and the partner's partial result as one packed block (|union of its group| * E,
+or n*R + ceil(n/8) when dense), 1 + 1 messages. Partners merge the values as they travel
+(rounded when the wire rounds them), so both hold the same bits. Total
 about log2(P) rounds with the union growing each round: best at small sizes, latency bound.
 """
 
@@ -29,6 +31,8 @@ import numpy as np
 from .._registry import register
 from .._types import ReduceOp, to_host
 from ..primitives import combine, densify, gather
+from ..wire._pack import (COO, Packed, Wire, coo_nbytes, pack, pack_dense, unpack,
+                          unpack_dense, value_nbytes)
 from ._common import presence, reduce_parts, union_of_presence
 from ._cost import Cost, Shape
 
@@ -37,6 +41,11 @@ __all__ = ["recursive_doubling", "cost", "DELTA", "prefer_dense"]
 #: switch to dense when sparse bytes exceed DELTA * dense bytes (1.0: at equal bytes).
 DELTA = 1.0
 _OP = "recursive_doubling"
+
+
+def dense_nbytes(n: int, row: tuple, dtype: Any, wire: Wire) -> int:
+    """Bytes of a dense state's block: the rows over n (on the wire) and the bitmap."""
+    return value_nbytes(n, row, dtype, wire) + (n + 7) // 8
 
 
 def prefer_dense(nnz: int, n: int, index_bytes: int, row_bytes: int) -> bool:
@@ -51,11 +60,14 @@ class _State:
     def __init__(self, dense: bool, first: Any, second: Any) -> None:
         self.dense, self.first, self.second = dense, first, second
 
-    def header(self) -> int:
-        return -1 if self.dense else int(self.first.shape[0])
-
-    def wire(self, xp: Any) -> list[Any]:
-        return [self.first, xp.packbits(self.second) if self.dense else self.second]
+    def pack(self, xp: Any, n: int, wire: Wire) -> tuple[Packed, "_State"]:
+        """This state as one packed block, and the state as the partner will see it (values
+        rounded when the wire rounds: both partners then merge the same numbers)."""
+        if self.dense:
+            block = pack_dense(xp, self.first, xp.packbits(self.second), wire)
+            return block, _State(True, block.values, self.second)
+        block = pack(xp, self.first, self.second, wire, 0, n)
+        return block, _State(False, self.first, block.values)
 
 
 def _as_dense(state: _State, n: int) -> _State:
@@ -68,8 +80,8 @@ class _Rounds:
     """The per-call context of the rounds (communicator, n, row shape, op) and their steps."""
 
     def __init__(self, comm: Any, n: int, op: ReduceOp, index_dtype: Any, values: Any,
-                 accumulate_dtype: Any) -> None:
-        self.comm, self.xp, self.n, self.op = comm, comm.xp, n, op
+                 accumulate_dtype: Any, wire: Wire) -> None:
+        self.comm, self.xp, self.n, self.op, self.wire = comm, comm.xp, n, op, wire
         self.index_dtype, self.value_dtype = index_dtype, values.dtype
         self.row = tuple(values.shape[1:])
         self.row_bytes = values.dtype.itemsize * max(int(np.prod(self.row, dtype=np.int64)), 1)
@@ -84,31 +96,36 @@ class _Rounds:
             return _as_dense(state, self.n)
         return state
 
-    def _empty(self, header: int) -> list[Any]:
-        xp = self.xp
-        if header < 0:
-            return [xp.empty((self.n,) + self.row, self.value_dtype),
-                    xp.empty((self.n + 7) // 8, np.uint8)]
-        return [xp.empty(header, self.index_dtype),
-                xp.empty((header,) + self.row, self.value_dtype)]
-
     def transfer(self, state: _State | None, send_to: int | None, recv_from: int | None
-                 ) -> _State | None:
-        """Send ``state`` to ``send_to`` and/or receive a state from ``recv_from``."""
-        comm, xp = self.comm, self.xp
-        mine = xp.asarray([state.header() if state is not None else 0], dtype=np.int64)
-        theirs = xp.empty(1, dtype=np.int64)
+                 ) -> tuple[_State | None, _State | None]:
+        """Send ``state`` to ``send_to`` and/or receive a state from ``recv_from``: a header
+        (nnz or -1 for dense; + the block's bytes on the compact wire), then one packed block.
+        Returns (``state`` as sent, the state received)."""
+        comm, xp, wire = self.comm, self.xp, self.wire
+        words = 2 if wire.compact else 1
+        block = None
+        if send_to is not None:
+            block, state = state.pack(xp, self.n, wire)
+        head = [block.count, int(block.buf.shape[0])] if block is not None else [0, 0]
+        mine = xp.asarray(head[:words], dtype=np.int64)
+        theirs = xp.empty(words, dtype=np.int64)
         sends = [(send_to, mine)] if send_to is not None else []
         recvs = [(recv_from, theirs)] if recv_from is not None else []
         comm.exchange(sends, recvs, _OP + ".counts").wait()
-        bufs = self._empty(int(to_host(theirs)[0])) if recv_from is not None else []
-        payload = state.wire(xp) if send_to is not None else []
-        comm.exchange([(send_to, a) for a in payload], [(recv_from, b) for b in bufs], _OP).wait()
+        got = [int(v) for v in to_host(theirs)] if recv_from is not None else [0, 0]
+        nbytes = got[1] if wire.compact else (
+            dense_nbytes(self.n, self.row, self.value_dtype, wire) if got[0] < 0 else
+            coo_nbytes(got[0], self.row, self.index_dtype, self.value_dtype, wire))
+        buf = xp.empty(nbytes, dtype=np.uint8)
+        comm.exchange([(send_to, block.buf)] if block is not None else [],
+                      [(recv_from, buf)] if recv_from is not None else [], _OP).wait()
         if recv_from is None:
-            return None
-        if int(to_host(theirs)[0]) < 0:
-            return _State(True, bufs[0], xp.unpackbits(bufs[1])[:self.n].view(bool))
-        return _State(False, bufs[0], bufs[1])
+            return state, None
+        if got[0] < 0:
+            rows, bits = unpack_dense(buf, self.n, self.row, self.value_dtype, wire)
+            return state, _State(True, rows, xp.unpackbits(bits)[:self.n].view(bool))
+        return state, _State(False, *unpack(buf, got[0], self.row, self.index_dtype,
+                                            self.value_dtype, wire))
 
     def merge(self, lower: _State, higher: _State) -> _State:
         """Combine two partial results of disjoint groups, lower rank's first."""
@@ -128,64 +145,63 @@ class _Rounds:
 
 @register("sparse", "recursive_doubling")
 def recursive_doubling(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
-                       accumulate_dtype: Any = None) -> tuple[Any, Any]:
+                       accumulate_dtype: Any = None, wire: Wire = COO) -> tuple[Any, Any]:
     """Pairwise exchange-and-merge in log2(P) rounds, folding non-power-of-two ranks in and out."""
     p, rank = comm.size, comm.rank
-    pair = _Rounds(comm, n, op, indices.dtype, values, accumulate_dtype)
+    pair = _Rounds(comm, n, op, indices.dtype, values, accumulate_dtype, wire)
     state = pair.start(indices, values)
     p2 = 1 << (p.bit_length() - 1)
     if rank >= p2:  # fold in, then wait for the result
         pair.transfer(state, rank - p2, None)
-        return pair.finish(pair.transfer(None, None, rank - p2))
+        return pair.finish(pair.transfer(None, None, rank - p2)[1])
     if rank + p2 < p:
-        state = pair.merge(state, pair.transfer(None, None, rank + p2))
+        state = pair.merge(state, pair.transfer(None, None, rank + p2)[1])
     d = 1
     while d < p2:
         peer = rank ^ d
-        other = pair.transfer(state, peer, peer)
+        state, other = pair.transfer(state, peer, peer)
         state = pair.merge(state, other) if rank < peer else pair.merge(other, state)
         d <<= 1
     if rank + p2 < p:
-        pair.transfer(state, rank + p2, None)
+        state = pair.transfer(state, rank + p2, None)[0]
+    elif p > 1 and wire.rounds(state.first.dtype if state.dense else state.second.dtype):
+        state = state.pack(comm.xp, n, wire)[1]  # as a fold-out partner would receive it
     return pair.finish(state)
 
 
 def cost(shape: Shape, rank: int) -> Cost:
     """Bytes and messages ``rank`` receives (without the validation allreduce).
 
-    Group unions are exact when ``shape.inputs`` is given, else estimated.
+    Group unions are exact when ``shape.inputs`` is given, else estimated. A group's state is
+    dense iff its union prefers dense: unions only grow as groups merge and
+    :func:`prefer_dense` is monotone in the size, so a dense part always makes a dense whole.
+    Only the ~log2 P groups this rank receives are priced (O(P log P), not O(P^2 log P)).
     """
     p, c = shape.size, Cost()
     p2 = 1 << (p.bit_length() - 1)
-    dense_bytes = shape.n * shape.row_bytes + (shape.n + 7) // 8
+    dense_bytes = shape.n * shape.wire_row_bytes + (shape.n + 7) // 8
 
-    def state(group: frozenset[int], was_dense: bool) -> tuple[bool, int]:
-        size = shape.union_of(sorted(group))
-        dense = was_dense or prefer_dense(size, shape.n, shape.index_bytes, shape.row_bytes)
-        return dense, dense_bytes if dense else size * shape.entry_bytes
+    def receive(group: list[int]) -> None:
+        size = shape.union_of(group)
+        c.book(_OP + ".counts", 8 * shape.size_words, 1)
+        if prefer_dense(size, shape.n, shape.index_bytes, shape.row_bytes):
+            c.book(_OP, dense_bytes, 1)
+            return
+        union = (np.unique(np.concatenate([shape.inputs[r] for r in group]))
+                 if shape.inputs is not None else None)
+        c.book(_OP, shape.block_bytes(size, union), 1)
 
-    def receive(group: frozenset[int], dense: bool) -> None:
-        c.book(_OP + ".counts", 8, 1)
-        c.book(_OP, state(group, dense)[1], 2)
+    def block(first: int, count: int) -> list[int]:
+        """The ranks behind virtual ranks [first, first + count) after the fold-in."""
+        return [r for v in range(first, first + count) for r in (v, v + p2) if r < p]
 
-    groups = {r: frozenset([r]) for r in range(p)}
-    dense = {r: state(groups[r], False)[0] for r in range(p)}
-    for r in range(p2, p):  # fold in
-        if rank == r - p2:
-            receive(groups[r], dense[r])
-        groups[r - p2] = groups[r - p2] | groups[r]
-        dense[r - p2] = state(groups[r - p2], dense[r - p2] or dense[r])[0]
+    if rank >= p2:  # folded in: receives only the final result
+        receive(list(range(p)))
+        return c
+    if rank + p2 < p:  # fold in
+        receive([rank + p2])
     d = 1
     while d < p2:
-        new_groups, new_dense = dict(groups), dict(dense)
-        for r in range(p2):
-            peer = r ^ d
-            if r == rank:
-                receive(groups[peer], dense[peer])
-            new_groups[r] = groups[r] | groups[peer]
-            new_dense[r] = state(new_groups[r], dense[r] or dense[peer])[0]
-        groups, dense = new_groups, new_dense
+        receive(block(((rank ^ d) // d) * d, d))
         d <<= 1
-    if rank >= p2:  # fold out
-        receive(groups[rank - p2], dense[rank - p2])
     return c

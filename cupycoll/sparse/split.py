@@ -7,15 +7,18 @@ SparCML's split-allgather and Ok-Topk's phase 1, exact:
    ``[b_r, b_{r+1})`` from the weighted quantiles of the samples, so each region holds about
    1/P of all entries whatever the indices' distribution (clustered or skewed).
 2. Reduce-scatter: rank r owns region r. Counts go first (one int64 per peer), then every rank
-   posts its slice of region r+s to rank r+s for s = 1..P-1 (rotated destinations, one batch).
+   posts its slice of region r+s to rank r+s for s = 1..P-1 (rotated destinations, one batch),
+   indices and rows packed in one message (:mod:`cupycoll.wire`; compact wire: (count, bytes)
+   pairs go first, and each slice's index stream is encoded over its region).
    The owner merges the P slices in rank order (absent counting as 0).
 3. Allgatherv of the reduced regions (counts, then indices and rows in one exchange round,
    straight into the output): concatenated in rank order they are the sorted result, and each
    value was computed once, by its owner, so every rank has the same bits.
 
 Cost per rank (E = index + row bytes): samples (P-1)*(SAMPLES+1)*8; counts (P-1)*8; the other
-ranks' slices of this rank's region * E (two messages per non-empty slice); the allgatherv
-counts (P-1)*8 and (union - own region's union) * E (two messages per non-empty region).
+ranks' slices of this rank's region * E (one message per non-empty slice); the allgatherv
+counts (P-1)*8 and (union - own region's union) * E (one message per non-empty region).
+Compact wire: 16 bytes per size record and the encoded index bytes in place of I per entry.
 Balanced, that is about (N/P + U)(P-1)/P * E for N total entries: less than allgather as soon
 as indices overlap, with a P-times smaller local merge.
 """
@@ -27,7 +30,9 @@ from typing import Any
 import numpy as np
 
 from .._registry import register
-from .._types import ReduceOp
+from .._types import ReduceOp, to_host
+from ..wire._exchange import exchange_sizes, post_blocks
+from ..wire._pack import COO, Wire, pack, unpack
 from ._common import allgatherv_entries, reduce_parts
 from ._cost import Cost, Shape
 
@@ -80,56 +85,79 @@ def _bounds(comm: Any, indices: Any, n: int, op_name: str = "split.samples",
     return region_bounds(samples.reshape(comm.size, SAMPLES + 1), n, parts)
 
 
-def _counts(comm: Any, indices: Any, bounds: np.ndarray, op_name: str = "split.counts"
-            ) -> tuple[list[int], np.ndarray]:
-    """Offsets of the P regions in sorted ``indices`` (P+1 host ints, first 0, last nnz) and
-    the number of entries every rank sends this one: one host read for both."""
+def _cuts(comm: Any, indices: Any, bounds: np.ndarray) -> Any:
+    """Device offsets of the P regions in sorted ``indices`` (P+1 int64, first 0, last nnz)."""
     xp = comm.xp
     inner = xp.asarray(bounds[1:-1]).astype(indices.dtype, copy=False)  # sample values: fit
     cuts = xp.zeros(comm.size + 1, dtype=np.int64)
     cuts[1:-1] = xp.searchsorted(indices, inner)
     cuts[-1] = indices.shape[0]
-    sent, received = comm.alltoall_device_counts(xp.diff(cuts), op_name)
-    return [0] + np.cumsum(sent).tolist(), received
+    return cuts
+
+
+def _scatter(comm: Any, indices: Any, values: Any, bounds: np.ndarray, wire: Wire,
+             name: str = "split") -> list[tuple[Any, Any]]:
+    """Send every region's slice to its owner as one packed block; return the P slices of
+    this rank's region in rank order (sizes first: one host read for coo, two for compact).
+    Booked as ``<name>.counts`` and ``<name>.scatter``."""
+    p, rank, xp = comm.size, comm.rank, comm.xp
+    row = tuple(values.shape[1:])
+    cuts_d = _cuts(comm, indices, bounds)
+    blocks, sizes = {}, xp.diff(cuts_d)
+    if wire.compact:  # the encoded sizes must be known before the size exchange
+        cuts = [int(c) for c in to_host(cuts_d)]
+        blocks = {d: pack(xp, indices[cuts[d]:cuts[d + 1]], values[cuts[d]:cuts[d + 1]], wire,
+                          int(bounds[d]), int(bounds[d + 1]))
+                  for d in range(p) if d != rank and cuts[d + 1] > cuts[d]}
+        sizes = np.diff(cuts)
+    sent, counts, nbytes = exchange_sizes(comm, sizes, blocks, wire, row,
+                                          indices.dtype, values.dtype, name + ".counts")
+    cuts = [0] + np.cumsum(sent).tolist()
+    if not wire.compact:
+        blocks = {d: pack(xp, indices[cuts[d]:cuts[d + 1]], values[cuts[d]:cuts[d + 1]], wire)
+                  for d in range(p) if d != rank and sent[d]}
+    order = [(rank + s) % p for s in range(1, p)]  # rotated destinations
+    work, slots = post_blocks(comm, {d: blocks[d] for d in order if d in blocks},
+                              [(rank - s) % p for s in range(1, p)], counts, nbytes,
+                              name + ".scatter")
+    comm.stream_order(work)
+    parts = []
+    for r in range(p):
+        if r == rank:
+            parts.append((indices[cuts[r]:cuts[r + 1]], values[cuts[r]:cuts[r + 1]]))
+        elif r in slots:
+            parts.append(unpack(slots[r], int(counts[r]), row, indices.dtype, values.dtype,
+                                wire))
+        else:
+            parts.append((indices[:0], values[:0]))
+    return parts
 
 
 @register("sparse", "split")
 def split(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
-          accumulate_dtype: Any = None) -> tuple[Any, Any]:
+          accumulate_dtype: Any = None, wire: Wire = COO) -> tuple[Any, Any]:
     """Reduce-scatter balanced index regions to their owners, then allgatherv the regions."""
-    if comm.size == 1:
+    p, rank = comm.size, comm.rank
+    if p == 1:
         return indices, values
-    own_idx, own_val = reduce_scatter(comm, indices, values, _bounds(comm, indices, n), op,
-                                      accumulate_dtype)
-    all_idx, all_val, _ = allgatherv_entries(comm, own_idx, own_val, "split.gather")
+    bounds = _bounds(comm, indices, n)
+    own_idx, own_val = reduce_scatter(comm, indices, values, bounds, op, accumulate_dtype,
+                                      wire=wire)
+    all_idx, all_val, _ = allgatherv_entries(comm, own_idx, own_val, "split.gather", wire,
+                                             int(bounds[rank]), int(bounds[rank + 1]))
     return all_idx, all_val
 
 
 def reduce_scatter(comm: Any, indices: Any, values: Any, bounds: np.ndarray, op: ReduceOp,
-                   accumulate_dtype: Any = None, name: str = "split") -> tuple[Any, Any]:
+                   accumulate_dtype: Any = None, name: str = "split", wire: Wire = COO
+                   ) -> tuple[Any, Any]:
     """Phase 2: rank r gets region ``[bounds[r], bounds[r+1])`` reduced over all ranks.
 
     Booked as ``<name>.counts`` and ``<name>.scatter``; the hierarchical algorithm runs it
     among the ranks of a node.
     """
-    p, rank, xp = comm.size, comm.rank, comm.xp
-    cuts, recv_counts = _counts(comm, indices, bounds, name + ".counts")
-    send_counts = [cuts[r + 1] - cuts[r] for r in range(p)]
-    row = tuple(values.shape[1:])
-    parts: list[tuple[Any, Any]] = [None] * p  # type: ignore[list-item]
-    parts[rank] = (indices[cuts[rank]:cuts[rank + 1]], values[cuts[rank]:cuts[rank + 1]])
-    sends, recvs = [], []
-    for s in range(1, p):
-        dst, src = (rank + s) % p, (rank - s) % p
-        if send_counts[dst]:
-            a, b = cuts[dst], cuts[dst + 1]
-            sends += [(dst, indices[a:b]), (dst, values[a:b])]
-        count = int(recv_counts[src])
-        parts[src] = (xp.empty(count, dtype=indices.dtype), xp.empty((count,) + row, values.dtype))
-        if count:
-            recvs += [(src, parts[src][0]), (src, parts[src][1])]
-    comm.stream_order(comm.exchange(sends, recvs, name + ".scatter"))
-    return reduce_parts(parts, op, accumulate_dtype)
+    return reduce_parts(_scatter(comm, indices, values, bounds, wire, name), op,
+                        accumulate_dtype)
 
 
 def cost(shape: Shape, rank: int) -> Cost:
@@ -142,19 +170,21 @@ def cost(shape: Shape, rank: int) -> Cost:
     if p == 1:
         return c
     c.allgather("split.samples", p, p * (SAMPLES + 1) * 8)
-    c.alltoall_counts("split.counts", p)
+    c.alltoall_counts("split.counts", p, shape.size_words)
     if shape.inputs is not None:
         samples = np.stack([local_samples(a) for a in shape.inputs])
         bounds = region_bounds(samples, shape.n)
-        slices = [a[(a >= bounds[rank]) & (a < bounds[rank + 1])] for a in shape.inputs]
-        got = [s.size for r, s in enumerate(slices) if r != rank]
-        c.book("split.scatter", sum(got) * shape.entry_bytes, 2 * sum(1 for g in got if g))
-        region_union = [np.unique(np.concatenate(
-            [a[(a >= bounds[q]) & (a < bounds[q + 1])] for a in shape.inputs])).size
-            for q in range(p)]
+        lo, hi = int(bounds[rank]), int(bounds[rank + 1])
+        got = [shape.block_bytes(s.size, s, lo, hi) for r, s in enumerate(
+            a[(a >= lo) & (a < hi)] for a in shape.inputs) if r != rank]
+        unions = [np.unique(np.concatenate([a[(a >= bounds[q]) & (a < bounds[q + 1])]
+                                            for a in shape.inputs])) for q in range(p)]
+        gathered = [shape.block_bytes(u.size, u, int(bounds[q]), int(bounds[q + 1]))
+                    for q, u in enumerate(unions)]
     else:
-        share = [k // p for k in shape.nnz]
-        got = [share[r] for r in range(p) if r != rank]
-        c.book("split.scatter", sum(got) * shape.entry_bytes, 2 * sum(1 for g in got if g))
-        region_union = [shape.union // p] * p
-    return c.allgatherv_entries("split.gather", p, rank, region_union, shape.entry_bytes)
+        span = shape.n // p
+        got = [shape.block_bytes(shape.nnz[r] // p, None, 0, span)
+               for r in range(p) if r != rank]
+        gathered = [shape.block_bytes(shape.union // p, None, 0, span)] * p
+    c.book("split.scatter", sum(got), sum(1 for g in got if g))
+    return c.allgatherv_entries("split.gather", p, rank, gathered, shape.size_words)

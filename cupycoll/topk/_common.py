@@ -43,11 +43,15 @@ class TopkOutcome(NamedTuple):
     ``included``: ascending indices of this rank's entries whose full value is inside
     ``result.values`` (the compressor zeroes exactly these in the residual).
     ``selection``: this rank's local selection (for diagnostics).
+    ``remainders``: (indices, values) pairs, each with unique indices, that this rank adds back
+    into its residual after zeroing ``included``: the rounding errors of the values it sent
+    that reached the result (``wire_values``), so error feedback keeps every bit of mass.
     """
 
     result: SparseResult
     included: Any
     selection: Selection
+    remainders: tuple = ()
 
 
 @dataclasses.dataclass
@@ -55,7 +59,10 @@ class TopkState:
     """What a sequence of top-k allreduce calls carries from one call to the next.
 
     Attributes:
-        tau: Ok-Topk repartitions the regions when ``step % tau == 0``.
+        tau: Ok-Topk repartitions the regions when ``step % tau == 0``; ``"auto"`` (default)
+            repartitions every step when the regions' expected share noise is above
+            :data:`cupycoll.topk.oktopk.SHARE_NOISE` (few entries per region), every
+            :data:`cupycoll.topk.oktopk.AUTO_TAU` steps otherwise.
         tau_prime: refresh step when ``step % tau_prime == 0``: Ok-Topk's result is the exact
             top-k of the reduced sums (and the reference policy recomputes its thresholds
             exactly, reusing them with count feedback in between).
@@ -69,12 +76,14 @@ class TopkState:
             ``ceil(T/P)`` with a sentinel index (NCCL has no allgatherv) instead of an
             allgatherv; None = when the communicator has no native allgatherv.
         k: k of the previous call (Ok-Topk refreshes its global threshold when k changes).
+        wire: the wire format of the current call (:class:`cupycoll.wire.Wire`, set by the
+            front door from its ``wire`` / ``wire_values`` keywords; None = raw COO).
         last: diagnostics of the last call: ``refresh``, ``local_count`` (this rank's
             selection), ``global_count`` (entries passing the global selection; on Ok-Topk
             refresh steps, all reduced nonzeros gathered).
     """
 
-    tau: int = 64
+    tau: int | str = "auto"
     tau_prime: int = 32
     step: int = 0
     selector: Selector | None = None
@@ -83,9 +92,14 @@ class TopkState:
     padded_allgather: bool | None = None
     k: int | None = None
     last: dict = dataclasses.field(default_factory=dict)
+    wire: Any = None
 
     def __post_init__(self) -> None:
-        self.tau = check_int("tau", self.tau, 1)
+        if isinstance(self.tau, str):
+            if self.tau != "auto":
+                raise InvalidArgument("tau", self.tau, 'must be an int >= 1 or "auto"')
+        else:
+            self.tau = check_int("tau", self.tau, 1)
         self.tau_prime = check_int("tau_prime", self.tau_prime, 1)
         from .selectors import Selector
 
@@ -98,10 +112,10 @@ class TopkState:
         """True when the current step recomputes thresholds exactly."""
         return self.step % self.tau_prime == 0
 
-    @property
-    def repartition(self) -> bool:
-        """True when the current step recomputes Ok-Topk's region boundaries."""
-        return self.step % self.tau == 0
+    def repartition(self, every: int) -> bool:
+        """True when the current step recomputes Ok-Topk's region boundaries (``every`` is
+        the period that ``tau="auto"`` stands for at this call's k and P)."""
+        return self.step % (every if self.tau == "auto" else self.tau) == 0
 
 
 def check_int(name: str, value: Any, minimum: int) -> int:

@@ -24,7 +24,9 @@ from .._result import SparseResult
 from .._types import array_namespace, as_array, check_dtype
 from ..comm import Communicator, get_comm
 from ..errors import CupycollError, InvalidArgument, InvalidType, MismatchError
+from ..wire._choice import check_wire, check_wire_values, decode_code, wire_code
 from ._common import TopkOutcome, TopkState, to_namespace
+from ._wire import choose_wire
 from .selectors import Selector
 
 __all__ = ["topk_allreduce", "validate", "run", "FLOAT_DTYPES"]
@@ -36,7 +38,7 @@ FLOAT_DTYPES = tuple(np.dtype(t) for t in ("float16", "float32", "float64"))
 _DTYPE_CODES = {dtype: code for code, dtype in enumerate(FLOAT_DTYPES, 1)}
 
 #: arguments an error can name, and error classes; an error is encoded as class * 16 + argument.
-_ARGUMENTS = ("x", "k", "algorithm", "selector", "state", "grad", "n")
+_ARGUMENTS = ("x", "k", "algorithm", "selector", "state", "grad", "n", "wire", "wire_values")
 _CLASSES = (InvalidType, InvalidArgument, CupycollError)
 
 
@@ -58,8 +60,10 @@ def _decode(code: int, rank: int) -> CupycollError:
 
 
 def _local_checks(comm: Communicator, x: Any, k: Any, algorithm: Any, selector: Any, state: Any,
-                  argument: str, n: int | None) -> tuple[Any, int]:
+                  argument: str, n: int | None, wire: Any, wire_values: Any
+                  ) -> tuple[Any, int, int]:
     rank = comm.rank
+    code = wire_code(check_wire(wire, rank), check_wire_values(wire_values, rank))
     if not isinstance(algorithm, str) or algorithm not in algorithms("topk"):
         raise InvalidArgument("algorithm", algorithm,
                               f"unknown topk algorithm; valid: {algorithms('topk')}", rank=rank)
@@ -83,12 +87,13 @@ def _local_checks(comm: Communicator, x: Any, k: Any, algorithm: Any, selector: 
     if not 0 < k <= arr.shape[0]:
         raise InvalidArgument("k", k, f"must satisfy 0 < k <= len({argument}) = {arr.shape[0]}",
                               rank=rank)
-    return arr, int(k)
+    return arr, int(k), code
 
 
 def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: Any = None,
              state: Any = None, argument: str = "x", n: int | None = None,
-             verb: str = "topk_allreduce") -> tuple[Any, int]:
+             verb: str = "topk_allreduce", wire: Any = None,
+             wire_values: Any = None) -> tuple[Any, int]:
     """Check the arguments on every rank with one small allreduce; return (array, k).
 
     The allreduce carries ``verb``'s tag (see :mod:`cupycoll._agreement`), so a rank in another
@@ -96,12 +101,13 @@ def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: An
 
     Raises (on every rank): InvalidType / InvalidArgument when any rank's arguments are bad
     (non-float dtype, not 1-D, k <= 0 or k > n, unknown algorithm, bad selector or state),
-    MismatchError when the ranks disagree on the length, k, dtype or algorithm.
+    MismatchError when the ranks disagree on the length, k, dtype, algorithm or wire keywords.
     """
     error: CupycollError | None = None
-    arr, kk = None, 0
+    arr, kk, wcode = None, 0, 0
     try:
-        arr, kk = _local_checks(comm, x, k, algorithm, selector, state, argument, n)
+        arr, kk, wcode = _local_checks(comm, x, k, algorithm, selector, state, argument, n,
+                                       wire, wire_values)
     except CupycollError as exc:
         error = exc
     p = comm.size
@@ -111,7 +117,8 @@ def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: An
         acode = _algorithm_code(algorithm)
     else:
         length = dcode = acode = 0
-    mine = np.array([key, length, -length, kk, -kk, dcode, -dcode, acode, -acode], np.int64)
+    mine = np.array([key, length, -length, kk, -kk, dcode, -dcode, acode, -acode, wcode, -wcode],
+                    np.int64)
     vec = agreement.start(comm, verb)
     vec[agreement.HEADER:agreement.HEADER + mine.shape[0]] = mine
     agreed = agreement.settle(comm, vec, verb, "topk.validate")
@@ -119,7 +126,7 @@ def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: An
         if error is not None:
             raise error
         raise _decode(int(agreed[0]) % 256, p - int(agreed[0]) // 256)
-    for name, i in (("length of x", 1), ("k", 3), ("dtype", 5), ("algorithm", 7)):
+    for name, i in (("length of x", 1), ("k", 3), ("dtype", 5), ("algorithm", 7), ("wire", 9)):
         if agreed[i] != -agreed[i + 1]:
             raise MismatchError(_disagreement(name, comm.rank, int(mine[i]), int(-agreed[i + 1]),
                                               int(agreed[i]), algorithm))
@@ -138,6 +145,9 @@ def _disagreement(name: str, rank: int, mine: int, low: int, high: int, algorith
     if name == "algorithm":
         return (f"ranks disagree on the algorithm of topk_allreduce (rank {rank} asked for "
                 f"{algorithm!r}, another rank for another one)")
+    if name == "wire":
+        return (f"ranks disagree on wire / wire_values (rank {rank} asked for "
+                f"{decode_code(mine)}; the ranks from {decode_code(low)} to {decode_code(high)})")
     if name == "dtype":
         dtype_of = lambda code: FLOAT_DTYPES[code - 1].name  # noqa: E731
         return (f"ranks disagree on the dtype of x in topk_allreduce (rank {rank} has "
@@ -147,22 +157,33 @@ def _disagreement(name: str, rank: int, mine: int, low: int, high: int, algorith
 
 
 def run(comm: Communicator, x: Any, k: int, algorithm: str, selector: Selector | None,
-        state: TopkState | None) -> TopkOutcome:
-    """Run a validated call: pick the selector, run the algorithm, advance the state's step."""
+        state: TopkState | None, wire: str = "coo", wire_values: str | None = None
+        ) -> TopkOutcome:
+    """Run a validated call: pick the selector and the wire format, run the algorithm, advance
+    the state's step (the remainders of rounded values are kept in ``state.last``)."""
     fn = lookup("topk", algorithm, rank=comm.rank)
     state = state if state is not None else TopkState()
+    profile = None
+    if wire == "auto" and comm.size > 1:
+        from ..tuner.profile import profile_for
+
+        profile = profile_for(comm)
+    state.wire = choose_wire(wire, wire_values, comm.size, k, int(x.shape[0]), profile)
     if selector is not None:
         state.selector = selector
     elif state.selector is None:
         state.selector = fn.default_selector()
     outcome = fn(comm, x, k, state)
+    state.last["wire"] = state.wire.name
+    state.last["remainders"] = outcome.remainders
     state.step += 1
     return outcome
 
 
 def topk_allreduce(x: Any, k: int, *, algorithm: str | None = None,
                    comm: Communicator | None = None, selector: Selector | None = None,
-                   state: TopkState | None = None) -> SparseResult:
+                   state: TopkState | None = None, wire: str | None = None,
+                   wire_values: str | None = None) -> SparseResult:
     """Return (approximately) the top-k by magnitude of the sum over ranks of ``x``.
 
     Every rank gets the identical :class:`SparseResult`: ascending unique int32 indices (int64
@@ -182,6 +203,13 @@ def topk_allreduce(x: Any, k: int, *, algorithm: str | None = None,
         selector: local selector (default: the algorithm's; see :mod:`cupycoll.topk.selectors`).
         state: a :class:`TopkState` carried across calls (thresholds, boundaries, step); without
             one every call is a refresh step.
+        wire: "coo", "compact" (index streams encoded losslessly: the same result, fewer
+            bytes) or "auto" (default, or ``CUPYCOLL_WIRE``); see docs/wire.md.
+        wire_values: None, "bfloat16" or "float16": float32/float64 values travel rounded
+            (nearest even), so the result is approximate (identical on every rank); the
+            rounding errors of this rank's values that reached the result are left in
+            ``state.last["remainders"]`` ((indices, values) pairs) for the caller's error
+            feedback (:class:`TopkCompressor` adds them to its residual).
     Returns:
         SparseResult in ``x``'s array library (numpy or cupy).
     Raises:
@@ -193,7 +221,9 @@ def topk_allreduce(x: Any, k: int, *, algorithm: str | None = None,
     comm = comm or get_comm()
     algorithm = setting("CUPYCOLL_TOPK_ALGORITHM", algorithm)
     with comm.calling("topk_allreduce"):
-        arr, k = validate(comm, x, k, algorithm, selector=selector, state=state)
-        res = run(comm, to_namespace(arr, comm.xp), k, algorithm, selector, state).result
+        arr, k = validate(comm, x, k, algorithm, selector=selector, state=state, wire=wire,
+                          wire_values=wire_values)
+        res = run(comm, to_namespace(arr, comm.xp), k, algorithm, selector, state,
+                  check_wire(wire), wire_values).result
     xp = array_namespace(arr)
     return SparseResult(to_namespace(res.indices, xp), to_namespace(res.values, xp), res.n)

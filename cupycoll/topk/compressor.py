@@ -4,7 +4,8 @@ Each step adds the gradient to this rank's residual (``acc = residual + grad``),
 allreduce of ``acc`` and returns the **averaged** sparse update (sum of the communicated
 contributions divided by P). The residual keeps everything that was not communicated: the
 algorithm reports which of this rank's entries are inside the result (``included``), and exactly
-those are zeroed. Values that left their rank but were dropped later (gTopk's pairwise
+those are zeroed (with ``wire_values``, the rounding errors of the values this rank sent, or
+re-sent as an owner, that reached the result are then added back). Values that left their rank but were dropped later (gTopk's pairwise
 re-selection, Ok-Topk's global threshold) are therefore still in the contributing rank's
 residual, so mass is conserved exactly for every algorithm::
 
@@ -30,6 +31,7 @@ from ..comm import Communicator, get_comm
 from ..errors import InvalidArgument
 from ..primitives import densify, topk_abs
 from ._common import TopkState, check_int, to_namespace
+from ..wire._choice import check_wire
 from .api import run, validate
 from .selectors import Selector
 
@@ -44,12 +46,16 @@ class TopkCompressor:
         density: fraction of entries communicated; ``k = max(1, floor(density * n))``.
         algorithm: a top-k algorithm (``cupycoll.algorithms("topk")``), default "oktopk".
         comm: communicator (default ``cupycoll.get_comm()``).
-        tau, tau_prime: Ok-Topk's repartition and threshold-refresh periods.
+        tau, tau_prime: Ok-Topk's repartition ("auto": see ``TopkState``) and threshold-refresh
+            periods.
         selector: local selector (default: the algorithm's).
         warmup_steps: the first steps send the whole accumulated gradient densely (one dense
             allreduce; the update then covers all n entries and the residual becomes zero).
         measure_xi: record the spec's xi per step in ``xi``: ||top-k(sum of acc) - result|| /
             ||sum of grad|| (two extra dense allreduces per step: diagnostics only).
+        wire, wire_values: the wire format (see :func:`cupycoll.topk_allreduce`); with
+            ``wire_values`` every rounding error lands in some rank's residual (the sender's for
+            its values, the owner's for a reduced value it re-sends), so mass is conserved.
     Attributes:
         k, n, state (:class:`TopkState`), residual (this rank's dense array, the gradient's
         array library), xi (list of floats), steps (calls so far).
@@ -61,9 +67,11 @@ class TopkCompressor:
     """
 
     def __init__(self, n: int, density: float, *, algorithm: str | None = None,
-                 comm: Communicator | None = None, tau: int = 64, tau_prime: int = 32,
+                 comm: Communicator | None = None, tau: int | str = "auto",
+                 tau_prime: int = 32,
                  selector: Selector | None = None, warmup_steps: int = 0,
-                 measure_xi: bool = False) -> None:
+                 measure_xi: bool = False, wire: str | None = None,
+                 wire_values: str | None = None) -> None:
         self.n = check_int("n", n, 1)
         if isinstance(density, bool) or not isinstance(density, numbers.Real) or \
                 not 0 < density <= 1:
@@ -71,6 +79,7 @@ class TopkCompressor:
         self.density = float(density)
         self.k = max(1, math.floor(self.density * self.n))
         self.algorithm = setting("CUPYCOLL_TOPK_ALGORITHM", algorithm)
+        self.wire, self.wire_values = wire, wire_values
         self.comm = comm or get_comm()
         self.state = TopkState(tau=tau, tau_prime=tau_prime, selector=selector)
         self.warmup_steps = check_int("warmup_steps", warmup_steps, 0)
@@ -121,7 +130,8 @@ class TopkCompressor:
         """One step over ``comm`` (the compressor's communicator or its background duplicate)."""
         with comm.calling("TopkCompressor.step"):
             arr, k = validate(comm, grad, self.k, self.algorithm, argument="grad", n=self.n,
-                              verb="TopkCompressor.step")
+                              verb="TopkCompressor.step", wire=self.wire,
+                              wire_values=self.wire_values)
             xp = array_namespace(arr)
             dtype = np.float32 if arr.dtype == np.float16 else arr.dtype
             if self._residual is None or array_namespace(self._residual) is not xp \
@@ -133,12 +143,15 @@ class TopkCompressor:
                 update = self._dense_step(acc_c, comm)
                 self._residual = xp.zeros_like(acc)
             else:
-                outcome = run(comm, acc_c, k, self.algorithm, None, self.state)
+                outcome = run(comm, acc_c, k, self.algorithm, None, self.state,
+                              check_wire(self.wire), self.wire_values)
                 update = outcome.result
                 if self.measure_xi:
                     self.xi.append(self._xi(acc_c, to_namespace(arr.astype(dtype), comm.xp),
                                             update, comm))
                 acc[to_namespace(outcome.included, xp)] = 0
+                for where, error in outcome.remainders:  # rounding errors (wire_values)
+                    acc[to_namespace(where, xp)] += to_namespace(error, xp).astype(dtype)
                 self._residual = acc
                 update = SparseResult(update.indices, update.values / comm.size, self.n)
         self.steps += 1

@@ -11,7 +11,10 @@ What is selected where:
    to r - 2^j, which merges its own block with it (own first, so sums are in a fixed order) and
    keeps the top-k of the union (ties to the lower index). Pairs dropped by a merge are gone.
 4. Rank 0 broadcasts its block: that is the result (about k entries, sums of the surviving
-   contributions), identical on every rank.
+   contributions), identical on every rank. Every block travels packed (indices and values in
+   one message); on the compact wire only its real entries, encoded, after an 8-byte (count,
+   bytes) header; with ``wire_values`` each sender keeps the rounding errors of the values it
+   sent that reached the result (and rank 0 those of the broadcast) as remainders.
 5. Feedback: a contribution of rank A at index i is in the result iff i survived every merge on
    A's path to the root. Each merging rank lists, per merge, the dropped indices that are in the
    final result anyway (they came back through another subtree; usually none), and one allgatherv
@@ -34,6 +37,8 @@ from .._result import SparseResult
 from ..primitives import merge_sorted, topk_abs
 from ._common import (Cost, TopkOutcome, TopkState, index_dtype, log2_ceil, sorted_member,
                       to_host, topk_algorithm)
+from ..wire._pack import COO, Wire
+from ._wire import broadcast_block, real_entries, receive_block, send_block
 from .selectors import Exact
 
 __all__ = ["gtopk", "cost"]
@@ -53,12 +58,6 @@ def _pad(xp: Any, idx: Any, val: Any, k: int, n: int) -> tuple[Any, Any]:
     return bi, bv
 
 
-def _real(xp: Any, bi: Any, bv: Any, n: int) -> tuple[Any, Any]:
-    """Strip the sentinel padding (indices are ascending, the sentinel n is last)."""
-    m = int(xp.searchsorted(bi, n))
-    return bi[:m], bv[:m]
-
-
 def _merge_keep(xp: Any, own: tuple, got: tuple, k: int) -> tuple[tuple, Any]:
     """Merge two sorted unique sets (own first) by sum; keep the top-k; return (kept, dropped)."""
     ui, uv = merge_sorted([own, got])
@@ -70,37 +69,43 @@ def _merge_keep(xp: Any, own: tuple, got: tuple, k: int) -> tuple[tuple, Any]:
     return (ui[pos], kv), ui[~keep]
 
 
-def _tree(comm: Any, block: tuple, k: int, n: int) -> tuple[tuple, list]:
-    """Run the fold and the pairwise rounds; return (this rank's block, [(node code, dropped)]).
+def _tree(comm: Any, block: tuple, k: int, n: int, wire: Wire
+          ) -> tuple[tuple, list, tuple | None]:
+    """Run the fold and the pairwise rounds; return (this rank's block, [(node code, dropped)],
+    the (indices, rounding errors) of the block this rank sent, if it rounded one).
 
     Node codes: 0 = the fold merge, j + 1 = the merge of round j.
     """
     xp, p, r = comm.xp, comm.size, comm.rank
     p2 = 1 << (p.bit_length() - 1)
     drops: list = []
+    idx_t, val_t = block[0].dtype, block[1].dtype
 
-    def send(peer: int, blk: tuple) -> None:
-        comm.exchange([(peer, blk[0]), (peer, blk[1])], [], "gtopk.reduce").wait()
+    def send(peer: int, blk: tuple) -> tuple | None:
+        real = real_entries(xp, *blk, n) if wire.compact or wire.rounds(val_t) else blk
+        packed = send_block(comm, peer, *(real if wire.compact else blk), wire, n,
+                            "gtopk.reduce")
+        if not wire.rounds(val_t):
+            return None
+        return real[0], real[1] - packed.values[:real[0].shape[0]]
 
     def receive_merge(peer: int, blk: tuple, code: int) -> tuple:
-        gi, gv = xp.empty(k, dtype=blk[0].dtype), xp.empty(k, dtype=blk[1].dtype)
-        comm.exchange([], [(peer, gi), (peer, gv)], "gtopk.reduce").wait()
-        kept, dropped = _merge_keep(xp, _real(xp, *blk, n), _real(xp, gi, gv, n), k)
+        got = receive_block(comm, peer, k, idx_t, val_t, wire, "gtopk.reduce")
+        kept, dropped = _merge_keep(xp, real_entries(xp, *blk, n),
+                                    got if wire.compact else real_entries(xp, *got, n), k)
         drops.append((code, dropped))
         return _pad(xp, kept[0], kept[1], k, n)
 
     if r >= p2:
-        send(r - p2, block)
-        return block, drops
+        return block, drops, send(r - p2, block)
     if r + p2 < p:
         block = receive_merge(r + p2, block, 0)
     for j in range(p2.bit_length() - 1):
         step = 1 << j
         if r % (2 * step):
-            send(r - step, block)
-            break
+            return block, drops, send(r - step, block)
         block = receive_merge(r + step, block, j + 1)
-    return block, drops
+    return block, drops, None
 
 
 def _excluded(comm: Any, drops: list, result_idx: Any, n: int) -> np.ndarray:
@@ -130,15 +135,18 @@ def gtopk(comm: Any, x: Any, k: int, state: TopkState) -> TopkOutcome:
     if sel.count > k:
         pos, mine_v = topk_abs(mine_v, k)
         mine_i = mine_i[pos]
+    wire = state.wire or COO
     block = _pad(xp, mine_i.astype(index_dtype(n), copy=False), mine_v, k, n)
-    block, drops = _tree(comm, block, k, n)
-    out_i = block[0] if comm.rank == 0 else xp.empty(k, dtype=block[0].dtype)
-    out_v = block[1] if comm.rank == 0 else xp.empty(k, dtype=block[1].dtype)
-    comm.broadcast(out_i, out_i, 0, op_name="gtopk.broadcast").wait()
-    comm.broadcast(out_v, out_v, 0, op_name="gtopk.broadcast").wait()
-    res_i, res_v = _real(xp, out_i, out_v, n)
+    block, drops, sent = _tree(comm, block, k, n, wire)
+    res_i, res_v, root_error = broadcast_block(comm, block, k, n, wire, "gtopk.broadcast")
     excluded = xp.asarray(_excluded(comm, drops, res_i, n).astype(res_i.dtype))
     keep = sorted_member(mine_i, res_i) & ~sorted_member(mine_i, excluded)
     state.last = {"refresh": state.refresh, "local_count": sel.count,
                   "global_count": int(res_i.shape[0])}
-    return TopkOutcome(SparseResult(res_i, res_v, n), mine_i[keep], sel)
+    remainders = []
+    if sent is not None:  # my sent block's errors, where its values reached the result
+        arrived = sorted_member(sent[0], res_i) & ~sorted_member(sent[0], excluded)
+        remainders.append((sent[0][arrived], sent[1][arrived]))
+    if root_error is not None:
+        remainders.append((res_i, root_error))
+    return TopkOutcome(SparseResult(res_i, res_v, n), mine_i[keep], sel, tuple(remainders))

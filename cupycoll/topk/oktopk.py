@@ -6,7 +6,8 @@ What is selected where, at step t of a :class:`TopkState` (spec section 1):
    policy: a sampled k-th magnitude every step, 0.8k..1.1k entries; ``policy="reference"``:
    exact k-th magnitude when ``t % tau' == 0``, reused with count feedback in between). Call it
    L.
-2. When ``t % tau == 0`` (or the boundaries are missing or stale): region boundaries
+2. When ``t % tau == 0`` (or the boundaries are missing or stale; ``tau="auto"``: see
+   :func:`auto_tau`): region boundaries
    ``0 = B_0 <= ... <= B_P = n``. Each rank proposes ``S[i*c]``, i = 1..P-1, from its sorted
    selection S with ``c = |S| // P`` (equal split points when ``|S| < P``); one allreduce (sum,
    int64) and a floor division by P average them. Identical on every rank.
@@ -45,6 +46,7 @@ boundary allreduce every tau steps (``oktopk.boundaries``), the threshold histog
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -56,14 +58,41 @@ from ._common import (Cost, TopkOutcome, TopkState, index_dtype, log2_ceil, min_
                       positive_threshold, smallest_positive, sorted_member,
                       topk_algorithm)
 from ._global_threshold import histogram_threshold
+from ..wire import round_values
+from ..wire._exchange import gather_entries
+from ..wire._pack import COO
 from ._oktopk_phases import allgather_blocks, balance, split_and_reduce
 from .selectors import Threshold
 
-__all__ = ["oktopk", "cost", "region_boundaries", "GLOBAL_FEEDBACK"]
+__all__ = ["oktopk", "cost", "region_boundaries", "auto_tau", "GLOBAL_FEEDBACK", "AUTO_TAU",
+           "SHARE_NOISE"]
 
 #: count feedback of the global threshold: (low, high, scale) -- T < low*k divides the threshold
 #: by scale, T > high*k multiplies it (the reference code's VGG values).
 GLOBAL_FEEDBACK = (2 / 3, 4 / 3, 1.008)
+
+
+#: ``tau="auto"``: the repartition period when the regions' shares are steady (the paper's tau).
+AUTO_TAU = 64
+#: ``tau="auto"``: repartition every step when the expected excess of the fullest region over
+#: its fair share, ``sqrt(2 ln P * P / k)``, is above this (few selected entries per region).
+SHARE_NOISE = 0.05
+
+
+def auto_tau(k: int, p: int) -> int:
+    """The repartition period ``tau="auto"`` stands for: 1 or :data:`AUTO_TAU`.
+
+    A region's count of selected entries fluctuates from step to step by about
+    ``sqrt(P / k)`` of its share when the ranks select nearly the same indices (a shared
+    gradient component: the region then holds P copies of ~k/P indices), and the fullest of P
+    regions by ``sqrt(2 ln P)`` times that. Boundaries computed on an earlier step cannot follow
+    such noise, so above ``SHARE_NOISE`` the regions are recomputed from this step's selections
+    (one allreduce of P-1 int64, about the threshold histogram's cost); measured at P = 8,
+    k = 1,048: reduce phase up to 1.18x its share with tau = 64, <= 1.04x with tau = 1.
+    """
+    if p < 2 or k < 1:
+        return AUTO_TAU
+    return 1 if math.sqrt(2.0 * math.log(p) * p / k) > SHARE_NOISE else AUTO_TAU
 
 
 def cost(p: int, k: int, n: int) -> Cost:
@@ -103,24 +132,32 @@ def _padded(comm: Any, state: TopkState) -> bool:
     return not comm.native_allgatherv
 
 
-def _refresh(comm: Any, red: Any, lo: int, k: int, n: int, state: TopkState) -> tuple[Any, Any]:
-    """Gather all reduced nonzeros; return their exact top-k and set the global threshold."""
+def _refresh(comm: Any, red: Any, lo: int, hi: int, k: int, n: int, state: TopkState
+             ) -> tuple[Any, Any, tuple]:
+    """Gather all reduced nonzeros; return their exact top-k, set the global threshold, and
+    this owner's rounding errors of the gathered values (as remainders) when the wire rounds."""
+    wire, xp = state.wire or COO, comm.xp
     nz_i, nz_v = select_abs_ge(red, smallest_positive(red.dtype))
     gidx = nz_i.astype(index_dtype(n)) + lo
-    all_i, counts = comm.allgatherv(gidx, op_name="oktopk.refresh")
-    all_v, _ = comm.allgatherv(nz_v, counts=counts, op_name="oktopk.refresh")
+    parts, counts = gather_entries(comm, gidx, nz_v, "oktopk.refresh", wire, lo, hi)
+    all_i = xp.concatenate([a for a, _ in parts])
+    all_v = xp.concatenate([b for _, b in parts])
     total = int(counts.sum())
     state.last["global_count"] = total
     if total == 0:
         state.global_th = smallest_positive(red.dtype)
-        return all_i, all_v
+        return all_i, all_v, ()
     pos, val = topk_abs(all_v, min(k, total))
     state.global_th = positive_threshold(min_abs(val), red.dtype)
-    return all_i[pos], val
+    res_i = all_i[pos]
+    if not wire.rounds(red.dtype):
+        return res_i, val, ()
+    reached = sorted_member(gidx, res_i)
+    return res_i, val, ((gidx[reached], (nz_v - parts[comm.rank][1])[reached]),)
 
 
 def _select_balance_gather(comm: Any, red: Any, lo: int, k: int, n: int,
-                           state: TopkState) -> tuple[Any, Any]:
+                           state: TopkState) -> tuple[Any, Any, tuple]:
     """Select ``|red| >= global threshold``, balance the selections, allgather them.
 
     Quantile policy: the threshold of this step from the allreduced histogram of every region's
@@ -136,6 +173,10 @@ def _select_balance_gather(comm: Any, red: Any, lo: int, k: int, n: int,
         pos, sel_v = select_abs_ge(nz_v, state.global_th)
         sel_i = nz_i[pos]
     gidx = sel_i.astype(index_dtype(n)) + lo
+    wire, remainders = state.wire or COO, ()
+    if wire.rounds(sel_v.dtype):  # rounded once, here: balance and allgather move them as is
+        _, rounded = round_values(sel_v, wire.values)
+        remainders, sel_v = ((gidx, sel_v - rounded),), rounded
     counts = comm.allgather_counts(int(gidx.shape[0]), "oktopk.balance.counts")
     total = int(counts.sum())
     state.last["global_count"] = total
@@ -146,9 +187,10 @@ def _select_balance_gather(comm: Any, red: Any, lo: int, k: int, n: int,
         elif total > high * k:
             state.global_th *= scale
     if total == 0:
-        return gidx, sel_v
-    blk_i, blk_v, blocks = balance(comm, gidx, sel_v, counts)
-    return allgather_blocks(comm, blk_i, blk_v, blocks, n, padded=_padded(comm, state))
+        return gidx, sel_v, remainders
+    blk_i, blk_v, blocks = balance(comm, gidx, sel_v, counts, wire, n)
+    return (*allgather_blocks(comm, blk_i, blk_v, blocks, n, padded=_padded(comm, state),
+                              wire=wire), remainders)
 
 
 def _reference_policy(state: TopkState) -> bool:
@@ -165,13 +207,18 @@ def oktopk(comm: Any, x: Any, k: int, state: TopkState) -> TopkOutcome:
     state.k = k
     sel = state.selector.select(x, k, refresh=state.refresh)
     state.last = {"refresh": refresh, "local_count": sel.count}
-    if state.repartition or _stale(state, n, p):
+    if state.repartition(auto_tau(k, p)) or _stale(state, n, p):
         state.boundaries = region_boundaries(comm, sel.indices, n)
         state.last["repartition"] = True
-    red, lo = split_and_reduce(comm, sel.indices, sel.values, state.boundaries)
+    red, lo, errors = split_and_reduce(comm, sel.indices, sel.values, state.boundaries,
+                                       state.wire or COO)
     if refresh:
-        res_i, res_v = _refresh(comm, red, lo, k, n, state)
+        hi = int(state.boundaries[comm.rank + 1])
+        res_i, res_v, remainders = _refresh(comm, red, lo, hi, k, n, state)
     else:
-        res_i, res_v = _select_balance_gather(comm, red, lo, k, n, state)
-    included = sel.indices[sorted_member(sel.indices, res_i)]
-    return TopkOutcome(SparseResult(res_i, res_v, n), included, sel)
+        res_i, res_v, remainders = _select_balance_gather(comm, red, lo, k, n, state)
+    member = sorted_member(sel.indices, res_i)
+    included = sel.indices[member]
+    if errors is not None:  # this rank's sent values that reached the result
+        remainders = ((included, errors[member]),) + remainders
+    return TopkOutcome(SparseResult(res_i, res_v, n), included, sel, remainders)

@@ -6,9 +6,9 @@ merged in rank order (``merge_sorted``), so the result has up to P*k entries and
 the sum over the ranks that selected i. Nothing is dropped after leaving a rank: ``included`` is
 the rank's whole selection.
 
-Cost (per rank): 2k(P-1) words received (k indices + k values from each of P-1 peers), log2 P
-latency with a recursive-doubling allgatherv, plus the allgather of one count per rank
-(booked ``<op>.counts``). Identical bits on every rank: all ranks merge the same gathered data in
+Cost (per rank): 2k(P-1) words received (k indices + k values from each of P-1 peers, one
+packed message per peer), plus the allgather of one count per rank (booked ``<op>.counts``;
+compact wire: (count, bytes) pairs, and each selection's index stream encoded over [0, n)). Identical bits on every rank: all ranks merge the same gathered data in
 the same (rank) order.
 """
 
@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from .._result import SparseResult
 from ..primitives import merge_sorted
+from ..wire._exchange import gather_entries
+from ..wire._pack import COO
 from ._common import Cost, TopkOutcome, TopkState, log2_ceil, topk_algorithm
 from .selectors import Exact
 
@@ -32,18 +32,19 @@ def cost(p: int, k: int, n: int) -> Cost:
 
 
 def gather_selected(comm: Any, x: Any, k: int, state: TopkState, op_name: str) -> TopkOutcome:
-    """Select locally with ``state.selector``, allgatherv the selections, merge them by sum."""
+    """Select locally with ``state.selector``, allgatherv the selections (one packed block per
+    peer), merge them by sum. Every rank merges the values as they travelled (rounded when the
+    wire rounds them, its own too); a rank's rounding errors are its remainders."""
     n = int(x.shape[0])
+    wire = state.wire or COO
     sel = state.selector.select(x, k, refresh=state.refresh)
-    all_idx, counts = comm.allgatherv(sel.indices, op_name=op_name)
-    all_val, _ = comm.allgatherv(sel.values, counts=counts, op_name=op_name)
-    offsets = np.concatenate([[0], np.cumsum(counts)])
-    parts = [(all_idx[offsets[r]:offsets[r + 1]], all_val[offsets[r]:offsets[r + 1]])
-             for r in range(comm.size)]
+    parts, _ = gather_entries(comm, sel.indices, sel.values, op_name, wire, 0, n)
     idx, val = merge_sorted(parts)
     state.last = {"refresh": state.refresh, "local_count": sel.count,
                   "global_count": int(idx.shape[0])}
-    return TopkOutcome(SparseResult(idx, val, n), sel.indices, sel)
+    sent = parts[comm.rank][1]
+    remainders = ((sel.indices, sel.values - sent),) if wire.rounds(sel.values.dtype) else ()
+    return TopkOutcome(SparseResult(idx, val, n), sel.indices, sel, remainders)
 
 
 @topk_algorithm("topka", selector=Exact, cost=cost)

@@ -10,7 +10,8 @@ so the contention of a real call is in the numbers):
   (alpha_msg: the extra per peer, from P = 4 on) and of ``LARGE / P`` B with every peer (beta);
 - gamma (local work, the primitives the algorithms use): ``merge`` a P-way merge_sorted of
   1-D float32 parts, per entry; ``row`` a gather of 16-wide float32 rows, per element; ``dense``
-  the dense algorithm's own value passes (zero fill, scatter, scan, gather) per element; ``scan`` presence bitmap packing and unpacking plus flatnonzero, per position;
+  the dense algorithm's own value passes (zero fill, scatter, scan, gather) per element; ``scan`` presence bitmap packing and unpacking plus flatnonzero, per position; ``code`` the wire
+  codec's encode + decode of a sorted index stream (10 % density), per index and direction;
 - ``fixed``: every algorithm on a tiny input (nothing but its rounds and overheads), minus the
   time alpha and beta already account for.
 """
@@ -27,6 +28,7 @@ from ..primitives import merge_sorted
 from ..sparse import auto as _auto
 from ..sparse._common import presence, union_of_presence
 from ..sparse._cost import Cost, Shape
+from ..wire import decode_indices, encode_indices
 from .predict import rank_time
 from .profile import Profile
 
@@ -105,11 +107,15 @@ def _local(comm: Any, repeats: int, k: int = 1 << 16, n: int = 1 << 20) -> dict[
         union_of_presence(xp.unpackbits(xp.packbits(presence(idx, n)))[:n].view(bool),
                           idx.dtype)
 
+    def code() -> None:
+        decode_indices(encode_indices(idx, 0, n), idx.dtype)
+
     per_row = _timed(comm, lambda: rows[order], repeats) / (k * 16)
     return {"merge": _timed(comm, lambda: merge_sorted(parts), repeats) / (len(parts) * k),
             "row": per_row,
             "dense": max(_timed(comm, dense_local, repeats) / n - 0.2 * per_row, 0.0),
-            "scan": _timed(comm, scan, repeats) / n}
+            "scan": _timed(comm, scan, repeats) / n,
+            "code": _timed(comm, code, repeats) / (2 * idx.shape[0])}
 
 
 def _fixed(comm: Any, profile: Profile, repeats: int) -> dict[str, float]:

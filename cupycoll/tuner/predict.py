@@ -12,6 +12,7 @@ Local work, in the units ``gamma`` prices (N = total nnz, U = union, W = max(wid
 - ``row``: value elements copied or scattered besides the merge (received rows, result rows);
 - ``dense``: value elements of an n-long dense pass (zero fill, scatter, gather);
 - ``scan``: dense positions scanned for presence (bitmap, presence fields, flatnonzero).
+- ``code`` (compact wire only): indices encoded or decoded, about two per entry received.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ..sparse import auto as _auto
 from ..sparse import hierarchical as _hier
 from ..sparse._cost import Cost, Shape, estimate_union, validation_cost
 from ..sparse.recursive_doubling import prefer_dense
+from ..wire._choice import DEFAULT_CODE_COST
 from .profile import Profile
 
 __all__ = ["work", "predict", "comm_time", "WORK_MODELS"]
@@ -106,12 +108,20 @@ def _local(units: dict[str, float], profile: Profile) -> float:
     return sum(profile.gamma.get(k, 0.0) * v for k, v in units.items())
 
 
+def coded_indices(cost: Cost, shape: Shape) -> float:
+    """Indices a rank encodes or decodes on the compact wire: about two per entry received."""
+    if not shape.wire.compact:
+        return 0.0
+    return 2.0 * cost.bytes_received / max(shape.entry_bytes, 1)
+
+
 def rank_time(algorithm: str, shape: Shape, rank: int, profile: Profile) -> float:
     if algorithm == "hierarchical":
         return _hierarchical_time(shape, rank, profile)
     cost = validation_cost(shape.size).add(_auto.MODELS[algorithm](shape, rank))
     local = _local(work(algorithm, shape, rank), profile)
-    return profile.fixed.get(algorithm, 0.0) + comm_time(cost, profile) + local
+    coding = profile.gamma.get("code", DEFAULT_CODE_COST) * coded_indices(cost, shape)
+    return profile.fixed.get(algorithm, 0.0) + comm_time(cost, profile) + local + coding
 
 
 def _hierarchical_time(shape: Shape, rank: int, profile: Profile) -> float:
@@ -129,7 +139,9 @@ def _hierarchical_time(shape: Shape, rank: int, profile: Profile) -> float:
         return (rank_time(name, shape, rank, profile.link("inter"))
                 + (comm_time(counts, profile) if name == "split" else 0.0))
     fixed = profile.fixed.get("hierarchical", profile.fixed.get("split", 0.0))
+    coded = coded_indices(Cost().add(intra).add(inter), shape)
     seconds = (fixed + _local(work("hierarchical", shape, rank), profile)
+               + profile.gamma.get("code", DEFAULT_CODE_COST) * coded
                + comm_time(validation_cost(shape.size).add(intra), profile.link("intra"))
                + comm_time(inter, profile.link("inter")))
     for name, rail, r in rails:

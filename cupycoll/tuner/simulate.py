@@ -30,6 +30,8 @@ from typing import Any
 from ..sparse import auto as _auto
 from ..sparse import hierarchical as _hier
 from ..sparse._cost import Shape, validation_cost
+from ..wire._model import expected_index_nbytes
+from ..wire._pack import Wire
 from .predict import predict
 from .profile import Profile, load_profile
 
@@ -64,7 +66,7 @@ NETWORKS = {
 #: G entries/s, copies ~250 G elements/s, dense passes ~50 G elements/s) and per-call overheads
 #: (kernel launches and host synchronisations of each algorithm's steps).
 GPU = Profile("gpu", 0.0, 0.0, 0.0, 0.0,
-              {"merge": 5e-10, "row": 4e-12, "dense": 2e-11, "scan": 1e-11},
+              {"merge": 5e-10, "row": 4e-12, "dense": 2e-11, "scan": 1e-11, "code": 2e-11},
               fixed={"allgather": 60e-6, "dense": 60e-6, "mask": 100e-6, "split": 150e-6,
                "recursive_doubling": 80e-6, "hierarchical": 150e-6, "allreduce": 10e-6})
 
@@ -108,12 +110,12 @@ def _fits(net: str, size: int) -> bool:
 
 
 def _shape(size: int, n: int, density: float, width: int, skew: float,
-           ranks_per_node: int | None = None) -> Shape:
+           ranks_per_node: int | None = None, wire: Wire = Wire()) -> Shape:
     k = max(1, int(round(density * n)))
     nnz = [k] * size
     nnz[0] = min(n, int(round(k * (1 + skew))))
     nodes = tuple(r // ranks_per_node for r in range(size)) if ranks_per_node else None
-    return Shape(size, n, width, 4, 4, tuple(nnz), nodes=nodes)
+    return Shape(size, n, width, 4, 4, tuple(nnz), nodes=nodes, wire=wire)
 
 
 def _volume(name: str, shape: Shape, profile: Profile | None) -> int:
@@ -127,16 +129,27 @@ def _volume(name: str, shape: Shape, profile: Profile | None) -> int:
                for r in sorted({0, shape.size - 1}))
 
 
+def wire_name(wire: Wire) -> str:
+    return wire.name + (f"+{wire.values}" if wire.values else "")
+
+
 def sparse_rows(sizes: list[int], networks: list[str], n: int, density: float, width: int,
-                skew: float = 0.0) -> list[dict[str, Any]]:
-    """One row per (P, network, algorithm) of the sparse family, plus auto's pick."""
+                skew: float = 0.0, wires: tuple = (Wire(),)) -> list[dict[str, Any]]:
+    """One row per (P, network, wire format, algorithm) of the sparse family, plus auto's pick
+    (per wire format)."""
+    return [row for wire in wires
+            for row in _sparse_rows(sizes, networks, n, density, width, skew, wire)]
+
+
+def _sparse_rows(sizes: list[int], networks: list[str], n: int, density: float, width: int,
+                 skew: float, wire: Wire) -> list[dict[str, Any]]:
     rows = []
     for size in sizes:
-        flat = _shape(size, n, density, width, skew)
+        flat = _shape(size, n, density, width, skew, wire=wire)
         volume = {name: _volume(name, flat, None) for name in _auto.MODELS}
         for net in (net for net in networks if _fits(net, size)):
             shape = _shape(size, n, density, width, skew,
-                           NETWORKS[net].ranks_per_node if net in NETWORKS else None)
+                           NETWORKS[net].ranks_per_node if net in NETWORKS else None, wire)
             profile = network_profile(net, size)
             volume["hierarchical"] = _volume("hierarchical", shape, profile)
             times = {name: predict(name, shape, profile) for name in _auto.MODELS}
@@ -145,43 +158,60 @@ def sparse_rows(sizes: list[int], networks: list[str], n: int, density: float, w
                 rows.append({"family": "sparse", "algorithm": name, "P": size, "network": net,
                              "predicted_s": seconds, "bytes_per_rank": volume[name], "n": n,
                              "density": density, "width": width, "skew": skew,
-                             "auto_pick": name == best})
+                             "auto_pick": name == best, "wire": wire_name(wire)})
     return rows
 
 
-def topk_rows(sizes: list[int], networks: list[str], n: int, density: float
-              ) -> list[dict[str, Any]]:
-    """One row per (P, network, algorithm) of the top-k family (k = density * n)."""
+def topk_bytes(name: str, words: float, k: int, n: int, wire: Wire) -> float:
+    """Bytes of ``words`` (half indices, half values; dense: values only) on ``wire``: values
+    of 2 bytes when rounded, indices coded at the expected bytes per index at density k/n."""
+    if name == "dense":
+        return 4 * words
+    per_value = 2 if wire.values else 4
+    per_index = expected_index_nbytes(k, n, 4) / k if wire.compact else 4
+    return words / 2 * (per_value + per_index)
+
+
+def topk_rows(sizes: list[int], networks: list[str], n: int, density: float,
+              wires: tuple = (Wire(),)) -> list[dict[str, Any]]:
+    """One row per (P, network, wire format, algorithm) of the top-k family (k = density *
+    n); the compact wire adds the coding of about two indices per index word received."""
     k, rows = max(1, int(round(density * n))), []
-    for size in sizes:
-        for net in (net for net in networks if _fits(net, size)):
-            profile = network_profile(net, size)
-            select = profile.gamma.get("scan", 0.0) * n
-            for name, model in TOPK_MODELS.items():
-                words, messages = model(size, k, n)
-                seconds = (profile.fixed.get("allreduce", 0.0) + select
-                           + profile.alpha_p2p * messages + profile.beta_p2p * 4 * words)
-                rows.append({"family": "topk", "algorithm": name, "P": size, "network": net,
-                             "predicted_s": seconds, "bytes_per_rank": int(4 * words), "n": n,
-                             "density": density, "messages": messages})
+    for wire in wires:
+        for size in sizes:
+            for net in (net for net in networks if _fits(net, size)):
+                profile = network_profile(net, size)
+                select = profile.gamma.get("scan", 0.0) * n
+                for name, model in TOPK_MODELS.items():
+                    words, messages = model(size, k, n)
+                    nbytes = topk_bytes(name, words, k, n, wire)
+                    coding = (profile.gamma.get("code", 0.0) * words
+                              if wire.compact and name != "dense" else 0.0)
+                    seconds = (profile.fixed.get("allreduce", 0.0) + select + coding
+                               + profile.alpha_p2p * messages + profile.beta_p2p * nbytes)
+                    rows.append({"family": "topk", "algorithm": name, "P": size,
+                                 "network": net, "predicted_s": seconds,
+                                 "bytes_per_rank": int(nbytes), "n": n, "density": density,
+                                 "messages": messages, "wire": wire_name(wire)})
     return rows
 
 
 def crossover_table(rows: list[dict[str, Any]]) -> list[str]:
-    """Lines: for each family and network, the fastest algorithm at every P."""
+    """Lines: for each family, network and wire format, the fastest algorithm at every P."""
     lines = []
-    keys = sorted({(r["family"], r["network"]) for r in rows})
+    keys = sorted({(r["family"], r["network"], r.get("wire", "coo")) for r in rows})
     sizes = sorted({r["P"] for r in rows})
-    lines.append("| family | network | " + " | ".join(f"P={p}" for p in sizes) + " |")
-    lines.append("|---|---|" + "---|" * len(sizes))
-    for family, net in keys:
+    lines.append("| family | network | wire | " + " | ".join(f"P={p}" for p in sizes) + " |")
+    lines.append("|---|---|---|" + "---|" * len(sizes))
+    for family, net, wire in keys:
         cells = []
         for p in sizes:
-            group = [r for r in rows if (r["family"], r["network"], r["P"]) == (family, net, p)]
+            group = [r for r in rows if (r["family"], r["network"], r["P"],
+                                         r.get("wire", "coo")) == (family, net, p, wire)]
             best = min(group, key=lambda r: r["predicted_s"]) if group else None
             cells.append(f"{best['algorithm']} {best['predicted_s'] * 1e3:.3g} ms" if best
                          else "-")
-        lines.append(f"| {family} | {net} | " + " | ".join(cells) + " |")
+        lines.append(f"| {family} | {net} | {wire} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -216,6 +246,15 @@ def _size(text: str) -> int:
     return int(float(text))
 
 
+def _wire(text: str) -> Wire:
+    """``coo``, ``compact``, optionally ``+bfloat16`` / ``+float16``."""
+    name, _, values = text.partition("+")
+    if name not in ("coo", "compact") or values not in ("", "bfloat16", "float16"):
+        raise SystemExit(f"unknown wire format {text!r}: coo or compact, optionally "
+                         "+bfloat16 or +float16")
+    return Wire(name == "compact", values or None)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--P", default="2,4,8,16,32,64,128,256,512,1024", help="rank counts")
     parser.add_argument("--networks", default="nvlink,ib400,eth100",
@@ -225,6 +264,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--width", type=int, default=0, help="row width of the sparse family")
     parser.add_argument("--skew", type=float, default=0.0, help="rank 0 has (1+skew) x nnz")
     parser.add_argument("--family", default="sparse,topk", help="sparse, topk or both")
+    parser.add_argument("--wire", default="coo", help="wire formats: comma list of coo, "
+                        "compact, coo+bfloat16, compact+bfloat16, ... (rows per format)")
     parser.add_argument("--json", help="write {'rows': [...]} to this file")
     parser.add_argument("--plot", help="draw time vs P per algorithm to this PNG")
 
@@ -236,11 +277,12 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise SystemExit(f"unknown network {unknown[0]!r}; known: {sorted(NETWORKS)} or machine")
     n, families = int(args.n), args.family.split(",")
+    wires = tuple(_wire(text) for text in str(getattr(args, "wire", "coo")).split(",") if text)
     rows = []
     if "sparse" in families:
-        rows += sparse_rows(sizes, networks, n, args.density, args.width, args.skew)
+        rows += sparse_rows(sizes, networks, n, args.density, args.width, args.skew, wires)
     if "topk" in families:
-        rows += topk_rows(sizes, networks, n, args.density)
+        rows += topk_rows(sizes, networks, n, args.density, wires)
     for line in crossover_table(rows):
         print(line)
     if args.json:

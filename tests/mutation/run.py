@@ -3,7 +3,7 @@
 Usage (from the repository root; needs the test extra, which installs mutmut):
 
     python tests/mutation/run.py                      # every module of MODULES
-    python tests/mutation/run.py cupycoll/sparse/split.py cupycoll/primitives.py
+    python tests/mutation/run.py cupycoll/sparse/split.py cupycoll/primitives/_numpy_reduce.py
     python tests/mutation/run.py --sample             # CI-sized: SAMPLE only
     python tests/mutation/run.py --list               # modules and their test selections
 
@@ -19,7 +19,7 @@ Prints, per module, killed / survived / no tests / timeout and the score
 killed / (killed + survived + no tests), and writes ``build/mutation/summary.json``. Surviving
 mutants: ``cd build/mutation/<module> && mutmut results`` and ``mutmut show NAME``.
 
-Not mutated (mutmut skips decorated functions): the ``@njit`` loops of ``_numba_kernels.py``
+Not mutated (mutmut skips decorated functions): the ``@njit`` loops of ``primitives/_numba.py``
 (a trampoline cannot run inside nopython code; their bit-equality tests cover them) and any
 other decorated function (the registered top-k entry points).
 """
@@ -63,13 +63,15 @@ MODULES = {
                      "tests/test_hierarchical.py::test_exact_on_emulated_nodes[5]"]
        for m in ("cupycoll/sparse/hierarchical.py", "cupycoll/comm/_group.py",
                  "cupycoll/comm/_topology.py")},
-    "cupycoll/primitives.py": _PRIMITIVES,
-    "cupycoll/_numba_kernels.py": ["tests/test_numba_accel.py", "tests/test_primitives.py"],
-    "cupycoll/_cupy_primitives.py": ["tests/test_kernels_cpu.py"],
-    "cupycoll/comm/_base.py": ["tests/test_api_units.py", "tests/test_sparse_units.py",
-                               "tests/test_dense.py::test_dense_collectives_match_numpy[3]",
-                               "tests/test_dense.py::test_comm_stats_errors_timeouts[3]",
-                               _SPARSE_MPI + "test_volume_equals_cost_models[3]"],
+    **{f"cupycoll/primitives/{m}.py": _PRIMITIVES for m in (
+        "__init__", "_accel", "_checks", "_common", "_numpy_reduce", "_numpy_select")},
+    "cupycoll/primitives/_numba.py": ["tests/test_numba_accel.py", "tests/test_primitives.py"],
+    "cupycoll/primitives/_cupy.py": ["tests/test_kernels_cpu.py"],
+    **{f"cupycoll/comm/{m}.py": ["tests/test_api_units.py", "tests/test_sparse_units.py",
+                                 "tests/test_dense.py::test_dense_collectives_match_numpy[3]",
+                                 "tests/test_dense.py::test_comm_stats_errors_timeouts[3]",
+                                 _SPARSE_MPI + "test_volume_equals_cost_models[3]"]
+       for m in ("_base", "_stats", "_work")},
 }
 #: a small, cheap selection for CI (a few minutes).
 SAMPLE = ["cupycoll/sparse/_common.py"]

@@ -19,6 +19,11 @@ Modes:
   device_choice               init() keeps a device the application made current
   auto_agrees                 init("auto") picks NCCL only if every rank can
   rules                       every rule of the emulator fires on a program that breaks it
+  wire                        wire formats: compact == coo bitwise for every sparse and top-k
+                              algorithm, rounded values identical on every rank
+  late_named, late_after_abort, late_verbs, interrupt
+                              issue 12 on NCCL: a late rank named, never matched against
+                              aborted peers, for every front door; Ctrl-C in a wait
 After every mode the ranks' NCCL call logs are compared (cupycoll._emulation.check_logs).
 """
 
@@ -134,6 +139,41 @@ def topk_suite(comm, quick):
     padded = tr.oktopk_sequence(comm, 11, 3000, 30, steps, padded=True)
     for (ai, av), (bi, bv) in zip(native, padded):
         assert np.array_equal(ai, bi) and np.array_equal(av, bv)
+
+
+def wire_suite(comm):
+    """Wire formats on the device path: compact == coo bitwise (every sparse and top-k
+    algorithm), rounded values identical on every rank."""
+    from _common import digest
+
+    rng = np.random.default_rng([5, RANK])
+    idx = np.unique(rng.choice(4000, 300, replace=False)).astype(np.int32)
+    val = rng.standard_normal((idx.size, 2)).astype(np.float32)
+    digests = []
+    for alg in cc.algorithms("sparse"):
+        outs = [host(cc.sparse_allreduce(cupy.asarray(idx), cupy.asarray(val), 4000, comm=comm,
+                                         algorithm=alg, wire=wire, wire_values=values))
+                for wire, values in (("coo", None), ("compact", None), ("compact", "bfloat16"))]
+        assert outs[0].indices.tobytes() == outs[1].indices.tobytes(), alg
+        assert outs[0].values.tobytes() == outs[1].values.tobytes(), alg
+        digests.append(digest(outs[2].indices, outs[2].values))
+    for alg in cc.algorithms("topk"):
+        states = [cc.TopkState(tau_prime=2, padded_allgather=True) for _ in range(2)]
+        for t in range(3):
+            x = cupy.asarray(np.random.default_rng([6, RANK, t]).standard_normal(3000)
+                             .astype(np.float32))
+            a, b = (host(cc.topk_allreduce(x, 30, algorithm=alg, comm=comm, state=st, wire=w))
+                    for st, w in zip(states, ("coo", "compact")))
+            assert a.indices.tobytes() == b.indices.tobytes(), (alg, t)
+            assert a.values.tobytes() == b.values.tobytes(), (alg, t)
+        comp = cc.TopkCompressor(3000, 0.01, algorithm=alg, comm=comm, wire="compact",
+                                 wire_values="bfloat16")
+        for t in range(3):
+            upd = host(comp.step(cupy.asarray(np.random.default_rng([7, RANK, t])
+                                              .standard_normal(3000).astype(np.float32))))
+            digests.append(digest(upd.indices, upd.values))
+    every = WORLD.allgather(digests)
+    assert all(d == every[0] for d in every), "rounded wire results differ across ranks"
 
 
 def mode_suites():
@@ -366,18 +406,15 @@ def mode_rules():
 def mode_late_named():
     """Issue 12 on NCCL: after good calls, the last rank is late; the others' CollectiveTimeout
     names it (arrival board), the communicator is then dead at once, and the late rank fails
-    cleanly (its peers aborted)."""
+    (its peers aborted: nothing to match)."""
     comm = nccl_comm(timeout=1.5)
     x = cupy.ones(4, cupy.float32)
     for _ in range(2):
         cc.allreduce(x, comm=comm)
     named = False
     if RANK == P - 1:
-        time.sleep(4)
-        try:  # it completes against the operation its peers left pending, or sees their abort
-            cc.allreduce(x, comm=comm)
-        except (CollectiveTimeout, BackendError, BackendUnavailable):
-            pass
+        time.sleep(4)  # its peers aborted: their pending operations are gone (strict NCCL)
+        expect_raises((CollectiveTimeout, BackendError), lambda: cc.allreduce(x, comm=comm))
     else:
         start = time.monotonic()
         # the first rank to time out aborts its NCCL communicator; a peer still waiting may see
@@ -395,6 +432,127 @@ def mode_late_named():
         assert time.monotonic() - again < 0.5, "a dead communicator must raise at once"
     assert P == 1 or any(WORLD.allgather(named)), "no rank named the late one"
     WORLD.Barrier()
+
+
+def mode_late_after_abort():
+    """Issue 12, strict NCCL: the last rank calls only after its peers timed out and aborted.
+    Their pending operations are cancelled with their communicator, so the late call (a
+    collective, then a point-to-point exchange) must not complete against them: it raises
+    (the peers' abort as NCCL's remote error, or its own timeout), it never returns data."""
+    steps = {"allreduce": lambda c: cc.allreduce(cupy.ones(4, cupy.float32), comm=c).get(),
+             "exchange": lambda c: c.exchange([(r, cupy.ones(4)) for r in range(P) if r != RANK],
+                                              [(r, cupy.empty(4)) for r in range(P)
+                                               if r != RANK]).wait()}
+    seen = {}
+    for verb, call in steps.items():
+        comm = nccl_comm(timeout=30.0)
+        call(comm)  # connected (the late call needs no handshake), kernels compiled
+        comm.timeout = 1.0
+        if RANK == P - 1:
+            WORLD.Barrier()  # every peer has timed out and aborted
+            start = time.monotonic()
+            try:
+                got = call(comm)
+            except (CollectiveTimeout, BackendError) as exc:
+                seen[verb] = (type(exc).__name__, round(time.monotonic() - start, 2), str(exc))
+            else:
+                raise AssertionError(f"late {verb} completed against aborted peers: {got}")
+        else:
+            expect_raises((CollectiveTimeout, BackendError), lambda: call(comm))
+            WORLD.Barrier()
+        WORLD.Barrier()
+        comm.abort()
+    if RANK == P - 1:
+        print(f"late rank after its peers aborted: {seen}")
+
+
+def late_verbs():
+    """Every front door on NCCL: name -> call(comm, compressors). Roots make a punctual rank
+    wait for the late one (broadcast from it, reduce to a punctual rank)."""
+    late, n = P - 1, 64
+
+    def inputs():  # on the communicator's device (current once it exists)
+        x = cupy.arange(n, dtype=cupy.float32) + RANK
+        return x, cupy.arange(RANK, n, P, dtype=cupy.int64)
+
+    def compress(c, state):
+        x, _ = inputs()
+        comp = state.setdefault(id(c), cc.TopkCompressor(n, 0.25, comm=c))
+        return comp.step(x)
+
+    return {
+        "allreduce": lambda c, st: cc.allreduce(inputs()[0], comm=c),
+        "broadcast": lambda c, st: cc.broadcast(inputs()[0], root=late, comm=c),
+        "reduce": lambda c, st: cc.reduce(inputs()[0], root=0, comm=c),
+        "allgather": lambda c, st: cc.allgather(inputs()[0], comm=c),
+        "reduce_scatter": lambda c, st: cc.reduce_scatter(inputs()[0][:4 * P], comm=c),
+        "sparse_allreduce": lambda c, st: cc.sparse_allreduce(
+            inputs()[1], inputs()[0][:inputs()[1].shape[0]], n, comm=c),
+        "sparse_allreduce/async": lambda c, st: cc.sparse_allreduce(
+            inputs()[1], inputs()[0][:inputs()[1].shape[0]], n, comm=c, async_op=True).wait(),
+        "topk_allreduce": lambda c, st: cc.topk_allreduce(inputs()[0], 8, comm=c),
+        "TopkCompressor.step": compress,
+    }
+
+
+def mode_late_verbs():
+    """Issue 12 on NCCL, every front door, in one launch: per verb a fresh communicator
+    (cc.init()), one good call with every rank and a generous timeout (connects, compiles the
+    kernels: a short timeout must not race that), then CC_EMU_LATE_TIMEOUT seconds and the last
+    rank late. It joins only after every punctual rank raised: they raise CollectiveTimeout
+    naming it (missing_ranks, op_name), or NCCL's remote error when a peer's abort came first
+    (at least one names it); a dead communicator raises at once; the late call never completes
+    against the aborted peers (strict NCCL). Rank 0 prints one line per verb."""
+    timeout = float(os.environ.get("CC_EMU_LATE_TIMEOUT", "3"))
+    rows = []
+    for verb, call in late_verbs().items():
+        name, state = verb.split("/")[0], {}
+        comm = nccl_comm(timeout=60.0)
+        call(comm, state)  # all present: connection, kernels, compressor state
+        WORLD.Barrier()
+        comm.timeout = timeout
+        if RANK == P - 1:
+            WORLD.Barrier()  # every punctual rank has raised (or completed: reduce non-roots)
+            start = time.monotonic()
+            try:
+                call(comm, state)
+                outcome = "completed"
+            except (CollectiveTimeout, BackendError, BackendUnavailable) as exc:
+                outcome = type(exc).__name__
+            took = time.monotonic() - start
+            assert outcome != "completed", f"late {verb} completed against aborted peers"
+        else:
+            start = time.monotonic()
+            try:
+                call(comm, state)
+                outcome = "completed"
+            except CollectiveTimeout as exc:
+                assert exc.missing_ranks == [P - 1] and exc.op_name == name, (verb, str(exc))
+                outcome = f"CollectiveTimeout{exc.missing_ranks}"
+            except BackendError as exc:
+                assert "REMOTE" in str(exc), (verb, str(exc))
+                outcome = "BackendError(remote)"
+            took = time.monotonic() - start
+            if outcome.startswith("CollectiveTimeout"):
+                assert 0.9 * timeout <= took <= timeout + 15, (verb, took)
+            if outcome != "completed":
+                again = time.monotonic()
+                expect_raises((CollectiveTimeout, BackendError, BackendUnavailable),
+                              lambda: call(comm, state))
+                assert time.monotonic() - again < 0.5, "a dead communicator must raise at once"
+            else:
+                assert name == "reduce" and RANK != 0, f"{verb} completed without the late rank"
+            WORLD.Barrier()
+        every = WORLD.gather((outcome, took), root=0)
+        if RANK == 0:
+            assert any(o.startswith("CollectiveTimeout") for o, _ in every), \
+                f"{verb}: no rank named the late one: {every}"
+            rows.append(f"LATE {verb:<24} P={P} timeout={timeout:g}s  " + ", ".join(
+                f"r{r}: {o} {t:.2f}s" for r, (o, t) in enumerate(every)))
+        WORLD.Barrier()
+        comm.abort()
+    if RANK == 0:
+        print("\n".join(rows))
 
 
 def mode_interrupt():
@@ -422,7 +580,13 @@ def mode_interrupt():
     comm.abort()
 
 
-MODES = {"late_named": mode_late_named, "interrupt": mode_interrupt, "suites": mode_suites, "rules": mode_rules, "async_device": mode_async_device,
+def mode_wire():
+    wire_suite(nccl_comm())
+    check_logs()
+
+
+MODES = {"wire": mode_wire, "late_named": mode_late_named, "late_after_abort": mode_late_after_abort,
+         "late_verbs": mode_late_verbs, "interrupt": mode_interrupt, "suites": mode_suites, "rules": mode_rules, "async_device": mode_async_device,
          "async_order": mode_async_order, "dup": mode_dup, "missing_peer": mode_missing_peer,
          "peer_aborts": mode_peer_aborts, "init_fails": mode_init_fails,
          "device_choice": mode_device_choice, "auto_agrees": mode_auto_agrees}

@@ -105,7 +105,7 @@ def check_tune(comm) -> None:
     from cupycoll.tuner.profile import load_profile, save_profile
 
     profile = tune(comm, repeats=2)
-    assert set(profile.gamma) == {"merge", "row", "dense", "scan"}, profile.gamma
+    assert set(profile.gamma) == {"merge", "row", "dense", "scan", "code"}, profile.gamma
     assert all(v >= 0 for v in profile.gamma.values()), profile.gamma
     assert_identical_across_ranks(np.frombuffer(repr(profile.as_dict()).encode(), np.uint8))
     if comm.rank == 0:

@@ -213,11 +213,11 @@ def every_loop_in_numba_threads() -> None:
     """CC_TEST_NUMBA_THREADS=1: every primitive call of any size takes the numba loops, with
     merges cut into blocks of 8 entries and loops into CUPYCOLL_THREADS pieces (normally only
     inputs of >= 2**14 entries do, in pieces of >= 2**17 and blocks of 2**15)."""
-    from cupycoll import _numba_kernels, primitives
+    from cupycoll.primitives import _accel, _common, _numba
 
-    primitives._FAST_FROM = 0
-    primitives._MERGE_BLOCK = 8
-    _numba_kernels._PIECE = 1
+    _accel._FAST_FROM = 0
+    _common._MERGE_BLOCK = 8
+    _numba._PIECE = 1
 
 
 def main() -> None:

@@ -84,9 +84,9 @@ def split_traffic(inputs: list[np.ndarray], n: int, rank: int, entry_bytes: int)
     want = {"split.samples": ((p - 1) * (SAMPLES + 1) * 8, p - 1), "split.counts": (peers, p - 1),
             "split.gather.counts": (peers, p - 1)}
     if sum(mine):
-        want["split.scatter"] = (sum(mine) * entry_bytes, 2 * sum(1 for c in mine if c))
+        want["split.scatter"] = (sum(mine) * entry_bytes, sum(1 for c in mine if c))
     if sum(unions):
-        want["split.gather"] = (sum(unions) * entry_bytes, 2 * sum(1 for u in unions if u))
+        want["split.gather"] = (sum(unions) * entry_bytes, sum(1 for u in unions if u))
     return want
 
 

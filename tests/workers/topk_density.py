@@ -74,7 +74,7 @@ def data_words(comm) -> float:
 
 
 def run_case(comm, seed: int, n: int, density: float, drift: bool, policy: str, steps: int,
-             tau: int, tau_prime: int) -> dict:
+             tau: int | str, tau_prime: int) -> dict:
     p, r = comm.size, comm.rank
     selector = recording(Threshold(policy=policy))
     comp = TopkCompressor(n, density, algorithm="oktopk", comm=comm, tau=tau,
@@ -161,8 +161,8 @@ def gather_case(comm, seed: int, n: int, density: float, algorithm: str, selecto
 def main() -> None:
     comm = cc.init("mpi")
     p = comm.size
-    cases = [(1, 1 << 16, 0.02, False, "quantile", 12, 1, 8),
-             (2, 1 << 16, 0.02, True, "quantile", 12, 1, 8),
+    cases = [(1, 1 << 16, 0.02, False, "quantile", 12, "auto", 8),
+             (2, 1 << 16, 0.02, True, "quantile", 12, "auto", 8),
              (3, 1 << 14, 0.005, True, "quantile", 8, 64, 32),
              (4, 1 << 14, 0.02, False, "reference", 10, 64, 32),
              (5, 1 << 14, 0.01, True, "reference", 8, 3, 4)]

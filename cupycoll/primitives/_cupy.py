@@ -17,9 +17,10 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from . import primitives as _twin
-from ._kernels import CTYPES, OPS, CupyLauncher, expression
-from ._types import parse_op
+from .._kernels import CTYPES, OPS, CupyLauncher, expression
+from .._types import parse_op
+from . import _checks
+from ._common import _abs_threshold
 
 __all__ = ["count_abs_ge", "select_abs_ge", "kth_abs", "topk_abs", "coo_reduce", "merge_sorted",
            "scatter_reduce", "gather", "densify", "KernelPrimitives", "Launcher"]
@@ -42,7 +43,7 @@ class Launcher(Protocol):
 
 def _threshold_rank(dtype: np.dtype, t: Any) -> int | None:
     """Return r such that ``|x| >= t`` iff ``rank(x) > r``, or None when nothing can qualify."""
-    least = _twin._abs_threshold(dtype, t)
+    least = _abs_threshold(dtype, t)
     if isinstance(least, bool):
         return 0 if least else None  # every rank is > 0 for integers
     if dtype.kind == "f":  # rank(x) > bits(least) iff bits(|x|) >= bits(least)
@@ -83,7 +84,7 @@ class KernelPrimitives:
         ends = xp.cumsum(counts, axis=1)
         above = int(ends[0, -1])
         need = 0 if k is None else k - above
-        itype = _twin._index_dtype(x.size)
+        itype = _checks._index_dtype(x.size)
         idx, val = xp.empty(above + need, itype), xp.empty(above + need, x.dtype)
         if above + need:
             self.launch("select.cu", expression("cc_rank_select", CTYPES[x.dtype], CTYPES[itype]),
@@ -109,7 +110,7 @@ class KernelPrimitives:
 
     def count_abs_ge(self, x: Any, t: Any) -> int:
         """Number of entries with ``|x_i| >= t``; NaN never counts."""
-        x, t = _twin._values(x, "x", (1,)), _twin._real(t)
+        x, t = _checks._values(x, "x", (1,)), _checks._real(t)
         r = _threshold_rank(x.dtype, t)
         if r is None or x.size == 0:
             return 0
@@ -118,17 +119,17 @@ class KernelPrimitives:
 
     def select_abs_ge(self, x: Any, t: Any) -> tuple[Any, Any]:
         """``(indices, values)`` of the entries with ``|x_i| >= t``, indices ascending."""
-        x, t = _twin._values(x, "x", (1,)), _twin._real(t)
+        x, t = _checks._values(x, "x", (1,)), _checks._real(t)
         r = _threshold_rank(x.dtype, t)
         if r is None or x.size == 0:
-            itype = _twin._index_dtype(x.size)
+            itype = _checks._index_dtype(x.size)
             return self.xp.empty(0, itype), self.xp.empty(0, x.dtype)
         return self._rank_select(self.xp.ascontiguousarray(x), r, None)
 
     def kth_abs(self, x: Any, k: int) -> Any:
         """The exact k-th largest ``|x_i|`` as a numpy scalar (uint for integer ``x``)."""
-        x = _twin._values(x, "x", (1,))
-        k = _twin._k(k, x.size)
+        x = _checks._values(x, "x", (1,))
+        k = _checks._k(k, x.size)
         rank = self._kth_rank(self.xp.ascontiguousarray(x), k)
         if x.dtype.kind == "f":
             if rank == 0:
@@ -138,8 +139,8 @@ class KernelPrimitives:
 
     def topk_abs(self, x: Any, k: int) -> tuple[Any, Any]:
         """The k entries of largest magnitude, ties to lower indices, indices ascending."""
-        x = _twin._values(x, "x", (1,))
-        k = _twin._k(k, x.size)
+        x = _checks._values(x, "x", (1,))
+        k = _checks._k(k, x.size)
         x = self.xp.ascontiguousarray(x)
         return self._rank_select(x, self._kth_rank(x, k), k)
 
@@ -172,18 +173,18 @@ class KernelPrimitives:
     def coo_reduce(self, indices: Any, values: Any, op: Any = "sum", n: int | None = None,
                    accumulate_dtype: Any = None) -> tuple[Any, Any]:
         """Coalesce unsorted COO entries into ascending unique indices (left fold per index)."""
-        idx, val = _twin._pair(indices, values)
+        idx, val = _checks._pair(indices, values)
         op = _op(op)
-        _twin._checked_range(idx, None if n is None else _twin._length(n))
-        return self._fold(idx, val, op, _twin._accumulate(accumulate_dtype, val.dtype))
+        _checks._checked_range(idx, None if n is None else _checks._length(n))
+        return self._fold(idx, val, op, _checks._accumulate(accumulate_dtype, val.dtype))
 
     def merge_sorted(self, parts: Sequence[tuple[Any, Any]], op: Any = "sum",
                      accumulate_dtype: Any = None, *, checked: bool = True) -> tuple[Any, Any]:
         """Merge coalesced COO parts; duplicates left-folded in part order."""
-        pairs = _twin._sorted_parts(parts, checked)
+        pairs = _checks._sorted_parts(parts, checked)
         op = _op(op)
         ref = pairs[0][1]
-        acc = _twin._accumulate(accumulate_dtype, ref.dtype)
+        acc = _checks._accumulate(accumulate_dtype, ref.dtype)
         itype = np.result_type(*(i.dtype for i, _ in pairs))
         idx = self.xp.concatenate([i.astype(itype, copy=False) for i, _ in pairs])
         val = self.xp.concatenate([v for _, v in pairs])
@@ -217,9 +218,9 @@ class KernelPrimitives:
 
         Range and order come from one device read (none with ``checked=False``: the caller
         guarantees strictly increasing indices in range)."""
-        dense, idx, val = _twin._scatter_operands(dense, indices, values)
+        dense, idx, val = _checks._scatter_operands(dense, indices, values)
         op = _op(op)
-        increasing = _twin._checked_range(idx, dense.shape[0]) if checked else True
+        increasing = _checks._checked_range(idx, dense.shape[0]) if checked else True
         if dense.flags.c_contiguous:
             self._scatter(dense, idx, val, op, increasing)
         else:
@@ -231,9 +232,9 @@ class KernelPrimitives:
     def gather(self, dense: Any, indices: Any) -> Any:
         """``dense[indices]`` (rows when ``dense`` is 2-D); indices must be in range."""
         xp = self.xp
-        dense = _twin._values(dense, "dense")
-        idx = _twin._indices(indices)
-        _twin._checked_range(idx, dense.shape[0])
+        dense = _checks._values(dense, "dense")
+        idx = _checks._indices(indices)
+        _checks._checked_range(idx, dense.shape[0])
         out = xp.empty((idx.size,) + dense.shape[1:], dense.dtype)
         width = math.prod(dense.shape[1:])
         if idx.size:
@@ -245,9 +246,9 @@ class KernelPrimitives:
 
     def densify(self, indices: Any, values: Any, n: int) -> Any:
         """Dense array of length ``n`` (rows if values are 2-D): coalesced sums, zeros elsewhere."""
-        idx, val = _twin._pair(indices, values)
-        n = _twin._length(n)
-        increasing = _twin._checked_range(idx, n)
+        idx, val = _checks._pair(indices, values)
+        n = _checks._length(n)
+        increasing = _checks._checked_range(idx, n)
         dense = self.xp.zeros((n,) + val.shape[1:], val.dtype)
         if not increasing:
             idx, val = self._fold(idx, val, parse_op("sum"), val.dtype)
@@ -257,7 +258,7 @@ class KernelPrimitives:
 
 def _op(op: Any) -> Any:
     """Parse and check a reduction op like the numpy twin (avg is the caller's job)."""
-    _twin._reduce_op(op)
+    _checks._reduce_op(op)
     return parse_op(op)
 
 

@@ -1,15 +1,16 @@
 """numba loops of the hot numpy primitives: an optional accelerator, bitwise equal to the twins.
 
-Imported lazily by :mod:`cupycoll.primitives` only when ``CUPYCOLL_NUMBA`` allows it and numba
-imports. Only the core loops live here: validation, casts to the accumulation dtype and back,
-output dtypes and trimming stay in the numpy code, so errors and dtypes cannot diverge.
+Imported lazily by :mod:`cupycoll.primitives._accel` only when ``CUPYCOLL_NUMBA`` allows it and
+numba imports. Only the core loops live here: validation, casts to the accumulation dtype and
+back, output dtypes and trimming stay in the numpy code, so errors and dtypes cannot diverge.
 
 Each loop does what the numpy twin does, element by element: the merge folds the values of one
 index into the identity of the op in part order (``ufunc.at`` on an identity-filled output), with
 numpy's max/min (``a > b or isnan(a) ? a : b``, likewise ``<``): NaN propagates (the first NaN
-stays), except that a +0/-0 tie gives +0 for max and -0 for min (``primitives.combine``). The scans compare magnitudes exactly like
-:func:`primitives._abs_ge_test`. Compiled on first use per signature and cached in
-``__pycache__`` (numba recompiles silently when that directory is read-only).
+stays), except that a +0/-0 tie gives +0 for max and -0 for min (``primitives.combine``). The
+scans compare magnitudes exactly like :func:`primitives._numpy_select._abs_ge_test`. Compiled on
+first use per signature and cached in ``__pycache__`` (numba recompiles silently when that
+directory is read-only).
 """
 
 from __future__ import annotations
@@ -23,12 +24,12 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from numba import njit
 
-from ._config import setting
-from .primitives import _abs_threshold, _block_cuts, _identity
+from .._config import setting
+from ._common import _abs_threshold, _block_cuts, _identity
 
 __all__ = ["merge", "select", "count", "threads", "free_scratch"]
 
-#: op codes of the merge loop, keyed by the numpy ufunc of primitives._UFUNCS.
+#: op codes of the merge loop, keyed by the numpy ufunc of primitives._checks._UFUNCS.
 OPS = {np.add: 0, np.multiply: 1, np.maximum: 2, np.minimum: 3}
 #: dtypes the merge loop accumulates in (float16 has no native numba arithmetic).
 MERGE_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "int32", "int64"))
@@ -345,8 +346,8 @@ def merge(indices: Sequence[np.ndarray], values: Sequence[np.ndarray], ufunc: np
 def _scan_bounds(x: np.ndarray, t: Any) -> tuple[Any, Any] | None:
     """``(lo, hi)`` of x's dtype with ``|x| >= t`` exactly ``x <= lo or x >= hi``, or None.
 
-    ``lo = -tt``, ``hi = tt`` for the exact threshold tt of :func:`primitives._abs_threshold`
-    (NaN fails both tests). None for the cases numpy keeps: float16 (no numba arithmetic), a
+    ``lo = -tt``, ``hi = tt`` for the exact threshold tt of
+    :func:`primitives._common._abs_threshold` (NaN fails both tests). None for the cases numpy keeps: float16 (no numba arithmetic), a
     uniform answer, and ``tt = |INT_MIN|``.
     """
     if x.dtype == np.float16:

@@ -1,0 +1,94 @@
+"""How the NCCL backend touches CUDA: pointers, the current stream and events
+(:class:`CudaDevice`), a side stream (:class:`SideStream`) and the overlap that runs on it."""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from ._work import Overlap, Work
+
+if TYPE_CHECKING:
+    from .nccl import NCCLCommunicator
+
+__all__ = ["CudaDevice", "SideStream"]
+
+
+class CudaDevice:
+    """How the backend touches CUDA: array pointers, the current stream, completion events.
+
+    Kept apart from the communicator so its logic (booking, grouping, staging, waiting) can run
+    on the host with a stand-in that has the same members.
+    """
+
+    def __init__(self, cupy: types.ModuleType) -> None:
+        self._cupy = cupy
+        self.errors: tuple[type[BaseException], ...] = (cupy.cuda.runtime.CUDARuntimeError,)
+
+    def pointer(self, a: Any) -> int:
+        """Device address of the first element of ``a``."""
+        return int(a.data.ptr)
+
+    def stream(self) -> int:
+        """Handle of the current CuPy stream (what NCCL calls are enqueued on)."""
+        return int(self._cupy.cuda.get_current_stream().ptr)
+
+    def record(self) -> Any:
+        """Record an event on the current stream (has ``done`` and ``synchronize()``)."""
+        event = self._cupy.cuda.Event(disable_timing=True)
+        event.record()
+        return event
+
+    def side_stream(self) -> "SideStream":
+        """A non-blocking stream of this device for work that overlaps the current stream's."""
+        return SideStream(self._cupy)
+
+    def download(self, a: Any) -> tuple[np.ndarray, Any]:
+        """Queue a copy of ``a`` into pinned host memory on the current stream; return the host
+        array (valid once the event is done) and an event recorded behind the copy."""
+        import cupyx
+
+        if not a.flags.c_contiguous:  # results are contiguous: no device work queued here
+            a = self._cupy.ascontiguousarray(a)
+        host = cupyx.empty_pinned(a.shape, a.dtype)
+        runtime = self._cupy.cuda.runtime
+        runtime.memcpyAsync(host.ctypes.data, a.data.ptr, a.nbytes,
+                            runtime.memcpyDeviceToHost, self.stream())
+        return host, self.record()
+
+
+class SideStream:
+    """A second CUDA stream: ``after(events)`` makes it wait for the events and current for the
+    block; ``join()`` makes the current stream wait for everything queued on it."""
+
+    def __init__(self, cupy: types.ModuleType) -> None:
+        self._cupy = cupy
+        self._stream = cupy.cuda.Stream(non_blocking=True)
+
+    @contextlib.contextmanager
+    def after(self, events: Sequence[Any]) -> Iterator[None]:
+        for event in events:
+            self._stream.wait_event(event)
+        with self._stream:
+            yield
+
+    def join(self) -> None:
+        self._cupy.cuda.get_current_stream().wait_event(self._stream.record())
+
+
+class _SideStreamOverlap(Overlap):
+    """Consumers on the communicator's side stream, each after its transfers' events."""
+
+    def __init__(self, comm: "NCCLCommunicator", side: Any) -> None:
+        super().__init__(comm)
+        self._side = side
+
+    def after(self, work: Work | None, fn: Callable[[], None]) -> None:
+        with self._side.after(getattr(work, "events", [])):
+            fn()
+
+    def join(self) -> None:
+        self._side.join()

@@ -1,0 +1,90 @@
+"""The MPI backend's tables and buffer helpers: MPI ops and datatypes of each dtype, the
+order-free float max/min, raw-byte and typed buffer specs, and the stand-in of a dead comm."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+from .._types import ReduceOp
+
+
+_MPI_OPS = {ReduceOp.SUM: MPI.SUM, ReduceOp.AVG: MPI.SUM, ReduceOp.PROD: MPI.PROD,
+            ReduceOp.MAX: MPI.MAX, ReduceOp.MIN: MPI.MIN}
+#: MPI datatype of each dtype MPI reduces natively, keyed by the dtype itself (a dict hit per call;
+#: byte-swapped or half-precision dtypes miss and take the general path).
+_MPI_TYPES = {np.dtype(name): mpi_type for name, mpi_type in (
+    ("float32", MPI.FLOAT), ("float64", MPI.DOUBLE), ("int8", MPI.SIGNED_CHAR),
+    ("uint8", MPI.UNSIGNED_CHAR), ("int16", MPI.INT16_T), ("uint16", MPI.UINT16_T),
+    ("int32", MPI.INT32_T), ("uint32", MPI.UINT32_T), ("int64", MPI.INT64_T),
+    ("uint64", MPI.UINT64_T))}
+_WIDENED = {"float16": np.float32, "bfloat16": np.float32}
+_FLOAT_MINMAX: dict[ReduceOp, MPI.Op] = {}
+
+
+def _minmax(ufunc: np.ufunc, negative_zero_wins: bool):
+    """A commutative float max/min for MPI: NaN propagates, and a +0/-0 tie has one answer.
+
+    MPI's built-in MAX/MIN compare with ``<``, so a NaN survives or not depending on the order
+    in which a rank combines the operands, and ranks end up with different results. Here the
+    result does not depend on the order: numpy's ufunc (NaN wins), and on a zero tie -0 for min,
+    +0 for max.
+    """
+    def combine(inbuf: Any, inoutbuf: Any, datatype: MPI.Datatype) -> None:
+        dtype = np.float32 if datatype == MPI.FLOAT else np.float64
+        a, b = np.frombuffer(inbuf, dtype), np.frombuffer(inoutbuf, dtype)
+        ties = (a == 0) & (b == 0)
+        sign = np.signbit(a[ties])
+        sign = sign | np.signbit(b[ties]) if negative_zero_wins else sign & np.signbit(b[ties])
+        ufunc(a, b, out=b)
+        b[ties] = np.where(sign, dtype(-0.0), dtype(0.0))
+    return combine
+
+
+def _mpi_op(op: ReduceOp, dtype: np.dtype) -> MPI.Op:
+    """The MPI op of ``op`` on ``dtype``: built-in, except float max/min (see :func:`_minmax`)."""
+    if dtype.kind != "f" or op not in (ReduceOp.MAX, ReduceOp.MIN):
+        return _MPI_OPS[op]
+    if op not in _FLOAT_MINMAX:
+        _FLOAT_MINMAX[op] = MPI.Op.Create(
+            _minmax(np.maximum if op is ReduceOp.MAX else np.minimum, op is ReduceOp.MIN),
+            commute=True)
+    return _FLOAT_MINMAX[op]
+
+
+def _bytes(a: np.ndarray) -> list:
+    """Buffer spec that moves ``a`` as raw bytes (any dtype, no pickling)."""
+    return [a, MPI.BYTE]
+
+
+def _address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def _typed(a: np.ndarray) -> list:
+    """Buffer spec that moves ``a`` as its own MPI datatype (for reductions)."""
+    return [a, _MPI_TYPES[a.dtype]]
+
+
+def _separate(send: np.ndarray, recv: np.ndarray) -> bool:
+    """True when two host buffers surely do not overlap (a bounds check, no solving)."""
+    return send is not recv and not np.may_share_memory(send, recv)
+
+
+def _pending(requests: list, peers: Sequence[int] | None) -> list[int]:
+    """The peers of the point-to-point requests still pending (none for a collective)."""
+    if peers is None:
+        return []
+    return sorted({peer for request, peer in zip(requests, peers) if not request.Test()})
+
+
+class _DeadComm:
+    """Stands in for the MPI communicator of an aborted Communicator: any use raises why."""
+
+    def __init__(self, fate: Any) -> None:
+        self._fate = fate
+
+    def __getattr__(self, name: str) -> Any:
+        raise self._fate.dead_error()

@@ -1,0 +1,183 @@
+"""The verbs of the NCCL backend: dense collectives posted natively (allgatherv as a group of
+broadcasts) and point-to-point ``exchange`` as one group of send/recv.
+
+:class:`_NcclVerbs` is mixed into :class:`~.nccl.NCCLCommunicator`, whose engine (``_post``,
+``_work``, ``_group``, buffers and code tables) the verbs run on.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Sequence
+
+import numpy as np
+
+from .._types import ReduceOp
+from ..errors import InvalidArgument
+from ._nccl_setup import nccl_types
+from ._work import Work
+
+__all__: list[str] = []
+
+
+class _NcclVerbs:
+    """The verbs of :class:`~.nccl.NCCLCommunicator` (a mixin: it has no state of its own)."""
+
+    # dense collectives (NCCL natively; in place when the pointers say so). Each ``_verb`` posts
+    # and returns (event, buffer to keep alive); the public verb wraps that in a Work, ``run``
+    # waits on it directly.
+    def run(self, verb: str, *args: Any, op_name: str | None = None) -> None:
+        """Run a dense verb to completion: post it and wait on its event (no Work)."""
+        name = op_name or verb
+        poster = self._posters.get(verb)
+        if poster is None:
+            return super().run(verb, *args, op_name=op_name)
+        event, _keep = poster(*args, name)
+        self.wait([event], name)
+
+    def _types(self, dtype: Any, op: Any) -> tuple[int, int | None]:
+        """NCCL's (dtype, op) codes: from the tables built in ``_attach``, else nccl_types."""
+        code = self._dtype_codes.get(dtype)
+        red = self._op_codes.get(op) if op is not None else None
+        if code is None or (red is None and op is not None):
+            return nccl_types(dtype, op, nccl=self._nccl, rank=self.rank)
+        return code, red
+
+    def allreduce(self, send: Any, recv: Any, op: ReduceOp, op_name: str = "allreduce") -> Work:
+        return self._work(*self._allreduce(send, recv, op, op_name), op_name)
+
+    def _allreduce(self, send: Any, recv: Any, op: ReduceOp, op_name: str) -> tuple:
+        dtype, red = self._types(send.dtype, op)
+        src, dst, count = self._contiguous(send), self._buffer(recv, "recv"), int(send.size)
+        ptr = self._ptr
+        event = self._post(op_name, lambda c, s: c.allReduce(
+            ptr(src), ptr(dst), count, dtype, red, s), active=count > 0)
+        self._record_collective("allreduce", send.nbytes, op_name=op_name)
+        return event, src
+
+    def reduce(self, send: Any, recv: Any, op: ReduceOp, root: int,
+               op_name: str = "reduce") -> Work:
+        return self._work(*self._reduce(send, recv, op, root, op_name), op_name)
+
+    def _reduce(self, send: Any, recv: Any, op: ReduceOp, root: int, op_name: str) -> tuple:
+        dtype, red = self._types(send.dtype, op)
+        src, count = self._contiguous(send), int(send.size)
+        dst = src if recv is None or self.rank != root else self._buffer(recv, "recv")
+        ptr = self._ptr
+        event = self._post(op_name, lambda c, s: c.reduce(
+            ptr(src), ptr(dst), count, dtype, red, root, s), active=count > 0)
+        self._record_collective("reduce", send.nbytes, root, op_name=op_name)
+        return event, src
+
+    def reduce_scatter(self, send: Any, recv: Any, op: ReduceOp,
+                       op_name: str = "reduce_scatter") -> Work:
+        return self._work(*self._reduce_scatter(send, recv, op, op_name), op_name)
+
+    def _reduce_scatter(self, send: Any, recv: Any, op: ReduceOp, op_name: str) -> tuple:
+        dtype, red = self._types(send.dtype, op)
+        src, dst, count = self._contiguous(send), self._buffer(recv, "recv"), int(recv.size)
+        ptr = self._ptr
+        event = self._post(op_name, lambda c, s: c.reduceScatter(
+            ptr(src), ptr(dst), count, dtype, red, s), active=count > 0)
+        self._record_collective("reduce_scatter", send.nbytes, op_name=op_name)
+        return event, src
+
+    def broadcast(self, send: Any, recv: Any, root: int, op_name: str = "broadcast") -> Work:
+        return self._work(*self._broadcast(send, recv, root, op_name), op_name)
+
+    def _broadcast(self, send: Any, recv: Any, root: int, op_name: str) -> tuple:
+        dst, nbytes = self._buffer(recv, "recv"), int(recv.nbytes)
+        src = self._contiguous(send) if self.rank == root else dst  # only root's send is read
+        ptr = self._ptr
+        event = self._post(op_name, lambda c, s: c.broadcast(
+            ptr(src), ptr(dst), nbytes, self._bytes, root, s), active=nbytes > 0)
+        self._record_collective("broadcast", recv.nbytes, root, op_name=op_name)
+        return event, src
+
+    def allgather(self, send: Any, recv: Any, op_name: str = "allgather") -> Work:
+        return self._work(*self._allgather(send, recv, op_name), op_name)
+
+    def _allgather(self, send: Any, recv: Any, op_name: str) -> tuple:
+        src, dst, nbytes = self._contiguous(send), self._buffer(recv, "recv"), int(send.nbytes)
+        ptr = self._ptr
+        event = self._post(op_name, lambda c, s: c.allGather(
+            ptr(src), ptr(dst), nbytes, self._bytes, s), active=nbytes > 0)
+        self._record_collective("allgather", recv.nbytes, op_name=op_name)
+        return event, src
+
+    def _allgatherv_into(self, send: Any, recv: Any, counts: np.ndarray, op_name: str) -> Work:
+        """NCCL has no allgatherv: one grouped broadcast from every rank that has rows.
+
+        Booked like the MPI backend (this rank's rows sent to each of the P-1 others, their rows
+        received), which is what a point-to-point allgatherv moves.
+        """
+        dst = self._buffer(recv, "recv")
+        row = int(np.prod(recv.shape[1:], dtype=np.int64)) * recv.dtype.itemsize
+        nbytes = np.asarray(counts, dtype=np.int64) * row
+        offsets = np.concatenate([[0], np.cumsum(nbytes)]).astype(np.int64)
+        src = self._contiguous(send)
+        if int(src.nbytes) != int(nbytes[self.rank]):
+            raise InvalidArgument("counts", [int(c) for c in counts], f"entry {self.rank} must be "
+                                  f"this rank's row count {send.shape[0]}", rank=self.rank)
+
+        def launch(c: Any, s: int) -> None:
+            base = self._ptr(dst) if dst.nbytes else 0
+            with self._group():
+                for r in np.flatnonzero(nbytes):
+                    block = base + int(offsets[r])
+                    c.broadcast(self._ptr(src) if r == self.rank else block, block,
+                                int(nbytes[r]), self._bytes, int(r), s)
+
+        event = self._post(op_name, launch)
+        self._record_allgatherv(op_name, nbytes)
+        return self._work(event, src, op_name)
+
+    # point to point
+    def _check_peer(self, peer: int, argument: str) -> int:
+        if not 0 <= int(peer) < self.size:
+            raise InvalidArgument(argument, peer, f"peer must be a rank in [0, {self.size})",
+                                  rank=self.rank)
+        return int(peer)
+
+    def exchange(self, sends: Sequence[tuple[int, Any]], recvs: Sequence[tuple[int, Any]],
+                 op_name: str = "exchange") -> Work:
+        """One NCCL group of send/recv on raw bytes; messages to this rank are device copies.
+
+        Zero-byte messages are booked (like MPI's) but not posted: both sides know the size.
+        """
+        local = collections.deque(a for peer, a in sends if self._check_peer(peer, "sends") ==
+                                  self.rank)
+        posted_recvs, posted_sends, staged = [], [], []
+        self.stats.record(op_name)  # the operation shows in by_op even with no remote peer
+        for peer, buf in recvs:
+            if self._check_peer(peer, "recvs") == self.rank:
+                if not local:
+                    raise InvalidArgument("recvs", peer, "a receive from this rank needs a send "
+                                          "to this rank", rank=self.rank)
+                buf[...] = local.popleft()
+                continue
+            dst = buf if buf.flags.c_contiguous else self.xp.empty(buf.shape, buf.dtype)
+            if dst is not buf:
+                staged.append((buf, dst))
+            posted_recvs.append((int(peer), dst))
+            self.stats.record(op_name, received=dst.nbytes, msgs_received=1)
+        for peer, arr in sends:
+            if int(peer) == self.rank:
+                continue
+            src = self._contiguous(arr)
+            posted_sends.append((int(peer), src))
+            self.stats.record(op_name, sent=src.nbytes, msgs_sent=1)
+
+        def launch(c: Any, s: int) -> None:
+            with self._group():
+                for peer, dst in posted_recvs:
+                    if dst.nbytes:
+                        c.recv(self._ptr(dst), int(dst.nbytes), self._bytes, peer, s)
+                for peer, src in posted_sends:
+                    if src.nbytes:
+                        c.send(self._ptr(src), int(src.nbytes), self._bytes, peer, s)
+            for buf, dst in staged:  # stream-ordered after the receives
+                buf[...] = dst
+
+        event = self._post(op_name, launch)
+        return self._work(event, (posted_recvs, posted_sends), op_name)

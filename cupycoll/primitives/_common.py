@@ -1,0 +1,75 @@
+"""Exact rules shared by the numpy twins, the numba loops and the kernels: the identity of each
+reduction, the rounding of a magnitude threshold to a dtype, and the blocks of a merge."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import numpy as np
+
+
+#: entries per block of merge_sorted: each block's sort, runs and fold stay in cache.
+_MERGE_BLOCK = 1 << 15
+
+
+def _identity(ufunc: np.ufunc, dtype: np.dtype) -> Any:
+    """The exact identity of ``ufunc`` on ``dtype`` (``-0.0`` for float sums keeps ``-0.0``)."""
+    if ufunc is np.add:
+        return -0.0 if dtype.kind == "f" else 0
+    if ufunc is np.multiply:
+        return 1
+    if dtype.kind == "f":
+        return -np.inf if ufunc is np.maximum else np.inf
+    info = np.iinfo(dtype)
+    return info.min if ufunc is np.maximum else info.max
+
+
+def _abs_threshold(dtype: np.dtype, t: Any) -> Any:
+    """Return the least magnitude of ``dtype`` that is >= t, or a bool if the test is uniform.
+
+    ``|x| >= t`` then equals ``|x| >= result`` for every x of ``dtype``; a bool result is the
+    answer for every element. Floats: the least value of the dtype >= t (t is never rounded
+    down), 0 for t <= 0, False for NaN t. Integers: ``ceil(t)`` as an int in [1, 2**(bits-1)],
+    True for t <= 0, False above ``|INT_MIN|`` or for NaN t. Shared by the numpy scans and the
+    kernels' magnitude ranks so both round t the same way.
+    """
+    if dtype.kind == "f":
+        try:
+            tf = float(t)
+        except OverflowError:  # a Python int beyond the float64 range
+            tf = math.inf if t > 0 else -math.inf
+        with np.errstate(over="ignore"):
+            tt = dtype.type(tf)
+        if float(tt) < tf:
+            tt = np.nextafter(tt, dtype.type(np.inf))
+        if math.isnan(tt):
+            return False
+        return tt if tt > 0 else dtype.type(0)
+    if isinstance(t, (numbers.Integral, np.integer)):
+        ti = int(t)
+    elif math.isnan(float(t)):
+        return False
+    elif math.isinf(float(t)):
+        return float(t) < 0
+    else:
+        ti = math.ceil(float(t))
+    if ti <= 0 or ti > 2 ** (8 * dtype.itemsize - 1):
+        return ti <= 0
+    return ti
+
+
+def _block_cuts(indices: list[np.ndarray], total: int) -> list[list[int]]:
+    """Cut every part at shared index values into blocks of about ``_MERGE_BLOCK`` entries.
+
+    Splitters are quantiles of a strided sample of all parts, so skewed parts still give even
+    blocks; all copies of an index land in the same block (cuts are searchsorted 'left').
+    """
+    blocks = -(-total // _MERGE_BLOCK)
+    if blocks <= 1:
+        return [[0, i.size] for i in indices]
+    stride = max(1, total // (8 * blocks))
+    sample = np.sort(np.concatenate([i[::stride] for i in indices]))
+    splitters = sample[(np.arange(1, blocks) * sample.size) // blocks]
+    return [[0, *np.searchsorted(i, splitters).tolist(), i.size] for i in indices]
