@@ -74,3 +74,10 @@ def test_auto_picks_it_only_where_the_network_between_nodes_is_slower():
     for p, per_node in ((4, 2), (8, 2), (8, 4), (5, 2)):
         assert choose(shape(p, per_node), default_profile()) != "hierarchical"
     assert choose(shape(8, 8), network_profile("nvlink", 8)) == "split"  # one node: the tie
+
+
+@pytest.mark.parametrize("nprocs", [4, 5])
+def test_compact_and_rounded_wires_on_emulated_nodes(nprocs):
+    # 3 inputs x 3 node sizes x (compact, coo+bfloat16, compact+bfloat16)
+    out = run_mpi(nprocs, "hier_wire.py", timeout=600)
+    assert f"ok 27 hierarchical wire cases on {nprocs} ranks" in out

@@ -24,7 +24,9 @@ predicted time: ``auto`` keeps split on a tie). One rank per node: a count allga
 collectives. Traffic is booked as ``hierarchical.samples``,
 ``hierarchical.node.{counts,scatter,gather.counts,gather}`` (intra-node) and
 ``hierarchical.rail.{counts, allgather, split.*}`` (inter-node); :func:`link_costs` splits the
-exact model the same way so the tuner prices each part on its link.
+exact model the same way so the tuner prices each part on its link. Every phase sends one
+packed block per peer on the call's ``wire`` (:mod:`cupycoll.wire`; compact codes a block's
+indices over its regions).
 """
 
 from __future__ import annotations
