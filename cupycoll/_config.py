@@ -51,6 +51,13 @@ def _threads(text: str) -> int | str:
     return count
 
 
+def _positive_int(text: str) -> int:
+    count = int(text)
+    if count < 1:
+        raise ValueError("expected a positive integer")
+    return count
+
+
 #: name -> (parser, default, description)
 SETTINGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "CUPYCOLL_BACKEND": (str, "auto", "default backend of init(): auto, mpi or nccl"),
@@ -69,6 +76,10 @@ SETTINGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                          "threads of one numba loop: auto (the CPUs this process may use "
                          "divided by the MPI ranks on this node, as MPI_LOCALNRANKS or "
                          "OMPI_COMM_WORLD_LOCAL_SIZE tell) or a positive integer"),
+    "CUPYCOLL_RANKS_PER_NODE": (_positive_int, None,
+                                "ranks per node for the node-aware algorithms: rank // value "
+                                "(emulates several nodes on one machine); default: detected "
+                                "by MPI's shared-memory split"),
     "CUPYCOLL_LOG_LEVEL": (str, "WARNING", "level of the 'cupycoll' logger"),
     "CUPYCOLL_PROFILE": (str, None, "machine profile (JSON) that auto's time model reads and "
                          "'cupycoll tune' writes; default ~/.cache/cupycoll/profile.json, "

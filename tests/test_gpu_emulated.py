@@ -14,8 +14,9 @@ from tests._mpi import run_mpi
 pytestmark = pytest.mark.mpi
 
 
-def _run(nprocs, modes, *args, timeout=300, **env):
+def _run(nprocs, modes, *args, timeout=300, settings=None, **env):
     env = {"CC_EMU_" + k.upper(): str(v) for k, v in env.items()}
+    env.update(settings or {})
     out = run_mpi(nprocs, "gpu_emulated.py", ",".join(modes), *args, timeout=timeout, env=env)
     assert f"gpu_emulated {','.join(modes)}: ok on {nprocs} ranks" in out
     return out
@@ -25,8 +26,9 @@ def _run(nprocs, modes, *args, timeout=300, **env):
 def test_suites_on_emulated_gpus(nprocs):
     """Dense, sparse (every algorithm, sync and async), top-k (every algorithm, Ok-Topk refresh
     and non-refresh) on init("nccl") against numpy references; the CUDA kernels ran (compiled
-    for the CPU); NCCL call logs agree across ranks."""
-    _run(nprocs, ["suites"], 60 + nprocs, 16)
+    for the CPU); NCCL call logs agree across ranks. At P >= 3 the node-aware algorithm sees
+    nodes of 2 ranks (P = 3: the last one short), so its node and rail steps run on NCCL."""
+    _run(nprocs, ["suites"], 60 + nprocs, 16, settings=_NODES_OF_2 if nprocs >= 3 else None)
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])
@@ -37,7 +39,10 @@ def test_wire_formats_on_emulated_gpus(nprocs):
 
 
 def test_suites_on_8_emulated_gpus():
-    _run(8, ["suites"], 68, 6, "quick", timeout=400)
+    _run(8, ["suites"], 68, 6, "quick", timeout=400, settings=_NODES_OF_2)
+
+
+_NODES_OF_2 = {"CUPYCOLL_RANKS_PER_NODE": "2"}
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])

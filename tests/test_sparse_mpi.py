@@ -27,7 +27,8 @@ def test_random_cases_in_threaded_numba_loops(nprocs):
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 8])
 def test_volume_equals_cost_models(nprocs):
     out = run_mpi(nprocs, "sparse_volume.py", 7, timeout=180)
-    assert f"ok 126 volume checks on {nprocs} ranks" in out  # 7 inputs x 3 dtypes x 6 algorithms
+    # 7 inputs x 3 dtypes x (6 algorithms + hierarchical at 1, 2, 3 ranks per node)
+    assert f"ok 189 volume checks on {nprocs} ranks" in out
 
 
 @pytest.mark.parametrize("nprocs", [3, 4])
@@ -44,5 +45,7 @@ def test_delivery_alloc_completion_async(nprocs):
 
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
 def test_nan_inf_signed_zero_same_bits_in_every_algorithm(nprocs):
-    out = run_mpi(nprocs, "sparse_semantics.py", 5, timeout=120)
-    assert f"x 6 algorithms on {nprocs} ranks" in out
+    # hierarchical over nodes of 2 ranks: P = 2 is two one-rank nodes, P = 3 has a short node
+    out = run_mpi(nprocs, "sparse_semantics.py", 5, timeout=120,
+                  env={"CUPYCOLL_RANKS_PER_NODE": "2"})
+    assert f"x 7 algorithms on {nprocs} ranks" in out

@@ -13,7 +13,7 @@ from cupycoll.sparse import auto, recursive_doubling, split
 from cupycoll.sparse._common import bitmap_chunk, fill_absent, reduce_parts
 from cupycoll.sparse._cost import Shape, estimate_union, validation_cost
 
-ALL = ["allgather", "auto", "dense", "mask", "recursive_doubling", "split"]
+ALL = ["allgather", "auto", "dense", "hierarchical", "mask", "recursive_doubling", "split"]
 
 
 @pytest.fixture

@@ -56,6 +56,8 @@ class Shape:
         inputs: optional coalesced sorted indices of every rank (host numpy), for exact terms.
         op: the reduction ("sum", "prod", "max", "min"; avg reduces as sum): ``dense`` folds
             presence into its allreduce only for sum.
+        nodes: node of every rank (see :mod:`cupycoll.comm._topology`), for the node-aware
+            algorithms; None = one node.
         wire: how entries travel (:class:`cupycoll.wire.Wire`: raw or compact indices, values
             as they are or rounded to 16 bits); ``float_values``: whether rounding applies.
     """
@@ -68,6 +70,7 @@ class Shape:
     nnz: tuple[int, ...]
     inputs: tuple[np.ndarray, ...] | None = None
     op: str = "sum"
+    nodes: tuple[int, ...] | None = None
     wire: Wire = COO
     float_values: bool = True
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from .._registry import lookup, register
 from .._types import ReduceOp
-from . import allgather, dense, mask, recursive_doubling, split
+from . import allgather, dense, hierarchical, mask, recursive_doubling, split
 from ..wire._choice import could_pay, prefer_compact
 from ..wire._pack import COO, Wire
 from ._cost import Cost, Shape, validation_cost
@@ -31,9 +31,11 @@ __all__ = ["choose", "choose_wire", "auto", "call_cost", "predicted_times", "MOD
 _DECISIONS: dict[tuple[int, Shape], tuple[Any, str]] = {}
 _DECISIONS_MAX = 512
 
-#: the cost model of every exact algorithm (bytes and messages received per rank).
+#: the cost model of every exact algorithm (bytes and messages received per rank); on a tie the
+#: first wins (split before hierarchical, which costs the same on one node).
 MODELS = {"allgather": allgather.cost, "dense": dense.cost, "mask": mask.cost,
-          "recursive_doubling": recursive_doubling.cost, "split": split.cost}
+          "recursive_doubling": recursive_doubling.cost, "split": split.cost,
+          "hierarchical": hierarchical.cost}
 
 
 def predicted_times(shape: Shape, profile: Any = None) -> dict[str, float]:
@@ -48,13 +50,18 @@ def predicted_times(shape: Shape, profile: Any = None) -> dict[str, float]:
 def choose(shape: Shape, profile: Any = None, *, comm: Any = None, op: Any = None) -> str:
     """Return the algorithm with the least predicted time (ties: the first in MODELS).
 
-    ``comm`` supplies the broadcast profile (:func:`cupycoll.tuner.profile_for`); ``op``
-    (a ReduceOp or name) refines ``shape.op``.
+    ``comm`` supplies the broadcast profile (:func:`cupycoll.tuner.profile_for`) and, when
+    ``shape.nodes`` is None, the node of every rank; ``op`` (a ReduceOp or name) refines
+    ``shape.op``.
     """
     if shape.size == 1:
         return "allgather"
     if op is not None:
         shape = dataclasses.replace(shape, op=str(getattr(op, "value", op)))
+    if comm is not None and shape.nodes is None:
+        from ..comm._topology import node_ids
+
+        shape = dataclasses.replace(shape, nodes=node_ids(comm))
     if profile is None:
         from ..tuner.profile import load_profile, profile_for
 

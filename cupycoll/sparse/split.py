@@ -36,7 +36,7 @@ from ..wire._pack import COO, Wire, pack, unpack
 from ._common import allgatherv_entries, reduce_parts
 from ._cost import Cost, Shape
 
-__all__ = ["split", "cost", "SAMPLES", "local_samples", "region_bounds"]
+__all__ = ["split", "cost", "SAMPLES", "local_samples", "region_bounds", "reduce_scatter"]
 
 #: index samples per rank that balance the regions (the region loads are within ~1/SAMPLES).
 SAMPLES = 128
@@ -53,14 +53,15 @@ def local_samples(indices: Any, xp: Any = np) -> Any:
     return out
 
 
-def region_bounds(samples: np.ndarray, n: int) -> np.ndarray:
+def region_bounds(samples: np.ndarray, n: int, parts: int | None = None) -> np.ndarray:
     """Return P+1 region bounds ``0 = b_0 <= ... <= b_P = n`` from every rank's samples.
 
     ``samples`` is (P, SAMPLES+1) as made by :func:`local_samples`. A sample of rank r stands
     for nnz_r / SAMPLES entries; bound b_j is the first sample value where the cumulative weight
-    reaches j/P of the total (integer arithmetic: the same on every rank).
+    reaches j/P of the total (integer arithmetic: the same on every rank). ``parts`` regions
+    instead of P if given (the hierarchical algorithm's regions).
     """
-    p = samples.shape[0]
+    p = samples.shape[0] if parts is None else parts
     weights = np.repeat(samples[:, 0], SAMPLES)
     values = samples[:, 1:].reshape(-1)
     order = np.argsort(values, kind="stable")
@@ -76,11 +77,12 @@ def region_bounds(samples: np.ndarray, n: int) -> np.ndarray:
     return np.maximum.accumulate(bounds)
 
 
-def _bounds(comm: Any, indices: Any, n: int) -> np.ndarray:
+def _bounds(comm: Any, indices: Any, n: int, op_name: str = "split.samples",
+            parts: int | None = None) -> np.ndarray:
     send = local_samples(indices, comm.xp)
     recv = comm.xp.empty(comm.size * (SAMPLES + 1), dtype=np.int64)
-    samples = comm.fetch(comm.allgather(send, recv, "split.samples"), recv)
-    return region_bounds(samples.reshape(comm.size, SAMPLES + 1), n)
+    samples = comm.fetch(comm.allgather(send, recv, op_name), recv)
+    return region_bounds(samples.reshape(comm.size, SAMPLES + 1), n, parts)
 
 
 def _cuts(comm: Any, indices: Any, bounds: np.ndarray) -> Any:
@@ -93,10 +95,11 @@ def _cuts(comm: Any, indices: Any, bounds: np.ndarray) -> Any:
     return cuts
 
 
-def _scatter(comm: Any, indices: Any, values: Any, bounds: np.ndarray, wire: Wire
-             ) -> list[tuple[Any, Any]]:
+def _scatter(comm: Any, indices: Any, values: Any, bounds: np.ndarray, wire: Wire,
+             name: str = "split") -> list[tuple[Any, Any]]:
     """Send every region's slice to its owner as one packed block; return the P slices of
-    this rank's region in rank order (sizes first: one host read for coo, two for compact)."""
+    this rank's region in rank order (sizes first: one host read for coo, two for compact).
+    Booked as ``<name>.counts`` and ``<name>.scatter``."""
     p, rank, xp = comm.size, comm.rank, comm.xp
     row = tuple(values.shape[1:])
     cuts_d = _cuts(comm, indices, bounds)
@@ -108,7 +111,7 @@ def _scatter(comm: Any, indices: Any, values: Any, bounds: np.ndarray, wire: Wir
                   for d in range(p) if d != rank and cuts[d + 1] > cuts[d]}
         sizes = np.diff(cuts)
     sent, counts, nbytes = exchange_sizes(comm, sizes, blocks, wire, row,
-                                          indices.dtype, values.dtype, "split.counts")
+                                          indices.dtype, values.dtype, name + ".counts")
     cuts = [0] + np.cumsum(sent).tolist()
     if not wire.compact:
         blocks = {d: pack(xp, indices[cuts[d]:cuts[d + 1]], values[cuts[d]:cuts[d + 1]], wire)
@@ -116,7 +119,7 @@ def _scatter(comm: Any, indices: Any, values: Any, bounds: np.ndarray, wire: Wir
     order = [(rank + s) % p for s in range(1, p)]  # rotated destinations
     work, slots = post_blocks(comm, {d: blocks[d] for d in order if d in blocks},
                               [(rank - s) % p for s in range(1, p)], counts, nbytes,
-                              "split.scatter")
+                              name + ".scatter")
     comm.stream_order(work)
     parts = []
     for r in range(p):
@@ -138,11 +141,23 @@ def split(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
     if p == 1:
         return indices, values
     bounds = _bounds(comm, indices, n)
-    own_idx, own_val = reduce_parts(_scatter(comm, indices, values, bounds, wire), op,
-                                    accumulate_dtype)
+    own_idx, own_val = reduce_scatter(comm, indices, values, bounds, op, accumulate_dtype,
+                                      wire=wire)
     all_idx, all_val, _ = allgatherv_entries(comm, own_idx, own_val, "split.gather", wire,
                                              int(bounds[rank]), int(bounds[rank + 1]))
     return all_idx, all_val
+
+
+def reduce_scatter(comm: Any, indices: Any, values: Any, bounds: np.ndarray, op: ReduceOp,
+                   accumulate_dtype: Any = None, name: str = "split", wire: Wire = COO
+                   ) -> tuple[Any, Any]:
+    """Phase 2: rank r gets region ``[bounds[r], bounds[r+1])`` reduced over all ranks.
+
+    Booked as ``<name>.counts`` and ``<name>.scatter``; the hierarchical algorithm runs it
+    among the ranks of a node.
+    """
+    return reduce_parts(_scatter(comm, indices, values, bounds, wire, name), op,
+                        accumulate_dtype)
 
 
 def cost(shape: Shape, rank: int) -> Cost:

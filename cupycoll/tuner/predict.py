@@ -20,7 +20,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+from ..comm._topology import Topology
 from ..sparse import auto as _auto
+from ..sparse import hierarchical as _hier
 from ..sparse._cost import Cost, Shape, estimate_union, validation_cost
 from ..sparse.recursive_doubling import prefer_dense
 from ..wire._choice import DEFAULT_CODE_COST
@@ -69,10 +71,23 @@ def _recursive_doubling(shape: Shape, rank: int) -> dict[str, float]:
     return out
 
 
+def _hierarchical(shape: Shape, rank: int) -> dict[str, float]:
+    """The node phases (the rails' work is their algorithm's, added by rank_time)."""
+    if shape.size == 1:
+        return {}
+    topo = Topology.of(shape.nodes or (0,) * shape.size)
+    if topo.width == 1:  # no node phases: one rail of every rank
+        return {}
+    mine = topo.members[topo.nodes[rank]]
+    share = len(_hier.owned(topo.width, len(mine), mine.index(rank))) / topo.width
+    w, region = max(shape.width, 1), sum(shape.nnz[m] for m in mine) * share
+    return {"merge": region, "row": (region + shape.union) * w}
+
+
 #: local work of every algorithm (units priced by Profile.gamma).
 WORK_MODELS: dict[str, Callable[[Shape, int], dict[str, float]]] = {
     "allgather": _allgather, "split": _split, "mask": _mask, "dense": _dense,
-    "recursive_doubling": _recursive_doubling}
+    "recursive_doubling": _recursive_doubling, "hierarchical": _hierarchical}
 
 
 def work(algorithm: str, shape: Shape, rank: int) -> dict[str, float]:
@@ -89,6 +104,10 @@ def comm_time(cost: Cost, profile: Profile) -> float:
             + profile.alpha_native * cost.native_rounds + profile.beta_native * cost.native_bytes)
 
 
+def _local(units: dict[str, float], profile: Profile) -> float:
+    return sum(profile.gamma.get(k, 0.0) * v for k, v in units.items())
+
+
 def coded_indices(cost: Cost, shape: Shape) -> float:
     """Indices a rank encodes or decodes on the compact wire: about two per entry received."""
     if not shape.wire.compact:
@@ -97,10 +116,37 @@ def coded_indices(cost: Cost, shape: Shape) -> float:
 
 
 def rank_time(algorithm: str, shape: Shape, rank: int, profile: Profile) -> float:
+    if algorithm == "hierarchical":
+        return _hierarchical_time(shape, rank, profile)
     cost = validation_cost(shape.size).add(_auto.MODELS[algorithm](shape, rank))
-    local = sum(profile.gamma.get(k, 0.0) * v for k, v in work(algorithm, shape, rank).items())
+    local = _local(work(algorithm, shape, rank), profile)
     coding = profile.gamma.get("code", DEFAULT_CODE_COST) * coded_indices(cost, shape)
     return profile.fixed.get(algorithm, 0.0) + comm_time(cost, profile) + local + coding
+
+
+def _hierarchical_time(shape: Shape, rank: int, profile: Profile) -> float:
+    """Intra-node phases on ``profile.link("intra")``, the rails on ``link("inter")`` (native
+    collectives at the profile's native prices), plus every rail's own work and fixed cost;
+    without a measured ``fixed["hierarchical"]`` the node phases cost split's. One rank per
+    node: the rail's algorithm on the inter-node link (allgather reuses the counts; split
+    pays one more count round)."""
+    if shape.nodes is None or len(set(shape.nodes)) == 1:  # one node: it runs split
+        return rank_time("split", shape, rank, profile)
+    intra, inter, rails = _hier.link_costs(shape, rank, profile)
+    if len(set(shape.nodes)) == shape.size:  # one rank per node: the rail alone (+ its counts)
+        name = rails[0][0]
+        counts = Cost().allgather("hierarchical.counts", shape.size, 8 * shape.size)
+        return (rank_time(name, shape, rank, profile.link("inter"))
+                + (comm_time(counts, profile) if name == "split" else 0.0))
+    fixed = profile.fixed.get("hierarchical", profile.fixed.get("split", 0.0))
+    coded = coded_indices(Cost().add(intra).add(inter), shape)
+    seconds = (fixed + _local(work("hierarchical", shape, rank), profile)
+               + profile.gamma.get("code", DEFAULT_CODE_COST) * coded
+               + comm_time(validation_cost(shape.size).add(intra), profile.link("intra"))
+               + comm_time(inter, profile.link("inter")))
+    for name, rail, r in rails:
+        seconds += profile.fixed.get(name, 0.0) + _local(work(name, rail, r), profile)
+    return seconds
 
 
 def predict(algorithm: str, shape: Shape, profile: Profile) -> float:
@@ -111,6 +157,8 @@ def predict(algorithm: str, shape: Shape, profile: Profile) -> float:
         return rank_time(algorithm, shape, 0, profile)
     ranks = {min(range(shape.size), key=shape.nnz.__getitem__),
              max(range(shape.size), key=shape.nnz.__getitem__)}
+    if algorithm == "hierarchical":  # a short last node's ranks run several rails
+        ranks.add(shape.size - 1)
     return max(rank_time(algorithm, shape, r, profile) for r in sorted(ranks))
 
 

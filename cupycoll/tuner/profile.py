@@ -30,6 +30,8 @@ __all__ = ["Profile", "default_profile", "profile_path", "load_profile", "save_p
 
 #: units of local work priced by ``gamma`` (seconds per unit), see predict.work.
 WORK_KINDS = ("merge", "row", "dense", "scan", "code")
+#: the prices a link kind may override (Profile.links).
+_LINK_PRICES = ("alpha_p2p", "beta_p2p", "alpha_msg")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +47,15 @@ class Profile:
     alpha_msg: float = 0.0
     fixed: dict[str, float] = dataclasses.field(default_factory=dict)
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: point-to-point prices of one link kind ("intra" = inside a node, "inter" = between
+    #: nodes), overriding alpha_p2p, beta_p2p, alpha_msg for the node-aware algorithms' phases;
+    #: absent (one machine, a measured profile): every link costs the same.
+    links: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+
+    def link(self, kind: str) -> "Profile":
+        """This profile with the point-to-point prices of link ``kind`` (if it has them)."""
+        prices = {k: float(v) for k, v in self.links.get(kind, {}).items() if k in _LINK_PRICES}
+        return dataclasses.replace(self, **prices) if prices else self
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

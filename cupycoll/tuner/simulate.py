@@ -11,6 +11,8 @@ Networks (``NETWORKS``): ``nvlink`` one node of 8 GPUs over NVLink; ``ib400`` 8 
 100 Gb/s Ethernet; ``machine`` this machine's profile (``CUPYCOLL_PROFILE``), to validate the
 models against measurements at P <= 8. Across nodes the slower link prices the share of an
 all-to-all's bytes that leaves the node, and all of a native collective's (rings cross nodes);
+the node-aware ``hierarchical`` prices its node phases on the intra-node link and its rails on
+the inter-node link (``Profile.links``), ranks r // ranks_per_node sharing a node;
 a native collective's round costs 2 ceil(log2 P) latencies (trees), each extra point-to-point
 message of a round a quarter of one (injection).
 Stragglers: ``--skew s`` gives rank 0 (1 + s) times the mean nnz; the slowest rank's time is
@@ -26,6 +28,7 @@ import math
 from typing import Any
 
 from ..sparse import auto as _auto
+from ..sparse import hierarchical as _hier
 from ..sparse._cost import Shape, validation_cost
 from ..wire._model import expected_index_nbytes
 from ..wire._pack import Wire
@@ -65,7 +68,7 @@ NETWORKS = {
 GPU = Profile("gpu", 0.0, 0.0, 0.0, 0.0,
               {"merge": 5e-10, "row": 4e-12, "dense": 2e-11, "scan": 1e-11, "code": 2e-11},
               fixed={"allgather": 60e-6, "dense": 60e-6, "mask": 100e-6, "split": 150e-6,
-               "recursive_doubling": 80e-6, "allreduce": 10e-6})
+               "recursive_doubling": 80e-6, "hierarchical": 150e-6, "allreduce": 10e-6})
 
 #: top-k: (words received per rank, messages on the critical path) of (P, k, n), docs/topk.md.
 TOPK_MODELS = {
@@ -93,8 +96,12 @@ def network_profile(name: str, size: int, compute: Profile = GPU) -> Profile:
     # a native collective's round: a tree/recursive latency of 2 ceil(log2 P) steps; every
     # point-to-point message past a round's first costs a quarter of a latency (injection)
     steps = 2 * max(math.ceil(math.log2(size)), 1)
+    # the node-aware algorithms price each phase on its own link (Profile.links)
+    links = {kind: {"alpha_p2p": a, "beta_p2p": b, "alpha_msg": a / 4}
+             for kind, a, b in (("intra", net.alpha_intra, net.beta_intra),
+                                ("inter", net.alpha_inter, net.beta_inter))}
     return Profile(f"{name}-P{size}", a_p2p, b_p2p, a_nat * steps, b_nat, compute.gamma,
-                   alpha_msg=a_p2p / 4, fixed=compute.fixed)
+                   alpha_msg=a_p2p / 4, fixed=compute.fixed, links=links)
 
 
 def _fits(net: str, size: int) -> bool:
@@ -103,11 +110,23 @@ def _fits(net: str, size: int) -> bool:
 
 
 def _shape(size: int, n: int, density: float, width: int, skew: float,
-           wire: Wire = Wire()) -> Shape:
+           ranks_per_node: int | None = None, wire: Wire = Wire()) -> Shape:
     k = max(1, int(round(density * n)))
     nnz = [k] * size
     nnz[0] = min(n, int(round(k * (1 + skew))))
-    return Shape(size, n, width, 4, 4, tuple(nnz), wire=wire)
+    nodes = tuple(r // ranks_per_node for r in range(size)) if ranks_per_node else None
+    return Shape(size, n, width, 4, 4, tuple(nnz), nodes=nodes, wire=wire)
+
+
+def _volume(name: str, shape: Shape, profile: Profile | None) -> int:
+    """Most bytes a rank (the first or the last) receives, validation included (hierarchical's
+    rails choose with ``profile``, on ``shape``'s nodes)."""
+    def model(rank: int) -> Any:
+        if name == "hierarchical":
+            return _hier.cost(shape, rank, profile)
+        return _auto.MODELS[name](shape, rank)
+    return max(validation_cost(shape.size).add(model(r)).bytes_received
+               for r in sorted({0, shape.size - 1}))
 
 
 def wire_name(wire: Wire) -> str:
@@ -126,12 +145,13 @@ def _sparse_rows(sizes: list[int], networks: list[str], n: int, density: float, 
                  skew: float, wire: Wire) -> list[dict[str, Any]]:
     rows = []
     for size in sizes:
-        shape = _shape(size, n, density, width, skew, wire)
-        volume = {name: max(validation_cost(size).add(model(shape, r)).bytes_received
-                            for r in sorted({0, size - 1}))
-                  for name, model in _auto.MODELS.items()}
+        flat = _shape(size, n, density, width, skew, wire=wire)
+        volume = {name: _volume(name, flat, None) for name in _auto.MODELS}
         for net in (net for net in networks if _fits(net, size)):
+            shape = _shape(size, n, density, width, skew,
+                           NETWORKS[net].ranks_per_node if net in NETWORKS else None, wire)
             profile = network_profile(net, size)
+            volume["hierarchical"] = _volume("hierarchical", shape, profile)
             times = {name: predict(name, shape, profile) for name in _auto.MODELS}
             best = min(times, key=times.__getitem__)
             for name, seconds in times.items():

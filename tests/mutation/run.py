@@ -66,6 +66,10 @@ MODULES = {
     **{f"cupycoll/topk/{m}.py": _TOPK for m in (
         "_common", "_global_threshold", "_oktopk_phases", "api", "compressor", "dense",
         "gaussiank", "gtopk", "oktopk", "selectors", "topka")},
+    **{m: _SPARSE + ["tests/test_hierarchical.py::test_exact_on_emulated_nodes[4]",
+                     "tests/test_hierarchical.py::test_exact_on_emulated_nodes[5]"]
+       for m in ("cupycoll/sparse/hierarchical.py", "cupycoll/comm/_group.py",
+                 "cupycoll/comm/_topology.py")},
     **{f"cupycoll/primitives/{m}.py": _PRIMITIVES for m in (
         "__init__", "_accel", "_checks", "_common", "_numpy_reduce", "_numpy_select")},
     "cupycoll/primitives/_numba.py": ["tests/test_numba_accel.py", "tests/test_primitives.py"],

@@ -25,7 +25,7 @@ from mpi4py import MPI
 from cupycoll.comm.mpi import MPICommunicator
 from cupycoll.sparse import sparse_allreduce
 
-ALGORITHMS = ["allgather", "mask", "dense", "recursive_doubling", "split", "auto"]
+ALGORITHMS = ["allgather", "mask", "dense", "recursive_doubling", "split", "hierarchical", "auto"]
 OPS = ["sum", "prod", "max", "min", "avg"]
 DTYPES = ["float16", "float32", "float64", "int32", "int64"]
 PATTERNS = ["disjoint", "identical", "random", "hot", "full"]

@@ -5,9 +5,9 @@ Usage: sparse_semantics.py SEED
 Values are exact in every dtype (small integers, halves, +-0, +-inf, NaN), so the order of the
 arithmetic cannot show, and every algorithm must return exactly the numpy reference of
 sparse_random (absent entries count as +0; a +0/-0 tie gives +0 for max and -0 for min; NaN is
-numpy's NaN, bit for bit): the same bits in allgather, mask, dense, recursive_doubling, split and auto, for
-every op and float dtype, 1-D and rows, with indices present on every rank ("full", so products
-are not absent zeros) or on some. Results must also be bitwise identical on every rank.
+numpy's NaN, bit for bit): the same bits in allgather, mask, dense, recursive_doubling, split,
+hierarchical and auto, for every op and float dtype, 1-D and rows, with indices present on every
+rank ("full", so products are not absent zeros) or on some. Results must also be bitwise identical on every rank.
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ independently of the library's model, including on skewed inputs with unequal nn
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import sys
 
 import numpy as np
@@ -24,6 +26,8 @@ from cupycoll.sparse._cost import Shape
 from cupycoll.sparse.auto import call_cost
 
 ALGORITHMS = ["allgather", "mask", "dense", "recursive_doubling", "split", "auto"]
+#: hierarchical runs once per emulated node size (CUPYCOLL_RANKS_PER_NODE), the last node short.
+RANKS_PER_NODE = (1, 2, 3)
 
 
 SAMPLES = 128  # split's documented samples per rank
@@ -114,14 +118,21 @@ def main() -> None:
         vbytes = np.dtype(acc or dtype).itemsize
         model_shape = Shape.from_inputs([i for i, _ in inputs], n, width,
                                         np.dtype(itype).itemsize, vbytes)
-        for algorithm in ALGORITHMS:
+        runs = [(a, None) for a in ALGORITHMS] + [("hierarchical", r) for r in RANKS_PER_NODE]
+        for algorithm, per_node in runs:
+            shape = model_shape
+            if per_node is not None:
+                os.environ["CUPYCOLL_RANKS_PER_NODE"] = str(per_node)
+                shape = dataclasses.replace(model_shape,
+                                            nodes=tuple(r // per_node for r in range(size)))
             comm.stats.reset()
             sparse_allreduce(*inputs[rank], n, algorithm=algorithm, comm=comm,
                              accumulate_dtype=acc)
-            model = call_cost(algorithm, model_shape, rank)
+            os.environ.pop("CUPYCOLL_RANKS_PER_NODE", None)
+            model = call_cost(algorithm, shape, rank)
             want = {op: (model.received[op], model.messages[op]) for op in model.received}
             got = measured(comm)
-            assert got == want, (f"rank {rank} {algorithm} {pattern} n={n} k={k} w={width} "
+            assert got == want, (f"rank {rank} {algorithm}/{per_node} {pattern} n={n} k={k} w={width} "
                                  f"{dtype}/{acc} {itype}:\n got  {sorted(got.items())}\n"
                                  f" want {sorted(want.items())}")
             assert comm.stats.bytes_received == model.bytes_received
