@@ -47,14 +47,15 @@ _SPARSE = ["tests/test_sparse_units.py", "tests/test_api_units.py",
                "test_nan_inf_signed_zero_same_bits_in_every_algorithm[3]",
                "test_volume_equals_cost_models[2]", "test_volume_equals_cost_models[3]",
                "test_bad_input_raises_on_every_rank[3]", "test_delivery_alloc_completion_async[3]"))]
-# One launch per worker at 2-3 ranks (the 5-8 rank launches and the longer density runs, ~100 s
-# of the ~130 s of tests/test_topk_mpi.py, are left to the regular suite).
-_TOPK_MPI = "tests/test_topk_mpi.py::"
+# The in-process unit tests, then one short launch at 2 and at 3 ranks that reaches every
+# function of cupycoll/topk/ (tests/workers/topk_quick.py: the regular workers' checks on tiny
+# inputs, ~5-10 s), and the density workload at 2 ranks (run only for mutants the others miss:
+# mutmut runs the fastest tests first and stops at the first failure). The regular top-k MPI
+# launches (5-10 s each at 2-3 ranks, up to minutes at 5-8) are left to the regular suite.
 _TOPK = ["tests/test_topk_units.py",
-         *(_TOPK_MPI + t for t in (
-             "test_topk_results_match_references[2]", "test_topk_results_match_references[3]",
-             "test_topk_volumes[3]", "test_topk_compressor_mass_and_errors[3]",
-             "test_topk_density_under_error_feedback[2]"))]
+         "tests/test_mutation_topk_mpi.py::test_topk_quick_every_algorithm[2]",
+         "tests/test_mutation_topk_mpi.py::test_topk_quick_every_algorithm[3]",
+         "tests/test_topk_mpi.py::test_topk_density_under_error_feedback[2]"]
 _PRIMITIVES = ["tests/test_primitives.py", "tests/test_numba_accel.py",
                "tests/test_kernels_cpu.py", "tests/test_sparse_units.py"]
 

@@ -1,0 +1,126 @@
+"""Every top-k algorithm on tiny inputs in one short launch (run under mpiexec, 2-3 ranks).
+
+Written for mutation testing (tests/mutation/run.py): mutmut runs, per mutant, the tests that
+called the mutated function, so a launch of a few seconds that reaches every function of
+``cupycoll/topk/`` keeps a mutant's run short. The checks are those of the regular workers on
+smaller inputs (their references are reused: plain numpy from the inputs and the documented
+rules, see ``topk_ref.py``), plus:
+
+- Ok-Topk's reference policy over non-refresh steps whose inputs shrink, so the global count T
+  falls below 2k/3 and the shared threshold is divided by 1.008 step after step (simulated by
+  ``topk_ref.ReferencePolicy``; every result bit for bit);
+- the compact wire equals the coo wire bit for bit for every algorithm (padded and native
+  Ok-Topk allgathers), and rounded wire values conserve mass under error feedback.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+import topk_ref as ref
+from _common import assert_identical_across_ranks
+from topk_compressor import conservation, errors, gtopk_reentry
+from topk_results import assert_equal, check_case, check_shape, oktopk_sequence, run_outcome
+from topk_volume import check_balanced, check_refresh, check_skewed, check_topka_gtopk, \
+    check_uneven_blocks
+
+import cupycoll as cc
+from cupycoll.topk import Threshold, TopkState, topk_allreduce
+
+WORLD = MPI.COMM_WORLD
+
+
+def shrinking_reference_policy(comm, seed: int, n: int, k: int, steps: int) -> int:
+    """Reference policy, one refresh then non-refresh steps on inputs shrinking by 1/8 of the
+    first step's scale a step (multiples of 1/128: sums stay exact):
+    T < 2k/3 divides the global threshold (and the local ones) each time. Returns how many
+    non-refresh steps had T < 2k/3 (the caller checks it is most of them)."""
+    p, r = comm.size, comm.rank
+    state = TopkState(tau=1000, tau_prime=1000, selector=Threshold(policy="reference"))
+    sims = [ref.ReferencePolicy(k) for _ in range(p)]
+    base = ref.inputs(seed, p, n)
+    low = 0
+    for t in range(steps):
+        xs = [((x + ref.inputs(seed + 50 + t, p, n, noise=8, base=4)[q]) * (16 - 2 * t) / 16)
+              .astype(np.float32) for q, x in enumerate(base)]
+        refresh = t == 0
+        out = run_outcome(comm, xs[r], k, "oktopk", state)
+        check_shape(out.result, n, "float32")
+        locals_ = [sim.local(x, refresh) for sim, x in zip(sims, xs)]
+        np.testing.assert_array_equal(np.asarray(out.selection.indices), locals_[r])
+        ui, uv = ref.union_sum([(i, x[i]) for i, x in zip(locals_, xs)])
+        before = sims[0].global_th
+        assert_equal(out.result, *sims[0].result(ui, uv, refresh))
+        if not refresh:
+            assert state.last["global_count"] == out.result.nnz
+            low += sims[0].global_th < before
+    return low
+
+
+def wires(comm, n: int = 600, k: int = 12) -> None:
+    """compact == coo bit for bit, every algorithm and step; rounded values conserve mass."""
+    p, r = comm.size, comm.rank
+    for algorithm in cc.algorithms("topk"):
+        for padded in ((False, True) if algorithm == "oktopk" else (None,)):
+            states = [TopkState(tau=2, tau_prime=2, padded_allgather=padded) for _ in range(2)]
+            for t in range(3):
+                x = ref.inputs(40 + t, p, n)[r]
+                coo = topk_allreduce(x, k, algorithm=algorithm, comm=comm, state=states[0],
+                                     wire="coo")
+                cpt = topk_allreduce(x, k, algorithm=algorithm, comm=comm, state=states[1],
+                                     wire="compact")
+                tag = (algorithm, padded, t)
+                assert coo.indices.tobytes() == cpt.indices.tobytes(), tag
+                assert coo.values.tobytes() == cpt.values.tobytes(), tag
+        for wire, fmt in (("compact", "bfloat16"),):
+            comp = cc.TopkCompressor(n, 0.02, algorithm=algorithm, comm=comm, wire=wire,
+                                     wire_values=fmt, tau=3, tau_prime=2)
+            for t in range(4):
+                g = (ref.inputs(60 + t, p, n)[r] / 3).astype(np.float32)
+                before = comp.residual.astype(np.float64) + g.astype(np.float64)
+                upd = comp.step(g)
+                want = WORLD.allreduce(before, op=MPI.SUM)
+                after = WORLD.allreduce(comp.residual.astype(np.float64), op=MPI.SUM)
+                dense = np.zeros(n)
+                dense[np.asarray(upd.indices)] = np.asarray(upd.values, np.float64) * p
+                err = float(np.abs(after + dense - want).max()) / max(1.0, np.abs(want).max())
+                assert err < 1e-5, (algorithm, wire, fmt, t, err)
+                assert_identical_across_ranks(upd.indices, upd.values)
+
+
+def main() -> None:
+    comm = cc.init("mpi")
+    p = comm.size
+    for seed, n, k, dtype, *zeros in [(1, 1, 1, "float32"), (2, 7, 3, "float64"),
+                                      (3, 400, 10, "float32"), (5, 33, 33, "float32"),
+                                      (6, 300, 30, "float16"), (7, 64, 5, "float32", True)]:
+        check_case(comm, seed, n, k, dtype, bool(zeros))
+    for policy in ("quantile", "reference"):
+        native = oktopk_sequence(comm, 11, 900, 18, 5, False, policy)
+        padded = oktopk_sequence(comm, 11, 900, 18, 5, True, policy)
+        for (ai, av), (bi, bv) in zip(native, padded):
+            np.testing.assert_array_equal(ai, bi)
+            np.testing.assert_array_equal(av, bv)
+    low = shrinking_reference_policy(comm, 13, 900, 18, 6)
+    assert low >= 3, low
+    k = 8 * p
+    check_balanced(comm, 64 * k, k)
+    check_uneven_blocks(comm, 64 * k, k + 1)
+    check_refresh(comm, 64 * k, k)
+    check_skewed(comm, 64 * k, k)
+    check_topka_gtopk(comm, 64 * k, k)
+    for alg in cc.algorithms("topk"):
+        conservation(comm, alg, 300, 6)
+    comp = conservation(comm, "oktopk", 300, 5, warmup_steps=2, measure_xi=True)
+    assert len(comp.xi) == 3 and all(np.isfinite(comp.xi)) and min(comp.xi) >= 0
+    if p == 3:
+        gtopk_reentry(comm)
+    errors(comm)
+    wires(comm)
+    if comm.rank == 0:
+        print("OK")
+
+
+if __name__ == "__main__":
+    main()
