@@ -73,6 +73,14 @@ def wires(comm, n: int = 600, k: int = 12) -> None:
                 tag = (algorithm, padded, t)
                 assert coo.indices.tobytes() == cpt.indices.tobytes(), tag
                 assert coo.values.tobytes() == cpt.values.tobytes(), tag
+        if algorithm == "oktopk":  # each value is one owner's sum, rounded once to bfloat16
+            for wire in ("coo", "compact"):
+                state = TopkState(tau=2, tau_prime=2)
+                for t in range(3):
+                    res = topk_allreduce(ref.inputs(70 + t, p, n)[r] / 3, k, comm=comm,
+                                         state=state, wire=wire, wire_values="bfloat16")
+                    bits = np.asarray(res.values, np.float32).view(np.uint32)
+                    assert not (bits & 0xFFFF).any(), (wire, t, "a value is not bfloat16")
         for wire, fmt in (("compact", "bfloat16"),):
             comp = cc.TopkCompressor(n, 0.02, algorithm=algorithm, comm=comm, wire=wire,
                                      wire_values=fmt, tau=3, tau_prime=2)
