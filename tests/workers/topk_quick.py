@@ -23,7 +23,7 @@ from _common import assert_identical_across_ranks
 from topk_compressor import conservation, errors, gtopk_reentry
 from topk_results import assert_equal, check_case, check_shape, oktopk_sequence, run_outcome
 from topk_volume import check_balanced, check_refresh, check_skewed, check_topka_gtopk, \
-    check_uneven_blocks
+    check_uneven_blocks, received, sent, skewed_input
 
 import cupycoll as cc
 from cupycoll.topk import Threshold, TopkState, topk_allreduce
@@ -81,6 +81,13 @@ def wires(comm, n: int = 600, k: int = 12) -> None:
                                          state=state, wire=wire, wire_values="bfloat16")
                     bits = np.asarray(res.values, np.float32).view(np.uint32)
                     assert not (bits & 0xFFFF).any(), (wire, t, "a value is not bfloat16")
+        if algorithm == "oktopk":  # float16 values travel exact: wire_values changes nothing
+            states = [TopkState(tau=2, tau_prime=2) for _ in range(2)]
+            for t in range(3):
+                x = ref.inputs(80 + t, p, 300, "float16")[r]
+                plain = topk_allreduce(x, 30, comm=comm, state=states[0])
+                wired = topk_allreduce(x, 30, comm=comm, state=states[1], wire_values="bfloat16")
+                assert plain.values.tobytes() == wired.values.tobytes(), t
         for wire, fmt in (("compact", "bfloat16"),):
             comp = cc.TopkCompressor(n, 0.02, algorithm=algorithm, comm=comm, wire=wire,
                                      wire_values=fmt, tau=3, tau_prime=2)
@@ -95,6 +102,22 @@ def wires(comm, n: int = 600, k: int = 12) -> None:
                 err = float(np.abs(after + dense - want).max()) / max(1.0, np.abs(want).max())
                 assert err < 1e-5, (algorithm, wire, fmt, t, err)
                 assert_identical_across_ranks(upd.indices, upd.values)
+
+
+def compact_balance_sizes(comm, k: int) -> None:
+    """Skewed input on the compact wire: rank 0 ships a balance piece to every peer, after one
+    int64 byte length each, booked under ``oktopk.balance.sizes``."""
+    p, r, n = comm.size, comm.rank, 64 * k
+    state = TopkState()
+    x = skewed_input(p, r, n, k)
+    topk_allreduce(x, k, comm=comm, state=state, wire="compact")
+    comm.stats.reset()
+    topk_allreduce(x, k, comm=comm, state=state, wire="compact")
+    assert not state.last["refresh"]
+    if r == 0:
+        assert sent(comm, "oktopk.balance.sizes") == 8 * (p - 1), sent(comm, "oktopk.balance.sizes")
+    else:
+        assert received(comm, "oktopk.balance.sizes") == 8, received(comm, "oktopk.balance.sizes")
 
 
 def main() -> None:
@@ -118,6 +141,7 @@ def main() -> None:
     check_refresh(comm, 64 * k, k)
     check_skewed(comm, 64 * k, k)
     check_topka_gtopk(comm, 64 * k, k)
+    compact_balance_sizes(comm, k)
     for alg in cc.algorithms("topk"):
         conservation(comm, alg, 300, 6)
     comp = conservation(comm, "oktopk", 300, 5, warmup_steps=2, measure_xi=True)
