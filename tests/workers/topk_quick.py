@@ -58,6 +58,48 @@ def shrinking_reference_policy(comm, seed: int, n: int, k: int, steps: int) -> i
     return low
 
 
+def global_feedback_edges(comm, k: int = 12) -> None:
+    """Reference policy's global feedback at its edges: T = 2k/3 - 1, 2k/3, 4k/3, 4k/3 + 1.
+
+    Ranks 0 and 1 select disjoint indices (every other rank holds zeros), so a sum is one
+    rank's value. Step 0 (refresh): both select 100..111, the global threshold is the 12th
+    largest sum, 106. Step 1: T sums reach 106 (rank 0 selects 8 or 9 entries, rank 1 8 or
+    fewer, all of them at least its local threshold 100). Step 2: rank 1 selects 12 sums
+    >= 106 (more than k: a refresh would cut 105.5), rank 0 selects 105.5 at index 20 and 106.5
+    at index 21: 105.5 is in the result iff T < 2k/3 (106 / 1.008 = 105.16), 106 and 106.5 iff
+    T <= 4k/3 (106 * 1.008 = 106.85). Step 3: a single sum passes (T = 1).
+    """
+    p, r, n = comm.size, comm.rank, 128
+    for t1 in (2 * k // 3 - 1, 2 * k // 3, 4 * k // 3, 4 * k // 3 + 1):
+        state = TopkState(tau=1000, tau_prime=1000, selector=Threshold(policy="reference"))
+        sims = [ref.ReferencePolicy(k) for _ in range(p)]
+        for t in range(4):
+            xs = [np.zeros(n, np.float32) for _ in range(p)]
+            if t == 0:
+                xs[0][:k] = xs[1][100:100 + k] = 100 + np.arange(k)
+            elif t == 1 and t1 <= 2 * k // 3:  # rank 0: 4 sums >= 106 and 4 below
+                xs[0][:8] = [106, 107, 108, 109, 100, 101, 102, 103]
+                xs[1][100:100 + t1 - 4] = 106 + np.arange(t1 - 4)
+            elif t == 1:
+                xs[0][:t1 - 8] = 106 + np.arange(t1 - 8)
+                xs[1][100:108] = 106 + np.arange(8)
+            elif t == 2:
+                xs[0][:4], xs[1][100:100 + k] = 106 + np.arange(4), 106 + np.arange(k)
+                xs[0][20], xs[0][21] = 105.5, 106.5
+            else:  # one sum in the whole result: every rank still returns it
+                xs[0][0] = 200
+            out = run_outcome(comm, xs[r], k, "oktopk", state)
+            locals_ = [sim.local(x, t == 0) for sim, x in zip(sims, xs)]
+            ui, uv = ref.union_sum([(i, x[i]) for i, x in zip(locals_, xs)])
+            assert_equal(out.result, *sims[0].result(ui, uv, t == 0))
+            got = set(np.asarray(out.result.indices).tolist())
+            if t == 1:
+                assert state.last["global_count"] == t1, (t1, state.last)
+            if t == 2:
+                assert (20 in got) == (t1 < 2 * k / 3), (t1, sorted(got))
+                assert (21 in got) == (0 in got) == (t1 <= 4 * k / 3), (t1, sorted(got))
+
+
 def wires(comm, n: int = 600, k: int = 12) -> None:
     """compact == coo bit for bit, every algorithm and step; rounded values conserve mass."""
     p, r = comm.size, comm.rank
@@ -135,6 +177,8 @@ def main() -> None:
             np.testing.assert_array_equal(av, bv)
     low = shrinking_reference_policy(comm, 13, 900, 18, 6)
     assert low >= 3, low
+    if p > 1:
+        global_feedback_edges(comm)
     k = 8 * p
     check_balanced(comm, 64 * k, k)
     check_uneven_blocks(comm, 64 * k, k + 1)
