@@ -27,6 +27,7 @@ from topk_volume import check_balanced, check_refresh, check_skewed, check_topka
 
 import cupycoll as cc
 from cupycoll.topk import Threshold, TopkState, topk_allreduce
+from cupycoll.wire import encoded_nbytes
 
 WORLD = MPI.COMM_WORLD
 
@@ -148,7 +149,8 @@ def wires(comm, n: int = 600, k: int = 12) -> None:
 
 def compact_balance_sizes(comm, k: int) -> None:
     """Skewed input on the compact wire: rank 0 ships a balance piece to every peer, after one
-    int64 byte length each, booked under ``oktopk.balance.sizes``."""
+    int64 byte length each, booked under ``oktopk.balance.sizes``; a piece is its fp32 values
+    and its indices encoded over ``[0, n)``."""
     p, r, n = comm.size, comm.rank, 64 * k
     state = TopkState()
     x = skewed_input(p, r, n, k)
@@ -158,8 +160,11 @@ def compact_balance_sizes(comm, k: int) -> None:
     assert not state.last["refresh"]
     if r == 0:
         assert sent(comm, "oktopk.balance.sizes") == 8 * (p - 1), sent(comm, "oktopk.balance.sizes")
-    else:
+    else:  # block r of the T = k selected sums: indices r*k/P .. (r+1)*k/P - 1, over [0, n)
         assert received(comm, "oktopk.balance.sizes") == 8, received(comm, "oktopk.balance.sizes")
+        per = k // p
+        want = 4 * per + encoded_nbytes(np.arange(r * per, (r + 1) * per), 0, n)
+        assert received(comm, "oktopk.balance") == want, (received(comm, "oktopk.balance"), want)
 
 
 def main() -> None:
