@@ -149,8 +149,8 @@ def wires(comm, n: int = 600, k: int = 12) -> None:
 
 def compact_balance_sizes(comm, k: int) -> None:
     """Skewed input on the compact wire: rank 0 ships a balance piece to every peer, after one
-    int64 byte length each, booked under ``oktopk.balance.sizes``; a piece is its fp32 values
-    and its indices encoded over ``[0, n)``."""
+    int64 byte length each, booked under ``oktopk.balance.sizes``; a piece, and a block of the
+    allgather, is its fp32 values and its indices encoded over ``[0, n)``."""
     p, r, n = comm.size, comm.rank, 64 * k
     state = TopkState()
     x = skewed_input(p, r, n, k)
@@ -165,6 +165,10 @@ def compact_balance_sizes(comm, k: int) -> None:
         per = k // p
         want = 4 * per + encoded_nbytes(np.arange(r * per, (r + 1) * per), 0, n)
         assert received(comm, "oktopk.balance") == want, (received(comm, "oktopk.balance"), want)
+    per = k // p  # the allgather: every other rank's block, encoded the same way
+    want = sum(4 * per + encoded_nbytes(np.arange(j * per, (j + 1) * per), 0, n)
+               for j in range(p) if j != r)
+    assert received(comm, "oktopk.allgather") == want, (received(comm, "oktopk.allgather"), want)
 
 
 def main() -> None:
