@@ -290,3 +290,23 @@ def test_oktopk_all_zero_refresh_keeps_a_positive_threshold():
     assert st.global_th == float(np.nextafter(np.float32(0), np.float32(1)))
     cc.topk_allreduce(np.arange(64, dtype=np.float32), 4, algorithm="oktopk", comm=comm, state=st)
     assert not st.last["refresh"]
+
+
+def test_gaussian_reference_accepts_a_count_of_exactly_three_quarters_of_k():
+    """Reference policy: a count of exactly 3k/4 at the normal fit is in range (no rescaling),
+    although an entry lies just below the fit (it would join after one division by 1.02)."""
+    import statistics
+
+    rng = np.random.default_rng(1)  # triangular: lighter tails than the fit, count below k
+    x = (rng.uniform(-1, 1, 4000) + rng.uniform(-1, 1, 4000)).astype(np.float32)
+    mag = np.abs(x.astype(np.float64))
+    mean, std = float(np.mean(x.astype(np.float64))), float(np.std(x.astype(np.float64)))
+    for k in range(8, 400, 4):
+        th = abs(mean) + statistics.NormalDist().inv_cdf(1 - k / x.size / 2) * std
+        count = int(np.count_nonzero(mag >= th))
+        if 4 * count == 3 * k and np.any((mag >= th / 1.02) & (mag < th)):
+            break
+    else:
+        pytest.fail("no k with a count of exactly 3k/4 at the fit")
+    sel = Gaussian(policy="reference").select(x, k)
+    np.testing.assert_array_equal(sel.indices, np.flatnonzero(mag >= th))
