@@ -292,21 +292,40 @@ def test_oktopk_all_zero_refresh_keeps_a_positive_threshold():
     assert not st.last["refresh"]
 
 
-def test_gaussian_reference_accepts_a_count_of_exactly_three_quarters_of_k():
-    """Reference policy: a count of exactly 3k/4 at the normal fit is in range (no rescaling),
-    although an entry lies just below the fit (it would join after one division by 1.02)."""
+@pytest.mark.parametrize("tails, quarters", [("triangular", 3), ("laplace", 5)])
+def test_gaussian_reference_accepts_counts_of_exactly_3k_4_and_5k_4(tails, quarters):
+    """Reference policy: a count of exactly 3k/4 (light tails) or 5k/4 (heavy tails) at the
+    normal fit is in range, so the fit is kept, although an entry lies within 2% of it (one
+    rescaling by 1.02 would change the selection)."""
     import statistics
 
-    rng = np.random.default_rng(1)  # triangular: lighter tails than the fit, count below k
-    x = (rng.uniform(-1, 1, 4000) + rng.uniform(-1, 1, 4000)).astype(np.float32)
+    rng = np.random.default_rng(1)
+    x = (rng.uniform(-1, 1, 4000) + rng.uniform(-1, 1, 4000) if tails == "triangular"
+         else rng.laplace(size=4000)).astype(np.float32)
     mag = np.abs(x.astype(np.float64))
     mean, std = float(np.mean(x.astype(np.float64))), float(np.std(x.astype(np.float64)))
+    near = (1 / 1.02, 1) if quarters == 3 else (1, 1.02)
     for k in range(8, 400, 4):
         th = abs(mean) + statistics.NormalDist().inv_cdf(1 - k / x.size / 2) * std
         count = int(np.count_nonzero(mag >= th))
-        if 4 * count == 3 * k and np.any((mag >= th / 1.02) & (mag < th)):
+        if 4 * count == quarters * k and np.any((mag >= th * near[0]) & (mag < th * near[1])):
             break
     else:
-        pytest.fail("no k with a count of exactly 3k/4 at the fit")
+        pytest.fail(f"no k with a count of exactly {quarters}k/4 at the fit")
     sel = Gaussian(policy="reference").select(x, k)
     np.testing.assert_array_equal(sel.indices, np.flatnonzero(mag >= th))
+
+
+def test_selector_reprs_name_their_class():
+    assert repr(Exact()) == "Exact()"
+    assert repr(Threshold()).startswith("Threshold(policy='quantile'")
+    assert repr(Gaussian()) == "Gaussian(policy='corrected')"
+
+
+def test_auto_tau_at_k_1_and_between_the_two_and_three_log_rules():
+    """k = 1 on two ranks is noisy (sqrt(2 ln 2 * 2) > 5 %); P = 4, k = 5000: sqrt(2 ln 4 * 4 /
+    5000) = 4.7 % is below 5 % (a factor 3 instead of 2 would be 5.8 %, above)."""
+    from cupycoll.topk.oktopk import auto_tau
+
+    assert auto_tau(1, 2) == 1
+    assert auto_tau(5000, 4) == 64 and auto_tau(4000, 4) == 1
