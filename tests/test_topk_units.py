@@ -329,3 +329,22 @@ def test_auto_tau_at_k_1_and_between_the_two_and_three_log_rules():
 
     assert auto_tau(1, 2) == 1
     assert auto_tau(5000, 4) == 64 and auto_tau(4000, 4) == 1
+
+
+def test_gaussian_corrected_keeps_the_sample_fit_when_its_prediction_is_in_range():
+    """Corrected policy on normal data, n = 2^18 (sampled): the threshold is the normal fit of
+    the sample (mean and std of the sample, z from k/n) when the sample predicts 3k/4..5k/4."""
+    import statistics
+
+    from cupycoll.topk.selectors import magnitude_sample
+
+    x = np.random.default_rng(3).standard_normal(1 << 18).astype(np.float32)
+    k = 2621
+    sample, scale = magnitude_sample(x, k)
+    assert scale > 1
+    s = np.asarray(sample, np.float64)
+    th = abs(s.mean()) + statistics.NormalDist().inv_cdf(1 - k / x.size / 2) * s.std()
+    assert 0.75 * k <= np.count_nonzero(np.abs(s) >= th) * scale <= 1.25 * k
+    sel = Gaussian().select(x, k)
+    assert sel.threshold == pytest.approx(th, rel=1e-9)
+    np.testing.assert_array_equal(sel.indices, np.flatnonzero(np.abs(x) >= sel.threshold))
