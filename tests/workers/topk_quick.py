@@ -22,8 +22,8 @@ import topk_ref as ref
 from _common import assert_identical_across_ranks
 from topk_compressor import conservation, errors, gtopk_reentry
 from topk_results import assert_equal, check_case, check_shape, oktopk_sequence, run_outcome
-from topk_volume import check_balanced, check_refresh, check_skewed, check_topka_gtopk, \
-    check_uneven_blocks, received, sent, skewed_input
+from topk_volume import assert_phases_named, check_balanced, check_refresh, check_skewed, \
+    check_topka_gtopk, check_uneven_blocks, received, sent, skewed_input
 
 import cupycoll as cc
 from cupycoll.topk import Threshold, TopkState, topk_allreduce
@@ -154,7 +154,9 @@ def compact_balance_sizes(comm, k: int) -> None:
     p, r, n = comm.size, comm.rank, 64 * k
     state = TopkState()
     x = skewed_input(p, r, n, k)
+    comm.stats.reset()
     topk_allreduce(x, k, comm=comm, state=state, wire="compact")
+    assert_phases_named(comm, "oktopk.boundaries", "oktopk.refresh")  # the first step's
     comm.stats.reset()
     topk_allreduce(x, k, comm=comm, state=state, wire="compact")
     assert not state.last["refresh"]
