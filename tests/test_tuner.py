@@ -161,3 +161,32 @@ def test_choose_remembers_a_shape_per_profile(monkeypatch):
     assert auto.choose(shape, other) and len(calls) == 2   # another profile: priced again
     assert auto.choose(Shape(4, 1 << 20, 0, 4, 4, (1000, 2000, 3000, 4001)), prof)
     assert len(calls) == 3                                  # another shape: priced again
+
+
+def test_simulator_prices_oktopk_two_level_allgather_per_link():
+    """ib400 (8 per node): one node (P = 8) keeps the flat phase; past it the allgather goes
+    through node leaders, so fewer messages cross nodes and the step is predicted faster than
+    the flat phase priced the same way; the bytes stay those of the phase's model."""
+    from cupycoll.comm._topology import Topology
+    from cupycoll.topk._oktopk_nodes import allgather_nodes_cost
+    from cupycoll.topk._oktopk_phases import block_sizes
+    from cupycoll.tuner import simulate
+
+    n, density = 1 << 20, 0.01
+    k = round(density * n)
+    rows = {(r["algorithm"], r["P"]): r for r in topk_rows([8, 64], ["ib400"], n, density)}
+    profile = simulate.network_profile("ib400", 64)
+    flat = (1.0, 100.0, 10.0)
+    assert simulate.oktopk_nodes_price(8, k, n, 8, profile, simulate.Wire(), flat) == flat
+    assert simulate.oktopk_nodes_price(64, k, n, 8, profile, simulate.Wire(True), flat) == flat
+    two = rows[("oktopk", 64)]
+    assert two["messages"] == 2 * 64 + 2 * 6 - 63 + (7 + 7 + 1)
+    topo = Topology.of([r // 8 for r in range(64)])
+    leader = allgather_nodes_cost(topo, block_sizes(k, 64), 0, lambda c: 8 * c)
+    member = allgather_nodes_cost(topo, block_sizes(k, 64), 1, lambda c: 8 * c)
+    assert member == {"oktopk.allgather.bcast": (8 * k, 1)}
+    assert sum(b for b, _ in leader.values()) == 8 * (k - block_sizes(k, 64)[0])
+    words, messages = TOPK_MODELS["oktopk"](64, k, n)
+    flat_seconds = profile.alpha_p2p * messages + profile.beta_p2p * 4 * words
+    assert two["predicted_s"] - profile.gamma["scan"] * n - profile.fixed["allreduce"] \
+        < flat_seconds
