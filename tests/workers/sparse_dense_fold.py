@@ -138,6 +138,7 @@ def check_tune(comm) -> None:
     from cupycoll.tuner.profile import load_profile, save_profile
 
     profile = tune(comm, repeats=2)
+    assert profile.links == {}, profile.links  # one node: no per-link prices
     assert set(profile.gamma) == {"merge", "row", "dense", "scan", "code"}, profile.gamma
     assert all(v >= 0 for v in profile.gamma.values()), profile.gamma
     assert_identical_across_ranks(np.frombuffer(repr(profile.as_dict()).encode(), np.uint8))
@@ -145,6 +146,19 @@ def check_tune(comm) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             path = save_profile(profile, os.path.join(tmp, "p.json"))
             assert load_profile(path) == profile
+    if comm.size in (3, 4):  # 2 ranks per node: intra among node mates, inter along the rails
+        os.environ["CUPYCOLL_RANKS_PER_NODE"] = "2"
+        try:
+            nodes = tune(comm, repeats=2)
+        finally:
+            os.environ.pop("CUPYCOLL_RANKS_PER_NODE")
+        assert set(nodes.links) == {"intra", "inter"}, nodes.links
+        for prices in nodes.links.values():
+            assert set(prices) == {"alpha_p2p", "alpha_msg", "beta_p2p"}, prices
+            assert all(np.isfinite(v) and v >= 0 for v in prices.values()), prices
+        assert nodes.link("inter").alpha_p2p == nodes.links["inter"]["alpha_p2p"]
+        assert nodes.meta["nodes"] == 2
+        assert_identical_across_ranks(np.frombuffer(repr(nodes.as_dict()).encode(), np.uint8))
 
 
 if __name__ == "__main__":
