@@ -3,10 +3,11 @@
 The union of indices cannot be read from reduced values alone (entries can cancel or be
 explicit zeros), so presence travels with them, in the cheapest way the op and dtype allow:
 
-- Float values (32 or 64 bits: ``Shape.float_values``) summed (sum/avg), any width: absent entries are filled with -0, the identity of
-  IEEE addition (-0 + x is x, bit for bit, for every x, +0 and NaN included). An index absent on
-  every rank reduces to -0 in every element, and no sum of values that are not -0 is ever -0
-  (x + -x is +0 when rounding to nearest; additions near 0 are exact), so without -0 inputs the
+- Float values (32 or 64 bits: ``Shape.float_values``) summed (sum/avg), any width: absent
+  entries are filled with -0, the identity of IEEE addition (-0 + x is x, bit for bit, for
+  every x, +0 and NaN included). An index absent on every rank reduces to -0 in every element,
+  and no sum of values that are not -0 is ever -0 (x + -x is +0 when rounding to nearest;
+  additions near 0 are exact), so without -0 inputs the
   union is the rows with an element that is not -0, read with no extra traffic, and every value
   has the same bits as with +0 fills. The ONE extra element in the allreduce's tail counts the
   ranks that hold a -0 value; only then (rare: an explicit -0 input) is a -0 result ambiguous,
@@ -14,8 +15,8 @@ explicit zeros), so presence travels with them, in the cheapest way the op and d
   (``dense.signed_zeros``, data-dependent, not in the cost model, which sees indices only)
   settles it: present on no rank -> not in the union; on some but not all -> its -0 elements
   become +0 (an absent entry counts as +0); on every rank -> kept.
-- Other values (integers, 16-bit floats) summed in rows of width >= ``FOLD_WIDTH``: one presence count per row
-  rides in the SAME allreduce, as an n-element tail (exact: P < 2^11).
+- Other values (integers, 16-bit floats) summed in rows of width >= ``FOLD_WIDTH``: one
+  presence count per row rides in the SAME allreduce, as an n-element tail (exact: P < 2^11).
 - Otherwise (other 1-D sums; max, min, prod, whose reductions cannot count): a packed bitmap
   ORed over ranks (n/8 bytes: reduce-scatter by one exchange, then an allgather), overlapped
   with the values' allreduce.
