@@ -10,11 +10,11 @@ explicit zeros), so presence travels with them, in the cheapest way the op and d
   additions near 0 are exact), so without -0 inputs the
   union is the rows with an element that is not -0, read with no extra traffic, and every value
   has the same bits as with +0 fills. The ONE extra element in the allreduce's tail counts the
-  ranks that hold a -0 value; only then (rare: an explicit -0 input) is a -0 result ambiguous,
-  and one more allreduce of a presence count per row holding a -0 result
-  (``dense.signed_zeros``, data-dependent, not in the cost model, which sees indices only)
-  settles it: present on no rank -> not in the union; on some but not all -> its -0 elements
-  become +0 (an absent entry counts as +0); on every rank -> kept.
+  ranks that hold a -0 value; only then (an explicit -0 input, e.g. 0 times a negative) is a
+  -0 result ambiguous, and the bitmap below (the union) and an allreduce of an int32 count
+  per union row with a -0 result settle it (``dense.signed_zeros``, data-dependent, not in
+  :func:`cost`, which sees indices only; :func:`settle_cost`): a row held by some but not all
+  ranks has its -0 elements made +0 (an absent entry counts as +0).
 - Other values (integers, 16-bit floats) summed in rows of width >= ``FOLD_WIDTH``: one
   presence count per row rides in the SAME allreduce, as an n-element tail (exact: P < 2^11).
 - Otherwise (other 1-D sums; max, min, prod, whose reductions cannot count): a packed bitmap
@@ -44,12 +44,14 @@ from ..primitives._accel import kept_buffer
 from ._common import bitmap_chunk, bitmap_or_allreduce, presence, union_of_presence
 from ._cost import Cost, Shape
 
-__all__ = ["dense", "cost", "folds_presence", "signed_zero_fill", "FOLD_WIDTH"]
+__all__ = ["dense", "cost", "settle_cost", "folds_presence", "signed_zero_fill", "FOLD_WIDTH"]
 
 #: integer rows at least this wide carry their presence count in the values' allreduce.
 FOLD_WIDTH = 8
 
 _SUMS = ("sum", "avg")
+#: the operation name of settling -0 inputs (the bitmap; ``.counts``: the count allreduce).
+SETTLE = "dense.signed_zeros"
 
 
 def _op_name(op: Any) -> str:
@@ -115,20 +117,37 @@ def _signed_zeros(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, ro
 
 def _settle_signed_zeros(comm: Any, indices: Any, full: Any, negative_zero: Any
                          ) -> tuple[Any, Any]:
-    """Some rank holds a -0: count, per row with a -0 element, the ranks holding that row."""
-    xp, n = comm.xp, full.shape[0]
-    doubtful = xp.flatnonzero(negative_zero.any(axis=1))
-    counts = presence(indices, n)[doubtful].astype(np.int32)
-    comm.stream_order(comm.allreduce(counts, counts, ReduceOp.SUM,
-                                     op_name="dense.signed_zeros"))
-    kept = ~negative_zero.all(axis=1)
-    kept[doubtful[counts > 0]] = True
-    partial = xp.zeros(n, dtype=bool)
-    partial[doubtful[(counts > 0) & (counts < comm.size)]] = True
-    flat = full.reshape(negative_zero.shape)
-    flat[negative_zero & partial[:, None]] = 0  # absent somewhere: that entry counts as +0
-    union = xp.flatnonzero(kept).astype(indices.dtype, copy=False)
-    return union, gather(full, union)
+    """Some rank holds a -0: the union from the presence bitmap, then, for the union's rows
+    with a -0 element, how many ranks hold them (a -0 stays only where every rank holds it)."""
+    xp, n, p = comm.xp, full.shape[0], comm.size
+    mine = presence(indices, n)
+    present = bitmap_or_allreduce(comm, mine, SETTLE)
+    doubtful = xp.flatnonzero(present & negative_zero.any(axis=1))
+    if doubtful.shape[0]:  # the same on every rank (computed from reduced data)
+        counts = mine[doubtful].astype(np.int32)
+        comm.stream_order(comm.allreduce(counts, counts, ReduceOp.SUM,
+                                         op_name=SETTLE + ".counts"))
+        partial = doubtful[counts < p]
+        rows = full.reshape(negative_zero.shape)
+        rows[partial] = xp.where(negative_zero[partial], rows.dtype.type(0), rows[partial])
+    union = union_of_presence(present, indices.dtype)
+    return union, xp.take(full, union, axis=0)
+
+
+def settle_cost(n: int, size: int, doubtful: int) -> Cost:
+    """Traffic of settling -0 inputs (not in :func:`cost`, which sees no values): the presence
+    bitmap, and ``doubtful`` int32 counts (the union's rows with a -0 result)."""
+    c = _bitmap(Cost(), n, size, SETTLE)
+    return c.allreduce(SETTLE + ".counts", size, 4 * doubtful) if doubtful else c
+
+
+def _bitmap(c: Cost, n: int, size: int, op: str) -> Cost:
+    """:func:`bitmap_or_allreduce`'s traffic: one exchange of chunks, one allgather."""
+    if size > 1:
+        chunk = bitmap_chunk(n, size)
+        c.book(op, (size - 1) * chunk, size - 1)
+        c.allgather(op, size, chunk * size)
+    return c
 
 
 def cost(shape: Shape, rank: int) -> Cost:
@@ -141,8 +160,4 @@ def cost(shape: Shape, rank: int) -> Cost:
         return Cost().allreduce("dense.allreduce", shape.size,
                                 shape.n * (shape.row_bytes + shape.value_bytes))
     c = Cost().allreduce("dense.allreduce", shape.size, shape.n * shape.row_bytes)
-    if shape.size > 1:
-        chunk = bitmap_chunk(shape.n, shape.size)
-        c.book("dense.union", (shape.size - 1) * chunk, shape.size - 1)
-        c.allgather("dense.union", shape.size, chunk * shape.size)
-    return c
+    return _bitmap(c, shape.n, shape.size, "dense.union")

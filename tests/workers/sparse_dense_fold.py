@@ -26,6 +26,7 @@ from cupycoll.comm.mpi import MPICommunicator
 from cupycoll.sparse import sparse_allreduce
 from cupycoll.sparse._cost import Cost, Shape
 from cupycoll.sparse.auto import call_cost
+from cupycoll.sparse.dense import settle_cost
 
 CASES = [  # n, k, width, value dtype, op, pattern
     (1000, 120, 0, "float32", "sum", "random"), (1000, 999, 0, "float32", "sum", "random"),
@@ -83,17 +84,20 @@ def reference(inputs, n: int, width: int, op: str, size: int):
 
 
 def signed_zero_cost(inputs, n: int, size: int, op: str) -> Cost:
-    """The data-dependent allreduce the -0 fill adds when some rank holds a -0 float value:
-    one int32 count per row where every rank holding it (if any) has a -0 in some element."""
+    """The data-dependent traffic the -0 fill adds when some rank holds a -0 float value: the
+    presence bitmap, and one int32 count per union row where every rank holding it has a -0 in
+    some element."""
     values = [v for _, v in inputs]
     if (op not in ("sum", "avg") or values[0].dtype.kind != "f" or values[0].itemsize < 4
             or not any(((v == 0) & np.signbit(v)).any() for v in values)):
         return Cost()
     negative = np.ones((n,) + values[0].shape[1:], bool)
+    seen = np.zeros(n, bool)
     for idx, val in inputs:
         negative[idx] &= (val == 0) & np.signbit(val)
-    doubtful = int(negative.reshape(n, -1).any(axis=1).sum())
-    return Cost().allreduce("dense.signed_zeros", size, 4 * doubtful)
+        seen[idx] = True
+    doubtful = int((negative.reshape(n, -1).any(axis=1) & seen).sum())
+    return settle_cost(n, size, doubtful)
 
 
 def main() -> None:
