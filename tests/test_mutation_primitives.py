@@ -1,0 +1,37 @@
+"""Small, fast tests of paths of the numpy primitives that the regular suite reaches only with
+large arrays (the blocked numpy merge, the sampled top-k threshold): thresholds lowered by
+monkeypatch, results compared with the Python fold references of tests/test_primitives.py.
+Written for mutation testing (tests/mutation/run.py), whose primitives selection drops the
+large-array tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cupycoll import primitives as P
+from cupycoll.primitives import _common
+
+from .test_primitives import assert_same_pair, fold_reference, reference_arrays, sorted_part
+
+
+@pytest.mark.parametrize("op", ["sum", "max"])
+@pytest.mark.parametrize("width", [None, 2])
+def test_numpy_merge_in_many_small_blocks(monkeypatch, op, width):
+    """The numpy merge (numba off) cut into blocks of ~64 entries: skewed, empty and one-entry
+    parts, int32 and int64 indices; equal to the left fold of the parts in part order."""
+    monkeypatch.setenv("CUPYCOLL_NUMBA", "off")
+    monkeypatch.setattr(_common, "_MERGE_BLOCK", 64)
+    rng = np.random.default_rng([21, width or 0, op == "max"])
+    ufunc = {"sum": np.add, "max": np.maximum}[op]
+    for itype in ("int32", "int64"):
+        parts = [sorted_part(rng, 300, 2000, itype, "float32", width) for _ in range(3)]
+        parts.append(sorted_part(rng, 80, 40, itype, "float32", width))  # all in a corner
+        parts.append((np.zeros(0, itype), np.zeros((0,) + ((width,) if width else ()),
+                                                    np.float32)))
+        parts.append((np.array([1999], itype), np.ones((1,) + ((width,) if width else ()),
+                                                       np.float32)))
+        entries = [(i, v) for pi, pv in parts for i, v in zip(pi.tolist(), pv)]
+        want = reference_arrays(fold_reference(entries, ufunc), itype, "float32",
+                                () if width is None else (width,))
+        assert_same_pair(P.merge_sorted(parts, op), want)
