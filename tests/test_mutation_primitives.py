@@ -35,3 +35,26 @@ def test_numpy_merge_in_many_small_blocks(monkeypatch, op, width):
         want = reference_arrays(fold_reference(entries, ufunc), itype, "float32",
                                 () if width is None else (width,))
         assert_same_pair(P.merge_sorted(parts, op), want)
+
+
+@pytest.mark.parametrize("itype", ["int32", "int64"])
+def test_numba_merge_dtypes_and_fallbacks(monkeypatch, itype):
+    """The numba merge (threshold lowered to 0) on int and float values, with and without an
+    accumulation dtype, and its fallbacks to numpy (float16 accumulation, keys beyond 62 bits):
+    equal to the left fold in the accumulation dtype, cast back once."""
+    from cupycoll.primitives import _accel
+
+    monkeypatch.setattr(_accel, "_FAST_FROM", 0)
+    monkeypatch.setattr(_common, "_MERGE_BLOCK", 128)
+    monkeypatch.setenv("CUPYCOLL_NUMBA", "auto")
+    rng = np.random.default_rng([22, itype == "int64"])
+    big = 2**62 if itype == "int64" else 2**31 - 5000
+    for vtype, acc, base in (("int32", None, 0), ("int32", "int64", 0), ("float16", None, 0),
+                             ("float16", "float32", 0), ("float64", None, big),
+                             ("float32", "float64", 0)):
+        parts = [sorted_part(rng, 400, 3000, "int64", vtype, kind="small") for _ in range(3)]
+        parts = [((i + base).astype(itype), v) for i, v in parts]
+        for op, ufunc in (("sum", np.add), ("prod", np.multiply), ("min", np.minimum)):
+            entries = [(i, v) for pi, pv in parts for i, v in zip(pi.tolist(), pv)]
+            want = reference_arrays(fold_reference(entries, ufunc, acc), itype, vtype, ())
+            assert_same_pair(P.merge_sorted(parts, op, acc), want)
