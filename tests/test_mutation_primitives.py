@@ -58,3 +58,36 @@ def test_numba_merge_dtypes_and_fallbacks(monkeypatch, itype):
             entries = [(i, v) for pi, pv in parts for i, v in zip(pi.tolist(), pv)]
             want = reference_arrays(fold_reference(entries, ufunc, acc), itype, vtype, ())
             assert_same_pair(P.merge_sorted(parts, op, acc), want)
+
+
+def test_gather_names_dense_in_its_errors():
+    from cupycoll.errors import InvalidArgument, InvalidType
+
+    idx = np.array([0], np.int32)
+    with pytest.raises(InvalidType, match="'dense'") as info:
+        P.gather(np.ones(3, np.uint8), idx)
+    assert info.value.argument == "dense"
+    with pytest.raises(InvalidArgument, match="'dense'"):
+        P.gather(np.ones((1, 1, 1), np.float32), idx)
+
+
+def test_combine_runs_in_the_namespace_of_its_operands():
+    """combine computes with the operands' own namespace (cupy on a GPU): here a recording
+    wrapper of numpy named by ``__cupycoll_namespace__``; the result is still the ±0 rule."""
+    import types
+
+    calls = []
+
+    def recorded(name):
+        def call(*args, **kwargs):
+            calls.append(name)
+            return getattr(np, name)(*args, **kwargs)
+        return call
+
+    ns = types.SimpleNamespace(**{n: recorded(n) for n in ("add", "maximum", "minimum", "where")})
+    Dev = type("Dev", (np.ndarray,), {"__cupycoll_namespace__": ns})
+    a = np.array([0.0, -0.0, 1.0]).view(Dev)
+    b = np.array([-0.0, 0.0, 2.0]).view(Dev)
+    got = np.asarray(P.combine(a, b, "max"))
+    assert calls == ["maximum", "where"]
+    assert got.tolist() == [0.0, 0.0, 2.0] and not np.signbit(got).any()
