@@ -91,3 +91,33 @@ def test_combine_runs_in_the_namespace_of_its_operands():
     got = np.asarray(P.combine(a, b, "max"))
     assert calls == ["maximum", "where"]
     assert got.tolist() == [0.0, 0.0, 2.0] and not np.signbit(got).any()
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_reductions_overflow_and_inf_minus_inf_without_warnings(monkeypatch, fast):
+    """Overflow to inf and inf - inf = NaN are results, as in any float reduction: no primitive
+    warns (numpy would, outside their errstate); the values are numpy's."""
+    import warnings
+
+    from cupycoll.primitives import _accel
+
+    if fast:
+        monkeypatch.setattr(_accel, "_FAST_FROM", 0)
+    big = np.array([6e4, np.inf, 3.0], np.float16)
+    other = np.array([6e4, -np.inf, 0.0], np.float16)
+    idx = np.array([0, 1, 2], np.int32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert np.asarray(P.combine(big, other, "sum")).tolist()[0] == np.inf
+        assert np.isnan(P.combine(big, other, "sum")[1])
+        for acc in (None, "float32"):
+            i, v = P.coo_reduce(np.concatenate([idx, idx]), np.concatenate([big, other]),
+                                "sum", accumulate_dtype=acc)
+            assert v[0] == np.inf and np.isnan(v[1]) and v[2] == 3.0
+            i, v = P.merge_sorted([(idx, big), (idx, other)], "sum", acc)
+            assert v[0] == np.inf and np.isnan(v[1]) and v[2] == 3.0
+        dense = big.copy()
+        P.scatter_reduce(dense, idx, other, "sum")
+        assert dense[0] == np.inf and np.isnan(dense[1])
+        d = P.densify(np.concatenate([idx, idx]), np.concatenate([big, other]), 3)
+        assert d[0] == np.inf and np.isnan(d[1])

@@ -141,7 +141,7 @@ def coo_reduce(indices: Any, values: Any, op: Any = "sum", n: int | None = None,
     out_idx, out_val = np.empty_like(idx), np.empty(val.shape, acc)
     with np.errstate(all="ignore"):
         runs = _coalesce([idx], int(idx.min()), hi, val, ufunc, out_idx, out_val)
-    return _trimmed(out_idx, runs), _trimmed(out_val, runs).astype(val.dtype, copy=False)
+    return _narrowed(out_idx, out_val, runs, val.dtype)
 
 
 def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
