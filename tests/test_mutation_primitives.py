@@ -121,3 +121,12 @@ def test_reductions_overflow_and_inf_minus_inf_without_warnings(monkeypatch, fas
         assert dense[0] == np.inf and np.isnan(dense[1])
         d = P.densify(np.concatenate([idx, idx]), np.concatenate([big, other]), 3)
         assert d[0] == np.inf and np.isnan(d[1])
+        # int32 sums beyond int32 in a float64 accumulator: the cast back is numpy's (invalid)
+        top = np.full(3, 2**31 - 1, np.int32)
+        with np.errstate(invalid="ignore"):
+            want = (top.astype(np.float64) * 2).astype(np.int32)
+        for fn in (lambda: P.merge_sorted([(idx, top), (idx, top)], "sum", "float64"),
+                   lambda: P.coo_reduce(np.concatenate([idx, idx]), np.concatenate([top, top]),
+                                        "sum", accumulate_dtype="float64")):
+            i, v = fn()
+            assert v.dtype == np.int32 and v.tolist() == want.tolist()
