@@ -130,3 +130,7 @@ def test_reductions_overflow_and_inf_minus_inf_without_warnings(monkeypatch, fas
                                         "sum", accumulate_dtype="float64")):
             i, v = fn()
             assert v.dtype == np.int32 and v.tolist() == want.tolist()
+        top = np.full(3, 2**63 - 1, np.int64)  # one part: cast to float64 and back once
+        with np.errstate(invalid="ignore"):
+            want = top.astype(np.float64).astype(np.int64)
+        assert P.merge_sorted([(idx, top)], "sum", "float64")[1].tolist() == want.tolist()

@@ -162,7 +162,8 @@ def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
     itype = np.result_type(*(i.dtype for i, _ in pairs))
     indices = [i for i, _ in pairs]
     if len(pairs) == 1:
-        return indices[0].astype(itype), pairs[0][1].astype(acc).astype(ref.dtype, copy=False)
+        return _narrowed(indices[0].astype(itype), pairs[0][1].astype(acc), indices[0].size,
+                         ref.dtype)
     total = sum(i.size for i in indices)
     fast = _fast(total)
     merged = None if fast is None else fast.merge(indices, [v for _, v in pairs], ufunc, acc,
