@@ -56,8 +56,19 @@ _TOPK = ["tests/test_topk_units.py",
          "tests/test_mutation_topk_mpi.py::test_topk_quick_every_algorithm[2]",
          "tests/test_mutation_topk_mpi.py::test_topk_quick_every_algorithm[3]",
          "tests/test_topk_mpi.py::test_topk_density_under_error_feedback[2]"]
-_PRIMITIVES = ["tests/test_primitives.py", "tests/test_numba_accel.py",
-               "tests/test_kernels_cpu.py", "tests/test_sparse_units.py"]
+# The primitives' tests minus the large-array cases (13-116 s each under load, ~300 of the
+# ~370 s of the selection); tests/test_mutation_primitives.py reaches their paths with small
+# arrays and lowered thresholds (the blocked numpy merge, the sampled top-k threshold).
+_PRIM_SLOW = ["tests/test_numba_accel.py::test_merge_sorted_matches_numpy",
+              "tests/test_kernels_cpu.py::test_hot_index_block_sizes",
+              "tests/test_primitives.py::test_merge_sorted_identical_parts_rows",
+              *(f"tests/test_primitives.py::test_blocked_merge_and_coo_reduce_large[{p}]"
+                for p in ("int32-2143289344", "int64-1099511627776")),
+              *(f"tests/test_primitives.py::test_large_arrays_select_and_topk[{d}]"
+                for d in ("float32", "float64", "int32", "int64"))]
+_PRIMITIVES = ["tests/test_primitives.py", "tests/test_mutation_primitives.py",
+               "tests/test_numba_accel.py", "tests/test_kernels_cpu.py",
+               "tests/test_sparse_units.py", *(f"--deselect={t}" for t in _PRIM_SLOW)]
 
 #: module -> the tests mutmut may choose from (it runs those that call the mutated function).
 MODULES = {
@@ -73,8 +84,10 @@ MODULES = {
                  "cupycoll/comm/_topology.py")},
     **{f"cupycoll/primitives/{m}.py": _PRIMITIVES for m in (
         "__init__", "_accel", "_checks", "_common", "_numpy_reduce", "_numpy_select")},
-    "cupycoll/primitives/_numba.py": ["tests/test_numba_accel.py", "tests/test_primitives.py"],
-    "cupycoll/primitives/_cupy.py": ["tests/test_kernels_cpu.py"],
+    "cupycoll/primitives/_numba.py": _PRIMITIVES,
+    "cupycoll/primitives/_cupy.py": ["tests/test_kernels_cpu.py",
+                                     "--deselect=tests/test_kernels_cpu.py::"
+                                     "test_hot_index_block_sizes"],
     **{f"cupycoll/comm/{m}.py": ["tests/test_api_units.py", "tests/test_sparse_units.py",
                                  "tests/test_dense.py::test_dense_collectives_match_numpy[3]",
                                  "tests/test_dense.py::test_comm_stats_errors_timeouts[3]",
