@@ -106,3 +106,62 @@ def test_call_cost_of_auto_prices_with_the_given_profile():
     assert set(auto.call_cost("auto", s, 0, BYTES_ONLY).received) == {
         "sparse.validate", "allgather.counts", "allgather"}
     assert auto.call_cost("auto", s, 1, BYTES_ONLY).received["allgather"] == 3 * (4 + 32)
+
+
+def _coded_profile(beta: float, code: float) -> Profile:
+    return Profile("wire", 0.0, beta, 0.0, beta, {**ZERO_WORK, "code": code})
+
+
+def test_choose_wire_fixed_requests_and_what_never_codes():
+    """coo stays coo; compact is taken as asked; dense (no entries travel) and P = 1 (nothing
+    travels) stay coo whatever was asked. The values format is kept in every case."""
+    from cupycoll.wire._pack import Wire
+
+    s = Shape(2, 1 << 20, 0, 4, 4, (5000, 5000))
+    cheap = _coded_profile(1.0, 0.0)  # compact pays whenever it saves a byte
+    for values in (None, "bfloat16"):
+        assert auto.choose_wire("allgather", s, "coo", values, cheap) == Wire(False, values)
+        assert auto.choose_wire("allgather", s, "compact", values) == Wire(True, values)
+        assert auto.choose_wire("allgather", s, "auto", values, cheap) == Wire(True, values)
+        for request in ("compact", "auto"):
+            assert auto.choose_wire("dense", s, request, values, cheap) == Wire(False, values)
+            one = Shape(1, 1 << 20, 0, 4, 4, (5000,))
+            assert auto.choose_wire("allgather", one, request, values, cheap) == Wire(
+                False, values)
+
+
+def test_choose_wire_auto_follows_the_documented_price_rule():
+    """``auto``: compact iff (coo bytes - compact bytes) x beta > coded x gamma["code"] on the
+    slowest rank (the fewest entries: it receives the most), coded = 2 x compact bytes //
+    entry bytes. The bytes come from allgather's model (checked against comm.stats by
+    test_volume_equals_cost_models); gamma is set 10% each side of the break-even price."""
+    from cupycoll.sparse import allgather
+    from cupycoll.wire._pack import Wire
+
+    nnz = (4000, 3000, 1000)  # the slowest rank last; rank 0 has the most
+    s = Shape(3, 1 << 20, 0, 4, 4, nnz)
+    worst = {c: allgather.cost(Shape(**{**s.__dict__, "wire": Wire(c, None)}), 2).bytes_received
+             for c in (False, True)}
+    # coo: the counts allgather floor(2/3 * 3 * 8) = 16 B, then 8 B per entry of ranks 0 and 1
+    assert worst[False] == 16 + 8 * (4000 + 3000)
+    saved, coded = worst[False] - worst[True], 2 * worst[True] // 8
+    assert saved > 0 and coded > 0
+    even = saved / coded  # gamma at which compact's saving equals its coding work (beta = 1)
+    assert auto.choose_wire("allgather", s, "auto", None, _coded_profile(1.0, 0.9 * even)) == \
+        Wire(True, None)
+    assert auto.choose_wire("allgather", s, "auto", None, _coded_profile(1.0, 1.1 * even)) == \
+        Wire(False, None)
+    # an index coded in no bytes would not pay its two codings: coo without pricing
+    assert auto.choose_wire("allgather", s, "auto", None, _coded_profile(1.0, 2.0)) == \
+        Wire(False, None)
+
+
+def test_choose_wire_takes_the_profile_given_or_the_communicators(monkeypatch):
+    from cupycoll.wire._pack import Wire
+
+    s = Shape(2, 1 << 20, 0, 4, 4, (5000, 5000))
+    cheap, costly = _coded_profile(1.0, 0.0), _coded_profile(1.0, 1e9)
+    assert auto.choose_wire("allgather", s, "auto", None, comm=_Comm(2, cheap)) == Wire(True)
+    assert auto.choose_wire("allgather", s, "auto", None, comm=_Comm(2, costly)) == Wire(False)
+    assert auto.choose_wire("allgather", s, "auto", None, cheap, comm=_Comm(2, costly)) == \
+        Wire(True)
