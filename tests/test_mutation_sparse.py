@@ -165,3 +165,21 @@ def test_choose_wire_takes_the_profile_given_or_the_communicators(monkeypatch):
     assert auto.choose_wire("allgather", s, "auto", None, comm=_Comm(2, costly)) == Wire(False)
     assert auto.choose_wire("allgather", s, "auto", None, cheap, comm=_Comm(2, costly)) == \
         Wire(True)
+
+
+def test_recursive_doubling_state_packs_on_the_compact_wire_over_zero_to_n():
+    """A sparse partial result packed for the partner codes its indices over [0, n) on the
+    compact wire (the bounds the receiver decodes with) and unpacks to the same entries."""
+    import numpy as np
+
+    from cupycoll.sparse.recursive_doubling import _State
+    from cupycoll.wire._pack import Wire, unpack
+
+    idx = np.array([0, 3, 70, 999], dtype=np.int32)
+    vals = np.array([1.5, -2.0, 0.25, 8.0], dtype=np.float32)
+    for wire in (Wire(True, None), Wire(True, "bfloat16"), Wire(False, None)):
+        block, seen = _State(False, idx, vals).pack(np, 1000, wire)
+        got_idx, got_vals = unpack(block.buf, 4, (), np.dtype(np.int32), np.dtype(np.float32),
+                                   wire)
+        assert block.count == 4 and got_idx.tolist() == idx.tolist()
+        assert got_vals.tolist() == vals.tolist() == seen.second.tolist()  # exact in bfloat16
