@@ -183,3 +183,16 @@ def test_recursive_doubling_state_packs_on_the_compact_wire_over_zero_to_n():
                                    wire)
         assert block.count == 4 and got_idx.tolist() == idx.tolist()
         assert got_vals.tolist() == vals.tolist() == seen.second.tolist()  # exact in bfloat16
+
+
+def test_choose_without_comm_or_profile_reads_the_profile_file_each_call(tmp_path, monkeypatch):
+    """No communicator and no profile: the profile at CUPYCOLL_PROFILE, read at every call (a
+    newly tuned file takes effect; nothing is cached for "no communicator")."""
+    from cupycoll.tuner import save_profile
+
+    s = wide(2)
+    for profile, pick in ((ROUNDS_ONLY, "dense"), (BYTES_ONLY, "allgather"),
+                          (ROUNDS_ONLY, "dense")):
+        path = save_profile(profile, tmp_path / f"{profile.name}.json")
+        monkeypatch.setenv("CUPYCOLL_PROFILE", str(path))
+        assert auto.choose(s) == pick, profile.name
