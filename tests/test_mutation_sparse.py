@@ -196,3 +196,13 @@ def test_choose_without_comm_or_profile_reads_the_profile_file_each_call(tmp_pat
         path = save_profile(profile, tmp_path / f"{profile.name}.json")
         monkeypatch.setenv("CUPYCOLL_PROFILE", str(path))
         assert auto.choose(s) == pick, profile.name
+
+
+def test_choose_prices_a_shape_with_inputs_by_its_nnz():
+    """Exact inputs (unhashable arrays) are not a cache key: the pick is the nnz-only one."""
+    import numpy as np
+
+    inputs = [np.array([1, 5, 9]), np.array([2, 5, 40])]
+    exact = Shape.from_inputs(inputs, 64, 8, 4, 4)
+    assert auto.choose(exact, ROUNDS_ONLY) == "dense"
+    assert auto.choose(exact, BYTES_ONLY) == "allgather"
