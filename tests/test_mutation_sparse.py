@@ -139,7 +139,7 @@ def test_choose_wire_auto_follows_the_documented_price_rule():
     from cupycoll.wire._pack import Wire
 
     nnz = (4000, 3000, 1000)  # the slowest rank last; rank 0 has the most
-    s = Shape(3, 1 << 20, 0, 4, 4, nnz)
+    s = Shape(3, 1 << 26, 0, 4, 4, nnz)
     worst = {c: allgather.cost(Shape(**{**s.__dict__, "wire": Wire(c, None)}), 2).bytes_received
              for c in (False, True)}
     # coo: the counts allgather floor(2/3 * 3 * 8) = 16 B, then 8 B per entry of ranks 0 and 1
@@ -147,6 +147,7 @@ def test_choose_wire_auto_follows_the_documented_price_rule():
     saved, coded = worst[False] - worst[True], 2 * worst[True] // 8
     assert saved > 0 and coded > 0
     even = saved / coded  # gamma at which compact's saving equals its coding work (beta = 1)
+    assert 4 * 1.0 > 2 * 1.1 * even  # both sides pass the could-pay shortcut: the rule decides
     assert auto.choose_wire("allgather", s, "auto", None, _coded_profile(1.0, 0.9 * even)) == \
         Wire(True, None)
     assert auto.choose_wire("allgather", s, "auto", None, _coded_profile(1.0, 1.1 * even)) == \
