@@ -19,8 +19,8 @@ from mpi4py import MPI
 from .._types import ReduceOp, to_host, trunc_divide
 from ..errors import BackendError
 from ._base import Communicator
-from ._mpi_types import (_WIDENED, _DeadComm, _address, _bytes, _mpi_op, _native, _pending,
-                         _separate, _typed)
+from ._mpi_types import (_NATIVE, _WIDENED, _DeadComm, _address, _bytes, _mpi_op, _native,
+                         _pending, _separate, _typed)
 from ._work import Work
 
 __all__ = ["MPICommunicator"]
@@ -117,8 +117,8 @@ class MPICommunicator(Communicator):
             "dense collective's count or dtype (CUPYCOLL_DEBUG=1 checks them first)")
 
     def run(self, verb: str, *args: Any, op_name: str | None = None) -> None:
-        """Run a dense verb to completion with MPI's blocking call (cheaper than posting the
-        nonblocking one and waiting); under a timeout, post it and poll."""
+        """Run a dense verb to completion without a Work: post it and test it in the
+        interruptible loop of :meth:`wait` (see :meth:`_launch`)."""
         self._verbs[verb](*args, op_name or verb, True)
 
     def run_fetch(self, verb: str, *args: Any, result: Any, op_name: str) -> np.ndarray:
@@ -129,8 +129,13 @@ class MPICommunicator(Communicator):
     def _launch(self, blocking: bool, op_name: str, call: Any, icall: Any, args: tuple,
                 finalize: Any = None, keep: tuple = ()) -> Work | None:
         """Start ``icall(*args)`` and return its Work, or (``blocking``) complete the operation
-        by testing the request in :meth:`wait`'s interruptible loop (MPI's blocking ``call``
-        would ignore Ctrl-C until it returns; testing is also faster on oversubscribed cores)."""
+        by testing the request in :meth:`wait`'s interruptible loop.
+
+        ``call``, MPI's blocking twin, is not used here: it would ignore Ctrl-C and
+        ``CUPYCOLL_TIMEOUT`` until it returns, ranks may not mix it with the nonblocking call
+        (so the choice could not depend on anything ranks might disagree on), and on this
+        oversubscribed 2-core machine it was up to 20x slower at 256 KiB (docs/dense.md has the
+        measurement; ``bench/bench_tracking.py`` times both)."""
         if blocking:
             request = icall(*args)
             try:
@@ -168,34 +173,28 @@ class MPICommunicator(Communicator):
     # reductions: widen half precision, stage device arrays, post-process avg
     def _reduction(self, send: Any, recv: Any, op: ReduceOp, in_place_ok: bool) -> tuple:
         """(send spec, recv spec, MPI op), finalize, buffers to keep alive of one reduction of
-        ``send`` into ``recv`` (None: a non-root rank of reduce)."""
-        direct = self._direct(send, recv, op, in_place_ok)
-        if direct is not None:
-            finalize = self._finish_reduction(recv, recv, op) if op is ReduceOp.AVG else None
-            return direct, finalize, (send, recv)
+        ``send`` into ``recv`` (None: a non-root rank of reduce).
+
+        The common case costs a few lookups: host arrays of one dtype MPI reduces natively,
+        ``send`` C-contiguous, ``recv`` the same array (in place) or apart from it. Anything
+        else is widened, staged or de-aliased by :meth:`_reduction_buffers`.
+        """
+        if (type(send) is np.ndarray and send.flags.c_contiguous
+                and (recv is None or type(recv) is np.ndarray and recv.dtype is send.dtype)):
+            spec = _NATIVE[op].get(send.dtype) or _native(op, send.dtype)
+            if spec is not None and (recv is None or send is not recv or in_place_ok):
+                mpi_type, mpi_op = spec
+                finalize = self._finish_reduction(recv, recv, op) if op is ReduceOp.AVG else None
+                if recv is None:
+                    return ([send, mpi_type], None, mpi_op), None, (send,)
+                if send is recv:
+                    return (MPI.IN_PLACE, [recv, mpi_type], mpi_op), finalize, (recv,)
+                if _separate(send, recv):
+                    return ([send, mpi_type], [recv, mpi_type], mpi_op), finalize, (send, recv)
         host_send, host_recv, in_place = self._reduction_buffers(send, recv, in_place_ok)
         args = (MPI.IN_PLACE if in_place else _typed(host_send),
                 None if host_recv is None else _typed(host_recv), _mpi_op(op, host_send.dtype))
         return args, self._finish_reduction(host_recv, recv, op), (host_send, host_recv)
-
-    @staticmethod
-    def _direct(send: Any, recv: Any, op: ReduceOp, in_place_ok: bool) -> tuple | None:
-        """The common case: (send spec, recv spec, MPI op) when MPI reduces ``send`` into
-        ``recv`` as they are -- host arrays of one native dtype, ``send`` C-contiguous, the same
-        array (in place) or apart; else None."""
-        if type(send) is not np.ndarray or not send.flags.c_contiguous:
-            return None
-        spec = _native(op, send.dtype)
-        if spec is None:
-            return None
-        mpi_type, mpi_op = spec
-        if recv is None:
-            return [send, mpi_type], None, mpi_op
-        if type(recv) is not np.ndarray or recv.dtype is not send.dtype:
-            return None
-        if send is recv:
-            return (MPI.IN_PLACE, [recv, mpi_type], mpi_op) if in_place_ok else None
-        return ([send, mpi_type], [recv, mpi_type], mpi_op) if _separate(send, recv) else None
 
     def _reduction_buffers(self, send: Any, recv: Any, in_place_ok: bool):
         """Host buffers MPI can reduce (widened, staged, de-aliased) and whether in place."""
@@ -287,7 +286,8 @@ class MPICommunicator(Communicator):
                             copy_back, (host,))
 
     def _bcast(self, buf: list, root: int) -> None:
-        """A blocking broadcast: Bcast on two ranks, Ibcast + Wait on more.
+        """The blocking twin of Ibcast (for comparisons, see :meth:`_launch`): Bcast on two
+        ranks, Ibcast + Wait on more.
 
         When ranks disagree on the count, MPICH's blocking tree stops at the rank that detects
         the truncation and its subtree waits forever, while the nonblocking schedule still
