@@ -19,7 +19,7 @@ import numpy as np
 from mpi4py import MPI
 
 import topk_ref as ref
-from _common import assert_identical_across_ranks
+from _common import assert_identical_across_ranks, topk_compact_equals_coo
 from topk_compressor import conservation, errors, gtopk_reentry
 from topk_results import assert_equal, check_case, check_shape, oktopk_sequence, run_outcome
 from topk_volume import assert_phases_named, check_balanced, check_refresh, check_skewed, \
@@ -104,18 +104,9 @@ def global_feedback_edges(comm, k: int = 12) -> None:
 def wires(comm, n: int = 600, k: int = 12) -> None:
     """compact == coo bit for bit, every algorithm and step; rounded values conserve mass."""
     p, r = comm.size, comm.rank
+    topk_compact_equals_coo(comm, k, lambda t: ref.inputs(40 + t, p, n)[r], steps=3, tau=2,
+                            tau_prime=2)
     for algorithm in cc.algorithms("topk"):
-        for padded in ((False, True) if algorithm == "oktopk" else (None,)):
-            states = [TopkState(tau=2, tau_prime=2, padded_allgather=padded) for _ in range(2)]
-            for t in range(3):
-                x = ref.inputs(40 + t, p, n)[r]
-                coo = topk_allreduce(x, k, algorithm=algorithm, comm=comm, state=states[0],
-                                     wire="coo")
-                cpt = topk_allreduce(x, k, algorithm=algorithm, comm=comm, state=states[1],
-                                     wire="compact")
-                tag = (algorithm, padded, t)
-                assert coo.indices.tobytes() == cpt.indices.tobytes(), tag
-                assert coo.values.tobytes() == cpt.values.tobytes(), tag
         if algorithm == "oktopk":  # each value is one owner's sum, rounded once to bfloat16
             for wire in ("coo", "compact"):
                 state = TopkState(tau=2, tau_prime=2)
