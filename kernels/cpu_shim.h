@@ -8,7 +8,7 @@
 // line into a launcher
 //   void launch(unsigned grid, unsigned block, void** args)
 // with cuLaunchKernel's argument convention (args[i] points at the i-th argument). Blocks run one
-// after another; the threads of a block run as fibers (ucontext) on one OS thread: each runs
+// after another; the threads of a block run as fibers on one OS thread: each runs
 // until it reaches __syncthreads() or ends, then the next one, so every thread has reached a
 // barrier before any thread passes it. That is one legal schedule; atomics are therefore plain
 // read-modify-writes, and a __shared__ variable (a thread_local static) is the block's, as blocks
@@ -18,12 +18,17 @@
 // can be loaded into one process side by side.
 #pragma once
 #define CUPYCOLL_CPU_SHIM 1
+// Fibers switch stacks with _longjmp: glibc's fortified longjmp rejects that as a jump into an
+// "uninitialized stack frame", so the shim (included first) turns fortification off.
+#undef _FORTIFY_SOURCE
 
+#include <setjmp.h>
 #include <ucontext.h>
 
 #include <cstddef>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -86,65 +91,90 @@ inline void cc_shim_call(void (*kernel)(P...), void** args, std::index_sequence<
   kernel(*static_cast<std::remove_reference_t<P>*>(args[I])...);
 }
 
-// The fibers of the running block: one per thread, run in turn between barriers.
-struct cc_shim_block {
-  std::function<void()> body;
-  std::vector<ucontext_t> fibers;
-  std::vector<std::vector<char>> stacks;
-  std::vector<bool> done;
-  ucontext_t scheduler;
+// The fibers: one per thread of a block, each on its own 64 KiB stack, created on first need and
+// kept (parked) per host thread, so a launch costs no allocation and no system call. A fiber
+// runs the block's body, then parks until the next block; it meets the scheduler at each
+// barrier. Switches are _setjmp/_longjmp (swapcontext would save and restore the signal mask
+// with a system call at every switch); makecontext/setcontext only start a fiber once.
+struct cc_shim_fiber {
+  jmp_buf resume;
+  std::unique_ptr<char[]> stack;
+  bool done = true;
+};
+struct cc_shim_fibers {
+  std::vector<std::unique_ptr<cc_shim_fiber>> fibers;
+  jmp_buf scheduler;
+  const std::function<void()>* body = nullptr;
   unsigned int current = 0;
 };
-static thread_local cc_shim_block* cc_shim_running = nullptr;
+static thread_local cc_shim_fibers cc_shim_pool;
+constexpr std::size_t cc_shim_stack_bytes = 1 << 16;
+
+// From the running fiber back to the scheduler; returns when the scheduler resumes it.
+__attribute__((noinline)) inline void cc_shim_park() {
+  cc_shim_fibers& pool = cc_shim_pool;
+  if (!_setjmp(pool.fibers[pool.current]->resume)) _longjmp(pool.scheduler, 1);
+}
 
 inline void cc_shim_fiber_main() {
-  cc_shim_block* block = cc_shim_running;
-  block->body();
-  block->done[block->current] = true;  // then uc_link returns to the scheduler
+  for (;;) {
+    cc_shim_park();  // until the scheduler hands this fiber a thread of a block
+    cc_shim_fibers& pool = cc_shim_pool;
+    (*pool.body)();
+    pool.fibers[pool.current]->done = true;
+  }
+}
+
+inline void cc_shim_start_fiber(unsigned int t) {
+  cc_shim_fibers& pool = cc_shim_pool;
+  auto fiber = std::make_unique<cc_shim_fiber>();
+  fiber->stack.reset(new char[cc_shim_stack_bytes]);
+  ucontext_t start;
+  getcontext(&start);
+  start.uc_stack.ss_sp = fiber->stack.get();
+  start.uc_stack.ss_size = cc_shim_stack_bytes;
+  start.uc_link = nullptr;  // a fiber never returns: it parks
+  makecontext(&start, cc_shim_fiber_main, 0);
+  pool.fibers.push_back(std::move(fiber));
+  pool.current = t;
+  if (!_setjmp(pool.scheduler)) setcontext(&start);  // back here once it has parked
 }
 
 inline void __syncthreads() {
-  cc_shim_block* block = cc_shim_running;
-  unsigned int me = block->current;
-  swapcontext(&block->fibers[me], &block->scheduler);  // resumed in the next round
+  unsigned int me = cc_shim_pool.current;
+  cc_shim_park();  // resumed in the next round
   threadIdx.x = me;
 }
 
 // Run one block: every thread up to its next barrier, round after round, until all have ended.
-inline void cc_shim_run_block(unsigned int threads, std::function<void()> body) {
-  cc_shim_block block;
-  block.body = std::move(body);
-  block.fibers.resize(threads);
-  block.stacks.assign(threads, std::vector<char>(1 << 16));
-  block.done.assign(threads, false);
-  for (unsigned int t = 0; t < threads; ++t) {
-    getcontext(&block.fibers[t]);
-    block.fibers[t].uc_stack.ss_sp = block.stacks[t].data();
-    block.fibers[t].uc_stack.ss_size = block.stacks[t].size();
-    block.fibers[t].uc_link = &block.scheduler;
-    makecontext(&block.fibers[t], cc_shim_fiber_main, 0);
-  }
-  cc_shim_running = &block;
-  for (bool active = true; active;) {
+inline void cc_shim_run_block(unsigned int threads, const std::function<void()>& body) {
+  cc_shim_fibers& pool = cc_shim_pool;
+  while (pool.fibers.size() < threads) cc_shim_start_fiber((unsigned int)pool.fibers.size());
+  pool.body = &body;
+  for (unsigned int t = 0; t < threads; ++t) pool.fibers[t]->done = false;
+  for (volatile bool active = true; active;) {
     active = false;
-    for (unsigned int t = 0; t < threads; ++t) {
-      if (block.done[t]) continue;
-      block.current = t;
+    for (volatile unsigned int t = 0; t < threads; ++t) {
+      if (pool.fibers[t]->done) continue;
+      pool.current = t;
       threadIdx.x = t;
-      swapcontext(&block.scheduler, &block.fibers[t]);
-      active = active || !block.done[t];
+      if (!_setjmp(pool.scheduler)) _longjmp(pool.fibers[t]->resume, 1);
+      if (!pool.fibers[t]->done) active = true;
     }
   }
-  cc_shim_running = nullptr;
+  pool.body = nullptr;
 }
 
 template <typename... P>
 inline void cc_shim_run(void (*kernel)(P...), unsigned int grid, unsigned int block, void** args) {
   gridDim.x = grid;
   blockDim.x = block;
+  const std::function<void()> body = [&] {
+    cc_shim_call(kernel, args, std::index_sequence_for<P...>{});
+  };
   for (unsigned int b = 0; b < grid; ++b) {
     blockIdx.x = b;
-    cc_shim_run_block(block, [&] { cc_shim_call(kernel, args, std::index_sequence_for<P...>{}); });
+    cc_shim_run_block(block, body);
   }
 }
 

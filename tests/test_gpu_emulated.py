@@ -72,7 +72,8 @@ def test_late_rank_named_and_interrupt_on_nccl(nprocs):
     """Issue 12 on the NCCL backend, one launch per P: a late rank is named in
     CollectiveTimeout.missing_ranks (arrival board) for every front door (dense verbs,
     sparse_allreduce sync and async, topk_allreduce, TopkCompressor.step; kernels warmed by a
-    good call first, 3 s timeout), the communicator is then dead at once; a late rank whose
+    good call first, 1.5 s timeout: the late rank joins only after
+    every punctual one has raised, so the timeout only has to cover their own arrival spread), the communicator is then dead at once; a late rank whose
     peers aborted never completes against them (strict NCCL: failed before the emulator
     cancelled an aborted communicator's operations); a wait with no timeout raises
     KeyboardInterrupt within 1 s of SIGINT."""

@@ -503,7 +503,7 @@ def mode_late_verbs():
     naming it (missing_ranks, op_name), or NCCL's remote error when a peer's abort came first
     (at least one names it); a dead communicator raises at once; the late call never completes
     against the aborted peers (strict NCCL). Rank 0 prints one line per verb."""
-    timeout = float(os.environ.get("CC_EMU_LATE_TIMEOUT", "3"))
+    timeout = float(os.environ.get("CC_EMU_LATE_TIMEOUT", "1.5"))
     rows = []
     for verb, call in late_verbs().items():
         name, state = verb.split("/")[0], {}
@@ -557,7 +557,7 @@ def mode_late_verbs():
 
 def mode_interrupt():
     """Issue 12 on NCCL: a wait without a timeout raises KeyboardInterrupt within 1 s of SIGINT
-    (rank 0 waits on an allreduce the others join only 3 s later)."""
+    (rank 0 waits on an allreduce the others join only 1.5 s later)."""
     import signal
     import threading
 
@@ -571,7 +571,7 @@ def mode_interrupt():
         expect_raises(KeyboardInterrupt, lambda: cc.allreduce(x, comm=comm))
         assert time.monotonic() - start < 1.3, time.monotonic() - start
     else:
-        time.sleep(3)
+        time.sleep(1.5)
         try:  # rank 0 left its operation pending (kept alive) or aborted it: either is fine
             cc.allreduce(x, comm=comm)
         except (BackendError, CollectiveTimeout, BackendUnavailable):
