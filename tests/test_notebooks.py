@@ -24,6 +24,7 @@ def test_notebook_executes(path, tmp_path, monkeypatch):
     references); the engines import this checkout's cupycoll."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))  # its own cluster files
     notebook = nbformat.read(path, as_version=4)
     NotebookClient(notebook, timeout=240, kernel_name="python3",
                    resources={"metadata": {"path": str(tmp_path)}}).execute()
