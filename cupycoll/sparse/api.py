@@ -1,7 +1,8 @@
 """``sparse_allreduce``: the front door of the exact sparse allreduce.
 
 Validate collectively (one small allreduce), coalesce, pick the algorithm (``auto``: same choice
-on every rank), run it, then deliver: return a :class:`SparseResult`, fill the caller's buffers
+on every rank; a small call is already complete after the validation, see ``small.py``), run it,
+then deliver: return a :class:`SparseResult`, fill the caller's buffers
 (``alloc_fn``), call ``completion_fn``, or hand back a :class:`Work` (``async_op=True``).
 """
 
@@ -92,14 +93,19 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
                            completion_fn=completion_fn, async_op=async_op, wire=wire,
                            wire_values=wire_values)
     name = prepared.algorithm
-    if name == "auto":  # priced with the wire asked for (raw when auto decides it after)
-        asked = Wire(prepared.wire == "compact", prepared.wire_values)
-        name = _auto.choose(prepared.shape(comm.size, asked), comm=comm, op=prepared.op)
-    prepared.format = _auto.choose_wire(name, prepared.shape(comm.size), prepared.wire,
-                                        prepared.wire_values, comm=comm)
+    if prepared.merged is not None:  # the entries came with the validation (sparse/small.py)
+        name, merged = "small", prepared.merged
+        prepared.format = Wire(False, prepared.wire_values)
+        fn: Callable = lambda *args: merged  # noqa: E731
+    else:
+        if name == "auto":  # priced with the wire asked for (raw when auto decides it after)
+            asked = Wire(prepared.wire == "compact", prepared.wire_values)
+            name = _auto.choose(prepared.shape(comm.size, asked), comm=comm, op=prepared.op)
+        prepared.format = _auto.choose_wire(name, prepared.shape(comm.size), prepared.wire,
+                                            prepared.wire_values, comm=comm)
+        fn = lookup("sparse", name, rank=comm.rank)
     _log.debug("sparse_allreduce: algorithm %s, wire %s, nnz %s, n %d", name, prepared.format,
                prepared.nnz, prepared.n)
-    fn = lookup("sparse", name, rank=comm.rank)
 
     def deliver(result: tuple[Any, Any]) -> Any:
         return _deliver(result, prepared, indices, values, alloc_fn, completion_fn, fn_ctx)
