@@ -158,7 +158,11 @@ def _check_range(idx: Any, n: int, rank: int) -> bool:
     (range and order come from one device read)."""
     if idx.shape[0] == 0:
         return True
-    lo, hi, increasing = _index_stats(idx)
+    if type(idx) is np.ndarray:  # host: the usual sorted input costs one comparison pass
+        increasing = idx.shape[0] < 2 or bool((idx[1:] > idx[:-1]).all())
+        lo, hi = (int(idx[0]), int(idx[-1])) if increasing else (int(idx.min()), int(idx.max()))
+    else:
+        lo, hi, increasing = _index_stats(idx)
     if lo < 0 or hi >= n:
         bad = lo if lo < 0 else hi
         raise _OutOfRange("indices", bad, f"index out of range [0, n={n})", rank=rank)
@@ -269,9 +273,7 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
     slots = 2 * nf + 3 * p  # then one entry slot per rank (sparse/small.py)
     if prepared is not None:
         fields = prepared.fields(names) + (int(bool(async_op)),)
-        vec[0:2 * nf:2] = fields
-        vec[1:2 * nf:2] = vec[0:2 * nf:2]
-        np.negative(vec[1:2 * nf:2], out=vec[1:2 * nf:2])
+        vec[0:2 * nf] = [v for f in fields for v in (f, -f)]
         vec[2 * nf + rank] = prepared.indices.shape[0]
         vec[2 * nf + p + rank] = 0
         if prepared.algorithm == "auto":
@@ -296,7 +298,9 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
     if any(hi != -lo for hi, lo in zip(highs, negated_lows)):
         _disagreement(highs, negated_lows, rank, p)
     prepared.nnz = tuple(agreed[2 * nf:2 * nf + p])
-    if prepared.algorithm == "auto" and small.fits(prepared.shape(p)):
+    if prepared.algorithm == "auto" and small.fits_all(
+            p, prepared.nnz, prepared.index_dtype.itemsize,
+            prepared.accumulate_dtype.itemsize * max(prepared.width, 1)):
         prepared.merged = small.merge(comm.xp, reduced[slots:], prepared.nnz,
                                       prepared.index_dtype, prepared.accumulate_dtype,
                                       prepared.width, prepared.reduce_op)

@@ -27,7 +27,7 @@ from ..wire import round_values
 from ._common import reduce_parts
 from ._cost import Cost, Shape
 
-__all__ = ["block_words", "fits", "cost", "pack", "merge"]
+__all__ = ["block_words", "fits_all", "fits", "cost", "pack", "merge"]
 
 
 def _padded(nbytes: int) -> int:
@@ -39,11 +39,15 @@ def block_words(nnz: int, index_bytes: int, row_bytes: int) -> int:
     return (_padded(nnz * index_bytes) + _padded(nnz * row_bytes)) // 8
 
 
+def fits_all(size: int, nnz: Sequence[int], index_bytes: int, row_bytes: int) -> bool:
+    """Whether every rank's block (``nnz[r]`` entries) fits in its slot."""
+    words = agreement.slot_words(size)
+    return words > 0 and all(block_words(c, index_bytes, row_bytes) <= words for c in nnz)
+
+
 def fits(shape: Shape) -> bool:
     """Whether every rank's entries fit in its slot (then ``auto`` runs ``small``)."""
-    words = agreement.slot_words(shape.size)
-    return words > 0 and all(block_words(c, shape.index_bytes, shape.row_bytes) <= words
-                             for c in shape.nnz)
+    return fits_all(shape.size, shape.nnz, shape.index_bytes, shape.row_bytes)
 
 
 def cost(shape: Shape, rank: int) -> Cost:
