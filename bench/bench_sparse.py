@@ -112,7 +112,8 @@ def run_group(args, comm, table: Table, n: int, width: int, density: float, over
     shape = Shape(p, n, width, inputs[0][0].dtype.itemsize, 4,
                   tuple(int(i.size) for i, _ in inputs))
     profile = profile_for(comm)
-    predicted = {a: predict(a, shape, profile) for a in algorithms if a != "auto"}
+    pick = choose(shape, profile)  # auto's pick may be outside --algorithms: priced anyway
+    predicted = {a: predict(a, shape, profile) for a in {*algorithms, pick} - {"auto"}}
     idx, val = inputs[rank]
     dense_in = np.ones((n, width) if width else n, np.float32)
     dense_out = np.empty_like(dense_in)
@@ -153,7 +154,7 @@ def run_group(args, comm, table: Table, n: int, width: int, density: float, over
         algbw, busbw = bandwidths(size_bytes, seconds, bus_factor("allreduce", p))
         if name != BASELINE and fmt in ("-", "coo"):
             coo_bytes[base] = wire
-        pred = predicted.get(choose(shape, profile) if base == "auto" else base)
+        pred = predicted.get(pick if base == "auto" else base)
         table.add({"size(B)": size_bytes, "count": n, "type": "float32", "redop": "sum",
                    "root": -1, "time(us)": seconds * 1e6, "algbw(GB/s)": algbw,
                    "busbw(GB/s)": busbw, "#wrong": wrong, "density": density,
@@ -169,12 +170,11 @@ def run_group(args, comm, table: Table, n: int, width: int, density: float, over
     errors = [predicted[a.split("[")[0]] / times[a] for a in times
               if a.split("[")[0] in predicted]
     return {"n": n, "width": width, "density": density, "overlap": overlap, "skew": skew,
-            "ranks": p, "best": best, "auto_choice": choose(shape, profile),
+            "ranks": p, "best": best, "auto_choice": pick,
             "best_x_dense": exact[best] / dense_time if best else None,
             "auto_x_best": times["auto"] / exact[best] if best and "auto" in times else None,
             "auto_x_dense": times["auto"] / dense_time if "auto" in times else None,
-            "pick_x_best": (times[choose(shape, profile)] / exact[best]
-                            if best and choose(shape, profile) in times else None),
+            "pick_x_best": (times[pick] / exact[best] if best and pick in times else None),
             "pred_over_meas": errors}
 
 
@@ -198,8 +198,16 @@ def _case(text: str) -> tuple:
     return parse_size(parts[0]), int(parts[2]), float(parts[1]), parts[3], skew
 
 
+def _ratio(value: float | None) -> str:
+    """A ratio to two decimals, or "-" when it was not measured (e.g. auto's pick not run)."""
+    return "-" if value is None else f"{value:.2f}"
+
+
 def print_regret(summary: list[dict]) -> None:
-    """The regret table (markdown) and the counts against auto's targets."""
+    """The regret table (markdown) and the counts against auto's targets.
+
+    A row whose pick was not among --algorithms shows "-" for pick/best and is left out of
+    that count (auto's own run is still timed and counted)."""
     print("| P | n | width | density | overlap | skew | best | auto -> | pick/best | auto/best | "
           "auto/dense | best/dense | pred/meas range |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -207,16 +215,17 @@ def print_regret(summary: list[dict]) -> None:
         if s["auto_x_best"] is None:
             continue
         err = s["pred_over_meas"]
+        spread = f"{min(err):.2f}-{max(err):.2f}" if err else "-"
         print(f"| {s['ranks']} | {s['n']} | {s['width']} | {s['density']} | {s['overlap']} | "
-              f"{s['skew']} | {s['best']} | {s['auto_choice']} | {s['pick_x_best']:.2f} | "
+              f"{s['skew']} | {s['best']} | {s['auto_choice']} | {_ratio(s['pick_x_best'])} | "
               f"{s['auto_x_best']:.2f} | "
-              f"{s['auto_x_dense']:.2f} | {s['best_x_dense']:.2f} | "
-              f"{min(err):.2f}-{max(err):.2f} |")
+              f"{s['auto_x_dense']:.2f} | {s['best_x_dense']:.2f} | {spread} |")
     rows = [s for s in summary if s["auto_x_best"] is not None]
+    picks = [s["pick_x_best"] for s in rows if s["pick_x_best"] is not None]
     errors = [e for s in rows for e in s["pred_over_meas"]]
     if rows:
         print(f"# auto's pick (its interleaved time) <= 1.10x best on "
-              f"{sum(s['pick_x_best'] <= 1.10 for s in rows)}/{len(rows)} rows; "
+              f"{sum(x <= 1.10 for x in picks)}/{len(picks)} rows where it ran; "
               f"auto's own run <= 1.10x best on {sum(s['auto_x_best'] <= 1.10 for s in rows)}"
               f"/{len(rows)} rows; auto <= 1.15x dense Allreduce on "
               f"{sum(s['auto_x_dense'] <= 1.15 for s in rows)}/{len(rows)}; predictions "

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from .errors import InvalidArgument
 
-__all__ = ["SETTINGS", "setting", "check_environment", "parse_timeout"]
+__all__ = ["SETTINGS", "setting", "check_environment", "parse_timeout", "debug"]
 
 
 def _timeout(text: Any) -> float | None:
@@ -58,6 +58,8 @@ def _positive_int(text: str) -> int:
     return count
 
 
+_OFF = ("", "0", "false", "no")  # the CUPYCOLL_DEBUG values that mean off
+
 #: name -> (parser, default, description)
 SETTINGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "CUPYCOLL_BACKEND": (str, "auto", "default backend of init(): auto, mpi or nccl"),
@@ -67,7 +69,7 @@ SETTINGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "CUPYCOLL_TOPK_ALGORITHM": (str, "oktopk", "default topk_allreduce algorithm"),
     "CUPYCOLL_WIRE": (str, "auto", "default wire format of sparse entries in sparse_allreduce, "
                       "topk_allreduce and TopkCompressor: coo, compact or auto"),
-    "CUPYCOLL_DEBUG": (lambda t: t not in ("", "0", "false", "no"), False,
+    "CUPYCOLL_DEBUG": (lambda t: t not in _OFF, False,
                        "before every dense collective, check that all ranks called the same one with the same op, "
                        "root, dtype and count (one extra small allreduce; MismatchError otherwise)"),
     "CUPYCOLL_NUMBA": (_numba_mode, "auto",
@@ -107,3 +109,27 @@ def setting(name: str, value: Any = None) -> Any:
         return parser(text)
     except ValueError as exc:
         raise InvalidArgument(name, text, f"cannot parse environment variable: {exc}") from None
+
+
+_ENVIRON = os.environ
+try:  # CPython's os._Environ keeps the encoded variables in the dict ``_data``
+    _DEBUG_KEY = _ENVIRON.encodekey("CUPYCOLL_DEBUG")  # type: ignore[attr-defined]
+    _DEBUG_OFF = frozenset([None] + [_ENVIRON.encodevalue(v)  # type: ignore[attr-defined]
+                                     for v in _OFF])
+    _ENVIRON._data.get(_DEBUG_KEY)  # type: ignore[attr-defined]
+except (AttributeError, TypeError):
+    _ENVIRON = None  # type: ignore[assignment]
+
+
+def debug() -> bool:
+    """``setting("CUPYCOLL_DEBUG")`` for the dense fast path, which reads it on every call.
+
+    One dict lookup in the environment's own storage (~0.1 us) instead of
+    ``os.environ.get`` (~1 us: a KeyError when unset), so a change of ``os.environ`` at run time
+    (``monkeypatch.setenv``) is seen at the next call, as before; a replaced ``os.environ`` or
+    another Python falls back to :func:`setting`.
+    """
+    env = os.environ
+    if env is _ENVIRON:
+        return env._data.get(_DEBUG_KEY) not in _DEBUG_OFF  # type: ignore[attr-defined]
+    return bool(setting("CUPYCOLL_DEBUG"))

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import operator
-import os
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from . import _agreement as agreement
-from ._config import setting
+from ._config import debug
 from ._types import (DENSE_DTYPES, ReduceOp, array_namespace, as_array, check_dtype, like_caller,
                      parse_op)
 from .comm import Communicator, Work, get_comm
@@ -38,13 +37,12 @@ __all__ = ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "a
 #: Anything else takes the general path below, which runs every check and raises its errors.
 _PLAIN_DTYPES = frozenset(DENSE_DTYPES)
 _PLAIN_OPS = {op.value: op for op in ReduceOp}
-_DEBUG_OFF = ("", "0", "false", "no")
 
 
 def _plain(x: Any, comm: Communicator) -> bool:
     """True when ``x`` needs no conversion and passes every input check (the fast path)."""
     return (type(x) is comm.xp.ndarray and x.dtype in _PLAIN_DTYPES and x.flags.c_contiguous
-            and os.environ.get("CUPYCOLL_DEBUG", "") in _DEBUG_OFF)
+            and not debug())
 
 
 def _plain_op(op: Any) -> ReduceOp | None:
@@ -157,11 +155,11 @@ def _checked(comm: Communicator, verb: str) -> Iterator[Callable[..., None]]:
     The body validates locally and ends with ``check(arr, op, root)``; a CupycollError raised
     before that still takes part in the agreement (as a bad-argument flag) when debugging.
     """
-    debug, checked = setting("CUPYCOLL_DEBUG"), []
+    debugging, checked = debug(), []
 
     def check(arr: Any, op: ReduceOp | None = None, root: int = -1) -> None:
         checked.append(True)
-        if debug:
+        if debugging:
             _agree(comm, verb, {"collective": _VERBS.index(verb),
                                 "op": _OPS.index(op) if op is not None else -1, "root": root,
                                 "dtype": np.dtype(arr.dtype).num, "count": int(arr.size)})
@@ -169,7 +167,7 @@ def _checked(comm: Communicator, verb: str) -> Iterator[Callable[..., None]]:
     try:
         yield check
     except CupycollError:
-        if debug and not checked:
+        if debugging and not checked:
             _agree(comm, verb, None)
         raise
 

@@ -69,3 +69,19 @@ def test_only_rank_zero_prints_and_writes(tmp_path, capsys):
 def test_progress_is_silent_off_a_terminal(capsys):
     assert list(_common.progress(range(5), 5, rank=0)) == list(range(5))
     assert capsys.readouterr().err == ""  # pytest's stderr is not a terminal
+
+
+def test_regret_table_when_auto_picks_an_algorithm_not_run(capsys):
+    """bench_sparse's regret table: a pick outside --algorithms shows "-" and is not counted."""
+    pytest.importorskip("mpi4py")
+    import bench_sparse
+    row = {"ranks": 4, "n": 1 << 20, "width": 0, "density": 0.01, "overlap": "random",
+           "skew": 0.0, "best": "dense", "auto_choice": "split", "pick_x_best": None,
+           "auto_x_best": 1.05, "auto_x_dense": 1.2, "best_x_dense": 1.1, "pred_over_meas": []}
+    ran = dict(row, auto_choice="dense", pick_x_best=1.0, auto_x_dense=1.1,
+               pred_over_meas=[0.9, 1.1])
+    bench_sparse.print_regret([row, ran])
+    out = capsys.readouterr().out
+    assert "| split | - | 1.05 |" in out and "| dense | 1.00 | 1.05 |" in out
+    assert "<= 1.10x best on 1/1 rows where it ran" in out
+    assert "auto <= 1.15x dense Allreduce on 1/2" in out and "within +-30% on 2/2" in out

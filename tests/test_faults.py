@@ -86,8 +86,9 @@ def test_dying_rank_ends_the_job(nprocs, mode):
 
 
 def test_soak_memory_flat():
-    """2,000 random calls (dense, sparse, top-k; sync and async) at P=2: RSS grows < 5%."""
-    out = run_mpi(2, "soak.py", 2000, 0.05, timeout=240)
+    """2,000 random calls (dense, sparse, top-k; sync and async) at P=2: RSS grows < 3% over
+    the last two thirds (a leak of ~1.5 KB per call fails it)."""
+    out = run_mpi(2, "soak.py", 2000, 0.03, timeout=240)
     assert "SOAK calls=2000" in out, out
 
 

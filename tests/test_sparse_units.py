@@ -1,5 +1,7 @@
 """In-process unit tests of the sparse package: rules, cost models, helpers, one-rank calls."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -166,9 +168,12 @@ def test_cost_model_closed_forms():
     c = auto.MODELS["allgather"](s, 1)
     assert c.received == {"allgather.counts": 24, "allgather": (10 + 30 + 40) * 8}
     assert c.messages == {"allgather.counts": 3, "allgather": 3}  # one packed block per peer
-    d = auto.MODELS["dense"](s, 0)
-    assert d.received == {"dense.allreduce": 6000, "dense.union": 3 * 32 + 3 * 32}
-    rows = auto.MODELS["dense"](Shape(4, 1000, 8, 4, 4, (10, 20, 30, 40)), 0)
+    d = auto.MODELS["dense"](s, 0)  # float sum: -0 fills and a one-value tail
+    assert d.received == {"dense.allreduce": 3 * (4000 + 4) // 2}
+    ints = dataclasses.replace(s, float_values=False)  # integers 1-D: the presence bitmap
+    assert auto.MODELS["dense"](ints, 0).received == {"dense.allreduce": 6000,
+                                                      "dense.union": 3 * 32 + 3 * 32}
+    rows = auto.MODELS["dense"](Shape(4, 1000, 8, 4, 4, (10, 20, 30, 40), float_values=False), 0)
     assert rows.received == {"dense.allreduce": 3 * 1000 * (32 + 4) // 2}  # + a count per row
     # header (verb, collective count: 4 words) + 9 fields as max/-min + 3 words per rank, and
     # an entry slot of 256 / P words per rank (sparse/small.py)

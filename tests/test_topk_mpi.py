@@ -38,3 +38,10 @@ def test_topk_density_under_error_feedback(nprocs):
     """The compressor workload: counts, volume and residuals against the documented rules."""
     out = run_mpi(nprocs, "topk_density.py", timeout=300)
     assert "OK" in out
+
+
+@pytest.mark.parametrize("nprocs", [3, 4, 8])
+def test_oktopk_two_level_allgather(nprocs):
+    """1-4 ranks per node: the node-leader allgather equals the flat one, traffic = its model."""
+    out = run_mpi(nprocs, "topk_nodes.py", 3, timeout=300)
+    assert f"oktopk at 1-4 ranks per node on {nprocs} ranks" in out

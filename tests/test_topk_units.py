@@ -290,3 +290,62 @@ def test_oktopk_all_zero_refresh_keeps_a_positive_threshold():
     assert st.global_th == float(np.nextafter(np.float32(0), np.float32(1)))
     cc.topk_allreduce(np.arange(64, dtype=np.float32), 4, algorithm="oktopk", comm=comm, state=st)
     assert not st.last["refresh"]
+
+
+@pytest.mark.parametrize("tails, quarters", [("triangular", 3), ("laplace", 5)])
+def test_gaussian_reference_accepts_counts_of_exactly_3k_4_and_5k_4(tails, quarters):
+    """Both policies: a count of exactly 3k/4 (light tails) or 5k/4 (heavy tails) at the
+    normal fit is in range, so the fit is kept, although an entry lies within 2% of it (one
+    rescaling by 1.02 would change the selection)."""
+    import statistics
+
+    rng = np.random.default_rng(1)
+    x = (rng.uniform(-1, 1, 4000) + rng.uniform(-1, 1, 4000) if tails == "triangular"
+         else rng.laplace(size=4000)).astype(np.float32)
+    mag = np.abs(x.astype(np.float64))
+    mean, std = float(np.mean(x.astype(np.float64))), float(np.std(x.astype(np.float64)))
+    near = (1 / 1.02, 1) if quarters == 3 else (1, 1.02)
+    for k in range(8, 400, 4):
+        th = abs(mean) + statistics.NormalDist().inv_cdf(1 - k / x.size / 2) * std
+        count = int(np.count_nonzero(mag >= th))
+        if 4 * count == quarters * k and np.any((mag >= th * near[0]) & (mag < th * near[1])):
+            break
+    else:
+        pytest.fail(f"no k with a count of exactly {quarters}k/4 at the fit")
+    for policy in ("reference", "corrected"):  # corrected: x is its own sample (n < 2^16)
+        sel = Gaussian(policy=policy).select(x, k)
+        np.testing.assert_array_equal(sel.indices, np.flatnonzero(mag >= th))
+
+
+def test_selector_reprs_name_their_class():
+    assert repr(Exact()) == "Exact()"
+    assert repr(Threshold()).startswith("Threshold(policy='quantile'")
+    assert repr(Gaussian()) == "Gaussian(policy='corrected')"
+
+
+def test_auto_tau_at_k_1_and_between_the_two_and_three_log_rules():
+    """k = 1 on two ranks is noisy (sqrt(2 ln 2 * 2) > 5 %); P = 4, k = 5000: sqrt(2 ln 4 * 4 /
+    5000) = 4.7 % is below 5 % (a factor 3 instead of 2 would be 5.8 %, above)."""
+    from cupycoll.topk.oktopk import auto_tau
+
+    assert auto_tau(1, 2) == 1
+    assert auto_tau(5000, 4) == 64 and auto_tau(4000, 4) == 1
+
+
+def test_gaussian_corrected_keeps_the_sample_fit_when_its_prediction_is_in_range():
+    """Corrected policy on normal data, n = 2^18 (sampled): the threshold is the normal fit of
+    the sample (mean and std of the sample, z from k/n) when the sample predicts 3k/4..5k/4."""
+    import statistics
+
+    from cupycoll.topk.selectors import magnitude_sample
+
+    x = np.random.default_rng(3).standard_normal(1 << 18).astype(np.float32)
+    k = 2621
+    sample, scale = magnitude_sample(x, k)
+    assert scale > 1
+    s = np.asarray(sample, np.float64)
+    th = abs(s.mean()) + statistics.NormalDist().inv_cdf(1 - k / x.size / 2) * s.std()
+    assert 0.75 * k <= np.count_nonzero(np.abs(s) >= th) * scale <= 1.25 * k
+    sel = Gaussian().select(x, k)
+    assert sel.threshold == pytest.approx(th, rel=1e-9)
+    np.testing.assert_array_equal(sel.indices, np.flatnonzero(np.abs(x) >= sel.threshold))

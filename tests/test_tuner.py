@@ -3,6 +3,7 @@ folded presence (multi-rank) and ``tune`` (multi-rank)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -25,7 +26,7 @@ def shape(p, n, k, width=0):
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 8])
 def test_dense_folded_presence_and_tune(nprocs):
     out = run_mpi(nprocs, "sparse_dense_fold.py", 5, timeout=300)
-    assert f"ok 13 dense cases on {nprocs} ranks" in out
+    assert f"ok 20 dense cases on {nprocs} ranks" in out
 
 
 def test_bandwidth_only_profile_picks_fewest_bytes():
@@ -40,13 +41,17 @@ def test_bandwidth_only_profile_picks_fewest_bytes():
 
 def test_latency_only_profile_picks_fewest_rounds():
     """alpha = 1 s per round and nothing else: small inputs go to the algorithm with the fewest
-    sequential rounds. After validation's one: allgather 2 (counts, one exchange), dense 3
-    (allreduce, bitmap exchange, allgather) or 1 for summed wide rows (count folded in), mask
-    3, split 5, recursive doubling 2 per pairwise round."""
+    sequential rounds. After validation's one: dense 1 for float sums (-0 fills, a one-element
+    tail) and for summed wide integer rows (a count folded in), else 3 (allreduce, bitmap
+    exchange, allgather); allgather 2 (counts, one exchange), mask 3, split 5, recursive
+    doubling 2 per pairwise round."""
     rounds_only = Profile("a", 1.0, 0.0, 1.0, 0.0, ZERO_WORK)
     for p in (2, 3, 4, 8):
-        assert auto.choose(shape(p, 64, 3), rounds_only) == "allgather"
-        assert auto.choose(shape(p, 64, 3, width=8), rounds_only) == "dense"
+        ints = dataclasses.replace(shape(p, 64, 3), float_values=False)
+        assert auto.choose(shape(p, 64, 3), rounds_only) == "dense"
+        assert auto.choose(ints, rounds_only) == "allgather"
+        assert auto.choose(dataclasses.replace(ints, op="max"), rounds_only) == "allgather"
+        assert auto.choose(dataclasses.replace(ints, width=8), rounds_only) == "dense"
     assert auto.choose(shape(1, 64, 3), rounds_only) == "allgather"  # P = 1: no traffic
 
 
@@ -65,15 +70,19 @@ def test_local_work_dominated_profile_avoids_dense_passes():
     assert auto.choose(shape(4, 1 << 20, 100), dense_costly) != "dense"
 
 
-def test_dense_presence_folds_only_for_summed_wide_rows():
-    """Rows of width >= 8 summed: a count per row in the values' allreduce, no bitmap rounds;
-    max (cannot count) and 1-D (a count per value would add a whole value) keep the bitmap."""
+def test_dense_presence_paths_in_the_model():
+    """Float sums: -0 fills and one tail element, no bitmap rounds, any width; integer rows of
+    width >= 8 summed: a count per row; max (cannot count) and integer 1-D: the bitmap."""
     from cupycoll.sparse import dense
 
-    wide = shape(4, 1000, 100, width=8)
-    folded = dense.cost(wide, 0)
-    assert folded.received == {"dense.allreduce": math.floor(1.5 * 1000 * (32 + 4))}
-    for other in (Shape(**{**wide.__dict__, "op": "max"}), shape(4, 1000, 100)):
+    for width in (0, 3, 8):
+        one = dense.cost(shape(4, 1000, 100, width), 0)
+        assert one.received == {"dense.allreduce": math.floor(1.5 * (1000 * 4 * max(width, 1)
+                                                                      + 4))}
+    wide = dataclasses.replace(shape(4, 1000, 100, width=8), float_values=False)
+    assert dense.cost(wide, 0).received == {"dense.allreduce": math.floor(1.5 * 1000 * 36)}
+    for other in (dataclasses.replace(shape(4, 1000, 100, width=8), op="max"),
+                  dataclasses.replace(shape(4, 1000, 100), float_values=False)):
         assert "dense.union" in dense.cost(other, 0).received
 
 
@@ -152,3 +161,32 @@ def test_choose_remembers_a_shape_per_profile(monkeypatch):
     assert auto.choose(shape, other) and len(calls) == 2   # another profile: priced again
     assert auto.choose(Shape(4, 1 << 20, 0, 4, 4, (1000, 2000, 3000, 4001)), prof)
     assert len(calls) == 3                                  # another shape: priced again
+
+
+def test_simulator_prices_oktopk_two_level_allgather_per_link():
+    """ib400 (8 per node): one node (P = 8) keeps the flat phase; past it the allgather goes
+    through node leaders, so fewer messages cross nodes and the step is predicted faster than
+    the flat phase priced the same way; the bytes stay those of the phase's model."""
+    from cupycoll.comm._topology import Topology
+    from cupycoll.topk._oktopk_nodes import allgather_nodes_cost
+    from cupycoll.topk._oktopk_phases import block_sizes
+    from cupycoll.tuner import simulate
+
+    n, density = 1 << 20, 0.01
+    k = round(density * n)
+    rows = {(r["algorithm"], r["P"]): r for r in topk_rows([8, 64], ["ib400"], n, density)}
+    profile = simulate.network_profile("ib400", 64)
+    flat = (1.0, 100.0, 10.0)
+    assert simulate.oktopk_nodes_price(8, k, n, 8, profile, simulate.Wire(), flat) == flat
+    assert simulate.oktopk_nodes_price(64, k, n, 8, profile, simulate.Wire(True), flat) == flat
+    two = rows[("oktopk", 64)]
+    assert two["messages"] == 2 * 64 + 2 * 6 - 63 + (7 + 7 + 1)
+    topo = Topology.of([r // 8 for r in range(64)])
+    leader = allgather_nodes_cost(topo, block_sizes(k, 64), 0, lambda c: 8 * c)
+    member = allgather_nodes_cost(topo, block_sizes(k, 64), 1, lambda c: 8 * c)
+    assert member == {"oktopk.allgather.bcast": (8 * k, 1)}
+    assert sum(b for b, _ in leader.values()) == 8 * (k - block_sizes(k, 64)[0])
+    words, messages = TOPK_MODELS["oktopk"](64, k, n)
+    flat_seconds = profile.alpha_p2p * messages + profile.beta_p2p * 4 * words
+    assert two["predicted_s"] - profile.gamma["scan"] * n - profile.fixed["allreduce"] \
+        < flat_seconds

@@ -20,6 +20,8 @@ from cupycoll.errors import InvalidArgument, InvalidType
 from cupycoll.wire import _index_codec as twin
 from cupycoll.wire import _numba as loops
 
+from ._gpu import no_device_reason
+
 DENSITIES = (1e-4, 1e-3, 1e-2, 0.1, 0.3, 0.6, 1.0)
 
 
@@ -328,16 +330,10 @@ def test_device_path_syncs_once_per_call():
         assert type(payload) is type(dev) and payload.dtype == np.uint16
 
 
-def _gpu_reason():
-    from ._gpu import no_device_reason
-
-    return no_device_reason()
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("label,idx,lo,hi", CASES, ids=IDS)
 def test_gpu_parity(label, idx, lo, hi):
-    reason = _gpu_reason()
+    reason = no_device_reason()  # skip only when no CUDA device exists
     if reason is not None:
         pytest.skip(reason)
     import cupy
@@ -362,7 +358,7 @@ def test_gpu_parity(label, idx, lo, hi):
 
 @pytest.mark.gpu
 def test_gpu_parity_large():
-    reason = _gpu_reason()
+    reason = no_device_reason()  # skip only when no CUDA device exists
     if reason is not None:
         pytest.skip(reason)
     import cupy

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import math
 import types
 from typing import Any, Sequence
 
@@ -295,17 +294,17 @@ class Communicator(abc.ABC):
     def _record_collective(self, name: str, nbytes: int, root: int | None = None,
                            op_name: str | None = None) -> None:
         """Book a native collective's traffic by the rule in :class:`Stats` (under ``op_name``)
-        and count it in ``sequence``."""
+        and count it in ``sequence`` (the store on the arrival board is its whole cost there)."""
         self._slot[0] = self.sequence = self.sequence + 1  # the arrival notice
-        p, book = self.size, op_name or name
+        book, p = op_name or name, self.size
         if p <= 1:
-            self.stats.record(book)
-            return
-        if name == "broadcast" or name == "reduce":
-            sends = (self.rank == root) is (name == "broadcast")
-            self.stats.record(book, nbytes if sends else 0, 0 if sends else nbytes, int(sends),
-                              int(not sends))
-            return
-        factor, steps = _ring_steps(name, p)
-        moved = math.floor(factor * nbytes)
-        self.stats.record(book, moved, moved, steps, steps)
+            self.stats._add(book, 0, 0, 0, 0)
+        elif name == "broadcast" or name == "reduce":
+            if (self.rank == root) is (name == "broadcast"):
+                self.stats._add(book, int(nbytes), 0, 1, 0)
+            else:
+                self.stats._add(book, 0, int(nbytes), 0, 1)
+        else:
+            factor, steps = _ring_steps(name, p)
+            moved = int(factor * nbytes)  # the floor: nbytes >= 0
+            self.stats._add(book, moved, moved, steps, steps)

@@ -54,6 +54,20 @@ def _mpi_op(op: ReduceOp, dtype: np.dtype) -> MPI.Op:
     return _FLOAT_MINMAX[op]
 
 
+#: ReduceOp -> dtype -> (MPI datatype, MPI op), filled on first use: the reductions MPI runs on a
+#: dtype as it is (avg as a sum); half precision is absent (it is widened first).
+_NATIVE: dict[ReduceOp, dict[np.dtype, tuple[MPI.Datatype, MPI.Op]]] = {op: {} for op in ReduceOp}
+
+
+def _native(op: ReduceOp, dtype: np.dtype) -> tuple[MPI.Datatype, MPI.Op] | None:
+    """(MPI datatype, MPI op) of reducing ``dtype`` with ``op`` natively, or None: two dict
+    lookups per call once the pair has been seen."""
+    spec = _NATIVE[op].get(dtype)
+    if spec is None and dtype in _MPI_TYPES:
+        spec = _NATIVE[op][dtype] = (_MPI_TYPES[dtype], _mpi_op(op, dtype))
+    return spec
+
+
 def _bytes(a: np.ndarray) -> list:
     """Buffer spec that moves ``a`` as raw bytes (any dtype, no pickling)."""
     return [a, MPI.BYTE]
@@ -69,8 +83,10 @@ def _typed(a: np.ndarray) -> list:
 
 
 def _separate(send: np.ndarray, recv: np.ndarray) -> bool:
-    """True when two host buffers surely do not overlap (a bounds check, no solving)."""
-    return send is not recv and not np.may_share_memory(send, recv)
+    """True when two host buffers surely do not overlap: two arrays that own their memory
+    (``base`` None: numpy allocated it for them), else a bounds check (no solving)."""
+    return send is not recv and ((send.base is None and recv.base is None)
+                                 or not np.may_share_memory(send, recv))
 
 
 def _pending(requests: list, peers: Sequence[int] | None) -> list[int]:

@@ -47,12 +47,19 @@ class _NcclVerbs:
         return self._work(*self._allreduce(send, recv, op, op_name), op_name)
 
     def _allreduce(self, send: Any, recv: Any, op: ReduceOp, op_name: str) -> tuple:
+        return self._every_rank_reduces("allReduce", "allreduce", send, recv, op, op_name,
+                                        int(send.size))
+
+    def _every_rank_reduces(self, call: str, verb: str, send: Any, recv: Any, op: ReduceOp,
+                            op_name: str, count: int) -> tuple:
+        """allReduce or reduceScatter (NCCL's ``call``): every rank sends ``send`` and receives
+        ``recv``; ``count`` is NCCL's element count (the input's, or each rank's block)."""
         dtype, red = self._types(send.dtype, op)
-        src, dst, count = self._contiguous(send), self._buffer(recv, "recv"), int(send.size)
+        src, dst = self._contiguous(send), self._buffer(recv, "recv")
         ptr = self._ptr
-        event = self._post(op_name, lambda c, s: c.allReduce(
+        event = self._post(op_name, lambda c, s: getattr(c, call)(
             ptr(src), ptr(dst), count, dtype, red, s), active=count > 0)
-        self._record_collective("allreduce", send.nbytes, op_name=op_name)
+        self._record_collective(verb, send.nbytes, op_name=op_name)
         return event, src
 
     def reduce(self, send: Any, recv: Any, op: ReduceOp, root: int,
@@ -74,13 +81,8 @@ class _NcclVerbs:
         return self._work(*self._reduce_scatter(send, recv, op, op_name), op_name)
 
     def _reduce_scatter(self, send: Any, recv: Any, op: ReduceOp, op_name: str) -> tuple:
-        dtype, red = self._types(send.dtype, op)
-        src, dst, count = self._contiguous(send), self._buffer(recv, "recv"), int(recv.size)
-        ptr = self._ptr
-        event = self._post(op_name, lambda c, s: c.reduceScatter(
-            ptr(src), ptr(dst), count, dtype, red, s), active=count > 0)
-        self._record_collective("reduce_scatter", send.nbytes, op_name=op_name)
-        return event, src
+        return self._every_rank_reduces("reduceScatter", "reduce_scatter", send, recv, op,
+                                        op_name, int(recv.size))
 
     def broadcast(self, send: Any, recv: Any, root: int, op_name: str = "broadcast") -> Work:
         return self._work(*self._broadcast(send, recv, root, op_name), op_name)

@@ -47,8 +47,10 @@ class Stats(OpStats):
     def record(self, op: str, sent: int = 0, received: int = 0, msgs_sent: int = 0,
                msgs_received: int = 0) -> None:
         """Add traffic to the totals and to ``by_op[op]``."""
-        sent, received = int(sent), int(received)
-        msgs_sent, msgs_received = int(msgs_sent), int(msgs_received)
+        self._add(op, int(sent), int(received), int(msgs_sent), int(msgs_received))
+
+    def _add(self, op: str, sent: int, received: int, msgs_sent: int, msgs_received: int) -> None:
+        """:meth:`record` of Python ints (the dense hot path books with it: no conversions)."""
         with self._lock:
             self.bytes_sent += sent
             self.bytes_received += received

@@ -7,6 +7,7 @@ by P (integers truncate toward zero, like NCCL).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -18,8 +19,8 @@ from mpi4py import MPI
 from .._types import ReduceOp, to_host, trunc_divide
 from ..errors import BackendError
 from ._base import Communicator
-from ._mpi_types import (_WIDENED, _DeadComm, _MPI_TYPES, _address, _bytes, _mpi_op, _pending,
-                         _separate, _typed)
+from ._mpi_types import (_NATIVE, _WIDENED, _DeadComm, _address, _bytes, _mpi_op, _native,
+                         _pending, _separate, _typed)
 from ._work import Work
 
 __all__ = ["MPICommunicator"]
@@ -70,7 +71,8 @@ class MPICommunicator(Communicator):
         requests = list(handles)
         if not requests:
             return
-        statuses = [MPI.Status() for _ in requests]
+        # one request (every collective) raises its own error; several report theirs in statuses
+        statuses = [MPI.Status() for _ in requests] if len(requests) > 1 else []
         try:
             self._poll(requests, statuses, op_name, peers, sequence)
         except KeyboardInterrupt:
@@ -89,12 +91,14 @@ class MPICommunicator(Communicator):
         interrupts it. On oversubscribed cores this completes small collectives sooner than
         napping (a nap costs a scheduler time slice) and than spinning without yielding (which
         starves a peer computing on the same core)."""
-        if MPI.Request.Testall(requests, statuses):
+        test = requests[0].Test if not statuses else functools.partial(
+            MPI.Request.Testall, requests, statuses)
+        if test():
             return
         start = time.monotonic()
         deadline = start + self.timeout if self.timeout is not None else float("inf")
         nap, polls = start + _SPIN, 0
-        while not MPI.Request.Testall(requests, statuses):
+        while not test():
             polls += 1
             if polls % _POLLS:
                 continue
@@ -113,8 +117,8 @@ class MPICommunicator(Communicator):
             "dense collective's count or dtype (CUPYCOLL_DEBUG=1 checks them first)")
 
     def run(self, verb: str, *args: Any, op_name: str | None = None) -> None:
-        """Run a dense verb to completion with MPI's blocking call (cheaper than posting the
-        nonblocking one and waiting); under a timeout, post it and poll."""
+        """Run a dense verb to completion without a Work: post it and test it in the
+        interruptible loop of :meth:`wait` (see :meth:`_launch`)."""
         self._verbs[verb](*args, op_name or verb, True)
 
     def run_fetch(self, verb: str, *args: Any, result: Any, op_name: str) -> np.ndarray:
@@ -125,8 +129,13 @@ class MPICommunicator(Communicator):
     def _launch(self, blocking: bool, op_name: str, call: Any, icall: Any, args: tuple,
                 finalize: Any = None, keep: tuple = ()) -> Work | None:
         """Start ``icall(*args)`` and return its Work, or (``blocking``) complete the operation
-        by testing the request in :meth:`wait`'s interruptible loop (MPI's blocking ``call``
-        would ignore Ctrl-C until it returns; testing is also faster on oversubscribed cores)."""
+        by testing the request in :meth:`wait`'s interruptible loop.
+
+        ``call``, MPI's blocking twin, is not used here: it would ignore Ctrl-C and
+        ``CUPYCOLL_TIMEOUT`` until it returns, ranks may not mix it with the nonblocking call
+        (so the choice could not depend on anything ranks might disagree on), and on this
+        oversubscribed 2-core machine it was up to 20x slower at 256 KiB (docs/dense.md has the
+        measurement; ``bench/bench_tracking.py`` times both)."""
         if blocking:
             request = icall(*args)
             try:
@@ -162,13 +171,33 @@ class MPICommunicator(Communicator):
         return Work(wait, lambda: bool(MPI.Request.Testall(requests)), finalize)
 
     # reductions: widen half precision, stage device arrays, post-process avg
+    def _reduction(self, send: Any, recv: Any, op: ReduceOp, in_place_ok: bool) -> tuple:
+        """(send spec, recv spec, MPI op), finalize, buffers to keep alive of one reduction of
+        ``send`` into ``recv`` (None: a non-root rank of reduce).
+
+        The common case costs a few lookups: host arrays of one dtype MPI reduces natively,
+        ``send`` C-contiguous, ``recv`` the same array (in place) or apart from it. Anything
+        else is widened, staged or de-aliased by :meth:`_reduction_buffers`.
+        """
+        if (type(send) is np.ndarray and send.flags.c_contiguous
+                and (recv is None or type(recv) is np.ndarray and recv.dtype is send.dtype)):
+            spec = _NATIVE[op].get(send.dtype) or _native(op, send.dtype)
+            if spec is not None and (recv is None or send is not recv or in_place_ok):
+                mpi_type, mpi_op = spec
+                finalize = self._finish_reduction(recv, recv, op) if op is ReduceOp.AVG else None
+                if recv is None:
+                    return ([send, mpi_type], None, mpi_op), None, (send,)
+                if send is recv:
+                    return (MPI.IN_PLACE, [recv, mpi_type], mpi_op), finalize, (recv,)
+                if _separate(send, recv):
+                    return ([send, mpi_type], [recv, mpi_type], mpi_op), finalize, (send, recv)
+        host_send, host_recv, in_place = self._reduction_buffers(send, recv, in_place_ok)
+        args = (MPI.IN_PLACE if in_place else _typed(host_send),
+                None if host_recv is None else _typed(host_recv), _mpi_op(op, host_send.dtype))
+        return args, self._finish_reduction(host_recv, recv, op), (host_send, host_recv)
+
     def _reduction_buffers(self, send: Any, recv: Any, in_place_ok: bool):
-        if (send is recv and in_place_ok and type(send) is np.ndarray and send.dtype in _MPI_TYPES
-                and send.flags.c_contiguous):
-            return send, recv, True
-        if (type(send) is np.ndarray and send.dtype in _MPI_TYPES and send.flags.c_contiguous
-                and (recv is None or type(recv) is np.ndarray and _separate(send, recv))):
-            return send, recv, False  # the common case: host buffers MPI can use as they are
+        """Host buffers MPI can reduce (widened, staged, de-aliased) and whether in place."""
         dtype = np.dtype(send.dtype)
         wide = _WIDENED.get(dtype.name)
         host_send = to_host(send)
@@ -205,13 +234,11 @@ class MPICommunicator(Communicator):
         return self._allreduce(send, recv, op, op_name, False)
 
     def _allreduce(self, send: Any, recv: Any, op: ReduceOp, op_name: str, blocking: bool):
-        host_send, host_recv, in_place = self._reduction_buffers(send, recv, True)
-        sbuf = MPI.IN_PLACE if in_place else _typed(host_send)
+        args, finalize, keep = self._reduction(send, recv, op, True)
         self._record_collective("allreduce", send.nbytes, op_name=op_name)
         comm = self.mpi_comm
-        return self._launch(blocking, op_name, comm.Allreduce, comm.Iallreduce,
-                            (sbuf, _typed(host_recv), _mpi_op(op, host_recv.dtype)),
-                            self._finish_reduction(host_recv, recv, op), (host_send, host_recv))
+        return self._launch(blocking, op_name, comm.Allreduce, comm.Iallreduce, args, finalize,
+                            keep)
 
     def reduce(self, send: Any, recv: Any, op: ReduceOp, root: int,
                op_name: str = "reduce") -> Work:
@@ -220,29 +247,22 @@ class MPICommunicator(Communicator):
     def _reduce(self, send: Any, recv: Any, op: ReduceOp, root: int, op_name: str,
                 blocking: bool):
         at_root = self.rank == root
-        host_send, host_recv, in_place = self._reduction_buffers(send, recv if at_root else None,
-                                                                 at_root)
-        sbuf = MPI.IN_PLACE if in_place else _typed(host_send)
-        rbuf = _typed(host_recv) if at_root else None
+        args, finalize, keep = self._reduction(send, recv if at_root else None, op, at_root)
         self._record_collective("reduce", send.nbytes, root, op_name=op_name)
-        finalize = self._finish_reduction(host_recv, recv, op) if at_root else None
         comm = self.mpi_comm
-        return self._launch(blocking, op_name, comm.Reduce, comm.Ireduce,
-                            (sbuf, rbuf, _mpi_op(op, host_send.dtype), root), finalize,
-                            (host_send, host_recv))
+        return self._launch(blocking, op_name, comm.Reduce, comm.Ireduce, args + (root,),
+                            finalize, keep)
 
     def reduce_scatter(self, send: Any, recv: Any, op: ReduceOp,
                        op_name: str = "reduce_scatter") -> Work:
         return self._reduce_scatter(send, recv, op, op_name, False)
 
     def _reduce_scatter(self, send: Any, recv: Any, op: ReduceOp, op_name: str, blocking: bool):
-        host_send, host_recv, _ = self._reduction_buffers(send, recv, False)
+        args, finalize, keep = self._reduction(send, recv, op, False)
         self._record_collective("reduce_scatter", send.nbytes, op_name=op_name)
         comm = self.mpi_comm
         return self._launch(blocking, op_name, comm.Reduce_scatter_block,
-                            comm.Ireduce_scatter_block,
-                            (_typed(host_send), _typed(host_recv), _mpi_op(op, host_send.dtype)),
-                            self._finish_reduction(host_recv, recv, op), (host_send, host_recv))
+                            comm.Ireduce_scatter_block, args, finalize, keep)
 
     # data movement: raw bytes
     def _staged(self, recv: Any) -> tuple[np.ndarray, Any]:
@@ -259,14 +279,15 @@ class MPICommunicator(Communicator):
     def _broadcast(self, send: Any, recv: Any, root: int, op_name: str, blocking: bool):
         host, copy_back = self._staged(recv)
         if self.rank == root and send is not recv:
-            host[...] = to_host(send)
+            host[...] = send if type(send) is np.ndarray else to_host(send)
         self._record_collective("broadcast", recv.nbytes, root, op_name=op_name)
         comm = self.mpi_comm
         return self._launch(blocking, op_name, self._bcast, comm.Ibcast, (_bytes(host), root),
                             copy_back, (host,))
 
     def _bcast(self, buf: list, root: int) -> None:
-        """A blocking broadcast: Bcast on two ranks, Ibcast + Wait on more.
+        """The blocking twin of Ibcast (for comparisons, see :meth:`_launch`): Bcast on two
+        ranks, Ibcast + Wait on more.
 
         When ranks disagree on the count, MPICH's blocking tree stops at the rank that detects
         the truncation and its subtree waits forever, while the nonblocking schedule still
@@ -284,7 +305,8 @@ class MPICommunicator(Communicator):
     def _allgather(self, send: Any, recv: Any, op_name: str, blocking: bool):
         host, copy_back = self._staged(recv)
         sbuf = send if type(send) is np.ndarray else to_host(send)
-        sbuf = np.ascontiguousarray(sbuf)
+        if not sbuf.flags.c_contiguous:
+            sbuf = np.ascontiguousarray(sbuf)
         if not _separate(sbuf, host):
             own = _address(host) + self.rank * sbuf.nbytes  # NCCL's in place: this rank's block
             if _address(sbuf) == own and sbuf.nbytes * self.size == host.nbytes:

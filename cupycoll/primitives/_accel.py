@@ -7,7 +7,10 @@ numba is imported lazily, only for large inputs, so numpy users who never reach 
 from __future__ import annotations
 
 import sys
+import threading
 from typing import Any
+
+import numpy as np
 
 from .._config import setting
 
@@ -28,8 +31,28 @@ def _fast(size: int) -> Any:
     return _numba
 
 
+#: this thread's kept host buffer (see kept_buffer).
+_KEPT = threading.local()
+
+
+def kept_buffer(size: int, dtype: Any) -> np.ndarray:
+    """An uninitialised host array of ``size`` elements, this thread's, reused by the next call.
+
+    For dense working buffers that never leave a call (the ``dense`` sparse algorithm's
+    densified values): a fresh n-long array costs a page fault per 4 KiB page on first touch
+    (~4 us each on our VMs: 64 MB costs more than filling it). The largest asked for is kept
+    until :func:`free_scratch`.
+    """
+    nbytes = int(size) * np.dtype(dtype).itemsize
+    buffer = getattr(_KEPT, "buffer", None)
+    if buffer is None or buffer.size < nbytes:
+        buffer = _KEPT.buffer = np.empty(nbytes, np.uint8)
+    return buffer[:nbytes].view(dtype)
+
+
 def free_scratch() -> None:
-    """Free the temporaries that the numba loops keep between calls of this thread."""
+    """Free the temporaries that the numba loops (and kept_buffer) keep for this thread."""
+    _KEPT.__dict__.clear()
     loops = sys.modules.get(f"{__package__}._numba")
     if loops is not None:
         loops.free_scratch()

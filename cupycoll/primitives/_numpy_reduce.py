@@ -141,7 +141,7 @@ def coo_reduce(indices: Any, values: Any, op: Any = "sum", n: int | None = None,
     out_idx, out_val = np.empty_like(idx), np.empty(val.shape, acc)
     with np.errstate(all="ignore"):
         runs = _coalesce([idx], int(idx.min()), hi, val, ufunc, out_idx, out_val)
-    return _trimmed(out_idx, runs), _trimmed(out_val, runs).astype(val.dtype, copy=False)
+    return _narrowed(out_idx, out_val, runs, val.dtype)
 
 
 def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
@@ -162,7 +162,8 @@ def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
     itype = np.result_type(*(i.dtype for i, _ in pairs))
     indices = [i for i, _ in pairs]
     if len(pairs) == 1:
-        return indices[0].astype(itype), pairs[0][1].astype(acc).astype(ref.dtype, copy=False)
+        return _narrowed(indices[0].astype(itype), pairs[0][1].astype(acc), indices[0].size,
+                         ref.dtype)
     total = sum(i.size for i in indices)
     fast = _fast(total)
     merged = None if fast is None else fast.merge(indices, [v for _, v in pairs], ufunc, acc,

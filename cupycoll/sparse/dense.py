@@ -1,25 +1,34 @@
 """``dense``: densify to n, one dense allreduce, read the union back (sparse-as-dense fallback).
 
-The union of indices cannot be read from the reduced values (entries can cancel or be explicit
-zeros), so presence travels with them:
+The union of indices cannot be read from reduced values alone (entries can cancel or be
+explicit zeros), so presence travels with them, in the cheapest way the op and dtype allow:
 
-- Rows (width >= ``FOLD_WIDTH``) reduced by sum/avg: one presence count per row rides in the
-  SAME allreduce, as an n-element tail after the rows (1 where this rank has the row). The sum
-  of P ones is exact in any order (P < 2^11 even in float16), so every rank reads the same
-  union with one flatnonzero of the tail; the tail adds 1/width of the bytes and no round.
-- Otherwise (1-D values, where a count per index would add a whole value per index, and max,
-  min, prod, whose reductions cannot count): a packed bitmap ORed over ranks (n/8 bytes:
-  reduce-scatter by one exchange, then an allgather), overlapped with the values' allreduce.
+- Float values (32 or 64 bits: ``Shape.float_values``) summed (sum/avg), any width: absent
+  entries are filled with -0, the identity of IEEE addition (-0 + x is x, bit for bit, for
+  every x, +0 and NaN included). An index absent on every rank reduces to -0 in every element,
+  and no sum of values that are not -0 is ever -0 (x + -x is +0 when rounding to nearest;
+  additions near 0 are exact), so without -0 inputs the
+  union is the rows with an element that is not -0, read with no extra traffic, and every value
+  has the same bits as with +0 fills. The ONE extra element in the allreduce's tail counts the
+  ranks that hold a -0 value; only then (an explicit -0 input, e.g. 0 times a negative) is a
+  -0 result ambiguous, and the bitmap below (the union) and an allreduce of an int32 count
+  per union row with a -0 result settle it (``dense.signed_zeros``, data-dependent, not in
+  :func:`cost`, which sees indices only; :func:`settle_cost`): a row held by some but not all
+  ranks has its -0 elements made +0 (an absent entry counts as +0).
+- Other values (integers, 16-bit floats) summed in rows of width >= ``FOLD_WIDTH``: one
+  presence count per row rides in the SAME allreduce, as an n-element tail (exact: P < 2^11).
+- Otherwise (other 1-D sums; max, min, prod, whose reductions cannot count): a packed bitmap
+  ORed over ranks (n/8 bytes: reduce-scatter by one exchange, then an allgather), overlapped
+  with the values' allreduce.
 
-Values are reduced once by the native allreduce, which gives the same bits on every rank.
-No sparse entries travel, so the wire format (``wire``) does not apply.
-(Presence packed as bit fields into the values' own tail was tried for 1-D: its pack and unpack
-passes cost more on the CPU than the two bitmap rounds they save; see docs/tuning.md.)
+Values are reduced once by the native allreduce, which gives the same bits on every rank. No
+sparse entries travel, so the wire format (``wire``) does not apply.
 
-Cost per rank (R = row bytes, V = value bytes, c = ceil(ceil(n/8)/P)): folded: allreduce of
-n*(R + V) bytes booked as floor(2(P-1)/P * bytes) in 2(P-1) messages. Bitmap: allreduce of
-n*R bytes, plus (P-1)*c by exchange and floor((P-1)/P * P*c) by allgather, 2(P-1) messages.
-Local work O(n): zero fill, one scatter, one presence scan, one gather.
+Cost per rank (R = row bytes, V = value bytes, c = ceil(ceil(n/8)/P)): signed zeros: allreduce
+of n*R + V bytes booked as floor(2(P-1)/P * bytes) in 2(P-1) messages; folded counts: the same
+with n*(R + V) bytes; bitmap: allreduce of n*R bytes, plus (P-1)*c by exchange and
+floor((P-1)/P * P*c) by allgather, 2(P-1) messages. Local work O(n): one fill, one scatter, one
+presence scan, one gather.
 """
 
 from __future__ import annotations
@@ -31,28 +40,44 @@ import numpy as np
 from .._registry import register
 from .._types import ReduceOp
 from ..primitives import gather
+from ..primitives._accel import kept_buffer
 from ._common import bitmap_chunk, bitmap_or_allreduce, presence, union_of_presence
 from ._cost import Cost, Shape
 
-__all__ = ["dense", "cost", "folds_presence", "FOLD_WIDTH"]
+__all__ = ["dense", "cost", "settle_cost", "folds_presence", "signed_zero_fill", "FOLD_WIDTH"]
 
-#: rows at least this wide carry their presence count in the values' allreduce (<= 1/8 more).
+#: integer rows at least this wide carry their presence count in the values' allreduce.
 FOLD_WIDTH = 8
+
+_SUMS = ("sum", "avg")
+#: the operation name of settling -0 inputs (the bitmap; ``.counts``: the count allreduce).
+SETTLE = "dense.signed_zeros"
+
+
+def _op_name(op: Any) -> str:
+    return str(getattr(op, "value", op))
+
+
+def signed_zero_fill(op: Any, float_values: bool) -> bool:
+    """True when absent entries are filled with -0 and presence costs one tail element."""
+    return float_values and _op_name(op) in _SUMS
 
 
 def folds_presence(size: int, itemsize: int, op: Any, width: int) -> bool:
-    """True when presence rides in the values' allreduce as one count per row."""
+    """True when (integer) rows carry a presence count each in the values' allreduce."""
     exact_bits = {2: 11, 4: 24, 8: 53}.get(itemsize, 0)
-    return (str(getattr(op, "value", op)) in ("sum", "avg") and width >= FOLD_WIDTH
-            and size < (1 << exact_bits))
+    return _op_name(op) in _SUMS and width >= FOLD_WIDTH and size < (1 << exact_bits)
 
 
 @register("sparse", "dense")
 def dense(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
           accumulate_dtype: Any = None, wire: Any = None) -> tuple[Any, Any]:
-    """Allreduce the densified input with its presence (folded for wide rows, else a bitmap)."""
+    """Allreduce the densified input with its presence (-0 fills, a count tail or a bitmap)."""
     xp, row = comm.xp, tuple(values.shape[1:])
     width = int(np.prod(row, dtype=np.int64)) if row else 0
+    dtype = np.dtype(values.dtype)
+    if signed_zero_fill(op, dtype.kind == "f" and dtype.itemsize >= 4):
+        return _signed_zeros(comm, indices, values, n, op, row, width)
     if folds_presence(comm.size, values.dtype.itemsize, op, width):
         buf = xp.zeros(n * (width + 1), dtype=values.dtype)
         full, counts = buf[:n * width].reshape((n,) + row), buf[n * width:]
@@ -70,14 +95,69 @@ def dense(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
     return union, gather(full, union)
 
 
+def _signed_zeros(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, row: tuple,
+                  width: int) -> tuple[Any, Any]:
+    """One allreduce of the -0-filled values and a tail counting ranks holding a -0 value."""
+    xp, size = comm.xp, n * max(width, 1)
+    buf = (kept_buffer(size + 1, values.dtype) if xp is np
+           else xp.empty(size + 1, dtype=values.dtype))  # cupy's pool keeps device memory
+    buf[:size] = -0.0
+    full = buf[:size].reshape((n,) + row)
+    full[indices] = values
+    buf[size:] = ((values == 0) & xp.signbit(values)).any()  # no host read
+    comm.stream_order(comm.allreduce(buf, buf, op, op_name="dense.allreduce"))
+    bits = buf[:size].view(f"u{buf.dtype.itemsize}").reshape(n, max(width, 1))
+    negative_zero = bits == bits.dtype.type(1 << (8 * bits.dtype.itemsize - 1))
+    if not bool(buf[size] > 0):  # nobody holds a -0: the common case, no more traffic
+        kept = ~negative_zero[:, 0] if width <= 1 else ~negative_zero.all(axis=1)
+        union = xp.flatnonzero(kept).astype(indices.dtype, copy=False)
+        return union, xp.take(full, union, axis=0)  # in range by construction
+    return _settle_signed_zeros(comm, indices, full, negative_zero)
+
+
+def _settle_signed_zeros(comm: Any, indices: Any, full: Any, negative_zero: Any
+                         ) -> tuple[Any, Any]:
+    """Some rank holds a -0: the union from the presence bitmap, then, for the union's rows
+    with a -0 element, how many ranks hold them (a -0 stays only where every rank holds it)."""
+    xp, n, p = comm.xp, full.shape[0], comm.size
+    mine = presence(indices, n)
+    present = bitmap_or_allreduce(comm, mine, SETTLE)
+    doubtful = xp.flatnonzero(present & negative_zero.any(axis=1))
+    if doubtful.shape[0]:  # the same on every rank (computed from reduced data)
+        counts = mine[doubtful].astype(np.int32)
+        comm.stream_order(comm.allreduce(counts, counts, ReduceOp.SUM,
+                                         op_name=SETTLE + ".counts"))
+        partial = doubtful[counts < p]
+        rows = full.reshape(negative_zero.shape)
+        rows[partial] = xp.where(negative_zero[partial], rows.dtype.type(0), rows[partial])
+    union = union_of_presence(present, indices.dtype)
+    return union, xp.take(full, union, axis=0)
+
+
+def settle_cost(n: int, size: int, doubtful: int) -> Cost:
+    """Traffic of settling -0 inputs (not in :func:`cost`, which sees no values): the presence
+    bitmap, and ``doubtful`` int32 counts (the union's rows with a -0 result)."""
+    c = _bitmap(Cost(), n, size, SETTLE)
+    return c.allreduce(SETTLE + ".counts", size, 4 * doubtful) if doubtful else c
+
+
+def _bitmap(c: Cost, n: int, size: int, op: str) -> Cost:
+    """:func:`bitmap_or_allreduce`'s traffic: one exchange of chunks, one allgather."""
+    if size > 1:
+        chunk = bitmap_chunk(n, size)
+        c.book(op, (size - 1) * chunk, size - 1)
+        c.allgather(op, size, chunk * size)
+    return c
+
+
 def cost(shape: Shape, rank: int) -> Cost:
-    """Bytes and messages ``rank`` receives (without the validation allreduce)."""
+    """Bytes and messages ``rank`` receives (without the validation allreduce; inputs without
+    -0 values: see the module docstring)."""
+    if signed_zero_fill(shape.op, shape.float_values):
+        return Cost().allreduce("dense.allreduce", shape.size,
+                                shape.n * shape.row_bytes + shape.value_bytes)
     if folds_presence(shape.size, shape.value_bytes, shape.op, shape.width):
         return Cost().allreduce("dense.allreduce", shape.size,
                                 shape.n * (shape.row_bytes + shape.value_bytes))
     c = Cost().allreduce("dense.allreduce", shape.size, shape.n * shape.row_bytes)
-    if shape.size > 1:
-        chunk = bitmap_chunk(shape.n, shape.size)
-        c.book("dense.union", (shape.size - 1) * chunk, shape.size - 1)
-        c.allgather("dense.union", shape.size, chunk * shape.size)
-    return c
+    return _bitmap(c, shape.n, shape.size, "dense.union")

@@ -4,7 +4,8 @@ Indices and values travel together, one packed message per peer and transfer (in
 bytes per pair on the coo wire; :mod:`cupycoll.wire`); messages between one pair of ranks
 arrive in the order posted. Each phase books its traffic under
 its own operation name so tests and benchmarks can read the volume per phase:
-``oktopk.reduce`` (+ ``.counts``), ``oktopk.balance`` (+ ``.counts``), ``oktopk.allgather``.
+``oktopk.reduce`` (+ ``.counts``), ``oktopk.balance`` (+ ``.counts``), ``oktopk.allgather``
+(over several nodes: ``oktopk.allgather.node``, ``.leaders``, ``.bcast``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from .._types import to_host
 from ..primitives import scatter_reduce
 from ..wire._exchange import exchange_sizes, gather_entries, post_blocks
 from ..wire._pack import COO, Packed, Wire, coo_nbytes, pack, unpack
+from ._oktopk_nodes import allgather_nodes, two_level
 from ._wire import allgather_padded
 
 __all__ = ["split_and_reduce", "balance", "block_sizes", "allgather_blocks", "THROTTLE"]
@@ -162,14 +164,20 @@ def _piece_bytes(comm: Any, sends: dict, pieces: dict) -> list[int]:
 
 
 def allgather_blocks(comm: Any, idx: Any, val: Any, blocks: np.ndarray, n: int, *,
-                     padded: bool, wire: Wire = COO) -> tuple[Any, Any]:
+                     padded: bool, wire: Wire = COO, topo: Any = None) -> tuple[Any, Any]:
     """Allgather balanced blocks in rank order, one packed message per peer (the counts are
     known: no count exchange on the coo wire; compact: (count, bytes) pairs first).
+
+    ``topo`` (a :class:`~cupycoll.comm._topology.Topology`) spanning several nodes: in two
+    levels through node leaders (:mod:`._oktopk_nodes`; point-to-point only, so also where
+    ``padded`` would be needed).
 
     ``padded``: one native allgather of equal packed buffers (blocks padded to ``ceil(T/P)``
     entries with the sentinel index n, or the encoded bytes padded) -- what NCCL, which has no
     allgatherv, needs; the blocks differ by at most one, so at most P-1 pads travel.
     """
+    if topo is not None and two_level(topo, wire):
+        return allgather_nodes(comm, idx, val, blocks, n, topo, wire)
     if padded:
         return allgather_padded(comm, idx, val, blocks, n, wire, "oktopk.allgather")
     parts, _ = gather_entries(comm, idx, val, "oktopk.allgather", wire, 0, n, counts=blocks)

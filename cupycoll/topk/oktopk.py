@@ -53,6 +53,7 @@ import numpy as np
 
 from .._result import SparseResult
 from .._types import ReduceOp
+from ..comm._topology import topology
 from ..primitives import select_abs_ge, topk_abs
 from ._common import (Cost, TopkOutcome, TopkState, index_dtype, log2_ceil, min_abs,
                       positive_threshold, smallest_positive, sorted_member,
@@ -189,8 +190,9 @@ def _select_balance_gather(comm: Any, red: Any, lo: int, k: int, n: int,
     if total == 0:
         return gidx, sel_v, remainders
     blk_i, blk_v, blocks = balance(comm, gidx, sel_v, counts, wire, n)
+    topo = topology(comm) if comm.size > 1 else None
     return (*allgather_blocks(comm, blk_i, blk_v, blocks, n, padded=_padded(comm, state),
-                              wire=wire), remainders)
+                              wire=wire, topo=topo), remainders)
 
 
 def _reference_policy(state: TopkState) -> bool:

@@ -12,6 +12,10 @@ so the contention of a real call is in the numbers):
   1-D float32 parts, per entry; ``row`` a gather of 16-wide float32 rows, per element; ``dense``
   the dense algorithm's own value passes (zero fill, scatter, scan, gather) per element; ``scan`` presence bitmap packing and unpacking plus flatnonzero, per position; ``code`` the wire
   codec's encode + decode of a sorted index stream (10 % density), per index and direction;
+- links (when the communicator spans several nodes: MPI's shared-memory split or
+  ``CUPYCOLL_RANKS_PER_NODE``): the point-to-point measurement again among the ranks of each
+  node (``links["intra"]``) and along the rails between nodes (``links["inter"]``), which the
+  node-aware algorithms' phases are priced by (``Profile.link``);
 - ``fixed``: every algorithm on a tiny input (nothing but its rounds and overheads), minus the
   time alpha and beta already account for.
 """
@@ -24,6 +28,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .._types import ReduceOp
+from ..comm._topology import node_ids as _node_ids
 from ..primitives import merge_sorted
 from ..sparse import auto as _auto
 from ..sparse._common import presence, union_of_presence
@@ -68,24 +73,53 @@ def _native(comm: Any, repeats: int) -> tuple[float, float]:
     return max(t_small - beta * b_small, 0.0), beta
 
 
-def _p2p(comm: Any, repeats: int) -> tuple[float, float, float]:
-    """alpha (per round), alpha_msg (per peer message) and beta (per byte) of an exchange:
-    8 B from one peer, 8 B from every peer, LARGE / P B from every peer."""
-    p, xp, rank = comm.size, comm.xp, comm.rank
-    every = [(rank + s) % p for s in range(1, p)]
+def _p2p(comm: Any, repeats: int, group: list[int] | None = None
+         ) -> tuple[float, float, float]:
+    """alpha (per round), alpha_msg (per peer message) and beta (per byte) of an exchange
+    among ``group`` (this rank's group of a partition of the ranks; default all): 8 B from the
+    two group neighbours, 8 B from every group peer, LARGE / len(group) B from every group peer.
+    Collective over ``comm`` (every rank times its own group at once)."""
+    xp, rank = comm.xp, comm.rank
+    group = list(range(comm.size)) if group is None else list(group)
+    p, at = len(group), group.index(rank)
+    every = [group[(at + s) % p] for s in range(1, p)]
 
     def exchange(peers: list[int], nbytes: int) -> float:
-        send, recv = xp.ones(nbytes, np.uint8), xp.empty((p, nbytes), np.uint8)
+        send, recv = xp.ones(nbytes, np.uint8), xp.empty((comm.size, nbytes), np.uint8)
         return _timed(comm, lambda: comm.exchange(
             [(q, send) for q in peers], [(q, recv[q]) for q in peers], "tune").wait(), repeats)
-    # pairs: with one peer, rank r talks to r+1 and r-1 (both directions posted, one round)
-    one = exchange(sorted({(rank + 1) % p, (rank - 1) % p} - {rank}), 8)
+    # pairs: with one peer, a rank talks to its group neighbours (both directions, one round)
+    ring = sorted({group[(at + 1) % p], group[(at - 1) % p]} - {rank})
+    one = exchange(ring, 8)
     t_all, large = exchange(every, 8), max(LARGE // p, 8)
     t_large = exchange(every, large)
-    peers_one = len({(rank + 1) % p, (rank - 1) % p} - {rank})
-    alpha_msg = max((t_all - one) / max(p - 1 - peers_one, 1), 0.0) if p > 3 else 0.0
+    alpha_msg = max((t_all - one) / max(p - 1 - len(ring), 1), 0.0) if p > 3 else 0.0
     beta = max((t_large - t_all) / max((p - 1) * (large - 8), 1), 0.0)
-    return max(one - alpha_msg * peers_one, 0.0), alpha_msg, beta
+    return max(one - alpha_msg * len(ring), 0.0), alpha_msg, beta
+
+
+def _links(comm: Any, repeats: int) -> dict[str, dict[str, float]]:
+    """Point-to-point prices per link kind when ``comm`` spans several nodes (nodes from
+    :func:`cupycoll.comm._topology.topology`: MPI's shared-memory split or
+    ``CUPYCOLL_RANKS_PER_NODE``): ``intra`` among the ranks of each node (when a node holds
+    two), ``inter`` along the rails (the ranks of the same place in every node), as the
+    node-aware algorithms use them. Empty on one node."""
+    from ..comm._topology import topology
+
+    topo = topology(comm)
+    if comm.size == 1 or topo.count < 2:
+        return {}
+    node = topo.nodes[comm.rank]
+    place = topo.members[node].index(comm.rank)
+    groups = {"inter": [m[place] for m in topo.members if place < len(m)]}
+    if topo.width > 1:
+        groups["intra"] = list(topo.members[node])
+    links = {}
+    for kind in ("intra", "inter"):  # the same order on every rank: the timings are collective
+        if kind in groups:
+            alpha, alpha_msg, beta = _p2p(comm, repeats, groups[kind])
+            links[kind] = {"alpha_p2p": alpha, "alpha_msg": alpha_msg, "beta_p2p": beta}
+    return links
 
 
 def _local(comm: Any, repeats: int, k: int = 1 << 16, n: int = 1 << 20) -> dict[str, float]:
@@ -145,7 +179,11 @@ def tune(comm: Any, repeats: int = 15, name: str = "tuned") -> Profile:
     fixed = _fixed(comm, base, repeats)
     meta = {"ranks": comm.size, "backend": getattr(comm, "backend", "?"),
             "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    profile = Profile(name, alpha_p, beta_p, alpha_n, beta_n, gamma, alpha_m, fixed, meta)
+    links = _links(comm, repeats)
+    if links:
+        meta["nodes"] = len(set(_node_ids(comm)))
+    profile = Profile(name, alpha_p, beta_p, alpha_n, beta_n, gamma, alpha_m, fixed, meta,
+                      links)
     if getattr(comm, "mpi_comm", None) is not None and comm.size > 1:
         profile = Profile.from_dict(comm.mpi_comm.bcast(profile.as_dict(), root=0))
     return profile

@@ -49,9 +49,12 @@ def _mask(shape: Shape, rank: int) -> dict[str, float]:
 
 
 def _dense(shape: Shape, rank: int) -> dict[str, float]:
+    """Presence scanned apart only on the bitmap path (-0 fills and count tails are read by
+    the same flatnonzero the ``dense`` unit already prices)."""
     w = max(shape.width, 1)
+    bitmap = "dense.union" in _auto.MODELS["dense"](shape, rank).received
     return {"dense": shape.n * w, "row": (shape.nnz[rank] + shape.union) * w,
-            "scan": shape.n}
+            "scan": shape.n if bitmap else 0}
 
 
 def _recursive_doubling(shape: Shape, rank: int) -> dict[str, float]:

@@ -12,7 +12,8 @@ Networks (``NETWORKS``): ``nvlink`` one node of 8 GPUs over NVLink; ``ib400`` 8 
 models against measurements at P <= 8. Across nodes the slower link prices the share of an
 all-to-all's bytes that leaves the node, and all of a native collective's (rings cross nodes);
 the node-aware ``hierarchical`` prices its node phases on the intra-node link and its rails on
-the inter-node link (``Profile.links``), ranks r // ranks_per_node sharing a node;
+the inter-node link (``Profile.links``), ranks r // ranks_per_node sharing a node, and so does
+Ok-Topk's two-level allgather phase (node gather and broadcast inside, leaders across);
 a native collective's round costs 2 ceil(log2 P) latencies (trees), each extra point-to-point
 message of a round a quarter of one (injection).
 Stragglers: ``--skew s`` gives rank 0 (1 + s) times the mean nnz; the slowest rank's time is
@@ -29,7 +30,10 @@ from typing import Any
 
 from ..sparse import auto as _auto
 from ..sparse import hierarchical as _hier
+from ..comm._topology import Topology
 from ..sparse._cost import Shape, validation_cost
+from ..topk._oktopk_nodes import OPS, allgather_nodes_cost, two_level
+from ..topk._oktopk_phases import block_sizes
 from ..wire._model import expected_index_nbytes
 from ..wire._pack import Wire
 from .predict import predict
@@ -182,18 +186,54 @@ def topk_rows(sizes: list[int], networks: list[str], n: int, density: float,
             for net in (net for net in networks if _fits(net, size)):
                 profile = network_profile(net, size)
                 select = profile.gamma.get("scan", 0.0) * n
+                per_node = NETWORKS[net].ranks_per_node if net in NETWORKS else 1
                 for name, model in TOPK_MODELS.items():
                     words, messages = model(size, k, n)
                     nbytes = topk_bytes(name, words, k, n, wire)
                     coding = (profile.gamma.get("code", 0.0) * words
                               if wire.compact and name != "dense" else 0.0)
-                    seconds = (profile.fixed.get("allreduce", 0.0) + select + coding
-                               + profile.alpha_p2p * messages + profile.beta_p2p * nbytes)
+                    link_time = profile.alpha_p2p * messages + profile.beta_p2p * nbytes
+                    if name == "oktopk" and per_node > 1:
+                        link_time, nbytes, messages = oktopk_nodes_price(
+                            size, k, n, per_node, profile, wire, (link_time, nbytes, messages))
+                    seconds = profile.fixed.get("allreduce", 0.0) + select + coding + link_time
                     rows.append({"family": "topk", "algorithm": name, "P": size,
                                  "network": net, "predicted_s": seconds,
                                  "bytes_per_rank": int(nbytes), "n": n, "density": density,
                                  "messages": messages, "wire": wire_name(wire)})
     return rows
+
+
+def oktopk_nodes_price(size: int, k: int, n: int, per_node: int, profile: Profile, wire: Wire,
+                       flat: tuple[float, float, float]) -> tuple[float, float, float]:
+    """(seconds on the links, bytes per rank, messages) of an Ok-Topk step whose allgather
+    phase runs in two levels (:mod:`cupycoll.topk._oktopk_nodes`: ranks r // per_node share a
+    node; coo wire), or ``flat`` when it does not. Split-and-reduce and balance keep the flat
+    prices; the allgather's node gather and broadcast go on ``profile.link("intra")``, the
+    leaders' exchange on ``link("inter")``, from the exact per-step traffic of a leader
+    (rank 0) and a non-leader (rank 1) with T = k balanced blocks."""
+    topo = Topology.of([r // per_node for r in range(size)])
+    if not two_level(topo, wire):
+        return flat
+    seconds, nbytes, messages = flat
+    ag_words = 2.0 * k * (size - 1) / size
+    ag_bytes = topk_bytes("oktopk", ag_words, k, n, wire)
+    seconds -= profile.alpha_p2p * (size - 1) + profile.beta_p2p * ag_bytes
+    blocks = block_sizes(k, size)
+    entry = 4 + (2 if wire.values else 4)
+    leader = allgather_nodes_cost(topo, blocks, 0, lambda c: c * entry)
+    member = allgather_nodes_cost(topo, blocks, 1, lambda c: c * entry)
+    links = {OPS[0]: profile.link("intra"), OPS[1]: profile.link("inter")}
+    for op, (b, m) in leader.items():
+        link = links[op]
+        seconds += link.alpha_p2p + link.alpha_msg * (m - 1) + link.beta_p2p * b
+    if OPS[2] in member:  # the leader sends the payload to each other rank of its node
+        intra, (b, _) = profile.link("intra"), member[OPS[2]]
+        seconds += intra.alpha_p2p + intra.alpha_msg * (len(topo.members[0]) - 2) \
+            + intra.beta_p2p * b
+    most = max(sum(b for b, _ in leader.values()), sum(b for b, _ in member.values()))
+    hops = sum(m for _, m in leader.values()) + 1
+    return seconds, nbytes - ag_bytes + most, messages - (size - 1) + hops
 
 
 def crossover_table(rows: list[dict[str, Any]]) -> list[str]:

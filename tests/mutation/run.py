@@ -42,21 +42,35 @@ BUILD = ROOT / "build" / "mutation"
 # launches (thousands of cases, minutes each) are left to the regular suite.
 _SPARSE_MPI = "tests/test_sparse_mpi.py::"
 _SPARSE = ["tests/test_sparse_units.py", "tests/test_api_units.py",
+           "tests/test_mutation_sparse.py",
+           "tests/test_tuner.py::test_choose_remembers_a_shape_per_profile",
            *(_SPARSE_MPI + t for t in (
                "test_nan_inf_signed_zero_same_bits_in_every_algorithm[2]",
                "test_nan_inf_signed_zero_same_bits_in_every_algorithm[3]",
                "test_volume_equals_cost_models[2]", "test_volume_equals_cost_models[3]",
                "test_bad_input_raises_on_every_rank[3]", "test_delivery_alloc_completion_async[3]"))]
-# One launch per worker at 2-3 ranks (the 5-8 rank launches and the longer density runs, ~100 s
-# of the ~130 s of tests/test_topk_mpi.py, are left to the regular suite).
-_TOPK_MPI = "tests/test_topk_mpi.py::"
+# The in-process unit tests, then one short launch at 2 and at 3 ranks that reaches every
+# function of cupycoll/topk/ (tests/workers/topk_quick.py: the regular workers' checks on tiny
+# inputs, ~5-10 s), and the density workload at 2 ranks (run only for mutants the others miss:
+# mutmut runs the fastest tests first and stops at the first failure). The regular top-k MPI
+# launches (5-10 s each at 2-3 ranks, up to minutes at 5-8) are left to the regular suite.
 _TOPK = ["tests/test_topk_units.py",
-         *(_TOPK_MPI + t for t in (
-             "test_topk_results_match_references[2]", "test_topk_results_match_references[3]",
-             "test_topk_volumes[3]", "test_topk_compressor_mass_and_errors[3]",
-             "test_topk_density_under_error_feedback[2]"))]
-_PRIMITIVES = ["tests/test_primitives.py", "tests/test_numba_accel.py",
-               "tests/test_kernels_cpu.py", "tests/test_sparse_units.py"]
+         "tests/test_mutation_topk_mpi.py::test_topk_quick_every_algorithm[2]",
+         "tests/test_mutation_topk_mpi.py::test_topk_quick_every_algorithm[3]",
+         "tests/test_topk_mpi.py::test_topk_density_under_error_feedback[2]"]
+# The primitives' tests minus the large-array cases (13-116 s each under load, ~300 of the
+# ~370 s of the selection); tests/test_mutation_primitives.py reaches their paths with small
+# arrays and lowered thresholds (the blocked numpy merge, the sampled top-k threshold).
+_PRIM_SLOW = ["tests/test_numba_accel.py::test_merge_sorted_matches_numpy",
+              "tests/test_kernels_cpu.py::test_hot_index_block_sizes",
+              "tests/test_primitives.py::test_merge_sorted_identical_parts_rows",
+              *(f"tests/test_primitives.py::test_blocked_merge_and_coo_reduce_large[{p}]"
+                for p in ("int32-2143289344", "int64-1099511627776")),
+              *(f"tests/test_primitives.py::test_large_arrays_select_and_topk[{d}]"
+                for d in ("float32", "float64", "int32", "int64"))]
+_PRIMITIVES = ["tests/test_primitives.py", "tests/test_mutation_primitives.py",
+               "tests/test_numba_accel.py", "tests/test_kernels_cpu.py",
+               "tests/test_sparse_units.py", *(f"--deselect={t}" for t in _PRIM_SLOW)]
 
 #: module -> the tests mutmut may choose from (it runs those that call the mutated function).
 MODULES = {
@@ -72,8 +86,10 @@ MODULES = {
                  "cupycoll/comm/_topology.py")},
     **{f"cupycoll/primitives/{m}.py": _PRIMITIVES for m in (
         "__init__", "_accel", "_checks", "_common", "_numpy_reduce", "_numpy_select")},
-    "cupycoll/primitives/_numba.py": ["tests/test_numba_accel.py", "tests/test_primitives.py"],
-    "cupycoll/primitives/_cupy.py": ["tests/test_kernels_cpu.py"],
+    "cupycoll/primitives/_numba.py": _PRIMITIVES,
+    "cupycoll/primitives/_cupy.py": ["tests/test_kernels_cpu.py",
+                                     "--deselect=tests/test_kernels_cpu.py::"
+                                     "test_hot_index_block_sizes"],
     **{f"cupycoll/comm/{m}.py": ["tests/test_api_units.py", "tests/test_sparse_units.py",
                                  "tests/test_dense.py::test_dense_collectives_match_numpy[3]",
                                  "tests/test_dense.py::test_comm_stats_errors_timeouts[3]",

@@ -50,3 +50,26 @@ class DLPackOnly:
 
     def __dlpack_device__(self):
         return self.a.__dlpack_device__()
+
+
+def topk_compact_equals_coo(comm, k: int, inputs, steps: int, tau: int, tau_prime: int) -> int:
+    """Run every top-k algorithm (Ok-Topk padded and native) on ``coo`` and ``compact`` wires,
+    ``steps`` steps of ``inputs(t)`` each, and assert bit-equal results; returns the count."""
+    from cupycoll import algorithms
+    from cupycoll.topk import TopkState, topk_allreduce
+
+    checked = 0
+    for algorithm in algorithms("topk"):
+        for padded in ((False, True) if algorithm == "oktopk" else (None,)):
+            states = [TopkState(tau=tau, tau_prime=tau_prime, padded_allgather=padded)
+                      for _ in range(2)]
+            for t in range(steps):
+                x = inputs(t)
+                coo, cpt = (topk_allreduce(x, k, algorithm=algorithm, comm=comm, state=s,
+                                           wire=wire)
+                            for s, wire in zip(states, ("coo", "compact")))
+                tag = (algorithm, padded, t)
+                assert coo.indices.tobytes() == cpt.indices.tobytes(), tag
+                assert coo.values.tobytes() == cpt.values.tobytes(), tag
+                checked += 1
+    return checked

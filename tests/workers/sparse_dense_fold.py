@@ -13,6 +13,7 @@ once (2 repeats) and every rank must hold the same profile.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import sys
 import tempfile
@@ -23,8 +24,9 @@ from mpi4py import MPI
 
 from cupycoll.comm.mpi import MPICommunicator
 from cupycoll.sparse import sparse_allreduce
-from cupycoll.sparse._cost import Shape
+from cupycoll.sparse._cost import Cost, Shape
 from cupycoll.sparse.auto import call_cost
+from cupycoll.sparse.dense import settle_cost
 
 CASES = [  # n, k, width, value dtype, op, pattern
     (1000, 120, 0, "float32", "sum", "random"), (1000, 999, 0, "float32", "sum", "random"),
@@ -32,7 +34,11 @@ CASES = [  # n, k, width, value dtype, op, pattern
     (300, 40, 9, "float16", "avg", "random"), (90, 30, 8, "int32", "sum", "cancel"), (777, 100, 0, "int64", "sum", "zeros"),
     (200, 50, 0, "int32", "sum", "empty_some"), (400, 80, 0, "float32", "max", "random"),
     (400, 80, 3, "float64", "min", "cancel"), (5, 5, 0, "float32", "sum", "random"),
-    (64, 0, 8, "float32", "sum", "random"), (2049, 300, 16, "float64", "sum", "zeros")]
+    (64, 0, 8, "float32", "sum", "random"), (2049, 300, 16, "float64", "sum", "zeros"),
+    (300, 200, 0, "float32", "sum", "negzero"), (40, 40, 0, "float64", "avg", "negzero"),
+    (60, 30, 4, "float32", "sum", "negzero"), (30, 30, 3, "float64", "sum", "special"),
+    (50, 20, 0, "float32", "sum", "cancel"), (64, 20, 0, "float16", "sum", "random"),
+    (64, 20, 0, "float64", "prod", "random")]
 
 
 def inputs_of(seed: int, case: int, size: int):
@@ -46,6 +52,12 @@ def inputs_of(seed: int, case: int, size: int):
         val = rng.integers(-3, 4, shape).astype(dtype)
         if pattern == "zeros":
             val[::2] = 0
+        if pattern == "negzero":  # -0 at every third entry on every rank, +0 on odd ranks
+            val[::3] = -0.0
+            val[1::3] = -0.0 if r % 2 == 0 else 0.0
+        if pattern == "special":
+            val = val.astype(dtype)
+            val[::4] = [np.inf, -np.inf, np.nan, -0.0][r % 4]
         if pattern == "cancel":  # rank r and r+1 put opposite values at the same indices
             idx = np.sort(rng_for(seed, r // 2 * 2, case).choice(n, min(k, n), replace=False))
             idx = idx.astype(np.int32)
@@ -63,10 +75,29 @@ def reference(inputs, n: int, width: int, op: str, size: int):
         d[idx] = val
         seen[idx] = True
     stack = np.stack(dense)
-    total = {"sum": stack.sum(0), "avg": stack.sum(0) / size, "max": stack.max(0),
-             "min": stack.min(0)}[op]
+    with np.errstate(invalid="ignore"):  # inf + -inf
+        summed = functools.reduce(np.add, dense)  # a left fold: numpy's sum starts from +0
+    total = {"sum": summed, "avg": summed / size, "max": stack.max(0),
+             "min": stack.min(0), "prod": stack.prod(0)}[op]
     union = np.flatnonzero(seen)
     return union, total[union]
+
+
+def signed_zero_cost(inputs, n: int, size: int, op: str) -> Cost:
+    """The data-dependent traffic the -0 fill adds when some rank holds a -0 float value: the
+    presence bitmap, and one int32 count per union row where every rank holding it has a -0 in
+    some element."""
+    values = [v for _, v in inputs]
+    if (op not in ("sum", "avg") or values[0].dtype.kind != "f" or values[0].itemsize < 4
+            or not any(((v == 0) & np.signbit(v)).any() for v in values)):
+        return Cost()
+    negative = np.ones((n,) + values[0].shape[1:], bool)
+    seen = np.zeros(n, bool)
+    for idx, val in inputs:
+        negative[idx] &= (val == 0) & np.signbit(val)
+        seen[idx] = True
+    doubtful = int((negative.reshape(n, -1).any(axis=1) & seen).sum())
+    return settle_cost(n, size, doubtful)
 
 
 def main() -> None:
@@ -83,11 +114,17 @@ def main() -> None:
         assert np.array_equal(res.indices, union), f"{label}: union differs"
         assert res.indices.dtype == np.int32 and res.values.dtype == np.dtype(dtype), label
         tol = 1e-2 if dtype == "float16" and op == "avg" else 0
-        assert np.allclose(res.values.astype(np.float64), want, atol=tol, rtol=0), \
+        got_values = res.values.astype(np.float64)
+        assert np.allclose(got_values, want, atol=tol, rtol=0, equal_nan=True), \
             f"{label}: values differ"
+        if np.dtype(dtype).kind == "f":  # the ±0 rule: -0 only where every rank holds -0
+            zero = want == 0
+            assert np.array_equal(np.signbit(got_values[zero]), np.signbit(want[zero])), \
+                f"{label}: signs of zeros differ"
         shape = dataclasses.replace(Shape.from_inputs(
-            [i for i, _ in inputs], n, width, 4, np.dtype(dtype).itemsize), op=op)
-        model = call_cost("dense", shape, rank)
+            [i for i, _ in inputs], n, width, 4, np.dtype(dtype).itemsize), op=op,
+            float_values=np.dtype(dtype).kind == "f" and np.dtype(dtype).itemsize >= 4)
+        model = call_cost("dense", shape, rank).add(signed_zero_cost(inputs, n, size, op))
         got = {o: (s.bytes_received, s.messages_received) for o, s in comm.stats.by_op.items()
                if s.bytes_received or s.messages_received}
         assert got == {o: (model.received[o], model.messages[o]) for o in model.received}, \
@@ -105,6 +142,7 @@ def check_tune(comm) -> None:
     from cupycoll.tuner.profile import load_profile, save_profile
 
     profile = tune(comm, repeats=2)
+    assert profile.links == {}, profile.links  # one node: no per-link prices
     assert set(profile.gamma) == {"merge", "row", "dense", "scan", "code"}, profile.gamma
     assert all(v >= 0 for v in profile.gamma.values()), profile.gamma
     assert_identical_across_ranks(np.frombuffer(repr(profile.as_dict()).encode(), np.uint8))
@@ -112,6 +150,19 @@ def check_tune(comm) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             path = save_profile(profile, os.path.join(tmp, "p.json"))
             assert load_profile(path) == profile
+    if comm.size in (3, 4):  # 2 ranks per node: intra among node mates, inter along the rails
+        os.environ["CUPYCOLL_RANKS_PER_NODE"] = "2"
+        try:
+            nodes = tune(comm, repeats=2)
+        finally:
+            os.environ.pop("CUPYCOLL_RANKS_PER_NODE")
+        assert set(nodes.links) == {"intra", "inter"}, nodes.links
+        for prices in nodes.links.values():
+            assert set(prices) == {"alpha_p2p", "alpha_msg", "beta_p2p"}, prices
+            assert all(np.isfinite(v) and v >= 0 for v in prices.values()), prices
+        assert nodes.link("inter").alpha_p2p == nodes.links["inter"]["alpha_p2p"]
+        assert nodes.meta["nodes"] == 2
+        assert_identical_across_ranks(np.frombuffer(repr(nodes.as_dict()).encode(), np.uint8))
 
 
 if __name__ == "__main__":

@@ -116,8 +116,9 @@ def main() -> None:
             shape = (idx.size, width) if width else (idx.size,)
             inputs.append((idx, rng.integers(-9, 10, shape).astype(dtype)))
         vbytes = np.dtype(acc or dtype).itemsize
-        model_shape = Shape.from_inputs([i for i, _ in inputs], n, width,
-                                        np.dtype(itype).itemsize, vbytes)
+        model_shape = dataclasses.replace(Shape.from_inputs(
+            [i for i, _ in inputs], n, width, np.dtype(itype).itemsize, vbytes),
+            float_values=np.dtype(acc or dtype).kind == "f" and vbytes >= 4)
         runs = [(a, None) for a in ALGORITHMS] + [("hierarchical", r) for r in RANKS_PER_NODE]
         for algorithm, per_node in runs:
             shape = model_shape

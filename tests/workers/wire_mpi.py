@@ -24,7 +24,7 @@ import sys
 import zlib
 
 import numpy as np
-from _common import rng_for
+from _common import rng_for, topk_compact_equals_coo
 from mpi4py import MPI
 
 import cupycoll as cc
@@ -33,7 +33,7 @@ from cupycoll.errors import InvalidArgument
 from cupycoll.sparse import sparse_allreduce
 from cupycoll.sparse._cost import Shape
 from cupycoll.sparse.auto import call_cost
-from cupycoll.topk import TopkState, topk_allreduce
+from cupycoll.topk import topk_allreduce
 from cupycoll.wire import encoded_nbytes
 from cupycoll.wire._pack import Wire
 
@@ -178,19 +178,8 @@ def topk_input(seed: int, rank: int, n: int, t: int) -> np.ndarray:
 def check_topk(comm, seed: int) -> int:
     p, r, checked = comm.size, comm.rank, 0
     n, k = 4096, 48
-    for algorithm in cc.algorithms("topk"):
-        for padded in ((False, True) if algorithm == "oktopk" else (None,)):
-            states = [TopkState(tau=4, tau_prime=3, padded_allgather=padded) for _ in range(2)]
-            for t in range(6):
-                x = topk_input(seed, r, n, t)
-                coo = topk_allreduce(x, k, algorithm=algorithm, comm=comm, state=states[0],
-                                     wire="coo")
-                cpt = topk_allreduce(x, k, algorithm=algorithm, comm=comm, state=states[1],
-                                     wire="compact")
-                tag = (algorithm, padded, t)
-                assert coo.indices.tobytes() == cpt.indices.tobytes(), tag
-                assert coo.values.tobytes() == cpt.values.tobytes(), tag
-                checked += 1
+    checked += topk_compact_equals_coo(comm, k, lambda t: topk_input(seed, r, n, t), steps=6,
+                                       tau=4, tau_prime=3)
     # TopkA: one message per peer; compact bytes counted from the peers' exact top-k
     xs = [topk_input(seed, q, n, 99) for q in range(p)]
     for wire in ("coo", "compact"):

@@ -1,0 +1,136 @@
+"""Small, fast tests of paths of the numpy primitives that the regular suite reaches only with
+large arrays (the blocked numpy merge, the sampled top-k threshold): thresholds lowered by
+monkeypatch, results compared with the Python fold references of tests/test_primitives.py.
+Written for mutation testing (tests/mutation/run.py), whose primitives selection drops the
+large-array tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cupycoll import primitives as P
+from cupycoll.primitives import _common
+
+from .test_primitives import assert_same_pair, fold_reference, reference_arrays, sorted_part
+
+
+@pytest.mark.parametrize("op", ["sum", "max"])
+@pytest.mark.parametrize("width", [None, 2])
+def test_numpy_merge_in_many_small_blocks(monkeypatch, op, width):
+    """The numpy merge (numba off) cut into blocks of ~64 entries: skewed, empty and one-entry
+    parts, int32 and int64 indices; equal to the left fold of the parts in part order."""
+    monkeypatch.setenv("CUPYCOLL_NUMBA", "off")
+    monkeypatch.setattr(_common, "_MERGE_BLOCK", 64)
+    rng = np.random.default_rng([21, width or 0, op == "max"])
+    ufunc = {"sum": np.add, "max": np.maximum}[op]
+    for itype in ("int32", "int64"):
+        parts = [sorted_part(rng, 300, 2000, itype, "float32", width) for _ in range(3)]
+        parts.append(sorted_part(rng, 80, 40, itype, "float32", width))  # all in a corner
+        parts.append((np.zeros(0, itype), np.zeros((0,) + ((width,) if width else ()),
+                                                    np.float32)))
+        parts.append((np.array([1999], itype), np.ones((1,) + ((width,) if width else ()),
+                                                       np.float32)))
+        entries = [(i, v) for pi, pv in parts for i, v in zip(pi.tolist(), pv)]
+        want = reference_arrays(fold_reference(entries, ufunc), itype, "float32",
+                                () if width is None else (width,))
+        assert_same_pair(P.merge_sorted(parts, op), want)
+
+
+@pytest.mark.parametrize("itype", ["int32", "int64"])
+def test_numba_merge_dtypes_and_fallbacks(monkeypatch, itype):
+    """The numba merge (threshold lowered to 0) on int and float values, with and without an
+    accumulation dtype, and its fallbacks to numpy (float16 accumulation, keys beyond 62 bits):
+    equal to the left fold in the accumulation dtype, cast back once."""
+    from cupycoll.primitives import _accel
+
+    monkeypatch.setattr(_accel, "_FAST_FROM", 0)
+    monkeypatch.setattr(_common, "_MERGE_BLOCK", 128)
+    monkeypatch.setenv("CUPYCOLL_NUMBA", "auto")
+    rng = np.random.default_rng([22, itype == "int64"])
+    big = 2**62 if itype == "int64" else 2**31 - 5000
+    for vtype, acc, base in (("int32", None, 0), ("int32", "int64", 0), ("float16", None, 0),
+                             ("float16", "float32", 0), ("float64", None, big),
+                             ("float32", "float64", 0)):
+        parts = [sorted_part(rng, 400, 3000, "int64", vtype, kind="small") for _ in range(3)]
+        parts = [((i + base).astype(itype), v) for i, v in parts]
+        for op, ufunc in (("sum", np.add), ("prod", np.multiply), ("min", np.minimum)):
+            entries = [(i, v) for pi, pv in parts for i, v in zip(pi.tolist(), pv)]
+            want = reference_arrays(fold_reference(entries, ufunc, acc), itype, vtype, ())
+            assert_same_pair(P.merge_sorted(parts, op, acc), want)
+
+
+def test_gather_names_dense_in_its_errors():
+    from cupycoll.errors import InvalidArgument, InvalidType
+
+    idx = np.array([0], np.int32)
+    with pytest.raises(InvalidType, match="'dense'") as info:
+        P.gather(np.ones(3, np.uint8), idx)
+    assert info.value.argument == "dense"
+    with pytest.raises(InvalidArgument, match="'dense'"):
+        P.gather(np.ones((1, 1, 1), np.float32), idx)
+
+
+def test_combine_runs_in_the_namespace_of_its_operands():
+    """combine computes with the operands' own namespace (cupy on a GPU): here a recording
+    wrapper of numpy named by ``__cupycoll_namespace__``; the result is still the ±0 rule."""
+    import types
+
+    calls = []
+
+    def recorded(name):
+        def call(*args, **kwargs):
+            calls.append(name)
+            return getattr(np, name)(*args, **kwargs)
+        return call
+
+    ns = types.SimpleNamespace(**{n: recorded(n) for n in ("add", "maximum", "minimum", "where")})
+    Dev = type("Dev", (np.ndarray,), {"__cupycoll_namespace__": ns})
+    a = np.array([0.0, -0.0, 1.0]).view(Dev)
+    b = np.array([-0.0, 0.0, 2.0]).view(Dev)
+    got = np.asarray(P.combine(a, b, "max"))
+    assert calls == ["maximum", "where"]
+    assert got.tolist() == [0.0, 0.0, 2.0] and not np.signbit(got).any()
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_reductions_overflow_and_inf_minus_inf_without_warnings(monkeypatch, fast):
+    """Overflow to inf and inf - inf = NaN are results, as in any float reduction: no primitive
+    warns (numpy would, outside their errstate); the values are numpy's."""
+    import warnings
+
+    from cupycoll.primitives import _accel
+
+    if fast:
+        monkeypatch.setattr(_accel, "_FAST_FROM", 0)
+    big = np.array([6e4, np.inf, 3.0], np.float16)
+    other = np.array([6e4, -np.inf, 0.0], np.float16)
+    idx = np.array([0, 1, 2], np.int32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert np.asarray(P.combine(big, other, "sum")).tolist()[0] == np.inf
+        assert np.isnan(P.combine(big, other, "sum")[1])
+        for acc in (None, "float32"):
+            i, v = P.coo_reduce(np.concatenate([idx, idx]), np.concatenate([big, other]),
+                                "sum", accumulate_dtype=acc)
+            assert v[0] == np.inf and np.isnan(v[1]) and v[2] == 3.0
+            i, v = P.merge_sorted([(idx, big), (idx, other)], "sum", acc)
+            assert v[0] == np.inf and np.isnan(v[1]) and v[2] == 3.0
+        dense = big.copy()
+        P.scatter_reduce(dense, idx, other, "sum")
+        assert dense[0] == np.inf and np.isnan(dense[1])
+        d = P.densify(np.concatenate([idx, idx]), np.concatenate([big, other]), 3)
+        assert d[0] == np.inf and np.isnan(d[1])
+        # int32 sums beyond int32 in a float64 accumulator: the cast back is numpy's (invalid)
+        top = np.full(3, 2**31 - 1, np.int32)
+        with np.errstate(invalid="ignore"):
+            want = (top.astype(np.float64) * 2).astype(np.int32)
+        for fn in (lambda: P.merge_sorted([(idx, top), (idx, top)], "sum", "float64"),
+                   lambda: P.coo_reduce(np.concatenate([idx, idx]), np.concatenate([top, top]),
+                                        "sum", accumulate_dtype="float64")):
+            i, v = fn()
+            assert v.dtype == np.int32 and v.tolist() == want.tolist()
+        top = np.full(3, 2**63 - 1, np.int64)  # one part: cast to float64 and back once
+        with np.errstate(invalid="ignore"):
+            want = top.astype(np.float64).astype(np.int64)
+        assert P.merge_sorted([(idx, top)], "sum", "float64")[1].tolist() == want.tolist()
