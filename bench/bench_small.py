@@ -3,7 +3,9 @@ next to a pickled mpi4py ``allgather`` of the same (index, value) pairs (run und
 
 Small tensors are common (per-layer buckets, small embedding tables), and there the fixed cost
 of a call (argument checks, the one validation allreduce, algorithm choice, delivery) is all
-there is. Calls are interleaved, one of each per round; a time is the median over rounds of the
+there is. With ``auto`` (the default) a call whose entries fit in the validation allreduce's
+slots is finished by that one collective (docs/sparse.md, "Small calls"); the
+``algorithm=allgather`` row shows the same call on the normal path (validation + algorithm). Calls are interleaved, one of each per round; a time is the median over rounds of the
 slowest rank.
 
     mpiexec -n 2 python -m mpi4py bench/bench_small.py -n 2000
@@ -35,6 +37,8 @@ def main() -> None:
     calls = {
         "mpi4py allgather (pickled pairs)": lambda: comm.mpi_comm.allgather((idx, val)),
         "sparse_allreduce": lambda: cc.sparse_allreduce(idx, val, args.length, comm=comm),
+        "sparse_allreduce(algorithm=allgather)": lambda: cc.sparse_allreduce(
+            idx, val, args.length, comm=comm, algorithm="allgather"),
         f"topk_allreduce(k={args.k})": lambda: cc.topk_allreduce(dense, args.k, comm=comm),
     }
     samples = interleaved(calls, args.iters, args.warmup_iters, comm.mpi_comm)
@@ -42,10 +46,10 @@ def main() -> None:
         base = float(np.median(samples["mpi4py allgather (pickled pairs)"]))
         print(f"# ranks={comm.size}  entries/rank={args.entries}  n={args.length}  "
               f"iters={args.iters}  time = median of the slowest rank")
-        print(f"# {'call':<34}{'time(us)':>10}{'x_allgather':>13}")
+        print(f"# {'call':<40}{'time(us)':>10}{'x_allgather':>13}")
         for name, s in samples.items():
             t = float(np.median(s))
-            print(f"  {name:<34}{t * 1e6:>10.1f}{t / base:>13.2f}")
+            print(f"  {name:<40}{t * 1e6:>10.1f}{t / base:>13.2f}")
 
 
 if __name__ == "__main__":

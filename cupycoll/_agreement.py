@@ -8,6 +8,11 @@ different verbs, their validation allreduces still match each other, and every r
 max != -max(-x) for the verb (or for the count, when a rank skipped or added a collective) and
 raises :class:`~cupycoll.errors.MismatchError` naming both sides, before anything has moved;
 the communicator stays usable.
+
+The payload ends with one slot of :func:`slot_words` words per rank (INT64_MIN, neutral for
+MAX, except where its owner writes), so a MAX-allreduce is also an allgather of small blocks:
+``sparse_allreduce`` ships the entries of a small call there (:mod:`cupycoll.sparse.small`).
+The slots add at most :data:`SLOT_WORDS_TOTAL` words in all, none above 32 ranks.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import numpy as np
 from ._types import ReduceOp, to_host
 from .errors import MismatchError
 
-__all__ = ["VERBS", "HEADER", "length", "start", "settle"]
+__all__ = ["VERBS", "HEADER", "SLOT_WORDS_TOTAL", "length", "slot_words", "start", "settle"]
 
 #: the verbs that validate collectively (codes are positions + 1).
 VERBS = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "sparse_allreduce",
@@ -28,11 +33,21 @@ HEADER = 4
 _MIN = np.iinfo(np.int64).min
 #: the longest payload is sparse_allreduce's: 18 fixed words and 3 per rank (sparse/_cost.py).
 _FIXED, _PER_RANK = 18, 3
+#: int64 words of the entry slots of all ranks together (2 KiB); a slot under _MIN_SLOT words
+#: (P > 32) is dropped, so the slots never cost more than 2 KiB and nothing at large P.
+SLOT_WORDS_TOTAL, _MIN_SLOT = 256, 8
+
+
+def slot_words(size: int) -> int:
+    """int64 words of each rank's entry slot on ``size`` ranks (0: no slots)."""
+    words = SLOT_WORDS_TOTAL // size
+    return words if words >= _MIN_SLOT else 0
 
 
 def length(size: int) -> int:
-    """Length of every agreement vector on ``size`` ranks (header + the longest payload)."""
-    return HEADER + _FIXED + _PER_RANK * size
+    """Length of every agreement vector on ``size`` ranks (header + the longest payload, the
+    entry slots included)."""
+    return HEADER + _FIXED + (_PER_RANK + slot_words(size)) * size
 
 
 def start(comm: Any, verb: str) -> np.ndarray:
@@ -48,7 +63,10 @@ def start(comm: Any, verb: str) -> np.ndarray:
 
 
 def settle(comm: Any, vec: np.ndarray, verb: str, op_name: str) -> np.ndarray:
-    """Run the agreement allreduce (MAX); return the reduced payload.
+    """Run the agreement allreduce (MAX); return the reduced payload (host).
+
+    ``vec`` is the host vector of :func:`start`, or its copy on ``comm``'s device (where
+    entries were written into the slots without a host round trip).
 
     Raises:
         MismatchError: (on every rank) the ranks called different verbs, or this call is not

@@ -76,7 +76,11 @@ def test_late_rank_named_and_interrupt_on_nccl(nprocs):
     every punctual one has raised, so the timeout only has to cover their own arrival spread), the communicator is then dead at once; a late rank whose
     peers aborted never completes against them (strict NCCL: failed before the emulator
     cancelled an aborted communicator's operations); a wait with no timeout raises
-    KeyboardInterrupt within 1 s of SIGINT."""
-    out = _run(nprocs, ["late_named", "late_after_abort", "late_verbs", "interrupt"],
-               timeout=420)
+    KeyboardInterrupt within 1 s of SIGINT. Defect 7: a fetch that failed (timeout, remote
+    error) keeps the pinned buffer its queued device-to-host copy still writes (late_fetch;
+    before, the late rank freed it and the copy wrote freed heap memory: malloc aborted, or
+    its pickle buffer for WORLD.gather reused the block, once the agreement vector outgrew
+    numpy's 1 KiB small-block cache)."""
+    out = _run(nprocs, ["late_named", "late_after_abort", "late_verbs", "late_fetch",
+                        "interrupt"], timeout=420)
     assert out.count("LATE ") == 9, out

@@ -99,13 +99,15 @@ def test_choose_reads_the_nodes_from_the_communicator_only_when_the_shape_has_no
 def test_call_cost_of_auto_prices_with_the_given_profile():
     """``call_cost("auto", ...)`` books the algorithm chosen under the profile it is given:
     dense's one allreduce under ROUNDS_ONLY, allgather's counts and exchange under BYTES_ONLY
-    (both after the validation allreduce)."""
-    s = wide(2)
+    (both after the validation allreduce). Rows of width 96, so the entries do not fit in the
+    validation's slots (wide(2)'s do: ``small``, the validation alone)."""
+    assert set(auto.call_cost("auto", wide(2), 0, ROUNDS_ONLY).received) == {"sparse.validate"}
+    s = Shape(2, 64, 96, 4, 4, (3, 3))
     assert set(auto.call_cost("auto", s, 0, ROUNDS_ONLY).received) == {
         "sparse.validate", "dense.allreduce"}
     assert set(auto.call_cost("auto", s, 0, BYTES_ONLY).received) == {
         "sparse.validate", "allgather.counts", "allgather"}
-    assert auto.call_cost("auto", s, 1, BYTES_ONLY).received["allgather"] == 3 * (4 + 32)
+    assert auto.call_cost("auto", s, 1, BYTES_ONLY).received["allgather"] == 3 * (4 + 4 * 96)
 
 
 def _coded_profile(beta: float, code: float) -> Profile:

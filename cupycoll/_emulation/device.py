@@ -27,7 +27,7 @@ from typing import Any, Callable
 __all__ = ["EmulationError", "StreamOrderError", "DeviceMismatch", "Buffer", "Stream", "Event",
            "Task", "HOST_SYNC_HOOKS", "host_sync", "current_device", "set_device",
            "current_stream", "set_stream", "device_count", "null_stream", "lookup_stream",
-           "ordered_access", "synchronize_device", "LOCK"]
+           "ordered_access", "synchronize_device", "known_anywhere", "LOCK"]
 
 #: callables ``hook((kind,))`` run on every host-blocking operation (a 1-tuple, so that
 #: ``collections.Counter().update`` is a hook).
@@ -38,6 +38,7 @@ _DEVICES = {"count": 2}
 _tls = threading.local()
 _ptrs = itertools.count(0x7E000)
 _STREAMS: dict[int, "Stream"] = {}
+_ALL_KNOWN: list[dict] = []  # every host thread's _known()
 
 
 class EmulationError(AssertionError):
@@ -81,7 +82,16 @@ def _known() -> dict:
     known = getattr(_tls, "known", None)
     if known is None:
         known = _tls.known = {}
+        with LOCK:
+            _ALL_KNOWN.append(known)
     return known
+
+
+def known_anywhere(stream: "Stream", seq: int) -> bool:
+    """Has any host thread learned (event, stream or device synchronize) that work #seq on
+    ``stream`` finished? (Whether freeing host memory that work writes was safe.)"""
+    with LOCK:
+        return any(known.get(stream, 0) >= seq for known in _ALL_KNOWN)
 
 
 def _learn(into: dict, facts: dict) -> None:

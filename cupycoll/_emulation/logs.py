@@ -8,6 +8,7 @@ from mpi4py import MPI
 
 from . import device as dev
 from .nccl_core import STATE
+from .runtime import FREED_EARLY
 
 __all__ = ["COMMS", "GLOBAL_LOG", "check_logs"]
 
@@ -22,17 +23,24 @@ def check_logs() -> None:
     Per communicator, every member must have made the same collective calls (operation, count,
     dtype, op, root) in the same order, and the k-th send from a to b must match the k-th recv at
     b from a; across communicators, two ranks must have launched the collectives of the
-    communicators they share in the same global order. Raises EmulationError naming the first
-    difference.
+    communicators they share in the same global order; no rank may have freed pinned host
+    memory that a queued device-to-host copy writes (``runtime.empty_pinned``). Raises
+    EmulationError (on every rank) naming the first difference.
     """
     world = MPI.COMM_WORLD
     mine = {"comms": {c.uid: (c._rank, c.world_ranks, list(c.log)) for c in COMMS
                       if not c.aborted},  # an aborted communicator's calls need not match
-            "global": [(uid, e) for uid, e in GLOBAL_LOG if e[0] not in ("send", "recv")]}
+            "global": [(uid, e) for uid, e in GLOBAL_LOG if e[0] not in ("send", "recv")],
+            "freed_early": list(FREED_EARLY)}
     every = STATE["boot"].allgather(mine)
     for c in COMMS:
         c.log = []
     GLOBAL_LOG.clear()
+    FREED_EARLY.clear()
+    freed = [(r, text) for r, theirs in enumerate(every) for text in theirs["freed_early"]]
+    if freed:
+        raise dev.EmulationError(f"world rank {freed[0][0]}: {freed[0][1]} ({len(freed)} such "
+                                 "frees in all)")
     me = world.Get_rank()
     for uid, (rank, members, log) in mine["comms"].items():
         coll = [e for e in log if e[0] not in ("send", "recv")]

@@ -267,12 +267,14 @@ class NcclCommunicator:
         if method == "send":
             def run() -> Any:
                 data = raw_view(ptr, count, dtype).copy()
-                return [comm.mpi.Isend(data.view(np.uint8), dest=peer, tag=_P2P_TAG)], data
+                return [comm.mpi.Isend(data.view(np.uint8), dest=peer, tag=_P2P_TAG)], None
             op = _Op((method, peer, count, datatype), stream, [span], [], run, peer)
         else:
-            def run() -> Any:
-                return [comm.mpi.Irecv(raw_view(ptr, count, dtype).view(np.uint8), source=peer,
-                                       tag=_P2P_TAG)], None
+            def run() -> Any:  # into a private buffer, copied once the operation completes:
+                # an aborted one writes nothing (the device memory may be freed and reused)
+                data = np.empty(count, dtype)
+                return ([comm.mpi.Irecv(data.view(np.uint8), source=peer, tag=_P2P_TAG)],
+                        lambda: raw_view(ptr, count, dtype).__setitem__(..., data))
             op = _Op((method, peer, count, datatype), stream, [], [span], run, peer)
         self._issue(op)
 
@@ -317,17 +319,19 @@ class NcclCommunicator:
             try:
                 for other, seq in waits:  # implicit null-stream ordering
                     other.drain(seq)
-                pending, keep, links = [], [], []
+                pending, deliver, links = [], [], []
                 for op in ops:
                     if op.peer is None:
                         op.run()
                     else:
-                        requests, data = op.run()
+                        requests, done = op.run()
                         pending += requests
-                        keep.append(data)
+                        deliver += [done] if done is not None else []
                         links += p2p_links(op.entry[0], op.peer)
                 if links:
                     waitall_confirmed(pending, comm, "send/recv", links)
+                for done in deliver:
+                    done()
             except BaseException as exc:
                 comm.async_error = getattr(exc, "status", INTERNAL)
                 raise

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import types
+import weakref
 from typing import Any
 
 import numpy as np
@@ -78,7 +79,9 @@ def get_current_stream(device_id: int | None = None) -> dev.Stream:
 
 def memcpy_async(dst: int, src: int, nbytes: int, kind: int, stream: int) -> None:
     """``cudaMemcpyAsync`` device-to-host: queued on ``stream`` behind its work, ordered like a
-    kernel reading the source allocation (which must be live device memory)."""
+    kernel reading the source allocation (which must be live device memory) and writing the
+    destination, which must be pinned host memory (``cupyx.empty_pinned``) that stays allocated
+    until a host thread knows the copy finished (see :func:`empty_pinned`)."""
     if kind != MEMCPY_DEVICE_TO_HOST:
         raise dev.EmulationError(f"cudaMemcpyAsync kind {kind}: only device-to-host is emulated")
     from .array import buffer_at
@@ -91,25 +94,73 @@ def memcpy_async(dst: int, src: int, nbytes: int, kind: int, stream: int) -> Non
     if here.device != dev.current_device():
         raise dev.DeviceMismatch(f"cudaMemcpyAsync on {here} while device "
                                  f"{dev.current_device()} is current")
+    pinned = _pinned_at(int(dst), int(nbytes))
+    source = found[1]  # the device pool is stream-ordered (as CuPy's): live until the copy ran
 
     def run() -> None:
         for other, seq in waits:
             other.drain(seq)
         ctypes.memmove(int(dst), int(src), int(nbytes))
+        del pinned[:]  # the emulation's hold on both memories ends with the copy
 
     with dev.LOCK:
         waits = dev.ordered_access([(found[0], False)], "cudaMemcpyAsync", here=here,
                                    task_seq=here.seq + 1)
-        here.enqueue("memcpy device to host", run)
+        task = here.enqueue("memcpy device to host", run)
+        pinned[1].append((here, task.seq))
+        pinned.append(source)
 
 
 MEMCPY_DEVICE_TO_HOST = 2
+#: pinned host allocations: address -> [the memory (owned here), the copies queued into it]
+_PINNED: dict[int, list] = {}
+#: pinned memory freed while a copy into it was queued and not known finished (check_logs)
+FREED_EARLY: list[str] = []
+
+
+def empty_pinned(shape: Any, dtype: Any = float, order: str = "C") -> np.ndarray:
+    """``cupyx.empty_pinned``: host memory that device-to-host copies may target.
+
+    The caller gets a view; the memory itself is the emulation's until no queued copy writes it,
+    so a copy never lands in freed host memory. Freeing the view while a copy into it is queued
+    and no host thread has learned it finished is the bug (CuPy's pinned pool hands the block to
+    the next allocation and the copy overwrites that): recorded, and raised by ``check_logs()``.
+    """
+    memory = np.empty(shape, dtype, order)
+    view = memory.view()
+    address = int(memory.ctypes.data)
+    entry = _PINNED[address] = [memory, []]
+    weakref.finalize(view, _freed, address, entry)
+    return view
+
+
+def _pinned_at(dst: int, nbytes: int) -> list:
+    """[memory, copies] of the live pinned allocation holding ``[dst, dst + nbytes)``: a new
+    list that the queued copy holds (memory first), while the allocation's copies are shared."""
+    for address, (memory, copies) in list(_PINNED.items()):
+        if address <= dst and dst + nbytes <= address + memory.nbytes:
+            return [memory, copies]
+    raise dev.EmulationError(f"cudaMemcpyAsync to {dst:#x} ({nbytes} bytes): not inside live "
+                             "pinned host memory (cupyx.empty_pinned); a pageable destination "
+                             "makes the copy synchronous, a freed one is overwritten later")
+
+
+def _freed(address: int, entry: list) -> None:
+    if _PINNED.get(address) is entry:
+        del _PINNED[address]
+    early = [(stream, seq) for stream, seq in entry[1] if not dev.known_anywhere(stream, seq)]
+    if early:
+        FREED_EARLY.append(
+            f"pinned host memory {address:#x} ({entry[0].nbytes} bytes) was freed while the "
+            f"device-to-host copy #{early[0][1]} on {early[0][0]} into it was queued and no host "
+            "thread knew it finished: the copy writes it later (CuPy's pinned pool may have "
+            "handed it to the next allocation by then); keep it until the copy's event is done")
 
 
 def cupyx_module() -> types.ModuleType:
-    """``cupyx`` as far as cupycoll uses it: pinned host memory (plain host memory here)."""
+    """``cupyx`` as far as cupycoll uses it: pinned host memory."""
     cupyx = types.ModuleType("cupyx")
-    cupyx.empty_pinned = lambda shape, dtype=float, order="C": np.empty(shape, dtype, order)
+    cupyx.empty_pinned = empty_pinned
     return cupyx
 
 

@@ -213,9 +213,19 @@ class NCCLCommunicator(_NcclVerbs, Communicator):
 
     def fetch(self, work: Work, array: Any) -> np.ndarray:
         """ONE host synchronisation: the copy is queued behind ``work`` on the current stream
-        and only the copy's event is waited for (under the timeout)."""
+        and only the copy's event is waited for (under the timeout).
+
+        A wait that fails (timeout, NCCL error, interrupt) leaves the copy queued: after the
+        abort the stream runs on and the copy writes the pinned buffer, so the buffer is kept
+        for good with the communicator's fate (freed, CuPy's pinned pool would hand it to the
+        next allocation, e.g. the next call's fetch, and the late copy would overwrite that).
+        """
         host, event = self._device.download(array)
-        self.wait([event], "fetch")
+        try:
+            self.wait([event], "fetch")
+        except BaseException:
+            self._fate.abandon(host, event)
+            raise
         return host
 
     def stream_order(self, work: Work) -> None:

@@ -9,6 +9,9 @@ input, and then all ranks run ONE int64 MAX-allreduce of
   put INT64_MIN there), so every rank learns every rank's nnz (used by ``auto``) and which rank
   had which problem.
 
+The vector ends with one entry slot per rank: with ``algorithm="auto"``, a call whose entries
+fit there on every rank is complete after this one collective (:mod:`.small`).
+
 Then every rank raises the same kind of error: the rank with bad input raises its precise
 InvalidType/InvalidArgument, the others an error of the same type naming that rank and argument;
 ranks that disagree raise MismatchError. Nobody is left waiting in a collective.
@@ -32,6 +35,7 @@ from ..primitives import VALUE_DTYPES, coo_reduce
 from ..primitives._checks import _index_stats
 from ..wire._choice import check_wire, check_wire_values, decode_code, wire_code
 from ..wire._pack import COO, Wire
+from . import small
 from ._cost import VALIDATION_FIELDS, Shape
 
 __all__ = ["Prepared", "prepare"]
@@ -66,6 +70,7 @@ class Prepared:
     wire: str = "coo"
     wire_values: str | None = None
     format: Wire = COO  # the resolved wire format (after auto)
+    merged: tuple[Any, Any] | None = None  # the result, when it came with the validation
 
     @property
     def reduce_op(self) -> ReduceOp:
@@ -153,7 +158,11 @@ def _check_range(idx: Any, n: int, rank: int) -> bool:
     (range and order come from one device read)."""
     if idx.shape[0] == 0:
         return True
-    lo, hi, increasing = _index_stats(idx)
+    if type(idx) is np.ndarray:  # host: the usual sorted input costs one comparison pass
+        increasing = idx.shape[0] < 2 or bool((idx[1:] > idx[:-1]).all())
+        lo, hi = (int(idx[0]), int(idx[-1])) if increasing else (int(idx.min()), int(idx.max()))
+    else:
+        lo, hi, increasing = _index_stats(idx)
     if lo < 0 or hi >= n:
         bad = lo if lo < 0 else hi
         raise _OutOfRange("indices", bad, f"index out of range [0, n={n})", rank=rank)
@@ -261,18 +270,22 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
     nf = len(VALIDATION_FIELDS)
     full = agreement.start(comm, "sparse_allreduce")  # room for 2 * nf + VALIDATION_SLOTS * p
     vec = full[agreement.HEADER:agreement.HEADER + 2 * nf + 3 * p]
+    slots = 2 * nf + 3 * p  # then one entry slot per rank (sparse/small.py)
     if prepared is not None:
         fields = prepared.fields(names) + (int(bool(async_op)),)
-        vec[0:2 * nf:2] = fields
-        vec[1:2 * nf:2] = vec[0:2 * nf:2]
-        np.negative(vec[1:2 * nf:2], out=vec[1:2 * nf:2])
+        vec[0:2 * nf] = [v for f in fields for v in (f, -f)]
         vec[2 * nf + rank] = prepared.indices.shape[0]
         vec[2 * nf + p + rank] = 0
+        if prepared.algorithm == "auto":
+            words = agreement.slot_words(p)
+            full = small.pack(comm, full, agreement.HEADER + slots + rank * words,
+                              prepared.indices, prepared.values, prepared.wire_values)
     else:
         vec[2 * nf + p + rank] = _code(error)
         if isinstance(error, _OutOfRange):
             vec[2 * nf + 2 * p + rank] = error.value
-    agreed = agreement.settle(comm, full, "sparse_allreduce", "sparse.validate").tolist()
+    reduced = agreement.settle(comm, full, "sparse_allreduce", "sparse.validate")
+    agreed = reduced[:slots].tolist()
     codes = agreed[2 * nf + p:2 * nf + 2 * p]
     if error is not None:
         raise error
@@ -285,6 +298,12 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
     if any(hi != -lo for hi, lo in zip(highs, negated_lows)):
         _disagreement(highs, negated_lows, rank, p)
     prepared.nnz = tuple(agreed[2 * nf:2 * nf + p])
+    if prepared.algorithm == "auto" and small.fits_all(
+            p, prepared.nnz, prepared.index_dtype.itemsize,
+            prepared.accumulate_dtype.itemsize * max(prepared.width, 1)):
+        prepared.merged = small.merge(comm.xp, reduced[slots:], prepared.nnz,
+                                      prepared.index_dtype, prepared.accumulate_dtype,
+                                      prepared.width, prepared.reduce_op)
     return prepared
 
 

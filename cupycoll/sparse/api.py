@@ -1,7 +1,8 @@
 """``sparse_allreduce``: the front door of the exact sparse allreduce.
 
 Validate collectively (one small allreduce), coalesce, pick the algorithm (``auto``: same choice
-on every rank), run it, then deliver: return a :class:`SparseResult`, fill the caller's buffers
+on every rank; a small call is already complete after the validation, see ``small.py``), run it,
+then deliver: return a :class:`SparseResult`, fill the caller's buffers
 (``alloc_fn``), call ``completion_fn``, or hand back a :class:`Work` (``async_op=True``).
 """
 
@@ -92,25 +93,35 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
                            completion_fn=completion_fn, async_op=async_op, wire=wire,
                            wire_values=wire_values)
     name = prepared.algorithm
-    if name == "auto":  # priced with the wire asked for (raw when auto decides it after)
-        asked = Wire(prepared.wire == "compact", prepared.wire_values)
-        name = _auto.choose(prepared.shape(comm.size, asked), comm=comm, op=prepared.op)
-    prepared.format = _auto.choose_wire(name, prepared.shape(comm.size), prepared.wire,
-                                        prepared.wire_values, comm=comm)
+    if prepared.merged is not None:  # the entries came with the validation (sparse/small.py)
+        name = "small"
+        prepared.format = Wire(False, prepared.wire_values)
+
+        def run(on: Communicator) -> tuple[Any, Any]:
+            return _finish(on, prepared, *prepared.merged)
+    else:
+        if name == "auto":  # priced with the wire asked for (raw when auto decides it after)
+            asked = Wire(prepared.wire == "compact", prepared.wire_values)
+            name = _auto.choose(prepared.shape(comm.size, asked), comm=comm, op=prepared.op)
+        prepared.format = _auto.choose_wire(name, prepared.shape(comm.size), prepared.wire,
+                                            prepared.wire_values, comm=comm)
+        fn = lookup("sparse", name, rank=comm.rank)
+
+        def run(on: Communicator) -> tuple[Any, Any]:
+            return _run(on, prepared, fn)
     _log.debug("sparse_allreduce: algorithm %s, wire %s, nnz %s, n %d", name, prepared.format,
                prepared.nnz, prepared.n)
-    fn = lookup("sparse", name, rank=comm.rank)
 
     def deliver(result: tuple[Any, Any]) -> Any:
         return _deliver(result, prepared, indices, values, alloc_fn, completion_fn, fn_ctx)
 
     if not async_op:
-        return deliver(_run(comm, prepared, fn))
-    return run_async(comm, lambda on: _run(on, prepared, fn), deliver, "sparse_allreduce")
+        return deliver(run(comm))
+    return run_async(comm, run, deliver, "sparse_allreduce")
 
 
 def _run(comm: Communicator, prepared: Prepared, fn: Callable) -> tuple[Any, Any]:
-    """Run the algorithm; apply avg and the single cast back to the caller's dtypes."""
+    """Run the algorithm, then :func:`_finish` its result (copied if it aliases the input)."""
     with comm.calling("sparse_allreduce"):
         idx, val = fn(comm, prepared.indices, prepared.values, prepared.n, prepared.reduce_op,
                       prepared.accumulate_dtype, prepared.format)
@@ -119,6 +130,11 @@ def _run(comm: Communicator, prepared: Prepared, fn: Callable) -> tuple[Any, Any
         val = val.copy()
     if xp.may_share_memory(idx, prepared.indices):
         idx = idx.copy()
+    return _finish(comm, prepared, idx, val)
+
+
+def _finish(comm: Communicator, prepared: Prepared, idx: Any, val: Any) -> tuple[Any, Any]:
+    """Apply avg and the single cast back to the caller's dtypes (NaN bits made canonical)."""
     if prepared.op is ReduceOp.AVG:
         trunc_divide(val, comm.size)
     return (idx.astype(prepared.index_dtype, copy=False),
@@ -127,6 +143,8 @@ def _run(comm: Communicator, prepared: Prepared, fn: Callable) -> tuple[Any, Any
 
 def _like(result: Any, original: Any) -> Any:
     """``result`` in the array library (or DLPack type) of ``original``."""
+    if type(original) is np.ndarray and type(result) is np.ndarray:
+        return result
     xp = array_namespace(as_array(original, "values"))
     if array_namespace(result) is not xp:
         result = to_host(result) if xp is np else xp.asarray(result)

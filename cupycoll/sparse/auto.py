@@ -8,7 +8,8 @@ per-op traffic (its ``cost`` below) by alpha per message and beta per byte, poin
 native collectives apart, plus gamma per unit of local work and a fixed per-call cost. The
 ``dense`` algorithm is one dense allreduce with presence folded in (for sum), so when no sparse
 algorithm is predicted to win, auto costs about what a plain dense allreduce costs.
-P == 1 moves nothing: ``allgather`` (a copy) is taken.
+P == 1 moves nothing: ``allgather`` (a copy) is taken. Before any of this, ``sparse_allreduce``
+finishes a call whose entries all fit in the validation allreduce's slots (:mod:`.small`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from .._registry import lookup, register
 from .._types import ReduceOp
-from . import allgather, dense, hierarchical, mask, recursive_doubling, split
+from . import allgather, dense, hierarchical, mask, recursive_doubling, small, split
 from ..wire._choice import could_pay, prefer_compact
 from ..wire._pack import COO, Wire
 from ._cost import Cost, Shape, validation_cost
@@ -128,9 +129,12 @@ def auto(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
 def call_cost(algorithm: str, shape: Shape, rank: int, profile: Any = None) -> Cost:
     """Traffic ``rank`` receives in one ``sparse_allreduce`` call: validation + the algorithm.
 
-    ``algorithm`` may be "auto": resolved with :func:`choose` from the nnz alone, as
-    ``sparse_allreduce`` does (``shape.inputs`` only sharpens the chosen algorithm's model).
+    ``algorithm`` may be "auto": ``small`` (nothing beyond the validation) when every rank's
+    entries fit in its validation slot, else resolved with :func:`choose` from the nnz alone,
+    as ``sparse_allreduce`` does (``shape.inputs`` only sharpens the chosen algorithm's model).
     """
+    if algorithm == "auto" and small.fits(shape):  # the entries ride in the validation
+        return validation_cost(shape.size).add(small.cost(shape, rank))
     name = (choose(dataclasses.replace(shape, inputs=None), profile) if algorithm == "auto"
             else algorithm)
     return validation_cost(shape.size).add(MODELS[name](shape, rank))

@@ -14,6 +14,8 @@ Modes:
   dup                         dup() on CuPy 13's binding (no commSplit); its errors
   missing_peer                a rank that never joins a collective: CollectiveTimeout, no hang
   peer_aborts                 without a timeout, a wait sees a peer's abort (async error)
+  late_fetch                  a fetch that timed out keeps the pinned buffer its queued copy
+                              writes (defect 7)
   init_fails                  ncclCommInitRank fails on one rank: every rank raises in time
                               (leaves the emulated NCCL released: run it last)
   device_choice               init() keeps a device the application made current
@@ -29,6 +31,7 @@ After every mode the ranks' NCCL call logs are compared (cupycoll._emulation.che
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -274,6 +277,33 @@ def mode_missing_peer():
         assert time.monotonic() - start < 30, "the timeout fired far too late"
     WORLD.Barrier()
     lonely.abort()
+
+
+def mode_late_fetch():
+    """Defect 7: a fetch given up on freed the pinned host buffer that its device-to-host copy,
+    queued behind the failed NCCL operation, still writes: on the emulator the copy overwrote
+    freed heap memory once the operation ended (malloc aborted, or a later WORLD.gather read
+    stray bytes), on a GPU it overwrites what CuPy's pinned pool hands that block to next. The
+    punctual ranks' fetch (16 KiB, past numpy's small-block cache, which hid it for the 480-byte
+    agreement vectors before sparse/small.py) times out; then the last rank's fails at once on
+    their abort (NCCL's remote error). check_logs() fails if a rank freed a buffer before it
+    knew the copy into it finished."""
+    comm = nccl_comm(timeout=60.0)
+    x = cupy.arange(4096, dtype=cupy.float32)
+    comm.fetch(comm.allreduce(x, x, "sum"), x)  # connected
+    WORLD.Barrier()
+    comm.timeout = 1.0
+    fetch = lambda: comm.fetch(comm.allreduce(x, x, "sum"), x)  # noqa: E731
+    if RANK != P - 1:
+        expect_raises((CollectiveTimeout, BackendError), fetch)
+    WORLD.Barrier()
+    if RANK == P - 1:
+        err = expect_raises((CollectiveTimeout, BackendError), fetch)
+        assert isinstance(err, BackendError) and "REMOTE" in str(err), err
+        del err
+        gc.collect()  # the error's traceback held the fetch's frame
+    WORLD.Barrier()
+    comm.abort()
 
 
 def mode_peer_aborts():
@@ -588,7 +618,7 @@ def mode_wire():
 MODES = {"wire": mode_wire, "late_named": mode_late_named, "late_after_abort": mode_late_after_abort,
          "late_verbs": mode_late_verbs, "interrupt": mode_interrupt, "suites": mode_suites, "rules": mode_rules, "async_device": mode_async_device,
          "async_order": mode_async_order, "dup": mode_dup, "missing_peer": mode_missing_peer,
-         "peer_aborts": mode_peer_aborts, "init_fails": mode_init_fails,
+         "peer_aborts": mode_peer_aborts, "late_fetch": mode_late_fetch, "init_fails": mode_init_fails,
          "device_choice": mode_device_choice, "auto_agrees": mode_auto_agrees}
 for mode in MODE.split(","):  # several modes per launch: each launch costs seconds
     MODES[mode]()

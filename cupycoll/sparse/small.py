@@ -1,0 +1,102 @@
+"""``small``: a call whose entries fit in the validation allreduce is done in that one collective.
+
+Every agreement vector (:mod:`cupycoll._agreement`) ends with one slot of
+:func:`~cupycoll._agreement.slot_words` int64 words per rank, INT64_MIN (neutral for MAX) except
+where its owner writes. ``sparse_allreduce`` with ``algorithm="auto"`` writes its coalesced
+entries into its own slot when they fit: the index bytes, then the row bytes (values in the
+accumulate dtype, rounded first where the wire rounds them), each padded to 8 bytes. The
+MAX-allreduce of the validation then also allgathers every rank's entries bit for bit
+(``max(x, INT64_MIN) = x``). After the checks pass, every rank knows every rank's nnz and the
+agreed dtypes, so all decide alike whether every block fitted; if so each rank merges the P
+parts in rank order exactly as ``allgather`` does (the same bits, NaN and +/-0 rules included).
+Otherwise ``auto`` picks an algorithm as before and the slots were unused words.
+
+Which collectives run never depends on local data: the vector has the same length on every
+rank and every call, whatever fits. Cost: nothing beyond the validation allreduce, whose bytes
+include the slots on every call (at most 2 KiB in all; none above 32 ranks).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import _agreement as agreement
+from ..wire import round_values
+from ._common import reduce_parts
+from ._cost import Cost, Shape
+
+__all__ = ["block_words", "fits_all", "fits", "cost", "pack", "merge"]
+
+
+def _padded(nbytes: int) -> int:
+    return -(-nbytes // 8) * 8
+
+
+def block_words(nnz: int, index_bytes: int, row_bytes: int) -> int:
+    """int64 words of one rank's block: indices, then rows, each padded to 8 bytes."""
+    return (_padded(nnz * index_bytes) + _padded(nnz * row_bytes)) // 8
+
+
+def fits_all(size: int, nnz: Sequence[int], index_bytes: int, row_bytes: int) -> bool:
+    """Whether every rank's block (``nnz[r]`` entries) fits in its slot."""
+    words = agreement.slot_words(size)
+    return words > 0 and all(block_words(c, index_bytes, row_bytes) <= words for c in nnz)
+
+
+def fits(shape: Shape) -> bool:
+    """Whether every rank's entries fit in its slot (then ``auto`` runs ``small``)."""
+    return fits_all(shape.size, shape.nnz, shape.index_bytes, shape.row_bytes)
+
+
+def cost(shape: Shape, rank: int) -> Cost:
+    """Traffic beyond the validation allreduce: none (the entries travel in its slots)."""
+    return Cost()
+
+
+def pack(comm: Any, vec: np.ndarray, at: int, idx: Any, val: Any,
+         wire_values: str | None) -> Any:
+    """Write this rank's entries into its slot at word ``at`` of ``vec`` when they fit.
+
+    Returns the vector to settle: ``vec`` itself on the host; on a device, its copy with the
+    entries written there (no host round trip). Values are rounded first when the wire rounds
+    them (as ``allgather`` rounds every rank's part, P > 1 only).
+    """
+    p, nnz = comm.size, int(idx.shape[0])
+    words = agreement.slot_words(p)
+    row_bytes = val.dtype.itemsize * (int(val.shape[1]) if val.ndim == 2 else 1)
+    if not words or block_words(nnz, idx.dtype.itemsize, row_bytes) > words:
+        return vec
+    xp = comm.xp
+    if xp is not np:
+        vec = xp.asarray(vec)
+    if nnz:
+        if wire_values is not None and p > 1 and val.dtype.kind == "f" and val.dtype.itemsize >= 4:
+            val = round_values(val, wire_values)[1].astype(val.dtype, copy=False)
+        raw = vec.view(np.uint8)
+        start, ni = at * 8, nnz * idx.dtype.itemsize
+        raw[start:start + ni] = idx.view(np.uint8)
+        start += _padded(ni)
+        raw[start:start + nnz * row_bytes] = val.reshape(-1).view(np.uint8)
+    return vec
+
+
+def merge(xp: Any, slots: np.ndarray, nnz: Sequence[int], index_dtype: np.dtype,
+          acc: np.dtype, width: int, op: Any) -> tuple[Any, Any]:
+    """Merge every rank's block from the reduced ``slots`` (host) in rank order, as
+    ``allgather`` merges its parts; the result on ``xp``'s device."""
+    words = slots.shape[0] // len(nnz)
+    row = (width,) if width else ()
+    row_bytes = acc.itemsize * max(width, 1)
+    parts = []
+    for r, count in enumerate(nnz):
+        raw = slots[r * words:(r + 1) * words].view(np.uint8)
+        ni = count * index_dtype.itemsize
+        start = _padded(ni)
+        parts.append((raw[:ni].view(index_dtype),
+                      raw[start:start + count * row_bytes].view(acc).reshape((count,) + row)))
+    idx, val = reduce_parts(parts, op, acc)
+    if xp is not np:
+        idx, val = xp.asarray(idx), xp.asarray(val)
+    return idx, val

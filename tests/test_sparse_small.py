@@ -1,0 +1,54 @@
+"""Small sparse_allreduce calls finished inside the validation allreduce (sparse/small.py).
+
+Against an independent dense numpy reference at P = 1..4 on MPI and P = 2, 3 on the NCCL
+emulation tier: every op and dtype (NaN, +-inf, +-0), 1-D and rows; one collective per fused
+call, traffic equal to the cost model; a rank overflowing its slot alone sends the call down the
+normal path; bad input on one rank and mismatched n / dtype / op / algorithm raise everywhere;
+async_op, alloc_fn, completion_fn and the wire keywords (same bits as ``allgather``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cupycoll import _agreement
+from cupycoll.sparse import small
+from cupycoll.sparse._cost import Shape, validation_cost
+from cupycoll.sparse.auto import call_cost
+from tests._mpi import run_mpi
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
+def test_small_calls_against_numpy(nprocs):
+    out = run_mpi(nprocs, "sparse_small.py", 31 + nprocs, timeout=300)
+    assert f"ok small calls: 57 cases (50 fused) on {nprocs} ranks" in out
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_small_calls_on_emulated_nccl(nprocs):
+    out = run_mpi(nprocs, "sparse_small.py", 41 + nprocs, "emulated", timeout=300)
+    assert f"ok small calls: 57 cases (50 fused) on {nprocs} ranks (emulated nccl)" in out
+
+
+def test_slots_are_bounded():
+    """2 KiB of slots in all at most, none above 32 ranks: large P pays nothing extra."""
+    for p in range(1, 200):
+        assert _agreement.slot_words(p) * p <= _agreement.SLOT_WORDS_TOTAL
+        assert (_agreement.slot_words(p) == 0) == (p > 32)
+    assert _agreement.length(64) == _agreement.HEADER + 18 + 3 * 64
+
+
+def test_fits_and_cost_model():
+    # P = 2: 128 words a slot; int32 + float32 entries: 4 + 4 bytes each, padded per stream
+    assert small.block_words(10, 4, 4) == 10 and small.block_words(3, 4, 4) == 4
+    assert small.fits(Shape(2, 1000, 0, 4, 4, (128, 0)))
+    assert not small.fits(Shape(2, 1000, 0, 4, 4, (129, 3)))  # one rank over: normal path
+    assert not small.fits(Shape(64, 1000, 0, 4, 4, (1,) * 64))  # no slots above 32 ranks
+    fused = Shape(4, 1000, 2, 8, 4, (5, 0, 2, 5))
+    assert call_cost("auto", fused, 1).received == validation_cost(4).received
+    over = Shape(4, 1000, 0, 8, 8, (40, 0, 2, 1))
+    assert set(call_cost("auto", over, 0).received) > {"sparse.validate"}
+    assert call_cost("allgather", fused, 0).received != validation_cost(4).received
