@@ -207,3 +207,20 @@ def test_choose_prices_a_shape_with_inputs_by_its_nnz():
     exact = Shape.from_inputs(inputs, 64, 8, 4, 4)
     assert auto.choose(exact, ROUNDS_ONLY) == "dense"
     assert auto.choose(exact, BYTES_ONLY) == "allgather"
+
+
+def test_debug_log_names_the_call(caplog):
+    """With the cupycoll logger at DEBUG, a call logs its algorithm and n."""
+    import logging
+
+    import numpy as np
+    from mpi4py import MPI
+
+    import cupycoll as cc
+
+    comm = cc.init("mpi", mpi_comm=MPI.COMM_SELF)
+    with caplog.at_level(logging.DEBUG, logger="cupycoll"):
+        cc.sparse_allreduce(np.array([1, 5], np.int32), np.ones(2, np.float32), 10,
+                            algorithm="allgather", comm=comm)
+    msgs = [r.getMessage() for r in caplog.records if "sparse_allreduce:" in r.getMessage()]
+    assert msgs and "algorithm allgather" in msgs[0] and msgs[0].endswith(", n 10"), msgs

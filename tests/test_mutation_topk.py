@@ -55,3 +55,56 @@ def test_gaussian_keeps_3k_4_when_the_fit_selects_fewer():
     big = np.abs(x[np.asarray(sel.indices)])
     assert np.all(big >= sel.threshold)
     assert np.count_nonzero(np.abs(x) >= sel.threshold) == sel.count
+
+
+def test_index_dtype_is_int64_from_2_to_the_31():
+    from cupycoll.topk._common import index_dtype
+
+    assert index_dtype(2**31 - 1) == np.dtype(np.int32)
+    assert index_dtype(2**31) == np.dtype(np.int64) == index_dtype(2**40)
+
+
+def test_state_names_tau_in_its_error():
+    import pytest
+
+    from cupycoll.errors import InvalidType
+    from cupycoll.topk import TopkState
+
+    with pytest.raises(InvalidType, match="argument 'tau' "):
+        TopkState(tau=1.5)
+
+
+def test_state_last_records_the_wire():
+    """After a call, ``state.last["wire"]`` names the wire the call used (coo by default)."""
+    from mpi4py import MPI
+
+    import cupycoll as cc
+    from cupycoll.topk import TopkState
+
+    comm = cc.init("mpi", mpi_comm=MPI.COMM_SELF)
+    st = TopkState()
+    cc.topk_allreduce(np.arange(64, dtype=np.float32), 4, algorithm="gtopk", comm=comm, state=st)
+    assert st.last["wire"] == "coo"
+
+
+def test_oktopk_threshold_search_stops_on_float32_ties(monkeypatch):
+    """Ok-Topk's histogram search on a step whose sums are all equal (no edge count near k):
+    it refines the bin of the k-th magnitude until the bin holds no two float32 values, which a
+    window of 2 octaves in 32 bins, each round 32 times finer, reaches by round 5 (2^-24 octave
+    is below float32's spacing) -- before MAX_ROUNDS (8), which a float64 search would use."""
+    from mpi4py import MPI
+
+    import cupycoll as cc
+    from cupycoll.topk import TopkState
+    from cupycoll.topk import _global_threshold as gt
+
+    rounds = []
+    counts = gt._counts_at_edges
+    monkeypatch.setattr(gt, "_counts_at_edges", lambda *a: rounds.append(1) or counts(*a))
+    comm = cc.init("mpi", mpi_comm=MPI.COMM_SELF)
+    st = TopkState(tau=8, tau_prime=8)
+    x = np.full(64, 1.5, np.float32)
+    cc.topk_allreduce(x, 4, algorithm="oktopk", comm=comm, state=st)  # step 0: refresh
+    rounds.clear()
+    cc.topk_allreduce(x, 4, algorithm="oktopk", comm=comm, state=st)
+    assert not st.last["refresh"] and 1 <= len(rounds) <= 5 < gt.MAX_ROUNDS, len(rounds)
