@@ -224,3 +224,12 @@ def test_debug_log_names_the_call(caplog):
                             algorithm="allgather", comm=comm)
     msgs = [r.getMessage() for r in caplog.records if "sparse_allreduce:" in r.getMessage()]
     assert msgs and "algorithm allgather" in msgs[0] and msgs[0].endswith(", n 10"), msgs
+
+
+def test_cost_as_dict_totals_and_per_op():
+    from cupycoll.sparse._cost import Cost
+
+    cost = Cost().book("a", 10, 1).book("b", 6, 2)
+    assert cost.as_dict() == {"bytes_received": 16, "messages_received": 3, "by_op": {
+        "a": {"bytes_received": 10, "messages_received": 1},
+        "b": {"bytes_received": 6, "messages_received": 2}}}
