@@ -21,3 +21,20 @@ def test_base_run_runs_the_verb_to_completion():
         recv = np.zeros(5)
         Communicator.run(comm, "allreduce", send, recv, ReduceOp.SUM, op_name=op_name)
         np.testing.assert_array_equal(recv, send)
+
+
+def test_an_interrupted_wait_aborts_the_communicator_naming_the_call():
+    """A wait interrupted by KeyboardInterrupt leaves its operation pending: the communicator is
+    aborted, and every later call raises, naming the operation, its collective number and the
+    interruption (a fresh one-rank communicator, other communicators unaffected)."""
+    import pytest
+    from mpi4py import MPI
+
+    import cupycoll as cc
+    from cupycoll.errors import BackendError
+
+    comm = cc.init("mpi", mpi_comm=MPI.COMM_SELF)
+    comm._interrupted("test.op")
+    with pytest.raises(BackendError, match=r"aborted in test\.op \(collective #0, interrupted\)"):
+        comm._check_alive()
+    cc.init("mpi", mpi_comm=MPI.COMM_SELF)._check_alive()
