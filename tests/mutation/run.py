@@ -59,7 +59,9 @@ _SPARSE = ["tests/test_sparse_units.py", "tests/test_api_units.py",
                "test_nan_inf_signed_zero_same_bits_in_every_algorithm[2]",
                "test_nan_inf_signed_zero_same_bits_in_every_algorithm[3]",
                "test_volume_equals_cost_models[2]", "test_volume_equals_cost_models[3]",
-               "test_bad_input_raises_on_every_rank[3]", "test_delivery_alloc_completion_async[3]"))]
+               "test_bad_input_raises_on_every_rank[3]", "test_delivery_alloc_completion_async[3]")),
+           # wire_values on the sparse path (2 ranks, ~7 s)
+           "tests/test_wire_mpi.py::test_wire_formats_exact_modelled_and_mass_conserving[2]"]
 # The in-process unit tests, then one short launch at 2 and at 3 ranks that reaches every
 # function of cupycoll/topk/ (tests/workers/topk_quick.py: the regular workers' checks on tiny
 # inputs, ~5-10 s), and the density workload at 2 ranks (run only for mutants the others miss:
