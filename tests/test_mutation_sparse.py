@@ -233,3 +233,17 @@ def test_cost_as_dict_totals_and_per_op():
     assert cost.as_dict() == {"bytes_received": 16, "messages_received": 3, "by_op": {
         "a": {"bytes_received": 10, "messages_received": 1},
         "b": {"bytes_received": 6, "messages_received": 2}}}
+
+
+def test_hierarchical_cost_prices_the_rails_under_the_given_profile():
+    """16 ranks on 8 nodes, large rails: ``hierarchical.cost(shape, rank, profile)`` books the
+    rail algorithm the profile picks -- fewer bytes when only bytes cost, fewer messages when
+    only rounds do -- not the default profile's."""
+    from cupycoll.sparse import hierarchical
+
+    for nnz, n in ((30000, 1 << 20), (1 << 16, 1 << 17)):
+        shape = Shape(16, n, 0, 4, 4, (nnz,) * 16, nodes=tuple(r // 2 for r in range(16)))
+        by_rounds = hierarchical.cost(shape, 0, ROUNDS_ONLY)
+        by_bytes = hierarchical.cost(shape, 0, BYTES_ONLY)
+        assert by_bytes.bytes_received < by_rounds.bytes_received, nnz
+        assert by_rounds.messages_received < by_bytes.messages_received, nnz
