@@ -134,3 +134,38 @@ def test_reductions_overflow_and_inf_minus_inf_without_warnings(monkeypatch, fas
         with np.errstate(invalid="ignore"):
             want = top.astype(np.float64).astype(np.int64)
         assert P.merge_sorted([(idx, top)], "sum", "float64")[1].tolist() == want.tolist()
+
+
+def test_numba_merge_of_2_to_the_j_plus_1_entries(monkeypatch):
+    """The numba merge packs keys as ``index << shift | position``, positions up to total - 1:
+    totals of 2^j + 1 entries (the last position needs the top bit of the shift) and their
+    neighbours merge to the left fold, every index once."""
+    from cupycoll.primitives import _accel
+
+    monkeypatch.setattr(_accel, "_FAST_FROM", 0)
+    monkeypatch.setenv("CUPYCOLL_NUMBA", "auto")
+    rng = np.random.default_rng(23)
+    for total in (2, 3, 4, 5, 9, 16, 17, 33, 65, 129):
+        cut = int(rng.integers(0, total + 1))
+        parts = [(np.sort(rng.choice(300, size, replace=False)).astype(np.int64),
+                  rng.integers(1, 100, size).astype(np.float64)) for size in (cut, total - cut)]
+        entries = [(i, v) for pi, pv in parts for i, v in zip(pi.tolist(), pv)]
+        want = reference_arrays(fold_reference(entries, np.add, None), "int64", "float64", ())
+        assert_same_pair(P.merge_sorted(parts, "sum"), want)
+
+
+def test_pool_threads_are_named_cupycoll():
+    """The numba loops' helper threads carry the library's name (visible in profilers)."""
+    import threading
+
+    from cupycoll.primitives import _numba
+
+    names = _numba._in_threads([lambda: threading.current_thread().name] * 2)
+    assert names[1].startswith("cupycoll_"), names
+
+
+def test_indices_of_a_wrong_dtype_name_the_expected_dtypes():
+    from cupycoll.errors import InvalidType
+
+    with pytest.raises(InvalidType, match="must be an array of int32 or int64, got"):
+        P.coo_reduce(np.array([0, 1], np.float32), np.ones(2, np.float32), "sum")

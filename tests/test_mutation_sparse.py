@@ -209,3 +209,43 @@ def test_choose_prices_a_shape_with_inputs_by_its_nnz():
     exact = Shape.from_inputs(inputs, 64, 8, 4, 4)
     assert auto.choose(exact, ROUNDS_ONLY) == "dense"
     assert auto.choose(exact, BYTES_ONLY) == "allgather"
+
+
+def test_debug_log_names_the_call(caplog):
+    """With the cupycoll logger at DEBUG, a call logs its algorithm and n."""
+    import logging
+
+    import numpy as np
+    from mpi4py import MPI
+
+    import cupycoll as cc
+
+    comm = cc.init("mpi", mpi_comm=MPI.COMM_SELF)
+    with caplog.at_level(logging.DEBUG, logger="cupycoll"):
+        cc.sparse_allreduce(np.array([1, 5], np.int32), np.ones(2, np.float32), 10,
+                            algorithm="allgather", comm=comm)
+    msgs = [r.getMessage() for r in caplog.records if "sparse_allreduce:" in r.getMessage()]
+    assert msgs and "algorithm allgather" in msgs[0] and msgs[0].endswith(", n 10"), msgs
+
+
+def test_cost_as_dict_totals_and_per_op():
+    from cupycoll.sparse._cost import Cost
+
+    cost = Cost().book("a", 10, 1).book("b", 6, 2)
+    assert cost.as_dict() == {"bytes_received": 16, "messages_received": 3, "by_op": {
+        "a": {"bytes_received": 10, "messages_received": 1},
+        "b": {"bytes_received": 6, "messages_received": 2}}}
+
+
+def test_hierarchical_cost_prices_the_rails_under_the_given_profile():
+    """16 ranks on 8 nodes, large rails: ``hierarchical.cost(shape, rank, profile)`` books the
+    rail algorithm the profile picks -- fewer bytes when only bytes cost, fewer messages when
+    only rounds do -- not the default profile's."""
+    from cupycoll.sparse import hierarchical
+
+    for nnz, n in ((30000, 1 << 20), (1 << 16, 1 << 17)):
+        shape = Shape(16, n, 0, 4, 4, (nnz,) * 16, nodes=tuple(r // 2 for r in range(16)))
+        by_rounds = hierarchical.cost(shape, 0, ROUNDS_ONLY)
+        by_bytes = hierarchical.cost(shape, 0, BYTES_ONLY)
+        assert by_bytes.bytes_received < by_rounds.bytes_received, nnz
+        assert by_rounds.messages_received < by_bytes.messages_received, nnz

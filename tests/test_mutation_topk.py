@@ -1,0 +1,110 @@
+"""In-process top-k tests written for mutation testing (tests/mutation/run.py): inputs built so
+that one documented branch of a selector decides the outcome, outcome worked from the rule."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cupycoll.topk.selectors import Gaussian, magnitude_sample
+
+N, K = 1 << 18, 2621  # sampled: the corrected policy predicts its count from a sample
+
+
+def _sampled_positions() -> tuple[np.ndarray, float]:
+    """The positions magnitude_sample reads for (N, K), and its scale (set-up, not the oracle)."""
+    where, scale = magnitude_sample(np.arange(N, dtype=np.float64), K)
+    assert 1 < scale < 0.75 * K / 4
+    return np.asarray(where, np.int64), scale
+
+
+def _plus_minus_one(where: np.ndarray, spread: bool = False) -> np.ndarray:
+    """x = +-1 on the sampled positions (``spread``: +-u, u distinct in [0.5, 1.5]), alternating
+    signs, 0 elsewhere: mean about 0, std about 1 on the sample."""
+    x = np.zeros(N, np.float32)
+    u = np.linspace(0.5, 1.5, where.size) if spread else np.ones(where.size)
+    x[where] = np.where(np.arange(where.size) % 2 == 0, u, -u)
+    return x
+
+
+def test_gaussian_prediction_below_3k_4_is_not_the_fit():
+    """Corrected policy: the sample holds one entry of 10 (prediction = scale < 3k/4, the fit
+    missed) and k - 1 entries of 10 lie outside it. The fit (about 2.6 for a std near 1) is
+    therefore not used: the sample's quantile passes every sampled entry (all reach 1), far more
+    than 5k/4, so the exact top k is taken -- the k entries of 10, threshold 10."""
+    where, _ = _sampled_positions()
+    x = _plus_minus_one(where)
+    x[where[0]] = 10.0
+    outside = np.setdiff1d(np.arange(N), where)[: K - 1]
+    x[outside] = -10.0
+    sel = Gaussian().select(x, K)
+    assert sel.threshold == 10.0
+    np.testing.assert_array_equal(np.sort(sel.indices), np.sort(np.r_[where[0], outside]))
+
+
+def test_gaussian_keeps_3k_4_when_the_fit_selects_fewer():
+    """Corrected policy: the sample predicts about k at the fit (j sampled entries of 10, j *
+    scale near k) but x has no other large entries, so the fit selects only j < 3k/4: the
+    selector falls back to the sample's quantile and keeps at least 3k/4 entries (its contract:
+    a count in [3k/4, 5k/4] whenever x has that many nonzeros)."""
+    where, scale = _sampled_positions()
+    x = _plus_minus_one(where, spread=True)  # no ties: a top-k cut can reach 5k/4
+    j = int(round(K / scale))
+    x[where[1: 2 * j: 2]] = 10.0  # j entries, on positive slots (mean stays near 0)
+    sel = Gaussian().select(x, K)
+    assert 0.75 * K <= sel.count <= 1.25 * K, (sel.count, j)
+    big = np.abs(x[np.asarray(sel.indices)])
+    assert np.all(big >= sel.threshold)
+    assert np.count_nonzero(np.abs(x) >= sel.threshold) == sel.count
+
+
+def test_index_dtype_is_int64_from_2_to_the_31():
+    from cupycoll.topk._common import index_dtype
+
+    assert index_dtype(2**31 - 1) == np.dtype(np.int32)
+    assert index_dtype(2**31) == np.dtype(np.int64) == index_dtype(2**40)
+
+
+def test_state_names_tau_in_its_error():
+    import pytest
+
+    from cupycoll.errors import InvalidType
+    from cupycoll.topk import TopkState
+
+    with pytest.raises(InvalidType, match="argument 'tau' "):
+        TopkState(tau=1.5)
+
+
+def test_state_last_records_the_wire():
+    """After a call, ``state.last["wire"]`` names the wire the call used (coo by default)."""
+    from mpi4py import MPI
+
+    import cupycoll as cc
+    from cupycoll.topk import TopkState
+
+    comm = cc.init("mpi", mpi_comm=MPI.COMM_SELF)
+    st = TopkState()
+    cc.topk_allreduce(np.arange(64, dtype=np.float32), 4, algorithm="gtopk", comm=comm, state=st)
+    assert st.last["wire"] == "coo"
+
+
+def test_oktopk_threshold_search_stops_on_float32_ties(monkeypatch):
+    """Ok-Topk's histogram search on a step whose sums are all equal (no edge count near k):
+    it refines the bin of the k-th magnitude until the bin holds no two float32 values, which a
+    window of 2 octaves in 32 bins, each round 32 times finer, reaches by round 5 (2^-24 octave
+    is below float32's spacing) -- before MAX_ROUNDS (8), which a float64 search would use."""
+    from mpi4py import MPI
+
+    import cupycoll as cc
+    from cupycoll.topk import TopkState
+    from cupycoll.topk import _global_threshold as gt
+
+    rounds = []
+    counts = gt._counts_at_edges
+    monkeypatch.setattr(gt, "_counts_at_edges", lambda *a: rounds.append(1) or counts(*a))
+    comm = cc.init("mpi", mpi_comm=MPI.COMM_SELF)
+    st = TopkState(tau=8, tau_prime=8)
+    x = np.full(64, 1.5, np.float32)
+    cc.topk_allreduce(x, 4, algorithm="oktopk", comm=comm, state=st)  # step 0: refresh
+    rounds.clear()
+    cc.topk_allreduce(x, 4, algorithm="oktopk", comm=comm, state=st)
+    assert not st.last["refresh"] and 1 <= len(rounds) <= 5 < gt.MAX_ROUNDS, len(rounds)
