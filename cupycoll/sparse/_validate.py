@@ -158,11 +158,7 @@ def _check_range(idx: Any, n: int, rank: int) -> bool:
     (range and order come from one device read)."""
     if idx.shape[0] == 0:
         return True
-    if type(idx) is np.ndarray:  # host: the usual sorted input costs one comparison pass
-        increasing = idx.shape[0] < 2 or bool((idx[1:] > idx[:-1]).all())
-        lo, hi = (int(idx[0]), int(idx[-1])) if increasing else (int(idx.min()), int(idx.max()))
-    else:
-        lo, hi, increasing = _index_stats(idx)
+    lo, hi, increasing = _index_stats(idx)
     if lo < 0 or hi >= n:
         bad = lo if lo < 0 else hi
         raise _OutOfRange("indices", bad, f"index out of range [0, n={n})", rank=rank)
