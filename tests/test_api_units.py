@@ -8,7 +8,7 @@ import cupycoll as cc
 from cupycoll import errors
 from cupycoll._config import SETTINGS, check_environment, setting
 from cupycoll._types import ReduceOp, as_array, check_dtype, parse_op
-from cupycoll.comm import Work, bus_factor
+from cupycoll.comm import Stats, Work, bus_factor
 from cupycoll._types import trunc_divide
 from cupycoll.comm.mpi import MPICommunicator
 from tests.workers._common import DLPackOnly
@@ -63,6 +63,40 @@ def test_trunc_divide_matches_c_integer_division():
     want = np.array([int(v / 3) for v in x.astype(int)], np.int8)
     assert np.array_equal(trunc_divide(x.copy(), 3), want)
     assert np.allclose(trunc_divide(np.array([1.0, -3.0]), 2), [0.5, -1.5])
+
+
+def test_stats_books_dense_collectives_from_threads_exactly():
+    """Dense bookings go through a lock-free queue folded on read: none is lost when threads
+    book and read at once, reads see every earlier booking, and reset drops the queued ones."""
+    import threading
+    stats = Stats()
+    threads, per_thread, nbytes, size = 4, 3000, 1000, 4  # 3000 > the fold threshold (1024)
+
+    def book():
+        for i in range(per_thread):
+            stats.book_collective("allreduce", "allreduce", nbytes, False, size)
+            stats.book_collective("bc", "broadcast", 8, i % 2 == 0, size)
+            if i % 500 == 0:
+                stats.record("x", sent=1)  # the locked path, interleaved
+                _ = stats.bytes_sent  # a read folds while others append
+
+    workers = [threading.Thread(target=book) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    calls = threads * per_thread
+    ring = 2 * (size - 1) * nbytes // size  # allreduce: 2(P-1)/P * N each way, floored
+    roots = calls // 2  # broadcast: the root sends N, the others receive N
+    assert stats.by_op["allreduce"].bytes_sent == calls * ring
+    assert stats.by_op["allreduce"].messages_received == calls * 2 * (size - 1)
+    assert (stats.by_op["bc"].bytes_sent, stats.by_op["bc"].bytes_received) == (8 * roots, 8 * roots)
+    assert stats.by_op["x"].bytes_sent == threads * len(range(0, per_thread, 500))
+    assert stats.bytes_sent == calls * ring + 8 * roots + stats.by_op["x"].bytes_sent
+    assert stats.snapshot()["by_op"]["bc"]["messages_sent"] == roots
+    stats.book_collective("allreduce", "allreduce", nbytes, False, size)
+    stats.reset()
+    assert stats.bytes_sent == 0 and stats.by_op == {}
 
 
 def test_bus_factors_follow_nccl_tests():
@@ -146,3 +180,14 @@ def test_log_level_from_environment(monkeypatch):
             cc.init("mpi", mpi_comm=MPI.COMM_SELF)
     finally:
         logger.setLevel(before)
+
+
+def test_host_address_of_views_and_non_contiguous_arrays():
+    """``_address`` (buffer protocol, numpy's interface as fallback) is the first element's."""
+    from cupycoll.comm._mpi_types import _address
+    base = np.zeros(64, np.float32)
+    for a in (base, base[8:24], base[::2], base.reshape(8, 8)[:, 1:3], base[5:5]):
+        assert _address(a) == a.ctypes.data
+    frozen = base.copy()
+    frozen.flags.writeable = False
+    assert _address(frozen) == frozen.ctypes.data

@@ -18,7 +18,7 @@ import numpy as np
 from .._config import parse_timeout
 from .._types import ReduceOp, to_host
 from ..errors import BackendError, CollectiveTimeout, CupycollError
-from ._stats import Stats, _ring_steps
+from ._stats import Stats
 from ._watchdog import NO_SLOT, Board, Fate, timeout_error
 from ._work import Overlap, Work
 
@@ -296,15 +296,4 @@ class Communicator(abc.ABC):
         """Book a native collective's traffic by the rule in :class:`Stats` (under ``op_name``)
         and count it in ``sequence`` (the store on the arrival board is its whole cost there)."""
         self._slot[0] = self.sequence = self.sequence + 1  # the arrival notice
-        book, p = op_name or name, self.size
-        if p <= 1:
-            self.stats._add(book, 0, 0, 0, 0)
-        elif name == "broadcast" or name == "reduce":
-            if (self.rank == root) is (name == "broadcast"):
-                self.stats._add(book, int(nbytes), 0, 1, 0)
-            else:
-                self.stats._add(book, 0, int(nbytes), 0, 1)
-        else:
-            factor, steps = _ring_steps(name, p)
-            moved = int(factor * nbytes)  # the floor: nbytes >= 0
-            self.stats._add(book, moved, moved, steps, steps)
+        self.stats.book_collective(op_name or name, name, nbytes, self.rank == root, self.size)

@@ -74,7 +74,12 @@ def _bytes(a: np.ndarray) -> list:
 
 
 def _address(a: np.ndarray) -> int:
-    return a.__array_interface__["data"][0]
+    """Address of ``a``'s first element: through the buffer protocol when ``a`` is contiguous
+    (~0.2 us), else numpy's ``__array_interface__`` (~2 us: it builds a dict every time)."""
+    try:
+        return MPI.buffer.frombuffer(a, readonly=True).address
+    except BufferError:
+        return a.__array_interface__["data"][0]
 
 
 def _typed(a: np.ndarray) -> list:

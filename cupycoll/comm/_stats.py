@@ -3,12 +3,15 @@ model they book volumes with (:func:`bus_factor`)."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import threading
 from typing import Any
 
 __all__ = ["Stats", "OpStats", "bus_factor"]
+
+_FOLD_AT = 1024  # queued bookings folded into a Stats' counters at the latest
 
 
 @dataclasses.dataclass
@@ -37,47 +40,103 @@ class Stats(OpStats):
     allreduce 2(P-1)/P*N sent and received; allgather and reduce_scatter (P-1)/P*N; broadcast N
     received by every non-root rank and N sent by the root; reduce N sent by every non-root rank
     and N received by the root (floors of these, in bytes; 0 when P == 1).
+
+    Dense collectives are booked without a lock (:meth:`book_collective`: one append to a
+    thread-safe queue, which matters on a path that costs microseconds); the queue is folded
+    into the counters under the lock whenever they are read, and every ``_FOLD_AT`` bookings.
     """
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.by_op: dict[str, OpStats] = {}
+    def __init__(self) -> None:  # the counters are properties: see _counters
+        self._total = OpStats()
+        self._by_op: dict[str, OpStats] = {}
         self._lock = threading.Lock()
+        self._booked: collections.deque = collections.deque()
 
     def record(self, op: str, sent: int = 0, received: int = 0, msgs_sent: int = 0,
                msgs_received: int = 0) -> None:
         """Add traffic to the totals and to ``by_op[op]``."""
-        self._add(op, int(sent), int(received), int(msgs_sent), int(msgs_received))
+        with self._lock:
+            self._add(op, int(sent), int(received), int(msgs_sent), int(msgs_received))
+
+    def book_collective(self, op: str, collective: str, nbytes: int, at_root: bool,
+                        size: int) -> None:
+        """Book one native dense collective of ``nbytes`` under ``op`` (lock-free; see above)."""
+        booked = self._booked
+        booked.append((op, collective, nbytes, at_root, size))
+        if len(booked) >= _FOLD_AT:
+            self._fold()
+
+    def _fold(self) -> None:
+        """Move the queued bookings into the counters (appends may go on meanwhile)."""
+        booked = self._booked
+        with self._lock:
+            while booked:
+                op, collective, nbytes, at_root, size = booked.popleft()
+                self._add(op, *collective_traffic(collective, int(nbytes), at_root, size))
 
     def _add(self, op: str, sent: int, received: int, msgs_sent: int, msgs_received: int) -> None:
-        """:meth:`record` of Python ints (the dense hot path books with it: no conversions)."""
-        with self._lock:
-            self.bytes_sent += sent
-            self.bytes_received += received
-            self.messages_sent += msgs_sent
-            self.messages_received += msgs_received
-            per = self.by_op.get(op)
-            if per is None:
-                per = self.by_op[op] = OpStats()
-            per.bytes_sent += sent
-            per.bytes_received += received
-            per.messages_sent += msgs_sent
-            per.messages_received += msgs_received
+        """Add Python ints to the totals and ``by_op[op]`` (the caller holds the lock)."""
+        total = self._total
+        total.bytes_sent += sent
+        total.bytes_received += received
+        total.messages_sent += msgs_sent
+        total.messages_received += msgs_received
+        per = self._by_op.get(op)
+        if per is None:
+            per = self._by_op[op] = OpStats()
+        per.bytes_sent += sent
+        per.bytes_received += received
+        per.messages_sent += msgs_sent
+        per.messages_received += msgs_received
+
+    def _counters(self) -> OpStats:
+        self._fold()
+        return self._total
+
+    bytes_sent = property(lambda self: self._counters().bytes_sent)  # type: ignore[assignment]
+    bytes_received = property(lambda self: self._counters().bytes_received)  # type: ignore
+    messages_sent = property(lambda self: self._counters().messages_sent)  # type: ignore
+    messages_received = property(lambda self: self._counters().messages_received)  # type: ignore
+
+    @property
+    def by_op(self) -> dict[str, OpStats]:
+        """Operation name -> its :class:`OpStats`."""
+        self._fold()
+        return self._by_op
 
     def reset(self) -> None:
-        """Zero every counter."""
+        """Zero every counter (bookings queued before the call are dropped)."""
         with self._lock:
-            self.bytes_sent = self.bytes_received = 0
-            self.messages_sent = self.messages_received = 0
-            self.by_op = {}
+            self._booked.clear()
+            self._total = OpStats()
+            self._by_op = {}
 
     def snapshot(self) -> dict[str, Any]:
         """Return the counters as a plain dict (for JSON output)."""
+        self._fold()
         with self._lock:
-            out = dataclasses.asdict(OpStats(self.bytes_sent, self.bytes_received,
-                                             self.messages_sent, self.messages_received))
-            out["by_op"] = {k: dataclasses.asdict(v) for k, v in self.by_op.items()}
+            out = dataclasses.asdict(self._total)
+            out["by_op"] = {k: dataclasses.asdict(v) for k, v in self._by_op.items()}
             return out
+
+    def __repr__(self) -> str:
+        return f"Stats({self._counters()!r}, by_op={self.by_op!r})"
+
+
+def collective_traffic(collective: str, nbytes: int, at_root: bool,
+                       size: int) -> tuple[int, int, int, int]:
+    """(bytes sent, received, messages sent, received) one rank books for a native collective of
+    an ``nbytes`` buffer on ``size`` ranks, by the rule in :class:`Stats` (``at_root``: this rank
+    is the root of a broadcast or reduce)."""
+    if size <= 1:
+        return 0, 0, 0, 0
+    if collective == "broadcast" or collective == "reduce":
+        if at_root is (collective == "broadcast"):
+            return nbytes, 0, 1, 0
+        return 0, nbytes, 0, 1
+    factor, steps = _ring_steps(collective, size)
+    moved = int(factor * nbytes)  # the floor: nbytes >= 0
+    return moved, moved, steps, steps
 
 
 #: nccl-tests' bus-bandwidth factor per collective, also the per-rank volume model of ``Stats``.
