@@ -69,10 +69,11 @@ class Stats(OpStats):
     def _fold(self) -> None:
         """Move the queued bookings into the counters (appends may go on meanwhile)."""
         booked = self._booked
-        with self._lock:
-            while booked:
-                op, collective, nbytes, at_root, size = booked.popleft()
-                self._add(op, *collective_traffic(collective, int(nbytes), at_root, size))
+        with self._lock:  # only a fold pops, so the first len(booked) entries are there to take
+            batch = collections.Counter([booked.popleft() for _ in range(len(booked))])
+            for (op, collective, nbytes, at_root, size), calls in batch.items():
+                traffic = collective_traffic(collective, int(nbytes), at_root, size)
+                self._add(op, *(calls * amount for amount in traffic))
 
     def _add(self, op: str, sent: int, received: int, msgs_sent: int, msgs_received: int) -> None:
         """Add Python ints to the totals and ``by_op[op]`` (the caller holds the lock)."""
