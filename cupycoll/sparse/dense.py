@@ -107,12 +107,12 @@ def _signed_zeros(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, ro
     buf[size:] = ((values == 0) & xp.signbit(values)).any()  # no host read
     comm.stream_order(comm.allreduce(buf, buf, op, op_name="dense.allreduce"))
     bits = buf[:size].view(f"u{buf.dtype.itemsize}").reshape(n, max(width, 1))
-    negative_zero = bits == bits.dtype.type(1 << (8 * bits.dtype.itemsize - 1))
+    minus_zero = bits.dtype.type(1 << (8 * bits.dtype.itemsize - 1))
     if not bool(buf[size] > 0):  # nobody holds a -0: the common case, no more traffic
-        kept = ~negative_zero[:, 0] if width <= 1 else ~negative_zero.all(axis=1)
+        kept = bits[:, 0] != minus_zero if width <= 1 else (bits != minus_zero).any(axis=1)
         union = xp.flatnonzero(kept).astype(indices.dtype, copy=False)
         return union, xp.take(full, union, axis=0)  # in range by construction
-    return _settle_signed_zeros(comm, indices, full, negative_zero)
+    return _settle_signed_zeros(comm, indices, full, bits == minus_zero)
 
 
 def _settle_signed_zeros(comm: Any, indices: Any, full: Any, negative_zero: Any

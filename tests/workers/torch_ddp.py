@@ -86,7 +86,9 @@ def recording_hook(state: cct.TopkHookState, totals: dict):
 def train(hook: str, density: float, **wire: str) -> dict:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
-    ddp = DDP(model, bucket_cap_mb=0.004)  # several buckets, so rebuilds and ordering matter
+    # two buckets (714 and 4,096 parameters): torch 2.13 puts every parameter in one bucket and
+    # never rebuilds it unless unused parameters are searched for (the 4 KB cap alone: one bucket)
+    ddp = DDP(model, bucket_cap_mb=0.004, find_unused_parameters=True)
     state, totals = None, {"fed": 0.0, "sent": 0.0}
     if hook == "topk":
         state = cct.TopkHookState(density=density, warmup_steps=1, **wire)
@@ -117,6 +119,7 @@ def train(hook: str, density: float, **wire: str) -> dict:
         assert abs(conserved - summed[1]) <= 1e-3 * max(1.0, abs(summed[1])), (conserved, summed)
         result["bytes_per_step"] = state.bytes_sent / STEPS
         result["buckets"] = len(state.compressors)
+        assert result["buckets"] == 2, f"{hook}: {result['buckets']} buckets, want 2"
     return result
 
 
