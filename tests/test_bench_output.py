@@ -85,3 +85,17 @@ def test_regret_table_when_auto_picks_an_algorithm_not_run(capsys):
     assert "| split | - | 1.05 |" in out and "| dense | 1.00 | 1.05 |" in out
     assert "<= 1.10x best on 1/1 rows where it ran" in out
     assert "auto <= 1.15x dense Allreduce on 1/2" in out and "within +-30% on 2/2" in out
+
+
+@pytest.mark.parametrize("flags", [[], ["--cold"]])
+def test_bench_host_prints_every_row(flags):
+    """bench_host.py, hot (10th percentiles) and --cold (interleaved medians), one process."""
+    import subprocess
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "bench" / "bench_host.py"), "-n", "20",
+                          "--no-nccl", *flags], capture_output=True, text=True, timeout=300,
+                         check=True, cwd=root, env={**__import__("os").environ,
+                                                    "PYTHONPATH": str(root)}).stdout
+    rows = [line.split() for line in out.splitlines() if not line.startswith("#")]
+    assert len(rows) == 13 and all(float(r[-1]) > 0 for r in rows), out
+    assert ("cold caches" in out) == bool(flags)
