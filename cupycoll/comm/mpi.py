@@ -215,7 +215,12 @@ class MPICommunicator(Communicator):
             and _address(host_send) == _address(host_recv)
         in_place = in_place_ok and same  # NCCL's rule: in place when the pointers are equal
         if direct and not in_place and np.shares_memory(host_send, host_recv):
-            host_send = host_send.copy()  # MPI forbids aliased buffers: read the input first
+            # MPI forbids aliased buffers: stage the smaller side (reduce_scatter's block, a
+            # P-th of the input, is received apart and copied back by the finalize)
+            if host_recv.nbytes < host_send.nbytes:
+                host_recv = np.empty(recv.shape, dtype=host_send.dtype)
+            else:
+                host_send = host_send.copy()
         return np.ascontiguousarray(host_send), host_recv, in_place
 
     def _finish_reduction(self, host_recv: Any, recv: Any, op: ReduceOp):

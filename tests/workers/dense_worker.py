@@ -144,6 +144,10 @@ def main(seed: int) -> None:
                 mine = x[rank * count:(rank + 1) * count]
                 cc.reduce_scatter(x, op=op, out=mine)
                 check(mine, want_rs, f"reduce_scatter in-place {dtype} {op} {count}")
+                rest = np.ones(x.shape[0], bool)
+                rest[rank * count:(rank + 1) * count] = False
+                assert np.array_equal(x[rest], blocks[rank][rest]), "in-place reduce_scatter " \
+                    "wrote outside this rank's block"  # NCCL writes recvbuff only
                 cases += 4 + 2 * p
             # data movement does not depend on op: once per dtype and size
         for count in SIZES:
