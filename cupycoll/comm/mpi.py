@@ -19,8 +19,8 @@ from mpi4py import MPI
 from .._types import ReduceOp, to_host, trunc_divide
 from ..errors import BackendError
 from ._base import Communicator
-from ._mpi_types import (_NATIVE, _WIDENED, _DeadComm, _address, _bytes, _mpi_op, _native,
-                         _pending, _separate, _typed)
+from ._mpi_types import (_NATIVE, _DeadComm, _address, _bytes, _mpi_op, _native,
+                         _pending, _separate, _typed, _widened)
 from ._work import Work
 
 __all__ = ["MPICommunicator"]
@@ -200,7 +200,7 @@ class MPICommunicator(Communicator):
     def _reduction_buffers(self, send: Any, recv: Any, in_place_ok: bool):
         """Host buffers MPI can reduce (widened, staged, de-aliased) and whether in place."""
         dtype = np.dtype(send.dtype)
-        wide = _WIDENED.get(dtype.name)
+        wide = _widened(dtype)
         host_send = to_host(send)
         if wide is not None:
             host_send = host_send.astype(wide)
