@@ -108,3 +108,38 @@ def test_oktopk_threshold_search_stops_on_float32_ties(monkeypatch):
     rounds.clear()
     cc.topk_allreduce(x, 4, algorithm="oktopk", comm=comm, state=st)
     assert not st.last["refresh"] and 1 <= len(rounds) <= 5 < gt.MAX_ROUNDS, len(rounds)
+
+
+def test_topk_front_door_names_each_bad_argument():
+    """topk_allreduce on one rank: each bad argument raises our type naming it (and the rule)."""
+    import pytest
+
+    import cupycoll as cc
+    from cupycoll.errors import InvalidArgument, InvalidType
+    x = np.arange(1, 11, dtype=np.float32)
+    with pytest.raises(InvalidType, match="an int") as info:
+        cc.topk_allreduce(x, 2.5)
+    assert info.value.argument == "k" and "rank 0" in str(info.value)
+    with pytest.raises(InvalidType) as info:
+        cc.topk_allreduce(x, 3, selector="exact")
+    assert info.value.argument == "selector"
+    for bad in ("bogus", 3, "BFLOAT16 "):
+        with pytest.raises(InvalidArgument) as info:
+            cc.topk_allreduce(x, 3, wire_values=bad)
+        assert info.value.argument == "wire_values", (bad, info.value.argument)
+
+
+def test_topk_rounded_wire_leaves_its_remainders_in_the_state():
+    """wire_values with a state: ``state.last["remainders"]`` holds (indices, values) pairs of
+    this rank's rounding errors on entries of the result (none on one rank: nothing travels)."""
+    import cupycoll as cc
+    from cupycoll.topk import TopkState
+    x = (np.arange(1, 101, dtype=np.float32) * np.float32(1.0001)).astype(np.float32)
+    state = TopkState()
+    res = cc.topk_allreduce(x, 5, state=state, wire_values="bfloat16")
+    pairs = state.last["remainders"]
+    assert len(pairs) >= 1
+    for idx, val in pairs:
+        assert set(np.asarray(idx).tolist()) <= set(np.asarray(res.indices).tolist())
+        assert not np.asarray(val).any()
+    assert np.array_equal(np.asarray(res.values), x[np.asarray(res.indices)])

@@ -118,6 +118,13 @@ def errors(comm) -> None:
         assert "float32 to float64" in message, message  # dtypes by name, not by code
         message = str(expect_raises(MismatchError, cases[-1][2]))
         assert ("'topka'" if r == 0 else "'oktopk'") in message, message
+        message = str(expect_raises(MismatchError, cases[-4][2]))
+        assert f"disagree on the length of x of topk_allreduce (rank {r} has {10 + (r == 0)}" \
+            in message, message
+        message = str(expect_raises(MismatchError, lambda: topk_allreduce(
+            x, 3, comm=comm, wire_values="bfloat16" if r == 0 else None)))
+        assert "disagree on wire / wire_values" in message and \
+            ("bfloat16" if r == 0 else "None") in message, message
     for exc_type, argument, call in cases:
         exc = expect_raises(exc_type, call)
         if argument is not None:
