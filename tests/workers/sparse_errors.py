@@ -53,6 +53,8 @@ def cases(size: int):
         str(N + 5)
     yield "negative index on last rank", on(last, indices=np.array([-4, 2, 3])), \
         InvalidArgument, last, "-4"
+    yield "index n beside index 0 on rank 1", on(1, indices=np.array([0, 3, N])), \
+        InvalidArgument, 1, f"(got {N})"  # the index out of range is named, not the lowest
     yield "float indices on rank 0", on(0, indices=np.array([1.0, 2.0, 3.0])), InvalidType, 0, \
         "indices"
     yield "3-D values on rank 1", on(1, values=np.zeros((3, 2, 2), np.float32)), \
@@ -115,6 +117,9 @@ def main() -> None:
         elapsed = time.monotonic() - start
         assert elapsed < 5, f"rank {rank}, {name}: took {elapsed:.1f} s"
         assert text in message, f"rank {rank}, {name}: {text!r} not in {message!r}"
+        if exc_type is InvalidArgument and name.startswith(("index ", "negative index")):
+            assert error.argument == "indices", f"rank {rank}, {name}: {error.argument!r}"  # n too
+            assert f"n={N})" in message, f"rank {rank}, {name}: {message}"
         if isinstance(culprit, tuple):  # a bad rank names itself, the others the first bad rank
             culprit = rank if rank in culprit else culprit[0]
         if culprit is not None:
