@@ -169,3 +169,15 @@ def test_indices_of_a_wrong_dtype_name_the_expected_dtypes():
 
     with pytest.raises(InvalidType, match="must be an array of int32 or int64, got"):
         P.coo_reduce(np.array([0, 1], np.float32), np.ones(2, np.float32), "sum")
+
+
+def test_primitives_reject_lists_naming_what_they_take():
+    """A list where an array belongs: InvalidType naming the argument and 'a numpy or cupy
+    array' (the documented message), for values and indices alike."""
+    from cupycoll.errors import InvalidType
+    with pytest.raises(InvalidType, match="must be a numpy or cupy array, got 'list'") as info:
+        P.gather([1.0, 2.0], np.array([0]))
+    assert info.value.argument == "dense"
+    with pytest.raises(InvalidType, match="must be a numpy or cupy array") as info:
+        P.gather(np.ones(3, np.float32), [0, 1])
+    assert info.value.argument == "indices"
