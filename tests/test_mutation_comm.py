@@ -38,3 +38,13 @@ def test_an_interrupted_wait_aborts_the_communicator_naming_the_call():
     with pytest.raises(BackendError, match=r"aborted in test\.op \(collective #0, interrupted\)"):
         comm._check_alive()
     cc.init("mpi", mpi_comm=MPI.COMM_SELF)._check_alive()
+
+
+def test_count_exchange_books_under_its_name():
+    """``alltoall_counts`` books its traffic under the op name it is given (one rank)."""
+    from mpi4py import MPI
+
+    import cupycoll as cc
+    comm = cc.init("mpi", mpi_comm=MPI.COMM_SELF)
+    got = comm.alltoall_counts([7], "test.counts")
+    assert got.tolist() == [7] and "test.counts" in comm.stats.by_op

@@ -249,3 +249,16 @@ def test_hierarchical_cost_prices_the_rails_under_the_given_profile():
         by_bytes = hierarchical.cost(shape, 0, BYTES_ONLY)
         assert by_bytes.bytes_received < by_rounds.bytes_received, nnz
         assert by_rounds.messages_received < by_bytes.messages_received, nnz
+
+
+def test_cost_add_sums_every_counter():
+    """Cost.add: bytes, messages, native parts and rounds of both costs, summed from first
+    principles: two allreduces of 2 ranks booked apart, then added."""
+    from cupycoll.sparse._cost import Cost
+    a = Cost().allreduce("a", 2, 64)  # 2(P-1)/P * 64 = 64 bytes in 2(P-1) = 2 messages
+    b = Cost().allreduce("b", 2, 32).allreduce("a", 2, 16)
+    total = Cost().add(a).add(b)
+    assert total.received == {"a": 64 + 16, "b": 32}
+    assert total.messages == {"a": 4, "b": 2}
+    assert (total.native_bytes, total.native_messages) == (112, 6)
+    assert (total.rounds, total.native_rounds) == (3, 3)

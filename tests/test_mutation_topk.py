@@ -143,3 +143,47 @@ def test_topk_rounded_wire_leaves_its_remainders_in_the_state():
         assert set(np.asarray(idx).tolist()) <= set(np.asarray(res.indices).tolist())
         assert not np.asarray(val).any()
     assert np.array_equal(np.asarray(res.values), x[np.asarray(res.indices)])
+
+
+def test_state_rejects_a_non_selector_naming_the_selectors():
+    import pytest
+
+    from cupycoll.errors import InvalidType
+    from cupycoll.topk import TopkState
+    with pytest.raises(InvalidType, match=r"selector \(Exact, Threshold, Gaussian\)") as info:
+        TopkState(selector="exact")
+    assert info.value.argument == "selector"
+
+
+def test_compressor_books_its_xi_measurement_under_its_name():
+    """measure_xi: the allreduce of the gradient sum is booked as ``compressor.xi``."""
+    import cupycoll as cc
+    comm = cc.get_comm()
+    comm.stats.reset()
+    comp = cc.TopkCompressor(64, 0.1, comm=comm, warmup_steps=0, measure_xi=True)
+    comp.step(np.linspace(-1, 1, 64).astype(np.float32))
+    assert len(comp.xi) == 1 and "compressor.xi" in comm.stats.by_op
+    assert not _BARE_VERBS & set(comm.stats.by_op), sorted(comm.stats.by_op)
+
+
+_BARE_VERBS = {"allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "exchange",
+               "alltoallv", "allgatherv"}
+
+
+def test_every_booking_of_the_library_names_its_phase():
+    """Every top-k algorithm and sparse algorithm (one rank, in-process) books its traffic under
+    its own operation names, never under a bare verb name (an op name dropped on the way) other
+    than its own name."""
+    import cupycoll as cc
+    comm = cc.get_comm()
+    x = np.linspace(-1, 1, 300).astype(np.float32)
+    for algorithm in cc.algorithms("topk"):
+        comm.stats.reset()
+        cc.topk_allreduce(x, 7, algorithm=algorithm, comm=comm)
+        assert not _BARE_VERBS & set(comm.stats.by_op), (algorithm, sorted(comm.stats.by_op))
+    idx, val = np.array([1, 5, 9], np.int64), np.array([1.0, -0.0, 2.0], np.float32)
+    for algorithm in cc.algorithms("sparse"):
+        comm.stats.reset()
+        cc.sparse_allreduce(idx, val, 16, algorithm=algorithm, comm=comm)
+        bare = (_BARE_VERBS - {algorithm}) & set(comm.stats.by_op)  # "allgather" is one's name
+        assert not bare, (algorithm, sorted(comm.stats.by_op))
