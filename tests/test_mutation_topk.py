@@ -187,3 +187,15 @@ def test_every_booking_of_the_library_names_its_phase():
         cc.sparse_allreduce(idx, val, 16, algorithm=algorithm, comm=comm)
         bare = (_BARE_VERBS - {algorithm}) & set(comm.stats.by_op)  # "allgather" is one's name
         assert not bare, (algorithm, sorted(comm.stats.by_op))
+
+
+def test_reference_threshold_recomputes_exactly_when_k_changes():
+    """Reference policy: a call with another k recomputes the threshold exactly (the top k by
+    magnitude), refresh or not; with the same k it reuses the previous threshold."""
+    from cupycoll.topk import Threshold
+    x = np.arange(1, 101, dtype=np.float32)  # magnitudes 1..100, all distinct
+    sel = Threshold(policy="reference")
+    first = sel.select(x, 5, refresh=True)
+    assert sorted(np.asarray(first.indices).tolist()) == list(range(95, 100))
+    again = sel.select(x, 20, refresh=False)  # k changed: exact top 20
+    assert sorted(np.asarray(again.indices).tolist()) == list(range(80, 100))
