@@ -181,3 +181,41 @@ def test_primitives_reject_lists_naming_what_they_take():
     with pytest.raises(InvalidType, match="must be a numpy or cupy array") as info:
         P.gather(np.ones(3, np.float32), [0, 1])
     assert info.value.argument == "indices"
+
+
+@pytest.mark.parametrize("tiny", [64, 0])
+@pytest.mark.parametrize("dtype,acc", [("float32", None), ("float16", None),
+                                       ("float16", "float32"), ("float64", None),
+                                       ("int32", None), ("int64", None)])
+@pytest.mark.parametrize("width", [None, 3])
+def test_tiny_sum_merge_equals_a_dense_fold(monkeypatch, tiny, dtype, acc, width):
+    """Merges of a few entries (the Python fold below ``_TINY``, and the numpy path with it
+    set to 0): the same bits as a dense left fold in part order from -0, cast back once --
+    -0, NaN, +-inf, integer wraparound, float16 rounding, rows, empty parts. (A NaN's sign
+    depends on the operands' order, e.g. inf - inf; the sparse verbs make NaNs canonical.)"""
+    from cupycoll.primitives import _numpy_reduce
+
+    monkeypatch.setattr(_numpy_reduce, "_TINY", tiny)
+    rng = np.random.default_rng([31, width or 0, len(dtype)])
+    row = (width,) if width else ()
+    work = np.dtype(acc or dtype)
+    special = ([0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0, 1e-3] if work.kind == "f"
+               else [np.iinfo(work).max, np.iinfo(work).min, -1, 0])
+    for itype in ("int32", "int64"):
+        parts, n = [], 12
+        for size in (5, 0, 7, 12, 1):
+            idx = np.sort(rng.choice(n, size, replace=False)).astype(itype)
+            val = np.asarray(rng.choice(special, (size,) + row)).astype(dtype)
+            parts.append((idx, val))
+        dense = np.full((n,) + row, -0.0 if work.kind == "f" else 0, work)
+        present = np.zeros(n, bool)
+        with np.errstate(all="ignore"):
+            for idx, val in parts:
+                dense[idx] = dense[idx] + val.astype(work)
+                present[idx] = True
+            want_v = dense[present].astype(dtype)
+        got_i, got_v = P.merge_sorted(parts, "sum", acc)
+        canonical = lambda v: (np.where(np.isnan(v), np.nan, v).astype(v.dtype)  # noqa: E731
+                               if v.dtype.kind == "f" else v)
+        assert_same_pair((got_i, canonical(got_v)),
+                         (np.flatnonzero(present).astype(itype), canonical(want_v)))

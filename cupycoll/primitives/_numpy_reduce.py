@@ -18,6 +18,10 @@ from ._common import _block_cuts, _identity
 #: the zero each op returns on a +0/-0 tie (the sign bit's value).
 _ZERO_TIE = {np.maximum: False, np.minimum: True}
 
+#: merges of at most this many entries fold a sum in Python (:func:`_tiny_sum`): a numpy call
+#: costs 0.5-5 us on a few elements and the general path makes ~40 of them (bench_small.py).
+_TINY = 64
+
 
 def combine(a: Any, b: Any, op: Any) -> Any:
     """Return ``a op b`` elementwise (numpy or cupy), with the order-free ±0 rule of max/min.
@@ -165,6 +169,10 @@ def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
         return _narrowed(indices[0].astype(itype), pairs[0][1].astype(acc), indices[0].size,
                          ref.dtype)
     total = sum(i.size for i in indices)
+    if total <= _TINY and ufunc is np.add:
+        with np.errstate(all="ignore"):  # integer sums wrap, as in every reduction
+            return _narrowed(*_tiny_sum(indices, [v for _, v in pairs], acc, itype), total,
+                             ref.dtype)
     fast = _fast(total)
     merged = None if fast is None else fast.merge(indices, [v for _, v in pairs], ufunc, acc,
                                                   itype)
@@ -181,6 +189,21 @@ def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
                 val = np.concatenate([v[c[b]:c[b + 1]] for (_, v), c in zip(pairs, cuts)])
                 done += _coalesce(pieces, lo, hi, val, ufunc, out_idx[done:], out_val[done:])
     return _narrowed(out_idx, out_val, done, ref.dtype)
+
+
+def _tiny_sum(indices: Sequence[np.ndarray], values: Sequence[np.ndarray], acc: np.dtype,
+              itype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Sum a few entries per index, left-folded in part order, with numpy scalars (rows) of
+    ``acc``: the same additions in the same order as :func:`_coalesce`, so the same bits
+    (``-0.0 + v`` is ``v``, so the fold may start at the first value)."""
+    fold: dict[int, Any] = {}
+    for idx, val in zip(indices, values):
+        for i, v in zip(idx.tolist(), val.astype(acc, copy=False)):
+            fold[i] = fold[i] + v if i in fold else v
+    keys = sorted(fold)
+    rows = np.array([fold[k] for k in keys], dtype=acc)
+    return (np.array(keys, dtype=itype),
+            rows.reshape((len(keys),) + tuple(values[0].shape[1:])))
 
 
 def _narrowed(out_idx: np.ndarray, out_val: np.ndarray, done: int,
