@@ -24,7 +24,8 @@ import numpy as np
 from ._types import ReduceOp, to_host
 from .errors import MismatchError
 
-__all__ = ["VERBS", "HEADER", "SLOT_WORDS_TOTAL", "length", "slot_words", "start", "settle"]
+__all__ = ["VERBS", "HEADER", "SLOT_WORDS_TOTAL", "length", "slot_words", "slot_start", "start",
+           "settle"]
 
 #: the verbs that validate collectively (codes are positions + 1).
 VERBS = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "sparse_allreduce",
@@ -42,6 +43,11 @@ def slot_words(size: int) -> int:
     """int64 words of each rank's entry slot on ``size`` ranks (0: no slots)."""
     words = SLOT_WORDS_TOTAL // size
     return words if words >= _MIN_SLOT else 0
+
+
+def slot_start(size: int, rank: int) -> int:
+    """Position in the agreement vector of the first word of ``rank``'s entry slot."""
+    return HEADER + _FIXED + _PER_RANK * size + rank * slot_words(size)
 
 
 def length(size: int) -> int:

@@ -273,9 +273,8 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
         vec[2 * nf + rank] = prepared.indices.shape[0]
         vec[2 * nf + p + rank] = 0
         if prepared.algorithm == "auto":
-            words = agreement.slot_words(p)
-            full = small.pack(comm, full, agreement.HEADER + slots + rank * words,
-                              prepared.indices, prepared.values, prepared.wire_values)
+            full = small.pack(comm, full, agreement.slot_start(p, rank), prepared.indices,
+                              prepared.values, prepared.wire_values)
     else:
         vec[2 * nf + p + rank] = _code(error)
         if isinstance(error, _OutOfRange):

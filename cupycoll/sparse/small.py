@@ -27,7 +27,7 @@ from ..wire import round_values
 from ._common import reduce_parts
 from ._cost import Cost, Shape
 
-__all__ = ["block_words", "fits_all", "fits", "cost", "pack", "merge"]
+__all__ = ["block_words", "fits_all", "fits", "cost", "pack", "blocks", "merge"]
 
 
 def _padded(nbytes: int) -> int:
@@ -82,21 +82,29 @@ def pack(comm: Any, vec: np.ndarray, at: int, idx: Any, val: Any,
     return vec
 
 
-def merge(xp: Any, slots: np.ndarray, nnz: Sequence[int], index_dtype: np.dtype,
-          acc: np.dtype, width: int, op: Any) -> tuple[Any, Any]:
-    """Merge every rank's block from the reduced ``slots`` (host) in rank order, as
-    ``allgather`` merges its parts; the result on ``xp``'s device."""
+def blocks(slots: np.ndarray, nnz: Sequence[int], index_dtype: np.dtype, value_dtype: np.dtype,
+           width: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Every rank's (indices, rows) block, in rank order, as views of the reduced ``slots``
+    (host): the inverse of :func:`pack`."""
     words = slots.shape[0] // len(nnz)
     row = (width,) if width else ()
-    row_bytes = acc.itemsize * max(width, 1)
+    row_bytes = value_dtype.itemsize * max(width, 1)
     parts = []
     for r, count in enumerate(nnz):
         raw = slots[r * words:(r + 1) * words].view(np.uint8)
         ni = count * index_dtype.itemsize
         start = _padded(ni)
         parts.append((raw[:ni].view(index_dtype),
-                      raw[start:start + count * row_bytes].view(acc).reshape((count,) + row)))
-    idx, val = reduce_parts(parts, op, acc)
+                      raw[start:start + count * row_bytes].view(value_dtype)
+                      .reshape((count,) + row)))
+    return parts
+
+
+def merge(xp: Any, slots: np.ndarray, nnz: Sequence[int], index_dtype: np.dtype,
+          acc: np.dtype, width: int, op: Any) -> tuple[Any, Any]:
+    """Merge every rank's block from the reduced ``slots`` (host) in rank order, as
+    ``allgather`` merges its parts; the result on ``xp``'s device."""
+    idx, val = reduce_parts(blocks(slots, nnz, index_dtype, acc, width), op, acc)
     if xp is not np:
         idx, val = xp.asarray(idx), xp.asarray(val)
     return idx, val

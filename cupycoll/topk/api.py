@@ -26,6 +26,7 @@ from ..comm import Communicator, get_comm
 from ..errors import CupycollError, InvalidArgument, InvalidType, MismatchError
 from ..wire._choice import check_wire, check_wire_values, decode_code, wire_code
 from ._common import TopkOutcome, TopkState, to_namespace
+from ._oktopk_small import SmallRefresh
 from ._wire import choose_wire
 from .selectors import Selector
 
@@ -93,7 +94,7 @@ def _local_checks(comm: Communicator, x: Any, k: Any, algorithm: Any, selector: 
 def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: Any = None,
              state: Any = None, argument: str = "x", n: int | None = None,
              verb: str = "topk_allreduce", wire: Any = None,
-             wire_values: Any = None) -> tuple[Any, int]:
+             wire_values: Any = None, small: SmallRefresh | None = None) -> tuple[Any, int]:
     """Check the arguments on every rank with one small allreduce; return (array, k).
 
     The allreduce carries ``verb``'s tag (see :mod:`cupycoll._agreement`), so a rank in another
@@ -102,6 +103,8 @@ def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: An
     Raises (on every rank): InvalidType / InvalidArgument when any rank's arguments are bad
     (non-float dtype, not 1-D, k <= 0 or k > n, unknown algorithm, bad selector or state),
     MismatchError when the ranks disagree on the length, k, dtype, algorithm or wire keywords.
+    ``small``: the selection travels in the entry slots and, when every rank's fitted, the
+    result is computed here (``small.result``; :mod:`._oktopk_small`).
     """
     error: CupycollError | None = None
     arr, kk, wcode = None, 0, 0
@@ -121,6 +124,8 @@ def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: An
                     np.int64)
     vec = agreement.start(comm, verb)
     vec[agreement.HEADER:agreement.HEADER + mine.shape[0]] = mine
+    if small is not None and error is None:
+        vec = small.pack(vec, to_namespace(arr, comm.xp), kk)
     agreed = agreement.settle(comm, vec, verb, "topk.validate")
     if agreed[0]:
         if error is not None:
@@ -130,6 +135,8 @@ def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: An
         if agreed[i] != -agreed[i + 1]:
             raise MismatchError(_disagreement(name, comm.rank, int(mine[i]), int(-agreed[i + 1]),
                                               int(agreed[i]), algorithm))
+    if small is not None:
+        small.finish(agreed, kk, np.dtype(arr.dtype))
     return arr, kk
 
 
@@ -220,10 +227,16 @@ def topk_allreduce(x: Any, k: int, *, algorithm: str | None = None,
     """
     comm = comm or get_comm()
     algorithm = setting("CUPYCOLL_TOPK_ALGORITHM", algorithm)
+    small = None  # a stateless Ok-Topk call may be finished by its validation allreduce
+    if (algorithm == "oktopk" and state is None and selector is None and wire_values is None
+            and agreement.slot_words(comm.size)):
+        small = SmallRefresh(comm)
     with comm.calling("topk_allreduce"):
         arr, k = validate(comm, x, k, algorithm, selector=selector, state=state, wire=wire,
-                          wire_values=wire_values)
-        res = run(comm, to_namespace(arr, comm.xp), k, algorithm, selector, state,
-                  check_wire(wire), wire_values).result
+                          wire_values=wire_values, small=small)
+        res = small.result if small is not None else None
+        if res is None:
+            res = run(comm, to_namespace(arr, comm.xp), k, algorithm, selector, state,
+                      check_wire(wire), wire_values).result
     xp = array_namespace(arr)
     return SparseResult(to_namespace(res.indices, xp), to_namespace(res.values, xp), res.n)

@@ -65,8 +65,8 @@ from ..wire._pack import COO
 from ._oktopk_phases import allgather_blocks, balance, split_and_reduce
 from .selectors import Threshold
 
-__all__ = ["oktopk", "cost", "region_boundaries", "auto_tau", "GLOBAL_FEEDBACK", "AUTO_TAU",
-           "SHARE_NOISE"]
+__all__ = ["oktopk", "cost", "region_boundaries", "boundary_proposal", "auto_tau",
+           "GLOBAL_FEEDBACK", "AUTO_TAU", "SHARE_NOISE"]
 
 #: count feedback of the global threshold: (low, high, scale) -- T < low*k divides the threshold
 #: by scale, T > high*k multiplies it (the reference code's VGG values).
@@ -110,15 +110,20 @@ def region_boundaries(comm: Any, selected: Any, n: int) -> np.ndarray:
     p, xp = comm.size, comm.xp
     if p == 1:
         return np.array([0, n], dtype=np.int64)
-    c = int(selected.shape[0]) // p
-    if c > 0:
-        proposal = selected[xp.arange(1, p) * c].astype(np.int64)
-    else:
-        proposal = xp.asarray([i * n // p for i in range(1, p)], dtype=np.int64)
+    proposal = boundary_proposal(xp, selected, n, p)
     total = xp.empty_like(proposal)
     cuts = comm.fetch(comm.allreduce(proposal, total, ReduceOp.SUM,
                                      op_name="oktopk.boundaries"), total) // p
     return np.concatenate([[0], cuts, [n]]).astype(np.int64)
+
+
+def boundary_proposal(xp: Any, selected: Any, n: int, p: int) -> Any:
+    """One rank's P-1 proposed cuts (int64): ``selected[i*c]``, or ``i*n // P`` when it
+    selected fewer than P entries."""
+    c = int(selected.shape[0]) // p
+    if c > 0:
+        return selected[xp.arange(1, p) * c].astype(np.int64)
+    return xp.asarray([i * n // p for i in range(1, p)], dtype=np.int64)
 
 
 def _stale(state: TopkState, n: int, p: int) -> bool:

@@ -83,7 +83,40 @@ def check_case(comm, seed: int, n: int, k: int, dtype: str, zeros: bool = False)
             ui, uv = ref.union_sum([(i, x[i]) for x in xs for i in [ref.quantile_local(x, k)]])
             nz = uv != 0
             assert_equal(res, *ref.top_of(ui[nz], uv[nz], k))
+            check_small_call(comm, xs[r], k, res, ref.quantile_local(xs[r], k).size)
     return recalls
+
+
+def check_small_call(comm, x, k: int, full, local_count: int) -> None:
+    """A stateless Ok-Topk call: the same bits as the full algorithm's refresh step; finished by
+    the validation allreduce alone (topk/_oktopk_small.py) when every rank's selection fits in
+    its slot (int32 index + value, padded per stream), else the full algorithm."""
+    words = cc._agreement.slot_words(comm.size)
+    need = -(-local_count * 4 // 8) + -(-local_count * x.dtype.itemsize // 8)
+    fits = WORLD.allreduce(int(need <= words), op=MPI.MIN)
+    comm.stats.reset()
+    res = topk_allreduce(x, k, comm=comm)
+    assert res.indices.dtype == full.indices.dtype and res.values.dtype == full.values.dtype
+    np.testing.assert_array_equal(res.indices, full.indices)
+    np.testing.assert_array_equal(res.values.view(np.uint8), full.values.view(np.uint8))
+    ops = set(comm.stats.by_op)
+    assert (ops == {"topk.validate"}) == bool(fits), (ops, fits, local_count, words)
+
+
+def check_small_bits(comm, seed: int) -> None:
+    """Continuous values (a shared component, so every rank selects the same indices and their
+    sums depend on the order), -0 and +-inf: a stateless call's bits equal the full algorithm's
+    (regions summed in their owners' order), for k that fit and k that do not."""
+    shared = np.random.default_rng(seed).standard_normal(600) * 3
+    own = np.random.default_rng([seed, comm.rank]).standard_normal(600)
+    x = (shared + own).astype(np.float32)
+    x[::37] = -0.0
+    x[5] = np.inf if comm.rank % 2 else -np.inf  # inf - inf: a NaN sum, never selected
+    x[7] = np.inf
+    for k in (1, 3, 20, 40, 150):
+        full = run_outcome(comm, x, k, "oktopk").result
+        check_small_call(comm, x, k, full, int(run_outcome(comm, x, k, "oktopk")
+                                                .selection.count))
 
 
 def top_pair(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -161,6 +194,7 @@ def main() -> None:
                 worst[alg] = min(worst.get(alg, 1.0), rec)
     for alg, rec in worst.items():
         assert rec >= 0.8, f"{alg}: recall {rec:.3f} < 0.8 on correlated data"
+    check_small_bits(comm, 17)
     # Ok-Topk across steps: refresh every tau'=2, repartition every tau=3; padded == native
     steps = 5 if mode == "light" else 7
     for policy in ("quantile", "reference"):

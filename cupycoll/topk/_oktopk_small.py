@@ -1,0 +1,101 @@
+"""Ok-Topk's refresh step of a small call, finished by the validation allreduce.
+
+A ``topk_allreduce`` call without a state is a refresh step of a fresh :class:`TopkState`, and
+its result depends on nothing but every rank's local selection L_r: Ok-Topk sums each selected
+index over the ranks that selected it (in its region owner's order g, g-1, ..., from +0: see
+``split_and_reduce``), keeps the nonzero sums, and returns their exact top-k (``topk_abs``:
+ties to the lower index). When every L_r fits in the entry slots of the validation allreduce
+(:mod:`cupycoll._agreement`, as ``sparse_allreduce``'s small calls do), that one collective
+allgathers them, and every rank computes the same result locally: the region boundaries from
+the gathered selections (the same proposals and floor average as ``region_boundaries``), then
+the sums in the owners' order. Same bits as the full algorithm, one collective instead of six.
+
+Which collectives run never depends on local data (the vector's length depends on P only);
+each rank writes its count + 1 into payload word ``COUNT_AT + rank`` (0 when its selection did
+not fit), so after the checks all ranks agree whether to finish here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import _agreement as agreement
+from .._result import SparseResult
+from ..primitives import select_abs_ge, topk_abs
+from ..sparse.small import block_words, blocks, pack
+from ._common import TopkState, index_dtype, smallest_positive
+from .oktopk import boundary_proposal
+from .selectors import Threshold
+
+__all__ = ["SmallRefresh", "COUNT_AT"]
+
+#: payload word of rank 0's count (after the 11 words of ``topk.api.validate``).
+COUNT_AT = 11
+
+
+class SmallRefresh:
+    """One call's small path: :meth:`pack` before the validation allreduce, :meth:`finish`
+    after its checks passed; ``result`` is then the call's result, or None (run the algorithm).
+    """
+
+    def __init__(self, comm: Any) -> None:
+        self.comm = comm
+        self.result: SparseResult | None = None
+        self.n = 0
+
+    def pack(self, vec: np.ndarray, x: Any, k: int) -> Any:
+        """Select locally (a fresh state's refresh step) and write the selection into this
+        rank's slot when it fits; return the vector to settle."""
+        comm, p = self.comm, self.comm.size
+        self.n = int(x.shape[0])
+        state = TopkState()
+        sel = Threshold().select(x, k, refresh=state.refresh)
+        idx, val = sel.indices, sel.values
+        fits = block_words(sel.count, idx.dtype.itemsize, val.dtype.itemsize) <= \
+            agreement.slot_words(p)
+        vec[agreement.HEADER + COUNT_AT + comm.rank] = sel.count + 1 if fits else 0
+        return pack(comm, vec, agreement.slot_start(p, comm.rank), idx, val, None)
+
+    def finish(self, payload: np.ndarray, k: int, dtype: np.dtype) -> None:
+        """Compute the result from the reduced payload when every rank's selection came."""
+        p = self.comm.size
+        counts = payload[COUNT_AT:COUNT_AT + p].tolist()
+        if not all(c > 0 for c in counts):
+            return
+        start = agreement.slot_start(p, 0) - agreement.HEADER
+        parts = blocks(payload[start:], [c - 1 for c in counts], index_dtype(self.n), dtype, 0)
+        idx, val = _refresh(parts, self.n, k, dtype)
+        xp = self.comm.xp
+        self.result = SparseResult(xp.asarray(idx), xp.asarray(val), self.n)
+
+
+def _refresh(parts: list[tuple[np.ndarray, np.ndarray]], n: int, k: int,
+             dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Ok-Topk's refresh result from every rank's selection (host): sums in region-owner order,
+    nonzero sums, their exact top-k."""
+    p = len(parts)
+    cuts = sum(boundary_proposal(np, i, n, p) for i, _ in parts) // p if p > 1 else []
+    bounds = np.concatenate([[0], cuts, [n]]).astype(np.int64)
+    contributions: dict[int, list] = {}
+    for r, (idx, val) in enumerate(parts):
+        for i, v in zip(idx.tolist(), val):
+            contributions.setdefault(i, []).append((r, v))
+    keys = sorted(contributions)
+    owners = (np.searchsorted(bounds, keys, side="right") - 1).tolist()
+    zero = dtype.type(0)
+    sums = []
+    with np.errstate(all="ignore"):
+        for i, g in zip(keys, owners):
+            total = zero
+            for _, v in sorted(contributions[i], key=lambda rv: (g - rv[0]) % p):
+                total = total + v
+            sums.append(total)
+    itype = index_dtype(n)
+    all_i, all_v = np.array(keys, dtype=itype), np.array(sums, dtype=dtype)
+    pos, nz_v = select_abs_ge(all_v, smallest_positive(dtype))
+    if nz_v.shape[0] == 0:
+        return np.zeros(0, itype), np.zeros(0, dtype)
+    top, val = topk_abs(nz_v, min(k, int(nz_v.shape[0])))
+    return all_i[pos][top], val
