@@ -100,6 +100,10 @@ def reduce_cases() -> Iterator[tuple[str, str, tuple, dict]]:
             yield "scatter_reduce", f"{dtype}-{op}-signed-zeros", (dense, idx, zeros), {"op": op}
             yield "scatter_reduce", f"{dtype}-{op}-signed-zeros-unique", \
                 (dense, np.arange(12, dtype="int64"), zeros[:12]), {"op": op}
+    for dtype in ("float16", "float32", "float64"):  # sums whose bits depend on the fold order
+        idx = rng.integers(0, 4, 400).astype("int64")
+        val = (rng.standard_normal(400) * 10.0 ** rng.uniform(-3, 3, 400)).astype(dtype)
+        yield "coo_reduce", f"{dtype}-sum-fold-order", (idx, val), {}
     for dtype, acc in (("float16", "float32"), ("int32", "int64"), ("float32", "float64")):
         idx, val = _coo(rng, dtype, "int32", 300, 10, 0)
         yield "coo_reduce", f"{dtype}-acc-{acc}", (idx, val), {"accumulate_dtype": acc}
@@ -194,8 +198,10 @@ def error_cases() -> Iterator[tuple[str, str, tuple, dict]]:
     idx, val = np.array([0, 3], np.int64), np.ones(2, np.float32)
     yield "kth_abs", "k0", (x, 0), {}
     yield "topk_abs", "k-too-big", (x, 6), {}
-    yield "count_abs_ge", "bad-dtype", (x.astype(np.int8), 1), {}
-    yield "select_abs_ge", "2-d", (x.reshape(1, 5), 1), {}
+    for name, arg in (("kth_abs", 1), ("topk_abs", 1), ("count_abs_ge", 1.0),
+                      ("select_abs_ge", 1.0)):  # every selection names its argument
+        yield name, "bad-dtype", (x.astype(np.int8), arg), {}
+        yield name, "2-d", (x.reshape(1, 5), arg), {}
     yield "coo_reduce", "length-mismatch", (idx, np.ones(3, np.float32)), {}
     yield "coo_reduce", "avg", (idx, val), {"op": "avg"}
     yield "coo_reduce", "out-of-range", (idx, val), {"n": 3}
