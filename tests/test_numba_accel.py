@@ -200,3 +200,53 @@ def test_merge_temporaries_kept_or_not(monkeypatch: pytest.MonkeyPatch, kept: in
         assert hasattr(K._SCRATCH, "idx") == bool(kept)
     P.free_scratch()
     assert not hasattr(K._SCRATCH, "idx")
+
+
+@pytest.mark.parametrize("dtype", ["uint32", "uint64"])
+def test_select_unequal_is_flatnonzero_and_take(dtype):
+    """The dense algorithm's union scan: positions and bits of the elements that are not -0,
+    against numpy's flatnonzero on the comparison; empty, full, ragged and threaded lengths."""
+    from cupycoll.primitives import _numba
+
+    rng = np.random.default_rng(len(dtype))
+    minus_zero = np.dtype(dtype).type(1 << (8 * np.dtype(dtype).itemsize - 1))
+    for size, density in ((0, 0.0), (1, 1.0), (37, 0.0), (1001, 1.0), (300_001, 0.02),
+                          (1 << 19, 0.3)):
+        x = np.full(size, minus_zero, dtype)
+        hit = rng.random(size) < density
+        x[hit] = rng.integers(0, np.iinfo(dtype).max, int(hit.sum()), dtype=dtype)
+        x[hit & (rng.random(size) < 0.1)] = 0  # +0 is present
+        for itype in (np.dtype(np.int32), np.dtype(np.int64)):
+            idx, raw = _numba.select_unequal(x, minus_zero, itype)
+            want = np.flatnonzero(x != minus_zero)
+            assert idx.dtype == itype and np.array_equal(idx, want), size
+            assert raw.dtype == x.dtype and raw.tobytes() == x[want].tobytes()
+
+
+def test_kept_filled_writes_only_what_is_not_known():
+    """A kept buffer marked filled is reused as is (its restored state) for the same dtype
+    and fill; another dtype, fill, a larger size, or no mark refill it."""
+    _accel.free_scratch()
+    a = _accel.kept_filled(100, np.float32, -0.0)
+    assert np.signbit(a).all() and (a == 0).all()
+    a[:10] = 5.0  # written, not restored, not marked: the next call refills
+    b = _accel.kept_filled(100, np.float32, -0.0)
+    assert np.signbit(b).all() and (b == 0).all()
+    b[3] = 7.0  # a stray value left in place while marked: proves nothing is rewritten
+    _accel.mark_filled(b, -0.0)
+    g = _accel.kept_filled(100, np.float32, -0.0)
+    assert g[3] == 7.0
+    _accel.mark_filled(g, -0.0)
+    _accel.mark_filled(_accel.kept_filled(50, np.float32, -0.0), -0.0)
+    c = _accel.kept_filled(100, np.float32, -0.0)  # 50 known: the rest written
+    assert c[3] == 7.0 and np.signbit(c[50:]).all()
+    _accel.mark_filled(c, -0.0)
+    d = _accel.kept_filled(100, np.float32, 0.0)  # another fill: everything rewritten
+    assert d[3] == 0.0 and not np.signbit(d).any()
+    _accel.mark_filled(d, 0.0)
+    e = _accel.kept_filled(25, np.float64, 0.0)  # another dtype: rewritten
+    assert (e == 0).all()
+    _accel.mark_filled(np.zeros(10, np.float64), 0.0)  # not the kept buffer: ignored
+    f = _accel.kept_filled(10_000, np.float64, 1.0)  # larger: a new buffer, filled
+    assert (f == 1.0).all()
+    _accel.free_scratch()

@@ -47,7 +47,29 @@ def kept_buffer(size: int, dtype: Any) -> np.ndarray:
     buffer = getattr(_KEPT, "buffer", None)
     if buffer is None or buffer.size < nbytes:
         buffer = _KEPT.buffer = np.empty(nbytes, np.uint8)
+        _KEPT.filled = None
     return buffer[:nbytes].view(dtype)
+
+
+def kept_filled(size: int, dtype: Any, fill: Any) -> np.ndarray:
+    """:func:`kept_buffer`'s array with every element ``fill``, written only where it is not
+    known to hold it already: after a call that restored what it wrote and said so with
+    :func:`mark_filled`, the next call of the same dtype and fill writes nothing below that
+    call's size (the ``dense`` algorithm: an O(n) fill becomes O(union))."""
+    dtype = np.dtype(dtype)
+    array = kept_buffer(size, dtype)
+    key, known = (dtype, np.asarray(fill, dtype).tobytes()), getattr(_KEPT, "filled", None)
+    done = known[2] if known is not None and known[:2] == key else 0
+    _KEPT.filled = None  # the caller writes into it: nothing is known until mark_filled
+    if done < size:
+        array[done:] = fill
+    return array
+
+
+def mark_filled(array: np.ndarray, fill: Any) -> None:
+    """Declare that :func:`kept_filled`'s ``array`` holds ``fill`` everywhere again."""
+    if getattr(_KEPT, "buffer", None) is not None and np.shares_memory(array, _KEPT.buffer):
+        _KEPT.filled = (array.dtype, np.asarray(fill, array.dtype).tobytes(), array.size)
 
 
 def free_scratch() -> None:

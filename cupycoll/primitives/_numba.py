@@ -27,7 +27,7 @@ from numba import njit
 from .._config import setting
 from ._common import _abs_threshold, _block_cuts, _identity
 
-__all__ = ["merge", "select", "count", "threads", "free_scratch"]
+__all__ = ["merge", "select", "select_unequal", "count", "threads", "free_scratch"]
 
 #: op codes of the merge loop, keyed by the numpy ufunc of primitives._checks._UFUNCS.
 OPS = {np.add: 0, np.multiply: 1, np.maximum: 2, np.minimum: 3}
@@ -303,6 +303,34 @@ def _select_run(xs, offset, begin, end, lo, hi, magnitude,  # type: ignore[no-un
 
 
 @njit(cache=True, nogil=True)
+def unequal_blocks(x, sentinel, out_idx, out_val, first, last,  # type: ignore[no-untyped-def]
+                   found):
+    """Like :func:`select_blocks`, for the hits ``x != sentinel`` (integers: exact)."""
+    start = first * _SCAN
+    xs = x[start:min(last * _SCAN, x.size)]
+    full = xs.size - xs.size % _SCAN
+    for base in range(0, full, _SCAN):
+        hits = np.int32(0)
+        for j in range(_SCAN):
+            hits |= np.int32(xs[base + j] != sentinel)
+        if hits:
+            found = _unequal_run(xs, start, base, base + _SCAN, sentinel, out_idx, out_val,
+                                 found)
+    return _unequal_run(xs, start, full, xs.size, sentinel, out_idx, out_val, found)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _unequal_run(xs, offset, begin, end, sentinel,  # type: ignore[no-untyped-def]
+                 out_idx, out_val, found):
+    for i in range(begin, end):
+        if xs[i] != sentinel:
+            out_idx[found] = offset + i
+            out_val[found] = xs[i]
+            found += 1
+    return found
+
+
+@njit(cache=True, nogil=True)
 def count_hits(x, lo, hi):  # type: ignore[no-untyped-def]
     """Number of hits of :func:`select_blocks` in x."""
     hits = 0
@@ -361,19 +389,32 @@ def _scan_bounds(x: np.ndarray, t: Any) -> tuple[Any, Any] | None:
 def select(x: np.ndarray, t: Any, itype: np.dtype) -> tuple[np.ndarray, np.ndarray] | None:
     """select_abs_ge's core on a validated 1-D x: ``(indices as itype, values)``, or None.
 
-    One pass into output buffers of len(x) (pages never written are never touched), each
-    thread's stretch of x writing its hits from its own start; then the hits are copied out.
-    None when the case is not covered.
+    One pass (:func:`_scan`); None when the case is not covered.
     """
     bounds = _scan_bounds(x, t)
     if bounds is None:
         return None
+    return _scan(select_blocks, x, (*bounds, x.dtype.kind == "f"), itype)
+
+
+def select_unequal(x: np.ndarray, sentinel: int, itype: np.dtype
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """The positions (as itype) and values of the elements of integer 1-D x that are not
+    ``sentinel``, in one pass (the ``dense`` algorithm's union: values not -0, as bits)."""
+    return _scan(unequal_blocks, x, (x.dtype.type(sentinel),), itype)
+
+
+def _scan(blocks_fn: Callable, x: np.ndarray, tests: tuple, itype: np.dtype
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """Run a ``*_blocks`` scan over x in pieces on threads, into output buffers of len(x)
+    (pages never written are never touched), each piece writing its hits from its own
+    start; then close the gaps and copy the hits out."""
     out_idx, out_val = np.empty(x.size, itype), np.empty(x.size, x.dtype)
     pieces, blocks = _pieces(x.size), -(-x.size // _SCAN)
     edges = (np.arange(pieces + 1) * blocks) // pieces
     begins = np.minimum(edges[:-1] * _SCAN, x.size)
-    args = (x, *bounds, x.dtype.kind == "f", out_idx, out_val)
-    ends = _in_threads([partial(select_blocks, *args, edges[p], edges[p + 1], begins[p])
+    args = (x, *tests, out_idx, out_val)
+    ends = _in_threads([partial(blocks_fn, *args, edges[p], edges[p + 1], begins[p])
                         for p in range(pieces)])
     found = close_up(out_idx, out_val.reshape(-1, 1), begins, np.array(ends))
     return out_idx[:found].copy(), out_val[:found].copy()

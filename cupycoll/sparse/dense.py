@@ -28,7 +28,9 @@ Cost per rank (R = row bytes, V = value bytes, c = ceil(ceil(n/8)/P)): signed ze
 of n*R + V bytes booked as floor(2(P-1)/P * bytes) in 2(P-1) messages; folded counts: the same
 with n*(R + V) bytes; bitmap: allreduce of n*R bytes, plus (P-1)*c by exchange and
 floor((P-1)/P * P*c) by allgather, 2(P-1) messages. Local work O(n): one fill, one scatter, one
-presence scan, one gather.
+presence scan, one gather. On the host the -0-filled buffer is kept between calls and restored
+after each (only the union's rows differ from -0 after the allreduce), so its fill is O(union)
+from the second call on; the scan and gather of a large 1-D buffer are one numba pass.
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ from typing import Any
 import numpy as np
 
 from .._registry import register
-from .._types import ReduceOp
+from .._types import ReduceOp, array_namespace
 from ..primitives import gather
-from ..primitives._accel import kept_buffer
+from ..primitives._accel import _fast, kept_filled, mark_filled
 from ._common import bitmap_chunk, bitmap_or_allreduce, presence, union_of_presence
 from ._cost import Cost, Shape
 
@@ -99,9 +101,11 @@ def _signed_zeros(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, ro
                   width: int) -> tuple[Any, Any]:
     """One allreduce of the -0-filled values and a tail counting ranks holding a -0 value."""
     xp, size = comm.xp, n * max(width, 1)
-    buf = (kept_buffer(size + 1, values.dtype) if xp is np
-           else xp.empty(size + 1, dtype=values.dtype))  # cupy's pool keeps device memory
-    buf[:size] = -0.0
+    if xp is np:  # kept between calls, all -0 again after each (O(union), not O(n), to fill)
+        buf = kept_filled(size + 1, values.dtype, -0.0)
+    else:  # cupy's pool keeps device memory; a device fill is cheap
+        buf = xp.empty(size + 1, dtype=values.dtype)
+        buf[:size] = -0.0
     full = buf[:size].reshape((n,) + row)
     full[indices] = values
     buf[size:] = ((values == 0) & xp.signbit(values)).any()  # no host read
@@ -109,10 +113,28 @@ def _signed_zeros(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, ro
     bits = buf[:size].view(f"u{buf.dtype.itemsize}").reshape(n, max(width, 1))
     minus_zero = bits.dtype.type(1 << (8 * bits.dtype.itemsize - 1))
     if not bool(buf[size] > 0):  # nobody holds a -0: the common case, no more traffic
-        kept = bits[:, 0] != minus_zero if width <= 1 else (bits != minus_zero).any(axis=1)
-        union = xp.flatnonzero(kept).astype(indices.dtype, copy=False)
-        return union, xp.take(full, union, axis=0)  # in range by construction
-    return _settle_signed_zeros(comm, indices, full, bits == minus_zero)
+        union, rows = _not_minus_zero(bits, full, minus_zero, indices.dtype)
+    else:
+        union, rows = _settle_signed_zeros(comm, indices, full, bits == minus_zero)
+    if xp is np:  # absent everywhere reduced to -0: only the union's rows and the tail differ
+        full[union] = -0.0
+        buf[size] = -0.0
+        mark_filled(buf, -0.0)
+    return union, rows
+
+
+def _not_minus_zero(bits: Any, full: Any, minus_zero: Any, index_dtype: Any
+                    ) -> tuple[Any, Any]:
+    """The rows of ``full`` with an element that is not -0, and their values: one pass of the
+    numba loops over large 1-D host arrays, else a comparison, ``flatnonzero`` and ``take``."""
+    xp = array_namespace(full)
+    fast = _fast(bits.shape[0]) if xp is np and bits.shape[1] == 1 else None
+    if fast is not None:
+        union, raw = fast.select_unequal(bits.reshape(-1), minus_zero, np.dtype(index_dtype))
+        return union, raw.view(full.dtype).reshape((-1,) + full.shape[1:])
+    kept = bits[:, 0] != minus_zero if bits.shape[1] == 1 else (bits != minus_zero).any(axis=1)
+    union = xp.flatnonzero(kept).astype(index_dtype, copy=False)
+    return union, xp.take(full, union, axis=0)  # in range by construction
 
 
 def _settle_signed_zeros(comm: Any, indices: Any, full: Any, negative_zero: Any
