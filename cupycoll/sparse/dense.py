@@ -46,7 +46,8 @@ from ..primitives._accel import _fast, kept_filled, mark_filled
 from ._common import bitmap_chunk, bitmap_or_allreduce, presence, union_of_presence
 from ._cost import Cost, Shape
 
-__all__ = ["dense", "cost", "settle_cost", "folds_presence", "signed_zero_fill", "FOLD_WIDTH"]
+__all__ = ["dense", "cost", "settle_cost", "folds_presence", "signed_zero_fill", "local_pass",
+           "FOLD_WIDTH"]
 
 #: integer rows at least this wide carry their presence count in the values' allreduce.
 FOLD_WIDTH = 8
@@ -79,7 +80,7 @@ def dense(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
     width = int(np.prod(row, dtype=np.int64)) if row else 0
     dtype = np.dtype(values.dtype)
     if signed_zero_fill(op, dtype.kind == "f" and dtype.itemsize >= 4):
-        return _signed_zeros(comm, indices, values, n, op, row, width)
+        return _signed_zeros(comm, indices, values, n, op, row)
     if folds_presence(comm.size, values.dtype.itemsize, op, width):
         buf = xp.zeros(n * (width + 1), dtype=values.dtype)
         full, counts = buf[:n * width].reshape((n,) + row), buf[n * width:]
@@ -97,10 +98,26 @@ def dense(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
     return union, gather(full, union)
 
 
-def _signed_zeros(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, row: tuple,
-                  width: int) -> tuple[Any, Any]:
+def _signed_zeros(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, row: tuple
+                  ) -> tuple[Any, Any]:
     """One allreduce of the -0-filled values and a tail counting ranks holding a -0 value."""
-    xp, size = comm.xp, n * max(width, 1)
+    buf, full = _densified(comm.xp, indices, values, n, row)
+    size = full.size
+    buf[size:] = ((values == 0) & comm.xp.signbit(values)).any()  # no host read
+    comm.stream_order(comm.allreduce(buf, buf, op, op_name="dense.allreduce"))
+    bits, minus_zero = _bits(full)
+    if not bool(buf[size] > 0):  # nobody holds a -0: the common case, no more traffic
+        union, rows = _not_minus_zero(bits, full, minus_zero, indices.dtype)
+    else:
+        union, rows = _settle_signed_zeros(comm, indices, full, bits == minus_zero)
+    _restore(buf, full, union)
+    return union, rows
+
+
+def _densified(xp: Any, indices: Any, values: Any, n: int, row: tuple) -> tuple[Any, Any]:
+    """The -0-filled buffer (one element more, for the tail) and its ``(n,) + row`` view with
+    ``values`` scattered at ``indices``."""
+    size = n * int(np.prod(row, dtype=np.int64))
     if xp is np:  # kept between calls, all -0 again after each (O(union), not O(n), to fill)
         buf = kept_filled(size + 1, values.dtype, -0.0)
     else:  # cupy's pool keeps device memory; a device fill is cheap
@@ -108,19 +125,33 @@ def _signed_zeros(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, ro
         buf[:size] = -0.0
     full = buf[:size].reshape((n,) + row)
     full[indices] = values
-    buf[size:] = ((values == 0) & xp.signbit(values)).any()  # no host read
-    comm.stream_order(comm.allreduce(buf, buf, op, op_name="dense.allreduce"))
-    bits = buf[:size].view(f"u{buf.dtype.itemsize}").reshape(n, max(width, 1))
-    minus_zero = bits.dtype.type(1 << (8 * bits.dtype.itemsize - 1))
-    if not bool(buf[size] > 0):  # nobody holds a -0: the common case, no more traffic
-        union, rows = _not_minus_zero(bits, full, minus_zero, indices.dtype)
-    else:
-        union, rows = _settle_signed_zeros(comm, indices, full, bits == minus_zero)
-    if xp is np:  # absent everywhere reduced to -0: only the union's rows and the tail differ
+    return buf, full
+
+
+def _bits(full: Any) -> tuple[Any, Any]:
+    """``full``'s rows as unsigned integers of the same width, and -0's bits."""
+    width = int(np.prod(full.shape[1:], dtype=np.int64))
+    bits = full.reshape(full.shape[0], width).view(f"u{full.dtype.itemsize}")
+    return bits, bits.dtype.type(1 << (8 * bits.dtype.itemsize - 1))
+
+
+def _restore(buf: Any, full: Any, union: Any) -> None:
+    """Make the kept host buffer all -0 again: after the allreduce, only the union's rows and
+    the tail differ from it (absent on every rank reduced to -0)."""
+    if isinstance(buf, np.ndarray):
         full[union] = -0.0
-        buf[size] = -0.0
+        buf[full.size:] = -0.0
         mark_filled(buf, -0.0)
-    return union, rows
+
+
+def local_pass(indices: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """The host work of one ``dense`` call without its allreduce (the tuner times it: gamma's
+    ``dense`` unit): densify into the kept buffer, read the union back, restore; the union."""
+    buf, full = _densified(np, indices, values, n, tuple(values.shape[1:]))
+    bits, minus_zero = _bits(full)
+    union, _ = _not_minus_zero(bits, full, minus_zero, indices.dtype)
+    _restore(buf, full, union)
+    return union
 
 
 def _not_minus_zero(bits: Any, full: Any, minus_zero: Any, index_dtype: Any

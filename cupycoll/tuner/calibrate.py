@@ -33,6 +33,7 @@ from ..primitives import merge_sorted
 from ..sparse import auto as _auto
 from ..sparse._common import presence, union_of_presence
 from ..sparse._cost import Cost, Shape
+from ..sparse.dense import local_pass
 from ..wire import decode_indices, encode_indices
 from .predict import rank_time
 from .profile import Profile
@@ -132,10 +133,15 @@ def _local(comm: Any, repeats: int, k: int = 1 << 16, n: int = 1 << 20) -> dict[
     order = xp.asarray(rng.permutation(k))
     idx = xp.asarray(np.sort(rng.choice(n, n // 10, replace=False)).astype(np.int32))
 
-    def dense_local() -> None:
-        full = xp.zeros(n, np.float32)
-        full[idx] = 1.0
-        full[xp.flatnonzero(full)]
+    ones = xp.ones(idx.shape[0], np.float32)
+
+    def dense_local() -> None:  # the host pass of the dense algorithm (no allreduce)
+        if xp is np:
+            local_pass(idx, ones, n)
+        else:
+            full = xp.zeros(n, np.float32)
+            full[idx] = ones
+            full[xp.flatnonzero(full)]
 
     def scan() -> None:
         union_of_presence(xp.unpackbits(xp.packbits(presence(idx, n)))[:n].view(bool),
