@@ -61,7 +61,12 @@ _SPARSE = ["tests/test_sparse_units.py", "tests/test_api_units.py",
                "test_volume_equals_cost_models[2]", "test_volume_equals_cost_models[3]",
                "test_bad_input_raises_on_every_rank[3]", "test_delivery_alloc_completion_async[3]")),
            # wire_values on the sparse path (2 ranks, ~7 s)
-           "tests/test_wire_mpi.py::test_wire_formats_exact_modelled_and_mass_conserving[2]"]
+           "tests/test_wire_mpi.py::test_wire_formats_exact_modelled_and_mass_conserving[2]",
+           # calls finished by the validation allreduce (sparse/small.py)
+           "tests/test_sparse_small.py::test_slots_are_bounded",
+           "tests/test_sparse_small.py::test_fits_and_cost_model",
+           "tests/test_sparse_small.py::test_small_calls_against_numpy[2]",
+           "tests/test_sparse_small.py::test_small_calls_against_numpy[3]"]
 # The in-process unit tests, then one short launch at 2 and at 3 ranks that reaches every
 # function of cupycoll/topk/ (tests/workers/topk_quick.py: the regular workers' checks on tiny
 # inputs, ~5-10 s), and the density workload at 2 ranks (run only for mutants the others miss:
@@ -89,10 +94,10 @@ _PRIMITIVES = ["tests/test_primitives.py", "tests/test_mutation_primitives.py",
 MODULES = {
     **{f"cupycoll/sparse/{m}.py": _SPARSE for m in (
         "_common", "_cost", "_validate", "allgather", "api", "auto", "dense", "mask",
-        "recursive_doubling", "split")},
+        "recursive_doubling", "small", "split")},
     **{f"cupycoll/topk/{m}.py": _TOPK for m in (
-        "_common", "_global_threshold", "_oktopk_phases", "_wire", "api", "compressor",
-        "dense", "gaussiank", "gtopk", "oktopk", "selectors", "topka")},
+        "_common", "_global_threshold", "_oktopk_phases", "_oktopk_small", "_wire", "api",
+        "compressor", "dense", "gaussiank", "gtopk", "oktopk", "selectors", "topka")},
     **{m: _SPARSE + ["tests/test_hierarchical.py::test_exact_on_emulated_nodes[4-20]",
                      "tests/test_hierarchical.py::test_exact_on_emulated_nodes[5-15]"]
        for m in ("cupycoll/sparse/hierarchical.py", "cupycoll/comm/_group.py",

@@ -21,7 +21,8 @@ from mpi4py import MPI
 import topk_ref as ref
 from _common import assert_identical_across_ranks, topk_compact_equals_coo
 from topk_compressor import conservation, errors, gtopk_reentry
-from topk_results import assert_equal, check_case, check_shape, oktopk_sequence, run_outcome
+from topk_results import assert_equal, check_case, check_shape, check_small_bits, \
+    oktopk_sequence, run_outcome
 from topk_volume import assert_phases_named, check_balanced, check_refresh, check_skewed, \
     check_topka_gtopk, check_uneven_blocks, received, sent, skewed_input
 
@@ -171,6 +172,7 @@ def main() -> None:
                                       (3, 400, 10, "float32"), (5, 33, 33, "float32"),
                                       (6, 300, 30, "float16"), (7, 64, 5, "float32", True)]:
         check_case(comm, seed, n, k, dtype, bool(zeros))
+    check_small_bits(comm, 19)  # stateless calls finished by the validation allreduce
     for policy in ("quantile", "reference"):
         native = oktopk_sequence(comm, 11, 900, 18, 5, False, policy)
         padded = oktopk_sequence(comm, 11, 900, 18, 5, True, policy)
