@@ -107,7 +107,8 @@ def _signed_zeros(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, ro
     comm.stream_order(comm.allreduce(buf, buf, op, op_name="dense.allreduce"))
     bits, minus_zero = _bits(full)
     if not bool(buf[size] > 0):  # nobody holds a -0: the common case, no more traffic
-        union, rows = _not_minus_zero(bits, full, minus_zero, indices.dtype)
+        union, rows = _not_minus_zero(bits, full, minus_zero, indices.dtype,
+                                      int(indices.shape[0]))
     else:
         union, rows = _settle_signed_zeros(comm, indices, full, bits == minus_zero)
     _restore(buf, full, union)
@@ -135,10 +136,15 @@ def _bits(full: Any) -> tuple[Any, Any]:
     return bits, bits.dtype.type(1 << (8 * bits.dtype.itemsize - 1))
 
 
+#: the kept buffer is restored (the union's rows set to -0) while the union is at most this
+#: share of the rows; above, an indexed write costs more than the next call's sequential fill.
+RESTORE_SHARE = 1 / 8
+
+
 def _restore(buf: Any, full: Any, union: Any) -> None:
     """Make the kept host buffer all -0 again: after the allreduce, only the union's rows and
     the tail differ from it (absent on every rank reduced to -0)."""
-    if isinstance(buf, np.ndarray):
+    if isinstance(buf, np.ndarray) and union.shape[0] <= RESTORE_SHARE * full.shape[0]:
         full[union] = -0.0
         buf[full.size:] = -0.0
         mark_filled(buf, -0.0)
@@ -149,17 +155,20 @@ def local_pass(indices: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
     ``dense`` unit): densify into the kept buffer, read the union back, restore; the union."""
     buf, full = _densified(np, indices, values, n, tuple(values.shape[1:]))
     bits, minus_zero = _bits(full)
-    union, _ = _not_minus_zero(bits, full, minus_zero, indices.dtype)
+    union, _ = _not_minus_zero(bits, full, minus_zero, indices.dtype, int(indices.shape[0]))
     _restore(buf, full, union)
     return union
 
 
-def _not_minus_zero(bits: Any, full: Any, minus_zero: Any, index_dtype: Any
+def _not_minus_zero(bits: Any, full: Any, minus_zero: Any, index_dtype: Any, nnz: int
                     ) -> tuple[Any, Any]:
     """The rows of ``full`` with an element that is not -0, and their values: one pass of the
-    numba loops over large 1-D host arrays, else a comparison, ``flatnonzero`` and ``take``."""
+    numba loops over large 1-D host arrays where this rank's ``nnz`` suggests a small union
+    (its output buffers are n long: a large union pays their pages and a copy), else a
+    comparison, ``flatnonzero`` and ``take``."""
     xp = array_namespace(full)
-    fast = _fast(bits.shape[0]) if xp is np and bits.shape[1] == 1 else None
+    small = nnz <= RESTORE_SHARE * bits.shape[0]
+    fast = _fast(bits.shape[0]) if xp is np and bits.shape[1] == 1 and small else None
     if fast is not None:
         union, raw = fast.select_unequal(bits.reshape(-1), minus_zero, np.dtype(index_dtype))
         return union, raw.view(full.dtype).reshape((-1,) + full.shape[1:])
