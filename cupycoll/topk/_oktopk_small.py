@@ -25,7 +25,7 @@ from .. import _agreement as agreement
 from .._result import SparseResult
 from ..primitives import select_abs_ge, topk_abs
 from ..sparse.small import block_words, blocks, pack
-from ._common import TopkState, index_dtype, smallest_positive
+from ._common import index_dtype, smallest_positive
 from .oktopk import boundary_proposal
 from .selectors import Threshold
 
@@ -43,15 +43,13 @@ class SmallRefresh:
     def __init__(self, comm: Any) -> None:
         self.comm = comm
         self.result: SparseResult | None = None
-        self.n = 0
 
     def pack(self, vec: np.ndarray, x: Any, k: int) -> Any:
-        """Select locally (a fresh state's refresh step) and write the selection into this
-        rank's slot when it fits; return the vector to settle."""
+        """Select locally (a fresh state's step 0, a refresh step: the default) and write the
+        selection into this rank's slot when it fits; return the vector to settle."""
         comm, p = self.comm, self.comm.size
         self.n = int(x.shape[0])
-        state = TopkState()
-        sel = Threshold().select(x, k, refresh=state.refresh)
+        sel = Threshold().select(x, k)
         idx, val = sel.indices, sel.values
         fits = block_words(sel.count, idx.dtype.itemsize, val.dtype.itemsize) <= \
             agreement.slot_words(p)
@@ -76,7 +74,7 @@ def _refresh(parts: list[tuple[np.ndarray, np.ndarray]], n: int, k: int,
     """Ok-Topk's refresh result from every rank's selection (host): sums in region-owner order,
     nonzero sums, their exact top-k."""
     p = len(parts)
-    cuts = sum(boundary_proposal(np, i, n, p) for i, _ in parts) // p if p > 1 else []
+    cuts = sum(boundary_proposal(np, i, n, p) for i, _ in parts) // p  # none when p = 1
     bounds = np.concatenate([[0], cuts, [n]]).astype(np.int64)
     contributions: dict[int, list] = {}
     for r, (idx, val) in enumerate(parts):
@@ -93,7 +91,7 @@ def _refresh(parts: list[tuple[np.ndarray, np.ndarray]], n: int, k: int,
                 total = total + v
             sums.append(total)
     itype = index_dtype(n)
-    all_i, all_v = np.array(keys, dtype=itype), np.array(sums, dtype=dtype)
+    all_i, all_v = np.array(keys, dtype=itype), np.fromiter(sums, dtype, len(sums))
     pos, nz_v = select_abs_ge(all_v, smallest_positive(dtype))
     if nz_v.shape[0] == 0:
         return np.zeros(0, itype), np.zeros(0, dtype)

@@ -14,6 +14,7 @@ state across steps and its padded allgather.
 from __future__ import annotations
 
 import sys
+import warnings
 
 import numpy as np
 from mpi4py import MPI
@@ -95,7 +96,11 @@ def check_small_call(comm, x, k: int, full, local_count: int) -> None:
     need = -(-local_count * 4 // 8) + -(-local_count * x.dtype.itemsize // 8)
     fits = WORLD.allreduce(int(need <= words), op=MPI.MIN)
     comm.stats.reset()
-    res = topk_allreduce(x, k, comm=comm)
+    with warnings.catch_warnings(), np.errstate(all="warn", under="ignore"):  # numpy default:
+        # inf - inf stays quiet
+        warnings.simplefilter("error")
+        res = topk_allreduce(x, k, comm=comm)
+    assert res.n == full.n == x.shape[0]
     assert res.indices.dtype == full.indices.dtype and res.values.dtype == full.values.dtype
     np.testing.assert_array_equal(res.indices, full.indices)
     np.testing.assert_array_equal(res.values.view(np.uint8), full.values.view(np.uint8))
@@ -111,12 +116,21 @@ def check_small_bits(comm, seed: int) -> None:
     own = np.random.default_rng([seed, comm.rank]).standard_normal(600)
     x = (shared + own).astype(np.float32)
     x[::37] = -0.0
+    x[599] = 40 + own[0]  # the last index, selected everywhere
+    x[0] = 1e8 if comm.rank == 0 else 20.0  # the first: its float32 sum depends on the order
     x[5] = np.inf if comm.rank % 2 else -np.inf  # inf - inf: a NaN sum, never selected
     x[7] = np.inf
     for k in (1, 3, 20, 40, 150):
         full = run_outcome(comm, x, k, "oktopk").result
         check_small_call(comm, x, k, full, int(run_outcome(comm, x, k, "oktopk")
                                                 .selection.count))
+    words = cc._agreement.slot_words(comm.size)  # int32 + float32: `count` words when even
+    for count in (words, words + 1) if words % 2 == 0 else ():  # exactly full, one over
+        x = np.zeros(1000, np.float32)
+        x[np.random.default_rng([seed, comm.rank]).choice(1000, count, replace=False)] = \
+            np.arange(1, count + 1, dtype=np.float32)
+        full = run_outcome(comm, x, count, "oktopk").result
+        check_small_call(comm, x, count, full, count)
 
 
 def top_pair(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
