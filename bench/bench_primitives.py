@@ -12,6 +12,9 @@ installed, with the numba loops on one thread (impl ``numba1``: CUPYCOLL_THREADS
 default threads (impl ``numba``: CUPYCOLL_THREADS=auto, all CPUs of a process alone on its node),
 interleaved in the same repetitions.
 
+The ``dense pass`` rows time the ``dense`` sparse algorithm's host work at 1/10/50% density
+against the plain-numpy fill, scan and gather it replaced (docs/tuning.md).
+
 Targets (issue 3): select_abs_ge <= 3x the time of x.copy() (speedup >= 0.33) and >= 10x faster
 than an np.argpartition top-k; merge_sorted of 4 x 2**18 parts >= 3x faster than
 np.unique(np.concatenate(...), return_inverse=True) + np.add.at.
@@ -170,6 +173,36 @@ def bench_coo(table: Table, rng: np.random.Generator, count: int, universe: int,
                "target": "", "#wrong": wrong})
 
 
+def fill_scan_take(idx: np.ndarray, val: np.ndarray, n: int) -> np.ndarray:
+    """The plain-numpy host pass of a sparse-as-dense call: fill -0, scatter, find the entries
+    that are not -0, gather them."""
+    full = np.full(n, -0.0, val.dtype)
+    full[idx] = val
+    union = np.flatnonzero(full.view(np.uint32) != np.uint32(1 << 31))
+    np.take(full, union)
+    return union
+
+
+def bench_dense_pass(table: Table, rng: np.random.Generator, n: int, reps: int, check: bool,
+                     impls: list[str]) -> None:
+    """The ``dense`` sparse algorithm's host work (``sparse.dense.local_pass``: densify into the
+    kept -0 buffer, union scan, restore) against the plain-numpy fill, scan and gather."""
+    from cupycoll.sparse.dense import local_pass
+
+    for density in (0.01, 0.1, 0.5):
+        idx = np.sort(rng.choice(n, int(n * density), replace=False)).astype(np.int32)
+        val = rng.standard_normal(idx.size).astype(np.float32)
+        fns = {impl: under(impl, lambda: local_pass(idx, val, n)) for impl in impls}
+        times = measure({**fns, "plain": lambda: fill_scan_take(idx, val, n)}, reps)
+        for impl in impls:
+            wrong = int(check and not np.array_equal(fns[impl](), idx))
+            table.add({"primitive": "dense pass", "impl": impl,
+                       "case": f"{density:.0%} of 2^{int(np.log2(n))}",
+                       "time(ms)": times[impl] * 1e3, "reference": "fill+scan+take",
+                       "ref(ms)": times["plain"] * 1e3, "speedup": times["plain"] / times[impl],
+                       "target": "", "#wrong": wrong})
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--log2n", type=int, default=24, help="dense length n = 2**log2n (float32)")
@@ -198,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     for n_parts in (4, 8):
         bench_merge(table, rng, n_parts, k, 2 * k, args.reps, bool(args.check), impls)
     bench_coo(table, rng, 4 * k, n, args.reps, bool(args.check))
+    bench_dense_pass(table, rng, n, args.reps, bool(args.check), impls)
     return table.finish(args, {"n": n, "density": args.density, "k_per_part": k,
                                "reps": args.reps, "impls": impls, "cpus": os.cpu_count()})
 
