@@ -148,8 +148,10 @@ def index_dtype(n: int) -> np.dtype:
 
 
 def smallest_positive(dtype: Any) -> float:
-    """The least positive value of ``dtype``: ``|v| >= it`` selects exactly the nonzeros."""
-    return float(np.nextafter(np.zeros((), dtype), np.ones((), dtype)))
+    """The least positive value of ``dtype``: ``|v| >= it`` selects exactly the nonzeros.
+    (``finfo``'s constant, not ``nextafter(0, 1)``, which warns of underflow where the caller's
+    numpy error state asks for it.)"""
+    return float(np.finfo(dtype).smallest_subnormal)
 
 
 def positive_threshold(th: float, dtype: Any) -> float:
