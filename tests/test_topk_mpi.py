@@ -45,3 +45,11 @@ def test_oktopk_two_level_allgather(nprocs):
     """1-4 ranks per node: the node-leader allgather equals the flat one, traffic = its model."""
     out = run_mpi(nprocs, "topk_nodes.py", 3, timeout=300)
     assert f"oktopk at 1-4 ranks per node on {nprocs} ranks" in out
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_every_algorithm_under_a_raising_error_state(nprocs):
+    """A caller's np.errstate(all="raise") never raises inside the library (one rank raising
+    mid-collective would leave the others waiting)."""
+    out = run_mpi(nprocs, "raising_errstate.py", timeout=300)
+    assert f"ok raising error state on {nprocs} ranks" in out

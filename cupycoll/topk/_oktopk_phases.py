@@ -18,6 +18,7 @@ from .._types import to_host
 from ..primitives import scatter_reduce
 from ..wire._exchange import exchange_sizes, gather_entries, post_blocks
 from ..wire._pack import COO, Packed, Wire, coo_nbytes, pack, unpack
+from ..wire._values import rounding_error
 from ._oktopk_nodes import allgather_nodes, two_level
 from ._wire import allgather_padded
 
@@ -64,7 +65,8 @@ def split_and_reduce(comm: Any, idx: Any, val: Any, bounds: np.ndarray, wire: Wi
     if wire.rounds(val.dtype):
         errors = xp.zeros_like(val)
         for d, block in blocks.items():
-            errors[int(cuts[d]):int(cuts[d + 1])] = val[int(cuts[d]):int(cuts[d + 1])] - block.values
+            a, b = int(cuts[d]), int(cuts[d + 1])
+            errors[a:b] = rounding_error(val[a:b], block.values)
     lo, hi = int(bounds[r]), int(bounds[r + 1])
     red = xp.zeros(hi - lo, dtype=val.dtype)
 

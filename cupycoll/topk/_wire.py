@@ -16,6 +16,7 @@ from .._types import to_host
 from ..wire._choice import could_pay, prefer_compact
 from ..wire._model import expected_index_nbytes
 from ..wire._pack import Packed, Wire, coo_nbytes, pack, unpack
+from ..wire._values import rounding_error
 
 __all__ = ["real_entries", "send_block", "receive_block", "broadcast_block", "allgather_padded",
            "choose_wire"]
@@ -73,7 +74,7 @@ def broadcast_block(comm: Any, block: tuple, k: int, n: int, wire: Wire, op_name
     res_i, res_v = unpack(buf, count, (), idx_t, val_t, wire)
     if not wire.compact:
         res_i, res_v = real_entries(xp, res_i, res_v, n)
-    error = real[1] - res_v if root and wire.rounds(val_t) else None
+    error = rounding_error(real[1], res_v) if root and wire.rounds(val_t) else None
     return res_i, res_v, error
 
 

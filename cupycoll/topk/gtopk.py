@@ -38,6 +38,7 @@ from ..primitives import merge_sorted, topk_abs
 from ._common import (Cost, TopkOutcome, TopkState, index_dtype, log2_ceil, sorted_member,
                       to_host, topk_algorithm)
 from ..wire._pack import COO, Wire
+from ..wire._values import rounding_error
 from ._wire import broadcast_block, real_entries, receive_block, send_block
 from .selectors import Exact
 
@@ -87,7 +88,7 @@ def _tree(comm: Any, block: tuple, k: int, n: int, wire: Wire
                             "gtopk.reduce")
         if not wire.rounds(val_t):
             return None
-        return real[0], real[1] - packed.values[:real[0].shape[0]]
+        return real[0], rounding_error(real[1], packed.values[:real[0].shape[0]])
 
     def receive_merge(peer: int, blk: tuple, code: int) -> tuple:
         got = receive_block(comm, peer, k, idx_t, val_t, wire, "gtopk.reduce")

@@ -60,6 +60,7 @@ from ._common import (Cost, TopkOutcome, TopkState, index_dtype, log2_ceil, min_
                       topk_algorithm)
 from ._global_threshold import histogram_threshold
 from ..wire import round_values
+from ..wire._values import rounding_error
 from ..wire._exchange import gather_entries
 from ..wire._pack import COO
 from ._oktopk_phases import allgather_blocks, balance, split_and_reduce
@@ -159,7 +160,7 @@ def _refresh(comm: Any, red: Any, lo: int, hi: int, k: int, n: int, state: TopkS
     if not wire.rounds(red.dtype):
         return res_i, val, ()
     reached = sorted_member(gidx, res_i)
-    return res_i, val, ((gidx[reached], (nz_v - parts[comm.rank][1])[reached]),)
+    return res_i, val, ((gidx[reached], rounding_error(nz_v, parts[comm.rank][1])[reached]),)
 
 
 def _select_balance_gather(comm: Any, red: Any, lo: int, k: int, n: int,
@@ -182,7 +183,7 @@ def _select_balance_gather(comm: Any, red: Any, lo: int, k: int, n: int,
     wire, remainders = state.wire or COO, ()
     if wire.rounds(sel_v.dtype):  # rounded once, here: balance and allgather move them as is
         _, rounded = round_values(sel_v, wire.values)
-        remainders, sel_v = ((gidx, sel_v - rounded),), rounded
+        remainders, sel_v = ((gidx, rounding_error(sel_v, rounded)),), rounded
     counts = comm.allgather_counts(int(gidx.shape[0]), "oktopk.balance.counts")
     total = int(counts.sum())
     state.last["global_count"] = total

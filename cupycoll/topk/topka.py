@@ -20,6 +20,7 @@ from .._result import SparseResult
 from ..primitives import merge_sorted
 from ..wire._exchange import gather_entries
 from ..wire._pack import COO
+from ..wire._values import rounding_error
 from ._common import Cost, TopkOutcome, TopkState, log2_ceil, topk_algorithm
 from .selectors import Exact
 
@@ -43,7 +44,7 @@ def gather_selected(comm: Any, x: Any, k: int, state: TopkState, op_name: str) -
     state.last = {"refresh": state.refresh, "local_count": sel.count,
                   "global_count": int(idx.shape[0])}
     sent = parts[comm.rank][1]
-    remainders = ((sel.indices, sel.values - sent),) if wire.rounds(sel.values.dtype) else ()
+    remainders = ((sel.indices, rounding_error(sel.values, sent)),) if wire.rounds(sel.values.dtype) else ()
     return TopkOutcome(SparseResult(idx, val, n), sel.indices, sel, remainders)
 
 

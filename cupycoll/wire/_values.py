@@ -17,7 +17,7 @@ import numpy as np
 from .._types import array_namespace
 from ..errors import InvalidArgument, InvalidType
 
-__all__ = ["FORMATS", "round_values", "widen_values"]
+__all__ = ["FORMATS", "round_values", "widen_values", "rounding_error"]
 
 #: the payload formats and their bytes per value.
 FORMATS = {"bfloat16": 2, "float16": 2}
@@ -35,14 +35,14 @@ def _round_to_odd_f32(xp: Any, x: Any) -> Any:
 
     Overflow gives the largest float32 (odd), which bfloat16 then rounds to inf, as it must.
     """
-    near = x.astype(np.float32)
-    bits = near.view(np.uint32)
     with np.errstate(invalid="ignore", over="ignore"):
+        near = x.astype(np.float32)
         back = near.astype(np.float64)
         away = xp.abs(back) > xp.abs(x)  # rounded up in magnitude: step back one ulp
         inexact = back != x
     finite = xp.isfinite(x)
-    bits = bits - (away & finite).astype(np.uint32)  # |bits| - 1 ulp (never below 0: |x|>0)
+    # |bits| - 1 ulp where rounded away (never below 0: |x| > 0)
+    bits = near.view(np.uint32) - (away & finite).astype(np.uint32)
     return bits | (inexact & finite).astype(np.uint32)
 
 
@@ -71,6 +71,14 @@ def widen_values(payload: Any, fmt: str, dtype: Any = np.float32) -> Any:
         return payload.view(np.float16).astype(dt)
     wide = (payload.astype(np.uint32) << np.uint32(16)).view(np.float32)
     return wide.astype(dt, copy=False)
+
+
+def rounding_error(values: Any, rounded: Any) -> Any:
+    """``values - rounded``, the sender's error feedback, computed quietly: an infinite value
+    travels as itself and leaves NaN (inf - inf), which the caller's numpy error state must not
+    turn into an exception on one rank in the middle of a collective."""
+    with np.errstate(invalid="ignore"):
+        return values - rounded
 
 
 def round_values(values: Any, fmt: str) -> tuple[Any, Any]:
