@@ -23,14 +23,14 @@ from tests._mpi import run_mpi
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
 def test_small_calls_against_numpy(nprocs):
     out = run_mpi(nprocs, "sparse_small.py", 31 + nprocs, timeout=300)
-    assert f"ok small calls: 57 cases (50 fused) on {nprocs} ranks" in out
+    assert f"ok small calls: 59 cases (50 fused) on {nprocs} ranks" in out
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_small_calls_on_emulated_nccl(nprocs):
     out = run_mpi(nprocs, "sparse_small.py", 41 + nprocs, "emulated", timeout=300)
-    assert f"ok small calls: 57 cases (50 fused) on {nprocs} ranks (emulated nccl)" in out
+    assert f"ok small calls: 59 cases (50 fused) on {nprocs} ranks (emulated nccl)" in out
 
 
 def test_slots_are_bounded():

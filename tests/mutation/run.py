@@ -65,8 +65,9 @@ _SPARSE = ["tests/test_sparse_units.py", "tests/test_api_units.py",
            # calls finished by the validation allreduce (sparse/small.py)
            "tests/test_sparse_small.py::test_slots_are_bounded",
            "tests/test_sparse_small.py::test_fits_and_cost_model",
-           "tests/test_sparse_small.py::test_small_calls_against_numpy[2]",
-           "tests/test_sparse_small.py::test_small_calls_against_numpy[3]"]
+           *(f"tests/test_sparse_small.py::test_small_calls_against_numpy[{p}]"
+             for p in (1, 2, 3)),
+           "tests/test_sparse_small.py::test_small_calls_on_emulated_nccl[2]"]
 # The in-process unit tests, then one short launch at 2 and at 3 ranks that reaches every
 # function of cupycoll/topk/ (tests/workers/topk_quick.py: the regular workers' checks on tiny
 # inputs, ~5-10 s), and the density workload at 2 ranks (run only for mutants the others miss:

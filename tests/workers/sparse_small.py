@@ -172,10 +172,16 @@ def semantics(comm, xp) -> int:
              "int64", expect_fused=False)
     run_case(comm, xp, 903, 10**6, lambda r: big if r == 0 else 3, "min", "int64", 0, "int32",
              expect_fused=False)
+    # one int32 index and a float32 row of 2(w - 1) elements fill a slot of w words exactly
+    # (the index padded to one word); one element more pads to a word over
+    words = _agreement.slot_words(P)
+    for width, fused in ((2 * (words - 1), True), (2 * words - 1, False)):
+        run_case(comm, xp, 905, 100, lambda r: 1, "sum", "float32", width, "int32",
+                 expect_fused=fused)
     # wire keywords: the same bits as allgather with the same keywords (rounded values too)
     for kw in ({"wire": "compact"}, {"wire_values": "bfloat16"}, {"wire_values": "float16"}):
         run_wire(comm, xp, 904, kw)
-    return checks + 4 + 3, fused_runs
+    return checks + 4 + 2 + 3, fused_runs
 
 
 def run_wire(comm, xp, case, kw):
