@@ -217,10 +217,13 @@ def test_select_unequal_is_flatnonzero_and_take(dtype):
         x[hit] = rng.integers(0, np.iinfo(dtype).max, int(hit.sum()), dtype=dtype)
         x[hit & (rng.random(size) < 0.1)] = 0  # +0 is present
         for itype in (np.dtype(np.int32), np.dtype(np.int64)):
-            idx, raw = _numba.select_unequal(x, minus_zero, itype)
             want = np.flatnonzero(x != minus_zero)
-            assert idx.dtype == itype and np.array_equal(idx, want), size
-            assert raw.dtype == x.dtype and raw.tobytes() == x[want].tobytes()
+            for reset in (False, True):
+                before = x.copy()
+                idx, raw = _numba.select_unequal(x, minus_zero, itype, reset=reset)
+                assert idx.dtype == itype and np.array_equal(idx, want), size
+                assert raw.dtype == x.dtype and raw.tobytes() == before[want].tobytes()
+                assert (x == minus_zero).all() if reset else np.array_equal(x, before)
 
 
 def test_kept_filled_writes_only_what_is_not_known():

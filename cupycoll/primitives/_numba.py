@@ -303,9 +303,10 @@ def _select_run(xs, offset, begin, end, lo, hi, magnitude,  # type: ignore[no-un
 
 
 @njit(cache=True, nogil=True)
-def unequal_blocks(x, sentinel, out_idx, out_val, first, last,  # type: ignore[no-untyped-def]
-                   found):
-    """Like :func:`select_blocks`, for the hits ``x != sentinel`` (integers: exact)."""
+def unequal_blocks(x, sentinel, reset, out_idx, out_val, first,  # type: ignore[no-untyped-def]
+                   last, found):
+    """Like :func:`select_blocks`, for the hits ``x != sentinel`` (integers: exact); ``reset``
+    writes the sentinel over each hit once copied out (x is then all sentinel)."""
     start = first * _SCAN
     xs = x[start:min(last * _SCAN, x.size)]
     full = xs.size - xs.size % _SCAN
@@ -314,19 +315,21 @@ def unequal_blocks(x, sentinel, out_idx, out_val, first, last,  # type: ignore[n
         for j in range(_SCAN):
             hits |= np.int32(xs[base + j] != sentinel)
         if hits:
-            found = _unequal_run(xs, start, base, base + _SCAN, sentinel, out_idx, out_val,
-                                 found)
-    return _unequal_run(xs, start, full, xs.size, sentinel, out_idx, out_val, found)
+            found = _unequal_run(xs, start, base, base + _SCAN, sentinel, reset, out_idx,
+                                 out_val, found)
+    return _unequal_run(xs, start, full, xs.size, sentinel, reset, out_idx, out_val, found)
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _unequal_run(xs, offset, begin, end, sentinel,  # type: ignore[no-untyped-def]
+def _unequal_run(xs, offset, begin, end, sentinel, reset,  # type: ignore[no-untyped-def]
                  out_idx, out_val, found):
     for i in range(begin, end):
         if xs[i] != sentinel:
             out_idx[found] = offset + i
             out_val[found] = xs[i]
             found += 1
+            if reset:
+                xs[i] = sentinel
     return found
 
 
@@ -397,11 +400,12 @@ def select(x: np.ndarray, t: Any, itype: np.dtype) -> tuple[np.ndarray, np.ndarr
     return _scan(select_blocks, x, (*bounds, x.dtype.kind == "f"), itype)
 
 
-def select_unequal(x: np.ndarray, sentinel: int, itype: np.dtype
+def select_unequal(x: np.ndarray, sentinel: int, itype: np.dtype, reset: bool = False
                    ) -> tuple[np.ndarray, np.ndarray]:
     """The positions (as itype) and values of the elements of integer 1-D x that are not
-    ``sentinel``, in one pass (the ``dense`` algorithm's union: values not -0, as bits)."""
-    return _scan(unequal_blocks, x, (x.dtype.type(sentinel),), itype)
+    ``sentinel``, in one pass (the ``dense`` algorithm's union: values not -0, as bits);
+    ``reset``: x is left all ``sentinel`` (the hits overwritten in the same pass)."""
+    return _scan(unequal_blocks, x, (x.dtype.type(sentinel), bool(reset)), itype)
 
 
 def _scan(blocks_fn: Callable, x: np.ndarray, tests: tuple, itype: np.dtype

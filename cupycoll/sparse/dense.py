@@ -107,11 +107,11 @@ def _signed_zeros(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, ro
     comm.stream_order(comm.allreduce(buf, buf, op, op_name="dense.allreduce"))
     bits, minus_zero = _bits(full)
     if not bool(buf[size] > 0):  # nobody holds a -0: the common case, no more traffic
-        union, rows = _not_minus_zero(bits, full, minus_zero, indices.dtype,
-                                      int(indices.shape[0]))
+        union, rows, reset = _not_minus_zero(bits, full, minus_zero, indices.dtype,
+                                             int(indices.shape[0]))
     else:
-        union, rows = _settle_signed_zeros(comm, indices, full, bits == minus_zero)
-    _restore(buf, full, union)
+        (union, rows), reset = _settle_signed_zeros(comm, indices, full, bits == minus_zero), False
+    _restore(buf, full, union, reset)
     return union, rows
 
 
@@ -141,11 +141,13 @@ def _bits(full: Any) -> tuple[Any, Any]:
 RESTORE_SHARE = 1 / 8
 
 
-def _restore(buf: Any, full: Any, union: Any) -> None:
+def _restore(buf: Any, full: Any, union: Any, reset: bool) -> None:
     """Make the kept host buffer all -0 again: after the allreduce, only the union's rows and
-    the tail differ from it (absent on every rank reduced to -0)."""
-    if isinstance(buf, np.ndarray) and union.shape[0] <= RESTORE_SHARE * full.shape[0]:
-        full[union] = -0.0
+    the tail differ from it (absent on every rank reduced to -0); ``reset``: the union scan has
+    already put -0 back there."""
+    if isinstance(buf, np.ndarray) and (reset or union.shape[0] <= RESTORE_SHARE * full.shape[0]):
+        if not reset:
+            full[union] = -0.0
         buf[full.size:] = -0.0
         mark_filled(buf, -0.0)
 
@@ -155,26 +157,29 @@ def local_pass(indices: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
     ``dense`` unit): densify into the kept buffer, read the union back, restore; the union."""
     buf, full = _densified(np, indices, values, n, tuple(values.shape[1:]))
     bits, minus_zero = _bits(full)
-    union, _ = _not_minus_zero(bits, full, minus_zero, indices.dtype, int(indices.shape[0]))
-    _restore(buf, full, union)
+    union, _, reset = _not_minus_zero(bits, full, minus_zero, indices.dtype,
+                                      int(indices.shape[0]))
+    _restore(buf, full, union, reset)
     return union
 
 
 def _not_minus_zero(bits: Any, full: Any, minus_zero: Any, index_dtype: Any, nnz: int
-                    ) -> tuple[Any, Any]:
-    """The rows of ``full`` with an element that is not -0, and their values: one pass of the
-    numba loops over large 1-D host arrays where this rank's ``nnz`` suggests a small union
-    (its output buffers are n long: a large union pays their pages and a copy), else a
-    comparison, ``flatnonzero`` and ``take``."""
+                    ) -> tuple[Any, Any, bool]:
+    """The rows of ``full`` with an element that is not -0, their values, and whether ``full``
+    was reset to -0: one pass of the numba loops over large 1-D host arrays (which resets what
+    it copies out) where this rank's ``nnz`` suggests a small union (its output buffers are n
+    long: a large union pays their pages and a copy), else a comparison, ``flatnonzero`` and
+    ``take``."""
     xp = array_namespace(full)
     small = nnz <= RESTORE_SHARE * bits.shape[0]
     fast = _fast(bits.shape[0]) if xp is np and bits.shape[1] == 1 and small else None
     if fast is not None:
-        union, raw = fast.select_unequal(bits.reshape(-1), minus_zero, np.dtype(index_dtype))
-        return union, raw.view(full.dtype).reshape((-1,) + full.shape[1:])
+        union, raw = fast.select_unequal(bits.reshape(-1), minus_zero, np.dtype(index_dtype),
+                                         reset=True)
+        return union, raw.view(full.dtype).reshape((-1,) + full.shape[1:]), True
     kept = bits[:, 0] != minus_zero if bits.shape[1] == 1 else (bits != minus_zero).any(axis=1)
     union = xp.flatnonzero(kept).astype(index_dtype, copy=False)
-    return union, xp.take(full, union, axis=0)  # in range by construction
+    return union, xp.take(full, union, axis=0), False  # in range by construction
 
 
 def _settle_signed_zeros(comm: Any, indices: Any, full: Any, negative_zero: Any
