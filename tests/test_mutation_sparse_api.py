@@ -110,6 +110,58 @@ def test_front_door_validates_under_its_name_and_returns_on_the_given_comm(comm,
     assert res.indices.tolist() == [1, 3] and res.values.tolist() == [2.0, 5.0]
 
 
+def test_front_door_checks_the_callbacks_it_is_given(comm):
+    """A callback that is not callable is an InvalidType naming it, before anything runs."""
+    for arg in ("alloc_fn", "completion_fn"):
+        with pytest.raises(InvalidType) as info:
+            cc.sparse_allreduce(np.array([1], np.int32), np.ones(1), 4, comm=comm,
+                                **{arg: "not callable"})
+        assert info.value.argument == arg and info.value.got == "str"
+
+
+def test_front_door_prices_auto_with_the_call_as_asked(comm, monkeypatch):
+    """``auto`` (entries too many for the validation's slots) prices the call's shape under
+    the wire asked for, with the call's op and communicator; the wire is then chosen for the
+    algorithm picked, from the call's own wire keywords."""
+    seen = {}
+    real = api._auto.choose_wire
+
+    def choose(shape, profile=None, *, comm=None, op=None):
+        seen["choose"] = (shape.size, shape.n, shape.nnz, shape.wire, comm, op)
+        return "allgather"
+
+    def choose_wire(name, shape, request, values=None, profile=None, *, comm=None):
+        seen["wire"] = (name, shape.size, shape.nnz, shape.wire, request, values, comm)
+        return real(name, shape, request, values, profile, comm=comm)
+
+    monkeypatch.setattr(api._auto, "choose", choose)
+    monkeypatch.setattr(api._auto, "choose_wire", choose_wire)
+    m = 4096  # more than any slot holds
+    idx = np.arange(m, dtype=np.int32)
+    for wire, compact in (("compact", True), ("coo", False), ("auto", False)):
+        seen.clear()
+        res = cc.sparse_allreduce(idx, np.ones(m, np.float32), m, op="max", comm=comm,
+                                  wire=wire, wire_values="bfloat16")
+        assert res.indices.tolist() == idx.tolist() and np.all(res.values == 1.0)
+        assert seen["choose"] == (1, m, (m,), Wire(compact, "bfloat16"), comm, ReduceOp.MAX)
+        assert seen["wire"] == ("allgather", 1, (m,), Wire(False, None), wire, "bfloat16",
+                                comm)
+
+
+def test_debug_log_names_the_small_path_and_its_wire(comm, caplog):
+    """A call whose entries came with the validation logs algorithm ``small`` and the coo wire
+    with the values' rounding asked for (nothing else travels)."""
+    import logging
+
+    with caplog.at_level(logging.DEBUG, logger="cupycoll"):
+        res = cc.sparse_allreduce(np.array([5, 2], np.int64), np.array([1.0, 3.0], np.float32),
+                                  10, comm=comm, wire="compact", wire_values="bfloat16")
+    assert res.indices.tolist() == [2, 5] and res.values.tolist() == [3.0, 1.0]
+    msgs = [r.getMessage() for r in caplog.records if "sparse_allreduce:" in r.getMessage()]
+    assert msgs == [f"sparse_allreduce: algorithm small, wire {Wire(False, 'bfloat16')!s}, "
+                    "nnz (2,), n 10"]
+
+
 class _Device:
     """A result of another array library: numpy inside, its own namespace, ``get()`` to host."""
 
@@ -148,15 +200,15 @@ def test_deliver_fills_the_alloc_fn_buffers_and_calls_completion_fn():
     """alloc_fn gets (nnz, index dtype, values shape, value dtype, fn_ctx) and its own buffers
     come back filled; completion_fn sees the result and fn_ctx."""
     calls, done = [], []
-    bufs = (np.zeros(3, np.int32), np.zeros((3, 2), np.float64))
 
     def alloc(nnz, index_dtype, values_shape, value_dtype, ctx):
         calls.append((nnz, np.dtype(index_dtype), values_shape, np.dtype(value_dtype), ctx))
         return list(bufs)  # a list is accepted too
 
-    val = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    bufs = (np.zeros(3, np.int32), np.zeros((3, 2), np.float32))
+    val = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], np.float32)
     res = _deliver(alloc, val=val, completion=lambda i, v, c: done.append((i, v, c)))
-    assert calls == [(3, np.dtype(np.int32), (3, 2), np.dtype(np.float64), "ctx")]
+    assert calls == [(3, np.dtype(np.int32), (3, 2), np.dtype(np.float32), "ctx")]
     assert res.indices is bufs[0] and res.values is bufs[1] and res.n == 100
     assert bufs[0].tolist() == [1, 4, 6] and bufs[1].tolist() == val.tolist()
     assert len(done) == 1 and done[0][0] is bufs[0] and done[0][1] is bufs[1]
