@@ -162,6 +162,30 @@ def test_debug_log_names_the_small_path_and_its_wire(comm, caplog):
                     "nnz (2,), n 10"]
 
 
+def test_async_call_on_a_stream_ordered_communicator_names_its_device_work(comm, monkeypatch):
+    """On a communicator that orders work on a stream (NCCL), async_op runs the call in the
+    calling thread and its Work waits for the device work queued under ``sparse_allreduce``."""
+    names = []
+
+    class Done:
+        def wait(self):
+            return None
+
+        def is_completed(self):
+            return True
+
+    def stream_work(op_name):
+        names.append(op_name)
+        return Done()
+
+    monkeypatch.setattr(comm, "stream_work", stream_work, raising=False)
+    work = cc.sparse_allreduce(np.array([4, 1], np.int32), np.array([2.0, 3.0]), 6, comm=comm,
+                               algorithm="allgather", async_op=True)
+    assert names == ["sparse_allreduce"]
+    res = work.wait()
+    assert res.indices.tolist() == [1, 4] and res.values.tolist() == [3.0, 2.0]
+
+
 class _Device:
     """A result of another array library: numpy inside, its own namespace, ``get()`` to host."""
 
