@@ -1,0 +1,209 @@
+"""The top-k front door's checks and bookkeeping, in process (issue 17, mutation testing).
+
+Every bad argument raises its exact documented message (format of ``cupycoll.errors``, naming the
+rank), an error seen on another rank travels as a code and comes back naming that rank and the
+argument, ranks that disagree get the documented MismatchError texts, and ``run`` keeps the
+state (selector, wire, step, diagnostics) as documented in ``TopkState``.
+"""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import cupycoll as cc
+from cupycoll.errors import CupycollError, InvalidArgument, InvalidType
+from cupycoll.topk import TopkState, api
+from cupycoll.topk.selectors import Exact, Gaussian, Threshold
+
+ALGORITHMS = cc.algorithms("topk")
+
+
+@pytest.fixture(scope="module")
+def comm():
+    return cc.init("mpi", mpi_comm=MPI.COMM_SELF)
+
+
+def _host(rank: int = 3, backend: str = "mpi", xp=np):
+    """What ``_local_checks`` reads of a communicator: rank, backend, array namespace."""
+    return types.SimpleNamespace(rank=rank, backend=backend, xp=xp)
+
+
+def _check(x, k=2, algorithm="oktopk", selector=None, state=None, argument="x", n=None,
+           wire=None, wire_values=None, comm=None):
+    return api._local_checks(comm or _host(), x, k, algorithm, selector, state, argument, n,
+                             wire, wire_values)
+
+
+X = np.arange(1.0, 11.0, dtype=np.float32)
+
+
+def _message(call) -> tuple[type, str]:
+    with pytest.raises(CupycollError) as info:
+        call()
+    return type(info.value), str(info.value)
+
+
+def test_local_checks_name_each_bad_argument_exactly():
+    """Each rule of the front door, on rank 3, with the documented message."""
+    t, a = InvalidType, InvalidArgument
+    valid = sorted(np.dtype(d).name for d in ("float16", "float32", "float64"))
+    cases = [
+        (lambda: _check(X, algorithm="nope"), a,
+         f"invalid argument 'algorithm' on rank 3: unknown topk algorithm; valid: "
+         f"{ALGORITHMS} (got 'nope')"),
+        (lambda: _check(X, algorithm=7), a,
+         f"invalid argument 'algorithm' on rank 3: unknown topk algorithm; valid: "
+         f"{ALGORITHMS} (got 7)"),
+        (lambda: _check(X, selector="exact"), t,
+         "argument 'selector' on rank 3 must be None or a selector (Exact, Threshold, "
+         "Gaussian), got 'str'"),
+        (lambda: _check(X, state={}), t,
+         "argument 'state' on rank 3 must be None or a TopkState, got 'dict'"),
+        (lambda: _check([1.0, 2.0]), t, "argument 'x' on rank 3 must be a numpy/cupy array or "
+         "an object with __dlpack__, got 'list'"),
+        (lambda: _check(np.arange(10)), t, f"argument 'x' on rank 3 must be an array of one of "
+         f"{valid}, got dtype('int64')"),
+        (lambda: _check(X.reshape(2, 5)), a,
+         "invalid argument 'x' on rank 3: must be a 1-D array (got (2, 5))"),
+        (lambda: _check(X, argument="grad", n=12), a,
+         "invalid argument 'grad' on rank 3: length must be n = 12 (got 10)"),
+        (lambda: _check(X, comm=_host(backend="nccl", xp=object())), t,
+         "argument 'x' on rank 3 must be a cupy array (or CUDA DLPack tensor) on the nccl "
+         "backend, got 'ndarray'"),
+        (lambda: _check(X, k=2.0), t, "argument 'k' on rank 3 must be an int, got 'float'"),
+        (lambda: _check(X, k=True), t, "argument 'k' on rank 3 must be an int, got 'bool'"),
+        (lambda: _check(X, k=0), a,
+         "invalid argument 'k' on rank 3: must satisfy 0 < k <= len(x) = 10 (got 0)"),
+        (lambda: _check(X, k=11, argument="grad"), a,
+         "invalid argument 'k' on rank 3: must satisfy 0 < k <= len(grad) = 10 (got 11)"),
+        (lambda: _check(X, wire="dense"), a, "invalid argument 'wire' on rank 3: unknown wire "
+         "format; valid: ['coo', 'compact', 'auto'] (got 'dense')"),
+        (lambda: _check(X, wire_values="int8"), a, "invalid argument 'wire_values' on rank 3: "
+         "unknown value format; valid: [None, 'bfloat16', 'float16'] (got 'int8')"),
+    ]
+    for call, cls, text in cases:
+        assert _message(call) == (cls, text)
+
+
+def test_local_checks_accept_the_edges_and_return_the_wire_code():
+    """k = 1 and k = len(x) (also as numpy ints), every float dtype, a DLPack input, a length
+    equal to n; the wire code counts (wire, wire_values) in the documented tables' order."""
+    from tests.workers._common import DLPackOnly
+
+    for algorithm in ALGORITHMS:
+        for k in (1, 10, np.int32(10), np.int64(1)):
+            arr, kk, code = _check(X, k=k, algorithm=algorithm, n=10)
+            assert arr is X and kk == int(k) and type(kk) is int and code == 2 * 3
+    for dtype in (np.float16, np.float64):
+        arr, _, _ = _check(X.astype(dtype), selector=Gaussian(), state=TopkState())
+        assert arr.dtype == dtype
+    arr, _, _ = _check(DLPackOnly(X), selector=Exact())
+    assert type(arr) is np.ndarray and np.shares_memory(arr, X)
+    for wire, i in (("coo", 0), ("compact", 1), ("auto", 2)):
+        for values, j in ((None, 0), ("bfloat16", 1), ("float16", 2)):
+            assert _check(X, wire=wire, wire_values=values)[2] == 3 * i + j
+
+
+def test_an_error_travels_as_its_class_and_argument():
+    """``_encode``: (class index + 1) * 16 + argument index (15: an argument of no name);
+    ``_decode`` rebuilds the error the other ranks raise, naming the failing rank."""
+    names = ("x", "k", "algorithm", "selector", "state", "grad", "n", "wire", "wire_values")
+    for i, name in enumerate(names):
+        assert api._encode(InvalidType(name, "g", "e")) == 16 + i
+        assert api._encode(InvalidArgument(name, 1, "r")) == 32 + i
+        for cls in (InvalidType, InvalidArgument):
+            e = api._decode(api._encode(cls(name, 1, "r")), 5)
+            reason = (f"rank 5 passed an invalid {name!r} (see that rank's error); every rank "
+                      "raises")
+            assert type(e) is cls and e.argument == name and e.rank == 5
+            if cls is InvalidType:
+                assert str(e) == (f"argument {name!r} on rank 5 must be valid on every rank: "
+                                  f"{reason}, got '(on another rank)'")
+            else:
+                assert str(e) == (f"invalid argument {name!r} on rank 5: {reason} "
+                                  "(got '(on another rank)')")
+    assert api._encode(InvalidType("dense", "g", "e")) == 16 + 15
+    assert api._encode(CupycollError("boom")) == 48 + 15
+    e = api._decode(48 + 15, 2)
+    assert type(e) is CupycollError
+    assert str(e) == "rank 2 passed an invalid 'argument' (see that rank's error); every rank raises"
+    e = api._decode(32 + 15, 0)
+    assert type(e) is InvalidArgument and e.argument == "argument" and e.rank == 0
+
+
+def test_disagreement_messages_name_what_differs():
+    assert api._disagreement("algorithm", 1, 123, 5, 900, "gtopk") == (
+        "ranks disagree on the algorithm of topk_allreduce (rank 1 asked for 'gtopk', another "
+        "rank for another one)")
+    assert api._disagreement("wire", 2, 4, 0, 8, "oktopk") == (
+        "ranks disagree on wire / wire_values (rank 2 asked for compact/bfloat16; the ranks "
+        "from coo/None to auto/float16)")
+    assert api._disagreement("dtype", 0, 2, 1, 3, "oktopk") == (
+        "ranks disagree on the dtype of x in topk_allreduce (rank 0 has float32; the ranks "
+        "have float16 to float64)")
+    assert api._disagreement("k", 4, 7, 6, 9, "oktopk") == (
+        "ranks disagree on the k of topk_allreduce (rank 4 has 7; range 6..9)")
+    assert api._disagreement("length of x", 0, 10, 10, 12, "dense") == (
+        "ranks disagree on the length of x of topk_allreduce (rank 0 has 10; range 10..12)")
+
+
+def test_validate_on_one_rank_raises_this_ranks_own_error(comm):
+    """The failing rank raises its own precise error (the same object, not the decoded one)."""
+    for kwargs, argument in (({"k": 0}, "k"), ({"algorithm": "x"}, "algorithm"),
+                             ({"selector": 1}, "selector"), ({"n": 3}, "x")):
+        args = {"k": 2, "algorithm": "oktopk", **kwargs}
+        k, algorithm = args.pop("k"), args.pop("algorithm")
+        with pytest.raises(CupycollError) as info:
+            api.validate(comm, X, k, algorithm, **args)
+        assert info.value.argument == argument and info.value.rank == 0
+        assert "another rank" not in str(info.value)
+    arr, k = api.validate(comm, X, np.int64(4), "dense", argument="grad", n=10, verb="TopkCompressor.step")
+    assert arr is X and k == 4 and type(k) is int
+
+
+def test_run_keeps_the_state_as_documented(comm):
+    """``run``: the given selector replaces the state's, else the state keeps its own, else the
+    algorithm's default; the wire is chosen from the keywords; the step advances; ``last``
+    records the wire's name and the remainders."""
+    x = np.linspace(-1, 1, 50).astype(np.float32)
+    defaults = {"oktopk": Threshold, "topka": Exact, "gtopk": Exact, "dense": Exact,
+                "gaussiank": Gaussian}
+    for algorithm in ALGORITHMS:
+        state = TopkState()
+        api.run(comm, x, 5, algorithm, None, state, "compact", "bfloat16")
+        assert type(state.selector) is defaults[algorithm], algorithm
+        assert state.step == 1 and state.wire.values == "bfloat16"
+        assert state.wire.compact is False and state.last["wire"] == "coo"  # one rank: coo
+        assert "remainders" in state.last
+        mine = Gaussian()
+        api.run(comm, x, 5, algorithm, mine, state, "coo")
+        assert state.selector is mine and state.step == 2 and state.wire.values is None
+        api.run(comm, x, 5, algorithm, None, state)
+        assert state.selector is mine and state.step == 3
+    outcome = api.run(comm, x, 3, "dense", None, None)  # no state: a fresh one
+    want = np.sort(np.argsort(-np.abs(x), kind="stable")[:3])
+    assert np.asarray(outcome.result.indices).tolist() == want.tolist()
+
+
+def test_front_door_validates_under_its_name_with_the_algorithm_from_the_environment(
+        comm, monkeypatch):
+    seen = []
+    real = api.validate
+
+    def validate(on, *args, **kwargs):
+        seen.append((on, on._verb, args[2]))
+        return real(on, *args, **kwargs)
+
+    monkeypatch.setattr(api, "validate", validate)
+    monkeypatch.setenv("CUPYCOLL_TOPK_ALGORITHM", "gtopk")
+    res = cc.topk_allreduce(X, 3, comm=comm)
+    assert seen == [(comm, "topk_allreduce", "gtopk")]
+    assert res.indices.tolist() == [7, 8, 9] and res.values.tolist() == [8.0, 9.0, 10.0]
+    assert res.n == 10 and comm._verb is None
+    with pytest.raises(InvalidArgument) as info:
+        cc.topk_allreduce(X, 3, comm=comm, wire="bogus")
+    assert info.value.argument == "wire"
