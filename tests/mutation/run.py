@@ -69,7 +69,7 @@ _SPARSE = ["tests/test_sparse_units.py", "tests/test_api_units.py",
 # mutmut runs the fastest tests first and stops at the first failure). The regular top-k MPI
 # launches (5-10 s each at 2-3 ranks, up to minutes at 5-8) are left to the regular suite.
 _TOPK = ["tests/test_topk_units.py", "tests/test_mutation_topk.py",
-         "tests/test_mutation_topk_api.py",
+         "tests/test_mutation_topk_api.py", "tests/test_mutation_topk_wire.py",
          "tests/test_mutation_topk_mpi.py::test_topk_quick_every_algorithm[2]",
          "tests/test_mutation_topk_mpi.py::test_topk_quick_every_algorithm[3]",
          "tests/test_topk_mpi.py::test_topk_density_under_error_feedback[2]"]
