@@ -129,3 +129,65 @@ def test_signed_zero_sum_on_one_rank_returns_every_row_bit_for_bit(comm, dtype, 
         all_minus = np.full_like(val, -0.0)  # rows of -0 only: still held
         union, got = dense.dense(comm, idx, all_minus, n, ReduceOp.SUM)
         assert union.tolist() == [3, 17, 39] and _bits(got) == _bits(all_minus)
+
+
+def _rank_rows(p: int, width: int, dtype):
+    """Per rank: indices and rows over n = 24 with -0 held by some ranks only, -0 held by every
+    rank, sums that cancel to +0, +0 inputs, rows of several elements partly -0."""
+    n, rows = 24, max(width, 1)
+    per_rank = []
+    for r in range(p):
+        entries = {
+            1: [-0.0] * rows,                              # every rank: stays -0
+            2 + r: [1.5 * (r + 1)] * rows,                  # one rank each
+            20: [(-1.0) ** r * 2.0] * rows,                 # cancels to +0 at even P
+            23: [0.0 if r else -0.0] + [-0.0] * (rows - 1),  # -0 and +0 mixed
+        }
+        if r == 0:
+            entries[10] = [-0.0] * rows                     # -0 on rank 0 only: becomes +0
+            entries[11] = [-0.0] + [3.0] * (rows - 1)      # a row partly -0, one rank
+        if r == p - 1:
+            entries[15] = [float("inf")] + [-0.0] * (rows - 1)
+        idx = np.array(sorted(entries), np.int64)
+        val = np.array([entries[i] for i in sorted(entries)], dtype)
+        per_rank.append((idx, val if width else val[:, 0].copy()))
+    return n, per_rank
+
+
+@pytest.mark.parametrize("p", [2, 3])
+@pytest.mark.parametrize("width", [0, 1, 4])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_signed_zero_sum_over_ranks_matches_numpy(p, width, dtype):
+    """Ranks simulated by threads: the union of the indices, and at each the sum over ranks with
+    +0 for an absent entry (numpy, rank order, exact inputs), bit for bit: a -0 survives only
+    where every rank holds it. Booked: the allreduce, then the settling bitmap and counts."""
+    from tests._threaded import on_ranks
+
+    n, per_rank = _rank_rows(p, width, dtype)
+    union = sorted(set().union(*(set(i.tolist()) for i, _ in per_rank)))
+    total = None
+    for idx, val in per_rank:
+        full = np.zeros((n,) + val.shape[1:], dtype)  # +0 where absent
+        full[idx] = val
+        total = full if total is None else total + full
+    want = total[union]
+    minus = None  # the -0-filled sum: a union row with a -0 element is settled by a count
+    for idx, val in per_rank:
+        full = np.full((n,) + val.shape[1:], -0.0, dtype)
+        full[idx] = val
+        minus = full if minus is None else minus + full
+    is_minus_zero = (minus == 0) & np.signbit(minus)
+    doubtful = int(is_minus_zero.reshape(n, -1)[union].any(axis=1).sum())
+    for itype in (np.int32, np.int64):
+        def fn(comm):
+            idx, val = per_rank[comm.rank]
+            return dense.dense(comm, idx.astype(itype), val, n, ReduceOp.SUM)
+
+        for (got_i, got_v), log in on_ranks(p, fn):
+            assert got_i.dtype == itype and got_i.tolist() == union
+            assert got_v.dtype == dtype and _bits(got_v) == _bits(want), (width, itype)
+            names = [name for j, (name, _) in enumerate(log) if j == 0 or log[j - 1][0] != name]
+            assert names == ["dense.allreduce", "dense.signed_zeros",
+                             "dense.signed_zeros.counts"], names
+            assert log[0][1] == (n * max(width, 1) + 1) * np.dtype(dtype).itemsize
+            assert log[-1][1] == 4 * doubtful

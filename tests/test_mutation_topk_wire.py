@@ -5,107 +5,12 @@ the documented operation names (``<op>.counts`` first on the compact wire only) 
 
 from __future__ import annotations
 
-import queue
-import threading
-
 import numpy as np
 import pytest
 
 from cupycoll.topk import _wire
 from cupycoll.wire._pack import Wire
-
-
-class _Done:
-    def wait(self):
-        return None
-
-
-class _Net:
-    """P ranks in threads: mailboxes per (sender, receiver) and a barrier for collectives."""
-
-    def __init__(self, p: int) -> None:
-        self.p, self.barrier = p, threading.Barrier(p, timeout=20)
-        self.boxes = {(a, b): queue.Queue() for a in range(p) for b in range(p)}
-        self.slots = [None] * p
-
-
-class _Comm:
-    """What the transfers use of a communicator, each call logged as (op name, bytes)."""
-
-    xp = np
-
-    def __init__(self, net: _Net, rank: int) -> None:
-        self.net, self.rank, self.size, self.log = net, rank, net.p, []
-
-    def _receive(self, peer: int, buf: np.ndarray, op_name: str) -> None:
-        name, data = self.net.boxes[peer, self.rank].get(timeout=20)
-        assert (name, data.dtype, data.shape) == (op_name, buf.dtype, buf.shape), (
-            name, op_name, data.shape, buf.shape)
-        buf[...] = data
-
-    def exchange(self, sends, recvs, op_name):
-        for peer, buf in sends:
-            self.net.boxes[self.rank, peer].put((op_name, np.array(buf)))
-        for peer, buf in recvs:
-            self._receive(peer, buf, op_name)
-            self.log.append((op_name, buf.nbytes))
-        return _Done()
-
-    def broadcast(self, send, recv, root, op_name):
-        if self.rank == root:
-            for peer in range(self.size):
-                if peer != root:
-                    self.net.boxes[root, peer].put((op_name, np.array(send)))
-        else:
-            self._receive(root, recv, op_name)
-        self.log.append((op_name, recv.nbytes))
-        return _Done()
-
-    def run_fetch(self, verb, send, recv, root, *, result, op_name):
-        assert verb == "broadcast"
-        getattr(self, verb)(send, recv, root, op_name).wait()
-        return result
-
-    def _gather(self, item):
-        self.net.slots[self.rank] = item
-        self.net.barrier.wait()
-        out = list(self.net.slots)
-        self.net.barrier.wait()
-        return out
-
-    def allgather_counts(self, count, op_name):
-        self.log.append((op_name, 8 * self.size))
-        return [int(c) for c in self._gather(int(count))]
-
-    def allgather(self, send, recv, op_name):
-        parts = self._gather(np.array(send))
-        assert all(p.shape == send.shape and p.dtype == send.dtype for p in parts)
-        recv[...] = np.concatenate(parts)
-        self.log.append((op_name, recv.nbytes))
-        return _Done()
-
-
-def _on_ranks(p: int, fn):
-    """Run ``fn(comm)`` on p simulated ranks; return [(result, log)] in rank order."""
-    net = _Net(p)
-    comms = [_Comm(net, r) for r in range(p)]
-    out, errors = [None] * p, []
-
-    def main(r):
-        try:
-            out[r] = fn(comms[r])
-        except BaseException as exc:  # noqa: BLE001 -- re-raised below
-            errors.append(exc)
-            net.barrier.abort()
-
-    threads = [threading.Thread(target=main, args=(r,)) for r in range(p)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    if errors:
-        raise errors[0]
-    return [(out[r], comms[r].log) for r in range(p)]
+from tests._threaded import on_ranks as _on_ranks
 
 
 def _bfloat16(v: np.ndarray) -> np.ndarray:
