@@ -54,7 +54,7 @@ BUILD = ROOT / "build" / "mutation"
 _SPARSE_MPI = "tests/test_sparse_mpi.py::"
 _SPARSE = ["tests/test_sparse_units.py", "tests/test_api_units.py",
            "tests/test_mutation_sparse.py", "tests/test_mutation_sparse_api.py",
-           "tests/test_mutation_sparse_dense.py",
+           "tests/test_mutation_sparse_dense.py", "tests/test_mutation_sparse_validate.py",
            "tests/test_tuner.py::test_choose_remembers_a_shape_per_profile",
            *(_SPARSE_MPI + t for t in (
                "test_nan_inf_signed_zero_same_bits_in_every_algorithm[2]",
