@@ -101,6 +101,8 @@ def test_local_checks_accept_the_edges_and_return_the_wire_code():
     for dtype in (np.float16, np.float64):
         arr, _, _ = _check(X.astype(dtype), selector=Gaussian(), state=TopkState())
         assert arr.dtype == dtype
+    arr, _, _ = _check(X, comm=_host(backend="mpi", xp=object()))  # MPI takes any library
+    assert arr is X
     arr, _, _ = _check(DLPackOnly(X), selector=Exact())
     assert type(arr) is np.ndarray and np.shares_memory(arr, X)
     for wire, i in (("coo", 0), ("compact", 1), ("auto", 2)):

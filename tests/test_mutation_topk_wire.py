@@ -113,13 +113,13 @@ def test_broadcast_block_gives_every_rank_the_real_entries(p, wire, dtype):
 
 @pytest.mark.parametrize("blocks", [(3, 0, 5), (4, 4), (1, 6, 2, 0)])
 @pytest.mark.parametrize("wire", WIRES, ids=str)
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_allgather_padded_concatenates_every_ranks_block(blocks, wire, dtype):
+@pytest.mark.parametrize("itype, dtype", [(np.int32, np.float32), (np.int64, np.float64)])
+def test_allgather_padded_concatenates_every_ranks_block(blocks, wire, itype, dtype):
     """Blocks of known sizes, one native allgather of equal buffers: every rank gets all blocks'
     entries in rank order; coo pads to max(blocks) pairs, compact gathers the coded sizes first
     (``<op>.counts``); buffers are 8-byte aligned."""
     p = len(blocks)
-    parts = [_entries(10 + r, max(b, 2), np.int64, dtype) for r, b in enumerate(blocks)]
+    parts = [_entries(10 + r, max(b, 2), itype, dtype) for r, b in enumerate(blocks)]
     parts = [(i[:b], v[:b]) for (i, v), b in zip(parts, blocks)]
     sizes = np.array(blocks, np.int64)
 
@@ -128,9 +128,9 @@ def test_allgather_padded_concatenates_every_ranks_block(blocks, wire, dtype):
 
     want_i = np.concatenate([i for i, _ in parts])
     want_v = _travelled(np.concatenate([v for _, v in parts]), wire.values)
-    entry = 8 + (2 if wire.rounds(dtype) else np.dtype(dtype).itemsize)
+    entry = np.dtype(itype).itemsize + (2 if wire.rounds(dtype) else np.dtype(dtype).itemsize)
     for r, ((ri, rv), log) in enumerate(_on_ranks(p, fn)):
-        assert _bits(ri) == _bits(want_i) and rv.dtype == dtype, r
+        assert ri.dtype == itype and _bits(ri) == _bits(want_i) and rv.dtype == dtype, r
         assert _bits(rv) == _bits(want_v), r
         names = [name for name, _ in log]
         assert names == (["oktopk.ag.counts", "oktopk.ag"] if wire.compact else ["oktopk.ag"])
