@@ -89,6 +89,16 @@ def test_local_checks_name_each_bad_argument_exactly():
         assert _message(call) == (cls, text)
 
 
+class _DeviceArray:
+    """A 1-D float32 array of a device library (what ``as_array`` passes through as cupy's)."""
+
+    __module__ = "cupy_like"
+    __cupycoll_namespace__ = types.SimpleNamespace(name="device library")
+
+    def __init__(self, a: np.ndarray) -> None:
+        self.dtype, self.ndim, self.shape = a.dtype, a.ndim, a.shape
+
+
 def test_local_checks_accept_the_edges_and_return_the_wire_code():
     """k = 1 and k = len(x) (also as numpy ints), every float dtype, a DLPack input, a length
     equal to n; the wire code counts (wire, wire_values) in the documented tables' order."""
@@ -103,6 +113,9 @@ def test_local_checks_accept_the_edges_and_return_the_wire_code():
         assert arr.dtype == dtype
     arr, _, _ = _check(X, comm=_host(backend="mpi", xp=object()))  # MPI takes any library
     assert arr is X
+    device = _DeviceArray(X)  # nccl takes arrays of its own library
+    arr, _, _ = _check(device, comm=_host(backend="nccl", xp=_DeviceArray.__cupycoll_namespace__))
+    assert arr is device
     arr, _, _ = _check(DLPackOnly(X), selector=Exact())
     assert type(arr) is np.ndarray and np.shares_memory(arr, X)
     for wire, i in (("coo", 0), ("compact", 1), ("auto", 2)):
