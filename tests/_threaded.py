@@ -118,3 +118,46 @@ def on_ranks(p: int, fn):
     if errors:
         raise errors[0]
     return [(out[r], comms[r].log) for r in range(p)]
+
+
+def on_communicators(p: int, fn):
+    """Run ``fn(comm)`` on p simulated ranks of :class:`ThreadCommunicator`; [(result, log)]."""
+    from cupycoll.comm._base import Communicator
+
+    class ThreadCommunicator(Communicator):
+        """The real base class over the simulated net: its derived verbs run unchanged; each
+        primitive logs (op name, verb running it, bytes received)."""
+
+        backend, xp = "threads", np
+
+        def __init__(self, comm: _Comm) -> None:
+            super().__init__()
+            self.inner, self.rank, self.size, self.log = comm, comm.rank, comm.size, comm.log
+
+        def exchange(self, sends, recvs, op_name="exchange"):
+            self.log.append(("verb", self._verb))
+            return self.inner.exchange(sends, recvs, op_name)
+
+        def allgather(self, send, recv, op_name="allgather"):
+            self.log.append(("verb", self._verb))
+            return self.inner.allgather(send, recv, op_name)
+
+        def allreduce(self, send, recv, op, op_name="allreduce"):
+            return self.inner.allreduce(send, recv, op, op_name)
+
+        def broadcast(self, send, recv, root, op_name="broadcast"):
+            return self.inner.broadcast(send, recv, root, op_name)
+
+        def reduce(self, send, recv, op, root, op_name="reduce"):
+            raise NotImplementedError
+
+        def reduce_scatter(self, send, recv, op, op_name="reduce_scatter"):
+            raise NotImplementedError
+
+        def barrier(self):
+            self.inner._gather(None)
+
+        def wait(self, handles, op_name):
+            return None
+
+    return on_ranks(p, lambda comm: fn(ThreadCommunicator(comm)))

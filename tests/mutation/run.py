@@ -107,6 +107,7 @@ MODULES = {
                                      "test_hot_index_block_sizes"],
     **{f"cupycoll/comm/{m}.py": ["tests/test_api_units.py", "tests/test_sparse_units.py",
                                  "tests/test_mutation_comm.py",
+                                 "tests/test_mutation_comm_derived.py",
                                  "tests/test_dense.py::test_dense_collectives_match_numpy[3]",
                                  "tests/test_dense.py::test_comm_stats_errors_timeouts[3]",
                                  _SPARSE_MPI + "test_volume_equals_cost_models[3]"]
