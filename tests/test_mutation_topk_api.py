@@ -206,8 +206,12 @@ def test_run_keeps_the_state_as_documented(comm):
 
 def test_front_door_validates_under_its_name_with_the_algorithm_from_the_environment(
         comm, monkeypatch):
+    """The call validates under ``topk_allreduce`` on the communicator given (not the default
+    one); ``algorithm`` defaults to CUPYCOLL_TOPK_ALGORITHM, a keyword wins over it; selector,
+    state and wire keywords reach the run."""
     seen = []
     real = api.validate
+    mine = comm.dup()
 
     def validate(on, *args, **kwargs):
         seen.append((on, on._verb, args[2]))
@@ -215,10 +219,66 @@ def test_front_door_validates_under_its_name_with_the_algorithm_from_the_environ
 
     monkeypatch.setattr(api, "validate", validate)
     monkeypatch.setenv("CUPYCOLL_TOPK_ALGORITHM", "gtopk")
-    res = cc.topk_allreduce(X, 3, comm=comm)
-    assert seen == [(comm, "topk_allreduce", "gtopk")]
+    res = cc.topk_allreduce(X, 3, comm=mine)
+    assert seen == [(mine, "topk_allreduce", "gtopk")]
     assert res.indices.tolist() == [7, 8, 9] and res.values.tolist() == [8.0, 9.0, 10.0]
-    assert res.n == 10 and comm._verb is None
+    assert res.n == 10 and mine._verb is None
+    seen.clear()
+    state, selector = TopkState(), Gaussian()
+    res = cc.topk_allreduce(X, 3, comm=mine, algorithm="dense", selector=selector, state=state,
+                            wire="compact", wire_values="bfloat16")
+    assert seen == [(mine, "topk_allreduce", "dense")]
+    assert state.selector is selector and state.step == 1
+    assert state.wire.values == "bfloat16" and state.last["wire"] == "coo"  # one rank
     with pytest.raises(InvalidArgument) as info:
-        cc.topk_allreduce(X, 3, comm=comm, wire="bogus")
+        cc.topk_allreduce(X, 3, comm=mine, wire="bogus")
     assert info.value.argument == "wire"
+
+
+def test_run_chooses_the_auto_wire_from_the_communicators_profile(monkeypatch):
+    """On P > 1 ranks ``wire="auto"`` is priced with the communicator's profile (no profile
+    is read otherwise); k and n of the call go into the documented rule; the algorithm's
+    remainders land in ``state.last``."""
+    from cupycoll.topk._common import TopkOutcome
+    from cupycoll.tuner import Profile, profile as profile_module
+
+    pays = Profile("pays", 0.0, 1e-9, 0.0, 0.0, {"code": 0.0})
+    never = Profile("never", 0.0, 0.0, 0.0, 0.0, {"code": 1.0})
+    asked = []
+    remainders = [(np.array([1]), np.array([0.5]))]
+
+    def algorithm(on, x, k, state):
+        return TopkOutcome(None, None, None, remainders)
+
+    algorithm.default_selector = Exact
+    monkeypatch.setattr(api, "lookup", lambda family, name, rank=None: algorithm)
+    x = np.zeros(4096, np.float32)
+    for size, wire, profile, compact in ((3, "auto", pays, True), (3, "auto", never, False),
+                                         (2, "coo", pays, False), (2, "compact", never, True),
+                                         (1, "auto", pays, False)):
+        comm = types.SimpleNamespace(size=size, rank=0)
+        monkeypatch.setattr(profile_module, "profile_for",
+                            lambda c, p=profile: asked.append(c) or p)
+        asked.clear()
+        state = TopkState()
+        api.run(comm, x, 40, "stub", None, state, wire, "float16")
+        assert state.wire.compact is compact and state.wire.values == "float16", (size, wire)
+        assert asked == ([comm] if wire == "auto" and size > 1 else []), (size, wire)
+        assert state.last["remainders"] is remainders and state.last["wire"] == state.wire.name
+        assert type(state.selector) is Exact and state.step == 1
+    # n and k reach the rule: at 4096 entries k = 4096 codes as a bitmap, k = 2 does not pay
+    edge = _priced_edge(2, 4096)
+    for gamma, compact in ((edge * 0.999, True), (edge * 1.001, False)):
+        monkeypatch.setattr(profile_module, "profile_for",
+                            lambda c, g=gamma: Profile("e", 0.0, 1e-9, 0.0, 0.0, {"code": g}))
+        state = TopkState()
+        api.run(types.SimpleNamespace(size=4, rank=0), x, 2, "stub", None, state, "auto")
+        assert state.wire.compact is compact
+
+
+def _priced_edge(k: int, n: int) -> float:
+    """gamma at which compact stops paying for k of n (beta 1e-9; docs: wire choice)."""
+    from cupycoll.wire._model import expected_index_nbytes
+
+    index_bytes = 4 if n < 2**31 else 8
+    return (k * index_bytes - expected_index_nbytes(k, n, index_bytes)) * 1e-9 / (2 * k)
