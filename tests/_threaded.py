@@ -91,8 +91,9 @@ class _Comm:
 
     def allgather(self, send, recv, op_name):
         parts = self._gather(np.array(send))
-        assert all(p.shape == send.shape and p.dtype == send.dtype for p in parts)
-        recv[...] = np.concatenate(parts)
+        assert all(p.shape == send.shape and p.dtype == recv.dtype for p in parts)  # as MPI
+        assert sum(p.nbytes for p in parts) == recv.nbytes
+        recv[...] = np.concatenate(parts).reshape(recv.shape)
         self.log.append((op_name, recv.nbytes))
         return _Done()
 

@@ -95,11 +95,15 @@ def test_alltoallv_needs_one_array_per_rank():
 
 def test_a_native_allgatherv_books_its_blocks_exactly():
     """``_record_allgatherv``: this rank's block to each peer, each peer's block in; empty
-    blocks are no messages; a native collective counts in ``sequence``."""
+    blocks are no messages. ``_record_collective``: by the rule of ``Stats`` (a broadcast root
+    sends, a reduce root receives; ring collectives by the bus factor) under the op name, else
+    the collective's, counted in ``sequence``."""
     def fn(comm):
         comm._record_allgatherv("t.ag", np.array([8, 0, 24, 16])[:comm.size])
         comm._record_collective("allreduce", 64, op_name="t.ar")
         comm._record_collective("allgather", 64)
+        comm._record_collective("broadcast", 40, root=2, op_name="t.bc")
+        comm._record_collective("reduce", 24, root=1)
         s = comm.stats.by_op
         return ({op: (v.bytes_sent, v.bytes_received, v.messages_sent, v.messages_received)
                  for op, v in s.items()}, comm.sequence)
@@ -111,4 +115,6 @@ def test_a_native_allgatherv_books_its_blocks_exactly():
         assert by_op["t.ag"] == (own * 3, sum(blocks), 3 if own else 0,
                                  sum(1 for b in blocks if b)), r
         assert by_op["t.ar"] == (96, 96, 6, 6) and by_op["allgather"] == (48, 48, 3, 3)
-        assert seq == 2
+        assert by_op["t.bc"] == ((40, 0, 1, 0) if r == 2 else (0, 40, 0, 1)), r
+        assert by_op["reduce"] == ((0, 24, 0, 1) if r == 1 else (24, 0, 1, 0)), r
+        assert seq == 4
