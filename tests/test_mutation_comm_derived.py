@@ -30,7 +30,7 @@ def test_allgatherv_gathers_every_ranks_rows_in_rank_order(counts, width):
     def fn(comm):
         send = _rows(comm.rank, counts[comm.rank], width)
         got = comm.allgatherv(send, op_name="t.ag")
-        given = comm.allgatherv(send, counts=list(counts), op_name="t.given")
+        given = comm.allgatherv(send, counts=np.array(counts, np.int32), op_name="t.given")
         sizes = comm.allgather_counts(counts[comm.rank] * 10, "t.sizes")
         return got, given, sizes
 
@@ -81,6 +81,22 @@ def test_alltoallv_sends_each_rank_its_block(p, width):
         assert set(names) <= {"t.a2a.counts", "t.a2a", "t.g", "t.c", "t.d"}, names
         verbs = [e[1] for e in log if e[0] == "verb"]
         assert verbs[:2] == ["alltoallv", "alltoallv"] and verbs[-2:] == [None, None], verbs
+
+
+def test_counts_from_a_device_array_and_the_default_names():
+    """allgather_counts takes a 1-element array as well as an int; allgatherv and alltoallv
+    book under their own names by default (counts under ``<name>.counts``)."""
+    def fn(comm):
+        a = comm.allgather_counts(np.array([comm.rank + 5], np.int64), "t.dev")
+        got, _ = comm.allgatherv(np.arange(comm.rank + 1.0))
+        recvs = comm.alltoallv([np.ones(2)] * comm.size)
+        return a, got, recvs
+
+    for (a, got, recvs), log in on_communicators(3, fn):
+        assert a.tolist() == [5, 6, 7] and got.tolist() == [0.0, 0.0, 1.0, 0.0, 1.0, 2.0]
+        assert [x.tolist() for x in recvs] == [[1.0, 1.0]] * 3
+        assert set(_names(log)) == {"t.dev", "allgatherv.counts", "allgatherv",
+                                    "alltoallv.counts", "alltoallv"}
 
 
 def test_alltoallv_needs_one_array_per_rank():

@@ -128,6 +128,8 @@ def test_local_prepares_the_coalesced_input_in_the_accumulate_dtype(op):
     assert prepared.n == 2**62 - 1 and prepared.values.dtype == np.int64
     prepared, _ = _local(values=np.asfortranarray(np.ones((4, 3), np.float64)))
     assert prepared.values.flags.c_contiguous and prepared.width == 3
+    prepared, error = _local(values=np.ones((4, 1), np.float32))  # rows of width 1
+    assert error is None and prepared.width == 1 and prepared.values.shape == (3, 1)
 
 
 def test_prepared_shape_and_fields():
@@ -188,3 +190,53 @@ def test_mismatch_names_every_field_that_differs():
         f"ranks disagree on n (10 vs 12), value_dtype (float32 vs float64), op (sum vs max), "
         f"algorithm ({NAMES[0]} vs {NAMES[3]}), wire (coo/None vs compact/float16), async_op "
         f"(0 vs 1) (seen on rank 1 of 4); every rank must pass the same value")
+
+
+def _outcomes(p, call):
+    from tests._threaded import on_communicators
+
+    def fn(comm):
+        try:
+            return call(comm)
+        except CupycollError as exc:
+            return exc
+
+    return [out for out, _ in on_communicators(p, fn)]
+
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_ranks_raise_together_on_bad_input_or_a_disagreement(p):
+    """``prepare`` on simulated ranks: the bad rank raises its own error, the others the same
+    type naming the lowest bad rank (and every bad rank), an index out of range with its value;
+    ranks that disagree raise MismatchError naming every differing field."""
+    def call(indices=None, values=None, n=None, op=None, async_op=None):
+        def fn(comm):
+            r = comm.rank
+            return v.prepare(comm, (indices or {}).get(r, IDX), (values or {}).get(r, VAL),
+                             (n or {}).get(r, 10), op=(op or {}).get(r, "sum"),
+                             algorithm="allgather", accumulate_dtype=None, alloc_fn=None,
+                             completion_fn=None, async_op=(async_op or {}).get(r, False))
+        return _outcomes(p, fn)
+
+    last = p - 1
+    got = call(indices={last: np.array([3, 12])}, values={last: VAL[:2]})
+    assert str(got[last]) == ("invalid argument 'indices' on rank %d: index out of range "
+                              "[0, n=10) (got 12)" % last)
+    for e in got[:last]:
+        assert str(e) == (f"invalid argument 'indices' on rank {last}: index out of range "
+                          f"[0, n=10) on rank {last} (got 12)")
+    got = call(values={0: VAL.astype(np.int8)}, n={last: 10.0})
+    assert got[0].argument == "values" and got[last].argument == "n"
+    also = f"; ranks with bad input: [0, {last}]"
+    for e in got[1:last]:
+        assert type(e) is InvalidType and str(e) == (
+            "argument 'values' on rank 0 must be valid on every rank (rank 0 raised the "
+            f"precise error{also}), got 'a bad values on rank 0'")
+    got = call(n={1: 12}, op={1: "max"}, async_op={0: True})
+    for r, e in enumerate(got):
+        assert type(e) is MismatchError and str(e) == (
+            "ranks disagree on n (10 vs 12), op (sum vs max), async_op (0 vs 1) (seen on rank "
+            f"{r} of {p}); every rank must pass the same value"), (r, e)
+    got = call()
+    for prepared in got:
+        assert prepared.nnz == (3,) * p and prepared.indices.tolist() == [1, 4, 7]

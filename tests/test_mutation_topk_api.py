@@ -169,7 +169,8 @@ def test_disagreement_messages_name_what_differs():
 def test_validate_on_one_rank_raises_this_ranks_own_error(comm):
     """The failing rank raises its own precise error (the same object, not the decoded one)."""
     for kwargs, argument in (({"k": 0}, "k"), ({"algorithm": "x"}, "algorithm"),
-                             ({"selector": 1}, "selector"), ({"n": 3}, "x")):
+                             ({"selector": 1}, "selector"), ({"n": 3}, "x"),
+                             ({"state": {}}, "state"), ({"wire": "raw"}, "wire")):
         args = {"k": 2, "algorithm": "oktopk", **kwargs}
         k, algorithm = args.pop("k"), args.pop("algorithm")
         with pytest.raises(CupycollError) as info:
@@ -254,7 +255,8 @@ def test_run_chooses_the_auto_wire_from_the_communicators_profile(monkeypatch):
     monkeypatch.setattr(api, "lookup", lambda family, name, rank=None: algorithm)
     x = np.zeros(4096, np.float32)
     for size, wire, profile, compact in ((3, "auto", pays, True), (3, "auto", never, False),
-                                         (2, "coo", pays, False), (2, "compact", never, True),
+                                         (2, "auto", pays, True), (2, "coo", pays, False),
+                                         (2, "compact", never, True),
                                          (1, "auto", pays, False)):
         comm = types.SimpleNamespace(size=size, rank=0)
         monkeypatch.setattr(profile_module, "profile_for",
@@ -282,3 +284,84 @@ def _priced_edge(k: int, n: int) -> float:
 
     index_bytes = 4 if n < 2**31 else 8
     return (k * index_bytes - expected_index_nbytes(k, n, index_bytes)) * 1e-9 / (2 * k)
+
+
+def _outcomes(p, call):
+    """``call(comm)`` on p simulated ranks: each rank's raised error (or its result)."""
+    from tests._threaded import on_communicators
+
+    def fn(comm):
+        try:
+            return call(comm)
+        except CupycollError as exc:
+            return exc
+
+    return [out for out, _ in on_communicators(p, fn)]
+
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_ranks_raise_together_on_a_bad_argument_or_a_disagreement(p):
+    """One collective validation (ranks simulated by threads): the bad rank raises its own
+    error, the others the same type naming the lowest bad rank and the argument; ranks that
+    disagree all raise MismatchError naming the first field that differs and its range."""
+    from cupycoll.errors import MismatchError
+
+    def topk(**per_rank):
+        return lambda comm: cc.topk_allreduce(
+            per_rank.get("x", {}).get(comm.rank, X), per_rank.get("k", {}).get(comm.rank, 3),
+            comm=comm, algorithm=per_rank.get("algorithm", {}).get(comm.rank, "dense"),
+            selector=per_rank.get("selector", {}).get(comm.rank),
+            state=per_rank.get("state", {}).get(comm.rank),
+            wire=per_rank.get("wire", {}).get(comm.rank, "coo"))
+
+    bad = p - 1
+    got = _outcomes(p, topk(k={bad: 0}))
+    for r, e in enumerate(got):
+        assert type(e) is InvalidArgument and e.argument == "k" and e.rank == bad, (r, e)
+        assert ("(got 0)" in str(e)) is (r == bad)
+        if r != bad:
+            assert str(e) == (f"invalid argument 'k' on rank {bad}: rank {bad} passed an invalid "
+                              "'k' (see that rank's error); every rank raises (got '(on "
+                              "another rank)')")
+    got = _outcomes(p, topk(selector={1: "exact"}, k={0: 99}))
+    assert type(got[0]) is InvalidArgument and got[0].argument == "k" and got[0].rank == 0
+    assert type(got[1]) is InvalidType and got[1].argument == "selector" and got[1].rank == 1
+    for e in got[2:]:
+        assert type(e) is InvalidArgument and e.argument == "k" and e.rank == 0
+    got = _outcomes(p, topk(state={0: {}}))
+    assert all(isinstance(e, InvalidType) and e.argument == "state" for e in got), got
+    fields = [  # (keyword per rank, expected message of rank r)
+        ({"x": {1: np.arange(12.0, dtype=np.float32)}},
+         lambda r: f"ranks disagree on the length of x of topk_allreduce (rank {r} has "
+                   f"{12 if r == 1 else 10}; range 10..12)"),
+        ({"k": {r: 3 + r for r in range(p)}},
+         lambda r: f"ranks disagree on the k of topk_allreduce (rank {r} has {3 + r}; range "
+                   f"3..{2 + p})"),
+        ({"x": {0: X.astype(np.float64)}},
+         lambda r: f"ranks disagree on the dtype of x in topk_allreduce (rank {r} has "
+                   f"{'float64' if r == 0 else 'float32'}; the ranks have float32 to float64)"),
+        ({"algorithm": {1: "gtopk"}},
+         lambda r: f"ranks disagree on the algorithm of topk_allreduce (rank {r} asked for "
+                   f"{'gtopk' if r == 1 else 'dense'!r}, another rank for another one)"),
+        ({"wire": {0: "compact"}},
+         lambda r: f"ranks disagree on wire / wire_values (rank {r} asked for "
+                   f"{'compact' if r == 0 else 'coo'}/None; the ranks from coo/None to "
+                   "compact/None)"),
+    ]
+    for per_rank, message in fields:
+        for r, e in enumerate(_outcomes(p, topk(**per_rank))):
+            assert type(e) is MismatchError and str(e) == message(r), (per_rank, r, e)
+
+
+def test_the_wire_asked_for_reaches_every_ranks_run():
+    """On 2 simulated ranks, ``wire="compact"`` is the call's wire on every rank (dense
+    top-k: the exact top 3 of the sum)."""
+    def call(comm):
+        state = TopkState()
+        res = cc.topk_allreduce(X * (comm.rank + 1), 3, comm=comm, algorithm="dense",
+                                state=state, wire="compact", wire_values="bfloat16")
+        return res, state
+
+    for res, state in _outcomes(2, call):
+        assert res.indices.tolist() == [7, 8, 9] and res.values.tolist() == [24.0, 27.0, 30.0]
+        assert state.wire == type(state.wire)(True, "bfloat16") and state.last["wire"] == "compact"
