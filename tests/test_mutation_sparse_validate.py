@@ -38,6 +38,12 @@ def _error(**kwargs) -> tuple[type, str]:
 def test_each_local_rule_raises_its_exact_message():
     t, a = InvalidType, InvalidArgument
     cases = [
+        ({"op": "xor"}, a, "invalid argument 'op' on rank 3: unknown op; valid: ['avg', 'max', "
+         "'min', 'prod', 'sum'] (got 'xor')"),
+        ({"wire": "raw"}, a, "invalid argument 'wire' on rank 3: unknown wire format; valid: "
+         "['coo', 'compact', 'auto'] (got 'raw')"),
+        ({"wire_values": "int8"}, a, "invalid argument 'wire_values' on rank 3: unknown value "
+         "format; valid: [None, 'bfloat16', 'float16'] (got 'int8')"),
         ({"algorithm": "nope"}, a, f"invalid argument 'algorithm' on rank 3: unknown sparse "
          f"algorithm; valid: {NAMES} (got 'nope')"),
         ({"n": 10.0}, t, "argument 'n' on rank 3 must be an int (the dense length), got 'float'"),
@@ -82,6 +88,30 @@ def test_each_local_rule_raises_its_exact_message():
         assert _error(**kwargs) == (cls, text), kwargs
     _, error = _local(indices=np.array([4, 1, 10, 7]))
     assert isinstance(error, InvalidArgument) and error.value == 10
+
+
+class _DeviceArray:
+    """An array of a device library (``as_array`` passes it through as cupy's): ``get()``
+    copies it to the host, as a cupy array on the MPI backend."""
+
+    __module__ = "cupy_like"
+    __cupycoll_namespace__ = object()
+
+    def __init__(self, a: np.ndarray) -> None:
+        self.a, self.dtype, self.ndim, self.shape = a, a.dtype, a.ndim, a.shape
+
+    def get(self) -> np.ndarray:
+        return self.a.copy()
+
+
+def test_local_takes_callbacks_and_device_arrays_to_the_host():
+    """Callable callbacks pass; device arrays reach the host communicator as numpy copies."""
+    prepared, error = _local(alloc_fn=lambda *a: None, completion_fn=print)
+    assert error is None and prepared.indices.tolist() == [1, 4, 7]
+    prepared, error = _local(indices=_DeviceArray(IDX), values=_DeviceArray(VAL[:, None]))
+    assert error is None and type(prepared.indices) is np.ndarray
+    assert prepared.indices.tolist() == [1, 4, 7] and prepared.values.tolist() == [[2.0], [4.0],
+                                                                                  [-0.5]]
 
 
 def test_an_unexpected_failure_still_becomes_an_argument_error():
