@@ -145,7 +145,8 @@ def test_an_error_travels_as_its_class_and_argument():
     assert api._encode(CupycollError("boom")) == 48 + 15
     e = api._decode(48 + 15, 2)
     assert type(e) is CupycollError
-    assert str(e) == "rank 2 passed an invalid 'argument' (see that rank's error); every rank raises"
+    assert str(e) == ("rank 2 passed an invalid 'argument' (see that rank's error); every rank "
+                      "raises")
     e = api._decode(32 + 15, 0)
     assert type(e) is InvalidArgument and e.argument == "argument" and e.rank == 0
 
@@ -177,7 +178,8 @@ def test_validate_on_one_rank_raises_this_ranks_own_error(comm):
             api.validate(comm, X, k, algorithm, **args)
         assert info.value.argument == argument and info.value.rank == 0
         assert "another rank" not in str(info.value)
-    arr, k = api.validate(comm, X, np.int64(4), "dense", argument="grad", n=10, verb="TopkCompressor.step")
+    arr, k = api.validate(comm, X, np.int64(4), "dense", argument="grad", n=10,
+                          verb="TopkCompressor.step")
     assert arr is X and k == 4 and type(k) is int
 
 
