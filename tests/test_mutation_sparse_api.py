@@ -292,3 +292,26 @@ def test_fill_names_every_bad_alloc_fn_buffer():
         assert e.argument == "alloc_fn" and e.value == f"{name} (3,) {bufs[which].dtype}"
         assert e.reason.startswith("must return writable buffers (") and e.rank is None
         assert isinstance(e.__cause__, ValueError)
+
+
+@pytest.mark.parametrize("itype, vtype, fits", [(np.int32, np.float32, 256),
+                                                (np.int64, np.float64, 128)])
+def test_entries_filling_the_whole_slot_come_with_the_validation(comm, caplog, itype, vtype,
+                                                                 fits):
+    """One rank's slot holds 256 int64 words (sparse/small.py): entries of exactly that many
+    words (indices, then values, each padded to 8 bytes) come back with the validation (the
+    ``small`` path), one more entry goes to an algorithm; both equal the input, sorted."""
+    import logging
+
+    rng = np.random.default_rng(7)
+    for nnz, path in ((fits, "small"), (fits + 2, "allgather")):
+        idx = rng.choice(1000, nnz, replace=False).astype(itype)
+        val = rng.standard_normal(nnz).astype(vtype)
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, logger="cupycoll"):
+            res = cc.sparse_allreduce(idx, val, 1000, comm=comm)
+        order = np.argsort(idx)
+        assert res.indices.tolist() == idx[order].tolist()
+        assert res.values.tobytes() == val[order].tobytes()
+        msgs = [r.getMessage() for r in caplog.records if "sparse_allreduce:" in r.getMessage()]
+        assert len(msgs) == 1 and msgs[0].startswith(f"sparse_allreduce: algorithm {path},")
