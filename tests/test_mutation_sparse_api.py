@@ -315,3 +315,20 @@ def test_entries_filling_the_whole_slot_come_with_the_validation(comm, caplog, i
         assert res.values.tobytes() == val[order].tobytes()
         msgs = [r.getMessage() for r in caplog.records if "sparse_allreduce:" in r.getMessage()]
         assert len(msgs) == 1 and msgs[0].startswith(f"sparse_allreduce: algorithm {path},")
+
+
+def test_small_path_rounds_values_on_the_wire_like_allgather():
+    """Two simulated ranks, entries that fit the validation's slots, ``wire_values``: each
+    rank's values travel rounded to bfloat16 (nearest even), as on the allgather path, and the
+    result is the same on both ranks."""
+    from tests._threaded import on_communicators
+
+    x = np.float32(1.0 + 2.0**-10)  # not a bfloat16: rounds to 1.0 (nearest even)
+
+    def call(comm):
+        return cc.sparse_allreduce(np.array([comm.rank, 5], np.int32), np.array([x, x]), 8,
+                                   comm=comm, wire_values="bfloat16")
+
+    for res, _ in on_communicators(2, call):
+        assert res.indices.tolist() == [0, 1, 5] and res.values.dtype == np.float32
+        assert res.values.tolist() == [1.0, 1.0, 2.0]
