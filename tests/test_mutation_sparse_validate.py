@@ -160,6 +160,11 @@ def test_local_prepares_the_coalesced_input_in_the_accumulate_dtype(op):
     assert prepared.n == 2**62 - 1 and prepared.values.dtype == np.int64
     prepared, _ = _local(values=np.asfortranarray(np.ones((4, 3), np.float64)))
     assert prepared.values.flags.c_contiguous and prepared.width == 3
+    strided = np.arange(12.0)[::2][:3]  # ascending unique indices: nothing else copies it
+    prepared, _ = _local(indices=np.array([0, 3, 9], np.int64), values=strided)
+    assert prepared.values.flags.c_contiguous and prepared.values.tolist() == [0.0, 2.0, 4.0]
+    prepared, _ = _local(indices=np.arange(8, dtype=np.int32)[::2], values=np.ones(4))
+    assert prepared.indices.flags.c_contiguous and prepared.indices.tolist() == [0, 2, 4, 6]
     prepared, error = _local(values=np.ones((4, 1), np.float32))  # rows of width 1
     assert error is None and prepared.width == 1 and prepared.values.shape == (3, 1)
 
