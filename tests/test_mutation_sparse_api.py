@@ -294,10 +294,11 @@ def test_fill_names_every_bad_alloc_fn_buffer():
         assert isinstance(e.__cause__, ValueError)
 
 
-@pytest.mark.parametrize("itype, vtype, fits", [(np.int32, np.float32, 256),
-                                                (np.int64, np.float64, 128)])
+@pytest.mark.parametrize("itype, vtype, width, fits", [(np.int32, np.float32, 0, 256),
+                                                       (np.int64, np.float64, 0, 128),
+                                                       (np.int32, np.float32, 2, 170)])
 def test_entries_filling_the_whole_slot_come_with_the_validation(comm, caplog, itype, vtype,
-                                                                 fits):
+                                                                 width, fits):
     """One rank's slot holds 256 int64 words (sparse/small.py): entries of exactly that many
     words (indices, then values, each padded to 8 bytes) come back with the validation (the
     ``small`` path), one more entry goes to an algorithm; both equal the input, sorted."""
@@ -306,7 +307,7 @@ def test_entries_filling_the_whole_slot_come_with_the_validation(comm, caplog, i
     rng = np.random.default_rng(7)
     for nnz, path in ((fits, "small"), (fits + 2, "allgather")):
         idx = rng.choice(1000, nnz, replace=False).astype(itype)
-        val = rng.standard_normal(nnz).astype(vtype)
+        val = rng.standard_normal((nnz, width) if width else nnz).astype(vtype)
         caplog.clear()
         with caplog.at_level(logging.DEBUG, logger="cupycoll"):
             res = cc.sparse_allreduce(idx, val, 1000, comm=comm)

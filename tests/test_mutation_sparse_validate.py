@@ -179,6 +179,8 @@ def test_prepared_shape_and_fields():
     assert ints.shape(2).float_values is False and ints.reduce_op is ReduceOp.SUM
     half, _ = _local(values=VAL.astype(np.float16))
     assert half.shape(2).float_values is False
+    single, _ = _local()
+    assert single.shape(2).float_values is True and single.shape(2).value_bytes == 4
     assert prepared.fields(NAMES) == (10, 1, 1, 0, 2, NAMES.index("mask"), 2, 0)
     assert ints.fields(NAMES) == (10, 1, 3, 0, 4, NAMES.index("allgather"), 3, 6)
 
@@ -246,13 +248,14 @@ def test_ranks_raise_together_on_bad_input_or_a_disagreement(p):
     """``prepare`` on simulated ranks: the bad rank raises its own error, the others the same
     type naming the lowest bad rank (and every bad rank), an index out of range with its value;
     ranks that disagree raise MismatchError naming every differing field."""
-    def call(indices=None, values=None, n=None, op=None, async_op=None):
+    def call(indices=None, values=None, n=None, op=None, async_op=None, wire_values=None):
         def fn(comm):
             r = comm.rank
             return v.prepare(comm, (indices or {}).get(r, IDX), (values or {}).get(r, VAL),
                              (n or {}).get(r, 10), op=(op or {}).get(r, "sum"),
                              algorithm="allgather", accumulate_dtype=None, alloc_fn=None,
-                             completion_fn=None, async_op=(async_op or {}).get(r, False))
+                             completion_fn=None, async_op=(async_op or {}).get(r, False),
+                             wire="coo", wire_values=(wire_values or {}).get(r))
         return _outcomes(p, fn)
 
     last = p - 1
@@ -269,6 +272,11 @@ def test_ranks_raise_together_on_bad_input_or_a_disagreement(p):
         assert type(e) is InvalidType and str(e) == (
             "argument 'values' on rank 0 must be valid on every rank (rank 0 raised the "
             f"precise error{also}), got 'a bad values on rank 0'")
+    got = call(wire_values={0: "bfloat16"})
+    for r, e in enumerate(got):
+        assert type(e) is MismatchError and str(e) == (
+            "ranks disagree on wire (coo/None vs coo/bfloat16) (seen on rank "
+            f"{r} of {p}); every rank must pass the same value"), (r, e)
     got = call(n={1: 12}, op={1: "max"}, async_op={0: True})
     for r, e in enumerate(got):
         assert type(e) is MismatchError and str(e) == (
@@ -277,3 +285,25 @@ def test_ranks_raise_together_on_bad_input_or_a_disagreement(p):
     got = call()
     for prepared in got:
         assert prepared.nnz == (3,) * p and prepared.indices.tolist() == [1, 4, 7]
+
+
+def test_a_rank_in_another_verb_stops_the_validation():
+    """A rank in topk_allreduce while the others validate a sparse call: every rank raises
+    MismatchError naming both verbs and its own; the validation is booked ``sparse.validate``."""
+    from tests._threaded import on_communicators
+
+    def call(comm):
+        try:
+            if comm.rank == 1:
+                return cc.topk_allreduce(np.ones(4, np.float32), 2, comm=comm, algorithm="dense")
+            return cc.sparse_allreduce(IDX, VAL, 10, comm=comm)
+        except CupycollError as exc:
+            return exc
+
+    for r, (e, log) in enumerate(on_communicators(2, call)):
+        verb = "topk_allreduce" if r == 1 else "sparse_allreduce"
+        assert type(e) is MismatchError and str(e) == (
+            "ranks called different collectives at the same point: sparse_allreduce and "
+            f"topk_allreduce (rank {r} called {verb}); nothing was moved, every rank raises "
+            "this"), (r, e)
+        assert log[0][0] == ("topk.validate" if r == 1 else "sparse.validate")
