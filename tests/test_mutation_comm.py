@@ -48,3 +48,69 @@ def test_count_exchange_books_under_its_name():
     comm = cc.init("mpi", mpi_comm=MPI.COMM_SELF)
     got = comm.alltoall_counts([7], "test.counts")
     assert got.tolist() == [7] and "test.counts" in comm.stats.by_op
+
+
+def _fresh(timeout=None):
+    from mpi4py import MPI
+
+    from cupycoll.comm.mpi import MPICommunicator
+    return MPICommunicator(MPI.COMM_SELF, timeout=timeout)
+
+
+def test_a_timed_out_wait_names_the_call_step_wait_and_missing_ranks_then_aborts():
+    """``_timed_out``: the CollectiveTimeout names the front-door verb, the step (op name), the
+    collective number (the latest, or the one given), the wait, the rank, and the peers that
+    still owe messages; the communicator is aborted, and later calls say where."""
+    import pytest
+
+    from cupycoll.errors import CollectiveTimeout
+    comm = _fresh(timeout=2.5)
+    comm._record_collective("allreduce", 8)
+    comm._record_collective("allreduce", 8)
+    with comm.calling("sparse_allreduce"):
+        error = comm._timed_out("split.exchange", pending=[3, 1, 3])
+    assert type(error) is CollectiveTimeout and error.op_name == "sparse_allreduce"
+    assert error.missing_ranks == [1, 3]
+    assert str(error) == (
+        "sparse_allreduce (step split.exchange, collective #2) did not complete within 2.5 s "
+        "on rank 0 of 1: every rank started it, but ranks 1, 3 still owe this rank messages. "
+        "The communicator is aborted: every later call on it raises at once; call "
+        "cupycoll.init() on every rank for a new one")
+    with pytest.raises(CollectiveTimeout) as info:
+        comm._check_alive()
+    assert str(info.value).startswith("this communicator was aborted in sparse_allreduce "
+                                      "(collective #2) (timed out; missing ranks 1, 3)")
+    assert info.value.op_name == "sparse_allreduce"
+    other = _fresh()  # no verb, the collective given, no wait limit, one peer
+    error = other._timed_out("allgather", sequence=7, pending=[5])
+    assert str(error).startswith("allgather (collective #7) did not complete on rank 0 of 1: "
+                                 "every rank started it, but rank 5 still owes this rank")
+    assert error.op_name == "allgather" and other._fate.where == "allgather (collective #7)"
+
+
+def test_abort_kills_the_communicator_naming_the_rank():
+    import pytest
+
+    from cupycoll.errors import BackendError
+    comm = _fresh()
+    comm.abort()
+    with pytest.raises(BackendError) as info:
+        comm._check_alive()
+    assert str(info.value) == (
+        "this communicator was aborted in abort() (abort() was called on rank 0); every call "
+        "on it raises now: call cupycoll.init() on every rank for a new one")
+    comm._interrupted("x.y")  # the first cause wins
+    assert comm._fate.where == "abort()"
+    other = _fresh()
+    other._interrupted("x.y")
+    assert str(other._fate.error) == "x.y was interrupted on rank 0"
+
+
+def test_native_collectives_publish_their_count_and_book_by_the_root_rule():
+    """``_record_collective``: the count goes to this rank's arrival slot (word 0, word 1 is
+    the death notice); the booking rule: tests/test_mutation_comm_derived.py."""
+    comm = _fresh()
+    comm._record_collective("allreduce", 16, op_name="t.ar")
+    assert comm.sequence == 1 and comm._slot[0] == 1 and comm._slot[1] == 0
+    comm._record_collective("reduce", 24, root=0, op_name="t.red")
+    assert comm.sequence == 2 and comm._slot[0] == 2 and comm._slot[1] == 0

@@ -199,3 +199,38 @@ def test_reference_threshold_recomputes_exactly_when_k_changes():
     assert sorted(np.asarray(first.indices).tolist()) == list(range(95, 100))
     again = sel.select(x, 20, refresh=False)  # k changed: exact top 20
     assert sorted(np.asarray(again.indices).tolist()) == list(range(80, 100))
+
+
+def _priced(beta: float, code: float):
+    from cupycoll.tuner import Profile
+
+    return Profile("wire", 0.0, beta, 0.0, 0.0, {"code": code})
+
+
+def test_topk_wire_choice_follows_the_documented_rule():
+    """``choose_wire(request, values, p, k, n, profile)``: coo when asked or on one rank,
+    compact when asked (P > 1), and ``auto`` compact exactly when the index bytes saved on k
+    entries (4-byte indices below n = 2**31, else 8; coded size from the wire model) priced at
+    beta beat two codings of k indices priced at gamma["code"]. Checked at gamma just below
+    and just above each break-even point, with the values' rounding kept as asked."""
+    from cupycoll.topk._wire import choose_wire
+    from cupycoll.wire._model import expected_index_nbytes
+
+    beta = 1e-9
+    cheap, dear = _priced(beta, 0.0), _priced(0.0, 1.0)  # compact always / never pays
+    for values in (None, "bfloat16", "float16"):
+        for p in (1, 2, 5):
+            for req, profile in (("coo", cheap), ("auto", dear), ("compact", cheap),
+                                 ("auto", cheap), ("compact", dear)):
+                w = choose_wire(req, values, p, 100, 10_000, profile)
+                want = p > 1 and (req == "compact" or (req == "auto" and profile is cheap))
+                assert w.compact is want and w.values == values, (req, p, values)
+        for k, n in ((1000, 100_000), (100, 10_000), (1000, 2**31 - 1), (1000, 2**31),
+                     (3, 2**40)):
+            index_bytes = 4 if n < 2**31 else 8
+            saved = k * index_bytes - expected_index_nbytes(k, n, index_bytes)
+            edge = saved * beta / (2 * k)  # gamma at which compact just stops paying
+            assert edge > 0, (k, n)
+            for gamma, compact in ((edge * (1 - 1e-6), True), (edge * (1 + 1e-6), False)):
+                w = choose_wire("auto", values, 4, k, n, _priced(beta, gamma))
+                assert w.compact is compact and w.values == values, (k, n, gamma)

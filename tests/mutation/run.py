@@ -53,7 +53,8 @@ BUILD = ROOT / "build" / "mutation"
 # launches (thousands of cases, minutes each) are left to the regular suite.
 _SPARSE_MPI = "tests/test_sparse_mpi.py::"
 _SPARSE = ["tests/test_sparse_units.py", "tests/test_api_units.py",
-           "tests/test_mutation_sparse.py",
+           "tests/test_mutation_sparse.py", "tests/test_mutation_sparse_api.py",
+           "tests/test_mutation_sparse_dense.py", "tests/test_mutation_sparse_validate.py",
            "tests/test_tuner.py::test_choose_remembers_a_shape_per_profile",
            *(_SPARSE_MPI + t for t in (
                "test_nan_inf_signed_zero_same_bits_in_every_algorithm[2]",
@@ -74,6 +75,7 @@ _SPARSE = ["tests/test_sparse_units.py", "tests/test_api_units.py",
 # mutmut runs the fastest tests first and stops at the first failure). The regular top-k MPI
 # launches (5-10 s each at 2-3 ranks, up to minutes at 5-8) are left to the regular suite.
 _TOPK = ["tests/test_topk_units.py", "tests/test_mutation_topk.py",
+         "tests/test_mutation_topk_api.py", "tests/test_mutation_topk_wire.py",
          "tests/test_mutation_topk_mpi.py::test_topk_quick_every_algorithm[2]",
          "tests/test_mutation_topk_mpi.py::test_topk_quick_every_algorithm[3]",
          "tests/test_topk_mpi.py::test_topk_density_under_error_feedback[2]"]
@@ -111,6 +113,7 @@ MODULES = {
                                      "test_hot_index_block_sizes"],
     **{f"cupycoll/comm/{m}.py": ["tests/test_api_units.py", "tests/test_sparse_units.py",
                                  "tests/test_mutation_comm.py",
+                                 "tests/test_mutation_comm_derived.py",
                                  "tests/test_dense.py::test_dense_collectives_match_numpy[3]",
                                  "tests/test_dense.py::test_comm_stats_errors_timeouts[3]",
                                  _SPARSE_MPI + "test_volume_equals_cost_models[3]"]

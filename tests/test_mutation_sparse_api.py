@@ -1,0 +1,335 @@
+"""The sparse front door's own steps, in process (issue 17, mutation testing).
+
+What ``sparse_allreduce`` does around the algorithm: the avg division and the single cast back
+(``_finish``), the copy of a result that aliases the input and the call's name (``_run``),
+delivery into ``alloc_fn`` buffers with every bad buffer named (``_fill``), and the caller's
+array type (``_like``). Expected values come from numpy and Python integers, and error texts
+from the documented format of ``cupycoll.errors``, never from the code under test.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import cupycoll as cc
+from cupycoll._types import ReduceOp
+from cupycoll.errors import InvalidArgument, InvalidType
+from cupycoll.sparse import api
+from cupycoll.sparse._validate import Prepared
+from cupycoll.wire._pack import Wire
+
+
+class _Size:
+    """Only what ``_finish`` reads of a communicator: its size."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+
+def _prepared(op: ReduceOp, index_dtype, value_dtype, acc=None, idx=None, val=None) -> Prepared:
+    acc = np.dtype(acc or value_dtype)
+    return Prepared(idx, val, 100, op, "allgather", np.dtype(index_dtype), np.dtype(value_dtype),
+                    acc, 0)
+
+
+@pytest.fixture(scope="module")
+def comm():
+    return cc.init("mpi", mpi_comm=MPI.COMM_SELF)
+
+
+@pytest.mark.parametrize("p", [2, 3, 7])
+def test_finish_divides_only_avg_by_p_truncating_integers(p):
+    """avg: the sum over P ranks divided by P (integers toward zero, like C); every other op
+    leaves the reduced values alone."""
+    totals = [-7, 7, 6, -5, 0, 13, -1, 2**40 + 1]
+    idx = np.arange(len(totals), dtype=np.int64)
+    want = [abs(t) // p * (1 if t >= 0 else -1) for t in totals]  # Python ints, toward zero
+    _, got = api._finish(_Size(p), _prepared(ReduceOp.AVG, np.int64, np.int64),
+                         idx.copy(), np.array(totals, np.int64))
+    assert got.tolist() == want
+    f = np.array([1.0, -2.0, 3.5, 1e300], np.float64)
+    _, got = api._finish(_Size(p), _prepared(ReduceOp.AVG, np.int64, np.float64), idx[:4].copy(),
+                         f.copy())
+    assert np.array_equal(got, f / np.float64(p))
+    for op in (ReduceOp.SUM, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PROD):
+        _, got = api._finish(_Size(p), _prepared(op, np.int64, np.int64), idx.copy(),
+                             np.array(totals, np.int64))
+        assert got.tolist() == totals, op
+
+
+def test_finish_casts_back_to_the_callers_dtypes_once():
+    """Indices come back in the caller's index dtype, values in the caller's value dtype (from
+    the accumulate dtype, one rounding), NaNs with numpy's NaN bits."""
+    idx = np.array([1, 4, 9], np.int64)
+    acc = np.array([1.0 + 2.0**-12, np.nan, -3.0], np.float32)
+    acc[1] = np.array([0xFFC00123], np.uint32).view(np.float32)[0]  # a negative NaN, payload
+    out_i, out_v = api._finish(_Size(2), _prepared(ReduceOp.SUM, np.int32, np.float16, np.float32),
+                               idx, acc.copy())
+    assert out_i.dtype == np.int32 and out_i.tolist() == [1, 4, 9]
+    assert out_v.dtype == np.float16
+    want = np.array([1.0, np.nan, -3.0], np.float16)  # 1 + 2^-12 rounds to 1 in float16
+    assert out_v.view(np.uint16).tolist() == want.view(np.uint16).tolist()
+
+
+def test_run_names_the_call_passes_the_prepared_call_and_copies_an_aliased_result(comm):
+    """The algorithm runs under the verb ``sparse_allreduce`` with the prepared arguments (avg
+    as a sum); a result that is the input itself comes back as a copy, and avg is divided."""
+    idx, val = np.array([2, 5], np.int64), np.array([4.0, -6.0], np.float64)
+    prepared = _prepared(ReduceOp.AVG, np.int64, np.float64, idx=idx, val=val)
+    prepared.format = Wire(True, "bfloat16")
+    seen = {}
+
+    def algorithm(on, indices, values, n, op, accumulate_dtype, wire):
+        seen.update(verb=on._verb, args=(on, indices, values, n, op, accumulate_dtype, wire))
+        return indices, values  # aliases the prepared input
+
+    out_i, out_v = api._run(comm, prepared, algorithm)
+    assert seen["verb"] == "sparse_allreduce"
+    assert seen["args"] == (comm, idx, val, 100, ReduceOp.SUM, np.dtype(np.float64),
+                            prepared.format)
+    assert out_i.tolist() == [2, 5] and out_v.tolist() == [4.0, -6.0]  # P = 1: avg = sum
+    assert not np.may_share_memory(out_i, idx) and not np.may_share_memory(out_v, val)
+    assert comm._verb is None
+
+
+def test_front_door_validates_under_its_name_and_returns_on_the_given_comm(comm, monkeypatch):
+    """Validation runs under the verb ``sparse_allreduce`` on the communicator passed in."""
+    seen = []
+    real = api.prepare
+
+    def prepare(on, *args, **kwargs):
+        seen.append((on, on._verb))
+        return real(on, *args, **kwargs)
+
+    monkeypatch.setattr(api, "prepare", prepare)
+    res = cc.sparse_allreduce(np.array([3, 1, 3], np.int32), np.array([1.0, 2.0, 4.0]), 8,
+                              comm=comm, algorithm="allgather")
+    assert seen == [(comm, "sparse_allreduce")]
+    assert res.indices.tolist() == [1, 3] and res.values.tolist() == [2.0, 5.0]
+
+
+def test_front_door_checks_the_callbacks_it_is_given(comm):
+    """A callback that is not callable is an InvalidType naming it, before anything runs."""
+    for arg in ("alloc_fn", "completion_fn"):
+        with pytest.raises(InvalidType) as info:
+            cc.sparse_allreduce(np.array([1], np.int32), np.ones(1), 4, comm=comm,
+                                **{arg: "not callable"})
+        assert info.value.argument == arg and info.value.got == "str"
+
+
+def test_front_door_prices_auto_with_the_call_as_asked(comm, monkeypatch):
+    """``auto`` (entries too many for the validation's slots) prices the call's shape under
+    the wire asked for, with the call's op and communicator; the wire is then chosen for the
+    algorithm picked, from the call's own wire keywords."""
+    seen = {}
+    real = api._auto.choose_wire
+
+    def choose(shape, profile=None, *, comm=None, op=None):
+        seen["choose"] = (shape.size, shape.n, shape.nnz, shape.wire, comm, op)
+        return "allgather"
+
+    def choose_wire(name, shape, request, values=None, profile=None, *, comm=None):
+        seen["wire"] = (name, shape.size, shape.nnz, shape.wire, request, values, comm)
+        return real(name, shape, request, values, profile, comm=comm)
+
+    monkeypatch.setattr(api._auto, "choose", choose)
+    monkeypatch.setattr(api._auto, "choose_wire", choose_wire)
+    m = 4096  # more than any slot holds
+    idx = np.arange(m, dtype=np.int32)
+    for wire, compact in (("compact", True), ("coo", False), ("auto", False)):
+        seen.clear()
+        res = cc.sparse_allreduce(idx, np.ones(m, np.float32), m, op="max", comm=comm,
+                                  wire=wire, wire_values="bfloat16")
+        assert res.indices.tolist() == idx.tolist() and np.all(res.values == 1.0)
+        assert seen["choose"] == (1, m, (m,), Wire(compact, "bfloat16"), comm, ReduceOp.MAX)
+        assert seen["wire"] == ("allgather", 1, (m,), Wire(False, None), wire, "bfloat16",
+                                comm)
+
+
+def test_debug_log_names_the_small_path_and_its_wire(comm, caplog):
+    """A call whose entries came with the validation logs algorithm ``small`` and the coo wire
+    with the values' rounding asked for (nothing else travels)."""
+    import logging
+
+    with caplog.at_level(logging.DEBUG, logger="cupycoll"):
+        res = cc.sparse_allreduce(np.array([5, 2], np.int64), np.array([1.0, 3.0], np.float32),
+                                  10, comm=comm, wire="compact", wire_values="bfloat16")
+    assert res.indices.tolist() == [2, 5] and res.values.tolist() == [3.0, 1.0]
+    msgs = [r.getMessage() for r in caplog.records if "sparse_allreduce:" in r.getMessage()]
+    assert msgs == [f"sparse_allreduce: algorithm small, wire {Wire(False, 'bfloat16')!s}, "
+                    "nnz (2,), n 10"]
+
+
+def test_async_call_on_a_stream_ordered_communicator_names_its_device_work(comm, monkeypatch):
+    """On a communicator that orders work on a stream (NCCL), async_op runs the call in the
+    calling thread and its Work waits for the device work queued under ``sparse_allreduce``."""
+    names = []
+
+    class Done:
+        def wait(self):
+            return None
+
+        def is_completed(self):
+            return True
+
+    def stream_work(op_name):
+        names.append(op_name)
+        return Done()
+
+    monkeypatch.setattr(comm, "stream_work", stream_work, raising=False)
+    work = cc.sparse_allreduce(np.array([4, 1], np.int32), np.array([2.0, 3.0]), 6, comm=comm,
+                               algorithm="allgather", async_op=True)
+    assert names == ["sparse_allreduce"]
+    res = work.wait()
+    assert res.indices.tolist() == [1, 4] and res.values.tolist() == [3.0, 2.0]
+
+
+class _Device:
+    """A result of another array library: numpy inside, its own namespace, ``get()`` to host."""
+
+    __cupycoll_namespace__ = object()
+
+    def __init__(self, a: np.ndarray) -> None:
+        self.a = a
+
+    def get(self) -> np.ndarray:
+        return self.a.copy()
+
+
+class _Tensor:
+    """A CPU tensor of a foreign library (module ``fakelib``) that speaks DLPack, like torch."""
+
+    __module__ = "fakelib"
+
+    def __init__(self, a: np.ndarray) -> None:
+        self.a = a
+
+    def __dlpack__(self, **kw):
+        return self.a.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
+def test_like_returns_results_in_the_callers_array_type(monkeypatch):
+    """numpy in, numpy out (the same array); a result of another library comes to the host
+    for numpy callers; a caller of a DLPack library gets its tensor type over the same memory
+    (the library's ``from_dlpack``)."""
+    import sys
+    import types
+
+    fakelib = types.ModuleType("fakelib")
+    fakelib.from_dlpack = lambda x: _Tensor(np.from_dlpack(x))
+    monkeypatch.setitem(sys.modules, "fakelib", fakelib)
+    res = np.arange(4.0)
+    assert api._like(res, np.zeros(2)) is res
+    back = api._like(_Device(res), np.zeros(2))
+    assert type(back) is np.ndarray and back.tolist() == res.tolist()
+    t = api._like(res, _Tensor(np.zeros(2)))
+    assert type(t) is _Tensor and np.shares_memory(t.a, res) and t.a.tolist() == res.tolist()
+
+
+def _deliver(alloc, idx=None, val=None, completion=None, ctx="ctx"):
+    idx = np.array([1, 4, 6], np.int32) if idx is None else idx
+    val = np.array([1.5, -2.0, 3.0], np.float32) if val is None else val
+    prepared = _prepared(ReduceOp.SUM, idx.dtype, val.dtype)
+    return api._deliver((idx, val), prepared, idx, val, alloc, completion, ctx)
+
+
+def test_deliver_fills_the_alloc_fn_buffers_and_calls_completion_fn():
+    """alloc_fn gets (nnz, index dtype, values shape, value dtype, fn_ctx) and its own buffers
+    come back filled; completion_fn sees the result and fn_ctx."""
+    calls, done = [], []
+
+    def alloc(nnz, index_dtype, values_shape, value_dtype, ctx):
+        calls.append((nnz, np.dtype(index_dtype), values_shape, np.dtype(value_dtype), ctx))
+        return list(bufs)  # a list is accepted too
+
+    bufs = (np.zeros(3, np.int32), np.zeros((3, 2), np.float32))
+    val = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], np.float32)
+    res = _deliver(alloc, val=val, completion=lambda i, v, c: done.append((i, v, c)))
+    assert calls == [(3, np.dtype(np.int32), (3, 2), np.dtype(np.float32), "ctx")]
+    assert res.indices is bufs[0] and res.values is bufs[1] and res.n == 100
+    assert bufs[0].tolist() == [1, 4, 6] and bufs[1].tolist() == val.tolist()
+    assert len(done) == 1 and done[0][0] is bufs[0] and done[0][1] is bufs[1]
+    assert done[0][2] == "ctx"
+
+
+def _raises(cls, alloc):
+    with pytest.raises(cls) as info:
+        _deliver(alloc)
+    return info.value
+
+
+def test_fill_names_every_bad_alloc_fn_buffer():
+    """Each way alloc_fn can fail is named: not a pair, a non-array, a wrong shape or dtype of
+    either buffer, a read-only buffer (InvalidType/InvalidArgument, argument 'alloc_fn')."""
+    good_i, good_v = np.zeros(3, np.int32), np.zeros(3, np.float32)
+    for bad in (good_i, (good_i,), (good_i, good_v, good_v)):
+        e = _raises(InvalidType, lambda *a, b=bad: b)
+        assert str(e) == ("argument 'alloc_fn' must be a callable returning (index_buf, "
+                          f"value_buf), got {type(bad).__name__!r}")
+    e = _raises(InvalidType, lambda *a: ([0, 0, 0], good_v))
+    assert e.argument == "alloc_fn index_buf"
+    e = _raises(InvalidType, lambda *a: (good_i, [0.0, 0.0, 0.0]))
+    assert e.argument == "alloc_fn value_buf"
+    cases = [((np.zeros(4, np.int32), good_v), "index_buf", (4,), "int32", (3,), "int32"),
+             ((np.zeros(3, np.int64), good_v), "index_buf", (3,), "int64", (3,), "int32"),
+             ((good_i, np.zeros(3, np.float64)), "value_buf", (3,), "float64", (3,), "float32"),
+             ((good_i, np.zeros((3, 1), np.float32)), "value_buf", (3, 1), "float32", (3,),
+              "float32")]
+    for bufs, name, shape, dtype, want_shape, want_dtype in cases:
+        e = _raises(InvalidArgument, lambda *a, b=bufs: b)
+        assert str(e) == (f"invalid argument 'alloc_fn': must return {name} of shape "
+                          f"{want_shape} and dtype {want_dtype} (got '{name} {shape} {dtype}')")
+    for which in (0, 1):
+        bufs = [np.zeros(3, np.int32), np.zeros(3, np.float32)]
+        bufs[which].flags.writeable = False
+        e = _raises(InvalidArgument, lambda *a, b=bufs: b)
+        name = ("index_buf", "value_buf")[which]
+        assert e.argument == "alloc_fn" and e.value == f"{name} (3,) {bufs[which].dtype}"
+        assert e.reason.startswith("must return writable buffers (") and e.rank is None
+        assert isinstance(e.__cause__, ValueError)
+
+
+@pytest.mark.parametrize("itype, vtype, width, fits", [(np.int32, np.float32, 0, 256),
+                                                       (np.int64, np.float64, 0, 128),
+                                                       (np.int32, np.float32, 2, 170)])
+def test_entries_filling_the_whole_slot_come_with_the_validation(comm, caplog, itype, vtype,
+                                                                 width, fits):
+    """One rank's slot holds 256 int64 words (sparse/small.py): entries of exactly that many
+    words (indices, then values, each padded to 8 bytes) come back with the validation (the
+    ``small`` path), one more entry goes to an algorithm; both equal the input, sorted."""
+    import logging
+
+    rng = np.random.default_rng(7)
+    for nnz, path in ((fits, "small"), (fits + 2, "allgather")):
+        idx = rng.choice(1000, nnz, replace=False).astype(itype)
+        val = rng.standard_normal((nnz, width) if width else nnz).astype(vtype)
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, logger="cupycoll"):
+            res = cc.sparse_allreduce(idx, val, 1000, comm=comm)
+        order = np.argsort(idx)
+        assert res.indices.tolist() == idx[order].tolist()
+        assert res.values.tobytes() == val[order].tobytes()
+        msgs = [r.getMessage() for r in caplog.records if "sparse_allreduce:" in r.getMessage()]
+        assert len(msgs) == 1 and msgs[0].startswith(f"sparse_allreduce: algorithm {path},")
+
+
+def test_small_path_rounds_values_on_the_wire_like_allgather():
+    """Two simulated ranks, entries that fit the validation's slots, ``wire_values``: each
+    rank's values travel rounded to bfloat16 (nearest even), as on the allgather path, and the
+    result is the same on both ranks."""
+    from tests._threaded import on_communicators
+
+    x = np.float32(1.0 + 2.0**-10)  # not a bfloat16: rounds to 1.0 (nearest even)
+
+    def call(comm):
+        return cc.sparse_allreduce(np.array([comm.rank, 5], np.int32), np.array([x, x]), 8,
+                                   comm=comm, wire_values="bfloat16")
+
+    for res, _ in on_communicators(2, call):
+        assert res.indices.tolist() == [0, 1, 5] and res.values.dtype == np.float32
+        assert res.values.tolist() == [1.0, 1.0, 2.0]

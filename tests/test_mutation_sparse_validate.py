@@ -1,0 +1,309 @@
+"""The sparse front door's validation (``cupycoll/sparse/_validate.py``) in process (issue 17,
+mutation testing): each local rule's exact message on rank 3 (format of ``cupycoll.errors``), the
+coalesced input it prepares (numpy reference), how an error travels as a code and what the other
+ranks raise for it, and the mismatch message naming every field that differs."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+import cupycoll as cc
+from cupycoll._types import ReduceOp
+from cupycoll.errors import CupycollError, InvalidArgument, InvalidType, MismatchError
+from cupycoll.sparse import _validate as v
+from cupycoll.sparse._cost import Shape
+from cupycoll.wire._pack import COO, Wire
+
+NAMES = cc.algorithms("sparse")
+VALUES = ["float16", "float32", "float64", "int32", "int64"]
+IDX, VAL = np.array([4, 1, 4, 7], np.int64), np.array([1.0, 2.0, 3.0, -0.5], np.float32)
+
+
+def _local(indices=IDX, values=VAL, n=10, op="sum", algorithm="allgather", acc=None,
+            alloc_fn=None, completion_fn=None, wire=None, wire_values=None, rank=3):
+    comm = types.SimpleNamespace(rank=rank, xp=np)
+    return v._local(comm, indices, values, n, op, algorithm, acc, alloc_fn, completion_fn,
+                    NAMES, wire, wire_values)
+
+
+def _error(**kwargs) -> tuple[type, str]:
+    prepared, error = _local(**kwargs)
+    assert prepared is None and error is not None, kwargs
+    return type(error), str(error)
+
+
+def test_each_local_rule_raises_its_exact_message():
+    t, a = InvalidType, InvalidArgument
+    cases = [
+        ({"op": "xor"}, a, "invalid argument 'op' on rank 3: unknown op; valid: ['avg', 'max', "
+         "'min', 'prod', 'sum'] (got 'xor')"),
+        ({"wire": "raw"}, a, "invalid argument 'wire' on rank 3: unknown wire format; valid: "
+         "['coo', 'compact', 'auto'] (got 'raw')"),
+        ({"wire_values": "int8"}, a, "invalid argument 'wire_values' on rank 3: unknown value "
+         "format; valid: [None, 'bfloat16', 'float16'] (got 'int8')"),
+        ({"algorithm": "nope"}, a, f"invalid argument 'algorithm' on rank 3: unknown sparse "
+         f"algorithm; valid: {NAMES} (got 'nope')"),
+        ({"n": 10.0}, t, "argument 'n' on rank 3 must be an int (the dense length), got 'float'"),
+        ({"n": True}, t, "argument 'n' on rank 3 must be an int (the dense length), got 'bool'"),
+        ({"n": 0}, a, "invalid argument 'n' on rank 3: must be a positive int (the dense "
+         "length) (got 0)"),
+        ({"n": 2**62}, a, "invalid argument 'n' on rank 3: must be a positive int (the dense "
+         f"length) (got {2**62})"),
+        ({"indices": [1, 2]}, t, "argument 'indices' on rank 3 must be a numpy/cupy array or "
+         "an object with __dlpack__, got 'list'"),
+        ({"values": [1.0]}, t, "argument 'values' on rank 3 must be a numpy/cupy array or an "
+         "object with __dlpack__, got 'list'"),
+        ({"indices": IDX.astype(np.float64)}, t, "argument 'indices' on rank 3 must be an "
+         "array of int32 or int64, got dtype('float64')"),
+        ({"indices": IDX.astype(np.int16)}, t, "argument 'indices' on rank 3 must be an array "
+         "of int32 or int64, got dtype('int16')"),
+        ({"indices": IDX.reshape(2, 2)}, a,
+         "invalid argument 'indices' on rank 3: must be 1-D (got (2, 2))"),
+        ({"values": VAL.astype(np.int8)}, t, f"argument 'values' on rank 3 must be an array of "
+         f"one of {VALUES}, got dtype('int8')"),
+        ({"values": VAL.reshape(4, 1, 1)}, a, "invalid argument 'values' on rank 3: must be "
+         "1-D, or 2-D rows (len(indices), width) (got (4, 1, 1))"),
+        ({"values": VAL[:3]}, a, "invalid argument 'values' on rank 3: needs one value (row) "
+         "per index; there are 4 indices (got (3,))"),
+        ({"values": np.zeros((4, 0), np.float32)}, a, "invalid argument 'values' on rank 3: "
+         "rows must have width >= 1 (got (4, 0))"),
+        ({"acc": "foo"}, t, "argument 'accumulate_dtype' on rank 3 must be a dtype, got 'foo'"),
+        ({"acc": np.int8}, t, f"argument 'accumulate_dtype' on rank 3 must be one of {VALUES}, "
+         "got dtype('int8')"),
+        ({"alloc_fn": "f"}, t, "argument 'alloc_fn' on rank 3 must be a callable or None, got "
+         "'str'"),
+        ({"completion_fn": 3}, t, "argument 'completion_fn' on rank 3 must be a callable or "
+         "None, got 'int'"),
+        ({"indices": np.array([4, 1, 10, 7])}, v._OutOfRange, "invalid argument 'indices' on "
+         "rank 3: index out of range [0, n=10) (got 10)"),
+        ({"indices": np.array([0, 1, 10, 7])}, v._OutOfRange, "invalid argument 'indices' on "
+         "rank 3: index out of range [0, n=10) (got 10)"),
+        ({"indices": np.array([4, -2, 12, 7])}, v._OutOfRange, "invalid argument 'indices' on "
+         "rank 3: index out of range [0, n=10) (got -2)"),
+    ]
+    for kwargs, cls, text in cases:
+        assert _error(**kwargs) == (cls, text), kwargs
+    _, error = _local(indices=np.array([4, 1, 10, 7]))
+    assert isinstance(error, InvalidArgument) and error.value == 10
+
+
+class _DeviceArray:
+    """An array of a device library (``as_array`` passes it through as cupy's): ``get()``
+    copies it to the host, as a cupy array on the MPI backend."""
+
+    __module__ = "cupy_like"
+    __cupycoll_namespace__ = object()
+
+    def __init__(self, a: np.ndarray) -> None:
+        self.a, self.dtype, self.ndim, self.shape = a, a.dtype, a.ndim, a.shape
+
+    def get(self) -> np.ndarray:
+        return self.a.copy()
+
+
+def test_local_takes_callbacks_and_device_arrays_to_the_host():
+    """Callable callbacks pass; device arrays reach the host communicator as numpy copies."""
+    prepared, error = _local(alloc_fn=lambda *a: None, completion_fn=print)
+    assert error is None and prepared.indices.tolist() == [1, 4, 7]
+    prepared, error = _local(indices=_DeviceArray(IDX), values=_DeviceArray(VAL[:, None]))
+    assert error is None and type(prepared.indices) is np.ndarray
+    assert prepared.indices.tolist() == [1, 4, 7] and prepared.values.tolist() == [[2.0], [4.0],
+                                                                                  [-0.5]]
+
+
+def test_an_unexpected_failure_still_becomes_an_argument_error():
+    class Broken:
+        def __dlpack__(self, **kw):
+            raise RuntimeError("boom")
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+    prepared, error = _local(values=Broken())
+    assert prepared is None and type(error) is InvalidArgument
+    assert str(error) == ("invalid argument 'arguments' on rank 3: could not be checked "
+                          "(got 'RuntimeError: boom')")
+    assert isinstance(error.__cause__, RuntimeError)
+
+
+@pytest.mark.parametrize("op", ["sum", "avg", "max", "min", "prod"])
+def test_local_prepares_the_coalesced_input_in_the_accumulate_dtype(op):
+    """Duplicates reduced with the op (avg with sum), ascending indices, values in the
+    accumulate dtype; the caller's dtypes and the keywords kept."""
+    ufunc = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum,
+             "prod": np.multiply}[op]
+    for acc, want_acc in ((None, np.float32), (np.float64, np.float64)):
+        prepared, error = _local(op=op, acc=acc, n=np.int64(8), wire="compact",
+                                 wire_values="bfloat16", algorithm="dense")
+        assert error is None
+        assert prepared.indices.tolist() == [1, 4, 7]
+        assert prepared.values.dtype == want_acc
+        want = [2.0, float(ufunc(np.float64(1.0), np.float64(3.0))), -0.5]
+        assert prepared.values.tolist() == want
+        assert (prepared.n, prepared.op, prepared.algorithm) == (8, ReduceOp(op), "dense")
+        assert type(prepared.n) is int
+        assert prepared.index_dtype == np.int64 and prepared.value_dtype == np.float32
+        assert prepared.accumulate_dtype == want_acc and prepared.width == 0
+        assert (prepared.wire, prepared.wire_values) == ("compact", "bfloat16")
+    inc = np.array([0, 3, 9], np.int32)
+    prepared, _ = _local(indices=inc, values=np.ones((3, 2), np.float16), op=op,
+                         wire_values="float16")
+    assert prepared.indices.tolist() == [0, 3, 9] and prepared.width == 2
+    assert prepared.values.dtype == np.float32  # rounded float16 accumulates in float32
+    assert prepared.value_dtype == np.float16 and prepared.index_dtype == np.int32
+    assert prepared.wire == "auto" and prepared.wire_values == "float16"
+    prepared, _ = _local(indices=np.array([5], np.int32), values=np.array([2], np.int64),
+                         n=2**62 - 1)
+    assert prepared.n == 2**62 - 1 and prepared.values.dtype == np.int64
+    prepared, _ = _local(values=np.asfortranarray(np.ones((4, 3), np.float64)))
+    assert prepared.values.flags.c_contiguous and prepared.width == 3
+    strided = np.arange(12.0)[::2][:3]  # ascending unique indices: nothing else copies it
+    prepared, _ = _local(indices=np.array([0, 3, 9], np.int64), values=strided)
+    assert prepared.values.flags.c_contiguous and prepared.values.tolist() == [0.0, 2.0, 4.0]
+    prepared, _ = _local(indices=np.arange(8, dtype=np.int32)[::2], values=np.ones(4))
+    assert prepared.indices.flags.c_contiguous and prepared.indices.tolist() == [0, 2, 4, 6]
+    prepared, error = _local(values=np.ones((4, 1), np.float32))  # rows of width 1
+    assert error is None and prepared.width == 1 and prepared.values.shape == (3, 1)
+
+
+def test_prepared_shape_and_fields():
+    prepared, _ = _local(acc=np.float64, algorithm="mask", wire="coo", op="max")
+    prepared.nnz = (3, 5)
+    assert prepared.shape(2) == Shape(2, 10, 0, 8, 8, (3, 5), wire=COO, float_values=True)
+    assert prepared.shape(4, Wire(True, None)).wire == Wire(True, None)
+    assert prepared.reduce_op is ReduceOp.MAX
+    ints, _ = _local(values=VAL.astype(np.int32), op="avg")
+    assert ints.shape(2).float_values is False and ints.reduce_op is ReduceOp.SUM
+    half, _ = _local(values=VAL.astype(np.float16))
+    assert half.shape(2).float_values is False
+    single, _ = _local()
+    assert single.shape(2).float_values is True and single.shape(2).value_bytes == 4
+    assert prepared.fields(NAMES) == (10, 1, 1, 0, 2, NAMES.index("mask"), 2, 0)
+    assert ints.fields(NAMES) == (10, 1, 3, 0, 4, NAMES.index("allgather"), 3, 6)
+
+
+def test_an_error_travels_as_a_code_and_comes_back_naming_the_rank():
+    """code = kind * 32 + argument position (type 1, value 2, range 3; 11 = unnamed); the
+    other ranks raise the same type naming the rank, the argument and every bad rank."""
+    args = ("indices", "values", "n", "op", "algorithm", "accumulate_dtype", "alloc_fn",
+            "completion_fn", "async_op", "wire", "wire_values")
+    for i, name in enumerate(args):
+        assert v._code(InvalidType(name, "g", "e")) == 32 + i
+        assert v._code(InvalidArgument(name, 1, "r")) == 64 + i
+        e = v._peer_error(32 + i, 2, 0, 10, [2])
+        assert type(e) is InvalidType and e.argument == name and e.rank == 2
+        assert str(e) == (f"argument {name!r} on rank 2 must be valid on every rank (rank 2 "
+                          f"raised the precise error), got 'a bad {name} on rank 2'")
+        e = v._peer_error(64 + i, 1, 0, 10, [1, 4])
+        assert type(e) is InvalidArgument and e.argument == name
+        assert str(e) == (f"invalid argument {name!r} on rank 1: rank 1 passed an invalid "
+                          f"{name}; ranks with bad input: [1, 4] (got 'see rank 1')")
+    assert v._code(v._OutOfRange("indices", 12, "r")) == 96
+    assert v._code(InvalidArgument("arguments", "x", "r")) == 64 + 11
+    e = v._peer_error(96, 0, 12, 10, [0])
+    assert str(e) == ("invalid argument 'indices' on rank 0: index out of range [0, n=10) on "
+                      "rank 0 (got 12)")
+    e = v._peer_error(96, 1, -3, 7, [1, 2])
+    assert str(e) == ("invalid argument 'indices' on rank 1: index out of range [0, n=7) on "
+                      "rank 1; ranks with bad input: [1, 2] (got -3)")
+    e = v._peer_error(64 + 11, 5, 0, 7, [5])
+    assert e.argument == "arguments" and "passed an invalid arguments" in str(e)
+    e = v._peer_error(32 + 11, 5, 0, 7, [5])
+    assert type(e) is InvalidType and e.argument == "arguments"
+
+
+def test_mismatch_names_every_field_that_differs():
+    """Agreement fields decoded by name (dtypes, op, algorithm, wire keywords)."""
+    assert v._decode("index_dtype", 1) == "int64" and v._decode("value_dtype", 0) == "float16"
+    assert v._decode("accumulate_dtype", 4) == "int64" and v._decode("op", 4) == "avg"
+    assert v._decode("algorithm", 2) == NAMES[2] and v._decode("wire", 4) == "compact/bfloat16"
+    assert v._decode("n", 12) == "12" and v._decode("async_op", 1) == "1"
+    lows = [10, 0, 1, 0, 0, 0, 1, 0, 0]  # per field: n, index/value dtype, width, op, ...
+    highs = [12, 0, 2, 0, 2, 3, 1, 5, 1]
+    with pytest.raises(MismatchError) as info:
+        v._disagreement(highs, [-lo for lo in lows], 1, 4)
+    assert str(info.value) == (
+        f"ranks disagree on n (10 vs 12), value_dtype (float32 vs float64), op (sum vs max), "
+        f"algorithm ({NAMES[0]} vs {NAMES[3]}), wire (coo/None vs compact/float16), async_op "
+        f"(0 vs 1) (seen on rank 1 of 4); every rank must pass the same value")
+
+
+def _outcomes(p, call):
+    from tests._threaded import on_communicators
+
+    def fn(comm):
+        try:
+            return call(comm)
+        except CupycollError as exc:
+            return exc
+
+    return [out for out, _ in on_communicators(p, fn)]
+
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_ranks_raise_together_on_bad_input_or_a_disagreement(p):
+    """``prepare`` on simulated ranks: the bad rank raises its own error, the others the same
+    type naming the lowest bad rank (and every bad rank), an index out of range with its value;
+    ranks that disagree raise MismatchError naming every differing field."""
+    def call(indices=None, values=None, n=None, op=None, async_op=None, wire_values=None):
+        def fn(comm):
+            r = comm.rank
+            return v.prepare(comm, (indices or {}).get(r, IDX), (values or {}).get(r, VAL),
+                             (n or {}).get(r, 10), op=(op or {}).get(r, "sum"),
+                             algorithm="allgather", accumulate_dtype=None, alloc_fn=None,
+                             completion_fn=None, async_op=(async_op or {}).get(r, False),
+                             wire="coo", wire_values=(wire_values or {}).get(r))
+        return _outcomes(p, fn)
+
+    last = p - 1
+    got = call(indices={last: np.array([3, 12])}, values={last: VAL[:2]})
+    assert str(got[last]) == ("invalid argument 'indices' on rank %d: index out of range "
+                              "[0, n=10) (got 12)" % last)
+    for e in got[:last]:
+        assert str(e) == (f"invalid argument 'indices' on rank {last}: index out of range "
+                          f"[0, n=10) on rank {last} (got 12)")
+    got = call(values={0: VAL.astype(np.int8)}, n={last: 10.0})
+    assert got[0].argument == "values" and got[last].argument == "n"
+    also = f"; ranks with bad input: [0, {last}]"
+    for e in got[1:last]:
+        assert type(e) is InvalidType and str(e) == (
+            "argument 'values' on rank 0 must be valid on every rank (rank 0 raised the "
+            f"precise error{also}), got 'a bad values on rank 0'")
+    got = call(wire_values={0: "bfloat16"})
+    for r, e in enumerate(got):
+        assert type(e) is MismatchError and str(e) == (
+            "ranks disagree on wire (coo/None vs coo/bfloat16) (seen on rank "
+            f"{r} of {p}); every rank must pass the same value"), (r, e)
+    got = call(n={1: 12}, op={1: "max"}, async_op={0: True})
+    for r, e in enumerate(got):
+        assert type(e) is MismatchError and str(e) == (
+            "ranks disagree on n (10 vs 12), op (sum vs max), async_op (0 vs 1) (seen on rank "
+            f"{r} of {p}); every rank must pass the same value"), (r, e)
+    got = call()
+    for prepared in got:
+        assert prepared.nnz == (3,) * p and prepared.indices.tolist() == [1, 4, 7]
+
+
+def test_a_rank_in_another_verb_stops_the_validation():
+    """A rank in topk_allreduce while the others validate a sparse call: every rank raises
+    MismatchError naming both verbs and its own; the validation is booked ``sparse.validate``."""
+    from tests._threaded import on_communicators
+
+    def call(comm):
+        try:
+            if comm.rank == 1:
+                return cc.topk_allreduce(np.ones(4, np.float32), 2, comm=comm, algorithm="dense")
+            return cc.sparse_allreduce(IDX, VAL, 10, comm=comm)
+        except CupycollError as exc:
+            return exc
+
+    for r, (e, log) in enumerate(on_communicators(2, call)):
+        verb = "topk_allreduce" if r == 1 else "sparse_allreduce"
+        assert type(e) is MismatchError and str(e) == (
+            "ranks called different collectives at the same point: sparse_allreduce and "
+            f"topk_allreduce (rank {r} called {verb}); nothing was moved, every rank raises "
+            "this"), (r, e)
+        assert log[0][0] == ("topk.validate" if r == 1 else "sparse.validate")
