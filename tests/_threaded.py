@@ -162,3 +162,17 @@ def on_communicators(p: int, fn):
             return None
 
     return on_ranks(p, lambda comm: fn(ThreadCommunicator(comm)))
+
+
+def outcomes(p: int, call):
+    """``call(comm)`` on p simulated communicators: each rank's raised CupycollError, or its
+    result."""
+    from cupycoll.errors import CupycollError
+
+    def fn(comm):
+        try:
+            return call(comm)
+        except CupycollError as exc:
+            return exc
+
+    return [out for out, _ in on_communicators(p, fn)]

@@ -232,15 +232,9 @@ def test_mismatch_names_every_field_that_differs():
 
 
 def _outcomes(p, call):
-    from tests._threaded import on_communicators
+    from tests._threaded import outcomes
 
-    def fn(comm):
-        try:
-            return call(comm)
-        except CupycollError as exc:
-            return exc
-
-    return [out for out, _ in on_communicators(p, fn)]
+    return outcomes(p, call)
 
 
 @pytest.mark.parametrize("p", [2, 3])

@@ -289,16 +289,9 @@ def _priced_edge(k: int, n: int) -> float:
 
 
 def _outcomes(p, call):
-    """``call(comm)`` on p simulated ranks: each rank's raised error (or its result)."""
-    from tests._threaded import on_communicators
+    from tests._threaded import outcomes
 
-    def fn(comm):
-        try:
-            return call(comm)
-        except CupycollError as exc:
-            return exc
-
-    return [out for out, _ in on_communicators(p, fn)]
+    return outcomes(p, call)
 
 
 @pytest.mark.parametrize("p", [2, 3])
