@@ -212,6 +212,8 @@ def error_cases() -> Iterator[tuple[str, str, tuple, dict]]:
     yield "scatter_reduce", "out-of-range", (np.zeros(3, np.float32), idx, val), {}
     yield "scatter_reduce", "dtype-mismatch", (np.zeros(5, np.float64), idx, val), {}
     yield "gather", "out-of-range", (x, np.array([5])), {}
+    yield "gather", "bad-dtype", (x.astype(np.int8), np.array([1])), {}
+    yield "gather", "bad-indices", (x, np.array([1.0])), {}
     yield "densify", "out-of-range", (idx, val, 2), {}
 
 

@@ -4,6 +4,7 @@ that one documented branch of a selector decides the outcome, outcome worked fro
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from cupycoll.topk.selectors import Gaussian, magnitude_sample
 
@@ -187,6 +188,29 @@ def test_every_booking_of_the_library_names_its_phase():
         cc.sparse_allreduce(idx, val, 16, algorithm=algorithm, comm=comm)
         bare = (_BARE_VERBS - {algorithm}) & set(comm.stats.by_op)  # "allgather" is one's name
         assert not bare, (algorithm, sorted(comm.stats.by_op))
+    comm.stats.reset()  # the compressor's warm-up steps: a dense allreduce under its name
+    comp = cc.TopkCompressor(300, 0.05, comm=comm, warmup_steps=2)
+    for _ in range(3):
+        comp.step(x)
+    assert "compressor.warmup" in comm.stats.by_op, sorted(comm.stats.by_op)
+    assert not _BARE_VERBS & set(comm.stats.by_op), sorted(comm.stats.by_op)
+
+
+@pytest.mark.parametrize("argument,args", [
+    ("n", (0, 0.5)), ("n", (-3, 0.5)), ("n", (2.5, 0.5)), ("n", ("8", 0.5)), ("n", (True, 0.5)),
+    ("density", (8, 0.0)), ("density", (8, 1.0000001)), ("density", (8, 1.5)),
+    ("density", (8, -0.1)), ("density", (8, float("nan"))), ("density", (8, True)),
+    ("density", (8, "0.1")), ("warmup_steps", (8, 0.5, -1))])
+def test_compressor_names_each_bad_argument(argument, args):
+    """TopkCompressor's own checks: n an int >= 1, density a number in (0, 1] (1 itself is
+    valid), warmup_steps an int >= 0; the error names the argument."""
+    import cupycoll as cc
+    from cupycoll.errors import CupycollError
+    kwargs = {"warmup_steps": args[2]} if len(args) > 2 else {}
+    with pytest.raises(CupycollError) as info:
+        cc.TopkCompressor(args[0], args[1], **kwargs)
+    assert info.value.argument == argument, info.value
+    assert cc.TopkCompressor(8, 1).k == 8 and cc.TopkCompressor(8, 1e-9).k == 1
 
 
 def test_reference_threshold_recomputes_exactly_when_k_changes():

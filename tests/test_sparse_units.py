@@ -277,3 +277,16 @@ def test_region_bounds_and_cuts_exact_beyond_float64():
     for a in inputs:
         want = [0] + [int(np.searchsorted(a, b)) for b in bounds[1:-1].tolist()] + [a.size]
         assert split._cuts(ThreeRanks(), a, bounds).tolist() == want
+
+
+def test_prefer_dense_only_when_sparse_costs_strictly_more():
+    """recursive doubling densifies when nnz entries of index + row bytes cost more than the
+    dense rows plus the presence bitmap (DELTA = 1): at equality it stays sparse."""
+    from cupycoll.sparse.recursive_doubling import DELTA, prefer_dense
+
+    assert DELTA == 1.0
+    # n = 64 float32 rows: 64 * 4 + 8 bitmap bytes = 264 = 33 entries of int32 + float32
+    assert not prefer_dense(33, 64, 4, 4)
+    assert prefer_dense(34, 64, 4, 4)
+    assert not prefer_dense(0, 1, 8, 4)
+

@@ -349,3 +349,18 @@ def test_gaussian_corrected_keeps_the_sample_fit_when_its_prediction_is_in_range
     sel = Gaussian().select(x, k)
     assert sel.threshold == pytest.approx(th, rel=1e-9)
     np.testing.assert_array_equal(sel.indices, np.flatnonzero(np.abs(x) >= sel.threshold))
+
+
+def test_distinct_needs_two_values_of_the_dtype_below_hi():
+    """``_distinct(lo, hi)``: [lo, hi) holds at least two values of the dtype; hi itself is
+    not in the range (a float32 step and a float64 step between the same numbers)."""
+    from cupycoll.topk._global_threshold import _distinct
+
+    f32, f64 = np.dtype(np.float32), np.dtype(np.float64)
+    up1 = float(np.nextafter(np.float32(1), np.float32(2)))
+    up2 = float(np.nextafter(np.float32(up1), np.float32(2)))
+    assert not _distinct(1.0, up1, f32)  # only 1.0
+    assert _distinct(1.0, up2, f32)      # 1.0 and up1
+    assert not _distinct(1.0000000001, up2, f32)  # lo rounds up to up1: only up1
+    assert _distinct(1.0, up1, f64)      # many float64 values in between
+

@@ -84,6 +84,9 @@ def check_balanced(comm, n, k) -> dict:
         # the count exchanges, outside the model: P-1 int64 each way, an allgather of P int64
         assert received(comm, "oktopk.reduce.counts") == 8 * (p - 1)
         assert received(comm, "oktopk.balance.counts") == 8 * (p - 1)
+        # the allgather reuses the balanced block sizes: no count round of its own
+        assert not any(op.startswith("oktopk.allgather.") for op in comm.stats.by_op), \
+            sorted(comm.stats.by_op)
     return {"reduce": exact / 4, "allgather": exact / 4}
 
 
