@@ -207,3 +207,67 @@ def test_signed_zero_sum_over_ranks_matches_numpy(p, width, dtype, rows):
             assert log[0][1] == (n * max(width, 1) + 1) * np.dtype(dtype).itemsize
             if settles:
                 assert log[-1][1] == 4 * doubtful
+
+
+@pytest.mark.parametrize("numba", ["auto", "off"])
+@pytest.mark.parametrize("p", [1, 2, 3])
+def test_large_sums_read_the_union_back_and_leave_the_kept_buffer_minus_zero(monkeypatch, numba,
+                                                                             p):
+    """n above the numba loops' threshold, ranks simulated by threads: a small union (the one
+    numba pass that also restores -0) and a large one (compare + flatnonzero + take, the next
+    call fills), each twice in a row on the same kept buffer; against numpy's sums with +0 for
+    absent entries, bit for bit, and the kept buffer all -0 (and known to be) after each small
+    union."""
+    from cupycoll.primitives import _accel
+    from tests._threaded import on_ranks
+
+    monkeypatch.setenv("CUPYCOLL_NUMBA", numba)
+    n = 1 << 15
+    for share in (64, 3):  # this rank's nnz = n / share: P x nnz below and above n/8
+        inputs = []
+        for r in range(p):
+            rng = np.random.default_rng([share, r, p])
+            idx = np.sort(rng.choice(n, n // share, replace=False))
+            inputs.append((idx, rng.integers(-8, 9, idx.size).astype(np.float32) / 4))
+        total = np.zeros(n, np.float32)
+        for idx, val in inputs:
+            total[idx] += val
+        union = np.unique(np.concatenate([i for i, _ in inputs]))
+
+        def fn(comm):
+            idx, val = inputs[comm.rank]
+            out = []
+            for _ in range(2):
+                out.append(dense.dense(comm, idx, val, n, ReduceOp.SUM))
+                kept = _accel.kept_buffer(n + 1, np.float32)
+                restored = union.size <= dense.RESTORE_SHARE * n
+                if restored:
+                    assert np.signbit(kept).all() and (kept == 0).all()
+                assert (_accel._KEPT.filled is not None) == restored
+            return out
+
+        for results, _ in on_ranks(p, fn):
+            for got_i, got_v in results:
+                assert got_i.tolist() == union.tolist()
+                assert _bits(got_v) == _bits(total[union]), (share, p)
+
+
+@pytest.mark.parametrize("width", [0, 3])
+def test_local_pass_is_the_union_of_one_rank_and_restores_small_unions(width):
+    """``local_pass`` (the host work ``tune`` times): the union of one rank's indices, for a
+    small input (restored: the kept buffer all -0 and marked) and a large one (not marked, so
+    the next call fills it); 1-D (the numba pass) and rows."""
+    from cupycoll.primitives import _accel
+
+    n = 1 << 15
+    for share, restored in ((64, True), (2, False)):
+        rng = np.random.default_rng([share, width])
+        idx = np.sort(rng.choice(n, n // share, replace=False)).astype(np.int32)
+        val = rng.standard_normal((idx.size, width) if width else idx.size).astype(np.float32)
+        for _ in range(2):
+            union = dense.local_pass(idx, val, n)
+            assert union.dtype == idx.dtype and union.tolist() == idx.tolist()
+            assert (_accel._KEPT.filled is not None) == restored
+            if restored:
+                kept = _accel.kept_buffer(n * max(width, 1) + 1, np.float32)
+                assert np.signbit(kept).all() and (kept == 0).all()
