@@ -83,6 +83,11 @@ def reference(inputs, n: int, width: int):
 
 def count_wrong(res, ref, rtol: float = 1e-5) -> int:
     union, want = ref
+    if not isinstance(res, SparseResult):  # output="dense": the union's values, zeros elsewhere
+        absent = np.ones(res.shape[0], bool)
+        absent[union] = False
+        res = SparseResult(union if not res[absent].any() else union[:0], res[union],
+                           res.shape[0])
     if res.indices.shape != union.shape or not np.array_equal(res.indices, union):
         return int(max(union.size, 1))
     tol = rtol * (np.abs(want) + 1)
@@ -110,7 +115,7 @@ def run_group(args, comm, table: Table, n: int, width: int, density: float, over
     k = max(1, int(round(density * n)))
     inputs = [make_input(args.seed, r, p, n, k, width, overlap, skew) for r in range(p)]
     shape = Shape(p, n, width, inputs[0][0].dtype.itemsize, 4,
-                  tuple(int(i.size) for i, _ in inputs))
+                  tuple(int(i.size) for i, _ in inputs), output=args.output)
     profile = profile_for(comm)
     pick = choose(shape, profile)  # auto's pick may be outside --algorithms: priced anyway
     predicted = {a: predict(a, shape, profile) for a in {*algorithms, pick} - {"auto"}}
@@ -119,11 +124,13 @@ def run_group(args, comm, table: Table, n: int, width: int, density: float, over
     dense_out = np.empty_like(dense_in)
     calls = {BASELINE: lambda: comm.mpi_comm.Allreduce(dense_in, dense_out, op=MPI.SUM)}
     formats = wire_formats(args)
+    into = np.empty_like(dense_in) if args.output == "dense" else None  # like the baseline's
     for base in algorithms:
         for fmt in formats:
             name = base + format_suffix(fmt, formats)
             calls[name] = (lambda a, f: lambda: sparse_allreduce(
-                idx, val, n, algorithm=a, comm=comm, wire=f[0], wire_values=f[1]))(base, fmt)
+                idx, val, n, algorithm=a, comm=comm, wire=f[0], wire_values=f[1],
+                output=args.output, out=into))(base, fmt)
             if args.raw and base != "auto":  # the algorithm alone: no validation, no coalescing
                 calls[name] = (lambda fn, f: lambda: SparseResult(*fn(
                     comm, idx, val, n, ReduceOp.SUM, None, Wire(f[0] == "compact", f[1])),
@@ -251,9 +258,14 @@ def main() -> int:
                         "COO lower bound 2k(P-1)/P words (x_coo, x_bound)")
     parser.add_argument("--wire-values", default="none", help="value formats (comma list of "
                         "none, bfloat16, float16)")
+    parser.add_argument("--output", default="sparse", choices=["sparse", "dense"],
+                        help="dense: sparse_allreduce(output='dense') into a preallocated "
+                        "buffer (as the baseline Allreduce), for callers that apply it densely")
     parser.add_argument("--cases", default="", help="explicit cases n/density/width/overlap"
                         "[/skew], comma separated (replaces the grid)")
     args = parser.parse_args()
+    if args.raw and args.output == "dense":
+        parser.error("--raw times the algorithms' sparse results; not with --output dense")
     comm = cc.init("mpi")
     algorithms = [a for a in args.algorithms.split(",") if a]
     groups = []

@@ -32,8 +32,8 @@ VERBS = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "spa
          "topk_allreduce", "TopkCompressor.step")
 HEADER = 4
 _MIN = np.iinfo(np.int64).min
-#: the longest payload is sparse_allreduce's: 18 fixed words and 3 per rank (sparse/_cost.py).
-_FIXED, _PER_RANK = 18, 3
+#: the longest payload is sparse_allreduce's: 20 fixed words and 3 per rank (sparse/_cost.py).
+_FIXED, _PER_RANK = 20, 3
 #: int64 words of the entry slots of all ranks together (2 KiB); a slot under _MIN_SLOT words
 #: (P > 32) is dropped, so the slots never cost more than 2 KiB and nothing at large P.
 SLOT_WORDS_TOTAL, _MIN_SLOT = 256, 8

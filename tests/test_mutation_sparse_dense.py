@@ -271,3 +271,60 @@ def test_local_pass_is_the_union_of_one_rank_and_restores_small_unions(width):
             if restored:
                 kept = _accel.kept_buffer(n * max(width, 1) + 1, np.float32)
                 assert np.signbit(kept).all() and (kept == 0).all()
+
+
+@pytest.mark.parametrize("p", [1, 2, 5])
+def test_dense_output_cost_is_the_values_allreduce_alone(p):
+    """``output="dense"`` needs no presence: one allreduce of n*R bytes for every op and dtype."""
+    for n, width, vb in ((1000, 0, 4), (7, 3, 8), (1001, 8, 2)):
+        for op in ("sum", "avg", "max", "min", "prod"):
+            for fv in (True, False):
+                shape = Shape(p, n, width, 4, vb, (3,) * p, op=op, float_values=fv,
+                              output="dense")
+                want = {"dense.allreduce": _allreduce(p, n * vb * max(width, 1))}
+                got = _booked(dense.cost(shape, 0))
+                assert got == {k: v for k, v in want.items() if v != (0, 0)}
+
+
+OPS = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
+
+
+@pytest.mark.parametrize("p", [1, 2, 3])
+@pytest.mark.parametrize("width", [0, 3])
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+@pytest.mark.parametrize("n", [300, 4000])
+def test_dense_result_reduces_zero_filled_inputs(p, width, dtype, n):
+    """``dense_result`` on simulated ranks, five calls in a row (new indices each time, ops
+    alternating, into the same garbage-filled ``out`` or a new array): numpy's reduction of the
+    zero-filled inputs in rank order, bit for bit; one allreduce of n*R bytes."""
+    from tests._threaded import on_ranks
+
+    row = (width,) if width else ()
+    calls = []
+    for call, op in enumerate(["sum", "max", "sum", "prod", "min"]):
+        inputs = []
+        for r in range(p):
+            rng = np.random.default_rng([call, r, p, width])
+            idx = np.sort(rng.choice(n, 40 + 30 * r, replace=False)).astype(np.int32)
+            inputs.append((idx, rng.integers(-6, 7, (idx.size,) + row).astype(dtype)))
+        want = None
+        for idx, val in inputs:
+            full = np.zeros((n,) + row, dtype)
+            full[idx] = val
+            want = full if want is None else OPS[op](want, full)
+        calls.append((op, inputs, want))
+
+    def fn(comm):
+        got, out = [], np.full((n,) + row, 9, dtype)
+        for k, (op, inputs, _) in enumerate(calls):
+            result = dense.dense_result(comm, *inputs[comm.rank], n, ReduceOp(op),
+                                        out if k % 2 else None)
+            assert result is out if k % 2 else result is not out
+            got.append(result.copy())
+        return got
+
+    for got, log in on_ranks(p, fn):
+        for result, (op, _, want) in zip(got, calls):
+            assert result.dtype == dtype and _bits(result.reshape(-1)) == _bits(
+                want.reshape(-1)), op
+        assert log == [("dense.allreduce", n * max(width, 1) * np.dtype(dtype).itemsize)] * 5

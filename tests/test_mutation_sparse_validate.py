@@ -23,10 +23,11 @@ IDX, VAL = np.array([4, 1, 4, 7], np.int64), np.array([1.0, 2.0, 3.0, -0.5], np.
 
 
 def _local(indices=IDX, values=VAL, n=10, op="sum", algorithm="allgather", acc=None,
-            alloc_fn=None, completion_fn=None, wire=None, wire_values=None, rank=3):
+            alloc_fn=None, completion_fn=None, wire=None, wire_values=None, rank=3,
+            output="sparse", out=None):
     comm = types.SimpleNamespace(rank=rank, xp=np)
     return v._local(comm, indices, values, n, op, algorithm, acc, alloc_fn, completion_fn,
-                    NAMES, wire, wire_values)
+                    NAMES, wire, wire_values, output, out)
 
 
 def _error(**kwargs) -> tuple[type, str]:
@@ -181,15 +182,17 @@ def test_prepared_shape_and_fields():
     assert half.shape(2).float_values is False
     single, _ = _local()
     assert single.shape(2).float_values is True and single.shape(2).value_bytes == 4
-    assert prepared.fields(NAMES) == (10, 1, 1, 0, 2, NAMES.index("mask"), 2, 0)
-    assert ints.fields(NAMES) == (10, 1, 3, 0, 4, NAMES.index("allgather"), 3, 6)
+    assert prepared.fields(NAMES) == (10, 1, 1, 0, 2, NAMES.index("mask"), 2, 0, 0)
+    dense, _ = _local(output="dense")
+    assert dense.fields(NAMES)[-1] == 1 and dense.shape(2).output == "dense"
+    assert ints.fields(NAMES) == (10, 1, 3, 0, 4, NAMES.index("allgather"), 3, 6, 0)
 
 
 def test_an_error_travels_as_a_code_and_comes_back_naming_the_rank():
-    """code = kind * 32 + argument position (type 1, value 2, range 3; 11 = unnamed); the
+    """code = kind * 32 + argument position (type 1, value 2, range 3; 13 = unnamed); the
     other ranks raise the same type naming the rank, the argument and every bad rank."""
     args = ("indices", "values", "n", "op", "algorithm", "accumulate_dtype", "alloc_fn",
-            "completion_fn", "async_op", "wire", "wire_values")
+            "completion_fn", "async_op", "wire", "wire_values", "output", "out")
     for i, name in enumerate(args):
         assert v._code(InvalidType(name, "g", "e")) == 32 + i
         assert v._code(InvalidArgument(name, 1, "r")) == 64 + i
@@ -202,16 +205,16 @@ def test_an_error_travels_as_a_code_and_comes_back_naming_the_rank():
         assert str(e) == (f"invalid argument {name!r} on rank 1: rank 1 passed an invalid "
                           f"{name}; ranks with bad input: [1, 4] (got 'see rank 1')")
     assert v._code(v._OutOfRange("indices", 12, "r")) == 96
-    assert v._code(InvalidArgument("arguments", "x", "r")) == 64 + 11
+    assert v._code(InvalidArgument("arguments", "x", "r")) == 64 + 13
     e = v._peer_error(96, 0, 12, 10, [0])
     assert str(e) == ("invalid argument 'indices' on rank 0: index out of range [0, n=10) on "
                       "rank 0 (got 12)")
     e = v._peer_error(96, 1, -3, 7, [1, 2])
     assert str(e) == ("invalid argument 'indices' on rank 1: index out of range [0, n=7) on "
                       "rank 1; ranks with bad input: [1, 2] (got -3)")
-    e = v._peer_error(64 + 11, 5, 0, 7, [5])
+    e = v._peer_error(64 + 13, 5, 0, 7, [5])
     assert e.argument == "arguments" and "passed an invalid arguments" in str(e)
-    e = v._peer_error(32 + 11, 5, 0, 7, [5])
+    e = v._peer_error(32 + 13, 5, 0, 7, [5])
     assert type(e) is InvalidType and e.argument == "arguments"
 
 
@@ -221,14 +224,16 @@ def test_mismatch_names_every_field_that_differs():
     assert v._decode("accumulate_dtype", 4) == "int64" and v._decode("op", 4) == "avg"
     assert v._decode("algorithm", 2) == NAMES[2] and v._decode("wire", 4) == "compact/bfloat16"
     assert v._decode("n", 12) == "12" and v._decode("async_op", 1) == "1"
-    lows = [10, 0, 1, 0, 0, 0, 1, 0, 0]  # per field: n, index/value dtype, width, op, ...
-    highs = [12, 0, 2, 0, 2, 3, 1, 5, 1]
+    assert v._decode("output", 0) == "sparse" and v._decode("output", 1) == "dense"
+    lows = [10, 0, 1, 0, 0, 0, 1, 0, 0, 0]  # per field: n, index/value dtype, width, op, ...
+    highs = [12, 0, 2, 0, 2, 3, 1, 5, 1, 1]
     with pytest.raises(MismatchError) as info:
         v._disagreement(highs, [-lo for lo in lows], 1, 4)
     assert str(info.value) == (
         f"ranks disagree on n (10 vs 12), value_dtype (float32 vs float64), op (sum vs max), "
-        f"algorithm ({NAMES[0]} vs {NAMES[3]}), wire (coo/None vs compact/float16), async_op "
-        f"(0 vs 1) (seen on rank 1 of 4); every rank must pass the same value")
+        f"algorithm ({NAMES[0]} vs {NAMES[3]}), wire (coo/None vs compact/float16), output "
+        f"(sparse vs dense), async_op (0 vs 1) (seen on rank 1 of 4); every rank must pass the "
+        f"same value")
 
 
 def _outcomes(p, call):
@@ -301,3 +306,30 @@ def test_a_rank_in_another_verb_stops_the_validation():
             f"topk_allreduce (rank {r} called {verb}); nothing was moved, every rank raises "
             "this"), (r, e)
         assert log[0][0] == ("topk.validate" if r == 1 else "sparse.validate")
+
+
+def test_dense_output_arguments_are_checked_on_the_calling_rank():
+    """``output`` and ``out``: each bad value raises naming the argument, the rank and what is
+    wanted; a good ``out`` comes back as the same memory."""
+    assert _error(output="coo") == (InvalidArgument, _error(output="coo")[1])
+    assert "'output'" in _error(output="coo")[1] and "rank 3" in _error(output=1)[1]
+    kind, text = _error(out=np.zeros(10, np.float64))
+    assert kind is InvalidArgument and "only for output='dense'" in text
+    kind, text = _error(output="dense", out=np.zeros(11, VAL.dtype))
+    assert kind is InvalidArgument and "(10,)" in text and str(VAL.dtype) in text
+    kind, text = _error(output="dense", out=np.zeros(10, np.float16))
+    assert kind is InvalidArgument and "dtype" in text
+    kind, text = _error(output="dense", out=np.zeros(20, VAL.dtype)[::2])
+    assert kind is InvalidArgument and "C-contiguous" in text
+    kind, text = _error(output="dense", out=np.broadcast_to(VAL.dtype.type(0), (10,)))
+    assert kind is InvalidArgument and "writable" in text
+    kind, text = _error(output="dense", out=[0.0] * 10)
+    assert kind is InvalidType and "'out'" in text
+    kind, text = _error(output="dense", alloc_fn=lambda *a: None)
+    assert kind is InvalidArgument and "'alloc_fn'" in text and "out=" in text
+    rows = np.zeros((IDX.size, 3), VAL.dtype)
+    kind, _ = _error(values=rows, output="dense", out=np.zeros(10, VAL.dtype))
+    assert kind is InvalidArgument
+    buf = np.zeros((10, 3), VAL.dtype)
+    prepared, error = _local(values=rows, output="dense", out=buf)
+    assert error is None and prepared.output == "dense" and np.shares_memory(prepared.out, buf)

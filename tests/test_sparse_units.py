@@ -175,11 +175,11 @@ def test_cost_model_closed_forms():
                                                       "dense.union": 3 * 32 + 3 * 32}
     rows = auto.MODELS["dense"](Shape(4, 1000, 8, 4, 4, (10, 20, 30, 40), float_values=False), 0)
     assert rows.received == {"dense.allreduce": 3 * 1000 * (32 + 4) // 2}  # + a count per row
-    # header (verb, collective count: 4 words) + 9 fields as max/-min + 3 words per rank, and
+    # header (verb, collective count: 4 words) + 10 fields as max/-min + 3 words per rank, and
     # an entry slot of 256 / P words per rank (sparse/small.py)
     assert validation_cost(4).received == {
-        "sparse.validate": (4 + 2 * 9 + 3 * 4 + 256) * 8 * 6 // 4}
-    assert validation_cost(64).received == {"sparse.validate": (4 + 18 + 3 * 64) * 8 * 126 // 64}
+        "sparse.validate": (4 + 2 * 10 + 3 * 4 + 256) * 8 * 6 // 4}
+    assert validation_cost(64).received == {"sparse.validate": (4 + 20 + 3 * 64) * 8 * 126 // 64}
     assert validation_cost(1).received == {}
 
 

@@ -27,7 +27,8 @@ from numba import njit
 from .._config import setting
 from ._common import _abs_threshold, _block_cuts, _identity
 
-__all__ = ["merge", "select", "select_unequal", "count", "threads", "free_scratch"]
+__all__ = ["merge", "select", "select_unequal", "count", "densify_sorted", "threads",
+           "free_scratch"]
 
 #: op codes of the merge loop, keyed by the numpy ufunc of primitives._checks._UFUNCS.
 OPS = {np.add: 0, np.multiply: 1, np.maximum: 2, np.minimum: 3}
@@ -38,6 +39,8 @@ _SCAN = 16
 #: entries of a piece at least: a loop is cut into min(threads, entries // _PIECE) pieces, so
 #: many threads do not split small loops into pieces that cost more to hand out than to run.
 _PIECE = 1 << 17
+#: bytes of ``out`` zeroed at a time by densify_sorted (L1-sized: its rows land in cache).
+_DENSIFY_BLOCK = 1 << 14
 #: environment variables in which MPI launchers tell the number of ranks on this node.
 _LOCAL_RANKS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE")
 #: the thread pool, by process id: a forked child (a DataLoader worker) makes its own.
@@ -331,6 +334,31 @@ def _unequal_run(xs, offset, begin, end, sentinel, reset,  # type: ignore[no-unt
             if reset:
                 xs[i] = sentinel
     return found
+
+
+@njit(cache=True, nogil=True)
+def _densify_bits(out, idx, val, width, block):  # type: ignore[no-untyped-def]
+    k, rows = 0, out.size // width
+    for lo in range(0, rows, block):
+        hi = min(lo + block, rows)
+        out[lo * width:hi * width] = 0
+        while k < idx.size and idx[k] < hi:
+            start = idx[k] * width
+            for j in range(width):
+                out[start + j] = val[k * width + j]
+            k += 1
+
+
+def densify_sorted(out: np.ndarray, idx: np.ndarray, val: np.ndarray) -> None:
+    """``out`` (C-contiguous, n rows) all zero bits except rows ``idx`` (strictly increasing)
+    = ``val``, block by block (a block of ~16 KiB zeroed, then its rows written while it is in
+    cache): one pass over memory, where a fill and then a scatter make two. Moves bits
+    (unsigned integers of the element size), so every dtype takes one of three loops."""
+    bits = f"u{out.dtype.itemsize}"
+    width = max(out.size // max(out.shape[0], 1), 1)
+    block = max(_DENSIFY_BLOCK // (width * out.dtype.itemsize), 1)
+    _densify_bits(out.reshape(-1).view(bits), idx, np.ascontiguousarray(val).reshape(-1)
+                  .view(bits), width, block)
 
 
 @njit(cache=True, nogil=True)

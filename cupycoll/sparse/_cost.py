@@ -28,7 +28,7 @@ __all__ = ["Shape", "Cost", "estimate_union", "validation_cost", "VALIDATION_FIE
 
 #: agreement fields of the validation allreduce (each sent as max(x) and max(-x)); see _validate.
 VALIDATION_FIELDS = ("n", "index_dtype", "value_dtype", "width", "op", "algorithm",
-                     "accumulate_dtype", "wire", "async_op")
+                     "accumulate_dtype", "wire", "output", "async_op")
 #: per-rank slots of the validation allreduce: coalesced nnz, error code, offending value.
 VALIDATION_SLOTS = 3
 
@@ -60,6 +60,8 @@ class Shape:
             algorithms; None = one node.
         wire: how entries travel (:class:`cupycoll.wire.Wire`: raw or compact indices, values
             as they are or rounded to 16 bits); ``float_values``: whether rounding applies.
+        output: "sparse" (indices and values) or "dense" (the reduced n-vector itself: the
+            ``dense`` algorithm needs no presence, every other one densifies its result).
     """
 
     size: int
@@ -73,6 +75,7 @@ class Shape:
     nodes: tuple[int, ...] | None = None
     wire: Wire = COO
     float_values: bool = True
+    output: str = "sparse"
 
     @classmethod
     def from_inputs(cls, inputs: Sequence[np.ndarray], n: int, width: int, index_bytes: int,

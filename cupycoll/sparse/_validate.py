@@ -48,7 +48,9 @@ _VALUE_CODES = {np.dtype(name): code for code, name in enumerate(_VALUE_NAMES)}
 _OPS = tuple(ReduceOp)
 _OP_CODES = {op: code for code, op in enumerate(_OPS)}
 _ARGUMENTS = ("indices", "values", "n", "op", "algorithm", "accumulate_dtype", "alloc_fn",
-              "completion_fn", "async_op", "wire", "wire_values")
+              "completion_fn", "async_op", "wire", "wire_values", "output", "out")
+#: what ``sparse_allreduce`` returns: a SparseResult, or the reduced n-vector itself.
+OUTPUTS = ("sparse", "dense")
 _TYPE, _VALUE, _RANGE = 1, 2, 3  # error kinds; code = kind * 32 + argument position
 
 
@@ -71,6 +73,9 @@ class Prepared:
     wire_values: str | None = None
     format: Wire = COO  # the resolved wire format (after auto)
     merged: tuple[Any, Any] | None = None  # the result, when it came with the validation
+    output: str = "sparse"
+    out: Any = None  # output="dense": the caller's buffer, as an array of the communicator's
+    nonfinite: bool = False  # output="dense": some rank's values hold a NaN or an infinity
 
     @property
     def reduce_op(self) -> ReduceOp:
@@ -81,14 +86,15 @@ class Prepared:
         return Shape(size, self.n, self.width, self.index_dtype.itemsize,
                      self.accumulate_dtype.itemsize, self.nnz, wire=wire,
                      float_values=self.accumulate_dtype.kind == "f"
-                     and self.accumulate_dtype.itemsize >= 4)
+                     and self.accumulate_dtype.itemsize >= 4, output=self.output)
 
     def fields(self, names: list[str]) -> tuple[int, ...]:
         """The agreement fields (see VALIDATION_FIELDS but async_op); ``names`` = the sparse
         algorithms."""
         return (self.n, _INDEX_CODES[self.index_dtype], _VALUE_CODES[self.value_dtype],
                 self.width, _OP_CODES[self.op], names.index(self.algorithm),
-                _VALUE_CODES[self.accumulate_dtype], wire_code(self.wire, self.wire_values))
+                _VALUE_CODES[self.accumulate_dtype], wire_code(self.wire, self.wire_values),
+                OUTPUTS.index(self.output))
 
 
 def _length(n: Any, rank: int) -> int:
@@ -137,6 +143,38 @@ def _arrays(comm: Any, indices: Any, values: Any, rank: int) -> tuple[Any, Any, 
     return _on(comm.xp, idx), _on(comm.xp, val), width
 
 
+def _output(output: Any, rank: int) -> str:
+    if not isinstance(output, str) or output not in OUTPUTS:
+        raise InvalidArgument("output", output, f"must be one of {list(OUTPUTS)}", rank=rank)
+    return output
+
+
+def _out(comm: Any, out: Any, output: str, alloc_fn: Any, n: int, width: int,
+         value_dtype: np.dtype, rank: int) -> Any:
+    """The caller's buffer for ``output="dense"`` as a writable C-contiguous array of the
+    communicator's library ((n,) or (n, width), the values' dtype), or None."""
+    if output == "dense" and alloc_fn is not None:
+        raise InvalidArgument("alloc_fn", "a callable", "is for sparse results; with "
+                              "output='dense' pass out= (or nothing)", rank=rank)
+    if out is None:
+        return None
+    if output != "dense":
+        raise InvalidArgument("out", type(out).__name__, "is only for output='dense'",
+                              rank=rank)
+    arr = as_array(out, "out", rank=rank)
+    want = (n, width) if width else (n,)
+    if tuple(arr.shape) != want or np.dtype(arr.dtype) != value_dtype:
+        raise InvalidArgument("out", f"{tuple(arr.shape)} {arr.dtype}", f"must have shape "
+                              f"{want} and dtype {value_dtype} (the dense result)", rank=rank)
+    if type(arr) is not comm.xp.ndarray and array_namespace(arr) is not comm.xp:
+        raise InvalidType("out", type(out).__name__, f"an array the communicator writes "
+                          f"({comm.xp.__name__})", rank=rank)
+    if not arr.flags.c_contiguous or not arr.flags.writeable:
+        raise InvalidArgument("out", f"{tuple(arr.shape)} {arr.dtype}", "must be writable and "
+                              "C-contiguous", rank=rank)
+    return arr
+
+
 def _accumulate(accumulate_dtype: Any, value_dtype: np.dtype, rank: int) -> np.dtype:
     if accumulate_dtype is None:
         return value_dtype
@@ -177,7 +215,7 @@ def _coalesce(idx: Any, val: Any, op: ReduceOp, acc: np.dtype,
 
 def _local(comm: Any, indices: Any, values: Any, n: Any, op: Any, algorithm: Any,
            accumulate_dtype: Any, alloc_fn: Any, completion_fn: Any, names: list[str],
-           wire: Any = None, wire_values: Any = None
+           wire: Any = None, wire_values: Any = None, output: Any = "sparse", out: Any = None
            ) -> tuple[Prepared | None, CupycollError | None]:
     """Check this rank's arguments and coalesce its input; return (prepared, error)."""
     rank = comm.rank
@@ -186,6 +224,7 @@ def _local(comm: Any, indices: Any, values: Any, n: Any, op: Any, algorithm: Any
         name = _algorithm(algorithm, names, rank)
         wire = check_wire(wire, rank)
         wire_values = check_wire_values(wire_values, rank)
+        output = _output(output, rank)
         length = _length(n, rank)
         idx, val, width = _arrays(comm, indices, values, rank)
         acc = _accumulate(accumulate_dtype, np.dtype(val.dtype), rank)
@@ -194,8 +233,9 @@ def _local(comm: Any, indices: Any, values: Any, n: Any, op: Any, algorithm: Any
         for arg, fn in (("alloc_fn", alloc_fn), ("completion_fn", completion_fn)):
             if fn is not None and not callable(fn):
                 raise InvalidType(arg, type(fn).__name__, "a callable or None", rank=rank)
-        increasing = _check_range(idx, length, rank)
         value_dtype = np.dtype(val.dtype)
+        buffer = _out(comm, out, output, alloc_fn, length, width, value_dtype, rank)
+        increasing = _check_range(idx, length, rank)
         idx, val = _coalesce(idx, val, red, acc, increasing)
     except CupycollError as exc:
         return None, exc
@@ -205,7 +245,7 @@ def _local(comm: Any, indices: Any, values: Any, n: Any, op: Any, algorithm: Any
         error.__cause__ = exc
         return None, error
     return Prepared(idx, val, length, red, name, np.dtype(idx.dtype), value_dtype, acc,
-                    width, wire=wire, wire_values=wire_values), None
+                    width, wire=wire, wire_values=wire_values, output=output, out=buffer), None
 
 
 def _code(error: CupycollError) -> int:
@@ -245,24 +285,31 @@ def _decode(field: str, value: int) -> str:
         return algorithms("sparse")[value]
     if field == "wire":
         return decode_code(value)
+    if field == "output":
+        return OUTPUTS[value]
     return str(value)
 
 
 def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm: Any,
             accumulate_dtype: Any, alloc_fn: Any, completion_fn: Any,
-            async_op: bool, wire: Any = None, wire_values: Any = None) -> Prepared:
+            async_op: bool, wire: Any = None, wire_values: Any = None, output: Any = "sparse",
+            out: Any = None) -> Prepared:
     """Validate collectively and coalesce; raise the same kind of error on every rank.
 
     Raises:
         InvalidType, InvalidArgument: some rank's arguments are bad (that rank and argument are
             named; the rank itself raises its precise error).
         MismatchError: ranks disagree on n, dtypes, width, op, algorithm, accumulate_dtype,
-            wire, wire_values or async_op.
+            wire, wire_values, output or async_op.
+
+    With ``output="dense"`` each rank's third slot (the offending value of a bad input) says
+    instead whether its float values hold a NaN or an infinity: only then does the dense
+    result need its NaN bits made canonical (a pass over n).
     """
     p, rank = comm.size, comm.rank
     names = algorithms("sparse")
     prepared, error = _local(comm, indices, values, n, op, algorithm, accumulate_dtype,
-                             alloc_fn, completion_fn, names, wire, wire_values)
+                             alloc_fn, completion_fn, names, wire, wire_values, output, out)
     nf = len(VALIDATION_FIELDS)
     full = agreement.start(comm, "sparse_allreduce")  # room for 2 * nf + VALIDATION_SLOTS * p
     vec = full[agreement.HEADER:agreement.HEADER + 2 * nf + 3 * p]
@@ -272,6 +319,7 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
         vec[0:2 * nf] = [v for f in fields for v in (f, -f)]
         vec[2 * nf + rank] = prepared.indices.shape[0]
         vec[2 * nf + p + rank] = 0
+        vec[2 * nf + 2 * p + rank] = _nonfinite(prepared)
         if prepared.algorithm == "auto":
             full = small.pack(comm, full, agreement.slot_start(p, rank), prepared.indices,
                               prepared.values, prepared.wire_values)
@@ -293,6 +341,7 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
     if any(hi != -lo for hi, lo in zip(highs, negated_lows)):
         _disagreement(highs, negated_lows, rank, p)
     prepared.nnz = tuple(agreed[2 * nf:2 * nf + p])
+    prepared.nonfinite = any(v > 0 for v in agreed[2 * nf + 2 * p:2 * nf + 3 * p])
     if prepared.algorithm == "auto" and small.fits_all(
             p, prepared.nnz, prepared.index_dtype.itemsize,
             prepared.accumulate_dtype.itemsize * max(prepared.width, 1)):
@@ -300,6 +349,14 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
                                       prepared.index_dtype, prepared.accumulate_dtype,
                                       prepared.width, prepared.reduce_op)
     return prepared
+
+
+def _nonfinite(prepared: Prepared) -> int:
+    """1 if a dense result's NaN bits need settling: float values holding a NaN or inf."""
+    values = prepared.values
+    if prepared.output != "dense" or values.dtype.kind != "f" or values.size == 0:
+        return 0
+    return int(not bool(array_namespace(values).isfinite(values).all()))
 
 
 def _disagreement(highs: list[int], negated_lows: list[int], rank: int, p: int) -> None:

@@ -20,6 +20,7 @@ from .._types import ReduceOp, array_namespace, as_array, like_caller, to_host, 
 from ..comm import Communicator, get_comm
 from ..errors import InvalidArgument, InvalidType
 from . import auto as _auto
+from . import dense as _dense
 from ._common import canonical_nan
 from ..wire._pack import Wire
 from ._validate import Prepared, prepare
@@ -35,7 +36,8 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
                      alloc_fn: Callable[..., tuple[Any, Any]] | None = None,
                      completion_fn: Callable[[Any, Any, Any], Any] | None = None,
                      fn_ctx: Any = None, async_op: bool = False, wire: str | None = None,
-                     wire_values: str | None = None) -> Any:
+                     wire_values: str | None = None, output: str = "sparse",
+                     out: Any = None) -> Any:
     """Reduce sparse (indices, values) over all ranks; every rank gets the identical result.
 
     The result holds the ascending union of all ranks' indices (index dtype as given) and, at
@@ -68,6 +70,14 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
         wire_values: None, "bfloat16" or "float16": float values travel rounded to nearest
             even and are summed in float32 (at least) at the receivers; the result is then
             approximate (still identical on every rank).
+        output: "sparse" (default): a SparseResult. "dense": the reduced n-vector itself,
+            ``(n,)`` or ``(n, width)`` in the values' dtype, 0 wherever no rank has an entry
+            (the SparseResult's ``to_dense()``, with a float sum's -0 read as +0 where some
+            rank had no entry, as an absent entry counts +0): for callers that apply the result
+            densely anyway. ``auto`` then prices the ``dense`` algorithm as one dense allreduce
+            and every other algorithm with the densified result; see docs/sparse.md.
+        out: with output="dense", a writable C-contiguous buffer of that shape and dtype (the
+            communicator's array type) to write the result into and return.
         async_op: return a :class:`Work` (``wait()``, ``is_completed()``, ``result()``);
             callbacks run in the thread that waits. On MPI the algorithm runs on a background
             thread over a duplicate of ``comm``, in call order. On NCCL its host part runs in
@@ -75,11 +85,13 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
             on every rank, which a second host thread cannot keep), and the Work completes when
             the device work queued by the call has run.
     Returns:
-        ``SparseResult(indices, values, n)`` in the caller's array type, or a Work of it.
+        ``SparseResult(indices, values, n)`` in the caller's array type (output="dense": the
+        n-vector, ``out`` itself if given), or a Work of it. ``completion_fn`` of a dense
+        output is called as ``completion_fn(None, dense, fn_ctx)``.
     Raises:
         InvalidType, InvalidArgument: a bad argument on any rank (raised on every rank, naming
             the rank and argument). MismatchError: ranks disagree on n, dtypes, width, op,
-            algorithm, accumulate_dtype, wire, wire_values or async_op.
+            algorithm, accumulate_dtype, wire, wire_values, output or async_op.
     Example::
 
         # rank 0: indices [1, 5], values [1., 2.]    rank 1: indices [5, 7], values [10., 20.]
@@ -91,7 +103,7 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
         prepared = prepare(comm, indices, values, n, op=op, algorithm=algorithm,
                            accumulate_dtype=accumulate_dtype, alloc_fn=alloc_fn,
                            completion_fn=completion_fn, async_op=async_op, wire=wire,
-                           wire_values=wire_values)
+                           wire_values=wire_values, output=output, out=out)
     name = prepared.algorithm
     if prepared.merged is not None:  # the entries came with the validation (sparse/small.py)
         name = "small"
@@ -107,12 +119,16 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
                                             prepared.wire_values, comm=comm)
         fn = lookup("sparse", name, rank=comm.rank)
 
-        def run(on: Communicator) -> tuple[Any, Any]:
+        def run(on: Communicator) -> Any:
+            if prepared.output == "dense" and name == "dense":
+                return _dense_output(on, prepared)
             return _run(on, prepared, fn)
     _log.debug("sparse_allreduce: algorithm %s, wire %s, nnz %s, n %d", name, prepared.format,
                prepared.nnz, prepared.n)
 
-    def deliver(result: tuple[Any, Any]) -> Any:
+    def deliver(result: Any) -> Any:
+        if prepared.output == "dense":
+            return _deliver_dense(result, prepared, values, out, completion_fn, fn_ctx)
         return _deliver(result, prepared, indices, values, alloc_fn, completion_fn, fn_ctx)
 
     if not async_op:
@@ -133,12 +149,37 @@ def _run(comm: Communicator, prepared: Prepared, fn: Callable) -> tuple[Any, Any
     return _finish(comm, prepared, idx, val)
 
 
-def _finish(comm: Communicator, prepared: Prepared, idx: Any, val: Any) -> tuple[Any, Any]:
-    """Apply avg and the single cast back to the caller's dtypes (NaN bits made canonical)."""
+def _finish(comm: Communicator, prepared: Prepared, idx: Any, val: Any) -> Any:
+    """Apply avg and the single cast back to the caller's dtypes (NaN bits made canonical);
+    for a dense output, scatter the result into zeros (the caller's ``out`` or a new array)."""
     if prepared.op is ReduceOp.AVG:
         trunc_divide(val, comm.size)
-    return (idx.astype(prepared.index_dtype, copy=False),
-            canonical_nan(val.astype(prepared.value_dtype, copy=False)))
+    idx = idx.astype(prepared.index_dtype, copy=False)
+    val = canonical_nan(val.astype(prepared.value_dtype, copy=False))
+    if prepared.output != "dense":
+        return idx, val
+    dense = prepared.out
+    if dense is None:
+        dense = comm.xp.empty((prepared.n,) + tuple(val.shape[1:]), dtype=val.dtype)
+    return _dense.densify_into(dense, idx, val)
+
+
+def _dense_output(comm: Communicator, prepared: Prepared) -> Any:
+    """``output="dense"`` by the ``dense`` algorithm: one allreduce straight into the caller's
+    ``out`` where the dtypes allow, then avg, the cast, and NaN bits where a rank had one."""
+    same = prepared.accumulate_dtype == prepared.value_dtype
+    with comm.calling("sparse_allreduce"):
+        dense = _dense.dense_result(comm, prepared.indices, prepared.values, prepared.n,
+                                    prepared.reduce_op, prepared.out if same else None)
+    if prepared.op is ReduceOp.AVG:
+        trunc_divide(dense, comm.size)
+    if not same:
+        if prepared.out is None:
+            dense = dense.astype(prepared.value_dtype)
+        else:
+            prepared.out[...] = dense
+            dense = prepared.out
+    return canonical_nan(dense) if prepared.nonfinite else dense
 
 
 def _like(result: Any, original: Any) -> Any:
@@ -162,6 +203,16 @@ def _deliver(result: tuple[Any, Any], prepared: Prepared, indices: Any, values: 
     if completion_fn is not None:
         completion_fn(idx, val, fn_ctx)
     return SparseResult(idx, val, prepared.n)
+
+
+def _deliver_dense(dense: Any, prepared: Prepared, values: Any, out: Any, completion_fn: Any,
+                   fn_ctx: Any) -> Any:
+    """The dense output: the caller's ``out`` object (written in place) or a new array of the
+    caller's type; ``completion_fn(None, dense, fn_ctx)``."""
+    result = out if out is not None else _like(dense, values)
+    if completion_fn is not None:
+        completion_fn(None, result, fn_ctx)
+    return result
 
 
 def _fill(buffers: Any, idx: Any, val: Any) -> tuple[Any, Any]:

@@ -46,8 +46,8 @@ from ..primitives._accel import _fast, kept_filled, mark_filled
 from ._common import bitmap_chunk, bitmap_or_allreduce, presence, union_of_presence
 from ._cost import Cost, Shape
 
-__all__ = ["dense", "cost", "settle_cost", "folds_presence", "signed_zero_fill", "local_pass",
-           "FOLD_WIDTH"]
+__all__ = ["dense", "dense_result", "densify_into", "cost", "settle_cost", "folds_presence", "signed_zero_fill",
+           "local_pass", "FOLD_WIDTH"]
 
 #: integer rows at least this wide carry their presence count in the values' allreduce.
 FOLD_WIDTH = 8
@@ -96,6 +96,34 @@ def dense(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
     comm.stream_order(work)
     union = union_of_presence(present, indices.dtype)
     return union, gather(full, union)
+
+
+def dense_result(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, out: Any = None
+                 ) -> Any:
+    """The reduced n-vector itself (``output="dense"``): no presence is needed, since an index
+    absent on a rank counts as 0 there for every op. The input is scattered into the zeroed
+    result (``out`` or a new array), which is then reduced in place: one fill and one scatter
+    besides the allreduce. (Scattering into a kept zero buffer and reducing out of place costs
+    more on MPI, whose out-of-place allreduce copies its input first, and one more scatter to
+    zero the buffer again.)"""
+    row = tuple(values.shape[1:])
+    if out is None:
+        out = comm.xp.empty((n,) + row, dtype=values.dtype)
+    densify_into(out, indices, values)
+    comm.stream_order(comm.allreduce(out, out, op, op_name="dense.allreduce"))
+    return out
+
+
+def densify_into(out: Any, indices: Any, values: Any) -> Any:
+    """``out`` zero except at the (sorted, unique) ``indices``, which get ``values``: on the
+    host one numba pass (as fast as the fill alone), else a fill and a scatter."""
+    fast = _fast(out.size) if isinstance(out, np.ndarray) else None
+    if fast is not None:
+        fast.densify_sorted(out, indices, values)
+    else:
+        out.fill(0)
+        out[indices] = values
+    return out
 
 
 def _signed_zeros(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, row: tuple
@@ -220,7 +248,9 @@ def _bitmap(c: Cost, n: int, size: int, op: str) -> Cost:
 
 def cost(shape: Shape, rank: int) -> Cost:
     """Bytes and messages ``rank`` receives (without the validation allreduce; inputs without
-    -0 values: see the module docstring)."""
+    -0 values: see the module docstring); a dense output moves the values alone."""
+    if shape.output == "dense":
+        return Cost().allreduce("dense.allreduce", shape.size, shape.n * shape.row_bytes)
     if signed_zero_fill(shape.op, shape.float_values):
         return Cost().allreduce("dense.allreduce", shape.size,
                                 shape.n * shape.row_bytes + shape.value_bytes)

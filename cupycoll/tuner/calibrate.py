@@ -12,6 +12,7 @@ so the contention of a real call is in the numbers):
   1-D float32 parts, per entry; ``row`` a gather of 16-wide float32 rows, per element; ``dense``
   the dense algorithm's own value passes (zero fill, scatter, scan, gather) per element; ``scan`` presence bitmap packing and unpacking plus flatnonzero, per position; ``code`` the wire
   codec's encode + decode of a sorted index stream (10 % density), per index and direction;
+  ``fill`` the dense output's densify (n zeroed, 10 % of the rows written), per element;
 - links (when the communicator spans several nodes: MPI's shared-memory split or
   ``CUPYCOLL_RANKS_PER_NODE``): the point-to-point measurement again among the ranks of each
   node (``links["intra"]``) and along the rails between nodes (``links["inter"]``), which the
@@ -33,7 +34,7 @@ from ..primitives import merge_sorted
 from ..sparse import auto as _auto
 from ..sparse._common import presence, union_of_presence
 from ..sparse._cost import Cost, Shape
-from ..sparse.dense import local_pass
+from ..sparse.dense import densify_into, local_pass
 from ..wire import decode_indices, encode_indices
 from .predict import rank_time
 from .profile import Profile
@@ -150,12 +151,15 @@ def _local(comm: Any, repeats: int, k: int = 1 << 16, n: int = 1 << 20) -> dict[
     def code() -> None:
         decode_indices(encode_indices(idx, 0, n), idx.dtype)
 
+    out = xp.empty(n, np.float32)
+
     per_row = _timed(comm, lambda: rows[order], repeats) / (k * 16)
     return {"merge": _timed(comm, lambda: merge_sorted(parts), repeats) / (len(parts) * k),
             "row": per_row,
             "dense": max(_timed(comm, dense_local, repeats) / n - 0.2 * per_row, 0.0),
             "scan": _timed(comm, scan, repeats) / n,
-            "code": _timed(comm, code, repeats) / (2 * idx.shape[0])}
+            "code": _timed(comm, code, repeats) / (2 * idx.shape[0]),
+            "fill": _timed(comm, lambda: densify_into(out, idx, ones), repeats) / n}
 
 
 def _fixed(comm: Any, profile: Profile, repeats: int) -> dict[str, float]:

@@ -13,6 +13,8 @@ Local work, in the units ``gamma`` prices (N = total nnz, U = union, W = max(wid
 - ``dense``: value elements of an n-long dense pass (zero fill, scatter, gather);
 - ``scan``: dense positions scanned for presence (bitmap, presence fields, flatnonzero).
 - ``code`` (compact wire only): indices encoded or decoded, about two per entry received.
+- ``fill``: elements of an n-long output zeroed with its rows written (``output="dense"``:
+  the ``dense`` algorithm's input before its in-place allreduce, every other one's result).
 """
 
 from __future__ import annotations
@@ -50,8 +52,11 @@ def _mask(shape: Shape, rank: int) -> dict[str, float]:
 
 def _dense(shape: Shape, rank: int) -> dict[str, float]:
     """Presence scanned apart only on the bitmap path (-0 fills and count tails are read by
-    the same flatnonzero the ``dense`` unit already prices)."""
+    the same flatnonzero the ``dense`` unit already prices); a dense output has no pass over n
+    (its rows are written into the zeroed output, which is then reduced in place)."""
     w = max(shape.width, 1)
+    if shape.output == "dense":
+        return {"fill": shape.n * w}
     bitmap = "dense.union" in _auto.MODELS["dense"](shape, rank).received
     return {"dense": shape.n * w, "row": (shape.nnz[rank] + shape.union) * w,
             "scan": shape.n if bitmap else 0}
@@ -108,7 +113,8 @@ def comm_time(cost: Cost, profile: Profile) -> float:
 
 
 def _local(units: dict[str, float], profile: Profile) -> float:
-    return sum(profile.gamma.get(k, 0.0) * v for k, v in units.items())
+    return sum((_fill_price(profile) if k == "fill" else profile.gamma.get(k, 0.0)) * v
+               for k, v in units.items())
 
 
 def coded_indices(cost: Cost, shape: Shape) -> float:
@@ -124,7 +130,20 @@ def rank_time(algorithm: str, shape: Shape, rank: int, profile: Profile) -> floa
     cost = validation_cost(shape.size).add(_auto.MODELS[algorithm](shape, rank))
     local = _local(work(algorithm, shape, rank), profile)
     coding = profile.gamma.get("code", DEFAULT_CODE_COST) * coded_indices(cost, shape)
-    return profile.fixed.get(algorithm, 0.0) + comm_time(cost, profile) + local + coding
+    return (profile.fixed.get(algorithm, 0.0) + comm_time(cost, profile) + local + coding
+            + densified_output(algorithm, shape, profile))
+
+
+def densified_output(algorithm: str, shape: Shape, profile: Profile) -> float:
+    """Seconds of writing a sparse result into the n-vector of ``output="dense"``."""
+    if shape.output != "dense" or algorithm == "dense":
+        return 0.0
+    return _fill_price(profile) * shape.n * max(shape.width, 1)
+
+
+def _fill_price(profile: Profile) -> float:
+    """gamma's ``fill`` (profiles measured before it existed: a ``dense`` unit)."""
+    return profile.gamma.get("fill", profile.gamma.get("dense", 0.0))
 
 
 def _hierarchical_time(shape: Shape, rank: int, profile: Profile) -> float:
@@ -139,11 +158,14 @@ def _hierarchical_time(shape: Shape, rank: int, profile: Profile) -> float:
     if len(set(shape.nodes)) == shape.size:  # one rank per node: the rail alone (+ its counts)
         name = rails[0][0]
         counts = Cost().allgather("hierarchical.counts", shape.size, 8 * shape.size)
-        return (rank_time(name, shape, rank, profile.link("inter"))
-                + (comm_time(counts, profile) if name == "split" else 0.0))
+        rail = dataclasses.replace(shape, output="sparse")  # the rail's result is densified
+        return (rank_time(name, rail, rank, profile.link("inter"))
+                + (comm_time(counts, profile) if name == "split" else 0.0)
+                + densified_output("hierarchical", shape, profile))
     fixed = profile.fixed.get("hierarchical", profile.fixed.get("split", 0.0))
     coded = coded_indices(Cost().add(intra).add(inter), shape)
     seconds = (fixed + _local(work("hierarchical", shape, rank), profile)
+               + densified_output("hierarchical", shape, profile)
                + profile.gamma.get("code", DEFAULT_CODE_COST) * coded
                + comm_time(validation_cost(shape.size).add(intra), profile.link("intra"))
                + comm_time(inter, profile.link("inter")))

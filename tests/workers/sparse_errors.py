@@ -95,6 +95,27 @@ def cases(size: int):
         MismatchError, None, "algorithm"
     yield "async_op differs", lambda r: {**good(r), "async_op": r == 0}, MismatchError, None, \
         "async_op"
+    yield "unknown output on rank 2", on(2, output="coo"), InvalidArgument, 2, "output"
+    yield "output differs", lambda r: {**good(r), "output": "dense" if r == 1 else "sparse"}, \
+        MismatchError, None, "output (sparse vs dense)"
+    yield "out without output='dense' on rank 0", on(0, out=np.zeros(N, np.float32)), \
+        InvalidArgument, 0, "out"
+    yield "out of the wrong length on rank 1", lambda r: {
+        **good(r), "output": "dense", "out": np.zeros(N + (r == 1), np.float32)}, \
+        InvalidArgument, 1, "out"
+    yield "out of the wrong dtype on last rank", lambda r: {
+        **good(r), "output": "dense", "out": np.zeros(N, np.float64 if r == last
+                                                      else np.float32)}, InvalidArgument, last, \
+        "'out'"
+    yield "read-only out on rank 1", lambda r: {
+        **good(r), "output": "dense", "out": np.broadcast_to(np.float32(0), (N,)) if r == 1
+        else np.zeros(N, np.float32)}, InvalidArgument, 1, "'out'"
+    yield "strided out on rank 2", lambda r: {
+        **good(r), "output": "dense", "out": np.zeros(2 * N, np.float32)[::2] if r == 2
+        else np.zeros(N, np.float32)}, InvalidArgument, 2, "'out'"
+    yield "alloc_fn with output='dense' on rank 0", lambda r: {
+        **good(r), "output": "dense", "alloc_fn": (lambda *a: None) if r == 0 else None}, \
+        InvalidArgument, 0, "alloc_fn"
     yield "foreign exception on rank 1", on(1, values=BrokenTensor()), InvalidArgument, 1, \
         "arguments"
     yield "two ranks bad", lambda r: {**good(r), "indices": np.array([r, N + r, 0])

@@ -23,7 +23,7 @@ from _common import digest, rng_for
 from mpi4py import MPI
 
 from cupycoll.comm.mpi import MPICommunicator
-from cupycoll.sparse import sparse_allreduce
+from cupycoll.sparse import SparseResult, sparse_allreduce
 
 ALGORITHMS = ["allgather", "mask", "dense", "recursive_doubling", "split", "hierarchical", "auto"]
 OPS = ["sum", "prod", "max", "min", "avg"]
@@ -56,7 +56,9 @@ def case_params(seed: int, case: int, size: int, algorithms: list[str]) -> dict:
     pattern = PATTERNS[rng.integers(len(PATTERNS))]
     if pattern == "full" and n > 200:
         pattern = "random"
+    output = "dense" if not big and rng.random() < 0.3 else "sparse"
     return dict(special=special, dtype=dtype, op=op, n=n, algorithm=algorithm, acc=acc,
+                output=output, into=output == "dense" and rng.random() < 0.5,
                 width=int(rng.choice([0, 0, 0, 1, 3, 8])),
                 index_dtype="int64" if big or rng.random() < 0.5 else "int32",
                 pattern=pattern,
@@ -202,11 +204,29 @@ def check(res, prm: dict, inputs, size: int, case: int) -> None:
     rounds = np.maximum(t - 1, 0) + (prm["op"] == "avg")
     if prm["op"] == "prod":  # relative: each rounding scales by at most (1 + eps/2)
         tol = (rounds * np.finfo(acc).eps / 2 * 1.01 + np.finfo(dtype).eps / 2) * np.abs(ref_val)
-    else:  # every partial sum is at most abs_sum: half an ulp of acc there per rounding
-        tol = rounds * _ulp(abs_sum, acc) / 2 + _ulp(ref_val, dtype) / 2
+    else:  # every partial sum is at most abs_sum: half an ulp of acc there per rounding, and
+        # as much again per term of the float64 reference's own sum
+        tol = (rounds * _ulp(abs_sum, acc) / 2 + _ulp(ref_val, dtype) / 2
+               + np.maximum(t - 1, 0) * _ulp(abs_sum, np.dtype(np.float64)) / 2)
     err = np.abs(got - ref_val)
     bad = finite & ~(err <= tol)
     assert not bad.any(), f"values off: {where}\nmax err {err[bad].max()} tol {tol[bad].min()}"
+
+
+def check_dense(dense, out, prm: dict, inputs, size: int, case: int) -> SparseResult:
+    """A dense output: ``out`` itself when given, +0 (all bits clear) at every index no rank
+    holds, and at the union what :func:`check` wants of a sparse result; returned as one."""
+    where = f"case {case} {prm}"
+    ref_idx = reference(inputs, prm, size)[0]
+    row = (prm["width"],) if prm["width"] else ()
+    assert out is None or dense is out, f"not written into out: {where}"
+    assert dense.shape == (prm["n"],) + row and dense.dtype == np.dtype(prm["dtype"]), where
+    absent = np.ones(prm["n"], bool)
+    absent[ref_idx] = False
+    assert not dense[absent].view(np.uint8).any(), f"absent entries not +0: {where}"
+    res = SparseResult(ref_idx.astype(prm["index_dtype"]), dense[ref_idx], prm["n"])
+    check(res, prm, inputs, size, case)
+    return res
 
 
 def every_loop_in_numba_threads() -> None:
@@ -233,10 +253,18 @@ def main() -> None:
         inputs = [rank_input(seed, case, r, size, prm) for r in range(size)]
         idx, val = inputs[rank]
         keep = (idx.copy(), val.copy())
+        out = None
+        if prm["into"]:  # garbage the call must overwrite
+            row = (prm["width"],) if prm["width"] else ()
+            out = np.full((prm["n"],) + row, 7, prm["dtype"])
         res = sparse_allreduce(idx, val, prm["n"], op=prm["op"], algorithm=prm["algorithm"],
-                               comm=comm, accumulate_dtype=prm["acc"])
+                               comm=comm, accumulate_dtype=prm["acc"], output=prm["output"],
+                               out=out)
         assert same_bits(idx, keep[0]) and same_bits(val, keep[1]), "input modified"
-        check(res, prm, inputs, size, case)
+        if prm["output"] == "dense":
+            res = check_dense(res, out, prm, inputs, size, case)
+        else:
+            check(res, prm, inputs, size, case)
         digests.append(digest(res.indices, res.values))
     every = MPI.COMM_WORLD.allgather(digests)
     for case in range(ncases):

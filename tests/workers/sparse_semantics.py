@@ -7,7 +7,8 @@ arithmetic cannot show, and every algorithm must return exactly the numpy refere
 sparse_random (absent entries count as +0; a +0/-0 tie gives +0 for max and -0 for min; NaN is
 numpy's NaN, bit for bit): the same bits in allgather, mask, dense, recursive_doubling, split,
 hierarchical and auto, for every op and float dtype, 1-D and rows, with indices present on every
-rank ("full", so products are not absent zeros) or on some. Results must also be bitwise identical on every rank.
+rank ("full", so products are not absent zeros) or on some; with ``output="dense"`` the same bits
+at the union and +0 elsewhere. Results must also be bitwise identical on every rank.
 """
 
 from __future__ import annotations
@@ -62,10 +63,18 @@ def main() -> None:
                         assert np.array_equal(res.indices, ref_idx), where
                         assert same_bits(res.values, want), \
                             f"{where}: got\n{res.values}\nwant\n{want}"
-                        nan = res.values[np.isnan(res.values)]
-                        assert np.all(nan.view(f"u{nan.itemsize}") == CANONICAL[dtype]), \
-                            f"{where}: a NaN without numpy's NaN bits"
                         results += [res.indices, res.values]
+                        dense = sparse_allreduce(*inputs[rank], N, op=op, algorithm=algorithm,
+                                                 comm=comm, output="dense")
+                        absent = np.setdiff1d(np.arange(N), ref_idx)
+                        assert not dense[absent].view(np.uint8).any(), f"{where}: not +0"
+                        assert same_bits(dense[ref_idx], want), \
+                            f"{where}, dense output: got\n{dense[ref_idx]}\nwant\n{want}"
+                        results.append(dense)
+                        for got in (res.values, dense):
+                            nan = got[np.isnan(got)]
+                            assert np.all(nan.view(f"u{nan.itemsize}") == CANONICAL[dtype]), \
+                                f"{where}: a NaN without numpy's NaN bits"
     assert_identical_across_ranks(*results)
     if rank == 0:
         print(f"ok {case} semantics cases x {len(ALGORITHMS)} algorithms on {size} ranks")
