@@ -253,3 +253,27 @@ def test_kept_filled_writes_only_what_is_not_known():
     f = _accel.kept_filled(10_000, np.float64, 1.0)  # larger: a new buffer, filled
     assert (f == 1.0).all()
     _accel.free_scratch()
+
+
+@pytest.mark.parametrize("dtype", VALUE_DTYPES)
+@pytest.mark.parametrize("width", [0, 1, 3, 4097])
+@pytest.mark.parametrize("itype", ["int32", "int64"])
+def test_densify_into_equals_fill_then_scatter(monkeypatch, dtype, width, itype):
+    """``dense.densify_into`` (output="dense"): the numba pass, block by block, writes exactly
+    a zero fill followed by the scatter, over garbage in ``out``: -0, NaN payloads and extremes
+    kept bit for bit; no rows, the first and last rows, every row, runs across block edges and
+    rows wider than a block."""
+    from cupycoll.sparse.dense import densify_into
+
+    rng = np.random.default_rng([width, len(dtype), len(itype)])
+    n = 20_000 if width < 100 else 9
+    row = (width,) if width else ()
+    for case in ("none", "ends", "all", "random", "runs"):
+        idx = {"none": np.array([], int), "ends": np.array([0, n - 1]), "all": np.arange(n),
+               "random": np.flatnonzero(rng.random(n) < 0.1),
+               "runs": np.flatnonzero((np.arange(n) // 700) % 3 == 0)}[case].astype(itype)
+        val = values(rng, dtype, (idx.size,) + row)
+        out = values(rng, dtype, (n,) + row)
+        want, got = both(monkeypatch, lambda: densify_into(out.copy(), idx, val))
+        same((got,), (want,))
+        assert not np.delete(want, idx, axis=0).view(np.uint8).any(), case
