@@ -11,8 +11,21 @@ import numpy as np
 
 from cupycoll._types import ReduceOp
 
-_REDUCE = {ReduceOp.SUM: np.add, ReduceOp.MAX: np.maximum, ReduceOp.MIN: np.minimum,
-           ReduceOp.PROD: np.multiply}
+def _zero_tie(ufunc, plus_wins: bool):
+    """``ufunc`` with the MPI backend's order-free +0/-0 tie of max (+0) and min (-0)."""
+    def fold(a, b):
+        out = ufunc(a, b)
+        if out.dtype.kind == "f":
+            tie = (a == 0) & (b == 0)
+            minus = (np.signbit(a) & np.signbit(b) if plus_wins
+                     else np.signbit(a) | np.signbit(b))
+            out = np.where(tie, np.where(minus, out.dtype.type(-0.0), out.dtype.type(0.0)), out)
+        return out
+    return fold
+
+
+_REDUCE = {ReduceOp.SUM: np.add, ReduceOp.MAX: _zero_tie(np.maximum, True),
+           ReduceOp.MIN: _zero_tie(np.minimum, False), ReduceOp.PROD: np.multiply}
 
 
 class _Done:

@@ -173,7 +173,8 @@ def test_local_prepares_the_coalesced_input_in_the_accumulate_dtype(op):
 def test_prepared_shape_and_fields():
     prepared, _ = _local(acc=np.float64, algorithm="mask", wire="coo", op="max")
     prepared.nnz = (3, 5)
-    assert prepared.shape(2) == Shape(2, 10, 0, 8, 8, (3, 5), wire=COO, float_values=True)
+    assert prepared.shape(2) == Shape(2, 10, 0, 8, 8, (3, 5), wire=COO, float_values=True,
+                                      result_bytes=4)  # float32 values summed in float64
     assert prepared.shape(4, Wire(True, None)).wire == Wire(True, None)
     assert prepared.reduce_op is ReduceOp.MAX
     ints, _ = _local(values=VAL.astype(np.int32), op="avg")

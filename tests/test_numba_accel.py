@@ -277,3 +277,28 @@ def test_densify_into_equals_fill_then_scatter(monkeypatch, dtype, width, itype)
         want, got = both(monkeypatch, lambda: densify_into(out.copy(), idx, val))
         same((got,), (want,))
         assert not np.delete(want, idx, axis=0).view(np.uint8).any(), case
+
+
+@pytest.mark.parametrize("dtype", VALUE_DTYPES)
+@pytest.mark.parametrize("width", [0, 1, 5])
+def test_add_into_equals_numpy_scatter_add(monkeypatch, dtype, width):
+    """``dense.add_into`` (split's region block): the numba loop adds exactly what numpy's
+    ``out[idx - lo] += val`` adds (NaN, -0, integer wraparound), offset by ``lo``; float16
+    keeps numpy's loop."""
+    from cupycoll.sparse.dense import add_into
+
+    rng = np.random.default_rng([width, len(dtype)])
+    n, lo, row = 5000, 1234, ((width,) if width else ())
+    for itype in ("int32", "int64"):
+        idx = (lo + np.flatnonzero(rng.random(n) < 0.4)).astype(itype)
+        val = values(rng, dtype, (idx.size,) + row)
+        base = values(rng, dtype, (n,) + row)
+
+        def run():
+            out = base.copy()
+            with np.errstate(all="ignore"):
+                add_into(out, idx, lo, val)
+            return out
+
+        want, got = both(monkeypatch, run)
+        same((got,), (want,))

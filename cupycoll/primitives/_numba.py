@@ -27,8 +27,8 @@ from numba import njit
 from .._config import setting
 from ._common import _abs_threshold, _block_cuts, _identity
 
-__all__ = ["merge", "select", "select_unequal", "count", "densify_sorted", "threads",
-           "free_scratch"]
+__all__ = ["merge", "select", "select_unequal", "count", "densify_sorted", "add_rows",
+           "threads", "free_scratch"]
 
 #: op codes of the merge loop, keyed by the numpy ufunc of primitives._checks._UFUNCS.
 OPS = {np.add: 0, np.multiply: 1, np.maximum: 2, np.minimum: 3}
@@ -359,6 +359,24 @@ def densify_sorted(out: np.ndarray, idx: np.ndarray, val: np.ndarray) -> None:
     block = max(_DENSIFY_BLOCK // (width * out.dtype.itemsize), 1)
     _densify_bits(out.reshape(-1).view(bits), idx, np.ascontiguousarray(val).reshape(-1)
                   .view(bits), width, block)
+
+
+@njit(cache=True, nogil=True)
+def _add_rows(out, idx, lo, val, width):  # type: ignore[no-untyped-def]
+    for i in range(idx.size):
+        start = (idx[i] - lo) * width
+        for j in range(width):
+            out[start + j] += val[i * width + j]
+
+
+def add_rows(out: np.ndarray, idx: np.ndarray, lo: int, val: np.ndarray) -> bool:
+    """``out[idx - lo] += val`` for unique ``idx`` (C-contiguous ``out``, rows), in one loop;
+    False (nothing done) for a dtype numba does not add (float16: numpy's loop then)."""
+    if out.dtype not in MERGE_DTYPES:
+        return False
+    width = max(out.size // max(out.shape[0], 1), 1)
+    _add_rows(out.reshape(-1), idx, lo, np.ascontiguousarray(val, out.dtype).reshape(-1), width)
+    return True
 
 
 @njit(cache=True, nogil=True)

@@ -62,6 +62,8 @@ class Shape:
             as they are or rounded to 16 bits); ``float_values``: whether rounding applies.
         output: "sparse" (indices and values) or "dense" (the reduced n-vector itself: the
             ``dense`` algorithm needs no presence, every other one densifies its result).
+        result_bytes: bytes of one value of the caller's dtype, where it differs from the
+            accumulate dtype's (0: the same); split's dense regions travel in it.
     """
 
     size: int
@@ -76,6 +78,7 @@ class Shape:
     wire: Wire = COO
     float_values: bool = True
     output: str = "sparse"
+    result_bytes: int = 0
 
     @classmethod
     def from_inputs(cls, inputs: Sequence[np.ndarray], n: int, width: int, index_bytes: int,
@@ -89,6 +92,11 @@ class Shape:
     def row_bytes(self) -> int:
         """Bytes of one value row (one value for 1-D)."""
         return self.value_bytes * max(self.width, 1)
+
+    @property
+    def result_row_bytes(self) -> int:
+        """Bytes of one row of the caller's dtype (a dense output's row)."""
+        return (self.result_bytes or self.value_bytes) * max(self.width, 1)
 
     @property
     def entry_bytes(self) -> int:

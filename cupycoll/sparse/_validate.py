@@ -76,6 +76,7 @@ class Prepared:
     output: str = "sparse"
     out: Any = None  # output="dense": the caller's buffer, as an array of the communicator's
     nonfinite: bool = False  # output="dense": some rank's values hold a NaN or an infinity
+    minus_zero: bool = False  # output="dense": some rank's float values hold a -0
 
     @property
     def reduce_op(self) -> ReduceOp:
@@ -86,7 +87,9 @@ class Prepared:
         return Shape(size, self.n, self.width, self.index_dtype.itemsize,
                      self.accumulate_dtype.itemsize, self.nnz, wire=wire,
                      float_values=self.accumulate_dtype.kind == "f"
-                     and self.accumulate_dtype.itemsize >= 4, output=self.output)
+                     and self.accumulate_dtype.itemsize >= 4, output=self.output,
+                     result_bytes=self.value_dtype.itemsize
+                     if self.value_dtype != self.accumulate_dtype else 0)
 
     def fields(self, names: list[str]) -> tuple[int, ...]:
         """The agreement fields (see VALIDATION_FIELDS but async_op); ``names`` = the sparse
@@ -302,9 +305,9 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
         MismatchError: ranks disagree on n, dtypes, width, op, algorithm, accumulate_dtype,
             wire, wire_values, output or async_op.
 
-    With ``output="dense"`` each rank's third slot (the offending value of a bad input) says
-    instead whether its float values hold a NaN or an infinity: only then does the dense
-    result need its NaN bits made canonical (a pass over n).
+    With ``output="dense"`` each rank's third slot (the offending value of a bad input) holds
+    instead :func:`_value_flags`: whether its float values hold a NaN or an infinity (only then
+    does the dense result need its NaN bits made canonical, a pass over n) or a -0.
     """
     p, rank = comm.size, comm.rank
     names = algorithms("sparse")
@@ -319,7 +322,7 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
         vec[0:2 * nf] = [v for f in fields for v in (f, -f)]
         vec[2 * nf + rank] = prepared.indices.shape[0]
         vec[2 * nf + p + rank] = 0
-        vec[2 * nf + 2 * p + rank] = _nonfinite(prepared)
+        vec[2 * nf + 2 * p + rank] = _value_flags(prepared)
         if prepared.algorithm == "auto":
             full = small.pack(comm, full, agreement.slot_start(p, rank), prepared.indices,
                               prepared.values, prepared.wire_values)
@@ -341,7 +344,9 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
     if any(hi != -lo for hi, lo in zip(highs, negated_lows)):
         _disagreement(highs, negated_lows, rank, p)
     prepared.nnz = tuple(agreed[2 * nf:2 * nf + p])
-    prepared.nonfinite = any(v > 0 for v in agreed[2 * nf + 2 * p:2 * nf + 3 * p])
+    flags = agreed[2 * nf + 2 * p:2 * nf + 3 * p]  # INT64_MIN-neutral: no error anywhere
+    prepared.nonfinite = any(v > 0 and v & 1 for v in flags)
+    prepared.minus_zero = any(v > 0 and v & 2 for v in flags)
     if prepared.algorithm == "auto" and small.fits_all(
             p, prepared.nnz, prepared.index_dtype.itemsize,
             prepared.accumulate_dtype.itemsize * max(prepared.width, 1)):
@@ -351,12 +356,17 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
     return prepared
 
 
-def _nonfinite(prepared: Prepared) -> int:
-    """1 if a dense result's NaN bits need settling: float values holding a NaN or inf."""
+def _value_flags(prepared: Prepared) -> int:
+    """A dense output's value facts (only then computed: one pass over this rank's values):
+    bit 0, the float values hold a NaN or an infinity (the result's NaN bits need settling);
+    bit 1, they hold a -0 (so +0 + x is not x for every input)."""
     values = prepared.values
     if prepared.output != "dense" or values.dtype.kind != "f" or values.size == 0:
         return 0
-    return int(not bool(array_namespace(values).isfinite(values).all()))
+    xp = array_namespace(values)
+    nonfinite = not bool(xp.isfinite(values).all())
+    minus_zero = bool(((values == 0) & xp.signbit(values)).any())
+    return int(nonfinite) | int(minus_zero) << 1
 
 
 def _disagreement(highs: list[int], negated_lows: list[int], rank: int, p: int) -> None:

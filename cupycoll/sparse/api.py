@@ -21,6 +21,7 @@ from ..comm import Communicator, get_comm
 from ..errors import InvalidArgument, InvalidType
 from . import auto as _auto
 from . import dense as _dense
+from . import split as _split
 from ._common import canonical_nan
 from ..wire._pack import Wire
 from ._validate import Prepared, prepare
@@ -120,8 +121,8 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
         fn = lookup("sparse", name, rank=comm.rank)
 
         def run(on: Communicator) -> Any:
-            if prepared.output == "dense" and name == "dense":
-                return _dense_output(on, prepared)
+            if prepared.output == "dense" and name in ("dense", "split"):
+                return _dense_output(on, prepared, name)
             return _run(on, prepared, fn)
     _log.debug("sparse_allreduce: algorithm %s, wire %s, nnz %s, n %d", name, prepared.format,
                prepared.nnz, prepared.n)
@@ -151,35 +152,52 @@ def _run(comm: Communicator, prepared: Prepared, fn: Callable) -> tuple[Any, Any
 
 def _finish(comm: Communicator, prepared: Prepared, idx: Any, val: Any) -> Any:
     """Apply avg and the single cast back to the caller's dtypes (NaN bits made canonical);
-    for a dense output, scatter the result into zeros (the caller's ``out`` or a new array)."""
-    if prepared.op is ReduceOp.AVG:
-        trunc_divide(val, comm.size)
+    for a dense output, write the result into zeros (the caller's ``out`` or a new array)."""
     idx = idx.astype(prepared.index_dtype, copy=False)
-    val = canonical_nan(val.astype(prepared.value_dtype, copy=False))
+    val = _finished(comm, prepared, val, True)
     if prepared.output != "dense":
         return idx, val
-    dense = prepared.out
-    if dense is None:
-        dense = comm.xp.empty((prepared.n,) + tuple(val.shape[1:]), dtype=val.dtype)
-    return _dense.densify_into(dense, idx, val)
+    return _dense.densify_into(_output(comm, prepared, tuple(val.shape[1:])), idx, val)
 
 
-def _dense_output(comm: Communicator, prepared: Prepared) -> Any:
-    """``output="dense"`` by the ``dense`` algorithm: one allreduce straight into the caller's
-    ``out`` where the dtypes allow, then avg, the cast, and NaN bits where a rank had one."""
-    same = prepared.accumulate_dtype == prepared.value_dtype
-    with comm.calling("sparse_allreduce"):
-        dense = _dense.dense_result(comm, prepared.indices, prepared.values, prepared.n,
-                                    prepared.reduce_op, prepared.out if same else None)
+def _finished(comm: Communicator, prepared: Prepared, val: Any, nan_bits: bool) -> Any:
+    """Reduced values (entries' rows or a dense block) as the caller's: avg, the cast, and,
+    where ``nan_bits``, numpy's NaN bits."""
     if prepared.op is ReduceOp.AVG:
-        trunc_divide(dense, comm.size)
-    if not same:
-        if prepared.out is None:
-            dense = dense.astype(prepared.value_dtype)
-        else:
-            prepared.out[...] = dense
-            dense = prepared.out
-    return canonical_nan(dense) if prepared.nonfinite else dense
+        trunc_divide(val, comm.size)
+    val = val.astype(prepared.value_dtype, copy=False)
+    return canonical_nan(val) if nan_bits else val
+
+
+def _output(comm: Communicator, prepared: Prepared, row: tuple) -> Any:
+    """The dense output: the caller's ``out``, or a new array of the caller's dtype."""
+    if prepared.out is not None:
+        return prepared.out
+    return comm.xp.empty((prepared.n,) + row, dtype=prepared.value_dtype)
+
+
+def _dense_output(comm: Communicator, prepared: Prepared, name: str) -> Any:
+    """``output="dense"`` by the ``dense`` algorithm (one allreduce straight into the caller's
+    ``out`` where the dtypes allow, then avg, the cast, and NaN bits where a rank had one) or
+    by ``split``'s region variant."""
+    row = tuple(prepared.values.shape[1:])
+    with comm.calling("sparse_allreduce"):
+        if name == "split" and comm.size > 1:
+            return _split.dense_result(
+                comm, prepared.indices, prepared.values, prepared.n, prepared.reduce_op,
+                _output(comm, prepared, row),
+                lambda val: _finished(comm, prepared, val, prepared.nonfinite),
+                prepared.reduce_op is ReduceOp.SUM and not prepared.minus_zero,
+                prepared.format)
+        same = prepared.accumulate_dtype == prepared.value_dtype
+        dense = _dense.dense_result(comm, prepared.indices, prepared.values, prepared.n,
+                                    prepared.reduce_op, _output(comm, prepared, row)
+                                    if same else None)
+    dense = _finished(comm, prepared, dense, prepared.nonfinite)
+    if prepared.out is not None and dense is not prepared.out:
+        prepared.out[...] = dense
+        dense = prepared.out
+    return dense
 
 
 def _like(result: Any, original: Any) -> Any:

@@ -46,7 +46,7 @@ from ..primitives._accel import _fast, kept_filled, mark_filled
 from ._common import bitmap_chunk, bitmap_or_allreduce, presence, union_of_presence
 from ._cost import Cost, Shape
 
-__all__ = ["dense", "dense_result", "densify_into", "cost", "settle_cost", "folds_presence", "signed_zero_fill",
+__all__ = ["dense", "dense_result", "densify_into", "add_into", "cost", "settle_cost", "folds_presence", "signed_zero_fill",
            "local_pass", "FOLD_WIDTH"]
 
 #: integer rows at least this wide carry their presence count in the values' allreduce.
@@ -124,6 +124,13 @@ def densify_into(out: Any, indices: Any, values: Any) -> Any:
         out.fill(0)
         out[indices] = values
     return out
+
+
+def add_into(out: Any, indices: Any, lo: int, values: Any) -> None:
+    """``out[indices - lo] += values`` for unique ``indices``: one numba loop on the host."""
+    fast = _fast(indices.shape[0]) if isinstance(out, np.ndarray) else None
+    if fast is None or not fast.add_rows(out, indices, lo, values):
+        out[indices - lo] += values
 
 
 def _signed_zeros(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, row: tuple

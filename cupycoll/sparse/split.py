@@ -21,11 +21,21 @@ counts (P-1)*8 and (union - own region's union) * E (one message per non-empty r
 Compact wire: 16 bytes per size record and the encoded index bytes in place of I per entry.
 Balanced, that is about (N/P + U)(P-1)/P * E for N total entries: less than allgather as soon
 as indices overlap, with a P-times smaller local merge.
+
+``output="dense"`` (:func:`dense_result`, the region variant): phases 1 and 2 as above, then the
+owners' regions travel either as sparse entries that every rank writes into its zeroed output,
+or dense: each owner writes its region into an n/P-row block (for sums without -0 inputs it
+accumulates the P slices there directly, in rank order, instead of merging them) and one
+allgatherv of the blocks fills the output. Which one: :func:`gathers_dense`, the cheaper by the
+profile's prices, decided from every rank's nnz (known from phase 1) the same on every rank.
+Dense regions cost n*R'*(P-1)/P bytes received (R': a row of the caller's dtype, as the owners
+finish their regions before the gather; one message per non-empty peer region).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, Callable
 
 import numpy as np
 
@@ -34,9 +44,11 @@ from .._types import ReduceOp, to_host
 from ..wire._exchange import exchange_sizes, post_blocks
 from ..wire._pack import COO, Wire, pack, unpack
 from ._common import allgatherv_entries, reduce_parts
+from .dense import add_into, densify_into
 from ._cost import Cost, Shape
 
-__all__ = ["split", "cost", "SAMPLES", "local_samples", "region_bounds", "reduce_scatter"]
+__all__ = ["split", "cost", "dense_result", "gathers_dense", "SAMPLES", "local_samples",
+           "region_bounds", "reduce_scatter"]
 
 #: index samples per rank that balance the regions (the region loads are within ~1/SAMPLES).
 SAMPLES = 128
@@ -77,12 +89,16 @@ def region_bounds(samples: np.ndarray, n: int, parts: int | None = None) -> np.n
     return np.maximum.accumulate(bounds)
 
 
-def _bounds(comm: Any, indices: Any, n: int, op_name: str = "split.samples",
-            parts: int | None = None) -> np.ndarray:
+def _samples(comm: Any, indices: Any, op_name: str = "split.samples") -> np.ndarray:
+    """Every rank's :func:`local_samples` (host, (P, SAMPLES + 1)): one native allgather."""
     send = local_samples(indices, comm.xp)
     recv = comm.xp.empty(comm.size * (SAMPLES + 1), dtype=np.int64)
-    samples = comm.fetch(comm.allgather(send, recv, op_name), recv)
-    return region_bounds(samples.reshape(comm.size, SAMPLES + 1), n, parts)
+    return comm.fetch(comm.allgather(send, recv, op_name), recv).reshape(comm.size, SAMPLES + 1)
+
+
+def _bounds(comm: Any, indices: Any, n: int, op_name: str = "split.samples",
+            parts: int | None = None) -> np.ndarray:
+    return region_bounds(_samples(comm, indices, op_name), n, parts)
 
 
 def _cuts(comm: Any, indices: Any, bounds: np.ndarray) -> Any:
@@ -160,11 +176,74 @@ def reduce_scatter(comm: Any, indices: Any, values: Any, bounds: np.ndarray, op:
                         accumulate_dtype)
 
 
-def cost(shape: Shape, rank: int) -> Cost:
+def gathers_dense(shape: Shape, profile: Any = None) -> bool:
+    """``output="dense"``: whether the owners' regions travel dense. Predicted seconds of the
+    two ways with the profile's prices (default: :func:`cupycoll.tuner.profile.load_profile`),
+    from the nnz alone (union estimated, ``inputs`` ignored: what every rank knows after
+    phase 1). Sparse: the union's entries ((P-1)/P of U x E bytes), the owner's merge of N/P
+    entries and a fill of the whole output. Dense: (P-1)/P of the n rows, the owner's N/P
+    rows accumulated and a fill of its region."""
+    if profile is None:
+        from ..tuner.profile import load_profile
+
+        profile = load_profile()
+    shape = shape if shape.inputs is None else dataclasses.replace(shape, inputs=None)
+    p, w, g = shape.size, max(shape.width, 1), profile.gamma
+    fill, region = g.get("fill", g.get("dense", 0.0)), shape.total_nnz / p
+    share = profile.beta_p2p * (p - 1) / p
+    sparse = (share * shape.union * shape.entry_bytes + g.get("merge", 0.0) * region
+              + fill * shape.n * w)
+    dense = (share * shape.n * shape.result_row_bytes + g.get("row", 0.0) * region * w
+             + fill * shape.n * w / p)
+    return dense < sparse
+
+
+def dense_result(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, out: Any,
+                 finish: Callable[[Any], Any], plain_sums: bool, wire: Wire = COO) -> Any:
+    """``output="dense"`` by regions (see the module docstring) into ``out``, the output
+    array (the caller's dtype). ``finish(values)`` turns reduced values (a region's rows or
+    its entries' rows) into the caller's: avg, the cast, NaN bits. ``plain_sums``: the op is a
+    sum and no rank holds a -0 value, so +0 + x is x for every input x and the owner may
+    accumulate its slices in a block (the first slice written, the others added: the merge's
+    additions in the same order)."""
+    from ..tuner.profile import profile_for
+
+    p, rank, xp = comm.size, comm.rank, comm.xp
+    samples = _samples(comm, indices)
+    bounds = region_bounds(samples, n)
+    shape = Shape(p, n, int(np.prod(values.shape[1:], dtype=np.int64)) if values.ndim > 1
+                  else 0, indices.dtype.itemsize, values.dtype.itemsize,
+                  tuple(int(c) for c in samples[:, 0]), wire=wire,
+                  result_bytes=out.dtype.itemsize)
+    dense = gathers_dense(shape, profile_for(comm))
+    parts = _scatter(comm, indices, values, bounds, wire)
+    lo, hi = int(bounds[rank]), int(bounds[rank + 1])
+    row = tuple(values.shape[1:])
+    if dense and plain_sums:  # rank order: the first slice written, the others added
+        block = densify_into(xp.empty((hi - lo,) + row, dtype=values.dtype), parts[0][0] - lo,
+                             parts[0][1])
+        for idx, val in parts[1:]:
+            add_into(block, idx, lo, val)
+        block = finish(block)
+    else:
+        own_idx, own_val = reduce_parts(parts, op)
+        own_val = finish(own_val)
+        if not dense:
+            all_idx, all_val, _ = allgatherv_entries(comm, own_idx, own_val, "split.gather",
+                                                     wire, lo, hi)
+            return densify_into(out, all_idx, all_val)
+        block = densify_into(xp.empty((hi - lo,) + row, dtype=out.dtype), own_idx - lo,
+                             own_val)
+    comm.run("_allgatherv_into", block, out, np.diff(bounds), op_name="split.regions")
+    return out
+
+
+def cost(shape: Shape, rank: int, profile: Any = None) -> Cost:
     """Bytes and messages ``rank`` receives (without the validation allreduce).
 
     Exact when ``shape.inputs`` is given (regions computed as the algorithm does), otherwise
-    with perfectly balanced regions of independent uniformly random indices.
+    with perfectly balanced regions of independent uniformly random indices. A dense output
+    gathers dense regions where :func:`gathers_dense` (with ``profile``) says so.
     """
     p, c = shape.size, Cost()
     if p == 1:
@@ -187,4 +266,9 @@ def cost(shape: Shape, rank: int) -> Cost:
                for r in range(p) if r != rank]
         gathered = [shape.block_bytes(shape.union // p, None, 0, span)] * p
     c.book("split.scatter", sum(got), sum(1 for g in got if g))
+    if shape.output == "dense" and gathers_dense(shape, profile):
+        spans = (np.diff(bounds) if shape.inputs is not None
+                 else [shape.n // p + (r < shape.n % p) for r in range(p)])
+        return c.allgatherv("split.regions", p, rank, spans, shape.result_row_bytes,
+                            with_counts=False)
     return c.allgatherv_entries("split.gather", p, rank, gathered, shape.size_words)

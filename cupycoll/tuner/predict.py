@@ -25,6 +25,7 @@ from typing import Callable
 from ..comm._topology import Topology
 from ..sparse import auto as _auto
 from ..sparse import hierarchical as _hier
+from ..sparse import split as _split_mod
 from ..sparse._cost import Cost, Shape, estimate_union, validation_cost
 from ..sparse.recursive_doubling import prefer_dense
 from ..wire._choice import DEFAULT_CODE_COST
@@ -38,11 +39,16 @@ def _allgather(shape: Shape, rank: int) -> dict[str, float]:
     return {"merge": shape.total_nnz, "row": shape.total_nnz * w}
 
 
-def _split(shape: Shape, rank: int) -> dict[str, float]:
+def _split(shape: Shape, rank: int, profile: Profile | None = None) -> dict[str, float]:
+    """A dense output: the region variant (:func:`cupycoll.sparse.split.gathers_dense`) writes
+    the owner's region (accumulating its rows instead of merging them) or the whole output."""
     if shape.size == 1:
-        return {}
+        return {"fill": shape.n * max(shape.width, 1)} if shape.output == "dense" else {}
     w, region = max(shape.width, 1), shape.total_nnz / shape.size
-    return {"merge": region, "row": (region + shape.union) * w}
+    if shape.output == "dense" and _split_mod.gathers_dense(shape, profile):
+        return {"row": region * w, "fill": shape.n * w / shape.size}
+    out = {"merge": region, "row": (region + shape.union) * w}
+    return {**out, "fill": shape.n * w} if shape.output == "dense" else out
 
 
 def _mask(shape: Shape, rank: int) -> dict[str, float]:
@@ -98,8 +104,12 @@ WORK_MODELS: dict[str, Callable[[Shape, int], dict[str, float]]] = {
     "recursive_doubling": _recursive_doubling, "hierarchical": _hierarchical}
 
 
-def work(algorithm: str, shape: Shape, rank: int) -> dict[str, float]:
-    """Units of local work ``rank`` does in ``algorithm`` (see the module docstring)."""
+def work(algorithm: str, shape: Shape, rank: int, profile: Profile | None = None
+         ) -> dict[str, float]:
+    """Units of local work ``rank`` does in ``algorithm`` (see the module docstring); split's
+    dense output depends on ``profile`` (default: the shipped one)."""
+    if algorithm == "split":
+        return _split(shape, rank, profile)
     return WORK_MODELS[algorithm](shape, rank)
 
 
@@ -127,8 +137,10 @@ def coded_indices(cost: Cost, shape: Shape) -> float:
 def rank_time(algorithm: str, shape: Shape, rank: int, profile: Profile) -> float:
     if algorithm == "hierarchical":
         return _hierarchical_time(shape, rank, profile)
-    cost = validation_cost(shape.size).add(_auto.MODELS[algorithm](shape, rank))
-    local = _local(work(algorithm, shape, rank), profile)
+    model = _auto.MODELS[algorithm]
+    cost = validation_cost(shape.size).add(model(shape, rank, profile) if algorithm == "split"
+                                           else model(shape, rank))
+    local = _local(work(algorithm, shape, rank, profile), profile)
     coding = profile.gamma.get("code", DEFAULT_CODE_COST) * coded_indices(cost, shape)
     return (profile.fixed.get(algorithm, 0.0) + comm_time(cost, profile) + local + coding
             + densified_output(algorithm, shape, profile))
@@ -136,7 +148,7 @@ def rank_time(algorithm: str, shape: Shape, rank: int, profile: Profile) -> floa
 
 def densified_output(algorithm: str, shape: Shape, profile: Profile) -> float:
     """Seconds of writing a sparse result into the n-vector of ``output="dense"``."""
-    if shape.output != "dense" or algorithm == "dense":
+    if shape.output != "dense" or algorithm in ("dense", "split"):  # theirs are in work()
         return 0.0
     return _fill_price(profile) * shape.n * max(shape.width, 1)
 

@@ -71,8 +71,11 @@ def split_regions(inputs: list[np.ndarray], n: int) -> np.ndarray:
     return np.array(bounds + [n])
 
 
-def split_traffic(inputs: list[np.ndarray], n: int, rank: int, entry_bytes: int) -> dict:
-    """split's (bytes, messages) received by ``rank`` per operation, counted with numpy."""
+def split_traffic(inputs: list[np.ndarray], n: int, rank: int, entry_bytes: int,
+                  region_row_bytes: int | bool = False) -> dict:
+    """split's (bytes, messages) received by ``rank`` per operation, counted with numpy;
+    ``region_row_bytes``: a dense output gathered as dense regions of rows of that many bytes
+    (every peer's region whole, no counts)."""
     p = len(inputs)
     if p == 1:
         return {}
@@ -81,10 +84,15 @@ def split_traffic(inputs: list[np.ndarray], n: int, rank: int, entry_bytes: int)
     mine = [region[rank][q].size for q in range(p) if q != rank]  # others' slices of my region
     unions = [np.unique(np.concatenate(region[r])).size for r in range(p) if r != rank]
     peers = (p - 1) * 8
-    want = {"split.samples": ((p - 1) * (SAMPLES + 1) * 8, p - 1), "split.counts": (peers, p - 1),
-            "split.gather.counts": (peers, p - 1)}
+    want = {"split.samples": ((p - 1) * (SAMPLES + 1) * 8, p - 1), "split.counts": (peers, p - 1)}
     if sum(mine):
         want["split.scatter"] = (sum(mine) * entry_bytes, sum(1 for c in mine if c))
+    if region_row_bytes:
+        spans = [int(bounds[r + 1] - bounds[r]) for r in range(p) if r != rank]
+        if sum(spans):
+            want["split.regions"] = (sum(spans) * region_row_bytes, sum(1 for s in spans if s))
+        return want
+    want["split.gather.counts"] = (peers, p - 1)
     if sum(unions):
         want["split.gather"] = (sum(unions) * entry_bytes, sum(1 for u in unions if u))
     return want
@@ -119,16 +127,18 @@ def main() -> None:
         model_shape = dataclasses.replace(Shape.from_inputs(
             [i for i, _ in inputs], n, width, np.dtype(itype).itemsize, vbytes),
             float_values=np.dtype(acc or dtype).kind == "f" and vbytes >= 4)
-        runs = [(a, None) for a in ALGORITHMS] + [("hierarchical", r) for r in RANKS_PER_NODE]
-        for algorithm, per_node in runs:
-            shape = model_shape
+        runs = ([(a, None, "sparse") for a in ALGORITHMS]
+                + [("hierarchical", r, "sparse") for r in RANKS_PER_NODE]
+                + [(a, None, "dense") for a in ALGORITHMS])
+        for algorithm, per_node, output in runs:
+            shape = dataclasses.replace(model_shape, output=output,
+                                        result_bytes=np.dtype(dtype).itemsize)
             if per_node is not None:
                 os.environ["CUPYCOLL_RANKS_PER_NODE"] = str(per_node)
-                shape = dataclasses.replace(model_shape,
-                                            nodes=tuple(r // per_node for r in range(size)))
+                shape = dataclasses.replace(shape, nodes=tuple(r // per_node for r in range(size)))
             comm.stats.reset()
             sparse_allreduce(*inputs[rank], n, algorithm=algorithm, comm=comm,
-                             accumulate_dtype=acc)
+                             accumulate_dtype=acc, output=output)
             os.environ.pop("CUPYCOLL_RANKS_PER_NODE", None)
             model = call_cost(algorithm, shape, rank)
             want = {op: (model.received[op], model.messages[op]) for op in model.received}
@@ -138,8 +148,9 @@ def main() -> None:
                                  f" want {sorted(want.items())}")
             assert comm.stats.bytes_received == model.bytes_received
             if algorithm == "split":
+                regions = "split.regions" in got and np.dtype(dtype).itemsize * max(width, 1)
                 first = split_traffic([i for i, _ in inputs], n, rank,
-                                      np.dtype(itype).itemsize + vbytes * max(width, 1))
+                                      np.dtype(itype).itemsize + vbytes * max(width, 1), regions)
                 got.pop("sparse.validate", None)
                 assert got == first, (f"rank {rank} split {pattern} n={n}: numpy count differs"
                                       f"\n got  {sorted(got.items())}\n want {sorted(first.items())}")
