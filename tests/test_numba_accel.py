@@ -302,3 +302,41 @@ def test_add_into_equals_numpy_scatter_add(monkeypatch, dtype, width):
 
         want, got = both(monkeypatch, run)
         same((got,), (want,))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_special_values_flags_nan_inf_and_minus_zero(dtype):
+    """The dense output's value flags from bits: NaN (any payload, either sign), +-inf, -0; not
+    +0, the largest finite values or subnormals."""
+    from cupycoll.primitives import _numba
+
+    info = np.finfo(dtype)
+    plain = np.array([0.0, 1.5, -2.0, info.max, -info.max, info.smallest_subnormal,
+                      -info.smallest_subnormal], dtype)
+    assert _numba.special_values(plain) == (False, False)
+    nan = np.array(np.nan, dtype).view(f"u{info.bits // 8}") | 1  # another payload
+    for special, flags in ((np.inf, (True, False)), (-np.inf, (True, False)),
+                           (nan.view(dtype), (True, False)), (-nan.view(dtype), (True, False)),
+                           (-0.0, (False, True))):
+        for at in (0, 3, plain.size):
+            values = np.insert(plain, at, np.array(special, dtype))
+            assert _numba.special_values(values) == flags, (special, at)
+            assert _numba.special_values(values.reshape(-1, 1)) == flags
+    assert _numba.special_values(np.array([-0.0, np.inf], dtype)) == (True, True)
+
+
+@pytest.mark.parametrize("itype", ["int32", "int64"])
+def test_index_stats_equal_numpys(monkeypatch, itype):
+    """The validation's one read of indices: (min, max, strictly increasing) the same with the
+    numba pass as with numpy, for sorted, sorted with a repeat, descending, one unsorted pair
+    at either end, and a single index."""
+    from cupycoll.primitives._checks import _index_stats
+
+    rng = np.random.default_rng(len(itype))
+    base = np.sort(rng.choice(1 << 20, 1000, replace=False)).astype(itype)
+    cases = [base, np.insert(base, 500, base[500]), base[::-1].copy(),
+             np.concatenate([base[1:2], base[:1], base[2:]]),
+             np.concatenate([base[:-2], base[-1:], base[-2:-1]]), base[:1]]
+    for idx in cases:
+        want, got = both(monkeypatch, lambda: _index_stats(idx))
+        assert got == want and type(got[0]) is int and type(got[2]) is bool

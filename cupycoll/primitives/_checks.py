@@ -13,6 +13,7 @@ import numpy as np
 
 from .._types import ReduceOp, array_namespace, parse_op, to_host
 from ..errors import InvalidArgument, InvalidType
+from ._accel import _fast
 
 
 #: dtypes of values (and of dense arrays) every primitive accepts.
@@ -79,6 +80,9 @@ def _index_stats(idx: Any) -> tuple[int, int, bool]:
     transfer (three separate reads would each synchronise the host). On the host, sorted
     indices (the usual input) cost one comparison pass: their ends are the min and max."""
     if type(idx) is np.ndarray:
+        fast = _fast(idx.shape[0])
+        if fast is not None:
+            return fast.index_stats(idx)
         increasing = idx.shape[0] < 2 or bool((idx[1:] > idx[:-1]).all())
         if increasing:
             return int(idx[0]), int(idx[-1]), True

@@ -28,6 +28,7 @@ from .._config import setting
 from ._common import _abs_threshold, _block_cuts, _identity
 
 __all__ = ["merge", "select", "select_unequal", "count", "densify_sorted", "add_rows",
+           "special_values", "index_stats",
            "threads", "free_scratch"]
 
 #: op codes of the merge loop, keyed by the numpy ufunc of primitives._checks._UFUNCS.
@@ -349,6 +350,17 @@ def _densify_bits(out, idx, val, width, block):  # type: ignore[no-untyped-def]
             k += 1
 
 
+@njit(cache=True, nogil=True)
+def _densify_bits_1d(out, idx, val, block):  # type: ignore[no-untyped-def]
+    k, n, m = 0, out.size, idx.size  # one value per row: no inner loop (1.5x faster at 30%)
+    for lo in range(0, n, block):
+        hi = min(lo + block, n)
+        out[lo:hi] = 0
+        while k < m and idx[k] < hi:
+            out[idx[k]] = val[k]
+            k += 1
+
+
 def densify_sorted(out: np.ndarray, idx: np.ndarray, val: np.ndarray) -> None:
     """``out`` (C-contiguous, n rows) all zero bits except rows ``idx`` (strictly increasing)
     = ``val``, block by block (a block of ~16 KiB zeroed, then its rows written while it is in
@@ -357,8 +369,11 @@ def densify_sorted(out: np.ndarray, idx: np.ndarray, val: np.ndarray) -> None:
     bits = f"u{out.dtype.itemsize}"
     width = max(out.size // max(out.shape[0], 1), 1)
     block = max(_DENSIFY_BLOCK // (width * out.dtype.itemsize), 1)
-    _densify_bits(out.reshape(-1).view(bits), idx, np.ascontiguousarray(val).reshape(-1)
-                  .view(bits), width, block)
+    flat, rows = out.reshape(-1).view(bits), np.ascontiguousarray(val).reshape(-1).view(bits)
+    if width == 1:
+        _densify_bits_1d(flat, idx, rows, block)
+    else:
+        _densify_bits(flat, idx, rows, width, block)
 
 
 @njit(cache=True, nogil=True)
@@ -377,6 +392,42 @@ def add_rows(out: np.ndarray, idx: np.ndarray, lo: int, val: np.ndarray) -> bool
     width = max(out.size // max(out.shape[0], 1), 1)
     _add_rows(out.reshape(-1), idx, lo, np.ascontiguousarray(val, out.dtype).reshape(-1), width)
     return True
+
+
+@njit(cache=True, nogil=True)
+def _specials(bits, exponent, minus_zero):  # type: ignore[no-untyped-def]
+    nonfinite, negative_zero = False, False
+    for i in range(bits.size):
+        nonfinite |= (bits[i] & exponent) == exponent
+        negative_zero |= bits[i] == minus_zero
+    return nonfinite, negative_zero
+
+
+def special_values(values: np.ndarray) -> tuple[bool, bool]:
+    """(any NaN or infinity, any -0) of float ``values``, from their bits in one pass."""
+    size = values.dtype.itemsize
+    bits = np.ascontiguousarray(values).reshape(-1).view(f"u{size}")
+    mantissa = np.finfo(values.dtype).nmant
+    exponent = ((1 << (8 * size - 1)) - 1) >> mantissa << mantissa
+    nonfinite, negative_zero = _specials(bits, bits.dtype.type(exponent),
+                                         bits.dtype.type(1 << (8 * size - 1)))
+    return bool(nonfinite), bool(negative_zero)
+
+
+@njit(cache=True, nogil=True)
+def _increasing(idx):  # type: ignore[no-untyped-def]
+    bad = False  # no early exit: the loop vectorises (an early return makes it 8x slower)
+    for i in range(1, idx.size):
+        bad |= idx[i] <= idx[i - 1]
+    return not bad
+
+
+def index_stats(idx: np.ndarray) -> tuple[int, int, bool]:
+    """``(min, max, strictly increasing)`` of non-empty host indices: one pass with no
+    temporary for sorted ones (the usual input), whose ends are the min and max."""
+    if _increasing(idx):
+        return int(idx[0]), int(idx[-1]), True
+    return int(idx.min()), int(idx.max()), False
 
 
 @njit(cache=True, nogil=True)

@@ -32,6 +32,7 @@ from .._registry import algorithms
 from .._types import ReduceOp, array_namespace, as_array, parse_op, to_host
 from ..errors import CupycollError, InvalidArgument, InvalidType, MismatchError
 from ..primitives import VALUE_DTYPES, coo_reduce
+from ..primitives._accel import _fast
 from ..primitives._checks import _index_stats
 from ..wire._choice import check_wire, check_wire_values, decode_code, wire_code
 from ..wire._pack import COO, Wire
@@ -363,9 +364,13 @@ def _value_flags(prepared: Prepared) -> int:
     values = prepared.values
     if prepared.output != "dense" or values.dtype.kind != "f" or values.size == 0:
         return 0
-    xp = array_namespace(values)
-    nonfinite = not bool(xp.isfinite(values).all())
-    minus_zero = bool(((values == 0) & xp.signbit(values)).any())
+    fast = _fast(values.size) if isinstance(values, np.ndarray) else None
+    if fast is not None:
+        nonfinite, minus_zero = fast.special_values(values)
+    else:
+        xp = array_namespace(values)
+        nonfinite = not bool(xp.isfinite(values).all())
+        minus_zero = bool(((values == 0) & xp.signbit(values)).any())
     return int(nonfinite) | int(minus_zero) << 1
 
 
