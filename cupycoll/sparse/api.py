@@ -187,8 +187,7 @@ def _dense_output(comm: Communicator, prepared: Prepared, name: str) -> Any:
                 comm, prepared.indices, prepared.values, prepared.n, prepared.reduce_op,
                 _output(comm, prepared, row),
                 lambda val: _finished(comm, prepared, val, prepared.nonfinite),
-                prepared.reduce_op is ReduceOp.SUM and not prepared.minus_zero,
-                prepared.format)
+                prepared.minus_zero, prepared.format)
         same = prepared.accumulate_dtype == prepared.value_dtype
         dense = _dense.dense_result(comm, prepared.indices, prepared.values, prepared.n,
                                     prepared.reduce_op, _output(comm, prepared, row)

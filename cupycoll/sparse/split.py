@@ -199,13 +199,13 @@ def gathers_dense(shape: Shape, profile: Any = None) -> bool:
 
 
 def dense_result(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, out: Any,
-                 finish: Callable[[Any], Any], plain_sums: bool, wire: Wire = COO) -> Any:
+                 finish: Callable[[Any], Any], minus_zero: bool, wire: Wire = COO) -> Any:
     """``output="dense"`` by regions (see the module docstring) into ``out``, the output
     array (the caller's dtype). ``finish(values)`` turns reduced values (a region's rows or
-    its entries' rows) into the caller's: avg, the cast, NaN bits. ``plain_sums``: the op is a
-    sum and no rank holds a -0 value, so +0 + x is x for every input x and the owner may
-    accumulate its slices in a block (the first slice written, the others added: the merge's
-    additions in the same order)."""
+    its entries' rows) into the caller's: avg, the cast, NaN bits. A sum's owner accumulates
+    its slices in a block: the first slice written, the others added, the merge's additions in
+    the same order; ``minus_zero`` (some rank holds a -0 value): its -0 elements are then
+    settled, since a -0 sum stays only where every rank holds the row."""
     from ..tuner.profile import profile_for
 
     p, rank, xp = comm.size, comm.rank, comm.xp
@@ -219,11 +219,13 @@ def dense_result(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, out
     parts = _scatter(comm, indices, values, bounds, wire)
     lo, hi = int(bounds[rank]), int(bounds[rank + 1])
     row = tuple(values.shape[1:])
-    if dense and plain_sums:  # rank order: the first slice written, the others added
+    if dense and op is ReduceOp.SUM:
         block = densify_into(xp.empty((hi - lo,) + row, dtype=values.dtype), parts[0][0] - lo,
                              parts[0][1])
         for idx, val in parts[1:]:
             add_into(block, idx, lo, val)
+        if minus_zero:
+            _settle_minus_zero(xp, block, parts, lo)
         block = finish(block)
     else:
         own_idx, own_val = reduce_parts(parts, op)
@@ -236,6 +238,24 @@ def dense_result(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, out
                              own_val)
     comm.run("_allgatherv_into", block, out, np.diff(bounds), op_name="split.regions")
     return out
+
+
+def _settle_minus_zero(xp: Any, block: Any, parts: list[tuple[Any, Any]], lo: int) -> None:
+    """In a summed block, make +0 the -0 elements of rows some rank does not hold (an absent
+    entry counts +0; only later ranks' absence can leave a -0 that the merge would not)."""
+    flat = block.reshape(block.shape[0], -1)
+    bits = flat.view(f"u{flat.dtype.itemsize}")
+    negative = bits == bits.dtype.type(1 << (8 * flat.dtype.itemsize - 1))  # -0: one pass
+    rows = xp.flatnonzero(negative.any(axis=1))
+    if rows.shape[0] == 0:
+        return
+    wanted, held = rows + lo, xp.zeros(rows.shape[0], dtype=np.int64)
+    for idx, _ in parts:
+        if idx.shape[0]:
+            at = xp.minimum(xp.searchsorted(idx, wanted), idx.shape[0] - 1)
+            held += idx[at] == wanted
+    partial = rows[held < len(parts)]
+    flat[partial] = xp.where(negative[partial], flat.dtype.type(0), flat[partial])
 
 
 def cost(shape: Shape, rank: int, profile: Any = None) -> Cost:
