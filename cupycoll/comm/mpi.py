@@ -29,6 +29,8 @@ _TAG = 7
 _AVG = ReduceOp.AVG  # a module constant: an Enum member lookup costs ~0.2 us per call
 _SPIN = 0.05  # seconds a wait tests (and yields) before it starts to nap
 _POLLS = 8  # tests between two yields (or naps, or deadline checks); docs/failures.md
+_SPARE_KEPT = 2  # staging buffers a communicator keeps for reuse (see _scratch)
+_SPARE_FROM = 1 << 16  # bytes from which staging buffers are reused (below: page faults are few)
 
 
 class MPICommunicator(Communicator):
@@ -52,6 +54,8 @@ class MPICommunicator(Communicator):
                        "reduce": self._reduce, "allgather": self._allgather,
                        "reduce_scatter": self._reduce_scatter,
                        "_allgatherv_into": self._allgatherv_into}
+        #: staging buffers of finished calls (bytes), reused: see _scratch
+        self._spare: list[np.ndarray] = []
 
     def dup(self) -> "MPICommunicator":
         """Return a communicator over the same ranks with its own message space."""
@@ -218,7 +222,7 @@ class MPICommunicator(Communicator):
             # MPI forbids aliased buffers: stage the smaller side (reduce_scatter's block, a
             # P-th of the input, is received apart and copied back by the finalize)
             if host_recv.nbytes < host_send.nbytes:
-                host_recv = np.empty(recv.shape, dtype=host_send.dtype)
+                host_recv = self._scratch(recv.shape, host_send.dtype)
             else:
                 host_send = host_send.copy()
         return np.ascontiguousarray(host_send), host_recv, in_place
@@ -234,7 +238,37 @@ class MPICommunicator(Communicator):
                 trunc_divide(host_recv, self.size)
             if host_recv is not recv:
                 recv[...] = self.xp.asarray(host_recv.astype(recv.dtype, copy=False))
+                self._release(host_recv)
         return finalize
+
+    def _scratch(self, shape: tuple, dtype: Any) -> np.ndarray:
+        """A staging array: a view of a finished call's buffer when one is large enough (its
+        pages are mapped, where a fresh one costs a page fault per 4 KiB on first touch, ~4 us
+        each here), else of a new one. Out of the pool while in use, so an unfinished
+        asynchronous call never shares it."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes < _SPARE_FROM:
+            return np.empty(shape, dtype)
+        for i, buf in enumerate(self._spare):
+            if buf.nbytes >= nbytes:
+                del self._spare[i]
+                break
+        else:
+            buf = np.empty(nbytes, np.uint8)
+        return buf[:nbytes].view(dtype).reshape(shape)
+
+    def _release(self, array: np.ndarray) -> None:
+        """Give the buffer under a finished call's staging array back, as bytes (the pool
+        keeps the largest ``_SPARE_KEPT``)."""
+        if array.nbytes < _SPARE_FROM:
+            return
+        while array.base is not None:
+            array = array.base
+        if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
+            return
+        self._spare.append(array.reshape(-1).view(np.uint8))
+        self._spare.sort(key=lambda b: -b.nbytes)
+        del self._spare[_SPARE_KEPT:]
 
     def allreduce(self, send: Any, recv: Any, op: ReduceOp, op_name: str = "allreduce") -> Work:
         return self._allreduce(send, recv, op, op_name, False)

@@ -107,6 +107,31 @@ def aliased_out(rank: int, p: int) -> int:
     return 4
 
 
+def staged_blocks_reused(rank: int, p: int) -> int:
+    """In-place reduce_scatter on MPI receives the block apart (aliased buffers) into staging
+    buffers the communicator reuses from 64 KiB: two asynchronous calls in flight at once get
+    two buffers (waited in reverse order), later calls of other dtypes and sizes reuse them;
+    every result against numpy, nothing outside the block written."""
+    count = 40_000  # float32: 160 KB blocks
+    xs = [np.arange(count * p, dtype=np.float32) * (rank + 1 + k) for k in range(2)]
+    keep = [x.copy() for x in xs]
+    outs = [x[rank * count:(rank + 1) * count] for x in xs]
+    works = [cc.reduce_scatter(x, out=o, async_op=True) for x, o in zip(xs, outs)]
+    for k in (1, 0):
+        works[k].wait()
+        base = np.arange(count * p, dtype=np.float32)[rank * count:(rank + 1) * count]
+        assert np.array_equal(outs[k], base * sum(r + 1 + k for r in range(p))), k
+        rest = np.ones(count * p, bool)
+        rest[rank * count:(rank + 1) * count] = False
+        assert np.array_equal(xs[k][rest], keep[k][rest])
+    for dtype, n in (("float64", 30_000), ("int32", 70_000), ("float32", 20_000)):
+        x = np.full(n * p, rank + 1, dtype)
+        out = x[rank * n:(rank + 1) * n]
+        cc.reduce_scatter(x, out=out, op="max")
+        assert (out == p).all() and (np.delete(x, np.s_[rank * n:(rank + 1) * n]) == rank + 1).all()
+    return 5
+
+
 def main(seed: int) -> None:
     comm = cc.init("mpi")
     rank, p = comm.rank, comm.size
@@ -180,6 +205,7 @@ def main(seed: int) -> None:
     check(cc.all_reduce(x, op=cc.ReduceOp.MIN), np.arange(10, dtype=np.float32), "alias")
     cases += nan_and_signed_zero(rank, p)
     cases += aliased_out(rank, p)
+    cases += staged_blocks_reused(rank, p)
     print(f"rank {rank}: {cases} dense cases ok")
 
 
