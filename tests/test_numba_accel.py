@@ -204,8 +204,9 @@ def test_merge_temporaries_kept_or_not(monkeypatch: pytest.MonkeyPatch, kept: in
 
 @pytest.mark.parametrize("dtype", ["uint32", "uint64"])
 def test_select_unequal_is_flatnonzero_and_take(dtype):
-    """The dense algorithm's union scan: positions and bits of the elements that are not -0,
-    against numpy's flatnonzero on the comparison; empty, full, ragged and threaded lengths."""
+    """The dense algorithm's union scan (block test, and branch-free for many hits):
+    positions and bits of the elements that are not -0, against numpy's flatnonzero on the
+    comparison; empty, full, ragged and threaded lengths."""
     from cupycoll.primitives import _numba
 
     rng = np.random.default_rng(len(dtype))
@@ -218,12 +219,13 @@ def test_select_unequal_is_flatnonzero_and_take(dtype):
         x[hit & (rng.random(size) < 0.1)] = 0  # +0 is present
         for itype in (np.dtype(np.int32), np.dtype(np.int64)):
             want = np.flatnonzero(x != minus_zero)
-            for reset in (False, True):
+            for reset, many in ((False, False), (True, False), (False, True), (True, True)):
                 before = x.copy()
-                idx, raw = _numba.select_unequal(x, minus_zero, itype, reset=reset)
+                idx, raw = _numba.select_unequal(x, minus_zero, itype, reset=reset, many=many)
                 assert idx.dtype == itype and np.array_equal(idx, want), size
                 assert raw.dtype == x.dtype and raw.tobytes() == before[want].tobytes()
                 assert (x == minus_zero).all() if reset else np.array_equal(x, before)
+                x[...] = before
 
 
 def test_kept_filled_writes_only_what_is_not_known():
