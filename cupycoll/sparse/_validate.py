@@ -345,9 +345,10 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
     if any(hi != -lo for hi, lo in zip(highs, negated_lows)):
         _disagreement(highs, negated_lows, rank, p)
     prepared.nnz = tuple(agreed[2 * nf:2 * nf + p])
-    flags = agreed[2 * nf + 2 * p:2 * nf + 3 * p]  # INT64_MIN-neutral: no error anywhere
-    prepared.nonfinite = any(v > 0 and v & 1 for v in flags)
-    prepared.minus_zero = any(v > 0 and v & 2 for v in flags)
+    if prepared.output == "dense":  # no error anywhere: each slot holds _value_flags
+        flags = agreed[2 * nf + 2 * p:2 * nf + 3 * p]
+        prepared.nonfinite = any(v & 1 for v in flags)
+        prepared.minus_zero = any(v & 2 for v in flags)
     if prepared.algorithm == "auto" and small.fits_all(
             p, prepared.nnz, prepared.index_dtype.itemsize,
             prepared.accumulate_dtype.itemsize * max(prepared.width, 1)):
