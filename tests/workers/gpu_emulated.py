@@ -110,14 +110,23 @@ def sparse_suite(comm, seed, ncases):
         prm = sr.case_params(seed, case, P, algorithms)
         inputs = [sr.rank_input(seed, case, r, P, prm) for r in range(P)]
         idx, val = (cupy.asarray(a) for a in inputs[RANK])
+        into = None
+        if prm["into"]:  # output="dense" into a device buffer of garbage
+            into = cupy.full((prm["n"],) + ((prm["width"],) if prm["width"] else ()), 7,
+                             prm["dtype"])
         out = cc.sparse_allreduce(idx, val, prm["n"], op=prm["op"], algorithm=prm["algorithm"],
                                   comm=comm, accumulate_dtype=prm["acc"],
-                                  async_op=bool(case % 2))
+                                  async_op=bool(case % 2), output=prm["output"], out=into)
         res = out.wait() if case % 2 else out
-        assert isinstance(res.indices, cupy.ndarray) and isinstance(res.values, cupy.ndarray)
-        got = SparseResult(res.indices.get(), res.values.get(), res.n)
         for given, kept in zip((idx, val), inputs[RANK]):  # bitwise: NaN inputs stay NaN
             assert given.get().tobytes() == kept.tobytes(), f"input modified (case {prm})"
+        if prm["output"] == "dense":
+            assert isinstance(res, cupy.ndarray) and (into is None or res is into)
+            got = sr.check_dense(res.get(), None, prm, inputs, P, case)
+            digests.append(digest(got.indices, got.values))
+            continue
+        assert isinstance(res.indices, cupy.ndarray) and isinstance(res.values, cupy.ndarray)
+        got = SparseResult(res.indices.get(), res.values.get(), res.n)
         sr.check(got, prm, inputs, P, case)
         digests.append(digest(got.indices, got.values))
     every = WORLD.allgather(digests)
