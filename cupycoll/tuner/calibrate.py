@@ -9,7 +9,9 @@ so the contention of a real call is in the numbers):
 - point-to-point: an exchange of 8 B with the two ring neighbours, of 8 B with every peer
   (alpha_msg: the extra per peer, from P = 4 on) and of ``LARGE / P`` B with every peer (beta);
 - gamma (local work, the primitives the algorithms use): ``merge`` a P-way merge_sorted of
-  1-D float32 parts, per entry; ``row`` a gather of 16-wide float32 rows, per element; ``dense``
+  1-D float32 parts, per entry; ``fold`` a merge of 16-wide rows (half of each part's indices
+  shared: most rows are added) minus the same merge of 1-D values, per element beyond the
+  first of each row; ``row`` a gather of 16-wide float32 rows, per element; ``dense``
   the dense algorithm's own value passes (zero fill, scatter, scan, gather) per element; ``scan`` presence bitmap packing and unpacking plus flatnonzero, per position; ``code`` the wire
   codec's encode + decode of a sorted index stream (10 % density), per index and direction;
   ``fill`` the dense output's densify (n zeroed, 10 % of the rows written), per element;
@@ -130,6 +132,10 @@ def _local(comm: Any, repeats: int, k: int = 1 << 16, n: int = 1 << 20) -> dict[
     rng = np.random.default_rng(comm.rank)
     parts = [(xp.asarray(np.sort(rng.choice(8 * k, k, replace=False))),
               xp.ones(k, np.float32)) for _ in range(max(p, 2))]
+    # 16-wide rows, half of each part's indices shared with another: most rows are added
+    narrow = [(xp.asarray(np.sort(rng.choice(2 * k, k, replace=False))),
+               xp.ones(k, np.float32)) for _ in range(max(p, 2))]
+    wide = [(i, xp.ones((k, 16), np.float32)) for i, _ in narrow]
     rows = xp.ones((k, 16), np.float32)
     order = xp.asarray(rng.permutation(k))
     idx = xp.asarray(np.sort(rng.choice(n, n // 10, replace=False)).astype(np.int32))
@@ -154,7 +160,11 @@ def _local(comm: Any, repeats: int, k: int = 1 << 16, n: int = 1 << 20) -> dict[
     out = xp.empty(n, np.float32)
 
     per_row = _timed(comm, lambda: rows[order], repeats) / (k * 16)
-    return {"merge": _timed(comm, lambda: merge_sorted(parts), repeats) / (len(parts) * k),
+    merge = _timed(comm, lambda: merge_sorted(parts), repeats)
+    folds = _timed(comm, lambda: merge_sorted(wide), repeats) - _timed(
+        comm, lambda: merge_sorted(narrow), repeats)
+    return {"merge": merge / (len(parts) * k),
+            "fold": max(folds, 0.0) / (len(parts) * k * 15),
             "row": per_row,
             "dense": max(_timed(comm, dense_local, repeats) / n - 0.2 * per_row, 0.0),
             "scan": _timed(comm, scan, repeats) / n,

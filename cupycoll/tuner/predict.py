@@ -13,6 +13,8 @@ Local work, in the units ``gamma`` prices (N = total nnz, U = union, W = max(wid
 - ``dense``: value elements of an n-long dense pass (zero fill, scatter, gather);
 - ``scan``: dense positions scanned for presence (bitmap, presence fields, flatnonzero).
 - ``code`` (compact wire only): indices encoded or decoded, about two per entry received.
+- ``fold``: value elements of merged rows beyond the first of each row (a merge of wide rows
+  folds every element; ``merge`` prices the entry and its first element);
 - ``fill``: elements of an n-long output zeroed with its rows written (``output="dense"``:
   the ``dense`` algorithm's input before its in-place allreduce, every other one's result).
 """
@@ -36,7 +38,8 @@ __all__ = ["work", "predict", "comm_time", "WORK_MODELS"]
 
 def _allgather(shape: Shape, rank: int) -> dict[str, float]:
     w = max(shape.width, 1)
-    return {"merge": shape.total_nnz, "row": shape.total_nnz * w}
+    return {"merge": shape.total_nnz, "row": shape.total_nnz * w,
+            "fold": shape.total_nnz * (w - 1)}
 
 
 def _split(shape: Shape, rank: int, profile: Profile | None = None) -> dict[str, float]:
@@ -47,7 +50,7 @@ def _split(shape: Shape, rank: int, profile: Profile | None = None) -> dict[str,
     w, region = max(shape.width, 1), shape.total_nnz / shape.size
     if shape.output == "dense" and _split_mod.gathers_dense(shape, profile):
         return {"row": region * w, "fill": shape.n * w / shape.size}
-    out = {"merge": region, "row": (region + shape.union) * w}
+    out = {"merge": region, "row": (region + shape.union) * w, "fold": region * (w - 1)}
     return {**out, "fill": shape.n * w} if shape.output == "dense" else out
 
 
@@ -72,7 +75,7 @@ def _recursive_doubling(shape: Shape, rank: int) -> dict[str, float]:
     """Rounds of a homogeneous estimate: group unions of 2^j ranks' mean nnz."""
     w, p = max(shape.width, 1), shape.size
     mean = shape.total_nnz / max(p, 1)
-    out = {"merge": 0.0, "row": 0.0, "dense": 0.0, "scan": 0.0}
+    out = {"merge": 0.0, "row": 0.0, "dense": 0.0, "scan": 0.0, "fold": 0.0}
     rounds = max(p.bit_length() - 1, 0) + (1 if p & (p - 1) else 0)
     for j in range(rounds):
         group = estimate_union(shape.n, [mean] * min(2 ** j, p))
@@ -82,6 +85,7 @@ def _recursive_doubling(shape: Shape, rank: int) -> dict[str, float]:
         else:
             out["merge"] += 2 * group
             out["row"] += 2 * group * w
+            out["fold"] += 2 * group * (w - 1)
     return out
 
 
@@ -95,7 +99,7 @@ def _hierarchical(shape: Shape, rank: int) -> dict[str, float]:
     mine = topo.members[topo.nodes[rank]]
     share = len(_hier.owned(topo.width, len(mine), mine.index(rank))) / topo.width
     w, region = max(shape.width, 1), sum(shape.nnz[m] for m in mine) * share
-    return {"merge": region, "row": (region + shape.union) * w}
+    return {"merge": region, "row": (region + shape.union) * w, "fold": region * (w - 1)}
 
 
 #: local work of every algorithm (units priced by Profile.gamma).

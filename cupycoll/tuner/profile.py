@@ -29,7 +29,7 @@ __all__ = ["Profile", "default_profile", "profile_path", "load_profile", "save_p
            "profile_for", "WORK_KINDS"]
 
 #: units of local work priced by ``gamma`` (seconds per unit), see predict.work.
-WORK_KINDS = ("merge", "row", "dense", "scan", "code", "fill")
+WORK_KINDS = ("merge", "row", "dense", "scan", "code", "fill", "fold")
 #: the prices a link kind may override (Profile.links).
 _LINK_PRICES = ("alpha_p2p", "beta_p2p", "alpha_msg")
 
