@@ -243,6 +243,8 @@ def dense_result(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, out
 def _settle_minus_zero(xp: Any, block: Any, parts: list[tuple[Any, Any]], lo: int) -> None:
     """In a summed block, make +0 the -0 elements of rows some rank does not hold (an absent
     entry counts +0; only later ranks' absence can leave a -0 that the merge would not)."""
+    if block.shape[0] == 0:  # an empty region
+        return
     flat = block.reshape(block.shape[0], -1)
     bits = flat.view(f"u{flat.dtype.itemsize}")
     negative = bits == bits.dtype.type(1 << (8 * flat.dtype.itemsize - 1))  # -0: one pass
