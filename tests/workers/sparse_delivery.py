@@ -124,6 +124,26 @@ def main() -> None:
     fval = np.array([np.nan, 1.0], np.float32) if rank == 0 else np.array([2.0, 3.0], np.float32)
     res = sparse_allreduce(np.array([4, 5]), fval, 10, comm=comm, algorithm="split")
     assert np.isnan(res.values[0]) and res.values[1] == 1.0 + 3.0 * (size - 1)
+
+    # output="dense": async into the caller's buffer (and its type, through DLPack), the
+    # completion callback called once with (None, the dense vector, fn_ctx), every algorithm
+    union, want = expected(seed, size, 12, 3)
+    dense_want = np.zeros((N, 3))
+    dense_want[union] = want
+    idx, val = inputs(seed, rank, 12, 3)
+    for algorithm in ("auto", "dense", "split", "allgather"):
+        seen = []
+        out = np.full((N, 3), np.nan)
+        work = sparse_allreduce(idx, val, N, comm=comm, algorithm=algorithm, output="dense",
+                                out=out, async_op=True, fn_ctx="ctx",
+                                completion_fn=lambda i, v, ctx: seen.append((i, v, ctx)))
+        got = work.wait()
+        assert got is out and np.array_equal(out, dense_want), algorithm
+        assert len(seen) == 1 and seen[0][0] is None and seen[0][1] is out
+        assert seen[0][2] == "ctx"
+        wrapped = sparse_allreduce(DLPackOnly(idx), DLPackOnly(val), N, comm=comm,
+                                   output="dense", algorithm=algorithm)
+        assert np.array_equal(np.asarray(wrapped), dense_want), algorithm
     if rank == 0:
         print(f"ok delivery on {size} ranks")
 
