@@ -173,7 +173,7 @@ def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
         with np.errstate(all="ignore"):  # integer sums wrap, as in every reduction
             return _narrowed(*_tiny_sum(indices, [v for _, v in pairs], acc, itype), total,
                              ref.dtype)
-    fast = _fast(total)
+    fast = _fast(total * int(np.prod(ref.shape[1:], dtype=np.int64)))  # elements: wide rows
     merged = None if fast is None else fast.merge(indices, [v for _, v in pairs], ufunc, acc,
                                                   itype)
     if merged is not None:

@@ -128,7 +128,7 @@ def densify_into(out: Any, indices: Any, values: Any) -> Any:
 
 def add_into(out: Any, indices: Any, lo: int, values: Any) -> None:
     """``out[indices - lo] += values`` for unique ``indices``: one numba loop on the host."""
-    fast = _fast(indices.shape[0]) if isinstance(out, np.ndarray) else None
+    fast = _fast(values.size) if isinstance(out, np.ndarray) else None
     if fast is None or not fast.add_rows(out, indices, lo, values):
         out[indices - lo] += values
 
