@@ -60,14 +60,25 @@ def test_dense_cost_follows_its_documented_formulas(p):
 
 
 @pytest.mark.parametrize("p", [1, 2, 4])
-def test_settle_cost_is_the_bitmap_and_one_count_per_doubtful_row(p):
-    for n in (64, 65, 1000):
+def test_settle_cost_is_the_candidates_allgatherv_and_one_count_per_doubtful_row(p):
+    """Settling -0 inputs: every rank's rows with a -0 element allgathered (a count per rank,
+    then 8 bytes per row from every peer with some), and an int32 holder count per distinct
+    row, allreduced."""
+    for candidates in ([0] * p, [3] + [0] * (p - 1), list(range(1, p + 1))):
         for doubtful in (0, 1, 9):
-            ex_b, ex_m, ag_b, ag_m = _bitmap(p, n)
-            want = {"dense.signed_zeros": (ex_b + ag_b, ex_m + ag_m)} if p > 1 else {}
-            if doubtful and p > 1:
-                want["dense.signed_zeros.counts"] = _allreduce(p, 4 * doubtful)
-            assert _booked(dense.settle_cost(n, p, doubtful)) == want, (n, doubtful)
+            for rank in range(p):
+                others = [c for r, c in enumerate(candidates) if r != rank]
+                want = {}
+                if p > 1:
+                    want["dense.signed_zeros.counts"] = (
+                        math.floor((p - 1) / p * 8 * p), p - 1)
+                    if sum(others):
+                        want["dense.signed_zeros"] = (8 * sum(others),
+                                                      sum(1 for c in others if c))
+                    if doubtful:
+                        want["dense.signed_zeros.held"] = _allreduce(p, 4 * doubtful)
+                got = _booked(dense.settle_cost(p, rank, candidates, doubtful))
+                assert got == want, (candidates, doubtful, rank)
 
 
 def test_presence_folds_only_while_the_count_is_exact():
@@ -174,8 +185,9 @@ def _rank_rows(p: int, width: int, dtype):
 def test_signed_zero_sum_over_ranks_matches_numpy(p, width, dtype, rows):
     """Ranks simulated by threads: the union of the indices, and at each the sum over ranks with
     +0 for an absent entry (numpy, rank order, exact inputs), bit for bit: a -0 survives only
-    where every rank holds it. Booked: the allreduce, then the settling bitmap and counts."""
-    from tests._threaded import on_ranks
+    where every rank holds it. Booked: the allreduce, then (some rank holds a -0) the
+    candidate rows' allgatherv and their holder counts."""
+    from tests._threaded import on_communicators
 
     n, per_rank = rows(p, width, dtype)
     union = sorted(set().union(*(set(i.tolist()) for i, _ in per_rank)))
@@ -185,28 +197,27 @@ def test_signed_zero_sum_over_ranks_matches_numpy(p, width, dtype, rows):
         full[idx] = val
         total = full if total is None else total + full
     want = total[union]
-    minus = None  # the -0-filled sum: a union row with a -0 element is settled by a count
-    for idx, val in per_rank:
-        full = np.full((n,) + val.shape[1:], -0.0, dtype)
-        full[idx] = val
-        minus = full if minus is None else minus + full
-    is_minus_zero = (minus == 0) & np.signbit(minus)
-    doubtful = int(is_minus_zero.reshape(n, -1)[union].any(axis=1).sum())
+    # settled: the distinct rows some rank holds with a -0 element
+    candidates = len({int(i) for idx, val in per_rank
+                      for i, v in zip(idx, val.reshape(len(idx), -1))
+                      if ((v == 0) & np.signbit(v)).any()})
     for itype in (np.int32, np.int64):
         def fn(comm):
             idx, val = per_rank[comm.rank]
             return dense.dense(comm, idx.astype(itype), val, n, ReduceOp.SUM)
 
-        for (got_i, got_v), log in on_ranks(p, fn):
+        for (got_i, got_v), log in on_communicators(p, fn):
             assert got_i.dtype == itype and got_i.tolist() == union
             assert got_v.dtype == dtype and _bits(got_v) == _bits(want), (width, itype)
+            log = [entry for entry in log if entry[0] != "verb"]
             names = [name for j, (name, _) in enumerate(log) if j == 0 or log[j - 1][0] != name]
             settles = any(np.signbit(v[v == 0]).any() for _, v in per_rank)
             assert names == ["dense.allreduce"] + settles * (
-                (p > 1) * ["dense.signed_zeros"] + bool(doubtful) * ["dense.signed_zeros.counts"])
+                ["dense.signed_zeros.counts"] + (p > 1) * ["dense.signed_zeros"]
+                + bool(candidates) * ["dense.signed_zeros.held"])
             assert log[0][1] == (n * max(width, 1) + 1) * np.dtype(dtype).itemsize
             if settles:
-                assert log[-1][1] == 4 * doubtful
+                assert log[-1][1] == 4 * candidates
 
 
 @pytest.mark.parametrize("numba", ["auto", "off"])

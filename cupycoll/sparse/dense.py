@@ -11,10 +11,11 @@ explicit zeros), so presence travels with them, in the cheapest way the op and d
   union is the rows with an element that is not -0, read with no extra traffic, and every value
   has the same bits as with +0 fills. The ONE extra element in the allreduce's tail counts the
   ranks that hold a -0 value; only then (an explicit -0 input, e.g. 0 times a negative) is a
-  -0 result ambiguous, and the bitmap below (the union) and an allreduce of an int32 count
-  per union row with a -0 result settle it (``dense.signed_zeros``, data-dependent, not in
-  :func:`cost`, which sees indices only; :func:`settle_cost`): a row held by some but not all
-  ranks has its -0 elements made +0 (an absent entry counts as +0).
+  -0 result ambiguous, and only in the rows some rank holds with a -0 element: those rows are
+  allgathered (``dense.signed_zeros``) and their holders counted by an allreduce of an int32
+  per row (``dense.signed_zeros.held``; data-dependent, not in :func:`cost`, which sees
+  indices only; :func:`settle_cost`): they are in the union, and a row held by some but not
+  all ranks has its -0 elements made +0 (an absent entry counts as +0).
 - Other values (integers, 16-bit floats) summed in rows of width >= ``FOLD_WIDTH``: one
   presence count per row rides in the SAME allreduce, as an n-element tail (exact: P < 2^11).
 - Otherwise (other 1-D sums; max, min, prod, whose reductions cannot count): a packed bitmap
@@ -35,7 +36,7 @@ from the second call on; the scan and gather of a large 1-D buffer are one numba
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -46,7 +47,8 @@ from ..primitives._accel import _fast, kept_filled, mark_filled
 from ._common import bitmap_chunk, bitmap_or_allreduce, presence, union_of_presence
 from ._cost import Cost, Shape
 
-__all__ = ["dense", "dense_result", "densify_into", "add_into", "cost", "settle_cost", "folds_presence", "signed_zero_fill",
+__all__ = ["dense", "dense_result", "densify_into", "add_into", "cost", "settle_cost",
+           "folds_presence", "signed_zero_fill",
            "local_pass", "FOLD_WIDTH"]
 
 #: integer rows at least this wide carry their presence count in the values' allreduce.
@@ -145,7 +147,8 @@ def _signed_zeros(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, ro
         union, rows, reset = _not_minus_zero(bits, full, minus_zero, indices.dtype,
                                              int(indices.shape[0]) * comm.size)
     else:
-        (union, rows), reset = _settle_signed_zeros(comm, indices, full, bits == minus_zero), False
+        union, rows, reset = _settle_signed_zeros(comm, indices, values, full, bits,
+                                                  minus_zero)
     _restore(buf, full, union, reset)
     return union, rows
 
@@ -218,30 +221,52 @@ def _not_minus_zero(bits: Any, full: Any, minus_zero: Any, index_dtype: Any, bou
     return union, xp.take(full, union, axis=0), False  # in range by construction
 
 
-def _settle_signed_zeros(comm: Any, indices: Any, full: Any, negative_zero: Any
-                         ) -> tuple[Any, Any]:
-    """Some rank holds a -0: the union from the presence bitmap, then, for the union's rows
-    with a -0 element, how many ranks hold them (a -0 stays only where every rank holds it)."""
-    xp, n, p = comm.xp, full.shape[0], comm.size
-    mine = presence(indices, n)
-    present = bitmap_or_allreduce(comm, mine, SETTLE)
-    doubtful = xp.flatnonzero(present & negative_zero.any(axis=1))
-    if doubtful.shape[0]:  # the same on every rank (computed from reduced data)
-        counts = mine[doubtful].astype(np.int32)
-        comm.stream_order(comm.allreduce(counts, counts, ReduceOp.SUM,
-                                         op_name=SETTLE + ".counts"))
-        partial = doubtful[counts < p]
-        rows = full.reshape(negative_zero.shape)
-        rows[partial] = xp.where(negative_zero[partial], rows.dtype.type(0), rows[partial])
-    union = union_of_presence(present, indices.dtype)
-    return union, xp.take(full, union, axis=0)
+def _settle_signed_zeros(comm: Any, indices: Any, values: Any, full: Any, bits: Any,
+                         minus_zero: Any) -> tuple[Any, Any, bool]:
+    """Some rank holds a -0. Only the rows some rank holds with a -0 element can be in the
+    union and read as absent (every holder's element -0), or keep a -0 they should lose (a
+    rank without the row counts +0): allgather those rows, count their holders, read the
+    union as without -0 inputs (:func:`_not_minus_zero`, the rows reduced to all -0 marked +0
+    for it and -0 again after), and make +0 the -0 elements of those some rank lacks. Returns
+    what :func:`_not_minus_zero` does."""
+    xp, p = comm.xp, comm.size
+    flat = values.reshape(values.shape[0], int(np.prod(values.shape[1:], dtype=np.int64)))
+    mine = indices[((flat == 0) & xp.signbit(flat)).any(axis=1)].astype(np.int64)
+    gathered, _ = comm.allgatherv(mine, op_name=SETTLE)
+    # the same on every rank; in the index dtype (a wider key makes searchsorted convert the
+    # whole sorted array on each call)
+    doubtful = xp.unique(gathered).astype(indices.dtype, copy=False)
+    held = _members(indices, doubtful).astype(np.int32)
+    if doubtful.shape[0]:
+        comm.stream_order(comm.allreduce(held, held, ReduceOp.SUM, op_name=SETTLE + ".held"))
+    hidden = doubtful[(bits[doubtful] == minus_zero).all(axis=1)]  # held, reduced to all -0
+    bits[hidden] = 0  # +0 for the union read, -0 again in its result below
+    union, rows, reset = _not_minus_zero(bits, full, minus_zero, indices.dtype,
+                                         int(indices.shape[0]) * p)
+    rows[xp.searchsorted(union, hidden)] = full.dtype.type(-0.0)
+    partial = xp.searchsorted(union, doubtful[held < p])
+    if partial.shape[0]:
+        part = rows[partial]
+        rows[partial] = xp.where((part == 0) & xp.signbit(part), full.dtype.type(0), part)
+    return union, rows, reset
 
 
-def settle_cost(n: int, size: int, doubtful: int) -> Cost:
-    """Traffic of settling -0 inputs (not in :func:`cost`, which sees no values): the presence
-    bitmap, and ``doubtful`` int32 counts (the union's rows with a -0 result)."""
-    c = _bitmap(Cost(), n, size, SETTLE)
-    return c.allreduce(SETTLE + ".counts", size, 4 * doubtful) if doubtful else c
+def _members(sorted_unique: Any, wanted: Any) -> Any:
+    """Whether each of ``wanted`` is in the sorted unique array (a bool per element)."""
+    xp = array_namespace(wanted)
+    if sorted_unique.shape[0] == 0:
+        return xp.zeros(wanted.shape[0], dtype=bool)
+    at = xp.minimum(xp.searchsorted(sorted_unique, wanted), sorted_unique.shape[0] - 1)
+    return sorted_unique[at] == wanted
+
+
+def settle_cost(size: int, rank: int, candidates: Sequence[int], doubtful: int,
+                index_bytes: int = 8) -> Cost:
+    """Traffic of settling -0 inputs (not in :func:`cost`, which sees no values): the
+    allgatherv of every rank's rows with a -0 element (``candidates[r]`` of them, int64) and
+    one int32 holder count per distinct such row (``doubtful``)."""
+    c = Cost().allgatherv(SETTLE, size, rank, candidates, index_bytes)
+    return c.allreduce(SETTLE + ".held", size, 4 * doubtful) if doubtful else c
 
 
 def _bitmap(c: Cost, n: int, size: int, op: str) -> Cost:

@@ -26,7 +26,6 @@ from cupycoll.comm.mpi import MPICommunicator
 from cupycoll.sparse import sparse_allreduce
 from cupycoll.sparse._cost import Cost, Shape
 from cupycoll.sparse.auto import call_cost
-from cupycoll.sparse.dense import settle_cost
 
 CASES = [  # n, k, width, value dtype, op, pattern
     (1000, 120, 0, "float32", "sum", "random"), (1000, 999, 0, "float32", "sum", "random"),
@@ -83,21 +82,28 @@ def reference(inputs, n: int, width: int, op: str, size: int):
     return union, total[union]
 
 
-def signed_zero_cost(inputs, n: int, size: int, op: str) -> Cost:
-    """The data-dependent traffic the -0 fill adds when some rank holds a -0 float value: the
-    presence bitmap, and one int32 count per union row where every rank holding it has a -0 in
-    some element."""
+def signed_zero_cost(inputs, n: int, size: int, op: str, rank: int) -> Cost:
+    """The data-dependent traffic the -0 fill adds when some rank holds a -0 float value, from
+    the documented rule: a count per rank (allgather), then every peer's rows with a -0
+    element (8 bytes each, one message per peer with some), then one int32 holder count per
+    distinct such row (allreduce)."""
     values = [v for _, v in inputs]
     if (op not in ("sum", "avg") or values[0].dtype.kind != "f" or values[0].itemsize < 4
             or not any(((v == 0) & np.signbit(v)).any() for v in values)):
         return Cost()
-    negative = np.ones((n,) + values[0].shape[1:], bool)
-    seen = np.zeros(n, bool)
-    for idx, val in inputs:
-        negative[idx] &= (val == 0) & np.signbit(val)
-        seen[idx] = True
-    doubtful = int((negative.reshape(n, -1).any(axis=1) & seen).sum())
-    return settle_cost(n, size, doubtful)
+    rows = [set(idx[((val.reshape(len(idx), -1) == 0)
+                     & np.signbit(val.reshape(len(idx), -1))).any(axis=1)].tolist())
+            for idx, val in inputs]
+    distinct = len(set().union(*rows))
+    c = Cost()
+    if size > 1:
+        others = [len(r) for q, r in enumerate(rows) if q != rank]
+        c.book("dense.signed_zeros.counts", (size - 1) * 8, size - 1)
+        c.book("dense.signed_zeros", 8 * sum(others), sum(1 for k in others if k))
+        if distinct:
+            c.book("dense.signed_zeros.held", (2 * (size - 1) * 4 * distinct) // size,
+                   2 * (size - 1))
+    return c
 
 
 def main() -> None:
@@ -124,7 +130,7 @@ def main() -> None:
         shape = dataclasses.replace(Shape.from_inputs(
             [i for i, _ in inputs], n, width, 4, np.dtype(dtype).itemsize), op=op,
             float_values=np.dtype(dtype).kind == "f" and np.dtype(dtype).itemsize >= 4)
-        model = call_cost("dense", shape, rank).add(signed_zero_cost(inputs, n, size, op))
+        model = call_cost("dense", shape, rank).add(signed_zero_cost(inputs, n, size, op, rank))
         got = {o: (s.bytes_received, s.messages_received) for o, s in comm.stats.by_op.items()
                if s.bytes_received or s.messages_received}
         assert got == {o: (model.received[o], model.messages[o]) for o in model.received}, \
