@@ -190,3 +190,23 @@ def test_simulator_prices_oktopk_two_level_allgather_per_link():
     flat_seconds = profile.alpha_p2p * messages + profile.beta_p2p * 4 * words
     assert two["predicted_s"] - profile.gamma["scan"] * n - profile.fixed["allreduce"] \
         < flat_seconds
+
+
+def test_simulator_prices_dense_outputs(capsys):
+    """``--output dense``: the rows say so; the dense algorithm's dense output moves fewer
+    bytes (no presence tail) and is predicted faster than its sparse one (no read-back); the
+    CLI's crossover table has a ``coo/dense`` line per network."""
+    from cupycoll._cli import main
+
+    rows = sparse_rows([8, 64], ["ib400"], 1 << 24, 0.1, 0, outputs=("sparse", "dense"))
+    assert {r["output"] for r in rows} == {"sparse", "dense"}
+    by = {(r["output"], r["algorithm"], r["P"]): r for r in rows}
+    for p in (8, 64):
+        dense, sparse = by[("dense", "dense", p)], by[("sparse", "dense", p)]
+        assert dense["predicted_s"] < sparse["predicted_s"]
+        assert dense["bytes_per_rank"] < sparse["bytes_per_rank"]
+    capsys.readouterr()
+    assert main(["simulate", "--P", "8", "--networks", "ib400", "--family", "sparse",
+                 "--output", "sparse,dense"]) == 0
+    out = capsys.readouterr().out
+    assert "| sparse | ib400 | coo |" in out and "| sparse | ib400 | coo/dense |" in out

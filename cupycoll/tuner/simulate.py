@@ -114,12 +114,13 @@ def _fits(net: str, size: int) -> bool:
 
 
 def _shape(size: int, n: int, density: float, width: int, skew: float,
-           ranks_per_node: int | None = None, wire: Wire = Wire()) -> Shape:
+           ranks_per_node: int | None = None, wire: Wire = Wire(), output: str = "sparse"
+           ) -> Shape:
     k = max(1, int(round(density * n)))
     nnz = [k] * size
     nnz[0] = min(n, int(round(k * (1 + skew))))
     nodes = tuple(r // ranks_per_node for r in range(size)) if ranks_per_node else None
-    return Shape(size, n, width, 4, 4, tuple(nnz), nodes=nodes, wire=wire)
+    return Shape(size, n, width, 4, 4, tuple(nnz), nodes=nodes, wire=wire, output=output)
 
 
 def _volume(name: str, shape: Shape, profile: Profile | None) -> int:
@@ -138,22 +139,24 @@ def wire_name(wire: Wire) -> str:
 
 
 def sparse_rows(sizes: list[int], networks: list[str], n: int, density: float, width: int,
-                skew: float = 0.0, wires: tuple = (Wire(),)) -> list[dict[str, Any]]:
-    """One row per (P, network, wire format, algorithm) of the sparse family, plus auto's pick
-    (per wire format)."""
-    return [row for wire in wires
-            for row in _sparse_rows(sizes, networks, n, density, width, skew, wire)]
+                skew: float = 0.0, wires: tuple = (Wire(),), outputs: tuple = ("sparse",)
+                ) -> list[dict[str, Any]]:
+    """One row per (P, network, wire format, output, algorithm) of the sparse family, plus
+    auto's pick (per wire format and output: "sparse" entries or the "dense" n-vector)."""
+    return [row for wire in wires for output in outputs
+            for row in _sparse_rows(sizes, networks, n, density, width, skew, wire, output)]
 
 
 def _sparse_rows(sizes: list[int], networks: list[str], n: int, density: float, width: int,
-                 skew: float, wire: Wire) -> list[dict[str, Any]]:
+                 skew: float, wire: Wire, output: str = "sparse") -> list[dict[str, Any]]:
     rows = []
     for size in sizes:
-        flat = _shape(size, n, density, width, skew, wire=wire)
+        flat = _shape(size, n, density, width, skew, wire=wire, output=output)
         volume = {name: _volume(name, flat, None) for name in _auto.MODELS}
         for net in (net for net in networks if _fits(net, size)):
             shape = _shape(size, n, density, width, skew,
-                           NETWORKS[net].ranks_per_node if net in NETWORKS else None, wire)
+                           NETWORKS[net].ranks_per_node if net in NETWORKS else None, wire,
+                           output)
             profile = network_profile(net, size)
             volume["hierarchical"] = _volume("hierarchical", shape, profile)
             times = {name: predict(name, shape, profile) for name in _auto.MODELS}
@@ -162,7 +165,8 @@ def _sparse_rows(sizes: list[int], networks: list[str], n: int, density: float, 
                 rows.append({"family": "sparse", "algorithm": name, "P": size, "network": net,
                              "predicted_s": seconds, "bytes_per_rank": volume[name], "n": n,
                              "density": density, "width": width, "skew": skew,
-                             "auto_pick": name == best, "wire": wire_name(wire)})
+                             "auto_pick": name == best, "wire": wire_name(wire),
+                             "output": output})
     return rows
 
 
@@ -236,10 +240,16 @@ def oktopk_nodes_price(size: int, k: int, n: int, per_node: int, profile: Profil
     return seconds, nbytes - ag_bytes + most, messages - (size - 1) + hops
 
 
+def _variant(row: dict[str, Any]) -> str:
+    """The wire format of a row, and ``/dense`` for a dense output."""
+    return row.get("wire", "coo") + ("/dense" if row.get("output") == "dense" else "")
+
+
 def crossover_table(rows: list[dict[str, Any]]) -> list[str]:
-    """Lines: for each family, network and wire format, the fastest algorithm at every P."""
+    """Lines: for each family, network and wire format (and output), the fastest algorithm at
+    every P."""
     lines = []
-    keys = sorted({(r["family"], r["network"], r.get("wire", "coo")) for r in rows})
+    keys = sorted({(r["family"], r["network"], _variant(r)) for r in rows})
     sizes = sorted({r["P"] for r in rows})
     lines.append("| family | network | wire | " + " | ".join(f"P={p}" for p in sizes) + " |")
     lines.append("|---|---|---|" + "---|" * len(sizes))
@@ -247,7 +257,7 @@ def crossover_table(rows: list[dict[str, Any]]) -> list[str]:
         cells = []
         for p in sizes:
             group = [r for r in rows if (r["family"], r["network"], r["P"],
-                                         r.get("wire", "coo")) == (family, net, p, wire)]
+                                         _variant(r)) == (family, net, p, wire)]
             best = min(group, key=lambda r: r["predicted_s"]) if group else None
             cells.append(f"{best['algorithm']} {best['predicted_s'] * 1e3:.3g} ms" if best
                          else "-")
@@ -306,6 +316,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--family", default="sparse,topk", help="sparse, topk or both")
     parser.add_argument("--wire", default="coo", help="wire formats: comma list of coo, "
                         "compact, coo+bfloat16, compact+bfloat16, ... (rows per format)")
+    parser.add_argument("--output", default="sparse", help="the sparse family's result: "
+                        "sparse, dense (the n-vector, output='dense') or both, comma separated")
     parser.add_argument("--json", help="write {'rows': [...]} to this file")
     parser.add_argument("--plot", help="draw time vs P per algorithm to this PNG")
 
@@ -320,7 +332,11 @@ def run(args: argparse.Namespace) -> int:
     wires = tuple(_wire(text) for text in str(getattr(args, "wire", "coo")).split(",") if text)
     rows = []
     if "sparse" in families:
-        rows += sparse_rows(sizes, networks, n, args.density, args.width, args.skew, wires)
+        outputs = tuple(o for o in str(getattr(args, "output", "sparse")).split(",") if o)
+        if set(outputs) - {"sparse", "dense"}:
+            raise SystemExit(f"unknown output {outputs!r}: sparse, dense or both")
+        rows += sparse_rows(sizes, networks, n, args.density, args.width, args.skew, wires,
+                            outputs)
     if "topk" in families:
         rows += topk_rows(sizes, networks, n, args.density, wires)
     for line in crossover_table(rows):
