@@ -72,10 +72,9 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
             even and are summed in float32 (at least) at the receivers; the result is then
             approximate (still identical on every rank).
         output: "sparse" (default): a SparseResult. "dense": the reduced n-vector itself,
-            ``(n,)`` or ``(n, width)`` in the values' dtype, 0 wherever no rank has an entry
-            (the SparseResult's ``to_dense()``, with a float sum's -0 read as +0 where some
-            rank had no entry, as an absent entry counts +0): for callers that apply the result
-            densely anyway. ``auto`` then prices the ``dense`` algorithm as one dense allreduce
+            ``(n,)`` or ``(n, width)`` in the values' dtype, +0 wherever no rank has an entry
+            (the SparseResult's ``to_dense()``): for callers that apply the result densely
+            anyway. ``auto`` then prices the ``dense`` algorithm as one dense allreduce
             and every other algorithm with the densified result; see docs/sparse.md.
         out: with output="dense", a writable C-contiguous buffer of that shape and dtype (the
             communicator's array type) to write the result into and return.

@@ -47,9 +47,8 @@ from ..primitives._accel import _fast, kept_filled, mark_filled
 from ._common import bitmap_chunk, bitmap_or_allreduce, presence, union_of_presence
 from ._cost import Cost, Shape
 
-__all__ = ["dense", "dense_result", "densify_into", "add_into", "cost", "settle_cost",
-           "folds_presence", "signed_zero_fill",
-           "local_pass", "FOLD_WIDTH"]
+__all__ = ["dense", "dense_result", "densify_into", "add_into", "members", "row_bits", "cost",
+           "settle_cost", "folds_presence", "signed_zero_fill", "local_pass", "FOLD_WIDTH"]
 
 #: integer rows at least this wide carry their presence count in the values' allreduce.
 FOLD_WIDTH = 8
@@ -142,7 +141,7 @@ def _signed_zeros(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, ro
     size = full.size
     buf[size:] = ((values == 0) & comm.xp.signbit(values)).any()  # no host read
     comm.stream_order(comm.allreduce(buf, buf, op, op_name="dense.allreduce"))
-    bits, minus_zero = _bits(full)
+    bits, minus_zero = row_bits(full)
     if not bool(buf[size] > 0):  # nobody holds a -0: the common case, no more traffic
         union, rows, reset = _not_minus_zero(bits, full, minus_zero, indices.dtype,
                                              int(indices.shape[0]) * comm.size)
@@ -167,7 +166,7 @@ def _densified(xp: Any, indices: Any, values: Any, n: int, row: tuple) -> tuple[
     return buf, full
 
 
-def _bits(full: Any) -> tuple[Any, Any]:
+def row_bits(full: Any) -> tuple[Any, Any]:
     """``full``'s rows as unsigned integers of the same width, and -0's bits."""
     width = int(np.prod(full.shape[1:], dtype=np.int64))
     bits = full.reshape(full.shape[0], width).view(f"u{full.dtype.itemsize}")
@@ -195,7 +194,7 @@ def local_pass(indices: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
     """The host work of one ``dense`` call without its allreduce (the tuner times it: gamma's
     ``dense`` unit): densify into the kept buffer, read the union back, restore; the union."""
     buf, full = _densified(np, indices, values, n, tuple(values.shape[1:]))
-    bits, minus_zero = _bits(full)
+    bits, minus_zero = row_bits(full)
     union, _, reset = _not_minus_zero(bits, full, minus_zero, indices.dtype,
                                       int(indices.shape[0]))
     _restore(buf, full, union, reset)
@@ -236,7 +235,7 @@ def _settle_signed_zeros(comm: Any, indices: Any, values: Any, full: Any, bits: 
     # the same on every rank; in the index dtype (a wider key makes searchsorted convert the
     # whole sorted array on each call)
     doubtful = xp.unique(gathered).astype(indices.dtype, copy=False)
-    held = _members(indices, doubtful).astype(np.int32)
+    held = members(indices, doubtful).astype(np.int32)
     if doubtful.shape[0]:
         comm.stream_order(comm.allreduce(held, held, ReduceOp.SUM, op_name=SETTLE + ".held"))
     hidden = doubtful[(bits[doubtful] == minus_zero).all(axis=1)]  # held, reduced to all -0
@@ -251,7 +250,7 @@ def _settle_signed_zeros(comm: Any, indices: Any, values: Any, full: Any, bits: 
     return union, rows, reset
 
 
-def _members(sorted_unique: Any, wanted: Any) -> Any:
+def members(sorted_unique: Any, wanted: Any) -> Any:
     """Whether each of ``wanted`` is in the sorted unique array (a bool per element)."""
     xp = array_namespace(wanted)
     if sorted_unique.shape[0] == 0:

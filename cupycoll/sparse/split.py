@@ -24,10 +24,11 @@ as indices overlap, with a P-times smaller local merge.
 
 ``output="dense"`` (:func:`dense_result`, the region variant): phases 1 and 2 as above, then the
 owners' regions travel either as sparse entries that every rank writes into its zeroed output,
-or dense: each owner writes its region into an n/P-row block (for sums without -0 inputs it
-accumulates the P slices there directly, in rank order, instead of merging them) and one
-allgatherv of the blocks fills the output. Which one: :func:`gathers_dense`, the cheaper by the
-profile's prices, decided from every rank's nnz (known from phase 1) the same on every rank.
+or dense: each owner writes its region into an n/P-row block (for sums it accumulates the P
+slices there directly, in rank order, instead of merging them, and then settles -0 as the merge
+would) and one allgatherv of the blocks fills the output. Which one: :func:`gathers_dense`, the
+cheaper by the profile's prices, decided from every rank's nnz (known from phase 1) the same on
+every rank.
 Dense regions cost n*R'*(P-1)/P bytes received (R': a row of the caller's dtype, as the owners
 finish their regions before the gather; one message per non-empty peer region).
 """
@@ -44,7 +45,7 @@ from .._types import ReduceOp, to_host
 from ..wire._exchange import exchange_sizes, post_blocks
 from ..wire._pack import COO, Wire, pack, unpack
 from ._common import allgatherv_entries, reduce_parts
-from .dense import add_into, densify_into
+from .dense import add_into, densify_into, members, row_bits
 from ._cost import Cost, Shape
 
 __all__ = ["split", "cost", "dense_result", "gathers_dense", "SAMPLES", "local_samples",
@@ -188,13 +189,12 @@ def gathers_dense(shape: Shape, profile: Any = None) -> bool:
 
         profile = load_profile()
     shape = shape if shape.inputs is None else dataclasses.replace(shape, inputs=None)
-    p, w, g = shape.size, max(shape.width, 1), profile.gamma
-    fill, region = g.get("fill", g.get("dense", 0.0)), shape.total_nnz / p
-    share = profile.beta_p2p * (p - 1) / p
-    sparse = (share * shape.union * shape.entry_bytes + g.get("merge", 0.0) * region
-              + fill * shape.n * w)
-    dense = (share * shape.n * shape.result_row_bytes + g.get("row", 0.0) * region * w
-             + fill * shape.n * w / p)
+    p, w, price = shape.size, max(shape.width, 1), profile.price
+    region, share = shape.total_nnz / p, profile.beta_p2p * (p - 1) / p
+    sparse = (share * shape.union * shape.entry_bytes + price("merge") * region
+              + price("fill") * shape.n * w)
+    dense = (share * shape.n * shape.result_row_bytes + price("row") * region * w
+             + price("fill") * shape.n * w / p)
     return dense < sparse
 
 
@@ -243,21 +243,15 @@ def dense_result(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, out
 def _settle_minus_zero(xp: Any, block: Any, parts: list[tuple[Any, Any]], lo: int) -> None:
     """In a summed block, make +0 the -0 elements of rows some rank does not hold (an absent
     entry counts +0; only later ranks' absence can leave a -0 that the merge would not)."""
-    if block.shape[0] == 0:  # an empty region
-        return
-    flat = block.reshape(block.shape[0], -1)
-    bits = flat.view(f"u{flat.dtype.itemsize}")
-    negative = bits == bits.dtype.type(1 << (8 * flat.dtype.itemsize - 1))  # -0: one pass
+    bits, minus_zero = row_bits(block)
+    negative = bits == minus_zero  # one pass over the block's bits
     rows = xp.flatnonzero(negative.any(axis=1))
     if rows.shape[0] == 0:
         return
-    wanted, held = rows + lo, xp.zeros(rows.shape[0], dtype=np.int64)
-    for idx, _ in parts:
-        if idx.shape[0]:
-            at = xp.minimum(xp.searchsorted(idx, wanted), idx.shape[0] - 1)
-            held += idx[at] == wanted
+    wanted = (rows + lo).astype(parts[0][0].dtype, copy=False)
+    held = sum(members(idx, wanted).astype(np.int64) for idx, _ in parts)
     partial = rows[held < len(parts)]
-    flat[partial] = xp.where(negative[partial], flat.dtype.type(0), flat[partial])
+    bits[partial] = xp.where(negative[partial], bits.dtype.type(0), bits[partial])
 
 
 def cost(shape: Shape, rank: int, profile: Any = None) -> Cost:

@@ -127,8 +127,7 @@ def comm_time(cost: Cost, profile: Profile) -> float:
 
 
 def _local(units: dict[str, float], profile: Profile) -> float:
-    return sum((_fill_price(profile) if k == "fill" else profile.gamma.get(k, 0.0)) * v
-               for k, v in units.items())
+    return sum(profile.price(k) * v for k, v in units.items())
 
 
 def coded_indices(cost: Cost, shape: Shape) -> float:
@@ -154,12 +153,7 @@ def densified_output(algorithm: str, shape: Shape, profile: Profile) -> float:
     """Seconds of writing a sparse result into the n-vector of ``output="dense"``."""
     if shape.output != "dense" or algorithm in ("dense", "split"):  # theirs are in work()
         return 0.0
-    return _fill_price(profile) * shape.n * max(shape.width, 1)
-
-
-def _fill_price(profile: Profile) -> float:
-    """gamma's ``fill`` (profiles measured before it existed: a ``dense`` unit)."""
-    return profile.gamma.get("fill", profile.gamma.get("dense", 0.0))
+    return profile.price("fill") * shape.n * max(shape.width, 1)
 
 
 def _hierarchical_time(shape: Shape, rank: int, profile: Profile) -> float:

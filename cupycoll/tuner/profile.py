@@ -52,6 +52,13 @@ class Profile:
     #: absent (one machine, a measured profile): every link costs the same.
     links: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
 
+    def price(self, unit: str) -> float:
+        """Seconds per unit of local work ``unit`` (0 if unmeasured; a profile measured before
+        ``fill`` existed prices it as a ``dense`` unit)."""
+        if unit == "fill" and unit not in self.gamma:
+            unit = "dense"
+        return self.gamma.get(unit, 0.0)
+
     def link(self, kind: str) -> "Profile":
         """This profile with the point-to-point prices of link ``kind`` (if it has them)."""
         prices = {k: float(v) for k, v in self.links.get(kind, {}).items() if k in _LINK_PRICES}
