@@ -177,6 +177,27 @@ def on_communicators(p: int, fn):
     return on_ranks(p, lambda comm: fn(ThreadCommunicator(comm)))
 
 
+def assert_mixed_verbs(topk_rank: int, topk_call, sparse_call) -> None:
+    """Two simulated ranks at the same point, rank ``topk_rank`` in ``topk_call(comm)`` (a
+    topk_allreduce) and the other in ``sparse_call(comm)`` (a sparse_allreduce): each raises
+    MismatchError naming both verbs and its own, after booking its own validation."""
+    from cupycoll.errors import CupycollError, MismatchError
+
+    def fn(comm):
+        try:
+            return (topk_call if comm.rank == topk_rank else sparse_call)(comm)
+        except CupycollError as exc:
+            return exc
+
+    for r, (e, log) in enumerate(on_communicators(2, fn)):
+        verb = "topk_allreduce" if r == topk_rank else "sparse_allreduce"
+        assert type(e) is MismatchError and str(e) == (
+            "ranks called different collectives at the same point: sparse_allreduce and "
+            f"topk_allreduce (rank {r} called {verb}); nothing was moved, every rank raises "
+            "this"), (r, e)
+        assert log[0][0] == ("topk.validate" if r == topk_rank else "sparse.validate")
+
+
 def outcomes(p: int, call):
     """``call(comm)`` on p simulated communicators: each rank's raised CupycollError, or its
     result."""

@@ -290,23 +290,12 @@ def test_ranks_raise_together_on_bad_input_or_a_disagreement(p):
 def test_a_rank_in_another_verb_stops_the_validation():
     """A rank in topk_allreduce while the others validate a sparse call: every rank raises
     MismatchError naming both verbs and its own; the validation is booked ``sparse.validate``."""
-    from tests._threaded import on_communicators
+    from tests._threaded import assert_mixed_verbs
 
-    def call(comm):
-        try:
-            if comm.rank == 1:
-                return cc.topk_allreduce(np.ones(4, np.float32), 2, comm=comm, algorithm="dense")
-            return cc.sparse_allreduce(IDX, VAL, 10, comm=comm)
-        except CupycollError as exc:
-            return exc
-
-    for r, (e, log) in enumerate(on_communicators(2, call)):
-        verb = "topk_allreduce" if r == 1 else "sparse_allreduce"
-        assert type(e) is MismatchError and str(e) == (
-            "ranks called different collectives at the same point: sparse_allreduce and "
-            f"topk_allreduce (rank {r} called {verb}); nothing was moved, every rank raises "
-            "this"), (r, e)
-        assert log[0][0] == ("topk.validate" if r == 1 else "sparse.validate")
+    assert_mixed_verbs(
+        1, lambda comm: cc.topk_allreduce(np.ones(4, np.float32), 2, comm=comm,
+                                          algorithm="dense"),
+        lambda comm: cc.sparse_allreduce(IDX, VAL, 10, comm=comm))
 
 
 def test_dense_output_arguments_are_checked_on_the_calling_rank():

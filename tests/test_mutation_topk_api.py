@@ -366,24 +366,11 @@ def test_a_rank_in_another_verb_and_the_failing_rank_of_a_large_job():
     """Ranks that validate different verbs at the same point all raise MismatchError naming
     both verbs; the validation is booked as ``topk.validate``; on 17 ranks a type error on
     rank 0 (the smallest error code) is still reported as rank 0's."""
-    from cupycoll.errors import MismatchError
-    from tests._threaded import on_communicators
+    from tests._threaded import assert_mixed_verbs
 
-    def call(comm):
-        try:
-            if comm.rank == 0:
-                return cc.topk_allreduce(X, 3, comm=comm, algorithm="dense")
-            return cc.sparse_allreduce(np.array([1], np.int32), np.ones(1), 8, comm=comm)
-        except CupycollError as exc:
-            return exc
-
-    for r, (e, log) in enumerate(on_communicators(2, call)):
-        verb = "topk_allreduce" if r == 0 else "sparse_allreduce"
-        assert type(e) is MismatchError and str(e) == (
-            "ranks called different collectives at the same point: sparse_allreduce and "
-            f"topk_allreduce (rank {r} called {verb}); nothing was moved, every rank raises "
-            "this"), (r, e)
-        assert log[0][0] == ("topk.validate" if r == 0 else "sparse.validate")
+    assert_mixed_verbs(
+        0, lambda comm: cc.topk_allreduce(X, 3, comm=comm, algorithm="dense"),
+        lambda comm: cc.sparse_allreduce(np.array([1], np.int32), np.ones(1), 8, comm=comm))
     got = _outcomes(17, lambda comm: cc.topk_allreduce([1.0] if comm.rank == 0 else X, 3,
                                                          comm=comm, algorithm="dense"))
     for r, e in enumerate(got):
