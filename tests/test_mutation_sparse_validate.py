@@ -12,7 +12,7 @@ import pytest
 
 import cupycoll as cc
 from cupycoll._types import ReduceOp
-from cupycoll.errors import CupycollError, InvalidArgument, InvalidType, MismatchError
+from cupycoll.errors import InvalidArgument, InvalidType, MismatchError
 from cupycoll.sparse import _validate as v
 from cupycoll.sparse._cost import Shape
 from cupycoll.wire._pack import COO, Wire
