@@ -14,7 +14,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -33,18 +35,14 @@ STEPS = int(sys.argv[1])
 REPORT = "--report" in sys.argv
 
 
-def init_gloo() -> None:
-    """torch.distributed over gloo, rendezvous on loopback (the port picked by rank 0)."""
-    if RANK == 0:
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    else:
-        port = None
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(world.bcast(port)))
-    dist.init_process_group("gloo", rank=RANK, world_size=P)
+def init_gloo() -> str:
+    """torch.distributed over gloo, rendezvous through a file in a fresh directory of rank 0's
+    (a port picked by binding to 0 and closing could be taken by another job before gloo
+    listened on it: CI saw EADDRINUSE); returns the directory, removed by rank 0 at the end."""
+    where = world.bcast(tempfile.mkdtemp(prefix="cupycoll-gloo-") if RANK == 0 else None)
+    dist.init_process_group("gloo", init_method=f"file://{os.path.join(where, 'store')}",
+                            rank=RANK, world_size=P)
+    return where
 
 
 def data():
@@ -142,7 +140,7 @@ def check_sparse_embedding() -> None:
 
 def main() -> None:
     cc.init("mpi")
-    init_gloo()
+    store = init_gloo()
     check_sparse_embedding()
     runs = [train("default", 0.0), train("cupycoll-allreduce", 0.0), train("topk", 0.05),
             train("topk", 0.01), train("topk", 0.05, wire="compact", wire_values="bfloat16")]
@@ -154,6 +152,9 @@ def main() -> None:
         for run in runs:
             print(json.dumps(run))
     dist.destroy_process_group()
+    world.Barrier()  # every rank is done with the store's file
+    if RANK == 0:
+        shutil.rmtree(store, ignore_errors=True)
 
 
 if __name__ == "__main__":
