@@ -51,6 +51,15 @@ def _threads(text: str) -> int | str:
     return count
 
 
+def _bytes_or_off(text: str) -> int | None:
+    if text.strip().lower() in ("off", "none", "never"):
+        return None
+    count = int(text)
+    if count < 0:
+        raise ValueError("expected a number of bytes >= 0 or off")
+    return count
+
+
 def _positive_int(text: str) -> int:
     count = int(text)
     if count < 1:
@@ -82,6 +91,12 @@ SETTINGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                                 "ranks per node for the node-aware algorithms: rank // value "
                                 "(emulates several nodes on one machine); default: detected "
                                 "by MPI's shared-memory split"),
+    "CUPYCOLL_REDUCE_AS_ALLREDUCE": (_bytes_or_off, 1 << 18,
+                                     "bytes from which the MPI backend runs reduce as an "
+                                     "allreduce (the result kept at the root only; off the root "
+                                     "into a reused scratch buffer), or off: MPICH's "
+                                     "nonblocking reduce is 1.2-4x slower than its allreduce "
+                                     "there (docs/dense.md); the same on every rank"),
     "CUPYCOLL_LOG_LEVEL": (str, "WARNING", "level of the 'cupycoll' logger"),
     "CUPYCOLL_PROFILE": (str, None, "machine profile (JSON) that auto's time model reads and "
                          "'cupycoll tune' writes; default ~/.cache/cupycoll/profile.json, "

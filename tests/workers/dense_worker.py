@@ -132,6 +132,45 @@ def staged_blocks_reused(rank: int, p: int) -> int:
     return 5
 
 
+def reduce_as_allreduce(seed: int, rank: int, p: int) -> int:
+    """``reduce`` run as an allreduce (CUPYCOLL_REDUCE_AS_ALLREDUCE=0: every size): every dtype,
+    op, size and root against numpy, in place and async; off the root neither the input nor a
+    given ``out`` is written, and the result went through the pooled scratch buffer there."""
+    from cupycoll.comm.mpi import MPICommunicator
+
+    import os
+    os.environ["CUPYCOLL_REDUCE_AS_ALLREDUCE"] = "0"
+    try:
+        comm = MPICommunicator()
+    finally:
+        del os.environ["CUPYCOLL_REDUCE_AS_ALLREDUCE"]
+    cases = 0
+    for dtype in DTYPES:
+        for op in OPS:
+            for count in SIZES:
+                inputs = [make(seed + 3, r, dtype, count, op) for r in range(p)]
+                want = reference(inputs, op)
+                for root in range(p):
+                    x = inputs[rank].copy()
+                    got = cc.reduce(x, root=root, op=op, comm=comm)
+                    assert np.array_equal(x, inputs[rank]), "reduce wrote its input"
+                    if rank == root:
+                        check(got, want, f"reduce as allreduce {dtype} {op} {count} r{root}")
+                    else:
+                        assert got is None
+                    mine = x.copy()
+                    work = cc.reduce(mine, root=root, op=op, comm=comm, out=mine, async_op=True)
+                    work.wait()
+                    if rank == root:
+                        check(mine, want, f"reduce as allreduce in place {dtype} {op} {count}")
+                    else:  # off the root ``out`` is not the result's: left as it was
+                        assert np.array_equal(mine, inputs[rank]), "reduce wrote out off root"
+                    cases += 2
+    if p > 1 and rank != 0:  # a 64 KiB+ result off the root went to a pooled scratch buffer
+        assert comm._spare, "reduce did not run as an allreduce off the root"
+    return cases
+
+
 def main(seed: int) -> None:
     comm = cc.init("mpi")
     rank, p = comm.rank, comm.size
@@ -206,6 +245,7 @@ def main(seed: int) -> None:
     cases += nan_and_signed_zero(rank, p)
     cases += aliased_out(rank, p)
     cases += staged_blocks_reused(rank, p)
+    cases += reduce_as_allreduce(seed, rank, p)
     print(f"rank {rank}: {cases} dense cases ok")
 
 
