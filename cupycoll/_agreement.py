@@ -31,6 +31,9 @@ __all__ = ["VERBS", "HEADER", "SLOT_WORDS_TOTAL", "length", "slot_words", "slot_
 VERBS = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "sparse_allreduce",
          "topk_allreduce", "TopkCompressor.step")
 HEADER = 4
+_CODES = {verb: code for code, verb in enumerate(VERBS, 1)}
+#: size -> a payload of INT64_MIN that start() copies (a copy costs less than a fill)
+_BLANK: dict[int, np.ndarray] = {}
 _MIN = np.iinfo(np.int64).min
 #: the longest payload is sparse_allreduce's: 20 fixed words and 3 per rank (sparse/_cost.py).
 _FIXED, _PER_RANK = 20, 3
@@ -62,9 +65,12 @@ def start(comm: Any, verb: str) -> np.ndarray:
     Callers fill ``vec[HEADER:]`` (at most ``length(P) - HEADER`` words) and pass it to
     :func:`settle`.
     """
-    vec = np.full(length(comm.size), _MIN, dtype=np.int64)
-    code, seq = VERBS.index(verb) + 1, comm.sequence
-    vec[:HEADER] = code, -code, seq, -seq
+    blank = _BLANK.get(comm.size)
+    if blank is None:
+        blank = _BLANK[comm.size] = np.full(length(comm.size), _MIN, dtype=np.int64)
+    vec = blank.copy()
+    code, seq = _CODES[verb], comm.sequence
+    vec[0], vec[1], vec[2], vec[3] = code, -code, seq, -seq
     return vec
 
 
@@ -80,13 +86,13 @@ def settle(comm: Any, vec: np.ndarray, verb: str, op_name: str) -> np.ndarray:
     """
     dev = vec if comm.xp is np else comm.xp.asarray(vec)
     out = comm.run_fetch("allreduce", dev, dev, ReduceOp.MAX, result=dev, op_name=op_name)
-    low, high = -int(out[1]), int(out[0])
+    high, low, last, first = out[:HEADER].tolist()
+    low, first = -low, -first
     if low != high:
         raise MismatchError(
             f"ranks called different collectives at the same point: {_verb(low)} and "
             f"{_verb(high)} (rank {comm.rank} called {verb}); nothing was moved, every rank "
             "raises this")
-    first, last = -int(out[3]), int(out[2])
     if first != last:
         raise MismatchError(
             f"ranks reached {verb} at different points: after {first} collectives on some "

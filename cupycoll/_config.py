@@ -117,7 +117,7 @@ def setting(name: str, value: Any = None) -> Any:
     if value is not None:
         return value
     parser, default, _ = SETTINGS[name]
-    text = os.environ.get(name)
+    text = _environment(name)
     if text is None:
         return default
     try:
@@ -134,6 +134,25 @@ try:  # CPython's os._Environ keeps the encoded variables in the dict ``_data``
     _ENVIRON._data.get(_DEBUG_KEY)  # type: ignore[attr-defined]
 except (AttributeError, TypeError):
     _ENVIRON = None  # type: ignore[assignment]
+
+
+#: setting name -> its key in os.environ's own storage
+_KEYS: dict[str, Any] = {}
+
+
+def _environment(name: str) -> str | None:
+    """``os.environ.get(name)`` by one dict lookup in the environment's own storage (~0.2 us
+    instead of ~1 us; the sparse and top-k calls read a few settings each), so a change of
+    ``os.environ`` at run time is still seen at once; a replaced ``os.environ`` or another
+    Python takes ``os.environ.get``."""
+    env = os.environ
+    if env is not _ENVIRON:
+        return env.get(name)
+    key = _KEYS.get(name)
+    if key is None:
+        key = _KEYS[name] = env.encodekey(name)  # type: ignore[attr-defined]
+    raw = env._data.get(key)  # type: ignore[attr-defined]
+    return None if raw is None else env.decodevalue(raw)  # type: ignore[attr-defined]
 
 
 def debug() -> bool:

@@ -20,11 +20,18 @@ def register(family: str, name: str) -> Callable[[F], F]:
     return decorate
 
 
+#: families whose modules are imported (their algorithms registered)
+_LOADED: set[str] = set()
+
+
 def _load(family: str) -> None:
+    if family in _LOADED:
+        return
     if family == "sparse":
         from . import sparse  # noqa: F401  (importing registers the algorithms)
     elif family == "topk":
         from . import topk  # noqa: F401
+    _LOADED.add(family)
 
 
 def algorithms(family: str = "sparse") -> list[str]:

@@ -32,6 +32,7 @@ DENSE_DTYPES = tuple(
 _ALLOWED_NAMES = frozenset(d.name for d in DENSE_DTYPES) | {"bfloat16"}
 _ALLOWED_DTYPES = frozenset(DENSE_DTYPES)
 
+_OPS_BY_NAME = {o.value: o for o in ReduceOp}
 _MPI_OP_NAMES = {"SUM": ReduceOp.SUM, "PROD": ReduceOp.PROD, "MAX": ReduceOp.MAX, "MIN": ReduceOp.MIN}
 
 
@@ -40,6 +41,9 @@ def parse_op(op: Any, *, rank: int | None = None, argument: str = "op") -> Reduc
     if isinstance(op, ReduceOp):
         return op
     if isinstance(op, str):
+        known = _OPS_BY_NAME.get(op)  # one dict hit (calling the Enum costs ~1.5 us)
+        if known is not None:
+            return known
         try:
             return ReduceOp(op.lower())
         except ValueError:

@@ -189,13 +189,13 @@ def test_primitives_reject_lists_naming_what_they_take():
                                        ("int32", None), ("int64", None)])
 @pytest.mark.parametrize("width", [None, 3])
 def test_tiny_sum_merge_equals_a_dense_fold(monkeypatch, tiny, dtype, acc, width):
-    """Merges of a few entries (the Python fold below ``_TINY``, and the numpy path with it
+    """Merges of a few entries (the Python fold below ``TINY``, and the numpy path with it
     set to 0): the same bits as a dense left fold in part order from -0, cast back once --
     -0, NaN, +-inf, integer wraparound, float16 rounding, rows, empty parts. (A NaN's sign
     depends on the operands' order, e.g. inf - inf; the sparse verbs make NaNs canonical.)"""
     from cupycoll.primitives import _numpy_reduce
 
-    monkeypatch.setattr(_numpy_reduce, "_TINY", tiny)
+    monkeypatch.setattr(_numpy_reduce, "TINY", tiny)
     rng = np.random.default_rng([31, width or 0, len(dtype)])
     row = (width,) if width else ()
     work = np.dtype(acc or dtype)

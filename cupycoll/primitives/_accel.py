@@ -22,7 +22,7 @@ _FAST_FROM = 1 << 14
 def _fast(size: int) -> Any:
     """``cupycoll.primitives._numba`` for ``size`` entries, unless small, CUPYCOLL_NUMBA=off or
     numba does not import (then None: the numpy loops run)."""
-    if setting("CUPYCOLL_NUMBA") == "off" or size < _FAST_FROM:
+    if size < _FAST_FROM or setting("CUPYCOLL_NUMBA") == "off":
         return None
     try:
         from . import _numba

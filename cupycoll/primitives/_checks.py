@@ -7,6 +7,7 @@ fails identically on CPU and GPU.
 from __future__ import annotations
 
 import numbers
+import operator
 from typing import Any
 
 import numpy as np
@@ -75,11 +76,20 @@ def _increasing(idx: Any) -> bool:
     return idx.size < 2 or bool((idx[1:] > idx[:-1]).all())
 
 
+#: indices up to this many are checked as a Python list (~0.5 us for 10 instead of ~1.6 us)
+_LISTED = 32
+
+
 def _index_stats(idx: Any) -> tuple[int, int, bool]:
     """``(min, max, strictly increasing)`` of non-empty indices, read from a device in ONE
     transfer (three separate reads would each synchronise the host). On the host, sorted
     indices (the usual input) cost one comparison pass: their ends are the min and max."""
     if type(idx) is np.ndarray:
+        if idx.shape[0] <= _LISTED:  # a few indices: Python compares them faster than numpy
+            seq = idx.tolist()
+            if all(map(operator.lt, seq, seq[1:])):
+                return seq[0], seq[-1], True
+            return min(seq), max(seq), False
         fast = _fast(idx.shape[0])
         if fast is not None:
             return fast.index_stats(idx)

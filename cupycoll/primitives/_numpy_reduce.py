@@ -18,9 +18,9 @@ from ._common import _block_cuts, _identity
 #: the zero each op returns on a +0/-0 tie (the sign bit's value).
 _ZERO_TIE = {np.maximum: False, np.minimum: True}
 
-#: merges of at most this many entries fold a sum in Python (:func:`_tiny_sum`): a numpy call
+#: merges of at most this many entries fold a sum in Python (:func:`tiny_sum`): a numpy call
 #: costs 0.5-5 us on a few elements and the general path makes ~40 of them (bench_small.py).
-_TINY = 64
+TINY = 64
 
 
 def combine(a: Any, b: Any, op: Any) -> Any:
@@ -169,9 +169,9 @@ def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
         return _narrowed(indices[0].astype(itype), pairs[0][1].astype(acc), indices[0].size,
                          ref.dtype)
     total = sum(i.size for i in indices)
-    if total <= _TINY and ufunc is np.add:
+    if total <= TINY and ufunc is np.add:
         with np.errstate(all="ignore"):  # integer sums wrap, as in every reduction
-            return _narrowed(*_tiny_sum(indices, [v for _, v in pairs], acc, itype), total,
+            return _narrowed(*tiny_sum(indices, [v for _, v in pairs], acc, itype), total,
                              ref.dtype)
     fast = _fast(total * int(np.prod(ref.shape[1:], dtype=np.int64)))  # elements: wide rows
     merged = None if fast is None else fast.merge(indices, [v for _, v in pairs], ufunc, acc,
@@ -191,7 +191,7 @@ def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
     return _narrowed(out_idx, out_val, done, ref.dtype)
 
 
-def _tiny_sum(indices: Sequence[np.ndarray], values: Sequence[np.ndarray], acc: np.dtype,
+def tiny_sum(indices: Sequence[np.ndarray], values: Sequence[np.ndarray], acc: np.dtype,
               itype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """Sum a few entries per index, left-folded in part order, with numpy scalars (rows) of
     ``acc``: the same additions in the same order as :func:`_coalesce`, so the same bits

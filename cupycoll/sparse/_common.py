@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .._types import ReduceOp, array_namespace
-from ..primitives import combine, merge_sorted
+from ..primitives import _numpy_reduce, combine, merge_sorted
 from ..wire._exchange import gather_entries
 from ..wire._pack import COO, Wire
 
@@ -64,11 +64,26 @@ def canonical_nan(values: Any) -> Any:
 
 def reduce_parts(parts: Sequence[tuple[Any, Any]], op: ReduceOp,
                  accumulate_dtype: Any = None) -> tuple[Any, Any]:
-    """Merge coalesced parts of disjoint rank groups in part order, absent entries counting as 0."""
+    """Merge coalesced parts of disjoint rank groups in part order, absent entries counting as 0.
+
+    A sum of a few host entries (a small call's blocks) folds directly in Python
+    (``merge_sorted``'s own fold, without its checks and dispatch: the parts are known sorted
+    and unique here): the same additions, so the same bits.
+    """
     if len(parts) == 1:
         return parts[0]
-    idx, val = merge_sorted(list(parts), op.value, accumulate_dtype, checked=False)
-    return idx, fill_absent(idx, val, [p[0] for p in parts], op)
+    indices = [p[0] for p in parts]
+    if (op is ReduceOp.SUM and type(indices[0]) is np.ndarray
+            and sum(i.shape[0] for i in indices) <= _numpy_reduce.TINY):
+        values = parts[0][1].dtype
+        acc = values if accumulate_dtype is None else np.dtype(accumulate_dtype)
+        with np.errstate(all="ignore"):  # integer sums wrap, as in every reduction
+            idx, val = _numpy_reduce.tiny_sum(indices, [p[1] for p in parts], acc,
+                                              np.result_type(*(i.dtype for i in indices)))
+            val = val.astype(values, copy=False)
+    else:
+        idx, val = merge_sorted(list(parts), op.value, accumulate_dtype, checked=False)
+    return idx, fill_absent(idx, val, indices, op)
 
 
 def rank_slices(counts: Sequence[int]) -> list[slice]:

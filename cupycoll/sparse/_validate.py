@@ -102,6 +102,8 @@ class Prepared:
 
 
 def _length(n: Any, rank: int) -> int:
+    if type(n) is int and 0 < n < 2**62:  # the usual case, without the ABC check below
+        return n
     if isinstance(n, (bool, np.bool_)) or not isinstance(n, (numbers.Integral, np.integer)):
         raise InvalidType("n", type(n).__name__, "an int (the dense length)", rank=rank)
     value = operator.index(n)
@@ -319,8 +321,7 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
     vec = full[agreement.HEADER:agreement.HEADER + 2 * nf + 3 * p]
     slots = 2 * nf + 3 * p  # then one entry slot per rank (sparse/small.py)
     if prepared is not None:
-        fields = prepared.fields(names) + (int(bool(async_op)),)
-        vec[0:2 * nf] = [v for f in fields for v in (f, -f)]
+        vec[0:2 * nf] = _signed(prepared.fields(names) + (int(bool(async_op)),))
         vec[2 * nf + rank] = prepared.indices.shape[0]
         vec[2 * nf + p + rank] = 0
         vec[2 * nf + 2 * p + rank] = _value_flags(prepared)
@@ -342,7 +343,7 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
         raise _peer_error(codes[first], first, agreed[2 * nf + 2 * p + first], prepared.n,
                           bad_ranks)
     highs, negated_lows = agreed[0:2 * nf:2], agreed[1:2 * nf:2]
-    if any(hi != -lo for hi, lo in zip(highs, negated_lows)):
+    if highs != [-lo for lo in negated_lows]:
         _disagreement(highs, negated_lows, rank, p)
     prepared.nnz = tuple(agreed[2 * nf:2 * nf + p])
     if prepared.output == "dense":  # no error anywhere: each slot holds _value_flags
@@ -356,6 +357,21 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
                                       prepared.index_dtype, prepared.accumulate_dtype,
                                       prepared.width, prepared.reduce_op)
     return prepared
+
+
+#: the last call's agreement fields and their signed words (calls repeat their arguments)
+_LAST_SIGNED: tuple[tuple[int, ...], np.ndarray] = ((), np.empty(0, np.int64))
+
+
+def _signed(fields: tuple[int, ...]) -> np.ndarray:
+    """``f, -f`` of every field, interleaved (the MAX of both tells a disagreement)."""
+    global _LAST_SIGNED
+    last = _LAST_SIGNED
+    if last[0] == fields:
+        return last[1]
+    words = np.array([v for f in fields for v in (f, -f)], dtype=np.int64)
+    _LAST_SIGNED = (fields, words)
+    return words
 
 
 def _value_flags(prepared: Prepared) -> int:
