@@ -158,6 +158,8 @@ def _index_dtype(n: int) -> np.dtype:
 
 
 def _real(t: Any, argument: str = "t") -> Any:
+    if type(t) is float or type(t) is int:  # the usual case, without the ABC checks below
+        return t
     if isinstance(t, np.ndarray) and t.ndim == 0:
         t = t[()]
     real = (numbers.Real, np.integer, np.floating)

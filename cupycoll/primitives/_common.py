@@ -26,6 +26,10 @@ def _identity(ufunc: np.ufunc, dtype: np.dtype) -> Any:
     return info.min if ufunc is np.maximum else info.max
 
 
+#: the largest finite value of each float dtype
+_LARGEST = {np.dtype(d): float(np.finfo(d).max) for d in ("float16", "float32", "float64")}
+
+
 def _abs_threshold(dtype: np.dtype, t: Any) -> Any:
     """Return the least magnitude of ``dtype`` that is >= t, or a bool if the test is uniform.
 
@@ -40,8 +44,11 @@ def _abs_threshold(dtype: np.dtype, t: Any) -> Any:
             tf = float(t)
         except OverflowError:  # a Python int beyond the float64 range
             tf = math.inf if t > 0 else -math.inf
-        with np.errstate(over="ignore"):
+        if -_LARGEST[dtype] <= tf <= _LARGEST[dtype]:  # no overflow: no errstate (~1 us)
             tt = dtype.type(tf)
+        else:
+            with np.errstate(over="ignore"):
+                tt = dtype.type(tf)
         if float(tt) < tf:
             tt = np.nextafter(tt, dtype.type(np.inf))
         if math.isnan(tt):

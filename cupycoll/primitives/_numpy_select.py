@@ -93,7 +93,7 @@ def select_abs_ge(x: Any, t: Any) -> tuple[np.ndarray, np.ndarray]:
     found = None if fast is None else fast.select(x, t, itype)
     if found is not None:
         return found
-    found, values = [np.empty(0, np.intp)], [x[:0]]
+    found, values = [], []
     for start, mask in _abs_ge_blocks(x, t):
         if isinstance(mask, bool):
             found.append(np.arange(x.size if mask else 0))
@@ -103,7 +103,10 @@ def select_abs_ge(x: Any, t: Any) -> tuple[np.ndarray, np.ndarray]:
             values.append(x[start:start + mask.size][hits])  # gathered while the block is cached
             hits += start
             found.append(hits)
-    return np.concatenate(found).astype(itype), np.concatenate(values)
+    if len(found) == 1:  # one block (small x): nothing to join
+        return found[0].astype(itype), values[0]
+    return (np.concatenate([np.empty(0, np.intp)] + found).astype(itype),
+            np.concatenate([x[:0]] + values))
 
 
 def _magnitudes(x: np.ndarray) -> np.ndarray:

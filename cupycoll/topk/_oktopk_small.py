@@ -23,9 +23,8 @@ import numpy as np
 
 from .. import _agreement as agreement
 from .._result import SparseResult
-from ..primitives import select_abs_ge, topk_abs
 from ..sparse.small import block_words, blocks, pack
-from ._common import index_dtype, smallest_positive
+from ._common import index_dtype
 from .oktopk import boundary_proposal
 from .selectors import Threshold
 
@@ -90,10 +89,12 @@ def _refresh(parts: list[tuple[np.ndarray, np.ndarray]], n: int, k: int,
             for _, v in sorted(contributions[i], key=lambda rv: (g - rv[0]) % p):
                 total = total + v
             sums.append(total)
-    itype = index_dtype(n)
-    all_i, all_v = np.array(keys, dtype=itype), np.fromiter(sums, dtype, len(sums))
-    pos, nz_v = select_abs_ge(all_v, smallest_positive(dtype))
-    if nz_v.shape[0] == 0:
-        return np.zeros(0, itype), np.zeros(0, dtype)
-    top, val = topk_abs(nz_v, min(k, int(nz_v.shape[0])))
-    return all_i[pos][top], val
+    # the nonzero sums (|s| >= the least positive value: neither 0 nor NaN), then their exact
+    # top-k as topk_abs picks it: larger magnitudes first, ties to the lower index (a stable
+    # sort of the ascending positions); Python compares a few exactly, numpy calls cost more
+    keep = [j for j, s in enumerate(sums) if s != 0 and s == s]
+    if len(keep) > k:
+        magnitude = [abs(float(s)) for s in sums]
+        keep = sorted(sorted(keep, key=lambda j: -magnitude[j])[:k])
+    return (np.array([keys[j] for j in keep], dtype=index_dtype(n)),
+            np.array([sums[j] for j in keep], dtype=dtype))

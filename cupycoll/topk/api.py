@@ -83,7 +83,8 @@ def _local_checks(comm: Communicator, x: Any, k: Any, algorithm: Any, selector: 
     if comm.backend == "nccl" and array_namespace(arr) is not comm.xp:
         raise InvalidType(argument, type(arr).__name__, "a cupy array (or CUDA DLPack tensor) "
                           "on the nccl backend", rank=rank)
-    if isinstance(k, (bool, np.bool_)) or not isinstance(k, (numbers.Integral, np.integer)):
+    if type(k) is not int and (isinstance(k, (bool, np.bool_))
+                               or not isinstance(k, (numbers.Integral, np.integer))):
         raise InvalidType("k", type(k).__name__, "an int", rank=rank)
     if not 0 < k <= arr.shape[0]:
         raise InvalidArgument("k", k, f"must satisfy 0 < k <= len({argument}) = {arr.shape[0]}",
