@@ -32,8 +32,7 @@ def fill_absent(union: Any, values: Any, part_indices: Sequence[Any], op: Reduce
     if union.shape[0] == 0:
         return values
     xp = array_namespace(union)
-    if op is ReduceOp.SUM and (values.dtype.kind != "f"
-                               or not bool(((values == 0) & xp.signbit(values)).any())):
+    if op is ReduceOp.SUM and (values.dtype.kind != "f" or not _has_minus_zero(xp, values)):
         return values
     present = xp.zeros(union.shape[0], dtype=np.int32)
     for idx in part_indices:
@@ -45,6 +44,22 @@ def fill_absent(union: Any, values: Any, part_indices: Sequence[Any], op: Reduce
     with np.errstate(invalid="ignore", over="ignore"):  # e.g. inf * 0 where it is not kept
         values[...] = xp.where(missing, combine(values, values.dtype.type(0), op), values)
     return values
+
+
+def _has_minus_zero(xp: Any, values: Any) -> bool:
+    """Whether float ``values`` hold a -0: on the host, one min over the bits (-0's pattern is
+    the least signed integer of the width), else a compare and a sign test."""
+    if values.size == 0:
+        return False
+    if xp is np and values.flags.c_contiguous:
+        bits = values.view(_SIGNED_BITS[values.dtype.itemsize])
+        return int(bits.min()) == _LEAST[values.dtype.itemsize]
+    return bool(((values == 0) & xp.signbit(values)).any())
+
+
+#: itemsize -> the signed integer type of that width, and its least value (-0's bits)
+_SIGNED_BITS = {2: np.int16, 4: np.int32, 8: np.int64}
+_LEAST = {size: int(np.iinfo(t).min) for size, t in _SIGNED_BITS.items()}
 
 
 def canonical_nan(values: Any) -> Any:

@@ -23,7 +23,7 @@ from . import auto as _auto
 from . import dense as _dense
 from . import split as _split
 from ._common import canonical_nan
-from ..wire._pack import Wire
+from ..wire._pack import COO, Wire
 from ._validate import Prepared, prepare
 
 __all__ = ["sparse_allreduce", "SparseResult"]
@@ -107,7 +107,8 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
     name = prepared.algorithm
     if prepared.merged is not None:  # the entries came with the validation (sparse/small.py)
         name = "small"
-        prepared.format = Wire(False, prepared.wire_values)
+        prepared.format = COO if prepared.wire_values is None else Wire(False,
+                                                                        prepared.wire_values)
 
         def run(on: Communicator) -> tuple[Any, Any]:
             return _finish(on, prepared, *prepared.merged)
