@@ -100,6 +100,41 @@ def test_profile_round_trip_env_and_bad_file(tmp_path, monkeypatch, caplog):
     assert shipped.alpha_native > 0 and shipped.beta_native > 0 and shipped.gamma["merge"] > 0
 
 
+def test_profiles_of_several_rank_counts_share_a_file(tmp_path):
+    """tune at P writes P's profile next to those of other rank counts in the same file; a
+    job reads the one measured nearest its P by ratio (ties: the larger; none asked: the
+    largest); a profile without a rank count, or an old single-profile file, stays as it was."""
+    path = tmp_path / "p.json"
+
+    def measured(ranks, alpha):
+        return Profile(f"p{ranks}", 1e-6, 2e-9, alpha, 4e-9, dict(ZERO_WORK), 1e-7,
+                       {"dense": 1e-4}, {"ranks": ranks})
+
+    save_profile(measured(4, 40e-6), path)
+    assert load_profile(path, size=2) == measured(4, 40e-6)  # one measured: it, at any P
+    save_profile(measured(2, 20e-6), path)
+    save_profile(measured(8, 80e-6), path)
+    save_profile(measured(4, 41e-6), path)  # a new measurement at 4 replaces the old one
+    picks = {size: load_profile(path, size=size).alpha_native for size in (1, 2, 3, 4, 5, 6,
+                                                                          16, 1024)}
+    assert picks == {1: 20e-6, 2: 20e-6, 3: 41e-6, 4: 41e-6, 5: 41e-6, 6: 80e-6, 16: 80e-6,
+                     1024: 80e-6}  # 3: log 4/3 < log 3/2; 6: 8/6 < 6/4
+    assert load_profile(path).alpha_native == 80e-6
+    assert set(json.loads(path.read_text())["by_ranks"]) == {"2", "4", "8"}
+    plain = Profile("plain", 1e-6, 2e-9, 3e-6, 4e-9, dict(ZERO_WORK))  # no rank count
+    save_profile(plain, path)
+    assert load_profile(path, size=4) == plain
+    save_profile(measured(2, 20e-6), path)  # joins nothing it cannot place: only P = 2 now
+    assert load_profile(path, size=8) == measured(2, 20e-6)
+    old = measured(3, 30e-6)  # a file of the single-profile format, at 3 ranks
+    path.write_text(json.dumps(old.as_dict()))
+    save_profile(measured(2, 20e-6), path)
+    assert load_profile(path, size=3) == old and load_profile(path, size=2).alpha_native == 20e-6
+    shipped = {size: default_profile(size) for size in (2, 3, 4, 8, 64)}
+    assert all(p.alpha_native > 0 and p.gamma["merge"] > 0 for p in shipped.values())
+    assert all(p.meta["ranks"] == size for size, p in shipped.items() if size <= 4)
+
+
 def test_simulator_rows_cover_every_algorithm_to_1024_ranks():
     rows = sparse_rows([2, 1024], ["ib400", "eth100"], 1 << 20, 0.01, 0)
     assert {r["algorithm"] for r in rows} == set(auto.MODELS)

@@ -44,7 +44,7 @@ def predicted_times(shape: Shape, profile: Any = None) -> dict[str, float]:
     from ..tuner.predict import predict
     from ..tuner.profile import load_profile
 
-    profile = profile or load_profile()
+    profile = profile or load_profile(size=shape.size)
     return {name: predict(name, shape, profile) for name in MODELS}
 
 
@@ -66,7 +66,7 @@ def choose(shape: Shape, profile: Any = None, *, comm: Any = None, op: Any = Non
     if profile is None:
         from ..tuner.profile import load_profile, profile_for
 
-        profile = profile_for(comm) if comm is not None else load_profile()
+        profile = profile_for(comm) if comm is not None else load_profile(size=shape.size)
     key = (id(profile), shape) if shape.inputs is None else None
     hit = _DECISIONS.get(key) if key else None
     if hit is not None and hit[0] is profile:
@@ -95,7 +95,7 @@ def choose_wire(name: str, shape: Shape, request: str, values: str | None = None
     if profile is None:
         from ..tuner.profile import load_profile, profile_for
 
-        profile = profile_for(comm) if comm is not None else load_profile()
+        profile = profile_for(comm) if comm is not None else load_profile(size=shape.size)
     if not could_pay(profile, shape.index_bytes):
         return Wire(False, values)
     ranks = sorted({min(range(shape.size), key=shape.nnz.__getitem__),

@@ -206,7 +206,7 @@ def link_costs(shape: Shape, rank: int, profile: Any = None
     if profile is None:
         from ..tuner.profile import load_profile
 
-        profile = load_profile()
+        profile = load_profile(size=p)
     if topo.width == 1:
         inter.allgather("hierarchical.counts", p, 8 * p)
         name = rail_algorithm(shape.nnz, shape.n, shape, profile)

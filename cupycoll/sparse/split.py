@@ -177,6 +177,15 @@ def reduce_scatter(comm: Any, indices: Any, values: Any, bounds: np.ndarray, op:
                         accumulate_dtype)
 
 
+def _finished(shape: Shape) -> Shape:
+    """``shape`` with values of the caller's dtype: a dense output's owners finish (cast) their
+    entries before phase 3 gathers them."""
+    if not shape.result_bytes or shape.result_bytes == shape.value_bytes:
+        return shape
+    return dataclasses.replace(shape, value_bytes=shape.result_bytes,
+                               float_values=shape.float_values and shape.result_bytes >= 4)
+
+
 def gathers_dense(shape: Shape, profile: Any = None) -> bool:
     """``output="dense"``: whether the owners' regions travel dense. Predicted seconds of the
     two ways with the profile's prices (default: :func:`cupycoll.tuner.profile.load_profile`),
@@ -187,11 +196,11 @@ def gathers_dense(shape: Shape, profile: Any = None) -> bool:
     if profile is None:
         from ..tuner.profile import load_profile
 
-        profile = load_profile()
+        profile = load_profile(size=shape.size)
     shape = shape if shape.inputs is None else dataclasses.replace(shape, inputs=None)
     p, w, price = shape.size, max(shape.width, 1), profile.price
     region, share = shape.total_nnz / p, profile.beta_p2p * (p - 1) / p
-    sparse = (share * shape.union * shape.entry_bytes + price("merge") * region
+    sparse = (share * shape.union * _finished(shape).entry_bytes + price("merge") * region
               + price("fill") * shape.n * w)
     dense = (share * shape.n * shape.result_row_bytes + price("row") * region * w
              + price("fill") * shape.n * w / p)
@@ -264,6 +273,7 @@ def cost(shape: Shape, rank: int, profile: Any = None) -> Cost:
     p, c = shape.size, Cost()
     if p == 1:
         return c
+    gathers = _finished(shape) if shape.output == "dense" else shape  # what phase 3 moves
     c.allgather("split.samples", p, p * (SAMPLES + 1) * 8)
     c.alltoall_counts("split.counts", p, shape.size_words)
     if shape.inputs is not None:
@@ -274,13 +284,13 @@ def cost(shape: Shape, rank: int, profile: Any = None) -> Cost:
             a[(a >= lo) & (a < hi)] for a in shape.inputs) if r != rank]
         unions = [np.unique(np.concatenate([a[(a >= bounds[q]) & (a < bounds[q + 1])]
                                             for a in shape.inputs])) for q in range(p)]
-        gathered = [shape.block_bytes(u.size, u, int(bounds[q]), int(bounds[q + 1]))
+        gathered = [gathers.block_bytes(u.size, u, int(bounds[q]), int(bounds[q + 1]))
                     for q, u in enumerate(unions)]
     else:
         span = shape.n // p
         got = [shape.block_bytes(shape.nnz[r] // p, None, 0, span)
                for r in range(p) if r != rank]
-        gathered = [shape.block_bytes(shape.union // p, None, 0, span)] * p
+        gathered = [gathers.block_bytes(shape.union // p, None, 0, span)] * p
     c.book("split.scatter", sum(got), sum(1 for g in got if g))
     if shape.output == "dense" and gathers_dense(shape, profile):
         spans = (np.diff(bounds) if shape.inputs is not None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import weakref
 from importlib import resources
@@ -82,29 +83,61 @@ def profile_path() -> Path:
     return Path(cache) / "cupycoll" / "profile.json"
 
 
-def default_profile() -> Profile:
-    """The profile measured on the development machine (shipped with the package)."""
+def _nearest(data: dict[str, Any], size: int | None) -> dict[str, Any]:
+    """The profile in a file's ``data``: the profile itself, or from a set
+    (``{"by_ranks": {"P": profile, ...}}``, one ``tune`` per rank count) the one measured at the
+    rank count nearest ``size`` by ratio (ties: the larger; no ``size``: the largest)."""
+    sets = data.get("by_ranks")
+    if not isinstance(sets, dict):
+        return data
+    ranks = sorted(int(p) for p in sets)
+    best = ranks[-1] if not size else min(ranks, key=lambda p: (abs(math.log(p / size)), -p))
+    return sets[str(best)]
+
+
+def default_profile(size: int | None = None) -> Profile:
+    """The profile measured on the development machine (shipped with the package) at the rank
+    count nearest ``size``."""
     text = resources.files(__package__).joinpath("default_profile.json").read_text()
-    return Profile.from_dict(json.loads(text))
+    return Profile.from_dict(_nearest(json.loads(text), size))
 
 
-def load_profile(path: Path | str | None = None) -> Profile:
-    """The profile at ``path`` (default :func:`profile_path`), or the shipped default."""
+def load_profile(path: Path | str | None = None, size: int | None = None) -> Profile:
+    """The profile at ``path`` (default :func:`profile_path`) measured nearest ``size`` ranks,
+    or the shipped default."""
     path = Path(path) if path is not None else profile_path()
     if not path.is_file():
-        return default_profile()
+        return default_profile(size)
     try:
-        return Profile.from_dict(json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError) as exc:  # never hang the other ranks on a bad file
+        return Profile.from_dict(_nearest(json.loads(path.read_text()), size))
+    except (OSError, ValueError, TypeError, AttributeError) as exc:  # never hang the other ranks
         _log.warning("cupycoll: ignoring unreadable profile %s (%s); using the default", path, exc)
-        return default_profile()
+        return default_profile(size)
 
 
 def save_profile(profile: Profile, path: Path | str | None = None) -> Path:
+    """Write ``profile``; one measured at P ranks (``meta["ranks"]``) joins the file's profiles
+    of other rank counts (a set, see :func:`load_profile`), replacing one of the same P."""
     path = Path(path) if path is not None else profile_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(profile.as_dict(), indent=1, sort_keys=True) + "\n")
+    data: dict[str, Any] = profile.as_dict()
+    ranks = profile.meta.get("ranks")
+    if isinstance(ranks, int):
+        data = {"by_ranks": {**_measured(path), str(ranks): data}}
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     return path
+
+
+def _measured(path: Path) -> dict[str, Any]:
+    """The profiles of ``path`` by the rank count they were measured at (none if unreadable)."""
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+    if isinstance(data, dict) and isinstance(data.get("by_ranks"), dict):
+        return dict(data["by_ranks"])
+    ranks = data.get("meta", {}).get("ranks") if isinstance(data, dict) else None
+    return {str(ranks): data} if isinstance(ranks, int) else {}
 
 
 _log = logging.getLogger("cupycoll")
@@ -121,9 +154,9 @@ def profile_for(comm: Any) -> Profile:
     if profile is None:
         mpi_comm = getattr(comm, "mpi_comm", None)
         if mpi_comm is None or comm.size == 1:
-            profile = load_profile()
+            profile = load_profile(size=comm.size)
         else:
-            data = load_profile().as_dict() if comm.rank == 0 else None
+            data = load_profile(size=comm.size).as_dict() if comm.rank == 0 else None
             profile = Profile.from_dict(mpi_comm.bcast(data, root=0))
         _PROFILES[comm] = profile
     return profile

@@ -87,7 +87,7 @@ TOPK_MODELS = {
 def network_profile(name: str, size: int, compute: Profile = GPU) -> Profile:
     """The profile of ``size`` ranks on network ``name`` with ``compute``'s gamma and fixed."""
     if name == "machine":
-        return load_profile()
+        return load_profile(size=size)
     net = NETWORKS[name]
     if size <= net.ranks_per_node:
         a_p2p = a_nat = net.alpha_intra

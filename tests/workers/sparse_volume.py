@@ -5,7 +5,8 @@ Usage: sparse_volume.py SEED
 Constructed inputs (disjoint, identical, random overlap, dense enough for recursive doubling's
 switch, empty ranks) are rebuilt on every rank; after each call this rank's ``comm.stats``
 (per operation name: bytes and messages received) must equal the model of the algorithm plus
-the validation allreduce. split's traffic is also derived here from first principles (regions
+the validation allreduce. Entries travel as raw COO (``wire="coo"``: whether ``auto`` codes them
+depends on the machine profile; the compact wire's traffic is checked in wire_mpi.py). split's traffic is also derived here from first principles (regions
 from the documented sampling rule, slices and unions counted with numpy on the gathered inputs),
 independently of the library's model, including on skewed inputs with unequal nnz per rank.
 """
@@ -72,10 +73,12 @@ def split_regions(inputs: list[np.ndarray], n: int) -> np.ndarray:
 
 
 def split_traffic(inputs: list[np.ndarray], n: int, rank: int, entry_bytes: int,
-                  region_row_bytes: int | bool = False) -> dict:
+                  region_row_bytes: int | bool = False, gathered_bytes: int | None = None
+                  ) -> dict:
     """split's (bytes, messages) received by ``rank`` per operation, counted with numpy;
     ``region_row_bytes``: a dense output gathered as dense regions of rows of that many bytes
-    (every peer's region whole, no counts)."""
+    (every peer's region whole, no counts); ``gathered_bytes``: bytes of one gathered entry
+    (default ``entry_bytes``; a dense output's owners gather entries of the caller's dtype)."""
     p = len(inputs)
     if p == 1:
         return {}
@@ -94,7 +97,8 @@ def split_traffic(inputs: list[np.ndarray], n: int, rank: int, entry_bytes: int,
         return want
     want["split.gather.counts"] = (peers, p - 1)
     if sum(unions):
-        want["split.gather"] = (sum(unions) * entry_bytes, sum(1 for u in unions if u))
+        want["split.gather"] = (sum(unions) * (gathered_bytes or entry_bytes),
+                                sum(1 for u in unions if u))
     return want
 
 
@@ -138,7 +142,7 @@ def main() -> None:
                 shape = dataclasses.replace(shape, nodes=tuple(r // per_node for r in range(size)))
             comm.stats.reset()
             sparse_allreduce(*inputs[rank], n, algorithm=algorithm, comm=comm,
-                             accumulate_dtype=acc, output=output)
+                             accumulate_dtype=acc, output=output, wire="coo")
             os.environ.pop("CUPYCOLL_RANKS_PER_NODE", None)
             model = call_cost(algorithm, shape, rank)
             want = {op: (model.received[op], model.messages[op]) for op in model.received}
@@ -148,9 +152,12 @@ def main() -> None:
                                  f" want {sorted(want.items())}")
             assert comm.stats.bytes_received == model.bytes_received
             if algorithm == "split":
-                regions = "split.regions" in got and np.dtype(dtype).itemsize * max(width, 1)
+                result_row = np.dtype(dtype).itemsize * max(width, 1)
+                regions = "split.regions" in got and result_row
                 first = split_traffic([i for i, _ in inputs], n, rank,
-                                      np.dtype(itype).itemsize + vbytes * max(width, 1), regions)
+                                      np.dtype(itype).itemsize + vbytes * max(width, 1), regions,
+                                      np.dtype(itype).itemsize + result_row
+                                      if output == "dense" else None)
                 got.pop("sparse.validate", None)
                 assert got == first, (f"rank {rank} split {pattern} n={n}: numpy count differs"
                                       f"\n got  {sorted(got.items())}\n want {sorted(first.items())}")

@@ -125,9 +125,10 @@ def check_small_bits(comm, seed: int) -> None:
         check_small_call(comm, x, k, full, int(run_outcome(comm, x, k, "oktopk")
                                                 .selection.count))
     words = cc._agreement.slot_words(comm.size)  # int32 + float32: `count` words when even
+    n = max(1000, 2 * (words + 1))
     for count in (words, words + 1) if words % 2 == 0 else ():  # exactly full, one over
-        x = np.zeros(1000, np.float32)
-        x[np.random.default_rng([seed, comm.rank]).choice(1000, count, replace=False)] = \
+        x = np.zeros(n, np.float32)
+        x[np.random.default_rng([seed, comm.rank]).choice(n, count, replace=False)] = \
             np.arange(1, count + 1, dtype=np.float32)
         full = run_outcome(comm, x, count, "oktopk").result
         check_small_call(comm, x, count, full, count)
