@@ -128,16 +128,13 @@ def setting(name: str, value: Any = None) -> Any:
 
 _ENVIRON = os.environ
 try:  # CPython's os._Environ keeps the encoded variables in the dict ``_data``
-    _DEBUG_KEY = _ENVIRON.encodekey("CUPYCOLL_DEBUG")  # type: ignore[attr-defined]
+    #: setting name -> its key in os.environ's own storage
+    _KEYS = {name: _ENVIRON.encodekey(name) for name in SETTINGS}  # type: ignore[attr-defined]
     _DEBUG_OFF = frozenset([None] + [_ENVIRON.encodevalue(v)  # type: ignore[attr-defined]
                                      for v in _OFF])
-    _ENVIRON._data.get(_DEBUG_KEY)  # type: ignore[attr-defined]
+    _ENVIRON._data.get(_KEYS["CUPYCOLL_DEBUG"])  # type: ignore[attr-defined]
 except (AttributeError, TypeError):
     _ENVIRON = None  # type: ignore[assignment]
-
-
-#: setting name -> its key in os.environ's own storage
-_KEYS: dict[str, Any] = {}
 
 
 def _environment(name: str) -> str | None:
@@ -148,10 +145,7 @@ def _environment(name: str) -> str | None:
     env = os.environ
     if env is not _ENVIRON:
         return env.get(name)
-    key = _KEYS.get(name)
-    if key is None:
-        key = _KEYS[name] = env.encodekey(name)  # type: ignore[attr-defined]
-    raw = env._data.get(key)  # type: ignore[attr-defined]
+    raw = env._data.get(_KEYS[name])  # type: ignore[attr-defined]
     return None if raw is None else env.decodevalue(raw)  # type: ignore[attr-defined]
 
 
@@ -165,5 +159,6 @@ def debug() -> bool:
     """
     env = os.environ
     if env is _ENVIRON:
-        return env._data.get(_DEBUG_KEY) not in _DEBUG_OFF  # type: ignore[attr-defined]
+        raw = env._data.get(_KEYS["CUPYCOLL_DEBUG"])  # type: ignore[attr-defined]
+        return raw not in _DEBUG_OFF
     return bool(setting("CUPYCOLL_DEBUG"))

@@ -303,11 +303,11 @@ class MPICommunicator(Communicator):
             args, finalize, keep = self._reduction(send, recv if at_root else None, op, at_root)
             return self._launch(blocking, op_name, comm.Reduce, comm.Ireduce, args + (root,),
                                 finalize, keep)
-        scratch = None if at_root else self._scratch(send.shape, np.dtype(send.dtype))
-        args, finalize, keep = self._reduction(send, recv if at_root else scratch,
-                                               _AVG_AS_SUM.get(op, op) if scratch is not None
-                                               else op, at_root)
-        if scratch is not None:
+        if at_root:
+            args, finalize, keep = self._reduction(send, recv, op, True)
+        else:
+            scratch = self._scratch(send.shape, np.dtype(send.dtype))
+            args, finalize, keep = self._reduction(send, scratch, _AVG_AS_SUM.get(op, op), False)
             finalize = self._then_release(finalize, scratch)
         return self._launch(blocking, op_name, comm.Allreduce, comm.Iallreduce, args,
                             finalize, keep)

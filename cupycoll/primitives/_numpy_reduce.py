@@ -170,9 +170,7 @@ def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
                          ref.dtype)
     total = sum(i.size for i in indices)
     if total <= TINY and ufunc is np.add:
-        with np.errstate(all="ignore"):  # integer sums wrap, as in every reduction
-            return _narrowed(*tiny_sum(indices, [v for _, v in pairs], acc, itype), total,
-                             ref.dtype)
+        return few_summed(indices, [v for _, v in pairs], acc, ref.dtype)
     fast = _fast(total * int(np.prod(ref.shape[1:], dtype=np.int64)))  # elements: wide rows
     merged = None if fast is None else fast.merge(indices, [v for _, v in pairs], ufunc, acc,
                                                   itype)
@@ -189,6 +187,17 @@ def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
                 val = np.concatenate([v[c[b]:c[b + 1]] for (_, v), c in zip(pairs, cuts)])
                 done += _coalesce(pieces, lo, hi, val, ufunc, out_idx[done:], out_val[done:])
     return _narrowed(out_idx, out_val, done, ref.dtype)
+
+
+def few_summed(indices: Sequence[np.ndarray], values: Sequence[np.ndarray], acc: np.dtype,
+               dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """A sum of at most :data:`TINY` sorted unique entries over the parts (:func:`tiny_sum`),
+    cast back to ``dtype`` once; integer sums wrap and floats overflow to inf without a
+    warning, as in every reduction."""
+    itype = np.result_type(*(i.dtype for i in indices))
+    with np.errstate(all="ignore"):
+        idx, rows = tiny_sum(indices, values, acc, itype)
+        return idx, rows.astype(dtype, copy=False)
 
 
 def tiny_sum(indices: Sequence[np.ndarray], values: Sequence[np.ndarray], acc: np.dtype,

@@ -90,12 +90,10 @@ def reduce_parts(parts: Sequence[tuple[Any, Any]], op: ReduceOp,
     indices = [p[0] for p in parts]
     if (op is ReduceOp.SUM and type(indices[0]) is np.ndarray
             and sum(i.shape[0] for i in indices) <= _numpy_reduce.TINY):
-        values = parts[0][1].dtype
-        acc = values if accumulate_dtype is None else np.dtype(accumulate_dtype)
-        with np.errstate(all="ignore"):  # integer sums wrap, as in every reduction
-            idx, val = _numpy_reduce.tiny_sum(indices, [p[1] for p in parts], acc,
-                                              np.result_type(*(i.dtype for i in indices)))
-            val = val.astype(values, copy=False)
+        dtype = parts[0][1].dtype
+        idx, val = _numpy_reduce.few_summed(indices, [p[1] for p in parts], dtype
+                                            if accumulate_dtype is None
+                                            else np.dtype(accumulate_dtype), dtype)
     else:
         idx, val = merge_sorted(list(parts), op.value, accumulate_dtype, checked=False)
     return idx, fill_absent(idx, val, indices, op)
