@@ -1,12 +1,18 @@
-"""Which MPI call a cupycoll ``reduce`` should post: raw mpi4py ``Reduce`` (blocking),
-``Ireduce`` and ``Iallreduce`` (each tested in a loop that yields the core every 8 tests, as
-cupycoll's wait does), side by side per size, float32 sum onto rank 0 (run under mpiexec).
+"""Which MPI calls a cupycoll ``reduce`` or ``reduce_scatter`` should post, raw mpi4py side
+by side per size, float32 sum (run under mpiexec; nonblocking calls are tested in a loop that
+yields the core every 8 tests, as cupycoll's wait does).
 
-cupycoll's MPI backend runs ``reduce`` as an allreduce from ``CUPYCOLL_REDUCE_AS_ALLREDUCE``
-bytes (docs/dense.md): this measures the crossover on a machine. A time is the median over
-rounds of the slowest rank (each call after a barrier); the calls alternate, twice.
+``reduce`` (onto rank 0): ``Reduce`` (blocking), ``Ireduce``, ``Iallreduce``. cupycoll's MPI
+backend runs it as an allreduce from ``CUPYCOLL_REDUCE_AS_ALLREDUCE`` bytes.
+``--verb reduce_scatter`` (the size is the whole input, P blocks): ``Reduce_scatter_block``
+(blocking), ``Ireduce_scatter_block``, and a pairwise exchange (``Isend``/``Irecv`` of the
+blocks, then numpy adds them in rank order), which cupycoll runs from
+``CUPYCOLL_REDUCE_SCATTER_PAIRWISE`` bytes a block. See docs/dense.md. A time is the median
+over rounds of the slowest rank (each call after a barrier); the calls alternate, twice.
 
     mpiexec -n 2 python -m mpi4py bench/bench_mpi_reduce.py --sizes 64K,128K,256K,16M
+    mpiexec -n 4 python -m mpi4py bench/bench_mpi_reduce.py --verb reduce_scatter \
+        --sizes 64K,128K,256K,1M,16M
 """
 
 from __future__ import annotations
@@ -29,6 +35,51 @@ def tested(request: MPI.Request) -> None:
             os.sched_yield()
 
 
+def pairwise(comm: MPI.Comm, x: np.ndarray, out: np.ndarray, scratch: np.ndarray) -> None:
+    """Reduce-scatter by a pairwise exchange: block j of ``x`` to rank j, every rank's block
+    of this rank into ``scratch`` (P rows), then a sum in rank order into ``out``."""
+    size, rank = comm.size, comm.rank
+    blocks = x.reshape(size, -1)
+    requests = []
+    for step in range(1, size):
+        source, dest = (rank - step) % size, (rank + step) % size
+        requests.append(comm.Irecv(scratch[source], source, 9))
+        requests.append(comm.Isend(blocks[dest], dest, 9))
+    polls = 0
+    while not MPI.Request.Testall(requests):
+        polls += 1
+        if polls % 8 == 0:
+            os.sched_yield()
+    parts = [blocks[r] if r == rank else scratch[r] for r in range(size)]
+    np.add(parts[0], parts[1], out=out)
+    for part in parts[2:]:
+        np.add(out, part, out=out)
+
+
+def reduce_calls(comm: MPI.Comm, count: int) -> dict:
+    """The reduce twins on ``count`` float32 elements."""
+    at_root = comm.rank == 0
+    x, out, scratch = (np.ones(count, np.float32) for _ in range(3))
+    return {"Reduce": lambda: comm.Reduce(x, out if at_root else None, root=0),
+            "Ireduce": lambda: tested(comm.Ireduce(x, out if at_root else None, root=0)),
+            "Iallreduce": lambda: tested(comm.Iallreduce(x, out if at_root else scratch))}
+
+
+def reduce_scatter_calls(comm: MPI.Comm, count: int) -> dict:
+    """The reduce_scatter twins on an input of about ``count`` float32 elements (P blocks)."""
+    block = max(1, count // comm.size)
+    x = np.ones(block * comm.size, np.float32)
+    out, scratch = np.empty(block, np.float32), np.empty((comm.size, block), np.float32)
+    if comm.size > 1:  # the pairwise sum is the reduce-scatter
+        want = np.empty_like(out)
+        comm.Reduce_scatter_block(x, want)
+        pairwise(comm, x, out, scratch)
+        assert np.array_equal(out, want)
+    return {"Reduce_scatter_block": lambda: comm.Reduce_scatter_block(x, out),
+            "Ireduce_scatter_block": lambda: tested(comm.Ireduce_scatter_block(x, out)),
+            "pairwise": lambda: pairwise(comm, x, out, scratch) if comm.size > 1 else None}
+
+
 def median_of_slowest(comm: MPI.Comm, call, rounds: int) -> float:
     for _ in range(max(3, rounds // 10)):
         call()
@@ -43,26 +94,27 @@ def median_of_slowest(comm: MPI.Comm, call, rounds: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--verb", choices=("reduce", "reduce_scatter"), default="reduce")
     parser.add_argument("--sizes", default="64K,128K,256K,1M,16M")
     parser.add_argument("-n", "--rounds", type=int, default=300, help="rounds below 1 MiB "
                         "(a tenth from 1 MiB)")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
-    at_root = comm.rank == 0
-    if at_root:
-        print(f"# ranks={comm.size}  float32 sum onto rank 0  median of the slowest rank, us")
-        print(f"# {'size':>10}{'Reduce':>12}{'Ireduce':>12}{'Iallreduce':>12}")
+    make = reduce_calls if args.verb == "reduce" else reduce_scatter_calls
+    header = False
     for text in args.sizes.split(","):
         count = parse_size(text) // 4
-        x, out, scratch = (np.ones(count, np.float32) for _ in range(3))
+        calls = make(comm, count)
+        if comm.rank == 0 and not header:
+            header = True
+            where = "onto rank 0" if args.verb == "reduce" else "of the whole input"
+            print(f"# ranks={comm.size}  float32 sum {where}  median of the slowest rank, us")
+            print(f"# {'size':>10}" + "".join(f"{name:>23}" for name in calls))
         rounds = args.rounds if count * 4 < 1 << 20 else max(5, args.rounds // 10)
-        calls = {"Reduce": lambda: comm.Reduce(x, out if at_root else None, root=0),
-                 "Ireduce": lambda: tested(comm.Ireduce(x, out if at_root else None, root=0)),
-                 "Iallreduce": lambda: tested(comm.Iallreduce(x, out if at_root else scratch))}
         best = {name: min(median_of_slowest(comm, call, rounds) for _ in range(2))
                 for name, call in calls.items()}
-        if at_root:
-            print(f"  {text:>10}" + "".join(f"{t * 1e6:>12.1f}" for t in best.values()),
+        if comm.rank == 0:
+            print(f"  {text:>10}" + "".join(f"{t * 1e6:>23.1f}" for t in best.values()),
                   flush=True)
 
 

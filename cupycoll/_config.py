@@ -97,6 +97,12 @@ SETTINGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                                      "into a reused scratch buffer), or off: MPICH's "
                                      "nonblocking reduce is 1.2-4x slower than its allreduce "
                                      "there (docs/dense.md); the same on every rank"),
+    "CUPYCOLL_REDUCE_SCATTER_PAIRWISE": (_bytes_or_off, 1 << 16,
+                                         "bytes of a block (the output) from which the MPI "
+                                         "backend runs reduce_scatter as a pairwise exchange of "
+                                         "the blocks folded locally, or off: MPICH's "
+                                         "reduce-scatter is 1.1-5x slower there on one node "
+                                         "(docs/dense.md); the same on every rank"),
     "CUPYCOLL_LOG_LEVEL": (str, "WARNING", "level of the 'cupycoll' logger"),
     "CUPYCOLL_PROFILE": (str, None, "machine profile (JSON) that auto's time model reads and "
                          "'cupycoll tune' writes; default ~/.cache/cupycoll/profile.json, "

@@ -33,23 +33,36 @@ def _widened(dtype: np.dtype) -> Any:
 _FLOAT_MINMAX: dict[ReduceOp, MPI.Op] = {}
 
 
-def _minmax(ufunc: np.ufunc, negative_zero_wins: bool):
+def _minmax(ufunc: np.ufunc):
     """A commutative float max/min for MPI: NaN propagates, and a +0/-0 tie has one answer.
 
     MPI's built-in MAX/MIN compare with ``<``, so a NaN survives or not depending on the order
     in which a rank combines the operands, and ranks end up with different results. Here the
-    result does not depend on the order: numpy's ufunc (NaN wins), and on a zero tie -0 for min,
-    +0 for max.
+    result does not depend on the order (:func:`_fold`'s rule).
     """
     def combine(inbuf: Any, inoutbuf: Any, datatype: MPI.Datatype) -> None:
         dtype = np.float32 if datatype == MPI.FLOAT else np.float64
-        a, b = np.frombuffer(inbuf, dtype), np.frombuffer(inoutbuf, dtype)
-        ties = (a == 0) & (b == 0)
-        sign = np.signbit(a[ties])
-        sign = sign | np.signbit(b[ties]) if negative_zero_wins else sign & np.signbit(b[ties])
-        ufunc(a, b, out=b)
-        b[ties] = np.where(sign, dtype(-0.0), dtype(0.0))
+        b = np.frombuffer(inoutbuf, dtype)
+        _fold(ufunc, np.frombuffer(inbuf, dtype), b, b)
     return combine
+
+
+_UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PROD: np.multiply,
+           ReduceOp.MAX: np.maximum, ReduceOp.MIN: np.minimum}
+
+
+def _fold(ufunc: np.ufunc, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """``out = ufunc(a, b)`` as the MPI backend reduces (``out`` may be ``b``): float max/min
+    take numpy's NaN rule (NaN wins) and give a +0/-0 tie one answer, -0 for min and +0 for
+    max, so the result does not depend on the order ranks' operands are combined in."""
+    if out.dtype.kind != "f" or ufunc not in (np.maximum, np.minimum):
+        ufunc(a, b, out=out)
+        return
+    ties = (a == 0) & (b == 0)
+    sign = np.signbit(a[ties])
+    sign = sign | np.signbit(b[ties]) if ufunc is np.minimum else sign & np.signbit(b[ties])
+    ufunc(a, b, out=out)
+    out[ties] = np.where(sign, out.dtype.type(-0.0), out.dtype.type(0.0))
 
 
 def _mpi_op(op: ReduceOp, dtype: np.dtype) -> MPI.Op:
@@ -58,7 +71,7 @@ def _mpi_op(op: ReduceOp, dtype: np.dtype) -> MPI.Op:
         return _MPI_OPS[op]
     if op not in _FLOAT_MINMAX:
         _FLOAT_MINMAX[op] = MPI.Op.Create(
-            _minmax(np.maximum if op is ReduceOp.MAX else np.minimum, op is ReduceOp.MIN),
+            _minmax(np.maximum if op is ReduceOp.MAX else np.minimum),
             commute=True)
     return _FLOAT_MINMAX[op]
 

@@ -132,18 +132,24 @@ def staged_blocks_reused(rank: int, p: int) -> int:
     return 5
 
 
+def communicator_with(name: str, value: str):
+    """An MPI communicator created while the setting ``name`` is ``value`` (it reads it then)."""
+    import os
+
+    from cupycoll.comm.mpi import MPICommunicator
+
+    os.environ[name] = value
+    try:
+        return MPICommunicator()
+    finally:
+        del os.environ[name]
+
+
 def reduce_as_allreduce(seed: int, rank: int, p: int) -> int:
     """``reduce`` run as an allreduce (CUPYCOLL_REDUCE_AS_ALLREDUCE=0: every size): every dtype,
     op, size and root against numpy, in place and async; off the root neither the input nor a
     given ``out`` is written, and the result went through the pooled scratch buffer there."""
-    from cupycoll.comm.mpi import MPICommunicator
-
-    import os
-    os.environ["CUPYCOLL_REDUCE_AS_ALLREDUCE"] = "0"
-    try:
-        comm = MPICommunicator()
-    finally:
-        del os.environ["CUPYCOLL_REDUCE_AS_ALLREDUCE"]
+    comm = communicator_with("CUPYCOLL_REDUCE_AS_ALLREDUCE", "0")
     cases = 0
     for dtype in DTYPES:
         for op in OPS:
@@ -168,6 +174,53 @@ def reduce_as_allreduce(seed: int, rank: int, p: int) -> int:
                     cases += 2
     if p > 1 and rank != 0:  # a 64 KiB+ result off the root went to a pooled scratch buffer
         assert comm._spare, "reduce did not run as an allreduce off the root"
+    return cases
+
+
+def pairwise_reduce_scatter(seed: int, rank: int, p: int) -> int:
+    """``reduce_scatter`` as a pairwise exchange (CUPYCOLL_REDUCE_SCATTER_PAIRWISE=0: every
+    size): every dtype, op and size against numpy, into ``out``, in place (nothing outside the
+    block written) and async; float sums equal a fold in rank order bit for bit; NaN and +-0
+    as the native path; a 64 KiB+ block's scratch went back to the pool."""
+    import functools
+
+    comm = communicator_with("CUPYCOLL_REDUCE_SCATTER_PAIRWISE", "0")
+    cases = 0
+    for dtype in DTYPES:
+        for op in OPS:
+            for count in SIZES:
+                inputs = [make(seed + 5, r, dtype, count * p, op) for r in range(p)]
+                mine = slice(rank * count, (rank + 1) * count)
+                want = reference(inputs, op)[mine]
+                x = inputs[rank].copy()
+                got = cc.reduce_scatter(x, op=op, comm=comm)
+                check(got, want, f"pairwise reduce_scatter {dtype} {op} {count}")
+                assert np.array_equal(x, inputs[rank]), "reduce_scatter wrote its input"
+                if op == "sum" and dtype in ("float32", "float64"):
+                    in_order = functools.reduce(np.add, [a[mine] for a in inputs])
+                    assert got.tobytes() == in_order.tobytes(), "not folded in rank order"
+                out = np.full(count, 7, dtype)
+                cc.reduce_scatter(x, op=op, comm=comm, out=out, async_op=True).wait()
+                check(out, want, f"pairwise reduce_scatter async out {dtype} {op} {count}")
+                cc.reduce_scatter(x, op=op, comm=comm, out=x[mine])
+                check(x[mine], want, f"pairwise reduce_scatter in place {dtype} {op} {count}")
+                rest = np.ones(x.shape[0], bool)
+                rest[mine] = False
+                assert np.array_equal(x[rest], inputs[rank][rest]), "wrote outside the block"
+                cases += 3
+    for dtype in ("float32", "float64"):  # NaN wins, a +0/-0 tie has one answer
+        for op, fn in (("max", np.max), ("min", np.min)):
+            rows = [np.array([np.nan if r == 0 else 1.0, -0.0 if r % 2 else 0.0,
+                              0.0 if r == p - 1 else -0.0, 2.0 + r], dtype) for r in range(p)]
+            stack = np.stack(rows)
+            want = fn(stack, axis=0)
+            negative = np.signbit(stack).any(0) if op == "min" else np.signbit(stack).all(0)
+            want[want == 0] = np.where(negative, -0.0, 0.0)[want == 0]
+            got = cc.reduce_scatter(np.tile(rows[rank], p), op=op, comm=comm)
+            assert got.tobytes() == want.tobytes(), (dtype, op, got, want)
+            cases += 1
+    if p > 1:  # the largest case's scratch (a 64 KiB+ block) went back to the pool
+        assert comm._spare, "reduce_scatter did not run as a pairwise exchange"
     return cases
 
 
@@ -246,6 +299,7 @@ def main(seed: int) -> None:
     cases += aliased_out(rank, p)
     cases += staged_blocks_reused(rank, p)
     cases += reduce_as_allreduce(seed, rank, p)
+    cases += pairwise_reduce_scatter(seed, rank, p)
     print(f"rank {rank}: {cases} dense cases ok")
 
 

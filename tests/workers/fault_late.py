@@ -38,6 +38,7 @@ def verbs(step: int) -> dict:
     late = late_ranks(step)
     punctual = [r for r in range(P) if r not in late]
     x = np.arange(4 * P, dtype=np.float32) + RANK
+    blocks = np.ones(8192 * P, np.float32)  # 32 KiB blocks: the pairwise reduce_scatter
     idx = np.array([RANK, P + 1], np.int64)
     val = np.ones(2, np.float32)
     sparse = cc.algorithms("sparse")
@@ -54,6 +55,7 @@ def verbs(step: int) -> dict:
         "reduce": lambda c: cc.reduce(x, root=punctual[0], comm=c),
         "allgather": lambda c: cc.allgather(x, comm=c),
         "reduce_scatter": lambda c: cc.reduce_scatter(x, comm=c),
+        "reduce_scatter/pairwise": lambda c: cc.reduce_scatter(blocks, comm=c),
         "allreduce/async": lambda c: cc.allreduce(x, comm=c, async_op=True).wait(),
         "sparse_allreduce": lambda c: cc.sparse_allreduce(
             idx, val, 4 * P, comm=c, algorithm=sparse[step % len(sparse)]),
