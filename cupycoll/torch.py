@@ -12,6 +12,7 @@ in bucket order (the same on every rank), so they overlap the rest of the backwa
 
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import numpy as np
@@ -208,7 +209,7 @@ def sparse_allreduce(tensor: torch.Tensor, *, op: str = "sum",
     coalesced = tensor.coalesce()
     indices = _as_array(coalesced.indices()[0].contiguous())
     values = _as_array(coalesced.values().contiguous())
-    rows = int(np.prod(values.shape[1:])) if values.ndim > 1 else 0
+    rows = math.prod(values.shape[1:]) if values.ndim > 1 else 0
     flat = values.reshape(values.shape[0], rows) if values.ndim > 2 else values
     result = _sparse_allreduce(indices, flat, tensor.shape[0], op=op, comm=comm, **kwargs)
     out_values = torch.as_tensor(result.values, device=tensor.device)

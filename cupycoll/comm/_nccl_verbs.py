@@ -8,6 +8,7 @@ broadcasts) and point-to-point ``exchange`` as one group of send/recv.
 from __future__ import annotations
 
 import collections
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -114,7 +115,7 @@ class _NcclVerbs:
         received), which is what a point-to-point allgatherv moves.
         """
         dst = self._buffer(recv, "recv")
-        row = int(np.prod(recv.shape[1:], dtype=np.int64)) * recv.dtype.itemsize
+        row = math.prod(recv.shape[1:]) * recv.dtype.itemsize
         nbytes = np.asarray(counts, dtype=np.int64) * row
         offsets = np.concatenate([[0], np.cumsum(nbytes)]).astype(np.int64)
         src = self._contiguous(send)

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -171,7 +172,7 @@ def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
     total = sum(i.size for i in indices)
     if total <= TINY and ufunc is np.add:
         return few_summed(indices, [v for _, v in pairs], acc, ref.dtype)
-    fast = _fast(total * int(np.prod(ref.shape[1:], dtype=np.int64)))  # elements: wide rows
+    fast = _fast(total * math.prod(ref.shape[1:]))  # elements: wide rows
     merged = None if fast is None else fast.merge(indices, [v for _, v in pairs], ufunc, acc,
                                                   itype)
     if merged is not None:

@@ -36,6 +36,7 @@ from the second call on; the scan and gather of a large 1-D buffer are one numba
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -78,7 +79,7 @@ def dense(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
           accumulate_dtype: Any = None, wire: Any = None) -> tuple[Any, Any]:
     """Allreduce the densified input with its presence (-0 fills, a count tail or a bitmap)."""
     xp, row = comm.xp, tuple(values.shape[1:])
-    width = int(np.prod(row, dtype=np.int64)) if row else 0
+    width = math.prod(row) if row else 0
     dtype = np.dtype(values.dtype)
     if signed_zero_fill(op, dtype.kind == "f" and dtype.itemsize >= 4):
         return _signed_zeros(comm, indices, values, n, op, row)
@@ -155,7 +156,7 @@ def _signed_zeros(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, ro
 def _densified(xp: Any, indices: Any, values: Any, n: int, row: tuple) -> tuple[Any, Any]:
     """The -0-filled buffer (one element more, for the tail) and its ``(n,) + row`` view with
     ``values`` scattered at ``indices``."""
-    size = n * int(np.prod(row, dtype=np.int64))
+    size = n * math.prod(row)
     if xp is np:  # kept between calls, all -0 again after each (O(union), not O(n), to fill)
         buf = kept_filled(size + 1, values.dtype, -0.0)
     else:  # cupy's pool keeps device memory; a device fill is cheap
@@ -168,7 +169,7 @@ def _densified(xp: Any, indices: Any, values: Any, n: int, row: tuple) -> tuple[
 
 def row_bits(full: Any) -> tuple[Any, Any]:
     """``full``'s rows as unsigned integers of the same width, and -0's bits."""
-    width = int(np.prod(full.shape[1:], dtype=np.int64))
+    width = math.prod(full.shape[1:])
     bits = full.reshape(full.shape[0], width).view(f"u{full.dtype.itemsize}")
     return bits, bits.dtype.type(1 << (8 * bits.dtype.itemsize - 1))
 
@@ -229,7 +230,7 @@ def _settle_signed_zeros(comm: Any, indices: Any, values: Any, full: Any, bits: 
     for it and -0 again after), and make +0 the -0 elements of those some rank lacks. Returns
     what :func:`_not_minus_zero` does."""
     xp, p = comm.xp, comm.size
-    flat = values.reshape(values.shape[0], int(np.prod(values.shape[1:], dtype=np.int64)))
+    flat = values.reshape(values.shape[0], math.prod(values.shape[1:]))
     mine = indices[((flat == 0) & xp.signbit(flat)).any(axis=1)].astype(np.int64)
     gathered, _ = comm.allgatherv(mine, op_name=SETTLE)
     # the same on every rank; in the index dtype (a wider key makes searchsorted convert the

@@ -24,6 +24,7 @@ about log2(P) rounds with the union growing each round: best at small sizes, lat
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -84,7 +85,7 @@ class _Rounds:
         self.comm, self.xp, self.n, self.op, self.wire = comm, comm.xp, n, op, wire
         self.index_dtype, self.value_dtype = index_dtype, values.dtype
         self.row = tuple(values.shape[1:])
-        self.row_bytes = values.dtype.itemsize * max(int(np.prod(self.row, dtype=np.int64)), 1)
+        self.row_bytes = values.dtype.itemsize * max(math.prod(self.row), 1)
         self.accumulate_dtype = accumulate_dtype
 
     def start(self, indices: Any, values: Any) -> _State:

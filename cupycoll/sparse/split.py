@@ -36,6 +36,7 @@ finish their regions before the gather; one message per non-empty peer region).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable
 
 import numpy as np
@@ -220,7 +221,7 @@ def dense_result(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, out
     p, rank, xp = comm.size, comm.rank, comm.xp
     samples = _samples(comm, indices)
     bounds = region_bounds(samples, n)
-    shape = Shape(p, n, int(np.prod(values.shape[1:], dtype=np.int64)) if values.ndim > 1
+    shape = Shape(p, n, math.prod(values.shape[1:]) if values.ndim > 1
                   else 0, indices.dtype.itemsize, values.dtype.itemsize,
                   tuple(int(c) for c in samples[:, 0]), wire=wire,
                   result_bytes=out.dtype.itemsize)

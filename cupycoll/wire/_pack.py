@@ -18,6 +18,7 @@ local memory only, never sent, so the bytes on the wire are exactly the blocks' 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -65,7 +66,7 @@ class Packed:
 
 def value_nbytes(count: int, row: tuple, dtype: Any, wire: Wire) -> int:
     """Bytes of the values part of a block of ``count`` rows of shape ``row``."""
-    width = int(np.prod(row, dtype=np.int64)) if row else 1
+    width = math.prod(row) if row else 1
     return int(count) * width * wire.wire_dtype(dtype).itemsize
 
 
