@@ -1,9 +1,11 @@
 """The MPI backend's tables and buffer helpers: MPI ops and datatypes of each dtype, the
-order-free float max/min, raw-byte and typed buffer specs, and the stand-in of a dead comm."""
+order-free float max/min and fold, the staging-buffer pool, raw-byte and typed buffer specs,
+and the stand-in of a dead comm."""
 
 from __future__ import annotations
 
 import functools
+import math
 
 from typing import Any, Sequence
 
@@ -76,6 +78,21 @@ def _mpi_op(op: ReduceOp, dtype: np.dtype) -> MPI.Op:
     return _FLOAT_MINMAX[op]
 
 
+def _fold_blocks(blocks: np.ndarray, received: np.ndarray, recv: np.ndarray, rank: int,
+                 op: ReduceOp, in_place: bool) -> None:
+    """A pairwise reduce-scatter's fold into ``recv``: the P blocks in rank order, this rank's
+    from ``blocks`` (its input), the others' from the rows of ``received`` (no avg division).
+    In place, ``recv`` is this rank's block: the folds before it accumulate in received rows,
+    so ``recv`` is first written when its own block is folded in."""
+    parts = [blocks[r] if r == rank else received[r] for r in range(len(blocks))]
+    acc, ufunc = parts[0], _UFUNCS[op]
+    with np.errstate(all="ignore"):
+        for r in range(1, len(parts)):
+            into = received[r] if in_place and r < rank else recv
+            _fold(ufunc, acc, parts[r], into)
+            acc = into
+
+
 #: ReduceOp -> dtype -> (MPI datatype, MPI op), filled on first use: the reductions MPI runs on a
 #: dtype as it is (avg as a sum); half precision is absent (it is widened first).
 _NATIVE: dict[ReduceOp, dict[np.dtype, tuple[MPI.Datatype, MPI.Op]]] = {op: {} for op in ReduceOp}
@@ -88,6 +105,41 @@ def _native(op: ReduceOp, dtype: np.dtype) -> tuple[MPI.Datatype, MPI.Op] | None
     if spec is None and dtype in _MPI_TYPES:
         spec = _NATIVE[op][dtype] = (_MPI_TYPES[dtype], _mpi_op(op, dtype))
     return spec
+
+
+_SPARE_KEPT = 2  # staging buffers a communicator keeps for reuse (see _take)
+_SPARE_FROM = 1 << 16  # bytes from which staging buffers are reused (below: page faults are few)
+
+
+def _take(spare: list, shape: tuple, dtype: Any) -> np.ndarray:
+    """A staging array: a view of a finished call's buffer in ``spare`` (a communicator's pool)
+    when one is large enough (its pages are mapped, where a fresh one costs a page fault per
+    4 KiB on first touch, ~4 us each here), else of a new one. Out of the pool while in use,
+    so an unfinished asynchronous call never shares it."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < _SPARE_FROM:
+        return np.empty(shape, dtype)
+    for i, buf in enumerate(spare):
+        if buf.nbytes >= nbytes:
+            del spare[i]
+            break
+    else:
+        buf = np.empty(nbytes, np.uint8)
+    return buf[:nbytes].view(dtype).reshape(shape)
+
+
+def _give(spare: list, array: np.ndarray) -> None:
+    """Give the buffer under a finished call's staging array back to ``spare``, as bytes (the
+    pool keeps the largest ``_SPARE_KEPT``)."""
+    if array.nbytes < _SPARE_FROM:
+        return
+    while array.base is not None:
+        array = array.base
+    if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
+        return
+    spare.append(array.reshape(-1).view(np.uint8))
+    spare.sort(key=lambda b: -b.nbytes)
+    del spare[_SPARE_KEPT:]
 
 
 def _bytes(a: np.ndarray) -> list:

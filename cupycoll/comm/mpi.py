@@ -20,21 +20,19 @@ from .._config import setting
 from .._types import ReduceOp, to_host, trunc_divide
 from ..errors import BackendError
 from ._base import Communicator
-from ._mpi_types import (_MPI_TYPES, _NATIVE, _UFUNCS, _DeadComm, _address, _bytes, _fold,
-                         _mpi_op, _native, _pending, _separate, _typed, _widened)
+from ._mpi_pairwise import pairwise_in_place, pairwise_reduce_scatter
+from ._mpi_types import (_NATIVE, _DeadComm, _address, _bytes, _give, _mpi_op, _native,
+                         _pending, _separate, _take, _typed, _widened)
 from ._work import Work
 
 __all__ = ["MPICommunicator"]
 
 _TAG = 7
-_TAG_BLOCKS = 8  # the blocks of a pairwise reduce_scatter (apart from exchange's messages)
 _AVG = ReduceOp.AVG  # a module constant: an Enum member lookup costs ~0.2 us per call
 #: off the root a reduce-as-allreduce result is dropped: avg's division need not run there
 _AVG_AS_SUM = {_AVG: ReduceOp.SUM}
 _SPIN = 0.05  # seconds a wait tests (and yields) before it starts to nap
 _POLLS = 8  # tests between two yields (or naps, or deadline checks); docs/failures.md
-_SPARE_KEPT = 2  # staging buffers a communicator keeps for reuse (see _scratch)
-_SPARE_FROM = 1 << 16  # bytes from which staging buffers are reused (below: page faults are few)
 
 
 class MPICommunicator(Communicator):
@@ -250,33 +248,12 @@ class MPICommunicator(Communicator):
         return finalize
 
     def _scratch(self, shape: tuple, dtype: Any) -> np.ndarray:
-        """A staging array: a view of a finished call's buffer when one is large enough (its
-        pages are mapped, where a fresh one costs a page fault per 4 KiB on first touch, ~4 us
-        each here), else of a new one. Out of the pool while in use, so an unfinished
-        asynchronous call never shares it."""
-        nbytes = math.prod(shape) * dtype.itemsize
-        if nbytes < _SPARE_FROM:
-            return np.empty(shape, dtype)
-        for i, buf in enumerate(self._spare):
-            if buf.nbytes >= nbytes:
-                del self._spare[i]
-                break
-        else:
-            buf = np.empty(nbytes, np.uint8)
-        return buf[:nbytes].view(dtype).reshape(shape)
+        """A staging array from this communicator's pool (:func:`._mpi_types._take`)."""
+        return _take(self._spare, shape, dtype)
 
     def _release(self, array: np.ndarray) -> None:
-        """Give the buffer under a finished call's staging array back, as bytes (the pool
-        keeps the largest ``_SPARE_KEPT``)."""
-        if array.nbytes < _SPARE_FROM:
-            return
-        while array.base is not None:
-            array = array.base
-        if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
-            return
-        self._spare.append(array.reshape(-1).view(np.uint8))
-        self._spare.sort(key=lambda b: -b.nbytes)
-        del self._spare[_SPARE_KEPT:]
+        """Give a finished call's staging array back to the pool."""
+        _give(self._spare, array)
 
     def allreduce(self, send: Any, recv: Any, op: ReduceOp, op_name: str = "allreduce") -> Work:
         return self._allreduce(send, recv, op, op_name, False)
@@ -328,66 +305,16 @@ class MPICommunicator(Communicator):
         return self._reduce_scatter(send, recv, op, op_name, False)
 
     def _reduce_scatter(self, send: Any, recv: Any, op: ReduceOp, op_name: str, blocking: bool):
-        """Reduce-scatter; from ``CUPYCOLL_REDUCE_SCATTER_PAIRWISE`` bytes a block, when MPI
-        reduces the dtype natively and the buffers are plain host arrays, as a pairwise exchange
-        of the blocks folded here (:meth:`_pairwise_reduce_scatter`)."""
-        threshold = self._pairwise_blocks
-        if (threshold is not None and recv.nbytes >= threshold and self.size > 1
-                and type(send) is np.ndarray and type(recv) is np.ndarray
-                and send.dtype is recv.dtype and send.dtype in _MPI_TYPES
-                and send.flags.c_contiguous and recv.flags.c_contiguous):
-            block = send.reshape(self.size, -1)[self.rank]
-            in_place = _address(recv) == _address(block)
-            if in_place or not np.shares_memory(send, recv):
-                return self._pairwise_reduce_scatter(send, recv, op, op_name, blocking, in_place)
+        """Reduce-scatter; from ``CUPYCOLL_REDUCE_SCATTER_PAIRWISE`` bytes a block, where it
+        applies, as a pairwise exchange of the blocks folded here (:mod:`._mpi_pairwise`)."""
+        in_place = pairwise_in_place(self, send, recv)
+        if in_place is not None:
+            return pairwise_reduce_scatter(self, send, recv, op, op_name, blocking, in_place)
         args, finalize, keep = self._reduction(send, recv, op, False)
         self._record_collective("reduce_scatter", send.nbytes, op_name=op_name)
         comm = self.mpi_comm
         return self._launch(blocking, op_name, comm.Reduce_scatter_block,
                             comm.Ireduce_scatter_block, args, finalize, keep)
-
-    def _pairwise_reduce_scatter(self, send: np.ndarray, recv: np.ndarray, op: ReduceOp,
-                                 op_name: str, blocking: bool, in_place: bool):
-        """Send block j of ``send`` to rank j and receive every rank's block of this rank
-        (P - 1 messages each way, into pooled scratch), then fold them in rank order with
-        the MPI backend's rules (:func:`_fold`; avg divides once). MPICH's reduce-scatter
-        was 1.1-5x slower on one node from 64 KiB blocks (docs/dense.md). The bytes and the
-        arrival notice are booked as the native collective's; a timeout names the peers
-        whose blocks are missing."""
-        size, rank = self.size, self.rank
-        self._record_collective("reduce_scatter", send.nbytes, op_name=op_name)
-        blocks = send.reshape(size, *recv.shape)
-        scratch = self._scratch((size,) + recv.shape, send.dtype)
-        comm, requests, peers = self.mpi_comm, [], []
-        for step in range(1, size):
-            source, dest = (rank - step) % size, (rank + step) % size
-            requests.append(comm.Irecv([scratch[source], MPI.BYTE], source, _TAG_BLOCKS))
-            requests.append(comm.Isend([blocks[dest], MPI.BYTE], dest, _TAG_BLOCKS))
-            peers += [source, dest]
-
-        def fold() -> None:
-            # in place, recv is this rank's block of send: the folds before it accumulate in
-            # received rows, so recv is first written when its block is folded in
-            parts = [blocks[r] if r == rank else scratch[r] for r in range(size)]
-            acc, ufunc = parts[0], _UFUNCS[op]
-            with np.errstate(all="ignore"):
-                for r in range(1, size):
-                    into = scratch[r] if in_place and r < rank else recv
-                    _fold(ufunc, acc, parts[r], into)
-                    acc = into
-            if op is _AVG:
-                trunc_divide(recv, size)
-            self._release(scratch)
-
-        if not blocking:
-            return self._work(requests, op_name, fold, (send, recv, scratch), peers)
-        try:
-            self.wait(requests, op_name, peers)
-        except BaseException:
-            self._fate.abandon(requests, (send, recv, scratch))
-            raise
-        fold()
-        return None
 
     # data movement: raw bytes
     def _staged(self, recv: Any) -> tuple[np.ndarray, Any]:
