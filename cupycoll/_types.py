@@ -11,8 +11,8 @@ import numpy as np
 
 from .errors import InvalidArgument, InvalidType
 
-__all__ = ["ReduceOp", "parse_op", "array_namespace", "as_array", "check_dtype", "DENSE_DTYPES",
-           "to_host", "like_caller", "trunc_divide"]
+__all__ = ["ReduceOp", "UFUNCS", "parse_op", "array_namespace", "as_array", "check_dtype",
+           "DENSE_DTYPES", "to_host", "like_caller", "trunc_divide"]
 
 
 class ReduceOp(str, enum.Enum):
@@ -23,6 +23,11 @@ class ReduceOp(str, enum.Enum):
     MAX = "max"
     MIN = "min"
     AVG = "avg"
+
+
+#: the numpy ufunc folding each op (avg has none: it is a sum, then a division by P).
+UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MAX: np.maximum,
+          ReduceOp.MIN: np.minimum}
 
 
 #: dtypes every dense collective accepts (bfloat16 is added where the array library has it).

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from .._types import ReduceOp
+from .._types import UFUNCS, ReduceOp
 
 
 _MPI_OPS = {ReduceOp.SUM: MPI.SUM, ReduceOp.AVG: MPI.SUM, ReduceOp.PROD: MPI.PROD,
@@ -49,10 +49,6 @@ def _minmax(ufunc: np.ufunc):
     return combine
 
 
-_UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PROD: np.multiply,
-           ReduceOp.MAX: np.maximum, ReduceOp.MIN: np.minimum}
-
-
 def _fold(ufunc: np.ufunc, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     """``out = ufunc(a, b)`` as the MPI backend reduces (``out`` may be ``b``): float max/min
     take numpy's NaN rule (NaN wins) and give a +0/-0 tie one answer, -0 for min and +0 for
@@ -85,7 +81,7 @@ def _fold_blocks(blocks: np.ndarray, received: np.ndarray, recv: np.ndarray, ran
     In place, ``recv`` is this rank's block: the folds before it accumulate in received rows,
     so ``recv`` is first written when its own block is folded in."""
     parts = [blocks[r] if r == rank else received[r] for r in range(len(blocks))]
-    acc, ufunc = parts[0], _UFUNCS[op]
+    acc, ufunc = parts[0], UFUNCS[ReduceOp.SUM if op is ReduceOp.AVG else op]
     with np.errstate(all="ignore"):
         for r in range(1, len(parts)):
             into = received[r] if in_place and r < rank else recv

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .._types import ReduceOp, array_namespace, parse_op, to_host
+from .._types import UFUNCS, array_namespace, parse_op, to_host
 from ..errors import InvalidArgument, InvalidType
 from ._accel import _fast
 
@@ -21,8 +21,6 @@ from ._accel import _fast
 VALUE_DTYPES = tuple(np.dtype(t) for t in ("float16", "float32", "float64", "int32", "int64"))
 #: dtypes of index arrays.
 INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
-_UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MAX: np.maximum,
-           ReduceOp.MIN: np.minimum}
 
 
 def _array(a: Any, argument: str) -> np.ndarray:
@@ -135,10 +133,10 @@ def _k(k: Any, n: int) -> int:
 
 def _reduce_op(op: Any) -> np.ufunc:
     parsed = parse_op(op)
-    if parsed not in _UFUNCS:
+    if parsed not in UFUNCS:
         raise InvalidArgument("op", op, "avg is the caller's job (sum, then divide); "
                               "use sum, prod, max or min")
-    return _UFUNCS[parsed]
+    return UFUNCS[parsed]
 
 
 def _accumulate(accumulate_dtype: Any, dtype: np.dtype) -> np.dtype:

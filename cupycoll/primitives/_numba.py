@@ -33,7 +33,7 @@ from ._numba_dense import (_SCAN, add_rows, compact_blocks, densify_sorted,  # n
 __all__ = ["merge", "select", "select_unequal", "count", "densify_sorted", "add_rows",
            "special_values", "index_stats", "threads", "free_scratch"]
 
-#: op codes of the merge loop, keyed by the numpy ufunc of primitives._checks._UFUNCS.
+#: op codes of the merge loop, keyed by the numpy ufunc of _types.UFUNCS.
 OPS = {np.add: 0, np.multiply: 1, np.maximum: 2, np.minimum: 3}
 #: dtypes the merge loop accumulates in (float16 has no native numba arithmetic).
 MERGE_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "int32", "int64"))
