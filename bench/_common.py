@@ -13,6 +13,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from cupycoll.tuner.calibrate import interleaved
+
 GB = 1e9
 _MIN_WIDTH = {"algorithm": 20}  # "recursive_doubling" and friends
 
@@ -69,49 +71,11 @@ def sizes(minbytes: int, maxbytes: int, factor: int) -> list[int]:
     return out
 
 
-def time_collective(fn: Callable[[], Any], iters: int, warmup: int, mpi_comm) -> np.ndarray:
-    """Time ``fn`` ``iters`` times after ``warmup`` runs; each sample is the slowest rank's time.
-
-    Ranks start each iteration together (barrier) and the maximum over ranks is kept, so a
-    sample is the collective's completion time as every rank experiences it.
-    """
-    from mpi4py import MPI
-
-    for _ in range(warmup):
-        fn()
-    samples = np.empty(iters)
-    for i in range(iters):
-        mpi_comm.Barrier()
-        t0 = time.perf_counter()
-        fn()
-        samples[i] = time.perf_counter() - t0
-    slowest = np.empty_like(samples)
-    mpi_comm.Allreduce(samples, slowest, op=MPI.MAX)
-    return slowest
-
-
-def interleaved(calls: dict[str, Callable[[], Any]], iters: int, warmup: int,
-                mpi_comm) -> dict[str, np.ndarray]:
-    """Time every call ``iters`` times, one of each per round (rotating the order), so drift
-    on a shared machine hits them alike; each sample is the slowest rank's time of that call."""
-    from mpi4py import MPI
-
-    names = list(calls)
-    for _ in range(warmup):
-        for name in names:
-            calls[name]()
-    samples = {name: np.empty(iters) for name in names}
-    for i in range(iters):
-        for name in names[i % len(names):] + names[:i % len(names)]:
-            mpi_comm.Barrier()
-            t0 = time.perf_counter()
-            calls[name]()
-            samples[name][i] = time.perf_counter() - t0
-    slowest = {}
-    for name in names:
-        slowest[name] = np.empty(iters)
-        mpi_comm.Allreduce(samples[name], slowest[name], op=MPI.MAX)
-    return slowest
+def time_collective(fn: Callable[[], Any], iters: int, warmup: int, comm) -> np.ndarray:
+    """Time ``fn`` ``iters`` times after ``warmup`` runs; each sample is the slowest rank's time
+    (ranks start each iteration together: a sample is the collective's completion time as
+    every rank experiences it)."""
+    return interleaved({"fn": fn}, iters, warmup, comm)["fn"]
 
 
 def sample_stats(samples: np.ndarray) -> dict[str, float]:

@@ -59,7 +59,7 @@ def run_one(name: str, nbytes: int, args, comm, table: Table) -> None:
         "allgather": lambda: cc.allgather(x, comm=comm),
         "reduce_scatter": lambda: cc.reduce_scatter(x, comm=comm),
     }
-    samples = time_collective(calls[name], args.iters, args.warmup_iters, comm.mpi_comm)
+    samples = time_collective(calls[name], args.iters, args.warmup_iters, comm)
     wrong = 0
     if args.check:
         out = calls[name]()
@@ -142,7 +142,7 @@ def side_by_side(args, comm, names) -> None:
                 # one way at a time: a call right after one that freed a fresh large output
                 # is slower (measured up to 2x at 16 MiB), whichever library makes it
                 samples = interleaved({"cc": ours, "mpi": theirs}, iters, args.warmup_iters,
-                                      comm.mpi_comm)
+                                      comm)
                 ours, theirs = (float(np.median(samples[who])) * 1e6 for who in ("cc", "mpi"))
                 rows.append({"collective": name, "way": way, "size(B)": nbytes,
                              "cupycoll(us)": ours, "mpi4py(us)": theirs, "ratio": ours / theirs})

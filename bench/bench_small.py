@@ -41,7 +41,7 @@ def main() -> None:
             idx, val, args.length, comm=comm, algorithm="allgather"),
         f"topk_allreduce(k={args.k})": lambda: cc.topk_allreduce(dense, args.k, comm=comm),
     }
-    samples = interleaved(calls, args.iters, args.warmup_iters, comm.mpi_comm)
+    samples = interleaved(calls, args.iters, args.warmup_iters, comm)
     if comm.rank == 0:
         base = float(np.median(samples["mpi4py allgather (pickled pairs)"]))
         print(f"# ranks={comm.size}  entries/rank={args.entries}  n={args.length}  "

@@ -19,7 +19,9 @@ Every row also shows the time the tuner's model predicts (``pred(us)``, from the
 ``auto`` uses: CUPYCOLL_PROFILE or the shipped one) and ``pred/meas``. The summary ends with the
 regret table: per case, the best exact algorithm, auto's pick, auto / best, auto / plain dense
 Allreduce, and the counts against the targets (auto <= 1.10x best, auto <= 1.15x dense,
-predictions within +-30%).
+predictions within +-30%). ``--profiles A.json,B.json`` adds the same counts for other profiles,
+priced against the same measured times (noise between two runs cannot favour either): how two
+tunes or two tuner versions compare.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from cupycoll.sparse import SparseResult, sparse_allreduce
 from cupycoll.sparse._cost import Shape
 from cupycoll.sparse.auto import choose
 from cupycoll.tuner.predict import predict
-from cupycoll.tuner.profile import profile_for
+from cupycoll.tuner.profile import load_profile, profile_for
 from cupycoll.wire._pack import Wire
 
 OVERLAPS = ("disjoint", "random", "identical", "hot")
@@ -136,7 +138,7 @@ def run_group(args, comm, table: Table, n: int, width: int, density: float, over
                     comm, idx, val, n, ReduceOp.SUM, None, Wire(f[0] == "compact", f[1])),
                     n))(lookup("sparse", base), fmt)
     algorithms = [a for a in calls if a != BASELINE]
-    samples = interleaved(calls, args.iters, args.warmup_iters, comm.mpi_comm)
+    samples = interleaved(calls, args.iters, args.warmup_iters, comm)
     ref = reference(inputs, n, width) if args.check else None
     dense_time = float(np.median(samples[BASELINE]))
     size_bytes = n * max(width, 1) * 4
@@ -174,15 +176,28 @@ def run_group(args, comm, table: Table, n: int, width: int, density: float, over
                    "x_bound": wire / bound, **sample_stats(samples[name])})
     exact = {a: t for a, t in times.items() if a not in (BASELINE, "auto")}
     best = min(exact, key=exact.get) if exact else None
-    errors = [predicted[a.split("[")[0]] / times[a] for a in times
-              if a.split("[")[0] in predicted]
+    errors = _errors(predicted, times)
+    others = {}
+    for path in filter(None, args.profiles.split(",")):
+        other = load_profile(path, size=p)
+        choice = choose(shape, other)
+        others[path] = {"pred_over_meas": _errors({a: predict(a, shape, other)
+                                                    for a in {a.split("[")[0] for a in algorithms} - {"auto"}},
+                                                   times),
+                        "pick_x_best": times[choice] / exact[best]
+                        if best and choice in times else None}
     return {"n": n, "width": width, "density": density, "overlap": overlap, "skew": skew,
             "ranks": p, "best": best, "auto_choice": pick,
             "best_x_dense": exact[best] / dense_time if best else None,
             "auto_x_best": times["auto"] / exact[best] if best and "auto" in times else None,
             "auto_x_dense": times["auto"] / dense_time if "auto" in times else None,
             "pick_x_best": (times[pick] / exact[best] if best and pick in times else None),
-            "pred_over_meas": errors}
+            "pred_over_meas": errors, "profiles": others}
+
+
+def _errors(predicted: dict[str, float], times: dict[str, float]) -> list[float]:
+    """predicted / measured of every timed algorithm with a prediction."""
+    return [predicted[a.split("[")[0]] / times[a] for a in times if a.split("[")[0] in predicted]
 
 
 def wire_formats(args) -> list[tuple[str, str | None]]:
@@ -237,6 +252,13 @@ def print_regret(summary: list[dict]) -> None:
               f"/{len(rows)} rows; auto <= 1.15x dense Allreduce on "
               f"{sum(s['auto_x_dense'] <= 1.15 for s in rows)}/{len(rows)}; predictions "
               f"within +-30% on {sum(0.7 <= e <= 1.3 for e in errors)}/{len(errors)}")
+    for path in rows[0].get("profiles", {}) if rows else ():
+        picks = [s["profiles"][path]["pick_x_best"] for s in rows]
+        picks = [x for x in picks if x is not None]
+        errors = [e for s in rows for e in s["profiles"][path]["pred_over_meas"]]
+        print(f"# with {path}: its pick <= 1.10x best on {sum(x <= 1.10 for x in picks)}/"
+              f"{len(picks)} rows; predictions within +-30% on "
+              f"{sum(0.7 <= e <= 1.3 for e in errors)}/{len(errors)}")
 
 
 def main() -> int:
@@ -250,6 +272,8 @@ def main() -> int:
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
     parser.add_argument("--memory", action="store_true", help="measure peak extra memory")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--profiles", default="", help="other profile files (comma list) to "
+                        "price the same measured rows with (summary counts per profile)")
     parser.add_argument("--raw", action="store_true", help="time the algorithms alone (no "
                         "validation allreduce): their own cost against the dense Allreduce")
     parser.add_argument("--skew", type=float, default=0.0, help="rank 0 has (1 + skew) x nnz")

@@ -61,7 +61,7 @@ def main() -> None:
         "  MPI blocking calls ": lambda: cc.sparse_allreduce(idx, val, 1000, comm=plain),
         f"{STORES} board stores": stores,
     }
-    samples = interleaved(calls, args.iters, args.warmup_iters, comm.mpi_comm)
+    samples = interleaved(calls, args.iters, args.warmup_iters, comm)
     if comm.rank == 0:
         med = {name: float(np.median(s)) for name, s in samples.items()}
         store = med[f"{STORES} board stores"] / STORES

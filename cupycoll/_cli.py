@@ -174,7 +174,7 @@ def _tune(args: argparse.Namespace) -> int:
     from .tuner.profile import save_profile
 
     comm = cc.init(args.backend)
-    profile = tune(comm, repeats=args.repeats)
+    profile = tune(comm, repeats=args.repeats, runs=args.runs)
     if comm.rank == 0:
         path = save_profile(profile, args.output)
         print(json.dumps(profile.as_dict(), indent=1, sort_keys=True))
@@ -204,6 +204,8 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--output", help="profile file (default: CUPYCOLL_PROFILE or the cache "
                       "dir)")
     tune.add_argument("--repeats", type=int, default=15, help="timed repeats per measurement")
+    tune.add_argument("--runs", type=int, default=1, help="measure this many times, keep every "
+                      "price's median (a shared machine's slow spells; docs/tuning.md)")
     tune.add_argument("--backend", default=None, help="communicator backend (default: init()'s)")
     tune.set_defaults(func=_tune)
     from .tuner.simulate import add_arguments

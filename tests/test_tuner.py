@@ -245,3 +245,84 @@ def test_simulator_prices_dense_outputs(capsys):
                  "--output", "sparse,dense"]) == 0
     out = capsys.readouterr().out
     assert "| sparse | ib400 | coo |" in out and "| sparse | ib400 | coo/dense |" in out
+
+
+class _OneRank:
+    """A communicator of one rank for the tuner's timing helpers (no MPI needed)."""
+
+    size, rank = 1, 0
+
+    def __init__(self):
+        self.barriers = 0
+
+    def barrier(self):
+        self.barriers += 1
+
+
+def test_interleaved_rotates_the_calls_and_times_each_after_a_barrier():
+    from cupycoll.tuner.calibrate import interleaved
+
+    comm, order = _OneRank(), []
+    calls = {name: (lambda name=name: order.append(name)) for name in "abc"}
+    samples = interleaved(calls, 3, 1, comm)
+    assert order == list("abc") + list("abc") + list("bca") + list("cab")  # warm-up, then rounds
+    assert comm.barriers == 9 and sorted(samples) == list("abc")
+    assert all(s.shape == (3,) and (s >= 0).all() for s in samples.values())
+
+
+def test_fixed_cost_is_the_median_of_the_passes_minus_the_model():
+    """Each algorithm's fixed cost: the median of its passes' times of the small call, minus
+    what alpha, beta and gamma predict for that call (never below 0)."""
+    from cupycoll.tuner.calibrate import FIXED_ENTRIES, FIXED_N, _fixed
+    from cupycoll.tuner.predict import rank_time
+
+    comm = _OneRank()
+    comm.size = 2
+    profile = Profile("t", 1e-6, 1e-9, 2e-6, 1e-9, {"merge": 1e-8, "row": 1e-9, "dense": 1e-9,
+                                                     "scan": 1e-9})
+    passes = [{"allgather": 3e-4, "split": 1e-9}, {"allgather": 1e-4, "split": 1e-9},
+              {"allgather": 1.5e-4, "split": 1e-9}]
+    fixed = _fixed(comm, passes, profile)
+    small = Shape(2, FIXED_N, 0, 4, 4, (FIXED_ENTRIES,) * 2)
+    model = max(rank_time("allgather", small, r, profile) for r in range(2))
+    assert 0 < model < 1.5e-4
+    assert fixed["allgather"] == pytest.approx(1.5e-4 - model)  # not the mean, not the min
+    assert fixed["split"] == 0.0
+
+
+def test_the_fixed_cost_call_merges_as_calls_beyond_the_smallest_do():
+    """The small call ``fixed`` is measured on must not take the few-entry Python fold (a sum
+    of at most TINY entries): every larger call pays the general merge's overhead, so a fixed
+    cost measured below it under-prices them all (~40 us at P = 2)."""
+    import numpy as np
+
+    from cupycoll.primitives import _numpy_reduce, merge_sorted
+    from cupycoll.tuner.calibrate import FIXED_ENTRIES
+
+    assert 2 * FIXED_ENTRIES > _numpy_reduce.TINY
+    taken = []
+    real = _numpy_reduce.few_summed
+    _numpy_reduce.few_summed = lambda *a: taken.append(1) or real(*a)
+    try:
+        parts = [(np.arange(r, 2 * FIXED_ENTRIES, 2), np.ones(FIXED_ENTRIES, np.float32))
+                 for r in range(2)]
+        merge_sorted(parts)
+    finally:
+        _numpy_reduce.few_summed = real
+    assert not taken
+
+
+def test_median_profile_takes_every_price_from_the_median_run():
+    from cupycoll.tuner.calibrate import median_profile
+
+    runs = [Profile(f"r{i}", a, 1e-9 * i, 2 * a, 1e-9, {"merge": m}, fixed={"split": f},
+                    meta={"ranks": 2, "run": i},
+                    links={"inter": {"alpha_p2p": a, "beta_p2p": 0.0, "alpha_msg": 0.0}})
+            for i, (a, m, f) in enumerate([(1e-5, 3e-9, 5e-4), (9e-5, 1e-9, 1e-4),
+                                           (2e-5, 2e-9, 9e-4)])]
+    median = median_profile(runs)
+    assert median.alpha_p2p == 2e-5 and median.alpha_native == 4e-5
+    assert median.beta_p2p == pytest.approx(1e-9)
+    assert median.gamma == {"merge": 2e-9} and median.fixed == {"split": 5e-4}
+    assert median.links["inter"]["alpha_p2p"] == 2e-5
+    assert median.name == "r0" and median.meta == {"ranks": 2, "run": 0}

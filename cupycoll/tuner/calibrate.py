@@ -19,8 +19,10 @@ so the contention of a real call is in the numbers):
   ``CUPYCOLL_RANKS_PER_NODE``): the point-to-point measurement again among the ranks of each
   node (``links["intra"]``) and along the rails between nodes (``links["inter"]``), which the
   node-aware algorithms' phases are priced by (``Profile.link``);
-- ``fixed``: every algorithm on a tiny input (nothing but its rounds and overheads), minus the
-  time alpha and beta already account for.
+- ``fixed``: every algorithm on a small call (``FIXED_N``, ``FIXED_ENTRIES`` a rank: nothing
+  but its rounds and overheads), the algorithms timed in turn as bench_sparse times them, in
+  ``FIXED_PASSES`` passes spread over the tune (their median), minus what alpha, beta and
+  gamma already account for.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import numpy as np
 from .._types import ReduceOp
 from ..comm._topology import node_ids as _node_ids
 from ..primitives import merge_sorted
+from ..primitives._numpy_reduce import TINY
 from ..sparse import auto as _auto
 from ..sparse._common import presence, union_of_presence
 from ..sparse._cost import Cost, Shape
@@ -41,28 +44,42 @@ from ..wire import decode_indices, encode_indices
 from .predict import rank_time
 from .profile import Profile
 
-__all__ = ["tune", "LARGE"]
+__all__ = ["tune", "median_profile", "interleaved", "LARGE", "FIXED_N", "FIXED_ENTRIES"]
 
 #: bytes of the large native allreduce (and of the P-1 large point-to-point messages together).
 LARGE = 4 << 20
 
 
+def interleaved(calls: dict[str, Callable[[], Any]], iters: int, warmup: int,
+                comm: Any) -> dict[str, np.ndarray]:
+    """Time every call ``iters`` times, one of each per round (rotating the order), after a
+    barrier each; a sample is the slowest rank's seconds. So drift on a shared machine hits
+    the calls alike, and each call runs after the others, as it does in a job (between other
+    work, not in a tight loop of itself: measured up to 1.4x faster that way at P = 2)."""
+    names = list(calls)
+    for _ in range(warmup):
+        for name in names:
+            calls[name]()
+    samples = {name: np.empty(iters) for name in names}
+    for i in range(iters):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            comm.barrier()
+            t0 = time.perf_counter()
+            calls[name]()
+            samples[name][i] = time.perf_counter() - t0
+    if comm.size == 1:
+        return samples
+    from mpi4py import MPI
+
+    slowest = {name: np.empty(iters) for name in names}
+    for name in names:
+        comm.mpi_comm.Allreduce(samples[name], slowest[name], op=MPI.MAX)
+    return slowest
+
+
 def _timed(comm: Any, fn: Callable[[], Any], repeats: int) -> float:
     """Median over ``repeats`` of the slowest rank's seconds for ``fn()`` (one warm-up)."""
-    fn()
-    samples = np.empty(repeats)
-    for i in range(repeats):
-        comm.barrier()
-        t0 = time.perf_counter()
-        fn()
-        samples[i] = time.perf_counter() - t0
-    if comm.size > 1:
-        from mpi4py import MPI
-
-        slowest = np.empty_like(samples)
-        comm.mpi_comm.Allreduce(samples, slowest, op=MPI.MAX)
-        samples = slowest
-    return float(np.median(samples))
+    return float(np.median(interleaved({"fn": fn}, repeats, 1, comm)["fn"]))
 
 
 def _native(comm: Any, repeats: int) -> tuple[float, float]:
@@ -172,31 +189,73 @@ def _local(comm: Any, repeats: int, k: int = 1 << 16, n: int = 1 << 20) -> dict[
             "fill": _timed(comm, lambda: densify_into(out, idx, ones), repeats) / n}
 
 
-def _fixed(comm: Any, profile: Profile, repeats: int) -> dict[str, float]:
-    """Per-call cost of every algorithm beyond its modelled traffic and work (tiny input)."""
+#: the tiny call ``fixed`` is measured on: n, and entries per rank. TINY entries a rank: the
+#: ranks' sum exceeds TINY, so merges take the general path every call but the smallest sums
+#: takes (those ride in the validation's slots or merge in Python, ~40 us less at P = 2: a
+#: fixed cost measured there under-priced every other call by that much).
+FIXED_N, FIXED_ENTRIES = 1024, TINY
+#: passes of the fixed-cost measurement, spread over the tune (a slow spell of a shared machine
+#: seconds long then moves one pass, not the median of them).
+FIXED_PASSES = 3
+
+
+def _fixed_pass(comm: Any, repeats: int) -> dict[str, float]:
+    """Median seconds of every algorithm on the tiny call, timed in turn (:func:`interleaved`),
+    as calls run in a job and in bench_sparse."""
     from ..sparse import sparse_allreduce
 
-    p, n, k = comm.size, 1024, 8
     rng = np.random.default_rng([7, comm.rank])
-    idx = comm.xp.asarray(np.sort(rng.choice(n, k, replace=False)).astype(np.int32))
-    val = comm.xp.ones(k, np.float32)
-    shape = Shape(p, n, 0, 4, 4, (k,) * p)
+    idx = comm.xp.asarray(np.sort(rng.choice(FIXED_N, FIXED_ENTRIES, replace=False))
+                          .astype(np.int32))
+    val = comm.xp.ones(FIXED_ENTRIES, np.float32)
+    samples = interleaved({name: lambda a=name: sparse_allreduce(idx, val, FIXED_N, algorithm=a,
+                                                                 comm=comm)
+                           for name in _auto.MODELS}, repeats, 1, comm)
+    return {name: float(np.median(seconds)) for name, seconds in samples.items()}
+
+
+def _fixed(comm: Any, passes: list[dict[str, float]], profile: Profile) -> dict[str, float]:
+    """Per-call cost of every algorithm beyond its modelled traffic and work: the median of the
+    passes' times of the tiny call, minus what ``profile`` predicts for it."""
+    p = comm.size
+    shape = Shape(p, FIXED_N, 0, 4, 4, (FIXED_ENTRIES,) * p)
     fixed = {}
-    for name in _auto.MODELS:
-        measured = _timed(comm, lambda a=name: sparse_allreduce(idx, val, n, algorithm=a,
-                                                                comm=comm), repeats)
+    for name in passes[0]:
         model = max(rank_time(name, shape, r, profile) for r in range(p))
-        fixed[name] = max(measured - model, 0.0)
+        fixed[name] = max(float(np.median([t[name] for t in passes])) - model, 0.0)
     return fixed
 
 
-def tune(comm: Any, repeats: int = 15, name: str = "tuned") -> Profile:
-    """Measure this machine's profile over ``comm`` (collective; every rank returns it)."""
+def median_profile(profiles: list[Profile]) -> Profile:
+    """Every price the median of the profiles' (name and meta from the first): ``tune --runs``.
+
+    A slow spell of a shared machine that spans a whole tune moves every price of that run
+    together (measured: every ``fixed`` 1.7-1.8x the next run's); the median of three runs
+    is the machine, not the spell."""
+    def merged(values: list[Any]) -> Any:
+        if isinstance(values[0], dict):
+            return {key: merged([v[key] for v in values if key in v]) for key in values[0]}
+        if isinstance(values[0], (int, float)) and not isinstance(values[0], bool):
+            return float(np.median(values))
+        return values[0]
+
+    data = [p.as_dict() for p in profiles]
+    prices = {key: merged([d[key] for d in data]) for key in data[0] if key not in ("name", "meta")}
+    return Profile.from_dict({**data[0], **prices})
+
+
+def tune(comm: Any, repeats: int = 15, name: str = "tuned", runs: int = 1) -> Profile:
+    """Measure this machine's profile over ``comm`` (collective; every rank returns it);
+    ``runs`` > 1: that many measurements, every price their median (:func:`median_profile`)."""
+    if runs > 1:
+        return median_profile([tune(comm, repeats, name) for _ in range(runs)])
+    passes = [_fixed_pass(comm, repeats)]
     alpha_n, beta_n = _native(comm, repeats) if comm.size > 1 else (0.0, 0.0)
     alpha_p, alpha_m, beta_p = _p2p(comm, repeats) if comm.size > 1 else (0.0, 0.0, 0.0)
+    passes.append(_fixed_pass(comm, repeats))
     gamma = _local(comm, repeats)
-    base = Profile(name, alpha_p, beta_p, alpha_n, beta_n, gamma, alpha_m)
-    fixed = _fixed(comm, base, repeats)
+    passes += [_fixed_pass(comm, repeats) for _ in range(FIXED_PASSES - len(passes))]
+    fixed = _fixed(comm, passes, Profile(name, alpha_p, beta_p, alpha_n, beta_n, gamma, alpha_m))
     meta = {"ranks": comm.size, "backend": getattr(comm, "backend", "?"),
             "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     links = _links(comm, repeats)
