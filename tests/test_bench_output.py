@@ -99,3 +99,23 @@ def test_bench_host_prints_every_row(flags):
     rows = [line.split() for line in out.splitlines() if not line.startswith("#")]
     assert len(rows) == 13 and all(float(r[-1]) > 0 for r in rows), out
     assert ("cold caches" in out) == bool(flags)
+
+
+def test_regret_counts_for_other_profiles(capsys):
+    """``--profiles``: each other profile's pick and predictions counted on the same rows."""
+    pytest.importorskip("mpi4py")
+    import bench_sparse
+    row = {"ranks": 2, "n": 1 << 14, "width": 0, "density": 0.01, "overlap": "random",
+           "skew": 0.0, "best": "dense", "auto_choice": "dense", "pick_x_best": 1.0,
+           "auto_x_best": 1.0, "auto_x_dense": 4.0, "best_x_dense": 4.0,
+           "pred_over_meas": [0.9, 1.1],
+           "profiles": {"a.json": {"pick_x_best": 1.3, "pred_over_meas": [0.5, 0.8, 1.2]},
+                        "b.json": {"pick_x_best": 1.05, "pred_over_meas": [1.4]}}}
+    bench_sparse.print_regret([row, dict(row, profiles={
+        "a.json": {"pick_x_best": 1.0, "pred_over_meas": [1.0]},
+        "b.json": {"pick_x_best": None, "pred_over_meas": [0.2]}})])
+    out = capsys.readouterr().out
+    assert "# with a.json: its pick <= 1.10x best on 1/2 rows; predictions within +-30% on 3/4" \
+        in out
+    assert "# with b.json: its pick <= 1.10x best on 1/1 rows; predictions within +-30% on 0/2" \
+        in out
