@@ -8,7 +8,6 @@ import json
 import os
 import re
 import sys
-import time
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np

@@ -177,12 +177,11 @@ def run_group(args, comm, table: Table, n: int, width: int, density: float, over
     exact = {a: t for a, t in times.items() if a not in (BASELINE, "auto")}
     best = min(exact, key=exact.get) if exact else None
     errors = _errors(predicted, times)
-    others = {}
+    others, bases = {}, {a.split("[")[0] for a in algorithms} - {"auto"}
     for path in filter(None, args.profiles.split(",")):
         other = load_profile(path, size=p)
         choice = choose(shape, other)
-        others[path] = {"pred_over_meas": _errors({a: predict(a, shape, other)
-                                                    for a in {a.split("[")[0] for a in algorithms} - {"auto"}},
+        others[path] = {"pred_over_meas": _errors({a: predict(a, shape, other) for a in bases},
                                                    times),
                         "pick_x_best": times[choice] / exact[best]
                         if best and choice in times else None}
