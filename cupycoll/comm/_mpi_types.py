@@ -13,6 +13,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .._types import UFUNCS, ReduceOp
+from ..primitives import combine
 
 
 _MPI_OPS = {ReduceOp.SUM: MPI.SUM, ReduceOp.AVG: MPI.SUM, ReduceOp.PROD: MPI.PROD,
@@ -35,32 +36,28 @@ def _widened(dtype: np.dtype) -> Any:
 _FLOAT_MINMAX: dict[ReduceOp, MPI.Op] = {}
 
 
-def _minmax(ufunc: np.ufunc):
+def _minmax(op: ReduceOp):
     """A commutative float max/min for MPI: NaN propagates, and a +0/-0 tie has one answer.
 
     MPI's built-in MAX/MIN compare with ``<``, so a NaN survives or not depending on the order
     in which a rank combines the operands, and ranks end up with different results. Here the
     result does not depend on the order (:func:`_fold`'s rule).
     """
-    def combine(inbuf: Any, inoutbuf: Any, datatype: MPI.Datatype) -> None:
+    def combine_buffers(inbuf: Any, inoutbuf: Any, datatype: MPI.Datatype) -> None:
         dtype = np.float32 if datatype == MPI.FLOAT else np.float64
         b = np.frombuffer(inoutbuf, dtype)
-        _fold(ufunc, np.frombuffer(inbuf, dtype), b, b)
-    return combine
+        _fold(op, np.frombuffer(inbuf, dtype), b, b)
+    return combine_buffers
 
 
-def _fold(ufunc: np.ufunc, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-    """``out = ufunc(a, b)`` as the MPI backend reduces (``out`` may be ``b``): float max/min
-    take numpy's NaN rule (NaN wins) and give a +0/-0 tie one answer, -0 for min and +0 for
-    max, so the result does not depend on the order ranks' operands are combined in."""
-    if out.dtype.kind != "f" or ufunc not in (np.maximum, np.minimum):
-        ufunc(a, b, out=out)
-        return
-    ties = (a == 0) & (b == 0)
-    sign = np.signbit(a[ties])
-    sign = sign | np.signbit(b[ties]) if ufunc is np.minimum else sign & np.signbit(b[ties])
-    ufunc(a, b, out=out)
-    out[ties] = np.where(sign, out.dtype.type(-0.0), out.dtype.type(0.0))
+def _fold(op: ReduceOp, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """``out = a op b`` as the MPI backend reduces (``out`` may be ``b``; avg as a sum): float
+    max/min by :func:`cupycoll.primitives.combine` (NaN wins; a +0/-0 tie gives -0 for min and
+    +0 for max), so the result does not depend on the order ranks' operands are combined in."""
+    if out.dtype.kind == "f" and op in (ReduceOp.MAX, ReduceOp.MIN):
+        out[...] = combine(a, b, op)
+    else:
+        UFUNCS[ReduceOp.SUM if op is ReduceOp.AVG else op](a, b, out=out)
 
 
 def _mpi_op(op: ReduceOp, dtype: np.dtype) -> MPI.Op:
@@ -68,9 +65,7 @@ def _mpi_op(op: ReduceOp, dtype: np.dtype) -> MPI.Op:
     if dtype.kind != "f" or op not in (ReduceOp.MAX, ReduceOp.MIN):
         return _MPI_OPS[op]
     if op not in _FLOAT_MINMAX:
-        _FLOAT_MINMAX[op] = MPI.Op.Create(
-            _minmax(np.maximum if op is ReduceOp.MAX else np.minimum),
-            commute=True)
+        _FLOAT_MINMAX[op] = MPI.Op.Create(_minmax(op), commute=True)
     return _FLOAT_MINMAX[op]
 
 
@@ -81,11 +76,11 @@ def _fold_blocks(blocks: np.ndarray, received: np.ndarray, recv: np.ndarray, ran
     In place, ``recv`` is this rank's block: the folds before it accumulate in received rows,
     so ``recv`` is first written when its own block is folded in."""
     parts = [blocks[r] if r == rank else received[r] for r in range(len(blocks))]
-    acc, ufunc = parts[0], UFUNCS[ReduceOp.SUM if op is ReduceOp.AVG else op]
+    acc = parts[0]
     with np.errstate(all="ignore"):
         for r in range(1, len(parts)):
             into = received[r] if in_place and r < rank else recv
-            _fold(ufunc, acc, parts[r], into)
+            _fold(op, acc, parts[r], into)
             acc = into
 
 

@@ -189,7 +189,7 @@ def _local(comm: Any, repeats: int, k: int = 1 << 16, n: int = 1 << 20) -> dict[
             "fill": _timed(comm, lambda: densify_into(out, idx, ones), repeats) / n}
 
 
-#: the tiny call ``fixed`` is measured on: n, and entries per rank. TINY entries a rank: the
+#: the small call ``fixed`` is measured on: n, and entries per rank. TINY entries a rank: the
 #: ranks' sum exceeds TINY, so merges take the general path every call but the smallest sums
 #: takes (those ride in the validation's slots or merge in Python, ~40 us less at P = 2: a
 #: fixed cost measured there under-priced every other call by that much).
@@ -200,7 +200,7 @@ FIXED_PASSES = 3
 
 
 def _fixed_pass(comm: Any, repeats: int) -> dict[str, float]:
-    """Median seconds of every algorithm on the tiny call, timed in turn (:func:`interleaved`),
+    """Median seconds of every algorithm on the small call, timed in turn (:func:`interleaved`),
     as calls run in a job and in bench_sparse."""
     from ..sparse import sparse_allreduce
 
@@ -216,7 +216,7 @@ def _fixed_pass(comm: Any, repeats: int) -> dict[str, float]:
 
 def _fixed(comm: Any, passes: list[dict[str, float]], profile: Profile) -> dict[str, float]:
     """Per-call cost of every algorithm beyond its modelled traffic and work: the median of the
-    passes' times of the tiny call, minus what ``profile`` predicts for it."""
+    passes' times of the small call, minus what ``profile`` predicts for it."""
     p = comm.size
     shape = Shape(p, FIXED_N, 0, 4, 4, (FIXED_ENTRIES,) * p)
     fixed = {}
