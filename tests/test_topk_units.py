@@ -364,3 +364,71 @@ def test_distinct_needs_two_values_of_the_dtype_below_hi():
     assert not _distinct(1.0000000001, up2, f32)  # lo rounds up to up1: only up1
     assert _distinct(1.0, up1, f64)      # many float64 values in between
 
+
+
+def bounds_by_definition(index_parts, n):
+    """Region bounds from the spec: the floor average of every rank's ``selected[i*c]``
+    (c = its count // P; ``i*n // P`` when c = 0)."""
+    p = len(index_parts)
+    proposals = [[int(i[j * (len(i) // p)]) if len(i) // p else j * n // p for j in range(1, p)]
+                 for i in index_parts]
+    return [0] + [sum(col) // p for col in zip(*proposals)] + [n]
+
+
+def owner_by_definition(bounds, key):
+    return max(j for j in range(len(bounds) - 1) if bounds[j] <= key)
+
+
+def refresh_by_definition(parts, n, k):
+    """Ok-Topk's refresh result written out from the spec: an index of region g is summed from
+    +0 over ranks g, g-1, ..., 0, P-1, ..., g+1 in float32; the nonzero sums' top-k by
+    magnitude, ties to the lower index."""
+    p, bounds = len(parts), bounds_by_definition([i for i, _ in parts], n)
+    sums = {}
+    for key in sorted({int(i) for idx, _ in parts for i in idx}):
+        g, total = owner_by_definition(bounds, key), np.float32(0)
+        for step in range(p):
+            idx, val = parts[(g - step) % p]
+            hit = np.flatnonzero(idx == key)
+            if hit.size:
+                with np.errstate(invalid="ignore"):  # inf - inf
+                    total = np.float32(total + val[hit[0]])
+        if total != 0 and not np.isnan(total):
+            sums[key] = total
+    top = sorted(sorted(sums), key=lambda i: -abs(float(sums[i])))[:k]
+    return np.array(sorted(top)), np.array([sums[i] for i in sorted(top)], np.float32)
+
+
+@pytest.mark.parametrize("p, short", [(2, 0), (3, 0), (3, 5), (4, 0), (4, 7), (5, 0)])
+def test_small_refresh_sums_in_the_region_owners_order(p, short):
+    """The cuts land on selected indices (every rank selects the same ones, one rank maybe
+    ``short`` fewer) and each index holds one 1e8, on rank g + 1 of its owner g, and 19s
+    elsewhere: summed in the owner's order the 19s come first (float32: 1e8 + 19 (P - 1)
+    rounded up), in any other rank's order 1e8 comes earlier and the sum is less."""
+    from cupycoll.topk._oktopk_small import _refresh
+
+    n, keys = 90, np.arange(2, 88, 3, dtype=np.int32)
+    index_parts = [keys] * (p - 1) + [keys[:len(keys) - short]]
+    bounds = bounds_by_definition(index_parts, n)
+    owners = np.array([owner_by_definition(bounds, int(i)) for i in keys])
+    assert short or set(bounds[1:-1]) <= set(keys.tolist())  # short: averaged off the keys
+    parts = [(i, np.where((owners[:len(i)] + 1) % p == r, 1e8, 19).astype(np.float32))
+             for r, i in enumerate(index_parts)]
+    for k in (3, 10, len(keys)):
+        idx, val = _refresh(parts, n, k, np.dtype(np.float32))
+        want_idx, want_val = refresh_by_definition(parts, n, k)
+        np.testing.assert_array_equal(idx, want_idx)
+        np.testing.assert_array_equal(val.view(np.int32), want_val.view(np.int32))
+
+
+def test_small_refresh_drops_zero_and_nan_sums_and_breaks_ties_low():
+    from cupycoll.topk._oktopk_small import _refresh
+
+    parts = [(np.array([1, 4, 6, 9], np.int32), np.array([2, np.inf, -0.0, 5], np.float32)),
+             (np.array([1, 4, 7, 9], np.int32), np.array([-2, -np.inf, 5, -5], np.float32))]
+    for k in (1, 2, 3):
+        idx, val = _refresh(parts, 12, k, np.dtype(np.float32))
+        want_idx, want_val = refresh_by_definition(parts, 12, k)
+        np.testing.assert_array_equal(idx, want_idx)
+        np.testing.assert_array_equal(val, want_val)
+    assert _refresh(parts, 12, 1, np.dtype(np.float32))[0].tolist() == [7]

@@ -17,6 +17,7 @@ not fit), so after the checks all ranks agree whether to finish here.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,7 @@ from .. import _agreement as agreement
 from .._result import SparseResult
 from ..sparse.small import block_words, blocks, pack
 from ._common import index_dtype
-from .oktopk import boundary_proposal
+from .oktopk import proposed_cuts
 from .selectors import Threshold
 
 __all__ = ["SmallRefresh", "COUNT_AT"]
@@ -71,30 +72,32 @@ class SmallRefresh:
 def _refresh(parts: list[tuple[np.ndarray, np.ndarray]], n: int, k: int,
              dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """Ok-Topk's refresh result from every rank's selection (host): sums in region-owner order,
-    nonzero sums, their exact top-k."""
+    nonzero sums, their exact top-k. A few dozen entries: plain Python beats numpy calls here."""
     p = len(parts)
-    cuts = sum(boundary_proposal(np, i, n, p) for i, _ in parts) // p  # none when p = 1
-    bounds = np.concatenate([[0], cuts, [n]]).astype(np.int64)
-    contributions: dict[int, list] = {}
-    for r, (idx, val) in enumerate(parts):
-        for i, v in zip(idx.tolist(), val):
-            contributions.setdefault(i, []).append((r, v))
-    keys = sorted(contributions)
-    owners = (np.searchsorted(bounds, keys, side="right") - 1).tolist()
-    zero = dtype.type(0)
-    sums = []
-    with np.errstate(all="ignore"):
-        for i, g in zip(keys, owners):
-            total = zero
-            for _, v in sorted(contributions[i], key=lambda rv: (g - rv[0]) % p):
-                total = total + v
-            sums.append(total)
-    # the nonzero sums (|s| >= the least positive value: neither 0 nor NaN), then their exact
-    # top-k as topk_abs picks it: larger magnitudes first, ties to the lower index (a stable
-    # sort of the ascending positions); Python compares a few exactly, numpy calls cost more
+    indices = [idx.tolist() for idx, _ in parts]
+    cuts = [sum(c) // p for c in zip(*(proposed_cuts(i, n, p) for i in indices))]
+    by_index: dict[int, list] = {}
+    for r, (idx, (_, val)) in enumerate(zip(indices, parts)):  # floats hold float16-64 exactly
+        for i, v in zip(idx, val.tolist()):
+            by_index.setdefault(i, []).append((r, v))
+    keys = sorted(by_index)
+    sums = [by_index[i][0][1] for i in keys]  # one contribution: +0 + v is v (or +0, dropped)
+    shared = [j for j, i in enumerate(keys) if len(by_index[i]) > 1]
+    if shared:
+        value = dtype.type
+        with np.errstate(all="ignore"):
+            for j in shared:
+                seq = by_index[keys[j]]
+                g = bisect_right(cuts, keys[j])  # the owner: ranks g, g-1, ..., 0, P-1, ..., g+1
+                mine = bisect_right([r for r, _ in seq], g)
+                total = value(0)
+                for _, v in seq[:mine][::-1] + seq[mine:][::-1]:
+                    total = total + value(v)
+                sums[j] = float(total)
+    # the nonzero sums (neither 0 nor NaN), then their exact top-k as topk_abs picks it: larger
+    # magnitudes first, ties to the lower index (a stable sort of the ascending positions)
     keep = [j for j, s in enumerate(sums) if s != 0 and s == s]
     if len(keep) > k:
-        magnitude = [abs(float(s)) for s in sums]
-        keep = sorted(sorted(keep, key=lambda j: -magnitude[j])[:k])
+        keep = sorted(sorted(keep, key=lambda j: -abs(sums[j]))[:k])
     return (np.array([keys[j] for j in keep], dtype=index_dtype(n)),
             np.array([sums[j] for j in keep], dtype=dtype))

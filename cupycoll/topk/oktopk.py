@@ -66,7 +66,7 @@ from ..wire._pack import COO
 from ._oktopk_phases import allgather_blocks, balance, split_and_reduce
 from .selectors import Threshold
 
-__all__ = ["oktopk", "cost", "region_boundaries", "boundary_proposal", "auto_tau",
+__all__ = ["oktopk", "cost", "region_boundaries", "boundary_proposal", "proposed_cuts", "auto_tau",
            "GLOBAL_FEEDBACK", "AUTO_TAU", "SHARE_NOISE"]
 
 #: count feedback of the global threshold: (low, high, scale) -- T < low*k divides the threshold
@@ -119,12 +119,17 @@ def region_boundaries(comm: Any, selected: Any, n: int) -> np.ndarray:
 
 
 def boundary_proposal(xp: Any, selected: Any, n: int, p: int) -> Any:
-    """One rank's P-1 proposed cuts (int64): ``selected[i*c]``, or ``i*n // P`` when it
-    selected fewer than P entries."""
-    c = int(selected.shape[0]) // p
+    """One rank's P-1 proposed cuts (int64 array of ``xp``): see :func:`proposed_cuts`."""
+    return xp.asarray(proposed_cuts(selected, n, p), dtype=np.int64)
+
+
+def proposed_cuts(selected: Any, n: int, p: int) -> Any:
+    """``selected[i*c]`` for i = 1..P-1, ``c = len(selected) // P`` (a slice of ``selected``,
+    an array or a list), or ``i*n // P`` when fewer than P entries were selected."""
+    c = len(selected) // p
     if c > 0:
-        return selected[xp.arange(1, p) * c].astype(np.int64)
-    return xp.asarray([i * n // p for i in range(1, p)], dtype=np.int64)
+        return selected[c:p * c:c]
+    return [i * n // p for i in range(1, p)]
 
 
 def _stale(state: TopkState, n: int, p: int) -> bool:
