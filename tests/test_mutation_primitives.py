@@ -183,19 +183,20 @@ def test_primitives_reject_lists_naming_what_they_take():
     assert info.value.argument == "indices"
 
 
-@pytest.mark.parametrize("tiny", [64, 0])
+@pytest.mark.parametrize("tiny, small", [(64, 4096), (0, 4096), (0, 0)])
 @pytest.mark.parametrize("dtype,acc", [("float32", None), ("float16", None),
                                        ("float16", "float32"), ("float64", None),
                                        ("int32", None), ("int64", None)])
 @pytest.mark.parametrize("width", [None, 3])
-def test_tiny_sum_merge_equals_a_dense_fold(monkeypatch, tiny, dtype, acc, width):
-    """Merges of a few entries (the Python fold below ``TINY``, and the numpy path with it
-    set to 0): the same bits as a dense left fold in part order from -0, cast back once --
+def test_tiny_sum_merge_equals_a_dense_fold(monkeypatch, tiny, small, dtype, acc, width):
+    """Merges of a few entries (the Python fold below ``TINY``, the one stable sort below
+    ``SMALL`` and the general numpy path, each taken by setting the others to 0): the same bits as a dense left fold in part order from -0, cast back once --
     -0, NaN, +-inf, integer wraparound, float16 rounding, rows, empty parts. (A NaN's sign
     depends on the operands' order, e.g. inf - inf; the sparse verbs make NaNs canonical.)"""
     from cupycoll.primitives import _numpy_reduce
 
     monkeypatch.setattr(_numpy_reduce, "TINY", tiny)
+    monkeypatch.setattr(_numpy_reduce, "SMALL", small)
     rng = np.random.default_rng([31, width or 0, len(dtype)])
     row = (width,) if width else ()
     work = np.dtype(acc or dtype)
@@ -219,3 +220,35 @@ def test_tiny_sum_merge_equals_a_dense_fold(monkeypatch, tiny, dtype, acc, width
                                if v.dtype.kind == "f" else v)
         assert_same_pair((got_i, canonical(got_v)),
                          (np.flatnonzero(present).astype(itype), canonical(want_v)))
+
+
+@pytest.mark.parametrize("tiny, small", [(64, 4096), (0, 4096), (0, 0)])
+@pytest.mark.parametrize("parts, size, width", [(3, 20, 0), (5, 150, 0), (3, 300, 4)])
+def test_merge_sums_shared_indices_in_part_order(monkeypatch, tiny, small, parts, size, width):
+    """Continuous float32 values of mixed magnitudes, most indices shared by several parts:
+    their sums depend on the order of the additions, and every path (Python fold, one-sort,
+    general) adds them in part order, as a dense left fold from -0 does."""
+    from cupycoll.primitives import _numpy_reduce
+
+    monkeypatch.setattr(_numpy_reduce, "TINY", tiny)
+    monkeypatch.setattr(_numpy_reduce, "SMALL", small)
+    rng, n, row = np.random.default_rng([size, parts]), size * 5 // 4, (width,) if width else ()
+    pairs = []
+    for _ in range(parts):
+        idx = np.sort(rng.choice(n, size, replace=False)).astype(np.int32)
+        scale = 10.0 ** rng.integers(-4, 5, (size,) + row)
+        pairs.append((idx, (rng.standard_normal((size,) + row) * scale).astype(np.float32)))
+    dense = np.full((n,) + row, -0.0, np.float32)
+    present = np.zeros(n, bool)
+    for idx, val in pairs:
+        dense[idx] += val
+        present[idx] = True
+    reversed_fold = np.full_like(dense, -0.0)
+    for idx, val in reversed(pairs):
+        reversed_fold[idx] += val
+    assert (reversed_fold != dense).any()  # the order of the additions shows in the bits
+    got = P.merge_sorted(pairs, "sum")
+    assert_same_pair(got, (np.flatnonzero(present).astype(np.int32), dense[present]))
+    one_shared = P.merge_sorted([(np.array([1, 5], np.int32), np.float32([1, 2])),
+                                 (np.array([5, 9], np.int32), np.float32([3, 4]))], "sum")
+    assert one_shared[0].tolist() == [1, 5, 9] and one_shared[1].tolist() == [1, 5, 4]

@@ -292,24 +292,26 @@ def test_fixed_cost_is_the_median_of_the_passes_minus_the_model():
 
 def test_the_fixed_cost_call_merges_as_calls_beyond_the_smallest_do():
     """The small call ``fixed`` is measured on must not take the few-entry Python fold (a sum
-    of at most TINY entries): every larger call pays the general merge's overhead, so a fixed
-    cost measured below it under-prices them all (~40 us at P = 2)."""
+    of at most TINY entries, ~40 us cheaper at P = 2 than the merges of larger calls: a fixed
+    cost measured there under-prices them all); it takes the one-sort merge of calls up to
+    SMALL entries."""
     import numpy as np
 
     from cupycoll.primitives import _numpy_reduce, merge_sorted
     from cupycoll.tuner.calibrate import FIXED_ENTRIES
 
-    assert 2 * FIXED_ENTRIES > _numpy_reduce.TINY
+    assert _numpy_reduce.TINY < 2 * FIXED_ENTRIES <= _numpy_reduce.SMALL
     taken = []
-    real = _numpy_reduce.few_summed
-    _numpy_reduce.few_summed = lambda *a: taken.append(1) or real(*a)
+    real = _numpy_reduce.tiny_sum, _numpy_reduce.sorted_sum
+    _numpy_reduce.tiny_sum = lambda *a: taken.append("tiny") or real[0](*a)
+    _numpy_reduce.sorted_sum = lambda *a: taken.append("sorted") or real[1](*a)
     try:
         parts = [(np.arange(r, 2 * FIXED_ENTRIES, 2), np.ones(FIXED_ENTRIES, np.float32))
                  for r in range(2)]
         merge_sorted(parts)
     finally:
-        _numpy_reduce.few_summed = real
-    assert not taken
+        _numpy_reduce.tiny_sum, _numpy_reduce.sorted_sum = real
+    assert taken == ["sorted"]
 
 
 def test_median_profile_takes_every_price_from_the_median_run():

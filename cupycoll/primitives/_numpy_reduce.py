@@ -22,6 +22,11 @@ _ZERO_TIE = {np.maximum: False, np.minimum: True}
 #: merges of at most this many entries fold a sum in Python (:func:`tiny_sum`): a numpy call
 #: costs 0.5-5 us on a few elements and the general path makes ~40 of them (bench_small.py).
 TINY = 64
+#: merges of at most this many entries sum by one stable sort of the concatenated parts
+#: (:func:`sorted_sum`): half the time of the blocked integer-key path at 128-4096 entries
+#: (its ~20 us of fixed calls dominate there); beyond, at P >= 4 with shared indices, the fold
+#: of the repeats costs more (measured: docs/primitives.md).
+SMALL = 4096
 
 
 def combine(a: Any, b: Any, op: Any) -> Any:
@@ -170,7 +175,7 @@ def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
         return _narrowed(indices[0].astype(itype), pairs[0][1].astype(acc), indices[0].size,
                          ref.dtype)
     total = sum(i.size for i in indices)
-    if total <= TINY and ufunc is np.add:
+    if total <= SMALL and ufunc is np.add:
         return few_summed(indices, [v for _, v in pairs], acc, ref.dtype)
     fast = _fast(total * math.prod(ref.shape[1:]))  # elements: wide rows
     merged = None if fast is None else fast.merge(indices, [v for _, v in pairs], ufunc, acc,
@@ -192,13 +197,34 @@ def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
 
 def few_summed(indices: Sequence[np.ndarray], values: Sequence[np.ndarray], acc: np.dtype,
                dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """A sum of at most :data:`TINY` sorted unique entries over the parts (:func:`tiny_sum`),
-    cast back to ``dtype`` once; integer sums wrap and floats overflow to inf without a
-    warning, as in every reduction."""
+    """A sum of at most :data:`SMALL` sorted unique entries over the parts (a Python fold up to
+    :data:`TINY`, :func:`tiny_sum`, else :func:`sorted_sum`), cast back to ``dtype`` once;
+    integer sums wrap and floats overflow to inf without a warning, as in every reduction."""
     itype = np.result_type(*(i.dtype for i in indices))
+    fold = tiny_sum if sum(i.shape[0] for i in indices) <= TINY else sorted_sum
     with np.errstate(all="ignore"):
-        idx, rows = tiny_sum(indices, values, acc, itype)
+        idx, rows = fold(indices, values, acc, itype)
         return idx, rows.astype(dtype, copy=False)
+
+
+def sorted_sum(indices: Sequence[np.ndarray], values: Sequence[np.ndarray], acc: np.dtype,
+               itype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Sum sorted unique parts by one stable sort of their concatenation (sorted runs: a merge):
+    the entries of an index end up adjacent in part order; the first is copied, the later ones
+    added in that order (``ufunc.at`` is sequential), so the same additions as
+    :func:`_coalesce` (``-0.0 + v`` is ``v``: the fold may start at the first value)."""
+    cat = np.concatenate(indices)
+    order = np.argsort(cat, kind="stable")
+    key = cat[order].astype(itype, copy=False)
+    rows = np.concatenate(values)[order].astype(acc, copy=False)
+    repeat = key[1:] == key[:-1]
+    if not repeat.any():
+        return key, rows
+    heads = np.flatnonzero(np.concatenate(([True], ~repeat)))
+    later = np.flatnonzero(repeat) + 1
+    out = rows[heads]
+    np.add.at(out, np.searchsorted(heads, later, side="right") - 1, rows[later])
+    return key[heads], out
 
 
 def tiny_sum(indices: Sequence[np.ndarray], values: Sequence[np.ndarray], acc: np.dtype,

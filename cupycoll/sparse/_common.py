@@ -81,15 +81,15 @@ def reduce_parts(parts: Sequence[tuple[Any, Any]], op: ReduceOp,
                  accumulate_dtype: Any = None) -> tuple[Any, Any]:
     """Merge coalesced parts of disjoint rank groups in part order, absent entries counting as 0.
 
-    A sum of a few host entries (a small call's blocks) folds directly in Python
-    (``merge_sorted``'s own fold, without its checks and dispatch: the parts are known sorted
-    and unique here): the same additions, so the same bits.
+    A sum of a few host entries (at most ``SMALL``: a small call's blocks, small calls' parts)
+    takes ``merge_sorted``'s own few-entry path directly, without its checks and dispatch (the
+    parts are known sorted and unique here): the same additions, so the same bits.
     """
     if len(parts) == 1:
         return parts[0]
     indices = [p[0] for p in parts]
     if (op is ReduceOp.SUM and type(indices[0]) is np.ndarray
-            and sum(i.shape[0] for i in indices) <= _numpy_reduce.TINY):
+            and sum(i.shape[0] for i in indices) <= _numpy_reduce.SMALL):
         dtype = parts[0][1].dtype
         idx, val = _numpy_reduce.few_summed(indices, [p[1] for p in parts], dtype
                                             if accumulate_dtype is None
