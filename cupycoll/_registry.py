@@ -6,18 +6,28 @@ from typing import Callable, TypeVar
 
 from .errors import InvalidArgument
 
-__all__ = ["register", "lookup", "algorithms"]
+__all__ = ["register", "lookup", "algorithms", "takes_counts"]
 
 _REGISTRY: dict[str, dict[str, Callable]] = {}
+#: (family, name) of the algorithms that take ``counts=`` (every rank's nnz, when known)
+_TAKES_COUNTS: set[tuple[str, str]] = set()
 F = TypeVar("F", bound=Callable)
 
 
-def register(family: str, name: str) -> Callable[[F], F]:
-    """Decorator: make ``fn`` the algorithm ``name`` of ``family`` ("sparse", "topk")."""
+def register(family: str, name: str, counts: bool = False) -> Callable[[F], F]:
+    """Decorator: make ``fn`` the algorithm ``name`` of ``family`` ("sparse", "topk");
+    ``counts``: it takes ``counts=`` (every rank's entry count, which saves it a size round)."""
     def decorate(fn: F) -> F:
         _REGISTRY.setdefault(family, {})[name] = fn
+        if counts:
+            _TAKES_COUNTS.add((family, name))
         return fn
     return decorate
+
+
+def takes_counts(family: str, name: str) -> bool:
+    """Whether the algorithm takes ``counts=`` (see :func:`register`)."""
+    return (family, name) in _TAKES_COUNTS
 
 
 #: families whose modules are imported (their algorithms registered)

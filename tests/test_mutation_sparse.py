@@ -14,8 +14,8 @@ from cupycoll.sparse._cost import Shape
 from cupycoll.tuner import Profile
 
 ZERO_WORK = {"merge": 0.0, "row": 0.0, "dense": 0.0, "scan": 0.0}
-#: 1 s per sequential round, nothing else.
-ROUNDS_ONLY = Profile("rounds", 1.0, 0.0, 1.0, 0.0, ZERO_WORK)
+#: 1 s per native collective round, 2 s per point-to-point round, nothing else.
+ROUNDS_ONLY = Profile("rounds", 2.0, 0.0, 1.0, 0.0, ZERO_WORK)
 #: 1 s per byte received, nothing else.
 BYTES_ONLY = Profile("bytes", 0.0, 1.0, 0.0, 1.0, ZERO_WORK)
 
@@ -42,11 +42,12 @@ class _Comm:
         self.size, self.rank, self.mpi_comm = size, 1, _MPI(profile)
 
 
-# Rounds after validation's one (docs/tuning.md, dense.py): allgather 2 (counts, one exchange);
-# dense 1 when presence folds into the allreduce (sum of rows of width >= 8), else 3 (allreduce,
-# bitmap exchange, bitmap allgather); recursive doubling at P = 2 also 2; mask 3, split 4+.
-# So under ROUNDS_ONLY a summed wide shape goes dense and a max one goes to allgather (first on
-# the tie with recursive doubling at P = 2).
+# Rounds after validation's one native round (docs/tuning.md, dense.py), priced by ROUNDS_ONLY:
+# allgather one exchange (2 s: the validation told the counts); dense one native allreduce (1 s)
+# when presence folds into it (a sum), else allreduce, bitmap exchange and bitmap allgather
+# (4 s); mask an index exchange and an allreduce (3 s); recursive doubling two exchanges per
+# pairwise round (4 s at P = 2); split 6 s or more. So under ROUNDS_ONLY a summed wide shape
+# goes dense (2 s in all) and a max one goes to allgather (3 s).
 
 
 @pytest.mark.parametrize("p", [2, 3, 4, 8])
@@ -62,9 +63,9 @@ def test_choose_op_overrides_the_shapes_op(p):
 
 def test_choose_takes_the_profile_given_or_the_communicators():
     """An explicit profile wins; else the communicator's broadcast one (rank 0's). At P = 2,
-    bytes only: dense moves floor(2 * 1/2 * 64 * (32 + 4)) = 2,304 bytes, allgather 8 (counts)
-    + 3 * 36 = 116 (recursive doubling the same: 8-byte header + 108; the tie goes to
-    allgather)."""
+    bytes only: dense moves floor(2 * 1/2 * 64 * (32 + 4)) = 2,304 bytes, allgather 3 * 36 =
+    108 (the counts came with the validation), recursive doubling 116 (an 8-byte header +
+    108)."""
     s = wide(2)
     assert auto.choose(s, ROUNDS_ONLY) == "dense" and auto.choose(s, BYTES_ONLY) == "allgather"
     env = pytest.MonkeyPatch()
@@ -98,15 +99,15 @@ def test_choose_reads_the_nodes_from_the_communicator_only_when_the_shape_has_no
 
 def test_call_cost_of_auto_prices_with_the_given_profile():
     """``call_cost("auto", ...)`` books the algorithm chosen under the profile it is given:
-    dense's one allreduce under ROUNDS_ONLY, allgather's counts and exchange under BYTES_ONLY
-    (both after the validation allreduce). Rows of width 96, so the entries do not fit in the
+    dense's one allreduce under ROUNDS_ONLY, allgather's exchange under BYTES_ONLY (both after
+    the validation allreduce, which told allgather the counts). Rows of width 96, so the entries do not fit in the
     validation's slots (wide(2)'s do: ``small``, the validation alone)."""
     assert set(auto.call_cost("auto", wide(2), 0, ROUNDS_ONLY).received) == {"sparse.validate"}
     s = Shape(2, 64, 96, 4, 4, (3, 3))
     assert set(auto.call_cost("auto", s, 0, ROUNDS_ONLY).received) == {
         "sparse.validate", "dense.allreduce"}
     assert set(auto.call_cost("auto", s, 0, BYTES_ONLY).received) == {
-        "sparse.validate", "allgather.counts", "allgather"}
+        "sparse.validate", "allgather"}
     assert auto.call_cost("auto", s, 1, BYTES_ONLY).received["allgather"] == 3 * (4 + 4 * 96)
 
 
@@ -144,8 +145,8 @@ def test_choose_wire_auto_follows_the_documented_price_rule():
     s = Shape(3, 1 << 26, 0, 4, 4, nnz)
     worst = {c: allgather.cost(Shape(**{**s.__dict__, "wire": Wire(c, None)}), 2).bytes_received
              for c in (False, True)}
-    # coo: the counts allgather floor(2/3 * 3 * 8) = 16 B, then 8 B per entry of ranks 0 and 1
-    assert worst[False] == 16 + 8 * (4000 + 3000)
+    # coo: 8 B per entry of ranks 0 and 1 (the counts came with the validation)
+    assert worst[False] == 8 * (4000 + 3000)
     saved, coded = worst[False] - worst[True], 2 * worst[True] // 8
     assert saved > 0 and coded > 0
     even = saved / coded  # gamma at which compact's saving equals its coding work (beta = 1)

@@ -14,6 +14,7 @@ from cupycoll.sparse import SparseResult, sparse_allreduce
 from cupycoll.sparse import auto, recursive_doubling, split
 from cupycoll.sparse._common import bitmap_chunk, fill_absent, reduce_parts
 from cupycoll.sparse._cost import Shape, estimate_union, validation_cost
+from cupycoll.wire._pack import Wire
 
 ALL = ["allgather", "auto", "dense", "hierarchical", "mask", "recursive_doubling", "split"]
 
@@ -163,11 +164,14 @@ def test_auto_picks_by_predicted_time():
 
 
 def test_cost_model_closed_forms():
-    # allgather, P=4, rank 1, float32 1-D, int32 indices, nnz 10/20/30/40
+    # allgather, P=4, rank 1, float32 1-D, int32 indices, nnz 10/20/30/40 (the counts came
+    # with the validation: no size round)
     s = Shape(4, 1000, 0, 4, 4, (10, 20, 30, 40))
     c = auto.MODELS["allgather"](s, 1)
-    assert c.received == {"allgather.counts": 24, "allgather": (10 + 30 + 40) * 8}
-    assert c.messages == {"allgather.counts": 3, "allgather": 3}  # one packed block per peer
+    assert c.received == {"allgather": (10 + 30 + 40) * 8}
+    assert c.messages == {"allgather": 3}  # one packed block per peer
+    compact = auto.MODELS["allgather"](dataclasses.replace(s, wire=Wire(True, None)), 1)
+    assert compact.received["allgather.counts"] == 3 * 2 * 8  # (count, bytes) pairs
     d = auto.MODELS["dense"](s, 0)  # float sum: -0 fills and a one-value tail
     assert d.received == {"dense.allreduce": 3 * (4000 + 4) // 2}
     ints = dataclasses.replace(s, float_values=False)  # integers 1-D: the presence bitmap

@@ -40,18 +40,20 @@ def test_bandwidth_only_profile_picks_fewest_bytes():
 
 
 def test_latency_only_profile_picks_fewest_rounds():
-    """alpha = 1 s per round and nothing else: small inputs go to the algorithm with the fewest
-    sequential rounds. After validation's one: dense 1 for float sums (-0 fills, a one-element
-    tail) and for summed wide integer rows (a count folded in), else 3 (allreduce, bitmap
-    exchange, allgather); allgather 2 (counts, one exchange), mask 3, split 5, recursive
-    doubling 2 per pairwise round."""
+    """alpha = 1 s per round and nothing else: a small call costs its sequential rounds. After
+    validation's one: allgather 1 (one exchange: the validation told every rank's count), dense
+    1 for float sums (-0 fills, a one-element tail) and summed wide integer rows (a count
+    folded in), else 3 (allreduce, bitmap exchange, allgather); mask 2 (index exchange,
+    allreduce). On a tie the first in MODELS wins: allgather."""
     rounds_only = Profile("a", 1.0, 0.0, 1.0, 0.0, ZERO_WORK)
     for p in (2, 3, 4, 8):
-        ints = dataclasses.replace(shape(p, 64, 3), float_values=False)
-        assert auto.choose(shape(p, 64, 3), rounds_only) == "dense"
-        assert auto.choose(ints, rounds_only) == "allgather"
-        assert auto.choose(dataclasses.replace(ints, op="max"), rounds_only) == "allgather"
-        assert auto.choose(dataclasses.replace(ints, width=8), rounds_only) == "dense"
+        floats = shape(p, 64, 3)
+        ints = dataclasses.replace(floats, float_values=False)
+        for case, dense_rounds in ((floats, 1), (ints, 3), (dataclasses.replace(ints, op="max"), 3),
+                                   (dataclasses.replace(ints, width=8), 1)):
+            t = auto.predicted_times(case, rounds_only)
+            assert (t["allgather"], t["dense"], t["mask"]) == (2, 1 + dense_rounds, 3)
+            assert auto.choose(case, rounds_only) == "allgather"
     assert auto.choose(shape(1, 64, 3), rounds_only) == "allgather"  # P = 1: no traffic
 
 
@@ -60,8 +62,8 @@ def test_rounds_booked_by_the_models():
 
     s = shape(4, 4000, 100)
     assert (allgather.cost(s, 0).rounds, mask.cost(s, 0).rounds, split.cost(s, 0).rounds) == (
-        2, 3, 5)
-    assert auto.call_cost("allgather", s, 0).native_rounds == 2  # validation + counts
+        1, 2, 5)
+    assert auto.call_cost("allgather", s, 0).native_rounds == 1  # the validation
 
 
 def test_local_work_dominated_profile_avoids_dense_passes():

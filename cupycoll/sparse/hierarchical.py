@@ -42,6 +42,7 @@ from ..comm._group import Group
 from ..comm._topology import Topology, topology
 from ..wire._exchange import gather_entries
 from ..wire._pack import COO, Wire
+from . import allgather as _allgather
 from . import split as _split
 from ._common import allgatherv_entries, reduce_parts
 from ._cost import Cost, Shape
@@ -211,7 +212,7 @@ def link_costs(shape: Shape, rank: int, profile: Any = None
         inter.allgather("hierarchical.counts", p, 8 * p)
         name = rail_algorithm(shape.nnz, shape.n, shape, profile)
         inter.add(_split.cost(shape, rank) if name == "split"
-                  else _allgather_cost(shape, rank, 0, shape.n))
+                  else _allgather.cost(shape, rank))
         return intra, inter, [(name, shape, rank)]
     regions, node = topo.width, topo.nodes[rank]
     mine = topo.members[node]
@@ -237,7 +238,8 @@ def link_costs(shape: Shape, rank: int, profile: Any = None
                      shape.index_bytes, shape.value_bytes, tuple(nnz), count.node_inputs(j),
                      wire=shape.wire, float_values=shape.float_values)
         lo, hi = (int(bounds[j]), int(bounds[j + 1])) if bounds is not None else (0, rail.n)
-        sub = _split.cost(rail, node) if name == "split" else _allgather_cost(rail, node, lo, hi)
+        sub = (_split.cost(rail, node) if name == "split"
+               else _allgather.cost_over(rail, node, lo, hi))
         inter.add(_p2p(sub, "hierarchical.rail."))
         rails.append((name, rail, node))
     if size > 1:
@@ -245,17 +247,6 @@ def link_costs(shape: Shape, rank: int, profile: Any = None
                   for o in (owned(regions, size, l) for l in range(size))]
         intra.add(_gather(size, local, blocks, words, "hierarchical.node.gather"))
     return intra, inter, rails
-
-
-def _allgather_cost(shape: Shape, rank: int, lo: int, hi: int) -> Cost:
-    """A rail's allgather of blocks coded over ``[lo, hi)``: coo reuses the rail's counts (no
-    size round), compact exchanges its (count, bytes) pairs first."""
-    inputs = shape.inputs or [None] * shape.size
-    blocks = [shape.block_bytes(c, a, lo, hi) for c, a in zip(shape.nnz, inputs)]
-    if shape.wire.compact:
-        return Cost().allgatherv_entries("allgather", shape.size, rank, blocks, 2)
-    others = [b for k, b in enumerate(blocks) if k != rank and b]
-    return Cost().book("allgather", sum(others), len(others))
 
 
 def cost(shape: Shape, rank: int, profile: Any = None) -> Cost:

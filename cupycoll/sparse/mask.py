@@ -6,15 +6,17 @@ dense reduction would) and one native allreduce reduces it. Values never travel 
 entries, so it suits wide embedding rows; each value is reduced once by the allreduce, which
 gives the same bits on every rank.
 
-Cost per rank (U = union size, R = row bytes, I = index bytes): counts allgather (P-1)*8; the
-other ranks' indices (sum of others' nnz) * I in P-1 messages (compact wire: (count, bytes)
-pairs, then the encoded streams; values never travel sparse, so rounding does not apply); allreduce of U*R bytes booked
-as floor(2(P-1)/P * U*R) in 2(P-1) messages. Local work: a union of P*nnz indices, one scatter.
+Cost per rank (U = union size, R = row bytes, I = index bytes): the other ranks' indices (sum
+of others' nnz) * I in P-1 messages, their counts known from the validation (``counts``;
+without them a counts allgather of (P-1)*8 bytes first; compact wire: (count, bytes) pairs,
+then the encoded streams; values never travel sparse, so rounding does not apply); allreduce
+of U*R bytes booked as floor(2(P-1)/P * U*R) in 2(P-1) messages. Local work: a union of P*nnz
+indices, one scatter.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -30,17 +32,20 @@ from ._cost import Cost, Shape
 __all__ = ["mask", "cost"]
 
 
-@register("sparse", "mask")
+@register("sparse", "mask", counts=True)
 def mask(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
-         accumulate_dtype: Any = None, wire: Wire = COO) -> tuple[Any, Any]:
-    """Allgatherv the indices, zero-fill the union rows with local values, allreduce them."""
+         accumulate_dtype: Any = None, wire: Wire = COO,
+         counts: Sequence[int] | None = None) -> tuple[Any, Any]:
+    """Allgatherv the indices, zero-fill the union rows with local values, allreduce them.
+
+    ``counts``: every rank's nnz when the caller knows them (then no size round on coo)."""
     xp = comm.xp
     if wire.compact:  # encoded index streams (blocks without values)
         nothing = xp.empty((indices.shape[0], 0), dtype=np.int32)
         parts, _ = gather_entries(comm, indices, nothing, "mask.indices", wire, 0, n)
         sets = [a for a, _ in parts]
     else:
-        all_idx, counts = comm.allgatherv(indices, op_name="mask.indices")
+        all_idx, counts = comm.allgatherv(indices, counts, op_name="mask.indices")
         sets = [all_idx[s] for s in rank_slices(counts)]
     marks = xp.zeros(max(int(a.shape[0]) for a in sets), dtype=np.int32)  # merge needs values
     union, _ = merge_sorted([(a, marks[:a.shape[0]]) for a in sets],
@@ -52,7 +57,8 @@ def mask(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
 
 
 def cost(shape: Shape, rank: int) -> Cost:
-    """Bytes and messages ``rank`` receives (without the validation allreduce)."""
+    """Bytes and messages ``rank`` receives (without the validation allreduce), the counts
+    known (as ``sparse_allreduce`` calls it)."""
     c = Cost()
     if shape.wire.compact:
         inputs = shape.inputs or [None] * shape.size
@@ -60,5 +66,6 @@ def cost(shape: Shape, rank: int) -> Cost:
                   for k, a in zip(shape.nnz, inputs)]
         c.allgatherv_entries("mask.indices", shape.size, rank, blocks, shape.size_words)
     else:
-        c.allgatherv("mask.indices", shape.size, rank, shape.nnz, shape.index_bytes)
+        c.allgatherv("mask.indices", shape.size, rank, shape.nnz, shape.index_bytes,
+                     with_counts=False)
     return c.allreduce("mask.allreduce", shape.size, shape.union * shape.row_bytes)
