@@ -46,7 +46,8 @@ class _Comm:
 # allgather one exchange (2 s: the validation told the counts); dense one native allreduce (1 s)
 # when presence folds into it (a sum), else allreduce, bitmap exchange and bitmap allgather
 # (4 s); mask an index exchange and an allreduce (3 s); recursive doubling two exchanges per
-# pairwise round (4 s at P = 2); split 6 s or more. So under ROUNDS_ONLY a summed wide shape
+# pairwise round but one where the partner's count is known (2 s at P = 2: ties allgather, which
+# MODELS lists first); split 6 s or more. So under ROUNDS_ONLY a summed wide shape
 # goes dense (2 s in all) and a max one goes to allgather (3 s).
 
 
@@ -64,8 +65,8 @@ def test_choose_op_overrides_the_shapes_op(p):
 def test_choose_takes_the_profile_given_or_the_communicators():
     """An explicit profile wins; else the communicator's broadcast one (rank 0's). At P = 2,
     bytes only: dense moves floor(2 * 1/2 * 64 * (32 + 4)) = 2,304 bytes, allgather 3 * 36 =
-    108 (the counts came with the validation), recursive doubling 116 (an 8-byte header +
-    108)."""
+    108 (the counts came with the validation), recursive doubling the same (its one round's
+    header is known too); the tie goes to allgather, first in MODELS."""
     s = wide(2)
     assert auto.choose(s, ROUNDS_ONLY) == "dense" and auto.choose(s, BYTES_ONLY) == "allgather"
     env = pytest.MonkeyPatch()

@@ -17,7 +17,10 @@ merged nnz, so they switch together.
 
 Cost per rank and round: an 8-byte header (nnz, or -1 for dense; compact wire: + the block's
 bytes, 16 bytes) and the partner's partial result as one packed block (|union of its group| * E,
-or n*R + ceil(n/8) when dense), 1 + 1 messages. Partners merge the values as they travel
+or n*R + ceil(n/8) when dense), 1 + 1 messages. A block holding one rank's own input (the
+fold-in, and the first round's from a rank without a fold-in partner) needs no header on the coo
+wire when the caller passes every rank's nnz as ``counts`` (``sparse_allreduce`` does, from its
+validation): at P = 2 the whole call is then one exchange. Partners merge the values as they travel
 (rounded when the wire rounds them), so both hold the same bits. Total
 about log2(P) rounds with the union growing each round: best at small sizes, latency bound.
 """
@@ -25,7 +28,7 @@ about log2(P) rounds with the union growing each round: best at small sizes, lat
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -81,12 +84,21 @@ class _Rounds:
     """The per-call context of the rounds (communicator, n, row shape, op) and their steps."""
 
     def __init__(self, comm: Any, n: int, op: ReduceOp, index_dtype: Any, values: Any,
-                 accumulate_dtype: Any, wire: Wire) -> None:
+                 accumulate_dtype: Any, wire: Wire, counts: Sequence[int] | None) -> None:
         self.comm, self.xp, self.n, self.op, self.wire = comm, comm.xp, n, op, wire
         self.index_dtype, self.value_dtype = index_dtype, values.dtype
         self.row = tuple(values.shape[1:])
         self.row_bytes = values.dtype.itemsize * max(math.prod(self.row), 1)
         self.accumulate_dtype = accumulate_dtype
+        self.counts = None if wire.compact else counts
+
+    def header_of(self, rank: int, own: bool) -> int | None:
+        """The header ``rank`` sends, when the receiver knows it without the message: a block
+        of ``rank``'s own input (``own``) on the coo wire with every rank's count known."""
+        if not own or self.counts is None:
+            return None
+        nnz = int(self.counts[rank])
+        return -1 if prefer_dense(nnz, self.n, self.index_dtype.itemsize, self.row_bytes) else nnz
 
     def start(self, indices: Any, values: Any) -> _State:
         return self.switch(_State(False, indices, values))
@@ -97,10 +109,13 @@ class _Rounds:
             return _as_dense(state, self.n)
         return state
 
-    def transfer(self, state: _State | None, send_to: int | None, recv_from: int | None
+    def transfer(self, state: _State | None, send_to: int | None, recv_from: int | None,
+                 mine_own: bool = False, theirs_own: bool = False
                  ) -> tuple[_State | None, _State | None]:
         """Send ``state`` to ``send_to`` and/or receive a state from ``recv_from``: a header
         (nnz or -1 for dense; + the block's bytes on the compact wire), then one packed block.
+        ``mine_own`` / ``theirs_own``: the block sent / received is its sender's own input
+        (then the header is skipped where :meth:`header_of` knows it).
         Returns (``state`` as sent, the state received)."""
         comm, xp, wire = self.comm, self.xp, self.wire
         words = 2 if wire.compact else 1
@@ -110,10 +125,14 @@ class _Rounds:
         head = [block.count, int(block.buf.shape[0])] if block is not None else [0, 0]
         mine = xp.asarray(head[:words], dtype=np.int64)
         theirs = xp.empty(words, dtype=np.int64)
-        sends = [(send_to, mine)] if send_to is not None else []
-        recvs = [(recv_from, theirs)] if recv_from is not None else []
-        comm.exchange(sends, recvs, _OP + ".counts").wait()
-        got = [int(v) for v in to_host(theirs)] if recv_from is not None else [0, 0]
+        known = None if recv_from is None else self.header_of(recv_from, theirs_own)
+        sends = [(send_to, mine)] if send_to is not None and self.header_of(
+            self.comm.rank, mine_own) is None else []
+        recvs = [(recv_from, theirs)] if recv_from is not None and known is None else []
+        if sends or recvs:
+            comm.exchange(sends, recvs, _OP + ".counts").wait()
+        got = ([known, 0] if known is not None else [int(v) for v in to_host(theirs)]
+               ) if recv_from is not None else [0, 0]
         nbytes = got[1] if wire.compact else (
             dense_nbytes(self.n, self.row, self.value_dtype, wire) if got[0] < 0 else
             coo_nbytes(got[0], self.row, self.index_dtype, self.value_dtype, wire))
@@ -144,23 +163,28 @@ class _Rounds:
         return union, gather(state.first, union)
 
 
-@register("sparse", "recursive_doubling")
+@register("sparse", "recursive_doubling", counts=True)
 def recursive_doubling(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
-                       accumulate_dtype: Any = None, wire: Wire = COO) -> tuple[Any, Any]:
-    """Pairwise exchange-and-merge in log2(P) rounds, folding non-power-of-two ranks in and out."""
+                       accumulate_dtype: Any = None, wire: Wire = COO,
+                       counts: Sequence[int] | None = None) -> tuple[Any, Any]:
+    """Pairwise exchange-and-merge in log2(P) rounds, folding non-power-of-two ranks in and out.
+
+    ``counts``: every rank's nnz when the caller knows them (blocks of a rank's own input then
+    travel without a header on coo)."""
     p, rank = comm.size, comm.rank
-    pair = _Rounds(comm, n, op, indices.dtype, values, accumulate_dtype, wire)
+    pair = _Rounds(comm, n, op, indices.dtype, values, accumulate_dtype, wire, counts)
     state = pair.start(indices, values)
     p2 = 1 << (p.bit_length() - 1)
     if rank >= p2:  # fold in, then wait for the result
-        pair.transfer(state, rank - p2, None)
+        pair.transfer(state, rank - p2, None, mine_own=True)
         return pair.finish(pair.transfer(None, None, rank - p2)[1])
     if rank + p2 < p:
-        state = pair.merge(state, pair.transfer(None, None, rank + p2)[1])
+        state = pair.merge(state, pair.transfer(None, None, rank + p2, theirs_own=True)[1])
     d = 1
     while d < p2:
         peer = rank ^ d
-        state, other = pair.transfer(state, peer, peer)
+        state, other = pair.transfer(state, peer, peer, mine_own=d == 1 and rank + p2 >= p,
+                                     theirs_own=d == 1 and peer + p2 >= p)
         state = pair.merge(state, other) if rank < peer else pair.merge(other, state)
         d <<= 1
     if rank + p2 < p:
@@ -171,7 +195,8 @@ def recursive_doubling(comm: Any, indices: Any, values: Any, n: int, op: ReduceO
 
 
 def cost(shape: Shape, rank: int) -> Cost:
-    """Bytes and messages ``rank`` receives (without the validation allreduce).
+    """Bytes and messages ``rank`` receives (without the validation allreduce), every rank's
+    count known (as ``sparse_allreduce`` calls it).
 
     Group unions are exact when ``shape.inputs`` is given, else estimated. A group's state is
     dense iff its union prefers dense: unions only grow as groups merge and
@@ -184,7 +209,8 @@ def cost(shape: Shape, rank: int) -> Cost:
 
     def receive(group: list[int]) -> None:
         size = shape.union_of(group)
-        c.book(_OP + ".counts", 8 * shape.size_words, 1)
+        if len(group) > 1 or shape.wire.compact:  # one rank's own input: its count is known
+            c.book(_OP + ".counts", 8 * shape.size_words, 1)
         if prefer_dense(size, shape.n, shape.index_bytes, shape.row_bytes):
             c.book(_OP, dense_bytes, 1)
             return
