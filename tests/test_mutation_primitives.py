@@ -190,8 +190,9 @@ def test_primitives_reject_lists_naming_what_they_take():
 @pytest.mark.parametrize("width", [None, 3])
 def test_tiny_sum_merge_equals_a_dense_fold(monkeypatch, tiny, small, dtype, acc, width):
     """Merges of a few entries (the Python fold below ``TINY``, the one stable sort below
-    ``SMALL`` and the general numpy path, each taken by setting the others to 0): the same bits as a dense left fold in part order from -0, cast back once --
-    -0, NaN, +-inf, integer wraparound, float16 rounding, rows, empty parts. (A NaN's sign
+    ``SMALL`` and the general numpy path, each taken by setting the others to 0): the same
+    bits as a dense left fold in part order from -0, cast back once -- -0, NaN, +-inf,
+    integer wraparound, float16 rounding, rows, empty parts. (A NaN's sign
     depends on the operands' order, e.g. inf - inf; the sparse verbs make NaNs canonical.)"""
     from cupycoll.primitives import _numpy_reduce
 

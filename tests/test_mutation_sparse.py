@@ -101,8 +101,9 @@ def test_choose_reads_the_nodes_from_the_communicator_only_when_the_shape_has_no
 def test_call_cost_of_auto_prices_with_the_given_profile():
     """``call_cost("auto", ...)`` books the algorithm chosen under the profile it is given:
     dense's one allreduce under ROUNDS_ONLY, allgather's exchange under BYTES_ONLY (both after
-    the validation allreduce, which told allgather the counts). Rows of width 96, so the entries do not fit in the
-    validation's slots (wide(2)'s do: ``small``, the validation alone)."""
+    the validation allreduce, which told allgather the counts). Rows of width 96, so the
+    entries do not fit in the validation's slots (wide(2)'s do: ``small``, the validation
+    alone)."""
     assert set(auto.call_cost("auto", wide(2), 0, ROUNDS_ONLY).received) == {"sparse.validate"}
     s = Shape(2, 64, 96, 4, 4, (3, 3))
     assert set(auto.call_cost("auto", s, 0, ROUNDS_ONLY).received) == {
