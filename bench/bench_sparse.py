@@ -37,7 +37,7 @@ from mpi4py import MPI
 import cupycoll as cc
 from cupycoll.comm import bus_factor
 from cupycoll.primitives import free_scratch
-from cupycoll._registry import lookup, takes_counts
+from cupycoll._registry import lookup
 from cupycoll._types import ReduceOp
 from cupycoll.sparse import SparseResult, sparse_allreduce
 from cupycoll.sparse._cost import Shape
@@ -134,10 +134,9 @@ def run_group(args, comm, table: Table, n: int, width: int, density: float, over
                 idx, val, n, algorithm=a, comm=comm, wire=f[0], wire_values=f[1],
                 output=args.output, out=into))(base, fmt)
             if args.raw and base != "auto":  # the algorithm alone: no validation, no coalescing
-                known = {"counts": shape.nnz} if takes_counts("sparse", base) else {}
-                calls[name] = (lambda fn, f, kw: lambda: SparseResult(*fn(
-                    comm, idx, val, n, ReduceOp.SUM, None, Wire(f[0] == "compact", f[1]),
-                    **kw), n))(lookup("sparse", base), fmt, known)
+                calls[name] = (lambda fn, f: lambda: SparseResult(*fn(
+                    comm, idx, val, n, ReduceOp.SUM, None, Wire(f[0] == "compact", f[1])),
+                    n))(lookup("sparse", base, counts=shape.nnz), fmt)
     algorithms = [a for a in calls if a != BASELINE]
     samples = interleaved(calls, args.iters, args.warmup_iters, comm)
     ref = reference(inputs, n, width) if args.check else None

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+import functools
+from typing import Callable, Sequence, TypeVar
 
 from .errors import InvalidArgument
 
-__all__ = ["register", "lookup", "algorithms", "takes_counts"]
+__all__ = ["register", "lookup", "algorithms"]
 
 _REGISTRY: dict[str, dict[str, Callable]] = {}
 #: (family, name) of the algorithms that take ``counts=`` (every rank's nnz, when known)
@@ -23,11 +24,6 @@ def register(family: str, name: str, counts: bool = False) -> Callable[[F], F]:
             _TAKES_COUNTS.add((family, name))
         return fn
     return decorate
-
-
-def takes_counts(family: str, name: str) -> bool:
-    """Whether the algorithm takes ``counts=`` (see :func:`register`)."""
-    return (family, name) in _TAKES_COUNTS
 
 
 #: families whose modules are imported (their algorithms registered)
@@ -52,10 +48,16 @@ def algorithms(family: str = "sparse") -> list[str]:
     return sorted(_REGISTRY.get(family, {}))
 
 
-def lookup(family: str, name: str, *, rank: int | None = None) -> Callable:
-    """Return the algorithm ``name`` of ``family`` or raise InvalidArgument listing valid names."""
+def lookup(family: str, name: str, *, rank: int | None = None,
+           counts: Sequence[int] | None = None) -> Callable:
+    """Return the algorithm ``name`` of ``family`` or raise InvalidArgument listing valid names.
+
+    ``counts``: every rank's entry count, when the caller knows them; bound as ``counts=`` to
+    the algorithms registered to take it (see :func:`register`), ignored by the others."""
     table = _REGISTRY.get(family, {})
     if name not in table:
         raise InvalidArgument("algorithm", name, f"unknown {family} algorithm; valid: "
                               f"{sorted(table)}", rank=rank)
+    if counts is not None and (family, name) in _TAKES_COUNTS:
+        return functools.partial(table[name], counts=counts)
     return table[name]

@@ -49,6 +49,7 @@ def cost_over(shape: Shape, rank: int, lo: int, hi: int) -> Cost:
     inputs = shape.inputs or [None] * shape.size
     blocks = [shape.block_bytes(c, a, lo, hi) for c, a in zip(shape.nnz, inputs)]
     if shape.wire.compact:
-        return Cost().allgatherv_entries("allgather", shape.size, rank, blocks, 2)
+        return Cost().allgatherv_entries("allgather", shape.size, rank, blocks,
+                                         shape.size_words)
     others = [b for k, b in enumerate(blocks) if k != rank and b]
     return Cost().book("allgather", sum(others), len(others))

@@ -8,14 +8,13 @@ then deliver: return a :class:`SparseResult`, fill the caller's buffers
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any, Callable
 
 import numpy as np
 
 from .._background import run_async
-from .._registry import lookup, takes_counts
+from .._registry import lookup
 from .._result import SparseResult
 from .._types import ReduceOp, array_namespace, as_array, like_caller, to_host, trunc_divide
 from ..comm import Communicator, get_comm
@@ -119,9 +118,8 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
             name = _auto.choose(prepared.shape(comm.size, asked), comm=comm, op=prepared.op)
         prepared.format = _auto.choose_wire(name, prepared.shape(comm.size), prepared.wire,
                                             prepared.wire_values, comm=comm)
-        fn = lookup("sparse", name, rank=comm.rank)
-        if takes_counts("sparse", name):  # the validation told every rank's nnz
-            fn = functools.partial(fn, counts=prepared.nnz)
+        # the validation told every rank's nnz: algorithms that take them skip a size round
+        fn = lookup("sparse", name, rank=comm.rank, counts=prepared.nnz)
 
         def run(on: Communicator) -> Any:
             if prepared.output == "dense" and name in ("dense", "split"):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .._registry import lookup, register, takes_counts
+from .._registry import lookup, register
 from .._types import ReduceOp
 from . import allgather, dense, hierarchical, mask, recursive_doubling, small, split
 from ..wire._choice import could_pay, prefer_compact
@@ -123,8 +123,8 @@ def auto(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
     shape = Shape(comm.size, n, width, indices.dtype.itemsize, values.dtype.itemsize,
                   tuple(int(c) for c in counts))
     name = choose(shape, comm=comm, op=op)
-    known = {"counts": shape.nnz} if takes_counts("sparse", name) else {}
-    return lookup("sparse", name)(comm, indices, values, n, op, accumulate_dtype, wire, **known)
+    return lookup("sparse", name, counts=shape.nnz)(comm, indices, values, n, op,
+                                                    accumulate_dtype, wire)
 
 
 def call_cost(algorithm: str, shape: Shape, rank: int, profile: Any = None) -> Cost:
