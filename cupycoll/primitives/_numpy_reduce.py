@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .._types import array_namespace
-from ._accel import _fast
+from ._accel import _FAST_FROM, _fast
 from ._checks import (_accumulate, _check_range, _increasing, _indices, _length, _pair,
                       _reduce_op, _scatter_operands, _sorted_parts, _values)
 from ._common import _block_cuts, _identity
@@ -22,11 +22,11 @@ _ZERO_TIE = {np.maximum: False, np.minimum: True}
 #: merges of at most this many entries fold a sum in Python (:func:`tiny_sum`): a numpy call
 #: costs 0.5-5 us on a few elements and the general path makes ~40 of them (bench_small.py).
 TINY = 64
-#: merges of at most this many entries sum by one stable sort of the concatenated parts
-#: (:func:`sorted_sum`): half the time of the blocked integer-key path at 128-4096 entries
-#: (its ~20 us of fixed calls dominate there); beyond, at P >= 4 with shared indices, the fold
-#: of the repeats costs more (measured: docs/primitives.md).
-SMALL = 4096
+#: sums of fewer value elements (entries x row width) than this merge by one stable sort of the
+#: concatenated parts (:func:`sorted_sum`): 2-4.5x faster than the blocked integer-key path
+#: everywhere below and at least as fast as numba's merge, which takes over from here (the
+#: same bound as its own; measured: docs/primitives.md).
+SMALL = _FAST_FROM
 
 
 def combine(a: Any, b: Any, op: Any) -> Any:
@@ -175,9 +175,10 @@ def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
         return _narrowed(indices[0].astype(itype), pairs[0][1].astype(acc), indices[0].size,
                          ref.dtype)
     total = sum(i.size for i in indices)
-    if total <= SMALL and ufunc is np.add:
+    elements = total * math.prod(ref.shape[1:])  # wide rows
+    if elements < SMALL and ufunc is np.add:
         return few_summed(indices, [v for _, v in pairs], acc, ref.dtype)
-    fast = _fast(total * math.prod(ref.shape[1:]))  # elements: wide rows
+    fast = _fast(elements)
     merged = None if fast is None else fast.merge(indices, [v for _, v in pairs], ufunc, acc,
                                                   itype)
     if merged is not None:
@@ -197,7 +198,7 @@ def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
 
 def few_summed(indices: Sequence[np.ndarray], values: Sequence[np.ndarray], acc: np.dtype,
                dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """A sum of at most :data:`SMALL` sorted unique entries over the parts (a Python fold up to
+    """A sum of fewer than :data:`SMALL` elements over sorted unique parts (a Python fold up to
     :data:`TINY`, :func:`tiny_sum`, else :func:`sorted_sum`), cast back to ``dtype`` once;
     integer sums wrap and floats overflow to inf without a warning, as in every reduction."""
     itype = np.result_type(*(i.dtype for i in indices))

@@ -10,6 +10,7 @@ gives +0 for max, -0 for min), so a -0 survives a sum or max only where every ra
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -81,15 +82,16 @@ def reduce_parts(parts: Sequence[tuple[Any, Any]], op: ReduceOp,
                  accumulate_dtype: Any = None) -> tuple[Any, Any]:
     """Merge coalesced parts of disjoint rank groups in part order, absent entries counting as 0.
 
-    A sum of a few host entries (at most ``SMALL``: a small call's blocks, small calls' parts)
-    takes ``merge_sorted``'s own few-entry path directly, without its checks and dispatch (the
-    parts are known sorted and unique here): the same additions, so the same bits.
+    A host sum of fewer than ``SMALL`` value elements (a small call's blocks, small calls'
+    parts) takes ``merge_sorted``'s own few-entry path directly, without its checks and
+    dispatch (the parts are known sorted and unique here): the same additions, so the same bits.
     """
     if len(parts) == 1:
         return parts[0]
     indices = [p[0] for p in parts]
     if (op is ReduceOp.SUM and type(indices[0]) is np.ndarray
-            and sum(i.shape[0] for i in indices) <= _numpy_reduce.SMALL):
+            and sum(i.shape[0] for i in indices) * math.prod(parts[0][1].shape[1:])
+            < _numpy_reduce.SMALL):
         dtype = parts[0][1].dtype
         idx, val = _numpy_reduce.few_summed(indices, [p[1] for p in parts], dtype
                                             if accumulate_dtype is None
