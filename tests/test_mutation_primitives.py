@@ -253,3 +253,27 @@ def test_merge_sums_shared_indices_in_part_order(monkeypatch, tiny, small, parts
     one_shared = P.merge_sorted([(np.array([1, 5], np.int32), np.float32([1, 2])),
                                  (np.array([5, 9], np.int32), np.float32([3, 4]))], "sum")
     assert one_shared[0].tolist() == [1, 5, 9] and one_shared[1].tolist() == [1, 5, 4]
+
+
+@pytest.mark.parametrize("size, width, path", [(20, 0, "tiny"), (8000, 0, "sorted"),
+                                               (9000, 0, "loops"), (1000, 8, "sorted"),
+                                               (3000, 8, "loops")])
+def test_merge_path_is_chosen_by_value_elements(size, width, path):
+    """Sums below SMALL value elements (entries x row width) merge by one sort, above by the
+    loops (numba's from the same bound): 2 parts of 8000 entries are 16,000 elements, of 9000
+    18,000; 1000 rows of 8 are 16,000, 3000 rows of 8 48,000 (docs/primitives.md)."""
+    from cupycoll.primitives import _numpy_reduce
+
+    assert _numpy_reduce.SMALL == 1 << 14
+    taken = []
+    real = _numpy_reduce.tiny_sum, _numpy_reduce.sorted_sum
+    _numpy_reduce.tiny_sum = lambda *a: taken.append("tiny") or real[0](*a)
+    _numpy_reduce.sorted_sum = lambda *a: taken.append("sorted") or real[1](*a)
+    try:
+        rows = (size, width) if width else (size,)
+        parts = [(np.arange(r, 2 * size, 2), np.ones(rows, np.float32)) for r in range(2)]
+        idx, val = P.merge_sorted(parts)
+    finally:
+        _numpy_reduce.tiny_sum, _numpy_reduce.sorted_sum = real
+    assert taken == ([] if path == "loops" else [path])
+    assert idx.tolist() == list(range(2 * size)) and (val == 1).all()

@@ -10,7 +10,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from .._types import array_namespace
-from ._accel import _FAST_FROM, _fast
+from . import _accel
+from ._accel import _fast
 from ._checks import (_accumulate, _check_range, _increasing, _indices, _length, _pair,
                       _reduce_op, _scatter_operands, _sorted_parts, _values)
 from ._common import _block_cuts, _identity
@@ -24,9 +25,15 @@ _ZERO_TIE = {np.maximum: False, np.minimum: True}
 TINY = 64
 #: sums of fewer value elements (entries x row width) than this merge by one stable sort of the
 #: concatenated parts (:func:`sorted_sum`): 2-4.5x faster than the blocked integer-key path
-#: everywhere below and at least as fast as numba's merge, which takes over from here (the
-#: same bound as its own; measured: docs/primitives.md).
-SMALL = _FAST_FROM
+#: everywhere below and at least as fast as numba's merge, which takes over from its own bound
+#: (``_accel._FAST_FROM``, the same number; measured: docs/primitives.md).
+SMALL = 1 << 14
+
+
+def few_enough(elements: int) -> bool:
+    """Whether a sum of ``elements`` value elements takes :func:`few_summed`: below ``SMALL``
+    and below numba's bound (tests lower that bound to run the loops on small inputs)."""
+    return elements < SMALL and elements < _accel._FAST_FROM
 
 
 def combine(a: Any, b: Any, op: Any) -> Any:
@@ -176,7 +183,7 @@ def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
                          ref.dtype)
     total = sum(i.size for i in indices)
     elements = total * math.prod(ref.shape[1:])  # wide rows
-    if elements < SMALL and ufunc is np.add:
+    if ufunc is np.add and few_enough(elements):
         return few_summed(indices, [v for _, v in pairs], acc, ref.dtype)
     fast = _fast(elements)
     merged = None if fast is None else fast.merge(indices, [v for _, v in pairs], ufunc, acc,

@@ -90,8 +90,8 @@ def reduce_parts(parts: Sequence[tuple[Any, Any]], op: ReduceOp,
         return parts[0]
     indices = [p[0] for p in parts]
     if (op is ReduceOp.SUM and type(indices[0]) is np.ndarray
-            and sum(i.shape[0] for i in indices) * math.prod(parts[0][1].shape[1:])
-            < _numpy_reduce.SMALL):
+            and _numpy_reduce.few_enough(sum(i.shape[0] for i in indices)
+                                         * math.prod(parts[0][1].shape[1:]))):
         dtype = parts[0][1].dtype
         idx, val = _numpy_reduce.few_summed(indices, [p[1] for p in parts], dtype
                                             if accumulate_dtype is None
