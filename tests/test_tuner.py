@@ -296,7 +296,7 @@ def test_the_fixed_cost_call_merges_as_calls_beyond_the_smallest_do():
     """The small call ``fixed`` is measured on must not take the few-entry Python fold (a sum
     of at most TINY entries, ~40 us cheaper at P = 2 than the merges of larger calls: a fixed
     cost measured there under-prices them all); it takes the one-sort merge of calls up to
-    SMALL entries."""
+    SMALL elements."""
     import numpy as np
 
     from cupycoll.primitives import _numpy_reduce, merge_sorted

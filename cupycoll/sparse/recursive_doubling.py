@@ -131,8 +131,12 @@ class _Rounds:
         recvs = [(recv_from, theirs)] if recv_from is not None and known is None else []
         if sends or recvs:
             comm.exchange(sends, recvs, _OP + ".counts").wait()
-        got = ([known, 0] if known is not None else [int(v) for v in to_host(theirs)]
-               ) if recv_from is not None else [0, 0]
+        if recv_from is None:
+            got = [0, 0]
+        elif known is not None:
+            got = [known, 0]
+        else:
+            got = [int(v) for v in to_host(theirs)]
         nbytes = got[1] if wire.compact else (
             dense_nbytes(self.n, self.row, self.value_dtype, wire) if got[0] < 0 else
             coo_nbytes(got[0], self.row, self.index_dtype, self.value_dtype, wire))

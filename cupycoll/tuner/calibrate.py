@@ -190,7 +190,7 @@ def _local(comm: Any, repeats: int, k: int = 1 << 16, n: int = 1 << 20) -> dict[
 
 
 #: the small call ``fixed`` is measured on: n, and entries per rank. TINY entries a rank: the
-#: ranks' sum exceeds TINY, so merges take the one-sort path of calls up to SMALL entries, not
+#: ranks' sum exceeds TINY, so merges take the one-sort path of calls below SMALL elements, not
 #: the Python fold of the smallest sums (those ride in the validation's slots or merge in
 #: Python, ~40 us less at P = 2: a fixed cost measured there under-priced every other call).
 FIXED_N, FIXED_ENTRIES = 1024, TINY
