@@ -342,3 +342,115 @@ def test_index_stats_equal_numpys(monkeypatch, itype):
     for idx in cases:
         want, got = both(monkeypatch, lambda: _index_stats(idx))
         assert got == want and type(got[0]) is int and type(got[2]) is bool
+
+
+def _dense_sum(parts: list, n: int, row: tuple, dtype: str, absent_zero: bool) -> tuple:
+    """The reference of a sum of parts: a dense left fold in part order from -0 (integers
+    from 0); ``absent_zero``: then +0 added where some part lacks the index."""
+    work = np.dtype(dtype)
+    dense = np.full((n,) + row, -0.0 if work.kind == "f" else 0, work)
+    held = np.zeros(n, np.int64)
+    with np.errstate(all="ignore"):
+        for idx, val in parts:
+            dense[idx] = dense[idx] + val
+            held[idx] += 1
+        if absent_zero:
+            partial = (held > 0) & (held < len(parts))
+            dense[partial] = dense[partial] + work.type(0)
+    return np.flatnonzero(held), dense[held > 0]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64"])
+@pytest.mark.parametrize("width", [0, 3])
+@pytest.mark.parametrize("absent_zero", [False, True])
+def test_sum_parts_is_a_dense_left_fold(dtype: str, width: int, absent_zero: bool) -> None:
+    """numba's small sum (a small call's merge): every index's rows added in part order, an
+    index some part lacks given +0 with ``absent_zero`` (a -0 sum becomes +0), against a dense
+    fold: -0, NaN, inf, integer wraparound, rows, empty parts, 2-8 parts, both index types."""
+    from cupycoll.primitives import _numba
+
+    rng = np.random.default_rng([width, len(dtype), absent_zero])
+    row = (width,) if width else ()
+    for nparts in (2, 3, 5, 8):
+        for itype in (np.dtype(np.int32), np.dtype(np.int64)):
+            parts = [(np.sort(rng.choice(30, size, replace=False)).astype(itype),
+                      values(rng, dtype, (size,) + row)) for size in rng.integers(0, 14, nparts)]
+            counts = [int(i.size) for i, _ in parts]
+            starts = np.concatenate(([0], np.cumsum(counts)[:-1])).tolist()
+            got = _numba.sum_parts(np.concatenate([i for i, _ in parts]),
+                                   np.concatenate([v for _, v in parts]).reshape(-1), starts,
+                                   [s * max(width, 1) for s in starts], counts, row, itype,
+                                   absent_zero)
+            want_idx, want_val = _dense_sum(parts, 30, row, dtype, absent_zero)
+            same(got, (want_idx.astype(itype), want_val))
+
+
+@pytest.mark.parametrize("dtype, acc", [("float32", None), ("float64", None), ("int32", None),
+                                        ("int64", None), ("float16", "float32"),
+                                        ("float32", "float64")])
+def test_reduce_parts_loop_is_the_numpy_sum(monkeypatch: pytest.MonkeyPatch, dtype: str,
+                                            acc: str | None) -> None:
+    """reduce_parts below LOOP_SUM elements: numba's pass (CUPYCOLL_NUMBA=auto) and numpy's
+    few-entry sums (off) give the same bits, casts back from the accumulate dtype and the -0
+    rule of absent entries included; both equal a dense fold with that rule."""
+    from cupycoll._types import ReduceOp
+    from cupycoll.primitives import _numpy_reduce
+    from cupycoll.sparse._common import reduce_parts
+
+    taken: list[str] = []
+    real = _numpy_reduce.few_summed
+    monkeypatch.setattr(_numpy_reduce, "few_summed",
+                        lambda *a: taken.append("numpy") or real(*a))
+    rng = np.random.default_rng([len(dtype), 5])
+    for nparts, width in ((2, 0), (3, 4), (6, 0), (8, 2)):
+        row = (width,) if width else ()
+        parts = [(np.sort(rng.choice(40, size, replace=False)).astype(np.int32),
+                  values(rng, dtype, (size,) + row)) for size in rng.integers(0, 20, nparts)]
+        results = []
+        for mode in ("off", "auto"):
+            monkeypatch.setenv("CUPYCOLL_NUMBA", mode)
+            taken.clear()
+            results.append(reduce_parts(parts, ReduceOp.SUM, acc))
+            assert taken == (["numpy"] if mode == "off" else [])
+        same(results[1], results[0])
+        if acc is None:
+            want_idx, want_val = _dense_sum(parts, 40, row, dtype, True)
+            same(results[1], (want_idx.astype(np.int32), want_val))
+
+
+@pytest.mark.parametrize("size", [2, 3, 4, 8])
+def test_small_merge_loop_reads_the_slots_pack_wrote(monkeypatch: pytest.MonkeyPatch,
+                                                     size: int) -> None:
+    """A small call's blocks written by ``small.pack`` into the agreement vector and merged
+    from it by numba's pass (its own offsets into the slots) or by the numpy path over
+    ``small.blocks``: the same bits, for every index and value dtype, 1-D and rows."""
+    from types import SimpleNamespace
+
+    from cupycoll import _agreement as agreement
+    from cupycoll._types import ReduceOp
+    from cupycoll.sparse import small
+
+    rng = np.random.default_rng(size)
+    words = agreement.slot_words(size)
+    for itype in (np.dtype(np.int32), np.dtype(np.int64)):
+        for dtype in ("float32", "float64", "int32", "int64"):
+            for width in (0, 2):
+                row_bytes = np.dtype(dtype).itemsize * max(width, 1)
+                fit = max(1, words * 8 // (itype.itemsize + row_bytes) - 1)
+                vec = np.full(agreement.length(size), np.iinfo(np.int64).min, np.int64)
+                nnz = []
+                for r in range(size):
+                    count = int(rng.integers(0, min(fit, 12) + 1))
+                    idx = np.sort(rng.choice(24, count, replace=False)).astype(itype)
+                    val = values(rng, dtype, (count, width) if width else (count,))
+                    comm = SimpleNamespace(size=size, xp=np)
+                    small.pack(comm, vec, agreement.slot_start(size, r), idx, val, None)
+                    nnz.append(count)
+                assert small.fits_all(size, nnz, itype.itemsize, row_bytes)
+                slots = vec[agreement.slot_start(size, 0):]
+                merged = []
+                for mode in ("off", "auto"):
+                    monkeypatch.setenv("CUPYCOLL_NUMBA", mode)
+                    merged.append(small.merge(np, slots, nnz, itype, np.dtype(dtype), width,
+                                              ReduceOp.SUM))
+                same(merged[1], merged[0])

@@ -292,28 +292,33 @@ def test_fixed_cost_is_the_median_of_the_passes_minus_the_model():
     assert fixed["split"] == 0.0
 
 
-def test_the_fixed_cost_call_merges_as_calls_beyond_the_smallest_do():
+def test_the_fixed_cost_call_merges_as_calls_beyond_the_smallest_do(monkeypatch):
     """The small call ``fixed`` is measured on must not take the few-entry Python fold (a sum
     of at most TINY entries, ~40 us cheaper at P = 2 than the merges of larger calls: a fixed
-    cost measured there under-prices them all); it takes the one-sort merge of calls up to
-    SMALL elements."""
+    cost measured there under-prices them all): its merge (``reduce_parts`` of the ranks'
+    blocks, 2 x FIXED_ENTRIES at P = 2) takes numba's pass of the sums below LOOP_SUM elements
+    where numba runs, else the one-sort merge of the sums up to SMALL."""
     import numpy as np
 
-    from cupycoll.primitives import _numpy_reduce, merge_sorted
+    from cupycoll._types import ReduceOp
+    from cupycoll.primitives import _numpy_reduce
+    from cupycoll.sparse._common import reduce_parts
     from cupycoll.tuner.calibrate import FIXED_ENTRIES
 
-    assert _numpy_reduce.TINY < 2 * FIXED_ENTRIES <= _numpy_reduce.SMALL
+    assert _numpy_reduce.TINY < 2 * FIXED_ENTRIES < _numpy_reduce.LOOP_SUM
     taken = []
-    real = _numpy_reduce.tiny_sum, _numpy_reduce.sorted_sum
-    _numpy_reduce.tiny_sum = lambda *a: taken.append("tiny") or real[0](*a)
-    _numpy_reduce.sorted_sum = lambda *a: taken.append("sorted") or real[1](*a)
-    try:
-        parts = [(np.arange(r, 2 * FIXED_ENTRIES, 2), np.ones(FIXED_ENTRIES, np.float32))
-                 for r in range(2)]
-        merge_sorted(parts)
-    finally:
-        _numpy_reduce.tiny_sum, _numpy_reduce.sorted_sum = real
-    assert taken == ["sorted"]
+    for name in ("tiny_sum", "sorted_sum"):
+        real = getattr(_numpy_reduce, name)
+        monkeypatch.setattr(_numpy_reduce, name,
+                            lambda *a, f=real, k=name: taken.append(k) or f(*a))
+    parts = [(np.arange(r, 2 * FIXED_ENTRIES, 2), np.ones(FIXED_ENTRIES, np.float32))
+             for r in range(2)]
+    for numba, want in (("auto", []), ("off", ["sorted_sum"])):
+        monkeypatch.setenv("CUPYCOLL_NUMBA", numba)
+        taken.clear()
+        idx, val = reduce_parts(parts, ReduceOp.SUM)
+        assert taken == want and idx.tolist() == list(range(2 * FIXED_ENTRIES))
+        assert (val == 1).all()
 
 
 def test_median_profile_takes_every_price_from_the_median_run():

@@ -22,11 +22,17 @@ _FAST_FROM = 1 << 14
 def _fast(size: int) -> Any:
     """``cupycoll.primitives._numba`` for ``size`` entries, unless small, CUPYCOLL_NUMBA=off or
     numba does not import (then None: the numpy loops run)."""
-    if size < _FAST_FROM or setting("CUPYCOLL_NUMBA") == "off":
+    return None if size < _FAST_FROM else loops()
+
+
+def loops() -> Any:
+    """``cupycoll.primitives._numba`` whatever the size, unless CUPYCOLL_NUMBA=off or numba
+    does not import (then None)."""
+    if setting("CUPYCOLL_NUMBA") == "off":
         return None
-    loops = sys.modules.get(_LOOPS)  # an import statement costs ~1.5 us even when done
-    if loops is not None:
-        return loops
+    module = sys.modules.get(_LOOPS)  # an import statement costs ~1.5 us even when done
+    if module is not None:
+        return module
     try:
         from . import _numba
     except (ImportError, RuntimeError):  # RuntimeError: numba finds no writable cache directory

@@ -28,6 +28,11 @@ TINY = 64
 #: everywhere below and at least as fast as numba's merge, which takes over from its own bound
 #: (``_accel._FAST_FROM``, the same number; measured: docs/primitives.md).
 SMALL = 1 << 14
+#: sums of fewer value elements than this, of parts that share a sum dtype numba adds in, run
+#: as one numba pass where numba runs (``_numba_small.sum_parts``): below it the numpy sums'
+#: dozen calls cost more than the pass (2 x 10 entries 20 -> 13 us); above, the pass's
+#: per-entry branches lose to one stable sort (2 x 2000: 64 vs 90 us; docs/primitives.md).
+LOOP_SUM = 1 << 10
 
 
 def few_enough(elements: int) -> bool:

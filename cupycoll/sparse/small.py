@@ -23,6 +23,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import _agreement as agreement
+from .._types import ReduceOp
+from ..primitives import _accel
 from ..wire import round_values
 from ._common import reduce_parts
 from ._cost import Cost, Shape
@@ -103,8 +105,19 @@ def blocks(slots: np.ndarray, nnz: Sequence[int], index_dtype: np.dtype, value_d
 def merge(xp: Any, slots: np.ndarray, nnz: Sequence[int], index_dtype: np.dtype,
           acc: np.dtype, width: int, op: Any) -> tuple[Any, Any]:
     """Merge every rank's block from the reduced ``slots`` (host) in rank order, as
-    ``allgather`` merges its parts; the result on ``xp``'s device."""
-    idx, val = reduce_parts(blocks(slots, nnz, index_dtype, acc, width), op, acc)
+    ``allgather`` merges its parts; the result on ``xp``'s device. A sum of several blocks
+    is one numba pass over the slots where numba runs (the same additions: the same bits)."""
+    loops = _accel.loops() if op is ReduceOp.SUM and len(nnz) > 1 else None
+    if loops is not None and acc in loops.SUM_DTYPES:
+        words = slots.shape[0] // len(nnz)
+        starts = [r * words * 8 for r in range(len(nnz))]
+        ends = [start + _padded(count * index_dtype.itemsize) for start, count in zip(starts, nnz)]
+        idx, val = loops.sum_parts(
+            slots.view(index_dtype), slots.view(acc),
+            [start // index_dtype.itemsize for start in starts],
+            [end // acc.itemsize for end in ends], nnz, (width,) if width else (), index_dtype)
+    else:
+        idx, val = reduce_parts(blocks(slots, nnz, index_dtype, acc, width), op, acc)
     if xp is not np:
         idx, val = xp.asarray(idx), xp.asarray(val)
     return idx, val

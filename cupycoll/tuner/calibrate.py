@@ -190,9 +190,10 @@ def _local(comm: Any, repeats: int, k: int = 1 << 16, n: int = 1 << 20) -> dict[
 
 
 #: the small call ``fixed`` is measured on: n, and entries per rank. TINY entries a rank: the
-#: ranks' sum exceeds TINY, so merges take the one-sort path of calls below SMALL elements, not
-#: the Python fold of the smallest sums (those ride in the validation's slots or merge in
-#: Python, ~40 us less at P = 2: a fixed cost measured there under-priced every other call).
+#: ranks' sum exceeds TINY, so merges take the path of calls below LOOP_SUM elements (numba's
+#: pass, or without numba the one-sort path of calls below SMALL), not the Python fold of the
+#: smallest sums (~40 us less at P = 2: a fixed cost measured there under-priced every other
+#: call; calls of more than LOOP_SUM elements pay ~10-20 us more than this fixed cost).
 FIXED_N, FIXED_ENTRIES = 1024, TINY
 #: passes of the fixed-cost measurement, spread over the tune (a slow spell of a shared machine
 #: seconds long then moves one pass, not the median of them).

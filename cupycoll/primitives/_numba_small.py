@@ -1,0 +1,81 @@
+"""numba loop of the small sums: a few sorted unique parts summed in part order (see :mod:`._numba`).
+
+Re-exported by :mod:`cupycoll.primitives._numba`. A small call's merge (every rank's block,
+read from the validation's entry slots, :mod:`cupycoll.sparse.small`) and other sums of a few
+thousand entries cost more in numpy calls (~1 us each, a dozen of them) than in arithmetic;
+one compiled pass over the parts does the same additions in the same order, so the same bits.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+from numba import njit
+
+__all__ = ["sum_parts", "SUM_DTYPES"]
+
+#: accumulate dtypes the loop adds in (float16 has no native numba arithmetic).
+SUM_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "int32", "int64"))
+
+
+@njit(cache=True, nogil=True)
+def _sum_parts(keys, rows, key_starts, row_starts, counts, width, zero, absent_zero,
+               out_idx, out_val):  # type: ignore[no-untyped-def]
+    """Merge the parts (part p: ``counts[p]`` ascending unique keys from ``key_starts[p]``,
+    their rows of ``width`` from ``row_starts[p]``): each index's first row copied, later rows
+    added in part order; ``absent_zero``: then ``+ zero`` where some part lacks the index
+    (absent counts as +0: a -0 sum becomes +0, as ``fill_absent`` does). Returns the number
+    of indices."""
+    parts = counts.size
+    cursor = np.zeros(parts, np.int64)
+    found = 0
+    while True:
+        first = -1
+        least = keys[0]
+        for p in range(parts):
+            if cursor[p] < counts[p]:
+                key = keys[key_starts[p] + cursor[p]]
+                if first < 0 or key < least:
+                    first, least = p, key
+        if first < 0:
+            return found
+        held = 0
+        out = found * width
+        for p in range(first, parts):
+            c = cursor[p]
+            if c < counts[p] and keys[key_starts[p] + c] == least:
+                row = row_starts[p] + c * width
+                if held == 0:
+                    for j in range(width):
+                        out_val[out + j] = rows[row + j]
+                else:
+                    for j in range(width):
+                        out_val[out + j] = out_val[out + j] + rows[row + j]
+                held += 1
+                cursor[p] = c + 1
+        if absent_zero and held < parts:
+            for j in range(width):
+                out_val[out + j] = out_val[out + j] + zero[0]
+        out_idx[found] = least
+        found += 1
+
+
+def sum_parts(keys: np.ndarray, rows: np.ndarray, key_starts: Sequence[int],
+              row_starts: Sequence[int], counts: Sequence[int], row: tuple,
+              index_dtype: np.dtype, absent_zero: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Sum of parts laid out in two flat arrays (``keys``: indices, ``rows``: values in the
+    accumulate dtype, one of :data:`SUM_DTYPES`; part p from ``key_starts[p]`` and
+    ``row_starts[p]``, ``counts[p]`` entries of shape ``row``): the ascending union as
+    ``index_dtype`` and its rows; ``absent_zero``: an entry absent from a part counts as +0
+    there (``fill_absent``'s rule), else only the parts holding it are added."""
+    total = int(sum(counts))
+    width = math.prod(row)
+    out_idx = np.empty(total, index_dtype)
+    out_val = np.empty(total * width, rows.dtype)
+    found = 0 if not total else _sum_parts(
+        keys, rows, np.array(key_starts, np.int64), np.array(row_starts, np.int64),
+        np.array(counts, np.int64), width, np.zeros(1, rows.dtype), absent_zero, out_idx,
+        out_val)
+    return out_idx[:found], out_val[:found * width].reshape((found,) + row)
