@@ -454,3 +454,33 @@ def test_small_merge_loop_reads_the_slots_pack_wrote(monkeypatch: pytest.MonkeyP
                     merged.append(small.merge(np, slots, nnz, itype, np.dtype(dtype), width,
                                               ReduceOp.SUM))
                 same(merged[1], merged[0])
+
+
+def test_loops_are_whole_when_two_threads_reach_them_first() -> None:
+    """Two threads asking for the numba loops while numba is still importing (an async call's
+    thread and the caller's, first calls of a process): each gets the finished module, never
+    the half-made one that ``sys.modules`` holds during the import (a fresh interpreter)."""
+    import os
+    import subprocess
+    import sys
+
+    code = """if True:
+        import threading, time
+        from cupycoll.primitives import _accel
+        got, errors = [], []
+        def ask():
+            try:
+                got.append(_accel.loops().SUM_DTYPES)
+            except Exception as exc:
+                errors.append(repr(exc))
+        threads = [threading.Thread(target=ask) for _ in range(4)]
+        for t in threads:
+            t.start()
+            time.sleep(0.02)
+        for t in threads:
+            t.join()
+        assert not errors and len(got) == 4, errors
+    """
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "CUPYCOLL_NUMBA": "auto"})
+    assert proc.returncode == 0, proc.stderr[-2000:]

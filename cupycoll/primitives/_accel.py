@@ -6,7 +6,6 @@ numba is imported lazily, only for large inputs, so numpy users who never reach 
 
 from __future__ import annotations
 
-import sys
 import threading
 from typing import Any
 
@@ -27,20 +26,24 @@ def _fast(size: int) -> Any:
 
 def loops() -> Any:
     """``cupycoll.primitives._numba`` whatever the size, unless CUPYCOLL_NUMBA=off or numba
-    does not import (then None)."""
+    does not import (then None). Kept once its import has finished: a thread that finds it in
+    ``sys.modules`` while another thread still imports it would get a module half-made (an
+    async call's thread and the caller's may both reach here first); ``import`` waits."""
+    global _LOADED
     if setting("CUPYCOLL_NUMBA") == "off":
         return None
-    module = sys.modules.get(_LOOPS)  # an import statement costs ~1.5 us even when done
-    if module is not None:
-        return module
+    if _LOADED is not None:
+        return _LOADED
     try:
         from . import _numba
     except (ImportError, RuntimeError):  # RuntimeError: numba finds no writable cache directory
         return None
+    _LOADED = _numba
     return _numba
 
 
-_LOOPS = f"{__package__}._numba"
+#: the imported loops (set by :func:`loops` once their import has finished).
+_LOADED: Any = None
 
 
 #: this thread's kept host buffer (see kept_buffer).
@@ -87,6 +90,5 @@ def mark_filled(array: np.ndarray, fill: Any) -> None:
 def free_scratch() -> None:
     """Free the temporaries that the numba loops (and kept_buffer) keep for this thread."""
     _KEPT.__dict__.clear()
-    loops = sys.modules.get(_LOOPS)
-    if loops is not None:
-        loops.free_scratch()
+    if _LOADED is not None:
+        _LOADED.free_scratch()
