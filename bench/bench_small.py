@@ -6,19 +6,44 @@ of a call (argument checks, the one validation allreduce, algorithm choice, deli
 there is. With ``auto`` (the default) a call whose entries fit in the validation allreduce's
 slots is finished by that one collective (docs/sparse.md, "Small calls"); the
 ``algorithm=allgather`` row shows the same call on the normal path (validation + algorithm). Calls are interleaved, one of each per round; a time is the median over rounds of the
-slowest rank.
+slowest rank. ``--block B`` times instead blocks of B calls of one kind back to back (as a
+training loop repeats one call), one block of each call per round (``-n`` rounds), rotating
+the order; a time is then a block's seconds / B, the median over rounds of the slowest rank.
 
     mpiexec -n 2 python -m mpi4py bench/bench_small.py -n 2000
+    mpiexec -n 2 python -m mpi4py bench/bench_small.py -n 5 --block 500
 """
 
 from __future__ import annotations
 
 import argparse
+import time
+from typing import Any, Callable
 
 import numpy as np
+from mpi4py import MPI
 from _common import interleaved
 
 import cupycoll as cc
+
+
+def blocked(calls: dict[str, Callable[[], Any]], rounds: int, block: int,
+            comm: Any) -> dict[str, list[float]]:
+    """Seconds per call of each call run ``block`` times back to back after a barrier, one
+    block of each per round (the first round a warm-up), rotating the order; a sample is the
+    slowest rank's."""
+    names, samples = list(calls), {name: [] for name in calls}
+    for r in range(rounds + 1):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            comm.mpi_comm.Barrier()
+            start = time.perf_counter()
+            for _ in range(block):
+                calls[name]()
+            seconds = (time.perf_counter() - start) / block
+            slowest = comm.mpi_comm.allreduce(seconds, op=MPI.MAX)
+            if r:
+                samples[name].append(slowest)
+    return samples
 
 
 def main() -> None:
@@ -28,6 +53,8 @@ def main() -> None:
     parser.add_argument("--entries", type=int, default=10, help="sparse entries per rank")
     parser.add_argument("--length", type=int, default=1000, help="n of both calls")
     parser.add_argument("-k", type=int, default=10, help="k of topk_allreduce")
+    parser.add_argument("--block", type=int, default=0,
+                        help="time blocks of this many calls of one kind (0: interleaved)")
     args = parser.parse_args()
     comm = cc.init("mpi")
     rng = np.random.default_rng([7, comm.rank])
@@ -41,11 +68,15 @@ def main() -> None:
             idx, val, args.length, comm=comm, algorithm="allgather"),
         f"topk_allreduce(k={args.k})": lambda: cc.topk_allreduce(dense, args.k, comm=comm),
     }
-    samples = interleaved(calls, args.iters, args.warmup_iters, comm)
+    if args.block:
+        samples = blocked(calls, args.iters, args.block, comm)
+    else:
+        samples = interleaved(calls, args.iters, args.warmup_iters, comm)
     if comm.rank == 0:
         base = float(np.median(samples["mpi4py allgather (pickled pairs)"]))
+        how = f"blocks of {args.block}" if args.block else "interleaved"
         print(f"# ranks={comm.size}  entries/rank={args.entries}  n={args.length}  "
-              f"iters={args.iters}  time = median of the slowest rank")
+              f"iters={args.iters}  {how}  time = median of the slowest rank")
         print(f"# {'call':<40}{'time(us)':>10}{'x_allgather':>13}")
         for name, s in samples.items():
             t = float(np.median(s))

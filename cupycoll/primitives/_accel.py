@@ -1,7 +1,8 @@
 """Whether a numpy call hands its core loop to the numba loops of :mod:`._numba`.
 
-numba is imported lazily, only for large inputs, so numpy users who never reach the threshold
-(or set ``CUPYCOLL_NUMBA=off``) never import it.
+numba is imported lazily, by the first large input or the first small sum of several ranks'
+parts (``LOOP_SUM``), so numpy users who reach neither (or set ``CUPYCOLL_NUMBA=off``) never
+import it.
 """
 
 from __future__ import annotations

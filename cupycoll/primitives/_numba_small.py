@@ -1,9 +1,10 @@
-"""numba loop of the small sums: a few sorted unique parts summed in part order (see :mod:`._numba`).
+"""numba loop of the small sums: sorted unique parts added in part order (see :mod:`._numba`).
 
 Re-exported by :mod:`cupycoll.primitives._numba`. A small call's merge (every rank's block,
-read from the validation's entry slots, :mod:`cupycoll.sparse.small`) and other sums of a few
-thousand entries cost more in numpy calls (~1 us each, a dozen of them) than in arithmetic;
-one compiled pass over the parts does the same additions in the same order, so the same bits.
+read from the validation's entry slots, :mod:`cupycoll.sparse.small`) and the algorithms' sums
+below ``_numpy_reduce.LOOP_SUM`` elements cost more in numpy calls (~1 us each, a dozen of
+them) than in arithmetic; one compiled pass over the parts does the same additions in the
+same order, so the same bits.
 """
 
 from __future__ import annotations

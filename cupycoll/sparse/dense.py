@@ -208,7 +208,8 @@ def _not_minus_zero(bits: Any, full: Any, minus_zero: Any, index_dtype: Any, bou
     was reset to -0: for large 1-D host arrays one pass of the numba loops, which resets what
     it reads (a block test where the union is small, ``bound`` = this rank's nnz times P at
     most ``RESTORE_SHARE`` of n; else a branch-free copy: 16M float32, union 19%: 44 -> 29 ms
-    against numpy, its loop since down from 22.6 to 14 ms), else a comparison, ``flatnonzero`` and ``take``."""
+    against numpy, its loop since down from 22.6 to 14 ms), else a comparison,
+    ``flatnonzero`` and ``take``."""
     xp = array_namespace(full)
     small = bound <= RESTORE_SHARE * bits.shape[0]
     fast = _fast(bits.shape[0]) if xp is np and bits.shape[1] == 1 else None

@@ -110,12 +110,13 @@ def merge(xp: Any, slots: np.ndarray, nnz: Sequence[int], index_dtype: np.dtype,
     loops = _accel.loops() if op is ReduceOp.SUM and len(nnz) > 1 else None
     if loops is not None and acc in loops.SUM_DTYPES:
         words = slots.shape[0] // len(nnz)
-        starts = [r * words * 8 for r in range(len(nnz))]
-        ends = [start + _padded(count * index_dtype.itemsize) for start, count in zip(starts, nnz)]
+        index_bytes = [r * words * 8 for r in range(len(nnz))]  # where each block starts
+        row_bytes = [at + _padded(count * index_dtype.itemsize)  # its rows, after the indices
+                     for at, count in zip(index_bytes, nnz)]
         idx, val = loops.sum_parts(
             slots.view(index_dtype), slots.view(acc),
-            [start // index_dtype.itemsize for start in starts],
-            [end // acc.itemsize for end in ends], nnz, (width,) if width else (), index_dtype)
+            [at // index_dtype.itemsize for at in index_bytes],
+            [at // acc.itemsize for at in row_bytes], nnz, (width,) if width else (), index_dtype)
     else:
         idx, val = reduce_parts(blocks(slots, nnz, index_dtype, acc, width), op, acc)
     if xp is not np:
