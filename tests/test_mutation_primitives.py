@@ -183,19 +183,26 @@ def test_primitives_reject_lists_naming_what_they_take():
     assert info.value.argument == "indices"
 
 
-@pytest.mark.parametrize("tiny, small", [(64, 4096), (0, 4096), (0, 0)])
+#: (LOOP_SUM, TINY, SMALL) that send a few-entry sum down each path: numba's pass (numpy's
+#: sums without numba), the Python fold, the one stable sort, the general path.
+PATHS = [(1024, 64, 4096), (0, 64, 4096), (0, 0, 4096), (0, 0, 0)]
+
+
+@pytest.mark.parametrize("loop, tiny, small", PATHS)
 @pytest.mark.parametrize("dtype,acc", [("float32", None), ("float16", None),
                                        ("float16", "float32"), ("float64", None),
                                        ("int32", None), ("int64", None)])
 @pytest.mark.parametrize("width", [None, 3])
-def test_tiny_sum_merge_equals_a_dense_fold(monkeypatch, tiny, small, dtype, acc, width):
-    """Merges of a few entries (the Python fold below ``TINY``, the one stable sort below
-    ``SMALL`` and the general numpy path, each taken by setting the others to 0): the same
-    bits as a dense left fold in part order from -0, cast back once -- -0, NaN, +-inf,
-    integer wraparound, float16 rounding, rows, empty parts. (A NaN's sign
-    depends on the operands' order, e.g. inf - inf; the sparse verbs make NaNs canonical.)"""
+def test_tiny_sum_merge_equals_a_dense_fold(monkeypatch, loop, tiny, small, dtype, acc, width):
+    """Merges of a few entries (numba's pass below ``LOOP_SUM``, the Python fold below
+    ``TINY``, the one stable sort below ``SMALL`` and the general numpy path, each taken by
+    setting the bounds before it to 0): the same bits as a dense left fold in part order from
+    -0, cast back once -- -0, NaN, +-inf, integer wraparound, float16 rounding, rows, empty
+    parts. (A NaN's sign depends on the operands' order, e.g. inf - inf; the sparse verbs make
+    NaNs canonical.)"""
     from cupycoll.primitives import _numpy_reduce
 
+    monkeypatch.setattr(_numpy_reduce, "LOOP_SUM", loop)
     monkeypatch.setattr(_numpy_reduce, "TINY", tiny)
     monkeypatch.setattr(_numpy_reduce, "SMALL", small)
     rng = np.random.default_rng([31, width or 0, len(dtype)])
@@ -223,14 +230,16 @@ def test_tiny_sum_merge_equals_a_dense_fold(monkeypatch, tiny, small, dtype, acc
                          (np.flatnonzero(present).astype(itype), canonical(want_v)))
 
 
-@pytest.mark.parametrize("tiny, small", [(64, 4096), (0, 4096), (0, 0)])
+@pytest.mark.parametrize("loop, tiny, small", PATHS)
 @pytest.mark.parametrize("parts, size, width", [(3, 20, 0), (5, 150, 0), (3, 300, 4)])
-def test_merge_sums_shared_indices_in_part_order(monkeypatch, tiny, small, parts, size, width):
+def test_merge_sums_shared_indices_in_part_order(monkeypatch, loop, tiny, small, parts, size,
+                                                 width):
     """Continuous float32 values of mixed magnitudes, most indices shared by several parts:
-    their sums depend on the order of the additions, and every path (Python fold, one-sort,
-    general) adds them in part order, as a dense left fold from -0 does."""
+    their sums depend on the order of the additions, and every path (numba's pass, Python
+    fold, one-sort, general) adds them in part order, as a dense left fold from -0 does."""
     from cupycoll.primitives import _numpy_reduce
 
+    monkeypatch.setattr(_numpy_reduce, "LOOP_SUM", loop)
     monkeypatch.setattr(_numpy_reduce, "TINY", tiny)
     monkeypatch.setattr(_numpy_reduce, "SMALL", small)
     rng, n, row = np.random.default_rng([size, parts]), size * 5 // 4, (width,) if width else ()
@@ -255,25 +264,30 @@ def test_merge_sums_shared_indices_in_part_order(monkeypatch, tiny, small, parts
     assert one_shared[0].tolist() == [1, 5, 9] and one_shared[1].tolist() == [1, 5, 4]
 
 
-@pytest.mark.parametrize("size, width, path", [(20, 0, "tiny"), (8000, 0, "sorted"),
+@pytest.mark.parametrize("size, width, path", [(20, 0, "loop"), (500, 0, "loop"),
+                                               (520, 0, "sorted"), (60, 8, "loop"),
+                                               (70, 8, "sorted"), (8000, 0, "sorted"),
                                                (9000, 0, "loops"), (1000, 8, "sorted"),
                                                (3000, 8, "loops")])
-def test_merge_path_is_chosen_by_value_elements(size, width, path):
-    """Sums below SMALL value elements (entries x row width) merge by one sort, above by the
-    loops (numba's from the same bound): 2 parts of 8000 entries are 16,000 elements, of 9000
-    18,000; 1000 rows of 8 are 16,000, 3000 rows of 8 48,000 (docs/primitives.md)."""
+@pytest.mark.parametrize("numba", ["auto", "off"])
+def test_merge_path_is_chosen_by_value_elements(monkeypatch, size, width, path, numba):
+    """Sums below LOOP_SUM value elements (entries x row width) take numba's pass where numba
+    runs (else the Python fold up to TINY entries, or one sort), below SMALL one sort, above
+    the loops (numba's from the same bound): 2 parts of 500 entries are 1,000 elements, of
+    520 1,040; 60 rows of 8 960, 70 rows 1,120; of 8000 16,000, of 9000 18,000; 1000 rows of 8
+    16,000, 3000 rows of 8 48,000 (docs/primitives.md)."""
     from cupycoll.primitives import _numpy_reduce
 
-    assert _numpy_reduce.SMALL == 1 << 14
+    assert (_numpy_reduce.LOOP_SUM, _numpy_reduce.SMALL) == (1 << 10, 1 << 14)
+    monkeypatch.setenv("CUPYCOLL_NUMBA", numba)
+    if numba == "off" and path == "loop":
+        path = "tiny" if 2 * size <= _numpy_reduce.TINY else "sorted"
     taken = []
-    real = _numpy_reduce.tiny_sum, _numpy_reduce.sorted_sum
-    _numpy_reduce.tiny_sum = lambda *a: taken.append("tiny") or real[0](*a)
-    _numpy_reduce.sorted_sum = lambda *a: taken.append("sorted") or real[1](*a)
-    try:
-        rows = (size, width) if width else (size,)
-        parts = [(np.arange(r, 2 * size, 2), np.ones(rows, np.float32)) for r in range(2)]
-        idx, val = P.merge_sorted(parts)
-    finally:
-        _numpy_reduce.tiny_sum, _numpy_reduce.sorted_sum = real
+    for name in ("tiny_sum", "sorted_sum", "loop_sum"):
+        monkeypatch.setattr(_numpy_reduce, name, lambda *a, f=getattr(_numpy_reduce, name),
+                            k=name: taken.append(k.split("_")[0]) or f(*a))
+    rows = (size, width) if width else (size,)
+    parts = [(np.arange(r, 2 * size, 2), np.ones(rows, np.float32)) for r in range(2)]
+    idx, val = P.merge_sorted(parts)
     assert taken == ([] if path == "loops" else [path])
     assert idx.tolist() == list(range(2 * size)) and (val == 1).all()

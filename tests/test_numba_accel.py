@@ -390,17 +390,17 @@ def test_sum_parts_is_a_dense_left_fold(dtype: str, width: int, absent_zero: boo
                                         ("float32", "float64")])
 def test_reduce_parts_loop_is_the_numpy_sum(monkeypatch: pytest.MonkeyPatch, dtype: str,
                                             acc: str | None) -> None:
-    """reduce_parts below LOOP_SUM elements: numba's pass (CUPYCOLL_NUMBA=auto) and numpy's
-    few-entry sums (off) give the same bits, casts back from the accumulate dtype and the -0
+    """reduce_parts below LOOP_SUM elements (through merge_sorted's few-entry sums): numba's
+    pass (CUPYCOLL_NUMBA=auto) and numpy's sums (off) give the same bits, casts back from the accumulate dtype and the -0
     rule of absent entries included; both equal a dense fold with that rule."""
     from cupycoll._types import ReduceOp
     from cupycoll.primitives import _numpy_reduce
     from cupycoll.sparse._common import reduce_parts
 
     taken: list[str] = []
-    real = _numpy_reduce.few_summed
-    monkeypatch.setattr(_numpy_reduce, "few_summed",
-                        lambda *a: taken.append("numpy") or real(*a))
+    for name in ("tiny_sum", "sorted_sum"):
+        monkeypatch.setattr(_numpy_reduce, name, lambda *a, f=getattr(_numpy_reduce, name):
+                            taken.append("numpy") or f(*a))
     rng = np.random.default_rng([len(dtype), 5])
     for nparts, width in ((2, 0), (3, 4), (6, 0), (8, 2)):
         row = (width,) if width else ()

@@ -1,7 +1,7 @@
 """numba loop of the small sums: sorted unique parts added in part order (see :mod:`._numba`).
 
 Re-exported by :mod:`cupycoll.primitives._numba`. A small call's merge (every rank's block,
-read from the validation's entry slots, :mod:`cupycoll.sparse.small`) and the algorithms' sums
+read from the validation's entry slots, :mod:`cupycoll.sparse.small`) and ``merge_sorted``'s sums
 below ``_numpy_reduce.LOOP_SUM`` elements cost more in numpy calls (~1 us each, a dozen of
 them) than in arithmetic; one compiled pass over the parts does the same additions in the
 same order, so the same bits.

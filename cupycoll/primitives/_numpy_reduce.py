@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+from functools import partial
 from typing import Any, Sequence
 
 import numpy as np
@@ -210,14 +212,34 @@ def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
 
 def few_summed(indices: Sequence[np.ndarray], values: Sequence[np.ndarray], acc: np.dtype,
                dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """A sum of fewer than :data:`SMALL` elements over sorted unique parts (a Python fold up to
-    :data:`TINY`, :func:`tiny_sum`, else :func:`sorted_sum`), cast back to ``dtype`` once;
-    integer sums wrap and floats overflow to inf without a warning, as in every reduction."""
+    """A sum of fewer than :data:`SMALL` elements over sorted unique parts (below
+    :data:`LOOP_SUM` elements numba's one pass, :func:`loop_sum`, where numba runs and adds in
+    ``acc``; else a Python fold up to :data:`TINY` entries, :func:`tiny_sum`, else
+    :func:`sorted_sum`), cast back to ``dtype`` once; integer sums wrap and floats overflow to
+    inf without a warning, as in every reduction."""
     itype = np.result_type(*(i.dtype for i in indices))
-    fold = tiny_sum if sum(i.shape[0] for i in indices) <= TINY else sorted_sum
+    entries = sum(i.shape[0] for i in indices)
+    loops = _accel.loops() if entries * math.prod(values[0].shape[1:]) < LOOP_SUM else None
+    if loops is not None and acc in loops.SUM_DTYPES:
+        fold = partial(loop_sum, loops)
+    else:
+        fold = tiny_sum if entries <= TINY else sorted_sum
     with np.errstate(all="ignore"):
         idx, rows = fold(indices, values, acc, itype)
         return idx, rows.astype(dtype, copy=False)
+
+
+def loop_sum(loops: Any, indices: Sequence[np.ndarray], values: Sequence[np.ndarray],
+             acc: np.dtype, itype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Sum sorted unique parts in numba's one pass (``loops.sum_parts``) over their
+    concatenation: the additions of :func:`sorted_sum` in the same order, so its bits."""
+    counts = [i.shape[0] for i in indices]
+    row = tuple(values[0].shape[1:])
+    starts = list(itertools.accumulate(counts, initial=0))[:-1]
+    width = math.prod(row)
+    rows = np.concatenate(values).astype(acc, copy=False).reshape(-1)
+    return loops.sum_parts(np.concatenate(indices), rows, starts, [s * width for s in starts],
+                           counts, row, itype, absent_zero=False)
 
 
 def sorted_sum(indices: Sequence[np.ndarray], values: Sequence[np.ndarray], acc: np.dtype,

@@ -10,14 +10,13 @@ gives +0 for max, -0 for min), so a -0 survives a sum or max only where every ra
 
 from __future__ import annotations
 
-import itertools
 import math
 from typing import Any, Sequence
 
 import numpy as np
 
 from .._types import ReduceOp, array_namespace
-from ..primitives import _accel, _numpy_reduce, combine, merge_sorted
+from ..primitives import _numpy_reduce, combine, merge_sorted
 from ..wire._exchange import gather_entries
 from ..wire._pack import COO, Wire
 
@@ -85,41 +84,21 @@ def reduce_parts(parts: Sequence[tuple[Any, Any]], op: ReduceOp,
 
     A host sum of fewer than ``SMALL`` value elements (a small call's blocks, small calls'
     parts) takes ``merge_sorted``'s own few-entry path directly, without its checks and
-    dispatch (the parts are known sorted and unique here), or below ``LOOP_SUM`` elements
-    numba's one pass: the same additions, so the same bits.
+    dispatch (the parts are known sorted and unique here): the same additions, so the same bits.
     """
     if len(parts) == 1:
         return parts[0]
     indices = [p[0] for p in parts]
-    elements = sum(i.shape[0] for i in indices) * math.prod(parts[0][1].shape[1:])
     if (op is ReduceOp.SUM and type(indices[0]) is np.ndarray
-            and _numpy_reduce.few_enough(elements)):
+            and _numpy_reduce.few_enough(sum(i.shape[0] for i in indices)
+                                         * math.prod(parts[0][1].shape[1:]))):
         dtype = parts[0][1].dtype
-        acc = dtype if accumulate_dtype is None else np.dtype(accumulate_dtype)
-        loops = _accel.loops() if elements < _numpy_reduce.LOOP_SUM else None
-        if loops is not None and acc in loops.SUM_DTYPES:
-            idx, val = _summed_by_loop(loops, indices, [p[1] for p in parts], acc, dtype)
-        else:
-            idx, val = _numpy_reduce.few_summed(indices, [p[1] for p in parts], acc, dtype)
+        idx, val = _numpy_reduce.few_summed(indices, [p[1] for p in parts], dtype
+                                            if accumulate_dtype is None
+                                            else np.dtype(accumulate_dtype), dtype)
     else:
         idx, val = merge_sorted(list(parts), op.value, accumulate_dtype, checked=False)
     return idx, fill_absent(idx, val, indices, op)
-
-
-def _summed_by_loop(loops: Any, indices: list, values: list, acc: np.dtype, dtype: np.dtype
-                    ) -> tuple[Any, Any]:
-    """A few parts summed by numba's one pass in ``acc``, cast back to ``dtype`` once: the
-    additions of :func:`~cupycoll.primitives._numpy_reduce.few_summed`, so its bits."""
-    counts = [i.shape[0] for i in indices]
-    row = tuple(values[0].shape[1:])
-    starts = list(itertools.accumulate(counts, initial=0))[:-1]
-    width = math.prod(row)
-    rows = np.concatenate(values).astype(acc, copy=False).reshape(-1)
-    idx, val = loops.sum_parts(np.concatenate(indices), rows, starts,
-                               [s * width for s in starts], counts, row,
-                               np.result_type(*indices), absent_zero=False)
-    with np.errstate(all="ignore"):
-        return idx, val.astype(dtype, copy=False)
 
 
 def rank_slices(counts: Sequence[int]) -> list[slice]:
