@@ -344,6 +344,27 @@ def test_index_stats_equal_numpys(monkeypatch, itype):
         assert got == want and type(got[0]) is int and type(got[2]) is bool
 
 
+@pytest.mark.parametrize("utype,wtype", [("int32", "int32"), ("int64", "int64"),
+                                         ("int64", "int32")])
+def test_positions_in_a_union_are_numpys_searchsorted(monkeypatch, utype, wtype):
+    """mask's lookup of its rows in the union: the numba walk gives numpy's ``searchsorted``
+    positions (int64) for subsets of every size (none, one, all, the ends, dense and sparse
+    runs), on both sides of ``WALK_FROM``, and without numba the same."""
+    from cupycoll.sparse import _common
+
+    rng = np.random.default_rng(len(utype) + len(wtype))
+    for size in (1, 2, 63, 64, 65, 1000, 40000):
+        union = np.sort(rng.choice(4 * size + 3, size, replace=False)).astype(utype)
+        subsets = [union[:0], union[:1], union[-1:], union, union[::3],
+                   np.sort(rng.choice(union, (size + 1) // 2, replace=False))]
+        for wanted in subsets:
+            wanted = wanted.astype(wtype)
+            want = np.searchsorted(union, wanted)
+            got = both(monkeypatch, lambda: _common.positions_in(union, wanted))
+            for g in got:
+                assert g.dtype == np.int64 and np.array_equal(g, want)
+
+
 def _dense_sum(parts: list, n: int, row: tuple, dtype: str, absent_zero: bool) -> tuple:
     """The reference of a sum of parts: a dense left fold in part order from -0 (integers
     from 0); ``absent_zero``: then +0 added where some part lacks the index."""

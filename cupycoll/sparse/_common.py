@@ -16,12 +16,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from .._types import ReduceOp, array_namespace
-from ..primitives import _numpy_reduce, combine, merge_sorted
+from ..primitives import _accel, _numpy_reduce, combine, merge_sorted
 from ..wire._exchange import gather_entries
 from ..wire._pack import COO, Wire
 
-__all__ = ["reduce_parts", "rank_slices", "allgatherv_entries", "fill_absent", "presence",
-           "union_of_presence", "bitmap_or_allreduce", "bitmap_chunk", "canonical_nan"]
+__all__ = ["reduce_parts", "rank_slices", "allgatherv_entries", "fill_absent", "positions_in",
+           "presence", "union_of_presence", "bitmap_or_allreduce", "bitmap_chunk", "canonical_nan"]
 
 
 def fill_absent(union: Any, values: Any, part_indices: Sequence[Any], op: ReduceOp) -> Any:
@@ -121,6 +121,21 @@ def allgatherv_entries(comm: Any, indices: Any, values: Any, op_name: str, wire:
     xp = comm.xp
     return (xp.concatenate([a for a, _ in parts]), xp.concatenate([b for _, b in parts]),
             counts)
+
+
+#: union entries from which a host lookup of positions walks (numba) instead of searching.
+WALK_FROM = 64
+
+
+def positions_in(union: Any, wanted: Any) -> Any:
+    """Where each of ``wanted`` (sorted, every one in the sorted unique ``union``) sits in
+    ``union``: on the host from ``WALK_FROM`` union entries one linear walk over both
+    (:func:`cupycoll.primitives._numba_dense.positions_in`), else ``searchsorted``."""
+    if isinstance(union, np.ndarray) and union.shape[0] >= WALK_FROM:
+        loops = _accel.loops()
+        if loops is not None:
+            return loops.positions_in(union, wanted)
+    return array_namespace(union).searchsorted(union, wanted)
 
 
 def presence(indices: Any, n: int) -> Any:

@@ -26,7 +26,7 @@ from ..primitives import merge_sorted
 from ..wire._exchange import gather_entries
 from ..wire._model import block_nbytes
 from ..wire._pack import COO, Wire
-from ._common import rank_slices
+from ._common import positions_in, rank_slices
 from ._cost import Cost, Shape
 
 __all__ = ["mask", "cost"]
@@ -51,7 +51,7 @@ def mask(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
     union, _ = merge_sorted([(a, marks[:a.shape[0]]) for a in sets],
                             checked=False)  # coalesced inputs
     rows = xp.zeros((union.shape[0],) + tuple(values.shape[1:]), dtype=values.dtype)
-    rows[xp.searchsorted(union, indices)] = values
+    rows[positions_in(union, indices)] = values
     comm.allreduce(rows, rows, op, op_name="mask.allreduce").wait()
     return union.astype(indices.dtype, copy=False), rows
 
