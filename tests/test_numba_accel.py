@@ -344,6 +344,28 @@ def test_index_stats_equal_numpys(monkeypatch, itype):
         assert got == want and type(got[0]) is int and type(got[2]) is bool
 
 
+@pytest.mark.parametrize("itype,dtype", [("int32", "int32"), ("int64", "int64"),
+                                          ("int64", "int32")])
+def test_union_of_index_sets_is_numpys_unique(monkeypatch, itype, dtype):
+    """mask's union of every rank's indices: the numba tree of two-way unions and the merge
+    it replaces both give numpy's sorted unique concatenation, for 1-9 sets (odd counts leave
+    one set a level), empty sets, shared and disjoint ranges, on both sides of WALK_FROM."""
+    from cupycoll.sparse import _common
+
+    rng = np.random.default_rng(len(itype) * 3 + len(dtype))
+    for p in range(1, 10):
+        for n, k in ((10, 3), (300, 40), (5000, 900)):
+            sets = [np.sort(rng.choice(n, rng.integers(0, k + 1), replace=False)).astype(itype)
+                    for _ in range(p)]
+            sets[rng.integers(p)] = np.sort(rng.choice(n, k, replace=False)).astype(itype)
+            if p > 2:
+                sets[1] = sets[0].copy()  # two ranks with the same indices
+                sets[2] = sets[2][:0]  # and one with none
+            want = np.unique(np.concatenate(sets)).astype(dtype)
+            for got in both(monkeypatch, lambda: _common.union_of(sets, dtype)):
+                assert got.dtype == np.dtype(dtype) and np.array_equal(got, want)
+
+
 @pytest.mark.parametrize("utype,wtype", [("int32", "int32"), ("int64", "int64"),
                                          ("int64", "int32")])
 def test_positions_in_a_union_are_numpys_searchsorted(monkeypatch, utype, wtype):

@@ -2,18 +2,20 @@
 
 Re-exported by :mod:`cupycoll.primitives._numba` (what ``_accel._fast`` returns): the densify
 pass of ``output="dense"``, the row accumulation of split's region variant, the value flags
-(NaN/inf, -0), the (min, max, increasing) read of indices, the positions of a rank's indices in
-a union (``mask``), and the branch-free union copy of the ``dense`` algorithm's large unions. Each moves or compares bits or
+(NaN/inf, -0), the (min, max, increasing) read of indices, the union of index sets and the
+positions of a rank's indices in it (``mask``), and the branch-free union copy of the ``dense`` algorithm's large unions. Each moves or compares bits or
 adds like numpy's loop, so results equal the numpy twins'.
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 from numba import njit
 
-__all__ = ["densify_sorted", "add_rows", "special_values", "index_stats", "positions_in",
-           "compact_blocks"]
+__all__ = ["densify_sorted", "add_rows", "special_values", "index_stats", "union_sorted",
+           "positions_in", "compact_blocks"]
 
 #: bytes of ``out`` zeroed at a time by densify_sorted (L1-sized: its rows land in cache).
 _DENSIFY_BLOCK = 1 << 14
@@ -112,6 +114,38 @@ def index_stats(idx: np.ndarray) -> tuple[int, int, bool]:
     if _increasing(idx):
         return int(idx[0]), int(idx[-1]), True
     return int(idx.min()), int(idx.max()), False
+
+
+@njit(cache=True, nogil=True)
+def _union2(a, b, out):  # type: ignore[no-untyped-def]
+    i, j, k, na, nb = 0, 0, 0, a.size, b.size
+    while i < na and j < nb:  # branch-free: the smaller head out, the cursors at it advance
+        x, y = a[i], b[j]
+        out[k] = x if x < y else y
+        i += x <= y
+        j += y <= x
+        k += 1
+    while i < na:
+        out[k] = a[i]
+        i, k = i + 1, k + 1
+    while j < nb:
+        out[k] = b[j]
+        j, k = j + 1, k + 1
+    return k
+
+
+def union_sorted(parts: Sequence[np.ndarray], dtype: np.dtype) -> np.ndarray:
+    """The union (sorted, unique, as ``dtype``) of sorted unique index arrays: a tree of
+    branch-free two-way unions, O(N log P) for N indices in P arrays. No values: a k-way
+    merge that sums marks only to drop them costs 5-8x more (2 x 20K: ~370 us)."""
+    level = [np.asarray(part, dtype) for part in parts]
+    while len(level) > 1:
+        joined = []
+        for a, b in zip(level[::2], level[1::2]):
+            out = np.empty(a.size + b.size, dtype)
+            joined.append(out[:_union2(a, b, out)])
+        level = joined + level[len(joined) * 2:]
+    return level[0].copy() if level else np.empty(0, dtype)
 
 
 @njit(cache=True, nogil=True)

@@ -20,8 +20,9 @@ from ..primitives import _accel, _numpy_reduce, combine, merge_sorted
 from ..wire._exchange import gather_entries
 from ..wire._pack import COO, Wire
 
-__all__ = ["reduce_parts", "rank_slices", "allgatherv_entries", "fill_absent", "positions_in",
-           "presence", "union_of_presence", "bitmap_or_allreduce", "bitmap_chunk", "canonical_nan"]
+__all__ = ["reduce_parts", "rank_slices", "allgatherv_entries", "fill_absent", "union_of",
+           "positions_in", "presence", "union_of_presence", "bitmap_or_allreduce", "bitmap_chunk",
+           "canonical_nan"]
 
 
 def fill_absent(union: Any, values: Any, part_indices: Sequence[Any], op: ReduceOp) -> Any:
@@ -123,18 +124,35 @@ def allgatherv_entries(comm: Any, indices: Any, values: Any, op_name: str, wire:
             counts)
 
 
-#: union entries from which a host lookup of positions walks (numba) instead of searching.
+#: entries from which host index sets are joined and searched by numba's linear loops.
 WALK_FROM = 64
+
+
+def _host_loops(first: Any, entries: int) -> Any:
+    """numba's loops for host arrays of at least ``WALK_FROM`` entries, else None."""
+    return _accel.loops() if isinstance(first, np.ndarray) and entries >= WALK_FROM else None
+
+
+def union_of(sets: Sequence[Any], dtype: Any) -> Any:
+    """The union (sorted, unique, as ``dtype``) of sorted unique index sets: on the host a
+    tree of branch-free two-way unions (:func:`cupycoll.primitives._numba_dense.union_sorted`),
+    elsewhere a merge of the sets with throwaway values."""
+    loops = _host_loops(sets[0], sum(int(a.shape[0]) for a in sets))
+    if loops is not None:
+        return loops.union_sorted(sets, np.dtype(dtype))
+    xp = array_namespace(sets[0])
+    marks = xp.zeros(max(int(a.shape[0]) for a in sets), dtype=np.int32)  # merge needs values
+    union, _ = merge_sorted([(a, marks[:a.shape[0]]) for a in sets], checked=False)
+    return union.astype(dtype, copy=False)
 
 
 def positions_in(union: Any, wanted: Any) -> Any:
     """Where each of ``wanted`` (sorted, every one in the sorted unique ``union``) sits in
-    ``union``: on the host from ``WALK_FROM`` union entries one linear walk over both
+    ``union``: on the host one linear walk over both
     (:func:`cupycoll.primitives._numba_dense.positions_in`), else ``searchsorted``."""
-    if isinstance(union, np.ndarray) and union.shape[0] >= WALK_FROM:
-        loops = _accel.loops()
-        if loops is not None:
-            return loops.positions_in(union, wanted)
+    loops = _host_loops(union, int(union.shape[0]))
+    if loops is not None:
+        return loops.positions_in(union, wanted)
     return array_namespace(union).searchsorted(union, wanted)
 
 

@@ -22,11 +22,10 @@ import numpy as np
 
 from .._registry import register
 from .._types import ReduceOp
-from ..primitives import merge_sorted
 from ..wire._exchange import gather_entries
 from ..wire._model import block_nbytes
 from ..wire._pack import COO, Wire
-from ._common import positions_in, rank_slices
+from ._common import positions_in, rank_slices, union_of
 from ._cost import Cost, Shape
 
 __all__ = ["mask", "cost"]
@@ -47,13 +46,11 @@ def mask(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
     else:
         all_idx, counts = comm.allgatherv(indices, counts, op_name="mask.indices")
         sets = [all_idx[s] for s in rank_slices(counts)]
-    marks = xp.zeros(max(int(a.shape[0]) for a in sets), dtype=np.int32)  # merge needs values
-    union, _ = merge_sorted([(a, marks[:a.shape[0]]) for a in sets],
-                            checked=False)  # coalesced inputs
+    union = union_of(sets, indices.dtype)  # coalesced inputs
     rows = xp.zeros((union.shape[0],) + tuple(values.shape[1:]), dtype=values.dtype)
     rows[positions_in(union, indices)] = values
     comm.allreduce(rows, rows, op, op_name="mask.allreduce").wait()
-    return union.astype(indices.dtype, copy=False), rows
+    return union, rows
 
 
 def cost(shape: Shape, rank: int) -> Cost:
