@@ -78,7 +78,10 @@ def test_mask_prices_its_union_rows_as_a_fill_and_its_own_rows_as_writes():
         for case, union in ((same, k), (spread, p * k)):
             units = work("mask", case, r)
             assert units["row"] == k * width and units["fill"] == union * width
-            assert units["merge"] == p * k and units.get("dense", 0) == 0
+            assert units["union"] == p * k and "merge" not in units and "dense" not in units
+    older = Profile("o", 0.0, 0.0, 0.0, 0.0, {**ZERO_WORK, "merge": 3.0, "dense": 2.0})
+    assert (older.price("union"), older.price("fill")) == (3.0, 2.0)  # measured before them
+    assert dataclasses.replace(older, gamma={**older.gamma, "union": 1.0}).price("union") == 1.0
 
 
 def test_rounds_booked_by_the_models():

@@ -15,6 +15,8 @@ so the contention of a real call is in the numbers):
   the dense algorithm's own value passes (zero fill, scatter, scan, gather) per element; ``scan`` presence bitmap packing and unpacking plus flatnonzero, per position; ``code`` the wire
   codec's encode + decode of a sorted index stream (10 % density), per index and direction;
   ``fill`` the dense output's densify (n zeroed, 10 % of the rows written), per element;
+  ``union`` mask's index work: the union of the merge's P index sets and the first set's
+  positions in it, per index entering;
 - links (when the communicator spans several nodes: MPI's shared-memory split or
   ``CUPYCOLL_RANKS_PER_NODE``): the point-to-point measurement again among the ranks of each
   node (``links["intra"]``) and along the rails between nodes (``links["inter"]``), which the
@@ -37,7 +39,7 @@ from ..comm._topology import node_ids as _node_ids
 from ..primitives import merge_sorted
 from ..primitives._numpy_reduce import TINY
 from ..sparse import auto as _auto
-from ..sparse._common import presence, union_of_presence
+from ..sparse._common import positions_in, presence, union_of, union_of_presence
 from ..sparse._cost import Cost, Shape
 from ..sparse.dense import densify_into, local_pass
 from ..wire import decode_indices, encode_indices
@@ -174,6 +176,11 @@ def _local(comm: Any, repeats: int, k: int = 1 << 16, n: int = 1 << 20) -> dict[
     def code() -> None:
         decode_indices(encode_indices(idx, 0, n), idx.dtype)
 
+    sets = [i for i, _ in parts]
+
+    def union() -> None:
+        positions_in(union_of(sets, sets[0].dtype), sets[0])
+
     out = xp.empty(n, np.float32)
 
     per_row = _timed(comm, lambda: rows[order], repeats) / (k * 16)
@@ -186,6 +193,7 @@ def _local(comm: Any, repeats: int, k: int = 1 << 16, n: int = 1 << 20) -> dict[
             "dense": max(_timed(comm, dense_local, repeats) / n - 0.2 * per_row, 0.0),
             "scan": _timed(comm, scan, repeats) / n,
             "code": _timed(comm, code, repeats) / (2 * idx.shape[0]),
+            "union": _timed(comm, union, repeats) / (len(parts) * k),
             "fill": _timed(comm, lambda: densify_into(out, idx, ones), repeats) / n}
 
 

@@ -7,14 +7,15 @@ entries are evaluated: the first receives the most, the second merges and sends 
 
 Local work, in the units ``gamma`` prices (N = total nnz, U = union, W = max(width, 1)):
 
-- ``merge``: entries entering a k-way merge (allgather: N; split: its region's N/P; mask: the N
-  indices; recursive doubling: both partners' partial results every sparse round);
+- ``merge``: entries entering a k-way merge (allgather: N; split: its region's N/P; recursive
+  doubling: both partners' partial results every sparse round);
 - ``row``: value elements copied or scattered besides the merge (received rows, result rows);
 - ``dense``: value elements of an n-long dense pass (zero fill, scatter, gather);
 - ``scan``: dense positions scanned for presence (bitmap, presence fields, flatnonzero).
 - ``code`` (compact wire only): indices encoded or decoded, about two per entry received.
 - ``fold``: value elements of merged rows beyond the first of each row (a merge of wide rows
   folds every element; ``merge`` prices the entry and its first element);
+- ``union``: indices entering mask's union of index sets (and its lookup of its own);
 - ``fill``: elements of an n-long output zeroed with its rows written (``output="dense"``:
   the ``dense`` algorithm's input before its in-place allreduce, every other one's result;
   mask: the U rows its allreduce reduces).
@@ -56,12 +57,12 @@ def _split(shape: Shape, rank: int, profile: Profile | None = None) -> dict[str,
 
 
 def _mask(shape: Shape, rank: int) -> dict[str, float]:
-    """The union of every rank's indices (a merge), the union's rows zeroed (a fill: the
-    allreduce's buffer, handed back as the result) and this rank's rows written into it.
+    """The union of every rank's indices (no values: its own unit), the union's rows zeroed
+    (a fill: the allreduce's buffer, handed back as the result) and this rank's rows written.
     (Pricing the union's rows at the gather rate, twice, made wide rows cost 1.4-2.4x the
     measured time at P = 3, 4, and allgather was picked where mask was 1.1-1.2x faster.)"""
     w = max(shape.width, 1)
-    return {"merge": shape.total_nnz, "row": shape.nnz[rank] * w, "fill": shape.union * w}
+    return {"union": shape.total_nnz, "row": shape.nnz[rank] * w, "fill": shape.union * w}
 
 
 def _dense(shape: Shape, rank: int) -> dict[str, float]:
