@@ -280,6 +280,7 @@ def test_merge_path_is_chosen_by_value_elements(monkeypatch, size, width, path, 
 
     assert (_numpy_reduce.LOOP_SUM, _numpy_reduce.SMALL) == (1 << 10, 1 << 14)
     monkeypatch.setenv("CUPYCOLL_NUMBA", numba)
+    monkeypatch.setattr(_numpy_reduce, "TWO_WAY", False)  # two parts: the next test's path
     if numba == "off" and path == "loop":
         path = "tiny" if 2 * size <= _numpy_reduce.TINY else "sorted"
     taken = []
@@ -291,3 +292,64 @@ def test_merge_path_is_chosen_by_value_elements(monkeypatch, size, width, path, 
     idx, val = P.merge_sorted(parts)
     assert taken == ([] if path == "loops" else [path])
     assert idx.tolist() == list(range(2 * size)) and (val == 1).all()
+
+
+@pytest.mark.parametrize("two_way", [True, False])
+@pytest.mark.parametrize("dtype,acc", [("float32", None), ("float16", "float32"),
+                                       ("float64", None), ("int32", None), ("int64", None)])
+@pytest.mark.parametrize("width", [None, 3])
+def test_two_part_sums_equal_a_dense_fold(monkeypatch, two_way, dtype, acc, width):
+    """Sums of two parts (numba's two-way merge, or the other paths with it off), few and
+    many entries (through both of merge_sorted's branches), int32 and int64 indices mixed,
+    empty and one-sided parts: the bits of a dense left fold from -0 in part order, cast
+    back once (-0, NaN, +-inf, integer wraparound)."""
+    from cupycoll.primitives import _numpy_reduce
+
+    monkeypatch.setattr(_numpy_reduce, "TWO_WAY", two_way)
+    rng = np.random.default_rng([7, width or 0, len(dtype), two_way])
+    row = (width,) if width else ()
+    work = np.dtype(acc or dtype)
+    special = ([0.0, -0.0, np.inf, -np.inf, np.nan, 1.5, -2.25] if work.kind == "f"
+               else [np.iinfo(work).max, np.iinfo(work).min, -1, 0, 7])
+    canonical = lambda v: (np.where(np.isnan(v), np.nan, v).astype(v.dtype)  # noqa: E731
+                           if v.dtype.kind == "f" else v)
+    for n, sizes in ((12, (5, 7)), (12, (0, 6)), (12, (6, 0)), (40000, (15000, 9000))):
+        parts = []
+        for size, itype in zip(sizes, ("int32", "int64")):
+            idx = np.sort(rng.choice(n, size, replace=False)).astype(itype)
+            parts.append((idx, np.asarray(rng.choice(special, (size,) + row)).astype(dtype)))
+        dense = np.full((n,) + row, -0.0 if work.kind == "f" else 0, work)
+        present = np.zeros(n, bool)
+        with np.errstate(all="ignore"):
+            for idx, val in parts:
+                dense[idx] = dense[idx] + val.astype(work)
+                present[idx] = True
+            want_v = dense[present].astype(dtype)
+        got_i, got_v = P.merge_sorted(parts, "sum", acc)
+        assert_same_pair((got_i, canonical(got_v)),
+                         (np.flatnonzero(present).astype(np.int64), canonical(want_v)))
+
+
+@pytest.mark.parametrize("size, width, two", [(20, 0, True), (9000, 0, True), (30000, 0, True),
+                                              (500, 4, True), (3000, 8, False)])
+def test_two_parts_take_the_two_way_merge(monkeypatch, size, width, two):
+    """With numba, two parts take the two-way merge for every 1-D sum and for rows below
+    numba's bound (2 x 500 rows of 4); wider sums of rows (2 x 3000 rows of 8 = 48,000
+    elements) take numba's k-way loop; three parts never take it; without numba nothing does."""
+    from cupycoll.primitives import _accel, _numba
+
+    calls = []
+    monkeypatch.setattr(_numba, "sum_two", lambda *a, f=_numba.sum_two: calls.append(1) or f(*a))
+    rows = (size, width) if width else (size,)
+    parts = [(np.arange(r, 3 * size, 3), np.ones(rows, np.float32)) for r in range(3)]
+    assert _accel.loops() is _numba
+    for count in (2, 3):
+        calls.clear()
+        idx, val = P.merge_sorted(parts[:count])
+        assert calls == ([1] if two and count == 2 else [])
+        assert np.array_equal(idx, np.sort(np.concatenate([i for i, _ in parts[:count]])))
+        assert (val == 1).all()
+    monkeypatch.setenv("CUPYCOLL_NUMBA", "off")
+    calls.clear()
+    P.merge_sorted(parts[:2])
+    assert calls == []

@@ -80,8 +80,25 @@ def test_mask_prices_its_union_rows_as_a_fill_and_its_own_rows_as_writes():
             assert units["row"] == k * width and units["fill"] == union * width
             assert units["union"] == p * k and "merge" not in units and "dense" not in units
     older = Profile("o", 0.0, 0.0, 0.0, 0.0, {**ZERO_WORK, "merge": 3.0, "dense": 2.0})
-    assert (older.price("union"), older.price("fill")) == (3.0, 2.0)  # measured before them
+    assert (older.price("union"), older.price("fill"), older.price("merge2")) == (3.0, 2.0, 3.0)
     assert dataclasses.replace(older, gamma={**older.gamma, "union": 1.0}).price("union") == 1.0
+
+
+def test_recursive_doublings_rounds_are_priced_as_two_way_merges():
+    """Every sparse round of recursive doubling merges two partial results (numba's two-way
+    merge on the host), allgather one P-way merge: the first is priced by ``merge2``, the
+    second by ``merge``, so a profile where two-way merges are cheap makes only RD cheaper."""
+    from cupycoll.tuner.predict import work
+
+    for p in (2, 3, 4, 8):
+        case = shape(p, 1 << 20, 1 << 10)
+        rd, ag = work("recursive_doubling", case, 0), work("allgather", case, 0)
+        assert rd["merge2"] > 0 and "merge" not in rd and ag["merge"] > 0 and "merge2" not in ag
+        cheap_two = Profile("c", 0.0, 0.0, 0.0, 0.0, {**ZERO_WORK, "merge": 1.0, "merge2": 0.1})
+        dear_two = Profile("d", 0.0, 0.0, 0.0, 0.0, {**ZERO_WORK, "merge": 1.0, "merge2": 1.0})
+        cheap, dear = (auto.predicted_times(case, f) for f in (cheap_two, dear_two))
+        assert cheap["recursive_doubling"] < dear["recursive_doubling"]
+        assert cheap["allgather"] == dear["allgather"] and cheap["split"] == dear["split"]
 
 
 def test_rounds_booked_by_the_models():

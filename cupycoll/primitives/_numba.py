@@ -29,10 +29,10 @@ from .._config import setting
 from ._common import _abs_threshold, _block_cuts, _identity
 from ._numba_dense import (_SCAN, add_rows, compact_blocks, densify_sorted,  # noqa: F401
                            index_stats, positions_in, special_values, union_sorted)
-from ._numba_small import SUM_DTYPES, sum_parts  # noqa: F401
+from ._numba_small import SUM_DTYPES, sum_parts, sum_two  # noqa: F401
 
 __all__ = ["merge", "select", "select_unequal", "count", "densify_sorted", "add_rows",
-           "special_values", "index_stats", "positions_in", "union_sorted", "sum_parts",
+           "special_values", "index_stats", "positions_in", "union_sorted", "sum_parts", "sum_two",
            "SUM_DTYPES", "threads", "free_scratch"]
 
 #: op codes of the merge loop, keyed by the numpy ufunc of _types.UFUNCS.

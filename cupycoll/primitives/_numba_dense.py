@@ -3,8 +3,9 @@
 Re-exported by :mod:`cupycoll.primitives._numba` (what ``_accel._fast`` returns): the densify
 pass of ``output="dense"``, the row accumulation of split's region variant, the value flags
 (NaN/inf, -0), the (min, max, increasing) read of indices, the union of index sets and the
-positions of a rank's indices in it (``mask``), and the branch-free union copy of the ``dense`` algorithm's large unions. Each moves or compares bits or
-adds like numpy's loop, so results equal the numpy twins'.
+positions of a rank's indices in it (``mask``), and the branch-free union copy of the
+``dense`` algorithm's large unions. Each moves or compares bits or adds like numpy's loop, so
+results equal the numpy twins'.
 """
 
 from __future__ import annotations

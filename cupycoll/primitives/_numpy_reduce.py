@@ -35,6 +35,11 @@ SMALL = 1 << 14
 #: dozen calls cost more than the pass (2 x 10 entries 20 -> 13 us); above, the pass's
 #: per-entry branches lose to one stable sort (2 x 2000: 64 vs 90 us; docs/primitives.md).
 LOOP_SUM = 1 << 10
+#: sums of exactly two parts (allgather's at P = 2, every round of recursive doubling) take
+#: numba's two-way merge where numba runs (``_numba_small.sum_two``): every 1-D sum (2 x 20K
+#: entries: 471 -> 116 us; 2 x 500 rows of 4: 79 -> 10 us) and the few-entry sums of rows;
+#: wide rows beyond those merge faster in numba's k-way loop (20K rows of 16: 514 vs 716 us).
+TWO_WAY = True
 
 
 def few_enough(elements: int) -> bool:
@@ -192,6 +197,10 @@ def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
     elements = total * math.prod(ref.shape[1:])  # wide rows
     if ufunc is np.add and few_enough(elements):
         return few_summed(indices, [v for _, v in pairs], acc, ref.dtype)
+    two = two_summed(indices, [v for _, v in pairs], acc, itype) if (
+        ufunc is np.add and ref.ndim == 1) else None
+    if two is not None:
+        return _narrowed(*two, two[0].shape[0], ref.dtype)
     fast = _fast(elements)
     merged = None if fast is None else fast.merge(indices, [v for _, v in pairs], ufunc, acc,
                                                   itype)
@@ -218,6 +227,10 @@ def few_summed(indices: Sequence[np.ndarray], values: Sequence[np.ndarray], acc:
     :func:`sorted_sum`), cast back to ``dtype`` once; integer sums wrap and floats overflow to
     inf without a warning, as in every reduction."""
     itype = np.result_type(*(i.dtype for i in indices))
+    two = two_summed(indices, values, acc, itype)
+    if two is not None:
+        with np.errstate(all="ignore"):
+            return two[0], two[1].astype(dtype, copy=False)
     entries = sum(i.shape[0] for i in indices)
     loops = _accel.loops() if entries * math.prod(values[0].shape[1:]) < LOOP_SUM else None
     if loops is not None and acc in loops.SUM_DTYPES:
@@ -227,6 +240,19 @@ def few_summed(indices: Sequence[np.ndarray], values: Sequence[np.ndarray], acc:
     with np.errstate(all="ignore"):
         idx, rows = fold(indices, values, acc, itype)
         return idx, rows.astype(dtype, copy=False)
+
+
+def two_summed(indices: Sequence[np.ndarray], values: Sequence[np.ndarray], acc: np.dtype,
+               itype: np.dtype) -> tuple[np.ndarray, np.ndarray] | None:
+    """The sum of exactly two parts by numba's two-way merge (:data:`TWO_WAY`), in ``acc``
+    (one numba adds in), or None (another path sums them)."""
+    if not TWO_WAY or len(indices) != 2:
+        return None
+    loops = _accel.loops()
+    if loops is None or acc not in loops.SUM_DTYPES:
+        return None
+    with np.errstate(all="ignore"):  # the cast into acc, as every path makes it
+        return loops.sum_two(indices[0], values[0], indices[1], values[1], acc, itype)
 
 
 def loop_sum(loops: Any, indices: Sequence[np.ndarray], values: Sequence[np.ndarray],

@@ -9,7 +9,8 @@ so the contention of a real call is in the numbers):
 - point-to-point: an exchange of 8 B with the two ring neighbours, of 8 B with every peer
   (alpha_msg: the extra per peer, from P = 4 on) and of ``LARGE / P`` B with every peer (beta);
 - gamma (local work, the primitives the algorithms use): ``merge`` a P-way merge_sorted of
-  1-D float32 parts, per entry; ``fold`` a merge of 16-wide rows (half of each part's indices
+  1-D float32 parts, per entry; ``merge2`` the same of two of the parts (numba's two-way merge,
+  recursive doubling's every round); ``fold`` a merge of 16-wide rows (half of each part's indices
   shared: most rows are added) minus the same merge of 1-D values, per element beyond the
   first of each row; ``row`` a gather of 16-wide float32 rows, per element; ``dense``
   the dense algorithm's own value passes (zero fill, scatter, scan, gather) per element; ``scan`` presence bitmap packing and unpacking plus flatnonzero, per position; ``code`` the wire
@@ -185,9 +186,10 @@ def _local(comm: Any, repeats: int, k: int = 1 << 16, n: int = 1 << 20) -> dict[
 
     per_row = _timed(comm, lambda: rows[order], repeats) / (k * 16)
     merge = _timed(comm, lambda: merge_sorted(parts), repeats)
+    merge2 = _timed(comm, lambda: merge_sorted(parts[:2]), repeats)
     folds = _timed(comm, lambda: merge_sorted(wide), repeats) - _timed(
         comm, lambda: merge_sorted(narrow), repeats)
-    return {"merge": merge / (len(parts) * k),
+    return {"merge": merge / (len(parts) * k), "merge2": merge2 / (2 * k),
             "fold": max(folds, 0.0) / (len(parts) * k * 15),
             "row": per_row,
             "dense": max(_timed(comm, dense_local, repeats) / n - 0.2 * per_row, 0.0),

@@ -7,8 +7,9 @@ entries are evaluated: the first receives the most, the second merges and sends 
 
 Local work, in the units ``gamma`` prices (N = total nnz, U = union, W = max(width, 1)):
 
-- ``merge``: entries entering a k-way merge (allgather: N; split: its region's N/P; recursive
-  doubling: both partners' partial results every sparse round);
+- ``merge``: entries entering a k-way merge (allgather: N; split: its region's N/P);
+- ``merge2``: entries entering a two-way merge (recursive doubling: both partners' partial
+  results every sparse round);
 - ``row``: value elements copied or scattered besides the merge (received rows, result rows);
 - ``dense``: value elements of an n-long dense pass (zero fill, scatter, gather);
 - ``scan``: dense positions scanned for presence (bitmap, presence fields, flatnonzero).
@@ -81,7 +82,7 @@ def _recursive_doubling(shape: Shape, rank: int) -> dict[str, float]:
     """Rounds of a homogeneous estimate: group unions of 2^j ranks' mean nnz."""
     w, p = max(shape.width, 1), shape.size
     mean = shape.total_nnz / max(p, 1)
-    out = {"merge": 0.0, "row": 0.0, "dense": 0.0, "scan": 0.0, "fold": 0.0}
+    out = {"merge2": 0.0, "row": 0.0, "dense": 0.0, "scan": 0.0, "fold": 0.0}
     rounds = max(p.bit_length() - 1, 0) + (1 if p & (p - 1) else 0)
     for j in range(rounds):
         group = estimate_union(shape.n, [mean] * min(2 ** j, p))
@@ -89,7 +90,7 @@ def _recursive_doubling(shape: Shape, rank: int) -> dict[str, float]:
             out["dense"] += 2 * shape.n * w
             out["scan"] += shape.n
         else:
-            out["merge"] += 2 * group
+            out["merge2"] += 2 * group
             out["row"] += 2 * group * w
             out["fold"] += 2 * group * (w - 1)
     return out

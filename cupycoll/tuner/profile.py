@@ -30,9 +30,9 @@ __all__ = ["Profile", "default_profile", "profile_path", "load_profile", "save_p
            "profile_for", "WORK_KINDS"]
 
 #: units of local work priced by ``gamma`` (seconds per unit), see predict.work.
-WORK_KINDS = ("merge", "row", "dense", "scan", "code", "fill", "fold", "union")
+WORK_KINDS = ("merge", "merge2", "row", "dense", "scan", "code", "fill", "fold", "union")
 #: the unit a profile measured before a unit existed prices it by.
-_STAND_INS = {"fill": "dense", "union": "merge"}
+_STAND_INS = {"fill": "dense", "union": "merge", "merge2": "merge"}
 #: the prices a link kind may override (Profile.links).
 _LINK_PRICES = ("alpha_p2p", "beta_p2p", "alpha_msg")
 
@@ -57,7 +57,7 @@ class Profile:
 
     def price(self, unit: str) -> float:
         """Seconds per unit of local work ``unit`` (0 if unmeasured; a profile measured before
-        ``fill`` or ``union`` existed prices them as a ``dense`` and a ``merge`` unit)."""
+        ``fill``, ``union`` or ``merge2`` existed prices them as ``dense``, ``merge``, ``merge``)."""
         if unit not in self.gamma:
             unit = _STAND_INS.get(unit, unit)
         return self.gamma.get(unit, 0.0)
