@@ -216,18 +216,27 @@ def test_tiny_sum_merge_equals_a_dense_fold(monkeypatch, loop, tiny, small, dtyp
             idx = np.sort(rng.choice(n, size, replace=False)).astype(itype)
             val = np.asarray(rng.choice(special, (size,) + row)).astype(dtype)
             parts.append((idx, val))
-        dense = np.full((n,) + row, -0.0 if work.kind == "f" else 0, work)
-        present = np.zeros(n, bool)
-        with np.errstate(all="ignore"):
-            for idx, val in parts:
-                dense[idx] = dense[idx] + val.astype(work)
-                present[idx] = True
-            want_v = dense[present].astype(dtype)
-        got_i, got_v = P.merge_sorted(parts, "sum", acc)
-        canonical = lambda v: (np.where(np.isnan(v), np.nan, v).astype(v.dtype)  # noqa: E731
-                               if v.dtype.kind == "f" else v)
-        assert_same_pair((got_i, canonical(got_v)),
-                         (np.flatnonzero(present).astype(itype), canonical(want_v)))
+        sum_is_a_dense_fold(parts, n, row, dtype, acc, itype)
+
+
+def sum_is_a_dense_fold(parts: list, n: int, row: tuple, dtype: str, acc: str | None,
+                        itype: str) -> None:
+    """``merge_sorted(parts, "sum", acc)`` has the bits of a dense left fold in part order
+    from -0 (integers from 0) in ``acc``, cast back to ``dtype`` once (NaNs made canonical:
+    a NaN's sign depends on the operands' order, e.g. inf - inf)."""
+    work = np.dtype(acc or dtype)
+    dense = np.full((n,) + row, -0.0 if work.kind == "f" else 0, work)
+    present = np.zeros(n, bool)
+    with np.errstate(all="ignore"):
+        for idx, val in parts:
+            dense[idx] = dense[idx] + val.astype(work)
+            present[idx] = True
+        want_v = dense[present].astype(dtype)
+    got_i, got_v = P.merge_sorted(parts, "sum", acc)
+    canonical = lambda v: (np.where(np.isnan(v), np.nan, v).astype(v.dtype)  # noqa: E731
+                           if v.dtype.kind == "f" else v)
+    assert_same_pair((got_i, canonical(got_v)),
+                     (np.flatnonzero(present).astype(itype), canonical(want_v)))
 
 
 @pytest.mark.parametrize("loop, tiny, small", PATHS)
@@ -311,23 +320,12 @@ def test_two_part_sums_equal_a_dense_fold(monkeypatch, two_way, dtype, acc, widt
     work = np.dtype(acc or dtype)
     special = ([0.0, -0.0, np.inf, -np.inf, np.nan, 1.5, -2.25] if work.kind == "f"
                else [np.iinfo(work).max, np.iinfo(work).min, -1, 0, 7])
-    canonical = lambda v: (np.where(np.isnan(v), np.nan, v).astype(v.dtype)  # noqa: E731
-                           if v.dtype.kind == "f" else v)
     for n, sizes in ((12, (5, 7)), (12, (0, 6)), (12, (6, 0)), (40000, (15000, 9000))):
         parts = []
         for size, itype in zip(sizes, ("int32", "int64")):
             idx = np.sort(rng.choice(n, size, replace=False)).astype(itype)
             parts.append((idx, np.asarray(rng.choice(special, (size,) + row)).astype(dtype)))
-        dense = np.full((n,) + row, -0.0 if work.kind == "f" else 0, work)
-        present = np.zeros(n, bool)
-        with np.errstate(all="ignore"):
-            for idx, val in parts:
-                dense[idx] = dense[idx] + val.astype(work)
-                present[idx] = True
-            want_v = dense[present].astype(dtype)
-        got_i, got_v = P.merge_sorted(parts, "sum", acc)
-        assert_same_pair((got_i, canonical(got_v)),
-                         (np.flatnonzero(present).astype(np.int64), canonical(want_v)))
+        sum_is_a_dense_fold(parts, n, row, dtype, acc, "int64")
 
 
 @pytest.mark.parametrize("size, width, two", [(20, 0, True), (9000, 0, True), (30000, 0, True),
