@@ -205,6 +205,7 @@ def test_tiny_sum_merge_equals_a_dense_fold(monkeypatch, loop, tiny, small, dtyp
     monkeypatch.setattr(_numpy_reduce, "LOOP_SUM", loop)
     monkeypatch.setattr(_numpy_reduce, "TINY", tiny)
     monkeypatch.setattr(_numpy_reduce, "SMALL", small)
+    monkeypatch.setattr(_numpy_reduce, "TWO_WAY", False)  # the chain: its own tests below
     rng = np.random.default_rng([31, width or 0, len(dtype)])
     row = (width,) if width else ()
     work = np.dtype(acc or dtype)
@@ -239,18 +240,22 @@ def sum_is_a_dense_fold(parts: list, n: int, row: tuple, dtype: str, acc: str | 
                      (np.flatnonzero(present).astype(itype), canonical(want_v)))
 
 
+@pytest.mark.parametrize("two_way", [False, True])
 @pytest.mark.parametrize("loop, tiny, small", PATHS)
-@pytest.mark.parametrize("parts, size, width", [(3, 20, 0), (5, 150, 0), (3, 300, 4)])
-def test_merge_sums_shared_indices_in_part_order(monkeypatch, loop, tiny, small, parts, size,
-                                                 width):
+@pytest.mark.parametrize("parts, size, width", [(3, 20, 0), (5, 150, 0), (3, 300, 4),
+                                                (4, 9000, 0)])
+def test_merge_sums_shared_indices_in_part_order(monkeypatch, two_way, loop, tiny, small, parts,
+                                                 size, width):
     """Continuous float32 values of mixed magnitudes, most indices shared by several parts:
     their sums depend on the order of the additions, and every path (numba's pass, Python
-    fold, one-sort, general) adds them in part order, as a dense left fold from -0 does."""
+    fold, one-sort, general, and for two to four parts the chained two-way merges) adds them
+    in part order, as a dense left fold from -0 does."""
     from cupycoll.primitives import _numpy_reduce
 
     monkeypatch.setattr(_numpy_reduce, "LOOP_SUM", loop)
     monkeypatch.setattr(_numpy_reduce, "TINY", tiny)
     monkeypatch.setattr(_numpy_reduce, "SMALL", small)
+    monkeypatch.setattr(_numpy_reduce, "TWO_WAY", two_way)  # two to four parts: the chain
     rng, n, row = np.random.default_rng([size, parts]), size * 5 // 4, (width,) if width else ()
     pairs = []
     for _ in range(parts):
@@ -307,44 +312,49 @@ def test_merge_path_is_chosen_by_value_elements(monkeypatch, size, width, path, 
 @pytest.mark.parametrize("dtype,acc", [("float32", None), ("float16", "float32"),
                                        ("float64", None), ("int32", None), ("int64", None)])
 @pytest.mark.parametrize("width", [None, 3])
-def test_two_part_sums_equal_a_dense_fold(monkeypatch, two_way, dtype, acc, width):
-    """Sums of two parts (numba's two-way merge, or the other paths with it off), few and
-    many entries (through both of merge_sorted's branches), int32 and int64 indices mixed,
-    empty and one-sided parts: the bits of a dense left fold from -0 in part order, cast
-    back once (-0, NaN, +-inf, integer wraparound)."""
+def test_chained_sums_equal_a_dense_fold(monkeypatch, two_way, dtype, acc, width):
+    """Sums of two to five parts (numba's two-way merges chained in part order up to
+    CHAIN_PARTS, or the other paths with it off), few and many entries (through both of
+    merge_sorted's branches), int32 and int64 indices mixed, empty and one-sided parts: the
+    bits of a dense left fold from -0 in part order, cast back once (-0, NaN, +-inf, integer
+    wraparound; shared indices summed in part order, as the values' magnitudes show)."""
     from cupycoll.primitives import _numpy_reduce
 
     monkeypatch.setattr(_numpy_reduce, "TWO_WAY", two_way)
     rng = np.random.default_rng([7, width or 0, len(dtype), two_way])
     row = (width,) if width else ()
     work = np.dtype(acc or dtype)
-    special = ([0.0, -0.0, np.inf, -np.inf, np.nan, 1.5, -2.25] if work.kind == "f"
+    special = ([0.0, -0.0, np.inf, -np.inf, np.nan, 1.5, -2.25, 3e-4, 6e4] if work.kind == "f"
                else [np.iinfo(work).max, np.iinfo(work).min, -1, 0, 7])
-    for n, sizes in ((12, (5, 7)), (12, (0, 6)), (12, (6, 0)), (40000, (15000, 9000))):
+    cases = [(12, (5, 7)), (12, (0, 6)), (12, (6, 0)), (40000, (15000, 9000)),
+             (12, (5, 0, 9)), (30, (20, 25, 18, 22)), (30000, (9000, 12000, 7000)),
+             (20000, (6000, 5000, 7000, 8000, 4000))]
+    for n, sizes in cases:
         parts = []
-        for size, itype in zip(sizes, ("int32", "int64")):
-            idx = np.sort(rng.choice(n, size, replace=False)).astype(itype)
+        for p, size in enumerate(sizes):
+            idx = np.sort(rng.choice(n, size, replace=False)).astype(("int32", "int64")[p % 2])
             parts.append((idx, np.asarray(rng.choice(special, (size,) + row)).astype(dtype)))
         sum_is_a_dense_fold(parts, n, row, dtype, acc, "int64")
 
 
 @pytest.mark.parametrize("size, width, two", [(20, 0, True), (9000, 0, True), (30000, 0, True),
                                               (500, 4, True), (3000, 8, False)])
-def test_two_parts_take_the_two_way_merge(monkeypatch, size, width, two):
-    """With numba, two parts take the two-way merge for every 1-D sum and for rows below
-    numba's bound (2 x 500 rows of 4); wider sums of rows (2 x 3000 rows of 8 = 48,000
-    elements) take numba's k-way loop; three parts never take it; without numba nothing does."""
+def test_two_to_four_parts_take_the_chained_two_way_merge(monkeypatch, size, width, two):
+    """With numba, two to four parts take the two-way merge, chained (one merge per part
+    after the first), for every 1-D sum and for rows below numba's bound (500 rows of 4);
+    wider sums of rows (3000 rows of 8 a part: 48,000 elements and more) and five parts take
+    numba's k-way loop; without numba nothing does."""
     from cupycoll.primitives import _accel, _numba
 
     calls = []
     monkeypatch.setattr(_numba, "sum_two", lambda *a, f=_numba.sum_two: calls.append(1) or f(*a))
     rows = (size, width) if width else (size,)
-    parts = [(np.arange(r, 3 * size, 3), np.ones(rows, np.float32)) for r in range(3)]
+    parts = [(np.arange(r, 5 * size, 5), np.ones(rows, np.float32)) for r in range(5)]
     assert _accel.loops() is _numba
-    for count in (2, 3):
+    for count in (2, 3, 4, 5):
         calls.clear()
         idx, val = P.merge_sorted(parts[:count])
-        assert calls == ([1] if two and count == 2 else [])
+        assert len(calls) == (count - 1 if two and count <= 4 else 0)
         assert np.array_equal(idx, np.sort(np.concatenate([i for i, _ in parts[:count]])))
         assert (val == 1).all()
     monkeypatch.setenv("CUPYCOLL_NUMBA", "off")

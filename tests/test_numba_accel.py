@@ -189,8 +189,10 @@ def test_merge_temporaries_kept_or_not(monkeypatch: pytest.MonkeyPatch, kept: in
     """Kept temporaries are reused (and freed by free_scratch); results are the same either way,
     also when a later, larger merge outgrows them."""
     from cupycoll.primitives import _numba as K
+    from cupycoll.primitives import _numpy_reduce
 
     monkeypatch.setattr(K, "_SCRATCH_KEPT", kept)
+    monkeypatch.setattr(_numpy_reduce, "TWO_WAY", False)  # three parts: the k-way loop
     rng = np.random.default_rng(kept)
     P.free_scratch()
     for size in (3000, 300, 9000):

@@ -35,11 +35,15 @@ SMALL = 1 << 14
 #: dozen calls cost more than the pass (2 x 10 entries 20 -> 13 us); above, the pass's
 #: per-entry branches lose to one stable sort (2 x 2000: 64 vs 90 us; docs/primitives.md).
 LOOP_SUM = 1 << 10
-#: sums of exactly two parts (allgather's at P = 2, every round of recursive doubling) take
-#: numba's two-way merge where numba runs (``_numba_small.sum_two``): every 1-D sum (2 x 20K
-#: entries: 471 -> 116 us; 2 x 500 rows of 4: 79 -> 10 us) and the few-entry sums of rows;
-#: wide rows beyond those merge faster in numba's k-way loop (20K rows of 16: 514 vs 716 us).
+#: sums of two to ``CHAIN_PARTS`` parts (every round of recursive doubling; allgather's and
+#: split's at P <= 4) take numba's two-way merge where numba runs (``_numba_small.sum_two``),
+#: chained in part order, ((p0 + p1) + p2) + p3: the left fold, so the same bits. Every 1-D sum
+#: (2 x 20K entries: 471 -> 116 us; 3 x 5K 147 -> 70; 4 x 20K 730 -> 423) and the few-entry
+#: sums of rows (2 x 500 rows of 4: 79 -> 10 us); wide rows beyond those merge faster in numba's
+#: k-way loop (20K rows of 16: 514 vs 716 us), and so do more parts (the chain moves the
+#: growing sum again per part: 8 x 20K 1.76 vs 1.71 ms, 16 x 5K 1.1 vs 1.7 ms).
 TWO_WAY = True
+CHAIN_PARTS = 4
 
 
 def few_enough(elements: int) -> bool:
@@ -244,15 +248,18 @@ def few_summed(indices: Sequence[np.ndarray], values: Sequence[np.ndarray], acc:
 
 def two_summed(indices: Sequence[np.ndarray], values: Sequence[np.ndarray], acc: np.dtype,
                itype: np.dtype) -> tuple[np.ndarray, np.ndarray] | None:
-    """The sum of exactly two parts by numba's two-way merge (:data:`TWO_WAY`), in ``acc``
-    (one numba adds in), or None (another path sums them)."""
-    if not TWO_WAY or len(indices) != 2:
+    """The sum of two to :data:`CHAIN_PARTS` parts by numba's two-way merge, chained in part
+    order (:data:`TWO_WAY`), in ``acc`` (one numba adds in), or None (another path sums them)."""
+    if not TWO_WAY or not 2 <= len(indices) <= CHAIN_PARTS:
         return None
     loops = _accel.loops()
     if loops is None or acc not in loops.SUM_DTYPES:
         return None
     with np.errstate(all="ignore"):  # the cast into acc, as every path makes it
-        return loops.sum_two(indices[0], values[0], indices[1], values[1], acc, itype)
+        idx, val = indices[0], values[0]
+        for more, rows in zip(indices[1:], values[1:]):
+            idx, val = loops.sum_two(idx, val, more, rows, acc, itype)
+        return idx, val
 
 
 def loop_sum(loops: Any, indices: Sequence[np.ndarray], values: Sequence[np.ndarray],
