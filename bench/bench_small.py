@@ -17,33 +17,22 @@ the order; a time is then a block's seconds / B, the median over rounds of the s
 from __future__ import annotations
 
 import argparse
-import time
 from typing import Any, Callable
 
 import numpy as np
-from mpi4py import MPI
 from _common import interleaved
 
 import cupycoll as cc
 
 
 def blocked(calls: dict[str, Callable[[], Any]], rounds: int, block: int,
-            comm: Any) -> dict[str, list[float]]:
-    """Seconds per call of each call run ``block`` times back to back after a barrier, one
-    block of each per round (the first round a warm-up), rotating the order; a sample is the
-    slowest rank's."""
-    names, samples = list(calls), {name: [] for name in calls}
-    for r in range(rounds + 1):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            comm.mpi_comm.Barrier()
-            start = time.perf_counter()
-            for _ in range(block):
-                calls[name]()
-            seconds = (time.perf_counter() - start) / block
-            slowest = comm.mpi_comm.allreduce(seconds, op=MPI.MAX)
-            if r:
-                samples[name].append(slowest)
-    return samples
+            comm: Any) -> dict[str, Any]:
+    """Seconds per call of each call run ``block`` times back to back: ``interleaved`` over
+    blocks (one warm-up block each, then one block of each per round, rotating the order; a
+    sample is the slowest rank's), each sample divided by ``block``."""
+    runs = {name: (lambda f=f: [f() for _ in range(block)]) for name, f in calls.items()}
+    return {name: seconds / block
+            for name, seconds in interleaved(runs, rounds, 1, comm).items()}
 
 
 def main() -> None:

@@ -126,13 +126,10 @@ def _union2(a, b, out):  # type: ignore[no-untyped-def]
         i += x <= y
         j += y <= x
         k += 1
-    while i < na:
-        out[k] = a[i]
-        i, k = i + 1, k + 1
-    while j < nb:
-        out[k] = b[j]
-        j, k = j + 1, k + 1
-    return k
+    out[k:k + na - i] = a[i:]  # the rest of one side (the other is done)
+    k += na - i
+    out[k:k + nb - j] = b[j:]
+    return k + nb - j
 
 
 def union_sorted(parts: Sequence[np.ndarray], dtype: np.dtype) -> np.ndarray:

@@ -94,13 +94,7 @@ def _two_1d(a, va, b, vb, out_idx, out_val):  # type: ignore[no-untyped-def]
         out_val[k] = both if in_a and in_b else (va[i] if in_a else vb[j])
         out_idx[k] = x if in_a else y
         i, j, k = i + in_a, j + in_b, k + 1
-    for i in range(i, na):
-        out_idx[k], out_val[k] = a[i], va[i]
-        k += 1
-    for j in range(j, nb):
-        out_idx[k], out_val[k] = b[j], vb[j]
-        k += 1
-    return k
+    return _tails(a, va, b, vb, 1, i, j, k, out_idx, out_val)
 
 
 @njit(cache=True, nogil=True)
@@ -124,7 +118,13 @@ def _two_rows(a, va, b, vb, width, out_idx, out_val):  # type: ignore[no-untyped
                 out_val[to + e] = va[i * width + e] + vb[j * width + e]
             i, j = i + 1, j + 1
         k += 1
-    rest_a, rest_b = na - i, nb - j
+    return _tails(a, va, b, vb, width, i, j, k, out_idx, out_val)
+
+
+@njit(cache=True, nogil=True)
+def _tails(a, va, b, vb, width, i, j, k, out_idx, out_val):  # type: ignore[no-untyped-def]
+    """Copy what is left of either part (one of them is done) after entry ``k``; the count."""
+    rest_a, rest_b = a.size - i, b.size - j
     out_idx[k:k + rest_a] = a[i:]
     out_val[k * width:(k + rest_a) * width] = va[i * width:]
     k += rest_a

@@ -197,17 +197,16 @@ def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
     if len(pairs) == 1:
         return _narrowed(indices[0].astype(itype), pairs[0][1].astype(acc), indices[0].size,
                          ref.dtype)
+    values = [v for _, v in pairs]
     total = sum(i.size for i in indices)
     elements = total * math.prod(ref.shape[1:])  # wide rows
     if ufunc is np.add and few_enough(elements):
-        return few_summed(indices, [v for _, v in pairs], acc, ref.dtype)
-    two = two_summed(indices, [v for _, v in pairs], acc, itype) if (
-        ufunc is np.add and ref.ndim == 1) else None
+        return few_summed(indices, values, acc, ref.dtype)
+    two = two_summed(indices, values, acc, itype) if ufunc is np.add and ref.ndim == 1 else None
     if two is not None:
         return _narrowed(*two, two[0].shape[0], ref.dtype)
     fast = _fast(elements)
-    merged = None if fast is None else fast.merge(indices, [v for _, v in pairs], ufunc, acc,
-                                                  itype)
+    merged = None if fast is None else fast.merge(indices, values, ufunc, acc, itype)
     if merged is not None:
         return _narrowed(*merged, ref.dtype)
     cuts = _block_cuts(indices, total)
@@ -225,10 +224,11 @@ def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
 
 def few_summed(indices: Sequence[np.ndarray], values: Sequence[np.ndarray], acc: np.dtype,
                dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """A sum of fewer than :data:`SMALL` elements over sorted unique parts (below
-    :data:`LOOP_SUM` elements numba's one pass, :func:`loop_sum`, where numba runs and adds in
-    ``acc``; else a Python fold up to :data:`TINY` entries, :func:`tiny_sum`, else
-    :func:`sorted_sum`), cast back to ``dtype`` once; integer sums wrap and floats overflow to
+    """A sum of fewer than :data:`SMALL` elements over sorted unique parts (two to
+    :data:`CHAIN_PARTS` parts: :func:`two_summed`; else below :data:`LOOP_SUM` elements numba's
+    one pass, :func:`loop_sum`; both where numba runs and adds in ``acc``; else a Python fold
+    up to :data:`TINY` entries, :func:`tiny_sum`, else :func:`sorted_sum`), cast back to
+    ``dtype`` once; integer sums wrap and floats overflow to
     inf without a warning, as in every reduction."""
     itype = np.result_type(*(i.dtype for i in indices))
     two = two_summed(indices, values, acc, itype)
