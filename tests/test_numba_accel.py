@@ -206,28 +206,51 @@ def test_merge_temporaries_kept_or_not(monkeypatch: pytest.MonkeyPatch, kept: in
 
 @pytest.mark.parametrize("dtype", ["uint32", "uint64"])
 def test_select_unequal_is_flatnonzero_and_take(dtype):
-    """The dense algorithm's union scan (block test, and branch-free for many hits):
-    positions and bits of the elements that are not -0, against numpy's flatnonzero on the
-    comparison; empty, full, ragged and threaded lengths."""
+    """The dense algorithm's union scan (a copy per hit below BITS_UP_TO hits, else per
+    element): positions and bits of the elements that are not -0, against numpy's flatnonzero
+    on the comparison; empty, full, ragged, threaded lengths, hits on either side of the
+    switch and at the ends (the per-element copy stops at the last hit)."""
     from cupycoll.primitives import _numba
 
     rng = np.random.default_rng(len(dtype))
     minus_zero = np.dtype(dtype).type(1 << (8 * np.dtype(dtype).itemsize - 1))
     for size, density in ((0, 0.0), (1, 1.0), (37, 0.0), (1001, 1.0), (300_001, 0.02),
-                          (1 << 19, 0.3)):
+                          (1 << 19, 0.3), (1 << 19, 0.6), (4097, 0.39), (4097, 0.41),
+                          (200, 0.9)):
         x = np.full(size, minus_zero, dtype)
         hit = rng.random(size) < density
         x[hit] = rng.integers(0, np.iinfo(dtype).max, int(hit.sum()), dtype=dtype)
         x[hit & (rng.random(size) < 0.1)] = 0  # +0 is present
         for itype in (np.dtype(np.int32), np.dtype(np.int64)):
             want = np.flatnonzero(x != minus_zero)
-            for reset, many in ((False, False), (True, False), (False, True), (True, True)):
+            for reset in (False, True):
                 before = x.copy()
-                idx, raw = _numba.select_unequal(x, minus_zero, itype, reset=reset, many=many)
+                idx, raw = _numba.select_unequal(x, minus_zero, itype, reset=reset)
                 assert idx.dtype == itype and np.array_equal(idx, want), size
                 assert raw.dtype == x.dtype and raw.tobytes() == before[want].tobytes()
                 assert (x == minus_zero).all() if reset else np.array_equal(x, before)
                 x[...] = before
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int8", "int64"])
+def test_scatter_into_is_numpys_fancy_assignment(monkeypatch, dtype):
+    """``dense`` and ``mask`` write a rank's rows into a dense or union buffer with
+    ``scatter_into``: the numba loop (bits moved, rows of any width, unsorted unique indices
+    of any integer type) leaves exactly what numpy's ``out[idx] = val`` does, other rows
+    untouched; with numba off it is numpy's assignment."""
+    from cupycoll.sparse.dense import scatter_into
+
+    rng = np.random.default_rng(len(dtype))
+    for n, row, k in ((50, (), 7), (1000, (3,), 400), (300, (4, 5), 300), (20_000, (), 0)):
+        for itype in (np.int32, np.int64, np.uint16):
+            idx = rng.permutation(n)[:k].astype(itype)
+            val = values(rng, dtype, (k,) + row)
+            before = values(rng, dtype, (n,) + row)
+            want = before.copy()
+            want[idx] = val
+            got = both(monkeypatch, lambda: scatter_into(before.copy(), idx, val))
+            for out in got:
+                assert out.dtype == want.dtype and out.tobytes() == want.tobytes(), (n, row)
 
 
 def test_kept_filled_writes_only_what_is_not_known():

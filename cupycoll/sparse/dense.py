@@ -31,7 +31,8 @@ with n*(R + V) bytes; bitmap: allreduce of n*R bytes, plus (P-1)*c by exchange a
 floor((P-1)/P * P*c) by allgather, 2(P-1) messages. Local work O(n): one fill, one scatter, one
 presence scan, one gather. On the host the -0-filled buffer is kept between calls and restored
 after each (only the union's rows differ from -0 after the allreduce), so its fill is O(union)
-from the second call on; the scan and gather of a large 1-D buffer are one numba pass.
+from the second call on; the union of a large 1-D buffer is read by two numba passes (a count,
+then a copy of exactly the union) that also restore it.
 """
 
 from __future__ import annotations
@@ -48,8 +49,9 @@ from ..primitives._accel import _fast, kept_filled, mark_filled
 from ._common import bitmap_chunk, bitmap_or_allreduce, presence, union_of_presence
 from ._cost import Cost, Shape
 
-__all__ = ["dense", "dense_result", "densify_into", "add_into", "members", "row_bits", "cost",
-           "settle_cost", "folds_presence", "signed_zero_fill", "local_pass", "FOLD_WIDTH"]
+__all__ = ["dense", "dense_result", "densify_into", "scatter_into", "add_into", "members",
+           "row_bits", "cost", "settle_cost", "folds_presence", "signed_zero_fill", "local_pass",
+           "FOLD_WIDTH"]
 
 #: integer rows at least this wide carry their presence count in the values' allreduce.
 FOLD_WIDTH = 8
@@ -86,13 +88,12 @@ def dense(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
     if folds_presence(comm.size, values.dtype.itemsize, op, width):
         buf = xp.zeros(n * (width + 1), dtype=values.dtype)
         full, counts = buf[:n * width].reshape((n,) + row), buf[n * width:]
-        full[indices] = values
+        scatter_into(full, indices, values)
         counts[indices] = 1
         comm.stream_order(comm.allreduce(buf, buf, op, op_name="dense.allreduce"))
         union = xp.flatnonzero(counts).astype(indices.dtype, copy=False)
         return union, gather(full, union)
-    full = xp.zeros((n,) + row, dtype=values.dtype)
-    full[indices] = values
+    full = scatter_into(xp.zeros((n,) + row, dtype=values.dtype), indices, values)
     work = comm.allreduce(full, full, op, op_name="dense.allreduce")
     present = bitmap_or_allreduce(comm, presence(indices, n), "dense.union")  # waited last
     comm.stream_order(work)
@@ -128,6 +129,16 @@ def densify_into(out: Any, indices: Any, values: Any) -> Any:
     return out
 
 
+def scatter_into(out: Any, indices: Any, values: Any) -> Any:
+    """``out[indices] = values`` for unique ``indices`` in range: one numba loop on the host."""
+    fast = _fast(values.size) if isinstance(out, np.ndarray) else None
+    if fast is not None and values.dtype == out.dtype:
+        fast.scatter_rows(out, indices, values)
+    else:
+        out[indices] = values
+    return out
+
+
 def add_into(out: Any, indices: Any, lo: int, values: Any) -> None:
     """``out[indices - lo] += values`` for unique ``indices``: one numba loop on the host."""
     fast = _fast(values.size) if isinstance(out, np.ndarray) else None
@@ -144,8 +155,7 @@ def _signed_zeros(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, ro
     comm.stream_order(comm.allreduce(buf, buf, op, op_name="dense.allreduce"))
     bits, minus_zero = row_bits(full)
     if not bool(buf[size] > 0):  # nobody holds a -0: the common case, no more traffic
-        union, rows, reset = _not_minus_zero(bits, full, minus_zero, indices.dtype,
-                                             int(indices.shape[0]) * comm.size)
+        union, rows, reset = _not_minus_zero(bits, full, minus_zero, indices.dtype)
     else:
         union, rows, reset = _settle_signed_zeros(comm, indices, values, full, bits,
                                                   minus_zero)
@@ -162,9 +172,7 @@ def _densified(xp: Any, indices: Any, values: Any, n: int, row: tuple) -> tuple[
     else:  # cupy's pool keeps device memory; a device fill is cheap
         buf = xp.empty(size + 1, dtype=values.dtype)
         buf[:size] = -0.0
-    full = buf[:size].reshape((n,) + row)
-    full[indices] = values
-    return buf, full
+    return buf, scatter_into(buf[:size].reshape((n,) + row), indices, values)
 
 
 def row_bits(full: Any) -> tuple[Any, Any]:
@@ -174,9 +182,9 @@ def row_bits(full: Any) -> tuple[Any, Any]:
     return bits, bits.dtype.type(1 << (8 * bits.dtype.itemsize - 1))
 
 
-#: the union share of the rows up to which the host path works per union entry: the kept
-#: buffer is restored (the union's rows set to -0) instead of filled by the next call, and the
-#: numba scan replaces compare + flatnonzero + take (above, both cost more than they save).
+#: the union share of the rows up to which the numpy path (device arrays, numba off, rows)
+#: restores the kept host buffer (the union's rows set to -0) instead of leaving the next call
+#: to fill it (above, the scatter costs more than the fill it saves).
 RESTORE_SHARE = 1 / 8
 
 
@@ -196,26 +204,22 @@ def local_pass(indices: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
     ``dense`` unit): densify into the kept buffer, read the union back, restore; the union."""
     buf, full = _densified(np, indices, values, n, tuple(values.shape[1:]))
     bits, minus_zero = row_bits(full)
-    union, _, reset = _not_minus_zero(bits, full, minus_zero, indices.dtype,
-                                      int(indices.shape[0]))
+    union, _, reset = _not_minus_zero(bits, full, minus_zero, indices.dtype)
     _restore(buf, full, union, reset)
     return union
 
 
-def _not_minus_zero(bits: Any, full: Any, minus_zero: Any, index_dtype: Any, bound: int
+def _not_minus_zero(bits: Any, full: Any, minus_zero: Any, index_dtype: Any
                     ) -> tuple[Any, Any, bool]:
     """The rows of ``full`` with an element that is not -0, their values, and whether ``full``
-    was reset to -0: for large 1-D host arrays one pass of the numba loops, which resets what
-    it reads (a block test where the union is small, ``bound`` = this rank's nnz times P at
-    most ``RESTORE_SHARE`` of n; else a branch-free copy: 16M float32, union 19%: 44 -> 29 ms
-    against numpy, its loop since down from 22.6 to 14 ms), else a comparison,
-    ``flatnonzero`` and ``take``."""
+    was reset to -0: for large 1-D host arrays the numba loops (a count, then a copy per hit
+    or per element, then a reset: 1M float32 at P = 2, 10% density, 1.0 -> 0.3 ms), else a
+    comparison, ``flatnonzero`` and ``take``."""
     xp = array_namespace(full)
-    small = bound <= RESTORE_SHARE * bits.shape[0]
     fast = _fast(bits.shape[0]) if xp is np and bits.shape[1] == 1 else None
     if fast is not None:
         union, raw = fast.select_unequal(bits.reshape(-1), minus_zero, np.dtype(index_dtype),
-                                         reset=True, many=not small)
+                                         reset=True)
         return union, raw.view(full.dtype).reshape((-1,) + full.shape[1:]), True
     kept = bits[:, 0] != minus_zero if bits.shape[1] == 1 else (bits != minus_zero).any(axis=1)
     union = xp.flatnonzero(kept).astype(index_dtype, copy=False)
@@ -242,8 +246,7 @@ def _settle_signed_zeros(comm: Any, indices: Any, values: Any, full: Any, bits: 
         comm.stream_order(comm.allreduce(held, held, ReduceOp.SUM, op_name=SETTLE + ".held"))
     hidden = doubtful[(bits[doubtful] == minus_zero).all(axis=1)]  # held, reduced to all -0
     bits[hidden] = 0  # +0 for the union read, -0 again in its result below
-    union, rows, reset = _not_minus_zero(bits, full, minus_zero, indices.dtype,
-                                         int(indices.shape[0]) * p)
+    union, rows, reset = _not_minus_zero(bits, full, minus_zero, indices.dtype)
     rows[xp.searchsorted(union, hidden)] = full.dtype.type(-0.0)
     partial = xp.searchsorted(union, doubtful[held < p])
     if partial.shape[0]:

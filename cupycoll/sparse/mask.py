@@ -27,6 +27,7 @@ from ..wire._model import block_nbytes
 from ..wire._pack import COO, Wire
 from ._common import positions_in, rank_slices, union_of
 from ._cost import Cost, Shape
+from .dense import scatter_into
 
 __all__ = ["mask", "cost"]
 
@@ -48,7 +49,7 @@ def mask(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
         sets = [all_idx[s] for s in rank_slices(counts)]
     union = union_of(sets, indices.dtype)  # coalesced inputs
     rows = xp.zeros((union.shape[0],) + tuple(values.shape[1:]), dtype=values.dtype)
-    rows[positions_in(union, indices)] = values
+    scatter_into(rows, positions_in(union, indices), values)
     comm.allreduce(rows, rows, op, op_name="mask.allreduce").wait()
     return union, rows
 
