@@ -27,7 +27,7 @@ from numba import njit
 
 from .._config import setting
 from ._common import _abs_threshold, _block_cuts, _identity
-from ._numba_dense import (add_rows, copy_unequal, count_unequal,  # noqa: F401
+from ._numba_dense import (add_rows, copy_unequal, unequal_masks,  # noqa: F401
                            densify_sorted, index_stats, positions_in, scatter_rows,
                            special_values, union_sorted)
 from ._numba_small import SUM_DTYPES, sum_parts, sum_two  # noqa: F401
@@ -383,16 +383,19 @@ def select_unequal(x: np.ndarray, sentinel: int, itype: np.dtype, reset: bool = 
                    ) -> tuple[np.ndarray, np.ndarray]:
     """The positions (as itype) and values of the elements of integer 1-D x that are not
     ``sentinel`` (the ``dense`` algorithm's union: values not -0, as bits): per piece on
-    threads, one pass counting them, then one copying them into outputs of exactly that size
-    (per hit or per element, whichever the count says is cheaper: :func:`copy_unequal`);
-    ``reset``: x is left all ``sentinel``."""
-    sentinel, pieces = x.dtype.type(sentinel), _pieces(x.size)
-    cuts = [(p * x.size) // pieces for p in range(pieces + 1)]
-    spans = list(zip(cuts[:-1], cuts[1:]))
-    hits = _in_threads([partial(count_unequal, x, sentinel, a, b) for a, b in spans])
+    threads, one pass writing each block of 64 elements' hits as bits and counting them, then
+    one copying them into outputs of exactly that size (per hit from the bits, or per element,
+    whichever the count says is cheaper: :func:`copy_unequal`); ``reset``: x is left all
+    ``sentinel``. 1M uint32, one thread: 1% hits 218 -> 125 us against a count pass and a
+    copy pass over x, 10% 436 -> 333; 4M 1% 1.37 -> 0.74 ms."""
+    sentinel, blocks, pieces = x.dtype.type(sentinel), -(-x.size // 64), _pieces(x.size)
+    masks = _scratch("masks", (blocks,), np.dtype(np.uint64))
+    edges = [(p * blocks) // pieces for p in range(pieces + 1)]
+    spans = list(zip(edges[:-1], edges[1:]))
+    hits = _in_threads([partial(unequal_masks, x, sentinel, a, b, masks) for a, b in spans])
     ends = np.cumsum(hits)
     out_idx, out_val = np.empty(ends[-1], itype), np.empty(ends[-1], x.dtype)
-    _in_threads([partial(copy_unequal, x, sentinel, a, b, bool(reset), out_idx[e - h:e],
+    _in_threads([partial(copy_unequal, x, sentinel, a, b, masks, bool(reset), out_idx[e - h:e],
                          out_val[e - h:e]) for (a, b), h, e in zip(spans, hits, ends)])
     return out_idx, out_val
 

@@ -17,7 +17,7 @@ from numba import njit
 from numba.cpython.unsafe.numbers import trailing_zeros
 
 __all__ = ["densify_sorted", "scatter_rows", "add_rows", "special_values", "index_stats",
-           "union_sorted", "positions_in", "count_unequal", "copy_unequal", "BITS_UP_TO"]
+           "union_sorted", "positions_in", "unequal_masks", "copy_unequal", "BITS_UP_TO"]
 
 #: bytes of ``out`` zeroed at a time by densify_sorted (L1-sized: its rows land in cache).
 _DENSIFY_BLOCK = 1 << 14
@@ -188,68 +188,72 @@ def positions_in(union: np.ndarray, wanted: np.ndarray) -> np.ndarray:
     return out
 
 
-#: the share of hits up to which :func:`copy_unequal` stores per hit (the hits of 64
-#: elements as bits, then their set bits in order, each reset alone) rather than per element
-#: (branch-free, then a fill). Reset included (us), 1M uint32: 1% hits 87 vs 629, 10% 182 vs
+#: the share of hits up to which :func:`copy_unequal` stores per hit (the set bits of each
+#: block's mask in order, each hit reset alone) rather than per element (branch-free, then a
+#: fill). Reset included (us), 1M uint32: 1% hits 87 vs 629, 10% 182 vs
 #: 618, 30% 485 vs 634, 40% 594 vs 638, 45% 650 vs 629, 60% 806 vs 635; 4M uint32: 1% 961
 #: vs 2,698, 40% 2,422 vs 2,763, 50% 2,848 vs 2,876, 60% 3,331 vs 2,855; uint64 alike.
 BITS_UP_TO = 0.45
 
 
 @njit(cache=True, nogil=True)
-def count_unequal(x, sentinel, start, stop):  # type: ignore[no-untyped-def]
-    """How many of x[start:stop] are not ``sentinel`` (one vectorised pass; the loops here
-    index views from 0, which the compiler knows is never negative: with indices from
-    ``start``, a wraparound test per element keeps this loop scalar, 12x slower)."""
-    xs, hits = x[start:stop], 0
-    for i in range(xs.size):
-        hits += xs[i] != sentinel
+def unequal_masks(x, sentinel, first, last, masks):  # type: ignore[no-untyped-def]
+    """Bit j of ``masks[b]`` set where x[64 b + j] is not ``sentinel``, for the blocks
+    ``first..last-1`` of 64 elements (x's last block may be shorter); the number of such
+    elements. The loops here index views from 0, which the compiler knows is never negative:
+    indexed from ``first * 64``, a wraparound test per element keeps a loop scalar (12x)."""
+    xs, ms, hits = x[first * 64:min(last * 64, x.size)], masks[first:last], 0
+    for block in range(ms.size):
+        base, bits = block * 64, np.uint64(0)
+        if base + 64 <= xs.size:
+            for j in range(64):  # vectorised
+                bits |= np.uint64(xs[base + j] != sentinel) << np.uint64(j)
+        else:
+            for j in range(xs.size - base):
+                bits |= np.uint64(xs[base + j] != sentinel) << np.uint64(j)
+        ms[block] = bits
+        hits += _popcount(bits)
     return hits
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _popcount(m):  # type: ignore[no-untyped-def]
+    m = m - ((m >> np.uint64(1)) & np.uint64(0x5555555555555555))
+    m = (m & np.uint64(0x3333333333333333)) + ((m >> np.uint64(2)) & np.uint64(0x3333333333333333))
+    m = (m + (m >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
+    return np.int64((m * np.uint64(0x0101010101010101)) >> np.uint64(56))
+
+
 @njit(cache=True, nogil=True)
-def copy_unequal(x, sentinel, start, stop, reset, out_idx,  # type: ignore[no-untyped-def]
-                 out_val):
-    """The positions and elements of x[start:stop] that are not ``sentinel``, in order, into
-    ``out_idx`` and ``out_val`` (exactly as long as there are such elements:
-    :func:`count_unequal`); ``reset``: x[start:stop] is all ``sentinel`` after."""
-    xs, hits = x[start:stop], out_idx.size
-    if hits <= BITS_UP_TO * xs.size:
-        _by_bits(xs, sentinel, start, reset, out_idx, out_val)
+def copy_unequal(x, sentinel, first, last, masks, reset,  # type: ignore[no-untyped-def]
+                 out_idx, out_val):
+    """The positions and elements of x's blocks ``first..last-1`` that are not ``sentinel``,
+    in order, into ``out_idx`` and ``out_val`` (exactly as long as there are such elements),
+    from :func:`unequal_masks`' bits; ``reset``: those blocks are all ``sentinel`` after."""
+    start = first * 64
+    xs, ms, hits = x[start:min(last * 64, x.size)], masks[first:last], out_idx.size
+    if hits <= BITS_UP_TO * xs.size:  # a store per hit (and its reset); x read at hits only
+        k = 0
+        for block in range(ms.size):
+            base, bits = block * 64, ms[block]
+            while bits:  # the set bits in order
+                i = base + np.int64(trailing_zeros(bits))
+                out_idx[k] = start + i
+                out_val[k] = xs[i]
+                k += 1
+                if reset:
+                    xs[i] = sentinel
+                bits &= bits - np.uint64(1)
         return
     if hits:
-        last = xs.size - 1
-        while xs[last] == sentinel:  # the stores stop at the last hit: none past the outputs
-            last -= 1
+        last_hit = xs.size - 1
+        while xs[last_hit] == sentinel:  # the stores stop at the last hit: none past the end
+            last_hit -= 1
         k = 0
-        for i in range(last + 1):
+        for i in range(last_hit + 1):
             v = xs[i]
             out_idx[k] = start + i
             out_val[k] = v
             k += v != sentinel
     if reset:  # a fill: a store per element in the loop costs 1.4x more
         xs[:] = sentinel
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _by_bits(xs, sentinel, start, reset, out_idx, out_val):  # type: ignore[no-untyped-def]
-    k, blocks = 0, xs.size // 64  # reset: the hits alone (a fill writes all of xs again)
-    for block in range(blocks):
-        base, bits = block * 64, np.uint64(0)
-        for j in range(64):  # vectorised: the block's hits as bits
-            bits |= np.uint64(xs[base + j] != sentinel) << np.uint64(j)
-        while bits:  # one store per hit, in order
-            i = base + np.int64(trailing_zeros(bits))
-            out_idx[k] = start + i
-            out_val[k] = xs[i]
-            k += 1
-            if reset:
-                xs[i] = sentinel
-            bits &= bits - np.uint64(1)
-    for i in range(blocks * 64, xs.size):
-        if xs[i] != sentinel:
-            out_idx[k] = start + i
-            out_val[k] = xs[i]
-            k += 1
-            if reset:
-                xs[i] = sentinel
