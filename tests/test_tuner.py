@@ -84,6 +84,26 @@ def test_mask_prices_its_union_rows_as_a_fill_and_its_own_rows_as_writes():
     assert dataclasses.replace(older, gamma={**older.gamma, "union": 1.0}).price("union") == 1.0
 
 
+def test_dense_prices_its_rows_by_its_own_unit():
+    """The dense algorithm's scatter of the rank's rows and read-back of the union's are
+    priced by ``dense_row`` (a sorted write or copy; the ``row`` gather is 3-5x dearer), once
+    per row of each, on top of its pass over n; a profile measured before the unit existed
+    prices them as ``row``."""
+    from cupycoll.tuner.predict import work
+
+    for p, width in ((2, 0), (4, 3)):
+        case = shape(p, 1 << 16, 1 << 10, width)
+        units = work("dense", case, 0)
+        w = max(width, 1)
+        assert units["dense_row"] == (case.nnz[0] + case.union) * w and "row" not in units
+        assert units["dense"] == case.n * w
+        cheap = Profile("c", 0.0, 0.0, 0.0, 0.0, {**ZERO_WORK, "row": 1.0, "dense_row": 0.1})
+        dear = dataclasses.replace(cheap, gamma={**cheap.gamma, "dense_row": 1.0})
+        low, high = (auto.predicted_times(case, f) for f in (cheap, dear))
+        assert low["dense"] < high["dense"] and low["allgather"] == high["allgather"]
+    assert Profile("o", 0.0, 0.0, 0.0, 0.0, {**ZERO_WORK, "row": 3.0}).price("dense_row") == 3.0
+
+
 def test_recursive_doublings_rounds_are_priced_as_two_way_merges():
     """Every sparse round of recursive doubling merges two partial results (numba's two-way
     merge on the host), allgather one P-way merge: the first is priced by ``merge2``, the

@@ -13,7 +13,8 @@ so the contention of a real call is in the numbers):
   recursive doubling's every round); ``fold`` a merge of 16-wide rows (half of each part's indices
   shared: most rows are added) minus the same merge of 1-D values, per element beyond the
   first of each row; ``row`` a gather of 16-wide float32 rows, per element; ``dense``
-  the dense algorithm's own value passes (zero fill, scatter, scan, gather) per element; ``scan`` presence bitmap packing and unpacking plus flatnonzero, per position; ``code`` the wire
+  the dense algorithm's own passes over n, per element, and ``dense_row`` its work per row
+  written or read back (from its host pass at 30% and 1% density); ``scan`` presence bitmap packing and unpacking plus flatnonzero, per position; ``code`` the wire
   codec's encode + decode of a sorted index stream (10 % density), per index and direction;
   ``fill`` the dense output's densify (n zeroed, 10 % of the rows written), per element;
   ``union`` mask's index work: the union of the merge's P index sets and the first set's
@@ -160,14 +161,14 @@ def _local(comm: Any, repeats: int, k: int = 1 << 16, n: int = 1 << 20) -> dict[
     order = xp.asarray(rng.permutation(k))
     idx = xp.asarray(np.sort(rng.choice(n, n // 10, replace=False)).astype(np.int32))
 
-    ones = xp.ones(idx.shape[0], np.float32)
+    ones = xp.ones(3 * n // 10, np.float32)
 
-    def dense_local() -> None:  # the host pass of the dense algorithm (no allreduce)
+    def dense_local(idx: Any = idx) -> None:  # the dense algorithm's host pass (no allreduce)
         if xp is np:
-            local_pass(idx, ones, n)
+            local_pass(idx, ones[:idx.shape[0]], n)
         else:
             full = xp.zeros(n, np.float32)
-            full[idx] = ones
+            full[idx] = ones[:idx.shape[0]]
             full[xp.flatnonzero(full)]
 
     def scan() -> None:
@@ -185,6 +186,12 @@ def _local(comm: Any, repeats: int, k: int = 1 << 16, n: int = 1 << 20) -> dict[
     out = xp.empty(n, np.float32)
 
     per_row = _timed(comm, lambda: rows[order], repeats) / (k * 16)
+    # the dense pass at 30% and 1% of n: its part per row written or read back (the rank's
+    # scattered rows and the union's copied ones, 2 per entry of one rank) and per position
+    many = xp.asarray(np.sort(rng.choice(n, 3 * n // 10, replace=False)).astype(np.int32))
+    few = idx[::10]
+    dense_many, dense_few = (_timed(comm, lambda: dense_local(i), repeats) for i in (many, few))
+    dense_row = max(dense_many - dense_few, 0.0) / (2 * (many.shape[0] - few.shape[0]))
     merge = _timed(comm, lambda: merge_sorted(parts), repeats)
     merge2 = _timed(comm, lambda: merge_sorted(parts[:2]), repeats)
     folds = _timed(comm, lambda: merge_sorted(wide), repeats) - _timed(
@@ -192,11 +199,12 @@ def _local(comm: Any, repeats: int, k: int = 1 << 16, n: int = 1 << 20) -> dict[
     return {"merge": merge / (len(parts) * k), "merge2": merge2 / (2 * k),
             "fold": max(folds, 0.0) / (len(parts) * k * 15),
             "row": per_row,
-            "dense": max(_timed(comm, dense_local, repeats) / n - 0.2 * per_row, 0.0),
+            "dense": max(dense_few - 2 * few.shape[0] * dense_row, 0.0) / n,
+            "dense_row": dense_row,
             "scan": _timed(comm, scan, repeats) / n,
             "code": _timed(comm, code, repeats) / (2 * idx.shape[0]),
             "union": _timed(comm, union, repeats) / (len(parts) * k),
-            "fill": _timed(comm, lambda: densify_into(out, idx, ones), repeats) / n}
+            "fill": _timed(comm, lambda: densify_into(out, idx, ones[:idx.shape[0]]), repeats) / n}
 
 
 #: the small call ``fixed`` is measured on: n, and entries per rank. TINY entries a rank: the

@@ -11,7 +11,10 @@ Local work, in the units ``gamma`` prices (N = total nnz, U = union, W = max(wid
 - ``merge2``: entries entering a two-way merge (recursive doubling: both partners' partial
   results every sparse round);
 - ``row``: value elements copied or scattered besides the merge (received rows, result rows);
-- ``dense``: value elements of an n-long dense pass (zero fill, scatter, gather);
+- ``dense``: value elements of an n-long dense pass (the ``dense`` algorithm's union scan;
+  recursive doubling's dense rounds: fill, scatter, gather);
+- ``dense_row``: value elements the ``dense`` algorithm writes into its n-long buffer (the
+  rank's rows) or reads back from it (the union's);
 - ``scan``: dense positions scanned for presence (bitmap, presence fields, flatnonzero).
 - ``code`` (compact wire only): indices encoded or decoded, about two per entry received.
 - ``fold``: value elements of merged rows beyond the first of each row (a merge of wide rows
@@ -67,14 +70,16 @@ def _mask(shape: Shape, rank: int) -> dict[str, float]:
 
 
 def _dense(shape: Shape, rank: int) -> dict[str, float]:
-    """Presence scanned apart only on the bitmap path (-0 fills and count tails are read by
+    """Passes over n, and the rank's rows scattered and the union's read back (``dense_row``:
+    a sorted write or copy, 3-5x cheaper than the ``row`` gather that priced them until the
+    numba scatter and union copy). Presence scanned apart only on the bitmap path (-0 fills and count tails are read by
     the same flatnonzero the ``dense`` unit already prices); a dense output has no pass over n
     (its rows are written into the zeroed output, which is then reduced in place)."""
     w = max(shape.width, 1)
     if shape.output == "dense":
         return {"fill": shape.n * w}
     bitmap = "dense.union" in _auto.MODELS["dense"](shape, rank).received
-    return {"dense": shape.n * w, "row": (shape.nnz[rank] + shape.union) * w,
+    return {"dense": shape.n * w, "dense_row": (shape.nnz[rank] + shape.union) * w,
             "scan": shape.n if bitmap else 0}
 
 

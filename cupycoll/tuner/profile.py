@@ -32,7 +32,7 @@ __all__ = ["Profile", "default_profile", "profile_path", "load_profile", "save_p
 #: units of local work priced by ``gamma`` (seconds per unit), see predict.work.
 WORK_KINDS = ("merge", "merge2", "row", "dense", "scan", "code", "fill", "fold", "union")
 #: the unit a profile measured before a unit existed prices it by.
-_STAND_INS = {"fill": "dense", "union": "merge", "merge2": "merge"}
+_STAND_INS = {"fill": "dense", "union": "merge", "merge2": "merge", "dense_row": "row"}
 #: the prices a link kind may override (Profile.links).
 _LINK_PRICES = ("alpha_p2p", "beta_p2p", "alpha_msg")
 
@@ -57,7 +57,8 @@ class Profile:
 
     def price(self, unit: str) -> float:
         """Seconds per unit of local work ``unit`` (0 if unmeasured; a profile measured before
-        ``fill``, ``union`` or ``merge2`` existed prices them as ``dense``, ``merge``, ``merge``)."""
+        ``fill``, ``union``, ``merge2`` or ``dense_row`` existed prices them as ``dense``,
+        ``merge``, ``merge``, ``row``)."""
         if unit not in self.gamma:
             unit = _STAND_INS.get(unit, unit)
         return self.gamma.get(unit, 0.0)
