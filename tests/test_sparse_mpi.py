@@ -32,6 +32,25 @@ def test_volume_equals_cost_models(nprocs):
     assert f"ok 315 volume checks on {nprocs} ranks" in out
 
 
+@pytest.mark.parametrize("nprocs", [2, 3, 5])
+def test_split_gathers_dense_regions_where_bytes_decide(nprocs, tmp_path):
+    """Under a profile where only bytes cost, split's owners send their regions dense with a
+    presence bit per row wherever n rows and bits are fewer bytes than the union's entries:
+    results against the dense reference (every op and dtype, rows, empty ranks) and traffic
+    against the model and a numpy count, with the dense-region gather taken on some cases."""
+    import json
+
+    profile = tmp_path / "bytes_only.json"
+    profile.write_text(json.dumps({"name": "bytes", "alpha_p2p": 0.0, "beta_p2p": 1.0,
+                                   "alpha_native": 0.0, "beta_native": 1.0, "gamma": {}}))
+    env = {"CUPYCOLL_PROFILE": str(profile)}
+    out = run_mpi(nprocs, "sparse_random.py", 3000 + nprocs, 150, "split", timeout=240, env=env)
+    assert f"ok 150 cases on {nprocs} ranks" in out
+    out = run_mpi(nprocs, "sparse_volume.py", 11, timeout=180, env=env)
+    assert f"ok 315 volume checks on {nprocs} ranks" in out
+    assert int(out.split("as dense regions: ")[1].split()[0]) > 0, out
+
+
 @pytest.mark.parametrize("nprocs", [3, 4])
 def test_bad_input_raises_on_every_rank(nprocs):
     out = run_mpi(nprocs, "sparse_errors.py", timeout=120)

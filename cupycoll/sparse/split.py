@@ -155,15 +155,48 @@ def _scatter(comm: Any, indices: Any, values: Any, bounds: np.ndarray, wire: Wir
 def split(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
           accumulate_dtype: Any = None, wire: Wire = COO) -> tuple[Any, Any]:
     """Reduce-scatter balanced index regions to their owners, then allgatherv the regions."""
+    from ..tuner.profile import profile_for
+
     p, rank = comm.size, comm.rank
     if p == 1:
         return indices, values
-    bounds = _bounds(comm, indices, n)
+    samples = _samples(comm, indices)
+    bounds = region_bounds(samples, n)
     own_idx, own_val = reduce_scatter(comm, indices, values, bounds, op, accumulate_dtype,
                                       wire=wire)
+    shape = Shape(p, n, math.prod(own_val.shape[1:]) if own_val.ndim > 1 else 0,
+                  indices.dtype.itemsize, own_val.dtype.itemsize,
+                  tuple(int(c) for c in samples[:, 0]), wire=wire)
+    if gathers_dense(shape, profile_for(comm)):
+        return _gather_regions(comm, own_idx, own_val, bounds)
     all_idx, all_val, _ = allgatherv_entries(comm, own_idx, own_val, "split.gather", wire,
                                              int(bounds[rank]), int(bounds[rank + 1]))
     return all_idx, all_val
+
+
+def _gather_regions(comm: Any, own_idx: Any, own_val: Any, bounds: np.ndarray
+                    ) -> tuple[Any, Any]:
+    """Phase 3 dense (a sparse output): every owner's region as n/P-ish rows and a bit per row
+    (present or not), allgathered; every rank reads the union back from the bits. The same
+    entries and bits as the sparse gather: the owners' reduced rows, moved as they are."""
+    xp, rank = comm.xp, comm.rank
+    spans = np.diff(bounds)
+    lo, row = int(bounds[rank]), tuple(own_val.shape[1:])
+    local = own_idx - lo
+    block = densify_into(xp.empty((int(spans[rank]),) + row, dtype=own_val.dtype), local,
+                         own_val)
+    present = xp.zeros(int(spans[rank]), dtype=bool)
+    present[local] = True
+    full = xp.empty((int(bounds[-1]),) + row, dtype=own_val.dtype)
+    comm.run("_allgatherv_into", block, full, spans, op_name="split.regions")
+    packed = -(-spans // 8)
+    bits = xp.empty(int(packed.sum()), dtype=np.uint8)
+    comm.run("_allgatherv_into", xp.packbits(present), bits, packed, op_name="split.presence")
+    starts = np.concatenate([[0], np.cumsum(packed)])
+    union = xp.flatnonzero(xp.concatenate([
+        xp.unpackbits(bits[starts[r]:starts[r + 1]])[:int(spans[r])]
+        for r in range(comm.size)])).astype(own_idx.dtype, copy=False)
+    return union, xp.take(full, union, axis=0)
 
 
 def reduce_scatter(comm: Any, indices: Any, values: Any, bounds: np.ndarray, op: ReduceOp,
@@ -188,7 +221,10 @@ def _finished(shape: Shape) -> Shape:
 
 
 def gathers_dense(shape: Shape, profile: Any = None) -> bool:
-    """``output="dense"``: whether the owners' regions travel dense. Predicted seconds of the
+    """Whether the owners' regions travel dense. A sparse output: the union's entries (after
+    a count allgather), or the n rows and a bit each (one more exchange of P-1 messages, a fill
+    of the owner's region, a scan of the n bits on every rank), whichever the profile prices
+    lower. ``output="dense"``: Predicted seconds of the
     two ways with the profile's prices (default: :func:`cupycoll.tuner.profile.load_profile`),
     from the nnz alone (union estimated, ``inputs`` ignored: what every rank knows after
     phase 1). Sparse: the union's entries ((P-1)/P of U x E bytes), the owner's merge of N/P
@@ -201,6 +237,11 @@ def gathers_dense(shape: Shape, profile: Any = None) -> bool:
     shape = shape if shape.inputs is None else dataclasses.replace(shape, inputs=None)
     p, w, price = shape.size, max(shape.width, 1), profile.price
     region, share = shape.total_nnz / p, profile.beta_p2p * (p - 1) / p
+    if shape.output != "dense":  # the merge and the union's rows cost the same both ways
+        sparse = share * shape.union * shape.entry_bytes + profile.alpha_native  # + counts
+        dense = (share * shape.n * (shape.row_bytes + 1 / 8) + price("fill") * shape.n * w / p
+                 + price("scan") * shape.n + profile.alpha_p2p + profile.alpha_msg * (p - 1))
+        return p > 1 and dense < sparse
     sparse = (share * shape.union * _finished(shape).entry_bytes + price("merge") * region
               + price("fill") * shape.n * w)
     dense = (share * shape.n * shape.result_row_bytes + price("row") * region * w
@@ -223,7 +264,7 @@ def dense_result(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, out
     bounds = region_bounds(samples, n)
     shape = Shape(p, n, math.prod(values.shape[1:]) if values.ndim > 1
                   else 0, indices.dtype.itemsize, values.dtype.itemsize,
-                  tuple(int(c) for c in samples[:, 0]), wire=wire,
+                  tuple(int(c) for c in samples[:, 0]), wire=wire, output="dense",
                   result_bytes=out.dtype.itemsize)
     dense = gathers_dense(shape, profile_for(comm))
     parts = _scatter(comm, indices, values, bounds, wire)
@@ -293,9 +334,13 @@ def cost(shape: Shape, rank: int, profile: Any = None) -> Cost:
                for r in range(p) if r != rank]
         gathered = [gathers.block_bytes(shape.union // p, None, 0, span)] * p
     c.book("split.scatter", sum(got), sum(1 for g in got if g))
-    if shape.output == "dense" and gathers_dense(shape, profile):
+    if gathers_dense(shape, profile):
         spans = (np.diff(bounds) if shape.inputs is not None
                  else [shape.n // p + (r < shape.n % p) for r in range(p)])
-        return c.allgatherv("split.regions", p, rank, spans, shape.result_row_bytes,
+        if shape.output == "dense":
+            return c.allgatherv("split.regions", p, rank, spans, shape.result_row_bytes,
+                                with_counts=False)
+        c.allgatherv("split.regions", p, rank, spans, shape.row_bytes, with_counts=False)
+        return c.allgatherv("split.presence", p, rank, [-(-int(s) // 8) for s in spans], 1,
                             with_counts=False)
     return c.allgatherv_entries("split.gather", p, rank, gathered, shape.size_words)

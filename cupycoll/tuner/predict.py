@@ -50,14 +50,19 @@ def _allgather(shape: Shape, rank: int) -> dict[str, float]:
 
 def _split(shape: Shape, rank: int, profile: Profile | None = None) -> dict[str, float]:
     """A dense output: the region variant (:func:`cupycoll.sparse.split.gathers_dense`) writes
-    the owner's region (accumulating its rows instead of merging them) or the whole output."""
+    the owner's region (accumulating its rows instead of merging them) or the whole output. A
+    sparse output gathered as dense regions: the owner's region filled, and every rank scans
+    the n presence bits before it takes the union's rows."""
     if shape.size == 1:
         return {"fill": shape.n * max(shape.width, 1)} if shape.output == "dense" else {}
     w, region = max(shape.width, 1), shape.total_nnz / shape.size
-    if shape.output == "dense" and _split_mod.gathers_dense(shape, profile):
+    dense_regions = _split_mod.gathers_dense(shape, profile)
+    if shape.output == "dense" and dense_regions:
         return {"row": region * w, "fill": shape.n * w / shape.size}
     out = {"merge": region, "row": (region + shape.union) * w, "fold": region * (w - 1)}
-    return {**out, "fill": shape.n * w} if shape.output == "dense" else out
+    if shape.output == "dense":
+        return {**out, "fill": shape.n * w}
+    return {**out, "fill": shape.n * w / shape.size, "scan": shape.n} if dense_regions else out
 
 
 def _mask(shape: Shape, rank: int) -> dict[str, float]:
@@ -72,9 +77,10 @@ def _mask(shape: Shape, rank: int) -> dict[str, float]:
 def _dense(shape: Shape, rank: int) -> dict[str, float]:
     """Passes over n, and the rank's rows scattered and the union's read back (``dense_row``:
     a sorted write or copy, 3-5x cheaper than the ``row`` gather that priced them until the
-    numba scatter and union copy). Presence scanned apart only on the bitmap path (-0 fills and count tails are read by
-    the same flatnonzero the ``dense`` unit already prices); a dense output has no pass over n
-    (its rows are written into the zeroed output, which is then reduced in place)."""
+    numba scatter and union copy). Presence scanned apart only on the bitmap path (-0 fills
+    and count tails are read by the same flatnonzero the ``dense`` unit already prices); a
+    dense output has no pass over n (its rows are written into the zeroed output, which is
+    then reduced in place)."""
     w = max(shape.width, 1)
     if shape.output == "dense":
         return {"fill": shape.n * w}

@@ -125,10 +125,13 @@ def _shape(size: int, n: int, density: float, width: int, skew: float,
 
 def _volume(name: str, shape: Shape, profile: Profile | None) -> int:
     """Most bytes a rank (the first or the last) receives, validation included (hierarchical's
-    rails choose with ``profile``, on ``shape``'s nodes)."""
+    rails choose with ``profile``, on ``shape``'s nodes; split's regions travel dense or as
+    entries as ``profile`` prices them)."""
     def model(rank: int) -> Any:
         if name == "hierarchical":
             return _hier.cost(shape, rank, profile)
+        if name == "split":
+            return _auto.MODELS[name](shape, rank, profile)
         return _auto.MODELS[name](shape, rank)
     return max(validation_cost(shape.size).add(model(r)).bytes_received
                for r in sorted({0, shape.size - 1}))
@@ -159,6 +162,7 @@ def _sparse_rows(sizes: list[int], networks: list[str], n: int, density: float, 
                            output)
             profile = network_profile(net, size)
             volume["hierarchical"] = _volume("hierarchical", shape, profile)
+            volume["split"] = _volume("split", flat, profile)
             times = {name: predict(name, shape, profile) for name in _auto.MODELS}
             best = min(times, key=times.__getitem__)
             for name, seconds in times.items():

@@ -73,11 +73,12 @@ def split_regions(inputs: list[np.ndarray], n: int) -> np.ndarray:
 
 
 def split_traffic(inputs: list[np.ndarray], n: int, rank: int, entry_bytes: int,
-                  region_row_bytes: int | bool = False, gathered_bytes: int | None = None
-                  ) -> dict:
+                  region_row_bytes: int | bool = False, gathered_bytes: int | None = None,
+                  presence: bool = False) -> dict:
     """split's (bytes, messages) received by ``rank`` per operation, counted with numpy;
-    ``region_row_bytes``: a dense output gathered as dense regions of rows of that many bytes
-    (every peer's region whole, no counts); ``gathered_bytes``: bytes of one gathered entry
+    ``region_row_bytes``: regions gathered dense, as rows of that many bytes (every peer's
+    region whole, no counts), and with ``presence`` (a sparse output) a bit per row, each
+    region's bits packed in whole bytes; ``gathered_bytes``: bytes of one gathered entry
     (default ``entry_bytes``; a dense output's owners gather entries of the caller's dtype)."""
     p = len(inputs)
     if p == 1:
@@ -94,6 +95,9 @@ def split_traffic(inputs: list[np.ndarray], n: int, rank: int, entry_bytes: int,
         spans = [int(bounds[r + 1] - bounds[r]) for r in range(p) if r != rank]
         if sum(spans):
             want["split.regions"] = (sum(spans) * region_row_bytes, sum(1 for s in spans if s))
+            if presence:
+                want["split.presence"] = (sum(-(-s // 8) for s in spans),
+                                          sum(1 for s in spans if s))
         return want
     want["split.gather.counts"] = (peers, p - 1)
     if sum(unions):
@@ -119,7 +123,7 @@ def main() -> None:
              for width, dtype, acc, itype in ((0, "float32", None, "int32"),
                                               (3, "float16", "float32", "int64"),
                                               (0, "int64", None, "int64"))]
-    checked = 0
+    checked = dense_regions = 0
     for c, (pattern, n, k, width, dtype, acc, itype) in enumerate(cases):
         inputs = []
         for r in range(size):
@@ -153,17 +157,21 @@ def main() -> None:
             assert comm.stats.bytes_received == model.bytes_received
             if algorithm == "split":
                 result_row = np.dtype(dtype).itemsize * max(width, 1)
-                regions = "split.regions" in got and result_row
+                sparse_rows = output == "sparse" and "split.regions" in got
+                dense_regions += sparse_rows
+                regions = "split.regions" in got and (vbytes * max(width, 1) if sparse_rows
+                                                      else result_row)
                 first = split_traffic([i for i, _ in inputs], n, rank,
                                       np.dtype(itype).itemsize + vbytes * max(width, 1), regions,
                                       np.dtype(itype).itemsize + result_row
-                                      if output == "dense" else None)
+                                      if output == "dense" else None, sparse_rows)
                 got.pop("sparse.validate", None)
                 assert got == first, (f"rank {rank} split {pattern} n={n}: numpy count differs"
                                       f"\n got  {sorted(got.items())}\n want {sorted(first.items())}")
             checked += 1
     if rank == 0:
-        print(f"ok {checked} volume checks on {size} ranks")
+        print(f"ok {checked} volume checks on {size} ranks; split's sparse results gathered "
+              f"as dense regions: {dense_regions}")
 
 
 if __name__ == "__main__":
