@@ -38,6 +38,20 @@ def test_wire_formats_on_emulated_gpus(nprocs):
     _run(nprocs, ["wire"], timeout=900)
 
 
+def test_split_dense_regions_on_emulated_gpus(tmp_path):
+    """split's sparse output gathered as dense regions and presence bits on the device path
+    (NCCL's grouped broadcasts, cupy's packbits): a bytes-only profile makes it the cheaper
+    gather for the cases with dense unions; results against the numpy references."""
+    import json
+
+    profile = tmp_path / "bytes_only.json"
+    profile.write_text(json.dumps({"name": "bytes", "alpha_p2p": 0.0, "beta_p2p": 1.0,
+                                   "alpha_native": 0.0, "beta_native": 1.0, "gamma": {}}))
+    out = _run(3, ["suites"], 77, 24, "quick", settings={"CUPYCOLL_PROFILE": str(profile)},
+               sparse="split")
+    assert int(out.split("as dense regions: ")[1].split()[0]) > 0, out
+
+
 def test_suites_on_8_emulated_gpus():
     _run(8, ["suites"], 68, 6, "quick", timeout=400, settings=_NODES_OF_2)
 
