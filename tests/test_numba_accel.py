@@ -215,7 +215,7 @@ def test_select_unequal_is_flatnonzero_and_take(dtype):
     rng = np.random.default_rng(len(dtype))
     minus_zero = np.dtype(dtype).type(1 << (8 * np.dtype(dtype).itemsize - 1))
     for size, density in ((0, 0.0), (1, 1.0), (37, 0.0), (1001, 1.0), (300_001, 0.02),
-                          (1 << 19, 0.3), (1 << 19, 0.6), (4097, 0.39), (4097, 0.41),
+                          (1 << 19, 0.3), (1 << 19, 0.7), (4097, 0.53), (4097, 0.57),
                           (200, 0.9)):
         x = np.full(size, minus_zero, dtype)
         hit = rng.random(size) < density

@@ -3,7 +3,7 @@
 Re-exported by :mod:`cupycoll.primitives._numba` (what ``_accel._fast`` returns): the densify
 pass of ``output="dense"``, the row accumulation of split's region variant, the value flags
 (NaN/inf, -0), the (min, max, increasing) read of indices, the union of index sets and the
-positions of a rank's indices in it (``mask``), and the count and copy of the ``dense``
+positions of a rank's indices in it (``mask``), and the hit masks and copy of the ``dense``
 algorithm's union. Each moves or compares bits or adds like numpy's loop, so
 results equal the numpy twins'.
 """
@@ -189,11 +189,11 @@ def positions_in(union: np.ndarray, wanted: np.ndarray) -> np.ndarray:
 
 
 #: the share of hits up to which :func:`copy_unequal` stores per hit (the set bits of each
-#: block's mask in order, each hit reset alone) rather than per element (branch-free, then a
-#: fill). Reset included (us), 1M uint32: 1% hits 87 vs 629, 10% 182 vs
-#: 618, 30% 485 vs 634, 40% 594 vs 638, 45% 650 vs 629, 60% 806 vs 635; 4M uint32: 1% 961
-#: vs 2,698, 40% 2,422 vs 2,763, 50% 2,848 vs 2,876, 60% 3,331 vs 2,855; uint64 alike.
-BITS_UP_TO = 0.45
+#: block's mask in order, each hit reset alone, x read at the hits only) rather than per
+#: element (branch-free, then a fill). The copy alone, after the masks (us): 1M uint32 30%
+#: 379 vs 635, 50% 585 vs 639, 55% 636 vs 632, 60% 691 vs 642, 70% 790 vs 649; 4M uint32
+#: 50% 2,367 vs 2,779, 60% 2,815 vs 2,816, 70% 3,170 vs 2,939; uint64 crosses at 65-70%+.
+BITS_UP_TO = 0.55
 
 
 @njit(cache=True, nogil=True)
