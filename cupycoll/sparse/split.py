@@ -224,7 +224,7 @@ def gathers_dense(shape: Shape, profile: Any = None) -> bool:
     """Whether the owners' regions travel dense. A sparse output: the union's entries (after
     a count allgather), or the n rows and a bit each (one more exchange of P-1 messages, a fill
     of the owner's region, a scan of the n bits on every rank), whichever the profile prices
-    lower. ``output="dense"``: Predicted seconds of the
+    lower. ``output="dense"``: predicted seconds of the
     two ways with the profile's prices (default: :func:`cupycoll.tuner.profile.load_profile`),
     from the nnz alone (union estimated, ``inputs`` ignored: what every rank knows after
     phase 1). Sparse: the union's entries ((P-1)/P of U x E bytes), the owner's merge of N/P

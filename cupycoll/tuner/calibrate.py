@@ -12,10 +12,11 @@ so the contention of a real call is in the numbers):
   1-D float32 parts, per entry; ``merge2`` the same of two of the parts (numba's two-way merge,
   recursive doubling's every round); ``fold`` a merge of 16-wide rows (half of each part's indices
   shared: most rows are added) minus the same merge of 1-D values, per element beyond the
-  first of each row; ``row`` a gather of 16-wide float32 rows, per element; ``dense``
-  the dense algorithm's own passes over n, per element, and ``dense_row`` its work per row
-  written or read back (from its host pass at 30% and 1% density); ``scan`` presence bitmap packing and unpacking plus flatnonzero, per position; ``code`` the wire
-  codec's encode + decode of a sorted index stream (10 % density), per index and direction;
+  first of each row; ``row`` a gather of 16-wide float32 rows, per element; ``dense`` the
+  dense algorithm's own passes over n, per element, and ``dense_row`` its work per row
+  written or read back (from its host pass at 30% and 1% density); ``scan`` presence bitmap
+  packing and unpacking plus flatnonzero, per position; ``code`` the wire codec's encode +
+  decode of a sorted index stream (10 % density), per index and direction;
   ``fill`` the dense output's densify (n zeroed, 10 % of the rows written), per element;
   ``union`` mask's index work: the union of the merge's P index sets and the first set's
   positions in it, per index entering;
@@ -161,7 +162,7 @@ def _local(comm: Any, repeats: int, k: int = 1 << 16, n: int = 1 << 20) -> dict[
     order = xp.asarray(rng.permutation(k))
     idx = xp.asarray(np.sort(rng.choice(n, n // 10, replace=False)).astype(np.int32))
 
-    ones = xp.ones(3 * n // 10, np.float32)
+    ones = xp.ones(3 * n // 10, np.float32)  # values of the largest index set below
 
     def dense_local(idx: Any = idx) -> None:  # the dense algorithm's host pass (no allreduce)
         if xp is np:
@@ -204,7 +205,8 @@ def _local(comm: Any, repeats: int, k: int = 1 << 16, n: int = 1 << 20) -> dict[
             "scan": _timed(comm, scan, repeats) / n,
             "code": _timed(comm, code, repeats) / (2 * idx.shape[0]),
             "union": _timed(comm, union, repeats) / (len(parts) * k),
-            "fill": _timed(comm, lambda: densify_into(out, idx, ones[:idx.shape[0]]), repeats) / n}
+            "fill": _timed(comm, lambda: densify_into(out, idx, ones[:idx.shape[0]]),
+                           repeats) / n}
 
 
 #: the small call ``fixed`` is measured on: n, and entries per rank. TINY entries a rank: the
