@@ -3,8 +3,8 @@
 Re-exported by :mod:`cupycoll.primitives._numba` (what ``_accel._fast`` returns): the densify
 pass of ``output="dense"``, the row accumulation of split's region variant, the value flags
 (NaN/inf, -0), the (min, max, increasing) read of indices, the union of index sets and the
-positions of a rank's indices in it (``mask``), and the hit masks and copy of the ``dense``
-algorithm's union. Each moves or compares bits or adds like numpy's loop, so
+positions of a rank's indices in it (``mask``), and the bit-mask scans of the ``dense``
+algorithm's union and of the threshold selection. Each moves or compares bits or adds like numpy's loop, so
 results equal the numpy twins'.
 """
 
@@ -17,7 +17,8 @@ from numba import njit
 from numba.cpython.unsafe.numbers import trailing_zeros
 
 __all__ = ["densify_sorted", "scatter_rows", "add_rows", "special_values", "index_stats",
-           "union_sorted", "positions_in", "unequal_masks", "copy_unequal", "BITS_UP_TO"]
+           "union_sorted", "positions_in", "hit_masks", "copy_hits", "copy_unequal",
+           "BITS_UP_TO", "UNEQUAL", "MAGNITUDE", "OUTSIDE"]
 
 #: bytes of ``out`` zeroed at a time by densify_sorted (L1-sized: its rows land in cache).
 _DENSIFY_BLOCK = 1 << 14
@@ -196,24 +197,68 @@ def positions_in(union: np.ndarray, wanted: np.ndarray) -> np.ndarray:
 BITS_UP_TO = 0.55
 
 
+#: the tests :func:`hit_masks` applies: ``x != lo``; ``|x| >= hi`` (floats: NaN fails); ``x >= hi
+#: or x <= lo`` (integers, whose |INT_MIN| wraps).
+UNEQUAL, MAGNITUDE, OUTSIDE = 0, 1, 2
+
+
 @njit(cache=True, nogil=True)
-def unequal_masks(x, sentinel, first, last, masks):  # type: ignore[no-untyped-def]
-    """Bit j of ``masks[b]`` set where x[64 b + j] is not ``sentinel``, for the blocks
-    ``first..last-1`` of 64 elements (x's last block may be shorter); the number of such
-    elements. The loops here index views from 0, which the compiler knows is never negative:
-    indexed from ``first * 64``, a wraparound test per element keeps a loop scalar (12x)."""
+def hit_masks(x, lo, hi, test, first, last, masks):  # type: ignore[no-untyped-def]
+    """Bit j of ``masks[b]`` set where x[64 b + j] passes ``test`` (:data:`UNEQUAL`:
+    ``x != lo``, :data:`MAGNITUDE`, :data:`OUTSIDE`), for the blocks ``first..last-1`` of 64
+    elements (x's last block may be shorter); the number of such elements. The loops here
+    index views from 0, which the compiler knows is never negative: indexed from
+    ``first * 64``, a wraparound test per element keeps a loop scalar (12x)."""
     xs, ms, hits = x[first * 64:min(last * 64, x.size)], masks[first:last], 0
-    for block in range(ms.size):
-        base, bits = block * 64, np.uint64(0)
-        if base + 64 <= xs.size:
-            for j in range(64):  # vectorised
-                bits |= np.uint64(xs[base + j] != sentinel) << np.uint64(j)
-        else:
-            for j in range(xs.size - base):
-                bits |= np.uint64(xs[base + j] != sentinel) << np.uint64(j)
-        ms[block] = bits
+    whole = xs.size // 64
+    if test == UNEQUAL:  # one vectorised loop per test, the test outside the block loop
+        for block in range(whole):
+            bits, base = np.uint64(0), block * 64
+            for j in range(64):
+                bits |= np.uint64(xs[base + j] != lo) << np.uint64(j)
+            ms[block] = bits
+            hits += _popcount(bits)
+    elif test == MAGNITUDE:
+        for block in range(whole):
+            bits, base = np.uint64(0), block * 64
+            for j in range(64):
+                bits |= np.uint64(abs(xs[base + j]) >= hi) << np.uint64(j)
+            ms[block] = bits
+            hits += _popcount(bits)
+    else:
+        for block in range(whole):
+            bits, base = np.uint64(0), block * 64
+            for j in range(64):
+                bits |= np.uint64((xs[base + j] >= hi) | (xs[base + j] <= lo)) << np.uint64(j)
+            ms[block] = bits
+            hits += _popcount(bits)
+    if whole < ms.size:  # the last, shorter block
+        bits, base = np.uint64(0), whole * 64
+        for j in range(xs.size - base):
+            v = xs[base + j]
+            hit = (v != lo if test == UNEQUAL else abs(v) >= hi if test == MAGNITUDE
+                   else (v >= hi) | (v <= lo))
+            bits |= np.uint64(hit) << np.uint64(j)
+        ms[whole] = bits
         hits += _popcount(bits)
     return hits
+
+
+@njit(cache=True, nogil=True)
+def copy_hits(x, first, last, masks, out_idx, out_val):  # type: ignore[no-untyped-def]
+    """The positions and elements of x's blocks ``first..last-1`` whose bits are set in
+    ``masks`` (:func:`hit_masks`), in order, into ``out_idx`` and ``out_val`` (exactly as
+    long): one store per hit, x read at the hits only."""
+    start = first * 64
+    xs, ms, k = x[start:min(last * 64, x.size)], masks[first:last], 0
+    for block in range(ms.size):
+        base, bits = block * 64, ms[block]
+        while bits:  # the set bits in order
+            i = base + np.int64(trailing_zeros(bits))
+            out_idx[k] = start + i
+            out_val[k] = xs[i]
+            k += 1
+            bits &= bits - np.uint64(1)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -229,7 +274,8 @@ def copy_unequal(x, sentinel, first, last, masks, reset,  # type: ignore[no-unty
                  out_idx, out_val):
     """The positions and elements of x's blocks ``first..last-1`` that are not ``sentinel``,
     in order, into ``out_idx`` and ``out_val`` (exactly as long as there are such elements),
-    from :func:`unequal_masks`' bits; ``reset``: those blocks are all ``sentinel`` after."""
+    from :func:`hit_masks`' bits (:data:`UNEQUAL`); ``reset``: those blocks are all
+    ``sentinel`` after."""
     start = first * 64
     xs, ms, hits = x[start:min(last * 64, x.size)], masks[first:last], out_idx.size
     if hits <= BITS_UP_TO * xs.size:  # a store per hit (and its reset); x read at hits only
