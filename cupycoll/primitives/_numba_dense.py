@@ -4,8 +4,8 @@ Re-exported by :mod:`cupycoll.primitives._numba` (what ``_accel._fast`` returns)
 pass of ``output="dense"``, the row accumulation of split's region variant, the value flags
 (NaN/inf, -0), the (min, max, increasing) read of indices, the union of index sets and the
 positions of a rank's indices in it (``mask``), and the bit-mask scans of the ``dense``
-algorithm's union and of the threshold selection. Each moves or compares bits or adds like numpy's loop, so
-results equal the numpy twins'.
+algorithm's union and of the threshold selection. Each moves or compares bits or adds like
+numpy's loop, so results equal the numpy twins'.
 """
 
 from __future__ import annotations
@@ -245,10 +245,12 @@ def hit_masks(x, lo, hi, test, first, last, masks):  # type: ignore[no-untyped-d
 
 
 @njit(cache=True, nogil=True)
-def copy_hits(x, first, last, masks, out_idx, out_val):  # type: ignore[no-untyped-def]
+def copy_hits(x, first, last, masks, reset, sentinel,  # type: ignore[no-untyped-def]
+              out_idx, out_val):
     """The positions and elements of x's blocks ``first..last-1`` whose bits are set in
     ``masks`` (:func:`hit_masks`), in order, into ``out_idx`` and ``out_val`` (exactly as
-    long): one store per hit, x read at the hits only."""
+    long): one store per hit, x read at the hits only; ``reset``: each hit is then
+    overwritten with ``sentinel``."""
     start = first * 64
     xs, ms, k = x[start:min(last * 64, x.size)], masks[first:last], 0
     for block in range(ms.size):
@@ -258,6 +260,8 @@ def copy_hits(x, first, last, masks, out_idx, out_val):  # type: ignore[no-untyp
             out_idx[k] = start + i
             out_val[k] = xs[i]
             k += 1
+            if reset:
+                xs[i] = sentinel
             bits &= bits - np.uint64(1)
 
 
@@ -279,17 +283,7 @@ def copy_unequal(x, sentinel, first, last, masks, reset,  # type: ignore[no-unty
     start = first * 64
     xs, ms, hits = x[start:min(last * 64, x.size)], masks[first:last], out_idx.size
     if hits <= BITS_UP_TO * xs.size:  # a store per hit (and its reset); x read at hits only
-        k = 0
-        for block in range(ms.size):
-            base, bits = block * 64, ms[block]
-            while bits:  # the set bits in order
-                i = base + np.int64(trailing_zeros(bits))
-                out_idx[k] = start + i
-                out_val[k] = xs[i]
-                k += 1
-                if reset:
-                    xs[i] = sentinel
-                bits &= bits - np.uint64(1)
+        copy_hits(x, first, last, masks, reset, sentinel, out_idx, out_val)
         return
     if hits:
         last_hit = xs.size - 1
