@@ -18,7 +18,7 @@ from numba.cpython.unsafe.numbers import trailing_zeros
 
 __all__ = ["densify_sorted", "scatter_rows", "add_rows", "special_values", "index_stats",
            "union_sorted", "positions_in", "hit_masks", "copy_hits", "copy_unequal",
-           "BITS_UP_TO", "UNEQUAL", "MAGNITUDE", "OUTSIDE"]
+           "BITS_UP_TO", "unequal", "magnitude", "outside"]
 
 #: bytes of ``out`` zeroed at a time by densify_sorted (L1-sized: its rows land in cache).
 _DENSIFY_BLOCK = 1 << 14
@@ -197,49 +197,42 @@ def positions_in(union: np.ndarray, wanted: np.ndarray) -> np.ndarray:
 BITS_UP_TO = 0.55
 
 
-#: the tests :func:`hit_masks` applies: ``x != lo``; ``|x| >= hi`` (floats: NaN fails); ``x >= hi
-#: or x <= lo`` (integers, whose |INT_MIN| wraps).
-UNEQUAL, MAGNITUDE, OUTSIDE = 0, 1, 2
+@njit(cache=True, nogil=True, inline="always")
+def unequal(v, lo, hi):  # type: ignore[no-untyped-def]
+    """:func:`hit_masks`' test of the ``dense`` union: ``v != lo`` (the -0 sentinel's bits)."""
+    return v != lo
+
+
+@njit(cache=True, nogil=True, inline="always")
+def magnitude(v, lo, hi):  # type: ignore[no-untyped-def]
+    """The threshold test of floats: ``|v| >= hi`` (NaN fails)."""
+    return abs(v) >= hi
+
+
+@njit(cache=True, nogil=True, inline="always")
+def outside(v, lo, hi):  # type: ignore[no-untyped-def]
+    """The threshold test of integers, whose ``|INT_MIN|`` wraps: ``v >= hi or v <= lo``."""
+    return (v >= hi) | (v <= lo)
 
 
 @njit(cache=True, nogil=True)
 def hit_masks(x, lo, hi, test, first, last, masks):  # type: ignore[no-untyped-def]
-    """Bit j of ``masks[b]`` set where x[64 b + j] passes ``test`` (:data:`UNEQUAL`:
-    ``x != lo``, :data:`MAGNITUDE`, :data:`OUTSIDE`), for the blocks ``first..last-1`` of 64
-    elements (x's last block may be shorter); the number of such elements. The loops here
-    index views from 0, which the compiler knows is never negative: indexed from
-    ``first * 64``, a wraparound test per element keeps a loop scalar (12x)."""
+    """Bit j of ``masks[b]`` set where ``test(x[64 b + j], lo, hi)`` (:func:`unequal`,
+    :func:`magnitude`, :func:`outside`: numba compiles one loop per test, inlined and
+    vectorised), for the blocks ``first..last-1`` of 64 elements (x's last block may be
+    shorter); the number of such elements. The loops here index views from 0, which the
+    compiler knows is never negative: indexed from ``first * 64``, a wraparound test per
+    element keeps a loop scalar (12x)."""
     xs, ms, hits = x[first * 64:min(last * 64, x.size)], masks[first:last], 0
-    whole = xs.size // 64
-    if test == UNEQUAL:  # one vectorised loop per test, the test outside the block loop
-        for block in range(whole):
-            bits, base = np.uint64(0), block * 64
-            for j in range(64):
-                bits |= np.uint64(xs[base + j] != lo) << np.uint64(j)
-            ms[block] = bits
-            hits += _popcount(bits)
-    elif test == MAGNITUDE:
-        for block in range(whole):
-            bits, base = np.uint64(0), block * 64
-            for j in range(64):
-                bits |= np.uint64(abs(xs[base + j]) >= hi) << np.uint64(j)
-            ms[block] = bits
-            hits += _popcount(bits)
-    else:
-        for block in range(whole):
-            bits, base = np.uint64(0), block * 64
-            for j in range(64):
-                bits |= np.uint64((xs[base + j] >= hi) | (xs[base + j] <= lo)) << np.uint64(j)
-            ms[block] = bits
-            hits += _popcount(bits)
-    if whole < ms.size:  # the last, shorter block
-        bits, base = np.uint64(0), whole * 64
-        for j in range(xs.size - base):
-            v = xs[base + j]
-            hit = (v != lo if test == UNEQUAL else abs(v) >= hi if test == MAGNITUDE
-                   else (v >= hi) | (v <= lo))
-            bits |= np.uint64(hit) << np.uint64(j)
-        ms[whole] = bits
+    for block in range(ms.size):
+        bits, base = np.uint64(0), block * 64
+        if base + 64 <= xs.size:
+            for j in range(64):  # vectorised
+                bits |= np.uint64(test(xs[base + j], lo, hi)) << np.uint64(j)
+        else:  # the last, shorter block
+            for j in range(xs.size - base):
+                bits |= np.uint64(test(xs[base + j], lo, hi)) << np.uint64(j)
+        ms[block] = bits
         hits += _popcount(bits)
     return hits
 
@@ -278,10 +271,10 @@ def copy_unequal(x, sentinel, first, last, masks, reset,  # type: ignore[no-unty
                  out_idx, out_val):
     """The positions and elements of x's blocks ``first..last-1`` that are not ``sentinel``,
     in order, into ``out_idx`` and ``out_val`` (exactly as long as there are such elements),
-    from :func:`hit_masks`' bits (:data:`UNEQUAL`); ``reset``: those blocks are all
+    from :func:`hit_masks`' bits (:func:`unequal`); ``reset``: those blocks are all
     ``sentinel`` after."""
     start = first * 64
-    xs, ms, hits = x[start:min(last * 64, x.size)], masks[first:last], out_idx.size
+    xs, hits = x[start:min(last * 64, x.size)], out_idx.size
     if hits <= BITS_UP_TO * xs.size:  # a store per hit (and its reset); x read at hits only
         copy_hits(x, first, last, masks, reset, sentinel, out_idx, out_val)
         return
