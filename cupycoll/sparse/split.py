@@ -45,7 +45,7 @@ from .._registry import register
 from .._types import ReduceOp, to_host
 from ..wire._exchange import exchange_sizes, post_blocks
 from ..wire._pack import COO, Wire, pack, unpack
-from ._common import allgatherv_entries, reduce_parts
+from ._common import allgatherv_entries, presence, reduce_parts, union_of_presence
 from .dense import add_into, densify_into, members, row_bits
 from ._cost import Cost, Shape
 
@@ -185,17 +185,16 @@ def _gather_regions(comm: Any, own_idx: Any, own_val: Any, bounds: np.ndarray
     local = own_idx - lo
     block = densify_into(xp.empty((int(spans[rank]),) + row, dtype=own_val.dtype), local,
                          own_val)
-    present = xp.zeros(int(spans[rank]), dtype=bool)
-    present[local] = True
     full = xp.empty((int(bounds[-1]),) + row, dtype=own_val.dtype)
     comm.run("_allgatherv_into", block, full, spans, op_name="split.regions")
     packed = -(-spans // 8)
     bits = xp.empty(int(packed.sum()), dtype=np.uint8)
-    comm.run("_allgatherv_into", xp.packbits(present), bits, packed, op_name="split.presence")
+    comm.run("_allgatherv_into", xp.packbits(presence(local, int(spans[rank]))), bits, packed,
+             op_name="split.presence")
     starts = np.concatenate([[0], np.cumsum(packed)])
-    union = xp.flatnonzero(xp.concatenate([
+    union = union_of_presence(xp.concatenate([
         xp.unpackbits(bits[starts[r]:starts[r + 1]])[:int(spans[r])]
-        for r in range(comm.size)])).astype(own_idx.dtype, copy=False)
+        for r in range(comm.size)]).view(bool), own_idx.dtype)
     return union, xp.take(full, union, axis=0)
 
 

@@ -155,7 +155,8 @@ def _sparse_rows(sizes: list[int], networks: list[str], n: int, density: float, 
     rows = []
     for size in sizes:
         flat = _shape(size, n, density, width, skew, wire=wire, output=output)
-        volume = {name: _volume(name, flat, None) for name in _auto.MODELS}
+        volume = {name: _volume(name, flat, None) for name in _auto.MODELS
+                  if name not in ("hierarchical", "split")}  # these two: per network below
         for net in (net for net in networks if _fits(net, size)):
             shape = _shape(size, n, density, width, skew,
                            NETWORKS[net].ranks_per_node if net in NETWORKS else None, wire,
