@@ -164,7 +164,7 @@ def _local(comm: Any, repeats: int, k: int = 1 << 16, n: int = 1 << 20) -> dict[
 
     ones = xp.ones(3 * n // 10, np.float32)  # values of the largest index set below
 
-    def dense_local(idx: Any = idx) -> None:  # the dense algorithm's host pass (no allreduce)
+    def dense_local(idx: Any) -> None:  # the dense algorithm's host pass (no allreduce)
         if xp is np:
             local_pass(idx, ones[:idx.shape[0]], n)
         else:
