@@ -2,8 +2,11 @@
 by side per size, float32 sum (run under mpiexec; nonblocking calls are tested in a loop that
 yields the core every 8 tests, as cupycoll's wait does).
 
-``reduce`` (onto rank 0): ``Reduce`` (blocking), ``Ireduce``, ``Iallreduce``. cupycoll's MPI
-backend runs it as an allreduce from ``CUPYCOLL_REDUCE_AS_ALLREDUCE`` bytes.
+``reduce`` (onto rank 0): ``Reduce`` (blocking), ``Ireduce``, ``Iallreduce``, and a pairwise
+reduce-scatter followed by a gather of the folded blocks at the root, which cupycoll's MPI
+backend runs from ``CUPYCOLL_REDUCE_PAIRWISE`` bytes (else as an allreduce from
+``CUPYCOLL_REDUCE_AS_ALLREDUCE`` bytes). ``--cupycoll`` adds ``cc.reduce`` on two communicators,
+one with the pairwise reduce and one with it off (as an allreduce), timed in the same rounds.
 ``--verb reduce_scatter`` (the size is the whole input, P blocks): ``Reduce_scatter_block``
 (blocking), ``Ireduce_scatter_block``, and a pairwise exchange (``Isend``/``Irecv`` of the
 blocks, then numpy adds them in rank order), which cupycoll runs from
@@ -11,6 +14,7 @@ blocks, then numpy adds them in rank order), which cupycoll runs from
 over rounds of the slowest rank (each call after a barrier); the calls alternate, twice.
 
     mpiexec -n 2 python -m mpi4py bench/bench_mpi_reduce.py --sizes 64K,128K,256K,16M
+    mpiexec -n 4 python -m mpi4py bench/bench_mpi_reduce.py --sizes 256K,1M,4M,16M --cupycoll
     mpiexec -n 4 python -m mpi4py bench/bench_mpi_reduce.py --verb reduce_scatter \
         --sizes 64K,128K,256K,1M,16M
 """
@@ -18,6 +22,7 @@ over rounds of the slowest rank (each call after a barrier); the calls alternate
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import time
 
@@ -56,13 +61,53 @@ def pairwise(comm: MPI.Comm, x: np.ndarray, out: np.ndarray, scratch: np.ndarray
         np.add(out, part, out=out)
 
 
-def reduce_calls(comm: MPI.Comm, count: int) -> dict:
-    """The reduce twins on ``count`` float32 elements."""
+def scatter_gather(comm: MPI.Comm, x: np.ndarray, out: np.ndarray, scratch: np.ndarray) -> None:
+    """Reduce onto rank 0 as a pairwise reduce-scatter, then every block sent to the root
+    (Rabenseifner's reduce; ``x.size`` a multiple of P)."""
+    size, rank = comm.size, comm.rank
+    blocks = out.reshape(size, -1)
+    mine = blocks[rank] if rank == 0 else scratch[-1]
+    pairwise(comm, x, mine, scratch[:size])
+    requests = ([comm.Irecv(blocks[r], r, 8) for r in range(1, size)] if rank == 0
+                else [comm.Isend(mine, 0, 8)])
+    polls = 0
+    while not MPI.Request.Testall(requests):
+        polls += 1
+        if polls % 8 == 0:
+            os.sched_yield()
+
+
+def reduce_calls(comm: MPI.Comm, count: int, ours: dict | None = None) -> dict:
+    """The reduce twins on ``count`` float32 elements (and cupycoll's on each communicator of
+    ``ours``)."""
     at_root = comm.rank == 0
+    count = max(comm.size, count // comm.size * comm.size)
     x, out, scratch = (np.ones(count, np.float32) for _ in range(3))
+    rows = np.empty((comm.size + 1, count // comm.size), np.float32)
     return {"Reduce": lambda: comm.Reduce(x, out if at_root else None, root=0),
             "Ireduce": lambda: tested(comm.Ireduce(x, out if at_root else None, root=0)),
-            "Iallreduce": lambda: tested(comm.Iallreduce(x, out if at_root else scratch))}
+            "Iallreduce": lambda: tested(comm.Iallreduce(x, out if at_root else scratch)),
+            "scatter+gather": lambda: scatter_gather(comm, x, out, rows),
+            **{name: functools.partial(cc_reduce, x, out if at_root else None, on)
+               for name, on in (ours or {}).items()}}
+
+
+def cc_reduce(x: np.ndarray, out: np.ndarray | None, comm) -> None:
+    import cupycoll as cc
+
+    cc.reduce(x, 0, out=out, comm=comm)
+
+
+def cupycoll_comms() -> dict:
+    """cupycoll communicators: reduce as a pairwise exchange and gather, and as an allreduce."""
+    from cupycoll.comm.mpi import MPICommunicator
+
+    comms = {}
+    for name, value in (("cc pairwise", "0"), ("cc as-allreduce", "off")):
+        os.environ["CUPYCOLL_REDUCE_PAIRWISE"] = value
+        comms[name] = MPICommunicator()
+    del os.environ["CUPYCOLL_REDUCE_PAIRWISE"]
+    return comms
 
 
 def reduce_scatter_calls(comm: MPI.Comm, count: int) -> dict:
@@ -96,11 +141,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--verb", choices=("reduce", "reduce_scatter"), default="reduce")
     parser.add_argument("--sizes", default="64K,128K,256K,1M,16M")
+    parser.add_argument("--cupycoll", action="store_true", help="also time cc.reduce both ways")
     parser.add_argument("-n", "--rounds", type=int, default=300, help="rounds below 1 MiB "
                         "(a tenth from 1 MiB)")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
-    make = reduce_calls if args.verb == "reduce" else reduce_scatter_calls
+    ours = cupycoll_comms() if args.cupycoll and args.verb == "reduce" else None
+    make = (functools.partial(reduce_calls, ours=ours) if args.verb == "reduce"
+            else reduce_scatter_calls)
     header = False
     for text in args.sizes.split(","):
         count = parse_size(text) // 4

@@ -97,6 +97,12 @@ SETTINGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                                      "into a reused scratch buffer), or off: MPICH's "
                                      "nonblocking reduce is 1.2-4x slower than its allreduce "
                                      "there (docs/dense.md); the same on every rank"),
+    "CUPYCOLL_REDUCE_PAIRWISE": (_bytes_or_off, 1 << 18,
+                                 "bytes of input from which the MPI backend runs reduce, for "
+                                 "dtypes MPI reduces natively, as a pairwise reduce-scatter "
+                                 "and a gather of the folded blocks at the root, or off: 1-4x "
+                                 "faster than as an allreduce there, P = 2-4 on one node "
+                                 "(docs/dense.md); the same on every rank"),
     "CUPYCOLL_REDUCE_SCATTER_PAIRWISE": (_bytes_or_off, 1 << 16,
                                          "bytes of a block (the output) from which the MPI "
                                          "backend runs reduce_scatter as a pairwise exchange of "

@@ -20,7 +20,8 @@ from .._config import setting
 from .._types import ReduceOp, to_host, trunc_divide
 from ..errors import BackendError
 from ._base import Communicator
-from ._mpi_pairwise import pairwise_in_place, pairwise_reduce_scatter
+from ._mpi_pairwise import (pairwise_in_place, pairwise_reduce, pairwise_reduce_applies,
+                             pairwise_reduce_scatter)
 from ._mpi_types import (_NATIVE, _DeadComm, _address, _bytes, _give, _mpi_op, _native,
                          _pending, _separate, _take, _typed, _widened)
 from ._work import Work
@@ -60,6 +61,8 @@ class MPICommunicator(Communicator):
         self._spare: list[np.ndarray] = []
         #: bytes from which reduce runs as an allreduce (None: never); see _reduce
         self._reduce_as_allreduce = setting("CUPYCOLL_REDUCE_AS_ALLREDUCE")
+        #: input bytes from which reduce is a pairwise exchange and a gather (None: never)
+        self._pairwise_reduce = setting("CUPYCOLL_REDUCE_PAIRWISE")
         #: block bytes from which reduce_scatter is a pairwise exchange (None: never)
         self._pairwise_blocks = setting("CUPYCOLL_REDUCE_SCATTER_PAIRWISE")
 
@@ -271,11 +274,16 @@ class MPICommunicator(Communicator):
 
     def _reduce(self, send: Any, recv: Any, op: ReduceOp, root: int, op_name: str,
                 blocking: bool):
-        """Reduce onto ``root``; from ``CUPYCOLL_REDUCE_AS_ALLREDUCE`` bytes as an allreduce
-        whose result only the root keeps (the other ranks reduce into a pooled scratch
-        buffer): MPICH's nonblocking reduce of 256 KiB is 1.2-1.8x its allreduce here, of
-        16 MiB 2.5-4x (docs/dense.md). Every rank decides from the agreed byte count."""
+        """Reduce onto ``root``; from ``CUPYCOLL_REDUCE_PAIRWISE`` bytes, for dtypes MPI
+        reduces natively, as a pairwise reduce-scatter and a gather (:mod:`._mpi_pairwise`);
+        else from ``CUPYCOLL_REDUCE_AS_ALLREDUCE`` bytes as an allreduce whose result only the
+        root keeps (the other ranks reduce into a pooled scratch buffer): MPICH's nonblocking
+        reduce of 256 KiB is 1.2-1.8x its allreduce here, of 16 MiB 2.5-4x (docs/dense.md).
+        Every rank decides from the agreed byte count and dtype."""
         at_root = self.rank == root
+        if pairwise_reduce_applies(self, send):
+            return pairwise_reduce(self, send, recv if at_root else None, op, root, op_name,
+                                   blocking)
         self._record_collective("reduce", send.nbytes, root, op_name=op_name)
         comm = self.mpi_comm
         threshold = self._reduce_as_allreduce

@@ -132,24 +132,27 @@ def staged_blocks_reused(rank: int, p: int) -> int:
     return 5
 
 
-def communicator_with(name: str, value: str):
-    """An MPI communicator created while the setting ``name`` is ``value`` (it reads it then)."""
+def communicator_with(name: str, value: str, **more: str):
+    """An MPI communicator created while the setting ``name`` is ``value`` (and every setting
+    in ``more``; it reads them then)."""
     import os
 
     from cupycoll.comm.mpi import MPICommunicator
 
-    os.environ[name] = value
+    settings = {name: value, **more}
+    os.environ.update(settings)
     try:
         return MPICommunicator()
     finally:
-        del os.environ[name]
+        for key in settings:
+            del os.environ[key]
 
 
 def reduce_as_allreduce(seed: int, rank: int, p: int) -> int:
     """``reduce`` run as an allreduce (CUPYCOLL_REDUCE_AS_ALLREDUCE=0: every size): every dtype,
     op, size and root against numpy, in place and async; off the root neither the input nor a
     given ``out`` is written, and the result went through the pooled scratch buffer there."""
-    comm = communicator_with("CUPYCOLL_REDUCE_AS_ALLREDUCE", "0")
+    comm = communicator_with("CUPYCOLL_REDUCE_AS_ALLREDUCE", "0", CUPYCOLL_REDUCE_PAIRWISE="off")
     cases = 0
     for dtype in DTYPES:
         for op in OPS:
@@ -174,6 +177,64 @@ def reduce_as_allreduce(seed: int, rank: int, p: int) -> int:
                     cases += 2
     if p > 1 and rank != 0:  # a 64 KiB+ result off the root went to a pooled scratch buffer
         assert comm._spare, "reduce did not run as an allreduce off the root"
+    return cases
+
+
+def pairwise_reduce(seed: int, rank: int, p: int) -> int:
+    """``reduce`` as a pairwise reduce-scatter and a gather (CUPYCOLL_REDUCE_PAIRWISE=0: every
+    size, P near-equal blocks): every dtype, op, size and root against numpy, in place, async,
+    and into an ``out`` overlapping the input (staged); off the root neither the input nor a
+    given ``out`` is written; float sums equal a fold in rank order bit for bit; NaN and +-0
+    as the native path; the scratch went back to the pool."""
+    import functools
+
+    comm = communicator_with("CUPYCOLL_REDUCE_PAIRWISE", "0")
+    cases = 0
+    for dtype in DTYPES:
+        for op in OPS:
+            for count in SIZES:
+                inputs = [make(seed + 7, r, dtype, count, op) for r in range(p)]
+                want = reference(inputs, op)
+                for root in range(p):
+                    at_root = rank == root
+                    x = inputs[rank].copy()
+                    got = cc.reduce(x, root=root, op=op, comm=comm)
+                    assert np.array_equal(x, inputs[rank]), "reduce wrote its input"
+                    if at_root:
+                        check(got, want, f"pairwise reduce {dtype} {op} {count} r{root}")
+                        if op == "sum" and dtype in ("float32", "float64"):
+                            in_order = functools.reduce(np.add, inputs)
+                            assert got.tobytes() == in_order.tobytes(), "not a rank-order fold"
+                    else:
+                        assert got is None
+                    mine = x.copy()
+                    cc.reduce(mine, root=root, op=op, comm=comm, out=mine, async_op=True).wait()
+                    if at_root:
+                        check(mine, want, f"pairwise reduce in place {dtype} {op} {count}")
+                    else:  # off the root ``out`` is not the result's: left as it was
+                        assert np.array_equal(mine, inputs[rank]), "reduce wrote out off root"
+                    both = np.concatenate([inputs[rank], np.full(1, 7, dtype)])
+                    cc.reduce(both[:count], root=root, op=op, comm=comm, out=both[1:])
+                    if at_root:  # an ``out`` overlapping the input: staged
+                        check(both[1:], want, f"pairwise reduce overlapping {dtype} {op} {count}")
+                    else:
+                        assert np.array_equal(both[:count], inputs[rank]) and both[-1] == 7
+                    cases += 3
+    for dtype in ("float32", "float64"):  # NaN wins, a +0/-0 tie has one answer
+        for op, fn in (("max", np.max), ("min", np.min)):
+            rows = [np.array([np.nan if r == 0 else 1.0, -0.0 if r % 2 else 0.0,
+                              0.0 if r == p - 1 else -0.0, 2.0 + r] * p, dtype)
+                    for r in range(p)]
+            stack = np.stack(rows)
+            want = fn(stack, axis=0)
+            negative = np.signbit(stack).any(0) if op == "min" else np.signbit(stack).all(0)
+            want[want == 0] = np.where(negative, -0.0, 0.0)[want == 0]
+            got = cc.reduce(rows[rank], root=p - 1, op=op, comm=comm)
+            if rank == p - 1:
+                assert got.tobytes() == want.tobytes(), (dtype, op, got, want)
+            cases += 1
+    if p > 1:  # the largest case's scratch went back to the pool
+        assert comm._spare, "reduce did not run as a pairwise exchange"
     return cases
 
 
@@ -299,6 +360,7 @@ def main(seed: int) -> None:
     cases += aliased_out(rank, p)
     cases += staged_blocks_reused(rank, p)
     cases += reduce_as_allreduce(seed, rank, p)
+    cases += pairwise_reduce(seed, rank, p)
     cases += pairwise_reduce_scatter(seed, rank, p)
     print(f"rank {rank}: {cases} dense cases ok")
 

@@ -39,6 +39,7 @@ def verbs(step: int) -> dict:
     punctual = [r for r in range(P) if r not in late]
     x = np.arange(4 * P, dtype=np.float32) + RANK
     blocks = np.ones(8192 * P, np.float32)  # 32 KiB blocks: the pairwise reduce_scatter
+    big = np.ones(1 << 16, np.float32)  # 256 KiB: reduce as a pairwise exchange and a gather
     idx = np.array([RANK, P + 1], np.int64)
     val = np.ones(2, np.float32)
     sparse = cc.algorithms("sparse")
@@ -53,6 +54,7 @@ def verbs(step: int) -> dict:
         "allreduce": lambda c: cc.allreduce(x, comm=c),
         "broadcast": lambda c: cc.broadcast(x, root=late[0], comm=c),
         "reduce": lambda c: cc.reduce(x, root=punctual[0], comm=c),
+        "reduce/pairwise": lambda c: cc.reduce(big, root=punctual[0], comm=c),
         "allgather": lambda c: cc.allgather(x, comm=c),
         "reduce_scatter": lambda c: cc.reduce_scatter(x, comm=c),
         "reduce_scatter/pairwise": lambda c: cc.reduce_scatter(blocks, comm=c),
