@@ -385,6 +385,33 @@ def test_the_fixed_cost_call_merges_as_calls_beyond_the_smallest_do(monkeypatch)
         assert (val == 1).all()
 
 
+def test_native_collectives_are_priced_each_by_the_measured_curve():
+    """A profile's curve prices each native collective by its own booked bytes (linear between
+    points, the last segment beyond them, the first point's time below it); without one,
+    alpha + beta x bytes. Checked against sums written out here."""
+    from cupycoll.sparse._cost import Cost
+    from cupycoll.tuner.predict import comm_time
+
+    curve = [[8.0, 10e-6], [16384.0, 40e-6], [1 << 20, 300e-6]]
+    prof = Profile("c", 0.0, 0.0, 5e-6, 1e-9, {}, native_curve=curve)
+    assert prof.native_time(0) == 10e-6 and prof.native_time(8) == 10e-6
+    assert prof.native_time(8196) == pytest.approx(10e-6 + 30e-6 * 8188 / 16376)
+    assert prof.native_time(16384) == pytest.approx(40e-6)
+    beyond = 300e-6 + 260e-6 * ((2 << 20) - (1 << 20)) / ((1 << 20) - 16384)
+    assert prof.native_time(2 << 20) == pytest.approx(beyond)
+    cost = Cost().allreduce("a", 2, 16384).allgather("b", 2, 64).allreduce("c", 2, 1 << 20)
+    assert cost.native_volumes == [16384, 32, 1 << 20]
+    want = 40e-6 + (10e-6 + 30e-6 * 24 / 16376) + 300e-6
+    assert comm_time(cost, prof) == pytest.approx(want)
+    # the same total bytes in one collective cost what the curve says of that size
+    one = Cost().allreduce("a", 2, 16384 + 32 + (1 << 20))
+    assert comm_time(one, prof) == pytest.approx(prof.native_time(16384 + 32 + (1 << 20)))
+    line = dataclasses.replace(prof, native_curve=[])
+    assert comm_time(cost, line) == pytest.approx(3 * 5e-6 + 1e-9 * (16384 + 32 + (1 << 20)))
+    joined = Cost().add(Cost().allreduce("a", 2, 8)).add(cost)
+    assert joined.native_volumes == [8, 16384, 32, 1 << 20]
+
+
 def test_median_profile_takes_every_price_from_the_median_run():
     from cupycoll.tuner.calibrate import median_profile
 
@@ -398,4 +425,7 @@ def test_median_profile_takes_every_price_from_the_median_run():
     assert median.beta_p2p == pytest.approx(1e-9)
     assert median.gamma == {"merge": 2e-9} and median.fixed == {"split": 5e-4}
     assert median.links["inter"]["alpha_p2p"] == 2e-5
+    curves = [dataclasses.replace(r, native_curve=[[8.0, t], [64.0, 3 * t]])
+              for r, t in zip(runs, (5e-6, 1e-6, 2e-6))]
+    assert median_profile(curves).native_curve == [[8.0, 2e-6], [64.0, 6e-6]]
     assert median.name == "r0" and median.meta == {"ranks": 2, "run": 0}

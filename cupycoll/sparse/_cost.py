@@ -146,7 +146,9 @@ class Cost:
     ``native_bytes`` / ``native_messages`` count the part booked by native collectives
     (allreduce, allgather), which the time model prices apart from point-to-point traffic;
     ``rounds`` counts the sequential communication steps on the critical path (one per booking:
-    a collective, an exchange, a count exchange), ``native_rounds`` those of native collectives.
+    a collective, an exchange, a count exchange), ``native_rounds`` those of native collectives,
+    and ``native_volumes`` the booked bytes of each native collective (a profile with a measured
+    curve prices each by its own size: :meth:`cupycoll.tuner.profile.Profile.native_time`).
     """
 
     received: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -155,6 +157,7 @@ class Cost:
     native_messages: int = 0
     rounds: int = 0
     native_rounds: int = 0
+    native_volumes: list[int] = dataclasses.field(default_factory=list)
 
     @property
     def bytes_received(self) -> int:
@@ -181,6 +184,7 @@ class Cost:
         self.native_messages += other.native_messages
         self.rounds += other.rounds
         self.native_rounds += other.native_rounds
+        self.native_volumes += other.native_volumes
         return self
 
     def _native(self, op: str, nbytes: int, messages: int) -> "Cost":
@@ -188,6 +192,7 @@ class Cost:
             self.native_bytes += int(nbytes)
             self.native_messages += int(messages)
             self.native_rounds += 1
+            self.native_volumes.append(int(nbytes))
         return self.book(op, nbytes, messages)
 
     # the Communicator's booking rules, one per verb

@@ -5,7 +5,8 @@ given). Every measurement is the median over repeats of the slowest rank (ranks 
 so the contention of a real call is in the numbers):
 
 - native collectives: allreduce of 8 B and of ``LARGE`` B; alpha (per round) and beta (per
-  byte :class:`~cupycoll.sparse._cost.Cost` books) from the two points;
+  byte :class:`~cupycoll.sparse._cost.Cost` books) from the two points, and its time at
+  ``CURVE_SIZES`` in between (``native_curve``: each native collective is priced by its size);
 - point-to-point: an exchange of 8 B with the two ring neighbours, of 8 B with every peer
   (alpha_msg: the extra per peer, from P = 4 on) and of ``LARGE / P`` B with every peer (beta);
 - gamma (local work, the primitives the algorithms use): ``merge`` a P-way merge_sorted of
@@ -87,16 +88,25 @@ def _timed(comm: Any, fn: Callable[[], Any], repeats: int) -> float:
     return float(np.median(interleaved({"fn": fn}, repeats, 1, comm)["fn"]))
 
 
-def _native(comm: Any, repeats: int) -> tuple[float, float]:
-    """alpha (per round) and beta (per booked byte) of a native allreduce, from 8 B and LARGE."""
+#: bytes of the native allreduces ``tune`` times (the curve of Profile.native_time).
+CURVE_SIZES = (8, 2 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, LARGE)
+
+
+def _native(comm: Any, repeats: int) -> tuple[float, float, list[list[float]]]:
+    """alpha (per round) and beta (per booked byte) of a native allreduce, from 8 B and LARGE,
+    and the curve of its time by booked bytes at CURVE_SIZES (monotone: a point below the one
+    before takes its value)."""
     p, xp = comm.size, comm.xp
-    small, large = xp.ones(2, np.float32), xp.ones(LARGE // 4, np.float32)
-    t_small, t_large = [_timed(comm, lambda a=a, b=xp.empty_like(a): comm.allreduce(
-        a, b, ReduceOp.SUM, op_name="tune").wait(), repeats) for a in (small, large)]
-    b_small, b_large = [Cost().allreduce("tune", p, a.nbytes).native_bytes
-                        for a in (small, large)]
+    curve: list[list[float]] = []
+    for nbytes in CURVE_SIZES:
+        a = xp.ones(nbytes // 4, np.float32)
+        seconds = _timed(comm, lambda a=a, b=xp.empty_like(a): comm.allreduce(
+            a, b, ReduceOp.SUM, op_name="tune").wait(), repeats)
+        volume = Cost().allreduce("tune", p, a.nbytes).native_bytes
+        curve.append([float(volume), max(seconds, curve[-1][1] if curve else 0.0)])
+    (b_small, t_small), (b_large, t_large) = curve[0], curve[-1]
     beta = max((t_large - t_small) / max(b_large - b_small, 1), 0.0)
-    return max(t_small - beta * b_small, 0.0), beta
+    return max(t_small - beta * b_small, 0.0), beta, curve
 
 
 def _p2p(comm: Any, repeats: int, group: list[int] | None = None
@@ -258,6 +268,8 @@ def median_profile(profiles: list[Profile]) -> Profile:
             return {key: merged([v[key] for v in values if key in v]) for key in values[0]}
         if isinstance(values[0], (int, float)) and not isinstance(values[0], bool):
             return float(np.median(values))
+        if isinstance(values[0], list) and len({len(v) for v in values}) == 1:
+            return [merged([v[i] for v in values]) for i in range(len(values[0]))]  # curves
         return values[0]
 
     data = [p.as_dict() for p in profiles]
@@ -271,19 +283,20 @@ def tune(comm: Any, repeats: int = 15, name: str = "tuned", runs: int = 1) -> Pr
     if runs > 1:
         return median_profile([tune(comm, repeats, name) for _ in range(runs)])
     passes = [_fixed_pass(comm, repeats)]
-    alpha_n, beta_n = _native(comm, repeats) if comm.size > 1 else (0.0, 0.0)
+    alpha_n, beta_n, curve = _native(comm, repeats) if comm.size > 1 else (0.0, 0.0, [])
     alpha_p, alpha_m, beta_p = _p2p(comm, repeats) if comm.size > 1 else (0.0, 0.0, 0.0)
     passes.append(_fixed_pass(comm, repeats))
     gamma = _local(comm, repeats)
     passes += [_fixed_pass(comm, repeats) for _ in range(FIXED_PASSES - len(passes))]
-    fixed = _fixed(comm, passes, Profile(name, alpha_p, beta_p, alpha_n, beta_n, gamma, alpha_m))
+    fixed = _fixed(comm, passes, Profile(name, alpha_p, beta_p, alpha_n, beta_n, gamma, alpha_m,
+                                         native_curve=curve))
     meta = {"ranks": comm.size, "backend": getattr(comm, "backend", "?"),
             "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     links = _links(comm, repeats)
     if links:
         meta["nodes"] = len(set(_node_ids(comm)))
     profile = Profile(name, alpha_p, beta_p, alpha_n, beta_n, gamma, alpha_m, fixed, meta,
-                      links)
+                      links, curve)
     if getattr(comm, "mpi_comm", None) is not None and comm.size > 1:
         profile = Profile.from_dict(comm.mpi_comm.bcast(profile.as_dict(), root=0))
     return profile

@@ -136,12 +136,17 @@ def work(algorithm: str, shape: Shape, rank: int, profile: Profile | None = None
 
 
 def comm_time(cost: Cost, profile: Profile) -> float:
-    """alpha x rounds + alpha_msg x messages + beta x bytes, point-to-point and native apart."""
+    """alpha x rounds + alpha_msg x messages + beta x bytes point-to-point; native collectives
+    each by the profile's measured curve (:meth:`Profile.native_time`), else alpha + beta x
+    bytes."""
     p2p_bytes = cost.bytes_received - cost.native_bytes
     p2p_messages = cost.messages_received - cost.native_messages
-    return (profile.alpha_p2p * (cost.rounds - cost.native_rounds)
-            + profile.alpha_msg * p2p_messages + profile.beta_p2p * p2p_bytes
-            + profile.alpha_native * cost.native_rounds + profile.beta_native * cost.native_bytes)
+    p2p = (profile.alpha_p2p * (cost.rounds - cost.native_rounds)
+           + profile.alpha_msg * p2p_messages + profile.beta_p2p * p2p_bytes)
+    if profile.native_curve and len(cost.native_volumes) == cost.native_rounds:
+        return p2p + sum(profile.native_time(v) for v in cost.native_volumes)
+    return (p2p + profile.alpha_native * cost.native_rounds
+            + profile.beta_native * cost.native_bytes)
 
 
 def _local(units: dict[str, float], profile: Profile) -> float:

@@ -14,6 +14,7 @@ predicts the same times and ``auto`` picks the same algorithm everywhere.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import logging
@@ -54,6 +55,23 @@ class Profile:
     #: nodes), overriding alpha_p2p, beta_p2p, alpha_msg for the node-aware algorithms' phases;
     #: absent (one machine, a measured profile): every link costs the same.
     links: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    #: measured seconds of one native collective by the bytes it books, ``[[bytes, seconds],
+    #: ...]`` ascending (``tune``: allreduces from 8 B to 4 MiB); empty: alpha_native +
+    #: beta_native x bytes. A native allreduce here is not linear in its size (MPICH changes
+    #: algorithm with it): 16-64 KiB took 1.7-2.5x the line through 8 B and 4 MiB, 1 MiB 0.8x.
+    native_curve: list[list[float]] = dataclasses.field(default_factory=list)
+
+    def native_time(self, nbytes: int) -> float:
+        """Seconds of one native collective booking ``nbytes``: the curve's value, linear
+        between its points and along its last segment beyond it; else alpha + beta x bytes."""
+        curve = self.native_curve
+        if len(curve) < 2:
+            return self.alpha_native + self.beta_native * nbytes
+        at = bisect.bisect_left([point[0] for point in curve], nbytes)
+        (x0, y0), (x1, y1) = curve[min(max(at - 1, 0), len(curve) - 2):][:2]
+        if nbytes <= x0:
+            return y0
+        return y0 + (y1 - y0) * (nbytes - x0) / max(x1 - x0, 1)
 
     def price(self, unit: str) -> float:
         """Seconds per unit of local work ``unit`` (0 if unmeasured; a profile measured before

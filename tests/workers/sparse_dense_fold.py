@@ -153,6 +153,15 @@ def check_tune(comm) -> None:
                                   "fill", "fold", "union"}, \
         profile.gamma
     assert all(v >= 0 for v in profile.gamma.values()), profile.gamma
+    from cupycoll.tuner.calibrate import CURVE_SIZES
+
+    curve = profile.native_curve  # one point per size, by booked bytes, time never falling
+    if comm.size > 1:
+        factor = 2 * (comm.size - 1) / comm.size
+        assert [v for v, _ in curve] == [float(int(factor * (b // 4 * 4))) for b in CURVE_SIZES]
+        assert all(t0 <= t1 for (_, t0), (_, t1) in zip(curve, curve[1:])) and curve[0][1] > 0
+    else:
+        assert curve == []
     assert_identical_across_ranks(np.frombuffer(repr(profile.as_dict()).encode(), np.uint8))
     if comm.rank == 0:
         with tempfile.TemporaryDirectory() as tmp:
