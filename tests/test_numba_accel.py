@@ -204,6 +204,30 @@ def test_merge_temporaries_kept_or_not(monkeypatch: pytest.MonkeyPatch, kept: in
     assert not hasattr(K._SCRATCH, "idx")
 
 
+def test_cached_loops_are_keyed_by_plain_types(monkeypatch: pytest.MonkeyPatch) -> None:
+    """numba's on-disk cache keys a compiled loop by its argument types: a numba function
+    passed as an argument (as hit_masks' test once was) makes a key no later process matches,
+    so every process compiled again, the index grew, and saving it could fail with
+    "underlying object has vanished" (``tune`` at P = 4 did). Every signature compiled by the
+    selection and the dense union must be made of plain types."""
+    from numba.core import types
+
+    from cupycoll.primitives import _numba as K
+    from cupycoll.primitives import _numba_dense
+
+    monkeypatch.setattr(_accel, "_FAST_FROM", 0)
+    rng = np.random.default_rng(3)
+    for dtype in ("float32", "float64", "int32", "int64"):
+        P.select_abs_ge(values(rng, dtype, (5000,)), 1)
+    x = np.full(5000, 7, np.uint32)
+    x[::7] = 1
+    K.select_unequal(x, 7, np.dtype(np.int32))
+    for fn in (_numba_dense.hit_masks, _numba_dense.copy_hits, _numba_dense.copy_unequal):
+        assert fn.signatures, fn
+        for signature in fn.signatures:
+            assert not any(isinstance(t, (types.Dispatcher, types.Function)) for t in signature)
+
+
 @pytest.mark.parametrize("dtype", ["uint32", "uint64"])
 def test_select_unequal_is_flatnonzero_and_take(dtype):
     """The dense algorithm's union scan (a copy per hit below BITS_UP_TO hits, else per

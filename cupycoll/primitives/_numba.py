@@ -28,8 +28,8 @@ from numba import njit
 from .._config import setting
 from ._common import _abs_threshold, _block_cuts, _identity
 from ._numba_dense import (add_rows, copy_hits, copy_unequal, densify_sorted,  # noqa: F401
-                           hit_masks, index_stats, magnitude, outside, positions_in,
-                           scatter_rows, special_values, unequal, union_sorted)
+                           hit_masks, index_stats, MAGNITUDE, OUTSIDE, positions_in,
+                           scatter_rows, special_values, UNEQUAL, union_sorted)
 from ._numba_small import SUM_DTYPES, sum_parts, sum_two  # noqa: F401
 
 __all__ = ["merge", "select", "select_unequal", "count", "densify_sorted", "scatter_rows",
@@ -328,7 +328,7 @@ def select(x: np.ndarray, t: Any, itype: np.dtype) -> tuple[np.ndarray, np.ndarr
     if bounds is None:
         return None
     lo, hi = bounds
-    test = magnitude if x.dtype.kind == "f" else outside
+    test = MAGNITUDE if x.dtype.kind == "f" else OUTSIDE
     return _masked(x, lo, hi, test, itype,
                    lambda a, b, masks, oi, ov: copy_hits(x, a, b, masks, False, lo, oi, ov))
 
@@ -342,11 +342,11 @@ def select_unequal(x: np.ndarray, sentinel: int, itype: np.dtype, reset: bool = 
     hits 218 -> 125 us against a count pass and a copy pass over x, 10% 436 -> 333; 4M 1%
     1.37 -> 0.74 ms."""
     s = x.dtype.type(sentinel)
-    return _masked(x, s, s, unequal, itype, lambda a, b, masks, oi, ov: copy_unequal(
+    return _masked(x, s, s, UNEQUAL, itype, lambda a, b, masks, oi, ov: copy_unequal(
         x, s, a, b, masks, bool(reset), oi, ov))
 
 
-def _masked(x: np.ndarray, lo: Any, hi: Any, test: Callable, itype: np.dtype,
+def _masked(x: np.ndarray, lo: Any, hi: Any, test: int, itype: np.dtype,
             copy: Callable) -> tuple[np.ndarray, np.ndarray]:
     """The elements of x passing ``test`` and their positions: per piece on threads, one pass
     writing each block of 64 elements' hits as the bits of a word and counting them

@@ -18,7 +18,7 @@ from numba.cpython.unsafe.numbers import trailing_zeros
 
 __all__ = ["densify_sorted", "scatter_rows", "add_rows", "special_values", "index_stats",
            "union_sorted", "positions_in", "hit_masks", "copy_hits", "copy_unequal",
-           "BITS_UP_TO", "unequal", "magnitude", "outside"]
+           "BITS_UP_TO", "UNEQUAL", "MAGNITUDE", "OUTSIDE"]
 
 #: bytes of ``out`` zeroed at a time by densify_sorted (L1-sized: its rows land in cache).
 _DENSIFY_BLOCK = 1 << 14
@@ -202,41 +202,47 @@ def positions_in(union: np.ndarray, wanted: np.ndarray) -> np.ndarray:
 BITS_UP_TO = 0.55
 
 
-@njit(cache=True, nogil=True, inline="always")
-def unequal(v, lo, hi):  # type: ignore[no-untyped-def]
-    """:func:`hit_masks`' test of the ``dense`` union: ``v != lo`` (the -0 sentinel's bits)."""
-    return v != lo
+#: :func:`hit_masks`' tests, by code: the ``dense`` union's ``v != lo`` (the -0 sentinel's
+#: bits), the threshold of floats ``|v| >= hi`` (NaN fails), the threshold of integers, whose
+#: ``|INT_MIN|`` wraps, ``v >= hi or v <= lo``. Codes, not numba functions passed as arguments:
+#: numba's cache cannot key a function argument across processes (every process missed the
+#: cache and compiled again, appending to the index, and a save could fail with
+#: "underlying object has vanished", seen 2026-11-27 in ``tune`` at P = 4).
+UNEQUAL, MAGNITUDE, OUTSIDE = 0, 1, 2
 
 
 @njit(cache=True, nogil=True, inline="always")
-def magnitude(v, lo, hi):  # type: ignore[no-untyped-def]
-    """The threshold test of floats: ``|v| >= hi`` (NaN fails)."""
-    return abs(v) >= hi
-
-
-@njit(cache=True, nogil=True, inline="always")
-def outside(v, lo, hi):  # type: ignore[no-untyped-def]
-    """The threshold test of integers, whose ``|INT_MIN|`` wraps: ``v >= hi or v <= lo``."""
-    return (v >= hi) | (v <= lo)
+def _bits(xs, base, count, lo, hi, test):  # type: ignore[no-untyped-def]
+    """The hits of ``xs[base:base + count]`` under ``test`` as the low bits of a word (one
+    branch per block on the test; each loop branch-free and vectorised)."""
+    bits = np.uint64(0)
+    if test == UNEQUAL:
+        for j in range(count):
+            bits |= np.uint64(xs[base + j] != lo) << np.uint64(j)
+    elif test == MAGNITUDE:
+        for j in range(count):
+            bits |= np.uint64(abs(xs[base + j]) >= hi) << np.uint64(j)
+    else:
+        for j in range(count):
+            v = xs[base + j]
+            bits |= np.uint64((v >= hi) | (v <= lo)) << np.uint64(j)
+    return bits
 
 
 @njit(cache=True, nogil=True)
 def hit_masks(x, lo, hi, test, first, last, masks):  # type: ignore[no-untyped-def]
-    """Bit j of ``masks[b]`` set where ``test(x[64 b + j], lo, hi)`` (:func:`unequal`,
-    :func:`magnitude`, :func:`outside`: numba compiles one loop per test, inlined and
-    vectorised), for the blocks ``first..last-1`` of 64 elements (x's last block may be
-    shorter); the number of such elements. The loops here index views from 0, which the
+    """Bit j of ``masks[b]`` set where ``x[64 b + j]`` passes ``test`` (:data:`UNEQUAL`,
+    :data:`MAGNITUDE`, :data:`OUTSIDE`), for the blocks ``first..last-1`` of 64 elements (x's
+    last block may be shorter); the number of such elements. The loops here index views from 0, which the
     compiler knows is never negative: indexed from ``first * 64``, a wraparound test per
     element keeps a loop scalar (12x)."""
     xs, ms, hits = x[first * 64:min(last * 64, x.size)], masks[first:last], 0
     for block in range(ms.size):
-        bits, base = np.uint64(0), block * 64
+        base = block * 64
         if base + 64 <= xs.size:
-            for j in range(64):  # vectorised
-                bits |= np.uint64(test(xs[base + j], lo, hi)) << np.uint64(j)
+            bits = _bits(xs, base, 64, lo, hi, test)
         else:  # the last, shorter block
-            for j in range(xs.size - base):
-                bits |= np.uint64(test(xs[base + j], lo, hi)) << np.uint64(j)
+            bits = _bits(xs, base, xs.size - base, lo, hi, test)
         ms[block] = bits
         hits += _popcount(bits)
     return hits
