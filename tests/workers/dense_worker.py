@@ -148,33 +148,38 @@ def communicator_with(name: str, value: str, **more: str):
             del os.environ[key]
 
 
+def matrix(seed: int, p: int):
+    """Every (dtype, op, count) of the matrix with every rank's input and numpy's reduction."""
+    for dtype in DTYPES:
+        for op in OPS:
+            for count in SIZES:
+                inputs = [make(seed, r, dtype, count, op) for r in range(p)]
+                yield dtype, op, count, inputs, reference(inputs, op)
+
+
 def reduce_as_allreduce(seed: int, rank: int, p: int) -> int:
     """``reduce`` run as an allreduce (CUPYCOLL_REDUCE_AS_ALLREDUCE=0: every size): every dtype,
     op, size and root against numpy, in place and async; off the root neither the input nor a
     given ``out`` is written, and the result went through the pooled scratch buffer there."""
     comm = communicator_with("CUPYCOLL_REDUCE_AS_ALLREDUCE", "0", CUPYCOLL_REDUCE_PAIRWISE="off")
     cases = 0
-    for dtype in DTYPES:
-        for op in OPS:
-            for count in SIZES:
-                inputs = [make(seed + 3, r, dtype, count, op) for r in range(p)]
-                want = reference(inputs, op)
-                for root in range(p):
-                    x = inputs[rank].copy()
-                    got = cc.reduce(x, root=root, op=op, comm=comm)
-                    assert np.array_equal(x, inputs[rank]), "reduce wrote its input"
-                    if rank == root:
-                        check(got, want, f"reduce as allreduce {dtype} {op} {count} r{root}")
-                    else:
-                        assert got is None
-                    mine = x.copy()
-                    work = cc.reduce(mine, root=root, op=op, comm=comm, out=mine, async_op=True)
-                    work.wait()
-                    if rank == root:
-                        check(mine, want, f"reduce as allreduce in place {dtype} {op} {count}")
-                    else:  # off the root ``out`` is not the result's: left as it was
-                        assert np.array_equal(mine, inputs[rank]), "reduce wrote out off root"
-                    cases += 2
+    for dtype, op, count, inputs, want in matrix(seed + 3, p):
+        for root in range(p):
+            x = inputs[rank].copy()
+            got = cc.reduce(x, root=root, op=op, comm=comm)
+            assert np.array_equal(x, inputs[rank]), "reduce wrote its input"
+            if rank == root:
+                check(got, want, f"reduce as allreduce {dtype} {op} {count} r{root}")
+            else:
+                assert got is None
+            mine = x.copy()
+            work = cc.reduce(mine, root=root, op=op, comm=comm, out=mine, async_op=True)
+            work.wait()
+            if rank == root:
+                check(mine, want, f"reduce as allreduce in place {dtype} {op} {count}")
+            else:  # off the root ``out`` is not the result's: left as it was
+                assert np.array_equal(mine, inputs[rank]), "reduce wrote out off root"
+            cases += 2
     if p > 1 and rank != 0:  # a 64 KiB+ result off the root went to a pooled scratch buffer
         assert comm._spare, "reduce did not run as an allreduce off the root"
     return cases
@@ -184,42 +189,38 @@ def pairwise_reduce(seed: int, rank: int, p: int) -> int:
     """``reduce`` as a pairwise reduce-scatter and a gather (CUPYCOLL_REDUCE_PAIRWISE=0: every
     size, P near-equal blocks): every dtype, op and size (the root rotating over the ranks)
     against numpy, in place, async, and into an ``out`` overlapping the input (staged); off
-    the root neither the input nor a given ``out`` is written; float sums equal a fold in rank order bit for bit; NaN and +-0
-    as the native path; the scratch went back to the pool."""
+    the root neither the input nor a given ``out`` is written; float sums equal a fold in rank
+    order bit for bit; NaN and +-0 as the native path; the scratch went back to the pool."""
     import functools
 
     comm = communicator_with("CUPYCOLL_REDUCE_PAIRWISE", "0")
     cases = 0
-    for dtype in DTYPES:
-        for op in OPS:
-            for count in SIZES:
-                inputs = [make(seed + 7, r, dtype, count, op) for r in range(p)]
-                want = reference(inputs, op)
-                for root in (cases // 3 % p,):  # every root in turn over the cases
-                    at_root = rank == root
-                    x = inputs[rank].copy()
-                    got = cc.reduce(x, root=root, op=op, comm=comm)
-                    assert np.array_equal(x, inputs[rank]), "reduce wrote its input"
-                    if at_root:
-                        check(got, want, f"pairwise reduce {dtype} {op} {count} r{root}")
-                        if op == "sum" and dtype in ("float32", "float64"):
-                            in_order = functools.reduce(np.add, inputs)
-                            assert got.tobytes() == in_order.tobytes(), "not a rank-order fold"
-                    else:
-                        assert got is None
-                    mine = x.copy()
-                    cc.reduce(mine, root=root, op=op, comm=comm, out=mine, async_op=True).wait()
-                    if at_root:
-                        check(mine, want, f"pairwise reduce in place {dtype} {op} {count}")
-                    else:  # off the root ``out`` is not the result's: left as it was
-                        assert np.array_equal(mine, inputs[rank]), "reduce wrote out off root"
-                    both = np.concatenate([inputs[rank], np.full(1, 7, dtype)])
-                    cc.reduce(both[:count], root=root, op=op, comm=comm, out=both[1:])
-                    if at_root:  # an ``out`` overlapping the input: staged
-                        check(both[1:], want, f"pairwise reduce overlapping {dtype} {op} {count}")
-                    else:
-                        assert np.array_equal(both[:count], inputs[rank]) and both[-1] == 7
-                    cases += 3
+    for dtype, op, count, inputs, want in matrix(seed + 7, p):
+        root = cases // 3 % p  # every root in turn over the cases
+        at_root = rank == root
+        x = inputs[rank].copy()
+        got = cc.reduce(x, root=root, op=op, comm=comm)
+        assert np.array_equal(x, inputs[rank]), "reduce wrote its input"
+        if at_root:
+            check(got, want, f"pairwise reduce {dtype} {op} {count} r{root}")
+            if op == "sum" and dtype in ("float32", "float64"):
+                in_order = functools.reduce(np.add, inputs)
+                assert got.tobytes() == in_order.tobytes(), "not a rank-order fold"
+        else:
+            assert got is None
+        mine = x.copy()
+        cc.reduce(mine, root=root, op=op, comm=comm, out=mine, async_op=True).wait()
+        if at_root:
+            check(mine, want, f"pairwise reduce in place {dtype} {op} {count}")
+        else:  # off the root ``out`` is not the result's: left as it was
+            assert np.array_equal(mine, inputs[rank]), "reduce wrote out off root"
+        both = np.concatenate([inputs[rank], np.full(1, 7, dtype)])
+        cc.reduce(both[:count], root=root, op=op, comm=comm, out=both[1:])
+        if at_root:  # an ``out`` overlapping the input: staged
+            check(both[1:], want, f"pairwise reduce overlapping {dtype} {op} {count}")
+        else:
+            assert np.array_equal(both[:count], inputs[rank]) and both[-1] == 7
+        cases += 3
     for dtype in ("float32", "float64"):  # NaN wins, a +0/-0 tie has one answer
         for op, fn in (("max", np.max), ("min", np.min)):
             rows = [np.array([np.nan if r == 0 else 1.0, -0.0 if r % 2 else 0.0,
