@@ -56,8 +56,9 @@ def densify_sorted(out: np.ndarray, idx: np.ndarray, val: np.ndarray) -> None:
     = ``val``, block by block (a block of ~16 KiB zeroed, then its rows written while it is in
     cache): one pass over memory, where a fill and then a scatter make two. Each block's rows
     are found by one binary search, so the copy has no data-dependent test (testing each row
-    against the block's end cost 1.5-2.4x at 10-50% density: 400K float32 at 25% 158 -> 75 us). Moves bits
-    (unsigned integers of the element size), so every dtype takes one of three loops."""
+    against the block's end cost 1.5-2.4x at 10-50% density: 400K float32 at 25% 158 -> 75
+    us). Moves bits (unsigned integers of the element size), so every dtype takes one of three
+    loops."""
     bits = f"u{out.dtype.itemsize}"
     width = max(out.size // max(out.shape[0], 1), 1)
     block = max(_DENSIFY_BLOCK // (width * out.dtype.itemsize), 1)
@@ -233,9 +234,9 @@ def _bits(xs, base, count, lo, hi, test):  # type: ignore[no-untyped-def]
 def hit_masks(x, lo, hi, test, first, last, masks):  # type: ignore[no-untyped-def]
     """Bit j of ``masks[b]`` set where ``x[64 b + j]`` passes ``test`` (:data:`UNEQUAL`,
     :data:`MAGNITUDE`, :data:`OUTSIDE`), for the blocks ``first..last-1`` of 64 elements (x's
-    last block may be shorter); the number of such elements. The loops here index views from 0, which the
-    compiler knows is never negative: indexed from ``first * 64``, a wraparound test per
-    element keeps a loop scalar (12x)."""
+    last block may be shorter); the number of such elements. The loops here index views from
+    0, which the compiler knows is never negative: indexed from ``first * 64``, a wraparound
+    test per element keeps a loop scalar (12x)."""
     xs, ms, hits = x[first * 64:min(last * 64, x.size)], masks[first:last], 0
     for block in range(ms.size):
         base = block * 64
