@@ -31,10 +31,14 @@ from _common import parse_size
 from mpi4py import MPI
 
 
-def tested(request: MPI.Request) -> None:
-    """Complete ``request`` by tests, yielding the core every 8 (cupycoll's wait loop)."""
+def tested(*requests: MPI.Request) -> None:
+    """Complete the requests by tests, yielding the core every 8 (cupycoll's wait loop)."""
+    if not requests:
+        return
+    test = requests[0].Test if len(requests) == 1 else functools.partial(MPI.Request.Testall,
+                                                                          list(requests))
     polls = 0
-    while not request.Test():
+    while not test():
         polls += 1
         if polls % 8 == 0:
             os.sched_yield()
@@ -50,12 +54,11 @@ def pairwise(comm: MPI.Comm, x: np.ndarray, out: np.ndarray, scratch: np.ndarray
         source, dest = (rank - step) % size, (rank + step) % size
         requests.append(comm.Irecv(scratch[source], source, 9))
         requests.append(comm.Isend(blocks[dest], dest, 9))
-    polls = 0
-    while not MPI.Request.Testall(requests):
-        polls += 1
-        if polls % 8 == 0:
-            os.sched_yield()
+    tested(*requests)
     parts = [blocks[r] if r == rank else scratch[r] for r in range(size)]
+    if size == 1:  # one rank: its own block
+        np.copyto(out, parts[0])
+        return
     np.add(parts[0], parts[1], out=out)
     for part in parts[2:]:
         np.add(out, part, out=out)
@@ -68,13 +71,8 @@ def scatter_gather(comm: MPI.Comm, x: np.ndarray, out: np.ndarray, scratch: np.n
     blocks = out.reshape(size, -1)
     mine = blocks[rank] if rank == 0 else scratch[-1]
     pairwise(comm, x, mine, scratch[:size])
-    requests = ([comm.Irecv(blocks[r], r, 8) for r in range(1, size)] if rank == 0
-                else [comm.Isend(mine, 0, 8)])
-    polls = 0
-    while not MPI.Request.Testall(requests):
-        polls += 1
-        if polls % 8 == 0:
-            os.sched_yield()
+    tested(*([comm.Irecv(blocks[r], r, 8) for r in range(1, size)] if rank == 0
+             else [comm.Isend(mine, 0, 8)]))
 
 
 def reduce_calls(comm: MPI.Comm, count: int, ours: dict | None = None) -> dict:

@@ -283,7 +283,7 @@ def copy_unequal(x, sentinel, first, last, masks, reset,  # type: ignore[no-unty
                  out_idx, out_val):
     """The positions and elements of x's blocks ``first..last-1`` that are not ``sentinel``,
     in order, into ``out_idx`` and ``out_val`` (exactly as long as there are such elements),
-    from :func:`hit_masks`' bits (:func:`unequal`); ``reset``: those blocks are all
+    from :func:`hit_masks`' bits (:data:`UNEQUAL`); ``reset``: those blocks are all
     ``sentinel`` after."""
     start = first * 64
     xs, hits = x[start:min(last * 64, x.size)], out_idx.size
