@@ -222,25 +222,29 @@ def test_signed_zero_sum_over_ranks_matches_numpy(p, width, dtype, rows):
 
 @pytest.mark.parametrize("numba", ["auto", "off"])
 @pytest.mark.parametrize("p", [1, 2, 3])
+@pytest.mark.parametrize("width", [0, 4])
 def test_large_sums_read_the_union_back_and_leave_the_kept_buffer_minus_zero(monkeypatch, numba,
-                                                                             p):
-    """n above the numba loops' threshold, ranks simulated by threads: a small union (the
-    numba block scan) and a large one (the branch-free numba copy; without numba compare +
-    flatnonzero + take, and the next call fills), each twice in a row on the same kept buffer;
-    against numpy's sums with +0 for absent entries, bit for bit, and the kept buffer all -0
-    (and known to be) after each call the numba pass read (or each small union)."""
+                                                                             p, width):
+    """n above the numba loops' threshold, ranks simulated by threads, 1-D and rows: a small
+    union (the numba block scan; rows: the row marks) and a large one (the branch-free numba
+    copy; without numba compare + flatnonzero + take, and the next call fills), each twice in
+    a row on the same kept buffer; against numpy's sums with +0 for absent entries, bit for
+    bit (rows of +0 elements are present), and the kept buffer all -0 (and known to be) after
+    each call the numba pass read (or each small union)."""
     from cupycoll.primitives import _accel
     from tests._threaded import on_ranks
 
     monkeypatch.setenv("CUPYCOLL_NUMBA", numba)
-    n = 1 << 15
+    n, row = 1 << 15, (width,) if width else ()
     for share in (64, 3):  # this rank's nnz = n / share: P x nnz below and above n/8
         inputs = []
         for r in range(p):
             rng = np.random.default_rng([share, r, p])
             idx = np.sort(rng.choice(n, n // share, replace=False))
-            inputs.append((idx, rng.integers(-8, 9, idx.size).astype(np.float32) / 4))
-        total = np.zeros(n, np.float32)
+            val = rng.integers(-8, 9, (idx.size,) + row).astype(np.float32) / 4
+            val[::5] = 0.0  # whole rows of +0: present all the same
+            inputs.append((idx, val))
+        total = np.zeros((n,) + row, np.float32)
         for idx, val in inputs:
             total[idx] += val
         union = np.unique(np.concatenate([i for i, _ in inputs]))
@@ -250,7 +254,7 @@ def test_large_sums_read_the_union_back_and_leave_the_kept_buffer_minus_zero(mon
             out = []
             for _ in range(2):
                 out.append(dense.dense(comm, idx, val, n, ReduceOp.SUM))
-                kept = _accel.kept_buffer(n + 1, np.float32)
+                kept = _accel.kept_buffer(n * max(width, 1) + 1, np.float32)
                 restored = numba == "auto" or union.size <= dense.RESTORE_SHARE * n
                 if restored:
                     assert np.signbit(kept).all() and (kept == 0).all()
@@ -266,22 +270,21 @@ def test_large_sums_read_the_union_back_and_leave_the_kept_buffer_minus_zero(mon
 @pytest.mark.parametrize("width", [0, 3])
 def test_local_pass_is_the_union_of_one_rank_and_restores_small_unions(width):
     """``local_pass`` (the host work ``tune`` times): the union of one rank's indices, for a
-    small input and a large one; 1-D (a numba pass either way: restored, the kept buffer all -0
-    and marked) and rows (restored for the small input only; the next call fills)."""
+    small input and a large one, 1-D and rows: a numba pass either way, after which the kept
+    buffer is all -0 and marked (no fill on the next call)."""
     from cupycoll.primitives import _accel
 
     n = 1 << 15
-    for share, restored in ((64, True), (2, width == 0)):
+    for share in (64, 2):
         rng = np.random.default_rng([share, width])
         idx = np.sort(rng.choice(n, n // share, replace=False)).astype(np.int32)
         val = rng.standard_normal((idx.size, width) if width else idx.size).astype(np.float32)
         for _ in range(2):
             union = dense.local_pass(idx, val, n)
             assert union.dtype == idx.dtype and union.tolist() == idx.tolist()
-            assert (_accel._KEPT.filled is not None) == restored
-            if restored:
-                kept = _accel.kept_buffer(n * max(width, 1) + 1, np.float32)
-                assert np.signbit(kept).all() and (kept == 0).all()
+            assert _accel._KEPT.filled is not None
+            kept = _accel.kept_buffer(n * max(width, 1) + 1, np.float32)
+            assert np.signbit(kept).all() and (kept == 0).all()
 
 
 @pytest.mark.parametrize("p", [1, 2, 5])

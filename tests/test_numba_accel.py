@@ -222,7 +222,9 @@ def test_cached_loops_are_keyed_by_plain_types(monkeypatch: pytest.MonkeyPatch) 
     x = np.full(5000, 7, np.uint32)
     x[::7] = 1
     K.select_unequal(x, 7, np.dtype(np.int32))
-    for fn in (_numba_dense.hit_masks, _numba_dense.copy_hits, _numba_dense.copy_unequal):
+    K.select_unequal_rows(x.reshape(-1, 5), 7, np.dtype(np.int32))
+    for fn in (_numba_dense.hit_masks, _numba_dense.copy_hits, _numba_dense.copy_unequal,
+               _numba_dense.row_hits, _numba_dense.copy_hit_rows):
         assert fn.signatures, fn
         for signature in fn.signatures:
             assert not any(isinstance(t, (types.Dispatcher, types.Function)) for t in signature)
@@ -251,6 +253,36 @@ def test_select_unequal_is_flatnonzero_and_take(dtype):
                 before = x.copy()
                 idx, raw = _numba.select_unequal(x, minus_zero, itype, reset=reset)
                 assert idx.dtype == itype and np.array_equal(idx, want), size
+                assert raw.dtype == x.dtype and raw.tobytes() == before[want].tobytes()
+                assert (x == minus_zero).all() if reset else np.array_equal(x, before)
+                x[...] = before
+
+
+@pytest.mark.parametrize("dtype", ["uint16", "uint32", "uint64"])
+def test_select_unequal_rows_is_any_flatnonzero_and_take(dtype):
+    """The ``dense`` algorithm's union of rows: the positions and bits of the rows with an
+    element that is not -0, against numpy's ``any`` of the comparison, ``flatnonzero`` and
+    ``take``: each hit row differs from -0 in one random column only (first, last, middle),
+    some of them by a +0; empty, one row, ragged, threaded sizes (two pieces of rows); with
+    ``reset``, every row is -0 after, else nothing is written."""
+    from cupycoll.primitives import _numba
+
+    rng = np.random.default_rng(len(dtype))
+    minus_zero = np.dtype(dtype).type(1 << (8 * np.dtype(dtype).itemsize - 1))
+    for rows, width, density in ((0, 4, 0.0), (1, 3, 1.0), (1000, 16, 0.1), (77, 5, 0.5),
+                                 (300_001, 2, 0.3), (40_000, 16, 0.9), (5000, 1, 0.2)):
+        x = np.full((rows, width), minus_zero, dtype)
+        hit = np.flatnonzero(rng.random(rows) < density)
+        column = rng.integers(0, width, hit.size)
+        x[hit, column] = rng.integers(0, np.iinfo(dtype).max, hit.size, dtype=dtype)
+        x[hit[::7], column[::7]] = 0  # +0 is present
+        want = np.flatnonzero((x != minus_zero).any(axis=1))
+        for itype in (np.dtype(np.int32), np.dtype(np.int64)):
+            for reset in (False, True):
+                before = x.copy()
+                idx, raw = _numba.select_unequal_rows(x, minus_zero, itype, reset=reset)
+                assert idx.dtype == itype and np.array_equal(idx, want), (rows, width)
+                assert raw.shape == (want.size, width)
                 assert raw.dtype == x.dtype and raw.tobytes() == before[want].tobytes()
                 assert (x == minus_zero).all() if reset else np.array_equal(x, before)
                 x[...] = before

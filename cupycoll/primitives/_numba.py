@@ -27,12 +27,13 @@ from numba import njit
 
 from .._config import setting
 from ._common import _abs_threshold, _block_cuts, _identity
-from ._numba_dense import (add_rows, copy_hits, copy_unequal, densify_sorted,  # noqa: F401
-                           hit_masks, index_stats, MAGNITUDE, OUTSIDE, positions_in,
-                           scatter_rows, special_values, UNEQUAL, union_sorted)
+from ._numba_dense import (add_rows, copy_hit_rows, copy_hits, copy_unequal,  # noqa: F401
+                           densify_sorted, hit_masks, index_stats, MAGNITUDE, OUTSIDE,
+                           positions_in, row_hits, scatter_rows, special_values, UNEQUAL,
+                           union_sorted)
 from ._numba_small import SUM_DTYPES, sum_parts, sum_two  # noqa: F401
 
-__all__ = ["merge", "select", "select_unequal", "count", "densify_sorted", "scatter_rows",
+__all__ = ["merge", "select", "select_unequal", "select_unequal_rows", "count", "densify_sorted", "scatter_rows",
            "add_rows", "special_values", "index_stats", "positions_in", "union_sorted",
            "sum_parts", "sum_two", "SUM_DTYPES", "threads", "free_scratch"]
 
@@ -344,6 +345,27 @@ def select_unequal(x: np.ndarray, sentinel: int, itype: np.dtype, reset: bool = 
     s = x.dtype.type(sentinel)
     return _masked(x, s, s, UNEQUAL, itype, lambda a, b, masks, oi, ov: copy_unequal(
         x, s, a, b, masks, bool(reset), oi, ov))
+
+
+def select_unequal_rows(bits: np.ndarray, sentinel: int, itype: np.dtype, reset: bool = False
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`select_unequal` of the rows of a 2-D integer array: the positions (as itype)
+    and copies of the rows with an element that is not ``sentinel`` (the ``dense`` algorithm's
+    union of wide rows), in two passes per piece of rows on threads (a mark and count per row,
+    then a copy of the marked rows only); ``reset``: those rows are left all ``sentinel``.
+    16-wide float32 rows, 1-2 ns per element before (numpy's comparison, ``any``,
+    ``flatnonzero`` and ``take``, and the kept buffer filled again on the next call)."""
+    s, rows = bits.dtype.type(sentinel), bits.shape[0]
+    hits = _scratch("row_hits", (rows,), np.dtype(np.bool_))
+    pieces = _pieces(bits.size)
+    edges = [(p * rows) // pieces for p in range(pieces + 1)]
+    spans = list(zip(edges[:-1], edges[1:]))
+    counts = _in_threads([partial(row_hits, bits, s, a, b, hits) for a, b in spans])
+    ends = np.cumsum(counts)
+    out_idx, out_rows = np.empty(ends[-1], itype), np.empty((ends[-1], bits.shape[1]), bits.dtype)
+    _in_threads([partial(copy_hit_rows, bits, s, a, b, hits, bool(reset), out_idx[e - h:e],
+                         out_rows[e - h:e]) for (a, b), h, e in zip(spans, counts, ends)])
+    return out_idx, out_rows
 
 
 def _masked(x: np.ndarray, lo: Any, hi: Any, test: int, itype: np.dtype,
