@@ -22,7 +22,7 @@ from ..wire._pack import COO, Wire
 
 __all__ = ["reduce_parts", "rank_slices", "allgatherv_entries", "fill_absent", "union_of",
            "positions_in", "presence", "union_of_presence", "bitmap_or_allreduce", "bitmap_chunk",
-           "canonical_nan"]
+           "canonical_nan", "has_minus_zero"]
 
 
 def fill_absent(union: Any, values: Any, part_indices: Sequence[Any], op: ReduceOp) -> Any:
@@ -34,7 +34,7 @@ def fill_absent(union: Any, values: Any, part_indices: Sequence[Any], op: Reduce
     if union.shape[0] == 0:
         return values
     xp = array_namespace(union)
-    if op is ReduceOp.SUM and (values.dtype.kind != "f" or not _has_minus_zero(xp, values)):
+    if op is ReduceOp.SUM and (values.dtype.kind != "f" or not has_minus_zero(xp, values)):
         return values
     present = xp.zeros(union.shape[0], dtype=np.int32)
     for idx in part_indices:
@@ -48,7 +48,7 @@ def fill_absent(union: Any, values: Any, part_indices: Sequence[Any], op: Reduce
     return values
 
 
-def _has_minus_zero(xp: Any, values: Any) -> bool:
+def has_minus_zero(xp: Any, values: Any) -> bool:
     """Whether float ``values`` hold a -0: on the host, one min over the bits (-0's pattern is
     the least signed integer of the width), else a compare and a sign test."""
     if values.size == 0:

@@ -46,7 +46,8 @@ from .._registry import register
 from .._types import ReduceOp, array_namespace
 from ..primitives import gather
 from ..primitives._accel import _fast, kept_filled, mark_filled
-from ._common import bitmap_chunk, bitmap_or_allreduce, presence, union_of_presence
+from ._common import (bitmap_chunk, bitmap_or_allreduce, has_minus_zero, presence,
+                      union_of_presence)
 from ._cost import Cost, Shape
 
 __all__ = ["dense", "dense_result", "densify_into", "scatter_into", "add_into", "members",
@@ -151,7 +152,9 @@ def _signed_zeros(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, ro
     """One allreduce of the -0-filled values and a tail counting ranks holding a -0 value."""
     buf, full = _densified(comm.xp, indices, values, n, row)
     size = full.size
-    buf[size:] = ((values == 0) & comm.xp.signbit(values)).any()  # no host read
+    xp = comm.xp  # on a device: no host read; on the host one min over the bits
+    buf[size:] = (has_minus_zero(np, values) if xp is np
+                  else ((values == 0) & xp.signbit(values)).any())
     comm.stream_order(comm.allreduce(buf, buf, op, op_name="dense.allreduce"))
     bits, minus_zero = row_bits(full)
     if not bool(buf[size] > 0):  # nobody holds a -0: the common case, no more traffic
