@@ -42,6 +42,13 @@ def _numba_mode(text: str) -> str:
     raise ValueError("expected auto or off (0)")
 
 
+def _auto_mode(text: str) -> str:
+    mode = text.strip().lower()
+    if mode in ("estimate", "measure"):
+        return mode
+    raise ValueError("expected estimate or measure")
+
+
 def _threads(text: str) -> int | str:
     if text.strip().lower() == "auto":
         return "auto"
@@ -75,6 +82,10 @@ SETTINGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "CUPYCOLL_TIMEOUT": (_timeout, None,
                          "seconds a blocking wait may take before CollectiveTimeout (<= 0: none)"),
     "CUPYCOLL_ALGORITHM": (str, "auto", "default sparse_allreduce algorithm"),
+    "CUPYCOLL_AUTO": (_auto_mode, "estimate",
+                      "how sparse_allreduce's auto picks: estimate (the least time the model "
+                      "predicts) or measure (its candidates timed on the first calls of each "
+                      "shape, then the fastest kept; docs/tuning.md); the same on every rank"),
     "CUPYCOLL_TOPK_ALGORITHM": (str, "oktopk", "default topk_allreduce algorithm"),
     "CUPYCOLL_WIRE": (str, "auto", "default wire format of sparse entries in sparse_allreduce, "
                       "topk_allreduce and TopkCompressor: coo, compact or auto"),

@@ -429,3 +429,57 @@ def test_median_profile_takes_every_price_from_the_median_run():
               for r, t in zip(runs, (5e-6, 1e-6, 2e-6))]
     assert median_profile(curves).native_curve == [[8.0, 2e-6], [64.0, 6e-6]]
     assert median.name == "r0" and median.meta == {"ranks": 2, "run": 0}
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
+def test_auto_measure_keeps_the_fastest_candidate(nprocs):
+    """CUPYCOLL_AUTO=measure against a dense reference on P ranks: the model's best slowed by a
+    sleep, the trials end on another candidate, identically on every rank; mismatched and bad
+    modes raise everywhere (tests/workers/auto_measure.py)."""
+    out = run_mpi(nprocs, "auto_measure.py", 7 + nprocs, timeout=300)
+    assert f"ok auto measure on {nprocs} ranks" in out
+
+
+class _OneRank:
+    """What measure.record needs of a communicator: a MAX allreduce (of one rank: itself)."""
+
+    def __init__(self):
+        self.runs = 0
+
+    def run(self, verb, send, recv, op, op_name=None):
+        assert verb == "allreduce" and op_name == "auto.measure" and send is recv
+        self.runs += 1
+
+
+def test_measure_trials_in_turn_and_keep_the_least_median():
+    """Candidates are tried in the model's order, the one with the fewest trials first; after
+    SAMPLES each, the least median is kept (a tie: the model's order) and nothing is timed."""
+    from cupycoll.sparse import measure
+
+    comm, trials = _OneRank(), measure.Trials(["mask", "dense", "allgather"])
+    order = []
+    times = {"mask": [5.0, 1.0, 9.0], "dense": [2.0, 2.0, 2.0], "allgather": [3.0, 3.0, 0.1]}
+    for _ in range(measure.SAMPLES * 3):
+        assert trials.pick is None
+        name = trials.next()
+        order.append(name)
+        measure.record(comm, trials, name, times[name][len(trials.seconds.get(name, []))])
+    assert order == ["mask", "dense", "allgather"] * measure.SAMPLES
+    assert trials.pick == "dense" and trials.next() == "dense"  # medians 5, 2, 3
+    assert comm.runs == measure.SAMPLES * 3
+    tie = measure.Trials(["split", "mask"])
+    for name in ["split", "mask"] * measure.SAMPLES:
+        measure.record(comm, tie, name, 1.0)
+    assert tie.pick == "split"
+
+
+def test_measure_kinds_bucket_sizes_and_keep_the_rest_exact():
+    from cupycoll.sparse import measure
+
+    base = Shape(4, 1000, 0, 4, 4, (100, 100, 100, 100))
+    same = dataclasses.replace(base, n=1023, nnz=(120, 100, 100, 100))
+    assert measure.kind(base) == measure.kind(same)
+    changes = ({"n": 1025}, {"nnz": (300,) * 4}, {"width": 2}, {"value_bytes": 8}, {"op": "max"},
+               {"size": 3, "nnz": (1,) * 3}, {"output": "dense"})
+    for change in changes:
+        assert measure.kind(dataclasses.replace(base, **change)) != measure.kind(base), change

@@ -78,6 +78,7 @@ class Prepared:
     out: Any = None  # output="dense": the caller's buffer, as an array of the communicator's
     nonfinite: bool = False  # output="dense": some rank's values hold a NaN or an infinity
     minus_zero: bool = False  # output="dense": some rank's float values hold a -0
+    measure: bool = False  # algorithm "auto" under CUPYCOLL_AUTO=measure (sparse/measure.py)
 
     @property
     def reduce_op(self) -> ReduceOp:
@@ -96,7 +97,8 @@ class Prepared:
         """The agreement fields (see VALIDATION_FIELDS but async_op); ``names`` = the sparse
         algorithms."""
         return (self.n, _INDEX_CODES[self.index_dtype], _VALUE_CODES[self.value_dtype],
-                self.width, _OP_CODES[self.op], names.index(self.algorithm),
+                self.width, _OP_CODES[self.op],
+                names.index(self.algorithm) + len(names) * self.measure,
                 _VALUE_CODES[self.accumulate_dtype], wire_code(self.wire, self.wire_values),
                 OUTPUTS.index(self.output))
 
@@ -243,6 +245,7 @@ def _local(comm: Any, indices: Any, values: Any, n: Any, op: Any, algorithm: Any
         buffer = _out(comm, out, output, alloc_fn, length, width, value_dtype, rank)
         increasing = _check_range(idx, length, rank)
         idx, val = _coalesce(idx, val, red, acc, increasing)
+        measure = name == "auto" and setting("CUPYCOLL_AUTO") == "measure"
     except CupycollError as exc:
         return None, exc
     except Exception as exc:  # anything else still has to reach the other ranks as a flag
@@ -251,7 +254,8 @@ def _local(comm: Any, indices: Any, values: Any, n: Any, op: Any, algorithm: Any
         error.__cause__ = exc
         return None, error
     return Prepared(idx, val, length, red, name, np.dtype(idx.dtype), value_dtype, acc,
-                    width, wire=wire, wire_values=wire_values, output=output, out=buffer), None
+                    width, wire=wire, wire_values=wire_values, output=output, out=buffer,
+                    measure=measure), None
 
 
 def _code(error: CupycollError) -> int:
@@ -287,8 +291,10 @@ def _decode(field: str, value: int) -> str:
         return _VALUE_NAMES[value]
     if field == "op":
         return _OPS[value].value
-    if field == "algorithm":
-        return algorithms("sparse")[value]
+    if field == "algorithm":  # auto under CUPYCOLL_AUTO=measure: past the names
+        names = algorithms("sparse")
+        return names[value % len(names)] + (" (CUPYCOLL_AUTO=measure)" if value >= len(names)
+                                            else "")
     if field == "wire":
         return decode_code(value)
     if field == "output":

@@ -9,6 +9,7 @@ then deliver: return a :class:`SparseResult`, fill the caller's buffers
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -21,6 +22,7 @@ from ..comm import Communicator, get_comm
 from ..errors import InvalidArgument, InvalidType
 from . import auto as _auto
 from . import dense as _dense
+from . import measure as _measure
 from . import split as _split
 from ._common import canonical_nan
 from ..wire._pack import COO, Wire
@@ -104,7 +106,7 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
                            accumulate_dtype=accumulate_dtype, alloc_fn=alloc_fn,
                            completion_fn=completion_fn, async_op=async_op, wire=wire,
                            wire_values=wire_values, output=output, out=out)
-    name = prepared.algorithm
+    name, trials = prepared.algorithm, None
     if prepared.merged is not None:  # the entries came with the validation (sparse/small.py)
         name = "small"
         prepared.format = COO if prepared.wire_values is None else Wire(False,
@@ -115,7 +117,11 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
     else:
         if name == "auto":  # priced with the wire asked for (raw when auto decides it after)
             asked = Wire(prepared.wire == "compact", prepared.wire_values)
-            name = _auto.choose(prepared.shape(comm.size, asked), comm=comm, op=prepared.op)
+            shape = prepared.shape(comm.size, asked)
+            if prepared.measure and comm.backend == "mpi" and comm.size > 1:
+                name, trials = _measure.plan(comm, shape, prepared.op, not async_op)
+            else:
+                name = _auto.choose(shape, comm=comm, op=prepared.op)
         prepared.format = _auto.choose_wire(name, prepared.shape(comm.size), prepared.wire,
                                             prepared.wire_values, comm=comm)
         # the validation told every rank's nnz: algorithms that take them skip a size round
@@ -133,9 +139,14 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
             return _deliver_dense(result, prepared, values, out, completion_fn, fn_ctx)
         return _deliver(result, prepared, indices, values, alloc_fn, completion_fn, fn_ctx)
 
-    if not async_op:
+    if async_op:
+        return run_async(comm, run, deliver, "sparse_allreduce")
+    if trials is None:
         return deliver(run(comm))
-    return run_async(comm, run, deliver, "sparse_allreduce")
+    start = time.perf_counter()
+    result = run(comm)
+    _measure.record(comm, trials, name, time.perf_counter() - start)
+    return deliver(result)
 
 
 def _run(comm: Communicator, prepared: Prepared, fn: Callable) -> tuple[Any, Any]:

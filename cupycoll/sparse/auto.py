@@ -24,7 +24,7 @@ from ..wire._choice import could_pay, prefer_compact
 from ..wire._pack import COO, Wire
 from ._cost import Cost, Shape, validation_cost
 
-__all__ = ["choose", "choose_wire", "auto", "call_cost", "predicted_times", "MODELS"]
+__all__ = ["choose", "choose_wire", "auto", "call_cost", "predicted_times", "resolved", "MODELS"]
 
 #: recent decisions: (id(profile), shape) -> (profile, name). A training loop repeats shapes, and
 #: pricing five models costs ~1,000 Python calls (milliseconds at large P); the key is the full
@@ -48,15 +48,11 @@ def predicted_times(shape: Shape, profile: Any = None) -> dict[str, float]:
     return {name: predict(name, shape, profile) for name in MODELS}
 
 
-def choose(shape: Shape, profile: Any = None, *, comm: Any = None, op: Any = None) -> str:
-    """Return the algorithm with the least predicted time (ties: the first in MODELS).
-
-    ``comm`` supplies the broadcast profile (:func:`cupycoll.tuner.profile_for`) and, when
-    ``shape.nodes`` is None, the node of every rank; ``op`` (a ReduceOp or name) refines
-    ``shape.op``.
-    """
-    if shape.size == 1:
-        return "allgather"
+def resolved(shape: Shape, profile: Any = None, *, comm: Any = None, op: Any = None
+             ) -> tuple[Shape, Any]:
+    """``shape`` with ``op`` (a ReduceOp or name) and, when ``shape.nodes`` is None, the node
+    of every rank of ``comm`` filled in, and the profile to price it by (``comm``'s broadcast
+    one: :func:`cupycoll.tuner.profile_for`; without ``comm`` the default one)."""
     if op is not None:
         shape = dataclasses.replace(shape, op=str(getattr(op, "value", op)))
     if comm is not None and shape.nodes is None:
@@ -67,6 +63,19 @@ def choose(shape: Shape, profile: Any = None, *, comm: Any = None, op: Any = Non
         from ..tuner.profile import load_profile, profile_for
 
         profile = profile_for(comm) if comm is not None else load_profile(size=shape.size)
+    return shape, profile
+
+
+def choose(shape: Shape, profile: Any = None, *, comm: Any = None, op: Any = None) -> str:
+    """Return the algorithm with the least predicted time (ties: the first in MODELS).
+
+    ``comm`` supplies the broadcast profile (:func:`cupycoll.tuner.profile_for`) and, when
+    ``shape.nodes`` is None, the node of every rank; ``op`` (a ReduceOp or name) refines
+    ``shape.op``.
+    """
+    if shape.size == 1:
+        return "allgather"
+    shape, profile = resolved(shape, profile, comm=comm, op=op)
     key = (id(profile), shape) if shape.inputs is None else None
     hit = _DECISIONS.get(key) if key else None
     if hit is not None and hit[0] is profile:

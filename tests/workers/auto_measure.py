@@ -1,0 +1,130 @@
+"""``CUPYCOLL_AUTO=measure`` (cupycoll/sparse/measure.py) on P ranks.
+
+Usage: auto_measure.py SEED
+
+Every algorithm is made a candidate (``WITHIN`` raised) and the model's best is slowed down by
+a sleep in its registry entry, so the trials must end on another candidate. For two kinds of
+call (1-D and rows) run in turn: every result against a dense numpy reference (small integer
+values: exact whichever algorithm sums them), every rank's table of trials identical, each
+candidate timed exactly ``SAMPLES`` times, then the pick kept (not the slowed one) and no more
+timing collectives; asynchronous calls during the trials are not timed and still right. Ranks
+that disagree on the mode, or a bad mode, raise on every rank. At P = 1 nothing is timed.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import pickle
+import sys
+import time
+
+import numpy as np
+from _common import expect_raises, rng_for
+from mpi4py import MPI
+
+import cupycoll as cc
+from cupycoll import _registry
+from cupycoll.errors import InvalidArgument, MismatchError
+from cupycoll.sparse import measure
+
+SEED = int(sys.argv[1])
+WORLD = MPI.COMM_WORLD
+RANK, P = WORLD.Get_rank(), WORLD.Get_size()
+SLOW = 0.03  # seconds the slowed candidate sleeps: far above any trial's spread here
+
+
+def inputs(case: int, n: int, k: int, width: int):
+    out = []
+    for r in range(P):
+        rng = rng_for(SEED, r, case)
+        idx = rng.choice(n, k, replace=False).astype(np.int32)
+        out.append((idx, rng.integers(-4, 5, (k, width) if width else k).astype(np.float32)))
+    return out
+
+
+def reference(parts, n: int, width: int):
+    dense = np.zeros((n, width) if width else n, np.float64)
+    for idx, val in parts:
+        dense[idx] += val
+    union = np.unique(np.concatenate([idx for idx, _ in parts]))
+    return union, dense[union].astype(np.float32)
+
+
+def check(res, want):
+    assert np.array_equal(np.asarray(res.indices), want[0])
+    assert np.asarray(res.values).tobytes() == want[1].tobytes()
+
+
+def slowed(fn):
+    @functools.wraps(fn)
+    def slow(*args, **kwargs):
+        time.sleep(SLOW)
+        return fn(*args, **kwargs)
+    return slow
+
+
+def tables_identical(comm) -> dict:
+    table = {k: (t.candidates, t.seconds, t.pick) for k, t in measure.measured(comm).items()}
+    blobs = WORLD.allgather(pickle.dumps(table))
+    assert all(b == blobs[0] for b in blobs), "ranks' trials differ"
+    return table
+
+
+def main() -> None:
+    os.environ["CUPYCOLL_AUTO"] = "measure"
+    measure.WITHIN = float("inf")  # every algorithm a candidate: the model ranks them
+    comm = cc.init("mpi")
+    cases = [(0, 3000, 400, 0), (1, 800, 90, 4)]
+    slowed_names = {}
+    for case, n, k, width in cases:
+        parts = inputs(case, n, k, width)
+        want = reference(parts, n, width)
+        idx, val = parts[RANK]
+        table = measure.measured(comm)
+        before = set(table)
+        check(cc.sparse_allreduce(idx, val, n, comm=comm), want)
+        if P == 1:
+            assert not table, "nothing is timed on one rank"
+            continue
+        (new,) = set(table) - before
+        trials = table[new]
+        assert len(trials.candidates) == measure.CANDIDATES
+        first = trials.candidates[0]  # the model's best: made the slowest
+        sparse = _registry._REGISTRY["sparse"]
+        slowed_names[first] = sparse[first]
+        sparse[first] = slowed(sparse[first])
+        calls = measure.SAMPLES * len(trials.candidates)
+        for i in range(1, calls + 3):
+            if i == 2:  # an asynchronous call during the trials: not timed
+                timed = sum(map(len, trials.seconds.values()))
+                check(cc.sparse_allreduce(idx, val, n, comm=comm, async_op=True).result(), want)
+                assert sum(map(len, trials.seconds.values())) == timed
+            stats = comm.stats.by_op.get("auto.measure")
+            timings = stats.bytes_received if stats else 0
+            check(cc.sparse_allreduce(idx, val, n, comm=comm), want)
+            stats = comm.stats.by_op.get("auto.measure")
+            timed_now = (stats.bytes_received if stats else 0) > timings
+            assert timed_now == (i < calls), (i, calls)  # no timing once the pick is kept
+        tables_identical(comm)
+        assert all(len(s) == measure.SAMPLES for s in trials.seconds.values())
+        assert set(trials.seconds) == set(trials.candidates)
+        assert trials.pick is not None and trials.pick != first, (trials.pick, first)
+        assert sorted(trials.seconds[first])[1] >= SLOW  # its first trial ran before the sleep
+        sparse[first] = slowed_names.pop(first)
+    if P > 1:  # the mode must agree; a bad mode raises everywhere
+        parts = inputs(9, 500, 60, 0)
+        idx, val = parts[RANK]
+        os.environ["CUPYCOLL_AUTO"] = "measure" if RANK == 0 else "estimate"
+        err = expect_raises(MismatchError, cc.sparse_allreduce, idx, val, 500, comm=comm)
+        assert "CUPYCOLL_AUTO=measure" in str(err) and "algorithm" in str(err), err
+        os.environ["CUPYCOLL_AUTO"] = "sometimes" if RANK == P - 1 else "measure"
+        expect_raises((InvalidArgument, MismatchError), cc.sparse_allreduce, idx, val, 500,
+                      comm=comm)
+        os.environ["CUPYCOLL_AUTO"] = "measure"
+        check(cc.sparse_allreduce(idx, val, 500, comm=comm), reference(parts, 500, 0))
+    if RANK == 0:
+        print(f"ok auto measure on {P} ranks")
+
+
+main()
