@@ -41,7 +41,9 @@ from cupycoll._registry import lookup
 from cupycoll._types import ReduceOp
 from cupycoll.sparse import SparseResult, sparse_allreduce
 from cupycoll.sparse._cost import Shape
-from cupycoll.sparse.auto import choose
+from cupycoll._config import setting
+from cupycoll.sparse import measure
+from cupycoll.sparse.auto import choose, resolved
 from cupycoll.tuner.predict import predict
 from cupycoll.tuner.profile import load_profile, profile_for
 from cupycoll.wire._pack import Wire
@@ -139,6 +141,7 @@ def run_group(args, comm, table: Table, n: int, width: int, density: float, over
                     n))(lookup("sparse", base, counts=shape.nnz), fmt)
     algorithms = [a for a in calls if a != BASELINE]
     samples = interleaved(calls, args.iters, args.warmup_iters, comm)
+    pick = measured_pick(comm, shape) or pick
     ref = reference(inputs, n, width) if args.check else None
     dense_time = float(np.median(samples[BASELINE]))
     size_bytes = n * max(width, 1) * 4
@@ -192,6 +195,15 @@ def run_group(args, comm, table: Table, n: int, width: int, density: float, over
             "auto_x_dense": times["auto"] / dense_time if "auto" in times else None,
             "pick_x_best": (times[pick] / exact[best] if best and pick in times else None),
             "pred_over_meas": errors, "profiles": others}
+
+
+def measured_pick(comm, shape: Shape) -> str | None:
+    """Under CUPYCOLL_AUTO=measure, the algorithm auto kept for this kind of call (once its
+    trials ended, e.g. in the warm-up: ``-w`` >= 9), else None (the model's pick is shown)."""
+    if setting("CUPYCOLL_AUTO") != "measure" or comm.size == 1:
+        return None
+    trials = measure.measured(comm).get(measure.kind(resolved(shape, comm=comm, op="sum")[0]))
+    return trials.pick if trials else None
 
 
 def _errors(predicted: dict[str, float], times: dict[str, float]) -> list[float]:

@@ -2,12 +2,13 @@
 call and keeps the fastest (FFTW's MEASURE planner, cuDNN's benchmark mode).
 
 The time model prices every algorithm from a profile measured once; on a machine whose speed
-drifts, or where the model misses some work, its pick can be 1.2-1.6x slower than the best
-(docs/tuning.md). Here the model only nominates: the algorithms predicted within
-:data:`WITHIN` of its best (at most :data:`CANDIDATES`) run in turn on the first synchronous
-calls of a kind of call (:func:`kind`: P, the element sizes, op, output and wire, n, width and
-the total nnz to a power of two), each :data:`SAMPLES` times; then the one of least median time
-runs on every later call of that kind. A trial's time is this rank's seconds in the algorithm
+drifts, or where the model misses some work, or whose profile was measured elsewhere, its
+pick can be 1.2-2x slower than the best (docs/tuning.md). Here the model only nominates: the
+algorithms predicted within :data:`WITHIN` of its best (at most :data:`CANDIDATES`) run in turn
+on the first synchronous calls of a kind of call (:func:`kind`: P, the element sizes, op,
+output and wire, n, width and the total nnz to a power of two), each :data:`SAMPLES` + 1 times
+(the first warms it up: imports, compiled loops, buffers: up to a second); then the one of
+least median time runs on every later call of that kind (at most 24 trial calls a kind). A trial's time is this rank's seconds in the algorithm
 (validation excluded), agreed as the slowest rank's by one 8-byte MAX allreduce: every rank
 keeps the same table and picks the same algorithm. Asynchronous calls are not timed; they run
 the kept pick, or the model's while the trials last. Results stay bitwise identical across
@@ -32,11 +33,11 @@ from ._cost import Shape
 __all__ = ["kind", "Trials", "plan", "record", "measured", "CANDIDATES", "WITHIN", "SAMPLES"]
 
 #: algorithms tried at most per kind of call: the model's best and the next ones
-CANDIDATES = 3
+CANDIDATES = 4
 #: tried only when predicted within this factor of the model's best
-WITHIN = 1.5
-#: timed calls per candidate before the pick is kept
-SAMPLES = 3
+WITHIN = 4.0
+#: timed calls per candidate that count (after its first, a warm-up) before the pick is kept
+SAMPLES = 5
 
 
 def kind(shape: Shape) -> tuple:
@@ -50,7 +51,7 @@ def kind(shape: Shape) -> tuple:
 @dataclasses.dataclass
 class Trials:
     """One kind of call: its candidates in the model's order, the agreed seconds of each
-    trial, and the pick once every candidate has :data:`SAMPLES` of them."""
+    trial, and the pick once every candidate has :data:`SAMPLES` of them after its first."""
 
     candidates: list[str]
     seconds: dict[str, list[float]] = dataclasses.field(default_factory=dict)
@@ -94,7 +95,7 @@ def record(comm: Any, trials: Trials, name: str, seconds: float) -> None:
     slowest = np.array([seconds], dtype=np.float64)
     comm.run("allreduce", slowest, slowest, ReduceOp.MAX, op_name="auto.measure")
     trials.seconds.setdefault(name, []).append(float(slowest[0]))
-    if all(len(trials.seconds.get(c, ())) >= SAMPLES for c in trials.candidates):
-        trials.pick = min(trials.candidates,
-                          key=lambda c: (statistics.median(trials.seconds[c]),
+    if all(len(trials.seconds.get(c, ())) > SAMPLES for c in trials.candidates):
+        trials.pick = min(trials.candidates,  # a candidate's first trial warms it up
+                          key=lambda c: (statistics.median(trials.seconds[c][1:]),
                                          trials.candidates.index(c)))
