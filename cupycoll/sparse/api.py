@@ -57,7 +57,8 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
         n: dense length (number of rows), the same on every rank; indices must be in [0, n).
         op: "sum", "prod", "max", "min" or "avg" (sum / P; integers truncate toward zero).
         algorithm: one of ``cupycoll.algorithms("sparse")``; default ``CUPYCOLL_ALGORITHM`` or
-            "auto". The same on every rank.
+            "auto" (the time model's pick; with ``CUPYCOLL_AUTO=measure`` the fastest of its
+            candidates, timed on the first calls: docs/tuning.md). The same on every rank.
         comm: communicator (default ``cupycoll.get_comm()``).
         accumulate_dtype: dtype the reduction (and the wire) runs in, e.g. float32 for float16
             values; the result is cast back to the values' dtype once, at the end.
