@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 
+import numpy as np
 import pytest
 
 from cupycoll.sparse import auto
@@ -440,18 +441,29 @@ def test_auto_measure_keeps_the_fastest_candidate(nprocs):
     assert f"ok auto measure on {nprocs} ranks" in out
 
 
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_auto_measure_on_emulated_nccl(nprocs):
+    """The same on the NCCL emulation tier: device arrays, a trial timed to the end of its
+    device work, the agreement and the table as on MPI."""
+    out = run_mpi(nprocs, "auto_measure.py", 17 + nprocs, "emulated", timeout=300)
+    assert f"ok auto measure on {nprocs} ranks (emulated nccl)" in out
+
+
 class _MaxOverOneRank:
     """What measure.record needs of a communicator: a MAX allreduce (of one rank: itself)."""
+
+    xp = np
 
     def __init__(self):
         self.runs = 0
 
-    def run(self, verb, send, recv, op, op_name=None):
-        assert verb == "allreduce" and op_name == "auto.measure" and send is recv
+    def run_fetch(self, verb, send, recv, op, result, op_name=None):
+        assert verb == "allreduce" and op_name == "auto.measure" and send is recv is result
         self.runs += 1
+        return result
 
 
-def test_measure_trials_in_turn_and_keep_the_least_median():
+def test_measure_trials_in_turn_and_keep_the_least_median(monkeypatch):
     """Candidates are tried in the model's order, the one with the fewest trials first; after
     SAMPLES + 1 each, the least median without each one's first (warm-up) trial is kept (a
     tie: the model's order) and nothing is timed."""
@@ -466,13 +478,15 @@ def test_measure_trials_in_turn_and_keep_the_least_median():
         assert trials.pick is None
         name = trials.next()
         order.append(name)
-        measure.record(comm, trials, name, times[name][len(trials.seconds.get(name, []))])
+        seconds = times[name][len(trials.seconds.get(name, []))]
+        monkeypatch.setattr(measure.time, "perf_counter", lambda: 100.0 + seconds)
+        measure.record(comm, trials, name, 100.0)
     assert order == ["mask", "dense", "allgather"] * rounds
     assert trials.pick == "dense" and trials.next() == "dense"  # medians 3, 2, 3
     assert comm.runs == rounds * 3
     tie = measure.Trials(["split", "mask"])
     for name in ["split", "mask"] * rounds:
-        measure.record(comm, tie, name, 1.0)
+        measure.record(comm, tie, name, 99.0)
     assert tie.pick == "split"
 
 

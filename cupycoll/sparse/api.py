@@ -9,7 +9,6 @@ then deliver: return a :class:`SparseResult`, fill the caller's buffers
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, Callable
 
 import numpy as np
@@ -119,7 +118,7 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
         if name == "auto":  # priced with the wire asked for (raw when auto decides it after)
             asked = Wire(prepared.wire == "compact", prepared.wire_values)
             shape = prepared.shape(comm.size, asked)
-            if prepared.measure and comm.backend == "mpi" and comm.size > 1:
+            if prepared.measure and comm.size > 1:
                 name, trials = _measure.plan(comm, shape, prepared.op, not async_op)
             else:
                 name = _auto.choose(shape, comm=comm, op=prepared.op)
@@ -144,9 +143,9 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
         return run_async(comm, run, deliver, "sparse_allreduce")
     if trials is None:
         return deliver(run(comm))
-    start = time.perf_counter()
+    started = _measure.start(comm)
     result = run(comm)
-    _measure.record(comm, trials, name, time.perf_counter() - start)
+    _measure.record(comm, trials, name, started)
     return deliver(result)
 
 

@@ -8,20 +8,21 @@ algorithms predicted within :data:`WITHIN` of its best (at most :data:`CANDIDATE
 on the first synchronous calls of a kind of call (:func:`kind`: P, the element sizes, op,
 output and wire, n, width and the total nnz to a power of two), each :data:`SAMPLES` + 1 times
 (the first warms it up: imports, compiled loops, buffers: up to a second); then the one of
-least median time runs on every later call of that kind (at most 24 trial calls a kind). A trial's time is this rank's seconds in the algorithm
-(validation excluded), agreed as the slowest rank's by one 8-byte MAX allreduce: every rank
-keeps the same table and picks the same algorithm. Asynchronous calls are not timed; they run
-the kept pick, or the model's while the trials last. Results stay bitwise identical across
-ranks; which algorithm computed them (so the rounding of a float sum) can differ between the
-trial calls and the later ones. The mode must be the same on every rank (the validation checks
-it). MPI only: NCCL calls are asynchronous on the device, so their host time is not their time
-(there the model's pick runs).
+least median time runs on every later call of that kind (at most 24 trial calls a kind). A
+trial's time is this rank's seconds in the algorithm (validation excluded; on NCCL from the end
+of the device work queued before it to the end of its own: two host waits), agreed as the
+slowest rank's by one 8-byte MAX allreduce: every rank keeps the same table and picks the same
+algorithm. Asynchronous calls are not timed; they run the kept pick, or the model's while the
+trials last. Results stay bitwise identical across ranks; which algorithm computed them (so
+the rounding of a float sum) can differ between the trial calls and the later ones. The mode
+must be the same on every rank (the validation checks it).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import statistics
+import time
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,7 @@ from .._types import ReduceOp
 from . import auto as _auto
 from ._cost import Shape
 
-__all__ = ["kind", "Trials", "plan", "record", "measured", "CANDIDATES", "WITHIN", "SAMPLES"]
+__all__ = ["kind", "Trials", "plan", "start", "record", "measured", "CANDIDATES", "WITHIN", "SAMPLES"]
 
 #: algorithms tried at most per kind of call: the model's best and the next ones
 CANDIDATES = 4
@@ -89,11 +90,27 @@ def plan(comm: Any, shape: Shape, op: Any, timed: bool) -> tuple[str, Trials | N
     return trials.next(), trials
 
 
-def record(comm: Any, trials: Trials, name: str, seconds: float) -> None:
-    """Add a trial of ``name`` that took ``seconds`` on this rank: the slowest rank's seconds
-    (one MAX allreduce, so every rank adds the same number), and the pick once complete."""
-    slowest = np.array([seconds], dtype=np.float64)
-    comm.run("allreduce", slowest, slowest, ReduceOp.MAX, op_name="auto.measure")
+def _settled(comm: Any) -> float:
+    """The time once the device work queued so far has run (NCCL: a host wait; MPI's calls
+    return done)."""
+    stream_work = getattr(comm, "stream_work", None)
+    if stream_work is not None:
+        stream_work("auto.measure").wait()
+    return time.perf_counter()
+
+
+def start(comm: Any) -> float:
+    """The start of a trial: after the device work queued before it."""
+    return _settled(comm)
+
+
+def record(comm: Any, trials: Trials, name: str, started: float) -> None:
+    """Add a trial of ``name`` started at ``started`` (:func:`start`), ending when its device
+    work has run: the slowest rank's seconds (one MAX allreduce, so every rank adds the same
+    number), and the pick once complete."""
+    seconds = comm.xp.asarray(np.array([_settled(comm) - started], dtype=np.float64))
+    slowest = comm.run_fetch("allreduce", seconds, seconds, ReduceOp.MAX, result=seconds,
+                             op_name="auto.measure")
     trials.seconds.setdefault(name, []).append(float(slowest[0]))
     if all(len(trials.seconds.get(c, ())) > SAMPLES for c in trials.candidates):
         trials.pick = min(trials.candidates,  # a candidate's first trial warms it up

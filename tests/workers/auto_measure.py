@@ -1,6 +1,6 @@
 """``CUPYCOLL_AUTO=measure`` (cupycoll/sparse/measure.py) on P ranks.
 
-Usage: auto_measure.py SEED
+Usage: auto_measure.py SEED [emulated]   (emulated: init("nccl") on cupycoll._emulation)
 
 Every algorithm is made a candidate (``WITHIN`` raised) and the model's best is slowed down by
 a sleep in its registry entry, so the trials must end on another candidate. For two kinds of
@@ -8,7 +8,8 @@ call (1-D and rows) run in turn: every result against a dense numpy reference (s
 values: exact whichever algorithm sums them), every rank's table of trials identical, each
 candidate timed exactly ``SAMPLES`` + 1 times (the first a warm-up), then the pick kept (not the slowed one) and no more
 timing collectives; asynchronous calls during the trials are not timed and still right. Ranks
-that disagree on the mode, or a bad mode, raise on every rank. At P = 1 nothing is timed.
+that disagree on the mode, or a bad mode, raise on every rank. At P = 1 nothing is timed. On
+the emulated NCCL tier, the same, device arrays in and out (a trial waits for its device work).
 """
 
 from __future__ import annotations
@@ -23,12 +24,18 @@ import numpy as np
 from _common import expect_raises, rng_for
 from mpi4py import MPI
 
-import cupycoll as cc
-from cupycoll import _registry
-from cupycoll.errors import InvalidArgument, MismatchError
-from cupycoll.sparse import measure
-
 SEED = int(sys.argv[1])
+EMULATED = len(sys.argv) > 2 and sys.argv[2] == "emulated"
+if EMULATED:
+    import cupycoll._emulation as emu
+
+    emu.install(2, 14)
+
+import cupycoll as cc  # noqa: E402
+from cupycoll import _registry  # noqa: E402
+from cupycoll.errors import InvalidArgument, MismatchError  # noqa: E402
+from cupycoll.sparse import measure  # noqa: E402
+
 WORLD = MPI.COMM_WORLD
 RANK, P = WORLD.Get_rank(), WORLD.Get_size()
 SLOW = 0.03  # seconds the slowed candidate sleeps: far above any trial's spread here
@@ -51,9 +58,13 @@ def reference(parts, n: int, width: int):
     return union, dense[union].astype(np.float32)
 
 
+def host(a):
+    return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
+
+
 def check(res, want):
-    assert np.array_equal(np.asarray(res.indices), want[0])
-    assert np.asarray(res.values).tobytes() == want[1].tobytes()
+    assert np.array_equal(host(res.indices), want[0])
+    assert host(res.values).tobytes() == want[1].tobytes()
 
 
 def slowed(fn):
@@ -74,13 +85,14 @@ def tables_identical(comm) -> dict:
 def main() -> None:
     os.environ["CUPYCOLL_AUTO"] = "measure"
     measure.WITHIN = float("inf")  # every algorithm a candidate: the model ranks them
-    comm = cc.init("mpi")
+    comm = cc.init("nccl" if EMULATED else "mpi")
+    xp = comm.xp
     cases = [(0, 3000, 400, 0), (1, 800, 90, 4)]
     slowed_names = {}
     for case, n, k, width in cases:
         parts = inputs(case, n, k, width)
         want = reference(parts, n, width)
-        idx, val = parts[RANK]
+        idx, val = (xp.asarray(a) for a in parts[RANK])
         table = measure.measured(comm)
         before = set(table)
         check(cc.sparse_allreduce(idx, val, n, comm=comm), want)
@@ -114,7 +126,7 @@ def main() -> None:
         sparse[first] = slowed_names.pop(first)
     if P > 1:  # the mode must agree; a bad mode raises everywhere
         parts = inputs(9, 500, 60, 0)
-        idx, val = parts[RANK]
+        idx, val = (xp.asarray(a) for a in parts[RANK])
         os.environ["CUPYCOLL_AUTO"] = "measure" if RANK == 0 else "estimate"
         err = expect_raises(MismatchError, cc.sparse_allreduce, idx, val, 500, comm=comm)
         assert "CUPYCOLL_AUTO=measure" in str(err) and "algorithm" in str(err), err
@@ -123,8 +135,10 @@ def main() -> None:
                       comm=comm)
         os.environ["CUPYCOLL_AUTO"] = "measure"
         check(cc.sparse_allreduce(idx, val, 500, comm=comm), reference(parts, 500, 0))
+    if EMULATED:
+        emu.check_logs()
     if RANK == 0:
-        print(f"ok auto measure on {P} ranks")
+        print(f"ok auto measure on {P} ranks" + (" (emulated nccl)" if EMULATED else ""))
 
 
 main()
