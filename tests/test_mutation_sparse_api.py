@@ -333,3 +333,27 @@ def test_small_path_rounds_values_on_the_wire_like_allgather():
     for res, _ in on_communicators(2, call):
         assert res.indices.tolist() == [0, 1, 5] and res.values.dtype == np.float32
         assert res.values.tolist() == [1.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("size", [5, 1 << 15])
+def test_canonical_nan_gives_every_nan_numpys_bits(dtype, size):
+    """Results' NaNs get numpy's NaN bits whatever their sign and payload, below and above the
+    size from which a numba read skips arrays without NaN or infinity; other values keep
+    their bits (an infinity alone is not a NaN; an array without specials is untouched)."""
+    from cupycoll.sparse._common import canonical_nan
+
+    rng = np.random.default_rng(size)
+    ints = {2: np.uint16, 4: np.uint32, 8: np.uint64}[np.dtype(dtype).itemsize]
+    nan_bits = np.array([np.nan], dtype).view(ints)[0]
+    plain = rng.standard_normal(size).astype(dtype)
+    odd = plain.copy()
+    at = rng.choice(size, 3, replace=False)
+    odd[at[0]] = -np.array(np.nan, dtype)  # a negative NaN
+    odd.view(ints)[at[1]] = nan_bits | ints(1)  # a NaN with a payload
+    odd[at[2]] = np.inf
+    for values in (plain, odd):
+        want = values.view(ints).copy()
+        want[np.isnan(values)] = nan_bits
+        got = canonical_nan(values.copy())
+        assert got.view(ints).tolist() == want.tolist()
