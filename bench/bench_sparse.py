@@ -199,7 +199,7 @@ def run_group(args, comm, table: Table, n: int, width: int, density: float, over
 
 def measured_pick(comm, shape: Shape) -> str | None:
     """Under CUPYCOLL_AUTO=measure, the algorithm auto kept for this kind of call (once its
-    trials ended, e.g. in the warm-up: ``-w`` >= 9), else None (the model's pick is shown)."""
+    trials ended, e.g. in the warm-up: ``-w`` >= 24), else None (the model's pick is shown)."""
     if setting("CUPYCOLL_AUTO") != "measure" or comm.size == 1:
         return None
     trials = measure.measured(comm).get(measure.kind(resolved(shape, comm=comm, op="sum")[0]))

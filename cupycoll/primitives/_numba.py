@@ -33,8 +33,8 @@ from ._numba_dense import (add_rows, copy_hit_rows, copy_hits, copy_unequal,  # 
                            union_sorted)
 from ._numba_small import SUM_DTYPES, sum_parts, sum_two  # noqa: F401
 
-__all__ = ["merge", "select", "select_unequal", "select_unequal_rows", "count", "densify_sorted", "scatter_rows",
-           "add_rows", "special_values", "index_stats", "positions_in", "union_sorted",
+__all__ = ["merge", "select", "select_unequal", "select_unequal_rows", "count", "densify_sorted",
+           "scatter_rows", "add_rows", "special_values", "index_stats", "positions_in", "union_sorted",
            "sum_parts", "sum_two", "SUM_DTYPES", "threads", "free_scratch"]
 
 #: op codes of the merge loop, keyed by the numpy ufunc of _types.UFUNCS.

@@ -31,7 +31,8 @@ from .._types import ReduceOp
 from . import auto as _auto
 from ._cost import Shape
 
-__all__ = ["kind", "Trials", "plan", "start", "record", "measured", "CANDIDATES", "WITHIN", "SAMPLES"]
+__all__ = ["kind", "Trials", "plan", "start", "record", "measured", "CANDIDATES", "WITHIN",
+           "SAMPLES"]
 
 #: algorithms tried at most per kind of call: the model's best and the next ones
 CANDIDATES = 4

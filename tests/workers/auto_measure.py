@@ -6,8 +6,9 @@ Every algorithm is made a candidate (``WITHIN`` raised) and the model's best is 
 a sleep in its registry entry, so the trials must end on another candidate. For two kinds of
 call (1-D and rows) run in turn: every result against a dense numpy reference (small integer
 values: exact whichever algorithm sums them), every rank's table of trials identical, each
-candidate timed exactly ``SAMPLES`` + 1 times (the first a warm-up), then the pick kept (not the slowed one) and no more
-timing collectives; asynchronous calls during the trials are not timed and still right. Ranks
+candidate timed exactly ``SAMPLES`` + 1 times (the first a warm-up), then the pick kept (not
+the slowed one) and no more timing collectives; asynchronous calls during the trials are not
+timed and still right. Ranks
 that disagree on the mode, or a bad mode, raise on every rank. At P = 1 nothing is timed. On
 the emulated NCCL tier, the same, device arrays in and out (a trial waits for its device work).
 """
