@@ -34,8 +34,8 @@ from ._numba_dense import (add_rows, copy_hit_rows, copy_hits, copy_unequal,  # 
 from ._numba_small import SUM_DTYPES, sum_parts, sum_two  # noqa: F401
 
 __all__ = ["merge", "select", "select_unequal", "select_unequal_rows", "count", "densify_sorted",
-           "scatter_rows", "add_rows", "special_values", "index_stats", "positions_in", "union_sorted",
-           "sum_parts", "sum_two", "SUM_DTYPES", "threads", "free_scratch"]
+           "scatter_rows", "add_rows", "special_values", "index_stats", "positions_in",
+           "union_sorted", "sum_parts", "sum_two", "SUM_DTYPES", "threads", "free_scratch"]
 
 #: op codes of the merge loop, keyed by the numpy ufunc of _types.UFUNCS.
 OPS = {np.add: 0, np.multiply: 1, np.maximum: 2, np.minimum: 3}
