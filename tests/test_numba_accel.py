@@ -608,3 +608,37 @@ def test_loops_are_whole_when_two_threads_reach_them_first() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, env={**os.environ, "CUPYCOLL_NUMBA": "auto"})
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_numba_cache_saves_of_two_signatures_at_once_keep_both(tmp_path, monkeypatch):
+    """Two ranks compiling a loop for different argument types save at once: each must end
+    under its own data file. Rank A stops inside its save (data file chosen) until rank B's
+    save is done, or 0.5 s: under the lock B waits for A and takes the next file; without it B
+    takes A's number and one signature is lost or loads the other's code."""
+    import threading
+
+    from cupycoll.primitives import _numba_cache
+
+    if _numba_cache.IndexDataCacheFile is None:
+        pytest.skip("no fcntl here (Windows): numba's own cache, unlocked")
+    first, second = (_numba_cache._LockedCacheFile(str(tmp_path), "loop-7.py311", "stamp")
+                     for _ in range(2))
+    inside, second_done = threading.Event(), threading.Event()
+    save_data = _numba_cache._LockedCacheFile._save_data
+
+    def held(self, name, data):
+        if self is first:
+            inside.set()
+            second_done.wait(0.5)
+        save_data(self, name, data)
+
+    monkeypatch.setattr(_numba_cache._LockedCacheFile, "_save_data", held)
+    saving = threading.Thread(target=first.save, args=("float32 rows", ("code A",)))
+    saving.start()
+    assert inside.wait(10)
+    second.save("int64 rows", ("code B",))
+    second_done.set()
+    saving.join(10)
+    assert first.load("float32 rows") == ("code A",)
+    assert second.load("int64 rows") == ("code B",)
+    assert first.load("int64 rows") == ("code B",)  # one index for both

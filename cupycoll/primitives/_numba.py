@@ -27,6 +27,7 @@ from numba import njit
 
 from .._config import setting
 from ._common import _abs_threshold, _block_cuts, _identity
+from ._numba_cache import make_process_safe
 from ._numba_dense import (add_rows, copy_hit_rows, copy_hits, copy_unequal,  # noqa: F401
                            densify_sorted, hit_masks, index_stats, MAGNITUDE, OUTSIDE,
                            positions_in, row_hits, scatter_rows, special_values, UNEQUAL,
@@ -395,3 +396,6 @@ def count(x: np.ndarray, t: Any) -> int | None:
     cuts = [(p * x.size) // pieces for p in range(pieces + 1)]
     return sum(_in_threads([partial(count_hits, x[a:b], *bounds)
                             for a, b in zip(cuts[:-1], cuts[1:])]))
+
+
+make_process_safe(globals())  # ranks compiling at once: see _numba_cache

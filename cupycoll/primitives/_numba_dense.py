@@ -16,6 +16,8 @@ import numpy as np
 from numba import njit
 from numba.cpython.unsafe.numbers import trailing_zeros
 
+from ._numba_cache import make_process_safe
+
 __all__ = ["densify_sorted", "scatter_rows", "add_rows", "special_values", "index_stats",
            "union_sorted", "positions_in", "hit_masks", "copy_hits", "copy_unequal",
            "row_hits", "copy_hit_rows", "BITS_UP_TO", "UNEQUAL", "MAGNITUDE", "OUTSIDE"]
@@ -336,3 +338,6 @@ def copy_hit_rows(bits, sentinel, first, last, hits, reset,  # type: ignore[no-u
                 for j in range(width):
                     rows[r, j] = sentinel
             k += 1
+
+
+make_process_safe(globals())  # ranks compiling at once: see _numba_cache

@@ -17,6 +17,8 @@ from typing import Sequence
 import numpy as np
 from numba import njit
 
+from ._numba_cache import make_process_safe
+
 __all__ = ["sum_parts", "sum_two", "SUM_DTYPES"]
 
 #: accumulate dtypes the loop adds in (float16 has no native numba arithmetic).
@@ -150,3 +152,6 @@ def sum_two(a: np.ndarray, va: np.ndarray, b: np.ndarray, vb: np.ndarray, acc: n
     else:
         found = _two_rows(a, va, b, vb, width, out_idx, out_val)
     return out_idx[:found], out_val[:found * width].reshape((found,) + row)
+
+
+make_process_safe(globals())  # ranks compiling at once: see _numba_cache

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ..primitives._numba_cache import make_process_safe
 from . import _index_codec as twin
 
 __all__ = ["encode", "decode", "encoded_nbytes"]
@@ -170,3 +171,6 @@ def decode(buf: np.ndarray, dtype: object = np.int64) -> np.ndarray:
         widths, starts, _ = twin.delta_layout(buf, head)
         _unpack(buf, widths, starts, np.int64(head.first), out)
     return twin.checked_cast(out, dt)
+
+
+make_process_safe(globals())  # ranks compiling at once: see _numba_cache
