@@ -8,6 +8,23 @@ import numpy as np
 from mpi4py import MPI
 
 
+def emulation(argv: list[str]):
+    """``cupycoll._emulation``, installed (2 devices, as the workers' emulated runs use), when
+    ``argv[2]`` is "emulated" (``WORKER SEED emulated``); else None. Call before importing
+    cupycoll's communicators."""
+    if len(argv) > 2 and argv[2] == "emulated":
+        import cupycoll._emulation as emu
+
+        emu.install(2, 14)
+        return emu
+    return None
+
+
+def host(a):
+    """A numpy copy of a device or host array."""
+    return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
+
+
 def rng_for(seed: int, rank: int, *extra: int) -> np.random.Generator:
     """Return the generator of ``rank``'s input: any rank can rebuild any other rank's input."""
     return np.random.default_rng([seed, rank, *extra])

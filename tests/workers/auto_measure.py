@@ -22,15 +22,12 @@ import sys
 import time
 
 import numpy as np
-from _common import expect_raises, rng_for
+from _common import emulation, expect_raises, host, rng_for
 from mpi4py import MPI
 
 SEED = int(sys.argv[1])
-EMULATED = len(sys.argv) > 2 and sys.argv[2] == "emulated"
-if EMULATED:
-    import cupycoll._emulation as emu
-
-    emu.install(2, 14)
+emu = emulation(sys.argv)
+EMULATED = emu is not None
 
 import cupycoll as cc  # noqa: E402
 from cupycoll import _registry  # noqa: E402
@@ -57,10 +54,6 @@ def reference(parts, n: int, width: int):
         dense[idx] += val
     union = np.unique(np.concatenate([idx for idx, _ in parts]))
     return union, dense[union].astype(np.float32)
-
-
-def host(a):
-    return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
 
 
 def check(res, want):

@@ -16,15 +16,12 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-from _common import assert_identical_across_ranks, expect_raises, rng_for
+from _common import assert_identical_across_ranks, emulation, expect_raises, host, rng_for
 from mpi4py import MPI
 
 SEED = int(sys.argv[1])
-EMULATED = len(sys.argv) > 2 and sys.argv[2] == "emulated"
-if EMULATED:
-    import cupycoll._emulation as emu
-
-    emu.install(2, 14)
+emu = emulation(sys.argv)
+EMULATED = emu is not None
 
 import cupycoll as cc  # noqa: E402
 from cupycoll import _agreement  # noqa: E402
@@ -36,10 +33,6 @@ from cupycoll.sparse.small import fits  # noqa: E402
 WORLD = MPI.COMM_WORLD
 RANK, P = WORLD.Get_rank(), WORLD.Get_size()
 SPECIAL = np.array([np.nan, -0.0, 0.0, np.inf, -np.inf])
-
-
-def host(a):
-    return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
 
 
 def inputs_of(case: int, n: int, nnz, dtype: str, width: int, itype: str, special: bool):
