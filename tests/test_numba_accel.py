@@ -619,8 +619,6 @@ def test_numba_cache_saves_of_two_signatures_at_once_keep_both(tmp_path, monkeyp
 
     from cupycoll.primitives import _numba_cache
 
-    if _numba_cache.IndexDataCacheFile is None:
-        pytest.skip("no fcntl here (Windows): numba's own cache, unlocked")
     first, second = (_numba_cache._LockedCacheFile(str(tmp_path), "loop-7.py311", "stamp")
                      for _ in range(2))
     inside, second_done = threading.Event(), threading.Event()

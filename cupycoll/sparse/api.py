@@ -143,7 +143,7 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
         return run_async(comm, run, deliver, "sparse_allreduce")
     if trials is None:
         return deliver(run(comm))
-    started = _measure.start(comm)
+    started = _measure.settled(comm)
     result = run(comm)
     _measure.record(comm, trials, name, started)
     return deliver(result)

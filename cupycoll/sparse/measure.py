@@ -31,7 +31,7 @@ from .._types import ReduceOp
 from . import auto as _auto
 from ._cost import Shape
 
-__all__ = ["kind", "Trials", "plan", "start", "record", "measured", "CANDIDATES", "WITHIN",
+__all__ = ["kind", "Trials", "plan", "settled", "record", "measured", "CANDIDATES", "WITHIN",
            "SAMPLES"]
 
 #: algorithms tried at most per kind of call: the model's best and the next ones
@@ -78,38 +78,33 @@ def plan(comm: Any, shape: Shape, op: Any, timed: bool) -> tuple[str, Trials | N
     """The algorithm this call runs and, when it is a trial to time (``timed``: a synchronous
     call), its Trials (pass them to :func:`record`); else None."""
     shape, profile = _auto.resolved(shape, comm=comm, op=op)
-    table = measured(comm)
-    trials = table.get(kind(shape))
+    table, key = measured(comm), kind(shape)
+    trials = table.get(key)
     if trials is None:
         times = _auto.predicted_times(shape, profile)
         best = min(times.values())
-        ranked = sorted((t, list(times).index(name), name) for name, t in times.items()
+        ranked = sorted((t, order, name) for order, (name, t) in enumerate(times.items())
                         if t <= WITHIN * best)
-        trials = table[kind(shape)] = Trials([name for _, _, name in ranked[:CANDIDATES]])
+        trials = table[key] = Trials([name for _, _, name in ranked[:CANDIDATES]])
     if trials.pick is not None or not timed:
         return trials.pick or trials.candidates[0], None
     return trials.next(), trials
 
 
-def _settled(comm: Any) -> float:
+def settled(comm: Any) -> float:
     """The time once the device work queued so far has run (NCCL: a host wait; MPI's calls
-    return done)."""
+    return done): a trial's start, and its end."""
     stream_work = getattr(comm, "stream_work", None)
     if stream_work is not None:
         stream_work("auto.measure").wait()
     return time.perf_counter()
 
 
-def start(comm: Any) -> float:
-    """The start of a trial: after the device work queued before it."""
-    return _settled(comm)
-
-
 def record(comm: Any, trials: Trials, name: str, started: float) -> None:
-    """Add a trial of ``name`` started at ``started`` (:func:`start`), ending when its device
-    work has run: the slowest rank's seconds (one MAX allreduce, so every rank adds the same
-    number), and the pick once complete."""
-    seconds = comm.xp.asarray(np.array([_settled(comm) - started], dtype=np.float64))
+    """Add a trial of ``name`` started at ``started`` (:func:`settled` before it), ending when
+    its device work has run: the slowest rank's seconds (one MAX allreduce, so every rank adds
+    the same number), and the pick once complete."""
+    seconds = comm.xp.asarray(np.array([settled(comm) - started], dtype=np.float64))
     slowest = comm.run_fetch("allreduce", seconds, seconds, ReduceOp.MAX, result=seconds,
                              op_name="auto.measure")
     trials.seconds.setdefault(name, []).append(float(slowest[0]))
