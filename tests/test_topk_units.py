@@ -101,6 +101,29 @@ def test_threshold_quantile_selects_a_threshold_set_of_0_8k_to_1_1k_every_step(n
     np.testing.assert_array_equal(got.indices, np.arange(n))  # all ties reach it: more than k
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("n, k, nans, zeros", [(1000, 10, 0, 0), (1000, 10, 5, 900), (50, 45, 10, 0),
+                                               (50, 40, 0, 30), (7, 7, 0, 0), (65535, 300, 3, 0)])
+def test_threshold_quantile_of_a_short_vector_is_its_exact_kth_magnitude(dtype, n, k, nans, zeros):
+    """Short host vectors take one |x| for the k-th magnitude and the pass (abs_ge_kth): NaN
+    ranks lowest, zeros never pass, fewer than k numbers (or nonzeros) select every nonzero."""
+    rng = np.random.default_rng([n, k, nans])
+    x = rng.standard_normal(n).astype(dtype)
+    x[rng.choice(n, zeros, replace=False)] = 0
+    x[rng.choice(n, nans, replace=False)] = np.nan
+    got = Threshold().select(x, k)
+    mag = np.abs(x.astype(np.float64))
+    numbers = np.sort(mag[~np.isnan(mag)])
+    kth = numbers[-k] if k <= numbers.size else 0.0
+    want = np.flatnonzero((mag >= kth) & (mag > 0))
+    if want.size > 1.1 * k:  # ties at the k-th: cut to |x| >= k-th of the selection: the same
+        want = want[mag[want] >= np.sort(mag[want])[-k]]
+    np.testing.assert_array_equal(got.indices, want)
+    np.testing.assert_array_equal(got.values, x[want])
+    assert got.indices.dtype == np.int32 and got.values.dtype == dtype
+    assert got.threshold == (kth if kth > 0 else float(np.finfo(dtype).smallest_subnormal))
+
+
 def test_threshold_quantile_with_fewer_nonzeros_than_k_selects_all_nonzeros():
     x = np.zeros(1 << 17, np.float32)
     x[[5, 70000, 100000]] = [1, -2, 3]

@@ -119,11 +119,13 @@ def _magnitudes(x: np.ndarray) -> np.ndarray:
 
 def _kth_of(mag: np.ndarray, k: int) -> Any:
     """k-th largest of ``mag`` with NaN ranked lowest (NaN if fewer than k numbers)."""
-    valid = mag.size
-    if mag.dtype.kind == "f" and mag.size and np.isnan(mag.max()):
-        valid -= int(np.count_nonzero(np.isnan(mag)))
-        if k > valid:
-            return mag.dtype.type(np.nan)
+    part = np.partition(mag, mag.size - k)
+    if mag.dtype.kind != "f" or not np.isnan(part[mag.size - k:]).any():
+        return part[mag.size - k]
+    # NaN sorts last: the top k positions hold one iff x has one (checked in O(k), not O(n))
+    valid = mag.size - int(np.count_nonzero(np.isnan(mag)))
+    if k > valid:
+        return mag.dtype.type(np.nan)
     return np.partition(mag, valid - k)[valid - k]
 
 
@@ -159,6 +161,18 @@ def _kth_candidates(x: np.ndarray, k: int) -> tuple[Any, np.ndarray | None, np.n
             if idx.size >= k:
                 return _kth_of(_magnitudes(val), k), idx, val
     return _kth_of(_magnitudes(x), k), None, x
+
+
+def abs_ge_kth(x: np.ndarray, k: int, floor: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """``(indices, values, t)`` of the entries with ``|x_i| >= t``, t = the exact k-th
+    magnitude of float x (NaN ranked lowest), or ``floor`` where that is below it, NaN, or k
+    exceeds len(x): :func:`kth_abs` then :func:`select_abs_ge` over one ``|x|`` (a short host
+    vector's threshold selection, where the two calls' checks cost more than the work)."""
+    mag = np.abs(x)
+    t = _kth_of(mag, k) if k <= x.size else floor
+    t = float(t) if t >= floor else floor  # NaN fails the comparison too
+    keep = np.flatnonzero(mag >= t)
+    return keep.astype(_index_dtype(x.size), copy=False), x[keep], t
 
 
 def kth_abs(x: Any, k: int) -> Any:
