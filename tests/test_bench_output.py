@@ -101,6 +101,22 @@ def test_bench_host_prints_every_row(flags):
     assert ("cold caches" in out) == bool(flags)
 
 
+def test_bench_layers_prints_each_layer_of_each_verb_and_size():
+    """bench_layers.py, one process: six layers per verb and size, times > 0."""
+    import subprocess
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "bench" / "bench_layers.py"), "-n", "5",
+                          "-w", "1", "--sizes", "8,4K"], capture_output=True, text=True,
+                         timeout=300, check=True, cwd=root,
+                         env={**__import__("os").environ, "PYTHONPATH": str(root)}).stdout
+    blocks = out.split("# layer")[1:]
+    assert len(blocks) == 4 and out.count("ranks=1") == 4, out
+    for block in blocks:
+        rows = [line.split() for line in block.splitlines()[1:] if line.strip()]
+        rows = [r for r in rows if not r[0].startswith("#")]
+        assert len(rows) == 6 and all(float(r[-2]) > 0 for r in rows), block
+
+
 def test_regret_counts_for_other_profiles(capsys):
     """``--profiles``: each other profile's pick and predictions counted on the same rows."""
     pytest.importorskip("mpi4py")
