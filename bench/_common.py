@@ -77,6 +77,16 @@ def time_collective(fn: Callable[[], Any], iters: int, warmup: int, comm) -> np.
     return interleaved({"fn": fn}, iters, warmup, comm)["fn"]
 
 
+def print_medians(samples: dict[str, np.ndarray], base: str, what: str, ratio: str) -> None:
+    """Print each call's median time (us) and its ratio to the median of call ``base``, in
+    columns headed ``what`` and ``ratio`` (the side-by-side tables of the small benchmarks)."""
+    reference = float(np.median(samples[base]))
+    print(f"# {what:<40}{'time(us)':>10}{ratio:>13}")
+    for name, s in samples.items():
+        t = float(np.median(s))
+        print(f"  {name:<40}{t * 1e6:>10.1f}{t / reference:>13.2f}")
+
+
 def sample_stats(samples: np.ndarray) -> dict[str, float]:
     """Per-size statistics over iterations (each sample already the slowest rank's), in us."""
     us = np.asarray(samples, dtype=float) * 1e6

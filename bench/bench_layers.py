@@ -28,7 +28,7 @@ import time
 from typing import Any, Callable
 
 import numpy as np
-from _common import interleaved, parse_size
+from _common import interleaved, parse_size, print_medians
 from bench_mpi_reduce import tested
 from mpi4py import MPI
 
@@ -82,14 +82,9 @@ def main() -> None:
         for size in args.sizes.split(","):
             calls = layers(comm, verb, parse_size(size), args.spin * 1e-6)
             samples = interleaved(calls, args.iters, args.warmup_iters, comm)
-            if comm.rank:
-                continue
-            base = float(np.median(samples["MPI blocking"]))
-            print(f"# {verb} {size}  ranks={comm.size}  median of the slowest rank")
-            print(f"# {'layer':<40}{'time(us)':>10}{'x_blocking':>12}")
-            for name, s in samples.items():
-                t = float(np.median(s))
-                print(f"  {name:<40}{t * 1e6:>10.1f}{t / base:>12.2f}")
+            if comm.rank == 0:
+                print(f"# {verb} {size}  ranks={comm.size}  median of the slowest rank")
+                print_medians(samples, "MPI blocking", "layer", "x_blocking")
 
 
 if __name__ == "__main__":

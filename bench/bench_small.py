@@ -20,7 +20,7 @@ import argparse
 from typing import Any, Callable
 
 import numpy as np
-from _common import interleaved
+from _common import interleaved, print_medians
 
 import cupycoll as cc
 
@@ -62,14 +62,10 @@ def main() -> None:
     else:
         samples = interleaved(calls, args.iters, args.warmup_iters, comm)
     if comm.rank == 0:
-        base = float(np.median(samples["mpi4py allgather (pickled pairs)"]))
         how = f"blocks of {args.block}" if args.block else "interleaved"
         print(f"# ranks={comm.size}  entries/rank={args.entries}  n={args.length}  "
               f"iters={args.iters}  {how}  time = median of the slowest rank")
-        print(f"# {'call':<40}{'time(us)':>10}{'x_allgather':>13}")
-        for name, s in samples.items():
-            t = float(np.median(s))
-            print(f"  {name:<40}{t * 1e6:>10.1f}{t / base:>13.2f}")
+        print_medians(samples, "mpi4py allgather (pickled pairs)", "call", "x_allgather")
 
 
 if __name__ == "__main__":
