@@ -5,7 +5,11 @@ Small tensors are common (per-layer buckets, small embedding tables), and there 
 of a call (argument checks, the one validation allreduce, algorithm choice, delivery) is all
 there is. With ``auto`` (the default) a call whose entries fit in the validation allreduce's
 slots is finished by that one collective (docs/sparse.md, "Small calls"); the
-``algorithm=allgather`` row shows the same call on the normal path (validation + algorithm). Calls are interleaved, one of each per round; a time is the median over rounds of the
+``algorithm=allgather`` row shows the same call on the normal path (validation + algorithm).
+Two raw rows bound what any call that validates can cost: the validation round's own MAX
+allreduce (the agreement vector, its length set by P alone), and a dense ``Allreduce`` of the
+same n (what ``auto`` is compared with; raise ``--length`` to see where the round stops
+mattering). Calls are interleaved, one of each per round; a time is the median over rounds of the
 slowest rank. ``--block B`` times instead blocks of B calls of one kind back to back (as a
 training loop repeats one call), one block of each call per round (``-n`` rounds), rotating
 the order; a time is then a block's seconds / B, the median over rounds of the slowest rank.
@@ -21,8 +25,10 @@ from typing import Any, Callable
 
 import numpy as np
 from _common import interleaved, print_medians
+from mpi4py import MPI
 
 import cupycoll as cc
+from cupycoll._agreement import length
 
 
 def blocked(calls: dict[str, Callable[[], Any]], rounds: int, block: int,
@@ -50,8 +56,14 @@ def main() -> None:
     idx = np.sort(rng.choice(args.length, args.entries, replace=False)).astype(np.int64)
     val = rng.standard_normal(args.entries).astype(np.float32)
     dense = rng.standard_normal(args.length).astype(np.float32)
+    agreement = np.zeros(length(comm.size), np.int64)  # the validation round's vector
+    reduced, dense_out = np.empty_like(agreement), np.empty_like(dense)
     calls = {
         "mpi4py allgather (pickled pairs)": lambda: comm.mpi_comm.allgather((idx, val)),
+        f"MPI Allreduce MAX {agreement.nbytes} B (validation)": lambda: (
+            comm.mpi_comm.Allreduce(agreement, reduced, op=MPI.MAX)),
+        f"MPI Allreduce of n={args.length} float32": lambda: comm.mpi_comm.Allreduce(
+            dense, dense_out),
         "sparse_allreduce": lambda: cc.sparse_allreduce(idx, val, args.length, comm=comm),
         "sparse_allreduce(algorithm=allgather)": lambda: cc.sparse_allreduce(
             idx, val, args.length, comm=comm, algorithm="allgather"),
