@@ -117,6 +117,21 @@ def test_bench_layers_prints_each_layer_of_each_verb_and_size():
         assert len(rows) == 6 and all(float(r[-2]) > 0 for r in rows), block
 
 
+@pytest.mark.parametrize("flags", [[], ["--block", "3"]])
+def test_bench_small_prints_its_raw_bounds_and_calls(flags):
+    """bench_small.py, one process: the allgather baseline, the validation round's raw MAX
+    allreduce, a dense Allreduce of the same n, and the three cupycoll calls."""
+    import subprocess
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "bench" / "bench_small.py"), "-n", "5",
+                          "-w", "1", "--length", "700", *flags], capture_output=True,
+                         text=True, timeout=300, check=True, cwd=root,
+                         env={**__import__("os").environ, "PYTHONPATH": str(root)}).stdout
+    rows = [line for line in out.splitlines() if not line.startswith("#")]
+    assert len(rows) == 6 and all(float(r.split()[-2]) > 0 for r in rows), out
+    assert "(validation)" in out and "MPI Allreduce of n=700 float32" in out
+
+
 def test_regret_counts_for_other_profiles(capsys):
     """``--profiles``: each other profile's pick and predictions counted on the same rows."""
     pytest.importorskip("mpi4py")
