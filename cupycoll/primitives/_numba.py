@@ -358,15 +358,11 @@ def select_unequal_rows(bits: np.ndarray, sentinel: int, itype: np.dtype, reset:
     ``flatnonzero`` and ``take``, and the kept buffer filled again on the next call)."""
     s, rows = bits.dtype.type(sentinel), bits.shape[0]
     hits = _scratch("row_hits", (rows,), np.dtype(np.bool_))
-    pieces = _pieces(bits.size)
-    edges = [(p * rows) // pieces for p in range(pieces + 1)]
-    spans = list(zip(edges[:-1], edges[1:]))
-    counts = _in_threads([partial(row_hits, bits, s, a, b, hits) for a, b in spans])
-    ends = np.cumsum(counts)
-    out_idx, out_rows = np.empty(ends[-1], itype), np.empty((ends[-1], bits.shape[1]), bits.dtype)
-    _in_threads([partial(copy_hit_rows, bits, s, a, b, hits, bool(reset), out_idx[e - h:e],
-                         out_rows[e - h:e]) for (a, b), h, e in zip(spans, counts, ends)])
-    return out_idx, out_rows
+    reset = bool(reset)
+    return _count_then_copy(rows, _pieces(bits.size),
+                            lambda a, b: row_hits(bits, s, a, b, hits),
+                            lambda a, b, oi, ov: copy_hit_rows(bits, s, a, b, hits, reset, oi, ov),
+                            itype, bits.shape[1:], bits.dtype)
 
 
 def _masked(x: np.ndarray, lo: Any, hi: Any, test: int, itype: np.dtype,
@@ -375,14 +371,25 @@ def _masked(x: np.ndarray, lo: Any, hi: Any, test: int, itype: np.dtype,
     writing each block of 64 elements' hits as the bits of a word and counting them
     (:func:`hit_masks`, vectorised), then ``copy(first, last, masks, out_idx, out_val)`` into
     outputs of exactly that size."""
-    blocks, pieces = -(-x.size // 64), _pieces(x.size)
+    blocks = -(-x.size // 64)
     masks = _scratch("masks", (blocks,), np.dtype(np.uint64))
-    edges = [(p * blocks) // pieces for p in range(pieces + 1)]
+    return _count_then_copy(blocks, _pieces(x.size),
+                            lambda a, b: hit_masks(x, lo, hi, test, a, b, masks),
+                            lambda a, b, oi, ov: copy(a, b, masks, oi, ov), itype, (), x.dtype)
+
+
+def _count_then_copy(units: int, pieces: int, mark: Callable, copy: Callable, itype: np.dtype,
+                     row: tuple, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Two passes over ``units`` (blocks or rows) cut into ``pieces`` spans on threads:
+    ``mark(first, last)`` notes and counts a span's hits, then ``copy(first, last, out_idx,
+    out_val)`` writes them into its slice of outputs of exactly the total size (positions as
+    itype, values of ``row`` shape and ``dtype``)."""
+    edges = [(p * units) // pieces for p in range(pieces + 1)]
     spans = list(zip(edges[:-1], edges[1:]))
-    hits = _in_threads([partial(hit_masks, x, lo, hi, test, a, b, masks) for a, b in spans])
+    hits = _in_threads([partial(mark, a, b) for a, b in spans])
     ends = np.cumsum(hits)
-    out_idx, out_val = np.empty(ends[-1], itype), np.empty(ends[-1], x.dtype)
-    _in_threads([partial(copy, a, b, masks, out_idx[e - h:e], out_val[e - h:e])
+    out_idx, out_val = np.empty(ends[-1], itype), np.empty((ends[-1],) + tuple(row), dtype)
+    _in_threads([partial(copy, a, b, out_idx[e - h:e], out_val[e - h:e])
                  for (a, b), h, e in zip(spans, hits, ends)])
     return out_idx, out_val
 
