@@ -125,3 +125,19 @@ def test_instantiations_compile_alone_once_and_are_cached(tmp_path, monkeypatch)
     assert _kernels.compiled("select.cu", expr, "sm_80") == (cubin, lowered)
     with pytest.raises(AssertionError, match="compiled again"):
         _kernels.compiled("select.cu", expr, "sm_90")  # another architecture is another key
+
+
+def test_ptx_fallback_compiles_through_nvrtc(tmp_path, monkeypatch):
+    """A device newer than the installed NVRTC: PTX for the newest architecture NVRTC supports
+    (the driver JIT-compiles it for the device), cached beside the cubin of the same kernel."""
+    whole_file = _nvrtc("select.cu", "sm_80")[0]  # fails with the reason if NVRTC is missing
+    newest = max(_kernels.supported_archs())
+    target = _kernels.kernel_target(newest + 10, _kernels.supported_archs())
+    assert target == f"compute_{newest}"
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path))
+    expr = _kernels.expression("cc_rank_select", "float", "int")
+    ptx, lowered = _kernels.compiled("select.cu", expr, target)
+    text = ptx.read_text()
+    assert ptx.suffix == ".ptx" and f".target sm_{newest}\n" in text
+    assert lowered == whole_file[expr] and f".entry {lowered}(" in text
+    assert text.count(".entry ") == 1  # that one kernel only
