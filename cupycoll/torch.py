@@ -6,8 +6,9 @@
 
 Importing ``cupycoll`` never imports torch; this module does (``pip install 'cupycoll[torch]'``).
 CPU tensors travel as numpy views (no copy), CUDA tensors through DLPack as CuPy arrays on the
-NCCL backend. The hooks run cupycoll's collectives on their own duplicate of the communicator,
-in bucket order (the same on every rank), so they overlap the rest of the backward pass.
+NCCL backend; bfloat16 buckets are reduced in a float32 copy. The hooks run cupycoll's
+collectives on their own duplicate of the communicator, in bucket order (the same on every
+rank), so they overlap the rest of the backward pass.
 """
 
 import dataclasses
@@ -39,9 +40,38 @@ def _as_array(tensor: torch.Tensor) -> Any:
     return tensor.detach().numpy()
 
 
-def _future_of(work: Work, finish: Any) -> torch.futures.Future:
-    """A torch Future completed with ``finish(work.wait())`` (or its exception)."""
-    future: torch.futures.Future = torch.futures.Future()
+#: bucket dtype -> the dtype the hooks reduce it in: bfloat16 in a float32 copy (numpy, the MPI
+#: backend and the top-k tables have no bfloat16), written back with torch's rounding.
+_WORKING_DTYPES = {torch.float16: torch.float16, torch.float32: torch.float32,
+                   torch.float64: torch.float64, torch.bfloat16: torch.float32}
+
+
+def _working_copy(buffer: torch.Tensor, rank: int) -> torch.Tensor:
+    """The tensor a hook reduces: the bucket itself, or a float32 copy of a bfloat16 bucket.
+
+    Raises:
+        InvalidType: a bucket dtype the hooks do not reduce (named, with this rank).
+    """
+    dtype = _WORKING_DTYPES.get(buffer.dtype)
+    if dtype is None:
+        raise InvalidType("bucket", str(buffer.dtype), "a float16, bfloat16, float32 or "
+                          "float64 gradient bucket", rank=rank)
+    return buffer if dtype == buffer.dtype else buffer.to(dtype)
+
+
+def _written_back(buffer: torch.Tensor, reduced: torch.Tensor) -> torch.Tensor:
+    """The bucket holding ``reduced`` (rounded by torch where it is a float32 copy)."""
+    return buffer if reduced is buffer else buffer.copy_(reduced)
+
+
+def _future_of(work: Work, finish: Any, buffer: torch.Tensor) -> torch.futures.Future:
+    """A torch Future completed with ``finish(work.wait())`` (or its exception).
+
+    For a CUDA bucket the Future names its device, so torch records an event on the current
+    stream when the value is set and DDP's wait makes its own stream wait for that event.
+    """
+    future: torch.futures.Future = torch.futures.Future(
+        devices=[buffer.device] if buffer.is_cuda else None)
 
     def done(_: Work) -> None:
         try:
@@ -62,12 +92,14 @@ def allreduce_hook(comm: Communicator | None,
                    bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP hook: average the bucket with cupycoll's dense allreduce. ``comm``: the
     communicator to run on (pass ``cc.get_comm().dup()`` to keep DDP's traffic apart from
-    your own calls), or None for a duplicate of the default one, made once."""
+    your own calls), or None for a duplicate of the default one, made once. A bfloat16
+    bucket is averaged in float32 and rounded back once."""
+    comm = comm or _hook_comm()
     buffer = bucket.buffer()
-    array = _as_array(buffer)
-    work = (comm or _hook_comm()).allreduce(array, array, ReduceOp.AVG,
-                                            op_name="torch.allreduce_hook")
-    return _future_of(work, lambda _: buffer)
+    reduced = _working_copy(buffer, comm.rank)
+    array = _as_array(reduced)
+    work = comm.allreduce(array, array, ReduceOp.AVG, op_name="torch.allreduce_hook")
+    return _future_of(work, lambda _: _written_back(buffer, reduced), buffer)
 
 
 @functools.lru_cache(maxsize=None)
@@ -167,19 +199,20 @@ def topk_hook(state: TopkHookState,
     residual, about ``density`` of its entries are reduced across ranks, the averaged sparse
     update is written densely into the bucket (zeros elsewhere) and the rest stays in the
     residual for later steps. Returns a torch Future, completed from cupycoll's worker.
+    A bfloat16 bucket is fed to its compressor as a float32 copy (float32 residual; the update
+    is rounded to bfloat16 where it is written into the bucket).
     """
     buffer = bucket.buffer()
+    reduced = _working_copy(buffer, state.comm.rank)
     if bucket.is_last():
         state.iteration += 1
         iteration = state.iteration - 1
     else:
         iteration = state.iteration
-    if not buffer.is_floating_point():
-        raise InvalidType("bucket", str(buffer.dtype), "a floating-point gradient bucket")
-    array = _as_array(buffer)
+    array = _as_array(reduced)
     if iteration < state.warmup_steps:
         work = state.comm.allreduce(array, array, ReduceOp.AVG, op_name="torch.warmup")
-        return _future_of(work, lambda _: buffer)
+        return _future_of(work, lambda _: _written_back(buffer, reduced), buffer)
     work = state.compressor(bucket).step(array, async_op=True)
 
     def write(update: SparseResult) -> torch.Tensor:
@@ -189,7 +222,7 @@ def topk_hook(state: TopkHookState,
             buffer[index] = torch.as_tensor(update.values, device=buffer.device).to(buffer.dtype)
         return buffer
 
-    return _future_of(work, write)
+    return _future_of(work, write, buffer)
 
 
 def sparse_allreduce(tensor: torch.Tensor, *, op: str = "sum",

@@ -6,6 +6,7 @@ here: in-process checks on one rank and the launches.
 
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -118,6 +119,67 @@ def test_hook_with_compact_bfloat16_wire_loses_nothing():
     assert torch.equal(out[top], grad[top])
     residual = np.asarray(state.compressors[(0, 300)].residual)
     assert np.array_equal(residual + out.numpy(), grad.numpy())
+
+
+def bfloat16_params(sizes, seed):
+    params = [torch.nn.Parameter(torch.zeros(s, dtype=torch.bfloat16)) for s in sizes]
+    for q, r in zip(params, params_with_grads(sizes, seed)):
+        q.grad = r.grad.to(torch.bfloat16)
+    return params
+
+
+def test_bfloat16_buckets_through_both_hooks():
+    """One rank: the average is the gradient, so the float32 round trip must give it back bit
+    for bit; top-k sends the gradient's own top entries (exact in float32) and the float32
+    residual keeps the rest exactly. The DDP worker covers 2 and 4 ranks."""
+    cc.init("mpi")
+    (p,) = bfloat16_params([300], seed=3)
+    grad = p.grad.clone()
+    bucket = FakeBucket(0, [p])
+    out = cct.allreduce_hook(None, bucket).wait()
+    assert out is bucket.buffer() and out.dtype == torch.bfloat16 and torch.equal(out, grad)
+    state = cct.TopkHookState(density=0.05, warmup_steps=1)
+    assert torch.equal(cct.topk_hook(state, FakeBucket(0, [p])).wait(), grad)  # warm-up
+    out = cct.topk_hook(state, FakeBucket(0, [p])).wait()
+    top = torch.topk(grad.float().abs(), 15).indices
+    expected = torch.zeros_like(grad)
+    expected[top] = grad[top]
+    assert out.dtype == torch.bfloat16 and torch.equal(out, expected)
+    residual = np.asarray(state.compressors[(0, 300)].residual)
+    assert residual.dtype == np.float32
+    assert np.array_equal(residual + out.float().numpy(), grad.float().numpy())
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.int32, torch.uint8])
+def test_hooks_reject_bucket_dtypes_they_cannot_reduce(dtype):
+    cc.init("mpi")
+    bucket = FakeBucket(0, [SimpleNamespace(grad=torch.ones(4, dtype=dtype))])
+    state = cct.TopkHookState(density=0.5)
+    for hook, hook_state in ((cct.allreduce_hook, None), (cct.topk_hook, state)):
+        with pytest.raises(InvalidType, match=f"'bucket' on rank 0 .*{dtype}") as info:
+            hook(hook_state, bucket)
+        assert info.value.got == str(dtype)
+    assert state.iteration == 0  # rejected before it counts
+
+
+def test_futures_of_cuda_buckets_carry_their_device(monkeypatch):
+    """DDP's wait synchronises its stream with the value only when the Future names the
+    device; CPU buckets name none. (No GPU here: a stand-in bucket claims CUDA.)"""
+    made = []
+
+    class RecordingFuture:
+        def __init__(self, *, devices=None):
+            made.append(devices)
+
+    class PendingWork:
+        def add_done_callback(self, fn):
+            pass
+
+    monkeypatch.setattr(torch.futures, "Future", RecordingFuture)
+    cuda = SimpleNamespace(is_cuda=True, device=torch.device("cuda", 1))
+    cct._future_of(PendingWork(), lambda _: None, cuda)
+    cct._future_of(PendingWork(), lambda _: None, torch.zeros(2))
+    assert made == [[torch.device("cuda", 1)], None]
 
 
 @pytest.mark.parametrize("kwargs", [{"density": 0.0}, {"density": 1.5},

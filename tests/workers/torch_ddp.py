@@ -6,7 +6,9 @@ Checks on every rank: parameters bitwise identical across ranks after every step
 allgathered over MPI); the residual mass of the Ok-Topk hook conserved (sum over ranks of the
 residuals + P x the sum of the averaged updates == the sum over ranks of every gradient fed in);
 accuracy of the Ok-Topk hook at 5% within 2 points of the default hook; the sparse-embedding
-helper equal to gloo's sparse all_reduce. Rank 0 prints one JSON line per run with --report.
+helper equal to gloo's sparse all_reduce; a bfloat16 model through both hooks, with every bucket
+that allreduce_hook returns within bfloat16 rounding of the float64 average of the ranks'
+buckets. Rank 0 prints one JSON line per run with --report.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def data():
 def params_hash(model: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for p in model.parameters():
-        h.update(p.detach().numpy().tobytes())
+        h.update(p.detach().reshape(-1).view(torch.uint8).numpy().tobytes())  # any dtype's bits
     return h.hexdigest()
 
 
@@ -81,30 +83,47 @@ def recording_hook(state: cct.TopkHookState, totals: dict):
     return hook
 
 
-def train(hook: str, density: float, **wire: str) -> dict:
+def make_model(dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, DDP]:
+    """The MLP 64-64-10 (same seed every time) and its DDP wrapper."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
-    # two buckets (714 and 4,096 parameters): torch 2.13 puts every parameter in one bucket and
-    # never rebuilds it unless unused parameters are searched for (the 4 KB cap alone: one bucket)
-    ddp = DDP(model, bucket_cap_mb=0.004, find_unused_parameters=True)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 10)).to(dtype)
+    # two float32 buckets (714 and 4,096 parameters): torch 2.13 puts every parameter in one
+    # bucket and never rebuilds it unless unused parameters are searched for (the 4 KB cap
+    # alone: one bucket)
+    return model, DDP(model, bucket_cap_mb=0.004, find_unused_parameters=True)
+
+
+def run_steps(hook: str, model: torch.nn.Module, ddp: DDP, steps: int,
+              after_backward=lambda: None) -> None:
+    """SGD steps on this rank's batches, checking that parameters are identical on every rank
+    after every step; ``after_backward()`` runs once each step's gradients are averaged."""
+    dtype = next(model.parameters()).dtype
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    (xt, yt), _ = data()
+    gen = torch.Generator().manual_seed(1 + RANK)
+    for step in range(steps):
+        batch = torch.randint(0, len(yt), (32,), generator=gen)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(xt[batch].to(dtype)), yt[batch]).backward()
+        after_backward()
+        opt.step()
+        hashes = world.allgather(params_hash(model))
+        assert len(set(hashes)) == 1, f"{hook}: parameters differ across ranks at step {step}"
+
+
+def train(hook: str, density: float, **wire: str) -> dict:
+    model, ddp = make_model()
     state, totals = None, {"fed": 0.0, "sent": 0.0}
     if hook == "topk":
         state = cct.TopkHookState(density=density, warmup_steps=1, **wire)
         ddp.register_comm_hook(state, recording_hook(state, totals))
     elif hook == "cupycoll-allreduce":
         ddp.register_comm_hook(None, cct.allreduce_hook)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    (xt, yt), (xv, yv) = data()
-    gen = torch.Generator().manual_seed(1 + RANK)
     start = time.perf_counter()
-    for step in range(STEPS):
-        batch = torch.randint(0, len(yt), (32,), generator=gen)
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(ddp(xt[batch]), yt[batch]).backward()
-        opt.step()
-        hashes = world.allgather(params_hash(model))
-        assert len(set(hashes)) == 1, f"{hook}: parameters differ across ranks at step {step}"
+    run_steps(hook, model, ddp, STEPS)
     seconds = (time.perf_counter() - start) / STEPS
+    _, (xv, yv) = data()
     with torch.no_grad():
         accuracy = float((model(xv).argmax(1) == yv).float().mean())
     result = {"hook": hook, "density": density, "P": P, "accuracy": accuracy, **wire,
@@ -119,6 +138,44 @@ def train(hook: str, density: float, **wire: str) -> dict:
         result["buckets"] = len(state.compressors)
         assert result["buckets"] == 2, f"{hook}: {result['buckets']} buckets, want 2"
     return result
+
+
+def check_bfloat16(steps: int) -> None:
+    """A bfloat16 model through allreduce_hook and topk_hook (float32 inside): parameters
+    identical on every rank after every step, and each bucket allreduce_hook returns within
+    bfloat16 rounding (2^-8 relative, plus float32 sums) of the float64 average of the ranks'
+    bfloat16 buckets."""
+    fed: dict = {}
+    averaged: dict = {}
+
+    def recording(state, bucket):
+        index = bucket.index()
+        fed[index] = bucket.buffer().double().numpy()
+
+        def keep(fut):
+            averaged[index] = fut.value().double().numpy()
+            return fut.value()
+
+        return cct.allreduce_hook(state, bucket).then(keep)
+
+    def check_averages():
+        everyone = world.allgather(fed)
+        assert set(averaged) == set(fed) and fed, (sorted(averaged), sorted(fed))
+        for index, out in averaged.items():
+            grads = np.stack([buckets[index] for buckets in everyone])
+            reference = grads.mean(axis=0)
+            bound = 2.0 ** -8 * np.abs(reference) + 2.0 ** -21 * np.abs(grads).mean(axis=0)
+            worst = np.max(np.abs(out - reference) - bound)
+            assert worst <= 0, f"bfloat16 bucket {index}: {worst} beyond bfloat16 rounding"
+        fed.clear()
+        averaged.clear()
+
+    model, ddp = make_model(torch.bfloat16)
+    ddp.register_comm_hook(None, recording)
+    run_steps("bfloat16 allreduce_hook", model, ddp, steps, check_averages)
+    model, ddp = make_model(torch.bfloat16)
+    ddp.register_comm_hook(cct.TopkHookState(density=0.05), cct.topk_hook)
+    run_steps("bfloat16 topk_hook", model, ddp, steps)
 
 
 def check_sparse_embedding() -> None:
@@ -148,6 +205,7 @@ def main() -> None:
     assert abs(runs[1]["accuracy"] - default) < 1e-6, runs  # same math, other transport
     assert runs[2]["accuracy"] >= default - 0.02, runs
     assert runs[4]["accuracy"] >= default - 0.02, runs  # compact indices, bfloat16 values
+    check_bfloat16(min(STEPS, 20))  # after the timed runs: their step times stay comparable
     if REPORT and RANK == 0:
         for run in runs:
             print(json.dumps(run))
