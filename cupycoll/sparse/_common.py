@@ -1,4 +1,6 @@
-"""Helpers shared by the sparse algorithms: zero-filled merges and presence bitmaps.
+"""Helpers shared by the sparse algorithms: zero-filled merges, presence bitmaps, and the
+native allreduce of values (:func:`allreduce_values`: float max/min through order keys where
+the backend's own drop a NaN).
 
 Semantics every algorithm implements: an index absent on a rank counts as 0 there, for every op.
 A merge of partial results over disjoint groups of ranks is therefore ``op(a or 0, b or 0)`` per
@@ -22,7 +24,9 @@ from ..wire._pack import COO, Wire
 
 __all__ = ["reduce_parts", "rank_slices", "allgatherv_entries", "fill_absent", "union_of",
            "positions_in", "presence", "union_of_presence", "bitmap_or_allreduce", "bitmap_chunk",
-           "canonical_nan", "has_minus_zero"]
+           "canonical_nan", "has_minus_zero", "allreduce_values", "native_drops_nan",
+           "native_keeps_minus_zero", "keyed_minmax", "order_keys", "from_order_keys",
+           "value_row_bytes"]
 
 
 def fill_absent(union: Any, values: Any, part_indices: Sequence[Any], op: ReduceOp) -> Any:
@@ -82,6 +86,106 @@ def canonical_nan(values: Any) -> Any:
     xp = array_namespace(values)
     xp.copyto(values, values.dtype.type(np.nan), where=xp.isnan(values))
     return values
+
+
+def native_drops_nan(on: Any) -> bool:
+    """Whether the native float max/min of ``on`` (a Communicator, or a cost model's Shape)
+    drop a NaN: NCCL's kernels (``fmaxf``/``fminf``/``__hmax``) return the other operand.
+
+    Read from the ``native_minmax_drops_nan`` attribute, else True on the NCCL backend; a
+    Shape without the attribute prices the MPI backend (False).
+    """
+    return bool(getattr(on, "native_minmax_drops_nan", getattr(on, "backend", None) == "nccl"))
+
+
+def native_keeps_minus_zero(on: Any) -> bool:
+    """Whether the native sum of ``on`` (a Communicator, or a cost model's Shape) keeps
+    -0 + -0 = -0, which NCCL does not document for an in-switch (NVLS) reduction.
+
+    Read from the ``native_sum_keeps_minus_zero`` attribute, else False on the NCCL backend;
+    a Shape without the attribute prices the MPI backend (True).
+    """
+    return bool(getattr(on, "native_sum_keeps_minus_zero", getattr(on, "backend", None)
+                        != "nccl"))
+
+
+def keyed_minmax(on: Any, floats: bool, op: Any) -> bool:
+    """Whether :func:`allreduce_values` reduces values (``floats``: float ones) with ``op``
+    through order keys on ``on`` (a Communicator or a Shape)."""
+    return floats and str(getattr(op, "value", op)) in ("max", "min") and native_drops_nan(on)
+
+
+#: value itemsize -> the integer type its order keys travel in (NCCL has no int16: 16-bit
+#: floats' keys go widened to int32, twice the bytes)
+_KEY_TYPES = {2: np.int32, 4: np.int32, 8: np.int64}
+
+
+def value_row_bytes(shape: Any) -> int:
+    """Bytes one row of values moves in a native allreduce of a cost model's ``shape``
+    (:class:`cupycoll.sparse._cost.Shape`): the row, or its order keys where they replace
+    float max/min (16-bit values are float16: the sparse path takes no int16)."""
+    floats = shape.float_values or shape.value_bytes == 2
+    if keyed_minmax(shape, floats, shape.op):
+        return np.dtype(_KEY_TYPES[shape.value_bytes]).itemsize * max(shape.width, 1)
+    return shape.row_bytes
+
+
+def _flip_negatives(bits: Any) -> None:
+    """``i ^ 0x7F..F`` where the signed integer ``i`` is negative, in place (its own inverse):
+    the arithmetic shift makes -1 of a negative and 0 of the rest, no branch, no host read."""
+    flip = bits >> (8 * bits.dtype.itemsize - 1)
+    flip &= bits.dtype.type(np.iinfo(bits.dtype).max)
+    bits ^= flip
+
+
+def order_keys(values: Any, op: ReduceOp) -> Any:
+    """Integer keys of float ``values`` ordered as the floats are, -0 below +0; for ``op`` max
+    every NaN first becomes the greatest key (a positive NaN), for min the least (a negative
+    one). 32- and 64-bit values become their keys in place (the returned array is a view of
+    their bits); 16-bit ones are turned in place, then widened to int32 (a new array).
+
+    A float's bits as a signed integer i already order the non-negative floats; flipping
+    every bit but the sign of a negative i reverses the negative ones below them. So an
+    integer max (min) of keys is the float max (min) with NaN winning and a +0/-0 tie giving
+    +0 (-0): :func:`cupycoll.primitives.combine`'s rule, whatever the order of the operands.
+    """
+    xp = array_namespace(values)
+    nan = math.copysign(math.nan, 1.0 if op is ReduceOp.MAX else -1.0)
+    xp.copyto(values, values.dtype.type(nan), where=xp.isnan(values))
+    bits = values.view(_SIGNED_BITS[values.dtype.itemsize])
+    _flip_negatives(bits)
+    key_type = _KEY_TYPES[values.dtype.itemsize]
+    return bits if bits.dtype == key_type else bits.astype(key_type)
+
+
+def from_order_keys(keys: Any, values: Any) -> Any:
+    """Write the floats of reduced ``keys`` (:func:`order_keys` of floats of ``values``'
+    dtype; in place where they are ``values``' own bits) into ``values``, every NaN with
+    numpy's bits, and return ``values``."""
+    bits = values.view(_SIGNED_BITS[values.dtype.itemsize])
+    if keys.dtype != bits.dtype or not array_namespace(keys).may_share_memory(keys, bits):
+        bits[...] = keys  # widened keys: every one came from a key of this width
+    _flip_negatives(bits)
+    return canonical_nan(values)
+
+
+def allreduce_values(comm: Any, buf: Any, op: ReduceOp, op_name: str) -> Any:
+    """Start the in-place native allreduce of the values ``buf`` and return its Work, with the
+    sparse contract's float max/min on every backend.
+
+    Where the native float max/min drop a NaN (:func:`native_drops_nan`), the values travel
+    as :func:`order_keys` in an integer MAX/MIN allreduce (exact and NaN-free on every
+    transport; no more bytes, but 16-bit floats' keys go as int32) and come back by
+    :func:`from_order_keys`, queued behind the allreduce in stream order (no host wait on a
+    GPU): NaN wins, a +0/-0 tie gives +0 for max and -0 for min, NaN bits are numpy's.
+    """
+    if comm.size == 1 or not keyed_minmax(comm, buf.dtype.kind == "f", op):
+        return comm.allreduce(buf, buf, op, op_name=op_name)
+    keys = order_keys(buf, op)
+    work = comm.allreduce(keys, keys, op, op_name=op_name)
+    comm.stream_order(work)
+    from_order_keys(keys, buf)
+    return work
 
 
 def reduce_parts(parts: Sequence[tuple[Any, Any]], op: ReduceOp,

@@ -3,8 +3,10 @@
 The union of indices cannot be read from reduced values alone (entries can cancel or be
 explicit zeros), so presence travels with them, in the cheapest way the op and dtype allow:
 
-- Float values (32 or 64 bits: ``Shape.float_values``) summed (sum/avg), any width: absent
-  entries are filled with -0, the identity of IEEE addition (-0 + x is x, bit for bit, for
+- Float values (32 or 64 bits: ``Shape.float_values``) summed (sum/avg), any width, where
+  the backend's native sum keeps -0 + -0 = -0 (MPI; not NCCL, whose in-switch NVLS reduction
+  does not document it: :func:`._common.native_keeps_minus_zero`): absent entries are filled
+  with -0, the identity of IEEE addition (-0 + x is x, bit for bit, for
   every x, +0 and NaN included). An index absent on every rank reduces to -0 in every element,
   and no sum of values that are not -0 is ever -0 (x + -x is +0 when rounding to nearest;
   additions near 0 are exact), so without -0 inputs the
@@ -16,14 +18,17 @@ explicit zeros), so presence travels with them, in the cheapest way the op and d
   per row (``dense.signed_zeros.held``; data-dependent, not in :func:`cost`, which sees
   indices only; :func:`settle_cost`): they are in the union, and a row held by some but not
   all ranks has its -0 elements made +0 (an absent entry counts as +0).
-- Other values (integers, 16-bit floats) summed in rows of width >= ``FOLD_WIDTH``: one
-  presence count per row rides in the SAME allreduce, as an n-element tail (exact: P < 2^11).
+- Other values (integers, 16-bit floats, and on NCCL every float) summed in rows of width >=
+  ``FOLD_WIDTH``: one presence count per row rides in the SAME allreduce, as an n-element tail
+  (exact: P < 2^11).
 - Otherwise (other 1-D sums; max, min, prod, whose reductions cannot count): a packed bitmap
   ORed over ranks (n/8 bytes: reduce-scatter by one exchange, then an allgather), overlapped
   with the values' allreduce.
 
-Values are reduced once by the native allreduce, which gives the same bits on every rank. No
-sparse entries travel, so the wire format (``wire``) does not apply.
+Values are reduced once by the native allreduce, which gives the same bits on every rank; float
+max/min where the native ones drop a NaN (NCCL) as integer order keys
+(:func:`._common.allreduce_values`: 16-bit floats' keys travel as int32). No sparse entries
+travel, so the wire format (``wire``) does not apply.
 
 Cost per rank (R = row bytes, V = value bytes, c = ceil(ceil(n/8)/P)): signed zeros: allreduce
 of n*R + V bytes booked as floor(2(P-1)/P * bytes) in 2(P-1) messages; folded counts: the same
@@ -46,8 +51,8 @@ from .._registry import register
 from .._types import ReduceOp, array_namespace
 from ..primitives import gather
 from ..primitives._accel import _fast, kept_filled, mark_filled
-from ._common import (bitmap_chunk, bitmap_or_allreduce, has_minus_zero, presence,
-                      union_of_presence)
+from ._common import (allreduce_values, bitmap_chunk, bitmap_or_allreduce, has_minus_zero,
+                      native_keeps_minus_zero, presence, union_of_presence, value_row_bytes)
 from ._cost import Cost, Shape
 
 __all__ = ["dense", "dense_result", "densify_into", "scatter_into", "add_into", "members",
@@ -66,9 +71,10 @@ def _op_name(op: Any) -> str:
     return str(getattr(op, "value", op))
 
 
-def signed_zero_fill(op: Any, float_values: bool) -> bool:
-    """True when absent entries are filled with -0 and presence costs one tail element."""
-    return float_values and _op_name(op) in _SUMS
+def signed_zero_fill(op: Any, float_values: bool, keeps_minus_zero: bool = True) -> bool:
+    """True when absent entries are filled with -0 and presence costs one tail element: float
+    sums on a backend whose native sum ``keeps_minus_zero``."""
+    return keeps_minus_zero and float_values and _op_name(op) in _SUMS
 
 
 def folds_presence(size: int, itemsize: int, op: Any, width: int) -> bool:
@@ -84,7 +90,8 @@ def dense(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
     xp, row = comm.xp, tuple(values.shape[1:])
     width = math.prod(row) if row else 0
     dtype = np.dtype(values.dtype)
-    if signed_zero_fill(op, dtype.kind == "f" and dtype.itemsize >= 4):
+    if signed_zero_fill(op, dtype.kind == "f" and dtype.itemsize >= 4,
+                        native_keeps_minus_zero(comm)):
         return _signed_zeros(comm, indices, values, n, op, row)
     if folds_presence(comm.size, values.dtype.itemsize, op, width):
         buf = xp.zeros(n * (width + 1), dtype=values.dtype)
@@ -95,7 +102,7 @@ def dense(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
         union = xp.flatnonzero(counts).astype(indices.dtype, copy=False)
         return union, gather(full, union)
     full = scatter_into(xp.zeros((n,) + row, dtype=values.dtype), indices, values)
-    work = comm.allreduce(full, full, op, op_name="dense.allreduce")
+    work = allreduce_values(comm, full, op, "dense.allreduce")
     present = bitmap_or_allreduce(comm, presence(indices, n), "dense.union")  # waited last
     comm.stream_order(work)
     union = union_of_presence(present, indices.dtype)
@@ -114,7 +121,7 @@ def dense_result(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, out
     if out is None:
         out = comm.xp.empty((n,) + row, dtype=values.dtype)
     densify_into(out, indices, values)
-    comm.stream_order(comm.allreduce(out, out, op, op_name="dense.allreduce"))
+    comm.stream_order(allreduce_values(comm, out, op, "dense.allreduce"))
     return out
 
 
@@ -291,12 +298,12 @@ def cost(shape: Shape, rank: int) -> Cost:
     """Bytes and messages ``rank`` receives (without the validation allreduce; inputs without
     -0 values: see the module docstring); a dense output moves the values alone."""
     if shape.output == "dense":
-        return Cost().allreduce("dense.allreduce", shape.size, shape.n * shape.row_bytes)
-    if signed_zero_fill(shape.op, shape.float_values):
+        return Cost().allreduce("dense.allreduce", shape.size, shape.n * value_row_bytes(shape))
+    if signed_zero_fill(shape.op, shape.float_values, native_keeps_minus_zero(shape)):
         return Cost().allreduce("dense.allreduce", shape.size,
                                 shape.n * shape.row_bytes + shape.value_bytes)
     if folds_presence(shape.size, shape.value_bytes, shape.op, shape.width):
         return Cost().allreduce("dense.allreduce", shape.size,
                                 shape.n * (shape.row_bytes + shape.value_bytes))
-    c = Cost().allreduce("dense.allreduce", shape.size, shape.n * shape.row_bytes)
+    c = Cost().allreduce("dense.allreduce", shape.size, shape.n * value_row_bytes(shape))
     return _bitmap(c, shape.n, shape.size, "dense.union")

@@ -11,7 +11,9 @@ of others' nnz) * I in P-1 messages, their counts known from the validation (``c
 without them a counts allgather of (P-1)*8 bytes first; compact wire: (count, bytes) pairs,
 then the encoded streams; values never travel sparse, so rounding does not apply); allreduce
 of U*R bytes booked as floor(2(P-1)/P * U*R) in 2(P-1) messages. Local work: a union of P*nnz
-indices, one scatter.
+indices, one scatter. Float max/min on a backend whose native ones drop a NaN (NCCL) reduce
+integer order keys instead (:func:`._common.allreduce_values`): the same bytes, but 16-bit
+floats' keys travel as int32 (R doubles).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from .._types import ReduceOp
 from ..wire._exchange import gather_entries
 from ..wire._model import block_nbytes
 from ..wire._pack import COO, Wire
-from ._common import positions_in, rank_slices, union_of
+from ._common import allreduce_values, positions_in, rank_slices, union_of, value_row_bytes
 from ._cost import Cost, Shape
 from .dense import scatter_into
 
@@ -50,7 +52,7 @@ def mask(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
     union = union_of(sets, indices.dtype)  # coalesced inputs
     rows = xp.zeros((union.shape[0],) + tuple(values.shape[1:]), dtype=values.dtype)
     scatter_into(rows, positions_in(union, indices), values)
-    comm.allreduce(rows, rows, op, op_name="mask.allreduce").wait()
+    allreduce_values(comm, rows, op, "mask.allreduce").wait()
     return union, rows
 
 
@@ -66,4 +68,4 @@ def cost(shape: Shape, rank: int) -> Cost:
     else:
         c.allgatherv("mask.indices", shape.size, rank, shape.nnz, shape.index_bytes,
                      with_counts=False)
-    return c.allreduce("mask.allreduce", shape.size, shape.union * shape.row_bytes)
+    return c.allreduce("mask.allreduce", shape.size, shape.union * value_row_bytes(shape))
