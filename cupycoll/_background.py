@@ -52,15 +52,17 @@ def run_async(comm: Communicator, fn: Callable[[Communicator], Any],
     runs once, in the thread that waits).
 
     MPI: ``fn`` runs on ``comm``'s worker over its duplicate. NCCL (a communicator with
-    ``stream_work``): ``fn`` runs here, on the caller's device and stream, since NCCL needs one
-    launch order on every rank, which a second host thread cannot keep; the Work completes when
-    the device work it queued has run.
+    ``stream_work``): ``fn`` runs here, on the caller's device and the communicator's stream,
+    since NCCL needs one launch order on every rank, which a second host thread cannot keep;
+    the Work's ``wait()`` orders the caller's stream after the device work ``fn`` queued,
+    ``synchronize()`` waits for it on the host.
     """
     stream_work = getattr(comm, "stream_work", None)
     if stream_work is not None:
-        result = fn(comm)
-        done = stream_work(op_name)
-        return Work(done.wait, done.is_completed, lambda: finalize(result))
+        with comm.in_stream(join=False):
+            result = fn(comm)
+            done = stream_work(op_name)
+        return Work.then(done, lambda: finalize(result))
     worker = runner(comm)
     future = worker.submit(fn, worker.comm)
     return Work(lambda: concurrent.futures.wait([future]), future.done,

@@ -81,6 +81,12 @@ SETTINGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "CUPYCOLL_BACKEND": (str, "auto", "default backend of init(): auto, mpi or nccl"),
     "CUPYCOLL_TIMEOUT": (_timeout, None,
                          "seconds a blocking wait may take before CollectiveTimeout (<= 0: none)"),
+    "CUPYCOLL_CONNECT_TIMEOUT": (_timeout, 300.0,
+                                 "seconds an NCCL call on a non-blocking communicator may "
+                                 "spend connecting to its peers (NCCL connects lazily, inside "
+                                 "the first calls that need a peer or an algorithm; NVLS and "
+                                 "InfiniBand setup can take seconds) before CollectiveTimeout "
+                                 "(<= 0: none)"),
     "CUPYCOLL_ALGORITHM": (str, "auto", "default sparse_allreduce algorithm"),
     "CUPYCOLL_AUTO": (_auto_mode, "estimate",
                       "how sparse_allreduce's auto picks: estimate (the least time the model "

@@ -78,7 +78,7 @@ def _start(comm: Communicator, verb: str, args: tuple, result: Any, original: An
     return ``result`` in the caller's array type, or (async_op) return a Work of it."""
     if async_op:
         work = getattr(comm, verb)(*args)
-        return Work(work.wait, work.is_completed, lambda: like_caller(result, original))
+        return Work.then(work, lambda: like_caller(result, original))
     comm.run(verb, *args)
     return result if type(original) is type(result) else like_caller(result, original)
 

@@ -10,11 +10,13 @@ from . import device as dev
 from .nccl_core import STATE
 from .runtime import FREED_EARLY
 
-__all__ = ["COMMS", "GLOBAL_LOG", "check_logs"]
+__all__ = ["COMMS", "GLOBAL_LOG", "RACES", "check_logs"]
 
 #: every emulated communicator of this process, and (uid, call) in launch order over all of them.
 COMMS: list[Any] = []
 GLOBAL_LOG: list[tuple[bytes, tuple]] = []
+#: aborts that ran while another host thread was inside a call of a blocking communicator.
+RACES: list[str] = []
 
 
 def check_logs() -> None:
@@ -24,19 +26,22 @@ def check_logs() -> None:
     dtype, op, root) in the same order, and the k-th send from a to b must match the k-th recv at
     b from a; across communicators, two ranks must have launched the collectives of the
     communicators they share in the same global order; no rank may have freed pinned host
-    memory that a queued device-to-host copy writes (``runtime.empty_pinned``). Raises
+    memory that a queued device-to-host copy writes (``runtime.empty_pinned``), nor aborted a
+    blocking communicator while another thread was inside one of its calls. Raises
     EmulationError (on every rank) naming the first difference.
     """
     world = MPI.COMM_WORLD
     mine = {"comms": {c.uid: (c._rank, c.world_ranks, list(c.log)) for c in COMMS
-                      if not c.aborted},  # an aborted communicator's calls need not match
+                      if not c.aborted  # an aborted communicator's calls need not match
+                      and c.world_ranks is not None},  # nor one whose init never finished
             "global": [(uid, e) for uid, e in GLOBAL_LOG if e[0] not in ("send", "recv")],
-            "freed_early": list(FREED_EARLY)}
+            "freed_early": list(FREED_EARLY) + list(RACES)}
     every = STATE["boot"].allgather(mine)
     for c in COMMS:
         c.log = []
     GLOBAL_LOG.clear()
     FREED_EARLY.clear()
+    RACES.clear()
     freed = [(r, text) for r, theirs in enumerate(every) for text in theirs["freed_early"]]
     if freed:
         raise dev.EmulationError(f"world rank {freed[0][0]}: {freed[0][1]} ({len(freed)} such "

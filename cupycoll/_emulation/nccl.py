@@ -27,7 +27,8 @@ from mpi4py import MPI
 
 from . import device as dev
 from .array import buffer_at, raw_view
-from .logs import COMMS, GLOBAL_LOG
+from ..comm._nccl_config import IN_PROGRESS, blocking_of
+from .logs import COMMS, GLOBAL_LOG, RACES
 from .nccl_core import (INTERNAL, INVALID_ARGUMENT, INVALID_USAGE, REMOTE, STATE,
                         collective_links, dtype_of, error, itemsize, join, p2p_links, poll,
                         reduce_rows, uid_bytes, waitall, waitall_confirmed)
@@ -68,14 +69,19 @@ class _Op:
 
 
 class NcclCommunicator:
-    """``NcclCommunicator(ndev, commId, rank)``: blocks until all ``ndev`` ranks have joined."""
+    """``NcclCommunicator(ndev, commId, rank, config=None)``: blocks until all ``ndev`` ranks
+    have joined, unless ``config`` (CuPy's ``NcclConfig``) has ``blocking = 0``: then, as NCCL,
+    the init and every call that has to connect to peers return ``ncclInProgress`` (CuPy raises
+    it as NcclError 7 after keeping the communicator) and go on in the background until
+    ``check_async_error()`` stops raising it; a call issued meanwhile is an EmulationError."""
 
-    def __init__(self, ndev: int, commId: Any, rank: int, *, _mpi: Any = None,
-                 _uid: bytes | None = None) -> None:
+    def __init__(self, ndev: int, commId: Any, rank: int, config: Any = None, *,
+                 _mpi: Any = None, _uid: bytes | None = None) -> None:
         if not isinstance(ndev, int) or not isinstance(rank, int):
             raise TypeError("ndev and rank must be int")
         if not 0 <= rank < ndev:
             raise error(INVALID_ARGUMENT)
+        self.nonblocking = _nonblocking(config)
         self.uid = _uid if _uid is not None else uid_bytes(commId)
         self._rank, self._size, self.device = rank, ndev, dev.current_device()
         self.aborted = self.destroyed = False
@@ -84,17 +90,67 @@ class NcclCommunicator:
         self.connected: set = set()
         self.coll_seq = 0
         self.tasks: list[dev.Task] = []
-        self._real = STATE["real"].NcclCommunicator.__new__(STATE["real"].NcclCommunicator)
-        self.mpi = _mpi if _mpi is not None else self._join()
-        self.handshake = self.mpi.Dup()
-        self.tokens = self.mpi.Dup()  # liveness handshakes (nccl_core.waitall_confirmed)
         self.stale: list = []  # requests of operations that failed: kept alive
-        self.world_ranks = self.mpi.Get_group().Translate_ranks(
-            list(range(ndev)), MPI.COMM_WORLD.Get_group())
+        self.calling: int | None = None  # the host thread inside a call of this communicator
+        self.in_progress: Callable[[], bool] | None = None  # a non-blocking call being issued
+        self.world_ranks: list | None = None  # the members' world ranks, once joined
+        self._real = STATE["real"].NcclCommunicator.__new__(STATE["real"].NcclCommunicator)
         COMMS.append(self)
+        if _mpi is not None:
+            self._joined(_mpi)
+        elif not self.nonblocking:
+            with self._inside("ncclCommInitRank"):
+                self._joined(self._join())
+        else:
+            self._in_background("ncclCommInitRankConfig", self._join, self._joined)
 
     def _join(self) -> Any:
         return join(self.uid, self._rank, self._size, self.device)
+
+    def _joined(self, mpi: Any) -> None:
+        self.mpi = mpi
+        self.handshake = self.mpi.Dup()
+        self.tokens = self.mpi.Dup()  # liveness handshakes (nccl_core.waitall_confirmed)
+        self.world_ranks = self.mpi.Get_group().Translate_ranks(
+            list(range(self._size)), MPI.COMM_WORLD.Get_group())
+
+    # ---------------------------------------------------------------- non-blocking calls
+    def _in_background(self, what: str, work: Callable[[], Any],
+                       then: Callable[[Any], None]) -> None:
+        """Run ``work()`` in a thread, ``then(result)`` when ``check_async_error`` sees it done;
+        raise ncclInProgress now (what a non-blocking call returns)."""
+        box: dict = {}
+
+        def run() -> None:
+            try:
+                box["result"] = work()
+            except BaseException as exc:  # becomes the asynchronous error
+                box["error"] = exc
+
+        thread = threading.Thread(target=run, daemon=True, name=f"emulated {what}")
+        thread.start()
+
+        def finished() -> bool:
+            if thread.is_alive():
+                return False
+            if "error" in box:
+                self.async_error = getattr(box["error"], "status", INTERNAL)
+            else:
+                then(box["result"])
+            return True
+
+        self.in_progress = finished
+        raise error(IN_PROGRESS)
+
+    def _settled(self) -> bool:
+        """Has the non-blocking call in progress finished (then its effect is applied)?"""
+        if self.in_progress is not None and self.in_progress():
+            self.in_progress = None
+        return self.in_progress is None
+
+    def _inside(self, method: str) -> Any:
+        """Mark the calling host thread as inside ``method`` (abort's race check)."""
+        return _Inside(self, method)
 
     # ---------------------------------------------------------------- what it is
     def rank_id(self) -> int:
@@ -109,6 +165,10 @@ class NcclCommunicator:
     # ---------------------------------------------------------------- checks at the call
     def _check_call(self, method: str, real_args: tuple, stream_ptr: int) -> dev.Stream:
         getattr(self._real, method)  # AttributeError where the installed CuPy lacks it
+        if self.in_progress is not None:
+            raise dev.EmulationError(f"nccl {method} on rank {self._rank} while the previous "
+                                     "call is in progress (ncclInProgress): NCCL requires "
+                                     "ncclCommGetAsyncError to report it done first")
         for value in real_args:  # pointers, counts, enums, ranks, streams: all C integers
             if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
                 raise TypeError(f"nccl {method}: argument {value!r} is not an integer (the "
@@ -299,7 +359,7 @@ class NcclCommunicator:
                          self.handshake.Irecv(np.zeros(1, np.uint8), source=peer,
                                               tag=_HANDSHAKE_TAG)]
             self.connected.add(peer)
-        waitall(requests, self, "connection handshake")
+        return requests
 
     def _launch(self, ops: list[_Op]) -> None:
         """One NCCL launch (a call, or a group): handshake, order, poison, enqueue one task."""
@@ -310,7 +370,17 @@ class NcclCommunicator:
         for i, a in enumerate(spans):
             for b in spans[i + 1:]:
                 self._no_overlap("group", a, b, "two receive buffers of one launch overlap")
-        self._connect(ops)
+        requests = self._connect(ops)
+        if self.nonblocking and requests:
+            self._in_background("connection handshake",
+                                lambda: waitall(requests, self, "connection handshake"),
+                                lambda _: self._enqueue(ops, stream, spans))
+        with self._inside("connection handshake"):
+            waitall(requests, self, "connection handshake")
+        self._enqueue(ops, stream, spans)
+
+    def _enqueue(self, ops: list[_Op], stream: dev.Stream, spans: list) -> None:
+        """The launch proper, once connected: order, poison, enqueue one task."""
         comm = self
 
         waits: list = []
@@ -352,6 +422,8 @@ class NcclCommunicator:
     # ---------------------------------------------------------------- lifetime
     def check_async_error(self) -> None:
         self._check_real("check_async_error")
+        if not self.aborted and not self._settled():
+            raise error(IN_PROGRESS)
         if self.async_error is not None:
             raise error(self.async_error)
 
@@ -363,7 +435,18 @@ class NcclCommunicator:
 
     def abort(self) -> None:
         """From any thread: blocked calls and tasks of this communicator fail; peers see a
-        remote error (their calls fail, their kernels spin until they abort too)."""
+        remote error (their calls fail, their kernels spin until they abort too).
+
+        NCCL frees the communicator in ``ncclCommAbort``; it allows that at any point only for
+        a non-blocking communicator. An abort while another host thread is inside a call of a
+        blocking one is a use after free on a GPU: recorded, and raised by ``check_logs()``.
+        """
+        inside = self.calling
+        if inside is not None and inside[0] != threading.get_ident() and not self.nonblocking:
+            RACES.append(f"ncclCommAbort on rank {self._rank} from thread "
+                         f"{threading.current_thread().name} while another thread is inside "
+                         f"{inside[1]} on this blocking communicator (NCCL frees the "
+                         "communicator under that call)")
         if not self.aborted:
             self.notices = [self.handshake.Isend(np.zeros(1, np.uint8), dest=r, tag=_ABORT_TAG)
                             for r in range(self._size) if r != self._rank]
@@ -384,15 +467,45 @@ class NcclCommunicator:
 
     def commSplit(self, color: int, key: int) -> "NcclCommunicator | None":
         self._check_call("commSplit", (color, key), 0)
+        if self.nonblocking:  # the child inherits blocking = 0: ncclInProgress, and CuPy's
+            raise error(IN_PROGRESS)  # commSplit raises before wrapping it (the split is lost)
         self.log.append(("commSplit",))
         GLOBAL_LOG.append((self.uid, ("commSplit",)))
-        self._connect([_Op(("commSplit",), dev.null_stream(), [], [], lambda: None)])
-        child = self.handshake.Split(color if color >= 0 else MPI.UNDEFINED, key)
+        with self._inside("ncclCommSplit"):
+            requests = self._connect([_Op(("commSplit",), dev.null_stream(), [], [],
+                                          lambda: None)])
+            waitall(requests, self, "connection handshake")
+            child = self.handshake.Split(color if color >= 0 else MPI.UNDEFINED, key)
         if color < 0:
             return None
         uid = (self.uid[:100] + np.int32(len(self.log)).tobytes() +
                np.int32(color).tobytes())[:128].ljust(128, b"\0")
         return type(self)(child.Get_size(), None, child.Get_rank(), _mpi=child, _uid=uid)
+
+
+class _Inside:
+    """``with comm._inside(method):`` the thread is inside an NCCL call of ``comm``."""
+
+    __slots__ = ("comm", "method", "outer")
+
+    def __init__(self, comm: NcclCommunicator, method: str) -> None:
+        self.comm, self.method, self.outer = comm, method, None
+
+    def __enter__(self) -> None:
+        self.outer, self.comm.calling = self.comm.calling, (threading.get_ident(), self.method)
+
+    def __exit__(self, *exc: Any) -> None:
+        self.comm.calling = self.outer
+
+
+def _nonblocking(config: Any) -> bool:
+    """Whether CuPy's ``NcclConfig`` ``config`` asks for a non-blocking communicator."""
+    if config is None:
+        return False
+    real = getattr(STATE["real"], "NcclConfig", None)
+    if real is None or not isinstance(config, real):
+        raise TypeError(f"config must be cupy.cuda.nccl.NcclConfig, not {type(config).__name__}")
+    return blocking_of(config) == 0
 
 
 def _idle(buf: dev.Buffer) -> bool:

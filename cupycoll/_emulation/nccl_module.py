@@ -16,7 +16,11 @@ __all__ = ["build"]
 
 
 class _Cupy13Communicator(NcclCommunicator):
-    """CuPy 13's binding: no ``commSplit``."""
+    """CuPy 13's binding: no ``commSplit``, no ``NcclConfig`` (blocking communicators only)."""
+
+    def __init__(self, ndev: int, commId: Any, rank: int, *, _mpi: Any = None,
+                 _uid: bytes | None = None) -> None:
+        super().__init__(ndev, commId, rank, _mpi=_mpi, _uid=_uid)
 
     def __getattribute__(self, name: str) -> Any:
         if name == "commSplit":
@@ -45,4 +49,6 @@ def build(real: Any, version: int, node: int) -> Any:
     real.groupEnd()  # NCCL would report their null-communicator errors at groupEnd)
     mod.groupStart, mod.groupEnd = groupStart, groupEnd
     mod.NcclCommunicator = NcclCommunicator if version >= 14 else _Cupy13Communicator
+    if version >= 14:  # the real class: cupycoll sets ``blocking`` in its real ncclConfig_t
+        mod.NcclConfig = real.NcclConfig
     return mod

@@ -9,6 +9,7 @@ traffic counters live in :mod:`._stats`, the handles in :mod:`._work`.
 from __future__ import annotations
 
 import abc
+import contextlib
 import types
 from typing import Any, Sequence
 
@@ -109,6 +110,16 @@ class Communicator(abc.ABC):
 
     def close(self) -> None:
         """Release backend resources (idempotent)."""
+
+    def in_stream(self, join: bool = True) -> Any:
+        """A context in which the body's device work runs in this communicator's stream order
+        (NCCL: on its own stream, after the caller's current stream's work; with ``join`` the
+        caller's stream waits for it on exit). Front doors run inside one. MPI: nothing."""
+        return _NO_STREAM
+
+    def synchronize(self) -> None:
+        """Block the host until every operation started on this communicator has completed
+        (MPI's operations complete in their waits: nothing to do)."""
 
     def abort(self) -> None:
         """Mark this communicator (and its duplicates) dead: every later call raises at once."""
@@ -288,6 +299,9 @@ class Communicator(abc.ABC):
         and count it in ``sequence`` (the store on the arrival board is its whole cost there)."""
         self._slot[0] = self.sequence = self.sequence + 1  # the arrival notice
         self.stats.book_collective(op_name or name, name, nbytes, self.rank == root, self.size)
+
+
+_NO_STREAM = contextlib.nullcontext()
 
 
 class _Calling:

@@ -18,7 +18,7 @@ __all__ = ["CudaDevice", "SideStream"]
 
 
 class CudaDevice:
-    """How the backend touches CUDA: array pointers, the current stream, completion events.
+    """How the backend touches CUDA: array pointers, streams, events, the current device.
 
     Kept apart from the communicator so its logic (booking, grouping, staging, waiting) can run
     on the host with a stand-in that has the same members.
@@ -32,15 +32,40 @@ class CudaDevice:
         """Device address of the first element of ``a``."""
         return int(a.data.ptr)
 
-    def stream(self) -> int:
-        """Handle of the current CuPy stream (what NCCL calls are enqueued on)."""
-        return int(self._cupy.cuda.get_current_stream().ptr)
+    def current(self) -> Any:
+        """The calling thread's current CuPy stream on the current device."""
+        return self._cupy.cuda.get_current_stream()
 
-    def record(self) -> Any:
-        """Record an event on the current stream (has ``done`` and ``synchronize()``)."""
+    def new_stream(self) -> Any:
+        """A non-blocking stream of the current device: it never waits for the legacy NULL
+        stream, nor the NULL stream for it."""
+        return self._cupy.cuda.Stream(non_blocking=True)
+
+    @staticmethod
+    def handle(stream: Any) -> int:
+        """The ``cudaStream_t`` of ``stream`` (what NCCL calls take)."""
+        return int(stream.ptr)
+
+    def record(self, stream: Any = None) -> Any:
+        """An event recorded on ``stream`` (default: the current one); it has ``done`` and
+        ``synchronize()``."""
         event = self._cupy.cuda.Event(disable_timing=True)
-        event.record()
+        event.record(stream)
         return event
+
+    @staticmethod
+    def wait_event(stream: Any, event: Any) -> None:
+        """Work queued on ``stream`` from now on runs after ``event``'s (no host wait)."""
+        stream.wait_event(event)
+
+    @staticmethod
+    def using(stream: Any) -> Any:
+        """A context in which ``stream`` is the calling thread's current stream."""
+        return stream
+
+    def activate(self, device_id: int) -> None:
+        """Make ``device_id`` the calling thread's current device (it is per host thread)."""
+        self._cupy.cuda.Device(device_id).use()
 
     def side_stream(self) -> "SideStream":
         """A non-blocking stream of this device for work that overlaps the current stream's."""
@@ -56,7 +81,7 @@ class CudaDevice:
         host = cupyx.empty_pinned(a.shape, a.dtype)
         runtime = self._cupy.cuda.runtime
         runtime.memcpyAsync(host.ctypes.data, a.data.ptr, a.nbytes,
-                            runtime.memcpyDeviceToHost, self.stream())
+                            runtime.memcpyDeviceToHost, self.handle(self.current()))
         return host, self.record()
 
 

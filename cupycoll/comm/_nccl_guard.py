@@ -1,11 +1,16 @@
-"""What keeps an NCCL job from hanging: a watchdog for blocking enqueues, an agreed init.
+"""What keeps an NCCL job from hanging: host waits that notice completion at once, a watchdog
+for operations nobody waits on, an agreed init.
 
-Since NCCL 2.22 the first collective of a communicator and the first send/recv with each peer
-connect inside the call, so a missing peer blocks the *host* before any wait could time out;
-:class:`Watchdog` aborts the communicator when such a call outlives ``CUPYCOLL_TIMEOUT``, which
-makes the blocked call return. ``ncclCommInitRank`` blocks until every rank has joined, so a
-rank whose init fails would leave the others waiting forever; :func:`agreed_init` runs the init
-in a helper thread and agrees on its outcome over MPI, with the timeout.
+:func:`spin` is the one host wait of the NCCL backend: it polls, yielding the GIL between polls
+(a completed event is noticed within a poll, where a sleep of 10 us returns 60-80 us later), and
+sleeps short slices only once a wait has lasted a few milliseconds (a long wait does not burn a
+core). :data:`WATCHDOG` is one daemon thread per process: every few milliseconds it asks each
+live NCCL communicator to abort if its oldest operation in flight outlived the timeout, so a
+stream-ordered call whose peer never comes ends in CollectiveTimeout at the next call instead of
+a hang (the communicator serialises the abort with its own NCCL calls). ``ncclCommInitRank``
+blocks until every rank has joined, so a rank whose init fails would leave the others waiting
+forever; :func:`agreed_init` runs the init in a helper thread and agrees on its outcome over MPI,
+with the timeout.
 """
 
 from __future__ import annotations
@@ -14,57 +19,66 @@ import contextlib
 import logging
 import threading
 import time
-from typing import Any, Callable, Iterator
+import weakref
+from typing import Any, Callable
 
 from ..errors import BackendUnavailable, CollectiveTimeout
 
-__all__ = ["Watchdog", "agreed_init"]
+__all__ = ["spin", "WATCHDOG", "agreed_init"]
 
 _log = logging.getLogger("cupycoll")
 _INIT_TAG = 4711
+#: a host wait yields between polls for this long, then sleeps SLEEP_S between polls.
+SPIN_S = 5e-3
+SLEEP_S = 1e-4
+#: seconds between two rounds of the watchdog.
+WATCH_S = 0.02
+
+
+def spin(ready: Callable[[], bool]) -> None:
+    """Return once ``ready()`` is True: polls that yield the GIL (``time.sleep(0)``) for the
+    first ``SPIN_S`` seconds, then ``SLEEP_S`` sleeps between polls. ``ready`` may raise (a
+    timeout, an error) to end the wait."""
+    if ready():
+        return
+    start = time.monotonic()
+    while not ready():
+        time.sleep(0 if time.monotonic() - start < SPIN_S else SLEEP_S)
 
 
 class Watchdog:
-    """One daemon thread per communicator: ``expire()`` runs if an armed call outlives its time."""
+    """One daemon thread per process that calls ``_expire()`` of every watched communicator
+    every ``WATCH_S`` seconds (started with the first communicator)."""
 
-    def __init__(self, expire: Callable[[], None]) -> None:
-        self._expire = expire
-        self._cond = threading.Condition()
-        self._deadline: float | None = None
+    def __init__(self) -> None:
+        self._watched: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self.fired = False
 
-    @contextlib.contextmanager
-    def armed(self, seconds: float | None) -> Iterator[None]:
-        """Run the body; if it takes longer than ``seconds``, ``expire()`` runs (on the thread)."""
-        if seconds is None:
-            yield
-            return
-        with self._cond:
-            self.fired = False
-            self._deadline = time.monotonic() + seconds
-            if self._thread is None:
+    def watch(self, comm: Any) -> None:
+        with self._lock:
+            self._watched.add(comm)
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._serve, daemon=True,
                                                 name="cupycoll-nccl-watchdog")
                 self._thread.start()
-            self._cond.notify()
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._deadline = None
 
     def _serve(self) -> None:
         while True:
-            with self._cond:
-                while self._deadline is None:
-                    self._cond.wait()
-                left = self._deadline - time.monotonic()
-                if left > 0:
-                    self._cond.wait(left)
-                    continue
-                self._deadline, self.fired = None, True
-            self._expire()
+            time.sleep(WATCH_S)
+            with self._lock:
+                comms = list(self._watched)
+            for comm in comms:
+                try:
+                    comm._expire()
+                except Exception:  # noqa: BLE001  a watchdog never dies of one communicator
+                    _log.exception("cupycoll: the NCCL watchdog failed on rank %s",
+                                   getattr(comm, "rank", "?"))
+            del comms
+
+
+#: the process's watchdog (see :class:`Watchdog`).
+WATCHDOG = Watchdog()
 
 
 def agreed_init(mpi_comm: Any, init: Callable[[], Any], timeout: float | None,

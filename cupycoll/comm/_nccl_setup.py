@@ -12,6 +12,7 @@ leaving the others waiting in NCCL.
 from __future__ import annotations
 
 import logging
+import time
 import types
 from typing import Any, Callable
 
@@ -20,7 +21,8 @@ from mpi4py import MPI
 
 from .._types import ReduceOp, parse_op
 from ..errors import BackendUnavailable, InvalidArgument, InvalidType
-from ._nccl_guard import agreed_init
+from ._nccl_config import NonBlockingCommunicator, in_progress, nonblocking_config
+from ._nccl_guard import agreed_init, spin
 
 __all__ = ["NCCL_DTYPES", "NCCL_OPS", "nccl_types", "load_nccl", "device_for", "node_local_rank",
            "broadcast_unique_id", "agree", "bootstrap", "new_nccl_comm"]
@@ -159,8 +161,9 @@ def _device_count(cupy: types.ModuleType) -> int:
 
 
 def bootstrap(mpi_comm: MPI.Comm, make_id: Callable[[], Any] | None = None,
-              timeout: float | None = None) -> Any:
-    """Create this rank's ``NcclCommunicator`` over the ranks of ``mpi_comm`` (collective).
+              timeout: float | None = None) -> tuple[Any, bool]:
+    """Create this rank's ``NcclCommunicator`` over the ranks of ``mpi_comm`` (collective);
+    return it and whether it is non-blocking (see :func:`new_nccl_comm`).
 
     Device: the one the application already made current (any but 0), else node-local rank %
     device count. Agrees on readiness, broadcasts the unique id from rank 0 and runs
@@ -191,15 +194,47 @@ def _chosen_device(cupy: types.ModuleType) -> int | None:
 
 
 def new_nccl_comm(mpi_comm: MPI.Comm, uid: Any, device: int, timeout: float | None,
-                  describe: str) -> Any:
-    """``ncclCommInitRank`` on ``device`` for every rank of ``mpi_comm``, agreed (collective)."""
+                  describe: str) -> tuple[Any, bool]:
+    """``ncclCommInitRank`` on ``device`` for every rank of ``mpi_comm``, agreed (collective);
+    return the communicator and whether it is non-blocking.
+
+    Non-blocking (``ncclCommInitRankConfig`` with ``blocking = 0``) wherever this CuPy can make
+    the config (:func:`~._nccl_config.nonblocking_config`); its init returns
+    ``ncclInProgress`` and is polled until done (aborted if ``timeout`` passes first).
+    """
     cupy, nccl = load_nccl()
     status = mpi_comm.Dup()  # the outcomes travel apart from the application's messages
+    config = nonblocking_config(nccl)
+    size, rank = mpi_comm.Get_size(), mpi_comm.Get_rank()
 
     def init() -> Any:
         cupy.cuda.Device(device).use()  # the device is per host thread
-        return nccl.NcclCommunicator(mpi_comm.Get_size(), uid, mpi_comm.Get_rank())
+        if config is None:
+            return nccl.NcclCommunicator(size, uid, rank)
+        comm = NonBlockingCommunicator(nccl)(size, uid, rank, config)
+        _await_init(comm, nccl, timeout)
+        return comm
 
     comm = agreed_init(status, init, timeout, describe)
     status.Free()
-    return comm
+    return comm, config is not None
+
+
+def _await_init(comm: Any, nccl: Any, timeout: float | None) -> None:
+    """Poll a non-blocking communicator's init until done; abort it when ``timeout`` passes."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+
+    def done() -> bool:
+        try:
+            comm.check_async_error()
+        except (nccl.NcclError, KeyError) as exc:
+            if not in_progress(exc):
+                comm.abort()
+                raise
+            if deadline is not None and time.monotonic() > deadline:
+                comm.abort()
+                raise
+            return False
+        return True
+
+    spin(done)

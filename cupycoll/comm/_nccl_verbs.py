@@ -25,16 +25,17 @@ class _NcclVerbs:
     """The verbs of :class:`~.nccl.NCCLCommunicator` (a mixin: it has no state of its own)."""
 
     # dense collectives (NCCL natively; in place when the pointers say so). Each ``_verb`` posts
-    # and returns (event, buffer to keep alive); the public verb wraps that in a Work, ``run``
-    # waits on it directly.
+    # and returns (event, buffers); the public verb wraps that in a Work, ``run`` orders the
+    # caller's stream after it directly.
     def run(self, verb: str, *args: Any, op_name: str | None = None) -> None:
-        """Run a dense verb to completion: post it and wait on its event (no Work)."""
+        """Run a dense verb in stream order: post it and make the caller's current stream wait
+        for its event (NCCL's semantics: no host wait; see :meth:`synchronize`)."""
         name = op_name or verb
         poster = self._posters.get(verb)
         if poster is None:
             return super().run(verb, *args, op_name=op_name)
         event, _keep = poster(*args, name)
-        self.wait([event], name)
+        self._order(event)
 
     def _types(self, dtype: Any, op: Any) -> tuple[int, int | None]:
         """NCCL's (dtype, op) codes: from the tables built in ``_attach``, else nccl_types."""
@@ -59,7 +60,7 @@ class _NcclVerbs:
         src, dst = self._contiguous(send), self._buffer(recv, "recv")
         ptr = self._ptr
         event = self._post(op_name, lambda c, s: getattr(c, call)(
-            ptr(src), ptr(dst), count, dtype, red, s), active=count > 0)
+            ptr(src), ptr(dst), count, dtype, red, s), (src, dst), active=count > 0)
         self._record_collective(verb, send.nbytes, op_name=op_name)
         return event, src
 
@@ -73,7 +74,7 @@ class _NcclVerbs:
         dst = src if recv is None or self.rank != root else self._buffer(recv, "recv")
         ptr = self._ptr
         event = self._post(op_name, lambda c, s: c.reduce(
-            ptr(src), ptr(dst), count, dtype, red, root, s), active=count > 0)
+            ptr(src), ptr(dst), count, dtype, red, root, s), (src, dst), active=count > 0)
         self._record_collective("reduce", send.nbytes, root, op_name=op_name)
         return event, src
 
@@ -93,7 +94,7 @@ class _NcclVerbs:
         src = self._contiguous(send) if self.rank == root else dst  # only root's send is read
         ptr = self._ptr
         event = self._post(op_name, lambda c, s: c.broadcast(
-            ptr(src), ptr(dst), nbytes, self._bytes, root, s), active=nbytes > 0)
+            ptr(src), ptr(dst), nbytes, self._bytes, root, s), (src, dst), active=nbytes > 0)
         self._record_collective("broadcast", recv.nbytes, root, op_name=op_name)
         return event, src
 
@@ -104,7 +105,7 @@ class _NcclVerbs:
         src, dst, nbytes = self._contiguous(send), self._buffer(recv, "recv"), int(send.nbytes)
         ptr = self._ptr
         event = self._post(op_name, lambda c, s: c.allGather(
-            ptr(src), ptr(dst), nbytes, self._bytes, s), active=nbytes > 0)
+            ptr(src), ptr(dst), nbytes, self._bytes, s), (src, dst), active=nbytes > 0)
         self._record_collective("allgather", recv.nbytes, op_name=op_name)
         return event, src
 
@@ -131,7 +132,7 @@ class _NcclVerbs:
                     c.broadcast(self._ptr(src) if r == self.rank else block, block,
                                 int(nbytes[r]), self._bytes, int(r), s)
 
-        event = self._post(op_name, launch)
+        event = self._post(op_name, launch, (src, dst))
         self._record_allgatherv(op_name, nbytes)
         return self._work(event, src, op_name)
 
@@ -179,8 +180,11 @@ class _NcclVerbs:
                 for peer, src in posted_sends:
                     if src.nbytes:
                         c.send(self._ptr(src), int(src.nbytes), self._bytes, peer, s)
-            for buf, dst in staged:  # stream-ordered after the receives
+
+        def unstage() -> None:  # stream-ordered after the receives
+            for buf, dst in staged:
                 buf[...] = dst
 
-        event = self._post(op_name, launch)
+        event = self._post(op_name, launch, (posted_recvs, posted_sends, staged),
+                           then=unstage if staged else None)
         return self._work(event, (posted_recvs, posted_sends), op_name)

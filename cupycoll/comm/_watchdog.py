@@ -91,6 +91,10 @@ class Board:
         return done
 
 
+#: what every operation given up on in this process still reads or writes (see Fate.abandon).
+_ABANDONED: list[Any] = []
+
+
 class Fate:
     """Alive or dead, shared by a communicator and its duplicates."""
 
@@ -98,12 +102,12 @@ class Fate:
         self.error: CupycollError | None = None
         self.where = ""
         self.members: "weakref.WeakSet[Any]" = weakref.WeakSet()
-        self._abandoned: list[Any] = []
 
     def abandon(self, *pending: Any) -> None:
-        """Keep the requests and buffers of an operation given up on alive for good: MPI may
-        still read or write them when a late peer arrives."""
-        self._abandoned.append(pending)
+        """Keep the requests and buffers of an operation given up on alive for good (for the
+        life of the process, not of this communicator): MPI may still read or write them when
+        a late peer arrives, a queued device-to-host copy when its stream moves on."""
+        _ABANDONED.append(pending)
 
     def kill(self, error: CupycollError, where: str, sequence: int, slot: memoryview) -> None:
         """Mark every member dead (first cause wins) and publish it on the board."""

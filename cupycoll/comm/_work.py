@@ -16,29 +16,60 @@ __all__ = ["Work", "Overlap"]
 
 
 class Work:
-    """Handle of an operation in flight: ``wait()``, ``is_completed()``, ``result()``.
+    """Handle of an operation in flight: ``wait()``, ``synchronize()``, ``is_completed()``,
+    ``result()``.
 
-    ``wait_fn`` blocks until the transfers are done, ``test_fn`` polls them, ``finalize`` runs once
-    after completion (casts, divisions, copies back, user callbacks) and returns the result. If
-    ``finalize`` raises, every later ``wait()`` raises the same exception without running it again.
+    ``wait_fn`` orders the operation before what the caller does next: on MPI it blocks until
+    the transfers are done; on NCCL it makes the caller's current stream wait for the
+    operation's completion event (no host wait, as ``torch.distributed``'s ``Work.wait()``).
+    ``sync_fn`` blocks the host until the operation is done (default ``wait_fn``). ``test_fn``
+    polls it; ``finalize`` runs once, after the first ``wait()`` or ``synchronize()`` (casts,
+    divisions, copies back, user callbacks), and returns the result. If ``finalize`` raises,
+    every later call raises the same exception without running it again. ``device``: the CUDA
+    device the operation runs on (a thread that completes its future makes it current first).
     """
 
     def __init__(self, wait_fn: Callable[[], None] | None = None,
                  test_fn: Callable[[], bool] | None = None,
-                 finalize: Callable[[], Any] | None = None, result: Any = None) -> None:
+                 finalize: Callable[[], Any] | None = None, result: Any = None,
+                 sync_fn: Callable[[], None] | None = None,
+                 device: Callable[[], None] | None = None) -> None:
         self._wait_fn, self._test_fn, self._finalize = wait_fn, test_fn, finalize
+        self._sync_fn = sync_fn if sync_fn is not None else wait_fn
         self._result = result
         self._error: BaseException | None = None
         self._done = wait_fn is None and finalize is None
+        self._synced = sync_fn is None and wait_fn is None
+        self._host_waits = sync_fn is None  # wait() itself blocks the host (MPI)
         self._lock = threading.Lock()
         self._future: concurrent.futures.Future | None = None
+        self._device = device
 
     def wait(self, timeout: float | None = None) -> Any:
-        """Block until the operation is complete and return its result."""
+        """Order the operation before the caller's next work and return its result (MPI: the
+        host waits; NCCL: the current stream does, see the class docstring)."""
+        try:
+            return self._complete(self._wait_fn)
+        finally:
+            if self._host_waits and self._done:
+                self._synced = True
+
+    def synchronize(self) -> Any:
+        """Block the host until the operation is complete (under the communicator's timeout)
+        and return its result."""
+        if not self._synced:
+            if self._done:
+                self._sync_fn()
+            else:
+                self._complete(self._sync_fn)
+            self._synced = True
+        return self.wait()
+
+    def _complete(self, wait_fn: Callable[[], None] | None) -> Any:
         with self._lock:
             if not self._done:
-                if self._wait_fn is not None:
-                    self._wait_fn()
+                if wait_fn is not None:
+                    wait_fn()
                 try:
                     if self._finalize is not None:
                         self._result = self._finalize()
@@ -52,20 +83,23 @@ class Work:
         return self._result
 
     def is_completed(self) -> bool:
-        """Return True when ``wait()`` would not block (it may still have to finalize)."""
-        if self._done:
-            return True
-        return self._test_fn() if self._test_fn is not None else False
+        """Return True when the operation's device and host work is done (``synchronize()``
+        would not block; it may still have to finalize)."""
+        if self._test_fn is not None:
+            return self._synced or self._test_fn()
+        return self._done
 
     def result(self) -> Any:
         """Wait and return the result (None for operations without one)."""
         return self.wait()
 
     def get_future(self) -> concurrent.futures.Future:
-        """Return a ``concurrent.futures.Future`` that gets ``wait()``'s result or exception.
+        """Return a ``concurrent.futures.Future`` that gets ``synchronize()``'s result or
+        exception.
 
         The same Future on every call. A cupycoll thread waits for it (in the order futures
-        were asked for), so finalizers and callbacks of a Work asked for its future run there.
+        were asked for), on the operation's device, so finalizers and callbacks of a Work asked
+        for its future run there, after the operation completed on the device.
         """
         with self._lock:
             if self._future is None:
@@ -78,6 +112,12 @@ class Work:
         self.get_future().add_done_callback(lambda _: fn(self))
 
     @classmethod
+    def then(cls, work: "Work", finalize: Callable[[], Any]) -> "Work":
+        """A Work that completes with ``work`` and whose result is ``finalize()``."""
+        return cls(work.wait, work.is_completed, finalize, sync_fn=work.synchronize,
+                   device=work._device)
+
+    @classmethod
     def completed(cls, result: Any = None) -> "Work":
         """Return a Work that is already done."""
         return cls(result=result)
@@ -87,7 +127,9 @@ def _complete_forever(pending: "queue.SimpleQueue[tuple[Work, concurrent.futures
     while True:
         work, future = pending.get()
         try:
-            future.set_result(work.wait())
+            if work._device is not None:
+                work._device()
+            future.set_result(work.synchronize())
         except BaseException as exc:  # delivered to whoever holds the future
             future.set_exception(exc)
 

@@ -101,6 +101,18 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
         res.indices, res.values                      # both ranks: [1, 5, 7], [1., 12., 20.]
     """
     comm = comm or get_comm()
+    with comm.in_stream(join=not async_op):  # NCCL: on the communicator's stream
+        outcome = _start(comm, indices, values, n, op, algorithm, accumulate_dtype, alloc_fn,
+                         completion_fn, fn_ctx, async_op, wire, wire_values, output, out)
+    return outcome if async_op else outcome()  # delivered on the caller's stream
+
+
+def _start(comm: Communicator, indices: Any, values: Any, n: int, op: Any, algorithm: Any,
+           accumulate_dtype: Any, alloc_fn: Any, completion_fn: Any, fn_ctx: Any,
+           async_op: bool, wire: Any, wire_values: Any, output: str, out: Any) -> Any:
+    """Validate, pick and run (or start, ``async_op``) the call; return its Work, or a
+    function that delivers its result (run after the call's device work is ordered before
+    the caller's stream)."""
     with comm.calling("sparse_allreduce"):
         prepared = prepare(comm, indices, values, n, op=op, algorithm=algorithm,
                            accumulate_dtype=accumulate_dtype, alloc_fn=alloc_fn,
@@ -142,11 +154,12 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
     if async_op:
         return run_async(comm, run, deliver, "sparse_allreduce")
     if trials is None:
-        return deliver(run(comm))
-    started = _measure.settled(comm)
-    result = run(comm)
-    _measure.record(comm, trials, name, started)
-    return deliver(result)
+        result = run(comm)
+    else:
+        started = _measure.settled(comm)
+        result = run(comm)
+        _measure.record(comm, trials, name, started)
+    return lambda: deliver(result)
 
 
 def _run(comm: Communicator, prepared: Prepared, fn: Callable) -> tuple[Any, Any]:

@@ -232,12 +232,12 @@ def topk_allreduce(x: Any, k: int, *, algorithm: str | None = None,
     if (algorithm == "oktopk" and state is None and selector is None and wire_values is None
             and agreement.slot_words(comm.size)):
         small = SmallRefresh(comm)
-    with comm.calling("topk_allreduce"):
+    with comm.in_stream(), comm.calling("topk_allreduce"):  # NCCL: the communicator's stream
         arr, k = validate(comm, x, k, algorithm, selector=selector, state=state, wire=wire,
                           wire_values=wire_values, small=small)
         res = small.result if small is not None else None
         if res is None:
             res = run(comm, to_namespace(arr, comm.xp), k, algorithm, selector, state,
                       check_wire(wire), wire_values).result
-    xp = array_namespace(arr)
-    return SparseResult(to_namespace(res.indices, xp), to_namespace(res.values, xp), res.n)
+        xp = array_namespace(arr)
+        return SparseResult(to_namespace(res.indices, xp), to_namespace(res.values, xp), res.n)

@@ -118,13 +118,14 @@ class TopkCompressor:
         work (e.g. the rest of a backward pass). Do not modify ``grad`` nor read ``residual``
         until it completes; a later synchronous step waits for it first.
         """
-        if async_op:
-            self._pending = run_async(self.comm, lambda on: self._step(grad, on),
-                                      op_name="compressor.step")
-            return self._pending
-        if self._pending is not None:
-            self._pending.wait()
-        return self._step(grad, self.comm)
+        with self.comm.in_stream(join=not async_op):  # NCCL: the communicator's stream
+            if async_op:
+                self._pending = run_async(self.comm, lambda on: self._step(grad, on),
+                                          op_name="compressor.step")
+                return self._pending
+            if self._pending is not None:
+                self._pending.wait()
+            return self._step(grad, self.comm)
 
     def _step(self, grad: Any, comm: Communicator) -> SparseResult:
         """One step over ``comm`` (the compressor's communicator or its background duplicate)."""

@@ -265,20 +265,30 @@ def mode_dup():
     assert x.get().tolist() == [P * (P + 1) // 2] * 3
     twin.close()
     comm.barrier()
-    if os.environ.get("CC_EMU_CUPY", "14") != "13":
-        def broken(*args):
-            raise cupy.cuda.nccl.NcclError(5)
-        comm._comm.commSplit = broken
-        err = expect_raises(BackendError, comm.dup)
-        assert "dup" in str(err) and f"rank {RANK}" in str(err), err
+    if os.environ.get("CC_EMU_CUPY", "14") != "13":  # non-blocking: dup makes a new init
+        assert comm._handle.nonblocking and twin._handle.nonblocking
+        real = cupy.cuda.nccl.NcclCommunicator
+
+        class Broken(real):
+            def __init__(self, *args):
+                raise cupy.cuda.nccl.NcclError(5)
+
+        cupy.cuda.nccl.NcclCommunicator = Broken
+        try:
+            err = expect_raises(BackendUnavailable, comm.dup)
+        finally:
+            cupy.cuda.nccl.NcclCommunicator = real
+        assert "ncclCommInitRank failed" in str(err) and "INVALID_USAGE" in str(err), err
 
 
 def mode_missing_peer():
-    """Defect 4: the last rank never joins: the others' first collective blocks in NCCL's
-    connection handshake; CUPYCOLL_TIMEOUT must still fire (CollectiveTimeout, no hang)."""
+    """Defect 4: the last rank never joins: the others' first collective stays in NCCL's
+    connection handshake (ncclInProgress on the non-blocking communicator, the host is not
+    blocked); CUPYCOLL_CONNECT_TIMEOUT ends it (CollectiveTimeout, no hang)."""
     from cupycoll.comm.nccl import NCCLCommunicator
 
     lonely = NCCLCommunicator(timeout=2.0)
+    lonely.connect_timeout = 2.0
     if RANK != P - 1:
         start = time.monotonic()
         x = cupy.ones(4, cupy.float32)
@@ -329,7 +339,7 @@ def mode_peer_aborts():
     if RANK == P - 1:
         comm.abort()
     else:
-        err = expect_raises(BackendError, comm.allreduce(x, x, "sum").wait)
+        err = expect_raises(BackendError, comm.allreduce(x, x, "sum").synchronize)
         assert "allreduce" in str(err), err
     WORLD.Barrier()
 
@@ -377,6 +387,7 @@ def mode_rules():
     from cupycoll._emulation import DeviceMismatch, EmulationError, StreamOrderError
 
     comm = nccl_comm()
+    comm.barrier()  # connected: the raw non-blocking calls below are issued at once
     raw, nccl = comm._comm, cupy.cuda.nccl
     f32, total = nccl.NCCL_FLOAT32, nccl.NCCL_SUM
     stream = cupy.cuda.get_current_stream().ptr
@@ -432,19 +443,64 @@ def mode_rules():
     comm.allreduce(z, z, "sum").wait()
     err = expect_raises(EmulationError, emu.check_logs)
     assert "differ across ranks" in str(err), err
-    # abort from another thread unblocks a call blocked in the connection handshake
+    check_abort_rules(x, stream)
+
+
+def check_abort_rules(x, stream):
+    """NCCL allows ncclCommAbort at any point only on a non-blocking communicator: aborting a
+    blocking one while another thread is inside its call (here: blocked connecting to a peer
+    that never calls) is recorded and fails check_logs; a non-blocking one returns
+    ncclInProgress at once (CuPy raises KeyError(7)), stays in progress while the peer is
+    missing, and may be aborted from any thread."""
+    import threading
+
+    from cupycoll._emulation import EmulationError
+    from cupycoll.comm._nccl_config import in_progress
     from cupycoll.comm.nccl import NCCLCommunicator
 
-    fresh = NCCLCommunicator(timeout=None)
+    nccl = cupy.cuda.nccl
+    f32, total = nccl.NCCL_FLOAT32, nccl.NCCL_SUM
+    uid = WORLD.bcast(nccl.get_unique_id() if RANK == 0 else None)
+    blocking = nccl.NcclCommunicator(P, uid, RANK)
     if RANK == 0:
-        import threading
-
-        timer = threading.Timer(0.5, fresh._comm.abort)
+        timer = threading.Timer(0.5, blocking.abort)
         timer.start()
-        expect_raises(nccl.NcclError, fresh._comm.allReduce, x.data.ptr, x.data.ptr, 6, f32,
+        expect_raises(nccl.NcclError, blocking.allReduce, x.data.ptr, x.data.ptr, 6, f32,
                       total, stream)
+        timer.join()
+    WORLD.Barrier()
+    blocking.abort()
+    err = expect_raises(EmulationError, emu.check_logs)
+    assert ("ncclCommAbort" in str(err) and "blocking communicator" in str(err)) == (RANK == 0) \
+        or "world rank 0" in str(err), err
+
+    fresh = NCCLCommunicator(timeout=None)
+    assert fresh._handle.nonblocking, "CuPy 14's NcclConfig makes non-blocking communicators"
+    if RANK == 0:
+        started = time.monotonic()
+        try:
+            fresh._comm.allReduce(x.data.ptr, x.data.ptr, 6, f32, total, stream)
+        except KeyError as exc:  # what CuPy's NcclError(7) raises
+            assert in_progress(exc), exc
+        else:
+            raise AssertionError("an unconnected non-blocking call must return ncclInProgress")
+        assert time.monotonic() - started < 0.5, "a non-blocking call must not block the host"
+        time.sleep(0.3)
+        expect_raises(KeyError, fresh._comm.check_async_error)  # still connecting
+        timer = threading.Timer(0.1, fresh._handle.abort)
+        timer.start()
+        timer.join()
     WORLD.Barrier()
     fresh.abort()
+    emu.check_logs()  # aborting a non-blocking communicator from another thread is allowed
+
+
+def synced(result, comm):
+    """``result`` once the host has seen every operation of ``comm`` complete (dense calls on
+    NCCL return in stream order, like NCCL's own; the timeout is met in the host wait or by
+    the communicator's watchdog, whichever sees it first)."""
+    comm.synchronize()
+    return result
 
 
 def mode_late_named():
@@ -458,12 +514,14 @@ def mode_late_named():
     named = False
     if RANK == P - 1:
         time.sleep(4)  # its peers aborted: their pending operations are gone (strict NCCL)
-        expect_raises((CollectiveTimeout, BackendError), lambda: cc.allreduce(x, comm=comm))
+        expect_raises((CollectiveTimeout, BackendError), lambda: synced(cc.allreduce(x, comm=comm),
+                                                                       comm))
     else:
         start = time.monotonic()
         # the first rank to time out aborts its NCCL communicator; a peer still waiting may see
         # that abort (NCCL's remote error) before its own timeout, as on real NCCL
-        err = expect_raises((CollectiveTimeout, BackendError), lambda: cc.allreduce(x, comm=comm))
+        err = expect_raises((CollectiveTimeout, BackendError),
+                            lambda: synced(cc.allreduce(x, comm=comm), comm))
         if isinstance(err, CollectiveTimeout):
             assert err.missing_ranks == [P - 1], (err.missing_ranks, str(err))
             assert err.op_name == "allreduce" and 1.4 < time.monotonic() - start < 10, err
@@ -483,10 +541,11 @@ def mode_late_after_abort():
     Their pending operations are cancelled with their communicator, so the late call (a
     collective, then a point-to-point exchange) must not complete against them: it raises
     (the peers' abort as NCCL's remote error, or its own timeout), it never returns data."""
-    steps = {"allreduce": lambda c: cc.allreduce(cupy.ones(4, cupy.float32), comm=c).get(),
+    steps = {"allreduce": lambda c: synced(cc.allreduce(cupy.ones(4, cupy.float32), comm=c),
+                                           c).get(),
              "exchange": lambda c: c.exchange([(r, cupy.ones(4)) for r in range(P) if r != RANK],
                                               [(r, cupy.empty(4)) for r in range(P)
-                                               if r != RANK]).wait()}
+                                               if r != RANK]).synchronize()}
     seen = {}
     for verb, call in steps.items():
         comm = nccl_comm(timeout=30.0)
@@ -524,16 +583,18 @@ def late_verbs():
         comp = state.setdefault(id(c), cc.TopkCompressor(n, 0.25, comm=c))
         return comp.step(x)
 
-    return {
-        "allreduce": lambda c, st: cc.allreduce(inputs()[0], comm=c),
-        "broadcast": lambda c, st: cc.broadcast(inputs()[0], root=late, comm=c),
-        "reduce": lambda c, st: cc.reduce(inputs()[0], root=0, comm=c),
-        "allgather": lambda c, st: cc.allgather(inputs()[0], comm=c),
-        "reduce_scatter": lambda c, st: cc.reduce_scatter(inputs()[0][:4 * P], comm=c),
+    return {  # dense calls are stream-ordered: the host waits in comm.synchronize()
+        "allreduce": lambda c, st: synced(cc.allreduce(inputs()[0], comm=c), c),
+        "broadcast": lambda c, st: synced(cc.broadcast(inputs()[0], root=late, comm=c), c),
+        "reduce": lambda c, st: synced(cc.reduce(inputs()[0], root=0, comm=c), c),
+        "allgather": lambda c, st: synced(cc.allgather(inputs()[0], comm=c), c),
+        "reduce_scatter": lambda c, st: synced(cc.reduce_scatter(inputs()[0][:4 * P], comm=c),
+                                               c),
         "sparse_allreduce": lambda c, st: cc.sparse_allreduce(
             inputs()[1], inputs()[0][:inputs()[1].shape[0]], n, comm=c),
         "sparse_allreduce/async": lambda c, st: cc.sparse_allreduce(
-            inputs()[1], inputs()[0][:inputs()[1].shape[0]], n, comm=c, async_op=True).wait(),
+            inputs()[1], inputs()[0][:inputs()[1].shape[0]], n, comm=c,
+            async_op=True).synchronize(),
         "topk_allreduce": lambda c, st: cc.topk_allreduce(inputs()[0], 8, comm=c),
         "TopkCompressor.step": compress,
     }
@@ -612,7 +673,7 @@ def mode_interrupt():
         timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
         start = time.monotonic()
         timer.start()
-        expect_raises(KeyboardInterrupt, lambda: cc.allreduce(x, comm=comm))
+        expect_raises(KeyboardInterrupt, lambda: synced(cc.allreduce(x, comm=comm), comm))
         assert time.monotonic() - start < 1.3, time.monotonic() - start
     else:
         time.sleep(1.5)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import sys
+import time
 
 MODE = sys.argv[1]
 SEED = int(sys.argv[2]) if len(sys.argv) > 2 else 1234
@@ -69,10 +70,16 @@ class HostNccl:
 
 
 class HostDevice:
-    """Host stand-in for CudaDevice: numpy addresses, a sentinel stream, events already done."""
+    """Host stand-in for CudaDevice: numpy addresses, sentinel streams, events already done
+    (or never, ``stuck``). The NCCL calls must run on the communicator's stream (STREAM)."""
 
     STREAM = 0x5EED
     errors = ()
+
+    class Stream:
+        def __init__(self, ptr):
+            self.ptr = ptr
+            self.waits = 0
 
     class Done:
         done = True
@@ -88,15 +95,39 @@ class HostDevice:
 
     def __init__(self, stuck=False):
         self.stuck = stuck
+        self.caller = self.Stream(0x1)
+        self.current_stream = self.caller
 
     def pointer(self, a):
         return a.ctypes.data
 
-    def stream(self):
-        return self.STREAM
+    def current(self):
+        return self.current_stream
 
-    def record(self):
+    def new_stream(self):
+        return self.Stream(self.STREAM)
+
+    @staticmethod
+    def handle(stream):
+        return stream.ptr
+
+    def record(self, stream=None):
         return self.Never() if self.stuck else self.Done()
+
+    @staticmethod
+    def wait_event(stream, event):
+        stream.waits += 1
+
+    @contextlib.contextmanager
+    def using(self, stream):
+        outer, self.current_stream = self.current_stream, stream
+        try:
+            yield
+        finally:
+            self.current_stream = outer
+
+    def activate(self, device_id):
+        pass
 
     def download(self, a):
         return a.copy(), self.record()
@@ -482,10 +513,35 @@ def check_waits():
     x = np.ones(3, np.float32)
     work = comm.allreduce(x, x, ReduceOp.SUM)
     assert not work.is_completed()
-    err = expect_raises(CollectiveTimeout, work.wait)
-    assert "allreduce" in str(err) and f"rank {RANK}" in str(err), err
+    work.wait()  # stream order only: the host does not wait
+    assert comm._stream.waits == 1, "the communicator's stream waits for the caller's first"
+    assert comm._device.caller.waits == 1, "the caller's stream waits for the operation"
+    err = expect_raises(CollectiveTimeout, work.synchronize)  # or the watchdog timed it out
+    assert "allreduce" in str(err) and err.op_name == "allreduce", err
     assert fake.aborted, "a timeout must abort the NCCL communicator"
-    expect_raises(BackendUnavailable, comm.allreduce, x, x, ReduceOp.SUM)
+    err = expect_raises(CollectiveTimeout, comm.allreduce, x, x, ReduceOp.SUM)
+    assert "aborted in allreduce" in str(err), err
+
+    # nobody waits on the host: the watchdog aborts once the timeout has passed, and the next
+    # call raises the timeout of the operation that never completed (not of the next one)
+    comm, fake, _ = emulated(timeout=0.2, stuck=True)
+    started = time.monotonic()
+    comm.run("broadcast", x, x, 0)
+    assert time.monotonic() - started < 0.1, "a stream-ordered call must not wait on the host"
+    while not fake.aborted and time.monotonic() - started < 5:
+        time.sleep(0.01)
+    assert fake.aborted and time.monotonic() - started >= 0.2, "the watchdog must abort in time"
+    err = expect_raises(CollectiveTimeout, comm.run, "allreduce", x, x, ReduceOp.SUM)
+    assert "aborted in broadcast" in str(err), err
+
+    comm, fake, _ = emulated()
+    try:
+        with comm:
+            comm.barrier()
+            raise KeyError("the application's own error")
+    except KeyError:
+        pass
+    assert fake.aborted and not fake.destroyed, "close on an error path must abort, not destroy"
 
     for timeout in (None, 5.0):
         comm, fake, _ = emulated(timeout=timeout)
