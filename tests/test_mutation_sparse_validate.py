@@ -173,19 +173,23 @@ def test_local_prepares_the_coalesced_input_in_the_accumulate_dtype(op):
 def test_prepared_shape_and_fields():
     prepared, _ = _local(acc=np.float64, algorithm="mask", wire="coo", op="max")
     prepared.nnz = (3, 5)
-    assert prepared.shape(2) == Shape(2, 10, 0, 8, 8, (3, 5), wire=COO, float_values=True,
-                                      result_bytes=4)  # float32 values summed in float64
-    assert prepared.shape(4, Wire(True, None)).wire == Wire(True, None)
+    mpi = types.SimpleNamespace(size=2, backend="mpi")
+    assert prepared.shape(mpi) == Shape(2, 10, 0, 8, 8, (3, 5), wire=COO, float_values=True,
+                                        result_bytes=4)  # float32 values summed in float64
+    nccl = types.SimpleNamespace(size=4, backend="nccl")
+    assert prepared.shape(nccl, Wire(True, None)).wire == Wire(True, None)
+    traits = prepared.shape(nccl)  # NCCL's max/min drop NaN, its sum need not keep -0
+    assert traits.native_minmax_drops_nan and not traits.native_sum_keeps_minus_zero
     assert prepared.reduce_op is ReduceOp.MAX
     ints, _ = _local(values=VAL.astype(np.int32), op="avg")
-    assert ints.shape(2).float_values is False and ints.reduce_op is ReduceOp.SUM
+    assert ints.shape(mpi).float_values is False and ints.reduce_op is ReduceOp.SUM
     half, _ = _local(values=VAL.astype(np.float16))
-    assert half.shape(2).float_values is False
+    assert half.shape(mpi).float_values is False
     single, _ = _local()
-    assert single.shape(2).float_values is True and single.shape(2).value_bytes == 4
+    assert single.shape(mpi).float_values is True and single.shape(mpi).value_bytes == 4
     assert prepared.fields(NAMES) == (10, 1, 1, 0, 2, NAMES.index("mask"), 2, 0, 0)
     dense, _ = _local(output="dense")
-    assert dense.fields(NAMES)[-1] == 1 and dense.shape(2).output == "dense"
+    assert dense.fields(NAMES)[-1] == 1 and dense.shape(mpi).output == "dense"
     assert ints.fields(NAMES) == (10, 1, 3, 0, 4, NAMES.index("allgather"), 3, 6, 0)
 
 

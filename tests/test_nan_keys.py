@@ -149,11 +149,10 @@ def test_keys_replace_only_float_max_min_where_the_native_ones_drop_nan():
     assert _common.native_keeps_minus_zero(_Recording("nccl", native_sum_keeps_minus_zero=True))
 
 
-class _NcclShape(Shape):
+def _nccl_shape(*args) -> Shape:
     """A cost model's shape of a call on NCCL (its traits as the communicator has them)."""
-
-    native_minmax_drops_nan = True
-    native_sum_keeps_minus_zero = False
+    return dataclasses.replace(Shape.from_inputs(*args), native_minmax_drops_nan=True,
+                               native_sum_keeps_minus_zero=False)
 
 
 def _nccl_like(monkeypatch) -> None:
@@ -236,7 +235,7 @@ def test_mask_and_dense_keep_nan_and_ties_where_native_max_min_drop_nan(monkeypa
                 return (mask.mask(comm, idx, val, n, op), dense.dense(comm, idx, val, n, op),
                         dense.dense_result(comm, idx, val, n, op))
 
-            shape = _NcclShape.from_inputs([i for i, _ in inputs], n, width, 8,
+            shape = _nccl_shape([i for i, _ in inputs], n, width, 8,
                                            np.dtype(dtype).itemsize)
             shape = dataclasses.replace(shape, op=op.value,
                                         float_values=dtype is not np.float16)
@@ -271,7 +270,7 @@ def test_dense_union_stays_exact_where_the_sum_loses_minus_zero(monkeypatch, p, 
             idx, val = inputs[comm.rank]
             return dense.dense(comm, idx, val, n, ReduceOp.SUM)
 
-        shape = _NcclShape.from_inputs([i for i, _ in inputs], n, width, 8,
+        shape = _nccl_shape([i for i, _ in inputs], n, width, 8,
                                        np.dtype(dtype).itemsize)
         cost = dense.cost(shape, 0).received
         row = np.dtype(dtype).itemsize * max(width, 1)

@@ -31,10 +31,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
-import threading
-import time
 import weakref
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -44,55 +42,22 @@ from .._types import ReduceOp
 from ..errors import BackendError, BackendUnavailable, CollectiveTimeout, InvalidArgument
 from ._base import Communicator
 from ._cuda import CudaDevice, _SideStreamOverlap
-from ._nccl_config import in_progress
-from ._nccl_guard import WATCHDOG, spin
+from ._nccl_guard import WATCHDOG
 from ._nccl_setup import (_BYTES, NCCL_DTYPES, NCCL_OPS, _code_tables, agree, bootstrap,
                           broadcast_unique_id, device_for, load_nccl, nccl_types, new_nccl_comm,
                           node_local_rank)
+from ._nccl_stream import _Handle, _Inflight, _StreamOrder
 from ._nccl_verbs import _NcclVerbs
-from ._work import Overlap, Work
+from ._work import Overlap
 
 __all__ = ["NCCLCommunicator", "NCCL_DTYPES", "NCCL_OPS", "nccl_types", "load_nccl",
            "device_for", "node_local_rank", "broadcast_unique_id", "agree", "bootstrap",
            "CudaDevice"]
 
 _log = logging.getLogger("cupycoll")
-#: operations in flight beyond which a post queries the oldest ones' events to release them.
-_INFLIGHT_QUERIED = 64
-#: seconds between two polls of NCCL's asynchronous error in a host wait.
-_ASYNC_POLL_S = 1e-3
 
 
-class _Inflight:
-    """An operation posted on the communicator's stream and not yet observed complete."""
-
-    __slots__ = ("event", "keep", "deadline", "op_name", "sequence", "number")
-
-    def __init__(self, event: Any, keep: Any, deadline: float | None, op_name: str,
-                 sequence: int, number: int) -> None:
-        self.event, self.keep, self.deadline = event, keep, deadline
-        self.op_name, self.sequence, self.number = op_name, sequence, number
-
-
-class _Handle:
-    """The CuPy communicator and its lock, apart from the NCCLCommunicator so that garbage
-    collection can abort it (``ncclCommDestroy``, which CuPy's destructor calls, blocks forever
-    while a kernel waits for a peer)."""
-
-    __slots__ = ("comm", "lock", "nonblocking", "__weakref__")
-
-    def __init__(self, comm: Any, nonblocking: bool) -> None:
-        self.comm, self.nonblocking = comm, nonblocking
-        self.lock = threading.RLock()
-
-    def abort(self) -> None:
-        with self.lock:
-            comm, self.comm = self.comm, None
-            if comm is not None:
-                comm.abort()
-
-
-class NCCLCommunicator(_NcclVerbs, Communicator):
+class NCCLCommunicator(_StreamOrder, _NcclVerbs, Communicator):
     """Communicator over an NCCL communicator of cupy arrays (one CUDA device per rank).
 
     Example::
@@ -105,6 +70,8 @@ class NCCLCommunicator(_NcclVerbs, Communicator):
     backend = "nccl"
     #: NCCL's float max/min (fmaxf/fminf) return the non-NaN operand.
     native_minmax_drops_nan = True
+    #: NCCL does not document -0 + -0 = -0 for every transport (NVLS reduces in the switch).
+    native_sum_keeps_minus_zero = False
 
     def __init__(self, mpi_comm: MPI.Comm | None = None, *, timeout: float | None = None) -> None:
         super().__init__(timeout)
@@ -193,23 +160,6 @@ class NCCLCommunicator(_NcclVerbs, Communicator):
     def _comm(self) -> Any:
         return self._handle.comm
 
-    # the communicator's stream
-    def in_stream(self, join: bool = True) -> "_InStream":
-        """Run the body's device work on this communicator's stream (a context manager).
-
-        The stream first waits for the work queued so far on the caller's current stream; on
-        exit, with ``join``, the caller's stream waits for the body's work (stream order, no
-        host wait: what NCCL's own calls promise). Nested, it does nothing.
-        """
-        return _InStream(self, join)
-
-    def _order(self, event: Any) -> None:
-        """Make the caller's current stream wait for ``event`` (nothing if it is ours)."""
-        self._check_alive()
-        current = self._device.current()
-        if current is not self._stream:
-            self._device.wait_event(current, event)
-
     # enqueueing and the one blocking wait
     def _live(self, op_name: str) -> Any:
         comm = self._handle.comm
@@ -218,74 +168,6 @@ class NCCLCommunicator(_NcclVerbs, Communicator):
             raise BackendUnavailable(f"{op_name} on rank {self.rank}: the NCCL communicator is "
                                      "closed or was aborted")
         return comm
-
-    def _post(self, op_name: str, launch: Callable[[Any, int], Any], keep: Any = None,
-              active: bool = True, then: Callable[[], None] | None = None) -> Any:
-        """Run ``launch(nccl_comm, stream)`` on the communicator's stream after the caller's
-        current stream's work, then ``then()`` (device work that reads the results, with that
-        stream current, once NCCL has issued the launch); return an event recorded behind it.
-        ``keep`` (every array the operation reads or writes) stays referenced until that event
-        is observed complete.
-
-        ``active=False`` (zero elements, the same on every rank) skips the NCCL call.
-        """
-        self._live(op_name)
-        device, stream = self._device, self._stream
-        current = device.current()
-        if current is not stream:
-            device.wait_event(stream, device.record(current))
-        if active:
-            self._call(op_name, lambda comm: launch(comm, device.handle(stream)))
-        if then is not None:
-            if current is stream:
-                then()
-            else:
-                with device.using(stream):
-                    then()
-        event = device.record(stream)
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        inflight = self._inflight
-        self._posted += 1
-        inflight.append(_Inflight(event, keep, deadline, op_name, self.sequence, self._posted))
-        if len(inflight) > _INFLIGHT_QUERIED:  # a loop that never waits on the host
-            while len(inflight) > 1 and inflight[0].event.done:
-                inflight.popleft()
-        return event
-
-    def _call(self, op_name: str, call: Callable[[Any], Any]) -> Any:
-        """One NCCL call under the communicator's lock; a non-blocking call that returns
-        ``ncclInProgress`` (connecting to peers) is polled until it is issued, within
-        ``connect_timeout``. An NCCL or CUDA error aborts and raises BackendError."""
-        handle = self._handle
-        try:
-            with handle.lock:
-                comm = self._live(op_name)
-                try:
-                    return call(comm)
-                except (self._nccl.NcclError, KeyError) as exc:
-                    if not in_progress(exc):
-                        raise
-                self._settle(comm, op_name)
-        except self._errors as exc:
-            raise self._failed(op_name, exc) from exc
-
-    def _settle(self, comm: Any, op_name: str) -> None:
-        """Poll ``ncclCommGetAsyncError`` until a non-blocking call is issued (lock held)."""
-        limit = self.connect_timeout
-        deadline = None if limit is None else time.monotonic() + limit
-
-        def issued() -> bool:
-            try:
-                comm.check_async_error()
-            except (self._nccl.NcclError, KeyError) as exc:
-                if not in_progress(exc):
-                    raise
-                if deadline is not None and time.monotonic() > deadline:
-                    raise self._timed_out(op_name, connecting=True) from None
-                return False
-            return True
-
-        spin(issued)
 
     def _timed_out(self, op_name: str, sequence: int | None = None,
                    pending: Sequence[int] = (), connecting: bool = False) -> CollectiveTimeout:
@@ -297,23 +179,6 @@ class NCCLCommunicator(_NcclVerbs, Communicator):
             error.args = (f"{error.args[0]} (still connecting to peers after "
                           f"CUPYCOLL_CONNECT_TIMEOUT = {self.connect_timeout} s)",)
         return error
-
-    def _record_collective(self, name: str, nbytes: int, root: int | None = None,
-                           op_name: str | None = None) -> None:
-        """Book the collective just posted and number its in-flight entry with it (a timeout
-        of that entry names the ranks that never started it)."""
-        super()._record_collective(name, nbytes, root, op_name)
-        if self._inflight:
-            self._inflight[-1].sequence = self.sequence
-
-    def stream_work(self, op_name: str) -> Work:
-        """A Work that completes when what is queued on the current stream so far has run."""
-        return self._work(self._device.record(), None, op_name, self._behind())
-
-    def _behind(self) -> int:
-        """The operations an event recorded now on the current stream comes after: all posted
-        so far if the current stream is ours, else none known."""
-        return self._posted if self._device.current() is self._stream else 0
 
     def _failed(self, op_name: str, exc: BaseException) -> BackendError:
         """Abort after an NCCL or CUDA error and describe it (the error becomes the cause)."""
@@ -333,137 +198,11 @@ class NCCLCommunicator(_NcclVerbs, Communicator):
         finally:
             self._nccl.groupEnd()
 
-    def _work(self, event: Any, keep: Any, op_name: str, behind: int = 0) -> Work:
-        """Work over ``event``: ``wait()`` orders the caller's stream after it, ``synchronize()``
-        blocks the host (``keep`` is referenced by the in-flight list until then; ``behind``:
-        the operations posted before ``event`` on our stream, complete with it)."""
-        def synchronize() -> None:
-            self.wait([event], op_name)
-            self._observed_upto(behind)
-
-        work = Work(lambda: self._order(event), lambda: self._query(event),
-                    sync_fn=synchronize, device=lambda: self._device.activate(self.device_id))
-        work.events = [event]  # type: ignore[attr-defined]  # for stream-side waits (overlap)
-        return work
-
-    def _query(self, event: Any) -> bool:
-        done = bool(event.done)
-        if done:
-            self._observed(event)
-        return done
-
-    def _observed(self, event: Any) -> None:
-        """``event`` completed: so did every operation posted before it on our stream."""
-        for entry in self._inflight:
-            if entry.event is event:
-                self._observed_upto(entry.number)
-                return
-
-    def _observed_upto(self, number: int) -> None:
-        """Operations 1..``number`` are complete: release what they kept."""
-        inflight = self._inflight
-        while inflight and inflight[0].number <= number:
-            inflight.popleft()
-
-    def wait(self, handles: Sequence[Any], op_name: str) -> None:
-        """Block the host until every event in ``handles`` is done, under ``self.timeout``.
-
-        Polls the events (a spin that yields the GIL, then short sleeps past a few
-        milliseconds) and NCCL's asynchronous error (a failed peer leaves NCCL's kernels
-        spinning).
-
-        Raises:
-            CollectiveTimeout: not done in time (the NCCL communicator is aborted first).
-            BackendError: an asynchronous NCCL or CUDA failure (after aborting; the NcclError
-                or CUDA error is its ``__cause__``).
-        """
-        events = list(handles)
-        if not events:
-            return
-        start = time.monotonic()
-        deadline = None if self.timeout is None else start + self.timeout
-        pending, polled = list(events), [start]
-
-        def done() -> bool:
-            while pending and pending[-1].done:
-                pending.pop()
-            if not pending:
-                return True
-            now = time.monotonic()
-            if now - polled[0] > _ASYNC_POLL_S:
-                polled[0] = now
-                self._check_async(op_name or "synchronize")
-            if deadline is not None and now > deadline:
-                raise self._timed_out(*self._late(op_name))  # aborts; names the late ranks
-            return False
-
-        try:
-            spin(done)
-        except KeyboardInterrupt:
-            self._interrupted(op_name or "synchronize")
-            raise
-        self._check_async(op_name or "synchronize")
-        for event in events:
-            self._observed(event)
-
-    def synchronize(self) -> None:
-        """Block the host until every operation posted on this communicator has completed
-        (a timeout names the oldest one that did not)."""
-        if self._inflight:
-            self.wait([self._inflight[-1].event], "")
-
-    def _late(self, op_name: str) -> tuple[str, int | None]:
-        """The operation a timed-out wait names: ``op_name``, or (empty) the oldest operation
-        in flight that has not completed, with its collective number."""
-        if op_name:
-            return op_name, None
-        for entry in self._inflight:
-            if not entry.event.done:
-                return entry.op_name, entry.sequence
-        return "synchronize", None
-
-    def fetch(self, work: Work, array: Any) -> np.ndarray:
-        """ONE host synchronisation: the copy is queued behind ``work`` on the current stream
-        and only the copy's event is waited for (under the timeout).
-
-        A wait that fails (timeout, NCCL error, interrupt) leaves the copy queued: after the
-        abort the stream runs on and the copy writes the pinned buffer, so the buffer is kept
-        for good with the communicator's fate (freed, CuPy's pinned pool would hand it to the
-        next allocation, e.g. the next call's fetch, and the late copy would overwrite that).
-        """
-        work.wait()
-        behind = self._behind()
-        host, event = self._device.download(array)
-        try:
-            self.wait([event], "fetch")
-        except BaseException:
-            self._fate.abandon(host, event)
-            raise
-        self._observed_upto(behind)
-        return host
-
-    def stream_order(self, work: Work) -> None:
-        """No host wait: the current stream waits for ``work``'s events."""
-        work.wait()
-
     def overlap(self) -> Overlap:
         """Consumers run on a side stream after their transfers' events (see :class:`Overlap`)."""
         if self._side is None:
             self._side = self._device.side_stream()
         return _SideStreamOverlap(self, self._side)
-
-    def _check_async(self, op_name: str = "wait") -> None:
-        """Raise (after aborting) if NCCL reports an asynchronous error, or if the
-        communicator died meanwhile (the watchdog timed it out)."""
-        handle = self._handle
-        try:
-            with handle.lock:
-                comm = handle.comm
-                if comm is not None:
-                    comm.check_async_error()
-        except self._errors as exc:
-            raise self._failed(op_name, exc) from exc
-        self._check_alive()
 
     def _ptr(self, a: Any) -> int:
         return self._device.pointer(a)
@@ -522,55 +261,3 @@ class NCCLCommunicator(_NcclVerbs, Communicator):
         self._handle.abort()
         if self._fate.error is None:
             super().abort()
-
-    def _expire(self) -> None:
-        """Watchdog: abort if the oldest operation in flight outlived the timeout or NCCL
-        reports an asynchronous error (called from the watchdog thread; skips this round if
-        an NCCL call holds the lock)."""
-        handle = self._handle
-        if not self._inflight or handle.comm is None:
-            return
-        if not handle.lock.acquire(blocking=False):
-            return
-        try:
-            entry = self._inflight[0]
-            if entry.deadline is None or time.monotonic() <= entry.deadline:
-                return
-            if entry.event.done:
-                self._observed(entry.event)
-                return
-            self._timed_out(entry.op_name, entry.sequence)
-        except CollectiveTimeout:
-            pass
-        finally:
-            handle.lock.release()
-
-
-class _InStream:
-    """:meth:`NCCLCommunicator.in_stream`'s context (a class: it is entered on every call)."""
-
-    __slots__ = ("comm", "join", "outer", "scope")
-
-    def __init__(self, comm: NCCLCommunicator, join: bool) -> None:
-        self.comm, self.join, self.outer, self.scope = comm, join, None, None
-
-    def __enter__(self) -> None:
-        comm = self.comm
-        device, stream = comm._device, comm._stream
-        current = device.current()
-        if current is stream:
-            return
-        self.outer = current
-        device.wait_event(stream, device.record(current))
-        self.scope = device.using(stream)
-        self.scope.__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        outer, self.outer = self.outer, None
-        if outer is None:
-            return
-        device, stream = self.comm._device, self.comm._stream
-        scope, self.scope = self.scope, None
-        scope.__exit__(*exc)
-        if self.join:
-            device.wait_event(outer, device.record(stream))

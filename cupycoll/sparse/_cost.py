@@ -64,6 +64,10 @@ class Shape:
             ``dense`` algorithm needs no presence, every other one densifies its result).
         result_bytes: bytes of one value of the caller's dtype, where it differs from the
             accumulate dtype's (0: the same); split's dense regions travel in it.
+        native_minmax_drops_nan, native_sum_keeps_minus_zero: the backend's native reductions
+            (:func:`~._common.native_drops_nan`): NCCL's float max/min drop NaN and its sum
+            need not keep -0, so ``mask``/``dense`` reduce float max/min as order keys and
+            ``dense`` carries presence without -0 fills there. Defaults: MPI.
     """
 
     size: int
@@ -79,6 +83,8 @@ class Shape:
     float_values: bool = True
     output: str = "sparse"
     result_bytes: int = 0
+    native_minmax_drops_nan: bool = False
+    native_sum_keeps_minus_zero: bool = True
 
     @classmethod
     def from_inputs(cls, inputs: Sequence[np.ndarray], n: int, width: int, index_bytes: int,

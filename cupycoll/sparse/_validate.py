@@ -37,6 +37,7 @@ from ..primitives._checks import _index_stats
 from ..wire._choice import check_wire, check_wire_values, decode_code, wire_code
 from ..wire._pack import COO, Wire
 from . import small
+from ._common import native_drops_nan, native_keeps_minus_zero
 from ._cost import VALIDATION_FIELDS, Shape
 
 __all__ = ["Prepared", "prepare"]
@@ -85,13 +86,16 @@ class Prepared:
         """The op the algorithms run (avg is a sum divided by P afterwards)."""
         return ReduceOp.SUM if self.op is ReduceOp.AVG else self.op
 
-    def shape(self, size: int, wire: Wire = COO) -> Shape:
-        return Shape(size, self.n, self.width, self.index_dtype.itemsize,
+    def shape(self, comm: Any, wire: Wire = COO) -> Shape:
+        """The call as the cost models see it, on ``comm`` (its size and native reductions)."""
+        return Shape(comm.size, self.n, self.width, self.index_dtype.itemsize,
                      self.accumulate_dtype.itemsize, self.nnz, wire=wire,
                      float_values=self.accumulate_dtype.kind == "f"
                      and self.accumulate_dtype.itemsize >= 4, output=self.output,
                      result_bytes=self.value_dtype.itemsize
-                     if self.value_dtype != self.accumulate_dtype else 0)
+                     if self.value_dtype != self.accumulate_dtype else 0,
+                     native_minmax_drops_nan=native_drops_nan(comm),
+                     native_sum_keeps_minus_zero=native_keeps_minus_zero(comm))
 
     def fields(self, names: list[str]) -> tuple[int, ...]:
         """The agreement fields (see VALIDATION_FIELDS but async_op); ``names`` = the sparse

@@ -129,12 +129,12 @@ def _start(comm: Communicator, indices: Any, values: Any, n: int, op: Any, algor
     else:
         if name == "auto":  # priced with the wire asked for (raw when auto decides it after)
             asked = Wire(prepared.wire == "compact", prepared.wire_values)
-            shape = prepared.shape(comm.size, asked)
+            shape = prepared.shape(comm, asked)
             if prepared.measure and comm.size > 1:
                 name, trials = _measure.plan(comm, shape, prepared.op, not async_op)
             else:
                 name = _auto.choose(shape, comm=comm, op=prepared.op)
-        prepared.format = _auto.choose_wire(name, prepared.shape(comm.size), prepared.wire,
+        prepared.format = _auto.choose_wire(name, prepared.shape(comm), prepared.wire,
                                             prepared.wire_values, comm=comm)
         # the validation told every rank's nnz: algorithms that take them skip a size round
         fn = lookup("sparse", name, rank=comm.rank, counts=prepared.nnz)

@@ -22,6 +22,7 @@ from .._types import ReduceOp
 from . import allgather, dense, hierarchical, mask, recursive_doubling, small, split
 from ..wire._choice import could_pay, prefer_compact
 from ..wire._pack import COO, Wire
+from ._common import native_drops_nan, native_keeps_minus_zero
 from ._cost import Cost, Shape, validation_cost
 
 __all__ = ["choose", "choose_wire", "auto", "call_cost", "predicted_times", "resolved", "MODELS"]
@@ -130,7 +131,9 @@ def auto(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
     counts = comm.allgather_counts(int(indices.shape[0]), "auto.counts")
     width = int(values.shape[1]) if values.ndim == 2 else 0
     shape = Shape(comm.size, n, width, indices.dtype.itemsize, values.dtype.itemsize,
-                  tuple(int(c) for c in counts))
+                  tuple(int(c) for c in counts),
+                  native_minmax_drops_nan=native_drops_nan(comm),
+                  native_sum_keeps_minus_zero=native_keeps_minus_zero(comm))
     name = choose(shape, comm=comm, op=op)
     return lookup("sparse", name, counts=shape.nnz)(comm, indices, values, n, op,
                                                     accumulate_dtype, wire)
