@@ -105,15 +105,17 @@ class SideStream:
 
 
 class _SideStreamOverlap(Overlap):
-    """Consumers on the communicator's side stream, each after its transfers' events."""
+    """Consumers on the communicator's side stream, each after its transfers' events; what
+    they read is let go only once ``join()`` has ordered the side stream before the caller's."""
 
     def __init__(self, comm: "NCCLCommunicator", side: Any) -> None:
         super().__init__(comm)
         self._side = side
 
-    def after(self, work: Work | None, fn: Callable[[], None]) -> None:
+    def _run(self, work: Work | None, fn: Callable[[], None]) -> None:
         with self._side.after(getattr(work, "events", [])):
             fn()
 
     def join(self) -> None:
         self._side.join()
+        super().join()

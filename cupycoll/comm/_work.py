@@ -158,15 +158,26 @@ class Overlap:
     (MPI progresses the later transfers meanwhile); NCCL runs ``fn`` on a side stream that waits
     for ``work``'s event, so transfers and kernels overlap on the GPU. Every ``fn`` runs in call
     order.
+
+    Every ``work`` and ``fn`` (with the buffers its closure reads) stays referenced here until
+    ``join()``: device memory freed while a kernel queued on another stream still reads it goes
+    back to CuPy's pool at once, and the pool hands it to the caller's next allocation (it knows
+    no other stream), so it must outlive the side stream's join.
     """
 
     def __init__(self, comm: "Communicator") -> None:
         self._comm = comm
+        self._held: list[tuple[Work | None, Callable[[], None]]] = []
 
     def after(self, work: Work | None, fn: Callable[[], None]) -> None:
+        self._held.append((work, fn))
+        self._run(work, fn)
+
+    def _run(self, work: Work | None, fn: Callable[[], None]) -> None:
         if work is not None:
             self._comm.stream_order(work)
         fn()
 
     def join(self) -> None:
-        """Order everything run so far before the caller's next work (nothing to do here)."""
+        """Order everything run so far before the caller's next work; then let go of it."""
+        self._held.clear()
