@@ -1,25 +1,28 @@
 """Emulated ``cupy.ndarray`` and the cupy array namespace: numpy underneath, GPU rules on top.
 
-An :class:`ndarray` wraps a numpy array and the :class:`~.device.Buffer` (device allocation) it
-lives in. Like cupy: mixing it with numpy arrays raises TypeError, implicit conversion to numpy
-raises, reductions return 0-d device arrays, every operation needs its arrays on the current
-device (:class:`~.device.DeviceMismatch` otherwise), and reading a value on the host (``get``,
-``int()``, ``bool()``, ``item``, data-dependent sizes such as ``nonzero`` or boolean masks) is a
-host synchronization reported to :data:`~.device.HOST_SYNC_HOOKS`.
+An :class:`ndarray` wraps a numpy view of a block of the emulated device memory pool
+(:mod:`.pool`: CuPy's stream-ordered pool, a freed block handed to the next allocation of its
+size on its stream at once, with the stream work still pending on it) and that block's
+:class:`~.device.Buffer` marks. Like cupy: mixing it with numpy arrays raises TypeError, implicit
+conversion to numpy raises, reductions return 0-d device arrays, every operation needs its arrays
+on the current device (:class:`~.device.DeviceMismatch` otherwise), and reading a value on the
+host (``get``, ``int()``, ``bool()``, ``item``, data-dependent sizes such as ``nonzero`` or
+boolean masks) is a host synchronization reported to :data:`~.device.HOST_SYNC_HOOKS`. Every
+array creation function and every new result of an operation is a new allocation on the current
+stream, written there (``empty``/``empty_like``/``ndarray(shape)``: uninitialised, poisoned);
+a view shares its array's allocation, which is freed when the last array on it dies.
 """
 
 from __future__ import annotations
 
-import bisect
-import ctypes
 import types
-import weakref
 from typing import Any
 
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from . import device as dev
+from .pool import Allocation, allocate, buffer_at, raw_view
 
 __all__ = ["ndarray", "namespace", "raw_view", "buffer_at"]
 
@@ -30,9 +33,8 @@ FROM_HOST = frozenset({"asarray", "array", "asanyarray"})
 #: array methods that write their array.
 WRITING_METHODS = frozenset({"fill", "sort", "put", "itemset", "partition"})
 
-_REGISTRY: dict[int, tuple[Any, int]] = {}
-_ADDRESSES: list[int] = []
-_dirty = [False]
+#: functions whose result is uninitialised memory (poisoned, see :mod:`.pool`).
+UNINITIALISED = frozenset({"empty", "empty_like"})
 
 
 def _root(a: np.ndarray) -> np.ndarray:
@@ -45,41 +47,28 @@ def _address(a: np.ndarray) -> int:
     return int(a.__array_interface__["data"][0])
 
 
-def _register(buf: dev.Buffer, root: np.ndarray) -> None:
-    if root.nbytes:
-        with dev.LOCK:
-            _REGISTRY[_address(root)] = (weakref.ref(buf), root.nbytes, root)
-            _dirty[0] = True
-        weakref.finalize(buf, _unregister, _address(root))
+def _memory(shape: Any, dtype: Any, order: str = "C", poison: bool = True
+            ) -> tuple[np.ndarray, dev.Buffer, Allocation | None]:
+    """A new device allocation from the current stream's arena of the pool: (its numpy view,
+    its block, its lifetime). Zero bytes take no block (CuPy's null pointer)."""
+    like = np.empty(0, dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * like.itemsize
+    if nbytes == 0:
+        return np.empty(shape, dtype, order), dev.Buffer(dev.current_device()), None
+    owner = allocate(nbytes, dev.current_stream(), poison)
+    return np.ndarray(shape, like.dtype, buffer=owner.block.memory, order=order), owner.block, \
+        owner
 
 
-def _unregister(address: int) -> None:
-    with dev.LOCK:
-        _REGISTRY.pop(address, None)
-        _dirty[0] = True
-
-
-def buffer_at(ptr: int, nbytes: int) -> tuple[dev.Buffer, np.ndarray] | None:
-    """The live device allocation holding ``[ptr, ptr + nbytes)``, with its numpy root."""
-    with dev.LOCK:
-        if _dirty[0]:
-            _ADDRESSES[:] = sorted(_REGISTRY)
-            _dirty[0] = False
-        i = bisect.bisect_right(_ADDRESSES, ptr) - 1
-        if i < 0:
-            return None
-        start = _ADDRESSES[i]
-        ref, size, root = _REGISTRY[start]
-        buf = ref()
-        if buf is None or ptr + nbytes > start + size:
-            return None
-        return buf, root
-
-
-def raw_view(ptr: int, count: int, dtype: np.dtype) -> np.ndarray:
-    """A numpy view of ``count`` elements of ``dtype`` at device address ``ptr``."""
-    raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(ptr)
-    return np.frombuffer(raw, dtype=dtype)
+def _device_copy(value: np.ndarray, what: str) -> "ndarray":
+    """A new device array holding ``value``, written on the current stream (an allocation
+    whose block another stream still has unordered work on raises StreamOrderError here)."""
+    order = "F" if value.flags.f_contiguous and not value.flags.c_contiguous else "C"
+    a, buf, owner = _memory(value.shape, value.dtype, order, poison=False)
+    out = ndarray(_a=a, _buf=buf, _owner=owner)
+    dev.ordered_access([(buf, True)], what)
+    a[...] = value
+    return out
 
 
 class _Data:
@@ -92,18 +81,14 @@ class _Data:
 class ndarray(NDArrayOperatorsMixin):
     """A device array: a numpy array plus the device buffer it lives in."""
 
-    __slots__ = ("_a", "_buf", "__weakref__")
+    __slots__ = ("_a", "_buf", "_owner", "__weakref__")
     __array_priority__ = 100
 
     def __init__(self, shape: Any = None, dtype: Any = float, *, _a: Any = None,
-                 _buf: dev.Buffer | None = None) -> None:
+                 _buf: dev.Buffer | None = None, _owner: Allocation | None = None) -> None:
         if _a is None:  # cupy.ndarray(shape, dtype): an uninitialised allocation
-            _a = np.empty(shape, dtype)
-        self._a = _a
-        if _buf is None:
-            _buf = dev.Buffer(dev.current_device())
-            _register(_buf, _root(_a))
-        self._buf = _buf
+            _a, _buf, _owner = _memory(shape, dtype)
+        self._a, self._buf, self._owner = _a, _buf, _owner
 
     # ---------------------------------------------------------------- what it is
     shape = property(lambda self: self._a.shape)
@@ -217,13 +202,11 @@ def _size_sync(name: str) -> str | None:
 
 
 def _view(of: ndarray, a: np.ndarray) -> ndarray:
-    return ndarray(_a=a, _buf=of._buf)
+    return ndarray(_a=a, _buf=of._buf, _owner=of._owner)
 
 
 def _from_host(value: Any) -> ndarray:
-    out = ndarray(_a=np.array(value, copy=True))
-    dev.ordered_access([(out._buf, True)], "host-to-device copy")
-    return out
+    return _device_copy(np.asarray(value), "host-to-device copy")
 
 
 def _call(fn: Any, name: str, args: Any, kwargs: dict, sync: str | None = None,
@@ -232,17 +215,15 @@ def _call(fn: Any, name: str, args: Any, kwargs: dict, sync: str | None = None,
     found: list[tuple[ndarray, bool]] = []
     raw_args = tuple(_unwrap(a, found, i in writes, name) for i, a in enumerate(args))
     raw_kwargs = {k: _unwrap(v, found, k == "out", name) for k, v in kwargs.items()}
-    here = dev.current_stream()
     _check_devices(found, name)
     access = {}
     for arr, writes_it in found:
         access[id(arr._buf)] = (arr._buf, access.get(id(arr._buf), (None, False))[1] or writes_it)
-    dev.ordered_access(list(access.values()), name, here)
+    dev.ordered_access(list(access.values()), name)
     if sync is not None:
         dev.host_sync(sync)
-    seq = here.seq
     result = fn(*raw_args, **raw_kwargs)
-    return result if host else _wrap(result, found, here, seq, name)
+    return result if host else _wrap(result, found, name)
 
 
 def _check_devices(found: list[tuple[ndarray, bool]], name: str) -> None:
@@ -269,7 +250,9 @@ def _unwrap(x: Any, found: list, writes: bool, name: str) -> Any:
     return x
 
 
-def _wrap(result: Any, found: list, here: dev.Stream, seq: int, name: str) -> Any:
+def _wrap(result: Any, found: list, name: str) -> Any:
+    """Device arrays for ``fn``'s results: an input (or a view of one) as such, anything new
+    copied into a new allocation (as a kernel writing it on the current stream)."""
     if isinstance(result, np.generic):
         result = np.asarray(result)
     if isinstance(result, np.ndarray):
@@ -280,11 +263,11 @@ def _wrap(result: Any, found: list, here: dev.Stream, seq: int, name: str) -> An
         for arr, _ in found:
             if _root(arr._a) is root:
                 return _view(arr, result)
-        out = ndarray(_a=result)
-        out._buf.writer = (here, seq, name)
-        return out
+        if name in UNINITIALISED:
+            return ndarray(result.shape, result.dtype)
+        return _device_copy(result, name)
     if isinstance(result, (list, tuple)):
-        return type(result)(_wrap(r, found, here, seq, name) for r in result)
+        return type(result)(_wrap(r, found, name) for r in result)
     return result
 
 
@@ -299,18 +282,15 @@ def _creator(fn: Any, name: str) -> Any:
 def asarray(a: Any, dtype: Any = None, order: Any = None, *, blocking: bool = False) -> ndarray:
     if isinstance(a, ndarray):
         return a if dtype is None or np.dtype(dtype) == a.dtype else a.astype(dtype)
-    out = ndarray(_a=np.array(a, dtype=dtype, order=order or "K", copy=True))
-    dev.ordered_access([(out._buf, True)], "host-to-device copy")
-    return out
+    return _device_copy(np.asarray(a, dtype=dtype, order=order), "host-to-device copy")
 
 
 def array(a: Any, dtype: Any = None, copy: bool = True, order: str = "K", ndmin: int = 0,
           **kwargs: Any) -> ndarray:
     if isinstance(a, ndarray):
         return _call(np.array, "array", (a,), {"dtype": dtype, "copy": True, "order": order})
-    out = ndarray(_a=np.array(a, dtype=dtype, order=order, copy=True, ndmin=ndmin))
-    dev.ordered_access([(out._buf, True)], "host-to-device copy")
-    return out
+    return _device_copy(np.array(a, dtype=dtype, order=order, ndmin=ndmin),
+                        "host-to-device copy")
 
 
 def asnumpy(a: Any, stream: Any = None, order: str = "C", out: Any = None,

@@ -2,15 +2,18 @@
 
 * Every host thread has its own current device (0 until it calls ``use``/``setDevice``), as in
   the CUDA runtime, and per device a current stream (the device's legacy null stream by default).
-* Every device allocation is a :class:`Buffer` that knows its device. Array operations run at
-  once on the calling thread, as if the stream had drained up to them: they first wait for the
-  work already enqueued on the current stream (stream order).
+* Every device allocation is a :class:`Buffer` that knows its device (a block of the
+  stream-ordered pool of :mod:`.pool`, which keeps a freed block's marks for its next
+  allocation). Array operations run at once on the calling thread, as if the stream had drained
+  up to them: they first wait for the work already enqueued on the current stream (stream
+  order).
 * NCCL operations are :class:`Task` s on a stream, run later by that stream's own thread, in
   stream order. A task that will write a buffer poisons it when enqueued.
 * Ordering is tracked per buffer (last writer, readers since): touching a buffer that a task on
   another stream writes (or reads, for a write) is a :class:`StreamOrderError` unless that task
   is known complete (event/stream synchronize, ``event.done``) or the current stream waited on an
-  event recorded after it. So a missing wait fails deterministically, however fast the task ran.
+  event recorded after it. So a missing wait fails deterministically, however fast the task ran;
+  marks left by a block's previous allocation (:data:`REUSED`) say so in the error.
 * :data:`HOST_SYNC_HOOKS`: callables ``hook((kind,))`` run on every operation that blocks the host
   until the device catches up (device-to-host copy, scalar read, data-dependent size, event or
   stream synchronize): plug a counter in there.
@@ -22,12 +25,13 @@ import itertools
 import queue
 import threading
 import time
-from typing import Any, Callable
+from typing import Callable
 
 __all__ = ["EmulationError", "StreamOrderError", "DeviceMismatch", "Buffer", "Stream", "Event",
            "Task", "HOST_SYNC_HOOKS", "host_sync", "current_device", "set_device",
-           "current_stream", "set_stream", "device_count", "null_stream", "lookup_stream",
-           "ordered_access", "synchronize_device", "known_anywhere", "LOCK"]
+           "current_stream", "set_stream", "device_count", "node_of", "null_stream",
+           "lookup_stream", "ordered_access", "synchronize_device", "known_anywhere", "idle",
+           "REUSED", "LOCK"]
 
 #: callables ``hook((kind,))`` run on every host-blocking operation (a 1-tuple, so that
 #: ``collections.Counter().update`` is a hook).
@@ -39,6 +43,12 @@ _tls = threading.local()
 _ptrs = itertools.count(0x7E000)
 _STREAMS: dict[int, "Stream"] = {}
 _ALL_KNOWN: list[dict] = []  # every host thread's _known()
+#: the end of the name of a mark left by a block's previous allocation (see :mod:`.pool`)
+REUSED = " [on the block's previous allocation]"
+_REUSED_WHY = ("; that work was on this memory's previous allocation, which was freed (back to "
+               "CuPy's stream-ordered pool, which knows no other stream) before that work was "
+               "ordered, and the pool handed the block to this allocation: keep the old array "
+               "alive until the work on it is ordered before its allocating stream")
 
 
 class EmulationError(AssertionError):
@@ -61,6 +71,11 @@ def host_sync(kind: str) -> None:
 
 def device_count() -> int:
     return _DEVICES["count"]
+
+
+def node_of(world_rank: int) -> int:
+    """The emulated node of a world rank: ``devices_per_node`` consecutive ranks per node."""
+    return int(world_rank) // device_count()
 
 
 def configure(count: int) -> None:
@@ -333,6 +348,12 @@ class Buffer:
         self.readers: list[tuple[Stream, int, str]] = []
 
 
+def idle(buf: Buffer) -> bool:
+    """No unfinished stream work reads or writes ``buf`` (so overwriting it harms nobody)."""
+    marks = ([buf.writer] if buf.writer else []) + buf.readers
+    return all(stream.done_seq >= seq for stream, seq, _ in marks)
+
+
 def _implicit(a: Stream, b: Stream) -> bool:
     """The legacy null stream and a blocking stream of one device wait for each other's work."""
     return a.device == b.device and ((a.null and b.blocking) or (b.null and a.blocking))
@@ -366,9 +387,11 @@ def ordered_access(buffers: list[tuple[Buffer, bool]], what: str, here: Stream |
                 elif not _ordered(stream, done, here):
                     verb = "writes" if (stream, done, name) == buf.writer else "reads"
                     raise StreamOrderError(
-                        f"{what} on {here} touches a buffer of device {buf.device} that {name} "
-                        f"(#{done} on {stream}) {verb}, with no event, stream wait or synchronize "
-                        "ordering it before: a missing wait on a GPU (the data would be garbage)")
+                        f"{what} on {here} touches a buffer of device {buf.device} that "
+                        f"{name.removesuffix(REUSED)} (#{done} on {stream}) {verb}, with no "
+                        "event, stream wait or synchronize ordering it before: a missing wait "
+                        "on a GPU (the data would be garbage)" +
+                        (_REUSED_WHY if name.endswith(REUSED) else ""))
         for buf, writes in buffers:
             mark = (here, seq, what)
             if writes:

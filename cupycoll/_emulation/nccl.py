@@ -448,21 +448,35 @@ class NcclCommunicator:
                          f"{inside[1]} on this blocking communicator (NCCL frees the "
                          "communicator under that call)")
         if not self.aborted:
+            worlds = self.world_ranks or []  # remote errors reach other nodes only
             self.notices = [self.handshake.Isend(np.zeros(1, np.uint8), dest=r, tag=_ABORT_TAG)
-                            for r in range(self._size) if r != self._rank]
+                            for r, world in enumerate(worlds) if r != self._rank and
+                            dev.node_of(world) != dev.node_of(worlds[self._rank])]
         self.aborted = True
         if self.async_error is None:
             self.async_error = INTERNAL
 
     def peer_aborted(self) -> bool:
-        if self.async_error is None and self.handshake.Iprobe(MPI.ANY_SOURCE, _ABORT_TAG):
+        """Has a peer on another node aborted (NCCL's remote error, ncclRemoteError)?
+
+        NCCL learns of a dead peer only through its socket-based proxies and bootstrap, i.e.
+        across nodes: within a node (NVLink, P2P, SHM) a peer that aborted leaves this rank's
+        kernels spinning with no asynchronous error, so only an own timeout gets it out. The
+        abort notices go to the peers on other nodes only (``device.node_of``)."""
+        if self.async_error is None and self.world_ranks is not None and \
+                self.handshake.Iprobe(MPI.ANY_SOURCE, _ABORT_TAG):
             self.async_error = REMOTE
         return self.async_error == REMOTE
 
     def destroy(self) -> None:
-        """Flush: wait for this communicator's tasks (unless aborted), then free it."""
+        """``ncclCommDestroy``: wait for this communicator's queued operations (unless aborted),
+        then free it. Like NCCL it never returns while a kernel waits for a peer that does not
+        come, and raises nothing (a peer's abort does not end the wait; ``abort()`` or
+        :func:`release_blocked` does)."""
         if not self.aborted:
-            poll(lambda: all(t.finished.is_set() for t in self.tasks), self, "destroy")
+            for task in list(self.tasks):
+                while not task.finished.wait(0.05) and not self.aborted:
+                    pass
         self.destroyed = True
 
     def commSplit(self, color: int, key: int) -> "NcclCommunicator | None":

@@ -1,4 +1,7 @@
-"""The emulated NCCL's plumbing: state, errors, abortable waits, unique ids, the bootstrap."""
+"""The emulated NCCL's plumbing: state, errors, abortable waits, unique ids, the bootstrap, and
+NCCL's arithmetic (:func:`reduce_rows`): sums and products in ring order from a rotating rank,
+not rank order; float avg premultiplied, integer avg a wrapping sum truncated toward zero; float
+max/min that drop NaN (``fmaxf``/``fminf``). Every rank computes the same bits, as NCCL does."""
 
 from __future__ import annotations
 
@@ -13,8 +16,8 @@ from mpi4py import MPI
 
 __all__ = ["STATE", "release_blocked", "error", "poll", "waitall", "waitall_confirmed",
            "collective_links", "p2p_links", "get_unique_id", "uid_bytes",
-           "join", "dtype_of", "itemsize", "reduce_rows", "INTERNAL", "INVALID_ARGUMENT",
-           "INVALID_USAGE", "REMOTE"]
+           "join", "dtype_of", "itemsize", "reduce_rows", "ring_fold", "INTERNAL",
+           "INVALID_ARGUMENT", "INVALID_USAGE", "REMOTE"]
 
 STATE: dict[str, Any] = {}
 _ids = itertools.count(1)
@@ -167,19 +170,68 @@ def dtype_of(datatype: int) -> np.dtype:
 
 
 def reduce_rows(stack: np.ndarray, op: int, datatype: int) -> np.ndarray:
-    """NCCL's reduction of the ranks' rows, in rank order (avg: sum * 1/P for floats)."""
+    """NCCL's reduction of the ranks' rows (``stack[rank]``), the same bits on every rank.
+
+    Sum and product accumulate in NCCL's ring order, not rank order (:func:`ring_fold`); float
+    avg is NCCL's premultiplied sum (each row times 1/P in the dtype, then summed), integer avg
+    a sum that wraps in the dtype, divided with truncation toward zero (``FuncSumPostDiv``);
+    float max/min drop NaN like ``fmaxf``/``fminf``/``__hmax`` (NaN only where every rank has
+    NaN; a tie of zeros gives +0 for max and -0 for min).
+    """
+    with np.errstate(all="ignore"):  # a GPU's arithmetic raises no floating-point warnings
+        return _reduce(stack, int(op))
+
+
+def _reduce(stack: np.ndarray, op: int) -> np.ndarray:
     real = STATE["real"]
     if op == real.NCCL_AVG:
         if stack.dtype.kind == "f":
-            scale = stack.dtype.type(1.0 / stack.shape[0])
-            return (stack * scale).sum(axis=0, dtype=stack.dtype)
-        total = stack.astype(np.int64).sum(axis=0)
-        return (np.sign(total) * (np.abs(total) // stack.shape[0])).astype(stack.dtype)
-    ufunc = {real.NCCL_SUM: np.add, real.NCCL_PROD: np.multiply, real.NCCL_MAX: np.maximum,
-             real.NCCL_MIN: np.minimum}.get(int(op))
+            return ring_fold(stack * stack.dtype.type(1.0 / stack.shape[0]), np.add)
+        return _truncated_mean(ring_fold(stack, np.add), stack.shape[0])
+    if op in (real.NCCL_MAX, real.NCCL_MIN):
+        biggest = op == real.NCCL_MAX
+        if stack.dtype.kind != "f":
+            return (np.maximum if biggest else np.minimum).reduce(stack, axis=0)
+        return _nan_dropping(stack, biggest)
+    ufunc = {real.NCCL_SUM: np.add, real.NCCL_PROD: np.multiply}.get(op)
     if ufunc is None:
         raise error(INVALID_ARGUMENT)
+    return ring_fold(stack, ufunc)
+
+
+def ring_fold(stack: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
+    """Fold the rows as a ring reduction accumulates: the element range is cut in P chunks of
+    ceil(n / P) elements; chunk c starts at rank (c + 1) % P and adds the next ranks around the
+    ring, rounding to the dtype at every step. So an element's sum depends on its chunk, never
+    plainly on rank order (a float result compared bit for bit with a rank-order sum fails)."""
+    p, n = stack.shape
     out = stack[0].copy()
-    for row in stack[1:]:
-        ufunc(out, row, out=out)
+    if p == 1 or n == 0:
+        return out
+    cols = np.arange(n)
+    first = (cols // -(-n // p) + 1) % p
+    out[...] = stack[first, cols]
+    for step in range(1, p):
+        ufunc(out, stack[(first + step) % p, cols], out=out)
+    return out
+
+
+def _truncated_mean(total: np.ndarray, p: int) -> np.ndarray:
+    """``total // p`` rounded toward zero, on the dtype's bits (NCCL's integer avg)."""
+    unsigned = total.view(total.dtype.str.replace("i", "u"))
+    negative = total < 0
+    magnitude = np.where(negative, -unsigned, unsigned) // unsigned.dtype.type(p)
+    return np.where(negative, -magnitude, magnitude).astype(unsigned.dtype).view(total.dtype)
+
+
+def _nan_dropping(stack: np.ndarray, biggest: bool) -> np.ndarray:
+    """fmax/fmin over the rows; zeros of both signs give +0 (max) or -0 (min)."""
+    out = (np.fmax if biggest else np.fmin).reduce(stack, axis=0)
+    zero = out == 0
+    if zero.any():
+        rows = stack[:, zero]
+        minus = (rows == 0) & np.signbit(rows)
+        plus = (rows == 0) & ~np.signbit(rows)
+        negative = ~plus.any(axis=0) if biggest else minus.any(axis=0)
+        out[zero] = np.where(negative, -0.0, 0.0).astype(out.dtype)
     return out

@@ -95,7 +95,8 @@ def memcpy_async(dst: int, src: int, nbytes: int, kind: int, stream: int) -> Non
         raise dev.DeviceMismatch(f"cudaMemcpyAsync on {here} while device "
                                  f"{dev.current_device()} is current")
     pinned = _pinned_at(int(dst), int(nbytes))
-    source = found[1]  # the device pool is stream-ordered (as CuPy's): live until the copy ran
+    source = found[1]  # the pool's block: never given back to numpy's heap while the copy
+    # is unfinished (its mark below); a reuse on another stream meets that mark
 
     def run() -> None:
         for other, seq in waits:

@@ -1,0 +1,338 @@
+"""The emulation tier's strict points (cupycoll._emulation) under mpiexec, each where it is as
+strict as the hardware and where a kinder emulator let a defect pass.
+
+Usage: gpu_strict.py MODE[,MODE...]   (CC_EMU_DEVICES: emulated devices per node, default 2)
+
+Modes:
+  pool          the stream-ordered pool: immediate, poisoned reuse on the freeing stream, the
+                unordered work of another stream following the block to its next allocation
+  oktopk        Ok-Topk on init("nccl") with THROTTLE = 1 (one step per bucket, so P >= 3 has
+                three buckets or more): stateless calls, a stateful sequence (refresh and
+                non-refresh steps) and TopkCompressor steps against numpy references. The
+                stream-ordered pool hands a receive slot dropped while its unpack is only queued
+                on the side stream to the next bucket's receive (defect: StreamOrderError)
+  nccl_math     NCCL's arithmetic: float max/min drop NaN (fmaxf/fminf), sums accumulate each
+                chunk in ring order from a rotating rank (allReduce, reduce, reduceScatter),
+                float avg is a premultiplied sum, integer avg a wrapping sum truncated
+  peer_dead     a peer's abort is a remote error across nodes only (P = 4, 2 devices per node)
+  destroy       ncclCommDestroy with an operation a dead peer never joins blocks, without error,
+                until the emulated NCCL is released (P = 4, 2 devices per node; run it last)
+After every mode the ranks' NCCL call logs are compared (cupycoll._emulation.check_logs).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+
+import cupycoll._emulation as emu
+
+DEVICES = int(os.environ.get("CC_EMU_DEVICES", "2"))
+emu.install(DEVICES)
+import cupy  # noqa: E402  (the emulated one)
+from mpi4py import MPI  # noqa: E402
+
+import cupycoll as cc  # noqa: E402
+
+WORLD = MPI.COMM_WORLD
+RANK, P = WORLD.Get_rank(), WORLD.Get_size()
+NCCL = cupy.cuda.nccl
+
+
+def host(obj):
+    """Device arrays (inside results and tuples) copied to numpy."""
+    if isinstance(obj, cupy.ndarray):
+        return obj.get()
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(host(o) for o in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(host(o) for o in obj)
+    return obj
+
+
+# ---------------------------------------------------------------- Ok-Topk, one step per bucket
+def mode_oktopk():
+    """split_and_reduce with a bucket per step: stateless calls (k large enough for the full
+    algorithm, not the validation round alone), a stateful sequence and TopkCompressor steps,
+    every result against numpy references built from every rank's input."""
+    import topk_ref as ref
+    import topk_results as tr
+
+    from cupycoll.topk import _oktopk_phases
+
+    _oktopk_phases.THROTTLE = 1
+    comm = cc.init("nccl", timeout=60.0)
+
+    def run_outcome(comm, x, k, alg, state=None, _run=tr.run_outcome):
+        return host(_run(comm, cupy.asarray(x), k, alg, state))
+
+    tr.run_outcome = run_outcome
+    for seed, n, k, dtype in ((21, 4000, 150, "float32"), (22, 2500, 300, "float64")):
+        xs = ref.inputs(seed, P, n, dtype)
+        res = host(cc.topk_allreduce(cupy.asarray(xs[RANK]), k, algorithm="oktopk", comm=comm))
+        tr.check_shape(res, n, dtype)
+        ui, uv = ref.union_sum([(i, x[i]) for x in xs for i in [ref.quantile_local(x, k)]])
+        nz = uv != 0
+        tr.assert_equal(res, *ref.top_of(ui[nz], uv[nz], k))
+    tr.oktopk_sequence(comm, 23, 3000, 120, 4, padded=False)
+    tr.oktopk_sequence(comm, 24, 3000, 120, 3, padded=True)
+    compressor_steps(comm, 3000, 0.04, 4)
+    if RANK == 0:
+        print(f"oktopk with a bucket per step: {P} buckets")
+
+
+def compressor_steps(comm, n: int, density: float, steps: int) -> None:
+    """TopkCompressor (Ok-Topk) mass conservation: the ranks' residuals plus P times the update
+    equal the ranks' previous residuals plus their gradients (float64 on the host)."""
+    import topk_ref as ref
+
+    comp = cc.TopkCompressor(n, density, algorithm="oktopk", comm=comm, tau=3, tau_prime=2)
+    before = np.zeros(n)
+    for t in range(steps):
+        grads = ref.inputs(500 + t, P, n)
+        upd = comp.step(cupy.asarray(grads[RANK]))
+        idx, val = upd.indices.get(), upd.values.get()
+        from _common import assert_identical_across_ranks
+
+        assert_identical_across_ranks(idx, val)
+        after = WORLD.allreduce(host(comp.residual).astype(np.float64), op=MPI.SUM)
+        dense = np.zeros(n)
+        dense[idx] = val
+        incoming = before + np.sum([g.astype(np.float64) for g in grads], axis=0)
+        np.testing.assert_allclose(after + P * dense, incoming, rtol=0,
+                                   atol=1e-5 * max(1.0, float(np.abs(incoming).max())),
+                                   err_msg=f"mass not conserved at step {t}")
+        before = after
+
+
+# ---------------------------------------------------------------- the stream-ordered pool
+def mode_pool():
+    """CuPy's pool as the emulator enforces it: a freed block comes back at once, poisoned, to
+    the next allocation of its size on its stream (the emulator's finished NCCL task holds no
+    array); another stream's unordered work on it follows it (StreamOrderError at the new
+    owner's first touch), an ordered one does not; the reuse stays within its stream."""
+    from cupycoll._emulation import StreamOrderError
+    from _common import expect_raises
+
+    comm = raw_comm()
+    stream = cupy.cuda.get_current_stream()
+    x = cupy.arange(100, dtype=cupy.float32)
+    comm.allReduce(x.data.ptr, x.data.ptr, 100, NCCL.NCCL_FLOAT32, NCCL.NCCL_SUM, stream.ptr)
+    stream.synchronize()
+    assert x.get().tolist() == [P * v for v in range(100)]
+    ptr = x.data.ptr
+    del x
+    y = cupy.empty(100, cupy.float32)
+    assert y.data.ptr == ptr and bool(cupy.isnan(y).all()), "no immediate, poisoned reuse"
+    side = cupy.cuda.Stream(non_blocking=True)
+    with side:
+        z = cupy.empty(100, cupy.float32)
+    assert z.data.ptr != ptr, "a block freed on one stream reused by another"
+    side.wait_event(stream.record())
+    with side:
+        total = y.sum()  # the side stream reads y
+    ptr = y.data.ptr
+    del y
+    err = expect_raises(StreamOrderError, cupy.zeros, 100, cupy.float32)
+    assert "previous allocation" in str(err), err
+    del err  # its traceback holds the failed allocation
+    stream.wait_event(side.record())  # ordered now: the same block, no error
+    w = cupy.zeros(100, cupy.float32)
+    assert w.data.ptr == ptr and not bool(w.any())
+    del total, z
+    WORLD.Barrier()
+    comm.destroy()
+
+
+# ---------------------------------------------------------------- NCCL's arithmetic
+def raw_comm():
+    """An emulated NcclCommunicator of every rank on its node-local device."""
+    cupy.cuda.Device(RANK % DEVICES).use()
+    uid = WORLD.bcast(NCCL.get_unique_id() if RANK == 0 else None, root=0)
+    return NCCL.NcclCommunicator(P, uid, RANK)
+
+
+def ring_reference(rows: np.ndarray, fold) -> np.ndarray:
+    """The documented order, element by element in plain Python: the element range is cut in
+    P chunks of ceil(n / P); chunk c starts at rank (c + 1) % P and adds the ranks after it in
+    ring order, rounding to the dtype after every step."""
+    p, n = rows.shape
+    size = max(1, -(-n // p))
+    out = np.empty(n, rows.dtype)
+    for i in range(n):
+        first = (i // size + 1) % p
+        acc = rows[first, i]
+        for j in range(1, p):
+            with np.errstate(over="ignore"):  # float16 products overflow to inf, as NCCL's
+                acc = rows.dtype.type(fold(acc, rows[(first + j) % p, i]))
+        out[i] = acc
+    return out
+
+
+def nccl_inputs(dtype: str, n: int) -> np.ndarray:
+    """Every rank's row. Floats: small values plus +B on rank i % P and -B on the next rank at
+    element i (B = 2 ** (mantissa bits + 1): small terms added to B round away, so the sum
+    depends on the order); integers: small values."""
+    rng = np.random.default_rng([31, n])
+    if np.dtype(dtype).kind in "iu":
+        low = -100 if dtype[0] == "i" else 0
+        return rng.integers(low, 100, (P, n)).astype(dtype)
+    rows = rng.standard_normal((P, n)) + 0.5
+    big = 2.0 ** (np.finfo(dtype).nmant + 1)
+    cols = np.arange(n)
+    rows[cols % P, cols] += big
+    rows[(cols + 1) % P, cols] -= big
+    return rows.astype(dtype)
+
+
+def allreduce(comm, rows: np.ndarray, op: int) -> np.ndarray:
+    dtype = rows.dtype
+    code = getattr(NCCL, "NCCL_" + dtype.name.upper())
+    send, recv = cupy.asarray(rows[RANK]), cupy.empty(rows.shape[1], dtype)
+    stream = cupy.cuda.get_current_stream()
+    comm.allReduce(send.data.ptr, recv.data.ptr, rows.shape[1], code, op, stream.ptr)
+    stream.synchronize()
+    return recv.get()
+
+
+def mode_nccl_math():
+    """Float max/min drop NaN; sums, products and averages in the ring order (documented in
+    nccl_core.reduce_rows), the same bits on every rank, not the rank order."""
+    comm = raw_comm()
+    n = 4 * P + 3
+    for dtype in ("float16", "float32", "float64"):
+        rows = nccl_inputs(dtype, n)
+        rows[0, :3] = np.nan  # NaN on one rank: the others' value wins
+        rows[:, 3] = np.nan  # NaN everywhere: NaN
+        rows[1 % P, 4] = np.nan
+        for op, fold in ((NCCL.NCCL_MAX, np.fmax), (NCCL.NCCL_MIN, np.fmin)):
+            got = allreduce(comm, rows, op)
+            want = fold.reduce(rows, axis=0)
+            assert np.array_equal(got, want, equal_nan=True), (dtype, op, got, want)
+        rows = nccl_inputs(dtype, n)
+        got = allreduce(comm, rows, NCCL.NCCL_SUM)
+        assert got.tobytes() == ring_reference(rows, np.add).tobytes(), (dtype, got)
+        in_rank_order = np.add.reduce(rows, axis=0)  # numpy adds rows in rank order
+        assert P < 3 or got.tobytes() != in_rank_order.tobytes(), "summed in rank order"
+        scale = rows.dtype.type(1.0 / P)
+        got = allreduce(comm, rows, NCCL.NCCL_AVG)
+        assert got.tobytes() == ring_reference(rows * scale, np.add).tobytes(), (dtype, got)
+        got = allreduce(comm, rows, NCCL.NCCL_PROD)
+        assert got.tobytes() == ring_reference(rows, np.multiply).tobytes(), (dtype, got)
+        reduce_scatter_and_reduce(comm, rows)
+    for dtype in ("int8", "int32", "uint32", "int64"):
+        rows = nccl_inputs(dtype, n)
+        total = np.add.reduce(rows, axis=0, dtype=rows.dtype)  # wraps like NCCL's sum in T
+        quotient = np.abs(total.astype(np.int64)) // P * np.sign(total.astype(np.int64))
+        got = allreduce(comm, rows, NCCL.NCCL_AVG)
+        assert np.array_equal(got, quotient.astype(dtype)), (dtype, got, quotient)
+    WORLD.Barrier()
+    comm.destroy()
+
+
+def reduce_scatter_and_reduce(comm, rows: np.ndarray) -> None:
+    """reduceScatter: rank r's block of the ring-ordered sum; reduce: the root's sum."""
+    dtype, block = rows.dtype, rows.shape[1] // P
+    code = getattr(NCCL, "NCCL_" + dtype.name.upper())
+    full = rows[:, :block * P]
+    want = ring_reference(full, np.add)
+    stream = cupy.cuda.get_current_stream()
+    send, recv = cupy.asarray(full[RANK]), cupy.empty(block, dtype)
+    comm.reduceScatter(send.data.ptr, recv.data.ptr, block, code, NCCL.NCCL_SUM, stream.ptr)
+    out = cupy.empty(block * P, dtype)
+    comm.reduce(send.data.ptr, out.data.ptr, block * P, code, NCCL.NCCL_SUM, P - 1, stream.ptr)
+    stream.synchronize()
+    assert recv.get().tobytes() == want[RANK * block:(RANK + 1) * block].tobytes()
+    if RANK == P - 1:
+        assert out.get().tobytes() == want.tobytes()
+
+
+# ---------------------------------------------------------------- dead peers and destroy
+def node_of(world_rank: int) -> int:
+    return world_rank // DEVICES
+
+
+def mode_peer_dead():
+    """Rank 1 aborts while the others have an allReduce in flight: only ranks on another node
+    see NCCL's remote error (its socket proxies); on its node-mates' communicators the kernel
+    spins and no asynchronous error comes, however long they poll (their own abort ends it)."""
+    comm = raw_comm()
+    x = cupy.ones(4, cupy.float32)
+    stream = cupy.cuda.get_current_stream()
+    comm.allReduce(x.data.ptr, x.data.ptr, 4, NCCL.NCCL_FLOAT32, NCCL.NCCL_SUM, stream.ptr)
+    stream.synchronize()  # connected: the next allReduce needs no handshake
+    WORLD.Barrier()
+    if RANK == 1:
+        comm.abort()
+    WORLD.Barrier()
+    if RANK != 1:
+        comm.allReduce(x.data.ptr, x.data.ptr, 4, NCCL.NCCL_FLOAT32, NCCL.NCCL_SUM, stream.ptr)
+        remote = node_of(RANK) != node_of(1)
+        deadline = time.monotonic() + (10 if remote else 1.5)
+        seen = None
+        while seen is None and time.monotonic() < deadline:
+            try:
+                comm.check_async_error()
+            except NCCL.NcclError as exc:
+                seen = exc
+            time.sleep(0.01)
+        if remote:
+            assert seen is not None and "REMOTE" in str(seen), seen
+        else:
+            assert seen is None, f"rank {RANK}: a same-node peer's abort reported: {seen}"
+        assert not stream.done, "the allReduce completed without rank 1"
+    WORLD.Barrier()
+    comm.abort()
+
+
+def mode_destroy():
+    """The last rank aborts; the others post an allReduce it never joins, then destroy their
+    communicator in a helper thread: still blocked after 2 s (no error), on a node-mate and on
+    another node alike; release_blocked() ends the kernels and destroy returns."""
+    comm = raw_comm()
+    x = cupy.ones(4, cupy.float32)
+    stream = cupy.cuda.get_current_stream()
+    comm.allReduce(x.data.ptr, x.data.ptr, 4, NCCL.NCCL_FLOAT32, NCCL.NCCL_SUM, stream.ptr)
+    stream.synchronize()  # connected: the next allReduce needs no handshake
+    WORLD.Barrier()
+    if RANK == P - 1:
+        comm.abort()
+    WORLD.Barrier()
+    outcome = []
+    if RANK != P - 1:
+        comm.allReduce(x.data.ptr, x.data.ptr, 4, NCCL.NCCL_FLOAT32, NCCL.NCCL_SUM, stream.ptr)
+
+        def destroy():
+            try:
+                comm.destroy()
+                outcome.append("returned")
+            except BaseException as exc:  # noqa: BLE001  (reported below)
+                outcome.append(repr(exc))
+
+        thread = threading.Thread(target=destroy, daemon=True)
+        thread.start()
+        thread.join(2.0)
+        assert thread.is_alive(), f"rank {RANK}: destroy() did not block: {outcome}"
+    WORLD.Barrier()
+    emu.release_blocked()
+    if RANK != P - 1:
+        thread.join(10.0)
+        assert outcome == ["returned"], f"rank {RANK}: destroy() after the release: {outcome}"
+
+
+MODES = {"pool": mode_pool, "oktopk": mode_oktopk, "nccl_math": mode_nccl_math, "peer_dead": mode_peer_dead,
+         "destroy": mode_destroy}
+MODE = sys.argv[1]
+for mode in MODE.split(","):  # several modes per launch: each launch costs seconds
+    start = time.perf_counter()
+    MODES[mode]()
+    emu.check_logs()
+    if RANK == 0:
+        print(f"{mode}: {time.perf_counter() - start:.1f} s")
+WORLD.Barrier()
+if RANK == 0:
+    print(f"gpu_strict {MODE}: ok on {P} ranks")
