@@ -1,10 +1,12 @@
 """The ``cupycoll`` command: ``info`` for bug reports, ``bench`` to run the shipped benchmarks,
-``tune`` to measure this machine's profile, ``simulate`` to predict times up to 1,024 ranks.
+``tune`` to measure this machine's profile, ``simulate`` to predict times up to 1,024 ranks,
+``selftest`` for a one-command acceptance run (docs/selftest.md).
 
     python -m cupycoll info
     mpiexec -n 4 python -m cupycoll bench sparse --n 16M --density 0.01
     mpiexec -n 4 python -m cupycoll tune
     python -m cupycoll simulate --json sim.json --plot sim.png
+    python -m cupycoll selftest --json selftest.json
 """
 
 from __future__ import annotations
@@ -188,6 +190,12 @@ def _simulate(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _selftest(args: argparse.Namespace) -> int:
+    from .selftest import main as selftest
+
+    return selftest(args)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cupycoll", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -214,6 +222,12 @@ def _parser() -> argparse.ArgumentParser:
                               "sparse and top-k families, P = 2..1024, named networks")
     add_arguments(simulate)
     simulate.set_defaults(func=_simulate)
+    from .selftest import add_arguments as selftest_arguments
+
+    selftest = sub.add_parser("selftest", help="one-command acceptance run: the GPU checks "
+                              "with a CUDA device, their emulated equivalents without")
+    selftest_arguments(selftest)
+    selftest.set_defaults(func=_selftest)
     return p
 
 
