@@ -1,0 +1,225 @@
+"""``cupycoll selftest``: the quick run end to end, the failure path, the runner, plans, oracles.
+
+The quick run is what CI can afford (about a minute on 2 cores); without a GPU it runs the
+emulated equivalents, which launch the very workers the GPU run launches (``--emulate``). The
+GPU plan itself cannot run here: its plumbing (plan, estimate, report, JSON) is tested on its
+own below.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cupycoll._result import SparseResult
+from cupycoll.selftest import _plan, plan
+from cupycoll.selftest._launch import launch
+from cupycoll.selftest._report import document, markdown
+from cupycoll.selftest._runner import Check, Context, Outcome, estimate, run_checks
+from cupycoll.selftest._w_compare import sparse_mismatch
+from cupycoll.selftest._w_dense import matches, reference
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+RECORD_KEYS = {"name", "ok", "seconds", "budget_s", "over_budget", "what", "detail"}
+
+
+def selftest(*args: str, timeout: float) -> tuple[subprocess.CompletedProcess, dict]:
+    """Run ``python -m cupycoll selftest ARGS --json FILE``; return the process and the JSON."""
+    out = Path(os.environ.get("TMPDIR", "/tmp")) / f"selftest-{os.getpid()}-{time.time_ns()}.json"
+    try:
+        proc = subprocess.run([sys.executable, "-m", "cupycoll", "selftest", *args, "--json",
+                               str(out)], capture_output=True, text=True, timeout=timeout,
+                              env=ENV, cwd=ROOT, start_new_session=True)
+        doc = json.loads(out.read_text()) if out.is_file() else {}
+    finally:
+        out.unlink(missing_ok=True)
+    return proc, doc
+
+
+def test_quick_selftest_passes_and_writes_its_json():
+    proc, doc = selftest("--quick", timeout=600)
+    assert doc, f"no JSON written\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    failed = {c["name"]: c["detail"] for c in doc["checks"] if not c["ok"]}
+    assert proc.returncode == 0 and not failed, f"{failed}\n{proc.stdout[-5000:]}"
+    assert doc["ok"] is True and doc["quick"] is True
+    assert isinstance(doc["gpu"], bool) and doc["gpu"] == (doc["device"]["count"] > 0)
+    assert doc["checks"] and all(RECORD_KEYS <= set(c) for c in doc["checks"])
+    assert all(isinstance(c["ok"], bool) and c["seconds"] > 0 for c in doc["checks"])
+    assert doc["estimate_s"] == sum(c["budget_s"] for c in doc["checks"])
+    assert doc["total_s"] >= sum(c["seconds"] for c in doc["checks"])
+    names = [c["name"] for c in doc["checks"]]
+    if not doc["gpu"]:  # what a GPU would run is listed, marked as such
+        assert {"compile-sm90", "mpi-cupy-p2-emulated", "oktopk-buckets-p3-emulated"} <= set(
+            names)
+        assert any(n["reason"] == "needs a GPU" for n in doc["not_run"])
+        compile_check = doc["checks"][names.index("compile-sm90")]
+        assert [r["newly compiled"] for r in compile_check["table"]][1] == 0  # cached
+    assert "## Summary" in proc.stdout and "**PASSED" in proc.stdout
+
+
+def test_a_failing_check_gives_exit_status_1_and_ok_false():
+    """--fail-check adds a check that always fails; --only runs no other check."""
+    proc, doc = selftest("--only", "no-such-check", "--fail-check", timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert doc["ok"] is False
+    assert [(c["name"], c["ok"]) for c in doc["checks"]] == [("injected-failure", False)]
+    assert "--fail-check" in doc["checks"][0]["detail"]
+    assert any(n["reason"] == "not selected (--only)" for n in doc["not_run"])
+    assert "**FAILED: injected-failure**" in proc.stdout
+
+
+def test_list_prints_the_plan_and_the_estimate_and_runs_nothing():
+    proc = subprocess.run([sys.executable, "-m", "cupycoll", "selftest", "--list"],
+                          capture_output=True, text=True, timeout=120, env=ENV, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "- estimate: " in proc.stdout and "## Plan" in proc.stdout
+    assert "## Results" not in proc.stdout
+
+
+# ---------------------------------------------------------------- the runner, in process
+def _ctx(tmp_path: Path) -> Context:
+    return Context(quick=True, devices=0, source=None, tmp=tmp_path)
+
+
+def test_runner_times_each_check_and_a_raising_check_fails_alone(tmp_path):
+    def boom(ctx: Context) -> Outcome:
+        raise RuntimeError("kaputt")
+
+    checks = [Check("raises", 5, "raises", boom),
+              Check("slow", 0.01, "sleeps past its budget",
+                    lambda ctx: time.sleep(0.05) or Outcome(True, "slept")),
+              Check("fine", 5, "passes", lambda ctx: Outcome(True, "fine", [{"a": 1}]))]
+    records = run_checks(checks, _ctx(tmp_path))
+    assert [(r["name"], r["ok"]) for r in records] == [("raises", False), ("slow", True),
+                                                        ("fine", True)]
+    assert "RuntimeError: kaputt" in records[0]["detail"]
+    assert records[1]["over_budget"] and records[1]["seconds"] >= 0.05
+    assert records[2]["table"] == [{"a": 1}] and not records[2]["over_budget"]
+    assert estimate(checks) == 10.01
+
+
+def test_launch_kills_a_hanging_child_at_its_timeout():
+    start = time.perf_counter()
+    done = launch([sys.executable, "-c", "import time; print('started', flush=True); "
+                   "time.sleep(60)"], timeout=2)
+    assert done.timed_out and not done.ok and time.perf_counter() - start < 30
+    assert "timed out after 2 s" in done.failure() and "started" in done.failure()
+
+
+def test_report_ends_with_the_summary_and_the_verdict(tmp_path):
+    checks = [Check("good", 3, "a good check", lambda ctx: Outcome(True, "all fine")),
+              Check("bad", 4, "a bad check", lambda ctx: Outcome(False, "line 1\nline 2"))]
+    records = run_checks(checks, _ctx(tmp_path))
+    doc = document("emulated", {"count": 0, "why": "none here"}, checks, records, [], 475.0,
+                   True, 1.5, None)
+    assert doc["ok"] is False and doc["estimate_s"] == 7 and doc["gpu"] is False
+    text = markdown(doc, checks, [])
+    assert text.index("- estimate: 7 s") < text.index("## Results") < text.index("## Summary")
+    assert "| bad | FAILED |" in text and "**FAILED: bad** (1 of 2 checks ok" in text
+    assert "```\nline 1\nline 2\n```" in text  # a multi-line detail keeps its lines
+    json.dumps(doc)
+    gpu = {"count": 1, "name": "NVIDIA H200", "compute_capability": "9.0", "memory_gib": 139.8,
+           "peak_bandwidth_gbs": 4800.0, "cupy": "14.2.0"}
+    doc = document("gpu", gpu, checks, records[:1], [], 7.0, False, 1.0, str(ROOT))
+    assert doc["gpu"] is True and doc["ok"] is True
+    text = markdown(doc, checks[:1], [])
+    assert ("GPU: 1 x NVIDIA H200 (compute capability 9.0, 139.8 GiB, peak 4800.0 GB/s)"
+            in text and "**PASSED: every check that ran is ok** (1 of 1" in text)
+    assert "estimate of the GPU run" not in text
+
+
+# ---------------------------------------------------------------- the plans
+def test_one_gpu_plan_fits_ten_minutes_and_lists_the_multi_gpu_checks():
+    checks, not_run = _plan.gpu_plan(1, ROOT)
+    names = [c.name for c in checks]
+    assert names == ["gpu-tests", "compile", "nccl-dense-p1", "mpi-cupy-p2", "mpi-cupy-p4",
+                     "throughput", "host-syncs", "host-time-p1"]
+    assert estimate(checks) <= 600
+    assert {n.name for n in not_run} == {"nccl-suites-nvls1", "nccl-suites-nvls0",
+                                         "oktopk-buckets"}
+    assert all(n.reason.startswith("needs 2 or more GPUs") for n in not_run)
+
+
+def test_multi_gpu_plan_runs_the_suites_at_the_gpu_count_with_nvls_on_and_off():
+    checks, not_run = _plan.gpu_plan(4, ROOT)
+    extra = {c.name: c.what for c in checks[-3:]}
+    assert not not_run and set(extra) == {"nccl-suites-nvls1", "nccl-suites-nvls0",
+                                          "oktopk-buckets"}
+    assert "on 4 GPUs, NCCL_NVLS_ENABLE=1" in extra["nccl-suites-nvls1"]
+    assert "(4 overlap buckets)" in extra["oktopk-buckets"]
+
+
+def test_an_installed_copy_says_which_checks_need_the_source_tree():
+    checks, not_run = _plan.gpu_plan(2, None)
+    reasons = {n.name: n.reason for n in not_run}
+    assert reasons == {"gpu-tests": _plan.NO_SOURCE, "nccl-suites-nvls1": _plan.NO_SOURCE,
+                       "nccl-suites-nvls0": _plan.NO_SOURCE}
+    assert "oktopk-buckets" in [c.name for c in checks]  # a worker of the package: runs
+    mode, checks, not_run, gpu_estimate = plan(0, None, False)
+    assert mode == "emulated" and estimate(checks) <= 600
+    assert {n.name for n in not_run if n.reason == _plan.NO_SOURCE} == {
+        "kernels-cpu-tier", "emulated-suites-p2", "emulated-suites-p3"}
+    assert "compile" in {n.name for n in not_run if n.reason == "needs a GPU"}
+    assert {n.name: n.reason for n in not_run}["gpu-tests"] == f"needs a GPU; {_plan.NO_SOURCE}"
+    assert "host-syncs" in [c.name for c in checks]  # runs here: not also "needs a GPU"
+    assert gpu_estimate == estimate(_plan.gpu_plan(1, None)[0])
+
+
+# ---------------------------------------------------------------- the workers' oracles
+def test_dense_reference_truncates_integer_avg_and_matches_compares_bits():
+    stack = np.array([[-3, 3, 5], [2, -2, 2]], np.int8)
+    assert reference(stack, "avg").tolist() == [0, 0, 3]  # -0.5, 0.5, 3.5 toward zero
+    assert reference(stack, "prod").tolist() == [-6, -6, 10]
+    floats = stack.astype(np.float16)
+    assert matches(reference(floats, "sum"), np.array([-1, 1, 7], np.float16), "sum", 2)
+    assert not matches(np.array([-0.0, 1, 7], np.float16), np.array([0.0, 1, 7], np.float16),
+                       "sum", 2)  # the sign of zero counts
+    third = np.float32(1) / np.float32(3)
+    near = np.nextafter(third, np.float32(1))
+    assert matches(np.array([near]), np.array([third]), "avg", 3)  # within 3 ulps
+    assert not matches(np.array([np.float32(0.34)]), np.array([third]), "avg", 3)
+
+
+def test_sparse_reference_holds_sums_to_their_rounding_bound():
+    inputs = [(np.array([1, 4]), np.array([1.0, 2.0], np.float32)),
+              (np.array([4]), np.array([2 ** -24], np.float32))]
+    exact = SparseResult(np.array([1, 4]), np.array([1.0, 2.0], np.float32), 8)
+    assert sparse_mismatch(exact, inputs, "sum", 2, None) is None  # 2 + 2^-24 rounds to 2
+    two_ulps = np.nextafter(np.nextafter(np.float32(2), 3), 3)  # the bound is 1 ulp at P = 2
+    off = SparseResult(np.array([1, 4]), np.array([1.0, two_ulps], np.float32), 8)
+    assert "beyond the rounding bound" in sparse_mismatch(off, inputs, "sum", 2, None)
+    wrong = SparseResult(np.array([1]), np.array([1.0], np.float32), 8)
+    assert "indices differ" in sparse_mismatch(wrong, inputs, "sum", 2, None)
+    assert sparse_mismatch(exact, inputs, "max", 2, None) is None
+    assert sparse_mismatch(off, inputs, "max", 2, None) == "values differ from numpy's"
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_sparse_reference_counts_an_absent_entry_as_zero(op):
+    inputs = [(np.array([0]), np.array([-3.0], np.float32)), (np.array([1]),
+                                                               np.array([5.0], np.float32))]
+    want = {"max": [0.0, 5.0], "min": [-3.0, 0.0]}[op]
+    got = SparseResult(np.array([0, 1]), np.array(want, np.float32), 4)
+    assert sparse_mismatch(got, inputs, op, 2, None) is None
+
+
+def test_docs_list_every_check_with_its_budget():
+    """docs/selftest.md says exactly what runs: every check of every plan, with its budget."""
+    text = (ROOT / "docs" / "selftest.md").read_text()
+    for checks in (_plan.gpu_plan(2, ROOT)[0], _plan.emulated_plan(ROOT)[0]):
+        for c in checks:
+            assert f"| `{c.name}` | {c.budget_s:g} |" in text, c.name
+    for checks in (_plan.gpu_plan(1, ROOT, True)[0], _plan.emulated_plan(ROOT, True)[0]):
+        for c in checks:
+            assert f"`{c.name}` ({c.budget_s:g}" in text, c.name
+    for devices in (1, 2):
+        assert f"{estimate(_plan.gpu_plan(devices, ROOT)[0]):.0f} s" in text
+    assert f"Estimate: {estimate(_plan.emulated_plan(ROOT)[0]):.0f} s." in text
