@@ -87,7 +87,7 @@ def emulated_plan(source: Path | None, quick: bool = False
                 C.throughput_check("throughput-emulated", 8, True, 12, 2),
                 C.oktopk_check("oktopk-buckets-p3-emulated", 12, True, 3, 2)], []
     tier, not_run = _needs_source([C.pytest_check(
-        "kernels-cpu-tier", 120, "the CUDA kernels on the CPU shim against the numpy twins "
+        "kernels-cpu-tier", 180, "the CUDA kernels on the CPU shim against the numpy twins "
         "(tests/test_kernels_cpu.py)", lambda s: ["tests/test_kernels_cpu.py"], None)],
         source, pytest=True)
     suites, missing = _needs_source([
