@@ -73,13 +73,22 @@ def _plain_root(root: Any, comm: Communicator) -> bool:
 
 
 def _start(comm: Communicator, verb: str, args: tuple, result: Any, original: Any,
-           async_op: bool) -> Any:
+           async_op: bool, out: Any = None) -> Any:
     """Run ``comm.<verb>(*args)``: to completion (the backend's cheapest blocking way) and
-    return ``result`` in the caller's array type, or (async_op) return a Work of it."""
+    return ``result`` in the caller's array type, or (async_op) return a Work of it. Where
+    the caller passed ``out`` (and this rank has a result), the result is ``out`` itself, the
+    caller's object (a torch tensor stays that tensor, not a new one over its memory)."""
     if async_op:
         work = getattr(comm, verb)(*args)
-        return Work.then(work, lambda: like_caller(result, original))
+        return Work.then(work, lambda: _delivered(result, original, out))
     comm.run(verb, *args)
+    return _delivered(result, original, out)
+
+
+def _delivered(result: Any, original: Any, out: Any) -> Any:
+    """What the caller gets: its own ``out``, else ``result`` as the caller's array type."""
+    if out is not None and result is not None:
+        return out
     return result if type(original) is type(result) else like_caller(result, original)
 
 
@@ -208,7 +217,7 @@ def allreduce(x: Any, op: Any = "sum", *, comm: Communicator | None = None, out:
         red = parse_op(op, rank=comm.rank)
         dst = _output(out, arr, arr.shape, comm)
         check(arr, red)
-    return _start(comm, "allreduce", (arr, dst, red), dst, x, async_op)
+    return _start(comm, "allreduce", (arr, dst, red), dst, x, async_op, out)
 
 
 def broadcast(x: Any, root: int = 0, *, comm: Communicator | None = None, out: Any = None,
@@ -226,7 +235,7 @@ def broadcast(x: Any, root: int = 0, *, comm: Communicator | None = None, out: A
         src = _root(root, comm)
         dst = _output(out, arr, arr.shape, comm)
         check(arr, root=src)
-    return _start(comm, "broadcast", (arr, dst, src), dst, x, async_op)
+    return _start(comm, "broadcast", (arr, dst, src), dst, x, async_op, out)
 
 
 def reduce(x: Any, root: int = 0, op: Any = "sum", *, comm: Communicator | None = None,
@@ -251,7 +260,7 @@ def reduce(x: Any, root: int = 0, op: Any = "sum", *, comm: Communicator | None 
         red = parse_op(op, rank=comm.rank)
         dst = _output(out, arr, arr.shape, comm) if comm.rank == dst_root else None
         check(arr, red, dst_root)
-    return _start(comm, "reduce", (arr, dst, red, dst_root), dst, x, async_op)
+    return _start(comm, "reduce", (arr, dst, red, dst_root), dst, x, async_op, out)
 
 
 def allgather(x: Any, *, comm: Communicator | None = None, out: Any = None,
@@ -269,7 +278,7 @@ def allgather(x: Any, *, comm: Communicator | None = None, out: Any = None,
         shape = (comm.size * _rows(arr, comm),) + tuple(arr.shape[1:])
         dst = _output(out, arr, shape, comm)
         check(arr)
-    return _start(comm, "allgather", (arr, dst), dst, x, async_op)
+    return _start(comm, "allgather", (arr, dst), dst, x, async_op, out)
 
 
 def reduce_scatter(x: Any, op: Any = "sum", *, comm: Communicator | None = None, out: Any = None,
@@ -292,7 +301,7 @@ def reduce_scatter(x: Any, op: Any = "sum", *, comm: Communicator | None = None,
                                   f"the number of ranks ({comm.size})", rank=comm.rank)
         dst = _output(out, arr, (rows // comm.size,) + tuple(arr.shape[1:]), comm)
         check(arr, red)
-    return _start(comm, "reduce_scatter", (arr, dst, red), dst, x, async_op)
+    return _start(comm, "reduce_scatter", (arr, dst, red), dst, x, async_op, out)
 
 
 all_reduce = allreduce

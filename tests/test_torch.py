@@ -1,7 +1,9 @@
 """cupycoll.torch: DDP hooks and the sparse-embedding helper (torch CPU from the test extra).
 
-The DDP runs (2 and 4 ranks, gloo for DDP's own bookkeeping) are in tests/workers/torch_ddp.py;
-here: in-process checks on one rank and the launches.
+The DDP runs (gloo for DDP's own bookkeeping) are in tests/workers/torch_ddp.py (2 and 4 ranks,
+which also run every check of torch_sparse.py) and tests/workers/torch_sparse.py (1 and 3
+ranks: sparse embeddings through both hooks, cct.sparse_allreduce against gloo); here:
+in-process checks on one rank and the launches.
 """
 
 import subprocess
@@ -15,6 +17,7 @@ import torch
 import cupycoll as cc
 import cupycoll.torch as cct
 from cupycoll.errors import InvalidArgument, InvalidType
+from cupycoll.torch._tensors import future_of
 from tests._mpi import run_mpi
 
 
@@ -25,10 +28,19 @@ def test_importing_cupycoll_does_not_import_torch():
 
 @pytest.mark.parametrize("nprocs", [2, 4])
 def test_ddp_hooks(nprocs):
-    """600 // P steps: every P sees the same number of samples (32 per rank per step)."""
+    """600 // P steps: every P sees the same number of samples (32 per rank per step); the
+    sparse checks of torch_sparse.py run first in the same launch."""
     out = run_mpi(nprocs, "torch_ddp.py", 600 // nprocs, "--report", timeout=900)
-    assert out.count('"hook"') == 5
+    assert out.count('"hook"') == 5 and f"P = {nprocs}: float32 values differing" in out
     print(out)  # the accuracy, bytes and step-time rows (docs/pytorch.md)
+
+
+@pytest.mark.parametrize("nprocs", [1, 3])
+def test_sparse_embeddings_through_hooks_and_helper(nprocs):
+    """The P = 2 and 4 runs of these checks are in test_ddp_hooks' launches."""
+    out = run_mpi(nprocs, "torch_sparse.py", timeout=600)
+    assert f"torch_sparse: P = {nprocs} ok" in out
+    print(out)
 
 
 @pytest.mark.parametrize("nprocs", [1, 2, 3])
@@ -41,7 +53,9 @@ class FakeBucket:
 
     def __init__(self, index, params, last=True):
         self._index, self._params, self._last = index, params, last
-        self._buffer = torch.cat([p.grad.reshape(-1) for p in params])
+        sparse = params[0].grad.is_sparse  # DDP gives a sparse parameter a bucket of its own
+        self._buffer = params[0].grad if sparse else torch.cat([p.grad.reshape(-1)
+                                                                for p in params])
 
     def index(self):
         return self._index
@@ -177,8 +191,8 @@ def test_futures_of_cuda_buckets_carry_their_device(monkeypatch):
 
     monkeypatch.setattr(torch.futures, "Future", RecordingFuture)
     cuda = SimpleNamespace(is_cuda=True, device=torch.device("cuda", 1))
-    cct._future_of(PendingWork(), lambda _: None, cuda)
-    cct._future_of(PendingWork(), lambda _: None, torch.zeros(2))
+    future_of(PendingWork(), lambda _: None, cuda)
+    future_of(PendingWork(), lambda _: None, torch.zeros(2))
     assert made == [[torch.device("cuda", 1)], None]
 
 
@@ -199,7 +213,86 @@ def test_sparse_helper_one_rank_and_errors():
     out = cct.sparse_allreduce(torch.sparse_coo_tensor(i, v, (5, 2), check_invariants=True))
     assert out.is_coalesced() and out.indices().tolist() == [[1, 3]]
     assert out.values().tolist() == [[3.0, 4.0], [6.0, 8.0]]
-    with pytest.raises(InvalidType):
+    with pytest.raises(InvalidType, match="'tensor' on rank 0"):
         cct.sparse_allreduce(torch.zeros(3))
-    with pytest.raises(InvalidArgument):
+    with pytest.raises(InvalidArgument, match="'tensor' on rank 0"):
         cct.sparse_allreduce(torch.zeros(2, 2).to_sparse())
+    with pytest.raises(InvalidArgument, match="'out'"):  # cupycoll's check, on every rank
+        cct.sparse_allreduce(torch.sparse_coo_tensor(i, v, (5, 2), check_invariants=True),
+                             output="dense",
+                             out=torch.zeros(4, 2))
+
+
+def sparse_grad(seed, dtype=torch.float32, rows=50, tokens=40):
+    """An nn.Embedding(sparse=True) gradient: uncoalesced, duplicate rows."""
+    gen = torch.Generator().manual_seed(seed)
+    emb = torch.nn.Embedding(rows, 3, sparse=True).to(dtype)
+    idx = torch.randint(0, rows // 4, (tokens,), generator=gen)  # many duplicates
+    (emb(idx) * torch.randn(tokens, 3, generator=gen).to(dtype)).sum().backward()
+    return emb.weight.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_hooks_average_a_sparse_bucket_exactly(dtype):
+    """One rank: the average is the gradient, coalesced (bfloat16 summed in float32 and
+    rounded once), as the coalesced sparse tensor DDP copies into the parameter's gradient;
+    topk_hook passes it through the same path, in warm-up and after, and counts the bucket."""
+    cc.init("mpi")
+    grad = sparse_grad(4, dtype)
+    assert not grad.is_coalesced()
+    expected = grad.float().coalesce() if dtype == torch.bfloat16 else grad.coalesce()
+    state = cct.TopkHookState(density=0.1, warmup_steps=1)
+    for hook, hook_state in ((cct.allreduce_hook, None), (cct.topk_hook, state),
+                             (cct.topk_hook, state)):
+        out = hook(hook_state, FakeBucket(0, [SimpleNamespace(grad=grad)])).wait()
+        assert out.is_sparse and out.is_coalesced() and out.dtype == dtype
+        assert torch.equal(out.indices(), expected.indices())
+        assert torch.equal(out.values(), expected.values().to(dtype))
+    assert state.iteration == 2 and not state.compressors  # counted, never compressed
+
+
+def test_hooks_reject_sparse_buckets_of_other_dtypes():
+    cc.init("mpi")
+    grad = sparse_grad(5).to(torch.int64)
+    state = cct.TopkHookState(density=0.5)
+    for hook, hook_state in ((cct.allreduce_hook, None), (cct.topk_hook, state)):
+        with pytest.raises(InvalidType, match="'bucket' on rank 0 .*int64"):
+            hook(hook_state, FakeBucket(0, [SimpleNamespace(grad=grad)]))
+    assert state.iteration == 0
+
+
+@pytest.mark.parametrize("verb", ["allreduce", "broadcast", "reduce", "allgather",
+                                  "reduce_scatter"])
+@pytest.mark.parametrize("async_op", [False, True])
+def test_out_is_the_callers_tensor(verb, async_op):
+    """``out=t`` returns ``t`` itself (the same torch object), not a new tensor over it."""
+    cc.init("mpi")
+    x = torch.arange(6.0)
+    out = x if verb != "allgather" else torch.empty(6)
+    got = getattr(cc, verb)(x, out=out, async_op=async_op)
+    got = got.wait() if async_op else got
+    assert got is out and torch.equal(out, torch.arange(6.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
+@pytest.mark.parametrize("numba", ["on", "off"])
+@pytest.mark.parametrize("entries", [5000, 40000])
+def test_coalescing_gives_torchs_rows_and_sums_bit_for_bit(dtype, numba, entries, monkeypatch):
+    """The compiled fold (from FROM entries, lowered here; not with CUPYCOLL_NUMBA=off) gives
+    the rows and the float sums of torch's coalesce(), which is what gloo sums locally. Zipf
+    ids: hot rows repeat hundreds of times, so the order of the additions shows in the bits
+    (torch's sort does not keep the input order of equal ids at 5,000 entries; at 40,000 it
+    does)."""
+    from cupycoll.torch import _coalesce
+
+    monkeypatch.setenv("CUPYCOLL_NUMBA", numba)
+    monkeypatch.setattr(_coalesce, "FROM", 1000)
+    rng = np.random.default_rng(0)
+    ids = torch.as_tensor(np.minimum(rng.zipf(1.1, entries), 5000) - 1)
+    values = torch.randn(entries, 3, 2, generator=torch.Generator().manual_seed(1)) * 1e3
+    grad = torch.sparse_coo_tensor(ids[None], values.to(dtype), (5000, 3, 2),
+                                   check_invariants=True)
+    indices, summed = _coalesce.coalesce(grad)
+    expected = grad.coalesce()
+    assert torch.equal(indices, expected.indices()[0])
+    assert summed.dtype == dtype and torch.equal(summed, expected.values())

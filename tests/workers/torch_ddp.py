@@ -5,20 +5,19 @@
 Checks on every rank: parameters bitwise identical across ranks after every step (hash
 allgathered over MPI); the residual mass of the Ok-Topk hook conserved (sum over ranks of the
 residuals + P x the sum of the averaged updates == the sum over ranks of every gradient fed in);
-accuracy of the Ok-Topk hook at 5% within 2 points of the default hook; the sparse-embedding
-helper equal to gloo's sparse all_reduce; a bfloat16 model through both hooks, with every bucket
-that allreduce_hook returns within bfloat16 rounding of the float64 average of the ranks'
-buckets. Rank 0 prints one JSON line per run with --report.
+accuracy of the Ok-Topk hook at 5% within 2 points of the default hook; a bfloat16 model
+through both hooks, with every bucket that allreduce_hook returns within bfloat16 rounding of
+the float64 average of the ranks' buckets; and every check of torch_sparse.py (sparse
+embeddings through both hooks, cct.sparse_allreduce against gloo) at this P. Rank 0 prints one
+JSON line per run with --report.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -30,21 +29,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import cupycoll as cc
 import cupycoll.torch as cct
+from torch_sparse import init_gloo
+from torch_sparse import run_all as sparse_checks
 
 world = MPI.COMM_WORLD
 RANK, P = world.Get_rank(), world.Get_size()
 STEPS = int(sys.argv[1])
 REPORT = "--report" in sys.argv
-
-
-def init_gloo() -> str:
-    """torch.distributed over gloo, rendezvous through a file in a fresh directory of rank 0's
-    (a port picked by binding to 0 and closing could be taken by another job before gloo
-    listened on it: CI saw EADDRINUSE); returns the directory, removed by rank 0 at the end."""
-    where = world.bcast(tempfile.mkdtemp(prefix="cupycoll-gloo-") if RANK == 0 else None)
-    dist.init_process_group("gloo", init_method=f"file://{os.path.join(where, 'store')}",
-                            rank=RANK, world_size=P)
-    return where
 
 
 def data():
@@ -178,27 +169,10 @@ def check_bfloat16(steps: int) -> None:
     run_steps("bfloat16 topk_hook", model, ddp, steps)
 
 
-def check_sparse_embedding() -> None:
-    """cupycoll.torch.sparse_allreduce == gloo's sparse all_reduce (coalesced), bit for bit."""
-    emb = torch.nn.Embedding(50, 3, sparse=True)
-    gen = torch.Generator().manual_seed(10 + RANK)
-    tokens = torch.randint(0, 50, (20,), generator=gen)
-    weights = torch.randint(-4, 5, (20, 1), generator=gen).float()  # exact sums in any order
-    (emb(tokens) * weights).sum().backward()
-    grad = emb.weight.grad
-    ours = cct.sparse_allreduce(grad)
-    theirs = grad.clone()
-    dist.all_reduce(theirs)
-    theirs = theirs.coalesce()
-    assert ours.is_coalesced() and ours.shape == theirs.shape
-    assert torch.equal(ours.indices(), theirs.indices())
-    assert torch.equal(ours.values(), theirs.values())
-
-
 def main() -> None:
     cc.init("mpi")
     store = init_gloo()
-    check_sparse_embedding()
+    sparse_checks()  # torch_sparse.py's, at this launch's P
     runs = [train("default", 0.0), train("cupycoll-allreduce", 0.0), train("topk", 0.05),
             train("topk", 0.01), train("topk", 0.05, wire="compact", wire_values="bfloat16")]
     default = runs[0]["accuracy"]

@@ -1,105 +1,66 @@
-"""PyTorch integration: DDP communication hooks and a sparse allreduce of torch sparse tensors.
+"""The DDP communication hooks: ``allreduce_hook`` (a plain averaged allreduce) and
+``topk_hook`` (Ok-Topk with error feedback per bucket, state in :class:`TopkHookState`).
 
-    import cupycoll.torch as cct
-    state = cct.TopkHookState(density=0.01)               # Ok-Topk, error feedback per bucket
-    ddp_model.register_comm_hook(state, cct.topk_hook)    # DDP's documented extension point
-
-Importing ``cupycoll`` never imports torch; this module does (``pip install 'cupycoll[torch]'``).
-CPU tensors travel as numpy views (no copy), CUDA tensors through DLPack as CuPy arrays on the
-NCCL backend; bfloat16 buckets are reduced in a float32 copy. The hooks run cupycoll's
-collectives on their own duplicate of the communicator, in bucket order (the same on every
-rank), so they overlap the rest of the backward pass.
+Dense buckets are averaged on the hooks' own duplicate of the communicator; a sparse bucket
+(DDP hands one per sparse parameter, e.g. ``nn.Embedding(sparse=True)``) is averaged exactly by
+the sparse allreduce, on cupycoll's background worker, and returned as the coalesced sparse
+tensor DDP copies into the parameter's gradient.
 """
 
 import dataclasses
 import functools
-import math
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from ._result import SparseResult
-from ._types import ReduceOp
-from .comm import Communicator, Work, get_comm
-from .errors import InvalidArgument, InvalidType
-from .sparse import sparse_allreduce as _sparse_allreduce
-from .topk import TopkCompressor
-from .wire._choice import check_wire, check_wire_values
+from .._background import runner
+from .._result import SparseResult
+from .._types import ReduceOp
+from ..comm import Communicator, get_comm
+from ..errors import InvalidArgument
+from ..topk import TopkCompressor
+from ..wire._choice import check_wire, check_wire_values
+from . import _sparse
+from ._tensors import as_array, future_of, working_copy, working_dtype, written_back
 
-__all__ = ["TopkHookState", "topk_hook", "allreduce_hook", "sparse_allreduce"]
-
-
-def _as_array(tensor: torch.Tensor) -> Any:
-    """A zero-copy numpy (CPU) or CuPy (CUDA) view of a contiguous tensor."""
-    if tensor.is_cuda:
-        import cupy
-
-        return cupy.from_dlpack(tensor)
-    return tensor.detach().numpy()
-
-
-#: bucket dtype -> the dtype the hooks reduce it in: bfloat16 in a float32 copy (numpy, the MPI
-#: backend and the top-k tables have no bfloat16), written back with torch's rounding.
-_WORKING_DTYPES = {torch.float16: torch.float16, torch.float32: torch.float32,
-                   torch.float64: torch.float64, torch.bfloat16: torch.float32}
-
-
-def _working_copy(buffer: torch.Tensor, rank: int) -> torch.Tensor:
-    """The tensor a hook reduces: the bucket itself, or a float32 copy of a bfloat16 bucket.
-
-    Raises:
-        InvalidType: a bucket dtype the hooks do not reduce (named, with this rank).
-    """
-    dtype = _WORKING_DTYPES.get(buffer.dtype)
-    if dtype is None:
-        raise InvalidType("bucket", str(buffer.dtype), "a float16, bfloat16, float32 or "
-                          "float64 gradient bucket", rank=rank)
-    return buffer if dtype == buffer.dtype else buffer.to(dtype)
-
-
-def _written_back(buffer: torch.Tensor, reduced: torch.Tensor) -> torch.Tensor:
-    """The bucket holding ``reduced`` (rounded by torch where it is a float32 copy)."""
-    return buffer if reduced is buffer else buffer.copy_(reduced)
-
-
-def _future_of(work: Work, finish: Any, buffer: torch.Tensor) -> torch.futures.Future:
-    """A torch Future completed with ``finish(work.wait())`` (or its exception).
-
-    For a CUDA bucket the Future names its device, so torch records an event on the current
-    stream when the value is set and DDP's wait makes its own stream wait for that event.
-    """
-    future: torch.futures.Future = torch.futures.Future(
-        devices=[buffer.device] if buffer.is_cuda else None)
-
-    def done(_: Work) -> None:
-        try:
-            future.set_result(finish(work.wait()))
-        except BaseException as exc:  # DDP re-raises it from the backward pass
-            future.set_exception(exc)
-
-    work.add_done_callback(done)
-    return future
+__all__ = ["TopkHookState", "topk_hook", "allreduce_hook"]
 
 
 def _background(comm: Communicator | None) -> Communicator:
-    """The hooks' own communicator: a duplicate, so DDP's buckets never cross the user's calls."""
-    return (comm or get_comm()).dup()
+    """The hooks' own communicator: a duplicate, so DDP's buckets never cross the user's calls,
+    and its background worker (both collective: made here, not in the first sparse bucket's
+    hook, which must not wait for the other ranks)."""
+    own = (comm or get_comm()).dup()
+    runner(own)
+    return own
 
 
 def allreduce_hook(comm: Communicator | None,
                    bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP hook: average the bucket with cupycoll's dense allreduce. ``comm``: the
-    communicator to run on (pass ``cc.get_comm().dup()`` to keep DDP's traffic apart from
-    your own calls), or None for a duplicate of the default one, made once. A bfloat16
-    bucket is averaged in float32 and rounded back once."""
+    """DDP hook: average the bucket with cupycoll's dense allreduce, or a sparse bucket with its
+    sparse allreduce. ``comm``: the communicator to run on (pass ``cc.get_comm().dup()`` to
+    keep DDP's traffic apart from your own calls), or None for a duplicate of the default one,
+    made once. A bfloat16 bucket is averaged in float32 and rounded back once."""
     comm = comm or _hook_comm()
     buffer = bucket.buffer()
-    reduced = _working_copy(buffer, comm.rank)
-    array = _as_array(reduced)
+    if buffer.is_sparse:
+        return _sparse_bucket(comm, buffer)
+    reduced = working_copy(buffer, comm.rank)
+    array = as_array(reduced)
     work = comm.allreduce(array, array, ReduceOp.AVG, op_name="torch.allreduce_hook")
-    return _future_of(work, lambda _: _written_back(buffer, reduced), buffer)
+    return future_of(work, lambda _: written_back(buffer, reduced), buffer)
+
+
+def _sparse_bucket(comm: Communicator, buffer: torch.Tensor) -> torch.futures.Future:
+    """The average of a sparse bucket over ranks, exact (union of rows, sum / P), as the
+    coalesced sparse tensor DDP copies into the gradient (``reducer.cpp``'s
+    ``bucket.gradients.copy_``). The whole call runs in the background (MPI) or on the
+    communicator's stream (NCCL): the autograd thread never waits for another rank here."""
+    working_dtype(buffer, comm.rank)  # a bad dtype raises here, before anything travels
+    work = _sparse.start(comm, buffer, {"op": ReduceOp.AVG}, "torch.sparse_bucket")
+    return future_of(work, lambda averaged: averaged, buffer)
 
 
 @functools.lru_cache(maxsize=None)
@@ -199,20 +160,25 @@ def topk_hook(state: TopkHookState,
     residual, about ``density`` of its entries are reduced across ranks, the averaged sparse
     update is written densely into the bucket (zeros elsewhere) and the rest stays in the
     residual for later steps. Returns a torch Future, completed from cupycoll's worker.
-    A bfloat16 bucket is fed to its compressor as a float32 copy (float32 residual; the update
-    is rounded to bfloat16 where it is written into the bucket).
+    A sparse bucket (a sparse parameter's gradient) is never compressed: it is averaged
+    exactly, as :func:`allreduce_hook` does, warm-up or not. A bfloat16 bucket is fed to its
+    compressor as a float32 copy (float32 residual; the update is rounded to bfloat16 where it
+    is written into the bucket).
     """
     buffer = bucket.buffer()
-    reduced = _working_copy(buffer, state.comm.rank)
+    working_dtype(buffer, state.comm.rank)  # a bad dtype raises before the bucket counts
     if bucket.is_last():
         state.iteration += 1
         iteration = state.iteration - 1
     else:
         iteration = state.iteration
-    array = _as_array(reduced)
+    if buffer.is_sparse:
+        return _sparse_bucket(state.comm, buffer)
+    reduced = working_copy(buffer, state.comm.rank)
+    array = as_array(reduced)
     if iteration < state.warmup_steps:
         work = state.comm.allreduce(array, array, ReduceOp.AVG, op_name="torch.warmup")
-        return _future_of(work, lambda _: _written_back(buffer, reduced), buffer)
+        return future_of(work, lambda _: written_back(buffer, reduced), buffer)
     work = state.compressor(bucket).step(array, async_op=True)
 
     def write(update: SparseResult) -> torch.Tensor:
@@ -222,31 +188,5 @@ def topk_hook(state: TopkHookState,
             buffer[index] = torch.as_tensor(update.values, device=buffer.device).to(buffer.dtype)
         return buffer
 
-    return _future_of(work, write, buffer)
+    return future_of(work, write, buffer)
 
-
-def sparse_allreduce(tensor: torch.Tensor, *, op: str = "sum",
-                     comm: Communicator | None = None, **kwargs: Any) -> torch.Tensor:
-    """Allreduce a ``torch.sparse_coo_tensor`` (e.g. an ``nn.Embedding(sparse=True)`` gradient).
-
-    Any dense trailing dimensions are rows. Returns a coalesced sparse tensor of the same
-    shape, identical on every rank, as ``torch.distributed.all_reduce`` returns for gloo
-    (values reduced with ``op``; indices sorted, unique). ``kwargs`` go to
-    :func:`cupycoll.sparse_allreduce` (``algorithm``, ``accumulate_dtype``...).
-    """
-    if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.sparse_coo:
-        raise InvalidType("tensor", type(tensor).__name__, "a torch.sparse_coo_tensor")
-    if tensor.sparse_dim() != 1:
-        raise InvalidArgument("tensor", f"sparse_dim={tensor.sparse_dim()}",
-                              "one sparse dimension (rows), like an embedding gradient")
-    coalesced = tensor.coalesce()
-    indices = _as_array(coalesced.indices()[0].contiguous())
-    values = _as_array(coalesced.values().contiguous())
-    rows = math.prod(values.shape[1:]) if values.ndim > 1 else 0
-    flat = values.reshape(values.shape[0], rows) if values.ndim > 2 else values
-    result = _sparse_allreduce(indices, flat, tensor.shape[0], op=op, comm=comm, **kwargs)
-    out_values = torch.as_tensor(result.values, device=tensor.device)
-    out_values = out_values.reshape((-1, *tensor.shape[1:]))
-    out_indices = torch.as_tensor(result.indices, device=tensor.device).long().unsqueeze(0)
-    return torch.sparse_coo_tensor(out_indices, out_values, tensor.shape, is_coalesced=True,
-                                   check_invariants=False)  # sorted and unique by construction

@@ -1,0 +1,168 @@
+"""``cupycoll.torch.sparse_allreduce``: torch sparse COO tensors (an ``nn.Embedding(sparse=True)``
+gradient) through cupycoll's exact sparse allreduce, at once or on cupycoll's background worker.
+
+Each rank's tensor is coalesced with torch's own sums, bit for bit (the local sums gloo's sparse
+allreduce makes; :mod:`._coalesce`, faster than torch's loop on large gradients); its rows then
+go to :func:`cupycoll.sparse_allreduce` as zero-copy views, trailing dense dimensions flattened
+into the row width. Arrays cross as numpy (CPU) or CuPy (CUDA) views: no copy, and none of
+DLPack's per-call cost on CPU.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from .._background import run_async
+from .._result import SparseResult
+from ..comm import Communicator, Work, get_comm
+from ..errors import InvalidArgument, InvalidType
+from ..sparse import sparse_allreduce as _sparse_allreduce
+from ._coalesce import coalesce
+from ._tensors import as_array
+
+__all__ = ["sparse_allreduce", "start", "reduce"]
+
+
+def sparse_allreduce(tensor: torch.Tensor, *, op: Any = "sum", comm: Communicator | None = None,
+                     output: str = "sparse", out: torch.Tensor | None = None,
+                     async_op: bool = False, **kwargs: Any) -> Any:
+    """Allreduce a ``torch.sparse_coo_tensor`` with one sparse dimension (rows) over all ranks.
+
+    Every rank gets the identical result: the rows of the union of all ranks' rows, each the
+    **sum** of the ranks' rows (``op="avg"`` divides by P; "max", "min", "prod" as in
+    :func:`cupycoll.sparse_allreduce`, a rank without a row counting as zeros there).
+    Duplicate rows within a rank are summed first (torch's ``coalesce()``); trailing dense
+    dimensions are part of the row.
+
+    Args:
+        tensor: sparse COO tensor of shape ``(n, *row)``, any nnz (0 included), coalesced or
+            not; float16, bfloat16 (reduced in float32, rounded back once), float32, float64,
+            int32 or int64 values; CPU (MPI) or CUDA (NCCL). The same shape and dtype on every
+            rank.
+        op: "sum" (default), "avg", "max", "min", "prod" (or a ReduceOp).
+        comm: communicator (default ``cupycoll.get_comm()``).
+        output: "sparse": a coalesced sparse tensor (indices sorted, unique), as
+            ``torch.distributed.all_reduce`` leaves it on gloo after ``coalesce()``. "dense":
+            the strided tensor of ``tensor``'s shape, zeros where no rank has a row (for an
+            optimizer that applies it densely anyway).
+        out: with output="dense", a contiguous tensor of ``tensor``'s shape and dtype, written
+            in place and returned (the same object).
+        async_op: return a cupycoll :class:`Work` whose ``wait()`` returns the result. On MPI
+            the whole call (coalescing, validation, reduction) runs on cupycoll's background
+            worker over a duplicate communicator, in call order, so this thread does not wait
+            for the other ranks; on NCCL as ``cupycoll.sparse_allreduce(async_op=True)``.
+        kwargs: ``algorithm``, ``accumulate_dtype``, ``wire``, ``wire_values``, ``alloc_fn``,
+            ``completion_fn``, ``fn_ctx`` of :func:`cupycoll.sparse_allreduce` (callbacks see
+            numpy (CPU) or CuPy (CUDA) arrays: int64 indices, rows flattened to
+            ``(nnz, width)``; ``alloc_fn`` may return tensors).
+    Returns:
+        The sparse or dense tensor on ``tensor``'s device, or a Work of it.
+    Raises:
+        InvalidType, InvalidArgument: ``tensor`` is not sparse COO with one sparse dimension
+            (on the rank that passed it); any other bad argument, on every rank, as
+            :func:`cupycoll.sparse_allreduce` raises it.
+    Example::
+
+        # rank 0: rows {1: [1., 1.]}            rank 1: rows {1: [2., 2.], 4: [5., 5.]}
+        cct.sparse_allreduce(emb.weight.grad)   # both: rows {1: [3., 3.], 4: [5., 5.]}
+    """
+    comm = comm or get_comm()
+    _check(tensor, comm.rank)
+    call = dict(kwargs, op=op, output=output, out=out)
+    if async_op:
+        return start(comm, tensor, call)
+    return reduce(tensor, comm, **call)
+
+
+def start(comm: Communicator, tensor: torch.Tensor, call: dict[str, Any],
+          op_name: str = "torch.sparse_allreduce") -> Work:
+    """Start :func:`reduce` of ``tensor`` with keywords ``call`` through
+    ``cupycoll._background.run_async``: on MPI on ``comm``'s worker over its duplicate (this
+    thread goes on at once; calls run in call order on every rank), on NCCL here on
+    ``comm``'s stream. The Work's result is the reduced tensor."""
+    return run_async(comm, lambda on: reduce(tensor, on, **call), op_name=op_name)
+
+
+def reduce(tensor: torch.Tensor, comm: Communicator, *, output: str = "sparse",
+           out: Any = None, **kwargs: Any) -> torch.Tensor:
+    """The call itself, on ``comm``: coalesce, reduce, and return the torch result."""
+    indices, values = _rows(tensor)
+    target = _target(out, tensor, values.dtype)
+    result = _sparse_allreduce(as_array(indices), as_array(values), tensor.shape[0],
+                               comm=comm, output=output, out=_viewed(target), **kwargs)
+    if output == "dense":
+        return _dense(result, tensor, out, target)
+    return _sparse(result, tensor)
+
+
+def _check(tensor: Any, rank: int) -> None:
+    if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.sparse_coo:
+        raise InvalidType("tensor", type(tensor).__name__ if not isinstance(
+            tensor, torch.Tensor) else f"a {tensor.layout} tensor",
+            "a torch.sparse_coo_tensor", rank=rank)
+    if tensor.sparse_dim() != 1:
+        raise InvalidArgument("tensor", f"sparse_dim={tensor.sparse_dim()}",
+                              "one sparse dimension (rows), like an embedding gradient",
+                              rank=rank)
+
+
+def _rows(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's coalesced rows: 1-D int64 indices and values ``(nnz,)`` or ``(nnz,
+    width)``, bfloat16 as float32."""
+    if tensor.dtype == torch.bfloat16:  # duplicates summed in float32 too
+        tensor = tensor.float()
+    indices, values = coalesce(tensor)
+    if values.dim() > 2:  # explicit width: reshape(0, -1) of no rows is ambiguous
+        values = values.reshape(values.shape[0], math.prod(values.shape[1:]))
+    return indices, values.contiguous()
+
+
+def _target(out: Any, tensor: torch.Tensor, dtype: torch.dtype) -> Any:
+    """What cupycoll writes a dense result into: ``out`` as ``(n, width)`` rows (a view), a
+    float32 buffer for a bfloat16 ``out`` (copied over afterwards), or ``out`` as given when
+    it does not fit ``tensor`` (then cupycoll names it on every rank)."""
+    if not isinstance(out, torch.Tensor) or out.shape != tensor.shape:
+        return out
+    if out.dtype == torch.bfloat16 and tensor.dtype == torch.bfloat16:
+        return torch.empty(_flat_shape(tensor), dtype=dtype, device=out.device)
+    if tensor.dim() > 2 and out.is_contiguous():
+        return out.view(_flat_shape(tensor))
+    return out
+
+
+def _viewed(target: Any) -> Any:
+    """A tensor as the array cupycoll writes (numpy or CuPy, zero-copy), else as given (a
+    tensor numpy cannot view, e.g. bfloat16: cupycoll then rejects it on every rank)."""
+    if not isinstance(target, torch.Tensor):
+        return target
+    try:
+        return as_array(target)
+    except (TypeError, RuntimeError):
+        return target
+
+
+def _flat_shape(tensor: torch.Tensor) -> tuple[int, ...]:
+    n = tensor.shape[0]
+    return (n,) if tensor.dim() == 1 else (n, math.prod(tensor.shape[1:]))
+
+
+def _dense(result: Any, tensor: torch.Tensor, out: Any, target: Any) -> torch.Tensor:
+    """The dense result in ``tensor``'s shape and dtype: ``out`` itself when given."""
+    if out is None:
+        return torch.as_tensor(result, device=tensor.device).reshape(tensor.shape).to(
+            tensor.dtype)
+    if target is not out and target.dtype != out.dtype:  # the float32 buffer of a bfloat16
+        out.copy_(target.view(out.shape))
+    return out
+
+
+def _sparse(result: SparseResult, tensor: torch.Tensor) -> torch.Tensor:
+    """The coalesced sparse tensor of ``result`` (sorted, unique rows by construction)."""
+    values = torch.as_tensor(result.values, device=tensor.device)
+    values = values.reshape((values.shape[0], *tensor.shape[1:])).to(tensor.dtype)
+    indices = torch.as_tensor(result.indices, device=tensor.device).long().unsqueeze(0)
+    return torch.sparse_coo_tensor(indices, values, tensor.shape, is_coalesced=True,
+                                   check_invariants=False)
