@@ -1,0 +1,359 @@
+"""A ``cupycoll`` backend for torch.distributed: a process group written in Python.
+
+    # mpiexec -n 4 python -m mpi4py train.py
+    import torch.distributed as dist
+    import cupycoll._torch_backend  # registers "cupycoll" and cupycoll:// (idempotent)
+    dist.init_process_group("cupycoll", init_method="cupycoll://")  # rank and size from MPI
+    dist.all_reduce(embedding.weight.grad)  # a sparse COO gradient: cupycoll.sparse_allreduce
+
+Every verb runs cupycoll's collective on the group's communicator (CPU tensors: the MPI
+backend; CUDA tensors: an NCCL communicator over the same ranks, made at the first CUDA call)
+and returns at once a :class:`~._torch_work.TorchWork` that cupycoll's completer thread
+completes. Verbs the group does not have raise NotImplementedError naming the verb. The limits
+of a process group written in Python are in docs/torch_backend.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from . import collectives
+from ._torch_coalesced import CoalescedVerbs
+from ._torch_tensors import (as_array, byte_tensor, copied_back, reduce_op, reduction_tensor,
+                             sparse_parts, sparse_tensor)
+from ._torch_work import TorchWork, dist_error, network_error
+from ._torch_world import group_comm, rendezvous, timeout_seconds
+from ._types import ReduceOp
+from .comm import Communicator
+from .comm.mpi import MPICommunicator
+from .errors import BackendUnavailable, InvalidArgument
+from .sparse import sparse_allreduce
+
+__all__ = ["ProcessGroupCupycoll", "register", "BACKEND"]
+
+BACKEND = "cupycoll"
+
+#: verbs of torch's ProcessGroup this group does not have (each raises NotImplementedError).
+_NOT_WRITTEN = ("gather", "scatter", "send", "recv", "recv_anysource", "allgather_coalesced",
+                "_start_coalescing", "_end_coalescing")
+
+
+def _on_device(tensor: torch.Tensor) -> Any:
+    """The context a CUDA tensor's collective is started in: CuPy's current device and stream
+    are torch's, so cupycoll orders its work after what torch queued. CPU: nothing."""
+    if not tensor.is_cuda:
+        return contextlib.nullcontext()
+    import cupy
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(cupy.cuda.Device(tensor.device.index))
+    stream = torch.cuda.current_stream(tensor.device)
+    stack.enter_context(cupy.cuda.ExternalStream(stream.cuda_stream, tensor.device.index))
+    return stack
+
+
+class ProcessGroupCupycoll(CoalescedVerbs, dist.ProcessGroup):
+    """torch.distributed's process group over cupycoll's communicators (see the module).
+
+    Made by torch through ``dist.init_process_group("cupycoll")`` or
+    ``dist.new_group(backend="cupycoll")``; ``mpi_comm`` holds the group's ranks in its order,
+    ``timeout`` bounds every wait (seconds; None: none).
+    """
+
+    def __init__(self, store: dist.Store, rank: int, size: int, mpi_comm: Any,
+                 timeout: float | None) -> None:
+        super().__init__(rank, size)  # 2.13: only this constructor makes a Python subclass
+        self._mpi_comm, self._timeout = mpi_comm, timeout
+        self._host: Communicator = MPICommunicator(mpi_comm, timeout=timeout)
+        self._device: Communicator | None = None
+
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    # torch keeps a group's name and description in its C++ backends, which a Python group
+    # has none of: kept here, so functional collectives can find the group by name
+    def setGroupName(self, name: str) -> None:
+        self._group_name = name
+
+    def getGroupName(self) -> str:
+        return getattr(self, "_group_name", "")
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:
+        return getattr(self, "_group_desc", "")
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupCupycoll(rank={self.rank()}, size={self.size()})"
+
+    # helpers
+    def _comm(self, tensor: torch.Tensor) -> Communicator:
+        """The host communicator, or (a CUDA tensor) the NCCL one, made at the first CUDA
+        call (collective: every rank makes its first CUDA call in the same collective)."""
+        if not tensor.is_cuda:
+            return self._host
+        if self._device is None:
+            from .comm.nccl import NCCLCommunicator
+
+            with _on_device(tensor):
+                self._device = NCCLCommunicator(self._mpi_comm, timeout=self._timeout)
+        return self._device
+
+    def _single(self, tensors: Any, verb: str) -> torch.Tensor:
+        """The one tensor of a verb's list (torch passes a list of one per process)."""
+        if isinstance(tensors, torch.Tensor):
+            return tensors
+        if len(tensors) != 1:
+            raise InvalidArgument(f"{verb}: tensors", f"a list of {len(tensors)}",
+                                  "one tensor per process", rank=self.rank())
+        return tensors[0]
+
+    def _launch(self, verb: str, tensor: torch.Tensor, start: Callable[[Communicator], Any],
+                finish: Callable[[Any], list[torch.Tensor]]) -> TorchWork:
+        """Start ``start(comm)`` (a cupycoll Work) on ``tensor``'s communicator and device;
+        return its TorchWork, whose value is ``finish(result)``."""
+        try:
+            comm = self._comm(tensor)
+            with _on_device(tensor):
+                work = start(comm)
+        except Exception as exc:
+            raise dist_error(exc) from None
+        return TorchWork(work, finish, [tensor.device] if tensor.is_cuda else None, verb)
+
+    def _check_like(self, verb: str, name: str, tensors: Sequence[torch.Tensor],
+                    like: torch.Tensor, count: int) -> None:
+        """Raise InvalidArgument unless ``tensors`` are ``count`` tensors of ``like``'s dtype
+        and number of elements."""
+        if len(tensors) != count or any(t.dtype != like.dtype or t.numel() != like.numel()
+                                        for t in tensors):
+            raise InvalidArgument(f"{verb}: {name}", [(tuple(t.shape), str(t.dtype))
+                                                      for t in tensors],
+                                  f"{count} tensors of {like.numel()} {like.dtype} elements",
+                                  rank=self.rank())
+
+    def _op(self, opts: Any, verb: str) -> ReduceOp:
+        return reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, verb,
+                         self.rank())
+
+    # verbs
+    def allreduce(self, tensors: Any, opts: Any = None) -> TorchWork:
+        """Dense: every rank gets op over ranks, in place. Sparse COO: cupycoll's sparse
+        allreduce; the tensor becomes the coalesced result (as gloo leaves it)."""
+        tensor = self._single(tensors, "allreduce")
+        op = self._op(opts, "allreduce")
+        if tensor.layout == torch.sparse_coo:
+            return self._sparse_allreduce(tensor, op)
+        worked = reduction_tensor(tensor, op, "tensor", self.rank())
+        array = as_array(worked)
+        return self._launch(
+            "allreduce", tensor,
+            lambda comm: collectives.allreduce(array, op, comm=comm, out=array, async_op=True),
+            lambda _: [copied_back(tensor, worked)])
+
+    def _sparse_allreduce(self, tensor: torch.Tensor, op: ReduceOp) -> TorchWork:
+        index, values, n = sparse_parts(tensor, self.rank())
+
+        def finish(result: Any) -> list[torch.Tensor]:
+            with torch.no_grad():
+                tensor.copy_(sparse_tensor(result, tensor))
+            return [tensor]
+
+        return self._launch(
+            "allreduce", tensor,
+            lambda comm: sparse_allreduce(index, values, n, op=op, comm=comm, async_op=True),
+            finish)
+
+    def broadcast(self, tensors: Any, opts: Any = None) -> TorchWork:
+        tensor = self._single(tensors, "broadcast")
+        root = opts.rootRank if opts is not None else 0
+        data = byte_tensor(tensor)
+        array = as_array(data)
+        return self._launch(
+            "broadcast", tensor,
+            lambda comm: collectives.broadcast(array, root, comm=comm, out=array, async_op=True),
+            lambda _: [copied_back(tensor, data)])
+
+    def reduce(self, tensors: Any, opts: Any = None) -> TorchWork:
+        """op over ranks into root's tensor; the others' tensors are left as they were."""
+        tensor = self._single(tensors, "reduce")
+        op, root = self._op(opts, "reduce"), opts.rootRank if opts is not None else 0
+        worked = reduction_tensor(tensor, op, "tensor", self.rank())
+        array = as_array(worked)
+        out = array if self.rank() == root else None
+        return self._launch(
+            "reduce", tensor,
+            lambda comm: collectives.reduce(array, root, op, comm=comm, out=out, async_op=True),
+            lambda _: [copied_back(tensor, worked) if out is not None else tensor])
+
+    def allgather(self, output_tensors: Any, input_tensors: Any,
+                  opts: Any = None) -> TorchWork:
+        """Every rank's input into ``output_tensors[0][r]``, any dtype."""
+        tensor = self._single(input_tensors, "allgather")
+        outputs = self._single(output_tensors, "allgather") if not isinstance(
+            output_tensors[0], torch.Tensor) else output_tensors
+        self._check_like("allgather", "output_tensors", outputs, tensor, self.size())
+        data = byte_tensor(tensor)
+        gathered = torch.empty(data.numel() * self.size(), dtype=torch.uint8,
+                               device=tensor.device)
+        send, recv = as_array(data), as_array(gathered)
+        blocks = gathered.chunk(self.size()) if data.numel() else [gathered] * self.size()
+        return self._launch(
+            "allgather", tensor,
+            lambda comm: collectives.allgather(send, comm=comm, out=recv, async_op=True),
+            lambda _: [[copied_back(o, b) for o, b in zip(outputs, blocks)]])
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
+                          opts: Any = None) -> TorchWork:
+        """Every rank's input, in rank order, into one output of P times its elements."""
+        if output.dtype != input.dtype or output.numel() != input.numel() * self.size():
+            raise InvalidArgument("all_gather_into_tensor: output", (tuple(output.shape),
+                                  str(output.dtype)), f"{self.size()} x {input.numel()} "
+                                  f"{input.dtype} elements", rank=self.rank())
+        data, gathered = byte_tensor(input), byte_tensor(output)
+        send, recv = as_array(data), as_array(gathered)
+        return self._launch(
+            "all_gather_into_tensor", input,
+            lambda comm: collectives.allgather(send, comm=comm, out=recv, async_op=True),
+            lambda _: [copied_back(output, gathered)])
+
+    _allgather_base = all_gather_single
+
+    def reduce_scatter(self, output_tensors: Any, input_tensors: Any,
+                       opts: Any = None) -> TorchWork:
+        """op over ranks of ``input_tensors[0][r]`` into rank r's output."""
+        output = self._single(output_tensors, "reduce_scatter")
+        inputs = self._single(input_tensors, "reduce_scatter") if not isinstance(
+            input_tensors[0], torch.Tensor) else input_tensors
+        self._check_like("reduce_scatter", "input_tensors", inputs, output, self.size())
+        flat = torch.cat([t.reshape(-1) for t in inputs])
+        return self._reduce_scatter(output, flat, opts, "reduce_scatter")
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
+                              opts: Any = None) -> TorchWork:
+        """op over ranks of ``input`` (P blocks of the output's size) into this rank's block."""
+        if output.dtype != input.dtype or input.numel() != output.numel() * self.size():
+            raise InvalidArgument("reduce_scatter_tensor: input", (tuple(input.shape),
+                                  str(input.dtype)), f"{self.size()} x {output.numel()} "
+                                  f"{output.dtype} elements", rank=self.rank())
+        return self._reduce_scatter(output, input, opts, "reduce_scatter_tensor")
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def _reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, opts: Any,
+                        verb: str) -> TorchWork:
+        op = self._op(opts, verb)
+        send_t = reduction_tensor(input, op, "input", self.rank())
+        recv_t = reduction_tensor(output, op, "output", self.rank())
+        send, recv = as_array(send_t.reshape(-1)), as_array(recv_t.reshape(-1))
+        return self._launch(
+            verb, output,
+            lambda comm: collectives.reduce_scatter(send, op, comm=comm, out=recv,
+                                                    async_op=True),
+            lambda _: [copied_back(output, recv_t)])
+
+    def barrier(self, opts: Any = None) -> TorchWork:
+        """Complete when every rank has called it (a one-element allreduce on the host)."""
+        flag = torch.zeros(1, dtype=torch.int32)
+        array = as_array(flag)
+        return self._launch(
+            "barrier", flag,
+            lambda comm: collectives.allreduce(array, ReduceOp.SUM, comm=comm, out=array,
+                                               async_op=True),
+            lambda _: [])
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
+                          output_split_sizes: Sequence[int], input_split_sizes: Sequence[int],
+                          opts: Any = None) -> TorchWork:
+        """Rows (dim 0) of ``input`` split by ``input_split_sizes`` (empty: equal) to each
+        rank; what each rank sends here into ``output``, split by ``output_split_sizes``."""
+        sends = self._row_blocks(input, input_split_sizes, "input_split_sizes")
+        out_bytes = byte_tensor(output)
+        recvs = self._row_blocks(output, output_split_sizes, "output_split_sizes", out_bytes)
+        return self._exchange("all_to_all_single", input, sends, recvs,
+                              lambda _: [copied_back(output, out_bytes)])
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
+                 opts: Any = None) -> TorchWork:
+        """``input_tensors[r]`` to rank r; what rank r sends here into ``output_tensors[r]``."""
+        for name, given in (("input_tensors", input_tensors), ("output_tensors", output_tensors)):
+            if len(given) != self.size():
+                raise InvalidArgument(f"alltoall: {name}", len(given),
+                                      f"one tensor per rank ({self.size()})", rank=self.rank())
+        sends = [byte_tensor(t) for t in input_tensors]
+        recvs = [byte_tensor(t) for t in output_tensors]
+        return self._exchange(
+            "alltoall", input_tensors[self.rank()], sends, recvs,
+            lambda _: [copied_back(o, r) for o, r in zip(output_tensors, recvs)])
+
+    def _row_blocks(self, tensor: torch.Tensor, splits: Sequence[int], name: str,
+                    data: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """``tensor``'s bytes cut into one block of rows (dim 0) per rank."""
+        rows = tensor.shape[0] if tensor.dim() else 1
+        counts = list(splits) or ([rows // self.size()] * self.size())
+        if len(counts) != self.size() or sum(counts) != rows or min(counts) < 0:
+            raise InvalidArgument(f"all_to_all_single: {name}", list(splits),
+                                  f"{self.size()} row counts summing to {rows} (empty: equal "
+                                  "splits of a row count the ranks divide)", rank=self.rank())
+        data = byte_tensor(tensor) if data is None else data
+        row_bytes = data.numel() // rows if rows else 0
+        return list(data.split([c * row_bytes for c in counts]))
+
+    def _exchange(self, verb: str, tensor: torch.Tensor, sends: list[torch.Tensor],
+                  recvs: list[torch.Tensor],
+                  finish: Callable[[Any], list[torch.Tensor]]) -> TorchWork:
+        """Send ``sends[r]`` to rank r and receive ``recvs[r]`` from it (empty blocks are no
+        messages, on both sides alike)."""
+        pairs_out = [(r, as_array(b)) for r, b in enumerate(sends) if b.numel()]
+        pairs_in = [(r, as_array(b)) for r, b in enumerate(recvs) if b.numel()]
+        return self._launch(verb, tensor,
+                            lambda comm: comm.exchange(pairs_out, pairs_in, op_name=verb),
+                            finish)
+
+
+def _not_written(verb: str) -> Callable[..., Any]:
+    def method(self: ProcessGroupCupycoll, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(
+            f"cupycoll's process group (rank {self.rank()}) has no {verb}; it has allreduce "
+            "(dense and sparse), broadcast, reduce, allgather, all_gather_single, "
+            "reduce_scatter, reduce_scatter_single, all_to_all_single, alltoall, barrier and "
+            "the coalesced allreduce, all_gather_single and reduce_scatter_single "
+            "(docs/torch_backend.md)")
+
+    method.__name__ = verb
+    return method
+
+
+for _verb in _NOT_WRITTEN:
+    setattr(ProcessGroupCupycoll, _verb, _not_written(_verb))
+
+
+def _create(options: Any, backend_options: Any = None) -> ProcessGroupCupycoll:
+    """torch's creator of a ``cupycoll`` group (the extended API: it names the members)."""
+    timeout = timeout_seconds(options.timeout)
+    rank, size = options.group_rank, options.group_size
+    try:
+        mpi_comm = group_comm(options.store, rank, size, list(options.global_ranks_in_group),
+                              timeout)
+    except BackendUnavailable as exc:
+        raise network_error(exc) from None
+    return ProcessGroupCupycoll(options.store, rank, size, mpi_comm, timeout)
+
+
+def register() -> None:
+    """Make ``cupycoll`` a torch.distributed backend (CPU and CUDA tensors) and
+    ``cupycoll://`` a rendezvous; calling it again changes nothing."""
+    if BACKEND not in dist.Backend.backend_list:
+        dist.Backend.register_backend(BACKEND, _create, extended_api=True,
+                                      devices=["cpu", "cuda"])
+    with contextlib.suppress(RuntimeError):  # "already registered"
+        dist.register_rendezvous_handler(BACKEND, rendezvous)
+
+
+register()

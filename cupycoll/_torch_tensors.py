@@ -1,0 +1,153 @@
+"""Tensors as the arrays cupycoll's verbs take, for the ``cupycoll`` process group.
+
+CPU tensors become numpy views (no copy), CUDA tensors CuPy arrays through DLPack. Verbs that
+only move bytes (broadcast, allgather, all-to-all) see every tensor as its bytes, so they take
+any dtype. Reductions take the dtypes cupycoll reduces (float16/32/64, int8, uint8, int32,
+int64), complex tensors for SUM and AVG (as their real and imaginary parts), and bfloat16 as a
+float32 copy rounded back once. A tensor that is not contiguous is copied into a contiguous one
+and the result copied back.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ._result import SparseResult
+from ._types import ReduceOp
+from .errors import InvalidArgument, InvalidType
+
+__all__ = ["reduce_op", "as_array", "byte_tensor", "reduction_tensor", "sparse_parts",
+           "sparse_tensor", "copied_back"]
+
+_TORCH_OPS = {dist.ReduceOp.SUM: ReduceOp.SUM, dist.ReduceOp.PRODUCT: ReduceOp.PROD,
+              dist.ReduceOp.MIN: ReduceOp.MIN, dist.ReduceOp.MAX: ReduceOp.MAX,
+              dist.ReduceOp.AVG: ReduceOp.AVG}
+#: dtypes cupycoll's dense reductions take as they are.
+_REDUCIBLE = frozenset({torch.float16, torch.float32, torch.float64, torch.int8, torch.uint8,
+                        torch.int32, torch.int64})
+#: dtypes cupycoll's sparse allreduce takes as they are (values).
+_SPARSE_VALUES = frozenset({torch.float16, torch.float32, torch.float64, torch.int32,
+                            torch.int64})
+_COMPLEX_OPS = frozenset({ReduceOp.SUM, ReduceOp.AVG})
+
+
+def reduce_op(op: Any, verb: str, rank: int) -> ReduceOp:
+    """cupycoll's op for torch's ``op`` (a ``dist.ReduceOp`` or its ``RedOpType``).
+
+    Raises:
+        InvalidArgument: BAND, BOR, BXOR, PREMUL_SUM (named, with the verb and rank).
+    """
+    kind = getattr(op, "op", op)  # opts.reduceOp is a ReduceOp; its .op the RedOpType
+    found = _TORCH_OPS.get(kind)
+    if found is None:
+        raise InvalidArgument(f"{verb}: op", kind, "cupycoll's process group reduces with "
+                              "SUM, PRODUCT, MIN, MAX or AVG", rank=rank)
+    return found
+
+
+def as_array(tensor: torch.Tensor) -> Any:
+    """A zero-copy numpy (CPU) or CuPy (CUDA) view of a contiguous tensor."""
+    if tensor.is_cuda:
+        import cupy
+
+        return cupy.from_dlpack(tensor.detach())
+    return tensor.detach().numpy()
+
+
+def _contiguous(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor if tensor.is_contiguous() else tensor.contiguous()
+
+
+def byte_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The bytes of ``tensor`` (contiguous, or a contiguous copy) as a 1-D uint8 tensor."""
+    if not tensor.numel():  # an empty tensor's strides may be 0: nothing to view
+        return torch.empty(0, dtype=torch.uint8, device=tensor.device)
+    return _contiguous(tensor).reshape(-1).view(torch.uint8)
+
+
+def reduction_tensor(tensor: torch.Tensor, op: ReduceOp, name: str, rank: int) -> torch.Tensor:
+    """The tensor a reduction of ``tensor`` with ``op`` runs on: ``tensor`` itself, its real
+    view (complex, SUM/AVG), a float32 copy (bfloat16) or a contiguous copy. Where it is not
+    ``tensor``'s own memory, :func:`copied_back` writes the result back.
+
+    Raises:
+        InvalidType: a dtype cupycoll does not reduce (named, with the rank).
+    """
+    if tensor.dtype in _REDUCIBLE:
+        return _contiguous(tensor)
+    if tensor.dtype == torch.bfloat16:
+        return tensor.to(torch.float32, memory_format=torch.contiguous_format)
+    if tensor.is_complex() and op in _COMPLEX_OPS:
+        return torch.view_as_real(_contiguous(tensor))
+    raise InvalidType(name, str(tensor.dtype), "a float16, bfloat16, float32, float64, int8, "
+                      "uint8, int32 or int64 tensor (complex for SUM and AVG)", rank=rank)
+
+
+def copied_back(tensor: torch.Tensor, worked: torch.Tensor) -> torch.Tensor:
+    """Write ``worked`` (what :func:`reduction_tensor` or :func:`byte_tensor` returned, now
+    holding the result) into ``tensor`` unless it is ``tensor``'s own memory; return
+    ``tensor``."""
+    if worked.data_ptr() == tensor.data_ptr() and tensor.is_contiguous():
+        return tensor
+    if worked.dtype == torch.uint8 and tensor.dtype != torch.uint8:
+        worked = worked.view(tensor.dtype)
+    elif tensor.is_complex() and not worked.is_complex():
+        worked = torch.view_as_complex(worked)
+    return tensor.copy_(worked.reshape(tensor.shape))
+
+
+def sparse_parts(tensor: torch.Tensor, rank: int) -> tuple[Any, Any, int]:
+    """(row indices, values, n) of a sparse COO tensor for :func:`cupycoll.sparse_allreduce`.
+
+    The tensor is coalesced first (torch's COO sums duplicates, whatever the reduction).
+    Several sparse dimensions are linearised row-major into one index in [0, n); dense
+    trailing dimensions are flattened into the rows' width. bfloat16 values are a float32 copy.
+
+    Raises:
+        InvalidType: values of a dtype cupycoll's sparse allreduce does not take.
+    """
+    coalesced = tensor.coalesce()
+    sparse_dims = tensor.sparse_dim()
+    shape = tuple(tensor.shape)
+    indices = coalesced.indices()
+    if sparse_dims == 1:
+        index = indices[0]
+    else:
+        strides = torch.tensor([math.prod(shape[d + 1:sparse_dims]) for d in range(sparse_dims)],
+                               dtype=torch.int64, device=indices.device)
+        index = (indices * strides[:, None]).sum(0)
+    values = coalesced.values()
+    if values.dtype == torch.bfloat16:
+        values = values.to(torch.float32)
+    elif values.dtype not in _SPARSE_VALUES:
+        raise InvalidType("tensor", str(values.dtype), "sparse values of dtype float16, "
+                          "bfloat16, float32, float64, int32 or int64", rank=rank)
+    if values.dim() > 2:
+        values = values.reshape(values.shape[0], math.prod(values.shape[1:]))
+    n = math.prod(shape[:sparse_dims])
+    return as_array(index.contiguous()), as_array(values.contiguous()), n
+
+
+def sparse_tensor(result: SparseResult, like: torch.Tensor) -> torch.Tensor:
+    """The coalesced sparse tensor of ``result`` with ``like``'s shape, dtype and device."""
+    shape = tuple(like.shape)
+    sparse_dims = like.sparse_dim()
+    index = torch.as_tensor(result.indices, device=like.device).to(torch.int64)
+    if sparse_dims == 1:
+        indices = index.unsqueeze(0)
+    else:
+        rows = []
+        for size in reversed(shape[:sparse_dims]):
+            rows.append(index % size)
+            index = index // size
+        indices = torch.stack(rows[::-1])
+    values = torch.as_tensor(np.asarray(result.values) if not like.is_cuda else result.values,
+                             device=like.device)
+    values = values.reshape((-1, *shape[sparse_dims:])).to(like.dtype)
+    return torch.sparse_coo_tensor(indices, values, shape, is_coalesced=True,
+                                   check_invariants=False)  # sorted and unique by construction

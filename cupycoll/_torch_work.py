@@ -1,0 +1,140 @@
+"""torch Works of the ``cupycoll`` process group, and cupycoll's errors as torch's DistErrors.
+
+A :class:`TorchWork` wraps one cupycoll :class:`~cupycoll.comm.Work`: it asks for the Work's
+future at once, so cupycoll's completer thread completes the operation (MPI: tests its
+requests under the communicator's timeout; NCCL: waits for its event) while the caller goes on,
+and then completes the torch Future that DDP's reducer and ``work.get_future()`` read. A
+failure reaches the caller as a class that is both torch's ``DistBackendError`` (or
+``DistNetworkError``) and cupycoll's own error, so ``except dist.DistError`` and
+``except cupycoll.errors.CollectiveTimeout`` both catch it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime
+import functools
+import threading
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from .errors import BackendError, BackendUnavailable, CollectiveTimeout, MismatchError
+
+__all__ = ["TorchWork", "dist_error", "network_error"]
+
+#: cupycoll's errors of a collective (timeouts, ranks that disagree, a backend that failed or
+#: is missing) reach torch's callers as DistBackendErrors, as ProcessGroupNCCL raises them.
+_BACKEND_ERRORS = (CollectiveTimeout, MismatchError, BackendUnavailable, BackendError)
+
+
+@functools.lru_cache(maxsize=None)
+def _both(dist_class: type, cupycoll_class: type) -> type:
+    """The class that is both ``dist_class`` and ``cupycoll_class`` (made once per pair)."""
+    name = dist_class.__name__.removesuffix("Error") + cupycoll_class.__name__
+    return type(name, (dist_class, cupycoll_class),
+                {"__module__": __name__, "__doc__": f"{cupycoll_class.__name__}, raised "
+                 f"through torch.distributed as a {dist_class.__name__}."})
+
+
+def _recast(exc: BaseException, dist_class: type) -> BaseException:
+    """``exc`` as an instance of both ``dist_class`` and its own class: same message and
+    attributes (``missing_ranks``, ``op_name``...), ``exc`` as its cause."""
+    both = _both(dist_class, type(exc))
+    new = both(*exc.args)  # the mapped classes all take their message first
+    new.__dict__.update(exc.__dict__)
+    new.__cause__ = exc
+    return new.with_traceback(exc.__traceback__)
+
+
+def dist_error(exc: BaseException) -> BaseException:
+    """Return ``exc`` as a ``DistBackendError`` too where it is one of ``_BACKEND_ERRORS``;
+    other exceptions (bad arguments: cupycoll's InvalidArgument / InvalidType, which are
+    ValueError / TypeError as torch raises them) come back unchanged."""
+    if isinstance(exc, dist.DistError) or not isinstance(exc, _BACKEND_ERRORS):
+        return exc
+    try:
+        return _recast(exc, dist.DistBackendError)
+    except Exception:  # a subclass that cannot be remade: raised as it is
+        return exc
+
+
+def network_error(exc: BackendUnavailable) -> BaseException:
+    """``exc`` (ranks that could not be connected) as a ``DistNetworkError``, unless it is
+    a DistError already."""
+    return exc if isinstance(exc, dist.DistError) else _recast(exc, dist.DistNetworkError)
+
+
+class TorchWork(dist._Work):
+    """torch's Work of one cupycoll operation, completed asynchronously.
+
+    Args:
+        work: the cupycoll Work (None: the operation is already complete).
+        finish: called with the operation's result once it is complete (copies back, casts,
+            the sparse result); returns the list of tensors ``result()`` and the future give.
+        devices: the CUDA devices of the tensors (the torch Future records an event on them,
+            so a wait on the Future orders the waiting stream after the value), or None.
+        verb: the process-group verb, named by a timeout of ``wait(timeout)``.
+    """
+
+    def __init__(self, work: Any, finish: Callable[[Any], list[torch.Tensor]],
+                 devices: list[torch.device] | None = None, verb: str = "") -> None:
+        super().__init__()
+        self._future: torch.futures.Future = torch.futures.Future(devices=devices)
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._value: list[torch.Tensor] = []
+        self._finish, self._verb = finish, verb
+        if work is None:
+            self._settle(None)
+        else:
+            work.get_future().add_done_callback(self._settle)
+
+    def _settle(self, future: concurrent.futures.Future | None) -> None:
+        """Complete the torch Future from cupycoll's (in the completer thread)."""
+        try:
+            self._value = self._finish(None if future is None else future.result())
+        except BaseException as exc:  # delivered to whoever waits
+            self._error = dist_error(exc)
+            self._future.set_exception(self._error)
+        else:
+            self._future.set_result(self._value)
+        finally:
+            self._done.set()
+
+    def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
+        """Block until the operation is complete and raise its error if it failed.
+
+        ``timeout`` (torch's; zero: none) bounds this wait only; the communicator's own
+        timeout (the group's, or ``CUPYCOLL_TIMEOUT``) bounds the operation itself. On CUDA
+        the current stream is then ordered after the result (the Future's event).
+        """
+        seconds = timeout.total_seconds() if timeout else 0.0
+        if not self._done.wait(seconds if seconds > 0 else None):
+            raise dist_error(CollectiveTimeout(
+                f"{self._verb}: Work.wait(timeout={timeout}) expired before the operation "
+                "completed (the operation itself goes on)", op_name=self._verb))
+        if self._error is not None:
+            raise self._error
+        self._future.wait()
+        return True
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        return self._done.is_set() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def result(self) -> list[torch.Tensor]:
+        self.wait()
+        return self._value

@@ -1,0 +1,193 @@
+"""The MPI communicator under a ``cupycoll`` process group, and the ``cupycoll://`` rendezvous.
+
+Under ``mpiexec`` the group's processes are MPI's ``COMM_WORLD``, ordered by torch's rank.
+Processes started apart (``torchrun``) are joined with MPI's port functions: torch's rank 0
+opens a port, hands its name to each other rank in turn through the group's c10d store, and
+accepts it (``Comm.Accept`` / ``Comm.Connect``, then ``Intercomm.Merge``), so the merged
+communicator holds the ranks in torch's order; the port is closed once every rank has joined.
+That needs every process to be an MPI world of its own that MPI can tell apart from the
+others: with the mpich wheel, a process started under ``mpiexec -n 1`` is one, a bare singleton
+(``python train.py``) is not (MPICH 5.0 gives every singleton the same identity, pmodels/mpich
+#7805): docs/torch_backend.md says what to launch.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from typing import Any, Iterator
+from urllib.parse import parse_qs, urlparse
+
+from mpi4py import MPI
+
+from ._config import check_environment, parse_timeout, setting
+from ._torch_work import network_error
+from .errors import BackendUnavailable, InvalidArgument
+
+__all__ = ["group_comm", "timeout_seconds", "rendezvous"]
+
+_PORT_KEY = "cupycoll/port/{}"
+_FAILED = "failed: "
+#: every process of torch's default group, ordered by torch's rank (set when a cupycoll
+#: default group is made); subgroups are made from it.
+_world: MPI.Comm | None = None
+
+
+def timeout_seconds(group_timeout: datetime.timedelta | None) -> float | None:
+    """Seconds a wait of the group may take: the shorter of the group's timeout and
+    ``CUPYCOLL_TIMEOUT`` (each where set and positive); None for no timeout."""
+    check_environment()
+    limits = [parse_timeout(setting("CUPYCOLL_TIMEOUT"))]
+    if group_timeout is not None:
+        limits.append(parse_timeout(group_timeout.total_seconds()))
+    limits = [t for t in limits if t is not None]
+    return min(limits) if limits else None
+
+
+def group_comm(store: Any, rank: int, size: int, global_ranks: list[int],
+               timeout: float | None) -> MPI.Comm:
+    """The MPI communicator of a new process group, its ranks in the group's order (collective
+    over the group's members).
+
+    ``global_ranks`` (torch's default-group ranks of the members) is empty for the default
+    group, whose creation also forms the world every later group is cut from.
+    """
+    global _world
+    if not global_ranks:
+        _world = _form_world(store, rank, size, timeout)
+        return _world
+    world = _world if _world is not None else _mpiexec_world(global_ranks[rank])
+    members = world.Get_group().Incl(global_ranks)
+    try:
+        comm = world.Create_group(members)
+    finally:
+        members.Free()
+    return type(world)(comm) if isinstance(world, _SeparateWorlds) else comm
+
+
+class _SeparateWorlds(MPI.Intracomm):
+    """A communicator joined from separately started MPI worlds, whose processes share no
+    memory window even on one host (MPICH refuses ``Win.Allocate_shared`` across worlds): its
+    ``Split_type`` puts each process in a node of its own, so cupycoll's arrival board reads
+    every rank through RMA and node-aware code treats each rank as its own node."""
+
+    def Split_type(self, split_type: int, key: int = 0,
+                   info: MPI.Info = MPI.INFO_NULL) -> MPI.Intracomm:
+        return self.Split(self.Get_rank(), key)
+
+
+def _form_world(store: Any, rank: int, size: int, timeout: float | None) -> MPI.Comm:
+    """Every process of the default group in one communicator, in torch's rank order."""
+    processes = MPI.COMM_WORLD.Get_size()
+    if processes == size:
+        return MPI.COMM_WORLD.Split(0, rank)
+    if processes == 1:
+        return _SeparateWorlds(_connect_ports(store, rank, size, timeout))
+    raise BackendUnavailable(
+        f"rank {rank}: MPI's COMM_WORLD has {processes} processes but the process group has "
+        f"{size}: launch one MPI process per rank (mpiexec -n {size}) or start each process "
+        "apart (torchrun, each under mpiexec -n 1)")
+
+
+def _mpiexec_world(global_rank: int) -> MPI.Comm:
+    """COMM_WORLD, for a cupycoll subgroup of a default group of another backend: its ranks
+    must be torch's."""
+    if MPI.COMM_WORLD.Get_rank() != global_rank:
+        raise InvalidArgument(
+            "rank", global_rank, f"torch's rank differs from MPI's ({MPI.COMM_WORLD.Get_rank()})"
+            ": give init_process_group MPI's rank, or make cupycoll the default group's "
+            "backend", rank=global_rank)
+    return MPI.COMM_WORLD
+
+
+def _port_info(timeout: float | None) -> MPI.Info:
+    """MPI_Info bounding an Accept or Connect by ``timeout`` seconds (MPICH's "timeout" key)."""
+    info = MPI.Info.Create()
+    if timeout is not None:
+        info.Set("timeout", str(max(1, int(timeout))))
+    return info
+
+
+def _connect_ports(store: Any, rank: int, size: int, timeout: float | None) -> MPI.Comm:
+    """Join ``size`` separately started processes: rank 0 opens a port and accepts ranks 1,
+    2, ... in turn; each joins when the store hands it the port name, then accepts the later
+    ones with the ranks already joined. Rank 0 closes the port when all have joined."""
+    info = _port_info(timeout)
+    try:
+        if rank == 0:
+            return _host_joining(store, size, info)
+        port = store.get(_PORT_KEY.format(rank)).decode()
+        if port.startswith(_FAILED):
+            raise BackendUnavailable(f"rank {rank}: rank 0 could not join the ranks before "
+                                     f"this one ({port[len(_FAILED):]})")
+        try:
+            world = _merged(MPI.COMM_SELF.Connect(port, info), high=True)
+        except MPI.Exception as exc:
+            raise _join_failed(rank, exc) from exc
+        for _ in range(rank + 1, size):
+            world = _merged(world.Accept(port, info), high=False)
+        return world
+    finally:
+        info.Free()
+
+
+def _host_joining(store: Any, size: int, info: MPI.Info) -> MPI.Comm:
+    """Rank 0's side of :func:`_connect_ports`."""
+    port = MPI.Open_port()
+    world, joining = MPI.COMM_SELF, 1
+    try:
+        for joining in range(1, size):
+            store.set(_PORT_KEY.format(joining), port)
+            world = _merged(world.Accept(port, info), high=False)
+        return world
+    except MPI.Exception as exc:
+        error = _join_failed(0, exc)
+        for later in range(joining + 1, size):  # they wait on the store: tell them
+            store.set(_PORT_KEY.format(later), _FAILED + str(error))
+        raise error from exc
+    finally:
+        MPI.Close_port(port)
+
+
+def _merged(inter: MPI.Intercomm, high: bool) -> MPI.Intracomm:
+    merged = inter.Merge(high=high)
+    inter.Free()
+    return merged
+
+
+def _join_failed(rank: int, exc: MPI.Exception) -> BaseException:
+    reason = str(exc).strip().splitlines()[-1]
+    hint = (" (every process is a bare MPI singleton: MPICH 5.0 cannot connect those, "
+            "pmodels/mpich#7805; start each one under `mpiexec -n 1`, or launch with mpiexec)"
+            if "check_disjoint_lpids" in str(exc) else "")
+    return network_error(BackendUnavailable(
+        f"rank {rank}: MPI could not connect the separately started processes{hint}: {reason}"))
+
+
+def rendezvous(url: str, timeout: datetime.timedelta = datetime.timedelta(minutes=30),
+               **kwargs: Any) -> Iterator[tuple[Any, int, int]]:
+    """The ``cupycoll://[host]`` rendezvous: rank and world size from MPI's COMM_WORLD, and a
+    TCPStore on rank 0 (at ``host``, else ``MASTER_ADDR``, else its hostname; a port the OS
+    picks), whose address rank 0 broadcasts over MPI. A ``rank`` or ``world_size`` given to
+    ``init_process_group`` must be MPI's."""
+    import torch.distributed as dist
+
+    parsed = urlparse(url)
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    for name, mine in (("rank", rank), ("world_size", size)):
+        given = parse_qs(parsed.query).get(name)
+        if given and int(given[0]) != mine:
+            raise InvalidArgument(name, int(given[0]), f"cupycoll:// takes it from MPI "
+                                  f"({mine})", rank=rank)
+    address = None
+    if rank == 0:
+        host = parsed.hostname or os.environ.get("MASTER_ADDR") or socket.gethostname()
+        store = dist.TCPStore(host, 0, size, True, timeout=timeout, wait_for_workers=False)
+        address = (host, store.port)
+    host, port = world.bcast(address)
+    if rank != 0:
+        store = dist.TCPStore(host, port, size, False, timeout=timeout)
+    yield store, rank, size
+    raise RuntimeError("cupycoll:// does not rendezvous again (the MPI world is fixed)")

@@ -1,0 +1,237 @@
+"""The ``cupycoll`` backend for torch.distributed (cupycoll/_torch_backend.py and siblings).
+
+Launches: every verb against gloo and numpy, then DDP with a sparse embedding, at P = 1-4
+(tests/workers/torch_backend.py, one mpiexec job each); torchrun with each process under
+``mpiexec -n 1`` (joined through MPI ports) and with bare singletons (a clear error on every
+rank, no hang). In process: registration, the timeout rule, the error mapping, the op table,
+TorchWork's completion, and the tensor conversions.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from cupycoll import _torch_backend as backend
+from cupycoll._result import SparseResult
+from cupycoll._torch_tensors import (byte_tensor, copied_back, reduce_op, reduction_tensor,
+                                     sparse_parts, sparse_tensor)
+from cupycoll._torch_work import TorchWork, dist_error, network_error
+from cupycoll._torch_world import timeout_seconds
+from cupycoll._types import ReduceOp
+from cupycoll.comm import Work
+from cupycoll.errors import (BackendError, BackendUnavailable, CollectiveTimeout,
+                             InvalidArgument, InvalidType)
+from tests._mpi import ROOT, WORKERS, mpiexec, run_mpi
+
+VERBS = ("allreduce", "sparse allreduce", "broadcast", "reduce", "allgather",
+         "all_gather_single", "reduce_scatter", "reduce_scatter_single", "all_to_all_single",
+         "alltoall", "barrier", "allreduce_coalesced", "all_gather_single_coalesced",
+         "reduce_scatter_single_coalesced", "errors", "ddp")
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
+def test_every_verb_and_ddp_against_gloo(nprocs):
+    out = run_mpi(nprocs, "torch_backend.py", 11, timeout=420)
+    report = json.loads(out.strip().splitlines()[-1])
+    assert {v for v, n in report["checks"].items() if n} >= set(VERBS), report
+    assert report["timeouts"] == nprocs - 1  # every rank but the late one named it
+
+
+def torchrun(nprocs: int, under_mpiexec: bool, timeout: float = 240) -> subprocess.CompletedProcess:
+    """Run the torchrun worker on ``nprocs`` processes, each under ``mpiexec -n 1`` or bare."""
+    python = [sys.executable, str(WORKERS / "torch_backend_torchrun.py"), "7"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={nprocs}", "--no-python",
+           *([mpiexec(), "-n", "1"] if under_mpiexec else []), *python]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get(
+        "PYTHONPATH", "")]), OMP_NUM_THREADS="1")
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
+                              cwd=ROOT, start_new_session=True)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"timeout after {timeout}s: {' '.join(cmd)}\n{(exc.stdout or b'')[-3000:]!r}")
+
+
+def test_torchrun_joins_processes_started_apart():
+    proc = torchrun(3, under_mpiexec=True)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert sorted(line for line in proc.stdout.splitlines() if line.endswith(": ok")) == \
+        [f"rank {r} of 3: ok" for r in range(3)]
+
+
+def test_torchrun_bare_singletons_fail_clearly_on_every_rank():
+    """MPICH 5.0 cannot connect bare singletons (pmodels/mpich#7805): every rank says so and
+    what to launch instead; none hangs."""
+    proc = torchrun(2, under_mpiexec=False)
+    assert proc.returncode != 0
+    for rank in range(2):
+        assert f"rank {rank}: MPI could not connect the separately started processes" in \
+            proc.stderr and "mpiexec -n 1" in proc.stderr, proc.stderr[-4000:]
+    assert "DistNetworkBackendUnavailable" in proc.stderr
+
+
+def test_registering_is_idempotent():
+    backend.register()
+    backend.register()
+    assert dist.Backend.backend_list.count("cupycoll") == 1
+    assert dist.Backend("cupycoll") == "cupycoll"
+    assert dist.Backend.backend_capability["cupycoll"] == ["cpu", "cuda"]
+    assert dist.Backend.default_device_backend_map["cpu"] == "gloo"  # defaults left alone
+
+
+@pytest.mark.parametrize("env, group, expected", [
+    (None, datetime.timedelta(minutes=30), 1800.0), ("5", datetime.timedelta(minutes=30), 5.0),
+    ("5", datetime.timedelta(seconds=2), 2.0), ("0", datetime.timedelta(seconds=9), 9.0),
+    (None, None, None), ("0", None, None)])
+def test_timeout_is_the_shorter_of_the_group_and_cupycoll_timeout(monkeypatch, env, group,
+                                                                   expected):
+    if env is None:
+        monkeypatch.delenv("CUPYCOLL_TIMEOUT", raising=False)
+    else:
+        monkeypatch.setenv("CUPYCOLL_TIMEOUT", env)
+    assert timeout_seconds(group) == expected
+
+
+def test_cupycoll_errors_reach_torch_as_dist_errors():
+    late = CollectiveTimeout("allreduce timed out", missing_ranks=[2], op_name="allreduce")
+    raised = dist_error(late)
+    assert isinstance(raised, dist.DistBackendError) and isinstance(raised, CollectiveTimeout)
+    assert isinstance(raised, TimeoutError) and type(raised).__name__ == \
+        "DistBackendCollectiveTimeout"
+    assert raised.missing_ranks == [2] and raised.op_name == "allreduce"
+    assert str(raised) == str(late) and raised.__cause__ is late
+    failed = dist_error(BackendError("MPI failed"))
+    assert isinstance(failed, dist.DistBackendError) and isinstance(failed, BackendError)
+    bad = InvalidArgument("op", "BAND", "no", rank=0)
+    assert dist_error(bad) is bad  # bad arguments stay ValueError / TypeError
+    unreachable = network_error(BackendUnavailable("no port"))
+    assert isinstance(unreachable, dist.DistNetworkError)
+    assert network_error(unreachable) is unreachable
+
+
+@pytest.mark.parametrize("op, expected", [
+    (dist.ReduceOp.SUM, ReduceOp.SUM), (dist.ReduceOp.PRODUCT, ReduceOp.PROD),
+    (dist.ReduceOp.MIN, ReduceOp.MIN), (dist.ReduceOp.MAX, ReduceOp.MAX),
+    (dist.ReduceOp.AVG, ReduceOp.AVG), (dist.ReduceOp.BAND, None), (dist.ReduceOp.BXOR, None),
+    (dist.ReduceOp.PREMUL_SUM, None)])
+def test_torch_ops_map_and_the_others_raise(op, expected):
+    options = dist.AllreduceOptions()
+    options.reduceOp = dist.ReduceOp(op) if op != dist.ReduceOp.PREMUL_SUM else \
+        dist._make_nccl_premul_sum(2.0)
+    if expected is None:
+        with pytest.raises(InvalidArgument, match="'allreduce: op' on rank 3"):
+            reduce_op(options.reduceOp, "allreduce", 3)
+    else:
+        assert reduce_op(options.reduceOp, "allreduce", 0) is expected
+
+
+def test_torch_work_completes_from_cupycoll_and_carries_errors():
+    release = threading.Event()
+    tensor = torch.ones(2)
+    work = TorchWork(Work(wait_fn=lambda: release.wait(60)), lambda _: [tensor],
+                     verb="allreduce")
+    with pytest.raises(dist.DistBackendError, match="allreduce: Work.wait") as info:
+        work.wait(datetime.timedelta(seconds=0.2))
+    assert isinstance(info.value, CollectiveTimeout) and not work.is_completed()
+    release.set()
+    assert work.wait() is True and work.is_completed() and work.is_success()
+    assert work.get_future().wait() == [tensor] and work.result() == [tensor]
+
+    def fail():
+        raise BackendError("MPI failed allreduce on rank 0")
+
+    broken = TorchWork(Work(wait_fn=fail), lambda _: [tensor], verb="allreduce")
+    with pytest.raises(dist.DistBackendError, match="MPI failed") as info:
+        broken.wait()
+    assert isinstance(info.value, BackendError) and broken.exception() is info.value
+    with pytest.raises(BackendError):
+        broken.get_future().wait()
+
+
+@pytest.fixture
+def one_rank_group():
+    dist.init_process_group("cupycoll", init_method="cupycoll://")
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+def test_one_rank_group(one_rank_group):
+    assert dist.get_backend() == "cupycoll" and one_rank_group.name() == "cupycoll"
+    x = torch.arange(4.0)
+    work = dist.all_reduce(x, op=dist.ReduceOp.MAX, async_op=True)
+    assert work.wait() and work.get_future().wait() == [x] and x.tolist() == [0, 1, 2, 3]
+    s = torch.sparse_coo_tensor(torch.tensor([[2, 0, 2]]), torch.ones(3, 2), (4, 2),
+                                check_invariants=True)
+    dist.all_reduce(s)
+    assert s.is_coalesced() and s.indices().tolist() == [[0, 2]]
+    assert s.values().tolist() == [[1, 1], [2, 2]]
+    with pytest.raises(NotImplementedError, match=r"\(rank 0\) has no scatter"):
+        dist.scatter(torch.empty(1), [torch.ones(1)], src=0)
+
+
+def test_rendezvous_takes_rank_and_size_from_mpi():
+    with pytest.raises(InvalidArgument, match="'rank'.*takes it from MPI"):
+        dist.init_process_group("cupycoll", init_method="cupycoll://", rank=1, world_size=1)
+    assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize("shape, row", [((9,), ()), ((9, 4), (4,)), ((3, 3, 2), (2,)),
+                                        ((5, 4), ())])
+def test_sparse_tensors_round_trip(shape, row):
+    """What the sparse allreduce sends, turned back into a tensor, is the coalesced input
+    (several sparse dimensions linearised row-major; one rank's worth: no communication)."""
+    sparse_dims = len(shape) - len(row)
+    gen = torch.Generator().manual_seed(len(shape))
+    for nnz in (0, 6):
+        index = torch.stack([torch.randint(0, s, (nnz,), generator=gen)
+                             for s in shape[:sparse_dims]])
+        x = torch.sparse_coo_tensor(index, torch.randn((nnz,) + row, generator=gen), shape,
+                                    check_invariants=True)
+        flat, values, n = sparse_parts(x, rank=0)
+        assert n == int(np.prod(shape[:sparse_dims])) and flat.ndim == 1
+        back = sparse_tensor(SparseResult(flat, values, n), x)
+        want = x.coalesce()
+        assert back.is_coalesced() and back.shape == x.shape
+        assert torch.equal(back.indices(), want.indices())
+        assert torch.equal(back.values(), want.values())
+
+
+def test_sparse_values_of_other_dtypes_are_refused():
+    x = torch.sparse_coo_tensor(torch.tensor([[1]]), torch.ones(1, dtype=torch.int8), (3,),
+                                check_invariants=True)
+    with pytest.raises(InvalidType, match="'tensor' on rank 2.*torch.int8"):
+        sparse_parts(x, rank=2)
+
+
+def test_working_tensors_write_results_back():
+    base = torch.arange(12.0).reshape(3, 4)
+    odd = base.t()  # not contiguous: worked on a copy
+    worked = reduction_tensor(odd, ReduceOp.SUM, "tensor", 0)
+    assert worked.is_contiguous() and worked.data_ptr() != base.data_ptr()
+    worked.mul_(2)
+    assert torch.equal(copied_back(odd, worked), torch.arange(12.0).reshape(3, 4).t() * 2)
+    half = torch.tensor([1.5, 2.5], dtype=torch.bfloat16)
+    assert reduction_tensor(half, ReduceOp.AVG, "tensor", 0).dtype == torch.float32
+    complex_ = torch.tensor([1 + 2j], dtype=torch.complex64)
+    assert reduction_tensor(complex_, ReduceOp.SUM, "tensor", 0).data_ptr() == \
+        complex_.data_ptr()
+    with pytest.raises(InvalidType, match="complex for SUM and AVG"):
+        reduction_tensor(complex_, ReduceOp.MAX, "tensor", 0)
+    empty = torch.empty((0, 3), dtype=torch.float16)
+    assert byte_tensor(empty).numel() == 0 and copied_back(empty, byte_tensor(empty)) is empty
+    flags = torch.tensor([[True, False], [False, True]]).t()
+    data = byte_tensor(flags)
+    data.fill_(1)
+    assert copied_back(flags, data).all()

@@ -1,0 +1,331 @@
+"""The ``cupycoll`` process group against gloo and numpy: every verb, then DDP, in one job.
+
+    mpiexec -n P python -m mpi4py tests/workers/torch_backend.py SEED
+
+The default group is cupycoll's (``cupycoll://``: rank and size from MPI); a gloo group over
+the same ranks runs the same calls on clones of the same inputs. Inputs are small integers
+(seeded per rank), so sums, products and averages are exact and results are compared bit for
+bit with numpy on every rank's gathered inputs (gathered over mpi4py, not the code under test)
+and with gloo wherever gloo has the operation. Cases cover float16/32/64, bfloat16, int8,
+uint8, int32, int64, complex64, bool (bytes only), empty and zero-row tensors, dense trailing
+dimensions, tensors that are not contiguous, every root, uneven all-to-all splits, sparse COO
+tensors with duplicates and ranks without rows, async Works and their futures, unsupported
+ops and verbs, and a group timeout naming the late rank. The DDP part is in
+torch_backend_ddp.py. Rank 0 prints one JSON line: its checks per verb, and how many ranks
+timed out as they should (P - 1).
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import json
+import sys
+import warnings
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as fc
+from _common import rng_for
+from mpi4py import MPI
+from torch_backend_ddp import check_ddp
+
+import cupycoll._torch_backend  # noqa: F401  registers "cupycoll" and cupycoll://
+from cupycoll.errors import CollectiveTimeout, InvalidArgument, InvalidType
+
+warnings.simplefilter("ignore")  # torch's deprecation notices of the verbs' old names
+SEED = int(sys.argv[1])
+WORLD = MPI.COMM_WORLD
+dist.init_process_group("cupycoll", init_method="cupycoll://")
+RANK, P = dist.get_rank(), dist.get_world_size()
+CC, GLOO = dist.group.WORLD, dist.new_group(backend="gloo")
+O = dist.ReduceOp
+OPS = {O.SUM: np.sum, O.PRODUCT: np.prod, O.MIN: np.min, O.MAX: np.max, O.AVG: None}
+REDUCED = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
+           torch.uint8, torch.int32, torch.int64)
+SHAPES = ((0,), (7,), (3, 5))
+CHECKS: collections.Counter = collections.Counter()
+_case = 0
+
+
+def values(shape: tuple, dtype: torch.dtype, rank: int = RANK) -> torch.Tensor:
+    """Rank ``rank``'s input of one case: small integers (exact in every dtype)."""
+    rng = rng_for(SEED, rank, _case)
+    low = 0 if dtype in (torch.uint8, torch.bool) else -3
+    data = torch.from_numpy(rng.integers(low, 4, shape))
+    if dtype == torch.complex64:
+        return torch.complex(data.float(), torch.from_numpy(rng.integers(-3, 4, shape)).float())
+    return data.to(dtype)
+
+
+def next_case() -> None:
+    global _case
+    _case += 1
+
+
+def gathered(tensor: torch.Tensor) -> list[np.ndarray]:
+    """Every rank's ``tensor`` as float64/complex128 numpy, over mpi4py."""
+    wide = torch.complex128 if tensor.is_complex() else torch.float64
+    return WORLD.allgather(tensor.to(wide).numpy())
+
+
+def reduced(arrays: list[np.ndarray], op, dtype: torch.dtype) -> torch.Tensor:
+    """numpy's reduction of the ranks' arrays with torch's ``op`` (AVG of integers truncates
+    toward zero), in ``dtype``."""
+    stack = np.stack(arrays)
+    if op == O.AVG:
+        total = stack.sum(0)
+        out = np.trunc(total / P) if not dtype.is_floating_point and not dtype.is_complex \
+            else total / P
+    else:
+        out = OPS[op](stack, axis=0)
+    return torch.from_numpy(np.asarray(out)).to(dtype)
+
+
+def same(verb: str, got: torch.Tensor, want: torch.Tensor, what: str = "") -> None:
+    """Assert equal dtype, shape and values, and count the check under ``verb``."""
+    assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want), \
+        f"rank {RANK}: {verb} {what} case {_case}: got {got} want {want}"
+    CHECKS[verb] += 1
+
+
+def gloo_has(op, dtype: torch.dtype) -> bool:
+    """Whether gloo reduces ``dtype`` with ``op`` (it has no AVG of integers)."""
+    return not (op == O.AVG and not dtype.is_floating_point and not dtype.is_complex)
+
+
+def check_allreduce() -> None:
+    for dtype in REDUCED + (torch.complex64,):
+        for op in OPS if dtype != torch.complex64 else (O.SUM, O.AVG):
+            for shape in SHAPES:
+                next_case()
+                x = values(shape, dtype)
+                want = reduced(gathered(x), op, dtype)
+                mine, theirs = x.clone(), x.clone()
+                dist.all_reduce(mine, op=op)
+                same("allreduce", mine, want, f"{dtype} {op}")
+                if gloo_has(op, dtype):
+                    dist.all_reduce(theirs, op=op, group=GLOO)
+                    same("allreduce", mine, theirs, f"{dtype} {op} vs gloo")
+        next_case()
+        y = values((4, 6), dtype).t()  # not contiguous: worked on a copy, written back
+        want = reduced(gathered(y), O.SUM, dtype)
+        dist.all_reduce(y)
+        same("allreduce", y, want, "transposed")
+
+
+def check_reduce() -> None:
+    for dtype in REDUCED:
+        for op in OPS:
+            for root in range(P):
+                next_case()
+                x = values((5,), dtype)
+                want = reduced(gathered(x), op, dtype)
+                mine, theirs = x.clone(), x.clone()
+                dist.reduce(mine, root, op=op)
+                if RANK == root:
+                    same("reduce", mine, want, f"{dtype} {op} root {root}")
+                    if gloo_has(op, dtype):
+                        dist.reduce(theirs, root, op=op, group=GLOO)
+                        same("reduce", mine, theirs, "vs gloo")
+                else:
+                    same("reduce", mine, x, "off the root: untouched")
+                    if gloo_has(op, dtype):
+                        dist.reduce(theirs, root, op=op, group=GLOO)
+
+
+def check_broadcast() -> None:
+    for dtype in REDUCED + (torch.bool, torch.complex64):
+        for shape in SHAPES + ((),):
+            for root in range(P):
+                next_case()
+                x = values(shape, dtype)
+                want = values(shape, dtype, rank=root)
+                mine, theirs = x.clone(), x.clone()
+                dist.broadcast(mine, root)
+                dist.broadcast(theirs, root, group=GLOO)
+                same("broadcast", mine, want, f"{dtype} {shape} root {root}")
+                same("broadcast", mine, theirs, "vs gloo")
+    next_case()
+    y = values((3, 4), torch.float32).t()
+    dist.broadcast(y, 0)
+    same("broadcast", y, values((3, 4), torch.float32, rank=0).t(), "transposed")
+
+
+def check_allgather() -> None:
+    for dtype in REDUCED + (torch.bool, torch.complex64):
+        for shape in SHAPES:
+            next_case()
+            x = values(shape, dtype)
+            want = [values(shape, dtype, rank=r) for r in range(P)]
+            for group, tag in ((CC, ""), (GLOO, " gloo")):
+                outs = [torch.full(shape, 1, dtype=dtype) for _ in range(P)]
+                dist.all_gather(outs, x, group=group)
+                for o, w in zip(outs, want):
+                    same("allgather", o, w, f"{dtype} {shape}{tag}")
+                flat = torch.empty((P * shape[0],) + shape[1:], dtype=dtype)
+                dist.all_gather_into_tensor(flat, x, group=group)
+                same("all_gather_single", flat, torch.cat(want), tag)
+            stacked = torch.empty((P,) + shape, dtype=dtype)
+            dist.all_gather_single(stacked, x)  # the 2.13 name; a (P, ...) output
+            same("all_gather_single", stacked, torch.stack(want), "stacked")
+            got = fc.all_gather_tensor(x, 0, CC)  # functional: the coalesced verb
+            same("all_gather_single_coalesced", torch.as_tensor(got), torch.cat(want))
+
+
+def check_reduce_scatter() -> None:
+    for dtype in REDUCED:
+        for op in OPS:
+            next_case()
+            inputs = [values((3, 2), dtype) + r for r in range(P)]
+            want = reduced(gathered(torch.stack(inputs)), op, dtype)
+            out, lst = torch.empty((3, 2), dtype=dtype), torch.empty((3, 2), dtype=dtype)
+            dist.reduce_scatter_tensor(out, torch.cat(inputs), op=op)
+            same("reduce_scatter_single", out, want[RANK], f"{dtype} {op}")
+            dist.reduce_scatter(lst, [t.clone() for t in inputs], op=op)
+            same("reduce_scatter", lst, want[RANK], f"{dtype} {op}")
+            if gloo_has(op, dtype):
+                theirs = torch.empty((3, 2), dtype=dtype)
+                dist.reduce_scatter_tensor(theirs, torch.cat(inputs), op=op, group=GLOO)
+                same("reduce_scatter_single", out, theirs, "vs gloo")
+            if op == O.SUM:
+                got = fc.reduce_scatter_tensor(torch.cat(inputs), "sum", 0, CC)
+                same("reduce_scatter_single_coalesced", torch.as_tensor(got), want[RANK])
+    next_case()
+    x = values((0, 2), torch.float32)
+    out = torch.empty((0, 2))
+    dist.reduce_scatter_tensor(out, x)
+    same("reduce_scatter_single", out, torch.empty((0, 2)), "empty")
+
+
+def check_all_to_all() -> None:
+    for dtype in (torch.float32, torch.int64, torch.bool, torch.bfloat16):
+        for uneven in (False, True):
+            next_case()
+            rng = np.random.default_rng([SEED, _case])  # the same counts matrix on every rank
+            counts = rng.integers(0, 3, (P, P)) if uneven else np.full((P, P), 2)
+            x = values((int(counts[RANK].sum()), 3), dtype)
+            want = torch.cat([values((int(counts[r].sum()), 3), dtype, rank=r)
+                              [counts[r, :RANK].sum():counts[r, :RANK + 1].sum()]
+                              for r in range(P)])
+            splits_in = counts[RANK].tolist() if uneven else None
+            splits_out = counts[:, RANK].tolist() if uneven else None
+            for group in (CC, GLOO):
+                out = torch.empty_like(want)
+                dist.all_to_all_single(out, x, splits_out, splits_in, group=group)
+                same("all_to_all_single", out, want, f"{dtype} uneven={uneven}")
+                if uneven and group is GLOO:
+                    continue  # gloo's list all-to-all takes equal sizes only
+                outs = [torch.empty_like(w) for w in want.split(counts[:, RANK].tolist())]
+                dist.all_to_all(outs, list(x.split(counts[RANK].tolist())), group=group)
+                same("alltoall", torch.cat(outs), want)
+
+
+def check_coalesced_and_barrier() -> None:
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        next_case()
+        xs = [values(s, dtype) for s in ((3,), (0,), (2, 2))]
+        wants = [reduced(gathered(x), O.SUM, dtype) for x in xs]
+        dist.all_reduce_coalesced(xs)
+        for x, w in zip(xs, wants):
+            same("allreduce_coalesced", x, w, str(dtype))
+    for _ in range(3):
+        dist.barrier()
+        CHECKS["barrier"] += 1
+
+
+def sparse_input(n: int, row: tuple, dtype: torch.dtype, empty_rank: int) -> torch.Tensor:
+    """An uncoalesced COO tensor (duplicate rows) of ``n`` rows; no rows on ``empty_rank``."""
+    rng = rng_for(SEED, RANK, _case)
+    nnz = 0 if RANK == empty_rank else int(rng.integers(1, 2 * n))
+    index = torch.from_numpy(rng.integers(0, n, (1, nnz)))
+    return torch.sparse_coo_tensor(index, values((nnz,) + row, dtype), (n,) + row,
+                                   check_invariants=True)
+
+
+def check_sparse() -> None:
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.float16):
+        for row in ((), (4,), (2, 3)):
+            for empty_rank in (-1, 0, P - 1):
+                for op in (O.SUM, O.AVG, O.MAX, O.MIN, O.PRODUCT):
+                    if op == O.AVG and not dtype.is_floating_point:
+                        continue
+                    next_case()
+                    check_sparse_case(sparse_input(9, row, dtype, empty_rank), op, dtype)
+    next_case()  # two sparse dimensions, linearised
+    index = torch.from_numpy(rng_for(SEED, RANK, _case).integers(0, 4, (2, 6)))
+    check_sparse_case(torch.sparse_coo_tensor(index, values((6, 2), torch.float32), (4, 4, 2)),
+                      O.SUM, torch.float32)
+
+
+def check_sparse_case(x: torch.Tensor, op, dtype: torch.dtype) -> None:
+    """cupycoll's result: the union of every rank's rows, each the dense reduction of the
+    densified inputs (an absent row counts as 0), coalesced; equal to gloo's (SUM)."""
+    dense = gathered(x.to_dense())
+    rows = WORLD.allgather(x.coalesce().indices().numpy())
+    union = np.unique(np.concatenate([r for r in rows], axis=1), axis=1)
+    mine, theirs = x.clone(), x.clone()
+    work = dist.all_reduce(mine, op=op, async_op=True)
+    assert work.wait() is True and work.is_completed()
+    value = work.get_future().wait()
+    assert value[0] is mine and mine.is_coalesced(), f"rank {RANK}: sparse future value"
+    same("sparse allreduce", mine.indices(), torch.from_numpy(union), f"{dtype} {op} indices")
+    same("sparse allreduce", mine.to_dense(), reduced(dense, op, dtype), f"{dtype} {op} values")
+    if op == O.SUM and dtype != torch.float16:  # gloo: SUM only, no float16 sparse sum
+        dist.all_reduce(theirs, group=GLOO)
+        same("sparse allreduce", mine.indices(), theirs.indices(), "vs gloo")
+        same("sparse allreduce", mine.values(), theirs.values(), "vs gloo")
+
+
+def check_errors() -> None:
+    """Bad calls raise on every rank before anything travels, naming what was wrong."""
+    for call, kind, words in (
+            (lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32), op=O.BAND),
+             InvalidArgument, "op"),
+            (lambda: dist.all_reduce(torch.ones(2, dtype=torch.bool)), InvalidType, "bool"),
+            (lambda: dist.gather(torch.ones(1), [torch.ones(1)] * P if RANK == 0 else None),
+             NotImplementedError, "has no gather"),
+            (lambda: dist.all_gather_into_tensor(torch.empty(P + 1), torch.ones(1)),
+             InvalidArgument, "all_gather_into_tensor")):
+        try:
+            call()
+        except kind as exc:
+            assert words in str(exc) and f"rank {RANK}" in str(exc), str(exc)
+            CHECKS["errors"] += 1
+        else:
+            raise AssertionError(f"rank {RANK}: no {kind.__name__} ({words})")
+
+
+def check_timeout() -> None:
+    """A group made with a 2 s timeout: a collective rank 0 never joins fails on the others
+    as both torch's DistBackendError and cupycoll's CollectiveTimeout, naming rank 0."""
+    group = dist.new_group(backend="cupycoll", timeout=datetime.timedelta(seconds=2))
+    if RANK == 0 or P == 1:
+        return
+    work = dist.all_reduce(torch.ones(3), group=group, async_op=True)
+    try:
+        work.wait()
+    except dist.DistBackendError as exc:
+        assert isinstance(exc, CollectiveTimeout) and exc.missing_ranks == [0], repr(exc)
+        assert work.is_completed() and work.exception() is exc
+        CHECKS["timeout"] += 1
+    else:
+        raise AssertionError(f"rank {RANK}: no timeout")
+
+
+check_allreduce()
+check_reduce()
+check_broadcast()
+check_allgather()
+check_reduce_scatter()
+check_all_to_all()
+check_coalesced_and_barrier()
+check_sparse()
+check_errors()
+CHECKS["ddp"] = check_ddp(SEED, GLOO)
+WORLD.Barrier()
+check_timeout()
+timeouts = WORLD.reduce(CHECKS.pop("timeout", 0), root=0)
+if RANK == 0:
+    print(json.dumps({"checks": dict(sorted(CHECKS.items())), "timeouts": timeouts}), flush=True)
