@@ -113,17 +113,27 @@ class ProcessGroupCupycoll(CoalescedVerbs, dist.ProcessGroup):
                                   "one tensor per process", rank=self.rank())
         return tensors[0]
 
-    def _launch(self, verb: str, tensor: torch.Tensor, start: Callable[[Communicator], Any],
-                finish: Callable[[Any], list[torch.Tensor]]) -> TorchWork:
-        """Start ``start(comm)`` (a cupycoll Work) on ``tensor``'s communicator and device;
-        return its TorchWork, whose value is ``finish(result)``."""
+    def _launch(self, verb: str, tensor: torch.Tensor, opts: Any,
+                finish: Callable[[Any], list[torch.Tensor]], call: Callable[..., Any],
+                *args: Any, **kwargs: Any) -> TorchWork:
+        """Run ``call(*args, comm=, async_op=, **kwargs)`` (a cupycoll verb) on ``tensor``'s
+        communicator and device; return its TorchWork, whose value is ``finish(result)``.
+
+        A call torch makes with ``asyncOp`` False (``dist.all_reduce(t)``: it waits at once)
+        runs to completion here, in the calling thread; others (``async_op=True``, DDP's) start
+        and return, and cupycoll's completer thread completes them.
+        """
+        blocking = opts is not None and not getattr(opts, "asyncOp", True)
+        devices = [tensor.device] if tensor.is_cuda else None
         try:
             comm = self._comm(tensor)
             with _on_device(tensor):
-                work = start(comm)
+                outcome = call(*args, comm=comm, async_op=not blocking, **kwargs)
+            if blocking:
+                return TorchWork(None, lambda _: finish(outcome), devices, verb)
         except Exception as exc:
             raise dist_error(exc) from None
-        return TorchWork(work, finish, [tensor.device] if tensor.is_cuda else None, verb)
+        return TorchWork(outcome, finish, devices, verb)
 
     def _check_like(self, verb: str, name: str, tensors: Sequence[torch.Tensor],
                     like: torch.Tensor, count: int) -> None:
@@ -147,15 +157,13 @@ class ProcessGroupCupycoll(CoalescedVerbs, dist.ProcessGroup):
         tensor = self._single(tensors, "allreduce")
         op = self._op(opts, "allreduce")
         if tensor.layout == torch.sparse_coo:
-            return self._sparse_allreduce(tensor, op)
+            return self._sparse_allreduce(tensor, op, opts)
         worked = reduction_tensor(tensor, op, "tensor", self.rank())
         array = as_array(worked)
-        return self._launch(
-            "allreduce", tensor,
-            lambda comm: collectives.allreduce(array, op, comm=comm, out=array, async_op=True),
-            lambda _: [copied_back(tensor, worked)])
+        return self._launch("allreduce", tensor, opts, lambda _: [copied_back(tensor, worked)],
+                            collectives.allreduce, array, op, out=array)
 
-    def _sparse_allreduce(self, tensor: torch.Tensor, op: ReduceOp) -> TorchWork:
+    def _sparse_allreduce(self, tensor: torch.Tensor, op: ReduceOp, opts: Any) -> TorchWork:
         index, values, n = sparse_parts(tensor, self.rank())
 
         def finish(result: Any) -> list[torch.Tensor]:
@@ -163,20 +171,16 @@ class ProcessGroupCupycoll(CoalescedVerbs, dist.ProcessGroup):
                 tensor.copy_(sparse_tensor(result, tensor))
             return [tensor]
 
-        return self._launch(
-            "allreduce", tensor,
-            lambda comm: sparse_allreduce(index, values, n, op=op, comm=comm, async_op=True),
-            finish)
+        return self._launch("allreduce", tensor, opts, finish, sparse_allreduce, index, values,
+                            n, op=op)
 
     def broadcast(self, tensors: Any, opts: Any = None) -> TorchWork:
         tensor = self._single(tensors, "broadcast")
         root = opts.rootRank if opts is not None else 0
         data = byte_tensor(tensor)
         array = as_array(data)
-        return self._launch(
-            "broadcast", tensor,
-            lambda comm: collectives.broadcast(array, root, comm=comm, out=array, async_op=True),
-            lambda _: [copied_back(tensor, data)])
+        return self._launch("broadcast", tensor, opts, lambda _: [copied_back(tensor, data)],
+                            collectives.broadcast, array, root, out=array)
 
     def reduce(self, tensors: Any, opts: Any = None) -> TorchWork:
         """op over ranks into root's tensor; the others' tensors are left as they were."""
@@ -186,9 +190,9 @@ class ProcessGroupCupycoll(CoalescedVerbs, dist.ProcessGroup):
         array = as_array(worked)
         out = array if self.rank() == root else None
         return self._launch(
-            "reduce", tensor,
-            lambda comm: collectives.reduce(array, root, op, comm=comm, out=out, async_op=True),
-            lambda _: [copied_back(tensor, worked) if out is not None else tensor])
+            "reduce", tensor, opts,
+            lambda _: [copied_back(tensor, worked) if out is not None else tensor],
+            collectives.reduce, array, root, op, out=out)
 
     def allgather(self, output_tensors: Any, input_tensors: Any,
                   opts: Any = None) -> TorchWork:
@@ -202,10 +206,9 @@ class ProcessGroupCupycoll(CoalescedVerbs, dist.ProcessGroup):
                                device=tensor.device)
         send, recv = as_array(data), as_array(gathered)
         blocks = gathered.chunk(self.size()) if data.numel() else [gathered] * self.size()
-        return self._launch(
-            "allgather", tensor,
-            lambda comm: collectives.allgather(send, comm=comm, out=recv, async_op=True),
-            lambda _: [[copied_back(o, b) for o, b in zip(outputs, blocks)]])
+        return self._launch("allgather", tensor, opts,
+                            lambda _: [[copied_back(o, b) for o, b in zip(outputs, blocks)]],
+                            collectives.allgather, send, out=recv)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
                           opts: Any = None) -> TorchWork:
@@ -216,10 +219,9 @@ class ProcessGroupCupycoll(CoalescedVerbs, dist.ProcessGroup):
                                   f"{input.dtype} elements", rank=self.rank())
         data, gathered = byte_tensor(input), byte_tensor(output)
         send, recv = as_array(data), as_array(gathered)
-        return self._launch(
-            "all_gather_into_tensor", input,
-            lambda comm: collectives.allgather(send, comm=comm, out=recv, async_op=True),
-            lambda _: [copied_back(output, gathered)])
+        return self._launch("all_gather_into_tensor", input, opts,
+                            lambda _: [copied_back(output, gathered)], collectives.allgather,
+                            send, out=recv)
 
     _allgather_base = all_gather_single
 
@@ -250,21 +252,15 @@ class ProcessGroupCupycoll(CoalescedVerbs, dist.ProcessGroup):
         send_t = reduction_tensor(input, op, "input", self.rank())
         recv_t = reduction_tensor(output, op, "output", self.rank())
         send, recv = as_array(send_t.reshape(-1)), as_array(recv_t.reshape(-1))
-        return self._launch(
-            verb, output,
-            lambda comm: collectives.reduce_scatter(send, op, comm=comm, out=recv,
-                                                    async_op=True),
-            lambda _: [copied_back(output, recv_t)])
+        return self._launch(verb, output, opts, lambda _: [copied_back(output, recv_t)],
+                            collectives.reduce_scatter, send, op, out=recv)
 
     def barrier(self, opts: Any = None) -> TorchWork:
         """Complete when every rank has called it (a one-element allreduce on the host)."""
         flag = torch.zeros(1, dtype=torch.int32)
         array = as_array(flag)
-        return self._launch(
-            "barrier", flag,
-            lambda comm: collectives.allreduce(array, ReduceOp.SUM, comm=comm, out=array,
-                                               async_op=True),
-            lambda _: [])
+        return self._launch("barrier", flag, opts, lambda _: [], collectives.allreduce, array,
+                            ReduceOp.SUM, out=array)
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
                           output_split_sizes: Sequence[int], input_split_sizes: Sequence[int],
@@ -274,7 +270,7 @@ class ProcessGroupCupycoll(CoalescedVerbs, dist.ProcessGroup):
         sends = self._row_blocks(input, input_split_sizes, "input_split_sizes")
         out_bytes = byte_tensor(output)
         recvs = self._row_blocks(output, output_split_sizes, "output_split_sizes", out_bytes)
-        return self._exchange("all_to_all_single", input, sends, recvs,
+        return self._exchange("all_to_all_single", input, opts, sends, recvs,
                               lambda _: [copied_back(output, out_bytes)])
 
     alltoall_base = all_to_all_single
@@ -289,7 +285,7 @@ class ProcessGroupCupycoll(CoalescedVerbs, dist.ProcessGroup):
         sends = [byte_tensor(t) for t in input_tensors]
         recvs = [byte_tensor(t) for t in output_tensors]
         return self._exchange(
-            "alltoall", input_tensors[self.rank()], sends, recvs,
+            "alltoall", input_tensors[self.rank()], opts, sends, recvs,
             lambda _: [copied_back(o, r) for o, r in zip(output_tensors, recvs)])
 
     def _row_blocks(self, tensor: torch.Tensor, splits: Sequence[int], name: str,
@@ -305,16 +301,22 @@ class ProcessGroupCupycoll(CoalescedVerbs, dist.ProcessGroup):
         row_bytes = data.numel() // rows if rows else 0
         return list(data.split([c * row_bytes for c in counts]))
 
-    def _exchange(self, verb: str, tensor: torch.Tensor, sends: list[torch.Tensor],
-                  recvs: list[torch.Tensor],
+    def _exchange(self, verb: str, tensor: torch.Tensor, opts: Any,
+                  sends: list[torch.Tensor], recvs: list[torch.Tensor],
                   finish: Callable[[Any], list[torch.Tensor]]) -> TorchWork:
         """Send ``sends[r]`` to rank r and receive ``recvs[r]`` from it (empty blocks are no
         messages, on both sides alike)."""
         pairs_out = [(r, as_array(b)) for r, b in enumerate(sends) if b.numel()]
         pairs_in = [(r, as_array(b)) for r, b in enumerate(recvs) if b.numel()]
-        return self._launch(verb, tensor,
-                            lambda comm: comm.exchange(pairs_out, pairs_in, op_name=verb),
-                            finish)
+        return self._launch(verb, tensor, opts, finish, _exchanged, pairs_out, pairs_in,
+                            op_name=verb)
+
+
+def _exchanged(sends: list, recvs: list, *, comm: Communicator, async_op: bool,
+               op_name: str) -> Any:
+    """``comm.exchange`` as a front door: its Work (``async_op``), or None once complete."""
+    work = comm.exchange(sends, recvs, op_name=op_name)
+    return work if async_op else work.wait()
 
 
 def _not_written(verb: str) -> Callable[..., Any]:

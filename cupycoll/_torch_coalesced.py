@@ -38,10 +38,9 @@ class CoalescedVerbs:
                                   self.rank())
         array = as_array(worked)
         blocks = worked.split([t.numel() for t in tensors])
-        return self._launch(
-            "allreduce_coalesced", tensors[0],
-            lambda comm: collectives.allreduce(array, op, comm=comm, out=array, async_op=True),
-            lambda _: [copied_back(t, b) for t, b in zip(tensors, blocks)])
+        return self._launch("allreduce_coalesced", tensors[0], opts,
+                            lambda _: [copied_back(t, b) for t, b in zip(tensors, blocks)],
+                            collectives.allreduce, array, op, out=array)
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor],
                                     inputs: list[torch.Tensor], opts: Any = None) -> Any:
@@ -60,10 +59,7 @@ class CoalescedVerbs:
             return [copied_back(out, rows[:, end - d.numel():end].reshape(-1))
                     for out, d, end in zip(outputs, data, ends)]
 
-        return self._launch(
-            verb, inputs[0],
-            lambda comm: collectives.allgather(send, comm=comm, out=recv, async_op=True),
-            finish)
+        return self._launch(verb, inputs[0], opts, finish, collectives.allgather, send, out=recv)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -81,11 +77,9 @@ class CoalescedVerbs:
                                               device=rows.device), op, "outputs", self.rank())
         send, recv = as_array(send_t.reshape(-1)), as_array(recv_t.reshape(-1))
         blocks = recv_t.split([t.numel() for t in outputs])
-        return self._launch(
-            verb, outputs[0],
-            lambda comm: collectives.reduce_scatter(send, op, comm=comm, out=recv,
-                                                    async_op=True),
-            lambda _: [copied_back(t, b) for t, b in zip(outputs, blocks)])
+        return self._launch(verb, outputs[0], opts,
+                            lambda _: [copied_back(t, b) for t, b in zip(outputs, blocks)],
+                            collectives.reduce_scatter, send, op, out=recv)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 

@@ -102,9 +102,14 @@ def check_allreduce() -> None:
                 next_case()
                 x = values(shape, dtype)
                 want = reduced(gathered(x), op, dtype)
-                mine, theirs = x.clone(), x.clone()
+                mine, theirs, later = x.clone(), x.clone(), x.clone()
                 dist.all_reduce(mine, op=op)
                 same("allreduce", mine, want, f"{dtype} {op}")
+                work = dist.all_reduce(later, op=op, async_op=True)  # completed by cupycoll's
+                assert work.wait() is True  # completer thread; the future's value is the
+                value = work.get_future().wait()  # tensor (complex: torch's real view of it)
+                assert len(value) == 1 and value[0].data_ptr() == later.data_ptr()
+                same("allreduce", later, want, "async")
                 if gloo_has(op, dtype):
                     dist.all_reduce(theirs, op=op, group=GLOO)
                     same("allreduce", mine, theirs, f"{dtype} {op} vs gloo")
