@@ -6,6 +6,8 @@ ranks: sparse embeddings through both hooks, cct.sparse_allreduce against gloo);
 in-process checks on one rank and the launches.
 """
 
+import json
+import os
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -18,7 +20,7 @@ import cupycoll as cc
 import cupycoll.torch as cct
 from cupycoll.errors import InvalidArgument, InvalidType
 from cupycoll.torch._tensors import future_of
-from tests._mpi import run_mpi
+from tests._mpi import ROOT, mpiexec, run_mpi
 
 
 def test_importing_cupycoll_does_not_import_torch():
@@ -296,3 +298,19 @@ def test_coalescing_gives_torchs_rows_and_sums_bit_for_bit(dtype, numba, entries
     expected = grad.coalesce()
     assert torch.equal(indices, expected.indices()[0])
     assert summed.dtype == dtype and torch.equal(summed, expected.values())
+
+
+def test_bench_torch_runs_every_column_on_two_ranks(tmp_path):
+    """``cupycoll bench torch`` at a small V: every reduction and DDP row, none wrong."""
+    out = tmp_path / "torch.json"
+    cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "cupycoll", "bench",
+           "torch", "--vocab", "8K", "-n", "2", "-w", "1", "--json", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads(out.read_text())["rows"]
+    reduced = {r["algorithm"]: r for r in rows if "algorithm" in r}
+    assert {"hook", "cupycoll", "coalesce+cupycoll", "gloo", "gloo dense"} <= set(reduced)
+    assert all(r["#wrong"] == 0 for r in reduced.values()), reduced
+    assert {"hook", "gloo", "gloo dense"} <= {r["ddp"] for r in rows if "ddp" in r}
+    assert "hook / gloo" in proc.stdout

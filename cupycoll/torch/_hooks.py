@@ -59,8 +59,7 @@ def _sparse_bucket(comm: Communicator, buffer: torch.Tensor) -> torch.futures.Fu
     ``bucket.gradients.copy_``). The whole call runs in the background (MPI) or on the
     communicator's stream (NCCL): the autograd thread never waits for another rank here."""
     working_dtype(buffer, comm.rank)  # a bad dtype raises here, before anything travels
-    work = _sparse.start(comm, buffer, {"op": ReduceOp.AVG}, "torch.sparse_bucket")
-    return future_of(work, lambda averaged: averaged, buffer)
+    return _sparse.future(comm, buffer, {"op": ReduceOp.AVG}, "torch.sparse_bucket")
 
 
 @functools.lru_cache(maxsize=None)

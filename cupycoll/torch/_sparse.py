@@ -10,18 +10,20 @@ DLPack's per-call cost on CPU.
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import math
 from typing import Any
 
 import torch
 
-from .._background import run_async
+from .._background import run_async, runner
 from .._result import SparseResult
 from ..comm import Communicator, Work, get_comm
 from ..errors import InvalidArgument, InvalidType
 from ..sparse import sparse_allreduce as _sparse_allreduce
 from ._coalesce import coalesce
-from ._tensors import as_array
+from ._tensors import as_array, future_of
 
 __all__ = ["sparse_allreduce", "start", "reduce"]
 
@@ -84,6 +86,29 @@ def start(comm: Communicator, tensor: torch.Tensor, call: dict[str, Any],
     thread goes on at once; calls run in call order on every rank), on NCCL here on
     ``comm``'s stream. The Work's result is the reduced tensor."""
     return run_async(comm, lambda on: reduce(tensor, on, **call), op_name=op_name)
+
+
+def future(comm: Communicator, tensor: torch.Tensor, call: dict[str, Any],
+           op_name: str) -> torch.futures.Future:
+    """A torch Future of :func:`start`'s result. On MPI cupycoll's worker completes it the
+    moment the call returns there (no hop through the completer thread: the caller waiting
+    on it wakes one thread switch sooner); on NCCL the completer does, after a host
+    synchronize (the Future names the tensor's device)."""
+    if getattr(comm, "stream_work", None) is not None:
+        return future_of(start(comm, tensor, call, op_name), lambda result: result, tensor)
+    worker = runner(comm)
+    result: torch.futures.Future = torch.futures.Future()
+    worker.submit(reduce, tensor, worker.comm, **call).add_done_callback(
+        functools.partial(_settle, result))
+    return result
+
+
+def _settle(result: torch.futures.Future, done: concurrent.futures.Future) -> None:
+    error = done.exception()
+    if error is None:
+        result.set_result(done.result())
+    else:
+        result.set_exception(error)
 
 
 def reduce(tensor: torch.Tensor, comm: Communicator, *, output: str = "sparse",
