@@ -72,9 +72,18 @@ class _NullNccl:
 
 
 class _HostDevice:
-    """CudaDevice's members over host memory: addresses, a stream handle, done events."""
+    """CudaDevice's members over host memory: addresses, stream handles, done events."""
 
     errors = ()
+
+    class Stream:
+        ptr = 0
+
+        def __enter__(self) -> None:
+            pass
+
+        def __exit__(self, *exc: object) -> None:
+            pass
 
     class Done:
         done = True
@@ -82,14 +91,35 @@ class _HostDevice:
         def synchronize(self) -> None:
             pass
 
+    def __init__(self) -> None:
+        self._current = self.Stream()
+
     def pointer(self, a: np.ndarray) -> int:
         return a.ctypes.data
 
-    def stream(self) -> int:
-        return 0
+    def current(self) -> "_HostDevice.Stream":
+        return self._current
 
-    def record(self) -> "_HostDevice.Done":
+    def new_stream(self) -> "_HostDevice.Stream":
+        return self.Stream()
+
+    @staticmethod
+    def handle(stream: "_HostDevice.Stream") -> int:
+        return stream.ptr
+
+    def record(self, stream: Any = None) -> "_HostDevice.Done":
         return self.Done()
+
+    @staticmethod
+    def wait_event(stream: Any, event: Any) -> None:
+        pass
+
+    @staticmethod
+    def using(stream: Any) -> Any:
+        return stream
+
+    def activate(self, device_id: int) -> None:
+        pass
 
 
 def nccl_comm() -> Any:

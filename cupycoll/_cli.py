@@ -27,8 +27,8 @@ from ._config import SETTINGS, setting
 __all__ = ["main", "info_lines", "bench_script"]
 
 #: every bench/bench_NAME.py (``cupycoll bench NAME``); the convergence demo runs as ``demo``
-BENCHMARKS = ("dense", "sparse", "topk", "primitives", "small", "host", "syncs", "tracking",
-              "kernel_compile", "wire", "mpi_reduce", "layers", "torch", "demo")
+BENCHMARKS = ("dense", "sparse", "topk", "primitives", "small", "host", "waits", "syncs",
+              "tracking", "kernel_compile", "wire", "mpi_reduce", "layers", "torch", "demo")
 
 
 def _version(dist: str) -> str:

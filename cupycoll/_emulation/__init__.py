@@ -11,10 +11,18 @@ cupy, primitives launch the real CUDA kernels compiled for the CPU. What it enfo
 * streams: NCCL work runs later, in stream order, on the stream's own thread; events and stream
   waits order streams; touching a buffer before the work writing it is ordered before raises
   :class:`StreamOrderError`, and receive buffers hold poison (all bits set) until written;
+* memory: CuPy's stream-ordered pool (:mod:`.pool`): a freed device block goes at once, poisoned,
+  to the next allocation of its size on the stream that allocated it, with the other streams'
+  unordered work on it, so touching it unordered raises :class:`StreamOrderError`;
 * NCCL: lazy connection handshakes (first collective per communicator, first send/recv per peer)
-  block the caller like NCCL >= 2.22; in-place and overlap rules; ``abort()`` unblocks a blocked
-  call; :func:`check_logs` compares every rank's calls; each call is also issued through the real
-  ``cupy.cuda.nccl`` on a null communicator and must reach NCCL's own argument error;
+  block the caller like NCCL >= 2.22, or, on a non-blocking communicator (CuPy's ``NcclConfig``
+  with ``blocking = 0``), return ncclInProgress (CuPy raises ``KeyError(7)``) and go on in the
+  background; in-place and overlap rules; NCCL's arithmetic (float max/min drop NaN, sums in
+  ring order); ``abort()`` unblocks a blocked call, and an abort while another thread is inside
+  a call of a blocking communicator is recorded; a peer's abort is a remote error across nodes
+  only; ``destroy()`` blocks while an operation waits for a peer; :func:`check_logs` compares
+  every rank's calls; each call is also issued through the real ``cupy.cuda.nccl`` on a null
+  communicator and must reach NCCL's own argument error;
 * host synchronizations (device-to-host copies, scalar reads, data-dependent sizes, event and
   stream synchronize) are reported to :data:`HOST_SYNC_HOOKS`.
 

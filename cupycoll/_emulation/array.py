@@ -183,7 +183,7 @@ class ndarray(NDArrayOperatorsMixin):
         attr = getattr(self._a, name)  # AttributeError as numpy's
         if not callable(attr):
             return attr
-        method = getattr(np.ndarray, name)
+        method = _stable_argsort if name == "argsort" else getattr(np.ndarray, name)
 
         def call(*args: Any, **kwargs: Any) -> Any:
             return _call(method, name, (self,) + args, kwargs,
@@ -308,9 +308,15 @@ def from_dlpack(x: Any) -> ndarray:
     return asarray(np.from_dlpack(x))
 
 
+def _stable_argsort(a: np.ndarray, axis: int = -1, kind: Any = None) -> np.ndarray:
+    """CuPy's argsort is stable whatever ``kind`` says (a radix sort); numpy's default is not."""
+    return np.argsort(a, axis=axis, kind="stable")
+
+
 _SPECIAL = {"ndarray": ndarray, "asarray": asarray, "array": array, "asnumpy": asnumpy,
             "get_array_module": get_array_module, "from_dlpack": from_dlpack,
-            "ascontiguousarray": _creator(np.ascontiguousarray, "ascontiguousarray")}
+            "ascontiguousarray": _creator(np.ascontiguousarray, "ascontiguousarray"),
+            "argsort": _creator(_stable_argsort, "argsort")}
 
 
 def namespace(name: str) -> Any:

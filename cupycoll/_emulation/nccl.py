@@ -10,11 +10,10 @@ with NCCL's own NcclError (proves names, signatures and enums of the installed C
 
 What happens next: like NCCL >= 2.22, the first collective of a communicator and the first
 send/recv with each peer block the calling host thread in a connection handshake with the peer(s);
-the data moves later, in a task on the stream (poisoned receive buffers until then). Every call
-is logged; :func:`check_logs` compares the logs across ranks. ``abort()`` from any thread makes a
-blocked call or task fail with NcclError, and cancels the communicator's pending operations: an
-operation completes only when every partner's live operation confirmed it arrived, so nothing
-matches across an aborted communicator (``nccl_core.waitall_confirmed``).
+the data moves later, in a task on the stream (poisoned receive buffers until then); on a
+non-blocking communicator those calls return ncclInProgress instead and connect in the
+background. Every call is logged; :func:`check_logs` compares the logs across ranks. Aborts,
+asynchronous errors, non-blocking progress and destroy are :mod:`.nccl_lifetime`'s.
 """
 
 from __future__ import annotations
@@ -27,16 +26,17 @@ from mpi4py import MPI
 
 from . import device as dev
 from .array import buffer_at, raw_view
-from ..comm._nccl_config import IN_PROGRESS, blocking_of
-from .logs import COMMS, GLOBAL_LOG, RACES
-from .nccl_core import (INTERNAL, INVALID_ARGUMENT, INVALID_USAGE, REMOTE, STATE,
-                        collective_links, dtype_of, error, itemsize, join, p2p_links, poll,
+from ..comm._nccl_config import IN_PROGRESS
+from .logs import COMMS, GLOBAL_LOG
+from .nccl_lifetime import _Lifetime, _nonblocking
+from .nccl_core import (INTERNAL, INVALID_ARGUMENT, INVALID_USAGE, STATE,
+                        collective_links, dtype_of, error, itemsize, join, p2p_links,
                         reduce_rows, uid_bytes, waitall, waitall_confirmed)
 
 __all__ = ["NcclCommunicator", "groupStart", "groupEnd"]
 
 _tls = threading.local()
-_P2P_TAG, _HANDSHAKE_TAG, _ABORT_TAG = 7, 9, 11
+_P2P_TAG, _HANDSHAKE_TAG = 7, 9
 
 
 def groupStart() -> None:
@@ -68,7 +68,7 @@ class _Op:
         self.run, self.peer = run, peer
 
 
-class NcclCommunicator:
+class NcclCommunicator(_Lifetime):
     """``NcclCommunicator(ndev, commId, rank, config=None)``: blocks until all ``ndev`` ranks
     have joined, unless ``config`` (CuPy's ``NcclConfig``) has ``blocking = 0``: then, as NCCL,
     the init and every call that has to connect to peers return ``ncclInProgress`` (CuPy raises
@@ -113,44 +113,6 @@ class NcclCommunicator:
         self.tokens = self.mpi.Dup()  # liveness handshakes (nccl_core.waitall_confirmed)
         self.world_ranks = self.mpi.Get_group().Translate_ranks(
             list(range(self._size)), MPI.COMM_WORLD.Get_group())
-
-    # ---------------------------------------------------------------- non-blocking calls
-    def _in_background(self, what: str, work: Callable[[], Any],
-                       then: Callable[[Any], None]) -> None:
-        """Run ``work()`` in a thread, ``then(result)`` when ``check_async_error`` sees it done;
-        raise ncclInProgress now (what a non-blocking call returns)."""
-        box: dict = {}
-
-        def run() -> None:
-            try:
-                box["result"] = work()
-            except BaseException as exc:  # becomes the asynchronous error
-                box["error"] = exc
-
-        thread = threading.Thread(target=run, daemon=True, name=f"emulated {what}")
-        thread.start()
-
-        def finished() -> bool:
-            if thread.is_alive():
-                return False
-            if "error" in box:
-                self.async_error = getattr(box["error"], "status", INTERNAL)
-            else:
-                then(box["result"])
-            return True
-
-        self.in_progress = finished
-        raise error(IN_PROGRESS)
-
-    def _settled(self) -> bool:
-        """Has the non-blocking call in progress finished (then its effect is applied)?"""
-        if self.in_progress is not None and self.in_progress():
-            self.in_progress = None
-        return self.in_progress is None
-
-    def _inside(self, method: str) -> Any:
-        """Mark the calling host thread as inside ``method`` (abort's race check)."""
-        return _Inside(self, method)
 
     # ---------------------------------------------------------------- what it is
     def rank_id(self) -> int:
@@ -410,7 +372,7 @@ class NcclCommunicator:
         reads = [s for op in ops for s in op.reads]
         with dev.LOCK:
             poison = [(start, end) for buf, start, end in spans
-                      if not any(s[1] < end and start < s[2] for s in reads) and _idle(buf)]
+                      if not any(s[1] < end and start < s[2] for s in reads) and dev.idle(buf)]
             waits += dev.ordered_access([(s[0], False) for s in reads] +
                                         [(s[0], True) for s in spans], name, here=stream,
                                         task_seq=stream.seq + 1)
@@ -418,66 +380,6 @@ class NcclCommunicator:
                 raw_view(start, end - start, np.dtype(np.uint8))[...] = 0xFF
             self.tasks = [t for t in self.tasks if not t.finished.is_set()]
             self.tasks.append(stream.enqueue(name, run))
-
-    # ---------------------------------------------------------------- lifetime
-    def check_async_error(self) -> None:
-        self._check_real("check_async_error")
-        if not self.aborted and not self._settled():
-            raise error(IN_PROGRESS)
-        if self.async_error is not None:
-            raise error(self.async_error)
-
-    def _check_real(self, method: str) -> None:
-        try:
-            getattr(self._real, method)()
-        except STATE["real"].NcclError:
-            pass
-
-    def abort(self) -> None:
-        """From any thread: blocked calls and tasks of this communicator fail; peers see a
-        remote error (their calls fail, their kernels spin until they abort too).
-
-        NCCL frees the communicator in ``ncclCommAbort``; it allows that at any point only for
-        a non-blocking communicator. An abort while another host thread is inside a call of a
-        blocking one is a use after free on a GPU: recorded, and raised by ``check_logs()``.
-        """
-        inside = self.calling
-        if inside is not None and inside[0] != threading.get_ident() and not self.nonblocking:
-            RACES.append(f"ncclCommAbort on rank {self._rank} from thread "
-                         f"{threading.current_thread().name} while another thread is inside "
-                         f"{inside[1]} on this blocking communicator (NCCL frees the "
-                         "communicator under that call)")
-        if not self.aborted:
-            worlds = self.world_ranks or []  # remote errors reach other nodes only
-            self.notices = [self.handshake.Isend(np.zeros(1, np.uint8), dest=r, tag=_ABORT_TAG)
-                            for r, world in enumerate(worlds) if r != self._rank and
-                            dev.node_of(world) != dev.node_of(worlds[self._rank])]
-        self.aborted = True
-        if self.async_error is None:
-            self.async_error = INTERNAL
-
-    def peer_aborted(self) -> bool:
-        """Has a peer on another node aborted (NCCL's remote error, ncclRemoteError)?
-
-        NCCL learns of a dead peer only through its socket-based proxies and bootstrap, i.e.
-        across nodes: within a node (NVLink, P2P, SHM) a peer that aborted leaves this rank's
-        kernels spinning with no asynchronous error, so only an own timeout gets it out. The
-        abort notices go to the peers on other nodes only (``device.node_of``)."""
-        if self.async_error is None and self.world_ranks is not None and \
-                self.handshake.Iprobe(MPI.ANY_SOURCE, _ABORT_TAG):
-            self.async_error = REMOTE
-        return self.async_error == REMOTE
-
-    def destroy(self) -> None:
-        """``ncclCommDestroy``: wait for this communicator's queued operations (unless aborted),
-        then free it. Like NCCL it never returns while a kernel waits for a peer that does not
-        come, and raises nothing (a peer's abort does not end the wait; ``abort()`` or
-        :func:`release_blocked` does)."""
-        if not self.aborted:
-            for task in list(self.tasks):
-                while not task.finished.wait(0.05) and not self.aborted:
-                    pass
-        self.destroyed = True
 
     def commSplit(self, color: int, key: int) -> "NcclCommunicator | None":
         self._check_call("commSplit", (color, key), 0)
@@ -495,36 +397,3 @@ class NcclCommunicator:
         uid = (self.uid[:100] + np.int32(len(self.log)).tobytes() +
                np.int32(color).tobytes())[:128].ljust(128, b"\0")
         return type(self)(child.Get_size(), None, child.Get_rank(), _mpi=child, _uid=uid)
-
-
-class _Inside:
-    """``with comm._inside(method):`` the thread is inside an NCCL call of ``comm``."""
-
-    __slots__ = ("comm", "method", "outer")
-
-    def __init__(self, comm: NcclCommunicator, method: str) -> None:
-        self.comm, self.method, self.outer = comm, method, None
-
-    def __enter__(self) -> None:
-        self.outer, self.comm.calling = self.comm.calling, (threading.get_ident(), self.method)
-
-    def __exit__(self, *exc: Any) -> None:
-        self.comm.calling = self.outer
-
-
-def _nonblocking(config: Any) -> bool:
-    """Whether CuPy's ``NcclConfig`` ``config`` asks for a non-blocking communicator."""
-    if config is None:
-        return False
-    real = getattr(STATE["real"], "NcclConfig", None)
-    if real is None or not isinstance(config, real):
-        raise TypeError(f"config must be cupy.cuda.nccl.NcclConfig, not {type(config).__name__}")
-    return blocking_of(config) == 0
-
-
-def _idle(buf: dev.Buffer) -> bool:
-    """No unfinished stream work reads or writes ``buf`` (so poisoning it harms nobody)."""
-    marks = ([buf.writer] if buf.writer else []) + buf.readers
-    return all(stream.done_seq >= seq for stream, seq, _ in marks)
-
-

@@ -2,9 +2,9 @@
 for operations nobody waits on, an agreed init.
 
 :func:`spin` is the one host wait of the NCCL backend: it polls, yielding the GIL between polls
-(a completed event is noticed within a poll, where a sleep of 10 us returns 60-80 us later), and
-sleeps short slices only once a wait has lasted a few milliseconds (a long wait does not burn a
-core). :data:`WATCHDOG` is one daemon thread per process: every few milliseconds it asks each
+(a completed event is noticed within a poll, where a sleep of 10 us returns some 60 us later),
+and sleeps short slices only once a wait has lasted a few milliseconds (a long wait does not
+burn a core). :data:`WATCHDOG` is one daemon thread per process: every few milliseconds it asks each
 live NCCL communicator to abort if its oldest operation in flight outlived the timeout, so a
 stream-ordered call whose peer never comes ends in CollectiveTimeout at the next call instead of
 a hang (the communicator serialises the abort with its own NCCL calls). ``ncclCommInitRank``
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 import weakref
@@ -28,7 +29,9 @@ __all__ = ["spin", "WATCHDOG", "agreed_init"]
 
 _log = logging.getLogger("cupycoll")
 _INIT_TAG = 4711
-#: a host wait yields between polls for this long, then sleeps SLEEP_S between polls.
+#: a host wait polls back to back for BUSY_S seconds, yields between polls up to SPIN_S,
+#: then sleeps SLEEP_S between polls.
+BUSY_S = 2e-5
 SPIN_S = 5e-3
 SLEEP_S = 1e-4
 #: seconds between two rounds of the watchdog.
@@ -36,14 +39,23 @@ WATCH_S = 0.02
 
 
 def spin(ready: Callable[[], bool]) -> None:
-    """Return once ``ready()`` is True: polls that yield the GIL (``time.sleep(0)``) for the
-    first ``SPIN_S`` seconds, then ``SLEEP_S`` sleeps between polls. ``ready`` may raise (a
-    timeout, an error) to end the wait."""
-    if ready():
-        return
+    """Return once ``ready()`` is True: back-to-back polls for the first ``BUSY_S`` seconds,
+    then polls that yield the CPU and the GIL (``sched_yield``, under a microsecond;
+    ``time.sleep(0)`` would sleep the kernel's timer slack, ~50 us) up to ``SPIN_S`` seconds,
+    then ``SLEEP_S`` sleeps between polls. ``ready`` may raise (a timeout, an error) to end
+    the wait."""
     start = time.monotonic()
     while not ready():
-        time.sleep(0 if time.monotonic() - start < SPIN_S else SLEEP_S)
+        waited = time.monotonic() - start
+        if waited < BUSY_S:
+            continue
+        if waited < SPIN_S:
+            _yield()
+        else:
+            time.sleep(SLEEP_S)
+
+
+_yield: Callable[[], None] = getattr(os, "sched_yield", lambda: time.sleep(0))
 
 
 class Watchdog:
@@ -68,13 +80,14 @@ class Watchdog:
             time.sleep(WATCH_S)
             with self._lock:
                 comms = list(self._watched)
-            for comm in comms:
+            while comms:  # no reference kept between rounds: a dropped communicator is freed
+                comm = comms.pop()
                 try:
                     comm._expire()
                 except Exception:  # noqa: BLE001  a watchdog never dies of one communicator
                     _log.exception("cupycoll: the NCCL watchdog failed on rank %s",
                                    getattr(comm, "rank", "?"))
-            del comms
+                del comm
 
 
 #: the process's watchdog (see :class:`Watchdog`).

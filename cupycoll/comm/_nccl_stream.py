@@ -16,6 +16,7 @@ import numpy as np
 from ..errors import CollectiveTimeout
 from ._nccl_config import in_progress
 from ._nccl_guard import spin
+from ._watchdog import _ABANDONED
 from ._work import Work
 
 __all__: list[str] = []
@@ -54,6 +55,13 @@ class _Handle:
             if comm is not None:
                 comm.abort()
 
+    def release(self, inflight: Any) -> None:
+        """The communicator is garbage: abort it, and keep what its unfinished operations
+        still touch for the life of the process (its stream may run on after the abort)."""
+        self.abort()
+        if inflight:
+            _ABANDONED.append(list(inflight))
+
 
 class _StreamOrder:
     """Posting, ordering and waiting of :class:`~.nccl.NCCLCommunicator` (a mixin)."""
@@ -69,11 +77,14 @@ class _StreamOrder:
         return _InStream(self, join)
 
     def _order(self, event: Any) -> None:
-        """Make the caller's current stream wait for ``event`` (nothing if it is ours)."""
-        self._check_alive()
+        """Make the caller's current stream wait for ``event`` (nothing if it is ours); then
+        raise if the communicator died meanwhile. The order comes first even then: what the
+        caller frees next on its stream must not be handed to new work while our stream may
+        still read it."""
         current = self._device.current()
         if current is not self._stream:
             self._device.wait_event(current, event)
+        self._check_alive()
 
     def _post(self, op_name: str, launch: Callable[[Any, int], Any], keep: Any = None,
               active: bool = True, then: Callable[[], None] | None = None) -> Any:
@@ -335,5 +346,5 @@ class _InStream:
         device, stream = self.comm._device, self.comm._stream
         scope, self.scope = self.scope, None
         scope.__exit__(*exc)
-        if self.join:
+        if self.join or exc[0] is not None:  # a failed call: nothing waits on it later
             device.wait_event(outer, device.record(stream))

@@ -31,10 +31,10 @@ class _NcclVerbs:
         """Run a dense verb in stream order: post it and make the caller's current stream wait
         for its event (NCCL's semantics: no host wait; see :meth:`synchronize`)."""
         name = op_name or verb
-        poster = self._posters.get(verb)
+        poster = _POSTERS.get(verb)
         if poster is None:
             return super().run(verb, *args, op_name=op_name)
-        event, _keep = poster(*args, name)
+        event, _keep = poster(self, *args, name)
         self._order(event)
 
     def _types(self, dtype: Any, op: Any) -> tuple[int, int | None]:
@@ -188,3 +188,10 @@ class _NcclVerbs:
         event = self._post(op_name, launch, (posted_recvs, posted_sends, staged),
                            then=unstage if staged else None)
         return self._work(event, (posted_recvs, posted_sends), op_name)
+
+
+#: verb -> the poster ``run`` calls (functions, not bound methods: a communicator holding its
+#: own bound methods would be a reference cycle, freed only by the cyclic collector).
+_POSTERS = {"allreduce": _NcclVerbs._allreduce, "broadcast": _NcclVerbs._broadcast,
+            "reduce": _NcclVerbs._reduce, "allgather": _NcclVerbs._allgather,
+            "reduce_scatter": _NcclVerbs._reduce_scatter}

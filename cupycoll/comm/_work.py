@@ -57,8 +57,8 @@ class Work:
     def synchronize(self) -> Any:
         """Block the host until the operation is complete (under the communicator's timeout)
         and return its result."""
-        if not self._synced:
-            if self._done:
+        if not self._host_waits or not self._synced:  # a device wait: every calling thread
+            if self._done:  # learns the completion itself (cheap once the event is done)
                 self._sync_fn()
             else:
                 self._complete(self._sync_fn)

@@ -338,7 +338,7 @@ class MPICommunicator(Communicator):
 
     def _broadcast(self, send: Any, recv: Any, root: int, op_name: str, blocking: bool):
         host, copy_back = self._staged(recv)
-        if self.rank == root and send is not recv:
+        if self.rank == root and host is not send:  # staged (device arrays): even in place
             host[...] = send if type(send) is np.ndarray else to_host(send)
         self._record_collective("broadcast", recv.nbytes, root, op_name=op_name)
         comm = self.mpi_comm

@@ -149,11 +149,8 @@ class NCCLCommunicator(_StreamOrder, _NcclVerbs, Communicator):
         self._posted = 0  # operations posted so far (numbers the in-flight entries)
         self._bytes = int(getattr(nccl, _BYTES))
         self._dtype_codes, self._op_codes = _code_tables(nccl)
-        self._posters = {"allreduce": self._allreduce, "broadcast": self._broadcast,
-                         "reduce": self._reduce, "allgather": self._allgather,
-                         "reduce_scatter": self._reduce_scatter}
         self.connect_timeout = setting("CUPYCOLL_CONNECT_TIMEOUT")
-        weakref.finalize(self, _Handle.abort, self._handle)  # never a blocking destroy
+        weakref.finalize(self, self._handle.release, self._inflight)  # no blocking destroy
         WATCHDOG.watch(self)
 
     @property
@@ -187,8 +184,12 @@ class NCCLCommunicator(_StreamOrder, _NcclVerbs, Communicator):
                             f"({type(exc).__name__}: {exc}); the communicator was aborted")
 
     def _disable(self) -> None:
+        """Dead (a timeout, an error, an abort, an interrupt): abort the NCCL communicator and
+        keep what the unfinished operations touch for good (the stream runs on after it)."""
         super()._disable()
         self._handle.abort()
+        if self._inflight:
+            self._fate.abandon(list(self._inflight))
 
     @contextlib.contextmanager
     def _group(self) -> Iterator[None]:

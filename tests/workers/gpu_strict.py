@@ -15,6 +15,10 @@ Modes:
                 chunk in ring order from a rotating rank (allReduce, reduce, reduceScatter),
                 float avg is a premultiplied sum, integer avg a wrapping sum truncated
   peer_dead     a peer's abort is a remote error across nodes only (P = 4, 2 devices per node)
+  fidelity      CuPy behaviour the algorithms rely on: argsort is stable (numpy's default is
+                not: duplicates would be folded in another order); the MPI backend's in-place
+                broadcast of a device array at the root stages the root's data (it sent an
+                unfilled staging buffer)
   destroy       ncclCommDestroy with an operation a dead peer never joins blocks, without error,
                 until the emulated NCCL is released (P = 4, 2 devices per node; run it last)
 After every mode the ranks' NCCL call logs are compared (cupycoll._emulation.check_logs).
@@ -324,7 +328,24 @@ def mode_destroy():
         assert outcome == ["returned"], f"rank {RANK}: destroy() after the release: {outcome}"
 
 
-MODES = {"pool": mode_pool, "oktopk": mode_oktopk, "nccl_math": mode_nccl_math, "peer_dead": mode_peer_dead,
+def mode_fidelity():
+    """Stable argsort (function and method) against numpy's stable sort, on runs of equal keys
+    long enough that an unstable sort reorders them; an in-place broadcast of cupy arrays over
+    the MPI backend (host staging) against root's data, every root."""
+    from cupycoll.comm.mpi import MPICommunicator
+
+    keys = np.random.default_rng(1).integers(0, 4, 5000)
+    want = np.argsort(keys, kind="stable")
+    assert np.array_equal(cupy.argsort(cupy.asarray(keys)).get(), want)
+    assert np.array_equal(cupy.asarray(keys).argsort().get(), want)
+    comm = MPICommunicator(xp=cupy)
+    for root in range(P):
+        x = cupy.full(17, float(RANK + 1), cupy.float32)
+        comm.broadcast(x, x, root).wait()
+        assert x.get().tolist() == [root + 1.0] * 17, (root, x.get())
+
+
+MODES = {"fidelity": mode_fidelity, "pool": mode_pool, "oktopk": mode_oktopk, "nccl_math": mode_nccl_math, "peer_dead": mode_peer_dead,
          "destroy": mode_destroy}
 MODE = sys.argv[1]
 for mode in MODE.split(","):  # several modes per launch: each launch costs seconds

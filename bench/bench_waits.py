@@ -1,0 +1,107 @@
+"""How late a blocking dense call on the NCCL backend returns after its device work finished.
+
+One process runs the NCCL backend's own code over a stand-in device whose events complete a
+fixed time after they are recorded (the duration of the "device work"), with a null NCCL. A
+blocking call is ``cc.allreduce(x, out=out)`` then ``comm.synchronize()``; its lateness is the
+time from the moment its event completed (or from the call, when it completed earlier) to the
+return of ``synchronize()``. Two wait policies run side by side, interleaved call by call:
+``spin`` (the backend's, ``cupycoll.comm._nccl_guard.spin``: back-to-back polls, then polls that
+yield, then short sleeps past a few milliseconds) and ``sleep`` (sleeps from 10 us doubling to
+1 ms between polls, the policy the backend had before). Medians of ``-n`` calls per row,
+microseconds; the host time of the call itself is ``bench/bench_host.py``'s.
+
+    python bench/bench_waits.py -n 400
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+import cupycoll as cc
+from cupycoll.comm import _nccl_stream
+
+from bench_host import _HostDevice, _NullNccl
+
+
+class _TimedDevice(_HostDevice):
+    """A stand-in device whose events are done ``duration`` seconds after they are recorded."""
+
+    class Timed:
+        __slots__ = ("at",)
+
+        def __init__(self, at: float) -> None:
+            self.at = at
+
+        @property
+        def done(self) -> bool:
+            return time.perf_counter() >= self.at
+
+        def synchronize(self) -> None:
+            while not self.done:
+                pass
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.duration = 0.0
+
+    def record(self, stream: Any = None) -> "_TimedDevice.Timed":
+        return self.Timed(time.perf_counter() + self.duration)
+
+
+def sleeping(ready: Callable[[], bool]) -> None:
+    """The former wait policy: sleep 10 us, doubling to 1 ms, between polls."""
+    pause = 1e-5
+    while not ready():
+        time.sleep(pause)
+        pause = min(2 * pause, 1e-3)
+
+
+def overheads(durations: list[float], iters: int) -> dict[tuple[str, float], float]:
+    """Median lateness (us) of a blocking allreduce per (policy, duration)."""
+    from cupy.cuda import nccl
+
+    from cupycoll.comm.nccl import NCCLCommunicator
+
+    device = _TimedDevice()
+    comm = NCCLCommunicator.wrap(_NullNccl(), nccl=nccl, device=device, xp=np)
+    x, out = np.ones(256, np.float32), np.empty(256, np.float32)
+    policies = {"spin": _nccl_stream.spin, "sleep": sleeping}
+    times: dict[tuple[str, float], list[float]] = {}
+    for duration in durations:
+        device.duration = duration
+        for i in range(iters + 5):
+            for name, policy in policies.items():
+                _nccl_stream.spin = policy
+                cc.allreduce(x, out=out, comm=comm)
+                done_at = comm._inflight[-1].event.at  # when the device work "finished"
+                comm.synchronize()
+                late = time.perf_counter() - done_at
+                if i >= 5:  # warm-up calls left out
+                    times.setdefault((name, duration), []).append(late)
+    _nccl_stream.spin = policies["spin"]
+    return {key: float(np.median(v)) * 1e6 for key, v in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("-n", "--iters", type=int, default=400)
+    parser.add_argument("--durations", default="5e-6,1e-4,3e-3",
+                        help="seconds of device work per call, comma-separated")
+    args = parser.parse_args()
+    cc.init("mpi")
+    durations = [float(d) for d in args.durations.split(",")]
+    result = overheads(durations, args.iters)
+    print(f"# lateness of a blocking dense call (median of {args.iters}, us): from the end of "
+          "its device work to the return of comm.synchronize()")
+    print(f"# {'device work (us)':>18}{'spin':>10}{'sleep':>10}{'sleep/spin':>12}")
+    for duration in durations:
+        spin, sleep = result[("spin", duration)], result[("sleep", duration)]
+        print(f"  {duration * 1e6:>18.0f}{spin:>10.1f}{sleep:>10.1f}{sleep / spin:>12.1f}")
+
+
+if __name__ == "__main__":
+    main()

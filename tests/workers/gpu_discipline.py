@@ -1,0 +1,211 @@
+"""The NCCL backend's stream, completion and lifetime discipline on emulated GPUs.
+
+Usage: gpu_discipline.py MODE[,MODE...]   (2 emulated devices per node, CuPy 14's binding)
+
+Modes (each failed before its fix, as noted):
+  null_stream        no front door runs device work on the legacy NULL stream: with the NULL
+                     stream current, only the events and stream waits that order it around the
+                     call land there; with a stream of the caller's, nothing does; the
+                     communicator's stream is non-blocking (before: every NCCL call and kernel
+                     ran on the caller's current stream, the NULL stream by default)
+  completer_device   a future's callbacks (completion_fn, add_done_callback) run on the
+                     communicator's device, after the device work completed (before: the
+                     completer thread ran them on device 0: DeviceMismatch on rank 1)
+  close_paths        close() on an error path, garbage collection and re-init() abort a
+                     communicator whose operation waits for a peer that never comes, instead
+                     of destroying it (before: ncclCommDestroy blocked forever)
+After every mode the ranks' NCCL call logs are compared (cupycoll._emulation.check_logs).
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import threading
+import time
+
+import numpy as np
+
+import cupycoll._emulation as emu
+
+emu.install(2, 14)
+import cupy  # noqa: E402  (the emulated one)
+from mpi4py import MPI  # noqa: E402
+
+import cupycoll as cc  # noqa: E402
+from cupycoll._emulation import device as emu_device  # noqa: E402
+
+MODE = sys.argv[1]
+WORLD = MPI.COMM_WORLD
+RANK, P = WORLD.Get_rank(), WORLD.Get_size()
+
+
+def case(n=60, nnz=9, seed=5):
+    """Every rank's (indices, values) and the float64 dense sum over ranks."""
+    parts, dense = [], np.zeros(n)
+    for r in range(P):
+        rng = np.random.default_rng([seed, r])
+        idx = np.sort(rng.choice(n, nnz, replace=False)).astype(np.int64)
+        val = rng.integers(-9, 9, nnz).astype(np.float32)
+        parts.append((idx, val))
+        dense[idx] += val
+    return parts, dense
+
+
+def front_doors(comm, parts):
+    """name -> call on ``comm``: every front door, dense results ordered on the caller's
+    stream, sparse ones as returned."""
+    idx, val = (cupy.asarray(a) for a in parts[RANK])
+    x = cupy.arange(8 * P, dtype=cupy.float32) + RANK
+    calls = {verb: (lambda v=verb: getattr(cc, v)(x, comm=comm))
+             for verb in ("allreduce", "allgather", "reduce_scatter")}
+    calls["broadcast"] = lambda: cc.broadcast(x, root=P - 1, comm=comm)
+    calls["reduce"] = lambda: cc.reduce(x, root=0, comm=comm)
+    for algorithm in cc.algorithms("sparse"):
+        calls[f"sparse {algorithm}"] = lambda a=algorithm: cc.sparse_allreduce(
+            idx, val, 60, algorithm=a, comm=comm)
+        calls[f"sparse {algorithm} async"] = lambda a=algorithm: cc.sparse_allreduce(
+            idx, val, 60, algorithm=a, comm=comm, async_op=True).wait()
+    grad = cupy.arange(64, dtype=cupy.float32) * (RANK + 1)
+    calls["topk_allreduce"] = lambda: cc.topk_allreduce(grad, 8, comm=comm)
+    compressor = cc.TopkCompressor(64, 0.25, comm=comm)
+    calls["TopkCompressor.step"] = lambda: compressor.step(grad)
+    return calls
+
+
+class NullStreamLog:
+    """What is issued on this device's legacy NULL stream: enqueued tasks (NCCL, copies,
+    events, waits) and eager operations (array operations, kernels), by name."""
+
+    #: what a front door may leave on the caller's NULL stream: its output's allocation (CuPy
+    #: allocates on the current stream, as torch does) and the events and waits that order the
+    #: caller's stream around the call.
+    ALLOWED = ("empty", "event", "wait ")
+
+    def __init__(self):
+        self.null = emu_device.null_stream()
+        self.entries = []
+        enqueue, ordered_access = self.null.enqueue, emu_device.ordered_access
+
+        def logged_enqueue(name, run):
+            self.entries.append(name)
+            return enqueue(name, run)
+
+        def logged_access(buffers, what, here=None, task_seq=None):
+            if task_seq is None and (here or emu_device.current_stream()) is self.null:
+                self.entries.append(what)
+            return ordered_access(buffers, what, here, task_seq)
+
+        self.null.enqueue = logged_enqueue
+        emu_device.ordered_access = logged_access
+
+    def work(self):
+        """The entries that are device work the caller did not ask for on NULL."""
+        return [e for e in self.entries if not e.startswith(self.ALLOWED)]
+
+
+def mode_null_stream():
+    comm = cc.init("nccl", timeout=60.0)
+    parts, _ = case()
+    log = NullStreamLog()
+    calls = front_doors(comm, parts)
+    for name, call in calls.items():
+        call()  # warm: compiled kernels, the compressor's state, connections
+    comm.barrier()
+    for name, call in calls.items():
+        log.entries.clear()
+        call()
+        work = log.work()
+        assert not work, f"{name} put device work on the legacy NULL stream: {work}"
+        assert log.entries, f"{name}: the caller's NULL stream is not ordered around the call"
+    mine = cupy.cuda.Stream(non_blocking=True)
+    with mine:
+        calls = front_doors(comm, parts)
+        for name, call in calls.items():
+            log.entries.clear()
+            call()
+            assert not log.entries, f"{name} with the caller's own stream touched NULL: " \
+                f"{log.entries}"
+    comm.barrier()
+    assert comm._stream.blocking is False and comm._stream.null is False, comm._stream
+
+
+def mode_completer_device():
+    comm = cc.init("nccl", timeout=60.0)
+    parts, dense = case()
+    idx, val = (cupy.asarray(a) for a in parts[RANK])
+    seen = []
+
+    def completion(indices, values, ctx):  # device work in the thread that completes
+        seen.append((threading.current_thread().name, cupy.cuda.runtime.getDevice(),
+                     float((values * 2).sum().get())))
+
+    work = cc.sparse_allreduce(idx, val, 60, comm=comm, async_op=True, completion_fn=completion)
+    done = threading.Event()
+    work.add_done_callback(lambda w: done.set())
+    work.get_future().result(timeout=60)
+    assert done.wait(60)
+    res = work.synchronize()  # this thread learns the completion too (emulated knowledge is
+    # per host thread: the completer's does not order this thread's reads)
+    thread, device, doubled = seen[0]
+    assert thread == "cupycoll-completer" and device == comm.device_id, seen
+    assert doubled == 2 * dense.sum(), (doubled, dense.sum())
+    assert np.array_equal(res.indices.get(), np.flatnonzero(
+        np.isin(np.arange(60), np.concatenate([i for i, _ in parts])))), res.indices.get()
+
+
+def pending_comm(default):
+    """A communicator (the default one, or one of the application's own) whose allreduce waits
+    for the last rank, which never calls it; the last rank gets None for the raw NCCL
+    communicator (it joins the others' communicator only)."""
+    from cupycoll.comm.nccl import NCCLCommunicator
+
+    comm = cc.init("nccl", timeout=None) if default else NCCLCommunicator(timeout=None)
+    x = cupy.ones(4, cupy.float32)
+    comm.barrier()  # connected
+    WORLD.Barrier()
+    if RANK == P - 1:
+        return comm, None
+    raw = comm._comm
+    cc.allreduce(x, out=x, comm=comm)  # stream-ordered: pending on the device
+    return comm, raw
+
+
+def mode_close_paths():
+    """Each way of letting go of a communicator with a pending operation must abort it (the
+    call returns at once; ncclCommDestroy would block forever)."""
+    for how in ("with", "gc", "reinit"):
+        comm, raw = pending_comm(default=how == "reinit")
+        start = time.monotonic()
+        if how == "with" and raw is not None:
+            try:
+                with comm:
+                    raise RuntimeError("the application's own error")
+            except RuntimeError:
+                pass
+        elif how == "gc" and raw is not None:
+            comm = None
+            gc.collect()
+        elif how == "reinit":  # init is collective: every rank replaces its default
+            comm = None
+            cc.init("nccl", timeout=None)
+            gc.collect()
+        if raw is not None:  # the last reference may be the watchdog's, for one round
+            while not raw.aborted and time.monotonic() - start < 5:
+                time.sleep(0.01)
+            assert raw.aborted and not raw.destroyed, (how, raw.aborted, raw.destroyed)
+        WORLD.Barrier()
+        if comm is not None:
+            comm.abort()
+        gc.collect()
+
+
+MODES = {"null_stream": mode_null_stream, "completer_device": mode_completer_device,
+         "close_paths": mode_close_paths}
+for mode in MODE.split(","):
+    MODES[mode]()
+    if mode != "close_paths":  # aborted communicators' logs are not compared anyway
+        emu.check_logs()
+WORLD.Barrier()
+if RANK == 0:
+    print(f"gpu_discipline {MODE}: ok on {P} ranks")
