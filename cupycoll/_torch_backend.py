@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from . import collectives
 from ._torch_coalesced import CoalescedVerbs
+from ._torch_p2p import PointToPointVerbs
 from ._torch_tensors import (as_array, byte_tensor, copied_back, reduce_op, reduction_tensor,
                              sparse_parts, sparse_tensor)
 from ._torch_work import TorchWork, dist_error, network_error
@@ -38,8 +39,7 @@ __all__ = ["ProcessGroupCupycoll", "register", "BACKEND"]
 BACKEND = "cupycoll"
 
 #: verbs of torch's ProcessGroup this group does not have (each raises NotImplementedError).
-_NOT_WRITTEN = ("gather", "scatter", "send", "recv", "recv_anysource", "allgather_coalesced",
-                "_start_coalescing", "_end_coalescing")
+_NOT_WRITTEN = ("send", "recv", "recv_anysource", "_start_coalescing", "_end_coalescing")
 
 
 def _on_device(tensor: torch.Tensor) -> Any:
@@ -56,7 +56,7 @@ def _on_device(tensor: torch.Tensor) -> Any:
     return stack
 
 
-class ProcessGroupCupycoll(CoalescedVerbs, dist.ProcessGroup):
+class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup):
     """torch.distributed's process group over cupycoll's communicators (see the module).
 
     Made by torch through ``dist.init_process_group("cupycoll")`` or
@@ -87,6 +87,19 @@ class ProcessGroupCupycoll(CoalescedVerbs, dist.ProcessGroup):
 
     def getGroupDesc(self) -> str:
         return getattr(self, "_group_desc", "")
+
+    def shutdown(self) -> None:
+        """Release the group's communicators (``destroy_process_group`` calls it on every
+        rank, after the group's pending Works)."""
+        for comm in (self._device, self._host):
+            if comm is not None:
+                comm.close()
+
+    def abort(self) -> None:
+        """Abort the group's communicators: every later call on them raises at once."""
+        for comm in (self._device, self._host):
+            if comm is not None:
+                comm.abort()
 
     def __repr__(self) -> str:
         return f"ProcessGroupCupycoll(rank={self.rank()}, size={self.size()})"
@@ -129,10 +142,13 @@ class ProcessGroupCupycoll(CoalescedVerbs, dist.ProcessGroup):
             comm = self._comm(tensor)
             with _on_device(tensor):
                 outcome = call(*args, comm=comm, async_op=not blocking, **kwargs)
-            if blocking:
-                return TorchWork(None, lambda _: finish(outcome), devices, verb)
         except Exception as exc:
-            raise dist_error(exc) from None
+            error = dist_error(exc)
+            if error is exc:
+                raise
+            raise error from exc
+        if blocking:
+            return TorchWork(None, lambda _: finish(outcome), devices, verb)
         return TorchWork(outcome, finish, devices, verb)
 
     def _check_like(self, verb: str, name: str, tensors: Sequence[torch.Tensor],
@@ -262,71 +278,15 @@ class ProcessGroupCupycoll(CoalescedVerbs, dist.ProcessGroup):
         return self._launch("barrier", flag, opts, lambda _: [], collectives.allreduce, array,
                             ReduceOp.SUM, out=array)
 
-    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
-                          output_split_sizes: Sequence[int], input_split_sizes: Sequence[int],
-                          opts: Any = None) -> TorchWork:
-        """Rows (dim 0) of ``input`` split by ``input_split_sizes`` (empty: equal) to each
-        rank; what each rank sends here into ``output``, split by ``output_split_sizes``."""
-        sends = self._row_blocks(input, input_split_sizes, "input_split_sizes")
-        out_bytes = byte_tensor(output)
-        recvs = self._row_blocks(output, output_split_sizes, "output_split_sizes", out_bytes)
-        return self._exchange("all_to_all_single", input, opts, sends, recvs,
-                              lambda _: [copied_back(output, out_bytes)])
-
-    alltoall_base = all_to_all_single
-
-    def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
-                 opts: Any = None) -> TorchWork:
-        """``input_tensors[r]`` to rank r; what rank r sends here into ``output_tensors[r]``."""
-        for name, given in (("input_tensors", input_tensors), ("output_tensors", output_tensors)):
-            if len(given) != self.size():
-                raise InvalidArgument(f"alltoall: {name}", len(given),
-                                      f"one tensor per rank ({self.size()})", rank=self.rank())
-        sends = [byte_tensor(t) for t in input_tensors]
-        recvs = [byte_tensor(t) for t in output_tensors]
-        return self._exchange(
-            "alltoall", input_tensors[self.rank()], opts, sends, recvs,
-            lambda _: [copied_back(o, r) for o, r in zip(output_tensors, recvs)])
-
-    def _row_blocks(self, tensor: torch.Tensor, splits: Sequence[int], name: str,
-                    data: torch.Tensor | None = None) -> list[torch.Tensor]:
-        """``tensor``'s bytes cut into one block of rows (dim 0) per rank."""
-        rows = tensor.shape[0] if tensor.dim() else 1
-        counts = list(splits) or ([rows // self.size()] * self.size())
-        if len(counts) != self.size() or sum(counts) != rows or min(counts) < 0:
-            raise InvalidArgument(f"all_to_all_single: {name}", list(splits),
-                                  f"{self.size()} row counts summing to {rows} (empty: equal "
-                                  "splits of a row count the ranks divide)", rank=self.rank())
-        data = byte_tensor(tensor) if data is None else data
-        row_bytes = data.numel() // rows if rows else 0
-        return list(data.split([c * row_bytes for c in counts]))
-
-    def _exchange(self, verb: str, tensor: torch.Tensor, opts: Any,
-                  sends: list[torch.Tensor], recvs: list[torch.Tensor],
-                  finish: Callable[[Any], list[torch.Tensor]]) -> TorchWork:
-        """Send ``sends[r]`` to rank r and receive ``recvs[r]`` from it (empty blocks are no
-        messages, on both sides alike)."""
-        pairs_out = [(r, as_array(b)) for r, b in enumerate(sends) if b.numel()]
-        pairs_in = [(r, as_array(b)) for r, b in enumerate(recvs) if b.numel()]
-        return self._launch(verb, tensor, opts, finish, _exchanged, pairs_out, pairs_in,
-                            op_name=verb)
-
-
-def _exchanged(sends: list, recvs: list, *, comm: Communicator, async_op: bool,
-               op_name: str) -> Any:
-    """``comm.exchange`` as a front door: its Work (``async_op``), or None once complete."""
-    work = comm.exchange(sends, recvs, op_name=op_name)
-    return work if async_op else work.wait()
-
 
 def _not_written(verb: str) -> Callable[..., Any]:
     def method(self: ProcessGroupCupycoll, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(
             f"cupycoll's process group (rank {self.rank()}) has no {verb}; it has allreduce "
             "(dense and sparse), broadcast, reduce, allgather, all_gather_single, "
-            "reduce_scatter, reduce_scatter_single, all_to_all_single, alltoall, barrier and "
-            "the coalesced allreduce, all_gather_single and reduce_scatter_single "
-            "(docs/torch_backend.md)")
+            "reduce_scatter, reduce_scatter_single, all_to_all_single, alltoall, gather, "
+            "scatter, barrier and the coalesced allreduce, allgather, all_gather_single and "
+            "reduce_scatter_single (docs/torch_backend.md)")
 
     method.__name__ = verb
     return method

@@ -48,18 +48,41 @@ class CoalescedVerbs:
         verb, p = "all_gather_single_coalesced", self.size()
         self._pairs(verb, outputs, inputs, lambda o, i: o.numel() == i.numel() * p,
                     f"{p} x its input's elements")
+        send, recv, rows, spans = self._gathered(inputs)
+        return self._launch(
+            verb, inputs[0], opts,
+            lambda _: [copied_back(out, rows[:, a:b].reshape(-1))
+                       for out, (a, b) in zip(outputs, spans)],
+            collectives.allgather, send, out=recv)
+
+    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]],
+                            inputs: list[torch.Tensor], opts: Any = None) -> Any:
+        """Every rank's list of inputs into ``output_lists[r]``, as one allgather."""
+        verb = "allgather_coalesced"
+        if len(output_lists) != self.size() or not all(
+                len(outs) == len(inputs) and all(o.dtype == i.dtype and o.numel() == i.numel()
+                                                 for o, i in zip(outs, inputs))
+                for outs in output_lists):
+            raise InvalidArgument(f"{verb}: output_tensor_lists", len(output_lists),
+                                  f"{self.size()} lists of tensors like the inputs",
+                                  rank=self.rank())
+        send, recv, rows, spans = self._gathered(inputs)
+        return self._launch(
+            verb, inputs[0], opts,
+            lambda _: [[copied_back(o, rows[r, a:b]) for o, (a, b) in zip(outs, spans)]
+                       for r, outs in enumerate(output_lists)],
+            collectives.allgather, send, out=recv)
+
+    def _gathered(self, inputs: Sequence[torch.Tensor]) -> tuple[Any, Any, torch.Tensor, list]:
+        """(send, recv, rows, spans) of one allgather of every input's bytes: rank r's
+        block is ``rows[r]``, input i's bytes in it ``rows[r, a:b]`` for ``spans[i] = (a, b)``."""
         data = [byte_tensor(t) for t in inputs]
         block = torch.cat(data) if data else torch.empty(0, dtype=torch.uint8)
-        gathered = torch.empty(block.numel() * p, dtype=torch.uint8, device=block.device)
-        send, recv = as_array(block), as_array(gathered)
-        ends = torch.tensor([d.numel() for d in data]).cumsum(0).tolist()
-
-        def finish(_: Any) -> list[torch.Tensor]:
-            rows = gathered.view(p, -1)
-            return [copied_back(out, rows[:, end - d.numel():end].reshape(-1))
-                    for out, d, end in zip(outputs, data, ends)]
-
-        return self._launch(verb, inputs[0], opts, finish, collectives.allgather, send, out=recv)
+        gathered = torch.empty(block.numel() * self.size(), dtype=torch.uint8,
+                               device=block.device)
+        ends = torch.tensor([d.numel() for d in data], dtype=torch.int64).cumsum(0).tolist()
+        spans = [(end - d.numel(), end) for d, end in zip(data, ends)]
+        return as_array(block), as_array(gathered), gathered.view(self.size(), block.numel()), spans
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 

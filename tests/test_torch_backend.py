@@ -35,7 +35,8 @@ from tests._mpi import ROOT, WORKERS, mpiexec, run_mpi
 
 VERBS = ("allreduce", "sparse allreduce", "broadcast", "reduce", "allgather",
          "all_gather_single", "reduce_scatter", "reduce_scatter_single", "all_to_all_single",
-         "alltoall", "barrier", "allreduce_coalesced", "all_gather_single_coalesced",
+         "alltoall", "gather", "scatter", "barrier", "allreduce_coalesced",
+         "allgather_coalesced", "all_gather_single_coalesced",
          "reduce_scatter_single_coalesced", "errors", "ddp")
 
 
@@ -177,8 +178,13 @@ def test_one_rank_group(one_rank_group):
     dist.all_reduce(s)
     assert s.is_coalesced() and s.indices().tolist() == [[0, 2]]
     assert s.values().tolist() == [[1, 1], [2, 2]]
-    with pytest.raises(NotImplementedError, match=r"\(rank 0\) has no scatter"):
-        dist.scatter(torch.empty(1), [torch.ones(1)], src=0)
+    with pytest.raises(NotImplementedError, match=r"\(rank 0\) has no recv_anysource"):
+        dist.recv(torch.empty(1))
+    one_rank_group.abort()
+    with pytest.raises(dist.DistBackendError, match="abort") as info:
+        dist.all_reduce(x)
+    assert isinstance(info.value, BackendError) and isinstance(info.value.__cause__,
+                                                               BackendError)
 
 
 def test_rendezvous_takes_rank_and_size_from_mpi():

@@ -227,11 +227,40 @@ def check_all_to_all() -> None:
                 same("alltoall", torch.cat(outs), want)
 
 
+def check_gather_scatter() -> None:
+    for dtype in (torch.float32, torch.int64, torch.bool, torch.bfloat16):
+        for shape in ((0,), (3, 2)):
+            for root in range(P):
+                next_case()
+                x = values(shape, dtype)
+                want = [values(shape, dtype, rank=r) for r in range(P)]
+                for group in (CC, GLOO):
+                    outs = [torch.zeros(shape, dtype=dtype) for _ in range(P)]
+                    dist.gather(x, outs if RANK == root else None, root, group=group)
+                    for o, w in zip(outs, want):
+                        same("gather", o, w if RANK == root else torch.zeros(shape, dtype=dtype))
+                    out = torch.zeros(shape, dtype=dtype)
+                    pieces = [values(shape, dtype, rank=100 + r) for r in range(P)]
+                    dist.scatter(out, pieces if RANK == root else None, root, group=group)
+                    same("scatter", out, values(shape, dtype, rank=100 + RANK))
+    next_case()
+    gathered_objects = [None] * P if RANK == 0 else None
+    dist.gather_object({"rank": RANK}, gathered_objects, dst=0)
+    if RANK == 0:
+        assert gathered_objects == [{"rank": r} for r in range(P)], gathered_objects
+        CHECKS["gather"] += 1
+
+
 def check_coalesced_and_barrier() -> None:
     for dtype in (torch.float32, torch.bfloat16, torch.int64):
         next_case()
         xs = [values(s, dtype) for s in ((3,), (0,), (2, 2))]
         wants = [reduced(gathered(x), O.SUM, dtype) for x in xs]
+        gathers = [[torch.empty_like(x) for x in xs] for _ in range(P)]
+        dist.all_gather_coalesced(gathers, xs)
+        for r, outs in enumerate(gathers):
+            for o, x in zip(outs, xs):
+                same("allgather_coalesced", o, values(x.shape, dtype, rank=r))
         dist.all_reduce_coalesced(xs)
         for x, w in zip(xs, wants):
             same("allreduce_coalesced", x, w, str(dtype))
@@ -289,8 +318,7 @@ def check_errors() -> None:
             (lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32), op=O.BAND),
              InvalidArgument, "op"),
             (lambda: dist.all_reduce(torch.ones(2, dtype=torch.bool)), InvalidType, "bool"),
-            (lambda: dist.gather(torch.ones(1), [torch.ones(1)] * P if RANK == 0 else None),
-             NotImplementedError, "has no gather"),
+            (lambda: dist.recv(torch.empty(1)), NotImplementedError, "has no recv_anysource"),
             (lambda: dist.all_gather_into_tensor(torch.empty(P + 1), torch.ones(1)),
              InvalidArgument, "all_gather_into_tensor")):
         try:
@@ -325,6 +353,7 @@ check_broadcast()
 check_allgather()
 check_reduce_scatter()
 check_all_to_all()
+check_gather_scatter()
 check_coalesced_and_barrier()
 check_sparse()
 check_errors()
