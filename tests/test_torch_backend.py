@@ -214,6 +214,21 @@ def test_sparse_tensors_round_trip(shape, row):
         assert torch.equal(back.values(), want.values())
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.int64])
+def test_duplicates_are_summed(dtype):
+    """An uncoalesced tensor (rows repeated, as an embedding gradient): each row's values
+    summed, against float64 sums (float16 and bfloat16 summed in float32, rounded once)."""
+    gen = torch.Generator().manual_seed(5)
+    index = torch.randint(0, 20, (1, 500), generator=gen)
+    values = (torch.randn(500, 3, generator=gen) * 8).round().to(dtype)
+    x = torch.sparse_coo_tensor(index, values, (20, 3), check_invariants=True)
+    flat, summed, _ = sparse_parts(x, rank=0)
+    want = torch.zeros(20, 3, dtype=torch.float64).index_add_(0, index[0], values.double())
+    assert flat.tolist() == sorted(set(index[0].tolist()))
+    assert torch.equal(torch.from_numpy(np.asarray(summed)).double(),
+                       want[flat].to(dtype if dtype != torch.bfloat16 else torch.float32).double())
+
+
 def test_sparse_values_of_other_dtypes_are_refused():
     x = torch.sparse_coo_tensor(torch.tensor([[1]]), torch.ones(1, dtype=torch.int8), (3,),
                                 check_invariants=True)
