@@ -113,9 +113,11 @@ class Work:
 
     @classmethod
     def then(cls, work: "Work", finalize: Callable[[], Any]) -> "Work":
-        """A Work that completes with ``work`` and whose result is ``finalize()``."""
-        return cls(work.wait, work.is_completed, finalize, sync_fn=work.synchronize,
-                   device=work._device)
+        """A Work that completes with ``work`` (a Work, or anything with its ``wait`` and
+        ``is_completed``) and whose result is ``finalize()``."""
+        return cls(work.wait, work.is_completed, finalize,
+                   sync_fn=getattr(work, "synchronize", None),
+                   device=getattr(work, "_device", None))
 
     @classmethod
     def completed(cls, result: Any = None) -> "Work":

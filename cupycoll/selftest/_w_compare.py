@@ -97,17 +97,23 @@ def check_sparse(cc: Any, gpu: Any, cpu: Any, xp: Any, quick: bool) -> tuple[lis
                                        accumulate_dtype=acc)
             calls += 1
             what = f"sparse {alg} {op} {dtype} width={width}"
-            if not isinstance(got.values, xp.ndarray):
-                failures.append(f"{what}: result is {type(got.values).__name__}, not cupy")
-            elif not (same_bits(got.indices, twin.indices) and same_bits(got.values,
-                                                                         twin.values)):
-                failures.append(f"{what}: cupy and numpy results differ "
-                                f"({host(got.indices).size} vs {twin.indices.size} entries)")
+            failures += differences(what, got, twin, xp)
             why = sparse_mismatch(got, inputs, op, gpu.size, acc)
             if why:
                 failures.append(f"{what}: {why}")
             digests.append(digest(host(got.indices), host(got.values)))
     return failures, digests, calls
+
+
+def differences(what: str, got: Any, twin: Any, xp: Any) -> list[str]:
+    """Why the device result ``got`` is not the host result ``twin`` bit for bit (none if it
+    is), or not in the device's array type."""
+    if not isinstance(got.values, xp.ndarray):
+        return [f"{what}: result is {type(got.values).__name__}, not cupy"]
+    if same_bits(got.indices, twin.indices) and same_bits(got.values, twin.values):
+        return []
+    return [f"{what}: cupy and numpy results differ ({host(got.indices).size} vs "
+            f"{twin.indices.size} entries)"]
 
 
 def topk_input(rank: int, step: int, n: int) -> np.ndarray:
@@ -130,12 +136,7 @@ def check_topk(cc: Any, gpu: Any, cpu: Any, xp: Any, quick: bool) -> tuple[list,
             calls += 1
             what = f"topk {alg} step {step}"
             gi = host(got.indices)
-            if not isinstance(got.values, xp.ndarray):
-                failures.append(f"{what}: result is {type(got.values).__name__}, not cupy")
-            elif not (same_bits(got.indices, twin.indices) and same_bits(got.values,
-                                                                         twin.values)):
-                failures.append(f"{what}: cupy and numpy results differ "
-                                f"({gi.size} vs {twin.indices.size} entries)")
+            failures += differences(what, got, twin, xp)
             if gi.size and (np.any(np.diff(gi) <= 0) or gi[0] < 0 or gi[-1] >= n):
                 failures.append(f"{what}: indices not sorted, unique and in [0, {n})")
             digests.append(digest(gi, host(got.values)))

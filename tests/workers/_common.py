@@ -20,9 +20,15 @@ def emulation(argv: list[str]):
     return None
 
 
-def host(a):
-    """A numpy copy of a device or host array."""
-    return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
+def host(obj):
+    """A numpy copy of a device or host array; inside results, tuples and lists, of each one."""
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(host(o) for o in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(host(o) for o in obj)
+    if hasattr(obj, "get") and not isinstance(obj, np.ndarray):
+        return obj.get()
+    return np.asarray(obj) if isinstance(obj, np.ndarray) else obj
 
 
 def rng_for(seed: int, rank: int, *extra: int) -> np.random.Generator:

@@ -49,7 +49,7 @@ if not REAL:
 import cupy  # noqa: E402  (the emulated one, unless CC_REAL_GPU=1)
 from mpi4py import MPI  # noqa: E402
 
-from _common import expect_raises  # noqa: E402
+from _common import expect_raises, host  # noqa: E402
 
 import cupycoll as cc  # noqa: E402
 from cupycoll._result import SparseResult  # noqa: E402
@@ -66,15 +66,6 @@ def check_logs():
         emu.check_logs()
 
 
-def host(obj):
-    """Device arrays (inside results, outcomes, tuples) copied to numpy."""
-    if isinstance(obj, cupy.ndarray):
-        return obj.get()
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(host(o) for o in obj))
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(host(o) for o in obj)
-    return obj
 
 
 def nccl_comm(timeout=60.0):

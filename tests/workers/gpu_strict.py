@@ -42,20 +42,11 @@ from mpi4py import MPI  # noqa: E402
 
 import cupycoll as cc  # noqa: E402
 
+from _common import host  # noqa: E402
+
 WORLD = MPI.COMM_WORLD
 RANK, P = WORLD.Get_rank(), WORLD.Get_size()
 NCCL = cupy.cuda.nccl
-
-
-def host(obj):
-    """Device arrays (inside results and tuples) copied to numpy."""
-    if isinstance(obj, cupy.ndarray):
-        return obj.get()
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(host(o) for o in obj))
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(host(o) for o in obj)
-    return obj
 
 
 # ---------------------------------------------------------------- Ok-Topk, one step per bucket
@@ -260,19 +251,26 @@ def node_of(world_rank: int) -> int:
     return world_rank // DEVICES
 
 
-def mode_peer_dead():
-    """Rank 1 aborts while the others have an allReduce in flight: only ranks on another node
-    see NCCL's remote error (its socket proxies); on its node-mates' communicators the kernel
-    spins and no asynchronous error comes, however long they poll (their own abort ends it)."""
+def connected_then_aborted(aborter):
+    """A raw communicator, connected by one allReduce of every rank; then rank ``aborter``
+    aborts it. Returns (communicator, its 4-float buffer, the current stream)."""
     comm = raw_comm()
     x = cupy.ones(4, cupy.float32)
     stream = cupy.cuda.get_current_stream()
     comm.allReduce(x.data.ptr, x.data.ptr, 4, NCCL.NCCL_FLOAT32, NCCL.NCCL_SUM, stream.ptr)
     stream.synchronize()  # connected: the next allReduce needs no handshake
     WORLD.Barrier()
-    if RANK == 1:
+    if RANK == aborter:
         comm.abort()
     WORLD.Barrier()
+    return comm, x, stream
+
+
+def mode_peer_dead():
+    """Rank 1 aborts while the others have an allReduce in flight: only ranks on another node
+    see NCCL's remote error (its socket proxies); on its node-mates' communicators the kernel
+    spins and no asynchronous error comes, however long they poll (their own abort ends it)."""
+    comm, x, stream = connected_then_aborted(1)
     if RANK != 1:
         comm.allReduce(x.data.ptr, x.data.ptr, 4, NCCL.NCCL_FLOAT32, NCCL.NCCL_SUM, stream.ptr)
         remote = node_of(RANK) != node_of(1)
@@ -297,15 +295,7 @@ def mode_destroy():
     """The last rank aborts; the others post an allReduce it never joins, then destroy their
     communicator in a helper thread: still blocked after 2 s (no error), on a node-mate and on
     another node alike; release_blocked() ends the kernels and destroy returns."""
-    comm = raw_comm()
-    x = cupy.ones(4, cupy.float32)
-    stream = cupy.cuda.get_current_stream()
-    comm.allReduce(x.data.ptr, x.data.ptr, 4, NCCL.NCCL_FLOAT32, NCCL.NCCL_SUM, stream.ptr)
-    stream.synchronize()  # connected: the next allReduce needs no handshake
-    WORLD.Barrier()
-    if RANK == P - 1:
-        comm.abort()
-    WORLD.Barrier()
+    comm, x, stream = connected_then_aborted(P - 1)
     outcome = []
     if RANK != P - 1:
         comm.allReduce(x.data.ptr, x.data.ptr, 4, NCCL.NCCL_FLOAT32, NCCL.NCCL_SUM, stream.ptr)
