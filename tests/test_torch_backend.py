@@ -250,8 +250,10 @@ def test_working_tensors_write_results_back():
         complex_.data_ptr()
     with pytest.raises(InvalidType, match="complex for SUM and AVG"):
         reduction_tensor(complex_, ReduceOp.MAX, "tensor", 0)
-    empty = torch.empty((0, 3), dtype=torch.float16)
-    assert byte_tensor(empty).numel() == 0 and copied_back(empty, byte_tensor(empty)) is empty
+    for empty in (torch.empty((0, 3), dtype=torch.float16),
+                  torch.from_numpy(np.zeros(0, np.int64)).to(torch.float16)):  # stride 0
+        assert byte_tensor(empty).numel() == 0
+        assert copied_back(empty, byte_tensor(empty)) is empty
     flags = torch.tensor([[True, False], [False, True]]).t()
     data = byte_tensor(flags)
     data.fill_(1)
