@@ -104,53 +104,42 @@ def copied_back(tensor: torch.Tensor, worked: torch.Tensor) -> torch.Tensor:
 def sparse_parts(tensor: torch.Tensor, rank: int) -> tuple[Any, Any, int]:
     """(row indices, values, n) of a sparse COO tensor for :func:`cupycoll.sparse_allreduce`.
 
-    Several sparse dimensions are linearised row-major into one index in [0, n); dense
+    The tensor is coalesced first, its duplicates summed as torch's COO means them whatever the
+    reduction, by ``cupycoll.torch``'s coalesce (torch's ``coalesce()`` bit for bit, compiled).
+    Several sparse dimensions are linearised row-major into one index in [0, n) first; dense
     trailing dimensions are flattened into the rows' width; bfloat16 values become a float32
-    copy. An uncoalesced tensor (an ``nn.Embedding`` gradient: a row per token) is coalesced
-    here, its duplicates summed as torch's COO means them whatever the reduction
-    (:func:`_coalesced`).
+    copy.
 
     Raises:
         InvalidType: values of a dtype cupycoll's sparse allreduce does not take.
     """
-    sparse_dims = tensor.sparse_dim()
+    from .torch._coalesce import coalesce  # here: cupycoll.torch imports this module
+
+    if tensor.dtype != torch.bfloat16 and tensor.dtype not in _SPARSE_VALUES:
+        raise InvalidType("tensor", str(tensor.dtype), "sparse values of dtype float16, "
+                          "bfloat16, float32, float64, int32 or int64", rank=rank)
     shape = tuple(tensor.shape)
-    indices = tensor._indices()
-    if sparse_dims == 1:
-        index = indices[0]
-    else:
-        strides = torch.tensor([math.prod(shape[d + 1:sparse_dims]) for d in range(sparse_dims)],
-                               dtype=torch.int64, device=indices.device)
-        index = (indices * strides[:, None]).sum(0)
-    values = tensor._values()
+    n = math.prod(shape[:tensor.sparse_dim()])
+    index, values = coalesce(_one_sparse_dim(tensor, n))
     if values.dtype == torch.bfloat16:
         values = values.to(torch.float32)
-    elif values.dtype not in _SPARSE_VALUES:
-        raise InvalidType("tensor", str(values.dtype), "sparse values of dtype float16, "
-                          "bfloat16, float32, float64, int32 or int64", rank=rank)
     if values.dim() > 2:
-        values = values.reshape(values.shape[0], math.prod(shape[sparse_dims:]))
-    if not tensor.is_coalesced():
-        index, values = _coalesced(index, values)
-    n = math.prod(shape[:sparse_dims])
+        values = values.reshape(values.shape[0], math.prod(values.shape[1:]))
     return as_array(index.contiguous()), as_array(values.contiguous()), n
 
 
-def _coalesced(index: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sorted unique indices and, for each, the sum of its values, added in the order
-    they come (float16 in float32, rounded once). The sum may differ in the last bits from
-    ``coalesce()``'s, whose order among many duplicates is its sort's. On the host numpy's
-    sort finds the rows: about twice as fast as ``coalesce()`` on an embedding gradient."""
-    if index.is_cuda:
-        unique, inverse = torch.unique(index, sorted=True, return_inverse=True)
-    else:
-        found, where = np.unique(index.numpy(), return_inverse=True)
-        unique, inverse = torch.from_numpy(found), torch.from_numpy(where.reshape(-1))
-    wide = torch.float32 if values.dtype == torch.float16 else values.dtype
-    summed = torch.zeros((unique.numel(),) + tuple(values.shape[1:]), dtype=wide,
-                         device=values.device)
-    summed.index_add_(0, inverse, values.to(wide))
-    return unique, summed.to(values.dtype)
+def _one_sparse_dim(tensor: torch.Tensor, n: int) -> torch.Tensor:
+    """``tensor`` with its sparse dimensions linearised row-major into one of ``n`` rows (the
+    order of its entries, so a coalesced tensor stays coalesced)."""
+    sparse_dims = tensor.sparse_dim()
+    if sparse_dims == 1:
+        return tensor
+    shape, indices = tuple(tensor.shape), tensor._indices()
+    strides = torch.tensor([math.prod(shape[d + 1:sparse_dims]) for d in range(sparse_dims)],
+                           dtype=torch.int64, device=indices.device)
+    index = (indices * strides[:, None]).sum(0, keepdim=True)
+    return torch.sparse_coo_tensor(index, tensor._values(), (n, *shape[sparse_dims:]),
+                                   is_coalesced=tensor.is_coalesced(), check_invariants=False)
 
 
 def sparse_tensor(result: SparseResult, like: torch.Tensor) -> torch.Tensor:
