@@ -20,6 +20,7 @@ import torch.distributed as dist
 from ._result import SparseResult
 from ._types import ReduceOp
 from .errors import InvalidArgument, InvalidType
+from .torch._tensors import as_array  # a zero-copy numpy (CPU) or CuPy (CUDA) view
 
 __all__ = ["reduce_op", "as_array", "byte_tensor", "reduction_tensor", "sparse_parts",
            "sparse_tensor", "copied_back"]
@@ -48,15 +49,6 @@ def reduce_op(op: Any, verb: str, rank: int) -> ReduceOp:
         raise InvalidArgument(f"{verb}: op", kind, "cupycoll's process group reduces with "
                               "SUM, PRODUCT, MIN, MAX or AVG", rank=rank)
     return found
-
-
-def as_array(tensor: torch.Tensor) -> Any:
-    """A zero-copy numpy (CPU) or CuPy (CUDA) view of a contiguous tensor."""
-    if tensor.is_cuda:
-        import cupy
-
-        return cupy.from_dlpack(tensor.detach())
-    return tensor.detach().numpy()
 
 
 def _contiguous(tensor: torch.Tensor) -> torch.Tensor:
