@@ -8,9 +8,10 @@
 
 Every verb runs cupycoll's collective on the group's communicator (CPU tensors: the MPI
 backend; CUDA tensors: an NCCL communicator over the same ranks, made at the first CUDA call)
-and returns at once a :class:`~._torch_work.TorchWork` that cupycoll's completer thread
-completes. Verbs the group does not have raise NotImplementedError naming the verb. The limits
-of a process group written in Python are in docs/torch_backend.md.
+and returns a :class:`~._torch_work.TorchWork`: complete already for a call torch waits on at
+once, else completed by cupycoll's completer thread. Verbs the group does not have raise
+NotImplementedError naming the verb. The limits of a process group written in Python are in
+docs/torch_backend.md.
 """
 
 from __future__ import annotations
@@ -64,8 +65,7 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
     ``timeout`` bounds every wait (seconds; None: none).
     """
 
-    def __init__(self, store: dist.Store, rank: int, size: int, mpi_comm: Any,
-                 timeout: float | None) -> None:
+    def __init__(self, rank: int, size: int, mpi_comm: Any, timeout: float | None) -> None:
         super().__init__(rank, size)  # 2.13: only this constructor makes a Python subclass
         self._mpi_comm, self._timeout = mpi_comm, timeout
         self._host: Communicator = MPICommunicator(mpi_comm, timeout=timeout)
@@ -304,8 +304,11 @@ def _create(options: Any, backend_options: Any = None) -> ProcessGroupCupycoll:
         mpi_comm = group_comm(options.store, rank, size, list(options.global_ranks_in_group),
                               timeout)
     except BackendUnavailable as exc:
-        raise network_error(exc) from None
-    return ProcessGroupCupycoll(options.store, rank, size, mpi_comm, timeout)
+        error = network_error(exc)
+        if error is exc:
+            raise
+        raise error from exc
+    return ProcessGroupCupycoll(rank, size, mpi_comm, timeout)
 
 
 def register() -> None:

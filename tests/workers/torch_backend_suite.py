@@ -1,6 +1,6 @@
 """PyTorch's backend-agnostic distributed tests (``distributed_test.py``) on the cupycoll group.
 
-    python tests/workers/torch_backend_suite.py P RESULTS.jsonl [-k SUBSTRING] [--limit N]
+    python tests/workers/torch_backend_suite.py P RESULTS.jsonl [-k REGEX] [--limit N]
         [--backend gloo]
 
 PyTorch runs ``DistributedTest._DistTestBase`` in processes it spawns itself (one MPI
@@ -23,6 +23,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -40,7 +41,7 @@ def test_names(selector: str | None) -> list[str]:
     from torch.testing._internal.distributed.distributed_test import DistributedTest
 
     names = sorted(n for n in dir(DistributedTest._DistTestBase) if n.startswith("test_"))
-    return [n for n in names if selector is None or selector in n]
+    return [n for n in names if selector is None or re.search(selector, n)]
 
 
 def outcome_of(case, name: str) -> str:
