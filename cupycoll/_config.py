@@ -127,6 +127,9 @@ SETTINGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                                          "reduce-scatter is 1.1-5x slower there on one node "
                                          "(docs/dense.md); the same on every rank"),
     "CUPYCOLL_LOG_LEVEL": (str, "WARNING", "level of the 'cupycoll' logger"),
+    "CUPYCOLL_EMULATION_CACHE": (str, None, "folder of the GPU emulation tier's CPU builds of "
+                                 "the CUDA kernels (default: cupycoll-emulation-UID in the "
+                                 "temporary directory); see docs/gpu.md"),
     "CUPYCOLL_PROFILE": (str, None, "machine profile (JSON) that auto's time model reads and "
                          "'cupycoll tune' writes; default ~/.cache/cupycoll/profile.json, "
                          "else the profile shipped with the package"),

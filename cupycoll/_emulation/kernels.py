@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from .._config import setting
 from . import device as dev
 from .array import _check_devices, ndarray
 
@@ -38,7 +39,7 @@ LAUNCHES: collections.Counter = collections.Counter()
 
 
 def _cache_dir() -> Path:
-    folder = Path(os.environ.get("CUPYCOLL_EMULATION_CACHE")
+    folder = Path(setting("CUPYCOLL_EMULATION_CACHE")
                   or Path(tempfile.gettempdir()) / f"cupycoll-emulation-{os.getuid()}")
     folder.mkdir(parents=True, exist_ok=True)
     return folder
