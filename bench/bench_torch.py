@@ -21,6 +21,9 @@ V x 64 float32 bytes, nnz = rows per rank, mean), reduced by:
                       (cupycoll._torch_backend), when that module imports
     gloo              dist.all_reduce(grad) on gloo: allgather of indices and values
     gloo dense        dist.all_reduce of the densified gradient (what a dense embedding sends)
+    coalesce          this rank's coalescing alone, as cupycoll.torch does it (#wrong: values
+                      not bit for bit torch's coalesce())
+    torch coalesce    grad.coalesce() alone (the share of it in gloo's time)
 
 Table 2, one DDP training step (forward, backward, SGD) with the sparse embedding through the
 hook, the backend and gloo, and with a dense embedding on gloo. ``#wrong`` counts values off
@@ -43,9 +46,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import cupycoll as cc
 import cupycoll.torch as cct
 from cupycoll._background import runner
+from cupycoll.torch._coalesce import coalesce
 from cupycoll.comm import bus_factor
 
 WIDTH, HIDDEN, CLASSES, SAMPLES = 64, 256, 64, 64
+REDOPS = {"hook": "avg", "coalesce": "none", "torch coalesce": "none"}
 REDUCE_COLUMNS = DENSE_COLUMNS + ["density", "nnz", "algorithm", "wire(B)", "x_gloo"]
 STEP_COLUMNS = ["vocab", "rows/rank", "ddp", "time(us)", "min(us)", "p95(us)", "x_gloo"]
 
@@ -168,6 +173,13 @@ def wrong(result: torch.Tensor, expected: torch.Tensor, scale: float) -> int:
     return int((~close).sum())
 
 
+def _differ(ours: tuple, theirs: torch.Tensor) -> int:
+    """Values of our coalescing not bit for bit torch's (all of them if the rows differ)."""
+    if not torch.equal(ours[0], theirs.indices()[0]):
+        return theirs.values().numel()
+    return int((ours[1].view(torch.int32) != theirs.values().view(torch.int32)).sum())
+
+
 def table_reduce(table: Table, vocab: int, grad: torch.Tensor, hook_comm, group, args,
                  comm) -> dict:
     """Time table 1's calls for ``grad``; add one row each; return the medians."""
@@ -175,6 +187,9 @@ def table_reduce(table: Table, vocab: int, grad: torch.Tensor, hook_comm, group,
     expected = _reduced(grad.clone()).coalesce()
     bad = {name: wrong(fn() if name != "gloo dense" else _reduced(grad.to_dense()), expected,
                        comm.size if name == "hook" else 1) for name, fn in calls.items()}
+    calls.update({"coalesce": lambda: coalesce(grad), "torch coalesce": grad.coalesce})
+    bad["coalesce"] = _differ(coalesce(grad), grad.coalesce())
+    bad["torch coalesce"] = 0
     sent = {}
     for name in ("hook", "cupycoll"):
         stats = (hook_comm if name == "hook" else comm).stats
@@ -188,7 +203,7 @@ def table_reduce(table: Table, vocab: int, grad: torch.Tensor, hook_comm, group,
         stats = sample_stats(s)
         algbw, busbw = bandwidths(nbytes, medians[name], bus_factor("allreduce", comm.size))
         table.add({"size(B)": nbytes, "count": vocab * WIDTH, "type": "float32",
-                   "redop": "avg" if name == "hook" else "sum", "root": -1,
+                   "redop": REDOPS.get(name, "sum"), "root": -1,
                    "time(us)": stats["median(us)"], "algbw(GB/s)": algbw,
                    "busbw(GB/s)": busbw, "#wrong": bad[name], "density": nnz / vocab,
                    "nnz": int(nnz), "algorithm": name, "wire(B)": sent.get(name, ""),

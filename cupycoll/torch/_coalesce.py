@@ -13,6 +13,7 @@ gloo's sparse allreduce, which coalesces with torch. Without numba (or with
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -38,21 +39,27 @@ def coalesce(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     values = tensor._values().contiguous()
     keys, order = tensor._indices()[0].sort()
     rows = values.reshape(values.shape[0], math.prod(values.shape[1:]))
-    out_idx = torch.empty_like(keys)
-    out_val = torch.empty_like(rows)
-    runs = fold(order.numpy(), keys.numpy(), rows.numpy(), out_idx.numpy(), out_val.numpy())
-    return out_idx[:runs], out_val[:runs].reshape((runs, *values.shape[1:]))
+    runs = int((keys[1:] != keys[:-1]).sum()) + 1  # the output's size: no nnz-long buffer
+    out_idx = torch.empty(runs, dtype=keys.dtype)
+    out_val = torch.empty((runs, rows.shape[1]), dtype=rows.dtype)
+    fold(order.numpy(), keys.numpy(), rows.numpy(), out_idx.numpy(), out_val.numpy())
+    return out_idx, out_val.reshape((runs, *values.shape[1:]))
 
 
 def _compiled_fits(tensor: torch.Tensor) -> bool:
+    """Whether the compiled fold takes ``tensor`` (see the module docstring)."""
     return (not tensor.is_cuda and not tensor.is_coalesced() and tensor._nnz() >= FROM
             and tensor.dtype in _FOLDED)
 
 
 def _fold() -> Any:
     """The compiled fold, or None where numba does not run (see the module docstring)."""
-    if loops() is None:  # CUPYCOLL_NUMBA=off, or no numba
-        return None
+    return None if loops() is None else _compiled()  # None: CUPYCOLL_NUMBA=off, or no numba
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled() -> Any:
+    """The fold's module imported once (a failed import is not retried on every call)."""
     try:
         from ._coalesce_numba import fold
     except (ImportError, RuntimeError):  # RuntimeError: numba finds no writable cache dir

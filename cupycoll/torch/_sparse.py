@@ -25,7 +25,7 @@ from ..sparse import sparse_allreduce as _sparse_allreduce
 from ._coalesce import coalesce
 from ._tensors import as_array, future_of
 
-__all__ = ["sparse_allreduce", "start", "reduce"]
+__all__ = ["sparse_allreduce", "start", "future", "reduce"]
 
 
 def sparse_allreduce(tensor: torch.Tensor, *, op: Any = "sum", comm: Communicator | None = None,
@@ -36,8 +36,8 @@ def sparse_allreduce(tensor: torch.Tensor, *, op: Any = "sum", comm: Communicato
     Every rank gets the identical result: the rows of the union of all ranks' rows, each the
     **sum** of the ranks' rows (``op="avg"`` divides by P; "max", "min", "prod" as in
     :func:`cupycoll.sparse_allreduce`, a rank without a row counting as zeros there).
-    Duplicate rows within a rank are summed first (torch's ``coalesce()``); trailing dense
-    dimensions are part of the row.
+    Duplicate rows within a rank are summed first, as torch's ``coalesce()`` sums them;
+    trailing dense dimensions are part of the row.
 
     Args:
         tensor: sparse COO tensor of shape ``(n, *row)``, any nnz (0 included), coalesced or
