@@ -91,8 +91,17 @@ def _form_world(store: Any, rank: int, size: int, timeout: float | None) -> MPI.
 
 
 def _mpiexec_world(global_rank: int) -> MPI.Comm:
-    """COMM_WORLD, for a cupycoll subgroup of a default group of another backend: its ranks
-    must be torch's."""
+    """COMM_WORLD, for a cupycoll subgroup of a default group of another backend: its
+    processes and ranks must be torch's (mpiexec; processes started apart are joined only when
+    the default group is cupycoll's)."""
+    import torch.distributed as dist
+
+    processes, size = MPI.COMM_WORLD.Get_size(), dist.get_world_size()
+    if processes != size:
+        raise BackendUnavailable(
+            f"rank {global_rank}: MPI's COMM_WORLD has {processes} processes, torch's default "
+            f"group {size}: launch with mpiexec, or make cupycoll the default group's backend "
+            "(it joins processes started apart)")
     if MPI.COMM_WORLD.Get_rank() != global_rank:
         raise InvalidArgument(
             "rank", global_rank, f"torch's rank differs from MPI's ({MPI.COMM_WORLD.Get_rank()})"

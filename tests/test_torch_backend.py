@@ -81,6 +81,16 @@ def test_torchrun_bare_singletons_fail_clearly_on_every_rank():
     assert "DistNetworkBackendUnavailable" in proc.stderr
 
 
+def test_a_subgroup_of_another_default_needs_mpiexec(monkeypatch):
+    """A cupycoll subgroup of a gloo default group over processes started apart (MPI worlds
+    of one) cannot be joined: it says what to do instead of failing inside MPI."""
+    from cupycoll import _torch_world
+
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    with pytest.raises(BackendUnavailable, match="make cupycoll the default group's backend"):
+        _torch_world._mpiexec_world(1)
+
+
 def test_registering_is_idempotent():
     backend.register()
     backend.register()
