@@ -11,8 +11,11 @@ as CuPy arrays on the NCCL backend; bfloat16 is reduced in a float32 copy. The h
 cupycoll's collectives on their own duplicate of the communicator, in bucket order (the same on
 every rank), so they overlap the rest of the backward pass; a sparse bucket (an
 ``nn.Embedding(sparse=True)`` gradient) takes the exact sparse allreduce, in the background.
+Importing it also registers the ``cupycoll`` backend of ``torch.distributed`` and its
+``cupycoll://`` rendezvous (docs/torch_backend.md).
 """
 
+from .. import _torch_backend  # noqa: F401  registers the "cupycoll" backend and cupycoll://
 from ._hooks import TopkHookState, allreduce_hook, topk_hook
 from ._sparse import sparse_allreduce
 
