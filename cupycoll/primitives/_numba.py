@@ -28,6 +28,7 @@ from numba import njit
 from .._config import setting
 from ._common import _abs_threshold, _block_cuts, _identity
 from ._numba_cache import make_process_safe
+from ._numba_merge import close_up, fold_part, merge_blocks
 from ._numba_dense import (add_rows, copy_hit_rows, copy_hits, copy_unequal,  # noqa: F401
                            densify_sorted, hit_masks, index_stats, MAGNITUDE, OUTSIDE,
                            positions_in, row_hits, scatter_rows, special_values, UNEQUAL,
@@ -52,6 +53,9 @@ _POOLS: dict[int, ThreadPoolExecutor] = {}
 #: per-thread temporaries of the merge, reused (see _scratch), each at most _SCRATCH_KEPT bytes.
 _SCRATCH = threading.local()
 _SCRATCH_KEPT = 1 << 22
+#: parts that merge folds straight from their own rows (more: rows concatenated first, so the
+#: fold is not one loop call per part and piece)
+_DIRECT_PARTS = 8
 
 
 def threads() -> int:
@@ -110,161 +114,6 @@ def free_scratch() -> None:
     _SCRATCH.__dict__.clear()
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _fold(a, b, op):  # type: ignore[no-untyped-def]
-    if op == 0:
-        return a + b
-    if op == 1:
-        return a * b
-    if op == 2:
-        if a > b or a != a:
-            return a
-        return a + b if a == 0 and b == 0 else b  # +0 + -0 = +0
-    if a < b or a != a:
-        return a
-    return -((-a) + (-b)) if a == 0 and b == 0 else b  # -(-0 + +0) = -0
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _take(src, i, j, k, dst):  # type: ignore[no-untyped-def]
-    """One branch-free merge step: the smaller of ``src[i]``, ``src[j]`` to ``dst[k]``."""
-    a, b = src[i], src[j]
-    first = np.int64(a < b)
-    dst[k] = b + (a - b) * first
-    return i + first, j + 1 - first
-
-
-@njit(cache=True, nogil=True)
-def _merge2(src, i, mid, j, hi, k, dst):  # type: ignore[no-untyped-def]
-    """Merge the sorted unique runs ``src[i:mid]``, ``src[j:hi]`` into dst from k."""
-    while i < mid and j < hi:
-        i, j = _take(src, i, j, k, dst)
-        k += 1
-    dst[k:k + mid - i] = src[i:mid]
-    k += mid - i
-    dst[k:k + hi - j] = src[j:hi]
-
-
-@njit(cache=True, nogil=True)
-def _merge_pairs(src, bounds, dst):  # type: ignore[no-untyped-def]
-    """Merge the runs (0, 1), (2, 3), ... of src (``bounds``) into dst; an odd last run is
-    copied. Two merges share one loop: a merge step waits on its load, and two independent
-    chains of steps run side by side in the core (measured 1.5x faster than one at a time)."""
-    runs = bounds.size - 1
-    for r in range(0, runs - 3, 4):
-        i0, m0, j0, h0 = bounds[r], bounds[r + 1], bounds[r + 1], bounds[r + 2]
-        i1, m1, j1, h1 = bounds[r + 2], bounds[r + 3], bounds[r + 3], bounds[r + 4]
-        k0, k1 = i0, i1
-        while i0 < m0 and j0 < h0 and i1 < m1 and j1 < h1:
-            i0, j0 = _take(src, i0, j0, k0, dst)
-            i1, j1 = _take(src, i1, j1, k1, dst)
-            k0 += 1
-            k1 += 1
-        _merge2(src, i0, m0, j0, h0, k0, dst)
-        _merge2(src, i1, m1, j1, h1, k1, dst)
-    if runs % 4 >= 2:
-        r = runs - runs % 4
-        _merge2(src, bounds[r], bounds[r + 1], bounds[r + 1], bounds[r + 2], bounds[r], dst)
-    if runs % 2:
-        dst[bounds[runs - 1]:bounds[runs]] = src[bounds[runs - 1]:bounds[runs]]
-
-
-@njit(cache=True, nogil=True)
-def _merge_both_ends(src, mid, dst):  # type: ignore[no-untyped-def]
-    """Merge the sorted unique runs ``src[:mid]``, ``src[mid:]`` (keys >= 0, < 2**62) into dst
-    from both ends at once: two independent chains, as in :func:`_merge_pairs`."""
-    total = src.size
-    top, none = np.int64(1) << 62, np.int64(-1)
-    i, j, ii, jj = 0, mid, mid - 1, total - 1
-    for k in range(total // 2):
-        a = src[i] if i < mid else top  # the smallest left, front to back
-        b = src[j] if j < total else top
-        first = np.int64(a < b)
-        dst[k] = b + (a - b) * first
-        i += first
-        j += 1 - first
-        a = src[ii] if ii >= 0 else none  # the largest left, back to front
-        b = src[jj] if jj >= mid else none
-        last = np.int64(a > b)
-        dst[total - 1 - k] = b + (a - b) * last
-        ii -= last
-        jj -= 1 - last
-    if total % 2:
-        dst[total // 2] = src[i] if i <= ii else src[j]
-
-
-@njit(cache=True, nogil=True)
-def merge_blocks(idx, starts, cuts, shift, val, ident, op,  # type: ignore[no-untyped-def]
-                 out_idx, out_val, work, first, last, out):
-    """Merge the sorted unique runs ``idx[starts[p]:starts[p+1]]`` and fold their rows ``val``.
-
-    Block by block, blocks ``first..last-1`` (``cuts[p, b]``: offset of block b in part p; no
-    index straddles two blocks), keys ``idx << shift | position`` are unique and ascending within
-    a part; a tree of branch-free pairwise merges sorts a block's keys in cache-sized buffers, so
-    equal indices meet in position (= part) order, and one pass over the sorted keys writes each
-    index once with ``ident op v_p0 op v_p1 ...``. ``val``, ``out_val`` are 2-D; ``work``: two
-    int64 rows as long as the largest block. Writes from ``out`` and returns the new end.
-    """
-    parts = cuts.shape[0]
-    keys, spare = work[0], work[1]
-    bounds = np.empty(parts + 1, np.int64)
-    prev = np.int64(-1)
-    for b in range(first, last):
-        bounds[0] = 0
-        for p in range(parts):
-            at = bounds[p]
-            for q in range(starts[p] + cuts[p, b], starts[p] + cuts[p, b + 1]):
-                keys[at] = (np.int64(idx[q]) << shift) | q
-                at += 1
-            bounds[p + 1] = at
-        keys, spare, out, prev = _merge_fold(keys, spare, bounds, shift, val, ident, op,
-                                             out_idx, out_val, out, prev)
-    return out
-
-
-@njit(cache=True, nogil=True)
-def close_up(out_idx, out_val, begins, ends):  # type: ignore[no-untyped-def]
-    """Move the stretches ``[begins[p], ends[p])`` of the outputs (rows of 2-D ``out_val``)
-    down to follow each other, in place; return the total."""
-    at = 0
-    for p in range(begins.size):
-        if at == begins[p]:
-            at = ends[p]
-            continue
-        for i in range(begins[p], ends[p]):
-            out_idx[at] = out_idx[i]
-            for c in range(out_val.shape[1]):
-                out_val[at, c] = out_val[i, c]
-            at += 1
-    return at
-
-
-@njit(cache=True, nogil=True)
-def _merge_fold(keys, spare, bounds, shift, val, ident, op,  # type: ignore[no-untyped-def]
-                out_idx, out_val, out, prev):
-    """Merge-sort one block's runs of keys (bounds) and fold them into the outputs from ``out``."""
-    while bounds.size > 3:
-        _merge_pairs(keys, bounds, spare)
-        keys, spare = spare, keys
-        bounds = np.append(bounds[:-1:2], bounds[-1])
-    total, low, width = bounds[-1], (np.int64(1) << shift) - 1, val.shape[1]
-    if bounds.size == 3:
-        _merge_both_ends(keys[:total], bounds[1], spare)
-        keys, spare = spare, keys
-    # the fold, branch-free: measured 11% faster at 4 x 2**18 in 2**24, 3% slower when most
-    # indices repeat
-    for t in range(total):
-        at, where = keys[t] >> shift, keys[t] & low
-        new = at != prev
-        out += new
-        out_idx[out - 1] = at
-        prev = at
-        for c in range(width):
-            base = ident[0] if new else out_val[out - 1, c]
-            out_val[out - 1, c] = _fold(base, val[where, c], op)
-    return keys, spare, out, prev
-
-
 @njit(cache=True, nogil=True)
 def count_hits(x, lo, hi):  # type: ignore[no-untyped-def]
     """Number of elements of x with ``x >= hi or x <= lo`` (:func:`select`'s hits)."""
@@ -278,7 +127,9 @@ def merge(indices: Sequence[np.ndarray], values: Sequence[np.ndarray], ufunc: np
           acc: np.dtype, itype: np.dtype) -> tuple[np.ndarray, np.ndarray, int] | None:
     """merge_sorted's core on validated parts: ``(out_idx, out_val, count)``, None if unsupported.
 
-    Values are cast to ``acc`` by numpy (as the twin does) before the loop folds them.
+    Values are cast to ``acc`` by numpy (as the twin does) before the loop folds them. Up to
+    :data:`_DIRECT_PARTS` parts fold straight from their own rows (:func:`_fold_parts`);
+    more are concatenated first, so the fold stays one loop per piece.
     """
     if acc not in MERGE_DTYPES or not any(i.size for i in indices):
         return None
@@ -289,21 +140,53 @@ def merge(indices: Sequence[np.ndarray], values: Sequence[np.ndarray], ufunc: np
     shift = max(1, (total - 1).bit_length())
     if max((int(i[-1]) for i in indices if i.size), default=0).bit_length() + shift > 62:
         return None
+    row = values[0].shape[1:]
+    width = math.prod(row)
     idx = np.concatenate(indices, out=_scratch("idx", (total,), itype), casting="unsafe")
+    direct = len(indices) <= _DIRECT_PARTS
     with np.errstate(all="ignore"):  # the twin's cast to acc, under the twin's errstate
-        val = np.concatenate(values, out=_scratch("val", (total,) + values[0].shape[1:], acc),
-                             casting="unsafe").reshape(total, -1)
+        val = np.empty((0, width), acc) if direct else np.concatenate(
+            values, out=_scratch("val", (total,) + row, acc), casting="unsafe").reshape(
+                total, width)
     ident = np.full(1, _identity(ufunc, acc), acc)
-    out_idx, out_val = np.empty(total, itype), np.empty((total,) + values[0].shape[1:], acc)
+    out_idx, out_val = np.empty(total, itype), np.empty((total,) + row, acc)
     cuts = np.array(_block_cuts(list(indices), total), np.int64)
     pieces = _pieces(total)
     edges = (np.arange(pieces + 1) * (cuts.shape[1] - 1)) // pieces
     begins = cuts[:, edges[:-1]].sum(axis=0)  # entries before a piece's first block
     work = _scratch("keys", (pieces, 2, int(np.diff(cuts, axis=1).sum(axis=0).max())), np.int64)
-    args = (idx, starts, cuts, shift, val, ident, OPS[ufunc], out_idx, out_val.reshape(total, -1))
-    ends = _in_threads([partial(merge_blocks, *args, work[p], edges[p], edges[p + 1], begins[p])
-                        for p in range(pieces)])
-    return out_idx, out_val, close_up(*args[-2:], begins, np.array(ends))
+    slots = _scratch("slots", (total if direct else 0,), np.int64)
+    rows = out_val.reshape(total, width)
+    args = (idx, starts, cuts, shift, val, ident, OPS[ufunc], out_idx,
+            rows if not direct else np.empty((total, 0), acc), slots)  # direct: idx closed up
+    ends = np.array(_in_threads([partial(merge_blocks, *args, work[p], edges[p], edges[p + 1],
+                                         begins[p]) for p in range(pieces)]))
+    count = close_up(out_idx, args[8], begins, ends)
+    if direct:
+        _fold_parts(values, acc, slots, starts, cuts, edges, begins, ends, ident, OPS[ufunc],
+                    rows)
+    return out_idx, out_val, count
+
+
+def _fold_parts(values: Sequence[np.ndarray], acc: np.dtype, slots: np.ndarray,
+                starts: np.ndarray, cuts: np.ndarray, edges: np.ndarray, begins: np.ndarray,
+                ends: np.ndarray, ident: np.ndarray, op: int, rows: np.ndarray) -> None:
+    """Fold every part's rows into ``rows`` at the ``slots`` merge_blocks placed them in,
+    part after part (the order of the fold), piece by piece on threads; a piece's rows are
+    moved down by what close_up moved its indices."""
+    width = rows.shape[1]
+    with np.errstate(all="ignore"):  # the twin's cast to acc
+        parts = [np.ascontiguousarray(v, acc).reshape(v.shape[0], width) for v in values]
+    closed = np.concatenate([[0], np.cumsum(ends - begins)])
+
+    def piece(p: int) -> None:
+        for part, (val, at) in enumerate(zip(parts, starts)):
+            a, b = cuts[part, edges[p]], cuts[part, edges[p + 1]]
+            if b > a:
+                fold_part(slots[at + a:at + b], closed[p] - begins[p], val[a:b], ident, op,
+                          rows)
+
+    _in_threads([partial(piece, p) for p in range(len(edges) - 1)])
 
 
 def _scan_bounds(x: np.ndarray, t: Any) -> tuple[Any, Any] | None:
