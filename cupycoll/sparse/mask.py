@@ -29,7 +29,7 @@ from ..wire._model import block_nbytes
 from ..wire._pack import COO, Wire
 from ._common import allreduce_values, positions_in, rank_slices, union_of, value_row_bytes
 from ._cost import Cost, Shape
-from .dense import densify_into
+from .dense import scatter_into
 
 __all__ = ["mask", "cost"]
 
@@ -50,9 +50,8 @@ def mask(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
         all_idx, counts = comm.allgatherv(indices, counts, op_name="mask.indices")
         sets = [all_idx[s] for s in rank_slices(counts)]
     union = union_of(sets, indices.dtype)  # coalesced inputs
-    # zero rows but the local ones, in one pass (no zero-filled allocation written twice)
-    rows = xp.empty((union.shape[0],) + tuple(values.shape[1:]), dtype=values.dtype)
-    densify_into(rows, positions_in(union, indices), values)
+    rows = xp.zeros((union.shape[0],) + tuple(values.shape[1:]), dtype=values.dtype)
+    scatter_into(rows, positions_in(union, indices), values)
     allreduce_values(comm, rows, op, "mask.allreduce").wait()
     return union, rows
 
