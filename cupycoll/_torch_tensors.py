@@ -20,10 +20,20 @@ import torch.distributed as dist
 from ._result import SparseResult
 from ._types import ReduceOp
 from .errors import InvalidArgument, InvalidType
-from .torch._tensors import as_array  # a zero-copy numpy (CPU) or CuPy (CUDA) view
 
 __all__ = ["reduce_op", "as_array", "byte_tensor", "reduction_tensor", "sparse_parts",
            "sparse_tensor", "copied_back"]
+
+
+def as_array(tensor: torch.Tensor) -> Any:
+    """A zero-copy numpy (CPU) or CuPy (CUDA) view of a contiguous tensor (``cupycoll.torch``
+    uses it too: it lives here, below the package, so that either imports first)."""
+    if tensor.is_cuda:
+        import cupy
+
+        return cupy.from_dlpack(tensor)
+    return tensor.detach().numpy()
+
 
 _TORCH_OPS = {dist.ReduceOp.SUM: ReduceOp.SUM, dist.ReduceOp.PRODUCT: ReduceOp.PROD,
               dist.ReduceOp.MIN: ReduceOp.MIN, dist.ReduceOp.MAX: ReduceOp.MAX,

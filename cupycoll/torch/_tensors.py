@@ -7,19 +7,11 @@ from typing import Any, Callable
 
 import torch
 
+from .._torch_tensors import as_array
 from ..comm import Work
 from ..errors import InvalidType
 
 __all__ = ["as_array", "working_dtype", "working_copy", "written_back", "future_of"]
-
-
-def as_array(tensor: torch.Tensor) -> Any:
-    """A zero-copy numpy (CPU) or CuPy (CUDA) view of a contiguous tensor."""
-    if tensor.is_cuda:
-        import cupy
-
-        return cupy.from_dlpack(tensor)
-    return tensor.detach().numpy()
 
 
 #: gradient dtype -> the dtype the hooks reduce it in: bfloat16 in float32 (numpy, the MPI
