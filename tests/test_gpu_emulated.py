@@ -96,7 +96,9 @@ def test_late_rank_named_and_interrupt_on_nccl(nprocs):
     error) keeps the pinned buffer its queued device-to-host copy still writes (late_fetch;
     before, the late rank freed it and the copy wrote freed heap memory: malloc aborted, or
     its pickle buffer for WORLD.gather reused the block, once the agreement vector outgrew
-    numpy's 1 KiB small-block cache)."""
+    numpy's 1 KiB small-block cache). At P = 2 the two ranks are on two emulated nodes (one
+    device each): a peer's abort reaches the late rank as NCCL's remote error; at P = 3 and 4
+    (two devices per node) a node-mate's abort does not, and its own timeout ends its wait."""
     out = _run(nprocs, ["late_named", "late_after_abort", "late_verbs", "late_fetch",
-                        "interrupt"], timeout=420)
+                        "interrupt"], timeout=420, devices=1 if nprocs == 2 else 2)
     assert out.count("LATE ") == 9, out
