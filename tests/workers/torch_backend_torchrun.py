@@ -72,5 +72,6 @@ digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.par
 hashes = [None] * P
 dist.all_gather_object(hashes, digest.hexdigest())
 assert len(set(hashes)) == 1, "parameters differ across ranks"
-print(f"rank {RANK} of {P}: ok", flush=True)
+sys.stdout.write(f"rank {RANK} of {P}: ok\n")
+sys.stdout.flush()
 dist.destroy_process_group()
