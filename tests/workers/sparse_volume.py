@@ -125,12 +125,11 @@ def main() -> None:
                                               (0, "int64", None, "int64"))]
     checked = dense_regions = 0
     for c, (pattern, n, k, width, dtype, acc, itype) in enumerate(cases):
-        inputs = []
-        for r in range(size):
-            rng = rng_for(seed, r, c)
-            idx = indices_for(pattern, r, size, n, k, rng).astype(itype)
-            shape = (idx.size, width) if width else (idx.size,)
-            inputs.append((idx, rng.integers(-9, 10, shape).astype(dtype)))
+        rng = rng_for(seed, rank, c)
+        idx = indices_for(pattern, rank, size, n, k, rng).astype(itype)
+        shape = (idx.size, width) if width else (idx.size,)
+        # every rank's input, gathered by raw mpi4py: O(1) generation per rank, not O(P)
+        inputs = MPI.COMM_WORLD.allgather((idx, rng.integers(-9, 10, shape).astype(dtype)))
         vbytes = np.dtype(acc or dtype).itemsize
         model_shape = dataclasses.replace(Shape.from_inputs(
             [i for i, _ in inputs], n, width, np.dtype(itype).itemsize, vbytes),
