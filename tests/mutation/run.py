@@ -53,8 +53,8 @@ BUILD = ROOT / "build" / "mutation"
 # launches (thousands of cases, minutes each) are left to the regular suite.
 _SPARSE_MPI = "tests/test_sparse_mpi.py::"
 _SPARSE = ["tests/test_sparse_units.py", "tests/test_api_units.py",
-           "tests/test_mutation_sparse.py", "tests/test_mutation_sparse_api.py",
-           "tests/test_mutation_sparse_dense.py", "tests/test_mutation_sparse_validate.py",
+           "tests/test_sparse_in_process.py", "tests/test_sparse_front_door.py",
+           "tests/test_sparse_dense_algorithm.py", "tests/test_sparse_validation.py",
            "tests/test_tuner.py::test_choose_remembers_a_shape_per_profile",
            *(_SPARSE_MPI + t for t in (
                "test_nan_inf_signed_zero_same_bits_in_every_algorithm[2]",
@@ -74,13 +74,13 @@ _SPARSE = ["tests/test_sparse_units.py", "tests/test_api_units.py",
 # inputs, ~5-10 s), and the density workload at 2 ranks (run only for mutants the others miss:
 # mutmut runs the fastest tests first and stops at the first failure). The regular top-k MPI
 # launches (5-10 s each at 2-3 ranks, up to minutes at 5-8) are left to the regular suite.
-_TOPK = ["tests/test_topk_units.py", "tests/test_mutation_topk.py",
-         "tests/test_mutation_topk_api.py", "tests/test_mutation_topk_wire.py",
-         "tests/test_mutation_topk_mpi.py::test_topk_quick_every_algorithm[2]",
-         "tests/test_mutation_topk_mpi.py::test_topk_quick_every_algorithm[3]",
+_TOPK = ["tests/test_topk_units.py", "tests/test_topk_selectors.py",
+         "tests/test_topk_front_door.py", "tests/test_topk_packed_transfers.py",
+         "tests/test_topk_tiny_inputs.py::test_topk_quick_every_algorithm[2]",
+         "tests/test_topk_tiny_inputs.py::test_topk_quick_every_algorithm[3]",
          "tests/test_topk_mpi.py::test_topk_density_under_error_feedback[2]"]
 # The primitives' tests minus the large-array cases (13-116 s each under load, ~300 of the
-# ~370 s of the selection); tests/test_mutation_primitives.py reaches their paths with small
+# ~370 s of the selection); tests/test_primitives_small_paths.py reaches their paths with small
 # arrays and lowered thresholds (the blocked numpy merge, the sampled top-k threshold).
 _PRIM_SLOW = ["tests/test_numba_accel.py::test_merge_sorted_matches_numpy",
               "tests/test_kernels_cpu.py::test_hot_index_block_sizes",
@@ -89,7 +89,7 @@ _PRIM_SLOW = ["tests/test_numba_accel.py::test_merge_sorted_matches_numpy",
                 for p in ("int32-2143289344", "int64-1099511627776")),
               *(f"tests/test_primitives.py::test_large_arrays_select_and_topk[{d}]"
                 for d in ("float32", "float64", "int32", "int64"))]
-_PRIMITIVES = ["tests/test_primitives.py", "tests/test_mutation_primitives.py",
+_PRIMITIVES = ["tests/test_primitives.py", "tests/test_primitives_small_paths.py",
                "tests/test_numba_accel.py", "tests/test_kernels_cpu.py",
                "tests/test_sparse_units.py", *(f"--deselect={t}" for t in _PRIM_SLOW)]
 
@@ -112,8 +112,8 @@ MODULES = {
                                      "--deselect=tests/test_kernels_cpu.py::"
                                      "test_hot_index_block_sizes"],
     **{f"cupycoll/comm/{m}.py": ["tests/test_api_units.py", "tests/test_sparse_units.py",
-                                 "tests/test_mutation_comm.py",
-                                 "tests/test_mutation_comm_derived.py",
+                                 "tests/test_comm_base_defaults.py",
+                                 "tests/test_comm_derived_verbs.py",
                                  "tests/test_dense.py::test_dense_collectives_match_numpy[3]",
                                  "tests/test_dense.py::test_comm_stats_errors_timeouts[3]",
                                  _SPARSE_MPI + "test_volume_equals_cost_models[3]"]

@@ -1,5 +1,4 @@
-"""The sparse front door's validation (``cupycoll/sparse/_validate.py``) in process (issue 17,
-mutation testing): each local rule's exact message on rank 3 (format of ``cupycoll.errors``), the
+"""The sparse front door's validation (``cupycoll/sparse/_validate.py``) in process: each local rule's exact message on rank 3 (format of ``cupycoll.errors``), the
 coalesced input it prepares (numpy reference), how an error travels as a code and what the other
 ranks raise for it, and the mismatch message naming every field that differs."""
 

@@ -1,4 +1,4 @@
-"""The sparse front door's own steps, in process (issue 17, mutation testing).
+"""The sparse front door's own steps, in process.
 
 What ``sparse_allreduce`` does around the algorithm: the avg division and the single cast back
 (``_finish``), the copy of a result that aliases the input and the call's name (``_run``),

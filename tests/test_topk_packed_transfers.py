@@ -1,5 +1,5 @@
 """Top-k packed transfers (``cupycoll/topk/_wire.py``) between ranks simulated by threads in
-this process (issue 17, mutation testing): what a rank receives is what its peer sent (padding
+this process: what a rank receives is what its peer sent (padding
 stripped, values rounded to nearest even where the wire rounds them: numpy reference), under
 the documented operation names (``<op>.counts`` first on the compact wire only) and sizes."""
 

@@ -1,4 +1,4 @@
-"""In-process tests of cupycoll/comm/_base.py written for mutation testing (tests/mutation/run.py):
+"""In-process tests of cupycoll/comm/_base.py (also the mutation run's selection, tests/mutation/run.py):
 the base class's defaults that the MPI backend overrides."""
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def test_abort_kills_the_communicator_naming_the_rank():
 
 def test_native_collectives_publish_their_count_and_book_by_the_root_rule():
     """``_record_collective``: the count goes to this rank's arrival slot (word 0, word 1 is
-    the death notice); the booking rule: tests/test_mutation_comm_derived.py."""
+    the death notice); the booking rule: tests/test_comm_derived_verbs.py."""
     comm = _fresh()
     comm._record_collective("allreduce", 16, op_name="t.ar")
     assert comm.sequence == 1 and comm._slot[0] == 1 and comm._slot[1] == 0

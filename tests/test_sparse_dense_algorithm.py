@@ -1,4 +1,4 @@
-"""``sparse/dense.py`` in process (issue 17, mutation testing): its cost model from the formulas
+"""``sparse/dense.py`` in process: its cost model from the formulas
 of its module docstring (Python integers and the documented bus factors), the presence rules'
 edges, and the -0-filled sum on one rank against numpy (every present row back, bit for bit)."""
 

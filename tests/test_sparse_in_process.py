@@ -1,4 +1,4 @@
-"""Tests written to kill surviving mutants of ``cupycoll/sparse/`` (issue 17, mutation testing).
+"""``cupycoll/sparse/`` in process: the branches the multi-rank suite reaches only at scale.
 
 Each expected value comes from a documented rule worked by hand (rounds or bytes of a
 hand-built profile), not from the library's helpers; docs/testing.md names the mutants.

@@ -1,4 +1,4 @@
-"""The top-k front door's checks and bookkeeping, in process (issue 17, mutation testing).
+"""The top-k front door's checks and bookkeeping, in process.
 
 Every bad argument raises its exact documented message (format of ``cupycoll.errors``, naming the
 rank), an error seen on another rank travels as a code and comes back naming that rank and the

@@ -1,4 +1,4 @@
-"""In-process top-k tests written for mutation testing (tests/mutation/run.py): inputs built so
+"""In-process top-k tests (also the mutation run's selection, tests/mutation/run.py): inputs built so
 that one documented branch of a selector decides the outcome, outcome worked from the rule."""
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """The Communicator's derived verbs (``cupycoll/comm/_base.py``: allgather_counts, allgatherv,
-alltoall_counts, alltoall_device_counts, alltoallv) on 1-4 ranks simulated by threads in process
-(issue 17, mutation testing): what every rank gets against numpy, the counts exchanged first
-under ``<op>.counts`` unless given, and the front-door verb they run under."""
+alltoall_counts, alltoall_device_counts, alltoallv) on 1-4 ranks simulated by threads in
+process: what every rank gets against numpy, the counts exchanged first under ``<op>.counts`` unless given, and the front-door verb they run under."""
 
 from __future__ import annotations
 
