@@ -127,8 +127,8 @@ SETTINGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                                          "reduce-scatter is 1.1-5x slower there on one node "
                                          "(docs/dense.md); the same on every rank"),
     "CUPYCOLL_LOG_LEVEL": (str, "WARNING", "level of the 'cupycoll' logger"),
-    "CUPYCOLL_EMULATION_CACHE": (str, None, "folder of the GPU emulation tier's CPU builds of "
-                                 "the CUDA kernels (default: cupycoll-emulation-UID in the "
+    "CUPYCOLL_EMULATION_CACHE": (str, None, "folder of the CPU builds of the CUDA kernels (the "
+                                 "GPU emulation tier's and the kernel tests'; default: cupycoll-emulation-UID in the "
                                  "temporary directory); see docs/gpu.md"),
     "CUPYCOLL_PROFILE": (str, None, "machine profile (JSON) that auto's time model reads and "
                          "'cupycoll tune' writes; default ~/.cache/cupycoll/profile.json, "
@@ -170,8 +170,8 @@ except (AttributeError, TypeError):
 
 
 def _environment(name: str) -> str | None:
-    """``os.environ.get(name)`` by one dict lookup in the environment's own storage (~0.2 us
-    instead of ~1 us; the sparse and top-k calls read a few settings each), so a change of
+    """``os.environ.get(name)`` by one dict lookup in the environment's own storage (cheaper
+    than ``os.environ.get``; the sparse and top-k calls read a few settings each), so a change of
     ``os.environ`` at run time is still seen at once; a replaced ``os.environ`` or another
     Python takes ``os.environ.get``."""
     env = os.environ
@@ -184,9 +184,9 @@ def _environment(name: str) -> str | None:
 def debug() -> bool:
     """``setting("CUPYCOLL_DEBUG")`` for the dense fast path, which reads it on every call.
 
-    One dict lookup in the environment's own storage (~0.1 us) instead of
-    ``os.environ.get`` (~1 us: a KeyError when unset), so a change of ``os.environ`` at run time
-    (``monkeypatch.setenv``) is seen at the next call, as before; a replaced ``os.environ`` or
+    One dict lookup in the environment's own storage instead of ``os.environ.get`` (slower: a
+    KeyError when unset; docs/dense.md), so a change of ``os.environ`` at run time
+    (``monkeypatch.setenv``) is seen at the next call; a replaced ``os.environ`` or
     another Python falls back to :func:`setting`.
     """
     env = os.environ

@@ -1,9 +1,13 @@
 """The CUDA kernels compiled for the CPU (``kernels/cpu_shim.h``) and a launcher that runs them.
 
-For tests and tools without a GPU: each ``kernels/*.cu`` is compiled as C++ by g++ into a shared
-library loaded with ctypes; :class:`ShimLauncher` runs its instantiations cuLaunchKernel-style,
-so :class:`~cupycoll.primitives._cupy.KernelPrimitives` (the code the GPU runs) can work on host
-arrays. Built libraries are cached by the hash of the sources and the compiler command.
+For tests, tools and the GPU emulation tier without a GPU: CUDA source (a ``kernels/*.cu`` file
+with its includes inlined, or the code the emulated ``cupy.RawModule`` is handed) is compiled as
+C++ by g++ into a shared library loaded with ctypes; :class:`ShimLauncher` runs a library's
+instantiations cuLaunchKernel-style, so :class:`~cupycoll.primitives._cupy.KernelPrimitives`
+(the code the GPU runs) can work on host arrays. This is the one builder: every library is
+cached on disk by the hash of its source, the shim, the compiler and its flags, in
+``CUPYCOLL_EMULATION_CACHE`` (default ``cupycoll-emulation-UID`` in the temporary directory),
+shared by every process and run.
 """
 
 from __future__ import annotations
@@ -15,18 +19,24 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from . import _kernels
+from ._config import setting
 
-__all__ = ["ShimLauncher", "build", "load", "compiler"]
+__all__ = ["ShimLauncher", "kernel_libraries", "library", "libraries", "compiler"]
 
 _LAUNCH = ctypes.CFUNCTYPE(None, ctypes.c_uint, ctypes.c_uint, ctypes.POINTER(ctypes.c_void_p))
 _FLAGS = ("-x", "c++", "-std=c++17", "-O1", "-shared", "-fPIC", "-fvisibility=hidden", "-pthread",
           "-Wall", "-Wno-unknown-pragmas")
+#: libraries loaded in this process, by key (a library is loaded once).
+_LOADED: dict[str, ctypes.CDLL] = {}
+_LOADING = threading.Lock()
 
 
 def compiler() -> str | None:
@@ -34,51 +44,83 @@ def compiler() -> str | None:
     return shutil.which("g++") or shutil.which("c++")
 
 
-def _command(file: str, out: Path) -> list[str]:
-    folder = _kernels.kernel_dir()
-    return [compiler() or "g++", *_FLAGS, "-include", str(folder / "cpu_shim.h"), "-o", str(out),
-            str(folder / file)]
-
-
-def build(folder: Path | None = None) -> dict[str, Path]:
-    """Compile every kernel file for the CPU (one g++ per file, in parallel); return the paths.
-
-    Libraries already built from the same sources are reused; concurrent callers (the ranks of
-    one job) take turns on a lock file, so only the first compiles. Raises RuntimeError with the
-    compiler log on failure or on any warning.
-    """
-    kdir = _kernels.kernel_dir()
-    digest = hashlib.sha256(" ".join([compiler() or "g++", *_FLAGS]).encode())
-    for name in sorted(p.name for p in kdir.iterdir() if p.suffix in (".cu", ".cuh", ".h")):
-        digest.update(name.encode() + (kdir / name).read_bytes())
-    folder = Path(folder or Path(tempfile.gettempdir()) / f"cupycoll-shim-{os.getuid()}")
-    folder = folder / digest.hexdigest()[:16]
+def cache_dir() -> Path:
+    """Folder of the built libraries (``CUPYCOLL_EMULATION_CACHE``), created if missing."""
+    folder = Path(setting("CUPYCOLL_EMULATION_CACHE")
+                  or Path(tempfile.gettempdir()) / f"cupycoll-emulation-{os.getuid()}")
     folder.mkdir(parents=True, exist_ok=True)
-    paths = {file: folder / f"{file}.so" for file in _kernels.KERNEL_FILES}
-    with open(folder / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        _compile_missing(paths)
-    return paths
+    return folder
 
 
-def _compile_missing(paths: dict[str, Path]) -> None:
+def kernel_libraries() -> dict[str, ctypes.CDLL]:
+    """Every ``kernels/*.cu`` file's library, by file name."""
+    return libraries({file: _kernels.source(file) for file in _kernels.KERNEL_FILES})
+
+
+def library(code: str) -> ctypes.CDLL:
+    """The library of CUDA source ``code`` (see :func:`libraries`)."""
+    return libraries({"code": code})["code"]
+
+
+def libraries(codes: dict[str, str]) -> dict[str, ctypes.CDLL]:
+    """The CPU library of each CUDA source in ``codes`` (name -> source), loaded.
+
+    Missing libraries are compiled in parallel (one g++ each); concurrent callers (the ranks of
+    one job) take turns on a lock file per library, so only the first compiles. Raises
+    RuntimeError with the compiler's log on failure or on any warning, or without a compiler.
+    """
+    shim = _kernels.kernel_dir() / "cpu_shim.h"
+    salt = "\0".join((compiler() or "g++", *_FLAGS, shim.read_text()))
+    keys = {name: hashlib.sha256((salt + "\0" + code).encode()).hexdigest()[:24]
+            for name, code in codes.items()}
+    with _LOADING:
+        missing = {keys[name]: code for name, code in codes.items() if keys[name] not in _LOADED}
+        if missing:
+            folder = cache_dir()
+            with ExitStack() as locks:
+                for key in sorted(missing):  # one order for every process: no deadlock
+                    lock = locks.enter_context(open(folder / f"{key}.lock", "w"))
+                    fcntl.flock(lock, fcntl.LOCK_EX)
+                _compile_missing(folder, shim, missing)
+            for key in missing:
+                _LOADED[key] = _loaded(folder / f"{key}.so")
+        return {name: _LOADED[keys[name]] for name in codes}
+
+
+def _compile_missing(folder: Path, shim: Path, codes: dict[str, str]) -> None:
+    """Compile each source of ``codes`` (key -> source) whose library is not in ``folder``."""
+    cxx = compiler()
     procs = {}
-    for file, path in paths.items():
-        if not path.exists():
-            partial = path.with_suffix(f".{os.getpid()}.tmp")
-            procs[file] = (partial, subprocess.Popen(
-                _command(file, partial), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                text=True))
-    for file, (partial, proc) in procs.items():
+    for key, code in codes.items():
+        target = folder / f"{key}.so"
+        if target.exists():
+            continue
+        if cxx is None:
+            raise RuntimeError("the CPU build of the CUDA kernels needs a C++17 compiler (g++)")
+        source = folder / f"{key}.cu"
+        source.write_text(code)
+        partial = folder / f"{key}.{os.getpid()}.tmp"
+        procs[key] = (partial, subprocess.Popen(
+            [cxx, *_FLAGS, "-include", str(shim), "-o", str(partial), str(source)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for key, (partial, proc) in procs.items():
         log, _ = proc.communicate(timeout=300)
         if proc.returncode != 0 or "warning" in log:
-            raise RuntimeError(f"g++ failed or warned on {file}:\n{log}")
-        os.replace(partial, paths[file])  # atomic: a reader never sees half a file
+            raise RuntimeError(f"g++ failed or warned on {folder / key}.cu:\n{log}")
+        os.replace(partial, folder / f"{key}.so")  # atomic: a reader never sees half a file
 
 
-def load(paths: dict[str, Path]) -> dict[str, ctypes.CDLL]:
-    """Load built kernel libraries."""
-    return {file: ctypes.CDLL(str(path)) for file, path in paths.items()}
+def _loaded(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    lib.cc_shim_name.restype = ctypes.c_char_p
+    lib.cc_shim_launcher.restype = ctypes.c_void_p
+    return lib
+
+
+def launchers(lib: ctypes.CDLL) -> dict[str, Any]:
+    """Name expression (canonical) -> launcher of every instantiation ``lib`` exports."""
+    return {_kernels._canonical(lib.cc_shim_name(i).decode()): _LAUNCH(lib.cc_shim_launcher(i))
+            for i in range(lib.cc_shim_count())}
 
 
 class ShimLauncher:
@@ -91,13 +133,8 @@ class ShimLauncher:
     def __init__(self, libraries: dict[str, ctypes.CDLL], xp: Any = np):
         self.xp = xp
         self.libraries = libraries  # kept alive: the launchers point into them
-        self.kernels: dict[tuple[str, str], Any] = {}
-        for file, lib in libraries.items():
-            lib.cc_shim_name.restype = ctypes.c_char_p
-            lib.cc_shim_launcher.restype = ctypes.c_void_p
-            for i in range(lib.cc_shim_count()):
-                name = _kernels._canonical(lib.cc_shim_name(i).decode())
-                self.kernels[(file, name)] = _LAUNCH(lib.cc_shim_launcher(i))
+        self.kernels = {(file, name): launch for file, lib in libraries.items()
+                        for name, launch in launchers(lib).items()}
 
     def shape(self, items: int) -> tuple[int, int]:
         # a few odd-sized blocks, so grid-stride loops wrap and partial outputs have many columns

@@ -187,7 +187,7 @@ def _primitives() -> Any:
     from .primitives._cupy import KernelPrimitives
 
     with uncounted():
-        libraries = _kernel_shim.load(_kernel_shim.build())
+        libraries = _kernel_shim.kernel_libraries()
     return KernelPrimitives(_kernel_shim.ShimLauncher(libraries, xp))
 
 

@@ -29,7 +29,7 @@ def libraries() -> dict[str, ctypes.CDLL]:
     if _kernel_shim.compiler() is None:
         pytest.fail("tier-2 kernel tests need a C++17 compiler (g++) on PATH")
     start = time.perf_counter()
-    libs = _kernel_shim.load(_kernel_shim.build())
+    libs = _kernel_shim.kernel_libraries()
     print(f"g++ build of {len(libs)} kernel files: {time.perf_counter() - start:.1f} s")
     return libs
 

@@ -283,7 +283,7 @@ def shim_codec():
 
     if _kernel_shim.compiler() is None:
         pytest.fail("the kernel tests need a C++17 compiler (g++) on PATH")
-    return WireKernels(_kernel_shim.ShimLauncher(_kernel_shim.load(_kernel_shim.build())))
+    return WireKernels(_kernel_shim.ShimLauncher(_kernel_shim.kernel_libraries()))
 
 
 @pytest.mark.parametrize("label,idx,lo,hi", CASES, ids=IDS)

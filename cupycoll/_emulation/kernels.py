@@ -1,8 +1,8 @@
 """Emulated ``cupy.RawModule``: the CUDA source compiled for the CPU with ``kernels/cpu_shim.h``.
 
-The source CuPy would hand to NVRTC is compiled by g++ into a shared library (cached on disk by
-its hash, so ranks and runs share it); ``get_function(name_expression)`` returns a kernel whose
-call checks, like a launch, that every array argument is on the current device and ordered on
+The source CuPy would hand to NVRTC is compiled by g++ into a shared library by
+:func:`cupycoll._kernel_shim.library` (cached on disk by its hash, so ranks and runs share it);
+``get_function(name_expression)`` returns a kernel whose call checks, like a launch, that every array argument is on the current device and ordered on
 the current stream, then runs every (block, thread) of the grid in turn.
 """
 
@@ -10,74 +10,22 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import fcntl
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .._config import setting
+from .. import _kernel_shim, _kernels
 from . import device as dev
 from .array import _check_devices, ndarray
 
 __all__ = ["RawModule"]
 
-_LAUNCH = ctypes.CFUNCTYPE(None, ctypes.c_uint, ctypes.c_uint, ctypes.POINTER(ctypes.c_void_p))
-_FLAGS = ("-x", "c++", "-std=c++17", "-O1", "-shared", "-fPIC", "-fvisibility=hidden",
-          "-Wno-unknown-pragmas")
 #: the shim runs threads through process-wide built-ins (blockIdx ...): one launch at a time.
 _LAUNCH_LOCK = threading.Lock()
-_LIBRARIES: dict[str, ctypes.CDLL] = {}
 #: kernel name expression -> launches so far (tests check that a path really ran the kernels).
 LAUNCHES: collections.Counter = collections.Counter()
-
-
-def _cache_dir() -> Path:
-    folder = Path(setting("CUPYCOLL_EMULATION_CACHE")
-                  or Path(tempfile.gettempdir()) / f"cupycoll-emulation-{os.getuid()}")
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
-def _compile(code: str) -> ctypes.CDLL:
-    from .._kernels import kernel_dir
-
-    shim = kernel_dir() / "cpu_shim.h"
-    key = hashlib.sha256("\0".join((code, shim.read_text(), *_FLAGS)).encode()).hexdigest()[:24]
-    if key in _LIBRARIES:
-        return _LIBRARIES[key]
-    folder = _cache_dir()
-    target = folder / f"{key}.so"
-    with open(folder / f"{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one rank compiles, the others wait and load it
-        if not target.exists():
-            compiler = shutil.which("g++") or shutil.which("c++")
-            if compiler is None:
-                raise RuntimeError("the emulated RawModule needs a C++17 compiler (g++)")
-            src = folder / f"{key}.cu"
-            src.write_text(code)
-            tmp = folder / f"{key}.{os.getpid()}.so"
-            proc = subprocess.run([compiler, *_FLAGS, "-include", str(shim), "-o", str(tmp),
-                                   str(src)], capture_output=True, text=True)
-            if proc.returncode:
-                raise RuntimeError(f"g++ failed on the emulated RawModule:\n{proc.stderr}")
-            os.replace(tmp, target)
-    lib = _LIBRARIES[key] = ctypes.CDLL(str(target))
-    lib.cc_shim_name.restype = ctypes.c_char_p
-    lib.cc_shim_launcher.restype = ctypes.c_void_p
-    return lib
-
-
-def _canonical(expr: str) -> str:
-    from .._kernels import _canonical as canonical
-
-    return canonical(expr)
 
 
 def _cached_kernel(path: str) -> tuple[str, dict[str, str]]:
@@ -88,8 +36,6 @@ def _cached_kernel(path: str) -> tuple[str, dict[str, str]]:
     if not (note.exists() and lowered.exists()):
         raise RuntimeError(f"the emulated RawModule(path=...) runs cupycoll's cached kernels "
                            f"only: no {note.name} and {lowered.name} beside {path}")
-    from .. import _kernels
-
     file, expr = note.read_text().split("\n", 1)
     return _kernels.source(file), {lowered.read_text(): expr}
 
@@ -102,20 +48,18 @@ class RawModule:
         self._aliases: dict[str, str] = {}
         if path is not None:  # a cubin of cupycoll's kernel cache: run its source instead
             code, self._aliases = _cached_kernel(path)
-        lib = _compile(code)
-        self._lib = lib
-        self._kernels = {_canonical(lib.cc_shim_name(i).decode()): _LAUNCH(lib.cc_shim_launcher(i))
-                         for i in range(lib.cc_shim_count())}
+        self._lib = _kernel_shim.library(code)
+        self._kernels = _kernel_shim.launchers(self._lib)
         self.device = dev.current_device()
         if name_expressions is not None:
-            missing = set(map(_canonical, name_expressions)) - set(self._kernels)
+            missing = set(map(_kernels._canonical, name_expressions)) - set(self._kernels)
             if missing:
                 raise RuntimeError(f"name expressions not in the module: {sorted(missing)}")
 
     def get_function(self, name: str) -> "_Kernel":
         name = self._aliases.get(name, name)
         try:
-            return _Kernel(self._kernels[_canonical(name)], name, self.device)
+            return _Kernel(self._kernels[_kernels._canonical(name)], name, self.device)
         except KeyError:
             raise RuntimeError(f"no kernel {name!r} in the module") from None
 
