@@ -46,7 +46,7 @@ def parse_op(op: Any, *, rank: int | None = None, argument: str = "op") -> Reduc
     if isinstance(op, ReduceOp):
         return op
     if isinstance(op, str):
-        known = _OPS_BY_NAME.get(op)  # one dict hit (calling the Enum costs ~1.5 us)
+        known = _OPS_BY_NAME.get(op)  # one dict hit (calling the Enum costs more)
         if known is not None:
             return known
         try:
@@ -108,7 +108,7 @@ def check_dtype(x: Any, argument: str, *, rank: int | None = None, allowed=None)
     """Return the dtype of ``x`` or raise :class:`InvalidType` if it is not supported."""
     dtype = np.dtype(x.dtype)
     if allowed is None and dtype in _ALLOWED_DTYPES:
-        return dtype  # without ``dtype.name``, which numpy computes in Python (~3 us)
+        return dtype  # without ``dtype.name``, which numpy computes in Python
     names = _ALLOWED_NAMES if allowed is None else {np.dtype(a).name for a in allowed}
     if dtype.name not in names:
         raise InvalidType(argument, dtype, f"an array of one of {sorted(names)}", rank=rank)

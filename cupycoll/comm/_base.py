@@ -305,7 +305,7 @@ _NO_STREAM = contextlib.nullcontext()
 
 
 class _Calling:
-    """:meth:`Communicator.calling`'s context (a class: a generator-based one costs ~2 us, and
+    """:meth:`Communicator.calling`'s context (a class: a generator-based one costs more, and
     every sparse and top-k call enters a few)."""
 
     __slots__ = ("comm", "verb", "outermost")

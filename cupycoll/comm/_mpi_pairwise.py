@@ -1,8 +1,8 @@
 """The MPI backend's reduce-scatter as a pairwise exchange: every rank sends block j of its input
 to rank j and folds the P blocks of its own in rank order (docs/dense.md: MPICH's
-reduce-scatter was 1.1-5x slower on one node from 64 KiB blocks); and its reduce as that
-exchange followed by every rank's folded block sent to the root (Rabenseifner's reduce: 1-4x
-faster than the allreduce it replaced from 256 KiB, P = 2-4 on one node)."""
+reduce-scatter is the slower one on one node from 64 KiB blocks); and its reduce as that
+exchange followed by every rank's folded block sent to the root (Rabenseifner's reduce: faster
+than reduce as an allreduce from 256 KiB on one node, docs/dense.md)."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ _WIDENED = {"float16": np.float32, "bfloat16": np.float32}
 @functools.lru_cache(maxsize=None)
 def _widened(dtype: np.dtype) -> Any:
     """The dtype MPI reduces ``dtype`` in, or None when it reduces it natively (cached:
-    ``dtype.name`` is computed in Python, ~3 us a call)."""
+    ``dtype.name`` is computed in Python on every call)."""
     return _WIDENED.get(dtype.name)
 _FLOAT_MINMAX: dict[ReduceOp, MPI.Op] = {}
 
@@ -105,7 +105,7 @@ _SPARE_FROM = 1 << 16  # bytes from which staging buffers are reused (below: pag
 def _take(spare: list, shape: tuple, dtype: Any) -> np.ndarray:
     """A staging array: a view of a finished call's buffer in ``spare`` (a communicator's pool)
     when one is large enough (its pages are mapped, where a fresh one costs a page fault per
-    4 KiB on first touch, ~4 us each here), else of a new one. Out of the pool while in use,
+    4 KiB on first touch), else of a new one. Out of the pool while in use,
     so an unfinished asynchronous call never shares it."""
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < _SPARE_FROM:
@@ -139,8 +139,8 @@ def _bytes(a: np.ndarray) -> list:
 
 
 def _address(a: np.ndarray) -> int:
-    """Address of ``a``'s first element: through the buffer protocol when ``a`` is contiguous
-    (~0.2 us), else numpy's ``__array_interface__`` (~2 us: it builds a dict every time)."""
+    """Address of ``a``'s first element: through the buffer protocol when ``a`` is contiguous,
+    else numpy's ``__array_interface__`` (slower: it builds a dict every time; docs/dense.md)."""
     try:
         return MPI.buffer.frombuffer(a, readonly=True).address
     except BufferError:

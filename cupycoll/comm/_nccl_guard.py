@@ -2,15 +2,15 @@
 for operations nobody waits on, an agreed init.
 
 :func:`spin` is the one host wait of the NCCL backend: it polls, yielding the GIL between polls
-(a completed event is noticed within a poll, where a sleep of 10 us returns some 60 us later),
-and sleeps short slices only once a wait has lasted a few milliseconds (a long wait does not
-burn a core). :data:`WATCHDOG` is one daemon thread per process: every few milliseconds it asks each
-live NCCL communicator to abort if its oldest operation in flight outlived the timeout, so a
-stream-ordered call whose peer never comes ends in CollectiveTimeout at the next call instead of
-a hang (the communicator serialises the abort with its own NCCL calls). ``ncclCommInitRank``
-blocks until every rank has joined, so a rank whose init fails would leave the others waiting
-forever; :func:`agreed_init` runs the init in a helper thread and agrees on its outcome over MPI,
-with the timeout.
+(a completed event is noticed within a poll, where even a short sleep lasts the kernel's timer
+slack), and sleeps short slices only once a wait has lasted a few milliseconds (a long wait does
+not burn a core). :data:`WATCHDOG` is one daemon thread per process: every few milliseconds it
+asks each live NCCL communicator to abort if its oldest operation in flight outlived the
+timeout, so a stream-ordered call whose peer never comes ends in CollectiveTimeout at the next
+call instead of a hang (the communicator serialises the abort with its own NCCL calls).
+``ncclCommInitRank`` blocks until every rank has joined, so a rank whose init fails would leave
+the others waiting forever; :func:`agreed_init` runs the init in a helper thread and agrees on
+its outcome over MPI, with the timeout.
 """
 
 from __future__ import annotations

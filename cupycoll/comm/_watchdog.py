@@ -41,7 +41,7 @@ _REMOTE_GRACE = 0.5  # seconds a timed-out rank waits for RMA reads of ranks on 
 class Board:
     """The arrival board of one MPI communicator (collective to create).
 
-    ``slot`` is this rank's ``[sequence, died at + 1]`` (int64 memoryview: a store is ~30 ns).
+    ``slot`` is this rank's ``[sequence, died at + 1]`` (int64 memoryview: a store is cheap).
     """
 
     def __init__(self, mpi_comm: MPI.Comm) -> None:

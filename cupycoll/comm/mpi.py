@@ -29,7 +29,7 @@ from ._work import Work
 __all__ = ["MPICommunicator"]
 
 _TAG = 7
-_AVG = ReduceOp.AVG  # a module constant: an Enum member lookup costs ~0.2 us per call
+_AVG = ReduceOp.AVG  # a module constant: no Enum member lookup per call
 #: off the root a reduce-as-allreduce result is dropped: avg's division need not run there
 _AVG_AS_SUM = {_AVG: ReduceOp.SUM}
 _SPIN = 0.05  # seconds a wait tests (and yields) before it starts to nap
@@ -147,9 +147,10 @@ class MPICommunicator(Communicator):
 
         ``call``, MPI's blocking twin, is not used here: it would ignore Ctrl-C and
         ``CUPYCOLL_TIMEOUT`` until it returns, ranks may not mix it with the nonblocking call
-        (so the choice could not depend on anything ranks might disagree on), and on this
-        oversubscribed 2-core machine it was up to 20x slower at 256 KiB (docs/dense.md has the
-        measurement; ``bench/bench_tracking.py`` times both)."""
+        (so the choice could not depend on anything ranks might disagree on), and on
+        oversubscribed cores it spins without giving its core to the peer it waits for, which
+        makes it mostly the slower one from 256 KiB (docs/dense.md has the measurement;
+        ``bench/bench_tracking.py`` times both)."""
         if blocking:
             request = icall(*args)
             try:
@@ -278,7 +279,7 @@ class MPICommunicator(Communicator):
         reduces natively, as a pairwise reduce-scatter and a gather (:mod:`._mpi_pairwise`);
         else from ``CUPYCOLL_REDUCE_AS_ALLREDUCE`` bytes as an allreduce whose result only the
         root keeps (the other ranks reduce into a pooled scratch buffer): MPICH's nonblocking
-        reduce of 256 KiB is 1.2-1.8x its allreduce here, of 16 MiB 2.5-4x (docs/dense.md).
+        reduce is slower than its allreduce from 256 KiB (docs/dense.md).
         Every rank decides from the agreed byte count and dtype."""
         at_root = self.rank == root
         if pairwise_reduce_applies(self, send):
@@ -352,7 +353,8 @@ class MPICommunicator(Communicator):
         When ranks disagree on the count, MPICH's blocking tree stops at the rank that detects
         the truncation and its subtree waits forever, while the nonblocking schedule still
         forwards, so every rank returns (BackendError where the buffer was too small). With two
-        ranks nobody forwards, and Bcast is up to 2x faster than Ibcast + Wait on small messages.
+        ranks nobody forwards, and Bcast is faster than Ibcast + Wait on small messages
+        (docs/dense.md).
         """
         if self.size == 2:
             self.mpi_comm.Bcast(buf, root)

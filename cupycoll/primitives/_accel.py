@@ -56,7 +56,7 @@ def kept_buffer(size: int, dtype: Any) -> np.ndarray:
 
     For dense working buffers that never leave a call (the ``dense`` sparse algorithm's
     densified values): a fresh n-long array costs a page fault per 4 KiB page on first touch
-    (~4 us each on our VMs: 64 MB costs more than filling it). The largest asked for is kept
+    (together more than a fill of it: docs/primitives.md). The largest asked for is kept
     until :func:`free_scratch`.
     """
     nbytes = int(size) * np.dtype(dtype).itemsize

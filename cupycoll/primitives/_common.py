@@ -44,7 +44,7 @@ def _abs_threshold(dtype: np.dtype, t: Any) -> Any:
             tf = float(t)
         except OverflowError:  # a Python int beyond the float64 range
             tf = math.inf if t > 0 else -math.inf
-        if -_LARGEST[dtype] <= tf <= _LARGEST[dtype]:  # no overflow: no errstate (~1 us)
+        if -_LARGEST[dtype] <= tf <= _LARGEST[dtype]:  # no overflow: no errstate needed
             tt = dtype.type(tf)
         else:
             with np.errstate(over="ignore"):

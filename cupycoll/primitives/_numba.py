@@ -71,7 +71,7 @@ def threads() -> int:
 
 def _pieces(size: int) -> int:
     """How many pieces a loop over ``size`` items is cut into: one per thread, fewer when small."""
-    if size < 2 * _PIECE:  # one piece whatever the threads (threads() costs ~4 us)
+    if size < 2 * _PIECE:  # one piece whatever the threads (no threads() call)
         return 1
     return max(1, min(threads(), size // _PIECE))
 
@@ -95,10 +95,10 @@ def _in_threads(jobs: list[Callable[[], Any]]) -> list[Any]:
 def _scratch(name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """A temporary of this thread, kept for the next call when up to ``_SCRATCH_KEPT`` bytes.
 
-    A merge of 1M entries would touch ~2000 fresh pages of temporaries, and a page fault costs
-    ~4 us on our VMs (measured). Larger ones are not kept: kept, they would stay through the
-    rest of a sparse allreduce and raise its peak (split at 10 % density: 1.34x -> 1.67x of the
-    bytes received). :func:`free_scratch` drops them."""
+    A merge of 1M entries would touch ~2000 fresh pages of temporaries, each a page fault
+    (docs/primitives.md). Larger ones are not kept: kept, they would stay through the rest of
+    a sparse allreduce and raise its peak (docs/primitives.md has split's). :func:`free_scratch`
+    drops them."""
     size = math.prod(shape) * np.dtype(dtype).itemsize
     if size > _SCRATCH_KEPT:
         return np.empty(shape, dtype)
@@ -206,9 +206,8 @@ def _scan_bounds(x: np.ndarray, t: Any) -> tuple[Any, Any] | None:
 
 def select(x: np.ndarray, t: Any, itype: np.dtype) -> tuple[np.ndarray, np.ndarray] | None:
     """select_abs_ge's core on a validated 1-D x: ``(indices as itype, values)``, or None
-    when the case is not covered. Two passes (:func:`_masked`): 4M float32 at 1% 2.5 -> 0.75
-    ms, 0.1% 2.4 -> 0.55 ms, 5% 5.0 -> 1.3 ms (one thread) against the earlier one pass that
-    tested blocks of 16 and scanned the blocks with a hit element by element."""
+    when the case is not covered. Two passes (:func:`_masked`): the hits counted as bits, then
+    exactly the hits copied (docs/primitives.md, "Threshold scans")."""
     bounds = _scan_bounds(x, t)
     if bounds is None:
         return None
@@ -223,9 +222,7 @@ def select_unequal(x: np.ndarray, sentinel: int, itype: np.dtype, reset: bool = 
     """The positions (as itype) and values of the elements of integer 1-D x that are not
     ``sentinel`` (the ``dense`` algorithm's union: values not -0, as bits), in two passes
     (:func:`_masked`; the copy per hit or per element, whichever the count says is cheaper:
-    :func:`copy_unequal`); ``reset``: x is left all ``sentinel``. 1M uint32, one thread: 1%
-    hits 218 -> 125 us against a count pass and a copy pass over x, 10% 436 -> 333; 4M 1%
-    1.37 -> 0.74 ms."""
+    :func:`copy_unequal`); ``reset``: x is left all ``sentinel``."""
     s = x.dtype.type(sentinel)
     return _masked(x, s, s, UNEQUAL, itype, lambda a, b, masks, oi, ov: copy_unequal(
         x, s, a, b, masks, bool(reset), oi, ov))
@@ -236,9 +233,8 @@ def select_unequal_rows(bits: np.ndarray, sentinel: int, itype: np.dtype, reset:
     """:func:`select_unequal` of the rows of a 2-D integer array: the positions (as itype)
     and copies of the rows with an element that is not ``sentinel`` (the ``dense`` algorithm's
     union of wide rows), in two passes per piece of rows on threads (a mark and count per row,
-    then a copy of the marked rows only); ``reset``: those rows are left all ``sentinel``.
-    16-wide float32 rows, 1-2 ns per element before (numpy's comparison, ``any``,
-    ``flatnonzero`` and ``take``, and the kept buffer filled again on the next call)."""
+    then a copy of the marked rows only); ``reset``: those rows are left all ``sentinel``, so
+    the kept buffer needs no fill on the next call (docs/sparse.md)."""
     s, rows = bits.dtype.type(sentinel), bits.shape[0]
     hits = _scratch("row_hits", (rows,), np.dtype(np.bool_))
     reset = bool(reset)

@@ -4,9 +4,9 @@
 file per compiled signature. A save reads the index, takes the first free number, writes the
 index, then the data. Ranks started together after an install, an upgrade or an edit of a loop
 each compile what their own arguments need: two of them saving different signatures take the
-same number, and a rank then loads machine code compiled for other argument types (seen at 8
-ranks: ``TypeError: can't unbox array from PyObject into native value`` in a merge; numba
-issue 10128 reports segfaults from the same race). :func:`make_process_safe` gives cupycoll's
+same number, and a rank then loads machine code compiled for other argument types (in a
+merge: ``TypeError: can't unbox array from PyObject into native value``; numba issue 10128
+reports segfaults from the same race). :func:`make_process_safe` gives cupycoll's
 loops a cache file whose saves run under an exclusive ``flock`` of a lock file next to the
 index (and write the data before the index entry that names it) and whose loads run under a
 shared one. Without ``fcntl`` (Windows) or numba's internals as expected, nothing changes.

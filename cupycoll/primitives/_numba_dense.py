@@ -42,7 +42,7 @@ def _densify_bits(out, idx, val, width, block):  # type: ignore[no-untyped-def]
 
 @njit(cache=True, nogil=True)
 def _densify_bits_1d(out, idx, val, block):  # type: ignore[no-untyped-def]
-    k, n = 0, out.size  # one value per row: no inner loop (1.5x faster at 30%)
+    k, n = 0, out.size  # one value per row: no inner loop
     for lo in range(0, n, block):
         hi = min(lo + block, n)
         out[lo:hi] = 0
@@ -57,10 +57,9 @@ def densify_sorted(out: np.ndarray, idx: np.ndarray, val: np.ndarray) -> None:
     """``out`` (C-contiguous, n rows) all zero bits except rows ``idx`` (strictly increasing)
     = ``val``, block by block (a block of ~16 KiB zeroed, then its rows written while it is in
     cache): one pass over memory, where a fill and then a scatter make two. Each block's rows
-    are found by one binary search, so the copy has no data-dependent test (testing each row
-    against the block's end cost 1.5-2.4x at 10-50% density: 400K float32 at 25% 158 -> 75
-    us). Moves bits (unsigned integers of the element size), so every dtype takes one of three
-    loops."""
+    are found by one binary search, so the copy has no data-dependent test per row
+    (docs/primitives.md). Moves bits (unsigned integers of the element size), so every dtype
+    takes one of three loops."""
     bits = f"u{out.dtype.itemsize}"
     width = max(out.size // max(out.shape[0], 1), 1)
     block = max(_DENSIFY_BLOCK // (width * out.dtype.itemsize), 1)
@@ -85,8 +84,7 @@ def _scatter_bits(out, idx, val, width):  # type: ignore[no-untyped-def]
 
 def scatter_rows(out: np.ndarray, idx: np.ndarray, val: np.ndarray) -> None:
     """``out[idx] = val`` (C-contiguous ``out``, rows of ``val`` in ``out``'s dtype, ``idx``
-    in range and unique): one loop moving bits, where numpy's fancy assignment costs 4-7x
-    more (100K float32 rows into 1M: 346 vs 80 us; 700K: 2.4 vs 0.33 ms)."""
+    in range and unique): one loop moving bits, cheaper than numpy's fancy assignment."""
     bits = f"u{out.dtype.itemsize}"
     width = max(out.size // max(out.shape[0], 1), 1)
     _scatter_bits(out.reshape(-1).view(bits), idx,
@@ -133,7 +131,7 @@ def special_values(values: np.ndarray) -> tuple[bool, bool]:
 
 @njit(cache=True, nogil=True)
 def _increasing(idx):  # type: ignore[no-untyped-def]
-    bad = False  # no early exit: the loop vectorises (an early return makes it 8x slower)
+    bad = False  # no early exit: the loop vectorises (an early return keeps it scalar)
     for i in range(1, idx.size):
         bad |= idx[i] <= idx[i - 1]
     return not bad
@@ -165,7 +163,7 @@ def _union2(a, b, out):  # type: ignore[no-untyped-def]
 def union_sorted(parts: Sequence[np.ndarray], dtype: np.dtype) -> np.ndarray:
     """The union (sorted, unique, as ``dtype``) of sorted unique index arrays: a tree of
     branch-free two-way unions, O(N log P) for N indices in P arrays. No values: a k-way
-    merge that sums marks only to drop them costs 5-8x more (2 x 20K: ~370 us)."""
+    merge that sums marks only to drop them costs several times more (docs/sparse.md)."""
     level = [np.asarray(part, dtype) for part in parts]
     while len(level) > 1:
         joined = []
@@ -189,8 +187,8 @@ def _walk(union, wanted, out):  # type: ignore[no-untyped-def]
 def positions_in(union: np.ndarray, wanted: np.ndarray) -> np.ndarray:
     """The position in ``union`` (sorted, unique) of each of ``wanted`` (sorted, each in
     ``union``): one walk over both, O(len(union) + len(wanted)), where ``searchsorted``'s
-    binary searches cost a cache miss and a mispredicted branch per level (20K positions in a
-    34K union: 358 us, the walk ~30). The same int64 positions as ``searchsorted``."""
+    binary searches cost a cache miss and a mispredicted branch per level (docs/sparse.md).
+    The same int64 positions as ``searchsorted``."""
     out = np.empty(wanted.size, np.int64)
     if union.size:
         _walk(union, wanted, out)
@@ -199,18 +197,17 @@ def positions_in(union: np.ndarray, wanted: np.ndarray) -> np.ndarray:
 
 #: the share of hits up to which :func:`copy_unequal` stores per hit (the set bits of each
 #: block's mask in order, each hit reset alone, x read at the hits only) rather than per
-#: element (branch-free, then a fill). The copy alone, after the masks (us): 1M uint32 30%
-#: 379 vs 635, 50% 585 vs 639, 55% 636 vs 632, 60% 691 vs 642, 70% 790 vs 649; 4M uint32
-#: 50% 2,367 vs 2,779, 60% 2,815 vs 2,816, 70% 3,170 vs 2,939; uint64 crosses at 65-70%+.
+#: element (branch-free, then a fill): about where the two copies of uint32 cost the same
+#: (uint64's cross a little higher).
 BITS_UP_TO = 0.55
 
 
 #: :func:`hit_masks`' tests, by code: the ``dense`` union's ``v != lo`` (the -0 sentinel's
 #: bits), the threshold of floats ``|v| >= hi`` (NaN fails), the threshold of integers, whose
 #: ``|INT_MIN|`` wraps, ``v >= hi or v <= lo``. Codes, not numba functions passed as arguments:
-#: numba's cache cannot key a function argument across processes (every process missed the
-#: cache and compiled again, appending to the index, and a save could fail with
-#: "underlying object has vanished", seen 2026-11-27 in ``tune`` at P = 4).
+#: numba's cache cannot key a function argument across processes (every process misses the
+#: cache and compiles again, appending to the index, and a save can fail with
+#: "underlying object has vanished": docs/primitives.md).
 UNEQUAL, MAGNITUDE, OUTSIDE = 0, 1, 2
 
 
@@ -238,7 +235,7 @@ def hit_masks(x, lo, hi, test, first, last, masks):  # type: ignore[no-untyped-d
     :data:`MAGNITUDE`, :data:`OUTSIDE`), for the blocks ``first..last-1`` of 64 elements (x's
     last block may be shorter); the number of such elements. The loops here index views from
     0, which the compiler knows is never negative: indexed from ``first * 64``, a wraparound
-    test per element keeps a loop scalar (12x)."""
+    test per element keeps a loop scalar (docs/primitives.md)."""
     xs, ms, hits = x[first * 64:min(last * 64, x.size)], masks[first:last], 0
     for block in range(ms.size):
         base = block * 64
@@ -302,7 +299,7 @@ def copy_unequal(x, sentinel, first, last, masks, reset,  # type: ignore[no-unty
             out_idx[k] = start + i
             out_val[k] = v
             k += v != sentinel
-    if reset:  # a fill: a store per element in the loop costs 1.4x more
+    if reset:  # a fill: cheaper than a store per element in the loop
         xs[:] = sentinel
 
 
@@ -330,7 +327,7 @@ def copy_hit_rows(bits, sentinel, first, last, hits, reset,  # type: ignore[no-u
     those rows are read; ``reset``: each is then all ``sentinel``."""
     rows, marks, k, width = bits[first:last], hits[first:last], 0, bits.shape[1]
     for r in range(rows.shape[0]):
-        if marks[r]:  # element loops: a row slice per row costs ~3x more at 16 wide
+        if marks[r]:  # element loops: a row slice per row costs more at 16 wide
             out_idx[k] = first + r
             for j in range(width):
                 out_rows[k, j] = rows[r, j]

@@ -2,11 +2,11 @@
 
 Re-exported by :mod:`cupycoll.primitives._numba`. A small call's merge (every rank's block,
 read from the validation's entry slots, :mod:`cupycoll.sparse.small`) and ``merge_sorted``'s sums
-below ``_numpy_reduce.LOOP_SUM`` elements cost more in numpy calls (~1 us each, a dozen of
-them) than in arithmetic; one compiled pass over the parts does the same additions in the
-same order, so the same bits. Sums of exactly two parts (allgather's at P = 2, every round of
-recursive doubling) take :func:`sum_two` at any size: a two-way merge whose 1-D loop has no
-branch to mispredict.
+below ``_numpy_reduce.LOOP_SUM`` elements cost more in numpy calls (a dozen of them) than in
+arithmetic; one compiled pass over the parts does the same additions in the same order, so
+the same bits. Sums of exactly two parts (allgather's at P = 2, every round of recursive
+doubling) take :func:`sum_two` at any size: a two-way merge whose 1-D loop has no branch to
+mispredict.
 """
 
 from __future__ import annotations
@@ -139,8 +139,8 @@ def sum_two(a: np.ndarray, va: np.ndarray, b: np.ndarray, vb: np.ndarray, acc: n
             itype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """The sum of two sorted unique parts (values in ``acc``, one of ``SUM_DTYPES``): every
     index once, ascending, as ``itype``; a shared index's rows added a's first (a left fold
-    in part order, the bits of ``merge_sorted``'s other paths). 2 x 20K entries in 200K:
-    104 us where the one-sort path took 460."""
+    in part order, the bits of ``merge_sorted``'s other paths), faster than the one-sort path
+    (docs/primitives.md)."""
     row = tuple(va.shape[1:])
     width = math.prod(row)
     va = np.ascontiguousarray(va, acc).reshape(-1)

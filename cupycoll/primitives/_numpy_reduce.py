@@ -23,25 +23,25 @@ from ._common import _block_cuts, _identity
 _ZERO_TIE = {np.maximum: False, np.minimum: True}
 
 #: merges of at most this many entries fold a sum in Python (:func:`tiny_sum`): a numpy call
-#: costs 0.5-5 us on a few elements and the general path makes ~40 of them (bench_small.py).
+#: costs more than its arithmetic on a few elements and the general path makes ~40 of them
+#: (docs/primitives.md).
 TINY = 64
 #: sums of fewer value elements (entries x row width) than this merge by one stable sort of the
-#: concatenated parts (:func:`sorted_sum`): 2-4.5x faster than the blocked integer-key path
+#: concatenated parts (:func:`sorted_sum`): faster than the blocked integer-key path
 #: everywhere below and at least as fast as numba's merge, which takes over from its own bound
-#: (``_accel._FAST_FROM``, the same number; measured: docs/primitives.md).
+#: (``_accel._FAST_FROM``, the same number; docs/primitives.md).
 SMALL = 1 << 14
 #: sums of fewer value elements than this, of parts that share a sum dtype numba adds in, run
 #: as one numba pass where numba runs (``_numba_small.sum_parts``): below it the numpy sums'
-#: dozen calls cost more than the pass (2 x 10 entries 20 -> 13 us); above, the pass's
-#: per-entry branches lose to one stable sort (2 x 2000: 64 vs 90 us; docs/primitives.md).
+#: dozen calls cost more than the pass; above, the pass's per-entry branches lose to one
+#: stable sort (docs/primitives.md).
 LOOP_SUM = 1 << 10
 #: sums of two to ``CHAIN_PARTS`` parts (every round of recursive doubling; allgather's and
 #: split's at P <= 4) take numba's two-way merge where numba runs (``_numba_small.sum_two``),
 #: chained in part order, ((p0 + p1) + p2) + p3: the left fold, so the same bits. Every 1-D sum
-#: (2 x 20K entries: 471 -> 116 us; 3 x 5K 147 -> 70; 4 x 20K 730 -> 423) and the few-entry
-#: sums of rows (2 x 500 rows of 4: 79 -> 10 us); wide rows beyond those merge faster in numba's
-#: k-way loop (20K rows of 16: 514 vs 716 us), and so do more parts (the chain moves the
-#: growing sum again per part: 8 x 20K 1.76 vs 1.71 ms, 16 x 5K 1.1 vs 1.7 ms).
+#: and the few-entry sums of rows take it; wide rows beyond those merge faster in numba's k-way
+#: loop, and so do more parts (the chain moves the growing sum again per part;
+#: docs/primitives.md).
 TWO_WAY = True
 CHAIN_PARTS = 4
 

@@ -28,7 +28,7 @@ from ._cost import Cost, Shape, validation_cost
 __all__ = ["choose", "choose_wire", "auto", "call_cost", "predicted_times", "resolved", "MODELS"]
 
 #: recent decisions: (id(profile), shape) -> (profile, name). A training loop repeats shapes, and
-#: pricing five models costs ~1,000 Python calls (milliseconds at large P); the key is the full
+#: pricing five models costs ~1,000 Python calls (more at large P); the key is the full
 #: agreed shape, so a hit returns exactly what the models would (and the same on every rank).
 _DECISIONS: dict[tuple[int, Shape], tuple[Any, str]] = {}
 _DECISIONS_MAX = 512

@@ -223,7 +223,7 @@ def _not_minus_zero(bits: Any, full: Any, minus_zero: Any, index_dtype: Any
                     ) -> tuple[Any, Any, bool]:
     """The rows of ``full`` with an element that is not -0, their values, and whether ``full``
     was reset to -0: for large 1-D host arrays the numba loops (a count, then a copy per hit
-    or per element, then a reset: 1M float32 at P = 2, 10% density, 1.0 -> 0.3 ms), else a
+    or per element, then a reset: docs/sparse.md), else a
     comparison, ``flatnonzero`` and ``take``."""
     xp = array_namespace(full)
     fast = _fast(bits.size) if xp is np else None

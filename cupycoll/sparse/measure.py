@@ -3,7 +3,7 @@ call and keeps the fastest (FFTW's MEASURE planner, cuDNN's benchmark mode).
 
 The time model prices every algorithm from a profile measured once; on a machine whose speed
 drifts, or where the model misses some work, or whose profile was measured elsewhere, its
-pick can be 1.2-2x slower than the best (docs/tuning.md). Here the model only nominates: the
+pick can be slower than the best (docs/tuning.md). Here the model only nominates: the
 algorithms predicted within :data:`WITHIN` of its best (at most :data:`CANDIDATES`) run in turn
 on the first synchronous calls of a kind of call (:func:`kind`: P, the element sizes, op,
 output and wire, n, width and the total nnz to a power of two), each :data:`SAMPLES` + 1 times

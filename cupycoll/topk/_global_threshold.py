@@ -19,7 +19,7 @@ counts, so the threshold is identical on every rank. Counting is ``|v| >= e`` ex
 ``select_abs_ge`` compares, so the count the histogram promises is the count selected.
 Cost: O(candidates) per round to bin this rank's reduced nonzeros, and a (BINS + 2)-word
 allreduce per round: usually one (the threshold moved less than an octave and the edges' counts
-step over the range in no single bin); 1.3-1.4 on average in the digits demo, where k = 96.
+step over the range in no single bin; docs/topk.md has the digits demo's average).
 """
 
 from __future__ import annotations

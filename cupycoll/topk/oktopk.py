@@ -89,8 +89,8 @@ def auto_tau(k: int, p: int) -> int:
     gradient component: the region then holds P copies of ~k/P indices), and the fullest of P
     regions by ``sqrt(2 ln P)`` times that. Boundaries computed on an earlier step cannot follow
     such noise, so above ``SHARE_NOISE`` the regions are recomputed from this step's selections
-    (one allreduce of P-1 int64, about the threshold histogram's cost); measured at P = 8,
-    k = 1,048: reduce phase up to 1.18x its share with tau = 64, <= 1.04x with tau = 1.
+    (one allreduce of P-1 int64, about the threshold histogram's cost; docs/topk.md has the
+    reduce phase's share with tau = 64 and with tau = 1).
     """
     if p < 2 or k < 1:
         return AUTO_TAU

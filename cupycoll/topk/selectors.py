@@ -16,7 +16,7 @@ Three selectors (Ok-Topk spec section 2), two of them with two policies:
   count feedback: while more than ``cap*k`` pass, raise it by ``cap_scale`` (at most
   ``cap_tries`` times, re-selecting among the selected entries), then for the next step divide
   by ``scale`` below ``low*k`` and multiply above ``high*k``. Under error feedback that lets
-  4-5k entries through (issue 11); it is kept so the comparison stays reproducible.
+  several times k entries through (issue 11); it is kept so the comparison stays reproducible.
 - :class:`Gaussian` (Gaussian-k): the threshold ``|mean| + z*std``, ``z = Phi^-1(1 - d/2)``,
   ``d = k/n``, above which a normal distribution would leave k entries.
   ``policy="corrected"`` (default): mean, std and the predicted count come from the same sample;

@@ -61,7 +61,7 @@ def interleaved(calls: dict[str, Callable[[], Any]], iters: int, warmup: int,
     """Time every call ``iters`` times, one of each per round (rotating the order), after a
     barrier each; a sample is the slowest rank's seconds. So drift on a shared machine hits
     the calls alike, and each call runs after the others, as it does in a job (between other
-    work, not in a tight loop of itself: measured up to 1.4x faster that way at P = 2)."""
+    work, not in a tight loop of itself, where a call runs faster than in a job)."""
     names = list(calls)
     for _ in range(warmup):
         for name in names:
@@ -222,8 +222,8 @@ def _local(comm: Any, repeats: int, k: int = 1 << 16, n: int = 1 << 20) -> dict[
 #: the small call ``fixed`` is measured on: n, and entries per rank. TINY entries a rank: the
 #: ranks' sum exceeds TINY, so merges take the path of calls below LOOP_SUM elements (numba's
 #: pass, or without numba the one-sort path of calls below SMALL), not the Python fold of the
-#: smallest sums (~40 us less at P = 2: a fixed cost measured there under-priced every other
-#: call; calls of more than LOOP_SUM elements pay ~10-20 us more than this fixed cost).
+#: smallest sums (cheaper: a fixed cost measured there under-prices every other call; calls
+#: of more than LOOP_SUM elements pay more than this fixed cost; docs/tuning.md).
 FIXED_N, FIXED_ENTRIES = 1024, TINY
 #: passes of the fixed-cost measurement, spread over the tune (a slow spell of a shared machine
 #: seconds long then moves one pass, not the median of them).
@@ -261,8 +261,7 @@ def median_profile(profiles: list[Profile]) -> Profile:
     """Every price the median of the profiles' (name and meta from the first): ``tune --runs``.
 
     A slow spell of a shared machine that spans a whole tune moves every price of that run
-    together (measured: every ``fixed`` 1.7-1.8x the next run's); the median of three runs
-    is the machine, not the spell."""
+    together (docs/tuning.md); the median of three runs is the machine, not the spell."""
     def merged(values: list[Any]) -> Any:
         if isinstance(values[0], dict):
             return {key: merged([v[key] for v in values if key in v]) for key in values[0]}

@@ -68,19 +68,18 @@ def _split(shape: Shape, rank: int, profile: Profile | None = None) -> dict[str,
 def _mask(shape: Shape, rank: int) -> dict[str, float]:
     """The union of every rank's indices (no values: its own unit), the union's rows zeroed
     (a fill: the allreduce's buffer, handed back as the result) and this rank's rows written.
-    (Pricing the union's rows at the gather rate, twice, made wide rows cost 1.4-2.4x the
-    measured time at P = 3, 4, and allgather was picked where mask was 1.1-1.2x faster.)"""
+    (The union's rows are priced as a fill, not at the gather rate, which over-prices wide
+    rows: docs/tuning.md.)"""
     w = max(shape.width, 1)
     return {"union": shape.total_nnz, "row": shape.nnz[rank] * w, "fill": shape.union * w}
 
 
 def _dense(shape: Shape, rank: int) -> dict[str, float]:
     """Passes over n, and the rank's rows scattered and the union's read back (``dense_row``:
-    a sorted write or copy, 3-5x cheaper than the ``row`` gather that priced them until the
-    numba scatter and union copy). Presence scanned apart only on the bitmap path (-0 fills
-    and count tails are read by the same flatnonzero the ``dense`` unit already prices); a
-    dense output has no pass over n (its rows are written into the zeroed output, which is
-    then reduced in place)."""
+    a sorted write or copy, cheaper than a ``row`` gather). Presence scanned apart only on the
+    bitmap path (-0 fills and count tails are read by the same flatnonzero the ``dense`` unit
+    already prices); a dense output has no pass over n (its rows are written into the zeroed
+    output, which is then reduced in place)."""
     w = max(shape.width, 1)
     if shape.output == "dense":
         return {"fill": shape.n * w}

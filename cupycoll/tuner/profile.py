@@ -58,7 +58,7 @@ class Profile:
     #: measured seconds of one native collective by the bytes it books, ``[[bytes, seconds],
     #: ...]`` ascending (``tune``: allreduces from 8 B to 4 MiB); empty: alpha_native +
     #: beta_native x bytes. A native allreduce here is not linear in its size (MPICH changes
-    #: algorithm with it): 16-64 KiB took 1.7-2.5x the line through 8 B and 4 MiB, 1 MiB 0.8x.
+    #: algorithm with it): the line through 8 B and 4 MiB misses the middle (docs/tuning.md).
     native_curve: list[list[float]] = dataclasses.field(default_factory=list)
 
     def native_time(self, nbytes: int) -> float:
