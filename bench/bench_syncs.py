@@ -43,10 +43,9 @@ def _counting() -> Any:
 def _emulated() -> Any:
     """The real NCCL backend on the strict emulation tier (cupycoll._emulation): every host
     synchronisation the emulated CUDA runtime sees is reported to the same counter."""
-    from cupycoll import _emulation, _syncs
+    from cupycoll import _emulation
 
     _emulation.install()
-    _emulation.HOST_SYNC_HOOKS.append(lambda kinds: _syncs.host_sync(kinds[0]))
     return cc.init("nccl")
 
 

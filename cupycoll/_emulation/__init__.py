@@ -24,27 +24,23 @@ cupy, primitives launch the real CUDA kernels compiled for the CPU. What it enfo
   every rank's calls; each call is also issued through the real ``cupy.cuda.nccl`` on a null
   communicator and must reach NCCL's own argument error;
 * host synchronizations (device-to-host copies, scalar reads, data-dependent sizes, event and
-  stream synchronize) are reported to :data:`HOST_SYNC_HOOKS`.
+  stream synchronize) are reported to :func:`cupycoll._syncs.host_sync` (counted by
+  :func:`cupycoll._syncs.count_host_syncs`).
 
 Run a script under it: ``mpiexec -n 4 python -m cupycoll._emulation script.py [args]``.
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import sys
 import types
-from typing import Iterator
 
-from .device import (HOST_SYNC_HOOKS, DeviceMismatch, EmulationError, StreamOrderError,
-                     host_sync)
+from .device import DeviceMismatch, EmulationError, StreamOrderError, host_sync
 from .logs import check_logs
 from .nccl_core import release_blocked
 
-__all__ = ["install", "check_logs", "release_blocked", "HOST_SYNC_HOOKS", "EmulationError",
-           "StreamOrderError", "DeviceMismatch", "host_sync", "installed", "real_cupy_version",
-           "counting_host_syncs"]
+__all__ = ["install", "check_logs", "release_blocked", "EmulationError",
+           "StreamOrderError", "DeviceMismatch", "host_sync", "installed", "real_cupy_version"]
 
 _INSTALLED: dict[str, types.ModuleType] = {}
 
@@ -93,14 +89,3 @@ def install(devices_per_node: int = 2, cupy_version: int = 14) -> types.ModuleTy
 def real_cupy_version() -> str:
     """Version of the real CuPy whose NCCL binding checks every call."""
     return _INSTALLED["real"]
-
-
-@contextlib.contextmanager
-def counting_host_syncs() -> Iterator[collections.Counter]:
-    """Count the host synchronizations in the body, by kind (``sum(counter.values())``)."""
-    counts: collections.Counter = collections.Counter()
-    HOST_SYNC_HOOKS.append(counts.update)
-    try:
-        yield counts
-    finally:
-        HOST_SYNC_HOOKS.remove(counts.update)

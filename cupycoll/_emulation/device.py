@@ -14,9 +14,10 @@
   is known complete (event/stream synchronize, ``event.done``) or the current stream waited on an
   event recorded after it. So a missing wait fails deterministically, however fast the task ran;
   marks left by a block's previous allocation (:data:`REUSED`) say so in the error.
-* :data:`HOST_SYNC_HOOKS`: callables ``hook((kind,))`` run on every operation that blocks the host
-  until the device catches up (device-to-host copy, scalar read, data-dependent size, event or
-  stream synchronize): plug a counter in there.
+* Every operation that blocks the host until the device catches up (device-to-host copy,
+  scalar read, data-dependent size, event or stream synchronize) is reported to
+  :func:`cupycoll._syncs.host_sync`, the one hook every counting tool reads
+  (:func:`cupycoll._syncs.count_host_syncs`).
 """
 
 from __future__ import annotations
@@ -27,15 +28,14 @@ import threading
 import time
 from typing import Callable
 
+from .. import _syncs
+
 __all__ = ["EmulationError", "StreamOrderError", "DeviceMismatch", "Buffer", "Stream", "Event",
-           "Task", "HOST_SYNC_HOOKS", "host_sync", "current_device", "set_device",
+           "Task", "host_sync", "current_device", "set_device",
            "current_stream", "set_stream", "device_count", "node_of", "null_stream",
            "lookup_stream", "ordered_access", "synchronize_device", "known_anywhere", "idle",
            "REUSED", "LOCK"]
 
-#: callables ``hook((kind,))`` run on every host-blocking operation (a 1-tuple, so that
-#: ``collections.Counter().update`` is a hook).
-HOST_SYNC_HOOKS: list[Callable[[tuple[str]], None]] = []
 #: guards the bookkeeping (never held while blocking).
 LOCK = threading.RLock()
 _DEVICES = {"count": 2}
@@ -64,9 +64,8 @@ class DeviceMismatch(EmulationError, ValueError):
 
 
 def host_sync(kind: str) -> None:
-    """Report one host synchronization to every hook."""
-    for hook in list(HOST_SYNC_HOOKS):
-        hook((kind,))
+    """Report one host synchronization (to :func:`cupycoll._syncs.host_sync`)."""
+    _syncs.host_sync(kind)
 
 
 def device_count() -> int:
