@@ -111,20 +111,20 @@ SETTINGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "CUPYCOLL_REDUCE_AS_ALLREDUCE": (_bytes_or_off, 1 << 18,
                                      "bytes from which the MPI backend runs reduce as an "
                                      "allreduce (the result kept at the root only; off the root "
-                                     "into a reused scratch buffer), or off: MPICH's "
-                                     "nonblocking reduce is 1.2-4x slower than its allreduce "
-                                     "there (docs/dense.md); the same on every rank"),
+                                     "into a reused scratch buffer), or off: from there "
+                                     "MPICH's nonblocking reduce is slower than its allreduce "
+                                     "(docs/dense.md); the same on every rank"),
     "CUPYCOLL_REDUCE_PAIRWISE": (_bytes_or_off, 1 << 18,
                                  "bytes of input from which the MPI backend runs reduce, for "
                                  "dtypes MPI reduces natively, as a pairwise reduce-scatter "
-                                 "and a gather of the folded blocks at the root, or off: 1-4x "
-                                 "faster than as an allreduce there, P = 2-4 on one node "
+                                 "and a gather of the folded blocks at the root, or off: "
+                                 "faster than as an allreduce from there on one node "
                                  "(docs/dense.md); the same on every rank"),
     "CUPYCOLL_REDUCE_SCATTER_PAIRWISE": (_bytes_or_off, 1 << 16,
                                          "bytes of a block (the output) from which the MPI "
                                          "backend runs reduce_scatter as a pairwise exchange of "
-                                         "the blocks folded locally, or off: MPICH's "
-                                         "reduce-scatter is 1.1-5x slower there on one node "
+                                         "the blocks folded locally, or off: from there "
+                                         "MPICH's reduce-scatter is slower on one node "
                                          "(docs/dense.md); the same on every rank"),
     "CUPYCOLL_LOG_LEVEL": (str, "WARNING", "level of the 'cupycoll' logger"),
     "CUPYCOLL_EMULATION_CACHE": (str, None, "folder of the CPU builds of the CUDA kernels (the "
