@@ -246,23 +246,38 @@ def test_simulate_command_writes_json(tmp_path, capsys):
     assert "| sparse | eth100 |" in capsys.readouterr().out
 
 
-def test_choose_remembers_a_shape_per_profile(monkeypatch):
-    """A repeated shape is priced once per profile object, with the same answer as pricing it."""
+def test_choose_prices_a_shape_class_once_per_profile(monkeypatch):
+    """A repeated shape class is priced once per profile object: its representative (every
+    rank's nnz on the nearest of 4 steps per doubling), with the answer pricing it gives;
+    counts drifting within the class reuse it, a count outside it is priced again."""
     calls = []
     real = auto.predicted_times
     monkeypatch.setattr(auto, "predicted_times",
                         lambda shape, profile=None: calls.append(shape) or real(shape, profile))
     monkeypatch.setattr(auto, "_DECISIONS", {})
     prof = default_profile()
-    shape = Shape(4, 1 << 20, 0, 4, 4, (1000, 2000, 3000, 4000))
-    first = auto.choose(shape, prof)
-    assert auto.choose(shape, prof) == first and len(calls) == 1
-    times = real(shape, prof)
+
+    def shape(*nnz):
+        return Shape(4, 1 << 20, 0, 4, 4, nnz)
+
+    first = auto.choose(shape(1000, 2000, 3000, 4000), prof)
+    assert calls == [shape(1024, 2048, 2896, 4096)]  # 2^10, 2^11, 2^11.5, 2^12
+    assert auto.choose(shape(1000, 2000, 3000, 4000), prof) == first and len(calls) == 1
+    times = real(calls[0], prof)
     assert first == min(times, key=times.__getitem__)
     other = Profile.from_dict({**prof.as_dict(), "beta_p2p": prof.beta_p2p * 1e3})
-    assert auto.choose(shape, other) and len(calls) == 2   # another profile: priced again
-    assert auto.choose(Shape(4, 1 << 20, 0, 4, 4, (1000, 2000, 3000, 4001)), prof)
-    assert len(calls) == 3                                  # another shape: priced again
+    assert auto.choose(shape(1000, 2000, 3000, 4000), other) and len(calls) == 2
+    for drifted in ((1050, 1950, 3100, 4001), (960, 2150, 2790, 4300)):  # the same class
+        assert auto.choose(shape(*drifted), prof) == first and len(calls) == 2
+    auto.choose(shape(1000, 2000, 3000, 5000), prof)  # 2^12.29 -> 2^12.25: another class
+    assert len(calls) == 3 and calls[-1].nnz == (1024, 2048, 2896, 4871)
+
+
+def test_shape_class_keeps_small_counts_zero_and_n():
+    """Counts up to 4 and 0 are their own class; a representative never exceeds n."""
+    s = Shape(3, 100, 0, 4, 4, (0, 3, 99))
+    assert auto.shape_class(s).nnz == (0, 3, 100)  # 99 -> 2^6.75 = 108, at most n
+    assert auto.shape_class(Shape(2, 6, 0, 4, 4, (5, 6))).nnz == (5, 6)
 
 
 def test_simulator_prices_oktopk_two_level_allgather_per_link():

@@ -41,6 +41,11 @@ class Stats(OpStats):
     received by every non-root rank and N sent by the root; reduce N sent by every non-root rank
     and N received by the root (floors of these, in bytes; 0 when P == 1).
 
+    ``calls`` counts the sparse front doors' calls by (verb, algorithm, wire) — the algorithm
+    that ran (``auto`` resolved; ``small`` for entries finished inside the validation) and the
+    wire format of its entries (``coo`` or ``compact``, ``+bfloat16``/``+float16`` when values
+    travel rounded): what ``auto`` picked, without logging.
+
     Dense collectives are booked without a lock (:meth:`book_collective`: one append to a
     thread-safe queue, which matters on a path that costs microseconds); the queue is folded
     into the counters under the lock whenever they are read, and every ``_FOLD_AT`` bookings.
@@ -51,12 +56,18 @@ class Stats(OpStats):
         self._by_op: dict[str, OpStats] = {}
         self._lock = threading.Lock()
         self._booked: collections.deque = collections.deque()
+        self.calls: collections.Counter[tuple[str, str, str]] = collections.Counter()
 
     def record(self, op: str, sent: int = 0, received: int = 0, msgs_sent: int = 0,
                msgs_received: int = 0) -> None:
         """Add traffic to the totals and to ``by_op[op]``."""
         with self._lock:
             self._add(op, int(sent), int(received), int(msgs_sent), int(msgs_received))
+
+    def count_call(self, verb: str, algorithm: str, wire: str) -> None:
+        """Count one call of ``verb`` run by ``algorithm`` on ``wire`` (see ``calls``)."""
+        with self._lock:
+            self.calls[(verb, algorithm, wire)] += 1
 
     def book_collective(self, op: str, collective: str, nbytes: int, at_root: bool,
                         size: int) -> None:
@@ -111,6 +122,7 @@ class Stats(OpStats):
             self._booked.clear()
             self._total = OpStats()
             self._by_op = {}
+            self.calls = collections.Counter()
 
     def snapshot(self) -> dict[str, Any]:
         """Return the counters as a plain dict (for JSON output)."""
@@ -118,6 +130,7 @@ class Stats(OpStats):
         with self._lock:
             out = dataclasses.asdict(self._total)
             out["by_op"] = {k: dataclasses.asdict(v) for k, v in self._by_op.items()}
+            out["calls"] = {"/".join(key): count for key, count in self.calls.items()}
             return out
 
     def __repr__(self) -> str:

@@ -145,6 +145,7 @@ def _start(comm: Communicator, indices: Any, values: Any, n: int, op: Any, algor
             return _run(on, prepared, fn)
     _log.debug("sparse_allreduce: algorithm %s, wire %s, nnz %s, n %d", name, prepared.format,
                prepared.nnz, prepared.n)
+    comm.stats.count_call("sparse_allreduce", name, prepared.format.label)
 
     def deliver(result: Any) -> Any:
         if prepared.output == "dense":

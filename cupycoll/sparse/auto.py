@@ -15,6 +15,7 @@ finishes a call whose entries all fit in the validation allreduce's slots (:mod:
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from .._registry import lookup, register
@@ -25,13 +26,17 @@ from ..wire._pack import COO, Wire
 from ._common import native_drops_nan, native_keeps_minus_zero
 from ._cost import Cost, Shape, validation_cost
 
-__all__ = ["choose", "choose_wire", "auto", "call_cost", "predicted_times", "resolved", "MODELS"]
+__all__ = ["choose", "shape_class", "choose_wire", "auto", "call_cost", "predicted_times", "resolved", "MODELS"]
 
-#: recent decisions: (id(profile), shape) -> (profile, name). A training loop repeats shapes, and
-#: pricing five models costs ~1,000 Python calls (more at large P); the key is the full
-#: agreed shape, so a hit returns exactly what the models would (and the same on every rank).
+#: recent decisions: (id(profile), shape class) -> (profile, name). A training loop repeats
+#: nearly the same shape every step (each rank's nnz drifting a little), and pricing every
+#: model costs about a thousand Python calls (more at large P): a call is priced as its shape
+#: class (:func:`shape_class`), once per class, so the decision is a function of the agreed
+#: class alone (the same on every rank, whatever calls came before).
 _DECISIONS: dict[tuple[int, Shape], tuple[Any, str]] = {}
 _DECISIONS_MAX = 512
+#: steps of a class's nnz per doubling: counts within about 2^(1/8) of each other share it.
+CLASS_STEPS = 4
 
 #: the cost model of every exact algorithm (bytes and messages received per rank); on a tie the
 #: first wins (split before hierarchical, which costs the same on one node).
@@ -67,8 +72,22 @@ def resolved(shape: Shape, profile: Any = None, *, comm: Any = None, op: Any = N
     return shape, profile
 
 
+def shape_class(shape: Shape) -> Shape:
+    """``shape`` with every rank's nnz rounded to the nearest of :data:`CLASS_STEPS` steps per
+    doubling (2^(j/CLASS_STEPS), at most n; 0 stays 0): the representative that ``choose``
+    prices for every call of the class. Counts up to 4 keep their value."""
+    def step(count: int) -> int:
+        if count <= 4:
+            return count
+        rounded = round(CLASS_STEPS * math.log2(count)) / CLASS_STEPS
+        return min(round(2.0 ** rounded), shape.n)
+
+    return dataclasses.replace(shape, nnz=tuple(step(c) for c in shape.nnz))
+
+
 def choose(shape: Shape, profile: Any = None, *, comm: Any = None, op: Any = None) -> str:
-    """Return the algorithm with the least predicted time (ties: the first in MODELS).
+    """Return the algorithm with the least predicted time for ``shape``'s class
+    (:func:`shape_class`; ties: the first in MODELS).
 
     ``comm`` supplies the broadcast profile (:func:`cupycoll.tuner.profile_for`) and, when
     ``shape.nodes`` is None, the node of every rank; ``op`` (a ReduceOp or name) refines
@@ -77,6 +96,8 @@ def choose(shape: Shape, profile: Any = None, *, comm: Any = None, op: Any = Non
     if shape.size == 1:
         return "allgather"
     shape, profile = resolved(shape, profile, comm=comm, op=op)
+    if shape.inputs is None:
+        shape = shape_class(shape)
     key = (id(profile), shape) if shape.inputs is None else None
     hit = _DECISIONS.get(key) if key else None
     if hit is not None and hit[0] is profile:

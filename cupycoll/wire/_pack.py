@@ -38,6 +38,11 @@ class Wire:
     def name(self) -> str:
         return "compact" if self.compact else "coo"
 
+    @property
+    def label(self) -> str:
+        """``name``, with ``+values`` when values travel rounded (``compact+bfloat16``)."""
+        return self.name + (f"+{self.values}" if self.values else "")
+
     def rounds(self, dtype: Any) -> bool:
         """True when values of ``dtype`` travel rounded to a 16-bit payload (float32 and
         float64 only: float16 values are 16-bit already, integers travel exact)."""

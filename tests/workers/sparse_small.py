@@ -131,6 +131,11 @@ def run_case(comm, xp, case: int, n: int, nnz, op: str, dtype: str, width: int, 
         (case, stats, model)
     if fused:
         assert set(stats) <= {"sparse.validate"}, (case, stats)
+    (ran,) = comm.stats.calls  # the call is counted once, by the algorithm auto resolved to
+    assert ran[0] == "sparse_allreduce" and comm.stats.calls[ran] == 1, comm.stats.calls
+    assert (ran[1] == "small") == fused and ran[1] in {"small", *cc.algorithms("sparse")}, ran
+    assert ran[2].split("+")[0] in ("coo", "compact"), ran
+    assert len(set(MPI.COMM_WORLD.allgather(ran))) == 1, ran  # agreed: the same on every rank
     with np.errstate(all="ignore"):
         ref_i, ref_v = reference(inputs, n, op, dtype, acc)
     assert got_i.dtype == np.dtype(itype) and np.array_equal(got_i, ref_i), (case, got_i, ref_i)
@@ -139,6 +144,8 @@ def run_case(comm, xp, case: int, n: int, nnz, op: str, dtype: str, width: int, 
         other = cc.sparse_allreduce(idx, val, n, op=op, comm=comm, accumulate_dtype=acc,
                                     algorithm="allgather", **kw)
     assert same_bits(host(other.values), got_v) and np.array_equal(host(other.indices), got_i)
+    assert sum(c for (_, name, _), c in comm.stats.calls.items() if name == "allgather") == \
+        1 + (ran[1] == "allgather"), comm.stats.calls
     assert_identical_across_ranks(got_i, got_v)
     return fused
 
