@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import numpy as np
@@ -14,16 +15,33 @@ DTYPES = ["float16", "float32", "float64", "int8", "uint8", "int32", "int64"]
 SIZES = [0, 1, 7, 1000, 65537]
 
 
+#: from this many elements a rank's input is a rotation of one random array per case (every
+#: rank rebuilds every rank's input: one draw per case instead of P keeps P = 8 affordable).
+ROTATED_FROM = 4096
+
+
 def make(seed: int, rank: int, dtype: str, count: int, op: str) -> np.ndarray:
+    """``rank``'s input of a case: its own draw, or above :data:`ROTATED_FROM` elements the
+    case's draw rotated by a rank-dependent offset (each position still sees P values)."""
+    if count < ROTATED_FROM:
+        return _draw(seed, rank, dtype, count, op)
+    return np.roll(_draw(seed, 0, dtype, count, op), 7919 * rank)
+
+
+@functools.lru_cache(maxsize=4)
+def _draw(seed: int, rank: int, dtype: str, count: int, op: str) -> np.ndarray:
     rng = rng_for(seed, rank, DTYPES.index(dtype), count, OPS.index(op))
     dt = np.dtype(dtype)
     if dt.kind == "f":
         lo, hi = (0.5, 1.5) if op == "prod" else (-4.0, 4.0)
-        return rng.uniform(lo, hi, count).astype(dt)
-    lo, hi = (0, 3) if dt.kind == "u" else (-3, 4)
-    if op == "prod":
-        lo, hi = (max(lo, -2), 3)
-    return rng.integers(lo, hi, count).astype(dt)
+        out = rng.uniform(lo, hi, count).astype(dt)
+    else:
+        lo, hi = (0, 3) if dt.kind == "u" else (-3, 4)
+        if op == "prod":
+            lo, hi = (max(lo, -2), 3)
+        out = rng.integers(lo, hi, count).astype(dt)
+    out.flags.writeable = False  # cached: callers copy before writing
+    return out
 
 
 def reference(inputs: list[np.ndarray], op: str) -> np.ndarray:
@@ -46,6 +64,16 @@ def reference(inputs: list[np.ndarray], op: str) -> np.ndarray:
     if dt.kind != "f":
         total = total.astype(dt)  # wraps like C integer arithmetic
     return total.astype(dt)
+
+
+def roots(p: int, case: int) -> tuple[int, ...]:
+    """The roots a rooted case runs with: every rank up to P = 4; beyond, two roots per case,
+    turning over the ranks from case to case (every root is still taken, every case run; the
+    full case x root product at P = 8 is most of the launch's time on two cores)."""
+    if p <= 4:
+        return tuple(range(p))
+    first = 2 * case % p
+    return first, (first + 1) % p
 
 
 def check(got: np.ndarray, want: np.ndarray, what: str) -> None:
@@ -163,8 +191,8 @@ def reduce_as_allreduce(seed: int, rank: int, p: int) -> int:
     given ``out`` is written, and the result went through the pooled scratch buffer there."""
     comm = communicator_with("CUPYCOLL_REDUCE_AS_ALLREDUCE", "0", CUPYCOLL_REDUCE_PAIRWISE="off")
     cases = 0
-    for dtype, op, count, inputs, want in matrix(seed + 3, p):
-        for root in range(p):
+    for turn, (dtype, op, count, inputs, want) in enumerate(matrix(seed + 3, p)):
+        for root in roots(p, turn):
             x = inputs[rank].copy()
             got = cc.reduce(x, root=root, op=op, comm=comm)
             assert np.array_equal(x, inputs[rank]), "reduce wrote its input"
@@ -191,7 +219,6 @@ def pairwise_reduce(seed: int, rank: int, p: int) -> int:
     against numpy, in place, async, and into an ``out`` overlapping the input (staged); off
     the root neither the input nor a given ``out`` is written; float sums equal a fold in rank
     order bit for bit; NaN and +-0 as the native path; the scratch went back to the pool."""
-    import functools
 
     comm = communicator_with("CUPYCOLL_REDUCE_PAIRWISE", "0")
     cases = 0
@@ -244,7 +271,6 @@ def pairwise_reduce_scatter(seed: int, rank: int, p: int) -> int:
     size): every dtype, op and size against numpy, into ``out``, in place (nothing outside the
     block written) and async; float sums equal a fold in rank order bit for bit; NaN and +-0
     as the native path; a 64 KiB+ block's scratch went back to the pool."""
-    import functools
 
     comm = communicator_with("CUPYCOLL_REDUCE_SCATTER_PAIRWISE", "0")
     cases = 0
@@ -289,10 +315,11 @@ def pairwise_reduce_scatter(seed: int, rank: int, p: int) -> int:
 def main(seed: int) -> None:
     comm = cc.init("mpi")
     rank, p = comm.rank, comm.size
-    cases = 0
+    cases = turn = 0
     for dtype in DTYPES:
         for op in OPS:
             for count in SIZES:
+                turn += 1
                 inputs = [make(seed, r, dtype, count, op) for r in range(p)]
                 want = reference(inputs, op)
                 x = inputs[rank].copy()
@@ -303,7 +330,7 @@ def main(seed: int) -> None:
                 assert_identical_across_ranks(got)
                 cc.allreduce(x, op=op, out=x)
                 check(x, want, f"allreduce in-place {dtype} {op} {count}")
-                for root in range(p):
+                for root in roots(p, turn):
                     x = inputs[rank].copy()
                     got = cc.reduce(x, root=root, op=op)
                     if rank == root:
@@ -327,7 +354,7 @@ def main(seed: int) -> None:
                 rest[rank * count:(rank + 1) * count] = False
                 assert np.array_equal(x[rest], blocks[rank][rest]), "in-place reduce_scatter " \
                     "wrote outside this rank's block"  # NCCL writes recvbuff only
-                cases += 4 + 2 * p
+                cases += 4 + 2 * len(roots(p, turn))
             # data movement does not depend on op: once per dtype and size
         for count in SIZES:
             inputs = [make(seed + 2, r, dtype, count, "sum") for r in range(p)]
@@ -341,13 +368,14 @@ def main(seed: int) -> None:
             rows = np.stack([inputs[rank], inputs[rank]], axis=1) if count else np.zeros((0, 2), dtype)
             got2 = cc.allgather(rows)
             assert got2.shape == (count * p, 2)
-            for root in range(p):
+            turn += 1
+            for root in roots(p, turn):
                 x = inputs[rank].copy()
                 check(cc.broadcast(x, root=root), inputs[root], f"broadcast {dtype} {count} r{root}")
                 assert np.array_equal(x, inputs[rank])
                 cc.broadcast(x, root=root, out=x)
                 check(x, inputs[root], f"broadcast in-place {dtype} {count} root {root}")
-            cases += 3 + 2 * p
+            cases += 3 + 2 * len(roots(p, turn))
     # async handles and mpi4py-style ops
     from mpi4py import MPI
 
