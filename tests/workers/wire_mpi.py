@@ -208,8 +208,9 @@ def check_mass(comm, seed: int) -> float:
                 g = np.random.default_rng([seed, 3, r, t]).standard_normal(n).astype(np.float32)
                 before = comp.residual.astype(np.float64) + g.astype(np.float64)
                 upd = comp.step(g)
-                want = MPI.COMM_WORLD.allreduce(before, op=MPI.SUM)
-                after = MPI.COMM_WORLD.allreduce(comp.residual.astype(np.float64), op=MPI.SUM)
+                sums = np.stack([before, comp.residual.astype(np.float64)])
+                MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, sums, op=MPI.SUM)  # buffers: no pickles
+                want, after = sums
                 dense = np.zeros(n)
                 dense[upd.indices] = upd.values.astype(np.float64) * p
                 scale = max(1.0, float(np.abs(want).max()))
