@@ -128,8 +128,9 @@ SETTINGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                                          "(docs/dense.md); the same on every rank"),
     "CUPYCOLL_LOG_LEVEL": (str, "WARNING", "level of the 'cupycoll' logger"),
     "CUPYCOLL_EMULATION_CACHE": (str, None, "folder of the CPU builds of the CUDA kernels (the "
-                                 "GPU emulation tier's and the kernel tests'; default: cupycoll-emulation-UID in the "
-                                 "temporary directory); see docs/gpu.md"),
+                                 "GPU emulation tier's and the kernel tests'; default: "
+                                 "cupycoll-emulation-UID in the temporary directory); see "
+                                 "docs/gpu.md"),
     "CUPYCOLL_PROFILE": (str, None, "machine profile (JSON) that auto's time model reads and "
                          "'cupycoll tune' writes; default ~/.cache/cupycoll/profile.json, "
                          "else the profile shipped with the package"),

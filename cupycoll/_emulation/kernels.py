@@ -2,8 +2,9 @@
 
 The source CuPy would hand to NVRTC is compiled by g++ into a shared library by
 :func:`cupycoll._kernel_shim.library` (cached on disk by its hash, so ranks and runs share it);
-``get_function(name_expression)`` returns a kernel whose call checks, like a launch, that every array argument is on the current device and ordered on
-the current stream, then runs every (block, thread) of the grid in turn.
+``get_function(name_expression)`` returns a kernel whose call checks, like a launch, that every
+array argument is on the current device and ordered on the current stream, then runs every
+(block, thread) of the grid in turn.
 """
 
 from __future__ import annotations

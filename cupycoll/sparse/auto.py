@@ -26,7 +26,8 @@ from ..wire._pack import COO, Wire
 from ._common import native_drops_nan, native_keeps_minus_zero
 from ._cost import Cost, Shape, validation_cost
 
-__all__ = ["choose", "shape_class", "choose_wire", "auto", "call_cost", "predicted_times", "resolved", "MODELS"]
+__all__ = ["choose", "shape_class", "choose_wire", "auto", "call_cost", "predicted_times",
+           "resolved", "MODELS"]
 
 #: recent decisions: (id(profile), shape class) -> (profile, name). A training loop repeats
 #: nearly the same shape every step (each rank's nnz drifting a little), and pricing every
@@ -96,19 +97,22 @@ def choose(shape: Shape, profile: Any = None, *, comm: Any = None, op: Any = Non
     if shape.size == 1:
         return "allgather"
     shape, profile = resolved(shape, profile, comm=comm, op=op)
-    if shape.inputs is None:
-        shape = shape_class(shape)
-    key = (id(profile), shape) if shape.inputs is None else None
-    hit = _DECISIONS.get(key) if key else None
+    if shape.inputs is not None:  # every rank's indices: priced exactly, not remembered
+        return _cheapest(shape, profile)
+    key = (id(profile), shape_class(shape))
+    hit = _DECISIONS.get(key)
     if hit is not None and hit[0] is profile:
         return hit[1]
-    times = predicted_times(shape, profile)
-    name = min(times, key=times.__getitem__)
-    if key:
-        if len(_DECISIONS) >= _DECISIONS_MAX:
-            _DECISIONS.clear()
-        _DECISIONS[key] = (profile, name)
+    name = _cheapest(key[1], profile)
+    if len(_DECISIONS) >= _DECISIONS_MAX:
+        _DECISIONS.clear()
+    _DECISIONS[key] = (profile, name)
     return name
+
+
+def _cheapest(shape: Shape, profile: Any) -> str:
+    times = predicted_times(shape, profile)
+    return min(times, key=times.__getitem__)
 
 
 def choose_wire(name: str, shape: Shape, request: str, values: str | None = None,
