@@ -54,7 +54,8 @@ def test_quick_selftest_passes_and_writes_its_json():
     assert doc["checks"] and all(RECORD_KEYS <= set(c) for c in doc["checks"])
     assert all(isinstance(c["ok"], bool) and c["seconds"] > 0 for c in doc["checks"])
     assert doc["estimate_s"] == sum(c["budget_s"] for c in doc["checks"])
-    assert doc["total_s"] >= sum(c["seconds"] for c in doc["checks"])
+    rounding = 0.005 * (len(doc["checks"]) + 1)  # each figure is rounded to 0.01 s
+    assert doc["total_s"] >= sum(c["seconds"] for c in doc["checks"]) - rounding
     names = [c["name"] for c in doc["checks"]]
     if not doc["gpu"]:  # what a GPU would run is listed, marked as such
         assert {"compile-sm90", "mpi-cupy-p2-emulated", "oktopk-buckets-p3-emulated"} <= set(
