@@ -25,6 +25,7 @@ np.unique(np.concatenate(...), return_inverse=True) + np.add.at.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 import time
@@ -90,7 +91,7 @@ def unique_coalesce(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndar
     idx = np.concatenate([i for i, _ in parts])
     val = np.concatenate([v for _, v in parts])
     uniq, inverse = np.unique(idx, return_inverse=True)
-    out = np.zeros(uniq.size, val.dtype)
+    out = np.zeros((uniq.size, *val.shape[1:]), val.dtype)
     np.add.at(out, inverse, val)
     return uniq, out
 
@@ -157,22 +158,34 @@ def bench_merge(table: Table, rng: np.random.Generator, n_parts: int, k: int, un
                    "#wrong": wrong})
 
 
-def bench_coo(table: Table, rng: np.random.Generator, count: int, universe: int, reps: int,
-              check: bool) -> None:
-    idx = rng.integers(0, universe, size=count).astype(np.int32)
-    val = rng.standard_normal(count).astype(np.float32)
-    times = measure({"coo": lambda: P.coo_reduce(idx, val),
-                     "unique": lambda: unique_coalesce([(idx, val)])}, reps)
-    wrong = 0
-    if check:
-        got, want = P.coo_reduce(idx, val), unique_coalesce([(idx, val)])
-        wrong = int(not (np.array_equal(got[0], want[0])
-                         and np.allclose(got[1], want[1], rtol=1e-5, atol=1e-5)))
-    table.add({"primitive": "coo_reduce", "impl": "numpy",
-               "case": f"{count} unsorted in 2^{int(np.log2(universe))}",
-               "time(ms)": times["coo"] * 1e3, "reference": "unique+add.at",
-               "ref(ms)": times["unique"] * 1e3, "speedup": times["unique"] / times["coo"],
-               "target": "", "#wrong": wrong})
+def bench_coo(table: Table, rng: np.random.Generator, cases: list[tuple[str, np.ndarray,
+              np.ndarray]], reps: int, check: bool, impls: list[str]) -> None:
+    """``coo_reduce`` of unsorted entries with duplicates against numpy's unique + add.at."""
+    for label, idx, val in cases:
+        fns = {impl: under(impl, lambda: P.coo_reduce(idx, val)) for impl in impls}
+        times = measure({**fns, "unique": lambda: unique_coalesce([(idx, val)])}, reps)
+        for impl in impls:
+            wrong = 0
+            if check:
+                got, want = fns[impl](), unique_coalesce([(idx, val)])
+                wrong = int(not (np.array_equal(got[0], want[0])
+                                 and np.allclose(got[1], want[1], rtol=1e-5, atol=1e-5)))
+            table.add({"primitive": "coo_reduce", "impl": impl, "case": label,
+                       "time(ms)": times[impl] * 1e3, "reference": "unique+add.at",
+                       "ref(ms)": times["unique"] * 1e3, "speedup": times["unique"] / times[impl],
+                       "target": "", "#wrong": wrong})
+
+
+def coo_cases(rng: np.random.Generator, count: int, universe: int) -> list:
+    """Uniform entries over the whole range, and an embedding gradient's: 16,768 Zipf rows of
+    64 float32 over 2^18 rows (a quarter of them distinct)."""
+    uniform = (rng.integers(0, universe, size=count).astype(np.int32),
+               rng.standard_normal(count).astype(np.float32))
+    rows = 1 << 18
+    zipf = rng.permutation(rows)[np.minimum(rng.zipf(1.1, 16768), rows) - 1].astype(np.int64)
+    return [(f"{count} unsorted in 2^{int(np.log2(universe))}", *uniform),
+            ("16768x64 zipf in 2^18", zipf,
+             rng.standard_normal((zipf.size, 64)).astype(np.float32))]
 
 
 def fill_scan_take(idx: np.ndarray, val: np.ndarray, n: int) -> np.ndarray:
@@ -232,6 +245,40 @@ def bench_densify(table: Table, rng: np.random.Generator, n: int, reps: int, che
                        "target": "", "#wrong": wrong})
 
 
+def table_grid(reps: int) -> int:
+    """``coo_reduce``'s two sum paths side by side over index spans 2^14-2^24, 1-256 slots an
+    entry, widths 1-64 (the data of ``_numpy_reduce.TABLE_*``): the table / the sort."""
+    from cupycoll.primitives import _numpy_reduce as R
+
+    rng, kept = np.random.default_rng(0), (R.TABLE_SPAN, R.TABLE_PER_ENTRY, R.TABLE_SPAN_1D,
+                                            R.TABLE_PER_ENTRY_1D)
+    print(f"{'span':>10} {'entries':>9} {'width':>5} {'table(ms)':>10} {'sort(ms)':>9} "
+          f"{'table/sort':>10}")
+    try:
+        for width, span_log, per in itertools.product((1, 2, 8, 64), range(14, 25, 2),
+                                                      (1, 4, 16, 64, 256)):
+            span, entries = 1 << span_log, (1 << span_log) // per
+            if entries < 1 << 14 or entries * width > 1 << 24:
+                continue
+            idx = rng.integers(0, span, entries)
+            val = rng.standard_normal((entries, width)[:1 + (width > 1)]).astype(np.float32)
+            times = measure({"table": lambda: bounded(1 << 40, idx, val),
+                             "sort": lambda: bounded(0, idx, val)}, reps)
+            print(f"{span:>10} {entries:>9} {width:>5} {times['table'] * 1e3:>10.2f} "
+                  f"{times['sort'] * 1e3:>9.2f} {times['table'] / times['sort']:>10.2f}")
+    finally:
+        R.TABLE_SPAN, R.TABLE_PER_ENTRY, R.TABLE_SPAN_1D, R.TABLE_PER_ENTRY_1D = kept
+    return 0
+
+
+def bounded(bound: int, idx: np.ndarray, val: np.ndarray) -> Any:
+    """``coo_reduce`` with every table bound set to ``bound`` (0: the sort path only)."""
+    from cupycoll.primitives import _numpy_reduce as R
+
+    R.TABLE_SPAN = R.TABLE_PER_ENTRY = R.TABLE_SPAN_1D = R.TABLE_PER_ENTRY_1D = bound
+    return P.coo_reduce(idx, val)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--log2n", type=int, default=24, help="dense length n = 2**log2n (float32)")
@@ -244,7 +291,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="numpy loops, numba loops (numba1: on one thread), or all side by side")
     p.add_argument("--json", metavar="PATH", help="write the rows as JSON to PATH ('-' = stdout)")
     p.add_argument("--csv", metavar="PATH", help="write the rows as CSV to PATH ('-' = stdout)")
+    p.add_argument("--coo-table-grid", action="store_true",
+                   help="only coo_reduce's table and sort paths over a grid of spans and widths")
     args = p.parse_args(argv)
+    if args.coo_table_grid:
+        return table_grid(args.reps)
 
     rng = np.random.default_rng(args.seed)
     n, k = 1 << args.log2n, 1 << args.log2k
@@ -259,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         bench_merge(table, rng, n_parts, k, n, args.reps, bool(args.check), impls)
     for n_parts in (4, 8):
         bench_merge(table, rng, n_parts, k, 2 * k, args.reps, bool(args.check), impls)
-    bench_coo(table, rng, 4 * k, n, args.reps, bool(args.check))
+    bench_coo(table, rng, coo_cases(rng, 4 * k, n), args.reps, bool(args.check), impls)
     bench_dense_pass(table, rng, n, args.reps, bool(args.check), impls)
     bench_densify(table, rng, n, args.reps, bool(args.check), impls)
     return table.finish(args, {"n": n, "density": args.density, "k_per_part": k,

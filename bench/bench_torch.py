@@ -22,7 +22,7 @@ V x 64 float32 bytes, nnz = rows per rank, mean), reduced by:
     gloo              dist.all_reduce(grad) on gloo: allgather of indices and values
     gloo dense        dist.all_reduce of the densified gradient (what a dense embedding sends)
     coalesce          this rank's coalescing alone, as cupycoll.torch does it (#wrong: values
-                      not bit for bit torch's coalesce())
+                      off torch's coalesce() beyond float32 order, as for the reductions)
     torch coalesce    grad.coalesce() alone (the share of it in gloo's time)
 
 Table 2, one DDP training step (forward, backward, SGD) with the sparse embedding through the
@@ -173,13 +173,6 @@ def wrong(result: torch.Tensor, expected: torch.Tensor, scale: float) -> int:
     return int((~close).sum())
 
 
-def _differ(ours: tuple, theirs: torch.Tensor) -> int:
-    """Values of our coalescing not bit for bit torch's (all of them if the rows differ)."""
-    if not torch.equal(ours[0], theirs.indices()[0]):
-        return theirs.values().numel()
-    return int((ours[1].view(torch.int32) != theirs.values().view(torch.int32)).sum())
-
-
 def table_reduce(table: Table, vocab: int, grad: torch.Tensor, hook_comm, group, args,
                  comm) -> dict:
     """Time table 1's calls for ``grad``; add one row each; return the medians."""
@@ -188,7 +181,9 @@ def table_reduce(table: Table, vocab: int, grad: torch.Tensor, hook_comm, group,
     bad = {name: wrong(fn() if name != "gloo dense" else _reduced(grad.to_dense()), expected,
                        comm.size if name == "hook" else 1) for name, fn in calls.items()}
     calls.update({"coalesce": lambda: coalesce(grad), "torch coalesce": grad.coalesce})
-    bad["coalesce"] = _differ(coalesce(grad), grad.coalesce())
+    indices, values = coalesce(grad)
+    bad["coalesce"] = wrong(torch.sparse_coo_tensor(indices[None], values, grad.shape),
+                            grad.coalesce(), 1)
     bad["torch coalesce"] = 0
     sent = {}
     for name in ("hook", "cupycoll"):

@@ -107,7 +107,7 @@ def sparse_parts(tensor: torch.Tensor, rank: int) -> tuple[Any, Any, int]:
     """(row indices, values, n) of a sparse COO tensor for :func:`cupycoll.sparse_allreduce`.
 
     The tensor is coalesced first, its duplicates summed as torch's COO means them whatever the
-    reduction, by ``cupycoll.torch``'s coalesce (torch's ``coalesce()`` bit for bit, compiled).
+    reduction, by ``cupycoll.torch``'s coalesce (each row's duplicates added in input order).
     Several sparse dimensions are linearised row-major into one index in [0, n) first; dense
     trailing dimensions are flattened into the rows' width; bfloat16 values become a float32
     copy.

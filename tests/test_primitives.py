@@ -225,12 +225,18 @@ def test_select_at_kth_contains_topk():
 @pytest.mark.parametrize("val_dtype", VALUE_DTYPES)
 @pytest.mark.parametrize("idx_dtype", INDEX_DTYPES)
 @pytest.mark.parametrize("op", OPS)
-def test_coo_reduce_matches_fold_reference(val_dtype, idx_dtype, op):
+@pytest.mark.parametrize("fast", [False, True])
+def test_coo_reduce_matches_fold_reference(val_dtype, idx_dtype, op, fast, monkeypatch):
+    """Every size through numpy's sort, and with ``fast`` through numba wherever it runs (sums
+    in numba's dtypes over a span of at most TABLE_PER_ENTRY slots an entry take its table;
+    the 10 entries over 100,000 rows do not)."""
+    if fast:
+        monkeypatch.setattr(_accel, "_FAST_FROM", 0)
     rng = np.random.default_rng([4, VALUE_DTYPES.index(val_dtype), INDEX_DTYPES.index(idx_dtype),
                                  OPS.index(op)])
     kind = "small" if op == "prod" else "mixed"
     for n_entries, n, width in [(0, 5, None), (1, 1, None), (200, 30, None), (300, 1000, None),
-                                (150, 20, 3), (64, 1, None)]:
+                                (150, 20, 3), (64, 1, None), (10, 100000, 2)]:
         idx, val = random_coo(rng, n_entries, n, idx_dtype, val_dtype, width, kind)
         got = P.coo_reduce(idx, val, op, n=n)
         want = reference_arrays(fold_reference(zip(idx.tolist(), val), UFUNC[op]),

@@ -33,11 +33,12 @@ from ._numba_dense import (add_rows, copy_hit_rows, copy_hits, copy_unequal,  # 
                            densify_sorted, hit_masks, index_stats, MAGNITUDE, OUTSIDE,
                            positions_in, row_hits, scatter_rows, special_values, UNEQUAL,
                            union_sorted)
-from ._numba_small import SUM_DTYPES, sum_parts, sum_two  # noqa: F401
+from ._numba_small import SUM_DTYPES, sum_parts, sum_two, sum_unsorted  # noqa: F401
 
 __all__ = ["merge", "select", "select_unequal", "select_unequal_rows", "count", "densify_sorted",
            "scatter_rows", "add_rows", "special_values", "index_stats", "positions_in",
-           "union_sorted", "sum_parts", "sum_two", "SUM_DTYPES", "threads", "free_scratch"]
+           "union_sorted", "sum_parts", "sum_two", "sum_unsorted", "SUM_DTYPES", "threads",
+           "free_scratch"]
 
 #: op codes of the merge loop, keyed by the numpy ufunc of _types.UFUNCS.
 OPS = {np.add: 0, np.multiply: 1, np.maximum: 2, np.minimum: 3}

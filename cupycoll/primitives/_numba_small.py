@@ -6,7 +6,8 @@ below ``_numpy_reduce.LOOP_SUM`` elements cost more in numpy calls (a dozen of t
 arithmetic; one compiled pass over the parts does the same additions in the same order, so
 the same bits. Sums of exactly two parts (allgather's at P = 2, every round of recursive
 doubling) take :func:`sum_two` at any size: a two-way merge whose 1-D loop has no branch to
-mispredict.
+mispredict. :func:`sum_unsorted` coalesces unsorted entries (``coo_reduce``'s sums) through a
+table over the index span instead of a sort of every entry.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from typing import Sequence
 import numpy as np
 from numba import njit
 
+from ._accel import kept_filled, mark_filled
 from ._numba_cache import make_process_safe
 
-__all__ = ["sum_parts", "sum_two", "SUM_DTYPES"]
+__all__ = ["sum_parts", "sum_two", "sum_unsorted", "SUM_DTYPES"]
 
 #: accumulate dtypes the loop adds in (float16 has no native numba arithmetic).
 SUM_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "int32", "int64"))
@@ -152,6 +154,57 @@ def sum_two(a: np.ndarray, va: np.ndarray, b: np.ndarray, vb: np.ndarray, acc: n
     else:
         found = _two_rows(a, va, b, vb, width, out_idx, out_val)
     return out_idx[:found], out_val[:found * width].reshape((found,) + row)
+
+
+@njit(cache=True, nogil=True)
+def _distinct(idx, lo, table, keys):  # type: ignore[no-untyped-def]
+    """List each index once (``table`` at it set from -1 to 0); returns how many."""
+    found = 0
+    for j in range(idx.size):
+        slot = idx[j] - lo
+        if table[slot] < 0:
+            table[slot] = 0
+            keys[found] = idx[j]
+            found += 1
+    return found
+
+
+@njit(cache=True, nogil=True)
+def _fold_in_order(idx, lo, table, keys, rows, out_val):  # type: ignore[no-untyped-def]
+    """Number the sorted ``keys`` in ``table``, then walk the entries in input order: an index's
+    first row copied, later ones added (a left fold in input order); ``table`` back to -1."""
+    for i in range(keys.size):
+        table[keys[i] - lo] = i
+    seen, width = np.zeros(keys.size, np.bool_), rows.shape[1]
+    for j in range(idx.size):
+        at = table[idx[j] - lo]
+        if seen[at]:
+            for e in range(width):
+                out_val[at, e] += rows[j, e]
+        else:
+            seen[at] = True
+            for e in range(width):
+                out_val[at, e] = rows[j, e]
+    for i in range(keys.size):
+        table[keys[i] - lo] = -1
+
+
+def sum_unsorted(idx: np.ndarray, val: np.ndarray, acc: np.dtype, lo: int,
+                 hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """``coo_reduce``'s sum of unsorted entries (indices in [lo, hi]) in ``acc`` (one of
+    ``SUM_DTYPES``): the ascending unique indices and, for each, its rows left-folded in input
+    order, so the same bits as the sort path. A table of ``hi - lo + 1`` int32 slots (this
+    thread's kept buffer, all -1 between calls) numbers the distinct indices, so only those
+    are sorted and the rows are read once, in input order (docs/primitives.md)."""
+    table = kept_filled(hi - lo + 1, np.int32, -1)
+    keys = np.empty(idx.size, idx.dtype)
+    keys = np.sort(keys[:_distinct(idx, lo, table, keys)])
+    row = tuple(val.shape[1:])
+    rows = np.ascontiguousarray(val, acc).reshape(idx.size, math.prod(row))
+    out_val = np.empty((keys.size, rows.shape[1]), acc)
+    _fold_in_order(idx, lo, table, keys, rows, out_val)
+    mark_filled(table, -1)
+    return keys, out_val.reshape((keys.size,) + row)
 
 
 make_process_safe(globals())  # ranks compiling at once: see _numba_cache

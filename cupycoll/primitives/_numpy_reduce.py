@@ -44,6 +44,14 @@ LOOP_SUM = 1 << 10
 #: docs/primitives.md).
 TWO_WAY = True
 CHAIN_PARTS = 4
+#: unsorted sums (``coo_reduce``) take numba's table (``sum_unsorted``) over an index span
+#: (max - min + 1) of at most ``TABLE_SPAN`` slots and ``TABLE_PER_ENTRY`` slots an entry for
+#: rows (the sort path's ``ufunc.at`` on rows costs 1.3-14x the table: docs/primitives.md), of
+#: at most ``TABLE_SPAN_1D`` and ``TABLE_PER_ENTRY_1D`` for one value an index (the integer
+#: sort is as fast or faster once the table outgrows the cache or most slots stay empty). 4
+#: bytes a slot, kept per thread: 64 MiB at most.
+TABLE_SPAN, TABLE_PER_ENTRY = 1 << 24, 256
+TABLE_SPAN_1D, TABLE_PER_ENTRY_1D = 1 << 18, 2
 
 
 def few_enough(elements: int) -> bool:
@@ -171,10 +179,26 @@ def coo_reduce(indices: Any, values: Any, op: Any = "sum", n: int | None = None,
     acc = _accumulate(accumulate_dtype, val.dtype)
     if idx.size == 0:
         return idx.copy(), val.copy()
+    lo = int(idx.min())
+    rows = val.ndim > 1 and val[0].size > 1
+    loops = _fast(idx.size) if ufunc is np.add and _table_fits(hi - lo + 1, idx.size, rows) \
+        else None
+    if loops is not None and acc in loops.SUM_DTYPES:
+        with np.errstate(all="ignore"):  # the cast into acc, as every path makes it
+            keys, rows = loops.sum_unsorted(idx, val, acc, lo, hi)
+        return _narrowed(keys, rows, keys.size, val.dtype)
     out_idx, out_val = np.empty_like(idx), np.empty(val.shape, acc)
     with np.errstate(all="ignore"):
-        runs = _coalesce([idx], int(idx.min()), hi, val, ufunc, out_idx, out_val)
+        runs = _coalesce([idx], lo, hi, val, ufunc, out_idx, out_val)
     return _narrowed(out_idx, out_val, runs, val.dtype)
+
+
+def _table_fits(span: int, entries: int, rows: bool) -> bool:
+    """Whether an unsorted sum of ``entries`` over ``span`` indices takes numba's table (the
+    bounds above)."""
+    if rows:
+        return span <= min(TABLE_SPAN, TABLE_PER_ENTRY * entries)
+    return span <= min(TABLE_SPAN_1D, TABLE_PER_ENTRY_1D * entries)
 
 
 def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",

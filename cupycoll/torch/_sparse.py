@@ -1,10 +1,10 @@
 """``cupycoll.torch.sparse_allreduce``: torch sparse COO tensors (an ``nn.Embedding(sparse=True)``
 gradient) through cupycoll's exact sparse allreduce, at once or on cupycoll's background worker.
 
-Each rank's tensor is coalesced with torch's own sums, bit for bit (the local sums gloo's sparse
-allreduce makes; :mod:`._coalesce`, faster than torch's loop on large gradients); its rows then
-go to :func:`cupycoll.sparse_allreduce` as zero-copy views, trailing dense dimensions flattened
-into the row width. Arrays cross as numpy (CPU) or CuPy (CUDA) views: no copy, and none of
+Each rank's tensor is coalesced by cupycoll, each row's duplicates added in input order
+(:mod:`._coalesce`: the rows read once, where torch's ``coalesce()`` gathers them in sorted
+order); its rows then go to :func:`cupycoll.sparse_allreduce` as zero-copy views, trailing
+dense dimensions flattened into the row width. Arrays cross as numpy (CPU) or CuPy (CUDA) views: no copy, and none of
 DLPack's per-call cost on CPU.
 """
 
@@ -36,8 +36,8 @@ def sparse_allreduce(tensor: torch.Tensor, *, op: Any = "sum", comm: Communicato
     Every rank gets the identical result: the rows of the union of all ranks' rows, each the
     **sum** of the ranks' rows (``op="avg"`` divides by P; "max", "min", "prod" as in
     :func:`cupycoll.sparse_allreduce`, a rank without a row counting as zeros there).
-    Duplicate rows within a rank are summed first, as torch's ``coalesce()`` sums them;
-    trailing dense dimensions are part of the row.
+    Duplicate rows within a rank are summed first, in input order (as torch's ``coalesce()``
+    sums them where its sort keeps that order); trailing dense dimensions are part of the row.
 
     Args:
         tensor: sparse COO tensor of shape ``(n, *row)``, any nnz (0 included), coalesced or
