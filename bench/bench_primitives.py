@@ -56,7 +56,7 @@ def measure(fns: dict[str, Callable[[], Any]], reps: int) -> dict[str, float]:
 
 
 #: impl -> (CUPYCOLL_NUMBA, CUPYCOLL_THREADS)
-IMPLS = {"numpy": ("off", "1"), "numba1": ("auto", "1"), "numba": ("auto", "auto")}
+IMPLS = {"numpy": ("off", "1"), "numba1": ("on", "1"), "numba": ("on", "auto")}
 
 
 def implementations(choice: str) -> list[str]:

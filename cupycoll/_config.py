@@ -37,9 +37,11 @@ def _numba_mode(text: str) -> str:
     mode = text.strip().lower()
     if mode in ("0", "off", "false", "no"):
         return "off"
-    if mode in ("auto", "1", "on"):
+    if mode == "auto":
         return "auto"
-    raise ValueError("expected auto or off (0)")
+    if mode in ("1", "on", "true", "yes"):
+        return "on"
+    raise ValueError("expected auto, on (1) or off (0)")
 
 
 def _auto_mode(text: str) -> str:
@@ -99,7 +101,9 @@ SETTINGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                        "before every dense collective, check that all ranks called the same one with the same op, "
                        "root, dtype and count (one extra small allreduce; MismatchError otherwise)"),
     "CUPYCOLL_NUMBA": (_numba_mode, "auto",
-                       "numba loops for the hot numpy primitives: auto (when importable) or off"),
+                       "numba loops for the hot numpy primitives: auto (numba imported in the "
+                       "background at the first large input; numpy's loops until it is ready), "
+                       "on (imported there, the call waiting for it) or off"),
     "CUPYCOLL_THREADS": (_threads, "auto",
                          "threads of one numba loop: auto (the CPUs this process may use "
                          "divided by the MPI ranks on this node, as MPI_LOCALNRANKS or "

@@ -21,7 +21,7 @@ def twin(monkeypatch: pytest.MonkeyPatch, parts: list, op: str, acc: str) -> tup
     monkeypatch.setattr(_accel, "_FAST_FROM", 0)
     monkeypatch.setenv("CUPYCOLL_NUMBA", "off")
     want = P.merge_sorted(parts, op, acc)
-    monkeypatch.setenv("CUPYCOLL_NUMBA", "auto")
+    monkeypatch.setenv("CUPYCOLL_NUMBA", "on")
     assert _accel._fast(0) is not None
     return want, P.merge_sorted(parts, op, acc)
 

@@ -1,4 +1,4 @@
-"""The numba loops (CUPYCOLL_NUMBA=auto) give bitwise the results of the numpy twins (off)."""
+"""The numba loops (CUPYCOLL_NUMBA=on) give bitwise the results of the numpy twins (off)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def both(monkeypatch: pytest.MonkeyPatch, fn: Callable[[], Any]) -> tuple[Any, A
     monkeypatch.setattr(_accel, "_FAST_FROM", 0)
     monkeypatch.setenv("CUPYCOLL_NUMBA", "off")
     want = fn()
-    monkeypatch.setenv("CUPYCOLL_NUMBA", "auto")
+    monkeypatch.setenv("CUPYCOLL_NUMBA", "on")
     assert _accel._fast(0) is not None
     return want, fn()
 
@@ -98,7 +98,7 @@ def test_errors_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
     from cupycoll.errors import InvalidArgument, InvalidType
 
     monkeypatch.setattr(_accel, "_FAST_FROM", 0)
-    monkeypatch.setenv("CUPYCOLL_NUMBA", "auto")
+    monkeypatch.setenv("CUPYCOLL_NUMBA", "on")
     with pytest.raises(InvalidArgument):
         P.merge_sorted([(np.array([2, 1]), np.ones(2)), (np.array([1]), np.ones(1))])
     with pytest.raises(InvalidType):
@@ -515,7 +515,7 @@ def test_sum_parts_is_a_dense_left_fold(dtype: str, width: int, absent_zero: boo
 def test_reduce_parts_loop_is_the_numpy_sum(monkeypatch: pytest.MonkeyPatch, dtype: str,
                                             acc: str | None) -> None:
     """reduce_parts below LOOP_SUM elements (through merge_sorted's few-entry sums): numba's
-    pass (CUPYCOLL_NUMBA=auto) and numpy's sums (off) give the same bits, casts back from the accumulate dtype and the -0
+    pass (CUPYCOLL_NUMBA=on) and numpy's sums (off) give the same bits, casts back from the accumulate dtype and the -0
     rule of absent entries included; both equal a dense fold with that rule."""
     from cupycoll._types import ReduceOp
     from cupycoll.primitives import _numpy_reduce
@@ -531,7 +531,7 @@ def test_reduce_parts_loop_is_the_numpy_sum(monkeypatch: pytest.MonkeyPatch, dty
         parts = [(np.sort(rng.choice(40, size, replace=False)).astype(np.int32),
                   values(rng, dtype, (size,) + row)) for size in rng.integers(0, 20, nparts)]
         results = []
-        for mode in ("off", "auto"):
+        for mode in ("off", "on"):
             monkeypatch.setenv("CUPYCOLL_NUMBA", mode)
             taken.clear()
             results.append(reduce_parts(parts, ReduceOp.SUM, acc))
@@ -573,7 +573,7 @@ def test_small_merge_loop_reads_the_slots_pack_wrote(monkeypatch: pytest.MonkeyP
                 assert small.fits_all(size, nnz, itype.itemsize, row_bytes)
                 slots = vec[agreement.slot_start(size, 0):]
                 merged = []
-                for mode in ("off", "auto"):
+                for mode in ("off", "on"):
                     monkeypatch.setenv("CUPYCOLL_NUMBA", mode)
                     merged.append(small.merge(np, slots, nnz, itype, np.dtype(dtype), width,
                                               ReduceOp.SUM))
@@ -606,7 +606,7 @@ def test_loops_are_whole_when_two_threads_reach_them_first() -> None:
         assert not errors and len(got) == 4, errors
     """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "CUPYCOLL_NUMBA": "auto"})
+                          timeout=120, env={**os.environ, "CUPYCOLL_NUMBA": "on"})
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
@@ -640,3 +640,43 @@ def test_numba_cache_saves_of_two_signatures_at_once_keep_both(tmp_path, monkeyp
     assert first.load("float32 rows") == ("code A",)
     assert second.load("int64 rows") == ("code B",)
     assert first.load("int64 rows") == ("code B",)  # one index for both
+
+
+def test_auto_imports_numba_in_the_background_and_numpy_runs_meanwhile(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUPYCOLL_NUMBA=auto: the first large call starts numba's import in a thread and returns
+    at once through the numpy loops (the same bits); once the import is done, the numba loops
+    run. ``ready()`` and CUPYCOLL_NUMBA=on wait for the import instead."""
+    import threading
+
+    real, gate = _accel._load, threading.Event()
+
+    def held() -> Any:  # the import, held until the test lets it finish
+        assert gate.wait(60)
+        return real()
+
+    monkeypatch.setattr(_accel, "_FAST_FROM", 0)
+    monkeypatch.setattr(_accel, "_load", held)
+    for name, value in (("_LOADED", None), ("_FAILED", False), ("_LOADER", None)):
+        monkeypatch.setattr(_accel, name, value)
+    monkeypatch.setenv("CUPYCOLL_NUMBA", "auto")
+    rng = np.random.default_rng(3)
+    parts = [(np.sort(rng.choice(1000, 300, replace=False)), rng.standard_normal(300))
+             for _ in range(3)]
+    monkeypatch.setenv("CUPYCOLL_NUMBA", "off")
+    want = P.merge_sorted(parts)
+    monkeypatch.setenv("CUPYCOLL_NUMBA", "auto")
+    assert _accel.loops() is None and _accel._LOADER.is_alive()  # importing, not waited for
+    same(P.merge_sorted(parts), want)
+    loader = _accel._LOADER
+    assert _accel.loops() is None and _accel._LOADER is loader  # one import thread
+    gate.set()
+    loader.join(60)
+    assert _accel.loops() is not None and _accel._fast(0) is _accel.loops()
+    same(P.merge_sorted(parts), want)
+    monkeypatch.setattr(_accel, "_LOADED", None)
+    monkeypatch.setenv("CUPYCOLL_NUMBA", "on")
+    assert _accel.loops() is not None  # on: imported here, waited for
+    monkeypatch.setattr(_accel, "_LOADED", None)
+    monkeypatch.setenv("CUPYCOLL_NUMBA", "auto")
+    assert _accel.ready() is not None and _accel._LOADED is not None

@@ -46,7 +46,7 @@ def test_numba_merge_dtypes_and_fallbacks(monkeypatch, itype):
 
     monkeypatch.setattr(_accel, "_FAST_FROM", 0)
     monkeypatch.setattr(_common, "_MERGE_BLOCK", 128)
-    monkeypatch.setenv("CUPYCOLL_NUMBA", "auto")
+    monkeypatch.setenv("CUPYCOLL_NUMBA", "on")
     rng = np.random.default_rng([22, itype == "int64"])
     big = 2**62 if itype == "int64" else 2**31 - 5000
     for vtype, acc, base in (("int32", None, 0), ("int32", "int64", 0), ("float16", None, 0),
@@ -143,7 +143,7 @@ def test_numba_merge_of_2_to_the_j_plus_1_entries(monkeypatch):
     from cupycoll.primitives import _accel
 
     monkeypatch.setattr(_accel, "_FAST_FROM", 0)
-    monkeypatch.setenv("CUPYCOLL_NUMBA", "auto")
+    monkeypatch.setenv("CUPYCOLL_NUMBA", "on")
     rng = np.random.default_rng(23)
     for total in (2, 3, 4, 5, 9, 16, 17, 33, 65, 129):
         cut = int(rng.integers(0, total + 1))
@@ -283,7 +283,7 @@ def test_merge_sums_shared_indices_in_part_order(monkeypatch, two_way, loop, tin
                                                (70, 8, "sorted"), (8000, 0, "sorted"),
                                                (9000, 0, "loops"), (1000, 8, "sorted"),
                                                (3000, 8, "loops")])
-@pytest.mark.parametrize("numba", ["auto", "off"])
+@pytest.mark.parametrize("numba", ["on", "off"])
 def test_merge_path_is_chosen_by_value_elements(monkeypatch, size, width, path, numba):
     """Sums below LOOP_SUM value elements (entries x row width) take numba's pass where numba
     runs (else the Python fold up to TINY entries, or one sort), below SMALL one sort, above

@@ -2,7 +2,8 @@
 
 numba is imported lazily, by the first large input or the first small sum of several ranks'
 parts (``LOOP_SUM``), so numpy users who reach neither (or set ``CUPYCOLL_NUMBA=off``) never
-import it.
+import it; by default in a background thread, the numpy loops running until it is ready
+(:func:`loops`).
 """
 
 from __future__ import annotations
@@ -26,25 +27,56 @@ def _fast(size: int) -> Any:
 
 
 def loops() -> Any:
-    """``cupycoll.primitives._numba`` whatever the size, unless CUPYCOLL_NUMBA=off or numba
-    does not import (then None). Kept once its import has finished: a thread that finds it in
-    ``sys.modules`` while another thread still imports it would get a module half-made (an
-    async call's thread and the caller's may both reach here first); ``import`` waits."""
-    global _LOADED
-    if setting("CUPYCOLL_NUMBA") == "off":
+    """``cupycoll.primitives._numba`` whatever the size, or None: with CUPYCOLL_NUMBA=off, where
+    numba does not import, and (``auto``, the default) until its import, started here in a
+    background thread, has finished: numba's import and its first cached load take about a
+    second, which a process's first call would otherwise wait for, and the numpy loops give
+    the same bits meanwhile. ``on`` imports it here and waits. Kept once its import has
+    finished: a thread that finds it in ``sys.modules`` while another thread still imports it
+    would get a module half-made."""
+    mode = setting("CUPYCOLL_NUMBA")
+    if mode == "off" or _FAILED:
         return None
     if _LOADED is not None:
         return _LOADED
+    if mode == "on":
+        return _load()
+    global _LOADER
+    with _LOADER_LOCK:
+        if _LOADER is None:
+            _LOADER = threading.Thread(target=_load, name="cupycoll-numba-import", daemon=True)
+            _LOADER.start()
+    return None
+
+
+def ready() -> Any:
+    """:func:`loops`, waiting for numba's import where it runs in the background (for what
+    measures the loops: ``cupycoll tune``, the benchmarks)."""
+    if setting("CUPYCOLL_NUMBA") == "off" or _FAILED:
+        return None
+    return _LOADED if _LOADED is not None else _load()
+
+
+def _load() -> Any:
+    """Import the numba loops and load one of them from numba's cache (its first cached load
+    sets up numba's compiler); keep them in ``_LOADED``, or note that numba does not run."""
+    global _LOADED, _FAILED
     try:
         from . import _numba
     except (ImportError, RuntimeError):  # RuntimeError: numba finds no writable cache directory
+        _FAILED = True
         return None
+    _numba.index_stats(np.arange(2))
     _LOADED = _numba
     return _numba
 
 
-#: the imported loops (set by :func:`loops` once their import has finished).
+#: the imported loops (set by :func:`_load` once their import has finished); whether that
+#: import failed (then it is not tried again); the background thread that imports them.
 _LOADED: Any = None
+_FAILED = False
+_LOADER: threading.Thread | None = None
+_LOADER_LOCK = threading.Lock()
 
 
 #: this thread's kept host buffer (see kept_buffer).

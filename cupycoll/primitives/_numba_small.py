@@ -18,7 +18,6 @@ from typing import Sequence
 import numpy as np
 from numba import njit
 
-from ._accel import kept_filled, mark_filled
 from ._numba_cache import make_process_safe
 
 __all__ = ["sum_parts", "sum_two", "sum_unsorted", "SUM_DTYPES"]
@@ -190,20 +189,18 @@ def _fold_in_order(idx, lo, table, keys, rows, out_val):  # type: ignore[no-unty
 
 
 def sum_unsorted(idx: np.ndarray, val: np.ndarray, acc: np.dtype, lo: int,
-                 hi: int) -> tuple[np.ndarray, np.ndarray]:
+                 table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``coo_reduce``'s sum of unsorted entries (indices in [lo, hi]) in ``acc`` (one of
     ``SUM_DTYPES``): the ascending unique indices and, for each, its rows left-folded in input
-    order, so the same bits as the sort path. A table of ``hi - lo + 1`` int32 slots (this
-    thread's kept buffer, all -1 between calls) numbers the distinct indices, so only those
-    are sorted and the rows are read once, in input order (docs/primitives.md)."""
-    table = kept_filled(hi - lo + 1, np.int32, -1)
+    order, so the same bits as the sort path. ``table``: int32, a slot for each index from
+    ``lo``, all -1 (so again on return); it numbers the distinct indices, so only those are
+    sorted and the rows are read once, in input order (docs/primitives.md)."""
     keys = np.empty(idx.size, idx.dtype)
     keys = np.sort(keys[:_distinct(idx, lo, table, keys)])
     row = tuple(val.shape[1:])
     rows = np.ascontiguousarray(val, acc).reshape(idx.size, math.prod(row))
     out_val = np.empty((keys.size, rows.shape[1]), acc)
     _fold_in_order(idx, lo, table, keys, rows, out_val)
-    mark_filled(table, -1)
     return keys, out_val.reshape((keys.size,) + row)
 
 

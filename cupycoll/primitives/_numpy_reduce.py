@@ -184,8 +184,10 @@ def coo_reduce(indices: Any, values: Any, op: Any = "sum", n: int | None = None,
     loops = _fast(idx.size) if ufunc is np.add and _table_fits(hi - lo + 1, idx.size, rows) \
         else None
     if loops is not None and acc in loops.SUM_DTYPES:
+        table = _accel.kept_filled(hi - lo + 1, np.int32, -1)  # this thread's, kept
         with np.errstate(all="ignore"):  # the cast into acc, as every path makes it
-            keys, rows = loops.sum_unsorted(idx, val, acc, lo, hi)
+            keys, rows = loops.sum_unsorted(idx, val, acc, lo, table)
+        _accel.mark_filled(table, -1)
         return _narrowed(keys, rows, keys.size, val.dtype)
     out_idx, out_val = np.empty_like(idx), np.empty(val.shape, acc)
     with np.errstate(all="ignore"):

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from .._types import ReduceOp
+from ..primitives import _accel
 from . import auto as _auto
 from ._cost import Shape
 
@@ -88,6 +89,7 @@ def plan(comm: Any, shape: Shape, op: Any, timed: bool) -> tuple[str, Trials | N
         trials = table[key] = Trials([name for _, _, name in ranked[:CANDIDATES]])
     if trials.pick is not None or not timed:
         return trials.pick or trials.candidates[0], None
+    _accel.ready()  # a trial times numba's loops where they run, not numpy's while they load
     return trials.next(), trials
 
 

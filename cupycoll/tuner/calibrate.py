@@ -40,7 +40,7 @@ import numpy as np
 
 from .._types import ReduceOp
 from ..comm._topology import node_ids as _node_ids
-from ..primitives import merge_sorted
+from ..primitives import _accel, merge_sorted
 from ..primitives._numpy_reduce import TINY
 from ..sparse import auto as _auto
 from ..sparse._common import positions_in, presence, union_of, union_of_presence
@@ -281,6 +281,7 @@ def tune(comm: Any, repeats: int = 15, name: str = "tuned", runs: int = 1) -> Pr
     ``runs`` > 1: that many measurements, every price their median (:func:`median_profile`)."""
     if runs > 1:
         return median_profile([tune(comm, repeats, name) for _ in range(runs)])
+    _accel.ready()  # the local prices are numba's where it runs: not numpy's while it loads
     passes = [_fixed_pass(comm, repeats)]
     alpha_n, beta_n, curve = _native(comm, repeats) if comm.size > 1 else (0.0, 0.0, [])
     alpha_p, alpha_m, beta_p = _p2p(comm, repeats) if comm.size > 1 else (0.0, 0.0, 0.0)
