@@ -182,7 +182,8 @@ def table_reduce(table: Table, vocab: int, grad: torch.Tensor, hook_comm, group,
                        comm.size if name == "hook" else 1) for name, fn in calls.items()}
     calls.update({"coalesce": lambda: coalesce(grad), "torch coalesce": grad.coalesce})
     indices, values = coalesce(grad)
-    bad["coalesce"] = wrong(torch.sparse_coo_tensor(indices[None], values, grad.shape),
+    bad["coalesce"] = wrong(torch.sparse_coo_tensor(indices[None], values, grad.shape,
+                                                    check_invariants=True),
                             grad.coalesce(), 1)
     bad["torch coalesce"] = 0
     sent = {}

@@ -140,30 +140,37 @@ _OPS = tuple(ReduceOp)
 _FIELDS = ("collective", "op", "root", "dtype", "count")
 
 
-def _agree(comm: Communicator, verb: str, fields: dict[str, int] | None) -> None:
+def _peer_error(failure: agreement.Failure, draft: agreement.Draft) -> CupycollError:
+    return MismatchError(f"rank {failure.rank} passed bad arguments to {draft.terms.verb}; "
+                         f"rank {draft.rank} stops too (CUPYCOLL_DEBUG check)")
+
+
+def _mismatch(differs: list[agreement.Differ], draft: agreement.Draft) -> str:
+    return (f"rank {draft.rank} called {draft.terms.verb} with {draft.context}, but ranks "
+            f"differ in {[d.field for d in differs]} (CUPYCOLL_DEBUG check)")
+
+
+#: what each dense verb agrees on under CUPYCOLL_DEBUG (:mod:`cupycoll._agreement`).
+_TERMS = {verb: agreement.Terms(verb, _FIELDS, _peer_error, _mismatch) for verb in _VERBS}
+
+
+def _agree(comm: Communicator, verb: str, fields: dict[str, int] | None,
+           error: CupycollError | None = None) -> None:
     """With CUPYCOLL_DEBUG, check that every rank called the same collective the same way.
 
-    One small MAX-allreduce of each field and its negation (max == -min means all agree), plus
-    the highest rank whose arguments were bad (``fields`` None), runs before the collective itself.
-    So a rank that called another collective, or the same one with another op, root, dtype or
-    count, or that raised on bad arguments, makes every other rank raise too instead of hanging
-    or reducing garbage.
+    One small MAX-allreduce (:mod:`cupycoll._agreement`) runs before the collective itself. So
+    a rank that called another collective, or the same one with another op, root, dtype or
+    count, or that raised ``error`` on bad arguments (``fields`` None), makes every other rank
+    raise too instead of hanging or reducing garbage; that rank raises ``error``.
     """
-    values = list((fields or {}).values()) or [0] * len(_FIELDS)
-    mine = [comm.rank + 1 if fields is None else 0] + [v for f in values for v in (f, -f)]
-    vec = agreement.start(comm, verb)
-    vec[agreement.HEADER:agreement.HEADER + len(mine)] = mine
+    draft = _TERMS[verb].draft(comm)
+    draft.context = fields
+    if error is not None:
+        draft.fail(error)
+    else:
+        draft.agree(fields.values())
     with comm.calling(verb):  # a timeout here names the verb, not its check
-        every = agreement.settle(comm, vec, verb, "debug.check")
-    if fields is None:
-        return  # this rank raises its own error
-    if every[0]:
-        raise MismatchError(f"rank {int(every[0]) - 1} passed bad arguments to {verb}; rank "
-                            f"{comm.rank} stops too (CUPYCOLL_DEBUG check)")
-    differ = [name for i, name in enumerate(_FIELDS) if every[1 + 2 * i] != -every[2 + 2 * i]]
-    if differ:
-        raise MismatchError(f"rank {comm.rank} called {verb} with {fields}, but ranks differ in "
-                            f"{differ} (CUPYCOLL_DEBUG check)")
+        draft.settle("debug.check")
 
 
 @contextlib.contextmanager
@@ -184,9 +191,9 @@ def _checked(comm: Communicator, verb: str) -> Iterator[Callable[..., None]]:
 
     try:
         yield check
-    except CupycollError:
+    except CupycollError as exc:
         if debugging and not checked:
-            _agree(comm, verb, None)
+            _agree(comm, verb, None, exc)  # raises exc after the agreement
         raise
 
 

@@ -38,7 +38,8 @@ def test_slots_are_bounded():
     for p in range(1, 200):
         assert _agreement.slot_words(p) * p <= _agreement.SLOT_WORDS_TOTAL
         assert (_agreement.slot_words(p) == 0) == (p > 32)
-    assert _agreement.length(64) == _agreement.HEADER + 20 + 3 * 64
+    fixed = _agreement.HEADER + 2 * _agreement.FIELDS + _agreement.MAXIMA
+    assert _agreement.length(64) == fixed + (2 + _agreement.COLUMNS) * 64
 
 
 def test_fits_and_cost_model():

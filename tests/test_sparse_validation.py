@@ -192,33 +192,36 @@ def test_prepared_shape_and_fields():
     assert ints.fields(NAMES) == (10, 1, 3, 0, 4, NAMES.index("allgather"), 3, 6, 0)
 
 
-def test_an_error_travels_as_a_code_and_comes_back_naming_the_rank():
-    """code = kind * 32 + argument position (type 1, value 2, range 3; 13 = unnamed); the
-    other ranks raise the same type naming the rank, the argument and every bad rank."""
+def test_a_peers_error_comes_back_naming_the_rank_argument_and_every_bad_rank():
+    """``_peer_error`` rebuilds from a travelled :class:`Failure` the error the other ranks
+    raise: the same type naming the rank, the argument ("arguments" where it named none) and
+    every bad rank; an index out of range shows its value and this rank's n."""
+    from types import SimpleNamespace
+
+    from cupycoll._agreement import Failure
+
     args = ("indices", "values", "n", "op", "algorithm", "accumulate_dtype", "alloc_fn",
             "completion_fn", "async_op", "wire", "wire_values", "output", "out")
-    for i, name in enumerate(args):
-        assert v._code(InvalidType(name, "g", "e")) == 32 + i
-        assert v._code(InvalidArgument(name, 1, "r")) == 64 + i
-        e = v._peer_error(32 + i, 2, 0, 10, [2])
+    draft = SimpleNamespace(context=SimpleNamespace(n=10))
+    for name in args:
+        e = v._peer_error(Failure(2, InvalidType, name, None, [2]), draft)
         assert type(e) is InvalidType and e.argument == name and e.rank == 2
         assert str(e) == (f"argument {name!r} on rank 2 must be valid on every rank (rank 2 "
                           f"raised the precise error), got 'a bad {name} on rank 2'")
-        e = v._peer_error(64 + i, 1, 0, 10, [1, 4])
+        e = v._peer_error(Failure(1, InvalidArgument, name, None, [1, 4]), draft)
         assert type(e) is InvalidArgument and e.argument == name
         assert str(e) == (f"invalid argument {name!r} on rank 1: rank 1 passed an invalid "
                           f"{name}; ranks with bad input: [1, 4] (got 'see rank 1')")
-    assert v._code(v._OutOfRange("indices", 12, "r")) == 96
-    assert v._code(InvalidArgument("arguments", "x", "r")) == 64 + 13
-    e = v._peer_error(96, 0, 12, 10, [0])
+    e = v._peer_error(Failure(0, InvalidArgument, "indices", 12, [0]), draft)
     assert str(e) == ("invalid argument 'indices' on rank 0: index out of range [0, n=10) on "
                       "rank 0 (got 12)")
-    e = v._peer_error(96, 1, -3, 7, [1, 2])
+    draft.context.n = 7
+    e = v._peer_error(Failure(1, InvalidArgument, "indices", -3, [1, 2]), draft)
     assert str(e) == ("invalid argument 'indices' on rank 1: index out of range [0, n=7) on "
                       "rank 1; ranks with bad input: [1, 2] (got -3)")
-    e = v._peer_error(64 + 13, 5, 0, 7, [5])
+    e = v._peer_error(Failure(5, InvalidArgument, None, None, [5]), draft)
     assert e.argument == "arguments" and "passed an invalid arguments" in str(e)
-    e = v._peer_error(32 + 13, 5, 0, 7, [5])
+    e = v._peer_error(Failure(5, InvalidType, None, None, [5]), draft)
     assert type(e) is InvalidType and e.argument == "arguments"
 
 
@@ -229,11 +232,15 @@ def test_mismatch_names_every_field_that_differs():
     assert v._decode("algorithm", 2) == NAMES[2] and v._decode("wire", 4) == "compact/bfloat16"
     assert v._decode("n", 12) == "12" and v._decode("async_op", 1) == "1"
     assert v._decode("output", 0) == "sparse" and v._decode("output", 1) == "dense"
+    from types import SimpleNamespace
+
+    from cupycoll._agreement import Differ
+
     lows = [10, 0, 1, 0, 0, 0, 1, 0, 0, 0]  # per field: n, index/value dtype, width, op, ...
     highs = [12, 0, 2, 0, 2, 3, 1, 5, 1, 1]
-    with pytest.raises(MismatchError) as info:
-        v._disagreement(highs, [-lo for lo in lows], 1, 4)
-    assert str(info.value) == (
+    differs = [Differ(field, lo, lo, hi) for field, lo, hi in zip(v.TERMS.fields, lows, highs)
+               if lo != hi]
+    assert v._mismatch(differs, SimpleNamespace(rank=1, size=4)) == (
         f"ranks disagree on n (10 vs 12), value_dtype (float32 vs float64), op (sum vs max), "
         f"algorithm ({NAMES[0]} vs {NAMES[3]}), wire (coo/None vs compact/float16), output "
         f"(sparse vs dense), async_op (0 vs 1) (seen on rank 1 of 4); every rank must pass the "

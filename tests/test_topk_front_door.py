@@ -123,15 +123,15 @@ def test_local_checks_accept_the_edges_and_return_the_wire_code():
             assert _check(X, wire=wire, wire_values=values)[2] == 3 * i + j
 
 
-def test_an_error_travels_as_its_class_and_argument():
-    """``_encode``: (class index + 1) * 16 + argument index (15: an argument of no name);
-    ``_decode`` rebuilds the error the other ranks raise, naming the failing rank."""
+def test_a_peers_error_comes_back_as_its_class_naming_the_rank_and_argument():
+    """``_peer_error`` rebuilds from a travelled :class:`Failure` the error the other ranks
+    raise: the failing rank's class and argument ("argument" where it named none)."""
+    from cupycoll._agreement import Failure
+
     names = ("x", "k", "algorithm", "selector", "state", "grad", "n", "wire", "wire_values")
-    for i, name in enumerate(names):
-        assert api._encode(InvalidType(name, "g", "e")) == 16 + i
-        assert api._encode(InvalidArgument(name, 1, "r")) == 32 + i
+    for name in names:
         for cls in (InvalidType, InvalidArgument):
-            e = api._decode(api._encode(cls(name, 1, "r")), 5)
+            e = api._peer_error(Failure(5, cls, name, None, [5]), None)
             reason = (f"rank 5 passed an invalid {name!r} (see that rank's error); every rank "
                       "raises")
             assert type(e) is cls and e.argument == name and e.rank == 5
@@ -141,13 +141,11 @@ def test_an_error_travels_as_its_class_and_argument():
             else:
                 assert str(e) == (f"invalid argument {name!r} on rank 5: {reason} "
                                   "(got '(on another rank)')")
-    assert api._encode(InvalidType("dense", "g", "e")) == 16 + 15
-    assert api._encode(CupycollError("boom")) == 48 + 15
-    e = api._decode(48 + 15, 2)
+    e = api._peer_error(Failure(2, CupycollError, None, None, [2]), None)
     assert type(e) is CupycollError
     assert str(e) == ("rank 2 passed an invalid 'argument' (see that rank's error); every rank "
                       "raises")
-    e = api._decode(32 + 15, 0)
+    e = api._peer_error(Failure(0, InvalidArgument, None, None, [0, 1]), None)
     assert type(e) is InvalidArgument and e.argument == "argument" and e.rank == 0
 
 

@@ -29,8 +29,6 @@ __all__ = ["Shape", "Cost", "estimate_union", "validation_cost", "VALIDATION_FIE
 #: agreement fields of the validation allreduce (each sent as max(x) and max(-x)); see _validate.
 VALIDATION_FIELDS = ("n", "index_dtype", "value_dtype", "width", "op", "algorithm",
                      "accumulate_dtype", "wire", "output", "async_op")
-#: per-rank slots of the validation allreduce: coalesced nnz, error code, offending value.
-VALIDATION_SLOTS = 3
 
 
 def estimate_union(n: int, nnz: Iterable[int]) -> int:

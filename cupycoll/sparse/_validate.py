@@ -4,10 +4,13 @@ Every rank checks its own arguments locally (types, dtypes, shapes, index range)
 input, and then all ranks run ONE int64 MAX-allreduce of
 
 * ``max(x)`` and ``max(-x)`` of every agreement field (n, index dtype, value dtype, width, op,
-  algorithm, accumulate dtype, async_op): the two differ exactly when ranks disagree;
-* one slot per rank for its coalesced nnz, its error code and its offending value (other ranks
-  put INT64_MIN there), so every rank learns every rank's nnz (used by ``auto``) and which rank
-  had which problem.
+  algorithm, accumulate dtype, wire, output, async_op): the two differ exactly when ranks
+  disagree;
+* with ``output="dense"``, whether any rank's values hold a NaN or an infinity, or a -0;
+* every rank's coalesced nnz (used by ``auto``) and which rank had which problem, with an
+  out-of-range index's value
+
+(the layout is :mod:`cupycoll._agreement`'s, from :data:`TERMS`).
 
 The vector ends with one entry slot per rank: with ``algorithm="auto"``, a call whose entries
 fit there on every rank is complete after this one collective (:mod:`.small`).
@@ -30,7 +33,7 @@ from .. import _agreement as agreement
 from .._config import setting
 from .._registry import algorithms
 from .._types import ReduceOp, array_namespace, as_array, parse_op, to_host
-from ..errors import CupycollError, InvalidArgument, InvalidType, MismatchError
+from ..errors import CupycollError, InvalidArgument, InvalidType
 from ..primitives import VALUE_DTYPES, coo_reduce
 from ..primitives._accel import _fast
 from ..primitives._checks import _index_stats
@@ -49,11 +52,8 @@ _INDEX_CODES = {np.dtype(name): code for code, name in enumerate(_INDEX_NAMES)}
 _VALUE_CODES = {np.dtype(name): code for code, name in enumerate(_VALUE_NAMES)}
 _OPS = tuple(ReduceOp)
 _OP_CODES = {op: code for code, op in enumerate(_OPS)}
-_ARGUMENTS = ("indices", "values", "n", "op", "algorithm", "accumulate_dtype", "alloc_fn",
-              "completion_fn", "async_op", "wire", "wire_values", "output", "out")
 #: what ``sparse_allreduce`` returns: a SparseResult, or the reduced n-vector itself.
 OUTPUTS = ("sparse", "dense")
-_TYPE, _VALUE, _RANGE = 1, 2, 3  # error kinds; code = kind * 32 + argument position
 
 
 @dataclasses.dataclass
@@ -262,30 +262,32 @@ def _local(comm: Any, indices: Any, values: Any, n: Any, op: Any, algorithm: Any
                     measure=measure), None
 
 
-def _code(error: CupycollError) -> int:
-    argument = getattr(error, "argument", "")
-    position = _ARGUMENTS.index(argument) if argument in _ARGUMENTS else len(_ARGUMENTS)
-    if isinstance(error, InvalidType):
-        return _TYPE * 32 + position
-    if isinstance(error, _OutOfRange):
-        return _RANGE * 32 + position
-    return _VALUE * 32 + position
-
-
-def _peer_error(code: int, rank: int, bad: int, n: int, others: list[int]) -> CupycollError:
+def _peer_error(failure: agreement.Failure, draft: agreement.Draft) -> CupycollError:
     """The error a rank with good input raises for a peer's bad input."""
-    kind, position = divmod(code, 32)
-    argument = _ARGUMENTS[position] if position < len(_ARGUMENTS) else "arguments"
-    also = f"; ranks with bad input: {others}" if len(others) > 1 else ""
-    if kind == _RANGE:
-        return InvalidArgument("indices", bad, f"index out of range [0, n={n}) on rank {rank}"
-                               f"{also}", rank=rank)
-    if kind == _TYPE:
+    rank, argument = failure.rank, failure.argument or "arguments"
+    also = f"; ranks with bad input: {failure.ranks}" if len(failure.ranks) > 1 else ""
+    if failure.detail is not None:  # an index out of range
+        return InvalidArgument("indices", failure.detail, f"index out of range [0, n="
+                               f"{draft.context.n}) on rank {rank}{also}", rank=rank)
+    if failure.kind is InvalidType:
         return InvalidType(argument, f"a bad {argument} on rank {rank}",
                            f"valid on every rank (rank {rank} raised the precise error{also})",
                            rank=rank)
     return InvalidArgument(argument, f"see rank {rank}", f"rank {rank} passed an invalid "
                            f"{argument}{also}", rank=rank)
+
+
+def _mismatch(differs: list[agreement.Differ], draft: agreement.Draft) -> str:
+    """The message naming every field on which the ranks disagree."""
+    named = ", ".join(f"{d.field} ({_decode(d.field, d.low)} vs {_decode(d.field, d.high)})"
+                      for d in differs)
+    return (f"ranks disagree on {named} (seen on rank {draft.rank} of {draft.size}); every "
+            "rank must pass the same value")
+
+
+#: what sparse_allreduce agrees on (:mod:`cupycoll._agreement`).
+TERMS = agreement.Terms("sparse_allreduce", VALIDATION_FIELDS, _peer_error, _mismatch,
+                        maxima=("nonfinite", "minus_zero"), columns=("nnz",))
 
 
 def _decode(field: str, value: int) -> str:
@@ -318,79 +320,46 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
         MismatchError: ranks disagree on n, dtypes, width, op, algorithm, accumulate_dtype,
             wire, wire_values, output or async_op.
 
-    With ``output="dense"`` each rank's third slot (the offending value of a bad input) holds
-    instead :func:`_value_flags`: whether its float values hold a NaN or an infinity (only then
-    does the dense result need its NaN bits made canonical, a pass over n) or a -0.
+    With ``output="dense"`` the ranks also agree on :func:`_value_flags`: whether some rank's
+    float values hold a NaN or an infinity (only then does the dense result need its NaN bits
+    made canonical, a pass over n) or a -0.
     """
-    p, rank = comm.size, comm.rank
     names = algorithms("sparse")
     prepared, error = _local(comm, indices, values, n, op, algorithm, accumulate_dtype,
                              alloc_fn, completion_fn, names, wire, wire_values, output, out)
-    nf = len(VALIDATION_FIELDS)
-    full = agreement.start(comm, "sparse_allreduce")  # room for 2 * nf + VALIDATION_SLOTS * p
-    vec = full[agreement.HEADER:agreement.HEADER + 2 * nf + 3 * p]
-    slots = 2 * nf + 3 * p  # then one entry slot per rank (sparse/small.py)
+    draft = TERMS.draft(comm)
+    draft.context = prepared
     if prepared is not None:
-        vec[0:2 * nf] = _signed(prepared.fields(names) + (int(bool(async_op)),))
-        vec[2 * nf + rank] = prepared.indices.shape[0]
-        vec[2 * nf + p + rank] = 0
-        vec[2 * nf + 2 * p + rank] = _value_flags(prepared)
+        draft.agree(prepared.fields(names) + (int(bool(async_op)),))
+        draft.column("nnz", prepared.indices.shape[0])
+        nonfinite, minus_zero = _value_flags(prepared)
+        draft.maximum("nonfinite", nonfinite)
+        draft.maximum("minus_zero", minus_zero)
         if prepared.algorithm == "auto":
-            full = small.pack(comm, full, agreement.slot_start(p, rank), prepared.indices,
-                              prepared.values, prepared.wire_values)
+            draft.vec = small.pack(comm, draft.vec, draft.slot(), prepared.indices,
+                                   prepared.values, prepared.wire_values)
     else:
-        vec[2 * nf + p + rank] = _code(error)
-        if isinstance(error, _OutOfRange):
-            vec[2 * nf + 2 * p + rank] = error.value
-    reduced = agreement.settle(comm, full, "sparse_allreduce", "sparse.validate")
-    agreed = reduced[:slots].tolist()
-    codes = agreed[2 * nf + p:2 * nf + 2 * p]
-    if error is not None:
-        raise error
-    if any(codes):
-        bad_ranks = [r for r, code in enumerate(codes) if code]
-        first = bad_ranks[0]
-        raise _peer_error(codes[first], first, agreed[2 * nf + 2 * p + first], prepared.n,
-                          bad_ranks)
-    highs, negated_lows = agreed[0:2 * nf:2], agreed[1:2 * nf:2]
-    if highs != [-lo for lo in negated_lows]:
-        _disagreement(highs, negated_lows, rank, p)
-    prepared.nnz = tuple(agreed[2 * nf:2 * nf + p])
-    if prepared.output == "dense":  # no error anywhere: each slot holds _value_flags
-        flags = agreed[2 * nf + 2 * p:2 * nf + 3 * p]
-        prepared.nonfinite = any(v & 1 for v in flags)
-        prepared.minus_zero = any(v & 2 for v in flags)
+        draft.fail(error, error.value if isinstance(error, _OutOfRange) else None)
+    agreed = draft.settle("sparse.validate")
+    prepared.nnz = tuple(agreed.columns["nnz"])
+    prepared.nonfinite = agreed.maxima["nonfinite"] > 0
+    prepared.minus_zero = agreed.maxima["minus_zero"] > 0
     if prepared.algorithm == "auto" and small.fits_all(
-            p, prepared.nnz, prepared.index_dtype.itemsize,
+            comm.size, prepared.nnz, prepared.index_dtype.itemsize,
             prepared.accumulate_dtype.itemsize * max(prepared.width, 1)):
-        prepared.merged = small.merge(comm.xp, reduced[slots:], prepared.nnz,
+        prepared.merged = small.merge(comm.xp, agreed.slots, prepared.nnz,
                                       prepared.index_dtype, prepared.accumulate_dtype,
                                       prepared.width, prepared.reduce_op)
     return prepared
 
 
-#: the last call's agreement fields and their signed words (calls repeat their arguments)
-_LAST_SIGNED: tuple[tuple[int, ...], np.ndarray] = ((), np.empty(0, np.int64))
-
-
-def _signed(fields: tuple[int, ...]) -> np.ndarray:
-    """``f, -f`` of every field, interleaved (the MAX of both tells a disagreement)."""
-    global _LAST_SIGNED
-    last = _LAST_SIGNED
-    if last[0] == fields:
-        return last[1]
-    words = np.array([v for f in fields for v in (f, -f)], dtype=np.int64)
-    _LAST_SIGNED = (fields, words)
-    return words
-
-
-def _value_flags(prepared: Prepared) -> int:
+def _value_flags(prepared: Prepared) -> tuple[int, int]:
     """A dense output's value facts (only then computed: one pass over this rank's values):
-    bit 0, the float values hold a NaN or an infinity (the result's NaN bits need settling);
-    bit 1, they hold a -0 (so +0 + x is not x for every input)."""
+    whether the float values hold a NaN or an infinity (the result's NaN bits need settling),
+    and whether they hold a -0 (so +0 + x is not x for every input)."""
     values = prepared.values
     if prepared.output != "dense" or values.dtype.kind != "f" or values.size == 0:
-        return 0
+        return 0, 0
     fast = _fast(values.size) if isinstance(values, np.ndarray) else None
     if fast is not None:
         nonfinite, minus_zero = fast.special_values(values)
@@ -398,15 +367,4 @@ def _value_flags(prepared: Prepared) -> int:
         xp = array_namespace(values)
         nonfinite = not bool(xp.isfinite(values).all())
         minus_zero = bool(((values == 0) & xp.signbit(values)).any())
-    return int(nonfinite) | int(minus_zero) << 1
-
-
-def _disagreement(highs: list[int], negated_lows: list[int], rank: int, p: int) -> None:
-    """Raise MismatchError naming every field on which the ranks disagree."""
-    disagree = []
-    for field, hi, lo in zip(VALIDATION_FIELDS, highs, negated_lows):
-        lo = -lo
-        if hi != lo:
-            disagree.append(f"{field} ({_decode(field, lo)} vs {_decode(field, hi)})")
-    raise MismatchError(f"ranks disagree on {', '.join(disagree)} (seen on rank {rank} of "
-                        f"{p}); every rank must pass the same value")
+    return int(nonfinite), int(minus_zero)

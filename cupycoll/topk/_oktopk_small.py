@@ -11,7 +11,7 @@ the gathered selections (the same proposals and floor average as ``region_bounda
 the sums in the owners' order. Same bits as the full algorithm, one collective instead of six.
 
 Which collectives run never depends on local data (the vector's length depends on P only);
-each rank writes its count + 1 into payload word ``COUNT_AT + rank`` (0 when its selection did
+each rank writes its count + 1 into its agreement column ``count`` (0 when its selection did
 not fit), so after the checks all ranks agree whether to finish here.
 """
 
@@ -29,10 +29,7 @@ from ._common import index_dtype
 from .oktopk import proposed_cuts
 from .selectors import Threshold
 
-__all__ = ["SmallRefresh", "COUNT_AT"]
-
-#: payload word of rank 0's count (after the 11 words of ``topk.api.validate``).
-COUNT_AT = 11
+__all__ = ["SmallRefresh"]
 
 
 class SmallRefresh:
@@ -44,26 +41,24 @@ class SmallRefresh:
         self.comm = comm
         self.result: SparseResult | None = None
 
-    def pack(self, vec: np.ndarray, x: Any, k: int) -> Any:
+    def pack(self, draft: agreement.Draft, x: Any, k: int) -> None:
         """Select locally (a fresh state's step 0, a refresh step: the default) and write the
-        selection into this rank's slot when it fits; return the vector to settle."""
+        selection into this rank's slot of ``draft`` when it fits."""
         comm, p = self.comm, self.comm.size
         self.n = int(x.shape[0])
         sel = Threshold().select(x, k)
         idx, val = sel.indices, sel.values
         fits = block_words(sel.count, idx.dtype.itemsize, val.dtype.itemsize) <= \
             agreement.slot_words(p)
-        vec[agreement.HEADER + COUNT_AT + comm.rank] = sel.count + 1 if fits else 0
-        return pack(comm, vec, agreement.slot_start(p, comm.rank), idx, val, None)
+        draft.column("count", sel.count + 1 if fits else 0)
+        draft.vec = pack(comm, draft.vec, draft.slot(), idx, val, None)
 
-    def finish(self, payload: np.ndarray, k: int, dtype: np.dtype) -> None:
-        """Compute the result from the reduced payload when every rank's selection came."""
-        p = self.comm.size
-        counts = payload[COUNT_AT:COUNT_AT + p].tolist()
+    def finish(self, agreed: agreement.Agreed, k: int, dtype: np.dtype) -> None:
+        """Compute the result from the settled agreement when every rank's selection came."""
+        counts = agreed.columns["count"]
         if not all(c > 0 for c in counts):
             return
-        start = agreement.slot_start(p, 0) - agreement.HEADER
-        parts = blocks(payload[start:], [c - 1 for c in counts], index_dtype(self.n), dtype, 0)
+        parts = blocks(agreed.slots, [c - 1 for c in counts], index_dtype(self.n), dtype, 0)
         idx, val = _refresh(parts, self.n, k, dtype)
         xp = self.comm.xp
         self.result = SparseResult(xp.asarray(idx), xp.asarray(val), self.n)

@@ -35,29 +35,34 @@ __all__ = ["topk_allreduce", "validate", "run", "FLOAT_DTYPES"]
 #: value dtypes the top-k algorithms accept.
 FLOAT_DTYPES = tuple(np.dtype(t) for t in ("float16", "float32", "float64"))
 
-#: dtype -> its code in the validation allreduce (1-based; 0 = this rank had an error).
+#: dtype -> its code in the validation allreduce.
 _DTYPE_CODES = {dtype: code for code, dtype in enumerate(FLOAT_DTYPES, 1)}
 
-#: arguments an error can name, and error classes; an error is encoded as class * 16 + argument.
-_ARGUMENTS = ("x", "k", "algorithm", "selector", "state", "grad", "n", "wire", "wire_values")
-_CLASSES = (InvalidType, InvalidArgument, CupycollError)
-
-
-def _encode(exc: CupycollError) -> int:
-    cls = next(i for i, c in enumerate(_CLASSES) if isinstance(exc, c))
-    arg = getattr(exc, "argument", None)
-    return (cls + 1) * 16 + (_ARGUMENTS.index(arg) if arg in _ARGUMENTS else 15)
-
-
-def _decode(code: int, rank: int) -> CupycollError:
-    cls, arg = _CLASSES[code // 16 - 1], code % 16
-    name = _ARGUMENTS[arg] if arg < len(_ARGUMENTS) else "argument"
+def _peer_error(failure: agreement.Failure, draft: agreement.Draft) -> CupycollError:
+    """The error a rank with good arguments raises for a peer's bad ones."""
+    name, rank = failure.argument or "argument", failure.rank
     reason = f"rank {rank} passed an invalid {name!r} (see that rank's error); every rank raises"
-    if cls is InvalidType:
+    if failure.kind is InvalidType:
         return InvalidType(name, "(on another rank)", f"valid on every rank: {reason}", rank=rank)
-    if cls is InvalidArgument:
+    if failure.kind is InvalidArgument:
         return InvalidArgument(name, "(on another rank)", reason, rank=rank)
     return CupycollError(reason)
+
+
+def _mismatch(differs: list[agreement.Differ], draft: agreement.Draft) -> str:
+    """The message of the first field (in declaration order) the ranks disagree on."""
+    d = differs[0]
+    return _disagreement(d.field, draft.rank, d.mine, d.low, d.high, draft.context)
+
+
+def _terms(verb: str) -> agreement.Terms:
+    """What ``verb`` (topk_allreduce or TopkCompressor.step) agrees on."""
+    return agreement.Terms(verb, ("length of x", "k", "dtype", "algorithm", "wire"),
+                           _peer_error, _mismatch, columns=("count",))
+
+
+#: the agreements of the verbs that validate here.
+TERMS = {verb: _terms(verb) for verb in ("topk_allreduce", "TopkCompressor.step")}
 
 
 def _local_checks(comm: Communicator, x: Any, k: Any, algorithm: Any, selector: Any, state: Any,
@@ -107,35 +112,19 @@ def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: An
     ``small``: the selection travels in the entry slots and, when every rank's fitted, the
     result is computed here (``small.result``; :mod:`._oktopk_small`).
     """
-    error: CupycollError | None = None
-    arr, kk, wcode = None, 0, 0
+    draft = TERMS[verb].draft(comm)
+    draft.context = algorithm
     try:
         arr, kk, wcode = _local_checks(comm, x, k, algorithm, selector, state, argument, n,
                                        wire, wire_values)
     except CupycollError as exc:
-        error = exc
-    p = comm.size
-    key = (p - comm.rank) * 256 + _encode(error) if error is not None else 0
-    if error is None:
-        length, dcode = int(arr.shape[0]), _DTYPE_CODES[np.dtype(arr.dtype)]
-        acode = _algorithm_code(algorithm)
+        draft.fail(exc)
     else:
-        length = dcode = acode = 0
-    mine = np.array([key, length, -length, kk, -kk, dcode, -dcode, acode, -acode, wcode, -wcode],
-                    np.int64)
-    vec = agreement.start(comm, verb)
-    vec[agreement.HEADER:agreement.HEADER + mine.shape[0]] = mine
-    if small is not None and error is None:
-        vec = small.pack(vec, to_namespace(arr, comm.xp), kk)
-    agreed = agreement.settle(comm, vec, verb, "topk.validate")
-    if agreed[0]:
-        if error is not None:
-            raise error
-        raise _decode(int(agreed[0]) % 256, p - int(agreed[0]) // 256)
-    for name, i in (("length of x", 1), ("k", 3), ("dtype", 5), ("algorithm", 7), ("wire", 9)):
-        if agreed[i] != -agreed[i + 1]:
-            raise MismatchError(_disagreement(name, comm.rank, int(mine[i]), int(-agreed[i + 1]),
-                                              int(agreed[i]), algorithm))
+        draft.agree((int(arr.shape[0]), kk, _DTYPE_CODES[np.dtype(arr.dtype)],
+                     _algorithm_code(algorithm), wcode))
+        if small is not None:
+            small.pack(draft, to_namespace(arr, comm.xp), kk)
+    agreed = draft.settle("topk.validate")
     if small is not None:
         small.finish(agreed, kk, np.dtype(arr.dtype))
     return arr, kk
