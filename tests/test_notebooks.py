@@ -21,14 +21,18 @@ def test_there_are_notebooks():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_executes(path, tmp_path, monkeypatch):
     """Every cell runs without error (the notebooks assert their own results against dense
-    references); the engines import this checkout's cupycoll."""
+    references) and shows its figure inline, writing no file; the engines import this
+    checkout's cupycoll."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))  # its own cluster files
     notebook = nbformat.read(path, as_version=4)
     NotebookClient(notebook, timeout=240, kernel_name="python3",
                    resources={"metadata": {"path": str(tmp_path)}}).execute()
-    assert list(tmp_path.glob("*.png")), "the notebook drew no figure"
+    shown = [o for cell in notebook.cells for o in cell.get("outputs", ())
+             if "image/png" in o.get("data", {})]
+    assert shown, "the notebook showed no figure"
+    assert not [p for p in tmp_path.iterdir() if p.name != "ipython"], "it left files behind"
 
 
 def test_mpi_cluster_uses_this_pythons_mpiexec():

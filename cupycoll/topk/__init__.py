@@ -8,16 +8,16 @@ residuals. Importing this package registers the algorithms (``cupycoll.algorithm
 from __future__ import annotations
 
 from . import dense, gaussiank, gtopk, oktopk, topka  # noqa: F401  (register the algorithms)
-from ._common import Cost, TopkOutcome, TopkState
+from ._common import WordCost, TopkOutcome, TopkState
 from .api import topk_allreduce
 from .compressor import TopkCompressor
 from .selectors import Exact, Gaussian, Selection, Selector, Threshold
 
-__all__ = ["topk_allreduce", "TopkCompressor", "TopkState", "TopkOutcome", "Cost", "Selector",
-           "Selection", "Exact", "Threshold", "Gaussian", "cost_model"]
+__all__ = ["topk_allreduce", "TopkCompressor", "TopkState", "TopkOutcome", "WordCost",
+           "Selector", "Selection", "Exact", "Threshold", "Gaussian", "cost_model"]
 
 
-def cost_model(algorithm: str, p: int, k: int, n: int) -> Cost:
+def cost_model(algorithm: str, p: int, k: int, n: int) -> WordCost:
     """Return the per-rank cost model (words received, latency) of ``algorithm`` on p ranks."""
     from .._registry import lookup
 

@@ -23,14 +23,15 @@ from ..errors import InvalidArgument, InvalidType
 if TYPE_CHECKING:
     from .selectors import Selection, Selector
 
-__all__ = ["TopkState", "TopkOutcome", "Cost", "topk_algorithm", "index_dtype", "smallest_positive",
-           "positive_threshold", "sorted_member", "to_host", "to_namespace", "check_int", "min_abs",
-           "log2_ceil"]
+__all__ = ["TopkState", "TopkOutcome", "WordCost", "topk_algorithm", "index_dtype",
+           "smallest_positive", "positive_threshold", "sorted_member", "to_host", "to_namespace",
+           "check_int", "min_abs", "log2_ceil"]
 
 
-class Cost(NamedTuple):
-    """Per-rank cost of one call: ``words`` received (1 word = one int32 index or one fp32 value)
-    and ``latency`` (alpha terms on the critical path), both as the algorithm's model states."""
+class WordCost(NamedTuple):
+    """Per-rank cost of one call in the papers' terms: ``words`` received (1 word = one int32
+    index or one fp32 value) and ``latency`` (alpha terms on the critical path), both as the
+    algorithm's model states (the bytes a call books are :class:`cupycoll.sparse._cost.Cost`)."""
 
     words: float
     latency: float
@@ -133,7 +134,7 @@ def min_abs(values: Any) -> float:
 
 
 def topk_algorithm(name: str, *, selector: Callable[[], Selector],
-                   cost: Callable[[int, int, int], Cost]) -> Callable:
+                   cost: Callable[[int, int, int], WordCost]) -> Callable:
     """Register ``fn`` as top-k algorithm ``name`` with its default selector and cost model."""
     def decorate(fn: Callable) -> Callable:
         fn.default_selector = selector

@@ -23,7 +23,7 @@ from .._registry import algorithms, lookup
 from .._result import SparseResult
 from .._types import array_namespace, as_array, check_dtype
 from ..comm import Communicator, get_comm
-from ..errors import CupycollError, InvalidArgument, InvalidType, MismatchError
+from ..errors import CupycollError, InvalidArgument, InvalidType
 from ..wire._choice import check_wire, check_wire_values, decode_code, wire_code
 from ._common import TopkOutcome, TopkState, to_namespace
 from ._oktopk_small import SmallRefresh

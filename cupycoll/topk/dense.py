@@ -17,15 +17,15 @@ from typing import Any
 from .._result import SparseResult
 from .._types import ReduceOp
 from ..primitives import topk_abs
-from ._common import Cost, TopkOutcome, TopkState, log2_ceil, topk_algorithm
+from ._common import WordCost, TopkOutcome, TopkState, log2_ceil, topk_algorithm
 from .selectors import Exact, Selection
 
 __all__ = ["dense", "cost"]
 
 
-def cost(p: int, k: int, n: int) -> Cost:
+def cost(p: int, k: int, n: int) -> WordCost:
     """Words received per rank and latency of ``dense`` on p ranks."""
-    return Cost(2.0 * n * (p - 1) / p, 2.0 * log2_ceil(p))
+    return WordCost(2.0 * n * (p - 1) / p, 2.0 * log2_ceil(p))
 
 
 @topk_algorithm("dense", selector=Exact, cost=cost)

@@ -35,7 +35,7 @@ import numpy as np
 
 from .._result import SparseResult
 from ..primitives import merge_sorted, topk_abs
-from ._common import (Cost, TopkOutcome, TopkState, index_dtype, log2_ceil, sorted_member,
+from ._common import (WordCost, TopkOutcome, TopkState, index_dtype, log2_ceil, sorted_member,
                       to_host, topk_algorithm)
 from ..wire._pack import COO, Wire
 from ..wire._values import rounding_error
@@ -45,9 +45,9 @@ from .selectors import Exact
 __all__ = ["gtopk", "cost"]
 
 
-def cost(p: int, k: int, n: int) -> Cost:
+def cost(p: int, k: int, n: int) -> WordCost:
     """Words received per rank (upper bound) and latency of ``gtopk`` on p ranks."""
-    return Cost(4.0 * k * log2_ceil(p), 2.0 * log2_ceil(p))
+    return WordCost(4.0 * k * log2_ceil(p), 2.0 * log2_ceil(p))
 
 
 def _pad(xp: Any, idx: Any, val: Any, k: int, n: int) -> tuple[Any, Any]:

@@ -55,7 +55,7 @@ from .._result import SparseResult
 from .._types import ReduceOp
 from ..comm._topology import topology
 from ..primitives import select_abs_ge, topk_abs
-from ._common import (Cost, TopkOutcome, TopkState, index_dtype, log2_ceil, min_abs,
+from ._common import (WordCost, TopkOutcome, TopkState, index_dtype, log2_ceil, min_abs,
                       positive_threshold, smallest_positive, sorted_member,
                       topk_algorithm)
 from ._global_threshold import histogram_threshold
@@ -97,9 +97,9 @@ def auto_tau(k: int, p: int) -> int:
     return 1 if math.sqrt(2.0 * math.log(p) * p / k) > SHARE_NOISE else AUTO_TAU
 
 
-def cost(p: int, k: int, n: int) -> Cost:
+def cost(p: int, k: int, n: int) -> WordCost:
     """Words received per rank (non-refresh upper bound) and latency of ``oktopk`` on p ranks."""
-    return Cost(6.0 * k * (p - 1) / p, 2.0 * p + 2.0 * log2_ceil(p))
+    return WordCost(6.0 * k * (p - 1) / p, 2.0 * p + 2.0 * log2_ceil(p))
 
 
 def region_boundaries(comm: Any, selected: Any, n: int) -> np.ndarray:

@@ -21,15 +21,15 @@ from ..primitives import merge_sorted
 from ..wire._exchange import gather_entries
 from ..wire._pack import COO
 from ..wire._values import rounding_error
-from ._common import Cost, TopkOutcome, TopkState, log2_ceil, topk_algorithm
+from ._common import WordCost, TopkOutcome, TopkState, log2_ceil, topk_algorithm
 from .selectors import Exact
 
 __all__ = ["topka", "cost", "gather_selected"]
 
 
-def cost(p: int, k: int, n: int) -> Cost:
+def cost(p: int, k: int, n: int) -> WordCost:
     """Words received per rank and latency of ``topka`` (and ``gaussiank``) on p ranks."""
-    return Cost(2.0 * k * (p - 1), float(log2_ceil(p)))
+    return WordCost(2.0 * k * (p - 1), float(log2_ceil(p)))
 
 
 def gather_selected(comm: Any, x: Any, k: int, state: TopkState, op_name: str) -> TopkOutcome:
