@@ -48,7 +48,7 @@ ARGUMENTS = ("indices", "values", "n", "op", "algorithm", "accumulate_dtype", "a
              "selector", "state", "grad")
 #: capacities every verb's vector has: signed fields, maxima, columns a rank (besides its
 #: error and detail words); the longest declarations are sparse_allreduce's.
-FIELDS, MAXIMA, COLUMNS = 10, 2, 1
+FIELDS, MAXIMA, COLUMNS = 10, 3, 1
 #: words of the header: +/- the verb's code, +/- the communicator's collective count.
 HEADER = 4
 _PER_RANK = 2 + COLUMNS

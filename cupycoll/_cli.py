@@ -29,7 +29,7 @@ __all__ = ["main", "info_lines", "bench_script"]
 #: every bench/bench_NAME.py (``cupycoll bench NAME``); the convergence demo runs as ``demo``
 BENCHMARKS = ("dense", "sparse", "topk", "primitives", "small", "host", "waits", "syncs",
               "tracking", "kernel_compile", "wire", "mpi_reduce", "layers", "torch", "first_call",
-              "demo")
+              "regret", "demo")
 
 
 def _version(dist: str) -> str:

@@ -46,9 +46,9 @@ def _numba_mode(text: str) -> str:
 
 def _auto_mode(text: str) -> str:
     mode = text.strip().lower()
-    if mode in ("estimate", "measure"):
+    if mode in ("estimate", "measure", "learn"):
         return mode
-    raise ValueError("expected estimate or measure")
+    raise ValueError("expected estimate, measure or learn")
 
 
 def _threads(text: str) -> int | str:
@@ -92,8 +92,10 @@ SETTINGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "CUPYCOLL_ALGORITHM": (str, "auto", "default sparse_allreduce algorithm"),
     "CUPYCOLL_AUTO": (_auto_mode, "estimate",
                       "how sparse_allreduce's auto picks: estimate (the least time the model "
-                      "predicts) or measure (its candidates timed on the first calls of each "
-                      "shape, then the fastest kept; docs/tuning.md); the same on every rank"),
+                      "predicts), measure (its candidates timed on the first calls of each "
+                      "shape, then the fastest kept) or learn (every call of a recurring shape "
+                      "timed, its candidates tried in turn, the fastest kept and rechecked; "
+                      "docs/tuning.md); the same on every rank"),
     "CUPYCOLL_TOPK_ALGORITHM": (str, "oktopk", "default topk_allreduce algorithm"),
     "CUPYCOLL_WIRE": (str, "auto", "default wire format of sparse entries in sparse_allreduce, "
                       "topk_allreduce and TopkCompressor: coo, compact or auto"),

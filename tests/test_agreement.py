@@ -33,15 +33,15 @@ def echo_terms(fields=("a", "b"), maxima=("m",), columns=("c",)) -> agreement.Te
 def test_every_part_has_its_own_words_and_the_length_depends_on_p_alone(size):
     """Fields, maxima, every rank's error, detail and column words and entry slot: disjoint,
     all inside length(P), the slots last; written by every rank, each word written once."""
-    terms = echo_terms(tuple("abcdefghij"), ("m", "n"), ("c",))
+    terms = echo_terms(tuple("abcdefghij"), ("m", "n", "o"), ("c",))
     written = np.zeros(agreement.length(size), int)
     for rank in range(size):
         draft = terms.draft(fake(size, rank))
         assert draft.vec.shape == (agreement.length(size),)
         if rank == 0:
             draft.agree(range(1, 11))
-            draft.maximum("m", 1)
-            draft.maximum("n", 1)
+            for name in terms.maxima:
+                draft.maximum(name, 1)
         draft.column("c", 5)
         draft.fail(InvalidArgument("k", 1, "r"), detail=9)
         slot = draft.slot()
@@ -71,6 +71,8 @@ def test_terms_beyond_the_capacities_are_refused():
         echo_terms(fields=tuple("abcdefghijk"))
     with pytest.raises(ValueError, match="capacities"):
         echo_terms(columns=("c", "d"))
+    with pytest.raises(ValueError, match="capacities"):
+        echo_terms(maxima=("m", "n", "o", "p"))
     with pytest.raises(ValueError, match="capacities"):
         agreement.Terms("no such verb", (), None, None)
 

@@ -181,9 +181,11 @@ def test_cost_model_closed_forms():
     assert rows.received == {"dense.allreduce": 3 * 1000 * (32 + 4) // 2}  # + a count per row
     # header (verb, collective count: 4 words) + 10 fields as max/-min + 3 words per rank, and
     # an entry slot of 256 / P words per rank (sparse/small.py)
+    # header 4, 10 signed fields, 3 maxima, 3 words a rank (error, detail, nnz), the slots
     assert validation_cost(4).received == {
-        "sparse.validate": (4 + 2 * 10 + 3 * 4 + 256) * 8 * 6 // 4}
-    assert validation_cost(64).received == {"sparse.validate": (4 + 20 + 3 * 64) * 8 * 126 // 64}
+        "sparse.validate": (4 + 2 * 10 + 3 + 3 * 4 + 256) * 8 * 6 // 4}
+    assert validation_cost(64).received == {
+        "sparse.validate": (4 + 20 + 3 + 3 * 64) * 8 * 126 // 64}
     assert validation_cost(1).received == {}
 
 

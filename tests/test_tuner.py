@@ -456,6 +456,16 @@ def test_auto_measure_keeps_the_fastest_candidate(nprocs):
     assert f"ok auto measure on {nprocs} ranks" in out
 
 
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
+def test_auto_learn_abandons_a_slowed_pick_and_keeps_the_fastest(nprocs):
+    """CUPYCOLL_AUTO=learn against a dense reference on P ranks: the model's pick slowed, the
+    record tries the others and chooses another, identically on every rank, with no collective
+    added; then the choice slowed too is left; saved and loaded; mismatched modes raise
+    everywhere (tests/workers/auto_learn.py)."""
+    out = run_mpi(nprocs, "auto_learn.py", 27 + nprocs, timeout=300)
+    assert f"ok auto learn on {nprocs} ranks" in out
+
+
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_auto_measure_on_emulated_nccl(nprocs):
     """The same on the NCCL emulation tier: device arrays, a trial timed to the end of its

@@ -39,7 +39,7 @@ from ..primitives._accel import _fast
 from ..primitives._checks import _index_stats
 from ..wire._choice import check_wire, check_wire_values, decode_code, wire_code
 from ..wire._pack import COO, Wire
-from . import small
+from . import learn, small
 from ._common import native_drops_nan, native_keeps_minus_zero
 from ._cost import VALIDATION_FIELDS, Shape
 
@@ -54,6 +54,8 @@ _OPS = tuple(ReduceOp)
 _OP_CODES = {op: code for code, op in enumerate(_OPS)}
 #: what ``sparse_allreduce`` returns: a SparseResult, or the reduced n-vector itself.
 OUTPUTS = ("sparse", "dense")
+#: how ``auto`` picks (CUPYCOLL_AUTO), part of the agreed algorithm field.
+AUTO_MODES = ("estimate", "measure", "learn")
 
 
 @dataclasses.dataclass
@@ -79,7 +81,7 @@ class Prepared:
     out: Any = None  # output="dense": the caller's buffer, as an array of the communicator's
     nonfinite: bool = False  # output="dense": some rank's values hold a NaN or an infinity
     minus_zero: bool = False  # output="dense": some rank's float values hold a -0
-    measure: bool = False  # algorithm "auto" under CUPYCOLL_AUTO=measure (sparse/measure.py)
+    auto_mode: str = "estimate"  # algorithm "auto": CUPYCOLL_AUTO (measure.py, learn.py)
 
     @property
     def reduce_op(self) -> ReduceOp:
@@ -102,7 +104,7 @@ class Prepared:
         algorithms."""
         return (self.n, _INDEX_CODES[self.index_dtype], _VALUE_CODES[self.value_dtype],
                 self.width, _OP_CODES[self.op],
-                names.index(self.algorithm) + len(names) * self.measure,
+                names.index(self.algorithm) + len(names) * AUTO_MODES.index(self.auto_mode),
                 _VALUE_CODES[self.accumulate_dtype], wire_code(self.wire, self.wire_values),
                 OUTPUTS.index(self.output))
 
@@ -249,7 +251,7 @@ def _local(comm: Any, indices: Any, values: Any, n: Any, op: Any, algorithm: Any
         buffer = _out(comm, out, output, alloc_fn, length, width, value_dtype, rank)
         increasing = _check_range(idx, length, rank)
         idx, val = _coalesce(idx, val, red, acc, increasing)
-        measure = name == "auto" and setting("CUPYCOLL_AUTO") == "measure"
+        mode = setting("CUPYCOLL_AUTO") if name == "auto" else "estimate"
     except CupycollError as exc:
         return None, exc
     except Exception as exc:  # anything else still has to reach the other ranks as a flag
@@ -259,7 +261,7 @@ def _local(comm: Any, indices: Any, values: Any, n: Any, op: Any, algorithm: Any
         return None, error
     return Prepared(idx, val, length, red, name, np.dtype(idx.dtype), value_dtype, acc,
                     width, wire=wire, wire_values=wire_values, output=output, out=buffer,
-                    measure=measure), None
+                    auto_mode=mode), None
 
 
 def _peer_error(failure: agreement.Failure, draft: agreement.Draft) -> CupycollError:
@@ -287,7 +289,7 @@ def _mismatch(differs: list[agreement.Differ], draft: agreement.Draft) -> str:
 
 #: what sparse_allreduce agrees on (:mod:`cupycoll._agreement`).
 TERMS = agreement.Terms("sparse_allreduce", VALIDATION_FIELDS, _peer_error, _mismatch,
-                        maxima=("nonfinite", "minus_zero"), columns=("nnz",))
+                        maxima=("nonfinite", "minus_zero", "learned"), columns=("nnz",))
 
 
 def _decode(field: str, value: int) -> str:
@@ -297,9 +299,10 @@ def _decode(field: str, value: int) -> str:
         return _VALUE_NAMES[value]
     if field == "op":
         return _OPS[value].value
-    if field == "algorithm":  # auto under CUPYCOLL_AUTO=measure: past the names
+    if field == "algorithm":  # auto under CUPYCOLL_AUTO=measure or learn: past the names
         names = algorithms("sparse")
-        return names[value % len(names)] + (" (CUPYCOLL_AUTO=measure)" if value >= len(names)
+        mode = AUTO_MODES[value // len(names)]
+        return names[value % len(names)] + (f" (CUPYCOLL_AUTO={mode})" if value >= len(names)
                                             else "")
     if field == "wire":
         return decode_code(value)
@@ -335,6 +338,7 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
         nonfinite, minus_zero = _value_flags(prepared)
         draft.maximum("nonfinite", nonfinite)
         draft.maximum("minus_zero", minus_zero)
+        draft.maximum("learned", learn.pending_us(comm))  # the last learning call's time
         if prepared.algorithm == "auto":
             draft.vec = small.pack(comm, draft.vec, draft.slot(), prepared.indices,
                                    prepared.values, prepared.wire_values)
@@ -344,6 +348,7 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
     prepared.nnz = tuple(agreed.columns["nnz"])
     prepared.nonfinite = agreed.maxima["nonfinite"] > 0
     prepared.minus_zero = agreed.maxima["minus_zero"] > 0
+    learn.absorb(comm, agreed.maxima["learned"])
     if prepared.algorithm == "auto" and small.fits_all(
             comm.size, prepared.nnz, prepared.index_dtype.itemsize,
             prepared.accumulate_dtype.itemsize * max(prepared.width, 1)):

@@ -21,6 +21,7 @@ from ..comm import Communicator, get_comm
 from ..errors import InvalidArgument, InvalidType
 from . import auto as _auto
 from . import dense as _dense
+from . import learn as _learn
 from . import measure as _measure
 from . import split as _split
 from ._common import canonical_nan
@@ -118,7 +119,7 @@ def _start(comm: Communicator, indices: Any, values: Any, n: int, op: Any, algor
                            accumulate_dtype=accumulate_dtype, alloc_fn=alloc_fn,
                            completion_fn=completion_fn, async_op=async_op, wire=wire,
                            wire_values=wire_values, output=output, out=out)
-    name, trials = prepared.algorithm, None
+    name, trials, learning = prepared.algorithm, None, None
     if prepared.merged is not None:  # the entries came with the validation (sparse/small.py)
         name = "small"
         prepared.format = COO if prepared.wire_values is None else Wire(False,
@@ -130,8 +131,10 @@ def _start(comm: Communicator, indices: Any, values: Any, n: int, op: Any, algor
         if name == "auto":  # priced with the wire asked for (raw when auto decides it after)
             asked = Wire(prepared.wire == "compact", prepared.wire_values)
             shape = prepared.shape(comm, asked)
-            if prepared.measure and comm.size > 1:
+            if prepared.auto_mode == "measure" and comm.size > 1:
                 name, trials = _measure.plan(comm, shape, prepared.op, not async_op)
+            elif prepared.auto_mode == "learn" and comm.size > 1:
+                name, learning = _learn.plan(comm, shape, prepared.op, not async_op)
             else:
                 name = _auto.choose(shape, comm=comm, op=prepared.op)
         prepared.format = _auto.choose_wire(name, prepared.shape(comm), prepared.wire,
@@ -154,12 +157,14 @@ def _start(comm: Communicator, indices: Any, values: Any, n: int, op: Any, algor
 
     if async_op:
         return run_async(comm, run, deliver, "sparse_allreduce")
-    if trials is None:
-        result = run(comm)
-    else:
+    if trials is not None:
         started = _measure.settled(comm)
         result = run(comm)
         _measure.record(comm, trials, name, started)
+    else:
+        result = run(comm)
+        if learning is not None:
+            _learn.finish(comm, learning)
     return lambda: deliver(result)
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -74,6 +76,31 @@ class DLPackOnly:
     def __dlpack_device__(self):
         return self.a.__dlpack_device__()
 
+
+
+def union_reference(parts, n: int, width: int):
+    """The exact sum of every rank's (indices, values): the union and its rows (float64 sums of
+    small integers, cast to float32: what every algorithm returns for them)."""
+    dense = np.zeros((n, width) if width else n, np.float64)
+    for idx, val in parts:
+        dense[idx] += val
+    union = np.unique(np.concatenate([idx for idx, _ in parts]))
+    return union, dense[union].astype(np.float32)
+
+
+def check_result(res, want) -> None:
+    """A SparseResult bitwise equal to ``union_reference``'s."""
+    assert np.array_equal(host(res.indices), want[0])
+    assert host(res.values).tobytes() == want[1].tobytes()
+
+
+def slowed(fn, seconds: float):
+    """``fn`` made slower by a sleep before every call (a registry entry's stand-in)."""
+    @functools.wraps(fn)
+    def slow(*args, **kwargs):
+        time.sleep(seconds)
+        return fn(*args, **kwargs)
+    return slow
 
 def topk_compact_equals_coo(comm, k: int, inputs, steps: int, tau: int, tau_prime: int) -> int:
     """Run every top-k algorithm (Ok-Topk padded and native) on ``coo`` and ``compact`` wires,

@@ -15,14 +15,13 @@ the emulated NCCL tier, the same, device arrays in and out (a trial waits for it
 
 from __future__ import annotations
 
-import functools
 import os
 import pickle
 import sys
-import time
 
 import numpy as np
-from _common import emulation, expect_raises, host, rng_for
+from _common import check_result as check, emulation, expect_raises, rng_for, slowed
+from _common import union_reference as reference
 from mpi4py import MPI
 
 SEED = int(sys.argv[1])
@@ -48,25 +47,7 @@ def inputs(case: int, n: int, k: int, width: int):
     return out
 
 
-def reference(parts, n: int, width: int):
-    dense = np.zeros((n, width) if width else n, np.float64)
-    for idx, val in parts:
-        dense[idx] += val
-    union = np.unique(np.concatenate([idx for idx, _ in parts]))
-    return union, dense[union].astype(np.float32)
 
-
-def check(res, want):
-    assert np.array_equal(host(res.indices), want[0])
-    assert host(res.values).tobytes() == want[1].tobytes()
-
-
-def slowed(fn):
-    @functools.wraps(fn)
-    def slow(*args, **kwargs):
-        time.sleep(SLOW)
-        return fn(*args, **kwargs)
-    return slow
 
 
 def tables_identical(comm) -> dict:
@@ -99,7 +80,7 @@ def main() -> None:
         first = trials.candidates[0]  # the model's best: made the slowest
         sparse = _registry._REGISTRY["sparse"]
         slowed_names[first] = sparse[first]
-        sparse[first] = slowed(sparse[first])
+        sparse[first] = slowed(sparse[first], SLOW)
         calls = (measure.SAMPLES + 1) * len(trials.candidates)  # + each one's warm-up
         for i in range(1, calls + 3):
             if i == 2:  # an asynchronous call during the trials: not timed

@@ -1,0 +1,118 @@
+"""The regret of ``auto`` in a recurring loop: every explicit algorithm, auto priced by the model
+(estimate) and auto that learns (learn), side by side over the same drifting steps.
+
+    mpiexec -n 2 python -m mpi4py bench/bench_regret.py
+    mpiexec -n 2 python -m mpi4py bench/bench_regret.py --steps 100 --cases 200000/0.05/0
+
+A case is ``n/density/width``: each rank draws ``density * n`` random indices a step, the
+density drifting by up to +-10% from step to step (a training loop's gradient). Every step runs
+every method once, in a rotating order, after a barrier; a sample is the slowest rank's time.
+Per case: each method's cumulative time over the steps, over the best explicit algorithm's
+(``cum/best``), and its median per-step time over steps 31 to the end, over the best's over
+the same steps (``late/best``). Every algorithm runs once before the loop (imports and compiled
+loops are not the loop's).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+
+import numpy as np
+from _common import Table, common_parser
+from mpi4py import MPI
+
+import cupycoll as cc
+from cupycoll.sparse import learn
+
+COLUMNS = ["case", "method", "cum(ms)", "cum/best", "late(ms)", "late/best", "late ran",
+           "#wrong"]
+CASES = "200000/0.05/0,3000000/0.01/0,50000/0.2/16,400000/0.02/4"
+LATE = 30
+
+
+def draws(comm, n: int, density: float, width: int, steps: int, seed: int) -> list:
+    """This rank's (indices, values) of every step, the density drifting."""
+    rng = np.random.default_rng([seed, comm.rank])
+    out, d = [], density
+    for _ in range(steps):
+        d = min(max(d * rng.uniform(0.9, 1.1), density / 2), min(2 * density, 1.0))
+        idx = np.sort(rng.choice(n, max(int(d * n), 1), replace=False)).astype(np.int32)
+        shape = (idx.size, width) if width else (idx.size,)
+        out.append((idx, rng.integers(-4, 5, shape).astype(np.float32)))
+    return out
+
+
+def method_call(comm, method: str, n: int):
+    """The call of ``method``: an algorithm name, ``estimate`` or ``learn`` (auto's modes)."""
+    algorithm = "auto" if method in ("estimate", "learn") else method
+
+    def call(idx, val):
+        os.environ["CUPYCOLL_AUTO"] = method if algorithm == "auto" else "estimate"
+        return cc.sparse_allreduce(idx, val, n, algorithm=algorithm, comm=comm)
+    return call
+
+
+def run_case(comm, table: Table, text: str, steps: int, seed: int) -> None:
+    n_text, d_text, w_text = text.split("/")
+    n, density, width = int(float(n_text)), float(d_text), int(w_text)
+    steps_data = draws(comm, n, density, width, steps, seed)
+    explicit = [a for a in cc.algorithms("sparse") if a not in ("auto", "small")]
+    methods = explicit + ["estimate", "learn"]
+    calls = {m: method_call(comm, m, n) for m in methods}
+    for m in explicit:  # warm every code path once
+        calls[m](*steps_data[0])
+    times = {m: np.empty(steps) for m in methods}
+    wrong = dict.fromkeys(methods, 0)
+    ran = {m: collections.Counter() for m in methods}
+    for i, (idx, val) in enumerate(steps_data):
+        order = methods[i % len(methods):] + methods[:i % len(methods)]
+        first = None
+        for m in order:
+            before = collections.Counter(comm.stats.calls)
+            comm.barrier()
+            t0 = MPI.Wtime()
+            res = calls[m](idx, val)
+            times[m][i] = comm.mpi_comm.allreduce(MPI.Wtime() - t0, op=MPI.MAX)
+            if i >= LATE:
+                ran[m].update(key[1] for key in comm.stats.calls - before)
+            got = (res.indices.tobytes(), res.values.tobytes())
+            first = first or got
+            wrong[m] += got != first  # small integers: exact in every algorithm
+    cum = {m: float(times[m].sum()) for m in methods}
+    best = min(explicit, key=cum.__getitem__)
+    late = {m: float(np.median(times[m][LATE:] / times[best][LATE:])) for m in methods}
+    for m in methods:
+        table.add({"case": text, "method": m, "cum(ms)": cum[m] * 1e3,
+                   "cum/best": cum[m] / cum[best],
+                   "late(ms)": float(np.median(times[m][LATE:])) * 1e3,
+                   "late/best": late[m], "late ran": _most(ran[m]), "#wrong": wrong[m]})
+
+
+def _most(counter: collections.Counter) -> str:
+    """The algorithm run most (and its share of the calls, where it is not all of them)."""
+    name, count = counter.most_common(1)[0]
+    share = count / sum(counter.values())
+    return name if share == 1 else f"{name} {share:.0%}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = common_parser(__doc__.splitlines()[0])
+    p.add_argument("--cases", default=CASES, help="comma-separated n/density/width")
+    p.add_argument("--steps", type=int, default=100, help="calls of each method per case")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    comm = cc.init("mpi")
+    learn.records(comm).clear()
+    table = Table(COLUMNS, rank=comm.rank)
+    table.widths = [16, 20, 10, 10, 10, 10, 24, 7]
+    table.header(f"P = {comm.size}, {args.steps} steps a case; best = the explicit algorithm "
+                 f"of least cumulative time; late = median over steps {LATE + 1}-{args.steps}")
+    for text in args.cases.split(","):
+        run_case(comm, table, text, args.steps, args.seed)
+    return table.finish(args, {"steps": args.steps, "cases": args.cases})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

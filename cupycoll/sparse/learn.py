@@ -1,0 +1,224 @@
+"""``CUPYCOLL_AUTO=learn``: ``auto`` learns from the calls a training loop repeats.
+
+A training loop calls ``sparse_allreduce`` with nearly the same shape every step. Here every
+synchronous ``auto`` call of a shape class (:func:`.measure.kind`: P, element sizes, op,
+output, wire, and n, width and total nnz to a power of two) is timed, and its time, agreed as
+the slowest rank's, feeds a :class:`Record` of the class. The first calls run the model's pick
+and then, in turn, the other algorithms the model prices within :data:`WITHIN` of it (at most
+:data:`CANDIDATES` in all): each a warm-up call (imports, compiled loops, buffers: not counted)
+and :data:`SAMPLES` timed ones, a candidate stopped after one if it takes over
+:data:`ABANDON` times the best so far. From then on the candidate of least median time over
+its latest :data:`WINDOW` samples runs; the pick's own calls keep its window current, so a
+pick that slows down is left for a faster one. Every :data:`RECHECK` calls one of the others,
+in turn, starts its trials again (its old samples dropped: one call if it is still far slower,
+``SAMPLES`` if it is close). A class's exploration costs at most ``(CANDIDATES - 1) * (1 +
+SAMPLES)`` calls, then one to ``SAMPLES`` calls in ``RECHECK``; a new class next to one that
+finished its trials (half or twice the total nnz: a loop's drift across a power of two) starts
+from that class's record, its times scaled by the sizes' ratio, without trials of its own.
+
+No collective is added: a call's time travels in the validation allreduce of the next
+``sparse_allreduce`` on the communicator (a maximum of the agreement, ``learned``), so every
+rank adds the same number to the same record and makes the same choice. Asynchronous calls and
+small calls (finished in the validation) are not timed; an asynchronous call runs the current
+choice. What a communicator learned can be saved and loaded (:func:`save`, :func:`load`; the
+records are rank 0's, broadcast). Results stay bitwise identical across ranks; which algorithm
+computed them (so the rounding of a float sum) can change between calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from typing import Any
+
+import numpy as np
+
+from ..wire._pack import Wire
+from . import auto as _auto
+from ._cost import Shape
+from .measure import kind, settled
+
+__all__ = ["Record", "plan", "finish", "absorb", "pending_us", "save", "load", "records",
+           "WITHIN", "CANDIDATES", "SAMPLES", "ABANDON", "WINDOW", "RECHECK"]
+
+#: candidates: the algorithms the model prices within this factor of its best
+WITHIN = 2.0
+#: algorithms tried at most per shape class, the model's pick first
+CANDIDATES = 3
+#: timed calls of a candidate (after its warm-up) before the first choice
+SAMPLES = 3
+#: a candidate whose first timed call takes over this factor of the best median so far stops
+ABANDON = 1.5
+#: the latest timed calls of each candidate that its median counts
+WINDOW = 8
+#: calls of a class between two timed calls of the runner-up, once the first choice is made
+RECHECK = 32
+
+
+@dataclasses.dataclass
+class Record:
+    """One shape class: its candidates in the model's order, the warm-up calls seen, the
+    latest agreed seconds of each, the abandoned ones and the class's timed calls."""
+
+    candidates: list[str]
+    warmed: list[str] = dataclasses.field(default_factory=list)
+    seconds: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    abandoned: list[str] = dataclasses.field(default_factory=list)
+    calls: int = 0
+
+    def median(self, name: str) -> float:
+        return statistics.median(self.seconds[name]) if self.seconds.get(name) else np.inf
+
+    def choice(self) -> str:
+        """The candidate of least median time (the model's order on ties; the model's pick
+        before anything is timed)."""
+        return min(self.candidates, key=lambda c: (self.median(c), self.candidates.index(c)))
+
+    def exploring(self) -> str | None:
+        """The candidate still in its first trials, if any (the model's order)."""
+        for name in self.candidates:
+            if name not in self.abandoned and len(self.seconds.get(name, ())) < SAMPLES:
+                return name
+        return None
+
+    def next(self) -> str:
+        """The algorithm of the next timed call (counted). Every :data:`RECHECK` calls one of
+        the others, in turn, starts its trials again (its old samples dropped)."""
+        self.calls += 1
+        if self.calls % RECHECK == 0 and self.exploring() is None:
+            pick = self.choice()
+            others = [c for c in self.candidates if c != pick]
+            if others:
+                again = others[(self.calls // RECHECK) % len(others)]
+                self.seconds.pop(again, None)
+                if again in self.abandoned:
+                    self.abandoned.remove(again)
+        name = self.exploring()
+        return self.choice() if name is None else name
+
+    def add(self, name: str, seconds: float) -> None:
+        """An agreed time of ``name``: its first is the warm-up; then it joins the window, and
+        a candidate in its first trials far slower than the best is abandoned."""
+        if name not in self.warmed:
+            self.warmed.append(name)
+            return
+        window = self.seconds.setdefault(name, [])
+        window.append(seconds)
+        del window[:-WINDOW]
+        best = min(self.median(c) for c in self.candidates if c != name) \
+            if len(self.candidates) > 1 else np.inf
+        if len(window) == 1 and seconds > ABANDON * best and name not in self.abandoned:
+            self.abandoned.append(name)
+
+
+def records(comm: Any) -> dict[tuple, Record]:
+    """``comm``'s records by shape class (the same on every rank)."""
+    table = getattr(comm, "_learned", None)
+    if table is None:
+        table = comm._learned = {}
+    return table
+
+
+def plan(comm: Any, shape: Shape, op: Any, timed: bool) -> tuple[str, tuple | None]:
+    """The algorithm this call runs and, for a timed (synchronous) call, the token to pass to
+    :func:`finish`; else None."""
+    table, key = records(comm), kind(shape) + (str(getattr(op, "value", op)),)
+    record = table.get(key)  # the nodes are the communicator's: no part of the key
+    if record is None:
+        shape, profile = _auto.resolved(shape, comm=comm, op=op)
+        record = table[key] = _neighbour(table, key) or _fresh(shape, profile)
+    if not timed:
+        return record.choice(), None
+    name = record.next()
+    return name, (key, name, settled(comm))
+
+
+def _fresh(shape: Shape, profile: Any) -> Record:
+    """A new class's record: the model's candidates, nothing timed."""
+    times = _auto.predicted_times(_auto.shape_class(shape), profile)
+    best = min(times.values())
+    ranked = sorted((t, order, name) for order, (name, t) in enumerate(times.items())
+                    if t <= WITHIN * best)
+    return Record([name for _, _, name in ranked[:CANDIDATES]])
+
+
+def _neighbour(table: dict[tuple, Record], key: tuple) -> Record | None:
+    """A new class's record from the class of half or twice its total nnz, once that one has
+    finished its trials: its candidates, warm-ups and samples, the seconds scaled by the sizes'
+    ratio. None without one."""
+    for step in (-1, 1):  # the total nnz's bit length is the key's last but one element
+        near = table.get(key[:-2] + (key[-2] + step, key[-1]))
+        if near is not None and near.exploring() is None:
+            scale = 2.0 ** -step
+            return Record(list(near.candidates), list(near.warmed),
+                          {name: [t * scale for t in window]
+                           for name, window in near.seconds.items()},
+                          list(near.abandoned), near.calls)
+    return None
+
+
+def finish(comm: Any, token: tuple) -> None:
+    """After a timed call: its seconds wait for the next validation to be agreed."""
+    key, name, started = token
+    comm._learn_pending = (key, name, settled(comm) - started)
+
+
+def pending_us(comm: Any) -> int:
+    """This rank's time of the last timed call not yet agreed, in microseconds (-1: none), for
+    the ``learned`` maximum of the next validation."""
+    pending = getattr(comm, "_learn_pending", None)
+    return -1 if pending is None else max(int(pending[2] * 1e6), 0)
+
+
+def absorb(comm: Any, agreed_us: int) -> None:
+    """The agreed (slowest rank's) time of the last timed call joins its record."""
+    pending = getattr(comm, "_learn_pending", None)
+    if pending is None or agreed_us < 0:
+        return
+    comm._learn_pending = None
+    key, name, _ = pending
+    records(comm)[key].add(name, agreed_us * 1e-6)
+
+
+def save(comm: Any, path: str) -> None:
+    """Write ``comm``'s records to ``path`` (JSON; rank 0 writes, the others wait for it)."""
+    if comm.rank == 0:
+        data = [{"kind": _jsonable(key), **dataclasses.asdict(record)}
+                for key, record in records(comm).items()]
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({"learned": data}, f, indent=1)
+    comm.barrier()
+
+
+def load(comm: Any, path: str) -> int:
+    """Replace ``comm``'s records by those of ``path`` (rank 0 reads, then broadcasts over
+    the host MPI communicator); returns how many. A loaded class runs its choice from its first
+    call."""
+    mpi_comm = getattr(comm, "mpi_comm", None)
+    data = None
+    if comm.rank == 0:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)["learned"]
+    if mpi_comm is not None and comm.size > 1:
+        data = mpi_comm.bcast(data, root=0)
+    table = records(comm)
+    table.clear()
+    for entry in data:
+        key = _hashable(entry.pop("kind"))
+        table[key] = Record(**{**entry, "warmed": []})  # this process has warmed nothing
+    return len(table)
+
+
+def _jsonable(value: Any) -> Any:
+    """A shape class key as JSON: tuples as lists, a Wire as {"wire": [compact, values]}."""
+    if isinstance(value, Wire):
+        return {"wire": [value.compact, value.values]}
+    return [_jsonable(v) for v in value] if isinstance(value, (tuple, list)) else value
+
+
+def _hashable(value: Any) -> Any:
+    """The inverse of :func:`_jsonable`."""
+    if isinstance(value, dict):
+        return Wire(*value["wire"])
+    return tuple(_hashable(v) for v in value) if isinstance(value, list) else value

@@ -1,0 +1,108 @@
+"""The learning record of ``CUPYCOLL_AUTO=learn`` (cupycoll/sparse/learn.py) fed by hand: the
+order of its trials, warm-ups not counted, a far slower candidate abandoned after one timed
+call, the choice by median, the others' trials started again every RECHECK calls, the share of
+calls spent off the choice, and saving and loading. The multi-rank behaviour (agreed times, a
+slowed pick left) is tests/workers/auto_learn.py's."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from cupycoll.sparse import learn
+from cupycoll.wire._pack import Wire
+
+
+def run(record: learn.Record, speed: dict[str, float], calls: int) -> list[str]:
+    """``calls`` timed calls, each algorithm taking ``speed[name]`` seconds; what ran."""
+    ran = []
+    for _ in range(calls):
+        name = record.next()
+        ran.append(name)
+        record.add(name, speed[name])
+    return ran
+
+
+def test_trials_run_in_the_models_order_then_the_fastest_is_kept():
+    record = learn.Record(["a", "b", "c"])
+    speed = {"a": 2.0, "b": 1.0, "c": 1.2}
+    ran = run(record, speed, 1 + 3 * (1 + learn.SAMPLES))
+    trial = 1 + learn.SAMPLES  # a warm-up, then SAMPLES timed calls
+    assert ran[:3 * trial] == ["a"] * trial + ["b"] * trial + ["c"] * trial
+    assert record.warmed == ["a", "b", "c"]
+    assert record.seconds == {name: [speed[name]] * (learn.SAMPLES + (name == "b"))
+                              for name in "abc"}  # the last call ran the choice, b
+    assert record.exploring() is None and record.choice() == "b" and ran[-1] == "b"
+
+
+def test_a_far_slower_candidate_stops_after_one_timed_call():
+    record = learn.Record(["a", "b", "c"])
+    ran = run(record, {"a": 1.0, "b": 1.0 * learn.ABANDON * 1.01, "c": 0.9}, 14)
+    assert ran.count("b") == 2 and record.abandoned == ["b"]  # a warm-up and one timed call
+    assert record.choice() == "c"
+
+
+def test_a_slowed_choice_is_left_and_the_share_off_the_choice_is_bounded():
+    record = learn.Record(["a", "b", "c"])
+    speed = {"a": 1.0, "b": 1.1, "c": 3.0}
+    ran = run(record, speed, 200)
+    settled = ran[(1 + learn.SAMPLES) * 3:]
+    off = sum(name != "a" for name in settled) / len(settled)
+    assert record.choice() == "a" and off <= learn.SAMPLES / learn.RECHECK
+    speed["a"] = 5.0  # the choice slows down: its own window shows it within a few calls
+    ran = run(record, speed, learn.WINDOW)
+    assert record.choice() == "b" and ran[-1] == "b"
+    speed["a"] = 1.0  # it recovers: its trials start again at a later recheck
+    run(record, speed, 2 * learn.RECHECK * 2)
+    assert record.choice() == "a"
+
+
+def test_one_candidate_needs_no_trials():
+    record = learn.Record(["a"])
+    assert run(record, {"a": 1.0}, 10) == ["a"] * 10 and record.choice() == "a"
+
+
+def test_the_records_are_saved_and_loaded_with_their_shape_classes(tmp_path):
+    comm = SimpleNamespace(rank=0, size=1, barrier=lambda: None)
+    key = (2, None, 4, 4, "sum", "sparse", Wire(True, "bfloat16"), True, 0, 12, 2, 9, "sum")
+    record = learn.Record(["a", "b"])
+    run(record, {"a": 1.0, "b": 2.0}, 12)
+    learn.records(comm)[key] = record
+    path = tmp_path / "learned.json"
+    learn.save(comm, str(path))
+    other = SimpleNamespace(rank=0, size=1, barrier=lambda: None)
+    assert learn.load(other, str(path)) == 1
+    (got_key, got), = learn.records(other).items()
+    assert got_key == key and hash(got_key) == hash(key)
+    assert got.seconds == record.seconds and got.choice() == "a" and got.exploring() is None
+    assert got.warmed == []  # this process has warmed nothing: the first call is a warm-up
+
+
+@pytest.mark.parametrize("agreed", [-1, 1500])
+def test_a_timed_call_waits_for_the_next_validation_to_count(agreed):
+    comm = SimpleNamespace()
+    key = ("k",)
+    learn.records(comm)[key] = learn.Record(["a"], warmed=["a"])
+    assert learn.pending_us(comm) == -1
+    learn.finish(comm, (key, "a", 0.0))
+    assert learn.pending_us(comm) > 0
+    learn.absorb(comm, agreed)
+    assert learn.records(comm)[key].seconds == ({} if agreed < 0 else {"a": [0.0015]})
+
+
+def test_a_new_class_next_to_a_finished_one_starts_from_its_record():
+    """Half or twice the total nnz (the class's last but one element): its candidates and samples,
+    the seconds scaled by the sizes' ratio, no trials of its own; none from a class still in
+    its trials, nor from one further away."""
+    done = learn.Record(["a", "b"])
+    run(done, {"a": 1.0, "b": 2.0}, 10)
+    table = {("x", 9, "sum"): done}
+    bigger = learn._neighbour(table, ("x", 10, "sum"))
+    assert bigger.seconds == {name: [2 * t for t in w] for name, w in done.seconds.items()}
+    assert bigger.choice() == "a" and bigger.exploring() is None and bigger is not done
+    assert learn._neighbour(table, ("x", 8, "sum")).seconds["b"][0] == 1.0
+    for far in (("x", 11, "sum"), ("y", 10, "sum"), ("x", 10, "max")):
+        assert learn._neighbour(table, far) is None
+    table[("x", 9, "sum")] = learn.Record(["a", "b"])  # still in its trials
+    assert learn._neighbour(table, ("x", 10, "sum")) is None
