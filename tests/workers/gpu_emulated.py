@@ -695,6 +695,9 @@ MODES = {"wire": mode_wire, "late_named": mode_late_named, "late_after_abort": m
          "async_order": mode_async_order, "dup": mode_dup, "missing_peer": mode_missing_peer,
          "peer_aborts": mode_peer_aborts, "late_fetch": mode_late_fetch, "init_fails": mode_init_fails,
          "device_choice": mode_device_choice, "auto_agrees": mode_auto_agrees}
+from cupycoll.primitives._accel import ready  # noqa: E402
+
+ready()  # numba's import in the background would hold the GIL in the timed checks below
 for mode in MODE.split(","):  # several modes per launch: each launch costs seconds
     MODES[mode]()
     check_logs()

@@ -509,6 +509,9 @@ def mode_nocupy():
 
 
 def check_waits():
+    from cupycoll.primitives._accel import ready
+
+    ready()  # numba's import in the background would hold the GIL in the timed calls below
     comm, fake, _ = emulated(timeout=0.2, stuck=True)
     x = np.ones(3, np.float32)
     work = comm.allreduce(x, x, ReduceOp.SUM)
