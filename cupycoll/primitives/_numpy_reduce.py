@@ -180,8 +180,8 @@ def coo_reduce(indices: Any, values: Any, op: Any = "sum", n: int | None = None,
     if idx.size == 0:
         return idx.copy(), val.copy()
     lo = int(idx.min())
-    rows = val.ndim > 1 and val[0].size > 1  # _fast counts elements, as merges do
-    loops = _fast(val.size) if ufunc is np.add and _table_fits(hi - lo + 1, idx.size, rows) \
+    wide = math.prod(val.shape[1:]) > 1  # rows; _fast counts elements, as merges do
+    loops = _fast(val.size) if ufunc is np.add and _table_fits(hi - lo + 1, idx.size, wide) \
         else None
     if loops is not None and acc in loops.SUM_DTYPES:
         table = _accel.kept_filled(hi - lo + 1, np.int32, -1)  # this thread's, kept

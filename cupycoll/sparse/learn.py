@@ -106,9 +106,10 @@ class Record:
         window = self.seconds.setdefault(name, [])
         window.append(seconds)
         del window[:-WINDOW]
-        best = min(self.median(c) for c in self.candidates if c != name) \
-            if len(self.candidates) > 1 else np.inf
-        if len(window) == 1 and seconds > ABANDON * best and name not in self.abandoned:
+        if len(window) > 1 or name in self.abandoned:
+            return
+        best = min((self.median(c) for c in self.candidates if c != name), default=np.inf)
+        if seconds > ABANDON * best:
             self.abandoned.append(name)
 
 
