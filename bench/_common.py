@@ -8,6 +8,7 @@ import json
 import os
 import re
 import sys
+import time
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -243,3 +244,45 @@ def bandwidths(nbytes: int, seconds: float, factor: float) -> tuple[float, float
     """Return (algbw, busbw) in GB/s (GB = 1e9) for ``nbytes`` moved in ``seconds``."""
     algbw = nbytes / seconds / GB if seconds > 0 else 0.0
     return algbw, algbw * factor
+
+
+# the numpy loops against the numba loops, interleaved (bench_wire.py, dev/bench_primitives.py)
+
+
+def measure(fns: dict[str, Callable[[], Any]], reps: int) -> dict[str, float]:
+    """Median seconds of each function, run round-robin so machine noise hits all alike."""
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():  # warm-up
+        fn()
+    for _ in range(reps):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - t0)
+    return {name: float(np.median(s)) for name, s in samples.items()}
+
+
+#: impl -> (CUPYCOLL_NUMBA, CUPYCOLL_THREADS)
+IMPLS = {"numpy": ("off", "1"), "numba1": ("on", "1"), "numba": ("on", "auto")}
+
+
+def implementations(choice: str) -> list[str]:
+    """The implementations to measure: numpy, and numba when installed (``choice`` both)."""
+    if choice != "both":
+        return [choice]
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return ["numpy"]
+    return list(IMPLS)
+
+
+def under(impl: str, fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` run with the numpy loops or the numba loops on one or the default threads."""
+    numba, threads = IMPLS[impl]
+
+    def run() -> Any:
+        os.environ["CUPYCOLL_NUMBA"], os.environ["CUPYCOLL_THREADS"] = numba, threads
+        return fn()
+
+    return run

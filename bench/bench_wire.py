@@ -17,17 +17,13 @@ and for the best of the rounds (steadier on a loaded machine).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any, Callable
 
 import numpy as np
+from _common import Table, implementations, measure, under
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bench._common import Table  # noqa: E402
-from bench.bench_primitives import implementations, measure, under  # noqa: E402
-from cupycoll import wire  # noqa: E402
+from cupycoll import wire
 
 SIZE_COLUMNS = ["density", "format", "bytes/index", "vs int32", "vs int64", "vs bitmap"]
 TIME_COLUMNS = ["operation", "impl", "time(ms)", "best(ms)", "copy(ms)", "copy best", "vs copy",

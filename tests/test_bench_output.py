@@ -89,25 +89,27 @@ def test_regret_table_when_auto_picks_an_algorithm_not_run(capsys):
 
 @pytest.mark.parametrize("flags", [[], ["--cold"]])
 def test_bench_host_prints_every_row(flags):
-    """bench_host.py, hot (10th percentiles) and --cold (interleaved medians), one process."""
+    """bench/dev/bench_host.py, hot (10th percentiles) and --cold (interleaved medians), one
+    process."""
     import subprocess
     root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, str(root / "bench" / "bench_host.py"), "-n", "20",
-                          "--no-nccl", *flags], capture_output=True, text=True, timeout=300,
-                         check=True, cwd=root, env={**__import__("os").environ,
-                                                    "PYTHONPATH": str(root)}).stdout
+    out = subprocess.run([sys.executable, str(root / "bench" / "dev" / "bench_host.py"),
+                          "-n", "20", "--no-nccl", *flags], capture_output=True, text=True,
+                         timeout=300, check=True, cwd=root,
+                         env={**__import__("os").environ, "PYTHONPATH": str(root)}).stdout
     rows = [line.split() for line in out.splitlines() if not line.startswith("#")]
     assert len(rows) == 13 and all(float(r[-1]) > 0 for r in rows), out
     assert ("cold caches" in out) == bool(flags)
 
 
 def test_bench_waits_prints_both_policies_for_each_duration():
-    """bench_waits.py: the NCCL backend's wait and the former sleeping one, side by side, one
-    row per duration of device work (figures only in docs/gpu.md, never asserted here)."""
+    """bench/dev/bench_waits.py: the NCCL backend's wait and the former sleeping one, side by
+    side, one row per duration of device work (figures only in docs/gpu.md, never asserted
+    here)."""
     import subprocess
     root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, str(root / "bench" / "bench_waits.py"), "-n", "5",
-                          "--durations", "5e-6,2e-4"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, str(root / "bench" / "dev" / "bench_waits.py"),
+                          "-n", "5", "--durations", "5e-6,2e-4"], capture_output=True, text=True,
                          timeout=300, check=True, cwd=root,
                          env={**__import__("os").environ, "PYTHONPATH": str(root)}).stdout
     rows = [line.split() for line in out.splitlines() if not line.startswith("#")]
@@ -116,11 +118,11 @@ def test_bench_waits_prints_both_policies_for_each_duration():
 
 
 def test_bench_layers_prints_each_layer_of_each_verb_and_size():
-    """bench_layers.py, one process: six layers per verb and size, times > 0."""
+    """bench/dev/bench_layers.py, one process: six layers per verb and size, times > 0."""
     import subprocess
     root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, str(root / "bench" / "bench_layers.py"), "-n", "5",
-                          "-w", "1", "--sizes", "8,4K"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, str(root / "bench" / "dev" / "bench_layers.py"),
+                          "-n", "5", "-w", "1", "--sizes", "8,4K"], capture_output=True, text=True,
                          timeout=300, check=True, cwd=root,
                          env={**__import__("os").environ, "PYTHONPATH": str(root)}).stdout
     blocks = out.split("# layer")[1:]

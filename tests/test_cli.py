@@ -74,5 +74,19 @@ def test_bench_passes_arguments_and_exit_status():
 
 
 def test_every_benchmark_script_is_reachable():
+    """``cupycoll bench`` offers exactly the scripts at bench/'s top level; the developer probes
+    in bench/dev/ are not offered."""
     shipped = {p.stem[len("bench_"):] for p in (ROOT / "bench").glob("bench_*.py")}
-    assert shipped <= set(BENCHMARKS), shipped - set(BENCHMARKS)
+    assert shipped | {"demo"} == set(BENCHMARKS), shipped ^ set(BENCHMARKS)
+    probes = {p.stem[len("bench_"):] for p in (ROOT / "bench" / "dev").glob("bench_*.py")}
+    assert probes and not probes & set(BENCHMARKS), probes & set(BENCHMARKS)
+    proc = run("bench", "host")
+    assert proc.returncode == 2 and "invalid choice" in proc.stderr
+
+
+@pytest.mark.parametrize("script", ["bench_primitives.py", "bench_mpi_reduce.py"])
+def test_developer_probes_run_from_the_source_tree(script):
+    """The probes in bench/dev/ reach bench/_common.py from their folder (--help imports it)."""
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "dev" / script), "--help"],
+                          capture_output=True, text=True, timeout=120, env=ENV, cwd=ROOT)
+    assert proc.returncode == 0 and "usage" in proc.stdout, proc.stderr

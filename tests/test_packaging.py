@@ -30,6 +30,7 @@ def test_wheel_ships_kernels_and_benchmarks(wheel):
         assert f"cupycoll/kernels/{name}" in names, f"{name} missing from the wheel"
     for name in benches:
         assert f"cupycoll/bench/{name}" in names, f"{name} missing from the wheel"
+    assert not [n for n in names if n.startswith("cupycoll/bench/dev/")]  # developer probes
     for module in ("cupycoll/__init__.py", "cupycoll/py.typed", "cupycoll/comm/mpi.py",
                    "cupycoll/comm/nccl.py", "cupycoll/sparse/__init__.py",
                    "cupycoll/topk/__init__.py", "cupycoll/primitives/__init__.py",

@@ -150,7 +150,7 @@ class MPICommunicator(Communicator):
         (so the choice could not depend on anything ranks might disagree on), and on
         oversubscribed cores it spins without giving its core to the peer it waits for, which
         makes it mostly the slower one from 256 KiB (docs/dense.md has the measurement;
-        ``bench/bench_tracking.py`` times both)."""
+        ``bench/dev/bench_tracking.py`` times both)."""
         if blocking:
             request = icall(*args)
             try:

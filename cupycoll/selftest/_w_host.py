@@ -8,7 +8,8 @@ preallocated, a ``sparse_allreduce`` of 10 entries and a ``topk_allreduce`` of n
 the device); ``enqueue_us`` that of the ``async_op=True`` call alone (what the host spends before
 it can queue more work; the wait is untimed). On the emulation tier the figures are the
 emulator's, not a GPU's: the check there only runs the code path. Compare with
-``cupycoll bench host`` (the same calls over a null NCCL, docs/benchmarks.md).
+``python bench/dev/bench_host.py`` in the source tree (the same calls over a null NCCL,
+docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ that request (``_launch``: the first test, ``wait``'s interruptible loop); the b
 public verb (``cc.allreduce`` / ``cc.allgather``). A last row is the nonblocking twin after
 ``--spin`` microseconds of pure Python before each post: how much wall time a microsecond of
 host work costs at this P. A time is the median over rounds of the slowest rank, the rows
-interleaved (rotating the order, a barrier before each call). ``bench/bench_host.py`` gives the
+interleaved (rotating the order, a barrier before each call). ``bench/dev/bench_host.py`` gives the
 layers' host time in one process, where nothing waits.
 
 With one rank per core the layers add about their host time (P = 2 here, ~2-3 us a verb).
@@ -17,23 +17,28 @@ With more ranks than cores (P = 4 on this 2-core machine) each microsecond of Py
 several of wall time: ranks take turns on a core, and a collective ends when the last rank
 has had its turn (docs/dense.md).
 
-    mpiexec -n 2 python -m mpi4py bench/bench_layers.py --sizes 8,256K,1M -n 400
-    mpiexec -n 4 python -m mpi4py bench/bench_layers.py --sizes 8,256K,1M -n 400
+    mpiexec -n 2 python -m mpi4py bench/dev/bench_layers.py --sizes 8,256K,1M -n 400
+    mpiexec -n 4 python -m mpi4py bench/dev/bench_layers.py --sizes 8,256K,1M -n 400
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 from typing import Any, Callable
 
 import numpy as np
-from _common import interleaved, parse_size, print_medians
-from bench_mpi_reduce import tested
-from mpi4py import MPI
 
-import cupycoll as cc
-from cupycoll.comm._mpi_types import _typed
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/
+
+from _common import interleaved, parse_size, print_medians  # noqa: E402
+from bench_mpi_reduce import tested  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+import cupycoll as cc  # noqa: E402
+from cupycoll.comm._mpi_types import _typed  # noqa: E402
 
 
 def spin(seconds: float) -> None:

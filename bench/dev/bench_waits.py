@@ -8,9 +8,9 @@ return of ``synchronize()``. Two wait policies run side by side, interleaved cal
 ``spin`` (the backend's, ``cupycoll.comm._nccl_guard.spin``: back-to-back polls, then polls that
 yield, then short sleeps past a few milliseconds) and ``sleep`` (sleeps from 10 us doubling to
 1 ms between polls, the policy the backend had before). Medians of ``-n`` calls per row,
-microseconds; the host time of the call itself is ``bench/bench_host.py``'s.
+microseconds; the host time of the call itself is ``bench/dev/bench_host.py``'s.
 
-    python bench/bench_waits.py -n 400
+    python bench/dev/bench_waits.py -n 400
 """
 
 from __future__ import annotations

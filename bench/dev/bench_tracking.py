@@ -8,18 +8,23 @@ Interruptible waits add another: a blocking call is posted nonblocking and teste
 communicator whose blocking calls are MPI's own (uninterruptible: the comparison), mpi4py's
 ``Allreduce``, and 1000 board stores in a loop (printed per store).
 
-    mpiexec -n 2 python -m mpi4py bench/bench_tracking.py -n 2000
+    mpiexec -n 2 python -m mpi4py bench/dev/bench_tracking.py -n 2000
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 import numpy as np
-from _common import interleaved
 
-import cupycoll as cc
-from cupycoll.comm.mpi import MPICommunicator
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/
+
+from _common import interleaved  # noqa: E402
+
+import cupycoll as cc  # noqa: E402
+from cupycoll.comm.mpi import MPICommunicator  # noqa: E402
 
 STORES = 1000
 

@@ -8,8 +8,8 @@ dense call excluding the NCCL call itself (as if P = 2). Small float32 buffers (
 where the size does not matter), ``out=`` preallocated; a time is the 10th percentile of
 ``-n`` calls (the machine is shared: the low percentile is the undisturbed cost).
 
-    python bench/bench_host.py -n 3000
-    python bench/bench_host.py -n 3000 --cold --no-nccl   # caches evicted before every call
+    python bench/dev/bench_host.py -n 3000
+    python bench/dev/bench_host.py -n 3000 --cold --no-nccl   # caches evicted before every call
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """First-call kernel compile time: every instantiation up front vs lazily per instantiation.
 
-    python bench/bench_kernel_compile.py [--arch sm_80] [--json FILE]
+    python bench/dev/bench_kernel_compile.py [--arch sm_80] [--json FILE]
 
 NVRTC only (no GPU needed). Three figures, side by side in one run:
 

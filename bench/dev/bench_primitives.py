@@ -3,9 +3,9 @@
 Single process, CPU. Every case and its reference run interleaved (one of each per repetition)
 and the table reports medians and the speedup = reference time / primitive time:
 
-    python bench/bench_primitives.py                 # n = 2**24 float32, density 1 %
-    python bench/bench_primitives.py --json out.json
-    python bench/bench_primitives.py --impl numpy   # only the numpy twins (default: both)
+    python bench/dev/bench_primitives.py                 # n = 2**24 float32, density 1 %
+    python bench/dev/bench_primitives.py --json out.json
+    python bench/dev/bench_primitives.py --impl numpy   # only the numpy twins (default: both)
 
 Each primitive is measured with the numpy loops (CUPYCOLL_NUMBA=off) and, when numba is
 installed, with the numba loops on one thread (impl ``numba1``: CUPYCOLL_THREADS=1) and on the
@@ -28,57 +28,17 @@ import argparse
 import itertools
 import os
 import sys
-import time
 from typing import Any, Callable
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/
 
-from bench._common import Table  # noqa: E402
+from _common import IMPLS, Table, implementations, measure, under  # noqa: E402
 from cupycoll import primitives as P  # noqa: E402
 
 COLUMNS = ["primitive", "impl", "case", "time(ms)", "reference", "ref(ms)", "speedup", "target",
            "#wrong"]
-
-
-def measure(fns: dict[str, Callable[[], Any]], reps: int) -> dict[str, float]:
-    """Median seconds of each function, run round-robin so machine noise hits all alike."""
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for fn in fns.values():  # warm-up
-        fn()
-    for _ in range(reps):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            samples[name].append(time.perf_counter() - t0)
-    return {name: float(np.median(s)) for name, s in samples.items()}
-
-
-#: impl -> (CUPYCOLL_NUMBA, CUPYCOLL_THREADS)
-IMPLS = {"numpy": ("off", "1"), "numba1": ("on", "1"), "numba": ("on", "auto")}
-
-
-def implementations(choice: str) -> list[str]:
-    """The implementations to measure: numpy, and numba when installed (``choice`` both)."""
-    if choice != "both":
-        return [choice]
-    try:
-        import numba  # noqa: F401
-    except ImportError:
-        return ["numpy"]
-    return list(IMPLS)
-
-
-def under(impl: str, fn: Callable[[], Any]) -> Callable[[], Any]:
-    """``fn`` run with the numpy loops or the numba loops on one or the default threads."""
-    numba, threads = IMPLS[impl]
-
-    def run() -> Any:
-        os.environ["CUPYCOLL_NUMBA"], os.environ["CUPYCOLL_THREADS"] = numba, threads
-        return fn()
-
-    return run
 
 
 def argpartition_topk(x: np.ndarray, k: int) -> np.ndarray:

@@ -13,9 +13,9 @@ blocks, then numpy adds them in rank order), which cupycoll runs from
 ``CUPYCOLL_REDUCE_SCATTER_PAIRWISE`` bytes a block. See docs/dense.md. A time is the median
 over rounds of the slowest rank (each call after a barrier); the calls alternate, twice.
 
-    mpiexec -n 2 python -m mpi4py bench/bench_mpi_reduce.py --sizes 64K,128K,256K,16M
-    mpiexec -n 4 python -m mpi4py bench/bench_mpi_reduce.py --sizes 256K,1M,4M,16M --cupycoll
-    mpiexec -n 4 python -m mpi4py bench/bench_mpi_reduce.py --verb reduce_scatter \
+    mpiexec -n 2 python -m mpi4py bench/dev/bench_mpi_reduce.py --sizes 64K,128K,256K,16M
+    mpiexec -n 4 python -m mpi4py bench/dev/bench_mpi_reduce.py --sizes 256K,1M,4M,16M --cupycoll
+    mpiexec -n 4 python -m mpi4py bench/dev/bench_mpi_reduce.py --verb reduce_scatter \
         --sizes 64K,128K,256K,1M,16M
 """
 
@@ -24,11 +24,15 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import sys
 import time
 
 import numpy as np
-from _common import parse_size
-from mpi4py import MPI
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/
+
+from _common import parse_size  # noqa: E402
+from mpi4py import MPI  # noqa: E402
 
 
 def tested(*requests: MPI.Request) -> None:

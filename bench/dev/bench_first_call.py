@@ -1,7 +1,7 @@
 """A process's first sparse_allreduce: import, init, first and second call, in seconds.
 
-    mpiexec -n 2 python -m mpi4py bench/bench_first_call.py                     # numba: auto
-    CUPYCOLL_NUMBA=on mpiexec -n 2 python -m mpi4py bench/bench_first_call.py   # waits for it
+    mpiexec -n 2 python -m mpi4py bench/dev/bench_first_call.py                     # numba: auto
+    CUPYCOLL_NUMBA=on mpiexec -n 2 python -m mpi4py bench/dev/bench_first_call.py   # waits for it
 
 Each rank sends ``--entries`` sorted indices of a 2^24 table (float32, its own stride), the
 sizes a training loop's first embedding gradient has; rank 0 prints the slowest rank's times.
