@@ -1,63 +1,124 @@
-"""Algorithm registries: ``@register("sparse", "allgather")`` fills one dict per family."""
+"""Algorithm registries: one :class:`Algorithm` record per algorithm, made by
+``register(family, name, run, ...)`` at the end of the algorithm's own module.
+
+The record holds everything the library knows of the algorithm: its run function, its traffic
+model, its local-work model, and the flags the front door and the tuner read. The tuner
+(``auto``, ``predict``, ``simulate``, ``tune``) iterates the priced records of a family
+(:func:`priced`); nothing else names an algorithm.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Callable, Sequence, TypeVar
+from typing import Any, Callable, Sequence
 
 from .errors import InvalidArgument
 
-__all__ = ["register", "lookup", "algorithms"]
-
-_REGISTRY: dict[str, dict[str, Callable]] = {}
-#: (family, name) of the algorithms that take ``counts=`` (every rank's nnz, when known)
-_TAKES_COUNTS: set[tuple[str, str]] = set()
-F = TypeVar("F", bound=Callable)
+__all__ = ["Algorithm", "register", "unregister", "lookup", "record", "priced", "algorithms"]
 
 
-def register(family: str, name: str, counts: bool = False) -> Callable[[F], F]:
-    """Decorator: make ``fn`` the algorithm ``name`` of ``family`` ("sparse", "topk");
-    ``counts``: it takes ``counts=`` (every rank's entry count, which saves it a size round)."""
-    def decorate(fn: F) -> F:
-        _REGISTRY.setdefault(family, {})[name] = fn
-        if counts:
-            _TAKES_COUNTS.add((family, name))
-        return fn
-    return decorate
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+    """One algorithm of a family ("sparse", "topk").
+
+    Attributes:
+        run: the algorithm itself (the family's call signature).
+        cost: traffic model. Sparse: ``cost(shape, rank, profile=None) -> Cost``, the exact
+            bytes and messages ``rank`` receives (``profile`` where the algorithm's messages
+            depend on the machine's prices); top-k: ``cost(p, k, n) -> WordCost``. None: not
+            priced (``auto`` never picks it).
+        work: local-work model (sparse): ``work(shape, rank, profile=None) -> {unit: count}``
+            in the units ``Profile.gamma`` prices (:mod:`cupycoll.tuner.predict`).
+        time: a time model of its own, replacing the sum of fixed cost, traffic and work:
+            ``time(shape, rank, profile, pricing) -> seconds``, ``pricing`` being
+            :mod:`cupycoll.tuner.predict` (for algorithms built of other algorithms' phases).
+        counts: the run function takes ``counts=`` (every rank's entry count, which the
+            validation already agreed: it saves the algorithm a size round).
+        dense_output: a variant writing ``output="dense"`` itself, ``dense_output(comm,
+            indices, values, n, op, out, finish, minus_zero, wire) -> out`` (``out``: the
+            caller's dtype; ``finish``: avg, the cast and NaN bits of reduced values); its
+            work model prices that output. None: a dense output is the sparse result written
+            into zeros.
+        coded: its traffic carries sparse entries, so a compact wire applies (False: it
+            moves dense values only, and every call of it runs on coo).
+        tie: on equal predicted times the lower wins (then the earlier registered).
+        selector: top-k: the selector class used when the call names none.
+    """
+
+    family: str
+    name: str
+    run: Callable
+    cost: Callable | None = None
+    work: Callable | None = None
+    time: Callable | None = None
+    counts: bool = False
+    dense_output: Callable | None = None
+    coded: bool = True
+    tie: int = 0
+    selector: Any = None
 
 
-#: families whose modules are imported (their algorithms registered)
-_LOADED: set[str] = set()
+_REGISTRY: dict[str, dict[str, Algorithm]] = {}
+FAMILIES = ("sparse", "topk")
+
+
+def register(family: str, name: str, run: Callable, **fields: Any) -> Algorithm:
+    """Record ``run`` as the algorithm ``name`` of ``family`` (``fields``: the other attributes
+    of :class:`Algorithm`) and return the record; a name registered again is replaced."""
+    found = Algorithm(family, name, run, **fields)
+    _REGISTRY.setdefault(family, {})[name] = found
+    return found
+
+
+def unregister(family: str, name: str) -> None:
+    """Remove an algorithm (one a test or a plug-in registered at run time)."""
+    _REGISTRY.get(family, {}).pop(name, None)
 
 
 def _load(family: str) -> None:
-    if family in _LOADED:
-        return
+    """Import the family's package, whose modules register its algorithms."""
     if family == "sparse":
-        from . import sparse  # noqa: F401  (importing registers the algorithms)
+        from . import sparse  # noqa: F401
     elif family == "topk":
         from . import topk  # noqa: F401
-    _LOADED.add(family)
 
 
 def algorithms(family: str = "sparse") -> list[str]:
     """Return the sorted names of the registered algorithms of ``family``."""
-    if family not in ("sparse", "topk"):
-        raise InvalidArgument("family", family, "valid: ['sparse', 'topk']")
+    if family not in FAMILIES:
+        raise InvalidArgument("family", family, f"valid: {list(FAMILIES)}")
     _load(family)
     return sorted(_REGISTRY.get(family, {}))
 
 
-def lookup(family: str, name: str, *, rank: int | None = None,
-           counts: Sequence[int] | None = None) -> Callable:
-    """Return the algorithm ``name`` of ``family`` or raise InvalidArgument listing valid names.
-
-    ``counts``: every rank's entry count, when the caller knows them; bound as ``counts=`` to
-    the algorithms registered to take it (see :func:`register`), ignored by the others."""
+def record(family: str, name: str, *, rank: int | None = None) -> Algorithm:
+    """Return the record of ``name`` or raise InvalidArgument listing the valid names."""
     table = _REGISTRY.get(family, {})
     if name not in table:
         raise InvalidArgument("algorithm", name, f"unknown {family} algorithm; valid: "
                               f"{sorted(table)}", rank=rank)
-    if counts is not None and (family, name) in _TAKES_COUNTS:
-        return functools.partial(table[name], counts=counts)
     return table[name]
+
+
+def lookup(family: str, name: str, *, rank: int | None = None,
+           counts: Sequence[int] | None = None) -> Callable:
+    """Return the run function of ``name`` (see :func:`record`).
+
+    ``counts``: every rank's entry count, when the caller knows them; bound as ``counts=`` to
+    the algorithms that take it, ignored by the others."""
+    found = record(family, name, rank=rank)
+    if counts is not None and found.counts:
+        return functools.partial(found.run, counts=counts)
+    return found.run
+
+
+def priced(family: str = "sparse") -> dict[str, Algorithm]:
+    """The algorithms of ``family`` that have a traffic model, in the order ``auto`` breaks
+    ties in (:attr:`Algorithm.tie`, then registration)."""
+    _load(family)
+    table = _REGISTRY.get(family, {})
+    order = {name: i for i, name in enumerate(table)}
+    ranked = sorted((a for a in table.values() if a.cost is not None),
+                    key=lambda a: (a.tie, order[a.name]))
+    return {a.name: a for a in ranked}

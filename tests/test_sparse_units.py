@@ -7,6 +7,7 @@ import pytest
 from mpi4py import MPI
 
 import cupycoll as cc
+from cupycoll._registry import record
 from cupycoll._types import ReduceOp
 from cupycoll.comm.mpi import MPICommunicator
 from cupycoll.errors import InvalidArgument, InvalidType
@@ -167,17 +168,17 @@ def test_cost_model_closed_forms():
     # allgather, P=4, rank 1, float32 1-D, int32 indices, nnz 10/20/30/40 (the counts came
     # with the validation: no size round)
     s = Shape(4, 1000, 0, 4, 4, (10, 20, 30, 40))
-    c = auto.MODELS["allgather"](s, 1)
+    c = record("sparse", "allgather").cost(s, 1)
     assert c.received == {"allgather": (10 + 30 + 40) * 8}
     assert c.messages == {"allgather": 3}  # one packed block per peer
-    compact = auto.MODELS["allgather"](dataclasses.replace(s, wire=Wire(True, None)), 1)
+    compact = record("sparse", "allgather").cost(dataclasses.replace(s, wire=Wire(True, None)), 1)
     assert compact.received["allgather.counts"] == 3 * 2 * 8  # (count, bytes) pairs
-    d = auto.MODELS["dense"](s, 0)  # float sum: -0 fills and a one-value tail
+    d = record("sparse", "dense").cost(s, 0)  # float sum: -0 fills and a one-value tail
     assert d.received == {"dense.allreduce": 3 * (4000 + 4) // 2}
     ints = dataclasses.replace(s, float_values=False)  # integers 1-D: the presence bitmap
-    assert auto.MODELS["dense"](ints, 0).received == {"dense.allreduce": 6000,
+    assert record("sparse", "dense").cost(ints, 0).received == {"dense.allreduce": 6000,
                                                       "dense.union": 3 * 32 + 3 * 32}
-    rows = auto.MODELS["dense"](Shape(4, 1000, 8, 4, 4, (10, 20, 30, 40), float_values=False), 0)
+    rows = record("sparse", "dense").cost(Shape(4, 1000, 8, 4, 4, (10, 20, 30, 40), float_values=False), 0)
     assert rows.received == {"dense.allreduce": 3 * 1000 * (32 + 4) // 2}  # + a count per row
     # header (verb, collective count: 4 words) + 10 fields as max/-min + 3 words per rank, and
     # an entry slot of 256 / P words per rank (sparse/small.py)

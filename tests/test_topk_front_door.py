@@ -240,6 +240,7 @@ def test_run_chooses_the_auto_wire_from_the_communicators_profile(monkeypatch):
     """On P > 1 ranks ``wire="auto"`` is priced with the communicator's profile (no profile
     is read otherwise); k and n of the call go into the documented rule; the algorithm's
     remainders land in ``state.last``."""
+    from cupycoll._registry import Algorithm
     from cupycoll.topk._common import TopkOutcome
     from cupycoll.tuner import Profile, profile as profile_module
 
@@ -251,8 +252,8 @@ def test_run_chooses_the_auto_wire_from_the_communicators_profile(monkeypatch):
     def algorithm(on, x, k, state):
         return TopkOutcome(None, None, None, remainders)
 
-    algorithm.default_selector = Exact
-    monkeypatch.setattr(api, "lookup", lambda family, name, rank=None: algorithm)
+    toy = Algorithm("topk", "toy", algorithm, selector=Exact)
+    monkeypatch.setattr(api, "record", lambda family, name, rank=None: toy)
     x = np.zeros(4096, np.float32)
     for size, wire, profile, compact in ((3, "auto", pays, True), (3, "auto", never, False),
                                          (2, "auto", pays, True), (2, "coo", pays, False),

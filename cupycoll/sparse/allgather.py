@@ -23,10 +23,9 @@ from ..wire._pack import COO, Wire
 from ._common import reduce_parts
 from ._cost import Cost, Shape
 
-__all__ = ["allgather", "cost", "cost_over"]
+__all__ = ["allgather", "cost", "cost_over", "work", "ALGORITHM"]
 
 
-@register("sparse", "allgather", counts=True)
 def allgather(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
               accumulate_dtype: Any = None, wire: Wire = COO,
               counts: Sequence[int] | None = None) -> tuple[Any, Any]:
@@ -37,7 +36,7 @@ def allgather(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
     return reduce_parts(parts, op, accumulate_dtype)
 
 
-def cost(shape: Shape, rank: int) -> Cost:
+def cost(shape: Shape, rank: int, profile: Any = None) -> Cost:
     """Bytes and messages ``rank`` receives (without the validation allreduce), the counts
     known (as ``sparse_allreduce`` calls it)."""
     return cost_over(shape, rank, 0, shape.n)
@@ -53,3 +52,14 @@ def cost_over(shape: Shape, rank: int, lo: int, hi: int) -> Cost:
                                          shape.size_words)
     others = [b for k, b in enumerate(blocks) if k != rank and b]
     return Cost().book("allgather", sum(others), len(others))
+
+
+def work(shape: Shape, rank: int, profile: Any = None) -> dict[str, float]:
+    """Every rank merges all N entries (each received row copied once, every element past a
+    row's first folded)."""
+    w = max(shape.width, 1)
+    return {"merge": shape.total_nnz, "row": shape.total_nnz * w,
+            "fold": shape.total_nnz * (w - 1)}
+
+
+ALGORITHM = register("sparse", "allgather", allgather, cost=cost, work=work, counts=True)

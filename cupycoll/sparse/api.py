@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .._background import run_async
-from .._registry import lookup
+from .._registry import lookup, record
 from .._result import SparseResult
 from .._types import ReduceOp, array_namespace, as_array, like_caller, to_host, trunc_divide
 from ..comm import Communicator, get_comm
@@ -23,7 +23,6 @@ from . import auto as _auto
 from . import dense as _dense
 from . import learn as _learn
 from . import measure as _measure
-from . import split as _split
 from ._common import canonical_nan
 from ..wire._pack import COO, Wire
 from ._validate import Prepared, prepare
@@ -141,10 +140,11 @@ def _start(comm: Communicator, indices: Any, values: Any, n: int, op: Any, algor
                                             prepared.wire_values, comm=comm)
         # the validation told every rank's nnz: algorithms that take them skip a size round
         fn = lookup("sparse", name, rank=comm.rank, counts=prepared.nnz)
+        variant = record("sparse", name).dense_output if prepared.output == "dense" else None
 
         def run(on: Communicator) -> Any:
-            if prepared.output == "dense" and name in ("dense", "split"):
-                return _dense_output(on, prepared, name)
+            if variant is not None:
+                return _dense_output(on, prepared, variant)
             return _run(on, prepared, fn)
     _log.debug("sparse_allreduce: algorithm %s, wire %s, nnz %s, n %d", name, prepared.format,
                prepared.nnz, prepared.n)
@@ -207,27 +207,16 @@ def _output(comm: Communicator, prepared: Prepared, row: tuple) -> Any:
     return comm.xp.empty((prepared.n,) + row, dtype=prepared.value_dtype)
 
 
-def _dense_output(comm: Communicator, prepared: Prepared, name: str) -> Any:
-    """``output="dense"`` by the ``dense`` algorithm (one allreduce straight into the caller's
-    ``out`` where the dtypes allow, then avg, the cast, and NaN bits where a rank had one) or
-    by ``split``'s region variant."""
+def _dense_output(comm: Communicator, prepared: Prepared, variant: Callable) -> Any:
+    """``output="dense"`` by the algorithm's own dense variant
+    (:attr:`cupycoll._registry.Algorithm.dense_output`), into the caller's ``out`` or a new
+    array of the caller's dtype."""
     row = tuple(prepared.values.shape[1:])
     with comm.calling("sparse_allreduce"):
-        if name == "split" and comm.size > 1:
-            return _split.dense_result(
-                comm, prepared.indices, prepared.values, prepared.n, prepared.reduce_op,
-                _output(comm, prepared, row),
-                lambda val: _finished(comm, prepared, val, prepared.nonfinite),
-                prepared.minus_zero, prepared.format)
-        same = prepared.accumulate_dtype == prepared.value_dtype
-        dense = _dense.dense_result(comm, prepared.indices, prepared.values, prepared.n,
-                                    prepared.reduce_op, _output(comm, prepared, row)
-                                    if same else None)
-    dense = _finished(comm, prepared, dense, prepared.nonfinite)
-    if prepared.out is not None and dense is not prepared.out:
-        prepared.out[...] = dense
-        dense = prepared.out
-    return dense
+        return variant(comm, prepared.indices, prepared.values, prepared.n, prepared.reduce_op,
+                       _output(comm, prepared, row),
+                       lambda val: _finished(comm, prepared, val, prepared.nonfinite),
+                       prepared.minus_zero, prepared.format)
 
 
 def _like(result: Any, original: Any) -> Any:

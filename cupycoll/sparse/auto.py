@@ -18,16 +18,16 @@ import dataclasses
 import math
 from typing import Any
 
-from .._registry import lookup, register
+from .._registry import lookup, priced, record, register
 from .._types import ReduceOp
-from . import allgather, dense, hierarchical, mask, recursive_doubling, small, split
+from . import small
 from ..wire._choice import could_pay, prefer_compact
 from ..wire._pack import COO, Wire
 from ._common import native_drops_nan, native_keeps_minus_zero
 from ._cost import Cost, Shape, validation_cost
 
 __all__ = ["choose", "shape_class", "choose_wire", "auto", "call_cost", "predicted_times",
-           "resolved", "MODELS"]
+           "resolved", "ALGORITHM"]
 
 #: recent decisions: (id(profile), shape class) -> (profile, name). A training loop repeats
 #: nearly the same shape every step (each rank's nnz drifting a little), and pricing every
@@ -39,12 +39,6 @@ _DECISIONS_MAX = 512
 #: steps of a class's nnz per doubling: counts within about 2^(1/8) of each other share it.
 CLASS_STEPS = 4
 
-#: the cost model of every exact algorithm (bytes and messages received per rank); on a tie the
-#: first wins (split before hierarchical, which costs the same on one node).
-MODELS = {"allgather": allgather.cost, "dense": dense.cost, "mask": mask.cost,
-          "recursive_doubling": recursive_doubling.cost, "split": split.cost,
-          "hierarchical": hierarchical.cost}
-
 
 def predicted_times(shape: Shape, profile: Any = None) -> dict[str, float]:
     """Predicted seconds of every exact algorithm for ``shape`` (default profile if None)."""
@@ -52,7 +46,7 @@ def predicted_times(shape: Shape, profile: Any = None) -> dict[str, float]:
     from ..tuner.profile import load_profile
 
     profile = profile or load_profile(size=shape.size)
-    return {name: predict(name, shape, profile) for name in MODELS}
+    return {name: predict(name, shape, profile) for name in priced("sparse")}
 
 
 def resolved(shape: Shape, profile: Any = None, *, comm: Any = None, op: Any = None
@@ -88,7 +82,7 @@ def shape_class(shape: Shape) -> Shape:
 
 def choose(shape: Shape, profile: Any = None, *, comm: Any = None, op: Any = None) -> str:
     """Return the algorithm with the least predicted time for ``shape``'s class
-    (:func:`shape_class`; ties: the first in MODELS).
+    (:func:`shape_class`; ties: :func:`cupycoll._registry.priced`'s order).
 
     ``comm`` supplies the broadcast profile (:func:`cupycoll.tuner.profile_for`) and, when
     ``shape.nodes`` is None, the node of every rank; ``op`` (a ReduceOp or name) refines
@@ -121,9 +115,11 @@ def choose_wire(name: str, shape: Shape, request: str, values: str | None = None
 
     ``auto`` takes compact when the bytes it saves on the slowest rank, priced at beta, beat
     the coding work of about two codings (encode, decode) per entry received, priced at
-    ``gamma["code"]``; ``dense`` moves no sparse entries and keeps coo. Agreed inputs only.
+    ``gamma["code"]``; an algorithm that moves no sparse entries (``dense``) keeps coo. Agreed
+    inputs only.
     """
-    if request == "coo" or name == "dense" or shape.size == 1:
+    model = record("sparse", name)
+    if request == "coo" or not model.coded or shape.size == 1:
         return Wire(False, values)
     if request == "compact":
         return Wire(True, values)
@@ -137,7 +133,7 @@ def choose_wire(name: str, shape: Shape, request: str, values: str | None = None
                     max(range(shape.size), key=shape.nnz.__getitem__)})
 
     def cost_of(wire: Wire) -> tuple[int, int]:
-        costs = [MODELS[name](dataclasses.replace(shape, wire=wire, inputs=None), r)
+        costs = [model.cost(dataclasses.replace(shape, wire=wire, inputs=None), r, profile)
                  for r in ranks]
         worst = max(c.bytes_received for c in costs)
         return worst, 2 * worst // max(shape.entry_bytes, 1)
@@ -145,7 +141,6 @@ def choose_wire(name: str, shape: Shape, request: str, values: str | None = None
     return Wire(prefer_compact(cost_of, values, profile), values)
 
 
-@register("sparse", "auto")
 def auto(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
          accumulate_dtype: Any = None, wire: Wire = COO) -> tuple[Any, Any]:
     """Run the algorithm :func:`choose` picks (nnz of every rank gathered first).
@@ -175,4 +170,7 @@ def call_cost(algorithm: str, shape: Shape, rank: int, profile: Any = None) -> C
         return validation_cost(shape.size).add(small.cost(shape, rank))
     name = (choose(dataclasses.replace(shape, inputs=None), profile) if algorithm == "auto"
             else algorithm)
-    return validation_cost(shape.size).add(MODELS[name](shape, rank))
+    return validation_cost(shape.size).add(record("sparse", name).cost(shape, rank, profile))
+
+
+ALGORITHM = register("sparse", "auto", auto)

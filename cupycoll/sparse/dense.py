@@ -57,7 +57,7 @@ from ._cost import Cost, Shape
 
 __all__ = ["dense", "dense_result", "densify_into", "scatter_into", "add_into", "members",
            "row_bits", "cost", "settle_cost", "folds_presence", "signed_zero_fill", "local_pass",
-           "FOLD_WIDTH"]
+           "FOLD_WIDTH", "dense_output", "work", "ALGORITHM"]
 
 #: integer rows at least this wide carry their presence count in the values' allreduce.
 FOLD_WIDTH = 8
@@ -83,7 +83,6 @@ def folds_presence(size: int, itemsize: int, op: Any, width: int) -> bool:
     return _op_name(op) in _SUMS and width >= FOLD_WIDTH and size < (1 << exact_bits)
 
 
-@register("sparse", "dense")
 def dense(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
           accumulate_dtype: Any = None, wire: Any = None) -> tuple[Any, Any]:
     """Allreduce the densified input with its presence (-0 fills, a count tail or a bitmap)."""
@@ -294,7 +293,7 @@ def _bitmap(c: Cost, n: int, size: int, op: str) -> Cost:
     return c
 
 
-def cost(shape: Shape, rank: int) -> Cost:
+def cost(shape: Shape, rank: int, profile: Any = None) -> Cost:
     """Bytes and messages ``rank`` receives (without the validation allreduce; inputs without
     -0 values: see the module docstring); a dense output moves the values alone."""
     if shape.output == "dense":
@@ -307,3 +306,33 @@ def cost(shape: Shape, rank: int) -> Cost:
                                 shape.n * (shape.row_bytes + shape.value_bytes))
     c = Cost().allreduce("dense.allreduce", shape.size, shape.n * value_row_bytes(shape))
     return _bitmap(c, shape.n, shape.size, "dense.union")
+
+
+def dense_output(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, out: Any,
+                 finish: Any, minus_zero: bool = False, wire: Any = None) -> Any:
+    """``output="dense"`` into ``out`` (the caller's dtype): :func:`dense_result` reduces
+    straight into it when the values accumulate in its dtype, else into a buffer that
+    ``finish`` (avg, the cast, NaN bits) turns into the caller's before it is copied over."""
+    same = out.dtype == values.dtype
+    dense = finish(dense_result(comm, indices, values, n, op, out if same else None))
+    if dense is not out:
+        out[...] = dense
+    return out
+
+
+def work(shape: Shape, rank: int, profile: Any = None) -> dict[str, float]:
+    """Passes over n, and the rank's rows scattered and the union's read back (``dense_row``:
+    a sorted write or copy, cheaper than a ``row`` gather). Presence is scanned apart only on
+    the bitmap path (-0 fills and count tails are read by the same flatnonzero the ``dense``
+    unit already prices); a dense output has no pass over n (its rows are written into the
+    zeroed output, which is then reduced in place)."""
+    w = max(shape.width, 1)
+    if shape.output == "dense":
+        return {"fill": shape.n * w}
+    bitmap = "dense.union" in cost(shape, rank).received
+    return {"dense": shape.n * w, "dense_row": (shape.nnz[rank] + shape.union) * w,
+            "scan": shape.n if bitmap else 0}
+
+
+ALGORITHM = register("sparse", "dense", dense, cost=cost, work=work, dense_output=dense_output,
+                     coded=False)

@@ -32,6 +32,7 @@ indices over its regions).
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from typing import Any, Sequence
 
 import numpy as np
@@ -45,9 +46,10 @@ from ..wire._pack import COO, Wire
 from . import allgather as _allgather
 from . import split as _split
 from ._common import allgatherv_entries, reduce_parts
-from ._cost import Cost, Shape
+from ._cost import Cost, Shape, validation_cost
 
-__all__ = ["hierarchical", "cost", "link_costs", "rail_algorithm", "owned", "owner"]
+__all__ = ["hierarchical", "cost", "work", "time", "link_costs", "rail_algorithm", "owned",
+           "owner", "ALGORITHM"]
 
 #: sparse allreduce algorithms a rail may run (ties: the first).
 RAIL_ALGORITHMS = ("allgather", "split")
@@ -82,7 +84,6 @@ def rail_algorithm(counts: Sequence[int], span: int, like: Shape, profile: Any) 
     return RAIL_ALGORITHMS[times.index(min(times))]
 
 
-@register("sparse", "hierarchical")
 def hierarchical(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
                  accumulate_dtype: Any = None, wire: Wire = COO) -> tuple[Any, Any]:
     """Node reduce-scatter, per-region sparse allreduce between nodes, node allgatherv.
@@ -253,3 +254,48 @@ def cost(shape: Shape, rank: int, profile: Any = None) -> Cost:
     """Bytes and messages ``rank`` receives (without the validation allreduce)."""
     intra, inter, _ = link_costs(shape, rank, profile)
     return intra.add(inter)
+
+
+def work(shape: Shape, rank: int, profile: Any = None) -> dict[str, float]:
+    """The node phases (the rails' work is their algorithm's, added by :func:`time`)."""
+    if shape.size == 1:
+        return {}
+    topo = Topology.of(shape.nodes or (0,) * shape.size)
+    if topo.width == 1:  # no node phases: one rail of every rank
+        return {}
+    mine = topo.members[topo.nodes[rank]]
+    share = len(owned(topo.width, len(mine), mine.index(rank))) / topo.width
+    w, region = max(shape.width, 1), sum(shape.nnz[m] for m in mine) * share
+    return {"merge": region, "row": (region + shape.union) * w, "fold": region * (w - 1)}
+
+
+def time(shape: Shape, rank: int, profile: Any, pricing: Any) -> float:
+    """Seconds of ``rank``: the node phases on ``profile.link("intra")``, the rails on
+    ``link("inter")`` (native collectives at the profile's native prices), plus every rail's
+    own work and fixed cost; without a measured ``fixed["hierarchical"]`` the node phases cost
+    split's. One node: split. One rank per node: the rail's algorithm on the inter-node link
+    (allgather reuses the counts; split pays one more count round). ``pricing``:
+    :mod:`cupycoll.tuner.predict`."""
+    if shape.nodes is None or len(set(shape.nodes)) == 1:  # one node: it runs split
+        return pricing.rank_time("split", shape, rank, profile)
+    intra, inter, rails = link_costs(shape, rank, profile)
+    densified = pricing.densified_output("hierarchical", shape, profile)
+    if len(set(shape.nodes)) == shape.size:  # one rank per node: the rail alone (+ its counts)
+        name = rails[0][0]
+        counts = Cost().allgather("hierarchical.counts", shape.size, 8 * shape.size)
+        rail = dataclasses.replace(shape, output="sparse")  # the rail's result is densified
+        return (pricing.rank_time(name, rail, rank, profile.link("inter"))
+                + (pricing.comm_time(counts, profile) if name == "split" else 0.0) + densified)
+    fixed = profile.fixed.get("hierarchical", profile.fixed.get("split", 0.0))
+    seconds = (fixed + pricing.local_time(work(shape, rank), profile) + densified
+               + pricing.coding_time(Cost().add(intra).add(inter), shape, profile)
+               + pricing.comm_time(validation_cost(shape.size).add(intra), profile.link("intra"))
+               + pricing.comm_time(inter, profile.link("inter")))
+    for name, rail, r in rails:
+        seconds += profile.fixed.get(name, 0.0) + pricing.local_time(
+            pricing.work(name, rail, r), profile)
+    return seconds
+
+
+ALGORITHM = register("sparse", "hierarchical", hierarchical, cost=cost, work=work, time=time,
+                     tie=1)

@@ -31,10 +31,9 @@ from ._common import allreduce_values, positions_in, rank_slices, union_of, valu
 from ._cost import Cost, Shape
 from .dense import scatter_into
 
-__all__ = ["mask", "cost"]
+__all__ = ["mask", "cost", "work", "ALGORITHM"]
 
 
-@register("sparse", "mask", counts=True)
 def mask(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
          accumulate_dtype: Any = None, wire: Wire = COO,
          counts: Sequence[int] | None = None) -> tuple[Any, Any]:
@@ -56,7 +55,7 @@ def mask(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
     return union, rows
 
 
-def cost(shape: Shape, rank: int) -> Cost:
+def cost(shape: Shape, rank: int, profile: Any = None) -> Cost:
     """Bytes and messages ``rank`` receives (without the validation allreduce), the counts
     known (as ``sparse_allreduce`` calls it)."""
     c = Cost()
@@ -69,3 +68,15 @@ def cost(shape: Shape, rank: int) -> Cost:
         c.allgatherv("mask.indices", shape.size, rank, shape.nnz, shape.index_bytes,
                      with_counts=False)
     return c.allreduce("mask.allreduce", shape.size, shape.union * value_row_bytes(shape))
+
+
+def work(shape: Shape, rank: int, profile: Any = None) -> dict[str, float]:
+    """The union of every rank's indices (no values: its own unit), the union's rows zeroed
+    (a fill: the allreduce's buffer, handed back as the result) and this rank's rows written.
+    (The union's rows are priced as a fill, not at the gather rate, which over-prices wide
+    rows: docs/tuning.md.)"""
+    w = max(shape.width, 1)
+    return {"union": shape.total_nnz, "row": shape.nnz[rank] * w, "fill": shape.union * w}
+
+
+ALGORITHM = register("sparse", "mask", mask, cost=cost, work=work, counts=True)

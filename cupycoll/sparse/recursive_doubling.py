@@ -38,9 +38,9 @@ from ..primitives import combine, densify, gather
 from ..wire._pack import (COO, Packed, Wire, coo_nbytes, pack, pack_dense, unpack,
                           unpack_dense, value_nbytes)
 from ._common import presence, reduce_parts, union_of_presence
-from ._cost import Cost, Shape
+from ._cost import Cost, Shape, estimate_union
 
-__all__ = ["recursive_doubling", "cost", "DELTA", "prefer_dense"]
+__all__ = ["recursive_doubling", "cost", "work", "DELTA", "prefer_dense", "ALGORITHM"]
 
 #: switch to dense when sparse bytes exceed DELTA * dense bytes (1.0: at equal bytes).
 DELTA = 1.0
@@ -167,7 +167,6 @@ class _Rounds:
         return union, gather(state.first, union)
 
 
-@register("sparse", "recursive_doubling", counts=True)
 def recursive_doubling(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
                        accumulate_dtype: Any = None, wire: Wire = COO,
                        counts: Sequence[int] | None = None) -> tuple[Any, Any]:
@@ -198,7 +197,7 @@ def recursive_doubling(comm: Any, indices: Any, values: Any, n: int, op: ReduceO
     return pair.finish(state)
 
 
-def cost(shape: Shape, rank: int) -> Cost:
+def cost(shape: Shape, rank: int, profile: Any = None) -> Cost:
     """Bytes and messages ``rank`` receives (without the validation allreduce), every rank's
     count known (as ``sparse_allreduce`` calls it).
 
@@ -236,3 +235,25 @@ def cost(shape: Shape, rank: int) -> Cost:
         receive(block(((rank ^ d) // d) * d, d))
         d <<= 1
     return c
+
+
+def work(shape: Shape, rank: int, profile: Any = None) -> dict[str, float]:
+    """Rounds of a homogeneous estimate: group unions of 2^j ranks' mean nnz."""
+    w, p = max(shape.width, 1), shape.size
+    mean = shape.total_nnz / max(p, 1)
+    out = {"merge2": 0.0, "row": 0.0, "dense": 0.0, "scan": 0.0, "fold": 0.0}
+    rounds = max(p.bit_length() - 1, 0) + (1 if p & (p - 1) else 0)
+    for j in range(rounds):
+        group = estimate_union(shape.n, [mean] * min(2 ** j, p))
+        if prefer_dense(group, shape.n, shape.index_bytes, shape.row_bytes):
+            out["dense"] += 2 * shape.n * w
+            out["scan"] += shape.n
+        else:
+            out["merge2"] += 2 * group
+            out["row"] += 2 * group * w
+            out["fold"] += 2 * group * (w - 1)
+    return out
+
+
+ALGORITHM = register("sparse", "recursive_doubling", recursive_doubling, cost=cost, work=work,
+                     counts=True)

@@ -46,11 +46,11 @@ from .._types import ReduceOp, to_host
 from ..wire._exchange import exchange_sizes, post_blocks
 from ..wire._pack import COO, Wire, pack, unpack
 from ._common import allgatherv_entries, presence, reduce_parts, union_of_presence
-from .dense import add_into, densify_into, members, row_bits
+from .dense import add_into, dense_output, densify_into, members, row_bits
 from ._cost import Cost, Shape
 
 __all__ = ["split", "cost", "dense_result", "gathers_dense", "SAMPLES", "local_samples",
-           "region_bounds", "reduce_scatter"]
+           "region_bounds", "reduce_scatter", "work", "ALGORITHM"]
 
 #: index samples per rank that balance the regions (the region loads are within ~1/SAMPLES).
 SAMPLES = 128
@@ -151,7 +151,6 @@ def _scatter(comm: Any, indices: Any, values: Any, bounds: np.ndarray, wire: Wir
     return parts
 
 
-@register("sparse", "split")
 def split(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
           accumulate_dtype: Any = None, wire: Wire = COO) -> tuple[Any, Any]:
     """Reduce-scatter balanced index regions to their owners, then allgatherv the regions."""
@@ -258,6 +257,8 @@ def dense_result(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, out
     settled, since a -0 sum stays only where every rank holds the row."""
     from ..tuner.profile import profile_for
 
+    if comm.size == 1:  # nothing to split: the dense algorithm's single pass
+        return dense_output(comm, indices, values, n, op, out, finish)
     p, rank, xp = comm.size, comm.rank, comm.xp
     samples = _samples(comm, indices)
     bounds = region_bounds(samples, n)
@@ -343,3 +344,24 @@ def cost(shape: Shape, rank: int, profile: Any = None) -> Cost:
         return c.allgatherv("split.presence", p, rank, [-(-int(s) // 8) for s in spans], 1,
                             with_counts=False)
     return c.allgatherv_entries("split.gather", p, rank, gathered, shape.size_words)
+
+
+def work(shape: Shape, rank: int, profile: Any = None) -> dict[str, float]:
+    """A dense output: the region variant (:func:`dense_result`) writes the owner's region
+    (accumulating its rows instead of merging them) or the whole output. A sparse output
+    gathered as dense regions: the owner's region filled, and every rank scans the n presence
+    bits before it takes the union's rows. ``profile`` decides the regions' form
+    (:func:`gathers_dense`; default: the shipped profile)."""
+    if shape.size == 1:
+        return {"fill": shape.n * max(shape.width, 1)} if shape.output == "dense" else {}
+    w, region = max(shape.width, 1), shape.total_nnz / shape.size
+    dense_regions = gathers_dense(shape, profile)
+    if shape.output == "dense" and dense_regions:
+        return {"row": region * w, "fill": shape.n * w / shape.size}
+    out = {"merge": region, "row": (region + shape.union) * w, "fold": region * (w - 1)}
+    if shape.output == "dense":
+        return {**out, "fill": shape.n * w}
+    return {**out, "fill": shape.n * w / shape.size, "scan": shape.n} if dense_regions else out
+
+
+ALGORITHM = register("sparse", "split", split, cost=cost, work=work, dense_output=dense_result)

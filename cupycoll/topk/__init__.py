@@ -19,6 +19,6 @@ __all__ = ["topk_allreduce", "TopkCompressor", "TopkState", "TopkOutcome", "Word
 
 def cost_model(algorithm: str, p: int, k: int, n: int) -> WordCost:
     """Return the per-rank cost model (words received, latency) of ``algorithm`` on p ranks."""
-    from .._registry import lookup
+    from .._registry import record
 
-    return lookup("topk", algorithm).cost(p, k, n)
+    return record("topk", algorithm).cost(p, k, n)

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from .._registry import register
 from .._result import SparseResult
 from .._types import array_namespace, to_host
 from ..errors import InvalidArgument, InvalidType
@@ -23,7 +22,7 @@ from ..errors import InvalidArgument, InvalidType
 if TYPE_CHECKING:
     from .selectors import Selection, Selector
 
-__all__ = ["TopkState", "TopkOutcome", "WordCost", "topk_algorithm", "index_dtype",
+__all__ = ["TopkState", "TopkOutcome", "WordCost", "index_dtype",
            "smallest_positive", "positive_threshold", "sorted_member", "to_host", "to_namespace",
            "check_int", "min_abs", "log2_ceil"]
 
@@ -131,16 +130,6 @@ def check_int(name: str, value: Any, minimum: int) -> int:
 def min_abs(values: Any) -> float:
     """Smallest magnitude of a non-empty array, as a host float."""
     return float(array_namespace(values).abs(values).min())
-
-
-def topk_algorithm(name: str, *, selector: Callable[[], Selector],
-                   cost: Callable[[int, int, int], WordCost]) -> Callable:
-    """Register ``fn`` as top-k algorithm ``name`` with its default selector and cost model."""
-    def decorate(fn: Callable) -> Callable:
-        fn.default_selector = selector
-        fn.cost = cost
-        return register("topk", name)(fn)
-    return decorate
 
 
 def index_dtype(n: int) -> np.dtype:

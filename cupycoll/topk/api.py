@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import _agreement as agreement
 from .._config import setting
-from .._registry import algorithms, lookup
+from .._registry import algorithms, record
 from .._result import SparseResult
 from .._types import array_namespace, as_array, check_dtype
 from ..comm import Communicator, get_comm
@@ -158,7 +158,7 @@ def run(comm: Communicator, x: Any, k: int, algorithm: str, selector: Selector |
         ) -> TopkOutcome:
     """Run a validated call: pick the selector and the wire format, run the algorithm, advance
     the state's step (the remainders of rounded values are kept in ``state.last``)."""
-    fn = lookup("topk", algorithm, rank=comm.rank)
+    found = record("topk", algorithm, rank=comm.rank)
     state = state if state is not None else TopkState()
     profile = None
     if wire == "auto" and comm.size > 1:
@@ -169,8 +169,8 @@ def run(comm: Communicator, x: Any, k: int, algorithm: str, selector: Selector |
     if selector is not None:
         state.selector = selector
     elif state.selector is None:
-        state.selector = fn.default_selector()
-    outcome = fn(comm, x, k, state)
+        state.selector = found.selector()
+    outcome = found.run(comm, x, k, state)
     state.last["wire"] = state.wire.name
     state.last["remainders"] = outcome.remainders
     state.step += 1

@@ -17,7 +17,8 @@ from typing import Any
 from .._result import SparseResult
 from .._types import ReduceOp
 from ..primitives import topk_abs
-from ._common import WordCost, TopkOutcome, TopkState, log2_ceil, topk_algorithm
+from .._registry import register
+from ._common import WordCost, TopkOutcome, TopkState, log2_ceil
 from .selectors import Exact, Selection
 
 __all__ = ["dense", "cost"]
@@ -28,7 +29,6 @@ def cost(p: int, k: int, n: int) -> WordCost:
     return WordCost(2.0 * n * (p - 1) / p, 2.0 * log2_ceil(p))
 
 
-@topk_algorithm("dense", selector=Exact, cost=cost)
 def dense(comm: Any, x: Any, k: int, state: TopkState) -> TopkOutcome:
     """Allreduce ``x`` densely, then return the exact top-k of the sum (values = sums)."""
     total = comm.xp.empty_like(x)
@@ -36,3 +36,6 @@ def dense(comm: Any, x: Any, k: int, state: TopkState) -> TopkOutcome:
     idx, val = topk_abs(total, k)
     state.last = {"refresh": True, "local_count": int(x.shape[0]), "global_count": k}
     return TopkOutcome(SparseResult(idx, val, int(x.shape[0])), idx, Selection(idx, val, None))
+
+
+ALGORITHM = register("topk", "dense", dense, cost=cost, selector=Exact)

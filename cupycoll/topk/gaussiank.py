@@ -17,14 +17,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._common import TopkOutcome, TopkState, topk_algorithm
+from .._registry import register
+from ._common import TopkOutcome, TopkState
 from .selectors import Gaussian
 from .topka import cost, gather_selected
 
 __all__ = ["gaussiank"]
 
 
-@topk_algorithm("gaussiank", selector=Gaussian, cost=cost)
 def gaussiank(comm: Any, x: Any, k: int, state: TopkState) -> TopkOutcome:
     """Gaussian-k: allgather every rank's Gaussian-threshold selection and sum them."""
     return gather_selected(comm, x, k, state, "gaussiank.allgather")
+
+
+ALGORITHM = register("topk", "gaussiank", gaussiank, cost=cost, selector=Gaussian)

@@ -35,8 +35,9 @@ import numpy as np
 
 from .._result import SparseResult
 from ..primitives import merge_sorted, topk_abs
+from .._registry import register
 from ._common import (WordCost, TopkOutcome, TopkState, index_dtype, log2_ceil, sorted_member,
-                      to_host, topk_algorithm)
+                      to_host)
 from ..wire._pack import COO, Wire
 from ..wire._values import rounding_error
 from ._wire import broadcast_block, real_entries, receive_block, send_block
@@ -127,7 +128,6 @@ def _excluded(comm: Any, drops: list, result_idx: Any, n: int) -> np.ndarray:
     return np.unique(idx[source == node])
 
 
-@topk_algorithm("gtopk", selector=Exact, cost=cost)
 def gtopk(comm: Any, x: Any, k: int, state: TopkState) -> TopkOutcome:
     """gTopk: pairwise top-k tree reduction to rank 0, then broadcast (values = sums)."""
     xp, n = comm.xp, int(x.shape[0])
@@ -151,3 +151,6 @@ def gtopk(comm: Any, x: Any, k: int, state: TopkState) -> TopkOutcome:
     if root_error is not None:
         remainders.append((res_i, root_error))
     return TopkOutcome(SparseResult(res_i, res_v, n), mine_i[keep], sel, tuple(remainders))
+
+
+ALGORITHM = register("topk", "gtopk", gtopk, cost=cost, selector=Exact)

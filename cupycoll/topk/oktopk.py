@@ -55,9 +55,9 @@ from .._result import SparseResult
 from .._types import ReduceOp
 from ..comm._topology import topology
 from ..primitives import select_abs_ge, topk_abs
+from .._registry import register
 from ._common import (WordCost, TopkOutcome, TopkState, index_dtype, log2_ceil, min_abs,
-                      positive_threshold, smallest_positive, sorted_member,
-                      topk_algorithm)
+                      positive_threshold, smallest_positive, sorted_member)
 from ._global_threshold import histogram_threshold
 from ..wire import round_values
 from ..wire._values import rounding_error
@@ -212,7 +212,6 @@ def _reference_policy(state: TopkState) -> bool:
     return isinstance(state.selector, Threshold) and state.selector.policy == "reference"
 
 
-@topk_algorithm("oktopk", selector=Threshold, cost=cost)
 def oktopk(comm: Any, x: Any, k: int, state: TopkState) -> TopkOutcome:
     """Ok-Topk: split-and-reduce over balanced regions, then a thresholded, balanced allgather."""
     n, p = int(x.shape[0]), comm.size
@@ -235,3 +234,6 @@ def oktopk(comm: Any, x: Any, k: int, state: TopkState) -> TopkOutcome:
     if errors is not None:  # this rank's sent values that reached the result
         remainders = ((included, errors[member]),) + remainders
     return TopkOutcome(SparseResult(res_i, res_v, n), included, sel, remainders)
+
+
+ALGORITHM = register("topk", "oktopk", oktopk, cost=cost, selector=Threshold)

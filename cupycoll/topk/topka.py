@@ -21,7 +21,8 @@ from ..primitives import merge_sorted
 from ..wire._exchange import gather_entries
 from ..wire._pack import COO
 from ..wire._values import rounding_error
-from ._common import WordCost, TopkOutcome, TopkState, log2_ceil, topk_algorithm
+from .._registry import register
+from ._common import WordCost, TopkOutcome, TopkState, log2_ceil
 from .selectors import Exact
 
 __all__ = ["topka", "cost", "gather_selected"]
@@ -48,7 +49,9 @@ def gather_selected(comm: Any, x: Any, k: int, state: TopkState, op_name: str) -
     return TopkOutcome(SparseResult(idx, val, n), sel.indices, sel, remainders)
 
 
-@topk_algorithm("topka", selector=Exact, cost=cost)
 def topka(comm: Any, x: Any, k: int, state: TopkState) -> TopkOutcome:
     """TopkA: allgather every rank's local top-k and sum them (up to P*k entries)."""
     return gather_selected(comm, x, k, state, "topka.allgather")
+
+
+ALGORITHM = register("topk", "topka", topka, cost=cost, selector=Exact)

@@ -42,7 +42,7 @@ from .._types import ReduceOp
 from ..comm._topology import node_ids as _node_ids
 from ..primitives import _accel, merge_sorted
 from ..primitives._numpy_reduce import TINY
-from ..sparse import auto as _auto
+from .._registry import priced
 from ..sparse._common import positions_in, presence, union_of, union_of_presence
 from ..sparse._cost import Cost, Shape
 from ..sparse.dense import densify_into, local_pass
@@ -241,7 +241,7 @@ def _fixed_pass(comm: Any, repeats: int) -> dict[str, float]:
     val = comm.xp.ones(FIXED_ENTRIES, np.float32)
     samples = interleaved({name: lambda a=name: sparse_allreduce(idx, val, FIXED_N, algorithm=a,
                                                                  comm=comm)
-                           for name in _auto.MODELS}, repeats, 1, comm)
+                           for name in priced("sparse")}, repeats, 1, comm)
     return {name: float(np.median(seconds)) for name, seconds in samples.items()}
 
 

@@ -28,110 +28,22 @@ Local work, in the units ``gamma`` prices (N = total nnz, U = union, W = max(wid
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
 
-from ..comm._topology import Topology
-from ..sparse import auto as _auto
-from ..sparse import hierarchical as _hier
-from ..sparse import split as _split_mod
-from ..sparse._cost import Cost, Shape, estimate_union, validation_cost
-from ..sparse.recursive_doubling import prefer_dense
+from .._registry import record
+from ..sparse._cost import Cost, Shape, validation_cost
 from ..wire._choice import DEFAULT_CODE_COST
 from .profile import Profile
 
-__all__ = ["work", "predict", "comm_time", "WORK_MODELS"]
-
-
-def _allgather(shape: Shape, rank: int) -> dict[str, float]:
-    w = max(shape.width, 1)
-    return {"merge": shape.total_nnz, "row": shape.total_nnz * w,
-            "fold": shape.total_nnz * (w - 1)}
-
-
-def _split(shape: Shape, rank: int, profile: Profile | None = None) -> dict[str, float]:
-    """A dense output: the region variant (:func:`cupycoll.sparse.split.gathers_dense`) writes
-    the owner's region (accumulating its rows instead of merging them) or the whole output. A
-    sparse output gathered as dense regions: the owner's region filled, and every rank scans
-    the n presence bits before it takes the union's rows."""
-    if shape.size == 1:
-        return {"fill": shape.n * max(shape.width, 1)} if shape.output == "dense" else {}
-    w, region = max(shape.width, 1), shape.total_nnz / shape.size
-    dense_regions = _split_mod.gathers_dense(shape, profile)
-    if shape.output == "dense" and dense_regions:
-        return {"row": region * w, "fill": shape.n * w / shape.size}
-    out = {"merge": region, "row": (region + shape.union) * w, "fold": region * (w - 1)}
-    if shape.output == "dense":
-        return {**out, "fill": shape.n * w}
-    return {**out, "fill": shape.n * w / shape.size, "scan": shape.n} if dense_regions else out
-
-
-def _mask(shape: Shape, rank: int) -> dict[str, float]:
-    """The union of every rank's indices (no values: its own unit), the union's rows zeroed
-    (a fill: the allreduce's buffer, handed back as the result) and this rank's rows written.
-    (The union's rows are priced as a fill, not at the gather rate, which over-prices wide
-    rows: docs/tuning.md.)"""
-    w = max(shape.width, 1)
-    return {"union": shape.total_nnz, "row": shape.nnz[rank] * w, "fill": shape.union * w}
-
-
-def _dense(shape: Shape, rank: int) -> dict[str, float]:
-    """Passes over n, and the rank's rows scattered and the union's read back (``dense_row``:
-    a sorted write or copy, cheaper than a ``row`` gather). Presence scanned apart only on the
-    bitmap path (-0 fills and count tails are read by the same flatnonzero the ``dense`` unit
-    already prices); a dense output has no pass over n (its rows are written into the zeroed
-    output, which is then reduced in place)."""
-    w = max(shape.width, 1)
-    if shape.output == "dense":
-        return {"fill": shape.n * w}
-    bitmap = "dense.union" in _auto.MODELS["dense"](shape, rank).received
-    return {"dense": shape.n * w, "dense_row": (shape.nnz[rank] + shape.union) * w,
-            "scan": shape.n if bitmap else 0}
-
-
-def _recursive_doubling(shape: Shape, rank: int) -> dict[str, float]:
-    """Rounds of a homogeneous estimate: group unions of 2^j ranks' mean nnz."""
-    w, p = max(shape.width, 1), shape.size
-    mean = shape.total_nnz / max(p, 1)
-    out = {"merge2": 0.0, "row": 0.0, "dense": 0.0, "scan": 0.0, "fold": 0.0}
-    rounds = max(p.bit_length() - 1, 0) + (1 if p & (p - 1) else 0)
-    for j in range(rounds):
-        group = estimate_union(shape.n, [mean] * min(2 ** j, p))
-        if prefer_dense(group, shape.n, shape.index_bytes, shape.row_bytes):
-            out["dense"] += 2 * shape.n * w
-            out["scan"] += shape.n
-        else:
-            out["merge2"] += 2 * group
-            out["row"] += 2 * group * w
-            out["fold"] += 2 * group * (w - 1)
-    return out
-
-
-def _hierarchical(shape: Shape, rank: int) -> dict[str, float]:
-    """The node phases (the rails' work is their algorithm's, added by rank_time)."""
-    if shape.size == 1:
-        return {}
-    topo = Topology.of(shape.nodes or (0,) * shape.size)
-    if topo.width == 1:  # no node phases: one rail of every rank
-        return {}
-    mine = topo.members[topo.nodes[rank]]
-    share = len(_hier.owned(topo.width, len(mine), mine.index(rank))) / topo.width
-    w, region = max(shape.width, 1), sum(shape.nnz[m] for m in mine) * share
-    return {"merge": region, "row": (region + shape.union) * w, "fold": region * (w - 1)}
-
-
-#: local work of every algorithm (units priced by Profile.gamma).
-WORK_MODELS: dict[str, Callable[[Shape, int], dict[str, float]]] = {
-    "allgather": _allgather, "split": _split, "mask": _mask, "dense": _dense,
-    "recursive_doubling": _recursive_doubling, "hierarchical": _hierarchical}
+__all__ = ["work", "predict", "rank_time", "comm_time", "local_time", "coding_time",
+           "densified_output"]
 
 
 def work(algorithm: str, shape: Shape, rank: int, profile: Profile | None = None
          ) -> dict[str, float]:
-    """Units of local work ``rank`` does in ``algorithm`` (see the module docstring); split's
-    dense output depends on ``profile`` (default: the shipped one)."""
-    if algorithm == "split":
-        return _split(shape, rank, profile)
-    return WORK_MODELS[algorithm](shape, rank)
+    """Units of local work ``rank`` does in ``algorithm`` (see the module docstring): the
+    algorithm's own work model (:attr:`cupycoll._registry.Algorithm.work`; none: no work)."""
+    model = record("sparse", algorithm).work
+    return model(shape, rank, profile) if model is not None else {}
 
 
 def comm_time(cost: Cost, profile: Profile) -> float:
@@ -148,7 +60,8 @@ def comm_time(cost: Cost, profile: Profile) -> float:
             + profile.beta_native * cost.native_bytes)
 
 
-def _local(units: dict[str, float], profile: Profile) -> float:
+def local_time(units: dict[str, float], profile: Profile) -> float:
+    """Seconds of ``units`` of local work at ``profile``'s prices."""
     return sum(profile.price(k) * v for k, v in units.items())
 
 
@@ -159,51 +72,31 @@ def coded_indices(cost: Cost, shape: Shape) -> float:
     return 2.0 * cost.bytes_received / max(shape.entry_bytes, 1)
 
 
+def coding_time(cost: Cost, shape: Shape, profile: Profile) -> float:
+    """Seconds of coding the indices of ``cost``'s traffic (compact wire only)."""
+    return profile.gamma.get("code", DEFAULT_CODE_COST) * coded_indices(cost, shape)
+
+
 def rank_time(algorithm: str, shape: Shape, rank: int, profile: Profile) -> float:
-    if algorithm == "hierarchical":
-        return _hierarchical_time(shape, rank, profile)
-    model = _auto.MODELS[algorithm]
-    cost = validation_cost(shape.size).add(model(shape, rank, profile) if algorithm == "split"
-                                           else model(shape, rank))
-    local = _local(work(algorithm, shape, rank, profile), profile)
-    coding = profile.gamma.get("code", DEFAULT_CODE_COST) * coded_indices(cost, shape)
-    return (profile.fixed.get(algorithm, 0.0) + comm_time(cost, profile) + local + coding
-            + densified_output(algorithm, shape, profile))
+    """Seconds of ``rank`` in one call: the algorithm's fixed cost, traffic (validation
+    included), local work and index coding, and a dense output's writing; or the algorithm's
+    own time model (:attr:`cupycoll._registry.Algorithm.time`)."""
+    found = record("sparse", algorithm)
+    if found.time is not None:
+        import sys
+
+        return found.time(shape, rank, profile, sys.modules[__name__])
+    cost = validation_cost(shape.size).add(found.cost(shape, rank, profile))
+    local = local_time(work(algorithm, shape, rank, profile), profile)
+    return (profile.fixed.get(algorithm, 0.0) + comm_time(cost, profile) + local
+            + coding_time(cost, shape, profile) + densified_output(algorithm, shape, profile))
 
 
 def densified_output(algorithm: str, shape: Shape, profile: Profile) -> float:
     """Seconds of writing a sparse result into the n-vector of ``output="dense"``."""
-    if shape.output != "dense" or algorithm in ("dense", "split"):  # theirs are in work()
-        return 0.0
+    if shape.output != "dense" or record("sparse", algorithm).dense_output is not None:
+        return 0.0  # an algorithm with a dense variant prices it in its work model
     return profile.price("fill") * shape.n * max(shape.width, 1)
-
-
-def _hierarchical_time(shape: Shape, rank: int, profile: Profile) -> float:
-    """Intra-node phases on ``profile.link("intra")``, the rails on ``link("inter")`` (native
-    collectives at the profile's native prices), plus every rail's own work and fixed cost;
-    without a measured ``fixed["hierarchical"]`` the node phases cost split's. One rank per
-    node: the rail's algorithm on the inter-node link (allgather reuses the counts; split
-    pays one more count round)."""
-    if shape.nodes is None or len(set(shape.nodes)) == 1:  # one node: it runs split
-        return rank_time("split", shape, rank, profile)
-    intra, inter, rails = _hier.link_costs(shape, rank, profile)
-    if len(set(shape.nodes)) == shape.size:  # one rank per node: the rail alone (+ its counts)
-        name = rails[0][0]
-        counts = Cost().allgather("hierarchical.counts", shape.size, 8 * shape.size)
-        rail = dataclasses.replace(shape, output="sparse")  # the rail's result is densified
-        return (rank_time(name, rail, rank, profile.link("inter"))
-                + (comm_time(counts, profile) if name == "split" else 0.0)
-                + densified_output("hierarchical", shape, profile))
-    fixed = profile.fixed.get("hierarchical", profile.fixed.get("split", 0.0))
-    coded = coded_indices(Cost().add(intra).add(inter), shape)
-    seconds = (fixed + _local(work("hierarchical", shape, rank), profile)
-               + densified_output("hierarchical", shape, profile)
-               + profile.gamma.get("code", DEFAULT_CODE_COST) * coded
-               + comm_time(validation_cost(shape.size).add(intra), profile.link("intra"))
-               + comm_time(inter, profile.link("inter")))
-    for name, rail, r in rails:
-        seconds += profile.fixed.get(name, 0.0) + _local(work(name, rail, r), profile)
-    return seconds
 
 
 def predict(algorithm: str, shape: Shape, profile: Profile) -> float:
@@ -214,7 +107,7 @@ def predict(algorithm: str, shape: Shape, profile: Profile) -> float:
         return rank_time(algorithm, shape, 0, profile)
     ranks = {min(range(shape.size), key=shape.nnz.__getitem__),
              max(range(shape.size), key=shape.nnz.__getitem__)}
-    if algorithm == "hierarchical":  # a short last node's ranks run several rails
+    if record("sparse", algorithm).time is not None:  # e.g. a short last node's rails
         ranks.add(shape.size - 1)
     return max(rank_time(algorithm, shape, r, profile) for r in sorted(ranks))
 

@@ -28,8 +28,7 @@ import json
 import math
 from typing import Any
 
-from ..sparse import auto as _auto
-from ..sparse import hierarchical as _hier
+from .._registry import priced, record
 from ..comm._topology import Topology
 from ..sparse._cost import Shape, validation_cost
 from ..topk._oktopk_nodes import OPS, allgather_nodes_cost, two_level
@@ -124,16 +123,11 @@ def _shape(size: int, n: int, density: float, width: int, skew: float,
 
 
 def _volume(name: str, shape: Shape, profile: Profile | None) -> int:
-    """Most bytes a rank (the first or the last) receives, validation included (hierarchical's
-    rails choose with ``profile``, on ``shape``'s nodes; split's regions travel dense or as
-    entries as ``profile`` prices them)."""
-    def model(rank: int) -> Any:
-        if name == "hierarchical":
-            return _hier.cost(shape, rank, profile)
-        if name == "split":
-            return _auto.MODELS[name](shape, rank, profile)
-        return _auto.MODELS[name](shape, rank)
-    return max(validation_cost(shape.size).add(model(r)).bytes_received
+    """Most bytes a rank (the first or the last) receives, validation included (priced with
+    ``profile`` where an algorithm's messages depend on it: hierarchical's rails, split's
+    dense or sparse regions)."""
+    model = record("sparse", name).cost
+    return max(validation_cost(shape.size).add(model(shape, r, profile)).bytes_received
                for r in sorted({0, shape.size - 1}))
 
 
@@ -154,17 +148,13 @@ def _sparse_rows(sizes: list[int], networks: list[str], n: int, density: float, 
                  skew: float, wire: Wire, output: str = "sparse") -> list[dict[str, Any]]:
     rows = []
     for size in sizes:
-        flat = _shape(size, n, density, width, skew, wire=wire, output=output)
-        volume = {name: _volume(name, flat, None) for name in _auto.MODELS
-                  if name not in ("hierarchical", "split")}  # these two: per network below
         for net in (net for net in networks if _fits(net, size)):
             shape = _shape(size, n, density, width, skew,
                            NETWORKS[net].ranks_per_node if net in NETWORKS else None, wire,
                            output)
             profile = network_profile(net, size)
-            volume["hierarchical"] = _volume("hierarchical", shape, profile)
-            volume["split"] = _volume("split", flat, profile)
-            times = {name: predict(name, shape, profile) for name in _auto.MODELS}
+            volume = {name: _volume(name, shape, profile) for name in priced("sparse")}
+            times = {name: predict(name, shape, profile) for name in priced("sparse")}
             best = min(times, key=times.__getitem__)
             for name, seconds in times.items():
                 rows.append({"family": "sparse", "algorithm": name, "P": size, "network": net,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import time
@@ -94,13 +95,15 @@ def check_result(res, want) -> None:
     assert host(res.values).tobytes() == want[1].tobytes()
 
 
-def slowed(fn, seconds: float):
-    """``fn`` made slower by a sleep before every call (a registry entry's stand-in)."""
+def slowed(algorithm, seconds: float):
+    """A registry record whose run function sleeps ``seconds`` before every call."""
+    fn = algorithm.run
+
     @functools.wraps(fn)
     def slow(*args, **kwargs):
         time.sleep(seconds)
         return fn(*args, **kwargs)
-    return slow
+    return dataclasses.replace(algorithm, run=slow)
 
 def topk_compact_equals_coo(comm, k: int, inputs, steps: int, tau: int, tau_prime: int) -> int:
     """Run every top-k algorithm (Ok-Topk padded and native) on ``coo`` and ``compact`` wires,
