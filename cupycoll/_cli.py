@@ -18,18 +18,14 @@ import platform
 import runpy
 import sys
 import traceback
-from importlib import metadata, resources
+from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
+from ._bench_scripts import BENCHMARKS, bench_script
 from ._config import SETTINGS, setting
 
-__all__ = ["main", "info_lines", "bench_script"]
-
-#: every bench/bench_NAME.py (``cupycoll bench NAME``); the convergence demo runs as ``demo``.
-#: ``syncs`` ships because ``cupycoll selftest`` runs it; the developer probes in bench/dev/ are
-#: not installed (run them from the source tree).
-BENCHMARKS = ("dense", "sparse", "topk", "small", "wire", "torch", "regret", "syncs", "demo")
+__all__ = ["main", "info_lines", "bench_script", "BENCHMARKS"]
 
 
 def _version(dist: str) -> str:
@@ -134,18 +130,6 @@ def _info(_: argparse.Namespace) -> int:
     for name, value in lines:
         print(f"{name.ljust(width)}  {value}")
     return 0
-
-
-def bench_script(name: str) -> Path:
-    """Return the path of benchmark ``name``: shipped in the package, else the source tree's."""
-    file = "convergence_demo.py" if name == "demo" else f"bench_{name}.py"
-    try:
-        shipped = Path(str(resources.files("cupycoll.bench").joinpath(file)))
-    except ModuleNotFoundError:  # a source checkout run without installing
-        shipped = Path(__file__).resolve().parents[1] / "bench" / file
-    if not shipped.is_file():
-        raise FileNotFoundError(f"benchmark {name!r} not found at {shipped}")
-    return shipped
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -4,7 +4,8 @@
 The record holds everything the library knows of the algorithm: its run function, its traffic
 model, its local-work model, and the flags the front door and the tuner read. The tuner
 (``auto``, ``predict``, ``simulate``, ``tune``) iterates the priced records of a family
-(:func:`priced`); nothing else names an algorithm.
+(:func:`priced`). The registry imports no algorithm: a family's package registers its own
+as it is imported (``import cupycoll`` imports both families).
 """
 
 from __future__ import annotations
@@ -76,19 +77,10 @@ def unregister(family: str, name: str) -> None:
     _REGISTRY.get(family, {}).pop(name, None)
 
 
-def _load(family: str) -> None:
-    """Import the family's package, whose modules register its algorithms."""
-    if family == "sparse":
-        from . import sparse  # noqa: F401
-    elif family == "topk":
-        from . import topk  # noqa: F401
-
-
 def algorithms(family: str = "sparse") -> list[str]:
     """Return the sorted names of the registered algorithms of ``family``."""
     if family not in FAMILIES:
         raise InvalidArgument("family", family, f"valid: {list(FAMILIES)}")
-    _load(family)
     return sorted(_REGISTRY.get(family, {}))
 
 
@@ -116,7 +108,6 @@ def lookup(family: str, name: str, *, rank: int | None = None,
 def priced(family: str = "sparse") -> dict[str, Algorithm]:
     """The algorithms of ``family`` that have a traffic model, in the order ``auto`` breaks
     ties in (:attr:`Algorithm.tie`, then registration)."""
-    _load(family)
     table = _REGISTRY.get(family, {})
     order = {name: i for i, name in enumerate(table)}
     ranked = sorted((a for a in table.values() if a.cost is not None),

@@ -138,10 +138,15 @@ def test_no_module_is_too_long():
     assert not long, f"modules over {MAX_LINES} lines (split them along a seam): {long}"
 
 
-@pytest.mark.parametrize("package", ["cupycoll.primitives", "cupycoll.comm"])
+#: every package of cupycoll, and cupycoll as a whole (cycles across packages)
+PACKAGES = ["cupycoll"] + sorted(
+    _module_name(p) for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
 def test_no_import_cycle(package):
     """Imports flow one way: leaves <- implementations <- the package ``__init__`` (which no
-    submodule imports), lazy imports included."""
+    submodule imports), lazy imports included, within every package and across them."""
     assert _cycles(package) == []
 
 

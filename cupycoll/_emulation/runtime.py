@@ -84,7 +84,7 @@ def memcpy_async(dst: int, src: int, nbytes: int, kind: int, stream: int) -> Non
     until a host thread knows the copy finished (see :func:`empty_pinned`)."""
     if kind != MEMCPY_DEVICE_TO_HOST:
         raise dev.EmulationError(f"cudaMemcpyAsync kind {kind}: only device-to-host is emulated")
-    from .array import buffer_at
+    from .pool import buffer_at
 
     found = buffer_at(int(src), int(nbytes))
     if found is None:

@@ -10,7 +10,6 @@ entries those were, which is what the residual compressor zeroes.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -19,12 +18,13 @@ from .._result import SparseResult
 from .._types import array_namespace, to_host
 from ..errors import InvalidArgument, InvalidType
 
-if TYPE_CHECKING:
-    from .selectors import Selection, Selector
+from .selectors import Selector
 
-__all__ = ["TopkState", "TopkOutcome", "WordCost", "index_dtype",
-           "smallest_positive", "positive_threshold", "sorted_member", "to_host", "to_namespace",
-           "check_int", "min_abs", "log2_ceil"]
+if TYPE_CHECKING:
+    from .selectors import Selection
+
+__all__ = ["TopkState", "TopkOutcome", "WordCost", "index_dtype", "sorted_member", "to_host",
+           "to_namespace", "check_int", "log2_ceil"]
 
 
 class WordCost(NamedTuple):
@@ -101,8 +101,6 @@ class TopkState:
         else:
             self.tau = check_int("tau", self.tau, 1)
         self.tau_prime = check_int("tau_prime", self.tau_prime, 1)
-        from .selectors import Selector
-
         if self.selector is not None and not isinstance(self.selector, Selector):
             raise InvalidType("selector", type(self.selector).__name__,
                               "a cupycoll.topk selector (Exact, Threshold, Gaussian)")
@@ -127,9 +125,6 @@ def check_int(name: str, value: Any, minimum: int) -> int:
     return int(value)
 
 
-def min_abs(values: Any) -> float:
-    """Smallest magnitude of a non-empty array, as a host float."""
-    return float(array_namespace(values).abs(values).min())
 
 
 def index_dtype(n: int) -> np.dtype:
@@ -137,16 +132,8 @@ def index_dtype(n: int) -> np.dtype:
     return np.dtype(np.int32) if n < 2**31 else np.dtype(np.int64)
 
 
-def smallest_positive(dtype: Any) -> float:
-    """The least positive value of ``dtype``: ``|v| >= it`` selects exactly the nonzeros.
-    (``finfo``'s constant, not ``nextafter(0, 1)``, which warns of underflow where the caller's
-    numpy error state asks for it.)"""
-    return float(np.finfo(dtype).smallest_subnormal)
 
 
-def positive_threshold(th: float, dtype: Any) -> float:
-    """Return ``th``, or the least positive value when ``th`` is 0 or NaN (never select zeros)."""
-    return th if th > 0 and not math.isnan(th) else smallest_positive(dtype)
 
 
 def sorted_member(a: Any, b: Any) -> Any:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from .._types import ReduceOp
-from ._common import smallest_positive
+from .selectors import smallest_positive
 
 __all__ = ["histogram_threshold", "BINS", "OCTAVES", "COUNT_RANGE", "MAX_ROUNDS"]
 

@@ -56,15 +56,14 @@ from .._types import ReduceOp
 from ..comm._topology import topology
 from ..primitives import select_abs_ge, topk_abs
 from .._registry import register
-from ._common import (WordCost, TopkOutcome, TopkState, index_dtype, log2_ceil, min_abs,
-                      positive_threshold, smallest_positive, sorted_member)
+from ._common import WordCost, TopkOutcome, TopkState, index_dtype, log2_ceil, sorted_member
 from ._global_threshold import histogram_threshold
 from ..wire import round_values
 from ..wire._values import rounding_error
 from ..wire._exchange import gather_entries
 from ..wire._pack import COO
 from ._oktopk_phases import allgather_blocks, balance, split_and_reduce
-from .selectors import Threshold
+from .selectors import Threshold, min_abs, positive_threshold, smallest_positive
 
 __all__ = ["oktopk", "cost", "region_boundaries", "boundary_proposal", "proposed_cuts", "auto_tau",
            "GLOBAL_FEEDBACK", "AUTO_TAU", "SHARE_NOISE"]

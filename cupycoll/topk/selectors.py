@@ -45,9 +45,9 @@ from .._types import array_namespace
 from ..errors import InvalidArgument
 from ..primitives import count_abs_ge, kth_abs, select_abs_ge, topk_abs
 from ..primitives._numpy_select import abs_ge_kth
-from ._common import min_abs, positive_threshold, smallest_positive
 
-__all__ = ["Selection", "Selector", "Exact", "Threshold", "Gaussian", "magnitude_sample"]
+__all__ = ["Selection", "Selector", "Exact", "Threshold", "Gaussian", "magnitude_sample",
+           "min_abs", "smallest_positive", "positive_threshold"]
 
 #: sample size of the sampled quantile: about SAMPLE_HITS sampled entries lie above the k-th
 #: magnitude (the sampled count's relative error is about 1/sqrt of it); the sample is at least
@@ -60,6 +60,23 @@ SAMPLE_MAX = 1 << 15
 #: the upper end is near 1 because the split-and-reduce volume grows with the local count).
 LOCAL_RANGE = (0.8, 1.1)
 _POSITIONS: dict = {}
+
+
+def min_abs(values: Any) -> float:
+    """Smallest magnitude of a non-empty array, as a host float."""
+    return float(array_namespace(values).abs(values).min())
+
+
+def smallest_positive(dtype: Any) -> float:
+    """The least positive value of ``dtype``: ``|v| >= it`` selects exactly the nonzeros.
+    (``finfo``'s constant, not ``nextafter(0, 1)``, which warns of underflow where the caller's
+    numpy error state asks for it.)"""
+    return float(np.finfo(dtype).smallest_subnormal)
+
+
+def positive_threshold(th: float, dtype: Any) -> float:
+    """Return ``th``, or the least positive value when ``th`` is 0 or NaN (never select zeros)."""
+    return th if th > 0 and not math.isnan(th) else smallest_positive(dtype)
 
 
 class Selection(NamedTuple):
