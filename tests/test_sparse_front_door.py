@@ -1,7 +1,7 @@
 """The sparse front door's own steps, in process.
 
 What ``sparse_allreduce`` does around the algorithm: the avg division and the single cast back
-(``_finish``), the copy of a result that aliases the input and the call's name (``_run``),
+(``_sparse_result``), the copy of a result that aliases the input and the call's name (``_run``),
 delivery into ``alloc_fn`` buffers with every bad buffer named (``_fill``), and the caller's
 array type (``_like``). Expected values come from numpy and Python integers, and error texts
 from the documented format of ``cupycoll.errors``, never from the code under test.
@@ -22,7 +22,7 @@ from cupycoll.wire._pack import Wire
 
 
 class _Size:
-    """Only what ``_finish`` reads of a communicator: its size."""
+    """Only what ``_sparse_result`` reads of a communicator: its size."""
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -46,15 +46,15 @@ def test_finish_divides_only_avg_by_p_truncating_integers(p):
     totals = [-7, 7, 6, -5, 0, 13, -1, 2**40 + 1]
     idx = np.arange(len(totals), dtype=np.int64)
     want = [abs(t) // p * (1 if t >= 0 else -1) for t in totals]  # Python ints, toward zero
-    _, got = api._finish(_Size(p), _prepared(ReduceOp.AVG, np.int64, np.int64),
+    _, got = api._sparse_result(_Size(p), _prepared(ReduceOp.AVG, np.int64, np.int64),
                          idx.copy(), np.array(totals, np.int64))
     assert got.tolist() == want
     f = np.array([1.0, -2.0, 3.5, 1e300], np.float64)
-    _, got = api._finish(_Size(p), _prepared(ReduceOp.AVG, np.int64, np.float64), idx[:4].copy(),
+    _, got = api._sparse_result(_Size(p), _prepared(ReduceOp.AVG, np.int64, np.float64), idx[:4].copy(),
                          f.copy())
     assert np.array_equal(got, f / np.float64(p))
     for op in (ReduceOp.SUM, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PROD):
-        _, got = api._finish(_Size(p), _prepared(op, np.int64, np.int64), idx.copy(),
+        _, got = api._sparse_result(_Size(p), _prepared(op, np.int64, np.int64), idx.copy(),
                              np.array(totals, np.int64))
         assert got.tolist() == totals, op
 
@@ -65,7 +65,7 @@ def test_finish_casts_back_to_the_callers_dtypes_once():
     idx = np.array([1, 4, 9], np.int64)
     acc = np.array([1.0 + 2.0**-12, np.nan, -3.0], np.float32)
     acc[1] = np.array([0xFFC00123], np.uint32).view(np.float32)[0]  # a negative NaN, payload
-    out_i, out_v = api._finish(_Size(2), _prepared(ReduceOp.SUM, np.int32, np.float16, np.float32),
+    out_i, out_v = api._sparse_result(_Size(2), _prepared(ReduceOp.SUM, np.int32, np.float16, np.float32),
                                idx, acc.copy())
     assert out_i.dtype == np.int32 and out_i.tolist() == [1, 4, 9]
     assert out_v.dtype == np.float16
@@ -78,17 +78,16 @@ def test_run_names_the_call_passes_the_prepared_call_and_copies_an_aliased_resul
     as a sum); a result that is the input itself comes back as a copy, and avg is divided."""
     idx, val = np.array([2, 5], np.int64), np.array([4.0, -6.0], np.float64)
     prepared = _prepared(ReduceOp.AVG, np.int64, np.float64, idx=idx, val=val)
-    prepared.format = Wire(True, "bfloat16")
+    wire = Wire(True, "bfloat16")
     seen = {}
 
     def algorithm(on, indices, values, n, op, accumulate_dtype, wire):
         seen.update(verb=on._verb, args=(on, indices, values, n, op, accumulate_dtype, wire))
         return indices, values  # aliases the prepared input
 
-    out_i, out_v = api._run(comm, prepared, algorithm)
+    out_i, out_v = api._run(comm, prepared, algorithm, wire)
     assert seen["verb"] == "sparse_allreduce"
-    assert seen["args"] == (comm, idx, val, 100, ReduceOp.SUM, np.dtype(np.float64),
-                            prepared.format)
+    assert seen["args"] == (comm, idx, val, 100, ReduceOp.SUM, np.dtype(np.float64), wire)
     assert out_i.tolist() == [2, 5] and out_v.tolist() == [4.0, -6.0]  # P = 1: avg = sum
     assert not np.may_share_memory(out_i, idx) and not np.may_share_memory(out_v, val)
     assert comm._verb is None
@@ -235,7 +234,7 @@ def _deliver(alloc, idx=None, val=None, completion=None, ctx="ctx"):
     idx = np.array([1, 4, 6], np.int32) if idx is None else idx
     val = np.array([1.5, -2.0, 3.0], np.float32) if val is None else val
     prepared = _prepared(ReduceOp.SUM, idx.dtype, val.dtype)
-    return api._deliver((idx, val), prepared, idx, val, alloc, completion, ctx)
+    return api._deliver((idx, val), prepared, idx, val, None, alloc, completion, ctx)
 
 
 def test_deliver_fills_the_alloc_fn_buffers_and_calls_completion_fn():

@@ -75,7 +75,6 @@ class Prepared:
     nnz: tuple[int, ...] = ()
     wire: str = "coo"
     wire_values: str | None = None
-    format: Wire = COO  # the resolved wire format (after auto)
     merged: tuple[Any, Any] | None = None  # the result, when it came with the validation
     output: str = "sparse"
     out: Any = None  # output="dense": the caller's buffer, as an array of the communicator's

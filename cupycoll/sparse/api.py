@@ -1,13 +1,14 @@
 """``sparse_allreduce``: the front door of the exact sparse allreduce.
 
-Validate collectively (one small allreduce), coalesce, pick the algorithm (``auto``: same choice
-on every rank; a small call is already complete after the validation, see ``small.py``), run it,
-then deliver: return a :class:`SparseResult`, fill the caller's buffers
+Validate collectively (one small allreduce), coalesce, plan (:func:`plan`: the algorithm named
+or ``auto``'s pick, the same on every rank, and its wire format; a small call is already complete
+after the validation, see ``small.py``), run the plan, then deliver: return a :class:`SparseResult`, fill the caller's buffers
 (``alloc_fn``), call ``completion_fn``, or hand back a :class:`Work` (``async_op=True``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, Callable
 
@@ -27,7 +28,7 @@ from ._common import canonical_nan
 from ..wire._pack import COO, Wire
 from ._validate import Prepared, prepare
 
-__all__ = ["sparse_allreduce", "SparseResult"]
+__all__ = ["sparse_allreduce", "SparseResult", "Plan", "plan"]
 
 _log = logging.getLogger("cupycoll")
 
@@ -107,10 +108,35 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
     return outcome if async_op else outcome()  # delivered on the caller's stream
 
 
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What a validated call runs: the algorithm ("small": the result came with the
+    validation), its wire format and the function that runs it on a communicator; for auto's
+    measure and learn modes, the bookkeeping of a timed call."""
+
+    algorithm: str
+    wire: Wire
+    run: Callable[[Communicator], Any]
+    trials: Any = None  # measure mode: the shape class's trials (sparse/measure.py)
+    learning: Any = None  # learn mode: the shape class's pending call (sparse/learn.py)
+
+    def execute(self, comm: Communicator) -> Any:
+        """Run the call here, timing it where auto's measure or learn mode asked."""
+        if self.trials is not None:
+            started = _measure.settled(comm)
+            result = self.run(comm)
+            _measure.record(comm, self.trials, self.algorithm, started)
+            return result
+        result = self.run(comm)
+        if self.learning is not None:
+            _learn.finish(comm, self.learning)
+        return result
+
+
 def _start(comm: Communicator, indices: Any, values: Any, n: int, op: Any, algorithm: Any,
            accumulate_dtype: Any, alloc_fn: Any, completion_fn: Any, fn_ctx: Any,
            async_op: bool, wire: Any, wire_values: Any, output: str, out: Any) -> Any:
-    """Validate, pick and run (or start, ``async_op``) the call; return its Work, or a
+    """Validate, plan and run (or start, ``async_op``) the call; return its Work, or a
     function that delivers its result (run after the call's device work is ordered before
     the caller's stream)."""
     with comm.calling("sparse_allreduce"):
@@ -118,80 +144,80 @@ def _start(comm: Communicator, indices: Any, values: Any, n: int, op: Any, algor
                            accumulate_dtype=accumulate_dtype, alloc_fn=alloc_fn,
                            completion_fn=completion_fn, async_op=async_op, wire=wire,
                            wire_values=wire_values, output=output, out=out)
-    name, trials, learning = prepared.algorithm, None, None
-    if prepared.merged is not None:  # the entries came with the validation (sparse/small.py)
-        name = "small"
-        prepared.format = COO if prepared.wire_values is None else Wire(False,
-                                                                        prepared.wire_values)
-
-        def run(on: Communicator) -> tuple[Any, Any]:
-            return _finish(on, prepared, *prepared.merged)
-    else:
-        if name == "auto":  # priced with the wire asked for (raw when auto decides it after)
-            asked = Wire(prepared.wire == "compact", prepared.wire_values)
-            shape = prepared.shape(comm, asked)
-            if prepared.auto_mode == "measure" and comm.size > 1:
-                name, trials = _measure.plan(comm, shape, prepared.op, not async_op)
-            elif prepared.auto_mode == "learn" and comm.size > 1:
-                name, learning = _learn.plan(comm, shape, prepared.op, not async_op)
-            else:
-                name = _auto.choose(shape, comm=comm, op=prepared.op)
-        prepared.format = _auto.choose_wire(name, prepared.shape(comm), prepared.wire,
-                                            prepared.wire_values, comm=comm)
-        # the validation told every rank's nnz: algorithms that take them skip a size round
-        fn = lookup("sparse", name, rank=comm.rank, counts=prepared.nnz)
-        variant = record("sparse", name).dense_output if prepared.output == "dense" else None
-
-        def run(on: Communicator) -> Any:
-            if variant is not None:
-                return _dense_output(on, prepared, variant)
-            return _run(on, prepared, fn)
-    _log.debug("sparse_allreduce: algorithm %s, wire %s, nnz %s, n %d", name, prepared.format,
-               prepared.nnz, prepared.n)
-    comm.stats.count_call("sparse_allreduce", name, prepared.format.label)
+    chosen = plan(comm, prepared, async_op)
+    _log.debug("sparse_allreduce: algorithm %s, wire %s, nnz %s, n %d", chosen.algorithm,
+               chosen.wire, prepared.nnz, prepared.n)
+    comm.stats.count_call("sparse_allreduce", chosen.algorithm, chosen.wire.label)
 
     def deliver(result: Any) -> Any:
-        if prepared.output == "dense":
-            return _deliver_dense(result, prepared, values, out, completion_fn, fn_ctx)
-        return _deliver(result, prepared, indices, values, alloc_fn, completion_fn, fn_ctx)
+        return _deliver(result, prepared, indices, values, out, alloc_fn, completion_fn, fn_ctx)
 
     if async_op:
-        return run_async(comm, run, deliver, "sparse_allreduce")
-    if trials is not None:
-        started = _measure.settled(comm)
-        result = run(comm)
-        _measure.record(comm, trials, name, started)
-    else:
-        result = run(comm)
-        if learning is not None:
-            _learn.finish(comm, learning)
+        return run_async(comm, chosen.run, deliver, "sparse_allreduce")
+    result = chosen.execute(comm)
     return lambda: deliver(result)
 
 
-def _run(comm: Communicator, prepared: Prepared, fn: Callable) -> tuple[Any, Any]:
-    """Run the algorithm, then :func:`_finish` its result (copied if it aliases the input)."""
+def plan(comm: Communicator, prepared: Prepared, async_op: bool = False) -> Plan:
+    """The plan of an agreed call (the same on every rank): the entries that came with the
+    validation (``small``), or the algorithm named or auto's pick, its wire format, and its
+    dense-output variant where the call asks for one and the algorithm has it."""
+    if prepared.merged is not None:  # the entries came with the validation (sparse/small.py)
+        wire = COO if prepared.wire_values is None else Wire(False, prepared.wire_values)
+        return Plan("small", wire, lambda on: _sparse_result(on, prepared, *prepared.merged))
+    name, trials, learning = _pick(comm, prepared, async_op)
+    wire = _auto.choose_wire(name, prepared.shape(comm), prepared.wire, prepared.wire_values,
+                             comm=comm)
+    variant = record("sparse", name).dense_output if prepared.output == "dense" else None
+    if variant is not None:
+        return Plan(name, wire, lambda on: _dense_output(on, prepared, variant, wire),
+                    trials, learning)
+    # the validation told every rank's nnz: algorithms that take them skip a size round
+    fn = lookup("sparse", name, rank=comm.rank, counts=prepared.nnz)
+    return Plan(name, wire, lambda on: _run(on, prepared, fn, wire), trials, learning)
+
+
+def _pick(comm: Communicator, prepared: Prepared, async_op: bool) -> tuple[str, Any, Any]:
+    """(algorithm, measure trials, learn call): the algorithm named, or auto's pick by its
+    mode (``CUPYCOLL_AUTO``), priced with the wire asked for (raw when auto decides it after);
+    only synchronous calls are timed."""
+    if prepared.algorithm != "auto":
+        return prepared.algorithm, None, None
+    shape = prepared.shape(comm, Wire(prepared.wire == "compact", prepared.wire_values))
+    if prepared.auto_mode == "measure" and comm.size > 1:
+        name, trials = _measure.plan(comm, shape, prepared.op, not async_op)
+        return name, trials, None
+    if prepared.auto_mode == "learn" and comm.size > 1:
+        name, learning = _learn.plan(comm, shape, prepared.op, not async_op)
+        return name, None, learning
+    return _auto.choose(shape, comm=comm, op=prepared.op), None, None
+
+
+def _run(comm: Communicator, prepared: Prepared, fn: Callable, wire: Wire) -> tuple[Any, Any]:
+    """Run the algorithm, then :func:`_sparse_result` of its result (copied if it aliases the
+    input)."""
     with comm.calling("sparse_allreduce"):
         idx, val = fn(comm, prepared.indices, prepared.values, prepared.n, prepared.reduce_op,
-                      prepared.accumulate_dtype, prepared.format)
+                      prepared.accumulate_dtype, wire)
     xp = comm.xp
     if xp.may_share_memory(val, prepared.values):
         val = val.copy()
     if xp.may_share_memory(idx, prepared.indices):
         idx = idx.copy()
-    return _finish(comm, prepared, idx, val)
+    return _sparse_result(comm, prepared, idx, val)
 
 
-def _finish(comm: Communicator, prepared: Prepared, idx: Any, val: Any) -> Any:
-    """Apply avg and the single cast back to the caller's dtypes (NaN bits made canonical);
-    for a dense output, write the result into zeros (the caller's ``out`` or a new array)."""
+def _sparse_result(comm: Communicator, prepared: Prepared, idx: Any, val: Any) -> Any:
+    """The reduced entries as the caller's (:func:`_callers_values`, NaN bits made canonical);
+    for a dense output, written into zeros (the caller's ``out`` or a new array)."""
     idx = idx.astype(prepared.index_dtype, copy=False)
-    val = _finished(comm, prepared, val, True)
+    val = _callers_values(comm, prepared, val, True)
     if prepared.output != "dense":
         return idx, val
-    return _dense.densify_into(_output(comm, prepared, tuple(val.shape[1:])), idx, val)
+    return _dense.densify_into(_dense_target(comm, prepared), idx, val)
 
 
-def _finished(comm: Communicator, prepared: Prepared, val: Any, nan_bits: bool) -> Any:
+def _callers_values(comm: Communicator, prepared: Prepared, val: Any, nan_bits: bool) -> Any:
     """Reduced values (entries' rows or a dense block) as the caller's: avg, the cast, and,
     where ``nan_bits``, numpy's NaN bits."""
     if prepared.op is ReduceOp.AVG:
@@ -200,23 +226,23 @@ def _finished(comm: Communicator, prepared: Prepared, val: Any, nan_bits: bool) 
     return canonical_nan(val) if nan_bits else val
 
 
-def _output(comm: Communicator, prepared: Prepared, row: tuple) -> Any:
-    """The dense output: the caller's ``out``, or a new array of the caller's dtype."""
+def _dense_target(comm: Communicator, prepared: Prepared) -> Any:
+    """The array a dense output is written into: the caller's ``out``, or a new array of the
+    caller's dtype."""
     if prepared.out is not None:
         return prepared.out
+    row = tuple(prepared.values.shape[1:])
     return comm.xp.empty((prepared.n,) + row, dtype=prepared.value_dtype)
 
 
-def _dense_output(comm: Communicator, prepared: Prepared, variant: Callable) -> Any:
+def _dense_output(comm: Communicator, prepared: Prepared, variant: Callable, wire: Wire) -> Any:
     """``output="dense"`` by the algorithm's own dense variant
-    (:attr:`cupycoll._registry.Algorithm.dense_output`), into the caller's ``out`` or a new
-    array of the caller's dtype."""
-    row = tuple(prepared.values.shape[1:])
+    (:attr:`cupycoll._registry.Algorithm.dense_output`)."""
     with comm.calling("sparse_allreduce"):
         return variant(comm, prepared.indices, prepared.values, prepared.n, prepared.reduce_op,
-                       _output(comm, prepared, row),
-                       lambda val: _finished(comm, prepared, val, prepared.nonfinite),
-                       prepared.minus_zero, prepared.format)
+                       _dense_target(comm, prepared),
+                       lambda val: _callers_values(comm, prepared, val, prepared.nonfinite),
+                       prepared.minus_zero, wire)
 
 
 def _like(result: Any, original: Any) -> Any:
@@ -229,8 +255,17 @@ def _like(result: Any, original: Any) -> Any:
     return like_caller(result, original)
 
 
-def _deliver(result: tuple[Any, Any], prepared: Prepared, indices: Any, values: Any,
-             alloc_fn: Any, completion_fn: Any, fn_ctx: Any) -> SparseResult:
+def _deliver(result: Any, prepared: Prepared, indices: Any, values: Any, out: Any,
+             alloc_fn: Any, completion_fn: Any, fn_ctx: Any) -> Any:
+    """Hand the result to the caller: a dense output as the caller's ``out`` object (written in
+    place) or a new array of the caller's type; entries copied into ``alloc_fn``'s buffers or
+    as the caller's array types, in a :class:`SparseResult`. ``completion_fn(indices, values,
+    fn_ctx)`` is called with what the caller gets (indices None for a dense output)."""
+    if prepared.output == "dense":
+        dense = out if out is not None else _like(result, values)
+        if completion_fn is not None:
+            completion_fn(None, dense, fn_ctx)
+        return dense
     idx, val = result
     if alloc_fn is not None:
         idx, val = _fill(alloc_fn(int(idx.shape[0]), prepared.index_dtype, tuple(val.shape),
@@ -240,16 +275,6 @@ def _deliver(result: tuple[Any, Any], prepared: Prepared, indices: Any, values: 
     if completion_fn is not None:
         completion_fn(idx, val, fn_ctx)
     return SparseResult(idx, val, prepared.n)
-
-
-def _deliver_dense(dense: Any, prepared: Prepared, values: Any, out: Any, completion_fn: Any,
-                   fn_ctx: Any) -> Any:
-    """The dense output: the caller's ``out`` object (written in place) or a new array of the
-    caller's type; ``completion_fn(None, dense, fn_ctx)``."""
-    result = out if out is not None else _like(dense, values)
-    if completion_fn is not None:
-        completion_fn(None, result, fn_ctx)
-    return result
 
 
 def _fill(buffers: Any, idx: Any, val: Any) -> tuple[Any, Any]:
