@@ -7,8 +7,8 @@ A host synchronisation is any point where the host waits for the device: a devic
 or scalar read, a result whose size is on the device (nonzero, boolean mask), a wait on an
 event. Each one drains the GPU's launch queue, so the budget caps them per call, independent of
 P. Calls run on a device namespace that counts them (``--backend``; see
-``cupycoll._syncs`` for the hook a backend reports through), after one warm-up call. The table
-shows the maximum over ranks and the minimum; a budgeted call must count the same on every rank
+``cupycoll.testing.syncs`` for the hook a backend reports through), after one warm-up call. The
+table shows the maximum over ranks and the minimum; a budgeted call must count the same on every rank
 (data-dependent loops such as Gaussian-k's corrections legitimately differ). The exit status is
 1 when a budgeted call is over budget or differs across ranks.
 
@@ -30,22 +30,22 @@ import numpy as np
 from mpi4py import MPI
 
 import cupycoll as cc
-from cupycoll._syncs import count_host_syncs
+from cupycoll.testing.syncs import count_host_syncs
 from cupycoll.topk import TopkState, topk_allreduce
 
 
 def _counting() -> Any:
-    from cupycoll._sync_counting import SyncCountingCommunicator
+    from cupycoll.testing.sync_counting import SyncCountingCommunicator
 
     return SyncCountingCommunicator()
 
 
 def _emulated() -> Any:
-    """The real NCCL backend on the strict emulation tier (cupycoll._emulation): every host
+    """The real NCCL backend on the strict emulation tier (cupycoll.testing.emulation): every host
     synchronisation the emulated CUDA runtime sees is reported to the same counter."""
-    from cupycoll import _emulation
+    from cupycoll.testing import emulation
 
-    _emulation.install()
+    emulation.install()
     return cc.init("nccl")
 
 

@@ -1,4 +1,5 @@
-"""The GPU path (NCCL backend, cupy primitives and kernels) on emulated GPUs: cupycoll._emulation.
+"""The GPU path (NCCL backend, cupy primitives and kernels) on emulated GPUs:
+cupycoll.testing.emulation.
 
 Few, large mpiexec launches (each costs seconds): every suite at P = 1..4 with 2 emulated
 devices per node (so local rank 1 runs on device 1), a quick subset at P = 8, the emulator's own

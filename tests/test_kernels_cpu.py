@@ -15,10 +15,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cupycoll import _kernel_shim, _kernels, primitives
+from cupycoll import _kernels, primitives
 from cupycoll.primitives import _checks, _numpy_select
 from cupycoll.primitives._cupy import KernelPrimitives
-from cupycoll._kernel_shim import ShimLauncher
+from cupycoll.testing import kernel_shim
+from cupycoll.testing.kernel_shim import ShimLauncher
 
 from . import _kernel_cases as cases
 
@@ -26,10 +27,10 @@ from . import _kernel_cases as cases
 def libraries() -> dict[str, ctypes.CDLL]:
     """Compile every kernel file for the CPU, all at once (one g++ per file; reused while the
     sources are unchanged, also by the sync-counting namespace)."""
-    if _kernel_shim.compiler() is None:
+    if kernel_shim.compiler() is None:
         pytest.fail("tier-2 kernel tests need a C++17 compiler (g++) on PATH")
     start = time.perf_counter()
-    libs = _kernel_shim.kernel_libraries()
+    libs = kernel_shim.kernel_libraries()
     print(f"g++ build of {len(libs)} kernel files: {time.perf_counter() - start:.1f} s")
     return libs
 

@@ -35,7 +35,7 @@ def test_wheel_ships_kernels_and_benchmarks(wheel):
                    "cupycoll/comm/nccl.py", "cupycoll/sparse/__init__.py",
                    "cupycoll/topk/__init__.py", "cupycoll/primitives/__init__.py",
                    "cupycoll/__main__.py", "cupycoll/jupyter.py",
-                   "cupycoll/_emulation/nccl.py", "cupycoll/kernels/cpu_shim.h",
+                   "cupycoll/testing/emulation/nccl.py", "cupycoll/kernels/cpu_shim.h",
                    "cupycoll/wire/__init__.py", "cupycoll/wire/_cupy.py"):
         assert module in names, f"{module} missing from the wheel"
 

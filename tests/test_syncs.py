@@ -1,4 +1,5 @@
-"""Host-sync counting (cupycoll._syncs, cupycoll._sync_counting) and the GPU path's sync budget.
+"""Host-sync counting (cupycoll.testing.syncs, cupycoll.testing.sync_counting) and the GPU path's
+sync budget.
 
 The unit tests pin what the counting namespace reports (each operation CuPy would block on, and
 nothing else); the launches run ``tests/workers/sync_budget.py``: the budget of
@@ -14,8 +15,8 @@ import threading
 import numpy as np
 import pytest
 
-from cupycoll._sync_counting import DeviceArray, xp
-from cupycoll._syncs import count_host_syncs, host_sync, uncounted
+from cupycoll.testing.sync_counting import DeviceArray, xp
+from cupycoll.testing.syncs import count_host_syncs, host_sync, uncounted
 from cupycoll._types import array_namespace, to_host
 
 from tests._mpi import run_mpi

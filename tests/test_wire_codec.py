@@ -278,12 +278,12 @@ def test_values_bad_arguments():
 @pytest.fixture(scope="module")
 def shim_codec():
     """The codec of kernels/wire.cu compiled for the CPU (cached g++ build), on numpy arrays."""
-    from cupycoll import _kernel_shim
+    from cupycoll.testing import kernel_shim
     from cupycoll.wire._cupy import WireKernels
 
-    if _kernel_shim.compiler() is None:
+    if kernel_shim.compiler() is None:
         pytest.fail("the kernel tests need a C++17 compiler (g++) on PATH")
-    return WireKernels(_kernel_shim.ShimLauncher(_kernel_shim.kernel_libraries()))
+    return WireKernels(kernel_shim.ShimLauncher(kernel_shim.kernel_libraries()))
 
 
 @pytest.mark.parametrize("label,idx,lo,hi", CASES, ids=IDS)
@@ -310,8 +310,8 @@ def test_kernels_reject_like_the_twin(shim_codec):
 def test_device_path_syncs_once_per_call():
     """On the sync-counting stand-in for CuPy (kernels on the CPU): encode reads one small array
     (the size must be known), decode reads the header; the values never leave the device."""
-    from cupycoll._sync_counting import xp
-    from cupycoll._syncs import count_host_syncs
+    from cupycoll.testing.sync_counting import xp
+    from cupycoll.testing.syncs import count_host_syncs
 
     rng = np.random.default_rng(12)
     for density in (0.01, 0.5):
@@ -396,7 +396,7 @@ print("emulated wire ok")
 
 @pytest.mark.mpi
 def test_device_path_under_the_strict_gpu_emulation(tmp_path):
-    """The cupy path on the emulated GPU (cupycoll._emulation): stream order, device and
+    """The cupy path on the emulated GPU (cupycoll.testing.emulation): stream order, device and
     launch rules enforced, kernels compiled for the CPU from the cached-cubin path."""
     import os
     import subprocess
@@ -408,6 +408,6 @@ def test_device_path_under_the_strict_gpu_emulation(tmp_path):
     script.write_text(_EMULATED)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([mpiexec(), "-n", "1", sys.executable, "-m", "mpi4py", "-m",
-                           "cupycoll._emulation", str(script)], capture_output=True, text=True,
-                          timeout=300, cwd=tmp_path, env=env, start_new_session=True)
+                           "cupycoll.testing.emulation", str(script)], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path, env=env, start_new_session=True)
     assert proc.returncode == 0 and "emulated wire ok" in proc.stdout, proc.stdout + proc.stderr

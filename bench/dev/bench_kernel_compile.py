@@ -32,7 +32,7 @@ from cupycoll import _kernels
 def launched() -> list[tuple[str, str]]:
     """(file, instantiation) launched by a first sparse_allreduce and a first Ok-Topk step."""
     import cupycoll as cc
-    from cupycoll._sync_counting import SyncCountingCommunicator, xp
+    from cupycoll.testing.sync_counting import SyncCountingCommunicator, xp
     from cupycoll.topk import TopkState, topk_allreduce
 
     launcher = xp.cupycoll_primitives.launch  # builds the CPU kernels

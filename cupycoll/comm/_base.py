@@ -180,7 +180,7 @@ class Communicator(abc.ABC):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # host synchronisation points (each is one on a GPU; see cupycoll._syncs)
+    # host synchronisation points (each is one on a GPU; see cupycoll.testing.syncs)
     def fetch(self, work: Work, array: Any) -> np.ndarray:
         """Wait for ``work`` and return ``array`` (which it produced) on the host.
 

@@ -1,8 +1,8 @@
 """The selftest's checks: each one builds its command(s), launches them, and reads the result.
 
 Every check takes ``emulated``: the same worker runs on the GPU, or with ``--emulate D`` on the
-emulation tier (:mod:`cupycoll._emulation`), which is how the no-GPU selftest runs the very code
-paths of the GPU one. Checks that need the source tree (``tests/``) are only planned when it is
+emulation tier (:mod:`cupycoll.testing.emulation`), which is how the no-GPU selftest runs the
+very code paths of the GPU one. Checks that need the source tree (``tests/``) are only planned when it is
 there (:mod:`._plan` lists them as not run otherwise).
 """
 

@@ -53,7 +53,7 @@ def _header(mode: str, device: dict) -> str:
                 f"{device['compute_capability']}, {device['memory_gib']} GiB, peak "
                 f"{peak if peak is not None else 'n/a'} GB/s), CuPy {device.get('cupy')}")
     return (f"no GPU ({device.get('why', 'no CUDA device')}): the emulated equivalents run "
-            "(cupycoll._emulation, NVRTC without a device, the CPU kernel shim)")
+            "(cupycoll.testing.emulation, NVRTC without a device, the CPU kernel shim)")
 
 
 def plan_markdown(mode: str, device: dict, checks: Sequence[Check], not_run: Sequence[NotRun],

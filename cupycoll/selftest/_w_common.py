@@ -1,7 +1,7 @@
 """What the selftest's worker processes share: the device namespace, host copies, the result line.
 
 A worker runs on a real GPU through CuPy, or, with ``--emulate D``, on the strict emulation tier
-(:mod:`cupycoll._emulation`, D emulated devices per node): the same code either way, so the
+(:mod:`cupycoll.testing.emulation`, D emulated devices per node): the same code either way, so the
 no-GPU selftest runs the very workers the GPU selftest runs. Workers are launched under
 ``mpiexec -n P python -m mpi4py -m cupycoll.selftest._w_NAME`` (one rank is P = 1), so an
 uncaught exception on one rank aborts every rank.
@@ -25,7 +25,8 @@ def parser(description: str) -> argparse.ArgumentParser:
     """An argument parser with ``--emulate D`` (0, the default: the real CuPy)."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--emulate", type=int, default=0, metavar="D",
-                   help="run on D emulated devices per node (cupycoll._emulation), not a GPU")
+                   help="run on D emulated devices per node (cupycoll.testing.emulation), "
+                        "not a GPU")
     return p
 
 
@@ -34,7 +35,7 @@ def device_namespace(emulate: int) -> tuple[Any, Any]:
     (before cupycoll imports cupy), else the real one."""
     emu = None
     if emulate:
-        import cupycoll._emulation as emu
+        import cupycoll.testing.emulation as emu
 
         emu.install(emulate, 14)
     import cupy

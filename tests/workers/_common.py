@@ -12,11 +12,11 @@ from mpi4py import MPI
 
 
 def emulation(argv: list[str]):
-    """``cupycoll._emulation``, installed (2 devices, as the workers' emulated runs use), when
-    ``argv[2]`` is "emulated" (``WORKER SEED emulated``); else None. Call before importing
+    """``cupycoll.testing.emulation``, installed (2 devices, as the workers' emulated runs use),
+    when ``argv[2]`` is "emulated" (``WORKER SEED emulated``); else None. Call before importing
     cupycoll's communicators."""
     if len(argv) > 2 and argv[2] == "emulated":
-        import cupycoll._emulation as emu
+        import cupycoll.testing.emulation as emu
 
         emu.install(2, 14)
         return emu

@@ -1,6 +1,6 @@
 """``CUPYCOLL_AUTO=learn`` (cupycoll/sparse/learn.py) on P ranks.
 
-Usage: auto_learn.py SEED [emulated]   (emulated: init("nccl") on cupycoll._emulation)
+Usage: auto_learn.py SEED [emulated]   (emulated: init("nccl") on cupycoll.testing.emulation)
 
 Every algorithm the model ranks is a candidate (``WITHIN`` raised) and the model's pick is
 slowed by a sleep in its registry entry: the first calls of the class run it (its warm-up and

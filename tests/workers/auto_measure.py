@@ -1,6 +1,6 @@
 """``CUPYCOLL_AUTO=measure`` (cupycoll/sparse/measure.py) on P ranks.
 
-Usage: auto_measure.py SEED [emulated]   (emulated: init("nccl") on cupycoll._emulation)
+Usage: auto_measure.py SEED [emulated]   (emulated: init("nccl") on cupycoll.testing.emulation)
 
 Every algorithm is made a candidate (``WITHIN`` raised) and the model's best is slowed down by
 a sleep in its registry entry, so the trials must end on another candidate. For two kinds of

@@ -14,7 +14,7 @@ Modes (each failed before its fix, as noted):
   close_paths        close() on an error path, garbage collection and re-init() abort a
                      communicator whose operation waits for a peer that never comes, instead
                      of destroying it (before: ncclCommDestroy blocked forever)
-After every mode the ranks' NCCL call logs are compared (cupycoll._emulation.check_logs).
+After every mode the ranks' NCCL call logs are compared (cupycoll.testing.emulation.check_logs).
 """
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ import time
 
 import numpy as np
 
-import cupycoll._emulation as emu
+import cupycoll.testing.emulation as emu
 
 emu.install(2, 14)
 import cupy  # noqa: E402  (the emulated one)
 from mpi4py import MPI  # noqa: E402
 
 import cupycoll as cc  # noqa: E402
-from cupycoll._emulation import device as emu_device  # noqa: E402
+from cupycoll.testing.emulation import device as emu_device  # noqa: E402
 
 MODE = sys.argv[1]
 WORLD = MPI.COMM_WORLD

@@ -1,4 +1,4 @@
-"""cupycoll's GPU path on emulated GPUs (cupycoll._emulation) under mpiexec.
+"""cupycoll's GPU path on emulated GPUs (cupycoll.testing.emulation) under mpiexec.
 
 Usage: gpu_emulated.py MODE[,MODE...] [ARGS]
 (CC_EMU_DEVICES: emulated devices per node, default 2; CC_EMU_CUPY: emulated CuPy major version,
@@ -27,7 +27,7 @@ Modes:
   late_named, late_after_abort, late_verbs, interrupt
                               issue 12 on NCCL: a late rank named, never matched against
                               aborted peers, for every front door; Ctrl-C in a wait
-After every mode the ranks' NCCL call logs are compared (cupycoll._emulation.check_logs).
+After every mode the ranks' NCCL call logs are compared (cupycoll.testing.emulation.check_logs).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import numpy as np
 
 MODE = sys.argv[1]
 REAL = os.environ.get("CC_REAL_GPU") == "1"  # the same suites on real GPUs (no emulation)
-import cupycoll._emulation as emu  # noqa: E402
+import cupycoll.testing.emulation as emu  # noqa: E402
 
 if not REAL:
     emu.install(int(os.environ.get("CC_EMU_DEVICES", "2")),
@@ -53,7 +53,7 @@ from _common import expect_raises, host  # noqa: E402
 
 import cupycoll as cc  # noqa: E402
 from cupycoll._result import SparseResult  # noqa: E402
-from cupycoll._syncs import count_host_syncs  # noqa: E402
+from cupycoll.testing.syncs import count_host_syncs  # noqa: E402
 from cupycoll.errors import BackendError, BackendUnavailable, CollectiveTimeout  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
@@ -190,7 +190,7 @@ def mode_suites():
     seed, ncases = int(sys.argv[2]), int(sys.argv[3])
     quick = "quick" in sys.argv[4:]
     comm = nccl_comm()
-    from cupycoll._emulation.kernels import LAUNCHES
+    from cupycoll.testing.emulation.kernels import LAUNCHES
 
     for name, suite in (("dense", lambda: dense_suite(comm, quick)),
                         ("sparse", lambda: sparse_suite(comm, seed, ncases)),
@@ -383,7 +383,7 @@ def mode_auto_agrees():
 # ---------------------------------------------------------------- the emulator's own rules
 def mode_rules():
     """Every rule the emulator enforces fires on a program that breaks it (P = 2)."""
-    from cupycoll._emulation import DeviceMismatch, EmulationError, StreamOrderError
+    from cupycoll.testing.emulation import DeviceMismatch, EmulationError, StreamOrderError
 
     comm = nccl_comm()
     comm.barrier()  # connected: the raw non-blocking calls below are issued at once
@@ -454,7 +454,7 @@ def check_abort_rules(x, stream):
     missing, and may be aborted from any thread."""
     import threading
 
-    from cupycoll._emulation import EmulationError
+    from cupycoll.testing.emulation import EmulationError
     from cupycoll.comm._nccl_config import in_progress
     from cupycoll.comm.nccl import NCCLCommunicator
 

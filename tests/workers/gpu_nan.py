@@ -1,4 +1,4 @@
-"""The sparse NaN and signed-zero contract on NCCL (emulated GPUs, cupycoll._emulation).
+"""The sparse NaN and signed-zero contract on NCCL (emulated GPUs, cupycoll.testing.emulation).
 
 Usage: gpu_nan.py MODE[,MODE...] SEED
 
@@ -28,7 +28,7 @@ import sys
 
 import numpy as np
 
-import cupycoll._emulation as emu
+import cupycoll.testing.emulation as emu
 
 emu.install(int(os.environ.get("CC_EMU_DEVICES", "2")))
 import cupy  # noqa: E402  (the emulated one)
@@ -37,8 +37,8 @@ from mpi4py import MPI  # noqa: E402
 from sparse_random import ALGORITHMS, reference, same_bits  # noqa: E402
 
 import cupycoll as cc  # noqa: E402
-import cupycoll._emulation.nccl as emulated_nccl  # noqa: E402
-from cupycoll._emulation.nccl_core import STATE  # noqa: E402
+import cupycoll.testing.emulation.nccl as emulated_nccl  # noqa: E402
+from cupycoll.testing.emulation.nccl_core import STATE  # noqa: E402
 
 MODE, SEED = sys.argv[1], int(sys.argv[2])
 WORLD = MPI.COMM_WORLD

@@ -1,5 +1,5 @@
-"""The emulation tier's strict points (cupycoll._emulation) under mpiexec, each where it is as
-strict as the hardware and where a kinder emulator let a defect pass.
+"""The emulation tier's strict points (cupycoll.testing.emulation) under mpiexec, each where it is
+as strict as the hardware and where a kinder emulator let a defect pass.
 
 Usage: gpu_strict.py MODE[,MODE...]   (CC_EMU_DEVICES: emulated devices per node, default 2)
 
@@ -21,7 +21,7 @@ Modes:
                 unfilled staging buffer)
   destroy       ncclCommDestroy with an operation a dead peer never joins blocks, without error,
                 until the emulated NCCL is released (P = 4, 2 devices per node; run it last)
-After every mode the ranks' NCCL call logs are compared (cupycoll._emulation.check_logs).
+After every mode the ranks' NCCL call logs are compared (cupycoll.testing.emulation.check_logs).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-import cupycoll._emulation as emu
+import cupycoll.testing.emulation as emu
 
 DEVICES = int(os.environ.get("CC_EMU_DEVICES", "2"))
 emu.install(DEVICES)
@@ -110,7 +110,7 @@ def mode_pool():
     the next allocation of its size on its stream (the emulator's finished NCCL task holds no
     array); another stream's unordered work on it follows it (StreamOrderError at the new
     owner's first touch), an ordered one does not; the reuse stays within its stream."""
-    from cupycoll._emulation import StreamOrderError
+    from cupycoll.testing.emulation import StreamOrderError
     from _common import expect_raises
 
     comm = raw_comm()

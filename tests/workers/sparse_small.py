@@ -1,6 +1,6 @@
 """Small sparse_allreduce calls that finish in the validation allreduce (cupycoll/sparse/small.py).
 
-Usage: sparse_small.py SEED [emulated]   (emulated: init("nccl") on cupycoll._emulation)
+Usage: sparse_small.py SEED [emulated]   (emulated: init("nccl") on cupycoll.testing.emulation)
 
 Every rank rebuilds every rank's input from the seed and checks its result against a dense numpy
 reference (absent entries count as +0; small integer values, so sums and products are exact in

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import bench_syncs as bench  # noqa: E402
 
 import cupycoll as cc  # noqa: E402
-from cupycoll._sync_counting import SyncCountingCommunicator  # noqa: E402
+from cupycoll.testing.sync_counting import SyncCountingCommunicator  # noqa: E402
 from cupycoll.comm.mpi import MPICommunicator  # noqa: E402
 from cupycoll.topk import TopkState, topk_allreduce  # noqa: E402
 

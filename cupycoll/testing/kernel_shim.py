@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from . import _kernels
-from ._config import setting
+from .. import _kernels
+from .._config import setting
 
 __all__ = ["ShimLauncher", "kernel_libraries", "library", "libraries", "compiler"]
 

@@ -3,9 +3,10 @@
 On a GPU every point where the host waits for the device costs a round trip (tens of us, and the
 launch queue drains). The algorithms are held to a budget of such points per call; this module
 counts them. It knows nothing about arrays: an array namespace that models a device (the counting
-namespace of :mod:`cupycoll._sync_counting`, an emulated CUDA tier, ...) calls :func:`host_sync`
-at each operation that would block the host on real CuPy, and whoever wants the figure opens
-:func:`count_host_syncs` around the calls it measures.
+namespace of :mod:`cupycoll.testing.sync_counting`, the emulation tier
+:mod:`cupycoll.testing.emulation`, ...) calls :func:`host_sync` at each operation that would block
+the host on real CuPy, and whoever wants the figure opens :func:`count_host_syncs` around the
+calls it measures.
 
 The hook interface (all a namespace needs):
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
 import threading
 import traceback
 from typing import Iterator
@@ -37,6 +39,9 @@ __all__ = ["SyncCount", "host_sync", "count_host_syncs", "uncounted"]
 _lock = threading.Lock()
 _open: list["SyncCount"] = []
 _local = threading.local()
+#: the counting machinery's own files, skipped when finding a sync's call site
+_MACHINERY = {os.path.join(os.path.dirname(os.path.abspath(__file__)), f)
+              for f in ("syncs.py", "sync_counting.py")}
 
 
 class SyncCount:
@@ -66,7 +71,7 @@ def _site() -> str:
     """``file:line function`` of the innermost frame outside the counting machinery."""
     for frame in reversed(traceback.extract_stack()[:-2]):
         name = frame.filename.rsplit("/", 1)[-1]
-        if name not in ("_syncs.py", "_sync_counting.py", "contextlib.py"):
+        if name != "contextlib.py" and os.path.abspath(frame.filename) not in _MACHINERY:
             return f"{name}:{frame.lineno} {frame.name}"
     return "?"
 

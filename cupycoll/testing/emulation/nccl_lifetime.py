@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-from ..comm._nccl_config import IN_PROGRESS, blocking_of
+from ...comm._nccl_config import IN_PROGRESS, blocking_of
 from . import device as dev
 from .logs import RACES
 from .nccl_core import INTERNAL, REMOTE, STATE, error

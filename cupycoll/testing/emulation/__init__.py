@@ -24,10 +24,10 @@ cupy, primitives launch the real CUDA kernels compiled for the CPU. What it enfo
   every rank's calls; each call is also issued through the real ``cupy.cuda.nccl`` on a null
   communicator and must reach NCCL's own argument error;
 * host synchronizations (device-to-host copies, scalar reads, data-dependent sizes, event and
-  stream synchronize) are reported to :func:`cupycoll._syncs.host_sync` (counted by
-  :func:`cupycoll._syncs.count_host_syncs`).
+  stream synchronize) are reported to :func:`cupycoll.testing.syncs.host_sync` (counted by
+  :func:`cupycoll.testing.syncs.count_host_syncs`).
 
-Run a script under it: ``mpiexec -n 4 python -m cupycoll._emulation script.py [args]``.
+Run a script under it: ``mpiexec -n 4 python -m cupycoll.testing.emulation script.py [args]``.
 """
 
 from __future__ import annotations

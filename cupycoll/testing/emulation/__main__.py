@@ -1,4 +1,5 @@
-"""``mpiexec -n P python -m cupycoll._emulation script.py [args]``: run a script on emulated GPUs.
+"""``mpiexec -n P python -m cupycoll.testing.emulation script.py [args]``: run a script on
+emulated GPUs.
 
 Options before the script: ``--devices-per-node N`` (default 2), ``--cupy-version 13|14``.
 The NCCL call logs are compared across ranks when the script ends.

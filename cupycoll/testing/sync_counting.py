@@ -3,7 +3,7 @@
 :data:`xp` behaves like the ``cupy`` module on host memory: its arrays (:class:`DeviceArray`, a
 numpy subclass) stay "on the device" through every operation, scalars and reductions come back
 as 0-d device arrays, and each operation that blocks the host on real CuPy reports to
-:func:`cupycoll._syncs.host_sync`:
+:func:`cupycoll.testing.syncs.host_sync`:
 
 ======================  =====================================================================
 kind                    operations
@@ -20,7 +20,7 @@ kind                    operations
 
 Host-to-device copies (``asarray`` of host data) are no sync (CUDA stages them). Primitives on
 these arrays run :class:`~cupycoll.primitives._cupy.KernelPrimitives`, the GPU code, with the
-kernels compiled for the CPU (``cupycoll._kernel_shim``), found through the namespace's
+kernels compiled for the CPU (:mod:`cupycoll.testing.kernel_shim`), found through the namespace's
 ``cupycoll_primitives`` attribute.
 
 :class:`SyncCountingCommunicator` is the MPI backend over this namespace, booked like the NCCL
@@ -36,10 +36,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ._syncs import host_sync, uncounted
-from .comm._base import Communicator
-from .comm._work import Work
-from .comm.mpi import MPICommunicator
+from ..comm._base import Communicator
+from ..comm._work import Work
+from ..comm.mpi import MPICommunicator
+from .syncs import host_sync, uncounted
 
 __all__ = ["DeviceArray", "xp", "SyncCountingCommunicator"]
 
@@ -183,12 +183,12 @@ xp = _Namespace()
 
 
 def _primitives() -> Any:
-    from . import _kernel_shim
-    from .primitives._cupy import KernelPrimitives
+    from ..primitives._cupy import KernelPrimitives
+    from . import kernel_shim
 
     with uncounted():
-        libraries = _kernel_shim.kernel_libraries()
-    return KernelPrimitives(_kernel_shim.ShimLauncher(libraries, xp))
+        libraries = kernel_shim.kernel_libraries()
+    return KernelPrimitives(kernel_shim.ShimLauncher(libraries, xp))
 
 
 class _LazyPrimitives:

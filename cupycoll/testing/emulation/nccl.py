@@ -26,7 +26,7 @@ from mpi4py import MPI
 
 from . import device as dev
 from .array import buffer_at, raw_view
-from ..comm._nccl_config import IN_PROGRESS
+from ...comm._nccl_config import IN_PROGRESS
 from .logs import COMMS, GLOBAL_LOG
 from .nccl_lifetime import _Lifetime, _nonblocking
 from .nccl_core import (INTERNAL, INVALID_ARGUMENT, INVALID_USAGE, STATE,

@@ -16,8 +16,8 @@
   marks left by a block's previous allocation (:data:`REUSED`) say so in the error.
 * Every operation that blocks the host until the device catches up (device-to-host copy,
   scalar read, data-dependent size, event or stream synchronize) is reported to
-  :func:`cupycoll._syncs.host_sync`, the one hook every counting tool reads
-  (:func:`cupycoll._syncs.count_host_syncs`).
+  :func:`cupycoll.testing.syncs.host_sync`, the one hook every counting tool reads
+  (:func:`cupycoll.testing.syncs.count_host_syncs`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Callable
 
-from .. import _syncs
+from .. import syncs
 
 __all__ = ["EmulationError", "StreamOrderError", "DeviceMismatch", "Buffer", "Stream", "Event",
            "Task", "host_sync", "current_device", "set_device",
@@ -64,8 +64,8 @@ class DeviceMismatch(EmulationError, ValueError):
 
 
 def host_sync(kind: str) -> None:
-    """Report one host synchronization (to :func:`cupycoll._syncs.host_sync`)."""
-    _syncs.host_sync(kind)
+    """Report one host synchronization (to :func:`cupycoll.testing.syncs.host_sync`)."""
+    syncs.host_sync(kind)
 
 
 def device_count() -> int:

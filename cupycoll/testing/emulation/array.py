@@ -7,7 +7,7 @@ size on its stream at once, with the stream work still pending on it) and that b
 conversion to numpy raises, reductions return 0-d device arrays, every operation needs its arrays
 on the current device (:class:`~.device.DeviceMismatch` otherwise), and reading a value on the
 host (``get``, ``int()``, ``bool()``, ``item``, data-dependent sizes such as ``nonzero`` or
-boolean masks) is a host synchronization reported to :func:`cupycoll._syncs.host_sync`. Every
+boolean masks) is a host synchronization reported to :func:`cupycoll.testing.syncs.host_sync`. Every
 array creation function and every new result of an operation is a new allocation on the current
 stream, written there (``empty``/``empty_like``/``ndarray(shape)``: uninitialised, poisoned);
 a view shares its array's allocation, which is freed when the last array on it dies.

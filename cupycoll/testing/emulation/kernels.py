@@ -1,7 +1,8 @@
 """Emulated ``cupy.RawModule``: the CUDA source compiled for the CPU with ``kernels/cpu_shim.h``.
 
 The source CuPy would hand to NVRTC is compiled by g++ into a shared library by
-:func:`cupycoll._kernel_shim.library` (cached on disk by its hash, so ranks and runs share it);
+:func:`cupycoll.testing.kernel_shim.library` (cached on disk by its hash, so ranks and runs share
+it);
 ``get_function(name_expression)`` returns a kernel whose call checks, like a launch, that every
 array argument is on the current device and ordered on the current stream, then runs every
 (block, thread) of the grid in turn.
@@ -17,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import _kernel_shim, _kernels
+from ... import _kernels
+from .. import kernel_shim
 from . import device as dev
 from .array import _check_devices, ndarray
 
@@ -49,8 +51,8 @@ class RawModule:
         self._aliases: dict[str, str] = {}
         if path is not None:  # a cubin of cupycoll's kernel cache: run its source instead
             code, self._aliases = _cached_kernel(path)
-        self._lib = _kernel_shim.library(code)
-        self._kernels = _kernel_shim.launchers(self._lib)
+        self._lib = kernel_shim.library(code)
+        self._kernels = kernel_shim.launchers(self._lib)
         self.device = dev.current_device()
         if name_expressions is not None:
             missing = set(map(_kernels._canonical, name_expressions)) - set(self._kernels)
