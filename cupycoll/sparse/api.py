@@ -25,6 +25,7 @@ from . import dense as _dense
 from . import learn as _learn
 from . import measure as _measure
 from ._common import canonical_nan
+from ._cost import Shape
 from ..wire._pack import COO, Wire
 from ._validate import Prepared, prepare
 
@@ -165,9 +166,9 @@ def plan(comm: Communicator, prepared: Prepared, async_op: bool = False) -> Plan
     if prepared.merged is not None:  # the entries came with the validation (sparse/small.py)
         wire = COO if prepared.wire_values is None else Wire(False, prepared.wire_values)
         return Plan("small", wire, lambda on: _sparse_result(on, prepared, *prepared.merged))
-    name, trials, learning = _pick(comm, prepared, async_op)
-    wire = _auto.choose_wire(name, prepared.shape(comm), prepared.wire, prepared.wire_values,
-                             comm=comm)
+    shape = prepared.shape(comm)
+    name, trials, learning = _pick(comm, prepared, shape, async_op)
+    wire = _auto.choose_wire(name, shape, prepared.wire, prepared.wire_values, comm=comm)
     variant = record("sparse", name).dense_output if prepared.output == "dense" else None
     if variant is not None:
         return Plan(name, wire, lambda on: _dense_output(on, prepared, variant, wire),
@@ -177,13 +178,15 @@ def plan(comm: Communicator, prepared: Prepared, async_op: bool = False) -> Plan
     return Plan(name, wire, lambda on: _run(on, prepared, fn, wire), trials, learning)
 
 
-def _pick(comm: Communicator, prepared: Prepared, async_op: bool) -> tuple[str, Any, Any]:
+def _pick(comm: Communicator, prepared: Prepared, shape: Shape, async_op: bool
+          ) -> tuple[str, Any, Any]:
     """(algorithm, measure trials, learn call): the algorithm named, or auto's pick by its
     mode (``CUPYCOLL_AUTO``), priced with the wire asked for (raw when auto decides it after);
-    only synchronous calls are timed."""
+    only synchronous calls are timed. ``shape``: the call's, on coo."""
     if prepared.algorithm != "auto":
         return prepared.algorithm, None, None
-    shape = prepared.shape(comm, Wire(prepared.wire == "compact", prepared.wire_values))
+    shape = dataclasses.replace(shape, wire=Wire(prepared.wire == "compact",
+                                                 prepared.wire_values))
     if prepared.auto_mode == "measure" and comm.size > 1:
         name, trials = _measure.plan(comm, shape, prepared.op, not async_op)
         return name, trials, None

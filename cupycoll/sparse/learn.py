@@ -66,6 +66,8 @@ class Record:
     seconds: dict[str, list[float]] = dataclasses.field(default_factory=dict)
     abandoned: list[str] = dataclasses.field(default_factory=list)
     calls: int = 0
+    #: the choice, kept until a time is added or a candidate's samples are dropped
+    _choice: str | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def median(self, name: str) -> float:
         return statistics.median(self.seconds[name]) if self.seconds.get(name) else np.inf
@@ -73,7 +75,10 @@ class Record:
     def choice(self) -> str:
         """The candidate of least median time (the model's order on ties; the model's pick
         before anything is timed)."""
-        return min(self.candidates, key=lambda c: (self.median(c), self.candidates.index(c)))
+        if self._choice is None:
+            self._choice = min(self.candidates,
+                               key=lambda c: (self.median(c), self.candidates.index(c)))
+        return self._choice
 
     def exploring(self) -> str | None:
         """The candidate still in its first trials, if any (the model's order)."""
@@ -92,6 +97,7 @@ class Record:
             if others:
                 again = others[(self.calls // RECHECK) % len(others)]
                 self.seconds.pop(again, None)
+                self._choice = None
                 if again in self.abandoned:
                     self.abandoned.remove(again)
         name = self.exploring()
@@ -103,6 +109,7 @@ class Record:
         if name not in self.warmed:
             self.warmed.append(name)
             return
+        self._choice = None
         window = self.seconds.setdefault(name, [])
         window.append(seconds)
         del window[:-WINDOW]
@@ -185,7 +192,8 @@ def absorb(comm: Any, agreed_us: int) -> None:
 def save(comm: Any, path: str) -> None:
     """Write ``comm``'s records to ``path`` (JSON; rank 0 writes, the others wait for it)."""
     if comm.rank == 0:
-        data = [{"kind": _jsonable(key), **dataclasses.asdict(record)}
+        data = [{"kind": _jsonable(key), **{k: v for k, v in dataclasses.asdict(record).items()
+                                            if not k.startswith("_")}}
                 for key, record in records(comm).items()]
         with open(path, "w", encoding="utf-8") as f:
             json.dump({"learned": data}, f, indent=1)
