@@ -274,6 +274,35 @@ def test_choose_prices_a_shape_class_once_per_profile(monkeypatch):
     assert len(calls) == 3 and calls[-1].nnz == (1024, 2048, 2896, 4871)
 
 
+def test_a_communicators_auto_calls_are_remembered_on_it(monkeypatch):
+    """Through a communicator (its profile, its nodes) a class is priced once per
+    communicator and node layout: a drifted call of the class reuses the pick, another
+    communicator or CUPYCOLL_RANKS_PER_NODE prices again."""
+    class Comm:  # what choose reads of a communicator (weakly referenced by profile_for)
+        size, rank, mpi_comm = 4, 0, None
+
+    calls = []
+    real = auto.predicted_times
+    monkeypatch.setattr(auto, "predicted_times",
+                        lambda shape, profile=None: calls.append(shape) or real(shape, profile))
+    monkeypatch.setenv("CUPYCOLL_RANKS_PER_NODE", "4")
+    comm, other = Comm(), Comm()
+
+    def shape(*nnz):
+        return Shape(4, 1 << 20, 0, 4, 4, nnz)
+
+    first = auto.choose(shape(1000, 2000, 3000, 4000), comm=comm, op="sum")
+    assert len(calls) == 1 and calls[0].nnz == (1024, 2048, 2896, 4096)
+    assert calls[0].nodes == (0, 0, 0, 0)
+    assert auto.choose(shape(1050, 1950, 3100, 4001), comm=comm, op="sum") == first
+    assert len(calls) == 1
+    auto.choose(shape(1000, 2000, 3000, 4000), comm=other, op="sum")
+    assert len(calls) == 2
+    monkeypatch.setenv("CUPYCOLL_RANKS_PER_NODE", "2")
+    auto.choose(shape(1000, 2000, 3000, 4000), comm=comm, op="sum")
+    assert len(calls) == 3 and calls[-1].nodes == (0, 0, 1, 1)
+
+
 def test_shape_class_keeps_small_counts_zero_and_n():
     """Counts up to 4 and 0 are their own class; a representative never exceeds n."""
     s = Shape(3, 100, 0, 4, 4, (0, 3, 99))

@@ -18,6 +18,7 @@ import dataclasses
 import math
 from typing import Any
 
+from .._config import setting
 from .._registry import lookup, priced, record, register
 from .._types import ReduceOp
 from . import small
@@ -26,7 +27,7 @@ from ..wire._pack import COO, Wire
 from ._common import native_drops_nan, native_keeps_minus_zero
 from ._cost import Cost, Shape, validation_cost
 
-__all__ = ["choose", "shape_class", "choose_wire", "auto", "call_cost", "predicted_times",
+__all__ = ["choose", "shape_class", "class_counts", "choose_wire", "auto", "call_cost", "predicted_times",
            "resolved", "ALGORITHM"]
 
 #: recent decisions: (id(profile), shape class) -> (profile, name). A training loop repeats
@@ -67,17 +68,22 @@ def resolved(shape: Shape, profile: Any = None, *, comm: Any = None, op: Any = N
     return shape, profile
 
 
-def shape_class(shape: Shape) -> Shape:
-    """``shape`` with every rank's nnz rounded to the nearest of :data:`CLASS_STEPS` steps per
-    doubling (2^(j/CLASS_STEPS), at most n; 0 stays 0): the representative that ``choose``
-    prices for every call of the class. Counts up to 4 keep their value."""
+def class_counts(shape: Shape) -> tuple[int, ...]:
+    """Every rank's nnz rounded to the nearest of :data:`CLASS_STEPS` steps per doubling
+    (2^(j/CLASS_STEPS), at most n; 0 stays 0; counts up to 4 keep their value)."""
     def step(count: int) -> int:
         if count <= 4:
             return count
         rounded = round(CLASS_STEPS * math.log2(count)) / CLASS_STEPS
         return min(round(2.0 ** rounded), shape.n)
 
-    return dataclasses.replace(shape, nnz=tuple(step(c) for c in shape.nnz))
+    return tuple(step(c) for c in shape.nnz)
+
+
+def shape_class(shape: Shape) -> Shape:
+    """``shape`` with :func:`class_counts`: the representative that ``choose`` prices for
+    every call of the class."""
+    return dataclasses.replace(shape, nnz=class_counts(shape))
 
 
 def choose(shape: Shape, profile: Any = None, *, comm: Any = None, op: Any = None) -> str:
@@ -86,10 +92,26 @@ def choose(shape: Shape, profile: Any = None, *, comm: Any = None, op: Any = Non
 
     ``comm`` supplies the broadcast profile (:func:`cupycoll.tuner.profile_for`) and, when
     ``shape.nodes`` is None, the node of every rank; ``op`` (a ReduceOp or name) refines
-    ``shape.op``.
+    ``shape.op``. A communicator's calls (no profile given) are remembered on it, keyed by the
+    call's fields and class counts, so a repeated class costs a few microseconds.
     """
     if shape.size == 1:
         return "allgather"
+    if comm is None or profile is not None or shape.inputs is not None:
+        return _priced_choice(shape, profile, comm, op)
+    memo = getattr(comm, "_auto_choices", None)
+    if memo is None or len(memo) >= _DECISIONS_MAX:
+        memo = comm._auto_choices = {}
+    key = (tuple(v for k, v in shape.__dict__.items() if k != "nnz"), class_counts(shape),
+           str(getattr(op, "value", op)), setting("CUPYCOLL_RANKS_PER_NODE"))
+    name = memo.get(key)
+    if name is None:
+        name = memo[key] = _priced_choice(shape, None, comm, op)
+    return name
+
+
+def _priced_choice(shape: Shape, profile: Any, comm: Any, op: Any) -> str:
+    """:func:`choose` without the communicator's memo: memoised by (profile, shape class)."""
     shape, profile = resolved(shape, profile, comm=comm, op=op)
     if shape.inputs is not None:  # every rank's indices: priced exactly, not remembered
         return _cheapest(shape, profile)
