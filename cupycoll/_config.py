@@ -90,13 +90,12 @@ SETTINGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                                  "InfiniBand setup can take seconds) before CollectiveTimeout "
                                  "(<= 0: none)"),
     "CUPYCOLL_ALGORITHM": (str, "auto", "default sparse_allreduce algorithm"),
-    "CUPYCOLL_AUTO": (_auto_mode, None,
+    "CUPYCOLL_AUTO": (_auto_mode, "learn",
                       "how sparse_allreduce's auto picks: estimate (the least time the model "
                       "predicts), measure (its candidates timed on the first calls of each "
                       "shape, then the fastest kept) or learn (every call of a recurring shape "
                       "timed, its candidates tried in turn, the fastest kept and rechecked; "
-                      "docs/tuning.md); the same on every rank. Default: learn on MPI, "
-                      "estimate on NCCL (timing a stream-ordered call waits for the stream)"),
+                      "docs/tuning.md); the same on every rank"),
     "CUPYCOLL_TOPK_ALGORITHM": (str, "oktopk", "default topk_allreduce algorithm"),
     "CUPYCOLL_WIRE": (str, "auto", "default wire format of sparse entries in sparse_allreduce, "
                       "topk_allreduce and TopkCompressor: coo, compact or auto"),

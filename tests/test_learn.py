@@ -108,16 +108,10 @@ def test_a_new_class_next_to_a_finished_one_starts_from_its_record():
     assert learn._neighbour(table, ("x", 10, "sum")) is None
 
 
-def test_learn_is_the_default_on_host_communicators_and_estimate_on_stream_ordered_ones(
-        monkeypatch):
-    """Without CUPYCOLL_AUTO, auto learns where a call's time is known when it returns (MPI),
-    and estimates where timing it would wait for the stream (NCCL: ``stream_work``); a set
-    CUPYCOLL_AUTO wins on both."""
-    from cupycoll.sparse._validate import auto_mode
+def test_learn_is_auto_s_default_mode(monkeypatch):
+    """Without CUPYCOLL_AUTO, auto learns (on MPI and on NCCL, where a call is timed by
+    events on the communicator's stream)."""
+    from cupycoll._config import setting
 
-    host, stream = SimpleNamespace(), SimpleNamespace(stream_work=lambda name: None)
     monkeypatch.delenv("CUPYCOLL_AUTO", raising=False)
-    assert (auto_mode(host), auto_mode(stream)) == ("learn", "estimate")
-    for mode in ("estimate", "measure", "learn"):
-        monkeypatch.setenv("CUPYCOLL_AUTO", mode)
-        assert auto_mode(host) == auto_mode(stream) == mode
+    assert setting("CUPYCOLL_AUTO") == "learn"

@@ -497,6 +497,15 @@ def test_auto_learn_abandons_a_slowed_pick_and_keeps_the_fastest(nprocs):
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])
+def test_auto_learn_on_emulated_nccl(nprocs):
+    """The same on the NCCL emulation tier: each timed call between two timing events on the
+    communicator's stream (no host wait when it has run by the next validation), the records
+    identical on every rank."""
+    out = run_mpi(nprocs, "auto_learn.py", 37 + nprocs, "emulated", timeout=300)
+    assert f"ok auto learn on {nprocs} ranks (emulated nccl)" in out
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
 def test_auto_measure_on_emulated_nccl(nprocs):
     """The same on the NCCL emulation tier: device arrays, a trial timed to the end of its
     device work, the agreement and the table as on MPI."""

@@ -53,6 +53,19 @@ class CudaDevice:
         event.record(stream)
         return event
 
+    def timing_event(self, stream: Any = None) -> Any:
+        """An event with timing recorded on ``stream`` (default: the current one)."""
+        event = self._cupy.cuda.Event(disable_timing=False)
+        event.record(stream)
+        return event
+
+    def elapsed(self, start: Any, end: Any) -> float:
+        """Seconds between two timing events, as their stream reached them; the host waits for
+        ``end`` only if it has not run yet."""
+        if not end.done:
+            end.synchronize()
+        return self._cupy.cuda.get_elapsed_time(start, end) / 1e3
+
     @staticmethod
     def wait_event(stream: Any, event: Any) -> None:
         """Work queued on ``stream`` from now on runs after ``event``'s (no host wait)."""

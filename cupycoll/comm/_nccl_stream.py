@@ -166,6 +166,16 @@ class _StreamOrder:
         """A Work that completes when what is queued on the current stream so far has run."""
         return self._work(self._device.record(), None, op_name, self._behind())
 
+    def time_mark(self) -> Any:
+        """A timing event on the current stream: where a timed call's device work starts or
+        ends (read later by :meth:`seconds_between`; no host wait here)."""
+        return self._device.timing_event()
+
+    def seconds_between(self, start: Any, end: Any) -> float:
+        """Seconds the stream took from ``start`` to ``end`` (:meth:`time_mark` events); the
+        host waits for ``end`` only if it has not run yet."""
+        return self._device.elapsed(start, end)
+
     def _behind(self) -> int:
         """The operations an event recorded now on the current stream comes after: all posted
         so far if the current stream is ours, else none known."""

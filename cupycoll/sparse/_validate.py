@@ -43,7 +43,7 @@ from . import learn, small
 from ._common import native_drops_nan, native_keeps_minus_zero
 from ._cost import VALIDATION_FIELDS, Shape
 
-__all__ = ["Prepared", "prepare", "auto_mode"]
+__all__ = ["Prepared", "prepare"]
 
 _INDEX_NAMES = ("int32", "int64")
 _VALUE_NAMES = tuple(d.name for d in VALUE_DTYPES)
@@ -106,16 +106,6 @@ class Prepared:
                 names.index(self.algorithm) + len(names) * AUTO_MODES.index(self.auto_mode),
                 _VALUE_CODES[self.accumulate_dtype], wire_code(self.wire, self.wire_values),
                 OUTPUTS.index(self.output))
-
-
-def auto_mode(comm: Any) -> str:
-    """How ``auto`` picks on ``comm``: ``CUPYCOLL_AUTO``, else ``learn`` where a call's time is
-    known when it returns (host communicators: MPI) and ``estimate`` where timing it would make
-    the host wait for the communicator's stream twice per call (NCCL)."""
-    mode = setting("CUPYCOLL_AUTO")
-    if mode is not None:
-        return mode
-    return "learn" if getattr(comm, "stream_work", None) is None else "estimate"
 
 
 def _length(n: Any, rank: int) -> int:
@@ -260,7 +250,7 @@ def _local(comm: Any, indices: Any, values: Any, n: Any, op: Any, algorithm: Any
         buffer = _out(comm, out, output, alloc_fn, length, width, value_dtype, rank)
         increasing = _check_range(idx, length, rank)
         idx, val = _coalesce(idx, val, red, acc, increasing)
-        mode = auto_mode(comm) if name == "auto" else "estimate"
+        mode = setting("CUPYCOLL_AUTO") if name == "auto" else "estimate"
     except CupycollError as exc:
         return None, exc
     except Exception as exc:  # anything else still has to reach the other ranks as a flag

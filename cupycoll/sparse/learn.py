@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
+import time
 from typing import Any
 
 import numpy as np
@@ -37,7 +38,7 @@ import numpy as np
 from ..wire._pack import Wire
 from . import auto as _auto
 from ._cost import Shape
-from .measure import kind, settled
+from .measure import kind
 
 __all__ = ["Record", "plan", "finish", "absorb", "pending_us", "save", "load", "records",
            "WITHIN", "CANDIDATES", "SAMPLES", "ABANDON", "WINDOW", "RECHECK"]
@@ -139,7 +140,20 @@ def plan(comm: Any, shape: Shape, op: Any, timed: bool) -> tuple[str, tuple | No
     if not timed:
         return record.choice(), None
     name = record.next()
-    return name, (key, name, settled(comm))
+    return name, (key, name, _mark(comm))
+
+
+def _mark(comm: Any) -> Any:
+    """Where a timed call starts or ends: a timing event on a stream-ordered communicator's
+    stream (the call's device time, read at the next validation, by when it has usually run:
+    no host wait), else the host clock (an MPI call is done when it returns)."""
+    mark = getattr(comm, "time_mark", None)
+    return mark() if mark is not None else time.perf_counter()
+
+
+def _seconds(comm: Any, start: Any, end: Any) -> float:
+    between = getattr(comm, "seconds_between", None)
+    return between(start, end) if between is not None else end - start
 
 
 def _fresh(shape: Shape, profile: Any) -> Record:
@@ -169,14 +183,16 @@ def _neighbour(table: dict[tuple, Record], key: tuple) -> Record | None:
 def finish(comm: Any, token: tuple) -> None:
     """After a timed call: its seconds wait for the next validation to be agreed."""
     key, name, started = token
-    comm._learn_pending = (key, name, settled(comm) - started)
+    comm._learn_pending = (key, name, started, _mark(comm))
 
 
 def pending_us(comm: Any) -> int:
     """This rank's time of the last timed call not yet agreed, in microseconds (-1: none), for
     the ``learned`` maximum of the next validation."""
     pending = getattr(comm, "_learn_pending", None)
-    return -1 if pending is None else max(int(pending[2] * 1e6), 0)
+    if pending is None:
+        return -1
+    return max(int(_seconds(comm, pending[2], pending[3]) * 1e6), 0)
 
 
 def absorb(comm: Any, agreed_us: int) -> None:
@@ -185,7 +201,7 @@ def absorb(comm: Any, agreed_us: int) -> None:
     if pending is None or agreed_us < 0:
         return
     comm._learn_pending = None
-    key, name, _ = pending
+    key, name = pending[:2]
     records(comm)[key].add(name, agreed_us * 1e-6)
 
 

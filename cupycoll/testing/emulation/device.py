@@ -121,6 +121,7 @@ class Task:
         self.stream, self.seq, self.name, self.run = stream, seq, name, run
         self.finished = threading.Event()
         self.error: BaseException | None = None
+        self.ended: float | None = None  # time.perf_counter() when it finished (event timing)
 
     def __repr__(self) -> str:
         return f"{self.name} (#{self.seq} on {self.stream})"
@@ -182,6 +183,7 @@ class Stream:
                 task.error = exc
             with LOCK:
                 self.done_seq = max(self.done_seq, task.seq)
+            task.ended = time.perf_counter()
             task.finished.set()
 
     # waiting
@@ -248,6 +250,7 @@ class Event:
 
     def __init__(self, block: bool = False, disable_timing: bool = False,
                  interprocess: bool = False) -> None:
+        self.timing = not disable_timing
         self.task: Task | None = None
         self.facts: dict[Stream, int] = {}
         self.observed = False  # the host has seen it complete (counted as one host sync)
@@ -281,6 +284,19 @@ class Event:
         if self.task is not None:
             _wait(self.task.finished)
         self._learn("event.synchronize")
+
+
+def elapsed_ms(start: Event, end: Event) -> float:
+    """``cudaEventElapsedTime``: milliseconds between two recorded, completed timing events
+    (the times their streams reached them); no host wait."""
+    for event in (start, end):
+        if not event.timing:
+            raise EmulationError("cudaEventElapsedTime of an event created with "
+                                 "disable_timing=True (cudaErrorInvalidResourceHandle)")
+        if event.task is None or not event.task.finished.is_set():
+            raise EmulationError("cudaEventElapsedTime of an event that has not completed "
+                                 "(cudaErrorNotReady)")
+    return (end.task.ended - start.task.ended) * 1e3
 
 
 def _wait(flag: threading.Event) -> None:

@@ -187,6 +187,7 @@ def cuda_module(nccl: types.ModuleType) -> types.ModuleType:
     cuda.Stream = Stream
     cuda.Event = Event
     cuda.get_current_stream = get_current_stream
+    cuda.get_elapsed_time = dev.elapsed_ms
     cuda.runtime = runtime_module()
     cuda.nccl = nccl
     cuda.is_available = lambda: True
