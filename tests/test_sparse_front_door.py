@@ -121,7 +121,8 @@ def test_front_door_checks_the_callbacks_it_is_given(comm):
 def test_front_door_prices_auto_with_the_call_as_asked(comm, monkeypatch):
     """``auto`` (entries too many for the validation's slots) prices the call's shape under
     the wire asked for, with the call's op and communicator; the wire is then chosen for the
-    algorithm picked, from the call's own wire keywords."""
+    algorithm picked, from the call's own wire keywords (the same Shape: ``choose_wire``
+    prices each wire itself)."""
     seen = {}
     real = api._auto.choose_wire
 
@@ -143,8 +144,8 @@ def test_front_door_prices_auto_with_the_call_as_asked(comm, monkeypatch):
                                   wire=wire, wire_values="bfloat16")
         assert res.indices.tolist() == idx.tolist() and np.all(res.values == 1.0)
         assert seen["choose"] == (1, m, (m,), Wire(compact, "bfloat16"), comm, ReduceOp.MAX)
-        assert seen["wire"] == ("allgather", 1, (m,), Wire(False, None), wire, "bfloat16",
-                                comm)
+        assert seen["wire"] == ("allgather", 1, (m,), Wire(compact, "bfloat16"), wire,
+                                "bfloat16", comm)  # the same Shape: the choice sets each wire
 
 
 def test_debug_log_names_the_small_path_and_its_wire(comm, caplog):

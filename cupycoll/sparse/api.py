@@ -166,7 +166,10 @@ def plan(comm: Communicator, prepared: Prepared, async_op: bool = False) -> Plan
     if prepared.merged is not None:  # the entries came with the validation (sparse/small.py)
         wire = COO if prepared.wire_values is None else Wire(False, prepared.wire_values)
         return Plan("small", wire, lambda on: _sparse_result(on, prepared, *prepared.merged))
-    shape = prepared.shape(comm)
+    # auto prices the call with the wire asked for (raw when auto decides it after); the wire
+    # choice sets each wire itself, so one Shape serves both
+    shape = prepared.shape(comm, Wire(prepared.wire == "compact", prepared.wire_values)
+                           if prepared.algorithm == "auto" else COO)
     name, trials, learning = _pick(comm, prepared, shape, async_op)
     wire = _auto.choose_wire(name, shape, prepared.wire, prepared.wire_values, comm=comm)
     variant = record("sparse", name).dense_output if prepared.output == "dense" else None
@@ -180,13 +183,10 @@ def plan(comm: Communicator, prepared: Prepared, async_op: bool = False) -> Plan
 
 def _pick(comm: Communicator, prepared: Prepared, shape: Shape, async_op: bool
           ) -> tuple[str, Any, Any]:
-    """(algorithm, measure trials, learn call): the algorithm named, or auto's pick by its
-    mode (``CUPYCOLL_AUTO``), priced with the wire asked for (raw when auto decides it after);
-    only synchronous calls are timed. ``shape``: the call's, on coo."""
+    """(algorithm, measure trials, learn call): the algorithm named, or auto's pick for
+    ``shape`` by its mode (``CUPYCOLL_AUTO``); only synchronous calls are timed."""
     if prepared.algorithm != "auto":
         return prepared.algorithm, None, None
-    shape = dataclasses.replace(shape, wire=Wire(prepared.wire == "compact",
-                                                 prepared.wire_values))
     if prepared.auto_mode == "measure" and comm.size > 1:
         name, trials = _measure.plan(comm, shape, prepared.op, not async_op)
         return name, trials, None
