@@ -62,8 +62,7 @@ class CudaDevice:
     def elapsed(self, start: Any, end: Any) -> float:
         """Seconds between two timing events, as their stream reached them; the host waits for
         ``end`` only if it has not run yet."""
-        if not end.done:
-            end.synchronize()
+        end.synchronize()
         return self._cupy.cuda.get_elapsed_time(start, end) / 1e3
 
     @staticmethod

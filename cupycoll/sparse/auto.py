@@ -27,8 +27,8 @@ from ..wire._pack import COO, Wire
 from ._common import native_drops_nan, native_keeps_minus_zero
 from ._cost import Cost, Shape, validation_cost
 
-__all__ = ["choose", "shape_class", "class_counts", "choose_wire", "auto", "call_cost", "predicted_times",
-           "resolved", "ALGORITHM"]
+__all__ = ["choose", "shape_class", "class_counts", "choose_wire", "auto", "call_cost",
+           "predicted_times", "resolved", "comm_table", "candidates", "ALGORITHM"]
 
 #: recent decisions: (id(profile), shape class) -> (profile, name). A training loop repeats
 #: nearly the same shape every step (each rank's nnz drifting a little), and pricing every
@@ -39,6 +39,25 @@ _DECISIONS: dict[tuple[int, Shape], tuple[Any, str]] = {}
 _DECISIONS_MAX = 512
 #: steps of a class's nnz per doubling: counts within about 2^(1/8) of each other share it.
 CLASS_STEPS = 4
+
+
+def comm_table(comm: Any, attribute: str) -> dict:
+    """The dict a communicator keeps under ``attribute`` (made empty on first use): auto's
+    decisions, measure's trials and learn's records live on the communicator they agree on."""
+    table = getattr(comm, attribute, None)
+    if table is None:
+        table = {}
+        setattr(comm, attribute, table)
+    return table
+
+
+def candidates(times: dict[str, float], within: float, count: int) -> list[str]:
+    """The algorithms predicted within ``within`` x the least of ``times``, fastest first (ties:
+    ``times``' order), at most ``count``: what measure and learn try."""
+    best = min(times.values())
+    ranked = sorted((t, order, name) for order, (name, t) in enumerate(times.items())
+                    if t <= within * best)
+    return [name for _, _, name in ranked[:count]]
 
 
 def predicted_times(shape: Shape, profile: Any = None) -> dict[str, float]:
@@ -99,9 +118,9 @@ def choose(shape: Shape, profile: Any = None, *, comm: Any = None, op: Any = Non
         return "allgather"
     if comm is None or profile is not None or shape.inputs is not None:
         return _priced_choice(shape, profile, comm, op)
-    memo = getattr(comm, "_auto_choices", None)
-    if memo is None or len(memo) >= _DECISIONS_MAX:
-        memo = comm._auto_choices = {}
+    memo = comm_table(comm, "_auto_choices")
+    if len(memo) >= _DECISIONS_MAX:
+        memo.clear()
     key = (tuple(v for k, v in shape.__dict__.items() if k != "nnz"), class_counts(shape),
            str(getattr(op, "value", op)), setting("CUPYCOLL_RANKS_PER_NODE"))
     name = memo.get(key)

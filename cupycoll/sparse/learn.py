@@ -123,10 +123,7 @@ class Record:
 
 def records(comm: Any) -> dict[tuple, Record]:
     """``comm``'s records by shape class (the same on every rank)."""
-    table = getattr(comm, "_learned", None)
-    if table is None:
-        table = comm._learned = {}
-    return table
+    return _auto.comm_table(comm, "_learned")
 
 
 def plan(comm: Any, shape: Shape, op: Any, timed: bool) -> tuple[str, tuple | None]:
@@ -159,10 +156,7 @@ def _seconds(comm: Any, start: Any, end: Any) -> float:
 def _fresh(shape: Shape, profile: Any) -> Record:
     """A new class's record: the model's candidates, nothing timed."""
     times = _auto.predicted_times(_auto.shape_class(shape), profile)
-    best = min(times.values())
-    ranked = sorted((t, order, name) for order, (name, t) in enumerate(times.items())
-                    if t <= WITHIN * best)
-    return Record([name for _, _, name in ranked[:CANDIDATES]])
+    return Record(_auto.candidates(times, WITHIN, CANDIDATES))
 
 
 def _neighbour(table: dict[tuple, Record], key: tuple) -> Record | None:

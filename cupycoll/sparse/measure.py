@@ -69,10 +69,7 @@ class Trials:
 
 def measured(comm: Any) -> dict[tuple, Trials]:
     """``comm``'s table of trials by :func:`kind` (the same on every rank)."""
-    table = getattr(comm, "_measured", None)
-    if table is None:
-        table = comm._measured = {}
-    return table
+    return _auto.comm_table(comm, "_measured")
 
 
 def plan(comm: Any, shape: Shape, op: Any, timed: bool) -> tuple[str, Trials | None]:
@@ -82,11 +79,8 @@ def plan(comm: Any, shape: Shape, op: Any, timed: bool) -> tuple[str, Trials | N
     table, key = measured(comm), kind(shape)
     trials = table.get(key)
     if trials is None:
-        times = _auto.predicted_times(shape, profile)
-        best = min(times.values())
-        ranked = sorted((t, order, name) for order, (name, t) in enumerate(times.items())
-                        if t <= WITHIN * best)
-        trials = table[key] = Trials([name for _, _, name in ranked[:CANDIDATES]])
+        trials = table[key] = Trials(_auto.candidates(_auto.predicted_times(shape, profile),
+                                                      WITHIN, CANDIDATES))
     if trials.pick is not None or not timed:
         return trials.pick or trials.candidates[0], None
     _accel.ready()  # a trial times numba's loops where they run, not numpy's while they load

@@ -28,6 +28,7 @@ Local work, in the units ``gamma`` prices (N = total nnz, U = union, W = max(wid
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 from .._registry import record
 from ..sparse._cost import Cost, Shape, validation_cost
@@ -83,8 +84,6 @@ def rank_time(algorithm: str, shape: Shape, rank: int, profile: Profile) -> floa
     own time model (:attr:`cupycoll._registry.Algorithm.time`)."""
     found = record("sparse", algorithm)
     if found.time is not None:
-        import sys
-
         return found.time(shape, rank, profile, sys.modules[__name__])
     cost = validation_cost(shape.size).add(found.cost(shape, rank, profile))
     local = local_time(work(algorithm, shape, rank, profile), profile)

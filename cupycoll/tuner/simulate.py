@@ -146,15 +146,15 @@ def sparse_rows(sizes: list[int], networks: list[str], n: int, density: float, w
 
 def _sparse_rows(sizes: list[int], networks: list[str], n: int, density: float, width: int,
                  skew: float, wire: Wire, output: str = "sparse") -> list[dict[str, Any]]:
-    rows = []
+    rows, algorithms = [], priced("sparse")
     for size in sizes:
         for net in (net for net in networks if _fits(net, size)):
             shape = _shape(size, n, density, width, skew,
                            NETWORKS[net].ranks_per_node if net in NETWORKS else None, wire,
                            output)
             profile = network_profile(net, size)
-            volume = {name: _volume(name, shape, profile) for name in priced("sparse")}
-            times = {name: predict(name, shape, profile) for name in priced("sparse")}
+            volume = {name: _volume(name, shape, profile) for name in algorithms}
+            times = {name: predict(name, shape, profile) for name in algorithms}
             best = min(times, key=times.__getitem__)
             for name, seconds in times.items():
                 rows.append({"family": "sparse", "algorithm": name, "P": size, "network": net,
