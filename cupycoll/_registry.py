@@ -36,6 +36,10 @@ class Algorithm:
             :mod:`cupycoll.tuner.predict` (for algorithms built of other algorithms' phases).
         counts: the run function takes ``counts=`` (every rank's entry count, which the
             validation already agreed: it saves the algorithm a size round).
+        prices: the keywords among ``profile`` and ``pricing`` its run function and dense
+            variant take: the communicator's prices (a :class:`cupycoll.tuner.profile.Profile`)
+            and the time model (:mod:`cupycoll.tuner.predict`), for an algorithm whose messages
+            depend on predicted times. The plan binds them: no algorithm reads a profile.
         dense_output: a variant writing ``output="dense"`` itself, ``dense_output(comm,
             indices, values, n, op, out, finish, minus_zero, wire) -> out`` (``out``: the
             caller's dtype; ``finish``: avg, the cast and NaN bits of reduced values); its
@@ -54,6 +58,7 @@ class Algorithm:
     work: Callable | None = None
     time: Callable | None = None
     counts: bool = False
+    prices: tuple[str, ...] = ()
     dense_output: Callable | None = None
     coded: bool = True
     tie: int = 0
@@ -94,15 +99,23 @@ def record(family: str, name: str, *, rank: int | None = None) -> Algorithm:
 
 
 def lookup(family: str, name: str, *, rank: int | None = None,
-           counts: Sequence[int] | None = None) -> Callable:
+           counts: Sequence[int] | None = None, **prices: Any) -> Callable:
     """Return the run function of ``name`` (see :func:`record`).
 
     ``counts``: every rank's entry count, when the caller knows them; bound as ``counts=`` to
-    the algorithms that take it, ignored by the others."""
+    the algorithms that take it, ignored by the others. ``prices``: ``profile=`` and
+    ``pricing=`` (:attr:`Algorithm.prices`), bound to the algorithms that take them."""
     found = record(family, name, rank=rank)
+    run = bind_prices(found, found.run, **prices)
     if counts is not None and found.counts:
-        return functools.partial(found.run, counts=counts)
-    return found.run
+        return functools.partial(run, counts=counts)
+    return run
+
+
+def bind_prices(found: Algorithm, fn: Callable, **prices: Any) -> Callable:
+    """``fn`` (``found``'s run function or dense variant) with the prices it takes bound."""
+    wanted = {key: prices[key] for key in found.prices if key in prices}
+    return functools.partial(fn, **wanted) if wanted else fn
 
 
 def priced(family: str = "sparse") -> dict[str, Algorithm]:

@@ -2,8 +2,8 @@
 
 The hierarchical algorithms run existing algorithms (split's reduce-scatter, split, allgather)
 among the ranks of one node or one rail. :class:`Group` gives them what those algorithms call
-(``rank``, ``size``, ``xp``, ``exchange``, ``allgather``, the count verbs, ``fetch``,
-``stream_order``) for a subset of the parent's ranks: group rank i is parent rank
+(``rank``, ``size``, ``xp``, ``exchange``, ``allgather``, ``_allgatherv_into``, the count
+verbs, ``run``, ``fetch``, ``stream_order``) for a subset of the parent's ranks: group rank i is parent rank
 ``members[i]``, every transfer is a point-to-point ``exchange`` of the parent (so only the
 members take part, and other groups run at the same time), and traffic is booked in the
 parent's ``stats`` under ``prefix + op_name``. Its ``allgather`` sends the block to each peer:
@@ -14,6 +14,8 @@ point-to-point (see :func:`cupycoll.sparse.hierarchical.cost`).
 from __future__ import annotations
 
 from typing import Any, Sequence
+
+import numpy as np
 
 from ._base import Communicator, Work
 
@@ -45,6 +47,17 @@ class Group:
         return self.exchange([(r, send) for r in peers], [(r, blocks[r]) for r in peers],
                              op_name)
 
+    def _allgatherv_into(self, send: Any, recv: Any, counts: Sequence[int],
+                         op_name: str = "allgatherv") -> Work:
+        """recv = every member's ``counts[r]`` rows in group order: one exchange, the block to
+        every peer (a block of no rows is not sent)."""
+        starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        recv[starts[self.rank]:starts[self.rank + 1]] = send
+        peers = [(self.rank + s) % self.size for s in range(1, self.size)]
+        return self.exchange([(r, send) for r in peers if counts[self.rank]],
+                             [(r, recv[starts[r]:starts[r + 1]]) for r in peers if counts[r]],
+                             op_name)
+
     def fetch(self, work: Work, array: Any) -> Any:
         return self.parent.fetch(work, array)
 
@@ -58,5 +71,6 @@ class Group:
         return self.parent.calling(verb)
 
     # the derived verbs, as every communicator has them (written over the methods above)
+    run = Communicator.run
     allgather_counts = Communicator.allgather_counts
     alltoall_device_counts = Communicator.alltoall_device_counts

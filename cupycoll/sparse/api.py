@@ -15,7 +15,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .._background import run_async
-from .._registry import lookup, record
+from .._registry import bind_prices, lookup, record
 from .._result import SparseResult
 from .._types import ReduceOp, array_namespace, as_array, like_caller, to_host, trunc_divide
 from ..comm import Communicator, get_comm
@@ -172,13 +172,25 @@ def plan(comm: Communicator, prepared: Prepared, async_op: bool = False) -> Plan
                            if prepared.algorithm == "auto" else COO)
     name, trials, learning = _pick(comm, prepared, shape, async_op)
     wire = _auto.choose_wire(name, shape, prepared.wire, prepared.wire_values, comm=comm)
-    variant = record("sparse", name).dense_output if prepared.output == "dense" else None
-    if variant is not None:
+    found, prices = record("sparse", name), _prices(comm, name)
+    if prepared.output == "dense" and found.dense_output is not None:
+        variant = bind_prices(found, found.dense_output, **prices)
         return Plan(name, wire, lambda on: _dense_output(on, prepared, variant, wire),
                     trials, learning)
     # the validation told every rank's nnz: algorithms that take them skip a size round
-    fn = lookup("sparse", name, rank=comm.rank, counts=prepared.nnz)
+    fn = lookup("sparse", name, rank=comm.rank, counts=prepared.nnz, **prices)
     return Plan(name, wire, lambda on: _run(on, prepared, fn, wire), trials, learning)
+
+
+def _prices(comm: Communicator, name: str) -> dict[str, Any]:
+    """The prices algorithm ``name`` takes (:attr:`cupycoll._registry.Algorithm.prices`): the
+    communicator's profile (broadcast from rank 0 on first use) and the time model."""
+    if not record("sparse", name).prices:
+        return {}
+    from ..tuner import predict
+    from ..tuner.profile import profile_for
+
+    return {"profile": profile_for(comm), "pricing": predict}
 
 
 def _pick(comm: Communicator, prepared: Prepared, shape: Shape, async_op: bool

@@ -196,8 +196,11 @@ def auto(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
                   native_minmax_drops_nan=native_drops_nan(comm),
                   native_sum_keeps_minus_zero=native_keeps_minus_zero(comm))
     name = choose(shape, comm=comm, op=op)
-    return lookup("sparse", name, counts=shape.nnz)(comm, indices, values, n, op,
-                                                    accumulate_dtype, wire)
+    from ..tuner import predict
+    from ..tuner.profile import profile_for
+
+    return lookup("sparse", name, counts=shape.nnz, profile=profile_for(comm),
+                  pricing=predict)(comm, indices, values, n, op, accumulate_dtype, wire)
 
 
 def call_cost(algorithm: str, shape: Shape, rank: int, profile: Any = None) -> Cost:

@@ -72,33 +72,34 @@ def rail_members(topo: Topology, region: int) -> list[int]:
     return [m[owner(width, len(m), region)] for m in topo.members]
 
 
-def rail_algorithm(counts: Sequence[int], span: int, like: Shape, profile: Any) -> str:
-    """The rail's algorithm: least predicted time for these counts (uniform indices over the
-    region's ``span``) on the inter-node link of ``profile``; ``like`` gives the entry sizes."""
-    from ..tuner.predict import predict
-
+def rail_algorithm(counts: Sequence[int], span: int, like: Shape, profile: Any,
+                   pricing: Any) -> str:
+    """The rail's algorithm: least predicted time (``pricing.predict``) for these counts
+    (uniform indices over the region's ``span``) on the inter-node link of ``profile``;
+    ``like`` gives the entry sizes."""
     shape = Shape(len(counts), max(int(span), 1), like.width, like.index_bytes, like.value_bytes,
                   tuple(int(c) for c in counts), wire=like.wire, float_values=like.float_values)
     link = profile.link("inter")
-    times = [predict(name, shape, link) for name in RAIL_ALGORITHMS]
+    times = [pricing.predict(name, shape, link) for name in RAIL_ALGORITHMS]
     return RAIL_ALGORITHMS[times.index(min(times))]
 
 
 def hierarchical(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
-                 accumulate_dtype: Any = None, wire: Wire = COO) -> tuple[Any, Any]:
+                 accumulate_dtype: Any = None, wire: Wire = COO, *, profile: Any, pricing: Any
+                 ) -> tuple[Any, Any]:
     """Node reduce-scatter, per-region sparse allreduce between nodes, node allgatherv.
 
     Every phase moves packed blocks on ``wire`` (compact: each block's indices coded over its
-    region, as split does)."""
+    region, as split does). ``profile`` and ``pricing`` (the same on every rank) choose each
+    rail's algorithm by its predicted time on the inter-node link."""
     topo = topology(comm)
     if topo.count == 1:  # one node: exactly split (its native collectives included)
-        return _split.split(comm, indices, values, n, op, accumulate_dtype, wire)
-    from ..tuner.profile import profile_for
-
-    profile = profile_for(comm)  # collective on first use: before any rail starts
+        return _split.split(comm, indices, values, n, op, accumulate_dtype, wire,
+                            profile=profile)
+    prices = (profile, pricing)
     if topo.width == 1:  # one rank per node: one rail of every rank, on its native collectives
         return _rail(comm, indices, values, n, op, accumulate_dtype, np.array([0, n]), 0,
-                     "hierarchical.", profile, wire)
+                     "hierarchical.", prices, wire)
     mine = topo.members[topo.nodes[comm.rank]]
     regions, local = topo.width, Group(comm, mine, "hierarchical.")
     bounds = _split._bounds(comm, indices, n, "hierarchical.samples", regions)
@@ -109,7 +110,7 @@ def hierarchical(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
                                                 np.array(cut + [n], dtype=np.int64), op,
                                                 accumulate_dtype, "node", wire)
     indices, values = _between_nodes(comm, topo, own, bounds, indices, values, n, op,
-                                     accumulate_dtype, profile, wire)
+                                     accumulate_dtype, prices, wire)
     if local.size > 1:
         indices, values, _ = allgatherv_entries(local, indices, values, "node.gather", wire,
                                                 int(bounds[own.start]), int(bounds[own.stop]))
@@ -117,8 +118,8 @@ def hierarchical(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
 
 
 def _between_nodes(comm: Any, topo: Topology, own: range, bounds: np.ndarray, indices: Any,
-                   values: Any, n: int, op: ReduceOp, accumulate_dtype: Any, profile: Any,
-                   wire: Wire) -> tuple[Any, Any]:
+                   values: Any, n: int, op: ReduceOp, accumulate_dtype: Any,
+                   prices: tuple[Any, Any], wire: Wire) -> tuple[Any, Any]:
     """Step 3 for every region this rank owns, in region order; returns their concatenation."""
     xp = comm.xp
     offsets = [0, int(indices.shape[0])]
@@ -126,7 +127,7 @@ def _between_nodes(comm: Any, topo: Topology, own: range, bounds: np.ndarray, in
         inner = xp.asarray(bounds[own.start + 1:own.stop]).astype(indices.dtype, copy=False)
         offsets[1:1] = to_host(xp.searchsorted(indices, inner)).tolist()
     out = [_rail(Group(comm, rail_members(topo, j), "hierarchical.rail."), indices[a:b],
-                 values[a:b], n, op, accumulate_dtype, bounds, j, "", profile, wire)
+                 values[a:b], n, op, accumulate_dtype, bounds, j, "", prices, wire)
            for j, a, b in zip(own, offsets, offsets[1:])]
     if len(out) == 1:
         return out[0]
@@ -134,18 +135,21 @@ def _between_nodes(comm: Any, topo: Topology, own: range, bounds: np.ndarray, in
 
 
 def _rail(rail: Any, indices: Any, values: Any, n: int, op: ReduceOp, accumulate_dtype: Any,
-          bounds: np.ndarray, region: int, prefix: str, profile: Any, wire: Wire
+          bounds: np.ndarray, region: int, prefix: str, prices: tuple[Any, Any], wire: Wire
           ) -> tuple[Any, Any]:
-    """Counts, then split or allgather (the model's choice) among the rail's ranks; allgather
-    reuses the counts (coo; compact exchanges its (count, bytes) pairs as usual)."""
+    """Counts, then split or allgather (the model's choice with ``prices``: profile, pricing)
+    among the rail's ranks, on the inter-node link's prices; allgather reuses the counts (coo;
+    compact exchanges its (count, bytes) pairs as usual)."""
+    profile, pricing = prices
     like = Shape(rail.size, n, int(values.shape[1]) if values.ndim == 2 else 0,
                  indices.dtype.itemsize, values.dtype.itemsize, (), wire=wire,
                  float_values=values.dtype.kind == "f")
     counts = rail.allgather_counts(int(indices.shape[0]), prefix + "counts")
     lo, hi = int(bounds[region]), int(bounds[region + 1])
-    name = rail_algorithm(counts, hi - lo, like, profile)
+    name = rail_algorithm(counts, hi - lo, like, profile, pricing)
     if name == "split":
-        return _split.split(rail, indices, values, n, op, accumulate_dtype, wire)
+        return _split.split(rail, indices, values, n, op, accumulate_dtype, wire,
+                            profile=profile.link("inter"))
     parts, _ = gather_entries(rail, indices, values, "allgather", wire, lo, hi, counts)
     return reduce_parts(parts, op, accumulate_dtype)
 
@@ -195,24 +199,27 @@ def _gather(size: int, rank: int, blocks: Sequence[int], words: int, op: str) ->
     return _p2p(Cost().allgatherv_entries(op, size, rank, blocks, words), "")
 
 
-def link_costs(shape: Shape, rank: int, profile: Any = None
+def link_costs(shape: Shape, rank: int, profile: Any = None, pricing: Any = None
                ) -> tuple[Cost, Cost, list[tuple[str, Shape, int]]]:
     """(intra-node traffic, inter-node traffic, rails run as (algorithm, rail shape, rank)) of
-    ``rank``; exact with ``shape.inputs``. ``profile`` decides the rails' algorithm as the call
-    does (default: :func:`cupycoll.tuner.profile.load_profile`)."""
+    ``rank``; exact with ``shape.inputs``. ``profile`` and ``pricing`` decide the rails'
+    algorithm as the call does (default: the shipped profile and :mod:`cupycoll.tuner.predict`,
+    for the tuner's own calls)."""
     intra, inter, rails = Cost(), Cost(), []
     p = shape.size
     topo = Topology.of(shape.nodes or (0,) * p)
     if topo.count == 1:
-        return intra.add(_split.cost(shape, rank)), inter, rails
-    if profile is None:
+        return intra.add(_split.cost(shape, rank, profile)), inter, rails
+    if profile is None or pricing is None:
+        from ..tuner import predict
         from ..tuner.profile import load_profile
 
-        profile = load_profile(size=p)
+        profile, pricing = profile or load_profile(size=p), pricing or predict
+    inter_link = profile.link("inter")
     if topo.width == 1:
         inter.allgather("hierarchical.counts", p, 8 * p)
-        name = rail_algorithm(shape.nnz, shape.n, shape, profile)
-        inter.add(_split.cost(shape, rank) if name == "split"
+        name = rail_algorithm(shape.nnz, shape.n, shape, profile, pricing)
+        inter.add(_split.cost(shape, rank, inter_link) if name == "split"
                   else _allgather.cost(shape, rank))
         return intra, inter, [(name, shape, rank)]
     regions, node = topo.width, topo.nodes[rank]
@@ -232,14 +239,14 @@ def link_costs(shape: Shape, rank: int, profile: Any = None
     for j in own:
         nnz = [count.union(m, j, j + 1) for m in topo.members]
         span = bounds[j + 1] - bounds[j] if bounds is not None else shape.n // regions
-        name = rail_algorithm(nnz, span, shape, profile)
+        name = rail_algorithm(nnz, span, shape, profile, pricing)
         q = len(nnz)
         inter.add(_p2p(Cost().allgather("counts", q, 8 * q), "hierarchical.rail."))
         rail = Shape(q, shape.n if bounds is not None else max(span, 1), shape.width,
                      shape.index_bytes, shape.value_bytes, tuple(nnz), count.node_inputs(j),
                      wire=shape.wire, float_values=shape.float_values)
         lo, hi = (int(bounds[j]), int(bounds[j + 1])) if bounds is not None else (0, rail.n)
-        sub = (_split.cost(rail, node) if name == "split"
+        sub = (_split.cost(rail, node, inter_link) if name == "split"
                else _allgather.cost_over(rail, node, lo, hi))
         inter.add(_p2p(sub, "hierarchical.rail."))
         rails.append((name, rail, node))
@@ -278,7 +285,7 @@ def time(shape: Shape, rank: int, profile: Any, pricing: Any) -> float:
     :mod:`cupycoll.tuner.predict`."""
     if shape.nodes is None or len(set(shape.nodes)) == 1:  # one node: it runs split
         return pricing.rank_time("split", shape, rank, profile)
-    intra, inter, rails = link_costs(shape, rank, profile)
+    intra, inter, rails = link_costs(shape, rank, profile, pricing)
     densified = pricing.densified_output("hierarchical", shape, profile)
     if len(set(shape.nodes)) == shape.size:  # one rank per node: the rail alone (+ its counts)
         name = rails[0][0]
@@ -293,9 +300,9 @@ def time(shape: Shape, rank: int, profile: Any, pricing: Any) -> float:
                + pricing.comm_time(inter, profile.link("inter")))
     for name, rail, r in rails:
         seconds += profile.fixed.get(name, 0.0) + pricing.local_time(
-            pricing.work(name, rail, r), profile)
+            pricing.work(name, rail, r, profile.link("inter")), profile)
     return seconds
 
 
 ALGORITHM = register("sparse", "hierarchical", hierarchical, cost=cost, work=work, time=time,
-                     tie=1)
+                     tie=1, prices=("profile", "pricing"))

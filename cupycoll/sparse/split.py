@@ -152,10 +152,10 @@ def _scatter(comm: Any, indices: Any, values: Any, bounds: np.ndarray, wire: Wir
 
 
 def split(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
-          accumulate_dtype: Any = None, wire: Wire = COO) -> tuple[Any, Any]:
-    """Reduce-scatter balanced index regions to their owners, then allgatherv the regions."""
-    from ..tuner.profile import profile_for
-
+          accumulate_dtype: Any = None, wire: Wire = COO, *, profile: Any) -> tuple[Any, Any]:
+    """Reduce-scatter balanced index regions to their owners, then allgatherv the regions
+    (dense or as entries, as :func:`gathers_dense` prices them with ``profile``, the same on
+    every rank)."""
     p, rank = comm.size, comm.rank
     if p == 1:
         return indices, values
@@ -166,7 +166,7 @@ def split(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
     shape = Shape(p, n, math.prod(own_val.shape[1:]) if own_val.ndim > 1 else 0,
                   indices.dtype.itemsize, own_val.dtype.itemsize,
                   tuple(int(c) for c in samples[:, 0]), wire=wire)
-    if gathers_dense(shape, profile_for(comm)):
+    if gathers_dense(shape, profile):
         return _gather_regions(comm, own_idx, own_val, bounds)
     all_idx, all_val, _ = allgatherv_entries(comm, own_idx, own_val, "split.gather", wire,
                                              int(bounds[rank]), int(bounds[rank + 1]))
@@ -248,15 +248,15 @@ def gathers_dense(shape: Shape, profile: Any = None) -> bool:
 
 
 def dense_result(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, out: Any,
-                 finish: Callable[[Any], Any], minus_zero: bool, wire: Wire = COO) -> Any:
+                 finish: Callable[[Any], Any], minus_zero: bool, wire: Wire = COO, *,
+                 profile: Any) -> Any:
     """``output="dense"`` by regions (see the module docstring) into ``out``, the output
     array (the caller's dtype). ``finish(values)`` turns reduced values (a region's rows or
     its entries' rows) into the caller's: avg, the cast, NaN bits. A sum's owner accumulates
     its slices in a block: the first slice written, the others added, the merge's additions in
     the same order; ``minus_zero`` (some rank holds a -0 value): its -0 elements are then
-    settled, since a -0 sum stays only where every rank holds the row."""
-    from ..tuner.profile import profile_for
-
+    settled, since a -0 sum stays only where every rank holds the row. ``profile``: as
+    :func:`split`'s."""
     if comm.size == 1:  # nothing to split: the dense algorithm's single pass
         return dense_output(comm, indices, values, n, op, out, finish)
     p, rank, xp = comm.size, comm.rank, comm.xp
@@ -266,7 +266,7 @@ def dense_result(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, out
                   else 0, indices.dtype.itemsize, values.dtype.itemsize,
                   tuple(int(c) for c in samples[:, 0]), wire=wire, output="dense",
                   result_bytes=out.dtype.itemsize)
-    dense = gathers_dense(shape, profile_for(comm))
+    dense = gathers_dense(shape, profile)
     parts = _scatter(comm, indices, values, bounds, wire)
     lo, hi = int(bounds[rank]), int(bounds[rank + 1])
     row = tuple(values.shape[1:])
@@ -364,4 +364,5 @@ def work(shape: Shape, rank: int, profile: Any = None) -> dict[str, float]:
     return {**out, "fill": shape.n * w / shape.size, "scan": shape.n} if dense_regions else out
 
 
-ALGORITHM = register("sparse", "split", split, cost=cost, work=work, dense_output=dense_result)
+ALGORITHM = register("sparse", "split", split, cost=cost, work=work, dense_output=dense_result,
+                     prices=("profile",))
