@@ -17,26 +17,25 @@ import numpy as np
 from mpi4py import MPI
 
 from .._config import setting
-from .._types import ReduceOp, to_host, trunc_divide
+from .._types import ReduceOp, to_host
 from ..errors import BackendError
 from ._base import Communicator
+from ._mpi_staging import _AVG, Staging
 from ._mpi_pairwise import (pairwise_in_place, pairwise_reduce, pairwise_reduce_applies,
                              pairwise_reduce_scatter)
-from ._mpi_types import (_NATIVE, _DeadComm, _address, _bytes, _give, _mpi_op, _native,
-                         _pending, _separate, _take, _typed, _widened)
+from ._mpi_types import _DeadComm, _address, _bytes, _pending, _separate
 from ._work import Work
 
 __all__ = ["MPICommunicator"]
 
 _TAG = 7
-_AVG = ReduceOp.AVG  # a module constant: no Enum member lookup per call
 #: off the root a reduce-as-allreduce result is dropped: avg's division need not run there
 _AVG_AS_SUM = {_AVG: ReduceOp.SUM}
 _SPIN = 0.05  # seconds a wait tests (and yields) before it starts to nap
 _POLLS = 8  # tests between two yields (or naps, or deadline checks); docs/failures.md
 
 
-class MPICommunicator(Communicator):
+class MPICommunicator(Staging, Communicator):
     """Communicator over an mpi4py communicator (default ``MPI.COMM_WORLD``)."""
 
     backend = "mpi"
@@ -185,80 +184,6 @@ class MPICommunicator(Communicator):
         keep_alive = list(keep)
         return Work(wait, lambda: bool(MPI.Request.Testall(requests)), finalize)
 
-    # reductions: widen half precision, stage device arrays, post-process avg
-    def _reduction(self, send: Any, recv: Any, op: ReduceOp, in_place_ok: bool) -> tuple:
-        """(send spec, recv spec, MPI op), finalize, buffers to keep alive of one reduction of
-        ``send`` into ``recv`` (None: a non-root rank of reduce).
-
-        The common case costs a few lookups: host arrays of one dtype MPI reduces natively,
-        ``send`` C-contiguous, ``recv`` the same array (in place) or apart from it. Anything
-        else is widened, staged or de-aliased by :meth:`_reduction_buffers`.
-        """
-        if (type(send) is np.ndarray and send.flags.c_contiguous
-                and (recv is None or type(recv) is np.ndarray and recv.dtype is send.dtype)):
-            spec = _NATIVE[op].get(send.dtype) or _native(op, send.dtype)
-            if spec is not None and (recv is None or send is not recv or in_place_ok):
-                mpi_type, mpi_op = spec
-                finalize = self._finish_reduction(recv, recv, op) if op is _AVG else None
-                if recv is None:
-                    return ([send, mpi_type], None, mpi_op), None, (send,)
-                if send is recv:
-                    return (MPI.IN_PLACE, [recv, mpi_type], mpi_op), finalize, (recv,)
-                if _separate(send, recv):
-                    return ([send, mpi_type], [recv, mpi_type], mpi_op), finalize, (send, recv)
-        host_send, host_recv, in_place = self._reduction_buffers(send, recv, in_place_ok)
-        args = (MPI.IN_PLACE if in_place else _typed(host_send),
-                None if host_recv is None else _typed(host_recv), _mpi_op(op, host_send.dtype))
-        return args, self._finish_reduction(host_recv, recv, op), (host_send, host_recv)
-
-    def _reduction_buffers(self, send: Any, recv: Any, in_place_ok: bool):
-        """Host buffers MPI can reduce (widened, staged, de-aliased) and whether in place."""
-        dtype = np.dtype(send.dtype)
-        wide = _widened(dtype)
-        host_send = to_host(send)
-        if wide is not None:
-            host_send = host_send.astype(wide)
-        direct = wide is None and isinstance(recv, np.ndarray)
-        if recv is None:
-            host_recv = None
-        elif direct:
-            host_recv = recv
-        else:
-            host_recv = np.empty(recv.shape, dtype=host_send.dtype)
-        same = direct and host_send.flags.c_contiguous and host_send.nbytes == host_recv.nbytes \
-            and _address(host_send) == _address(host_recv)
-        in_place = in_place_ok and same  # NCCL's rule: in place when the pointers are equal
-        if direct and not in_place and np.shares_memory(host_send, host_recv):
-            # MPI forbids aliased buffers: stage the smaller side (reduce_scatter's block, a
-            # P-th of the input, is received apart and copied back by the finalize)
-            if host_recv.nbytes < host_send.nbytes:
-                host_recv = self._scratch(recv.shape, host_send.dtype)
-            else:
-                host_send = host_send.copy()
-        return np.ascontiguousarray(host_send), host_recv, in_place
-
-    def _finish_reduction(self, host_recv: Any, recv: Any, op: ReduceOp):
-        """What must run after the transfer: avg's division, copying back a staged result
-        (None when nothing must)."""
-        if host_recv is None or (host_recv is recv and op is not _AVG):
-            return None
-
-        def finalize() -> None:
-            if op is ReduceOp.AVG:
-                trunc_divide(host_recv, self.size)
-            if host_recv is not recv:
-                recv[...] = self.xp.asarray(host_recv.astype(recv.dtype, copy=False))
-                self._release(host_recv)
-        return finalize
-
-    def _scratch(self, shape: tuple, dtype: Any) -> np.ndarray:
-        """A staging array from this communicator's pool (:func:`._mpi_types._take`)."""
-        return _take(self._spare, shape, dtype)
-
-    def _release(self, array: np.ndarray) -> None:
-        """Give a finished call's staging array back to the pool."""
-        _give(self._spare, array)
-
     def allreduce(self, send: Any, recv: Any, op: ReduceOp, op_name: str = "allreduce") -> Work:
         return self._allreduce(send, recv, op, op_name, False)
 
@@ -301,14 +226,6 @@ class MPICommunicator(Communicator):
         return self._launch(blocking, op_name, comm.Allreduce, comm.Iallreduce, args,
                             finalize, keep)
 
-    def _then_release(self, finalize: Any, scratch: np.ndarray):
-        """``finalize`` (if any), then give ``scratch`` back to the pool."""
-        def both() -> None:
-            if finalize is not None:
-                finalize()
-            self._release(scratch)
-        return both
-
     def reduce_scatter(self, send: Any, recv: Any, op: ReduceOp,
                        op_name: str = "reduce_scatter") -> Work:
         return self._reduce_scatter(send, recv, op, op_name, False)
@@ -324,15 +241,6 @@ class MPICommunicator(Communicator):
         comm = self.mpi_comm
         return self._launch(blocking, op_name, comm.Reduce_scatter_block,
                             comm.Ireduce_scatter_block, args, finalize, keep)
-
-    # data movement: raw bytes
-    def _staged(self, recv: Any) -> tuple[np.ndarray, Any]:
-        if type(recv) is np.ndarray:
-            return recv, None
-        host = recv if isinstance(recv, np.ndarray) else np.empty(recv.shape, recv.dtype)
-        if host is recv:
-            return host, None
-        return host, lambda: recv.__setitem__(Ellipsis, self.xp.asarray(host))
 
     def broadcast(self, send: Any, recv: Any, root: int, op_name: str = "broadcast") -> Work:
         return self._broadcast(send, recv, root, op_name, False)

@@ -1,0 +1,116 @@
+"""How the MPI backend's buffers reach MPI: a reduction's buffers widened (half precision),
+staged on the host (device arrays) or de-aliased, avg's division and the copy back after the
+transfer, and the pool of staging arrays finished calls leave for the next."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from .._types import ReduceOp, to_host, trunc_divide
+from ._mpi_types import (_NATIVE, _address, _give, _mpi_op, _native, _separate, _take, _typed,
+                         _widened)
+
+__all__ = ["Staging"]
+
+_AVG = ReduceOp.AVG  # a module constant: no Enum member lookup per call
+
+
+class Staging:
+    """The staging methods of :class:`cupycoll.comm.mpi.MPICommunicator` (``size``, ``xp``
+    and the pool ``_spare`` are the communicator's)."""
+
+    size: int
+    xp: Any
+    _spare: list[np.ndarray]
+
+    def _reduction(self, send: Any, recv: Any, op: ReduceOp, in_place_ok: bool) -> tuple:
+        """(send spec, recv spec, MPI op), finalize, buffers to keep alive of one reduction of
+        ``send`` into ``recv`` (None: a non-root rank of reduce).
+
+        The common case costs a few lookups: host arrays of one dtype MPI reduces natively,
+        ``send`` C-contiguous, ``recv`` the same array (in place) or apart from it. Anything
+        else is widened, staged or de-aliased by :meth:`_reduction_buffers`.
+        """
+        if (type(send) is np.ndarray and send.flags.c_contiguous
+                and (recv is None or type(recv) is np.ndarray and recv.dtype is send.dtype)):
+            spec = _NATIVE[op].get(send.dtype) or _native(op, send.dtype)
+            if spec is not None and (recv is None or send is not recv or in_place_ok):
+                mpi_type, mpi_op = spec
+                finalize = self._finish_reduction(recv, recv, op) if op is _AVG else None
+                if recv is None:
+                    return ([send, mpi_type], None, mpi_op), None, (send,)
+                if send is recv:
+                    return (MPI.IN_PLACE, [recv, mpi_type], mpi_op), finalize, (recv,)
+                if _separate(send, recv):
+                    return ([send, mpi_type], [recv, mpi_type], mpi_op), finalize, (send, recv)
+        host_send, host_recv, in_place = self._reduction_buffers(send, recv, in_place_ok)
+        args = (MPI.IN_PLACE if in_place else _typed(host_send),
+                None if host_recv is None else _typed(host_recv), _mpi_op(op, host_send.dtype))
+        return args, self._finish_reduction(host_recv, recv, op), (host_send, host_recv)
+
+    def _reduction_buffers(self, send: Any, recv: Any, in_place_ok: bool):
+        """Host buffers MPI can reduce (widened, staged, de-aliased) and whether in place."""
+        dtype = np.dtype(send.dtype)
+        wide = _widened(dtype)
+        host_send = to_host(send)
+        if wide is not None:
+            host_send = host_send.astype(wide)
+        direct = wide is None and isinstance(recv, np.ndarray)
+        if recv is None:
+            host_recv = None
+        elif direct:
+            host_recv = recv
+        else:
+            host_recv = np.empty(recv.shape, dtype=host_send.dtype)
+        same = direct and host_send.flags.c_contiguous and host_send.nbytes == host_recv.nbytes \
+            and _address(host_send) == _address(host_recv)
+        in_place = in_place_ok and same  # NCCL's rule: in place when the pointers are equal
+        if direct and not in_place and np.shares_memory(host_send, host_recv):
+            # MPI forbids aliased buffers: stage the smaller side (reduce_scatter's block, a
+            # P-th of the input, is received apart and copied back by the finalize)
+            if host_recv.nbytes < host_send.nbytes:
+                host_recv = self._scratch(recv.shape, host_send.dtype)
+            else:
+                host_send = host_send.copy()
+        return np.ascontiguousarray(host_send), host_recv, in_place
+
+    def _finish_reduction(self, host_recv: Any, recv: Any, op: ReduceOp):
+        """What must run after the transfer: avg's division, copying back a staged result
+        (None when nothing must)."""
+        if host_recv is None or (host_recv is recv and op is not _AVG):
+            return None
+
+        def finalize() -> None:
+            if op is ReduceOp.AVG:
+                trunc_divide(host_recv, self.size)
+            if host_recv is not recv:
+                recv[...] = self.xp.asarray(host_recv.astype(recv.dtype, copy=False))
+                self._release(host_recv)
+        return finalize
+
+    def _scratch(self, shape: tuple, dtype: Any) -> np.ndarray:
+        """A staging array from this communicator's pool (:func:`._mpi_types._take`)."""
+        return _take(self._spare, shape, dtype)
+
+    def _release(self, array: np.ndarray) -> None:
+        """Give a finished call's staging array back to the pool."""
+        _give(self._spare, array)
+
+    def _then_release(self, finalize: Any, scratch: np.ndarray):
+        """``finalize`` (if any), then give ``scratch`` back to the pool."""
+        def both() -> None:
+            if finalize is not None:
+                finalize()
+            self._release(scratch)
+        return both
+
+    def _staged(self, recv: Any) -> tuple[np.ndarray, Any]:
+        if type(recv) is np.ndarray:
+            return recv, None
+        host = recv if isinstance(recv, np.ndarray) else np.empty(recv.shape, recv.dtype)
+        if host is recv:
+            return host, None
+        return host, lambda: recv.__setitem__(Ellipsis, self.xp.asarray(host))
