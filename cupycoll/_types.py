@@ -12,7 +12,7 @@ import numpy as np
 from .errors import InvalidArgument, InvalidType
 
 __all__ = ["ReduceOp", "UFUNCS", "parse_op", "array_namespace", "as_array", "check_dtype",
-           "DENSE_DTYPES", "to_host", "like_caller", "trunc_divide"]
+           "distinct", "DENSE_DTYPES", "to_host", "like_caller", "trunc_divide"]
 
 
 class ReduceOp(str, enum.Enum):
@@ -138,3 +138,19 @@ def trunc_divide(total: Any, size: int) -> Any:
     floor += ((total % size) != 0) & (total < 0)
     total[...] = floor
     return total
+
+
+def distinct(xp: Any, parts: Any) -> Any:
+    """The ascending distinct values of a 1-D integer array, or of the concatenation of a list
+    of them. numpy: one sort and a mask of the changes (numpy 2's ``unique`` hashes first,
+    which is several times slower on integer keys); cupy: its own ``unique``."""
+    a = xp.concatenate(parts) if isinstance(parts, (list, tuple)) else parts
+    if xp is not np:
+        return xp.unique(a)
+    if a.size < 2:
+        return a.copy()
+    a = np.sort(a)
+    keep = np.empty(a.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(a[1:], a[:-1], out=keep[1:])
+    return a[keep]

@@ -20,6 +20,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from .. import _agreement as agreement
+from .._types import distinct
 from ..comm import bus_factor
 from ..wire._model import block_nbytes
 from ..wire._pack import COO, Wire
@@ -134,7 +135,7 @@ class Shape:
         ranks = list(ranks)
         if self.inputs is not None:
             parts = [self.inputs[r] for r in ranks]
-            return int(np.unique(np.concatenate(parts)).size) if parts else 0
+            return int(distinct(np, parts).size) if parts else 0
         return estimate_union(self.n, (self.nnz[r] for r in ranks))
 
     @property

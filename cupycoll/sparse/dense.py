@@ -48,7 +48,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .._registry import register
-from .._types import ReduceOp, array_namespace
+from .._types import ReduceOp, array_namespace, distinct
 from ..primitives import gather
 from ..primitives._accel import _fast, kept_filled, mark_filled
 from ._common import (allreduce_values, bitmap_chunk, bitmap_or_allreduce, has_minus_zero,
@@ -251,7 +251,7 @@ def _settle_signed_zeros(comm: Any, indices: Any, values: Any, full: Any, bits: 
     gathered, _ = comm.allgatherv(mine, op_name=SETTLE)
     # the same on every rank; in the index dtype (a wider key makes searchsorted convert the
     # whole sorted array on each call)
-    doubtful = xp.unique(gathered).astype(indices.dtype, copy=False)
+    doubtful = distinct(xp, gathered).astype(indices.dtype, copy=False)
     held = members(indices, doubtful).astype(np.int32)
     if doubtful.shape[0]:
         comm.stream_order(comm.allreduce(held, held, ReduceOp.SUM, op_name=SETTLE + ".held"))

@@ -38,7 +38,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .._registry import register
-from .._types import ReduceOp, to_host
+from .._types import ReduceOp, distinct, to_host
 from ..comm._group import Group
 from ..comm._topology import Topology, topology
 from ..wire._exchange import gather_entries
@@ -163,8 +163,8 @@ class _Counter:
 
     def _within(self, ranks: Sequence[int], lo: int, hi: int) -> np.ndarray:
         a, b = self.bounds[lo], self.bounds[hi]
-        return np.unique(np.concatenate([x[(x >= a) & (x < b)] for x in
-                                         (self.shape.inputs[r] for r in ranks)]))
+        return distinct(np, [x[(x >= a) & (x < b)] for x in
+                             (self.shape.inputs[r] for r in ranks)])
 
     def union(self, ranks: Sequence[int], lo: int, hi: int) -> int:
         if self.bounds is None:

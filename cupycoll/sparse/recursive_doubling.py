@@ -33,7 +33,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .._registry import register
-from .._types import ReduceOp, to_host
+from .._types import ReduceOp, distinct, to_host
 from ..primitives import combine, densify, gather
 from ..wire._pack import (COO, Packed, Wire, coo_nbytes, pack, pack_dense, unpack,
                           unpack_dense, value_nbytes)
@@ -217,7 +217,7 @@ def cost(shape: Shape, rank: int, profile: Any = None) -> Cost:
         if prefer_dense(size, shape.n, shape.index_bytes, shape.row_bytes):
             c.book(_OP, dense_bytes, 1)
             return
-        union = (np.unique(np.concatenate([shape.inputs[r] for r in group]))
+        union = (distinct(np, [shape.inputs[r] for r in group])
                  if shape.inputs is not None else None)
         c.book(_OP, shape.block_bytes(size, union), 1)
 

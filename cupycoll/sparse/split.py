@@ -42,7 +42,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .._registry import register
-from .._types import ReduceOp, to_host
+from .._types import ReduceOp, distinct, to_host
 from ..wire._exchange import exchange_sizes, post_blocks
 from ..wire._pack import COO, Wire, pack, unpack
 from ._common import allgatherv_entries, presence, reduce_parts, union_of_presence
@@ -324,8 +324,8 @@ def cost(shape: Shape, rank: int, profile: Any = None) -> Cost:
         lo, hi = int(bounds[rank]), int(bounds[rank + 1])
         got = [shape.block_bytes(s.size, s, lo, hi) for r, s in enumerate(
             a[(a >= lo) & (a < hi)] for a in shape.inputs) if r != rank]
-        unions = [np.unique(np.concatenate([a[(a >= bounds[q]) & (a < bounds[q + 1])]
-                                            for a in shape.inputs])) for q in range(p)]
+        unions = [distinct(np, [a[(a >= bounds[q]) & (a < bounds[q + 1])]
+                                for a in shape.inputs]) for q in range(p)]
         gathered = [gathers.block_bytes(u.size, u, int(bounds[q]), int(bounds[q + 1]))
                     for q, u in enumerate(unions)]
     else:

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from .._result import SparseResult
+from .._types import distinct
 from ..primitives import merge_sorted, topk_abs
 from .._registry import register
 from ._common import (WordCost, TopkOutcome, TopkState, index_dtype, log2_ceil, sorted_member,
@@ -125,7 +126,7 @@ def _excluded(comm: Any, drops: list, result_idx: Any, n: int) -> np.ndarray:
     code, idx = got // (n + 1), got % (n + 1)
     rep = r if r < p2 else r - p2
     node = np.where(code == 0, rep, rep & ~((np.int64(2) << np.maximum(code - 1, 0)) - 1))
-    return np.unique(idx[source == node])
+    return distinct(np, idx[source == node])
 
 
 def gtopk(comm: Any, x: Any, k: int, state: TopkState) -> TopkOutcome:

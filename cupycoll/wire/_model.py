@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from .._types import distinct
 from ._pack import Wire
 
 __all__ = ["block_nbytes", "expected_index_nbytes", "SAMPLE"]
@@ -31,7 +32,7 @@ def _bytes_per_index(gap_bucket: int) -> float:
     gap = 2.0 ** (gap_bucket / 8)
     span = max(int(math.ceil(SAMPLE * gap)), SAMPLE)
     rng = np.random.default_rng(12345)
-    idx = np.unique(rng.integers(0, span, SAMPLE, dtype=np.int64))
+    idx = distinct(np, rng.integers(0, span, SAMPLE, dtype=np.int64))
     return encoded_nbytes(idx, 0, span) / idx.size
 
 

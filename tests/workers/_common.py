@@ -79,13 +79,20 @@ class DLPackOnly:
 
 
 
+def unique(a: np.ndarray) -> np.ndarray:
+    """``np.unique(a)`` of a 1-D integer array by a sort and a mask (numpy 2's ``unique`` hashes
+    first, several times slower on integer keys)."""
+    a = np.sort(a)
+    return a[np.concatenate([[True], a[1:] != a[:-1]])] if a.size else a
+
+
 def union_reference(parts, n: int, width: int):
     """The exact sum of every rank's (indices, values): the union and its rows (float64 sums of
     small integers, cast to float32: what every algorithm returns for them)."""
     dense = np.zeros((n, width) if width else n, np.float64)
     for idx, val in parts:
         dense[idx] += val
-    union = np.unique(np.concatenate([idx for idx, _ in parts]))
+    union = unique(np.concatenate([idx for idx, _ in parts]))
     return union, dense[union].astype(np.float32)
 
 

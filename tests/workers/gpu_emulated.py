@@ -49,7 +49,7 @@ if not REAL:
 import cupy  # noqa: E402  (the emulated one, unless CC_REAL_GPU=1)
 from mpi4py import MPI  # noqa: E402
 
-from _common import expect_raises, host  # noqa: E402
+from _common import expect_raises, host, unique  # noqa: E402
 
 import cupycoll as cc  # noqa: E402
 from cupycoll._result import SparseResult  # noqa: E402
@@ -157,7 +157,7 @@ def wire_suite(comm):
     from _common import digest
 
     rng = np.random.default_rng([5, RANK])
-    idx = np.unique(rng.choice(4000, 300, replace=False)).astype(np.int32)
+    idx = unique(rng.choice(4000, 300, replace=False)).astype(np.int32)
     val = rng.standard_normal((idx.size, 2)).astype(np.float32)
     digests = []
     for alg in cc.algorithms("sparse"):
@@ -215,7 +215,7 @@ def sparse_case(seed=3):
     dense = np.zeros(50, np.float64)
     for idx, val in parts:
         dense[idx] += val
-    want = np.unique(np.concatenate([i for i, _ in parts]))
+    want = unique(np.concatenate([i for i, _ in parts]))
     return parts, want, dense[want]
 
 

@@ -13,6 +13,7 @@ import os
 
 import numpy as np
 from mpi4py import MPI
+from _common import unique
 from cupycoll.comm.mpi import MPICommunicator
 from cupycoll.sparse import sparse_allreduce
 from cupycoll.sparse._cost import Shape
@@ -29,7 +30,7 @@ def main() -> None:
         inputs = []
         for r in range(size):
             rng = np.random.default_rng([c, r])
-            idx = np.unique(rng.integers(0, n, k)).astype(np.int32)
+            idx = unique(rng.integers(0, n, k)).astype(np.int32)
             shape = (idx.size, width) if width else (idx.size,)
             inputs.append((idx, rng.integers(-9, 10, shape).astype(np.float32)))
         dense = np.zeros((n, width) if width else n, np.float32)
@@ -46,7 +47,7 @@ def main() -> None:
                 oi, ov = np.asarray(res.indices), np.asarray(res.values)
                 allv = MPI.COMM_WORLD.allgather(ov.tobytes())
                 assert len(set(allv)) == 1, "ranks differ"
-                ref_i = np.unique(np.concatenate([i for i, _ in inputs]))
+                ref_i = unique(np.concatenate([i for i, _ in inputs]))
                 assert np.array_equal(oi, ref_i), (per_node, wire)
                 if values is None:
                     assert np.array_equal(ov, dense[ref_i]), (per_node, wire)

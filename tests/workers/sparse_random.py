@@ -19,7 +19,7 @@ import os
 import sys
 
 import numpy as np
-from _common import digest, rng_for
+from _common import digest, rng_for, unique
 from mpi4py import MPI
 
 from cupycoll.comm.mpi import MPICommunicator
@@ -92,10 +92,10 @@ def rank_input(seed: int, case: int, rank: int, size: int, prm: dict):
     else:
         idx = rng.integers(0, n, size=k)
     if not prm["dups"]:
-        idx = np.unique(idx)
+        idx = unique(idx)
         rng.shuffle(idx)
     elif prm["op"] == "prod":  # at most 2 entries per index keep products in range
-        uniq = np.unique(idx)
+        uniq = unique(idx)
         idx = np.concatenate([uniq, uniq[: uniq.size // 2]])
         rng.shuffle(idx)
     idx = idx.astype(prm["index_dtype"])
@@ -129,7 +129,7 @@ def reference(inputs, prm: dict, size: int):
     (-0): the documented tie rule, applied from flags rather than from any fold order.
     """
     op = prm["op"]
-    universe = np.unique(np.concatenate([i.astype(np.int64) for i, _ in inputs]))
+    universe = unique(np.concatenate([i.astype(np.int64) for i, _ in inputs]))
     m = universe.size  # densify over the union only: n can be 2**33
     wide = np.float64 if np.dtype(prm["dtype"]).kind == "f" else np.int64
     row = (prm["width"],) if prm["width"] else ()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-from _common import assert_identical_across_ranks, emulation, expect_raises, host, rng_for
+from _common import assert_identical_across_ranks, emulation, expect_raises, host, rng_for, unique
 from mpi4py import MPI
 
 SEED = int(sys.argv[1])
@@ -67,7 +67,7 @@ def _tie(total, dense, op):
 def reference(inputs, n: int, op: str, dtype: str, acc: str | None):
     """(union indices, reduced rows in dtype) with numpy, absent = +0, left fold in rank order."""
     width = inputs[0][1].shape[1:] if inputs[0][1].ndim == 2 else ()
-    union = np.unique(np.concatenate([i for i, _ in inputs]).astype(np.int64))
+    union = unique(np.concatenate([i for i, _ in inputs]).astype(np.int64))
     acc_dt = np.dtype(acc or dtype)
     work = np.float64 if acc_dt.kind == "f" else np.int64
     total = None
@@ -121,7 +121,7 @@ def run_case(comm, xp, case: int, n: int, nnz, op: str, dtype: str, width: int, 
     got_i, got_v = host(res.indices), host(res.values)
     stats = {o: (s.bytes_received, s.messages_received) for o, s in comm.stats.by_op.items()
              if s.bytes_received or s.messages_received}
-    coalesced = [np.unique(i) for i, _ in inputs]
+    coalesced = [unique(i) for i, _ in inputs]
     shape = Shape.from_inputs(coalesced, n, width, np.dtype(itype).itemsize,
                               np.dtype(acc or dtype).itemsize)
     fused = fits(shape)

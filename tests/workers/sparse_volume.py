@@ -18,7 +18,7 @@ import os
 import sys
 
 import numpy as np
-from _common import rng_for
+from _common import rng_for, unique
 from mpi4py import MPI
 
 from cupycoll.comm.mpi import MPICommunicator
@@ -37,15 +37,15 @@ SAMPLES = 128  # split's documented samples per rank
 def indices_for(pattern: str, rank: int, size: int, n: int, k: int, rng) -> np.ndarray:
     if pattern == "skewed":  # nnz k, 4k, 9k, ...: half from a hot 1% range, the rest spread
         m = k * (rank + 1) ** 2
-        return np.unique(np.concatenate([rng.integers(0, n // 100, m // 2),
+        return unique(np.concatenate([rng.integers(0, n // 100, m // 2),
                                          rng.integers(0, n, m - m // 2)]))
     if pattern == "disjoint":
         return np.arange(rank, n, size)[:k]
     if pattern == "identical":
         return np.arange(0, n, max(n // max(k, 1), 1))[:k]
     if pattern == "empty_some":
-        return np.empty(0, np.int64) if rank % 2 else np.unique(rng.integers(0, n, k))
-    return np.unique(rng.integers(0, n, k))
+        return np.empty(0, np.int64) if rank % 2 else unique(rng.integers(0, n, k))
+    return unique(rng.integers(0, n, k))
 
 
 def split_regions(inputs: list[np.ndarray], n: int) -> np.ndarray:
@@ -63,7 +63,7 @@ def split_regions(inputs: list[np.ndarray], n: int) -> np.ndarray:
     total = int(weights.sum())
     if total == 0:
         return np.array([j * n // p for j in range(p)] + [n])
-    distinct = np.unique(values)
+    distinct = unique(values)
     at_or_below = np.array([weights[values <= v].sum() for v in distinct])
     bounds = [0]
     for j in range(1, p):
@@ -86,7 +86,7 @@ def split_traffic(inputs: list[np.ndarray], n: int, rank: int, entry_bytes: int,
     bounds = split_regions(inputs, n)
     region = [[a[(a >= bounds[r]) & (a < bounds[r + 1])] for a in inputs] for r in range(p)]
     mine = [region[rank][q].size for q in range(p) if q != rank]  # others' slices of my region
-    unions = [np.unique(np.concatenate(region[r])).size for r in range(p) if r != rank]
+    unions = [unique(np.concatenate(region[r])).size for r in range(p) if r != rank]
     peers = (p - 1) * 8
     want = {"split.samples": ((p - 1) * (SAMPLES + 1) * 8, p - 1), "split.counts": (peers, p - 1)}
     if sum(mine):

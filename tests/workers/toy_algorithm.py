@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-from _common import check_result, rng_for, union_reference
+from _common import check_result, rng_for, union_reference, unique
 
 import cupycoll as cc
 from cupycoll._registry import priced, register, unregister
@@ -57,7 +57,7 @@ def main() -> None:
     register("sparse", "toy", toy, cost=cost, work=work)
     assert "toy" in cc.algorithms("sparse") and "toy" in priced("sparse")
     for case, (n, k, width) in enumerate(((1000, 50, 0), (300, 40, 3), (64, 0, 0))):
-        parts = [(np.unique(rng_for(SEED, r, case).integers(0, n, k if r else k // 2))
+        parts = [(unique(rng_for(SEED, r, case).integers(0, n, k if r else k // 2))
                   .astype(np.int32), None) for r in range(size)]
         parts = [(i, rng_for(SEED, r, case, 1).integers(-9, 10, (i.size, width) if width
                                                         else i.size).astype(np.float32))

@@ -24,7 +24,7 @@ import sys
 import zlib
 
 import numpy as np
-from _common import rng_for, topk_compact_equals_coo
+from _common import rng_for, topk_compact_equals_coo, unique
 from mpi4py import MPI
 
 import cupycoll as cc
@@ -56,11 +56,11 @@ def pattern_input(pattern: str, rank: int, size: int, itype: str, rng) -> tuple[
         idx = rng.choice(n, 200, replace=False)
         if pattern == "empty_odd" and rank % 2:
             idx = idx[:0]
-    return np.unique(idx).astype(itype), n
+    return unique(idx).astype(itype), n
 
 
 def reference(inputs, n, op: str, acc: str, width: int):
-    union = np.unique(np.concatenate([i for i, _ in inputs]))
+    union = unique(np.concatenate([i for i, _ in inputs]))
     row = (width,) if width else ()
     total = None
     for idx, val in inputs:
@@ -120,7 +120,7 @@ def check_rounded(comm, seed: int) -> int:
         inputs = []
         for r in range(comm.size):
             rng = rng_for(seed, r, 777)
-            idx = np.unique(rng.choice(5000, 300, replace=False)).astype(np.int32)
+            idx = unique(rng.choice(5000, 300, replace=False)).astype(np.int32)
             inputs.append((idx, rng.standard_normal(idx.size).astype(np.float32) + 4))
         want_i, want_v = reference(inputs, 5000, "sum", "float64", 0)
         for algorithm in ALGORITHMS:
