@@ -2,20 +2,19 @@
 
 The hierarchical algorithms run existing algorithms (split's reduce-scatter, split, allgather)
 among the ranks of one node or one rail. :class:`Group` gives them what those algorithms call
-(``rank``, ``size``, ``xp``, ``exchange``, ``allgather``, ``_allgatherv_into``, the count
-verbs, ``run``, ``fetch``, ``stream_order``) for a subset of the parent's ranks: group rank i is parent rank
-``members[i]``, every transfer is a point-to-point ``exchange`` of the parent (so only the
-members take part, and other groups run at the same time), and traffic is booked in the
-parent's ``stats`` under ``prefix + op_name``. Its ``allgather`` sends the block to each peer:
-the same bytes and messages per rank as the ring a native allgather is booked by, but priced as
-point-to-point (see :func:`cupycoll.sparse.hierarchical.cost`).
+(``rank``, ``size``, ``xp``, ``exchange``, ``allgather``, the count verbs,
+``_allgatherv_into``, ``run``, ``fetch``, ``stream_order``) for a subset of the parent's
+ranks: group rank i is parent rank ``members[i]``, every transfer is a point-to-point
+``exchange`` of the parent (so only the members take part, and other groups run at the same
+time), and traffic is booked in the parent's ``stats`` under ``prefix + op_name``. Its
+``allgather`` sends the block to each peer: the same bytes and messages per rank as the ring a
+native allgather is booked by, but priced as point-to-point (see
+:func:`cupycoll.sparse.hierarchical.cost`).
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
-
-import numpy as np
 
 from ._base import Communicator, Work
 
@@ -47,17 +46,6 @@ class Group:
         return self.exchange([(r, send) for r in peers], [(r, blocks[r]) for r in peers],
                              op_name)
 
-    def _allgatherv_into(self, send: Any, recv: Any, counts: Sequence[int],
-                         op_name: str = "allgatherv") -> Work:
-        """recv = every member's ``counts[r]`` rows in group order: one exchange, the block to
-        every peer (a block of no rows is not sent)."""
-        starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        recv[starts[self.rank]:starts[self.rank + 1]] = send
-        peers = [(self.rank + s) % self.size for s in range(1, self.size)]
-        return self.exchange([(r, send) for r in peers if counts[self.rank]],
-                             [(r, recv[starts[r]:starts[r + 1]]) for r in peers if counts[r]],
-                             op_name)
-
     def fetch(self, work: Work, array: Any) -> Any:
         return self.parent.fetch(work, array)
 
@@ -72,5 +60,6 @@ class Group:
 
     # the derived verbs, as every communicator has them (written over the methods above)
     run = Communicator.run
+    _allgatherv_into = Communicator._allgatherv_into
     allgather_counts = Communicator.allgather_counts
     alltoall_device_counts = Communicator.alltoall_device_counts
