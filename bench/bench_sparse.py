@@ -43,8 +43,7 @@ from cupycoll.sparse import SparseResult, sparse_allreduce
 from cupycoll.sparse._cost import Shape
 from cupycoll._config import setting
 from cupycoll.sparse import measure
-from cupycoll.sparse.auto import choose, resolved
-from cupycoll.tuner import predict as predict_module
+from cupycoll.sparse.auto import choose, prices, resolved
 from cupycoll.tuner.predict import predict
 from cupycoll.tuner.profile import load_profile, profile_for
 from cupycoll.wire._pack import Wire
@@ -139,8 +138,7 @@ def run_group(args, comm, table: Table, n: int, width: int, density: float, over
             if args.raw and base != "auto":  # the algorithm alone: no validation, no coalescing
                 calls[name] = (lambda fn, f: lambda: SparseResult(*fn(
                     comm, idx, val, n, ReduceOp.SUM, None, Wire(f[0] == "compact", f[1])),
-                    n))(lookup("sparse", base, counts=shape.nnz, profile=profile,
-                               pricing=predict_module), fmt)
+                    n))(lookup("sparse", base, counts=shape.nnz, **prices(comm, base)), fmt)
     algorithms = [a for a in calls if a != BASELINE]
     samples = interleaved(calls, args.iters, args.warmup_iters, comm)
     pick = measured_pick(comm, shape) or pick

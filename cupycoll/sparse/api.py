@@ -1,9 +1,10 @@
 """``sparse_allreduce``: the front door of the exact sparse allreduce.
 
 Validate collectively (one small allreduce), coalesce, plan (:func:`plan`: the algorithm named
-or ``auto``'s pick, the same on every rank, and its wire format; a small call is already complete
-after the validation, see ``small.py``), run the plan, then deliver: return a :class:`SparseResult`, fill the caller's buffers
-(``alloc_fn``), call ``completion_fn``, or hand back a :class:`Work` (``async_op=True``).
+or ``auto``'s pick, the same on every rank, and its wire format; a small call is already
+complete after the validation, see ``small.py``), run the plan, then deliver: return a
+:class:`SparseResult`, fill the caller's buffers (``alloc_fn``), call ``completion_fn``, or
+hand back a :class:`Work` (``async_op=True``).
 """
 
 from __future__ import annotations
@@ -172,7 +173,7 @@ def plan(comm: Communicator, prepared: Prepared, async_op: bool = False) -> Plan
                            if prepared.algorithm == "auto" else COO)
     name, trials, learning = _pick(comm, prepared, shape, async_op)
     wire = _auto.choose_wire(name, shape, prepared.wire, prepared.wire_values, comm=comm)
-    found, prices = record("sparse", name), _prices(comm, name)
+    found, prices = record("sparse", name), _auto.prices(comm, name)
     if prepared.output == "dense" and found.dense_output is not None:
         variant = bind_prices(found, found.dense_output, **prices)
         return Plan(name, wire, lambda on: _dense_output(on, prepared, variant, wire),
@@ -180,17 +181,6 @@ def plan(comm: Communicator, prepared: Prepared, async_op: bool = False) -> Plan
     # the validation told every rank's nnz: algorithms that take them skip a size round
     fn = lookup("sparse", name, rank=comm.rank, counts=prepared.nnz, **prices)
     return Plan(name, wire, lambda on: _run(on, prepared, fn, wire), trials, learning)
-
-
-def _prices(comm: Communicator, name: str) -> dict[str, Any]:
-    """The prices algorithm ``name`` takes (:attr:`cupycoll._registry.Algorithm.prices`): the
-    communicator's profile (broadcast from rank 0 on first use) and the time model."""
-    if not record("sparse", name).prices:
-        return {}
-    from ..tuner import predict
-    from ..tuner.profile import profile_for
-
-    return {"profile": profile_for(comm), "pricing": predict}
 
 
 def _pick(comm: Communicator, prepared: Prepared, shape: Shape, async_op: bool

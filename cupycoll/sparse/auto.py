@@ -27,7 +27,7 @@ from ..wire._pack import COO, Wire
 from ._common import native_drops_nan, native_keeps_minus_zero
 from ._cost import Cost, Shape, validation_cost
 
-__all__ = ["choose", "shape_class", "class_counts", "choose_wire", "auto", "call_cost",
+__all__ = ["choose", "shape_class", "class_counts", "choose_wire", "auto", "prices", "call_cost",
            "predicted_times", "resolved", "comm_table", "candidates", "ALGORITHM"]
 
 #: recent decisions: (id(profile), shape class) -> (profile, name). A training loop repeats
@@ -196,11 +196,20 @@ def auto(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
                   native_minmax_drops_nan=native_drops_nan(comm),
                   native_sum_keeps_minus_zero=native_keeps_minus_zero(comm))
     name = choose(shape, comm=comm, op=op)
+    return lookup("sparse", name, counts=shape.nnz, **prices(comm, name))(
+        comm, indices, values, n, op, accumulate_dtype, wire)
+
+
+def prices(comm: Any, name: str) -> dict[str, Any]:
+    """The prices algorithm ``name``'s run function takes
+    (:attr:`cupycoll._registry.Algorithm.prices`), as keywords for ``lookup``: the
+    communicator's profile (broadcast from rank 0 on first use) and the time model."""
+    if not record("sparse", name).prices:
+        return {}
     from ..tuner import predict
     from ..tuner.profile import profile_for
 
-    return lookup("sparse", name, counts=shape.nnz, profile=profile_for(comm),
-                  pricing=predict)(comm, indices, values, n, op, accumulate_dtype, wire)
+    return {"profile": profile_for(comm), "pricing": predict}
 
 
 def call_cost(algorithm: str, shape: Shape, rank: int, profile: Any = None) -> Cost:
