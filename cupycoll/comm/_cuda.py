@@ -46,16 +46,10 @@ class CudaDevice:
         """The ``cudaStream_t`` of ``stream`` (what NCCL calls take)."""
         return int(stream.ptr)
 
-    def record(self, stream: Any = None) -> Any:
+    def record(self, stream: Any = None, timing: bool = False) -> Any:
         """An event recorded on ``stream`` (default: the current one); it has ``done`` and
-        ``synchronize()``."""
-        event = self._cupy.cuda.Event(disable_timing=True)
-        event.record(stream)
-        return event
-
-    def timing_event(self, stream: Any = None) -> Any:
-        """An event with timing recorded on ``stream`` (default: the current one)."""
-        event = self._cupy.cuda.Event(disable_timing=False)
+        ``synchronize()``, and with ``timing`` it can be timed (:meth:`elapsed`)."""
+        event = self._cupy.cuda.Event(disable_timing=not timing)
         event.record(stream)
         return event
 

@@ -169,7 +169,7 @@ class _StreamOrder:
     def time_mark(self) -> Any:
         """A timing event on the current stream: where a timed call's device work starts or
         ends (read later by :meth:`seconds_between`; no host wait here)."""
-        return self._device.timing_event()
+        return self._device.record(timing=True)
 
     def seconds_between(self, start: Any, end: Any) -> float:
         """Seconds the stream took from ``start`` to ``end`` (:meth:`time_mark` events); the
