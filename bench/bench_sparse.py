@@ -177,8 +177,12 @@ def run_group(args, comm, table: Table, n: int, width: int, density: float, over
                    "pred/meas": pred / seconds if pred else "", "format": fmt,
                    "x_coo": wire / coo_bytes[base] if base in coo_bytes else "",
                    "x_bound": wire / bound, **sample_stats(samples[name])})
-    exact = {a: t for a, t in times.items() if a not in (BASELINE, "auto")}
+    # auto, its pick and other profiles' picks are read on the first wire format's rows (a
+    # row's name carries its format when --wire or --wire-values name one)
+    suffix = format_suffix(formats[0], formats)
+    exact = {a: t for a, t in times.items() if a != BASELINE and a.split("[")[0] != "auto"}
     best = min(exact, key=exact.get) if exact else None
+    auto_time, pick_time = times.get("auto" + suffix), times.get(pick + suffix)
     errors = _errors(predicted, times)
     others, bases = {}, {a.split("[")[0] for a in algorithms} - {"auto"}
     for path in filter(None, args.profiles.split(",")):
@@ -186,14 +190,14 @@ def run_group(args, comm, table: Table, n: int, width: int, density: float, over
         choice = choose(shape, other)
         others[path] = {"pred_over_meas": _errors({a: predict(a, shape, other) for a in bases},
                                                    times),
-                        "pick_x_best": times[choice] / exact[best]
-                        if best and choice in times else None}
+                        "pick_x_best": times[choice + suffix] / exact[best]
+                        if best and choice + suffix in times else None}
     return {"n": n, "width": width, "density": density, "overlap": overlap, "skew": skew,
             "ranks": p, "best": best, "auto_choice": pick,
             "best_x_dense": exact[best] / dense_time if best else None,
-            "auto_x_best": times["auto"] / exact[best] if best and "auto" in times else None,
-            "auto_x_dense": times["auto"] / dense_time if "auto" in times else None,
-            "pick_x_best": (times[pick] / exact[best] if best and pick in times else None),
+            "auto_x_best": auto_time / exact[best] if best and auto_time else None,
+            "auto_x_dense": auto_time / dense_time if auto_time else None,
+            "pick_x_best": pick_time / exact[best] if best and pick_time else None,
             "pred_over_meas": errors, "profiles": others}
 
 
