@@ -6,7 +6,8 @@
 
 A case is ``n/density/width``: each rank draws ``density * n`` random indices a step, the
 density drifting by up to +-10% from step to step (a training loop's gradient). Every step runs
-every method once, in a rotating order, after a barrier; a sample is the slowest rank's time.
+every method once, in an order of its own (a seeded shuffle, the same on every rank: a rotation
+would keep each method after the same one), after a barrier; a sample is the slowest rank's time.
 Per case: each method's cumulative time over the steps, over the best explicit algorithm's
 (``cum/best``), and its median per-step time over steps 31 to the end, over the best's over
 the same steps (``late/best``). Every algorithm runs once before the loop (imports and compiled
@@ -66,8 +67,9 @@ def run_case(comm, table: Table, text: str, steps: int, seed: int) -> None:
     times = {m: np.empty(steps) for m in methods}
     wrong = dict.fromkeys(methods, 0)
     ran = {m: collections.Counter() for m in methods}
+    orders = np.random.default_rng([seed, len(methods)])  # the same draws on every rank
     for i, (idx, val) in enumerate(steps_data):
-        order = methods[i % len(methods):] + methods[:i % len(methods)]
+        order = [methods[j] for j in orders.permutation(len(methods))]
         first = None
         for m in order:
             before = collections.Counter(comm.stats.calls)

@@ -98,12 +98,37 @@ def test_dense_prices_its_rows_by_its_own_unit():
         units = work("dense", case, 0)
         w = max(width, 1)
         assert units["dense_row"] == (case.nnz[0] + case.union) * w and "row" not in units
-        assert units["dense"] == case.n * w
+        if width:  # a 2-D buffer's scan tests each row: a price per row and per element
+            assert (units["dense_rows"], units["dense_wide"]) == (case.n, case.n * w)
+            assert "dense" not in units
+        else:
+            assert units["dense"] == case.n and "dense_rows" not in units
         cheap = Profile("c", 0.0, 0.0, 0.0, 0.0, {**ZERO_WORK, "row": 1.0, "dense_row": 0.1})
         dear = dataclasses.replace(cheap, gamma={**cheap.gamma, "dense_row": 1.0})
         low, high = (auto.predicted_times(case, f) for f in (cheap, dear))
         assert low["dense"] < high["dense"] and low["allgather"] == high["allgather"]
-    assert Profile("o", 0.0, 0.0, 0.0, 0.0, {**ZERO_WORK, "row": 3.0}).price("dense_row") == 3.0
+    older = Profile("o", 0.0, 0.0, 0.0, 0.0, {**ZERO_WORK, "row": 3.0, "dense": 2.0})
+    assert (older.price("dense_row"), older.price("dense_rows"), older.price("dense_wide")) \
+        == (3.0, 2.0, 2.0)
+
+
+def test_dense_scan_of_rows_is_priced_per_row_and_per_element():
+    """At a width > 1 the dense algorithm's scan costs ``dense_rows`` per row and
+    ``dense_wide`` per element (not the 1-D ``dense`` price): a dearer row test raises the
+    dense prediction of rows only, in proportion to n."""
+    from cupycoll.tuner.predict import work
+
+    base = Profile("b", 0.0, 0.0, 0.0, 0.0, {**ZERO_WORK, "dense_rows": 1e-9,
+                                                "dense_wide": 1e-10})
+    dear = dataclasses.replace(base, gamma={**base.gamma, "dense_rows": 5e-9})
+    for width, n in ((4, 1 << 16), (16, 1 << 14)):
+        case = shape(2, n, n // 100, width)
+        low, high = (auto.predicted_times(case, f)["dense"] for f in (base, dear))
+        assert high - low == pytest.approx(4e-9 * n)
+        flat = shape(2, n * width, n // 100, 0)
+        flat_times = [auto.predicted_times(flat, f)["dense"] for f in (base, dear)]
+        assert flat_times[0] == flat_times[1]
+        assert work("dense", case, 0)["dense_wide"] == n * width
 
 
 def test_recursive_doublings_rounds_are_priced_as_two_way_merges():
@@ -371,15 +396,27 @@ class _OneRank:
         self.barriers += 1
 
 
-def test_interleaved_rotates_the_calls_and_times_each_after_a_barrier():
+def test_interleaved_shuffles_the_calls_and_times_each_after_a_barrier():
+    """Every round runs each call once after a barrier, in an order of its own: a call does
+    not always follow the same one (whose caches it would inherit), and the orders are the
+    same in every process (every rank draws them alike)."""
     from cupycoll.tuner.calibrate import interleaved
 
-    comm, order = _OneRank(), []
-    calls = {name: (lambda name=name: order.append(name)) for name in "abc"}
-    samples = interleaved(calls, 3, 1, comm)
-    assert order == list("abc") + list("abc") + list("bca") + list("cab")  # warm-up, then rounds
-    assert comm.barriers == 9 and sorted(samples) == list("abc")
-    assert all(s.shape == (3,) and (s >= 0).all() for s in samples.values())
+    def orders():
+        comm, order = _OneRank(), []
+        calls = {name: (lambda name=name: order.append(name)) for name in "abcd"}
+        samples = interleaved(calls, 12, 1, comm)
+        assert comm.barriers == 12 * 4 and sorted(samples) == list("abcd")
+        assert all(s.shape == (12,) and (s >= 0).all() for s in samples.values())
+        return order
+
+    order = orders()
+    assert order[:4] == list("abcd")  # the warm-up
+    rounds = [order[4 + 4 * i:8 + 4 * i] for i in range(12)]
+    assert all(sorted(r) == list("abcd") for r in rounds)
+    before_a = {r[r.index("a") - 1] for r in rounds if r[0] != "a"}
+    assert len(before_a) > 1 and len({tuple(r) for r in rounds}) > 2
+    assert orders() == order
 
 
 def test_fixed_cost_is_the_median_of_the_passes_minus_the_model():

@@ -321,16 +321,19 @@ def dense_output(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, out
 
 
 def work(shape: Shape, rank: int, profile: Any = None) -> dict[str, float]:
-    """Passes over n, and the rank's rows scattered and the union's read back (``dense_row``:
-    a sorted write or copy, cheaper than a ``row`` gather). Presence is scanned apart only on
-    the bitmap path (-0 fills and count tails are read by the same flatnonzero the ``dense``
-    unit already prices); a dense output has no pass over n (its rows are written into the
-    zeroed output, which is then reduced in place)."""
+    """Passes over n (1-D: ``dense`` per element; rows: ``dense_rows`` per row and
+    ``dense_wide`` per element), and the rank's rows scattered and the union's read back
+    (``dense_row``: a sorted write or copy, cheaper than a ``row`` gather). Presence is
+    scanned apart only on the bitmap path (-0 fills and count tails are read by the same
+    flatnonzero the pass over n already prices); a dense output has no pass over n (its rows
+    are written into the zeroed output, which is then reduced in place)."""
     w = max(shape.width, 1)
     if shape.output == "dense":
         return {"fill": shape.n * w}
     bitmap = "dense.union" in cost(shape, rank).received
-    return {"dense": shape.n * w, "dense_row": (shape.nnz[rank] + shape.union) * w,
+    passes = ({"dense": shape.n} if w == 1 else
+              {"dense_rows": shape.n, "dense_wide": shape.n * w})  # rows: a test per row
+    return {**passes, "dense_row": (shape.nnz[rank] + shape.union) * w,
             "scan": shape.n if bitmap else 0}
 
 

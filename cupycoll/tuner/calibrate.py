@@ -15,7 +15,9 @@ so the contention of a real call is in the numbers):
   shared: most rows are added) minus the same merge of 1-D values, per element beyond the
   first of each row; ``row`` a gather of 16-wide float32 rows, per element; ``dense`` the
   dense algorithm's own passes over n, per element, and ``dense_row`` its work per row
-  written or read back (from its host pass at 30% and 1% density); ``scan`` presence bitmap
+  written or read back (from its host pass at 30% and 1% density); ``dense_rows`` and
+  ``dense_wide`` the same pass over rows of 2 and of 32 (a 2-D buffer's union scan tests
+  each row), per row and per element; ``scan`` presence bitmap
   packing and unpacking plus flatnonzero, per position; ``code`` the wire codec's encode +
   decode of a sorted index stream (10 % density), per index and direction;
   ``fill`` the dense output's densify (n zeroed, 10 % of the rows written), per element;
@@ -56,19 +58,26 @@ __all__ = ["tune", "median_profile", "interleaved", "LARGE", "FIXED_N", "FIXED_E
 LARGE = 4 << 20
 
 
+#: the seed of :func:`interleaved`'s orders (fixed: every rank draws the same).
+ORDER_SEED = 20261129
+
+
 def interleaved(calls: dict[str, Callable[[], Any]], iters: int, warmup: int,
                 comm: Any) -> dict[str, np.ndarray]:
-    """Time every call ``iters`` times, one of each per round (rotating the order), after a
-    barrier each; a sample is the slowest rank's seconds. So drift on a shared machine hits
-    the calls alike, and each call runs after the others, as it does in a job (between other
-    work, not in a tight loop of itself, where a call runs faster than in a job)."""
+    """Time every call ``iters`` times, one of each per round, after a barrier each; a sample
+    is the slowest rank's seconds. So drift on a shared machine hits the calls alike, and each
+    call runs after the others, as it does in a job (between other work, not in a tight loop of
+    itself, where a call runs faster than in a job). Each round takes its own order (a seeded
+    shuffle, the same on every rank): a rotation would keep every call after the same one,
+    whose caches and buffers it then always inherits (docs/tuning.md)."""
     names = list(calls)
     for _ in range(warmup):
         for name in names:
             calls[name]()
     samples = {name: np.empty(iters) for name in names}
+    orders = np.random.default_rng(ORDER_SEED)
     for i in range(iters):
-        for name in names[i % len(names):] + names[:i % len(names)]:
+        for name in (names[j] for j in orders.permutation(len(names))):
             comm.barrier()
             t0 = time.perf_counter()
             calls[name]()
@@ -174,13 +183,15 @@ def _local(comm: Any, repeats: int, k: int = 1 << 16, n: int = 1 << 20) -> dict[
 
     ones = xp.ones(3 * n // 10, np.float32)  # values of the largest index set below
 
-    def dense_local(idx: Any) -> None:  # the dense algorithm's host pass (no allreduce)
+    def dense_local(idx: Any, width: int = 1) -> None:  # the dense pass (no allreduce)
+        rows, values = n // width, ones[:idx.shape[0] * width]
+        values = values.reshape(-1, width) if width > 1 else values
         if xp is np:
-            local_pass(idx, ones[:idx.shape[0]], n)
+            local_pass(idx, values, rows)
         else:
-            full = xp.zeros(n, np.float32)
-            full[idx] = ones[:idx.shape[0]]
-            full[xp.flatnonzero(full)]
+            full = xp.zeros((rows, width) if width > 1 else rows, np.float32)
+            full[idx] = values
+            full[xp.flatnonzero(full.reshape(rows, -1).any(axis=1))]
 
     def scan() -> None:
         union_of_presence(xp.unpackbits(xp.packbits(presence(idx, n)))[:n].view(bool),
@@ -203,6 +214,18 @@ def _local(comm: Any, repeats: int, k: int = 1 << 16, n: int = 1 << 20) -> dict[
     few = idx[::10]
     dense_many, dense_few = (_timed(comm, lambda: dense_local(i), repeats) for i in (many, few))
     dense_row = max(dense_many - dense_few, 0.0) / (2 * (many.shape[0] - few.shape[0]))
+    # the same pass over n elements as rows of 2 and of 32 at 1%: a 2-D buffer's union scan
+    # tests each row, so its cost per element falls with the width (a part per row, a part
+    # per element: docs/tuning.md)
+    row_pass = {}
+    for width in WIDE_ROWS:
+        picked = xp.asarray(np.sort(rng.choice(n // width, n // width // 100, replace=False))
+                            .astype(np.int32))
+        seconds = _timed(comm, lambda: dense_local(picked, width), repeats)
+        written = 2 * picked.shape[0] * width * dense_row
+        row_pass[width] = max(seconds - written, 0.0) / (n // width)
+    narrow_row, wide_row = (row_pass[w] for w in WIDE_ROWS)
+    dense_wide = max(wide_row - narrow_row, 0.0) / (WIDE_ROWS[1] - WIDE_ROWS[0])
     merge = _timed(comm, lambda: merge_sorted(parts), repeats)
     merge2 = _timed(comm, lambda: merge_sorted(parts[:2]), repeats)
     folds = _timed(comm, lambda: merge_sorted(wide), repeats) - _timed(
@@ -212,11 +235,18 @@ def _local(comm: Any, repeats: int, k: int = 1 << 16, n: int = 1 << 20) -> dict[
             "row": per_row,
             "dense": max(dense_few - 2 * few.shape[0] * dense_row, 0.0) / n,
             "dense_row": dense_row,
+            "dense_wide": dense_wide,
+            "dense_rows": max(narrow_row - WIDE_ROWS[0] * dense_wide, 0.0),
             "scan": _timed(comm, scan, repeats) / n,
             "code": _timed(comm, code, repeats) / (2 * idx.shape[0]),
             "union": _timed(comm, union, repeats) / (len(parts) * k),
             "fill": _timed(comm, lambda: densify_into(out, idx, ones[:idx.shape[0]]),
                            repeats) / n}
+
+
+#: the row widths whose dense passes give ``dense_rows`` and ``dense_wide`` (per row and per
+#: element of a 2-D buffer's union scan, the line through the two).
+WIDE_ROWS = (2, 32)
 
 
 #: the small call ``fixed`` is measured on: n, and entries per rank. TINY entries a rank: the

@@ -11,8 +11,10 @@ Local work, in the units ``gamma`` prices (N = total nnz, U = union, W = max(wid
 - ``merge2``: entries entering a two-way merge (recursive doubling: both partners' partial
   results every sparse round);
 - ``row``: value elements copied or scattered besides the merge (received rows, result rows);
-- ``dense``: value elements of an n-long dense pass (the ``dense`` algorithm's union scan;
-  recursive doubling's dense rounds: fill, scatter, gather);
+- ``dense``: value elements of an n-long dense pass (the ``dense`` algorithm's union scan of
+  1-D values; recursive doubling's dense rounds: fill, scatter, gather);
+- ``dense_rows``, ``dense_wide``: rows and value elements of the ``dense`` algorithm's union
+  scan of rows (width > 1), which tests each row: its cost per element falls with the width;
 - ``dense_row``: value elements the ``dense`` algorithm writes into its n-long buffer (the
   rank's rows) or reads back from it (the union's);
 - ``scan``: dense positions scanned for presence (bitmap, presence fields, flatnonzero).

@@ -31,9 +31,11 @@ __all__ = ["Profile", "default_profile", "profile_path", "load_profile", "save_p
            "profile_for", "WORK_KINDS"]
 
 #: units of local work priced by ``gamma`` (seconds per unit), see predict.work.
-WORK_KINDS = ("merge", "merge2", "row", "dense", "scan", "code", "fill", "fold", "union")
+WORK_KINDS = ("merge", "merge2", "row", "dense", "dense_row", "dense_rows", "dense_wide",
+              "scan", "code", "fill", "fold", "union")
 #: the unit a profile measured before a unit existed prices it by.
-_STAND_INS = {"fill": "dense", "union": "merge", "merge2": "merge", "dense_row": "row"}
+_STAND_INS = {"fill": "dense", "union": "merge", "merge2": "merge", "dense_row": "row",
+              "dense_rows": "dense", "dense_wide": "dense"}
 #: the prices a link kind may override (Profile.links).
 _LINK_PRICES = ("alpha_p2p", "beta_p2p", "alpha_msg")
 
@@ -75,8 +77,9 @@ class Profile:
 
     def price(self, unit: str) -> float:
         """Seconds per unit of local work ``unit`` (0 if unmeasured; a profile measured before
-        ``fill``, ``union``, ``merge2`` or ``dense_row`` existed prices them as ``dense``,
-        ``merge``, ``merge``, ``row``)."""
+        ``fill``, ``union``, ``merge2``, ``dense_row``, ``dense_rows`` or ``dense_wide``
+        existed prices them as ``dense``, ``merge``, ``merge``, ``row``, ``dense``,
+        ``dense``)."""
         if unit not in self.gamma:
             unit = _STAND_INS.get(unit, unit)
         return self.gamma.get(unit, 0.0)
