@@ -13,6 +13,7 @@ mismatched n / dtype / op raise MismatchError everywhere, and the communicator s
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import numpy as np
@@ -26,6 +27,7 @@ EMULATED = emu is not None
 import cupycoll as cc  # noqa: E402
 from cupycoll import _agreement  # noqa: E402
 from cupycoll.errors import InvalidArgument, InvalidType, MismatchError  # noqa: E402
+from cupycoll.sparse._common import native_drops_nan, native_keeps_minus_zero  # noqa: E402
 from cupycoll.sparse._cost import Shape  # noqa: E402
 from cupycoll.sparse.auto import call_cost  # noqa: E402
 from cupycoll.sparse.small import fits  # noqa: E402
@@ -122,8 +124,11 @@ def run_case(comm, xp, case: int, n: int, nnz, op: str, dtype: str, width: int, 
     stats = {o: (s.bytes_received, s.messages_received) for o, s in comm.stats.by_op.items()
              if s.bytes_received or s.messages_received}
     coalesced = [unique(i) for i, _ in inputs]
-    shape = Shape.from_inputs(coalesced, n, width, np.dtype(itype).itemsize,
-                              np.dtype(acc or dtype).itemsize)
+    shape = dataclasses.replace(  # with the backend's native traits, as the call saw them
+        Shape.from_inputs(coalesced, n, width, np.dtype(itype).itemsize,
+                          np.dtype(acc or dtype).itemsize),
+        native_minmax_drops_nan=native_drops_nan(comm),
+        native_sum_keeps_minus_zero=native_keeps_minus_zero(comm))
     fused = fits(shape)
     assert expect_fused is None or fused == expect_fused, (case, fused, expect_fused)
     model = call_cost("auto", shape, RANK)
