@@ -69,9 +69,16 @@ class Record:
     calls: int = 0
     #: the choice, kept until a time is added or a candidate's samples are dropped
     _choice: str | None = dataclasses.field(default=None, repr=False, compare=False)
+    #: each candidate's median, kept until its window changes (a call reads them all)
+    _medians: dict[str, float] = dataclasses.field(default_factory=dict, repr=False,
+                                                   compare=False)
 
     def median(self, name: str) -> float:
-        return statistics.median(self.seconds[name]) if self.seconds.get(name) else np.inf
+        found = self._medians.get(name)
+        if found is None:
+            window = self.seconds.get(name)
+            found = self._medians[name] = statistics.median(window) if window else np.inf
+        return found
 
     def choice(self) -> str:
         """The candidate of least median time (the model's order on ties; the model's pick
@@ -80,6 +87,11 @@ class Record:
             self._choice = min(self.candidates,
                                key=lambda c: (self.median(c), self.candidates.index(c)))
         return self._choice
+
+    def _changed(self, name: str) -> None:
+        """``name``'s window changed: its median and the choice are read again."""
+        self._medians.pop(name, None)
+        self._choice = None
 
     def exploring(self) -> str | None:
         """The candidate still in its first trials, if any (the model's order)."""
@@ -98,7 +110,7 @@ class Record:
             if others:
                 again = others[(self.calls // RECHECK) % len(others)]
                 self.seconds.pop(again, None)
-                self._choice = None
+                self._changed(again)
                 if again in self.abandoned:
                     self.abandoned.remove(again)
         name = self.exploring()
@@ -110,10 +122,10 @@ class Record:
         if name not in self.warmed:
             self.warmed.append(name)
             return
-        self._choice = None
         window = self.seconds.setdefault(name, [])
         window.append(seconds)
         del window[:-WINDOW]
+        self._changed(name)
         if len(window) > 1 or name in self.abandoned:
             return
         best = min((self.median(c) for c in self.candidates if c != name), default=np.inf)
