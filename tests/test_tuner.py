@@ -323,6 +323,17 @@ def test_a_communicators_auto_calls_are_remembered_on_it(monkeypatch):
     assert len(calls) == 1
     auto.choose(shape(1000, 2000, 3000, 4000), comm=other, op="sum")
     assert len(calls) == 2
+    # a loop's drift: within 2^(1/2) of the priced call's class the pick is reused, even
+    # across classes; beyond it the call is priced and is the new reference
+    assert auto.choose(shape(1300, 2700, 2200, 5500), comm=comm, op="sum") == first
+    assert len(calls) == 2
+    auto.choose(shape(1500, 2000, 3000, 4000), comm=comm, op="sum")  # 1500 > 1.41 x 1024
+    assert len(calls) == 3 and calls[-1].nnz == (1448, 2048, 2896, 4096)
+    auto.choose(shape(1100, 2000, 3000, 4000), comm=comm, op="sum")  # near 1448, not 1024
+    assert len(calls) == 3
+    auto.choose(shape(0, 2000, 3000, 4000), comm=comm, op="sum")  # an empty rank: priced
+    assert len(calls) == 4
+    del calls[2:]
     monkeypatch.setenv("CUPYCOLL_RANKS_PER_NODE", "2")
     auto.choose(shape(1000, 2000, 3000, 4000), comm=comm, op="sum")
     assert len(calls) == 3 and calls[-1].nodes == (0, 0, 1, 1)

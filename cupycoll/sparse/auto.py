@@ -39,6 +39,10 @@ _DECISIONS: dict[tuple[int, Shape], tuple[Any, str]] = {}
 _DECISIONS_MAX = 512
 #: steps of a class's nnz per doubling: counts within about 2^(1/8) of each other share it.
 CLASS_STEPS = 4
+#: a communicator's auto call reuses the pick of its last priced call of the same kind while
+#: every rank's nnz stays within this factor of that call's class (a loop's drift), else the
+#: call is priced again and becomes the reference.
+REPRICE_BEYOND = 2 ** 0.5
 
 
 def comm_table(comm: Any, attribute: str) -> dict:
@@ -111,8 +115,12 @@ def choose(shape: Shape, profile: Any = None, *, comm: Any = None, op: Any = Non
 
     ``comm`` supplies the broadcast profile (:func:`cupycoll.tuner.profile_for`) and, when
     ``shape.nodes`` is None, the node of every rank; ``op`` (a ReduceOp or name) refines
-    ``shape.op``. A communicator's calls (no profile given) are remembered on it, keyed by the
-    call's fields and class counts, so a repeated class costs a few microseconds.
+    ``shape.op``. A communicator's calls (no profile given) are remembered on it by the call's
+    fields other than the counts: a call whose every count is within :data:`REPRICE_BEYOND`
+    of the last priced one's class reuses its pick (a few microseconds; a training loop's
+    drifting counts would otherwise cross a class every few steps and be priced each time),
+    and a call beyond it is priced and becomes the reference. Every rank sees the same agreed
+    calls on a communicator, so every rank keeps the same reference and pick.
     """
     if shape.size == 1:
         return "allgather"
@@ -121,12 +129,21 @@ def choose(shape: Shape, profile: Any = None, *, comm: Any = None, op: Any = Non
     memo = comm_table(comm, "_auto_choices")
     if len(memo) >= _DECISIONS_MAX:
         memo.clear()
-    key = (tuple(v for k, v in shape.__dict__.items() if k != "nnz"), class_counts(shape),
+    key = (tuple(v for k, v in shape.__dict__.items() if k != "nnz"),
            str(getattr(op, "value", op)), setting("CUPYCOLL_RANKS_PER_NODE"))
-    name = memo.get(key)
-    if name is None:
-        name = memo[key] = _priced_choice(shape, None, comm, op)
+    kept = memo.get(key)
+    if kept is not None and _near(shape.nnz, kept[0]):
+        return kept[1]
+    name = _priced_choice(shape, None, comm, op)
+    memo[key] = (class_counts(shape), name)
     return name
+
+
+def _near(counts: tuple[int, ...], reference: tuple[int, ...]) -> bool:
+    """Whether every count is within :data:`REPRICE_BEYOND` of ``reference``'s (counts up to 4
+    and 0 only equal to it)."""
+    return all(c == r or (c > 4 and r > 4 and max(c, r) <= REPRICE_BEYOND * min(c, r))
+               for c, r in zip(counts, reference))
 
 
 def _priced_choice(shape: Shape, profile: Any, comm: Any, op: Any) -> str:
