@@ -129,8 +129,9 @@ def choose(shape: Shape, profile: Any = None, *, comm: Any = None, op: Any = Non
     memo = comm_table(comm, "_auto_choices")
     if len(memo) >= _DECISIONS_MAX:
         memo.clear()
-    key = (tuple(v for k, v in shape.__dict__.items() if k != "nnz"),
-           str(getattr(op, "value", op)), setting("CUPYCOLL_RANKS_PER_NODE"))
+    fields = list(shape.__dict__.values())  # every field but the counts
+    fields[_NNZ_FIELD] = None
+    key = (tuple(fields), str(getattr(op, "value", op)), setting("CUPYCOLL_RANKS_PER_NODE"))
     kept = memo.get(key)
     if kept is not None and _near(shape.nnz, kept[0]):
         return kept[1]
@@ -139,11 +140,17 @@ def choose(shape: Shape, profile: Any = None, *, comm: Any = None, op: Any = Non
     return name
 
 
+#: the position of ``nnz`` among a Shape's fields (the memo key leaves it out).
+_NNZ_FIELD = [f.name for f in dataclasses.fields(Shape)].index("nnz")
+
+
 def _near(counts: tuple[int, ...], reference: tuple[int, ...]) -> bool:
     """Whether every count is within :data:`REPRICE_BEYOND` of ``reference``'s (counts up to 4
     and 0 only equal to it)."""
-    return all(c == r or (c > 4 and r > 4 and max(c, r) <= REPRICE_BEYOND * min(c, r))
-               for c, r in zip(counts, reference))
+    for c, r in zip(counts, reference):
+        if c != r and (c <= 4 or r <= 4 or max(c, r) > REPRICE_BEYOND * min(c, r)):
+            return False
+    return True
 
 
 def _priced_choice(shape: Shape, profile: Any, comm: Any, op: Any) -> str:
