@@ -11,8 +11,8 @@ allreduce (the agreement vector, its length set by P alone), and a dense ``Allre
 same n (what ``auto`` is compared with; raise ``--length`` to see where the round stops
 mattering). Calls are interleaved, one of each per round; a time is the median over rounds of the
 slowest rank. ``--block B`` times instead blocks of B calls of one kind back to back (as a
-training loop repeats one call), one block of each call per round (``-n`` rounds), rotating
-the order; a time is then a block's seconds / B, the median over rounds of the slowest rank.
+training loop repeats one call), one block of each call per round (``-n`` rounds), in an order
+of its own; a time is then a block's seconds / B, the median over rounds of the slowest rank.
 
     mpiexec -n 2 python -m mpi4py bench/bench_small.py -n 2000
     mpiexec -n 2 python -m mpi4py bench/bench_small.py -n 5 --block 500
@@ -34,8 +34,8 @@ from cupycoll._agreement import length
 def blocked(calls: dict[str, Callable[[], Any]], rounds: int, block: int,
             comm: Any) -> dict[str, Any]:
     """Seconds per call of each call run ``block`` times back to back: ``interleaved`` over
-    blocks (one warm-up block each, then one block of each per round, rotating the order; a
-    sample is the slowest rank's), each sample divided by ``block``."""
+    blocks (one warm-up block each, then one block of each per round, each round in an order
+    of its own; a sample is the slowest rank's), each sample divided by ``block``."""
     runs = {name: (lambda f=f: [f() for _ in range(block)]) for name, f in calls.items()}
     return {name: seconds / block
             for name, seconds in interleaved(runs, rounds, 1, comm).items()}

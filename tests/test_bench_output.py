@@ -166,3 +166,19 @@ def test_regret_counts_for_other_profiles(capsys):
         in out
     assert "# with b.json: its pick <= 1.10x best on 1/1 rows; predictions within +-30% on 0/2" \
         in out
+
+
+def test_bench_regret_runs_a_loop_shorter_than_its_late_window():
+    """bench_regret.py, one process, 4 steps (fewer than its late window's start): a row per
+    explicit algorithm and per auto mode, each with a time, the late window then every step."""
+    import subprocess
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "bench" / "bench_regret.py"), "--steps",
+                          "4", "--cases", "3000/0.05/0"], capture_output=True, text=True,
+                         timeout=300, check=True, cwd=root,
+                         env={**__import__("os").environ, "PYTHONPATH": str(root)}).stdout
+    rows = [line.split() for line in out.splitlines() if not line.startswith("#")]
+    methods = {r[1] for r in rows}
+    assert {"allgather", "mask", "dense", "estimate", "learn"} <= methods, out
+    assert all(float(r[2]) > 0 and r[-1] == "0" for r in rows), out  # time; no wrong result
+    assert "late = median over steps 1-4" in out
