@@ -73,6 +73,7 @@ def run_case(comm, table: Table, text: str, steps: int, seed: int) -> None:
     wrong = dict.fromkeys(methods, 0)
     ran = {m: collections.Counter() for m in methods}
     orders = np.random.default_rng([seed, len(methods)])  # the same draws on every rank
+    start = late_start(steps)
     for i, (idx, val) in enumerate(steps_data):
         order = [methods[j] for j in orders.permutation(len(methods))]
         first = None
@@ -82,14 +83,13 @@ def run_case(comm, table: Table, text: str, steps: int, seed: int) -> None:
             t0 = MPI.Wtime()
             res = calls[m](idx, val)
             times[m][i] = comm.mpi_comm.allreduce(MPI.Wtime() - t0, op=MPI.MAX)
-            if i >= late_start(steps):
+            if i >= start:
                 ran[m].update(key[1] for key in comm.stats.calls - before)
             got = (res.indices.tobytes(), res.values.tobytes())
             first = first or got
             wrong[m] += got != first  # small integers: exact in every algorithm
     cum = {m: float(times[m].sum()) for m in methods}
     best = min(explicit, key=cum.__getitem__)
-    start = late_start(steps)
     late = {m: float(np.median(times[m][start:] / times[best][start:])) for m in methods}
     for m in methods:
         table.add({"case": text, "method": m, "cum(ms)": cum[m] * 1e3,

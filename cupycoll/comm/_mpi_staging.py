@@ -84,7 +84,7 @@ class Staging:
             return None
 
         def finalize() -> None:
-            if op is ReduceOp.AVG:
+            if op is _AVG:
                 trunc_divide(host_recv, self.size)
             if host_recv is not recv:
                 recv[...] = self.xp.asarray(host_recv.astype(recv.dtype, copy=False))

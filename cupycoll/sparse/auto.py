@@ -129,19 +129,14 @@ def choose(shape: Shape, profile: Any = None, *, comm: Any = None, op: Any = Non
     memo = comm_table(comm, "_auto_choices")
     if len(memo) >= _DECISIONS_MAX:
         memo.clear()
-    fields = list(shape.__dict__.values())  # every field but the counts
-    fields[_NNZ_FIELD] = None
-    key = (tuple(fields), str(getattr(op, "value", op)), setting("CUPYCOLL_RANKS_PER_NODE"))
+    key = (tuple(v for k, v in shape.__dict__.items() if k != "nnz"),
+           str(getattr(op, "value", op)), setting("CUPYCOLL_RANKS_PER_NODE"))
     kept = memo.get(key)
     if kept is not None and _near(shape.nnz, kept[0]):
         return kept[1]
     name = _priced_choice(shape, None, comm, op)
     memo[key] = (class_counts(shape), name)
     return name
-
-
-#: the position of ``nnz`` among a Shape's fields (the memo key leaves it out).
-_NNZ_FIELD = [f.name for f in dataclasses.fields(Shape)].index("nnz")
 
 
 def _near(counts: tuple[int, ...], reference: tuple[int, ...]) -> bool:
