@@ -21,8 +21,10 @@ V x 64 float32 bytes, nnz = rows per rank, mean), reduced by:
                       (cupycoll._torch_backend), when that module imports
     gloo              dist.all_reduce(grad) on gloo: allgather of indices and values
     gloo dense        dist.all_reduce of the densified gradient (what a dense embedding sends)
-    coalesce          this rank's coalescing alone, as cupycoll.torch does it (#wrong: values
-                      off torch's coalesce() beyond float32 order, as for the reductions)
+    coalesce          this rank's coalescing alone by cupycoll.coo_reduce (#wrong: values off
+                      torch's coalesce() beyond float32 order, as for the reductions); the
+                      sparse allreduce's mask algorithm sums the duplicates where its rows
+                      land instead, other algorithms coalesce so
     torch coalesce    grad.coalesce() alone (the share of it in gloo's time)
 
 Table 2, one DDP training step (forward, backward, SGD) with the sparse embedding through the
@@ -44,9 +46,9 @@ from mpi4py import MPI
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import cupycoll as cc
+from cupycoll.primitives import coo_reduce
 import cupycoll.torch as cct
 from cupycoll._background import runner
-from cupycoll.torch._coalesce import coalesce
 from cupycoll.comm import bus_factor
 
 WIDTH, HIDDEN, CLASSES, SAMPLES = 64, 256, 64, 64
@@ -155,6 +157,16 @@ def reduce_calls(grad: torch.Tensor, hook_comm, group, args) -> dict:
     return calls
 
 
+def coalesced(grad: torch.Tensor) -> torch.Tensor:
+    """``grad`` coalesced by ``cupycoll.coo_reduce`` (each row's duplicates added in input
+    order)."""
+    indices, values = coo_reduce(grad._indices()[0].numpy(),
+                                    grad._values().reshape(grad._nnz(), -1).numpy())
+    return torch.sparse_coo_tensor(torch.from_numpy(indices)[None],
+                                   torch.from_numpy(values).reshape(-1, *grad.shape[1:]),
+                                   grad.shape, check_invariants=True)
+
+
 def _reduced(tensor: torch.Tensor, group=None) -> torch.Tensor:
     dist.all_reduce(tensor, group=group)
     return tensor
@@ -180,11 +192,8 @@ def table_reduce(table: Table, vocab: int, grad: torch.Tensor, hook_comm, group,
     expected = _reduced(grad.clone()).coalesce()
     bad = {name: wrong(fn() if name != "gloo dense" else _reduced(grad.to_dense()), expected,
                        comm.size if name == "hook" else 1) for name, fn in calls.items()}
-    calls.update({"coalesce": lambda: coalesce(grad), "torch coalesce": grad.coalesce})
-    indices, values = coalesce(grad)
-    bad["coalesce"] = wrong(torch.sparse_coo_tensor(indices[None], values, grad.shape,
-                                                    check_invariants=True),
-                            grad.coalesce(), 1)
+    calls.update({"coalesce": lambda: coalesced(grad), "torch coalesce": grad.coalesce})
+    bad["coalesce"] = wrong(coalesced(grad), grad.coalesce(), 1)
     bad["torch coalesce"] = 0
     sent = {}
     for name in ("hook", "cupycoll"):

@@ -45,6 +45,10 @@ class Algorithm:
             caller's dtype; ``finish``: avg, the cast and NaN bits of reduced values); its
             work model prices that output. None: a dense output is the sparse result written
             into zeros.
+        unfolded: its run function also takes this rank's values as
+            :class:`cupycoll.primitives._unfolded.Unfolded` rows (a host input with
+            duplicate indices, summed where the rows land: :func:`cupycoll.sparse.dense.
+            scatter_into`); the plan hands every other algorithm the coalesced values.
         coded: its traffic carries sparse entries, so a compact wire applies (False: it
             moves dense values only, and every call of it runs on coo).
         tie: on equal predicted times the lower wins (then the earlier registered).
@@ -60,6 +64,7 @@ class Algorithm:
     counts: bool = False
     prices: tuple[str, ...] = ()
     dense_output: Callable | None = None
+    unfolded: bool = False
     coded: bool = True
     tie: int = 0
     selector: Any = None

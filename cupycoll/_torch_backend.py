@@ -180,7 +180,7 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
                             collectives.allreduce, array, op, out=array)
 
     def _sparse_allreduce(self, tensor: torch.Tensor, op: ReduceOp, opts: Any) -> TorchWork:
-        index, values, n = sparse_parts(tensor, self.rank())
+        index, values, n = sparse_parts(tensor, op, self.rank())
 
         def finish(result: Any) -> list[torch.Tensor]:
             with torch.no_grad():

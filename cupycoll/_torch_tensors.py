@@ -103,11 +103,12 @@ def copied_back(tensor: torch.Tensor, worked: torch.Tensor) -> torch.Tensor:
     return tensor.copy_(worked.reshape(tensor.shape))
 
 
-def sparse_parts(tensor: torch.Tensor, rank: int) -> tuple[Any, Any, int]:
-    """(row indices, values, n) of a sparse COO tensor for :func:`cupycoll.sparse_allreduce`.
+def sparse_parts(tensor: torch.Tensor, op: ReduceOp, rank: int) -> tuple[Any, Any, int]:
+    """(row indices, values, n) of a sparse COO tensor for :func:`cupycoll.sparse_allreduce`
+    with ``op``.
 
-    The tensor is coalesced first, its duplicates summed as torch's COO means them whatever the
-    reduction, by ``cupycoll.torch``'s coalesce (each row's duplicates added in input order).
+    Its duplicates are summed as torch's COO means them whatever the reduction, each row's in
+    input order (``cupycoll.torch``'s :func:`entries`: by cupycoll's sum where ``op`` sums).
     Several sparse dimensions are linearised row-major into one index in [0, n) first; dense
     trailing dimensions are flattened into the rows' width; bfloat16 values become a float32
     copy.
@@ -115,14 +116,14 @@ def sparse_parts(tensor: torch.Tensor, rank: int) -> tuple[Any, Any, int]:
     Raises:
         InvalidType: values of a dtype cupycoll's sparse allreduce does not take.
     """
-    from .torch._coalesce import coalesce  # here: cupycoll.torch imports this module
+    from .torch._coalesce import entries  # here: cupycoll.torch imports this module
 
     if tensor.dtype != torch.bfloat16 and tensor.dtype not in _SPARSE_VALUES:
         raise InvalidType("tensor", str(tensor.dtype), "sparse values of dtype float16, "
                           "bfloat16, float32, float64, int32 or int64", rank=rank)
     shape = tuple(tensor.shape)
     n = math.prod(shape[:tensor.sparse_dim()])
-    index, values = coalesce(_one_sparse_dim(tensor, n))
+    index, values = entries(_one_sparse_dim(tensor, n), op)
     if values.dtype == torch.bfloat16:
         values = values.to(torch.float32)
     if values.dim() > 2:

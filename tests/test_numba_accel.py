@@ -680,3 +680,61 @@ def test_auto_imports_numba_in_the_background_and_numpy_runs_meanwhile(
     monkeypatch.setattr(_accel, "_LOADED", None)
     monkeypatch.setenv("CUPYCOLL_NUMBA", "auto")
     assert _accel.ready() is not None and _accel._LOADED is not None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64"])
+@pytest.mark.parametrize("row", [(), (1,), (5,), (2, 3)])
+def test_unfolded_rows_fold_where_they_land(monkeypatch, dtype, row):
+    """Entries with duplicates, left unfolded: their keys are the sorted distinct indices;
+    ``into`` writes each key's rows, the first copied and the others added in input order
+    (-0 kept; NaN bits aside, which the sparse allreduce makes canonical), at its slot of a larger buffer and leaves every other
+    row as it was; ``folded`` is coo_reduce's sum bit for bit."""
+    from cupycoll.primitives import _unfolded
+
+    monkeypatch.setattr(_accel, "_FAST_FROM", 0)
+    monkeypatch.setenv("CUPYCOLL_NUMBA", "on")
+    rng = np.random.default_rng(len(row))
+    idx = rng.zipf(1.3, 3000).clip(max=400) + 50  # hot rows repeat; span [51, 450]
+    val = values(rng, dtype, (idx.size,) + row)
+    unfolded = _unfolded.unfold(idx, val, np.dtype(dtype))
+    sums: dict = {}
+    with np.errstate(all="ignore"):
+        for i, v in zip(idx.tolist(), val):
+            sums[i] = sums[i] + v if i in sums else v.copy()
+    keys = sorted(sums)
+    assert unfolded.keys.tolist() == keys and unfolded.shape == (len(keys),) + row
+    union = np.union1d(keys, np.arange(0, 600, 7))
+    slots = np.searchsorted(union, keys)
+    out = np.full((union.size,) + row, 7, dtype)
+    assert unfolded.into(out, slots) is out
+    want = np.full_like(out, 7)
+    want[slots] = np.stack([sums[k] for k in keys])
+    assert canonical(out).tobytes() == canonical(want).tobytes()
+    flat = val.reshape(idx.size, -1) if row else val
+    keys, summed = P.coo_reduce(idx, flat)
+    same((unfolded.keys, unfolded.folded().reshape(summed.shape)), (keys, summed))
+    assert _unfolded.unfold(idx[:0], val[:0], np.dtype(dtype)) is None
+    assert _unfolded.unfold(np.array([0, 1 << 30]), val[:2], np.dtype(dtype)) is None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_division_finding_specials_is_numpys_division(dtype):
+    """An average's division and NaN check in one pass: numpy's ``/=`` bits; flags a NaN or an
+    infinity among the quotients."""
+    from cupycoll.primitives import _numba
+
+    rng = np.random.default_rng(3)
+    for special in (None, np.nan, -np.inf):
+        v = values(rng, dtype, (999,))
+        v[~np.isfinite(v)] = 1.0
+        if special is not None:
+            v[500] = special
+        got, want = v.copy(), v.copy()
+        assert _numba.divide_finding_specials(got, 3) == (special is not None)
+        want /= 3
+        assert got.tobytes() == want.tobytes()
+
+
+def canonical(a: np.ndarray) -> np.ndarray:
+    """``a`` with every NaN as numpy's (its sign and payload follow the order of operands)."""
+    return np.where(np.isnan(a), np.nan, a) if a.dtype.kind == "f" else a

@@ -85,12 +85,38 @@ def test_run_names_the_call_passes_the_prepared_call_and_copies_an_aliased_resul
         seen.update(verb=on._verb, args=(on, indices, values, n, op, accumulate_dtype, wire))
         return indices, values  # aliases the prepared input
 
-    out_i, out_v = api._run(comm, prepared, algorithm, wire)
+    out_i, out_v = api._run(comm, prepared, algorithm, val, wire)
     assert seen["verb"] == "sparse_allreduce"
     assert seen["args"] == (comm, idx, val, 100, ReduceOp.SUM, np.dtype(np.float64), wire)
     assert out_i.tolist() == [2, 5] and out_v.tolist() == [4.0, -6.0]  # P = 1: avg = sum
     assert not np.may_share_memory(out_i, idx) and not np.may_share_memory(out_v, val)
     assert comm._verb is None
+
+
+@pytest.mark.parametrize("op", ["sum", "avg", "max"])
+def test_uncoalesced_rows_reach_mask_unsummed_and_the_others_coalesced(comm, monkeypatch, op):
+    """A host sum's duplicate rows go to ``mask`` as Unfolded rows (summed where they land)
+    and to every other algorithm coalesced; any other op coalesces first. Every algorithm
+    returns the input-order sums (Python floats)."""
+    from cupycoll.primitives import _accel
+    from cupycoll.primitives._unfolded import Unfolded
+    from cupycoll.sparse import mask
+
+    monkeypatch.setattr(_accel, "_FAST_FROM", 0)
+    monkeypatch.setenv("CUPYCOLL_NUMBA", "on")
+    kinds = []
+    real = mask.scatter_into
+    monkeypatch.setattr(mask, "scatter_into", lambda out, at, values: (
+        kinds.append(type(values)), real(out, at, values))[1])
+    idx = np.array([7, 2, 7, 9, 2, 7])
+    val = np.array([[1.5, -0.0], [2.0, 3.0], [0.25, -0.0], [4.0, 5.0], [8.0, 1.0], [1.0, -0.0]])
+    for name in cc.algorithms("sparse"):
+        got = cc.sparse_allreduce(idx, val, 10, op=op, algorithm=name, comm=comm)
+        assert got.indices.tolist() == [2, 7, 9], name
+        want = [[10.0, 4.0], [2.75, -0.0], [4.0, 5.0]] if op != "max" else \
+            [[8.0, 3.0], [1.5, -0.0], [4.0, 5.0]]
+        assert got.values.tolist() == want and np.signbit(got.values[1, 1]), name
+    assert kinds == [Unfolded if op != "max" else np.ndarray]
 
 
 def test_front_door_validates_under_its_name_and_returns_on_the_given_comm(comm, monkeypatch):

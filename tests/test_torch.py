@@ -293,16 +293,18 @@ def test_out_is_the_callers_tensor(verb, async_op):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.float16])
 @pytest.mark.parametrize("numba", ["on", "off"])
 @pytest.mark.parametrize("entries", [5000, 40000])
-def test_coalescing_adds_each_rows_duplicates_in_input_order(dtype, numba, entries,
-                                                             monkeypatch):
-    """Coalescing (numba's table from 0 entries here, numpy's sort with CUPYCOLL_NUMBA=off)
-    gives the sorted unique rows and, for each, its entries added one at a time in input order
-    (:func:`input_order_sums`), -0 kept. Zipf ids: hot
-    rows repeat hundreds of times, so the order of the additions shows in the bits. Where
-    torch's sort keeps equal ids in input order (40,000 entries) that is torch's coalesce()
-    bit for bit."""
+@pytest.mark.parametrize("algorithm, op", [("mask", "sum"), ("allgather", "avg"),
+                                           ("allgather", "max")])
+def test_coalescing_adds_each_rows_duplicates_in_input_order(dtype, numba, entries, algorithm,
+                                                             op, monkeypatch):
+    """One rank's sparse allreduce of an uncoalesced gradient (numba's table from 0 entries
+    here, numpy's sort with CUPYCOLL_NUMBA=off; summed where mask's rows land, coalesced
+    first for allgather, by cupycoll.torch for a max) gives the sorted unique rows and, for
+    each, its entries added one at a time in input order (:func:`input_order_sums`), -0 kept.
+    Zipf ids: hot rows repeat hundreds of times, so the order of the additions shows in the
+    bits. Where torch's sort keeps equal ids in input order (40,000 entries) that is torch's
+    coalesce() bit for bit."""
     from cupycoll.primitives import _accel
-    from cupycoll.torch import _coalesce
 
     monkeypatch.setenv("CUPYCOLL_NUMBA", numba)
     monkeypatch.setattr(_accel, "_FAST_FROM", 0)
@@ -312,7 +314,9 @@ def test_coalescing_adds_each_rows_duplicates_in_input_order(dtype, numba, entri
     values[ids == ids[-1]] = -0.0  # a row of -0 (once or many times)
     grad = torch.sparse_coo_tensor(ids[None], values.to(dtype), (5000, 3, 2),
                                    check_invariants=True)
-    indices, summed = _coalesce.coalesce(grad)
+    reduced = cct.sparse_allreduce(grad, op=op, algorithm=algorithm, comm=cc.init("mpi"),
+                                   accumulate_dtype=torch.empty(0, dtype=dtype).numpy().dtype)
+    indices, summed = reduced._indices()[0], reduced._values()
     keys, want = input_order_sums(grad)
     assert indices.tolist() == keys
     assert summed.dtype == dtype and summed.shape == (len(keys), 3, 2)

@@ -207,9 +207,14 @@ def test_rendezvous_takes_rank_and_size_from_mpi():
 
 @pytest.mark.parametrize("shape, row", [((9,), ()), ((9, 4), (4,)), ((3, 3, 2), (2,)),
                                         ((5, 4), ())])
-def test_sparse_tensors_round_trip(shape, row):
-    """What the sparse allreduce sends, turned back into a tensor, is the coalesced input
-    (several sparse dimensions linearised row-major; one rank's worth: no communication)."""
+@pytest.mark.parametrize("op", [ReduceOp.SUM, ReduceOp.MAX])
+def test_sparse_tensors_round_trip(shape, row, op):
+    """What the sparse allreduce makes of the parts, turned back into a tensor, is the
+    coalesced input (several sparse dimensions linearised row-major; one rank: no
+    communication; a sum's parts go uncoalesced, a max's summed first)."""
+    import cupycoll as cc
+
+    comm = cc.init("mpi")
     sparse_dims = len(shape) - len(row)
     gen = torch.Generator().manual_seed(len(shape))
     for nnz in (0, 6):
@@ -217,9 +222,9 @@ def test_sparse_tensors_round_trip(shape, row):
                              for s in shape[:sparse_dims]])
         x = torch.sparse_coo_tensor(index, torch.randn((nnz,) + row, generator=gen), shape,
                                     check_invariants=True)
-        flat, values, n = sparse_parts(x, rank=0)
+        flat, values, n = sparse_parts(x, op, rank=0)
         assert n == int(np.prod(shape[:sparse_dims])) and flat.ndim == 1
-        back = sparse_tensor(SparseResult(flat, values, n), x)
+        back = sparse_tensor(cc.sparse_allreduce(flat, values, n, op=op, comm=comm), x)
         want = x.coalesce()
         assert back.is_coalesced() and back.shape == x.shape
         assert torch.equal(back.indices(), want.indices())
@@ -227,14 +232,19 @@ def test_sparse_tensors_round_trip(shape, row):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.int64])
-def test_duplicates_are_summed(dtype):
+@pytest.mark.parametrize("op", [ReduceOp.SUM, ReduceOp.MAX])
+def test_duplicates_are_summed(dtype, op):
     """An uncoalesced tensor (rows repeated, as an embedding gradient): each row's values
-    summed (small integers: exact in any order), against float64 sums."""
+    summed, by the sparse allreduce or before it (small integers: exact in any order),
+    against float64 sums; one rank."""
+    import cupycoll as cc
+
+    comm = cc.init("mpi")
     gen = torch.Generator().manual_seed(5)
     index = torch.randint(0, 20, (1, 500), generator=gen)
     values = (torch.randn(500, 3, generator=gen) * 8).round().to(dtype)
     x = torch.sparse_coo_tensor(index, values, (20, 3), check_invariants=True)
-    flat, summed, _ = sparse_parts(x, rank=0)
+    flat, summed = cc.sparse_allreduce(*sparse_parts(x, op, rank=0), op=op, comm=comm)[:2]
     want = torch.zeros(20, 3, dtype=torch.float64).index_add_(0, index[0], values.double())
     assert flat.tolist() == sorted(set(index[0].tolist()))
     assert torch.equal(torch.from_numpy(np.asarray(summed)).double(),
@@ -245,7 +255,7 @@ def test_sparse_values_of_other_dtypes_are_refused():
     x = torch.sparse_coo_tensor(torch.tensor([[1]]), torch.ones(1, dtype=torch.int8), (3,),
                                 check_invariants=True)
     with pytest.raises(InvalidType, match="'tensor' on rank 2.*torch.int8"):
-        sparse_parts(x, rank=2)
+        sparse_parts(x, ReduceOp.SUM, rank=2)
 
 
 def test_working_tensors_write_results_back():

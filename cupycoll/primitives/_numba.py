@@ -32,12 +32,16 @@ from ._numba_merge import close_up, fold_part, merge_blocks
 from ._numba_dense import (add_rows, copy_hit_rows, copy_hits, copy_unequal,  # noqa: F401
                            densify_sorted, hit_masks, index_stats, MAGNITUDE, OUTSIDE,
                            positions_in, row_hits, scatter_rows, special_values, UNEQUAL,
+                           divide_finding_specials,
                            union_sorted)
-from ._numba_small import SUM_DTYPES, sum_parts, sum_two, sum_unsorted  # noqa: F401
+from ._numba_small import (SUM_DTYPES, distinct_sorted, fold_rows, sum_parts,  # noqa: F401
+                           sum_two, sum_unsorted)
 
 __all__ = ["merge", "select", "select_unequal", "select_unequal_rows", "count", "densify_sorted",
-           "scatter_rows", "add_rows", "special_values", "index_stats", "positions_in",
-           "union_sorted", "sum_parts", "sum_two", "sum_unsorted", "SUM_DTYPES", "threads",
+           "scatter_rows", "add_rows", "special_values", "divide_finding_specials",
+           "index_stats", "positions_in",
+           "union_sorted", "sum_parts", "sum_two", "sum_unsorted", "distinct_sorted", "fold_rows",
+           "SUM_DTYPES", "threads",
            "free_scratch"]
 
 #: op codes of the merge loop, keyed by the numpy ufunc of _types.UFUNCS.

@@ -18,7 +18,8 @@ from numba.cpython.unsafe.numbers import trailing_zeros
 
 from ._numba_cache import make_process_safe
 
-__all__ = ["densify_sorted", "scatter_rows", "add_rows", "special_values", "index_stats",
+__all__ = ["densify_sorted", "scatter_rows", "add_rows", "special_values",
+           "divide_finding_specials", "index_stats",
            "union_sorted", "positions_in", "hit_masks", "copy_hits", "copy_unequal",
            "row_hits", "copy_hit_rows", "BITS_UP_TO", "UNEQUAL", "MAGNITUDE", "OUTSIDE"]
 
@@ -127,6 +128,24 @@ def special_values(values: np.ndarray) -> tuple[bool, bool]:
     nonfinite, negative_zero = _specials(bits, bits.dtype.type(exponent),
                                          bits.dtype.type(1 << (8 * size - 1)))
     return bool(nonfinite), bool(negative_zero)
+
+
+@njit(cache=True, nogil=True)
+def _divided_specials(flat, by):  # type: ignore[no-untyped-def]
+    nonfinite = False
+    for i in range(flat.size):
+        x = flat[i] / by
+        flat[i] = x
+        nonfinite |= not np.isfinite(x)
+    return nonfinite
+
+
+def divide_finding_specials(values: np.ndarray, size: int) -> bool:
+    """Divide the C-contiguous float ``values`` by ``size`` in place, in their dtype (the bits
+    of numpy's ``values /= size``), and tell whether any quotient is a NaN or an infinity:
+    one pass."""
+    flat = values.reshape(-1)
+    return bool(_divided_specials(flat, flat.dtype.type(size)))
 
 
 @njit(cache=True, nogil=True)

@@ -20,7 +20,7 @@ from numba import njit
 
 from ._numba_cache import make_process_safe
 
-__all__ = ["sum_parts", "sum_two", "sum_unsorted", "SUM_DTYPES"]
+__all__ = ["sum_parts", "sum_two", "sum_unsorted", "distinct_sorted", "fold_rows", "SUM_DTYPES"]
 
 #: accumulate dtypes the loop adds in (float16 has no native numba arithmetic).
 SUM_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "int32", "int64"))
@@ -169,23 +169,40 @@ def _distinct(idx, lo, table, keys):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def _fold_in_order(idx, lo, table, keys, rows, out_val):  # type: ignore[no-untyped-def]
-    """Number the sorted ``keys`` in ``table``, then walk the entries in input order: an index's
-    first row copied, later ones added (a left fold in input order); ``table`` back to -1."""
+def _unmark(keys, lo, table):  # type: ignore[no-untyped-def]
     for i in range(keys.size):
-        table[keys[i] - lo] = i
-    seen, width = np.zeros(keys.size, np.bool_), rows.shape[1]
+        table[keys[i] - lo] = -1
+
+
+@njit(cache=True, nogil=True)
+def fold_rows(idx, lo, table, keys, slots, rows, out):  # type: ignore[no-untyped-def]
+    """Sum the rows of the entries of each index into ``out[slots[i]]`` for ``keys[i]``
+    (:func:`distinct_sorted` of ``idx``), left-folded in input order, the first copied (so -0
+    and every bit as ``coo_reduce``). ``rows``: 2-D, ``out``: C-contiguous 2-D of their dtype,
+    one of ``SUM_DTYPES``; ``table`` as :func:`distinct_sorted` takes it, pointing each key at
+    its slot for the walk."""
+    for i in range(keys.size):
+        table[keys[i] - lo] = slots[i]
+    seen, width = np.zeros(out.shape[0], np.bool_), rows.shape[1]
     for j in range(idx.size):
         at = table[idx[j] - lo]
         if seen[at]:
             for e in range(width):
-                out_val[at, e] += rows[j, e]
+                out[at, e] += rows[j, e]
         else:
             seen[at] = True
             for e in range(width):
-                out_val[at, e] = rows[j, e]
-    for i in range(keys.size):
-        table[keys[i] - lo] = -1
+                out[at, e] = rows[j, e]
+    _unmark(keys, lo, table)
+
+
+def distinct_sorted(idx: np.ndarray, lo: int, table: np.ndarray) -> np.ndarray:
+    """The ascending distinct values of ``idx`` (all in [lo, lo + table.size)). ``table``:
+    int32, all -1, as it is again on return."""
+    keys = np.empty(idx.size, idx.dtype)
+    keys = np.sort(keys[:_distinct(idx, lo, table, keys)])
+    _unmark(keys, lo, table)
+    return keys
 
 
 def sum_unsorted(idx: np.ndarray, val: np.ndarray, acc: np.dtype, lo: int,
@@ -195,12 +212,11 @@ def sum_unsorted(idx: np.ndarray, val: np.ndarray, acc: np.dtype, lo: int,
     order, so the same bits as the sort path. ``table``: int32, a slot for each index from
     ``lo``, all -1 (so again on return); it numbers the distinct indices, so only those are
     sorted and the rows are read once, in input order (docs/primitives.md)."""
-    keys = np.empty(idx.size, idx.dtype)
-    keys = np.sort(keys[:_distinct(idx, lo, table, keys)])
+    keys = distinct_sorted(idx, lo, table)
     row = tuple(val.shape[1:])
     rows = np.ascontiguousarray(val, acc).reshape(idx.size, math.prod(row))
     out_val = np.empty((keys.size, rows.shape[1]), acc)
-    _fold_in_order(idx, lo, table, keys, rows, out_val)
+    fold_rows(idx, lo, table, keys, np.arange(keys.size, dtype=np.int32), rows, out_val)
     return keys, out_val.reshape((keys.size,) + row)
 
 

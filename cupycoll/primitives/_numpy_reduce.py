@@ -4,10 +4,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from functools import partial
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -180,19 +181,35 @@ def coo_reduce(indices: Any, values: Any, op: Any = "sum", n: int | None = None,
     if idx.size == 0:
         return idx.copy(), val.copy()
     lo = int(idx.min())
-    wide = math.prod(val.shape[1:]) > 1  # rows; _fast counts elements, as merges do
-    loops = _fast(val.size) if ufunc is np.add and _table_fits(hi - lo + 1, idx.size, wide) \
-        else None
-    if loops is not None and acc in loops.SUM_DTYPES:
-        table = _accel.kept_filled(hi - lo + 1, np.int32, -1)  # this thread's, kept
-        with np.errstate(all="ignore"):  # the cast into acc, as every path makes it
+    loops = _table_loops(idx, val, ufunc, acc, lo, hi)
+    if loops is not None:
+        with _index_table(lo, hi) as table, np.errstate(all="ignore"):  # the cast into acc
             keys, rows = loops.sum_unsorted(idx, val, acc, lo, table)
-        _accel.mark_filled(table, -1)
         return _narrowed(keys, rows, keys.size, val.dtype)
     out_idx, out_val = np.empty_like(idx), np.empty(val.shape, acc)
     with np.errstate(all="ignore"):
         runs = _coalesce([idx], lo, hi, val, ufunc, out_idx, out_val)
     return _narrowed(out_idx, out_val, runs, val.dtype)
+
+
+def _table_loops(idx: np.ndarray, val: np.ndarray, ufunc: Any, acc: np.dtype, lo: int,
+                 hi: int) -> Any:
+    """numba's loops where an unsorted reduction of ``idx``, ``val`` in ``acc`` takes its table
+    (a sum, of a size numba takes, over a span :func:`_table_fits`, in a dtype it adds);
+    else None."""
+    wide = math.prod(val.shape[1:]) > 1  # rows; _fast counts elements, as merges do
+    loops = _fast(val.size) if ufunc is np.add and _table_fits(hi - lo + 1, idx.size, wide) \
+        else None
+    return loops if loops is not None and acc in loops.SUM_DTYPES else None
+
+
+@contextlib.contextmanager
+def _index_table(lo: int, hi: int) -> Iterator[np.ndarray]:
+    """numba's index table over [lo, hi] (this thread's, kept): all -1 before, and declared
+    so again after (not after an error: the next call fills it)."""
+    table = _accel.kept_filled(hi - lo + 1, np.int32, -1)
+    yield table
+    _accel.mark_filled(table, -1)
 
 
 def _table_fits(span: int, entries: int, rows: bool) -> bool:

@@ -68,8 +68,9 @@ _SIGNED_BITS = {2: np.int16, 4: np.int32, 8: np.int64}
 _LEAST = {size: int(np.iinfo(t).min) for size, t in _SIGNED_BITS.items()}
 
 
-def canonical_nan(values: Any) -> Any:
-    """Give every NaN in float ``values`` numpy's NaN bits, in place, and return ``values``.
+def canonical_nan(values: Any, divide_by: int = 1) -> Any:
+    """Give every NaN in float ``values`` numpy's NaN bits, in place, and return ``values``;
+    ``divide_by`` > 1 (an average's P): divide them by it first, in the same read on the host.
 
     A NaN's sign and payload depend on the order of the operands (x86 keeps the first NaN and
     makes ``inf - inf`` a negative NaN; MPI's built-in ops combine in a per-rank order), so
@@ -81,8 +82,15 @@ def canonical_nan(values: Any) -> Any:
     if values.dtype.kind != "f" or values.size == 0:
         return values
     fast = _accel._fast(values.size) if isinstance(values, np.ndarray) else None
-    if fast is not None and not fast.special_values(values)[0]:  # one read, no NaN: done
-        return values
+    if fast is not None and divide_by > 1 and values.flags.c_contiguous \
+            and values.dtype.itemsize >= 4:  # numba divides float32 and float64
+        if not fast.divide_finding_specials(values, divide_by):  # one pass, no NaN: done
+            return values
+    else:
+        if divide_by > 1:
+            values /= divide_by
+        if fast is not None and not fast.special_values(values)[0]:  # one read, no NaN: done
+            return values
     xp = array_namespace(values)
     xp.copyto(values, values.dtype.type(np.nan), where=xp.isnan(values))
     return values

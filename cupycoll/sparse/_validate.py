@@ -37,6 +37,7 @@ from ..errors import CupycollError, InvalidArgument, InvalidType
 from ..primitives import VALUE_DTYPES, coo_reduce
 from ..primitives._accel import _fast
 from ..primitives._checks import _index_stats
+from ..primitives._unfolded import unfold
 from ..wire._choice import check_wire, check_wire_values, decode_code, wire_code
 from ..wire._pack import COO, Wire
 from . import learn, small
@@ -60,8 +61,9 @@ AUTO_MODES = ("estimate", "measure", "learn")
 
 @dataclasses.dataclass
 class Prepared:
-    """A validated call: coalesced sorted local input (values in the accumulate dtype) and the
-    arguments every rank agreed on."""
+    """A validated call: coalesced sorted local input (values in the accumulate dtype, or
+    their :class:`cupycoll.primitives._unfolded.Unfolded` rows) and the arguments every rank
+    agreed on."""
 
     indices: Any
     values: Any
@@ -216,9 +218,16 @@ def _check_range(idx: Any, n: int, rank: int) -> bool:
     return increasing
 
 
-def _coalesce(idx: Any, val: Any, op: ReduceOp, acc: np.dtype,
-              increasing: bool) -> tuple[Any, Any]:
-    """Sorted unique local input with values in ``acc`` (duplicates reduced with the op)."""
+def _coalesce(idx: Any, val: Any, op: ReduceOp, acc: np.dtype, increasing: bool,
+              output: str) -> tuple[Any, Any]:
+    """Sorted unique local input with values in ``acc`` (duplicates reduced with the op); a
+    host sum's values for a sparse output as :class:`Unfolded` rows where numba's table takes
+    them (summed where they land, by an algorithm that takes them so: ``Algorithm.unfolded``)."""
+    if not increasing and output == "sparse" and op in (ReduceOp.SUM, ReduceOp.AVG) \
+            and type(val) is np.ndarray:
+        rows = unfold(idx, val, acc)
+        if rows is not None:
+            return rows.keys, rows
     if val.dtype != acc:
         val = val.astype(acc)
     if not increasing:
@@ -249,7 +258,7 @@ def _local(comm: Any, indices: Any, values: Any, n: Any, op: Any, algorithm: Any
         value_dtype = np.dtype(val.dtype)
         buffer = _out(comm, out, output, alloc_fn, length, width, value_dtype, rank)
         increasing = _check_range(idx, length, rank)
-        idx, val = _coalesce(idx, val, red, acc, increasing)
+        idx, val = _coalesce(idx, val, red, acc, increasing, output)
         mode = setting("CUPYCOLL_AUTO") if name == "auto" else "estimate"
     except CupycollError as exc:
         return None, exc

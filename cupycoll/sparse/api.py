@@ -21,6 +21,7 @@ from .._result import SparseResult
 from .._types import ReduceOp, array_namespace, as_array, like_caller, to_host, trunc_divide
 from ..comm import Communicator, get_comm
 from ..errors import InvalidArgument, InvalidType
+from ..primitives._unfolded import Unfolded, folded
 from . import auto as _auto
 from . import dense as _dense
 from . import learn as _learn
@@ -180,7 +181,8 @@ def plan(comm: Communicator, prepared: Prepared, async_op: bool = False) -> Plan
                     trials, learning)
     # the validation told every rank's nnz: algorithms that take them skip a size round
     fn = lookup("sparse", name, rank=comm.rank, counts=prepared.nnz, **prices)
-    return Plan(name, wire, lambda on: _run(on, prepared, fn, wire), trials, learning)
+    values = prepared.values if found.unfolded else folded(prepared.values)
+    return Plan(name, wire, lambda on: _run(on, prepared, fn, values, wire), trials, learning)
 
 
 def _pick(comm: Communicator, prepared: Prepared, shape: Shape, async_op: bool
@@ -198,14 +200,15 @@ def _pick(comm: Communicator, prepared: Prepared, shape: Shape, async_op: bool
     return _auto.choose(shape, comm=comm, op=prepared.op), None, None
 
 
-def _run(comm: Communicator, prepared: Prepared, fn: Callable, wire: Wire) -> tuple[Any, Any]:
-    """Run the algorithm, then :func:`_sparse_result` of its result (copied if it aliases the
-    input)."""
+def _run(comm: Communicator, prepared: Prepared, fn: Callable, values: Any, wire: Wire
+         ) -> tuple[Any, Any]:
+    """Run the algorithm on ``values`` (the prepared ones, folded unless it takes them
+    unfolded), then :func:`_sparse_result` of its result (copied if it aliases the input)."""
     with comm.calling("sparse_allreduce"):
-        idx, val = fn(comm, prepared.indices, prepared.values, prepared.n, prepared.reduce_op,
+        idx, val = fn(comm, prepared.indices, values, prepared.n, prepared.reduce_op,
                       prepared.accumulate_dtype, wire)
     xp = comm.xp
-    if xp.may_share_memory(val, prepared.values):
+    if not isinstance(values, Unfolded) and xp.may_share_memory(val, values):
         val = val.copy()
     if xp.may_share_memory(idx, prepared.indices):
         idx = idx.copy()
@@ -224,8 +227,11 @@ def _sparse_result(comm: Communicator, prepared: Prepared, idx: Any, val: Any) -
 
 def _callers_values(comm: Communicator, prepared: Prepared, val: Any, nan_bits: bool) -> Any:
     """Reduced values (entries' rows or a dense block) as the caller's: avg, the cast, and,
-    where ``nan_bits``, numpy's NaN bits."""
+    where ``nan_bits``, numpy's NaN bits (a float average of the caller's dtype: the division
+    and the NaN bits in one pass)."""
     if prepared.op is ReduceOp.AVG:
+        if nan_bits and val.dtype.kind == "f" and val.dtype == prepared.value_dtype:
+            return canonical_nan(val, comm.size)
         trunc_divide(val, comm.size)
     val = val.astype(prepared.value_dtype, copy=False)
     return canonical_nan(val) if nan_bits else val

@@ -51,6 +51,7 @@ from .._registry import register
 from .._types import ReduceOp, array_namespace, distinct
 from ..primitives import gather
 from ..primitives._accel import _fast, kept_filled, mark_filled
+from ..primitives._unfolded import Unfolded
 from ._common import (allreduce_values, bitmap_chunk, bitmap_or_allreduce, has_minus_zero,
                       native_keeps_minus_zero, presence, union_of_presence, value_row_bytes)
 from ._cost import Cost, Shape
@@ -137,7 +138,10 @@ def densify_into(out: Any, indices: Any, values: Any) -> Any:
 
 
 def scatter_into(out: Any, indices: Any, values: Any) -> Any:
-    """``out[indices] = values`` for unique ``indices`` in range: one numba loop on the host."""
+    """``out[indices] = values`` for unique ``indices`` in range: one numba loop on the host
+    (``values`` :class:`Unfolded`: each row the sum of its entries, folded there)."""
+    if isinstance(values, Unfolded):
+        return values.into(out, indices)
     fast = _fast(values.size) if isinstance(out, np.ndarray) else None
     if fast is not None and values.dtype == out.dtype:
         fast.scatter_rows(out, indices, values)

@@ -39,7 +39,10 @@ def mask(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
          counts: Sequence[int] | None = None) -> tuple[Any, Any]:
     """Allgatherv the indices, zero-fill the union rows with local values, allreduce them.
 
-    ``counts``: every rank's nnz when the caller knows them (then no size round on coo)."""
+    ``values``: this rank's coalesced rows, or its
+    :class:`cupycoll.primitives._unfolded.Unfolded` rows (a host input with duplicates), then
+    summed straight into the union rows. ``counts``: every rank's nnz when the caller knows
+    them (then no size round on coo)."""
     xp = comm.xp
     if wire.compact:  # encoded index streams (blocks without values)
         nothing = xp.empty((indices.shape[0], 0), dtype=np.int32)
@@ -79,4 +82,4 @@ def work(shape: Shape, rank: int, profile: Any = None) -> dict[str, float]:
     return {"union": shape.total_nnz, "row": shape.nnz[rank] * w, "fill": shape.union * w}
 
 
-ALGORITHM = register("sparse", "mask", mask, cost=cost, work=work, counts=True)
+ALGORITHM = register("sparse", "mask", mask, cost=cost, work=work, counts=True, unfolded=True)

@@ -25,6 +25,7 @@ import numpy as np
 from .. import _agreement as agreement
 from .._types import ReduceOp
 from ..primitives import _accel
+from ..primitives._unfolded import folded
 from ..wire import round_values
 from ._common import reduce_parts
 from ._cost import Cost, Shape
@@ -73,6 +74,7 @@ def pack(comm: Any, vec: np.ndarray, at: int, idx: Any, val: Any,
     xp = comm.xp
     if xp is not np:
         vec = xp.asarray(vec)
+    val = folded(val)
     if nnz:
         if wire_values is not None and p > 1 and val.dtype.kind == "f" and val.dtype.itemsize >= 4:
             val = round_values(val, wire_values)[1].astype(val.dtype, copy=False)

@@ -1,10 +1,10 @@
 """``cupycoll.torch.sparse_allreduce``: torch sparse COO tensors (an ``nn.Embedding(sparse=True)``
 gradient) through cupycoll's exact sparse allreduce, at once or on cupycoll's background worker.
 
-Each rank's tensor is coalesced by cupycoll, each row's duplicates added in input order
-(:mod:`._coalesce`: the rows read once, where torch's ``coalesce()`` gathers them in sorted
-order); its rows then go to :func:`cupycoll.sparse_allreduce` as zero-copy views, trailing
-dense dimensions flattened into the row width. Arrays cross as numpy (CPU) or CuPy (CUDA) views: no copy, and none of
+Each rank's rows go to :func:`cupycoll.sparse_allreduce` as zero-copy views, duplicates and
+all: cupycoll adds each row's duplicates in input order (:mod:`._coalesce`: the rows read once,
+where torch's ``coalesce()`` gathers them in sorted order); trailing dense dimensions are
+flattened into the row width. Arrays cross as numpy (CPU) or CuPy (CUDA) views: no copy, and none of
 DLPack's per-call cost on CPU.
 """
 
@@ -22,7 +22,7 @@ from .._result import SparseResult
 from ..comm import Communicator, Work, get_comm
 from ..errors import InvalidArgument, InvalidType
 from ..sparse import sparse_allreduce as _sparse_allreduce
-from ._coalesce import coalesce
+from ._coalesce import entries
 from ._tensors import as_array, future_of
 
 __all__ = ["sparse_allreduce", "start", "future", "reduce"]
@@ -114,7 +114,7 @@ def _settle(result: torch.futures.Future, done: concurrent.futures.Future) -> No
 def reduce(tensor: torch.Tensor, comm: Communicator, *, output: str = "sparse",
            out: Any = None, **kwargs: Any) -> torch.Tensor:
     """The call itself, on ``comm``: coalesce, reduce, and return the torch result."""
-    indices, values = _rows(tensor)
+    indices, values = _rows(tensor, kwargs.get("op", "sum"))
     target = _target(out, tensor, values.dtype)
     result = _sparse_allreduce(as_array(indices), as_array(values), tensor.shape[0],
                                comm=comm, output=output, out=_viewed(target), **kwargs)
@@ -134,12 +134,12 @@ def _check(tensor: Any, rank: int) -> None:
                               rank=rank)
 
 
-def _rows(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """This rank's coalesced rows: 1-D int64 indices and values ``(nnz,)`` or ``(nnz,
-    width)``, bfloat16 as float32."""
+def _rows(tensor: torch.Tensor, op: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's rows (:func:`._coalesce.entries` for ``op``): 1-D int64 indices and values
+    ``(nnz,)`` or ``(nnz, width)``, bfloat16 as float32."""
     if tensor.dtype == torch.bfloat16:  # duplicates summed in float32 too
         tensor = tensor.float()
-    indices, values = coalesce(tensor)
+    indices, values = entries(tensor, op)
     if values.dim() > 2:  # explicit width: reshape(0, -1) of no rows is ambiguous
         values = values.reshape(values.shape[0], math.prod(values.shape[1:]))
     return indices, values.contiguous()
