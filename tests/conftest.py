@@ -1,11 +1,16 @@
 """Session-wide test policy: a skip for any reason but a missing CUDA device fails the run.
 
+The package and the workers are compiled to bytecode once, before any test starts, so the
+mpiexec ranks load it instead of each compiling every module they import (under
+PYTHONDONTWRITEBYTECODE, as on our machines, nothing else writes it).
+
 Also, under mutation testing only (tests/mutation/run.py), hands mutmut the functions that
 the mpiexec workers of a test called, so mutants of multi-rank code are tested by them.
 """
 
 from __future__ import annotations
 
+import compileall
 import os
 from collections import Counter
 from pathlib import Path
@@ -13,6 +18,15 @@ from pathlib import Path
 import pytest
 
 from tests._gpu import NO_DEVICE
+from tests._mpi import ROOT
+
+
+def pytest_configure(config):
+    """Compile ``cupycoll`` and ``tests`` to bytecode in the controlling process (not in
+    each xdist worker)."""
+    if not hasattr(config, "workerinput"):
+        for folder in ("cupycoll", "tests"):
+            compileall.compile_dir(str(ROOT / folder), quiet=1)
 
 
 def skip_reasons(reports) -> Counter:
