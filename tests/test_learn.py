@@ -58,6 +58,18 @@ def test_a_slowed_choice_is_left_and_the_share_off_the_choice_is_bounded():
     assert record.choice() == "a"
 
 
+@pytest.mark.parametrize("slower, calls", [(1.3, 1), (1.05, learn.SAMPLES)])
+def test_a_recheck_stops_after_one_call_of_a_candidate_still_clearly_slower(slower, calls):
+    """After the first trials, each recheck tries the runner-up again: one timed call when it
+    is still over RETRY_WITHIN times the choice (though within ABANDON), SAMPLES when close."""
+    record = learn.Record(["a", "b"])
+    speed = {"a": 1.0, "b": slower}
+    run(record, speed, 2 * (1 + learn.SAMPLES))  # both trials done
+    assert record.exploring() is None and record.choice() == "a" and not record.abandoned
+    ran = run(record, speed, 4 * learn.RECHECK)
+    assert ran.count("b") == 4 * calls and record.choice() == "a"
+
+
 def test_one_candidate_needs_no_trials():
     record = learn.Record(["a"])
     assert run(record, {"a": 1.0}, 10) == ["a"] * 10 and record.choice() == "a"

@@ -10,9 +10,11 @@ and :data:`SAMPLES` timed ones, a candidate stopped after one if it takes over
 :data:`ABANDON` times the best so far. From then on the candidate of least median time over
 its latest :data:`WINDOW` samples runs; the pick's own calls keep its window current, so a
 pick that slows down is left for a faster one. Every :data:`RECHECK` calls one of the others,
-in turn, starts its trials again (its old samples dropped: one call if it is still far slower,
-``SAMPLES`` if it is close). A class's exploration costs at most ``(CANDIDATES - 1) * (1 +
-SAMPLES)`` calls, then one to ``SAMPLES`` calls in ``RECHECK``; a new class next to one that
+in turn, starts its trials again (its old samples dropped: one call if it takes over
+:data:`RETRY_WITHIN` times the pick's median, ``SAMPLES`` if it is that close: a recheck
+looks for a change, and one clearly slower call says there is none). A class's exploration
+costs at most ``(CANDIDATES - 1) * (1 + SAMPLES)`` calls, then one to ``SAMPLES`` calls in
+``RECHECK``; a new class next to one that
 finished its trials (half or twice the total nnz: a loop's drift across a power of two) starts
 from that class's record, its times scaled by the sizes' ratio, without trials of its own.
 
@@ -41,7 +43,7 @@ from ._cost import Shape
 from .measure import kind
 
 __all__ = ["Record", "plan", "finish", "absorb", "pending_us", "save", "load", "records",
-           "WITHIN", "CANDIDATES", "SAMPLES", "ABANDON", "WINDOW", "RECHECK"]
+           "WITHIN", "CANDIDATES", "SAMPLES", "ABANDON", "WINDOW", "RECHECK", "RETRY_WITHIN"]
 
 #: candidates: the algorithms the model prices within this factor of its best
 WITHIN = 2.0
@@ -55,6 +57,9 @@ ABANDON = 1.5
 WINDOW = 8
 #: calls of a class between two timed calls of the runner-up, once the first choice is made
 RECHECK = 32
+#: a candidate tried again at a recheck whose first timed call takes over this factor of the
+#: best median stops there (its first trials stop at ABANDON)
+RETRY_WITHIN = 1.1
 
 
 @dataclasses.dataclass
@@ -72,6 +77,8 @@ class Record:
     #: each candidate's median, kept until its window changes (a call reads them all)
     _medians: dict[str, float] = dataclasses.field(default_factory=dict, repr=False,
                                                    compare=False)
+    #: the candidate tried again at the last recheck, until its first timed call is judged
+    _retrying: str | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def median(self, name: str) -> float:
         found = self._medians.get(name)
@@ -111,6 +118,7 @@ class Record:
                 again = others[(self.calls // RECHECK) % len(others)]
                 self.seconds.pop(again, None)
                 self._changed(again)
+                self._retrying = again
                 if again in self.abandoned:
                     self.abandoned.remove(again)
         name = self.exploring()
@@ -118,7 +126,8 @@ class Record:
 
     def add(self, name: str, seconds: float) -> None:
         """An agreed time of ``name``: its first is the warm-up; then it joins the window, and
-        a candidate in its first trials far slower than the best is abandoned."""
+        a candidate in its first trials far slower than the best (tried again at a recheck:
+        slower than :data:`RETRY_WITHIN` times it) is abandoned."""
         if name not in self.warmed:
             self.warmed.append(name)
             return
@@ -128,8 +137,10 @@ class Record:
         self._changed(name)
         if len(window) > 1 or name in self.abandoned:
             return
+        limit = RETRY_WITHIN if name == self._retrying else ABANDON
+        self._retrying = None if name == self._retrying else self._retrying
         best = min((self.median(c) for c in self.candidates if c != name), default=np.inf)
-        if seconds > ABANDON * best:
+        if seconds > limit * best:
             self.abandoned.append(name)
 
 
