@@ -29,7 +29,18 @@ class _Runner:
         self.comm = dup()
         self.comm.stats = comm.stats  # traffic is booked on the caller's communicator
         self._pool = concurrent.futures.ThreadPoolExecutor(1, "cupycoll-background")
-        self.submit = self._pool.submit
+        self._last: concurrent.futures.Future | None = None
+
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any
+               ) -> concurrent.futures.Future:
+        """Queue ``fn(*args, **kwargs)`` behind everything submitted before it."""
+        self._last = self._pool.submit(fn, *args, **kwargs)
+        return self._last
+
+    def idle(self) -> bool:
+        """Whether everything submitted has run (then the submitting thread may use
+        :attr:`comm` itself, in the same call order)."""
+        return self._last is None or self._last.done()
 
 
 _RUNNERS: "weakref.WeakKeyDictionary[Communicator, _Runner]" = weakref.WeakKeyDictionary()

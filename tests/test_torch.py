@@ -290,6 +290,40 @@ def test_out_is_the_callers_tensor(verb, async_op):
     assert got is out and torch.equal(out, torch.arange(6.0))
 
 
+@pytest.mark.parametrize("hook", ["allreduce", "topk"])
+def test_the_last_sparse_bucket_runs_in_the_hook_once_the_worker_is_idle(hook, monkeypatch):
+    """A sparse bucket runs on the background worker, except DDP's last one while the worker
+    has nothing queued: that one runs in the hook's thread (on the worker's communicator, so
+    in call order); behind a busy worker it queues. One rank: the average is the coalesced
+    gradient either way."""
+    import threading
+
+    from cupycoll._background import runner
+    from cupycoll.torch import _sparse
+
+    comm = cc.init("mpi").dup()
+    state = cct.TopkHookState(comm=comm, density=0.5) if hook == "topk" else comm
+    call = cct.topk_hook if hook == "topk" else cct.allreduce_hook
+    ran = []
+    real = _sparse.reduce
+    monkeypatch.setattr(_sparse, "reduce", lambda tensor, on, **kw: (
+        ran.append((threading.current_thread(), on)), real(tensor, on, **kw))[1])
+    grad = sparse_grad(3)
+    want = grad.coalesce()
+    worker = runner(state.comm if hook == "topk" else comm)
+    for last, busy, here in ((False, False, False), (True, False, True), (True, True, False)):
+        gate = threading.Event()
+        if busy:
+            worker.submit(gate.wait)
+        got = call(state, FakeBucket(0, [SimpleNamespace(grad=grad)], last=last))
+        gate.set()
+        got = got.wait()
+        assert torch.equal(got.indices(), want.indices()) and torch.allclose(got.values(),
+                                                                              want.values())
+        thread, on = ran.pop()
+        assert (thread is threading.current_thread()) == here and on is worker.comm
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.float16])
 @pytest.mark.parametrize("numba", ["on", "off"])
 @pytest.mark.parametrize("entries", [5000, 40000])

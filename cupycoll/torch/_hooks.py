@@ -3,8 +3,9 @@
 
 Dense buckets are averaged on the hooks' own duplicate of the communicator; a sparse bucket
 (DDP hands one per sparse parameter, e.g. ``nn.Embedding(sparse=True)``) is averaged exactly by
-the sparse allreduce, on cupycoll's background worker, and returned as the coalesced sparse
-tensor DDP copies into the parameter's gradient.
+the sparse allreduce, on cupycoll's background worker (DDP's last bucket, once the worker is
+idle, in the hook itself: the backward pass has nothing left to overlap it with), and returned
+as the coalesced sparse tensor DDP copies into the parameter's gradient.
 """
 
 import dataclasses
@@ -46,20 +47,23 @@ def allreduce_hook(comm: Communicator | None,
     comm = comm or _hook_comm()
     buffer = bucket.buffer()
     if buffer.is_sparse:
-        return _sparse_bucket(comm, buffer)
+        return _sparse_bucket(comm, buffer, bucket.is_last())
     reduced = working_copy(buffer, comm.rank)
     array = as_array(reduced)
     work = comm.allreduce(array, array, ReduceOp.AVG, op_name="torch.allreduce_hook")
     return future_of(work, lambda _: written_back(buffer, reduced), buffer)
 
 
-def _sparse_bucket(comm: Communicator, buffer: torch.Tensor) -> torch.futures.Future:
+def _sparse_bucket(comm: Communicator, buffer: torch.Tensor, last: bool
+                   ) -> torch.futures.Future:
     """The average of a sparse bucket over ranks, exact (union of rows, sum / P), as the
     coalesced sparse tensor DDP copies into the gradient (``reducer.cpp``'s
     ``bucket.gradients.copy_``). The whole call runs in the background (MPI) or on the
-    communicator's stream (NCCL): the autograd thread never waits for another rank here."""
+    communicator's stream (NCCL): the autograd thread does not wait for another rank here,
+    except on MPI for the ``last`` bucket once the background worker is idle (then the call
+    runs in the hook: nothing of the backward pass is left to overlap it with)."""
     working_dtype(buffer, comm.rank)  # a bad dtype raises here, before anything travels
-    return _sparse.future(comm, buffer, {"op": ReduceOp.AVG}, "torch.sparse_bucket")
+    return _sparse.future(comm, buffer, {"op": ReduceOp.AVG}, "torch.sparse_bucket", last)
 
 
 @functools.lru_cache(maxsize=None)
@@ -172,7 +176,7 @@ def topk_hook(state: TopkHookState,
     else:
         iteration = state.iteration
     if buffer.is_sparse:
-        return _sparse_bucket(state.comm, buffer)
+        return _sparse_bucket(state.comm, buffer, bucket.is_last())
     reduced = working_copy(buffer, state.comm.rank)
     array = as_array(reduced)
     if iteration < state.warmup_steps:

@@ -89,15 +89,23 @@ def start(comm: Communicator, tensor: torch.Tensor, call: dict[str, Any],
 
 
 def future(comm: Communicator, tensor: torch.Tensor, call: dict[str, Any],
-           op_name: str) -> torch.futures.Future:
+           op_name: str, last: bool = False) -> torch.futures.Future:
     """A torch Future of :func:`start`'s result. On MPI cupycoll's worker completes it the
     moment the call returns there (no hop through the completer thread: the caller waiting
-    on it wakes one thread switch sooner); on NCCL the completer does, after a host
-    synchronize (the Future names the tensor's device)."""
+    on it wakes one thread switch sooner); ``last`` (nothing is left for the caller to
+    overlap it with, e.g. DDP's last bucket) and the worker idle: the call runs here, on the
+    worker's communicator, saving the two thread switches. On NCCL the completer completes
+    it, after a host synchronize (the Future names the tensor's device)."""
     if getattr(comm, "stream_work", None) is not None:
         return future_of(start(comm, tensor, call, op_name), lambda result: result, tensor)
     worker = runner(comm)
     result: torch.futures.Future = torch.futures.Future()
+    if last and worker.idle():
+        try:
+            result.set_result(reduce(tensor, worker.comm, **call))
+        except Exception as exc:  # the Future carries it, as from the worker
+            result.set_exception(exc)
+        return result
     worker.submit(reduce, tensor, worker.comm, **call).add_done_callback(
         functools.partial(_settle, result))
     return result

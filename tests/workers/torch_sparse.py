@@ -62,8 +62,8 @@ def zipf_tokens(rng: np.random.Generator, shape: tuple[int, ...], n: int = V) ->
 class FakeBucket:
     """The part of dist.GradBucket the hooks read, around one gradient."""
 
-    def __init__(self, grad: torch.Tensor, index: int = 0) -> None:
-        self._grad, self._index = grad, index
+    def __init__(self, grad: torch.Tensor, index: int = 0, last: bool = True) -> None:
+        self._grad, self._index, self._last = grad, index, last
 
     def buffer(self) -> torch.Tensor:
         return self._grad
@@ -72,7 +72,7 @@ class FakeBucket:
         return self._index
 
     def is_last(self) -> bool:
-        return True
+        return self._last
 
     def parameters(self) -> list:
         return []
@@ -178,7 +178,8 @@ def train(hook: str, dtype: torch.dtype, steps: int) -> None:
 
 
 def check_hooks_do_not_wait() -> None:
-    """Rank 0's hook returns a pending Future before rank 1 has called it."""
+    """Rank 0's hook returns a pending Future before rank 1 has called it, for a bucket that is
+    not DDP's last (the last one runs in the hook when the worker is idle)."""
     rng = np.random.default_rng([99, RANK])
     emb = torch.nn.Embedding(V, WIDTH, sparse=True)
     emb(zipf_tokens(rng, (50,))).sum().backward()
@@ -192,7 +193,7 @@ def check_hooks_do_not_wait() -> None:
                 assert time.monotonic() < deadline, "rank 0's hook waited for rank 1"
                 time.sleep(0.01)
             assert world.recv(source=0, tag=5) is False, "rank 0's Future completed alone"
-        future = hook(state, FakeBucket(grad))
+        future = hook(state, FakeBucket(grad, last=False))
         if RANK == 0:
             world.send(future.done(), dest=1, tag=5)
         mine = future.wait()
