@@ -182,3 +182,19 @@ def test_bench_regret_runs_a_loop_shorter_than_its_late_window():
     assert {"allgather", "mask", "dense", "estimate", "learn"} <= methods, out
     assert all(float(r[2]) > 0 and r[-1] == "0" for r in rows), out  # time; no wrong result
     assert "late = median over steps 1-4" in out
+
+
+def test_bench_sparse_bucket_prints_each_choice_against_its_alternative():
+    """bench/dev/bench_sparse_bucket.py, one process: the fold rows (mask sum, avg, auto) and the
+    hook's inline row, each two positive times and their ratio (figures only in the docs)."""
+    import subprocess
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-m", "mpi4py",
+                          str(root / "bench" / "dev" / "bench_sparse_bucket.py"), "--vocab", "8K",
+                          "-n", "2"], capture_output=True, text=True, timeout=300, check=True,
+                         cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root)}
+                         ).stdout
+    rows = [line.split(None, 1) for line in out.splitlines() if not line.startswith("#")]
+    assert [r[0] for r in rows] == ["fold"] * 3 + ["inline"], out
+    assert all(float(v) > 0 for line in out.splitlines() if not line.startswith("#")
+               for v in line.split("(")[0].split()[-3:]), out

@@ -1,0 +1,89 @@
+"""What the torch sparse-bucket path gains from two choices, each against its alternative in the
+same process, interleaved call by call (one of each per round after a barrier, a sample being
+the slowest rank's time; ratios of medians):
+
+- ``fold``: an uncoalesced embedding gradient summed by ``mask`` straight into the union rows
+  it allreduces (``primitives._unfolded``) against coalescing it first (``coo_reduce``, then
+  mask's scatter of the coalesced rows), through ``cupycoll.torch.sparse_allreduce`` (sum and
+  avg, mask named) and ``auto``;
+- ``inline``: ``allreduce_hook`` on DDP's last bucket run in the hook while the worker is idle
+  against the same call queued on the background worker.
+
+The gradient is bench_torch.py's (Zipf tokens, ``nn.Embedding(V, 64, sparse=True)``, 1.5% of the
+rows a rank). Milliseconds::
+
+    mpiexec -n 2 python -m mpi4py bench/dev/bench_sparse_bucket.py --vocab 256K -n 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import torch.distributed as dist  # noqa: E402
+
+import bench_torch as bt  # noqa: E402
+import cupycoll as cc  # noqa: E402
+import cupycoll.torch as cct  # noqa: E402
+from _common import parse_size  # noqa: E402
+from cupycoll import _background  # noqa: E402
+from cupycoll.sparse import _validate  # noqa: E402
+from cupycoll.tuner.calibrate import interleaved  # noqa: E402
+
+
+def calls(grad, hook_comm) -> dict:
+    """name -> call; the alternatives switch the library's choice for their call only."""
+    unfold, idle = _validate.unfold, _background._Runner.idle
+
+    def with_fold(folds: bool, **kwargs):
+        _validate.unfold = unfold if folds else (lambda *a: None)
+        return cct.sparse_allreduce(grad, **kwargs)
+
+    def hook(inline: bool):
+        _background._Runner.idle = idle if inline else (lambda self: False)
+        _validate.unfold = unfold
+        return cct.allreduce_hook(hook_comm, bt.Bucket(grad)).wait()
+
+    out = {}
+    for label, kwargs in (("mask sum", {"algorithm": "mask"}),
+                          ("mask avg", {"algorithm": "mask", "op": "avg"}), ("auto", {})):
+        out[("fold", label, "folded where the rows land")] = \
+            lambda kw=kwargs: with_fold(True, **kw)
+        out[("fold", label, "coalesced first")] = lambda kw=kwargs: with_fold(False, **kw)
+    out[("inline", "hook, last bucket", "in the hook")] = lambda: hook(True)
+    out[("inline", "hook, last bucket", "on the worker")] = lambda: hook(False)
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--vocab", default="256K", help="embedding rows V")
+    p.add_argument("-n", "--iters", type=int, default=40, help="timed rounds")
+    args = p.parse_args()
+    comm = cc.init("mpi")
+    bt.init_gloo(comm)  # DDP's setting: a gloo group beside cupycoll
+    hook_comm = comm.dup()
+    _background.runner(hook_comm)
+    vocab = parse_size(args.vocab)
+    grad = bt.gradient(vocab, *bt.batches(vocab, 0.02, comm.rank)[0])
+    table = calls(grad, hook_comm)
+    times = interleaved(table, args.iters, 3, comm)
+    if comm.rank == 0:
+        print(f"# P = {comm.size}, V = {vocab}, {grad._nnz()} gradient rows a rank")
+        print(f"# {'choice':8s} {'call':20s} {'this (ms)':>10s} {'other (ms)':>11s} {'ratio':>6s}")
+        keys = list(table)
+        for mine, other in zip(keys[::2], keys[1::2]):
+            a, b = np.median(times[mine]) * 1e3, np.median(times[other]) * 1e3
+            print(f"  {mine[0]:8s} {mine[1]:20s} {a:10.3f} {b:11.3f} {a / b:6.3f}   "
+                  f"({mine[2]} / {other[2]})")
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
