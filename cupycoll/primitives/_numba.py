@@ -30,19 +30,16 @@ from ._common import _abs_threshold, _block_cuts, _identity
 from ._numba_cache import make_process_safe
 from ._numba_merge import close_up, fold_part, merge_blocks
 from ._numba_dense import (add_rows, copy_hit_rows, copy_hits, copy_unequal,  # noqa: F401
-                           densify_sorted, hit_masks, index_stats, MAGNITUDE, OUTSIDE,
-                           positions_in, row_hits, scatter_rows, special_values, UNEQUAL,
-                           divide_finding_specials,
-                           union_sorted)
+                           densify_sorted, divide_finding_specials, hit_masks, index_stats,
+                           MAGNITUDE, OUTSIDE, positions_in, row_hits, scatter_rows,
+                           special_values, UNEQUAL, union_sorted)
 from ._numba_small import (SUM_DTYPES, distinct_sorted, fold_rows, sum_parts,  # noqa: F401
                            sum_two, sum_unsorted)
 
 __all__ = ["merge", "select", "select_unequal", "select_unequal_rows", "count", "densify_sorted",
            "scatter_rows", "add_rows", "special_values", "divide_finding_specials",
-           "index_stats", "positions_in",
-           "union_sorted", "sum_parts", "sum_two", "sum_unsorted", "distinct_sorted", "fold_rows",
-           "SUM_DTYPES", "threads",
-           "free_scratch"]
+           "index_stats", "positions_in", "union_sorted", "sum_parts", "sum_two", "sum_unsorted",
+           "distinct_sorted", "fold_rows", "SUM_DTYPES", "threads", "free_scratch"]
 
 #: op codes of the merge loop, keyed by the numpy ufunc of _types.UFUNCS.
 OPS = {np.add: 0, np.multiply: 1, np.maximum: 2, np.minimum: 3}

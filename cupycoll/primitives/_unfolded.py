@@ -31,7 +31,6 @@ class Unfolded:
             self.keys = loops.distinct_sorted(indices, lo, table)
         self.dtype = rows.dtype
         self.shape = (self.keys.shape[0],) + row
-        self.size = math.prod(self.shape)
         self.ndim = len(self.shape)
         self._folded: np.ndarray | None = None
 

@@ -83,14 +83,14 @@ def canonical_nan(values: Any, divide_by: int = 1) -> Any:
         return values
     fast = _accel._fast(values.size) if isinstance(values, np.ndarray) else None
     if fast is not None and divide_by > 1 and values.flags.c_contiguous \
-            and values.dtype.itemsize >= 4:  # numba divides float32 and float64
-        if not fast.divide_finding_specials(values, divide_by):  # one pass, no NaN: done
-            return values
+            and values.dtype.itemsize >= 4:  # numba divides float32 and float64: one pass
+        special = fast.divide_finding_specials(values, divide_by)
     else:
         if divide_by > 1:
             values /= divide_by
-        if fast is not None and not fast.special_values(values)[0]:  # one read, no NaN: done
-            return values
+        special = fast is None or fast.special_values(values)[0]  # one read
+    if not special:  # no NaN: done
+        return values
     xp = array_namespace(values)
     xp.copyto(values, values.dtype.type(np.nan), where=xp.isnan(values))
     return values
