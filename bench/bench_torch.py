@@ -146,7 +146,8 @@ def reduce_calls(grad: torch.Tensor, hook_comm, group, args) -> dict:
     """The calls of table 1 (each returns its result; the hook's is the average)."""
     count = args.iters + args.warmup_iters + 1  # and one for the check
     sparse, dense = clones(grad, count), grad.to_dense()  # gloo dense: summed in place
-    calls = {"hook": lambda: cct.allreduce_hook(hook_comm, Bucket(grad)).wait(),
+    hooked = clones(grad, count + 1)  # and one for its bytes; it leaves its result there
+    calls = {"hook": lambda: cct.allreduce_hook(hook_comm, Bucket(hooked())).wait(),
              "cupycoll": lambda: cct.sparse_allreduce(grad),
              "coalesce+cupycoll": lambda: cct.sparse_allreduce(grad.coalesce()),
              "gloo": lambda: _reduced(sparse()),

@@ -23,10 +23,11 @@ import torch
 import torch.distributed as dist
 
 from . import collectives
+from ._background import runner
 from ._torch_coalesced import CoalescedVerbs
 from ._torch_p2p import PointToPointVerbs
-from ._torch_tensors import (as_array, byte_tensor, copied_back, reduce_op, reduction_tensor,
-                             sparse_parts, sparse_tensor)
+from ._torch_tensors import (as_array, byte_tensor, copied_back, holding, reduce_op,
+                             reduction_tensor, sparse_parts, sparse_tensor)
 from ._torch_work import TorchWork, dist_error, network_error
 from ._torch_world import group_comm, rendezvous, timeout_seconds
 from ._types import ReduceOp
@@ -57,6 +58,11 @@ def _on_device(tensor: torch.Tensor) -> Any:
     return stack
 
 
+def _blocking(opts: Any) -> bool:
+    """Whether torch waits for the call at once (``asyncOp`` False: ``dist.all_reduce(t)``)."""
+    return opts is not None and not getattr(opts, "asyncOp", True)
+
+
 class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup):
     """torch.distributed's process group over cupycoll's communicators (see the module).
 
@@ -69,6 +75,7 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
         super().__init__(rank, size)  # 2.13: only this constructor makes a Python subclass
         self._mpi_comm, self._timeout = mpi_comm, timeout
         self._host: Communicator = MPICommunicator(mpi_comm, timeout=timeout)
+        runner(self._host)  # its worker's duplicate is made here, collectively, for async calls
         self._device: Communicator | None = None
 
     def getBackendName(self) -> str:
@@ -136,7 +143,7 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
         runs to completion here, in the calling thread; others (``async_op=True``, DDP's) start
         and return, and cupycoll's completer thread completes them.
         """
-        blocking = opts is not None and not getattr(opts, "asyncOp", True)
+        blocking = _blocking(opts)
         devices = [tensor.device] if tensor.is_cuda else None
         try:
             comm = self._comm(tensor)
@@ -180,15 +187,22 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
                             collectives.allreduce, array, op, out=array)
 
     def _sparse_allreduce(self, tensor: torch.Tensor, op: ReduceOp, opts: Any) -> TorchWork:
+        """A blocking call (or a CUDA tensor's) runs as :meth:`_launch` runs it; an
+        asynchronous one on the host runs whole (validation included) on the host
+        communicator's background worker, in call order, which completes the Work itself: the
+        caller (DDP's autograd thread) does not wait for the other ranks, and no thread hop
+        through the completer follows."""
         index, values, n = sparse_parts(tensor, op, self.rank())
 
         def finish(result: Any) -> list[torch.Tensor]:
-            with torch.no_grad():
-                tensor.copy_(sparse_tensor(result, tensor))
-            return [tensor]
+            return [holding(tensor, sparse_tensor(result, tensor))]
 
-        return self._launch("allreduce", tensor, opts, finish, sparse_allreduce, index, values,
-                            n, op=op)
+        if tensor.is_cuda or _blocking(opts):
+            return self._launch("allreduce", tensor, opts, finish, sparse_allreduce, index,
+                                values, n, op=op)
+        worker = runner(self._host)
+        return TorchWork(worker.submit(sparse_allreduce, index, values, n, op=op,
+                                       comm=worker.comm), finish, None, "allreduce")
 
     def broadcast(self, tensors: Any, opts: Any = None) -> TorchWork:
         tensor = self._single(tensors, "broadcast")

@@ -21,7 +21,7 @@ from ._result import SparseResult
 from ._types import ReduceOp
 from .errors import InvalidArgument, InvalidType
 
-__all__ = ["reduce_op", "as_array", "byte_tensor", "reduction_tensor", "sparse_parts",
+__all__ = ["reduce_op", "as_array", "byte_tensor", "reduction_tensor", "sparse_parts", "holding",
            "sparse_tensor", "copied_back"]
 
 
@@ -163,3 +163,12 @@ def sparse_tensor(result: SparseResult, like: torch.Tensor) -> torch.Tensor:
     values = values.reshape((-1, *shape[sparse_dims:])).to(like.dtype)
     return torch.sparse_coo_tensor(indices, values, shape, is_coalesced=True,
                                    check_invariants=False)  # sorted and unique by construction
+
+
+def holding(tensor: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
+    """``tensor`` (sparse) made to hold ``result``'s indices and values as they are, and
+    returned: its ``.data`` swapped, no copy (``copy_`` clones both). ``result`` is new and the
+    caller's (cupycoll's result arrays are), so nothing else writes them."""
+    with torch.no_grad():
+        tensor.data = result
+    return tensor

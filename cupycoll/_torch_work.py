@@ -3,7 +3,8 @@
 A :class:`TorchWork` wraps one cupycoll :class:`~cupycoll.comm.Work`: it asks for the Work's
 future at once, so cupycoll's completer thread completes the operation (MPI: tests its
 requests under the communicator's timeout; NCCL: waits for its event) while the caller goes on,
-and then completes the torch Future that DDP's reducer and ``work.get_future()`` read. A
+and then completes the torch Future that DDP's reducer and ``work.get_future()`` read (an
+operation run whole on a background worker completes it from there). A
 failure reaches the caller as a class that is both torch's ``DistBackendError`` (or
 ``DistNetworkError``) and cupycoll's own error, so ``except dist.DistError`` and
 ``except cupycoll.errors.CollectiveTimeout`` both catch it.
@@ -70,7 +71,8 @@ class TorchWork(dist._Work):
     """torch's Work of one cupycoll operation, completed asynchronously.
 
     Args:
-        work: the cupycoll Work (None: the operation is already complete).
+        work: the cupycoll Work, or a future of the operation's result (completed by the
+            thread that ran it), or None (the operation is already complete).
         finish: called with the operation's result once it is complete (copies back, casts,
             the sparse result); returns the list of tensors ``result()`` and the future give.
         devices: the CUDA devices of the tensors (the torch Future records an event on them,
@@ -89,7 +91,8 @@ class TorchWork(dist._Work):
         if work is None:
             self._settle(None)
         else:
-            work.get_future().add_done_callback(self._settle)
+            future = work if isinstance(work, concurrent.futures.Future) else work.get_future()
+            future.add_done_callback(self._settle)
 
     def _settle(self, future: concurrent.futures.Future | None) -> None:
         """Complete the torch Future from cupycoll's (in the completer thread)."""

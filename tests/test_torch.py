@@ -308,16 +308,17 @@ def test_the_last_sparse_bucket_runs_in_the_hook_once_the_worker_is_idle(hook, m
     real = _sparse.reduce
     monkeypatch.setattr(_sparse, "reduce", lambda tensor, on, **kw: (
         ran.append((threading.current_thread(), on)), real(tensor, on, **kw))[1])
-    grad = sparse_grad(3)
-    want = grad.coalesce()
+    want = sparse_grad(3).coalesce()
     worker = runner(state.comm if hook == "topk" else comm)
     for last, busy, here in ((False, False, False), (True, False, True), (True, True, False)):
         gate = threading.Event()
         if busy:
             worker.submit(gate.wait)
+        grad = sparse_grad(3)
         got = call(state, FakeBucket(0, [SimpleNamespace(grad=grad)], last=last))
         gate.set()
         got = got.wait()
+        assert got is grad, "the average is held by the bucket's tensor (DDP copies nothing)"
         assert torch.equal(got.indices(), want.indices()) and torch.allclose(got.values(),
                                                                               want.values())
         thread, on = ran.pop()

@@ -38,7 +38,7 @@ VERBS = ("allreduce", "sparse allreduce", "broadcast", "reduce", "allgather",
          "all_gather_single", "reduce_scatter", "reduce_scatter_single", "all_to_all_single",
          "alltoall", "gather", "scatter", "barrier", "allreduce_coalesced",
          "allgather_coalesced", "all_gather_single_coalesced",
-         "reduce_scatter_single_coalesced", "errors", "ddp")
+         "reduce_scatter_single_coalesced", "errors", "sparse errors", "ddp")
 
 
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
@@ -46,7 +46,8 @@ def test_every_verb_and_ddp_against_gloo(nprocs):
     out = run_mpi(nprocs, "torch_backend.py", 11, timeout=420)
     report = json.loads(out.strip().splitlines()[-1])
     assert {v for v, n in report["checks"].items() if n} >= set(VERBS), report
-    assert report["timeouts"] == nprocs - 1  # every rank but the late one named it
+    assert report["timeouts"] == 2 * (nprocs - 1)  # dense and sparse: every rank but the
+    # late one named it
 
 
 def torchrun(nprocs: int, under_mpiexec: bool, timeout: float = 240) -> subprocess.CompletedProcess:

@@ -36,9 +36,12 @@ from cupycoll.sparse import _validate  # noqa: E402
 from cupycoll.tuner.calibrate import interleaved  # noqa: E402
 
 
-def calls(grad, hook_comm) -> dict:
-    """name -> call; the alternatives switch the library's choice for their call only."""
+def calls(grad, hook_comm, count: int) -> dict:
+    """name -> call (a hook's call on one of ``count`` clones of ``grad`` each: the hook
+    leaves its result in the bucket's tensor); the alternatives switch the library's choice
+    for their call only."""
     unfold, idle = _validate.unfold, _background._Runner.idle
+    inline_grads, worker_grads = bt.clones(grad, count), bt.clones(grad, count)
 
     def with_fold(folds: bool, **kwargs):
         _validate.unfold = unfold if folds else (lambda *a: None)
@@ -47,7 +50,8 @@ def calls(grad, hook_comm) -> dict:
     def hook(inline: bool):
         _background._Runner.idle = idle if inline else (lambda self: False)
         _validate.unfold = unfold
-        return cct.allreduce_hook(hook_comm, bt.Bucket(grad)).wait()
+        bucket = bt.Bucket(inline_grads() if inline else worker_grads())
+        return cct.allreduce_hook(hook_comm, bucket).wait()
 
     out = {}
     for label, kwargs in (("mask sum", {"algorithm": "mask"}),
@@ -71,7 +75,7 @@ def main() -> int:
     _background.runner(hook_comm)
     vocab = parse_size(args.vocab)
     grad = bt.gradient(vocab, *bt.batches(vocab, 0.02, comm.rank)[0])
-    table = calls(grad, hook_comm)
+    table = calls(grad, hook_comm, args.iters + 3)
     times = interleaved(table, args.iters, 3, comm)
     if comm.rank == 0:
         print(f"# P = {comm.size}, V = {vocab}, {grad._nnz()} gradient rows a rank")

@@ -4,8 +4,8 @@
 Dense buckets are averaged on the hooks' own duplicate of the communicator; a sparse bucket
 (DDP hands one per sparse parameter, e.g. ``nn.Embedding(sparse=True)``) is averaged exactly by
 the sparse allreduce, on cupycoll's background worker (DDP's last bucket, once the worker is
-idle, in the hook itself: the backward pass has nothing left to overlap it with), and returned
-as the coalesced sparse tensor DDP copies into the parameter's gradient.
+idle, in the hook itself: the backward pass has nothing left to overlap it with); the bucket's
+tensor, the parameter's gradient, then holds the coalesced average (DDP copies nothing).
 """
 
 import dataclasses
@@ -56,14 +56,15 @@ def allreduce_hook(comm: Communicator | None,
 
 def _sparse_bucket(comm: Communicator, buffer: torch.Tensor, last: bool
                    ) -> torch.futures.Future:
-    """The average of a sparse bucket over ranks, exact (union of rows, sum / P), as the
-    coalesced sparse tensor DDP copies into the gradient (``reducer.cpp``'s
-    ``bucket.gradients.copy_``). The whole call runs in the background (MPI) or on the
+    """The average of a sparse bucket over ranks, exact (union of rows, sum / P), coalesced,
+    held by the bucket's tensor itself (the gradient: DDP's ``bucket.gradients.copy_`` of the
+    Future's value into it, in ``reducer.cpp``, is then no copy). The whole call runs in the background (MPI) or on the
     communicator's stream (NCCL): the autograd thread does not wait for another rank here,
     except on MPI for the ``last`` bucket once the background worker is idle (then the call
     runs in the hook: nothing of the backward pass is left to overlap it with)."""
     working_dtype(buffer, comm.rank)  # a bad dtype raises here, before anything travels
-    return _sparse.future(comm, buffer, {"op": ReduceOp.AVG}, "torch.sparse_bucket", last)
+    return _sparse.future(comm, buffer, {"op": ReduceOp.AVG, "in_place": True},
+                          "torch.sparse_bucket", last)
 
 
 @functools.lru_cache(maxsize=None)

@@ -23,6 +23,7 @@ from ..comm import Communicator, Work, get_comm
 from ..errors import InvalidArgument, InvalidType
 from ..sparse import sparse_allreduce as _sparse_allreduce
 from ._coalesce import entries
+from .._torch_tensors import holding, sparse_tensor
 from ._tensors import as_array, future_of
 
 __all__ = ["sparse_allreduce", "start", "future", "reduce"]
@@ -120,15 +121,17 @@ def _settle(result: torch.futures.Future, done: concurrent.futures.Future) -> No
 
 
 def reduce(tensor: torch.Tensor, comm: Communicator, *, output: str = "sparse",
-           out: Any = None, **kwargs: Any) -> torch.Tensor:
-    """The call itself, on ``comm``: coalesce, reduce, and return the torch result."""
+           out: Any = None, in_place: bool = False, **kwargs: Any) -> torch.Tensor:
+    """The call itself, on ``comm``: coalesce, reduce, and return the torch result;
+    ``in_place`` (a sparse output): ``tensor`` itself, holding the result (no copy)."""
     indices, values = _rows(tensor, kwargs.get("op", "sum"))
     target = _target(out, tensor, values.dtype)
     result = _sparse_allreduce(as_array(indices), as_array(values), tensor.shape[0],
                                comm=comm, output=output, out=_viewed(target), **kwargs)
     if output == "dense":
         return _dense(result, tensor, out, target)
-    return _sparse(result, tensor)
+    reduced = sparse_tensor(result, tensor)
+    return holding(tensor, reduced) if in_place else reduced
 
 
 def _check(tensor: Any, rank: int) -> None:
@@ -190,12 +193,3 @@ def _dense(result: Any, tensor: torch.Tensor, out: Any, target: Any) -> torch.Te
     if target is not out and target.dtype != out.dtype:  # the float32 buffer of a bfloat16
         out.copy_(target.view(out.shape))
     return out
-
-
-def _sparse(result: SparseResult, tensor: torch.Tensor) -> torch.Tensor:
-    """The coalesced sparse tensor of ``result`` (sorted, unique rows by construction)."""
-    values = torch.as_tensor(result.values, device=tensor.device)
-    values = values.reshape((values.shape[0], *tensor.shape[1:])).to(tensor.dtype)
-    indices = torch.as_tensor(result.indices, device=tensor.device).long().unsqueeze(0)
-    return torch.sparse_coo_tensor(indices, values, tensor.shape, is_coalesced=True,
-                                   check_invariants=False)

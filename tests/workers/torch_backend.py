@@ -32,7 +32,7 @@ from mpi4py import MPI
 from torch_backend_ddp import check_ddp
 
 import cupycoll._torch_backend  # noqa: F401  registers "cupycoll" and cupycoll://
-from cupycoll.errors import CollectiveTimeout, InvalidArgument, InvalidType
+from cupycoll.errors import CollectiveTimeout, InvalidArgument, InvalidType, MismatchError
 
 warnings.simplefilter("ignore")  # torch's deprecation notices of the verbs' old names
 SEED = int(sys.argv[1])
@@ -336,21 +336,43 @@ def check_errors() -> None:
             raise AssertionError(f"rank {RANK}: no {kind.__name__} ({words})")
 
 
+def check_sparse_errors() -> None:
+    """Ranks that disagree on a sparse tensor's shape: every rank raises torch's
+    DistBackendError that is cupycoll's MismatchError, naming the field, from the call
+    (blocking) or from the Work's wait (async: the call runs on the background worker)."""
+    rows = 9 if RANK == 0 and P > 1 else 10
+    x = torch.sparse_coo_tensor([[0, 2]], torch.ones(2, 3), (rows, 3))
+    for async_op in (False, True):
+        try:
+            work = dist.all_reduce(x.clone(), async_op=async_op)
+            work.wait() if async_op else None
+        except dist.DistBackendError as exc:
+            assert isinstance(exc, MismatchError) and "n (" in str(exc), repr(exc)
+            CHECKS["sparse errors"] += 1
+        else:
+            assert P == 1, f"rank {RANK}: no MismatchError (async_op={async_op})"
+            CHECKS["sparse errors"] += 1
+
+
 def check_timeout() -> None:
-    """A group made with a 2 s timeout: a collective rank 0 never joins fails on the others
-    as both torch's DistBackendError and cupycoll's CollectiveTimeout, naming rank 0."""
-    group = dist.new_group(backend="cupycoll", timeout=datetime.timedelta(seconds=2))
+    """Groups made with a 2 s timeout: a collective rank 0 never joins (dense, then sparse on
+    a group of its own) fails on the others as both torch's DistBackendError and cupycoll's
+    CollectiveTimeout, naming rank 0."""
+    dense, sparse = (dist.new_group(backend="cupycoll", timeout=datetime.timedelta(seconds=2))
+                     for _ in range(2))
     if RANK == 0 or P == 1:
         return
-    work = dist.all_reduce(torch.ones(3), group=group, async_op=True)
-    try:
-        work.wait()
-    except dist.DistBackendError as exc:
-        assert isinstance(exc, CollectiveTimeout) and exc.missing_ranks == [0], repr(exc)
-        assert work.is_completed() and work.exception() is exc
-        CHECKS["timeout"] += 1
-    else:
-        raise AssertionError(f"rank {RANK}: no timeout")
+    for group, x in ((dense, torch.ones(3)),
+                     (sparse, torch.sparse_coo_tensor([[1]], torch.ones(1, 2), (4, 2)))):
+        work = dist.all_reduce(x, group=group, async_op=True)
+        try:
+            work.wait()
+        except dist.DistBackendError as exc:
+            assert isinstance(exc, CollectiveTimeout) and exc.missing_ranks == [0], repr(exc)
+            assert work.is_completed() and work.exception() is exc
+            CHECKS["timeout"] += 1
+        else:
+            raise AssertionError(f"rank {RANK}: no timeout")
 
 
 check_allreduce()
@@ -363,6 +385,7 @@ check_gather_scatter()
 check_coalesced_and_barrier()
 check_sparse()
 check_errors()
+check_sparse_errors()
 CHECKS["ddp"] = check_ddp(SEED, GLOO)
 WORLD.Barrier()
 check_timeout()

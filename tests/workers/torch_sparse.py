@@ -184,7 +184,7 @@ def check_hooks_do_not_wait() -> None:
     emb = torch.nn.Embedding(V, WIDTH, sparse=True)
     emb(zipf_tokens(rng, (50,))).sum().backward()
     grad = emb.weight.grad
-    cct.allreduce_hook(None, FakeBucket(grad)).wait()  # its communicator is made once, here
+    cct.allreduce_hook(None, FakeBucket(grad.clone())).wait()  # its communicator: made here
     for hook, state in ((cct.allreduce_hook, None),
                         (cct.topk_hook, cct.TopkHookState(density=0.5))):
         if RANK == 1:
@@ -193,7 +193,7 @@ def check_hooks_do_not_wait() -> None:
                 assert time.monotonic() < deadline, "rank 0's hook waited for rank 1"
                 time.sleep(0.01)
             assert world.recv(source=0, tag=5) is False, "rank 0's Future completed alone"
-        future = hook(state, FakeBucket(grad, last=False))
+        future = hook(state, FakeBucket(grad.clone(), last=False))  # it holds the result
         if RANK == 0:
             world.send(future.done(), dest=1, tag=5)
         mine = future.wait()
