@@ -7,7 +7,10 @@ the slowest rank's time; ratios of medians):
   mask's scatter of the coalesced rows), through ``cupycoll.torch.sparse_allreduce`` (sum and
   avg, mask named) and ``auto``;
 - ``inline``: ``allreduce_hook`` on DDP's last bucket run in the hook while the worker is idle
-  against the same call queued on the background worker.
+  against the same call queued on the background worker;
+- ``handover``: ``dist.all_reduce`` of the gradient on a ``cupycoll`` process group, the tensor
+  taking the result's buffers (``.data``) against copying the result into it (``copy_``, which
+  clones them).
 
 The gradient is bench_torch.py's (Zipf tokens, ``nn.Embedding(V, 64, sparse=True)``, 1.5% of the
 rows a rank). Milliseconds::
@@ -25,23 +28,32 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import bench_torch as bt  # noqa: E402
 import cupycoll as cc  # noqa: E402
 import cupycoll.torch as cct  # noqa: E402
 from _common import parse_size  # noqa: E402
-from cupycoll import _background  # noqa: E402
+from cupycoll import _background, _torch_backend  # noqa: E402
 from cupycoll.sparse import _validate  # noqa: E402
 from cupycoll.tuner.calibrate import interleaved  # noqa: E402
 
 
-def calls(grad, hook_comm, count: int) -> dict:
+def copied(tensor, result):
+    """The handover's alternative: the result cloned into the tensor."""
+    with torch.no_grad():
+        tensor.copy_(result)
+    return tensor
+
+
+def calls(grad, hook_comm, group, count: int) -> dict:
     """name -> call (a hook's call on one of ``count`` clones of ``grad`` each: the hook
     leaves its result in the bucket's tensor); the alternatives switch the library's choice
     for their call only."""
-    unfold, idle = _validate.unfold, _background._Runner.idle
+    unfold, idle, holding = _validate.unfold, _background._Runner.idle, _torch_backend.holding
     inline_grads, worker_grads = bt.clones(grad, count), bt.clones(grad, count)
+    held_grads, copied_grads = bt.clones(grad, count), bt.clones(grad, count)
 
     def with_fold(folds: bool, **kwargs):
         _validate.unfold = unfold if folds else (lambda *a: None)
@@ -61,6 +73,14 @@ def calls(grad, hook_comm, count: int) -> dict:
         out[("fold", label, "coalesced first")] = lambda kw=kwargs: with_fold(False, **kw)
     out[("inline", "hook, last bucket", "in the hook")] = lambda: hook(True)
     out[("inline", "hook, last bucket", "on the worker")] = lambda: hook(False)
+
+    def handover(held: bool):
+        _validate.unfold = unfold
+        _torch_backend.holding = holding if held else copied
+        dist.all_reduce(held_grads() if held else copied_grads(), group=group)
+
+    out[("handover", "backend, sparse", "held")] = lambda: handover(True)
+    out[("handover", "backend, sparse", "copied")] = lambda: handover(False)
     return out
 
 
@@ -75,7 +95,10 @@ def main() -> int:
     _background.runner(hook_comm)
     vocab = parse_size(args.vocab)
     grad = bt.gradient(vocab, *bt.batches(vocab, 0.02, comm.rank)[0])
-    table = calls(grad, hook_comm, args.iters + 3)
+    group, why_not = bt.backend_group()
+    if group is None:
+        raise SystemExit(why_not)
+    table = calls(grad, hook_comm, group, args.iters + 3)
     times = interleaved(table, args.iters, 3, comm)
     if comm.rank == 0:
         print(f"# P = {comm.size}, V = {vocab}, {grad._nnz()} gradient rows a rank")
