@@ -186,7 +186,8 @@ def test_bench_regret_runs_a_loop_shorter_than_its_late_window():
 
 def test_bench_sparse_bucket_prints_each_choice_against_its_alternative():
     """bench/dev/bench_sparse_bucket.py, one process: the fold rows (mask sum, avg, auto) and the
-    hook's inline row, each two positive times and their ratio (figures only in the docs)."""
+    hook's inline row and the backend's handover row, each two positive times and their ratio
+    (figures only in the docs)."""
     import subprocess
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-m", "mpi4py",
@@ -195,6 +196,6 @@ def test_bench_sparse_bucket_prints_each_choice_against_its_alternative():
                          cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root)}
                          ).stdout
     rows = [line.split(None, 1) for line in out.splitlines() if not line.startswith("#")]
-    assert [r[0] for r in rows] == ["fold"] * 3 + ["inline"], out
+    assert [r[0] for r in rows] == ["fold"] * 3 + ["inline", "handover"], out
     assert all(float(v) > 0 for line in out.splitlines() if not line.startswith("#")
                for v in line.split("(")[0].split()[-3:]), out
