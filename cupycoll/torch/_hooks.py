@@ -58,10 +58,11 @@ def _sparse_bucket(comm: Communicator, buffer: torch.Tensor, last: bool
                    ) -> torch.futures.Future:
     """The average of a sparse bucket over ranks, exact (union of rows, sum / P), coalesced,
     held by the bucket's tensor itself (the gradient: DDP's ``bucket.gradients.copy_`` of the
-    Future's value into it, in ``reducer.cpp``, is then no copy). The whole call runs in the background (MPI) or on the
-    communicator's stream (NCCL): the autograd thread does not wait for another rank here,
-    except on MPI for the ``last`` bucket once the background worker is idle (then the call
-    runs in the hook: nothing of the backward pass is left to overlap it with)."""
+    Future's value into it, in ``reducer.cpp``, is then no copy). The whole call runs in the
+    background (MPI) or on the communicator's stream (NCCL): the autograd thread does not wait
+    for another rank here, except on MPI for the ``last`` bucket once the background worker
+    is idle (then the call runs in the hook: nothing of the backward pass is left to overlap
+    it with)."""
     working_dtype(buffer, comm.rank)  # a bad dtype raises here, before anything travels
     return _sparse.future(comm, buffer, {"op": ReduceOp.AVG, "in_place": True},
                           "torch.sparse_bucket", last)
