@@ -13,9 +13,9 @@ so the contention of a real call is in the numbers):
   1-D float32 parts (unchecked, as the algorithms merge), per entry; ``merge2`` the same of
   two of the parts (numba's two-way merge, recursive doubling's every round); ``fold`` a
   merge of 16-wide rows (half of each part's indices shared: most rows are added) minus the
-  same merge of 1-D values, per element beyond the first of each row; ``row`` a gather of 16-wide float32 rows, per element; ``dense`` the
-  dense algorithm's own passes over n, per element, and ``dense_row`` its work per row
-  written or read back (from its host pass at 30% and 1% density); ``dense_rows`` and
+  same merge of 1-D values, per element beyond the first of each row; ``row`` a gather of
+  16-wide float32 rows, per element; ``dense`` the dense algorithm's own passes over n, per
+  element, and ``dense_row`` its work per row written or read back (from its host pass at 30% and 1% density); ``dense_rows`` and
   ``dense_wide`` the same pass over rows of 2 and of 32 (a 2-D buffer's union scan tests
   each row), per row and per element; ``scan`` presence bitmap
   packing and unpacking plus flatnonzero, per position; ``code`` the wire codec's encode +
