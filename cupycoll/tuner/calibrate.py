@@ -9,20 +9,20 @@ so the contention of a real call is in the numbers):
   ``CURVE_SIZES`` in between (``native_curve``: each native collective is priced by its size);
 - point-to-point: an exchange of 8 B with the two ring neighbours, of 8 B with every peer
   (alpha_msg: the extra per peer, from P = 4 on) and of ``LARGE / P`` B with every peer (beta);
-- gamma (local work, the primitives the algorithms use): ``merge`` a P-way merge_sorted of
-  1-D float32 parts (unchecked, as the algorithms merge), per entry; ``merge2`` the same of
-  two of the parts (numba's two-way merge, recursive doubling's every round); ``fold`` a
-  merge of 16-wide rows (half of each part's indices shared: most rows are added) minus the
-  same merge of 1-D values, per element beyond the first of each row; ``row`` a gather of
-  16-wide float32 rows, per element; ``dense`` the dense algorithm's own passes over n, per
-  element, and ``dense_row`` its work per row written or read back (from its host pass at 30% and 1% density); ``dense_rows`` and
-  ``dense_wide`` the same pass over rows of 2 and of 32 (a 2-D buffer's union scan tests
-  each row), per row and per element; ``scan`` presence bitmap
+- gamma (local work, the primitives the algorithms use): ``merge`` a P-way merge_sorted of 1-D
+  float32 parts (unchecked, as the algorithms merge), per entry; ``merge2`` the same of two of
+  the parts (numba's two-way merge, recursive doubling's every round); ``fold`` a merge of
+  16-wide rows (half of each part's indices shared: most rows are added) minus the same merge
+  of 1-D values, per element beyond the first of each row; ``row`` a gather of 16-wide float32
+  rows, per element; ``dense`` the dense algorithm's own passes over n, per element, and
+  ``dense_row`` its work per row written or read back (from its host pass at 30% and 1%
+  density); ``dense_rows`` and ``dense_wide`` the same pass over rows of 2 and of 32 (a 2-D
+  buffer's union scan tests each row), per row and per element; ``scan`` presence bitmap
   packing and unpacking plus flatnonzero, per position; ``code`` the wire codec's encode +
-  decode of a sorted index stream (10 % density), per index and direction;
-  ``fill`` the dense output's densify (n zeroed, 10 % of the rows written), per element;
-  ``union`` mask's index work: the union of the merge's P index sets and the first set's
-  positions in it, per index entering;
+  decode of a sorted index stream (10 % density), per index and direction; ``fill`` the dense
+  output's densify (n zeroed, 10 % of the rows written), per element; ``union`` mask's index
+  work: the union of the merge's P index sets and the first set's positions in it, per index
+  entering;
 - links (when the communicator spans several nodes: MPI's shared-memory split or
   ``CUPYCOLL_RANKS_PER_NODE``): the point-to-point measurement again among the ranks of each
   node (``links["intra"]``) and along the rails between nodes (``links["inter"]``), which the
