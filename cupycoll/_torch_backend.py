@@ -75,7 +75,7 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
         super().__init__(rank, size)  # 2.13: only this constructor makes a Python subclass
         self._mpi_comm, self._timeout = mpi_comm, timeout
         self._host: Communicator = MPICommunicator(mpi_comm, timeout=timeout)
-        runner(self._host)  # its worker's duplicate is made here, collectively, for async calls
+        self._worker = runner(self._host)  # its duplicate is made here, collectively
         self._device: Communicator | None = None
 
     def getBackendName(self) -> str:
@@ -200,9 +200,8 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
         if tensor.is_cuda or _blocking(opts):
             return self._launch("allreduce", tensor, opts, finish, sparse_allreduce, index,
                                 values, n, op=op)
-        worker = runner(self._host)
-        return TorchWork(worker.submit(sparse_allreduce, index, values, n, op=op,
-                                       comm=worker.comm), finish, None, "allreduce")
+        return TorchWork(self._worker.submit(sparse_allreduce, index, values, n, op=op,
+                                             comm=self._worker.comm), finish, None, "allreduce")
 
     def broadcast(self, tensors: Any, opts: Any = None) -> TorchWork:
         tensor = self._single(tensors, "broadcast")

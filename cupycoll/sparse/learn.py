@@ -14,9 +14,9 @@ in turn, starts its trials again (its old samples dropped: one call if it takes 
 :data:`RETRY_WITHIN` times the pick's median, ``SAMPLES`` if it is that close: a recheck
 looks for a change, and one clearly slower call says there is none). A class's exploration
 costs at most ``(CANDIDATES - 1) * (1 + SAMPLES)`` calls, then one to ``SAMPLES`` calls in
-``RECHECK``; a new class next to one that
-finished its trials (half or twice the total nnz: a loop's drift across a power of two) starts
-from that class's record, its times scaled by the sizes' ratio, without trials of its own.
+``RECHECK``; a new class next to one that finished its trials (half or twice the total nnz: a
+loop's drift across a power of two) starts from that class's record, its times scaled by the
+sizes' ratio, without trials of its own.
 
 No collective is added: a call's time travels in the validation allreduce of the next
 ``sparse_allreduce`` on the communicator (a maximum of the agreement, ``learned``), so every
@@ -137,8 +137,10 @@ class Record:
         self._changed(name)
         if len(window) > 1 or name in self.abandoned:
             return
-        limit = RETRY_WITHIN if name == self._retrying else ABANDON
-        self._retrying = None if name == self._retrying else self._retrying
+        retried = name == self._retrying
+        if retried:
+            self._retrying = None
+        limit = RETRY_WITHIN if retried else ABANDON
         best = min((self.median(c) for c in self.candidates if c != name), default=np.inf)
         if seconds > limit * best:
             self.abandoned.append(name)

@@ -18,12 +18,11 @@ from typing import Any
 import torch
 
 from .._background import run_async, runner
-from .._result import SparseResult
 from ..comm import Communicator, Work, get_comm
 from ..errors import InvalidArgument, InvalidType
+from .._torch_tensors import holding, sparse_tensor
 from ..sparse import sparse_allreduce as _sparse_allreduce
 from ._coalesce import entries
-from .._torch_tensors import holding, sparse_tensor
 from ._tensors import as_array, future_of
 
 __all__ = ["sparse_allreduce", "start", "future", "reduce"]
