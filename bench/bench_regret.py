@@ -31,6 +31,9 @@ COLUMNS = ["case", "method", "cum(ms)", "cum/best", "late(ms)", "late/best", "la
            "#wrong"]
 CASES = "200000/0.05/0,3000000/0.01/0,50000/0.2/16,400000/0.02/4"
 LATE = 30
+#: further methods (name -> factory(n) of a call with a ``comm`` attribute, the communicator
+#: whose stats say what ran), e.g. a variant of learn in bench/dev/bench_learn_rule.py
+EXTRA: dict = {}
 
 
 def late_start(steps: int) -> int:
@@ -65,8 +68,8 @@ def run_case(comm, table: Table, text: str, steps: int, seed: int) -> None:
     n, density, width = int(float(n_text)), float(d_text), int(w_text)
     steps_data = draws(comm, n, density, width, steps, seed)
     explicit = [a for a in cc.algorithms("sparse") if a != "auto"]
-    methods = explicit + ["estimate", "learn"]
-    calls = {m: method_call(comm, m, n) for m in methods}
+    methods = explicit + ["estimate", "learn"] + list(EXTRA)
+    calls = {m: EXTRA[m](n) if m in EXTRA else method_call(comm, m, n) for m in methods}
     for m in explicit:  # warm every code path once
         calls[m](*steps_data[0])
     times = {m: np.empty(steps) for m in methods}
@@ -78,13 +81,14 @@ def run_case(comm, table: Table, text: str, steps: int, seed: int) -> None:
         order = [methods[j] for j in orders.permutation(len(methods))]
         first = None
         for m in order:
-            before = collections.Counter(comm.stats.calls)
+            stats = getattr(calls[m], "comm", comm).stats
+            before = collections.Counter(stats.calls)
             comm.barrier()
             t0 = MPI.Wtime()
             res = calls[m](idx, val)
             times[m][i] = comm.mpi_comm.allreduce(MPI.Wtime() - t0, op=MPI.MAX)
             if i >= start:
-                ran[m].update(key[1] for key in comm.stats.calls - before)
+                ran[m].update(key[1] for key in stats.calls - before)
             got = (res.indices.tobytes(), res.values.tobytes())
             first = first or got
             wrong[m] += got != first  # small integers: exact in every algorithm

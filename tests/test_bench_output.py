@@ -199,3 +199,23 @@ def test_bench_sparse_bucket_prints_each_choice_against_its_alternative():
     assert [r[0] for r in rows] == ["fold"] * 3 + ["inline", "handover"], out
     assert all(float(v) > 0 for line in out.splitlines() if not line.startswith("#")
                for v in line.split("(")[0].split()[-3:]), out
+
+
+def test_bench_learn_rule_runs_both_learners_side_by_side():
+    """bench/dev/bench_learn_rule.py on 2 ranks (learn times calls only there), 40 steps: the
+    learn and learn-median rows, each with a time and what it ran, no wrong result."""
+    import subprocess
+
+    from tests._mpi import mpiexec
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py",
+                          str(root / "bench" / "dev" / "bench_learn_rule.py"), "--steps", "40",
+                          "--cases", "20000/0.05/0", "--no-progress"], capture_output=True,
+                         text=True, timeout=300, check=True, cwd=root,
+                         env={**__import__("os").environ, "PYTHONPATH": str(root)}).stdout
+    rows = {r[1]: r for r in (line.split() for line in out.splitlines())
+            if r and not r[0].startswith("#")}
+    assert {"learn", "learn-median", "estimate"} <= set(rows), out
+    assert all(float(r[2]) > 0 and r[-1] == "0" for r in rows.values()), out
+    import cupycoll
+    assert rows["learn-median"][6] in cupycoll.algorithms("sparse"), out  # ran late

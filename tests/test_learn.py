@@ -1,7 +1,8 @@
 """The learning record of ``CUPYCOLL_AUTO=learn`` (cupycoll/sparse/learn.py) fed by hand: the
 order of its trials, warm-ups not counted, a far slower candidate abandoned after one timed
-call, the choice by median, the others' trials started again every RECHECK calls, the share of
-calls spent off the choice, and saving and loading. The multi-rank behaviour (agreed times, a
+call, the model's pick kept unless another is clearly faster, the choice by median, the
+others' trials started again every RECHECK calls, the share of calls spent off the choice,
+and saving and loading. The multi-rank behaviour (agreed times, a
 slowed pick left) is tests/workers/auto_learn.py's."""
 
 from __future__ import annotations
@@ -68,6 +69,34 @@ def test_a_recheck_stops_after_one_call_of_a_candidate_still_clearly_slower(slow
     assert record.exploring() is None and record.choice() == "a" and not record.abandoned
     ran = run(record, speed, 4 * learn.RECHECK)
     assert ran.count("b") == 4 * calls and record.choice() == "a"
+
+
+def feed(record: learn.Record, samples: dict[str, list[float]]) -> list[str]:
+    """Timed calls taking, for each algorithm, its next time in ``samples`` (cycled); what
+    ran, until every list has been used up once."""
+    ran, used = [], {name: 0 for name in samples}
+    while any(used[name] < len(times) for name, times in samples.items()):
+        name = record.next()
+        times = samples[name]
+        record.add(name, times[used[name] % len(times)])
+        used[name] += 1
+        ran.append(name)
+    return ran
+
+
+@pytest.mark.parametrize("faster, switches", [
+    ([0.97, 1.05, 0.99], False),  # a lower median, but within the pick's own spread
+    ([0.80, 0.85, 0.82], True),  # every sample below every sample of the pick
+])
+def test_the_models_pick_is_left_only_for_a_clearly_faster_candidate(faster, switches):
+    """The model's pick (the first candidate) stays unless another is faster in at least
+    FASTER_PAIRS of the pairs of their samples: noise does not move a loop off a right
+    model; a real gain does."""
+    record = learn.Record(["a", "b"])
+    feed(record, {"a": [1.0, 1.00, 1.10, 0.95], "b": [1.0] + faster})  # warm-ups first
+    assert record.exploring() is None and record.median("b") < record.median("a")
+    assert record.choice() == ("b" if switches else "a")
+    assert learn.clearly_faster(faster, [1.00, 1.10, 0.95]) is switches
 
 
 def test_one_candidate_needs_no_trials():

@@ -7,8 +7,12 @@ the slowest rank's, feeds a :class:`Record` of the class. The first calls run th
 and then, in turn, the other algorithms the model prices within :data:`WITHIN` of it (at most
 :data:`CANDIDATES` in all): each a warm-up call (imports, compiled loops, buffers: not counted)
 and :data:`SAMPLES` timed ones, a candidate stopped after one if it takes over
-:data:`ABANDON` times the best so far. From then on the candidate of least median time over
-its latest :data:`WINDOW` samples runs; the pick's own calls keep its window current, so a
+:data:`ABANDON` times the best so far. From then on the model's pick runs unless another
+candidate is clearly faster than it (:func:`clearly_faster`: faster in at least
+:data:`FASTER_PAIRS` of the pairs of one sample of each, over each one's latest :data:`WINDOW`
+samples; then, of those, the one of least median time): on a shared machine a call's time
+varies by more than the algorithms near the model's pick differ, and a median of a few
+samples alone would follow that noise. The pick's own calls keep its window current, so a
 pick that slows down is left for a faster one. Every :data:`RECHECK` calls one of the others,
 in turn, starts its trials again (its old samples dropped: one call if it takes over
 :data:`RETRY_WITHIN` times the pick's median, ``SAMPLES`` if it is that close: a recheck
@@ -53,6 +57,8 @@ CANDIDATES = 3
 SAMPLES = 3
 #: a candidate whose first timed call takes over this factor of the best median so far stops
 ABANDON = 1.5
+#: the share of sample pairs in which a candidate must beat the model's pick to replace it
+FASTER_PAIRS = 0.85
 #: the latest timed calls of each candidate that its median counts
 WINDOW = 8
 #: calls of a class between two timed calls of the runner-up, once the first choice is made
@@ -88,10 +94,19 @@ class Record:
         return found
 
     def choice(self) -> str:
-        """The candidate of least median time (the model's order on ties; the model's pick
-        before anything is timed)."""
+        """The model's pick, unless a candidate is clearly faster (:func:`clearly_faster` than
+        it): then, of those, the one of least median time (the model's order on ties). A pick
+        abandoned or not yet timed leaves the least median of the others."""
         if self._choice is None:
-            self._choice = min(self.candidates,
+            pick = self.candidates[0]
+            others = [c for c in self.candidates[1:] if c in self.seconds]
+            if pick in self.seconds and pick not in self.abandoned:
+                others = [c for c in others if self.median(c) < self.median(pick)
+                          and clearly_faster(self.seconds[c], self.seconds[pick])]
+                if not others:
+                    self._choice = pick
+                    return pick
+            self._choice = min([pick] + others,
                                key=lambda c: (self.median(c), self.candidates.index(c)))
         return self._choice
 
@@ -144,6 +159,14 @@ class Record:
         best = min((self.median(c) for c in self.candidates if c != name), default=np.inf)
         if seconds > limit * best:
             self.abandoned.append(name)
+
+
+def clearly_faster(these: list[float], than: list[float]) -> bool:
+    """Whether the samples ``these`` are faster than ``than`` beyond the noise of a shared
+    machine: in at least :data:`FASTER_PAIRS` of the pairs of one sample of each (3 against 3:
+    8 of the 9 pairs, which equal times give by chance once in 10)."""
+    faster = sum(a < b for a in these for b in than)
+    return faster >= FASTER_PAIRS * len(these) * len(than)
 
 
 def records(comm: Any) -> dict[tuple, Record]:

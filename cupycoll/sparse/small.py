@@ -44,8 +44,8 @@ def block_words(nnz: int, index_bytes: int, row_bytes: int) -> int:
 
 def fits_all(size: int, nnz: Sequence[int], index_bytes: int, row_bytes: int) -> bool:
     """Whether every rank's block (``nnz[r]`` entries) fits in its slot."""
-    words = agreement.slot_words(size)
-    return words > 0 and all(block_words(c, index_bytes, row_bytes) <= words for c in nnz)
+    words = agreement.slot_words(size)  # a block's words grow with its nnz
+    return words > 0 and block_words(max(nnz), index_bytes, row_bytes) <= words
 
 
 def fits(shape: Shape) -> bool:
