@@ -27,6 +27,10 @@ V x 64 float32 bytes, nnz = rows per rank, mean), reduced by:
                       land instead, other algorithms coalesce so
     torch coalesce    grad.coalesce() alone (the share of it in gloo's time)
 
+Calls that auto's learn mode times (the hook's, cupycoll's, the backend's blocking ones) run
+its trials of the gradient's shape class first, untimed (``TRIALS`` calls): the rows show what
+a training loop runs once they are done; bench_regret.py shows what the trials cost a loop.
+
 Table 2, one DDP training step (forward, backward, SGD) with the sparse embedding through the
 hook, the backend and gloo, and with a dense embedding on gloo. ``#wrong`` counts values off
 gloo's result by more than float32 summation order explains (rtol 1e-5, atol 1e-6).
@@ -50,8 +54,12 @@ from cupycoll.primitives import coo_reduce
 import cupycoll.torch as cct
 from cupycoll._background import runner
 from cupycoll.comm import bus_factor
+from cupycoll.sparse import learn
 
 WIDTH, HIDDEN, CLASSES, SAMPLES = 64, 256, 64, 64
+#: untimed calls before the timing of each call that auto's learn mode times: its trials of a
+#: new shape class (a warm-up and learn.SAMPLES timed calls of each candidate) and one more
+TRIALS = 1 + learn.CANDIDATES * (1 + learn.SAMPLES)
 REDOPS = {"hook": "avg", "coalesce": "none", "torch coalesce": "none"}
 REDUCE_COLUMNS = DENSE_COLUMNS + ["density", "nnz", "algorithm", "wire(B)", "x_gloo"]
 STEP_COLUMNS = ["vocab", "rows/rank", "ddp", "time(us)", "min(us)", "p95(us)", "x_gloo"]
@@ -190,6 +198,12 @@ def table_reduce(table: Table, vocab: int, grad: torch.Tensor, hook_comm, group,
                  comm) -> dict:
     """Time table 1's calls for ``grad``; add one row each; return the medians."""
     calls = reduce_calls(grad, hook_comm, group, args)
+    for _ in range(TRIALS):  # auto's learn trials, untimed, on fresh copies where consumed
+        cct.allreduce_hook(hook_comm, Bucket(grad.clone())).wait()
+        cct.sparse_allreduce(grad)
+        cct.sparse_allreduce(grad.coalesce())
+        if group is not None:
+            _reduced(grad.clone(), group)
     expected = _reduced(grad.clone()).coalesce()
     bad = {name: wrong(fn() if name != "gloo dense" else _reduced(grad.to_dense()), expected,
                        comm.size if name == "hook" else 1) for name, fn in calls.items()}
@@ -250,6 +264,8 @@ def table_steps(table: Table, vocab: int, data: list, hook_comm, group, args,
     """Time table 2's DDP steps; add one row each; return the medians."""
     models = ddp_models(vocab, hook_comm, group)
     calls = {name: step_call(ddp, opt, data) for name, (_, ddp, opt) in models.items()}
+    for _ in range(TRIALS):  # auto's learn trials in the hook, untimed
+        calls["hook"]()
     samples = interleaved(calls, args.iters, args.warmup_iters, comm)
     medians = {name: float(np.median(s)) for name, s in samples.items()}
     rows = comm.mpi_comm.allreduce(len(torch.unique(data[0][0]))) // comm.size
