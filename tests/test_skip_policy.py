@@ -1,4 +1,5 @@
-"""The skip policy of tests/conftest.py and tests/_gpu.py can fail a run."""
+"""The skip policy of tests/conftest.py and tests/_gpu.py can fail a run; tests/_cpu_times.py
+counts what a test costs."""
 
 from __future__ import annotations
 
@@ -75,3 +76,25 @@ def test_device_counts(fake_cupy):
     fake_cupy.runtime = _FakeRuntime(count=2)
     assert _gpu.no_device_reason(2) is None
     assert _gpu.no_device_reason(3).startswith(_gpu.NO_DEVICE)
+
+
+def test_cpu_times_count_the_processes_a_test_waits_for(tmp_path):
+    """tests/_cpu_times.py: a test's CPU seconds include a child process it ran (as an mpiexec
+    launch's ranks), one line a test, summed per file at the end."""
+    test = tmp_path / "test_probe.py"
+    test.write_text("import subprocess, sys\n\n"
+                    "def test_child():\n"
+                    "    subprocess.run([sys.executable, '-c', 'import time\\n"
+                    "t = time.process_time()\\nwhile time.process_time() - t < 0.5: pass'],"
+                    " check=True)\n\n"
+                    "def test_idle():\n    pass\n")
+    records = tmp_path / "cpu.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p",
+                           "tests._cpu_times", "-p", "no:cacheprovider", str(test)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "CC_TEST_CPU_TIMES": str(records)})
+    assert proc.returncode == 0, proc.stdout
+    lines = {r["test"].split("::")[-1]: r["cpu"] for r in map(__import__("json").loads,
+                                                              records.read_text().splitlines())}
+    assert set(lines) == {"test_child", "test_idle"} and lines["test_child"] >= 0.5, lines
+    assert lines["test_idle"] < 0.5 and "CPU time:" in proc.stdout and "2 tests" in proc.stdout
