@@ -2,8 +2,8 @@
 order of its trials, warm-ups not counted, a far slower candidate abandoned after one timed
 call, the model's pick kept unless another is clearly faster, the choice by median, the
 others' trials started again every RECHECK calls, the share of calls spent off the choice,
-and saving and loading. The multi-rank behaviour (agreed times, a
-slowed pick left) is tests/workers/auto_learn.py's."""
+and saving and loading. The multi-rank behaviour (agreed times, a slowed pick left) is
+tests/workers/auto_learn.py's."""
 
 from __future__ import annotations
 

@@ -3,6 +3,8 @@ counts what a test costs."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 
@@ -92,9 +94,9 @@ def test_cpu_times_count_the_processes_a_test_waits_for(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p",
                            "tests._cpu_times", "-p", "no:cacheprovider", str(test)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120,
-                          env={**__import__("os").environ, "CC_TEST_CPU_TIMES": str(records)})
+                          env={**os.environ, "CC_TEST_CPU_TIMES": str(records)})
     assert proc.returncode == 0, proc.stdout
-    lines = {r["test"].split("::")[-1]: r["cpu"] for r in map(__import__("json").loads,
-                                                              records.read_text().splitlines())}
+    lines = {r["test"].split("::")[-1]: r["cpu"]
+             for r in map(json.loads, records.read_text().splitlines())}
     assert set(lines) == {"test_child", "test_idle"} and lines["test_child"] >= 0.5, lines
     assert lines["test_idle"] < 0.5 and "CPU time:" in proc.stdout and "2 tests" in proc.stdout

@@ -11,6 +11,7 @@ rounds, so their ``cum/best`` compare directly (docs/tuning.md).
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -34,10 +35,9 @@ def _median_choice(record: learn.Record) -> str:
     return record._choice
 
 
-def learn_by_median(n: int):
-    """The call of ``learn-median``: auto in learn mode on its own duplicate communicator,
-    whose records choose by median alone."""
-    comm = _DUPLICATE[0]
+def learn_by_median(comm, n: int):
+    """The call of ``learn-median``: auto in learn mode on ``comm`` (a duplicate of the
+    bench's communicator), whose records choose by median alone."""
 
     def call(idx, val):
         os.environ["CUPYCOLL_AUTO"] = "learn"
@@ -49,10 +49,7 @@ def learn_by_median(n: int):
     return call
 
 
-_DUPLICATE: list = []
-
 if __name__ == "__main__":
     learn.Record.choice = _median_choice
-    _DUPLICATE.append(cc.init("mpi").dup())
-    bench_regret.EXTRA["learn-median"] = learn_by_median
+    bench_regret.EXTRA["learn-median"] = functools.partial(learn_by_median, cc.init("mpi").dup())
     sys.exit(bench_regret.main())
