@@ -176,7 +176,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _selftest(args: argparse.Namespace) -> int:
-    from .selftest import main as selftest
+    from .testing.selftest import main as selftest
 
     return selftest(args)
 
@@ -207,7 +207,7 @@ def _parser() -> argparse.ArgumentParser:
                               "sparse and top-k families, P = 2..1024, named networks")
     add_arguments(simulate)
     simulate.set_defaults(func=_simulate)
-    from .selftest import add_arguments as selftest_arguments
+    from .testing.selftest import add_arguments as selftest_arguments
 
     selftest = sub.add_parser("selftest", help="one-command acceptance run: the GPU checks "
                               "with a CUDA device, their emulated equivalents without")

@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 
 from cupycoll._result import SparseResult
-from cupycoll.selftest import _plan, plan
-from cupycoll.selftest._launch import launch
-from cupycoll.selftest._report import document, markdown
-from cupycoll.selftest._runner import Check, Context, Outcome, estimate, run_checks
-from cupycoll.selftest._w_compare import sparse_mismatch
-from cupycoll.selftest._w_dense import matches, reference
+from cupycoll.testing.selftest import _plan, plan
+from cupycoll.testing.selftest._launch import launch
+from cupycoll.testing.selftest._report import document, markdown
+from cupycoll.testing.selftest._runner import Check, Context, Outcome, estimate, run_checks
+from cupycoll.testing.selftest._w_compare import sparse_mismatch
+from cupycoll.testing.selftest._w_dense import matches, reference
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

@@ -12,5 +12,7 @@ its submodules (no emulator, nothing compiled):
   namespace reports to and ``count_host_syncs``;
 * :mod:`cupycoll.testing.sync_counting`: a numpy-backed CuPy stand-in that reports every host
   sync real CuPy would make, and ``SyncCountingCommunicator``, the MPI backend over it booked as
-  NCCL would be.
+  NCCL would be;
+* :mod:`cupycoll.testing.selftest`: ``python -m cupycoll selftest``, the one-command acceptance
+  run on a GPU machine (its emulated equivalent without one).
 """

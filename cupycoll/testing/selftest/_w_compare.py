@@ -1,6 +1,6 @@
 """Selftest worker: every sparse and top-k algorithm on CuPy arrays against the same call on numpy.
 
-    mpiexec -n P python -m mpi4py -m cupycoll.selftest._w_compare [--emulate D] [--quick]
+    mpiexec -n P python -m mpi4py -m cupycoll.testing.selftest._w_compare [--emulate D] [--quick]
 
 The ranks share one device and run the MPI backend twice: ``MPICommunicator(xp=cupy)`` (the
 primitives run the CUDA kernels, MPI moves host-staged copies) and ``MPICommunicator()`` on numpy.

@@ -1,6 +1,6 @@
 """Selftest worker: Ok-Topk steps on NCCL with several overlap buckets, bit for bit the MPI path.
 
-    mpiexec -n P python -m mpi4py -m cupycoll.selftest._w_oktopk [--emulate D] [--throttle T]
+    mpiexec -n P python -m mpi4py -m cupycoll.testing.selftest._w_oktopk [--emulate D] [--throttle T]
 
 Ok-Topk's split-and-reduce posts its P steps in buckets of ``min(THROTTLE, P)``
 (``cupycoll.topk._oktopk_phases.THROTTLE``) and, on NCCL, scatter-adds bucket b-1 on a side

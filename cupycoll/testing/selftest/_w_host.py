@@ -1,6 +1,6 @@
 """Selftest worker: host time per call on the NCCL backend, blocking and enqueue-only.
 
-    mpiexec -n 1 python -m mpi4py -m cupycoll.selftest._w_host [--emulate D] [--iters 300]
+    mpiexec -n 1 python -m mpi4py -m cupycoll.testing.selftest._w_host [--emulate D] [--iters 300]
 
 On ``cc.init("nccl")`` (one rank on one GPU): every dense verb on 256 float32 with ``out=``
 preallocated, a ``sparse_allreduce`` of 10 entries and a ``topk_allreduce`` of n = 1000, k = 10.

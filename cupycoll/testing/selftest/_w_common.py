@@ -3,7 +3,7 @@
 A worker runs on a real GPU through CuPy, or, with ``--emulate D``, on the strict emulation tier
 (:mod:`cupycoll.testing.emulation`, D emulated devices per node): the same code either way, so the
 no-GPU selftest runs the very workers the GPU selftest runs. Workers are launched under
-``mpiexec -n P python -m mpi4py -m cupycoll.selftest._w_NAME`` (one rank is P = 1), so an
+``mpiexec -n P python -m mpi4py -m cupycoll.testing.selftest._w_NAME`` (one rank is P = 1), so an
 uncaught exception on one rank aborts every rank.
 """
 
@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-RESULT = "SELFTEST-RESULT "  # the line the runner reads (cupycoll.selftest._launch.RESULT)
+RESULT = "SELFTEST-RESULT "  # the line the runner reads (cupycoll.testing.selftest._launch.RESULT)
 
 
 def parser(description: str) -> argparse.ArgumentParser:

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..jupyter import find_mpiexec
+from ...jupyter import find_mpiexec
 
 __all__ = ["Launch", "launch", "worker_command", "script_command", "source_tree", "RESULT",
            "PACKAGE_ROOT"]
@@ -26,7 +26,7 @@ __all__ = ["Launch", "launch", "worker_command", "script_command", "source_tree"
 RESULT = "SELFTEST-RESULT "
 #: the folder holding the ``cupycoll`` package this selftest belongs to (put first on the
 #: children's PYTHONPATH, so they import the same cupycoll, installed or a checkout)
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+PACKAGE_ROOT = Path(__file__).resolve().parents[3]
 
 
 @dataclass
@@ -99,9 +99,9 @@ def _kill_group(pid: int) -> None:
 
 
 def worker_command(module: str, args: list[str], nprocs: int | None) -> list[str]:
-    """``python -m cupycoll.selftest.<module> ARGS``, under ``mpiexec -n nprocs python -m
+    """``python -m cupycoll.testing.selftest.<module> ARGS``, under ``mpiexec -n nprocs python -m
     mpi4py`` (an exception on one rank aborts every rank) unless ``nprocs`` is None."""
-    target = ["-m", f"cupycoll.selftest.{module}", *args]
+    target = ["-m", f"cupycoll.testing.selftest.{module}", *args]
     if nprocs is None:
         return [sys.executable, *target]
     return [find_mpiexec(), "-n", str(nprocs), sys.executable, "-m", "mpi4py", *target]

@@ -1,6 +1,6 @@
 """Selftest worker: the kernels' throughput against the device's memory bandwidth.
 
-    mpiexec -n 1 python -m mpi4py -m cupycoll.selftest._w_throughput [--emulate D] [--log2n 26]
+    mpiexec -n 1 python -m mpi4py -m cupycoll.testing.selftest._w_throughput [--emulate D] [--log2n 26]
 
 Times each cupy primitive (count and select by threshold, the radix select of the k-th magnitude,
 top-k, the merge of sorted parts, the scatter-add, the COO reduction, the wire codec) and a plain

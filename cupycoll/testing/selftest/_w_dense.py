@@ -1,6 +1,6 @@
 """Selftest worker: every dense verb on the NCCL backend against numpy.
 
-    mpiexec -n 1 python -m mpi4py -m cupycoll.selftest._w_dense [--emulate D]
+    mpiexec -n 1 python -m mpi4py -m cupycoll.testing.selftest._w_dense [--emulate D]
 
 ``cc.init("nccl")`` (with mpi4py's COMM_WORLD, of size 1 on one GPU), then allreduce, reduce
 (every root), reduce_scatter with every op, broadcast (every root) and allgather, for every dense

@@ -1,6 +1,6 @@
 """Selftest worker: what a first call compiles, and how long that takes (cold or cached).
 
-    CUPY_CACHE_DIR=DIR mpiexec -n 1 python -m mpi4py -m cupycoll.selftest._w_compile
+    CUPY_CACHE_DIR=DIR mpiexec -n 1 python -m mpi4py -m cupycoll.testing.selftest._w_compile
         [--emulate D] [--arch sm_90] [--all]
 
 Runs a first ``sparse_allreduce`` (split, float32, duplicate indices) and a first Ok-Topk step

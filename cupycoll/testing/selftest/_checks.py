@@ -182,7 +182,7 @@ def syncs_check(name: str, budget: float, nprocs: int) -> Check:
             "backend over the emulation tier), against the budget")
 
     def run(ctx: Context) -> Outcome:
-        from .._bench_scripts import bench_script
+        from ..._bench_scripts import bench_script
 
         out = ctx.tmp / "syncs.json"
         cmd = script_command(bench_script("syncs"), ["--backend", "emulated", "--json",
