@@ -45,25 +45,28 @@ def _draw(seed: int, rank: int, dtype: str, count: int, op: str) -> np.ndarray:
 
 
 def reference(inputs: list[np.ndarray], op: str) -> np.ndarray:
-    """Independent reduction: wide accumulation, then NCCL's rounding/wrapping/truncation."""
+    """Independent reduction: wide accumulation (float64, int64) folded rank by rank, then
+    NCCL's rounding/wrapping/truncation."""
     dt, p = inputs[0].dtype, len(inputs)
-    if dt.kind == "f":
-        stack = np.stack([a.astype(np.float64) for a in inputs])
-    else:
-        stack = np.stack([a.astype(np.int64) for a in inputs])
-    if op in ("sum", "avg"):
-        total = stack.sum(axis=0)
-    elif op == "prod":
-        total = stack.prod(axis=0)
-    elif op == "max":
-        total = stack.max(axis=0)
-    else:
-        total = stack.min(axis=0)
+    total = inputs[0].astype(np.float64 if dt.kind == "f" else np.int64)
+    fold = {"sum": np.add, "avg": np.add, "prod": np.multiply, "max": np.maximum,
+            "min": np.minimum}[op]
+    for a in inputs[1:]:
+        fold(total, a, out=total)
     if op == "avg":
         total = total / p if dt.kind == "f" else np.trunc(total / p).astype(np.int64)
     if dt.kind != "f":
         total = total.astype(dt)  # wraps like C integer arithmetic
     return total.astype(dt)
+
+
+def block(seed: int, rank: int, dtype: str, count: int, op: str, part: slice) -> np.ndarray:
+    """``make(seed, rank, dtype, count, op)[part]`` without building another rank's whole input
+    (a reduce_scatter's reference needs one block of each rank's input)."""
+    if count < ROTATED_FROM:
+        return _draw(seed, rank, dtype, count, op)[part]
+    positions = (np.arange(part.start, part.stop) - 7919 * rank) % count  # np.roll's inverse
+    return _draw(seed, 0, dtype, count, op)[positions]
 
 
 def roots(p: int, case: int) -> tuple[int, ...]:
@@ -277,15 +280,16 @@ def pairwise_reduce_scatter(seed: int, rank: int, p: int) -> int:
     for dtype in DTYPES:
         for op in OPS:
             for count in SIZES:
-                inputs = [make(seed + 5, r, dtype, count * p, op) for r in range(p)]
                 mine = slice(rank * count, (rank + 1) * count)
-                want = reference(inputs, op)[mine]
-                x = inputs[rank].copy()
+                blocks = [block(seed + 5, r, dtype, count * p, op, mine) for r in range(p)]
+                want = reference(blocks, op)
+                own = make(seed + 5, rank, dtype, count * p, op)
+                x = own.copy()
                 got = cc.reduce_scatter(x, op=op, comm=comm)
                 check(got, want, f"pairwise reduce_scatter {dtype} {op} {count}")
-                assert np.array_equal(x, inputs[rank]), "reduce_scatter wrote its input"
+                assert np.array_equal(x, own), "reduce_scatter wrote its input"
                 if op == "sum" and dtype in ("float32", "float64"):
-                    in_order = functools.reduce(np.add, [a[mine] for a in inputs])
+                    in_order = functools.reduce(np.add, blocks)
                     assert got.tobytes() == in_order.tobytes(), "not folded in rank order"
                 out = np.full(count, 7, dtype)
                 cc.reduce_scatter(x, op=op, comm=comm, out=out, async_op=True).wait()
@@ -294,7 +298,7 @@ def pairwise_reduce_scatter(seed: int, rank: int, p: int) -> int:
                 check(x[mine], want, f"pairwise reduce_scatter in place {dtype} {op} {count}")
                 rest = np.ones(x.shape[0], bool)
                 rest[mine] = False
-                assert np.array_equal(x[rest], inputs[rank][rest]), "wrote outside the block"
+                assert np.array_equal(x[rest], own[rest]), "wrote outside the block"
                 cases += 3
     for dtype in ("float32", "float64"):  # NaN wins, a +0/-0 tie has one answer
         for op, fn in (("max", np.max), ("min", np.min)):
@@ -342,17 +346,18 @@ def main(seed: int) -> None:
                         cc.reduce(x, root=root, op=op, out=x)
                     assert np.array_equal(inputs[rank], make(seed, rank, dtype, count, op))
                 # reduce_scatter: every rank's input has p blocks of `count` elements
-                blocks = [make(seed + 1, r, dtype, count * p, op) for r in range(p)]
-                want_rs = reference(blocks, op)[rank * count:(rank + 1) * count]
-                x = blocks[rank].copy()
+                mine = slice(rank * count, (rank + 1) * count)
+                want_rs = reference([block(seed + 1, r, dtype, count * p, op, mine)
+                                     for r in range(p)], op)
+                own = make(seed + 1, rank, dtype, count * p, op)
+                x = own.copy()
                 check(cc.reduce_scatter(x, op=op), want_rs, f"reduce_scatter {dtype} {op} {count}")
-                assert np.array_equal(x, blocks[rank])
-                mine = x[rank * count:(rank + 1) * count]
-                cc.reduce_scatter(x, op=op, out=mine)
-                check(mine, want_rs, f"reduce_scatter in-place {dtype} {op} {count}")
+                assert np.array_equal(x, own)
+                cc.reduce_scatter(x, op=op, out=x[mine])
+                check(x[mine], want_rs, f"reduce_scatter in-place {dtype} {op} {count}")
                 rest = np.ones(x.shape[0], bool)
-                rest[rank * count:(rank + 1) * count] = False
-                assert np.array_equal(x[rest], blocks[rank][rest]), "in-place reduce_scatter " \
+                rest[mine] = False
+                assert np.array_equal(x[rest], own[rest]), "in-place reduce_scatter " \
                     "wrote outside this rank's block"  # NCCL writes recvbuff only
                 cases += 4 + 2 * len(roots(p, turn))
             # data movement does not depend on op: once per dtype and size
