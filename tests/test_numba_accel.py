@@ -642,6 +642,50 @@ def test_numba_cache_saves_of_two_signatures_at_once_keep_both(tmp_path, monkeyp
     assert first.load("int64 rows") == ("code B",)  # one index for both
 
 
+#: a process that compiles a cached loop under make_process_safe once a start file exists and
+#: prints how many times it compiled (numba's cache misses) and loaded (hits)
+COMPILE_ONCE_CHILD = """
+import os, sys, time
+import numpy as np
+from numba import njit
+from cupycoll.primitives._numba_cache import make_process_safe
+
+@njit(cache=True)
+def loop(a):
+    total = 0.0
+    for v in a:
+        total += v * v
+    return total
+
+make_process_safe(globals())
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.001)
+assert loop(np.arange(10.0)) == 285.0
+print(sum(loop.stats.cache_misses.values()), sum(loop.stats.cache_hits.values()))
+"""
+
+
+def test_ranks_needing_one_new_signature_compile_it_once(tmp_path):
+    """Three processes that need the same signature of an uncompiled cached loop at the same
+    moment (a job's ranks after an install): one compiles it, the others wait for its compile
+    and load it from the cache (without the compile lock each compiles: three misses)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    start, child = tmp_path / "start", tmp_path / "child.py"
+    child.write_text(COMPILE_ONCE_CHILD)  # numba caches loops defined in files
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # this cupycoll
+    children = [subprocess.Popen([sys.executable, str(child), str(start)], env=env,
+                                 stdout=subprocess.PIPE, text=True) for _ in range(3)]
+    time.sleep(3)  # every child imported numba and waits for the start file
+    start.touch()
+    counts = [tuple(map(int, c.communicate(timeout=120)[0].split())) for c in children]
+    assert all(c.returncode == 0 for c in children)
+    assert sorted(counts) == [(0, 1), (0, 1), (1, 0)], counts
+
+
 def test_auto_imports_numba_in_the_background_and_numpy_runs_meanwhile(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """CUPYCOLL_NUMBA=auto: the first large call starts numba's import in a thread and returns

@@ -9,31 +9,41 @@ merge: ``TypeError: can't unbox array from PyObject into native value``; numba i
 reports segfaults from the same race). :func:`make_process_safe` gives cupycoll's
 loops a cache file whose saves run under an exclusive ``flock`` of a lock file next to the
 index (and write the data before the index entry that names it) and whose loads run under a
-shared one. Without ``fcntl`` (Windows) or numba's internals as expected, nothing changes.
+shared one. A signature the cache lacks is compiled under an exclusive ``flock`` of one lock
+file per cache folder: ranks that need the same signature wait for the first one's compile,
+then load it from the cache, instead of each compiling it (8 ranks on 2 cores paid 8
+compiles); loads that hit take no compile lock. Without ``fcntl`` (Windows) or numba's
+internals as expected, nothing changes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
-from typing import Any, Iterator
+import os
+from typing import Any, Callable, Iterator
 
 try:
     import fcntl
 
     from numba.core.caching import IndexDataCacheFile
+    from numba.core.compiler_lock import global_compiler_lock
 except ImportError:  # no flock (Windows) or another numba layout: numba's own behaviour
-    fcntl = IndexDataCacheFile = None  # type: ignore[assignment]
+    fcntl = IndexDataCacheFile = global_compiler_lock = None  # type: ignore[assignment]
 
 __all__ = ["make_process_safe"]
 
+#: the compile lock files this process holds, with their open handles (None: not lockable)
+_HELD: dict[str, Any] = {}
+
 
 @contextlib.contextmanager
-def _locked(index_path: str, exclusive: bool) -> Iterator[None]:
-    """Hold a flock of ``index_path + ".lock"`` (unlocked if it cannot be opened: a read-only
-    cache is only read)."""
+def _locked(lock_path: str, exclusive: bool) -> Iterator[None]:
+    """Hold a flock of ``lock_path`` (unlocked if it cannot be opened: a read-only cache is
+    only read)."""
     try:
-        handle = open(index_path + ".lock", "a+b")
+        handle = open(lock_path, "a+b")
     except OSError:
         yield
         return
@@ -47,7 +57,7 @@ if IndexDataCacheFile is not None:
         """numba's index and data files, saved and loaded under a lock."""
 
         def save(self, key: Any, data: Any) -> None:
-            with _locked(self._index_path, True):
+            with _locked(self._index_path + ".lock", True):
                 overloads = self._load_index()
                 name = overloads.get(key)
                 if name is None:
@@ -59,13 +69,54 @@ if IndexDataCacheFile is not None:
                 self._save_index(overloads)
 
         def load(self, key: Any) -> Any:
-            with _locked(self._index_path, False):
+            with _locked(self._index_path + ".lock", False):
                 return super().load(key)
+
+
+def _compiled_once(compile: Callable[[Any], Any], lock_path: str) -> Callable[[Any], Any]:
+    """``compile`` (a dispatcher's: it loads a signature from the cache, else compiles and
+    saves it) under numba's compiler lock, releasing the compile lock that a cache miss in it
+    took (:func:`_loaded_or_locked`) once the signature is saved."""
+
+    @functools.wraps(compile)
+    def compile_once(sig: Any) -> Any:
+        with global_compiler_lock:  # threads of one process queue here, not in flock
+            outermost = lock_path not in _HELD  # a loop's compile compiles the loops it calls
+            try:
+                return compile(sig)
+            finally:
+                if outermost and lock_path in _HELD:
+                    handle = _HELD.pop(lock_path)
+                    if handle is not None:
+                        handle.close()  # releases the flock
+    return compile_once
+
+
+def _loaded_or_locked(load: Callable[..., Any], lock_path: str) -> Callable[..., Any]:
+    """A cache's ``load_overload`` that, on a miss, takes an exclusive flock of ``lock_path``
+    and loads again: a rank that waited for another's compile loads its result; the first
+    compiles holding the lock. Hits take no compile lock."""
+
+    @functools.wraps(load)
+    def load_or_lock(*args: Any) -> Any:
+        found = load(*args)
+        if found is not None or lock_path in _HELD:
+            return found
+        try:
+            handle = open(lock_path, "a+b")
+        except OSError:  # a read-only cache: compile unlocked
+            _HELD[lock_path] = None
+            return found
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        _HELD[lock_path] = handle
+        return load(*args)
+    return load_or_lock
 
 
 def make_process_safe(namespace: dict[str, Any]) -> None:
     """Give every cached numba function in ``namespace`` (a module's globals) the locked cache
-    file; functions already given it, or not cached, are left alone."""
+    file and the compile run once across ranks; functions already given them, or not cached,
+    are left alone."""
     if IndexDataCacheFile is None:
         return
     for value in list(namespace.values()):
@@ -75,3 +126,6 @@ def make_process_safe(namespace: dict[str, Any]) -> None:
             locked = _LockedCacheFile.__new__(_LockedCacheFile)
             locked.__dict__.update(current.__dict__)
             cache._cache_file = locked
+            lock_path = os.path.join(cache._cache_path, "cupycoll.compile.lock")
+            cache.load_overload = _loaded_or_locked(cache.load_overload, lock_path)
+            value.compile = _compiled_once(value.compile, lock_path)
