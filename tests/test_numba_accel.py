@@ -189,10 +189,10 @@ def test_merge_temporaries_kept_or_not(monkeypatch: pytest.MonkeyPatch, kept: in
     """Kept temporaries are reused (and freed by free_scratch); results are the same either way,
     also when a later, larger merge outgrows them."""
     from cupycoll.primitives import _numba as K
-    from cupycoll.primitives import _numpy_reduce
+    from cupycoll.primitives import _numpy_few
 
     monkeypatch.setattr(K, "_SCRATCH_KEPT", kept)
-    monkeypatch.setattr(_numpy_reduce, "TWO_WAY", False)  # three parts: the k-way loop
+    monkeypatch.setattr(_numpy_few, "TWO_WAY", False)  # three parts: the k-way loop
     rng = np.random.default_rng(kept)
     P.free_scratch()
     for size in (3000, 300, 9000):
@@ -518,12 +518,12 @@ def test_reduce_parts_loop_is_the_numpy_sum(monkeypatch: pytest.MonkeyPatch, dty
     pass (CUPYCOLL_NUMBA=on) and numpy's sums (off) give the same bits, casts back from the accumulate dtype and the -0
     rule of absent entries included; both equal a dense fold with that rule."""
     from cupycoll._types import ReduceOp
-    from cupycoll.primitives import _numpy_reduce
+    from cupycoll.primitives import _numpy_few
     from cupycoll.sparse._common import reduce_parts
 
     taken: list[str] = []
     for name in ("tiny_sum", "sorted_sum"):
-        monkeypatch.setattr(_numpy_reduce, name, lambda *a, f=getattr(_numpy_reduce, name):
+        monkeypatch.setattr(_numpy_few, name, lambda *a, f=getattr(_numpy_few, name):
                             taken.append("numpy") or f(*a))
     rng = np.random.default_rng([len(dtype), 5])
     for nparts, width in ((2, 0), (3, 4), (6, 0), (8, 2)):

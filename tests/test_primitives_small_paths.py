@@ -200,12 +200,12 @@ def test_tiny_sum_merge_equals_a_dense_fold(monkeypatch, loop, tiny, small, dtyp
     -0, cast back once -- -0, NaN, +-inf, integer wraparound, float16 rounding, rows, empty
     parts. (A NaN's sign depends on the operands' order, e.g. inf - inf; the sparse verbs make
     NaNs canonical.)"""
-    from cupycoll.primitives import _numpy_reduce
+    from cupycoll.primitives import _numpy_few
 
-    monkeypatch.setattr(_numpy_reduce, "LOOP_SUM", loop)
-    monkeypatch.setattr(_numpy_reduce, "TINY", tiny)
-    monkeypatch.setattr(_numpy_reduce, "SMALL", small)
-    monkeypatch.setattr(_numpy_reduce, "TWO_WAY", False)  # the chain: its own tests below
+    monkeypatch.setattr(_numpy_few, "LOOP_SUM", loop)
+    monkeypatch.setattr(_numpy_few, "TINY", tiny)
+    monkeypatch.setattr(_numpy_few, "SMALL", small)
+    monkeypatch.setattr(_numpy_few, "TWO_WAY", False)  # the chain: its own tests below
     rng = np.random.default_rng([31, width or 0, len(dtype)])
     row = (width,) if width else ()
     work = np.dtype(acc or dtype)
@@ -250,12 +250,12 @@ def test_merge_sums_shared_indices_in_part_order(monkeypatch, two_way, loop, tin
     their sums depend on the order of the additions, and every path (numba's pass, Python
     fold, one-sort, general, and for two to four parts the chained two-way merges) adds them
     in part order, as a dense left fold from -0 does."""
-    from cupycoll.primitives import _numpy_reduce
+    from cupycoll.primitives import _numpy_few
 
-    monkeypatch.setattr(_numpy_reduce, "LOOP_SUM", loop)
-    monkeypatch.setattr(_numpy_reduce, "TINY", tiny)
-    monkeypatch.setattr(_numpy_reduce, "SMALL", small)
-    monkeypatch.setattr(_numpy_reduce, "TWO_WAY", two_way)  # two to four parts: the chain
+    monkeypatch.setattr(_numpy_few, "LOOP_SUM", loop)
+    monkeypatch.setattr(_numpy_few, "TINY", tiny)
+    monkeypatch.setattr(_numpy_few, "SMALL", small)
+    monkeypatch.setattr(_numpy_few, "TWO_WAY", two_way)  # two to four parts: the chain
     rng, n, row = np.random.default_rng([size, parts]), size * 5 // 4, (width,) if width else ()
     pairs = []
     for _ in range(parts):
@@ -290,16 +290,16 @@ def test_merge_path_is_chosen_by_value_elements(monkeypatch, size, width, path, 
     the loops (numba's from the same bound): 2 parts of 500 entries are 1,000 elements, of
     520 1,040; 60 rows of 8 960, 70 rows 1,120; of 8000 16,000, of 9000 18,000; 1000 rows of 8
     16,000, 3000 rows of 8 48,000 (docs/primitives.md)."""
-    from cupycoll.primitives import _numpy_reduce
+    from cupycoll.primitives import _numpy_few
 
-    assert (_numpy_reduce.LOOP_SUM, _numpy_reduce.SMALL) == (1 << 10, 1 << 14)
+    assert (_numpy_few.LOOP_SUM, _numpy_few.SMALL) == (1 << 10, 1 << 14)
     monkeypatch.setenv("CUPYCOLL_NUMBA", numba)
-    monkeypatch.setattr(_numpy_reduce, "TWO_WAY", False)  # two parts: the next test's path
+    monkeypatch.setattr(_numpy_few, "TWO_WAY", False)  # two parts: the next test's path
     if numba == "off" and path == "loop":
-        path = "tiny" if 2 * size <= _numpy_reduce.TINY else "sorted"
+        path = "tiny" if 2 * size <= _numpy_few.TINY else "sorted"
     taken = []
     for name in ("tiny_sum", "sorted_sum", "loop_sum"):
-        monkeypatch.setattr(_numpy_reduce, name, lambda *a, f=getattr(_numpy_reduce, name),
+        monkeypatch.setattr(_numpy_few, name, lambda *a, f=getattr(_numpy_few, name),
                             k=name: taken.append(k.split("_")[0]) or f(*a))
     rows = (size, width) if width else (size,)
     parts = [(np.arange(r, 2 * size, 2), np.ones(rows, np.float32)) for r in range(2)]
@@ -318,9 +318,9 @@ def test_chained_sums_equal_a_dense_fold(monkeypatch, two_way, dtype, acc, width
     merge_sorted's branches), int32 and int64 indices mixed, empty and one-sided parts: the
     bits of a dense left fold from -0 in part order, cast back once (-0, NaN, +-inf, integer
     wraparound; shared indices summed in part order, as the values' magnitudes show)."""
-    from cupycoll.primitives import _numpy_reduce
+    from cupycoll.primitives import _numpy_few
 
-    monkeypatch.setattr(_numpy_reduce, "TWO_WAY", two_way)
+    monkeypatch.setattr(_numpy_few, "TWO_WAY", two_way)
     rng = np.random.default_rng([7, width or 0, len(dtype), two_way])
     row = (width,) if width else ()
     work = np.dtype(acc or dtype)

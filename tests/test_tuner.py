@@ -459,15 +459,15 @@ def test_the_fixed_cost_call_merges_as_calls_beyond_the_smallest_do(monkeypatch)
     import numpy as np
 
     from cupycoll._types import ReduceOp
-    from cupycoll.primitives import _numpy_reduce
+    from cupycoll.primitives import _numpy_few
     from cupycoll.sparse._common import reduce_parts
     from cupycoll.tuner.calibrate import FIXED_ENTRIES
 
-    assert _numpy_reduce.TINY < 2 * FIXED_ENTRIES < _numpy_reduce.LOOP_SUM
+    assert _numpy_few.TINY < 2 * FIXED_ENTRIES < _numpy_few.LOOP_SUM
     taken = []
     for name in ("tiny_sum", "sorted_sum"):
-        real = getattr(_numpy_reduce, name)
-        monkeypatch.setattr(_numpy_reduce, name,
+        real = getattr(_numpy_few, name)
+        monkeypatch.setattr(_numpy_few, name,
                             lambda *a, f=real, k=name: taken.append(k) or f(*a))
     parts = [(np.arange(r, 2 * FIXED_ENTRIES, 2), np.ones(FIXED_ENTRIES, np.float32))
              for r in range(2)]

@@ -2,7 +2,7 @@
 
 Re-exported by :mod:`cupycoll.primitives._numba`. A small call's merge (every rank's block,
 read from the validation's entry slots, :mod:`cupycoll.sparse.small`) and ``merge_sorted``'s sums
-below ``_numpy_reduce.LOOP_SUM`` elements cost more in numpy calls (a dozen of them) than in
+below ``_numpy_few.LOOP_SUM`` elements cost more in numpy calls (a dozen of them) than in
 arithmetic; one compiled pass over the parts does the same additions in the same order, so
 the same bits. Sums of exactly two parts (allgather's at P = 2, every round of recursive
 doubling) take :func:`sum_two` at any size: a two-way merge whose 1-D loop has no branch to

@@ -5,9 +5,7 @@
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
-from functools import partial
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -18,33 +16,12 @@ from ._accel import _fast
 from ._checks import (_accumulate, _check_range, _increasing, _indices, _length, _pair,
                       _reduce_op, _scatter_operands, _sorted_parts, _values)
 from ._common import _block_cuts, _identity
+from ._numpy_few import few_enough, few_summed, two_summed
 
 
 #: the zero each op returns on a +0/-0 tie (the sign bit's value).
 _ZERO_TIE = {np.maximum: False, np.minimum: True}
 
-#: merges of at most this many entries fold a sum in Python (:func:`tiny_sum`): a numpy call
-#: costs more than its arithmetic on a few elements and the general path makes ~40 of them
-#: (docs/primitives.md).
-TINY = 64
-#: sums of fewer value elements (entries x row width) than this merge by one stable sort of the
-#: concatenated parts (:func:`sorted_sum`): faster than the blocked integer-key path
-#: everywhere below and at least as fast as numba's merge, which takes over from its own bound
-#: (``_accel._FAST_FROM``, the same number; docs/primitives.md).
-SMALL = 1 << 14
-#: sums of fewer value elements than this, of parts that share a sum dtype numba adds in, run
-#: as one numba pass where numba runs (``_numba_small.sum_parts``): below it the numpy sums'
-#: dozen calls cost more than the pass; above, the pass's per-entry branches lose to one
-#: stable sort (docs/primitives.md).
-LOOP_SUM = 1 << 10
-#: sums of two to ``CHAIN_PARTS`` parts (every round of recursive doubling; allgather's and
-#: split's at P <= 4) take numba's two-way merge where numba runs (``_numba_small.sum_two``),
-#: chained in part order, ((p0 + p1) + p2) + p3: the left fold, so the same bits. Every 1-D sum
-#: and the few-entry sums of rows take it; wide rows beyond those merge faster in numba's k-way
-#: loop, and so do more parts (the chain moves the growing sum again per part;
-#: docs/primitives.md).
-TWO_WAY = True
-CHAIN_PARTS = 4
 #: unsorted sums (``coo_reduce``) take numba's table (``sum_unsorted``) over an index span
 #: (max - min + 1) of at most ``TABLE_SPAN`` slots and ``TABLE_PER_ENTRY`` slots an entry for
 #: rows (the sort path's ``ufunc.at`` on rows costs 1.3-14x the table: docs/primitives.md), of
@@ -53,12 +30,6 @@ CHAIN_PARTS = 4
 #: bytes a slot, kept per thread: 64 MiB at most.
 TABLE_SPAN, TABLE_PER_ENTRY = 1 << 24, 256
 TABLE_SPAN_1D, TABLE_PER_ENTRY_1D = 1 << 18, 2
-
-
-def few_enough(elements: int) -> bool:
-    """Whether a sum of ``elements`` value elements takes :func:`few_summed`: below ``SMALL``
-    and below numba's bound (tests lower that bound to run the loops on small inputs)."""
-    return elements < SMALL and elements < _accel._FAST_FROM
 
 
 def combine(a: Any, b: Any, op: Any) -> Any:
@@ -263,94 +234,6 @@ def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
                 val = np.concatenate([v[c[b]:c[b + 1]] for (_, v), c in zip(pairs, cuts)])
                 done += _coalesce(pieces, lo, hi, val, ufunc, out_idx[done:], out_val[done:])
     return _narrowed(out_idx, out_val, done, ref.dtype)
-
-
-def few_summed(indices: Sequence[np.ndarray], values: Sequence[np.ndarray], acc: np.dtype,
-               dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """A sum of fewer than :data:`SMALL` elements over sorted unique parts (two to
-    :data:`CHAIN_PARTS` parts: :func:`two_summed`; else below :data:`LOOP_SUM` elements numba's
-    one pass, :func:`loop_sum`; both where numba runs and adds in ``acc``; else a Python fold
-    up to :data:`TINY` entries, :func:`tiny_sum`, else :func:`sorted_sum`), cast back to
-    ``dtype`` once; integer sums wrap and floats overflow to
-    inf without a warning, as in every reduction."""
-    itype = np.result_type(*(i.dtype for i in indices))
-    two = two_summed(indices, values, acc, itype)
-    if two is not None:
-        with np.errstate(all="ignore"):
-            return two[0], two[1].astype(dtype, copy=False)
-    entries = sum(i.shape[0] for i in indices)
-    loops = _accel.loops() if entries * math.prod(values[0].shape[1:]) < LOOP_SUM else None
-    if loops is not None and acc in loops.SUM_DTYPES:
-        fold = partial(loop_sum, loops)
-    else:
-        fold = tiny_sum if entries <= TINY else sorted_sum
-    with np.errstate(all="ignore"):
-        idx, rows = fold(indices, values, acc, itype)
-        return idx, rows.astype(dtype, copy=False)
-
-
-def two_summed(indices: Sequence[np.ndarray], values: Sequence[np.ndarray], acc: np.dtype,
-               itype: np.dtype) -> tuple[np.ndarray, np.ndarray] | None:
-    """The sum of two to :data:`CHAIN_PARTS` parts by numba's two-way merge, chained in part
-    order (:data:`TWO_WAY`), in ``acc`` (one numba adds in), or None (another path sums them)."""
-    if not TWO_WAY or not 2 <= len(indices) <= CHAIN_PARTS:
-        return None
-    loops = _accel.loops()
-    if loops is None or acc not in loops.SUM_DTYPES:
-        return None
-    with np.errstate(all="ignore"):  # the cast into acc, as every path makes it
-        idx, val = indices[0], values[0]
-        for more, rows in zip(indices[1:], values[1:]):
-            idx, val = loops.sum_two(idx, val, more, rows, acc, itype)
-        return idx, val
-
-
-def loop_sum(loops: Any, indices: Sequence[np.ndarray], values: Sequence[np.ndarray],
-             acc: np.dtype, itype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """Sum sorted unique parts in numba's one pass (``loops.sum_parts``) over their
-    concatenation: the additions of :func:`sorted_sum` in the same order, so its bits."""
-    counts = [i.shape[0] for i in indices]
-    row = tuple(values[0].shape[1:])
-    starts = list(itertools.accumulate(counts, initial=0))[:-1]
-    width = math.prod(row)
-    rows = np.concatenate(values).astype(acc, copy=False).reshape(-1)
-    return loops.sum_parts(np.concatenate(indices), rows, starts, [s * width for s in starts],
-                           counts, row, itype, absent_zero=False)
-
-
-def sorted_sum(indices: Sequence[np.ndarray], values: Sequence[np.ndarray], acc: np.dtype,
-               itype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """Sum sorted unique parts by one stable sort of their concatenation (sorted runs: a merge):
-    the entries of an index end up adjacent in part order; the first is copied, the later ones
-    added in that order (``ufunc.at`` is sequential), so the same additions as
-    :func:`_coalesce` (``-0.0 + v`` is ``v``: the fold may start at the first value)."""
-    cat = np.concatenate(indices)
-    order = np.argsort(cat, kind="stable")
-    key = cat[order].astype(itype, copy=False)
-    rows = np.concatenate(values)[order].astype(acc, copy=False)
-    repeat = key[1:] == key[:-1]
-    if not repeat.any():
-        return key, rows
-    heads = np.flatnonzero(np.concatenate(([True], ~repeat)))
-    later = np.flatnonzero(repeat) + 1
-    out = rows[heads]
-    np.add.at(out, np.searchsorted(heads, later, side="right") - 1, rows[later])
-    return key[heads], out
-
-
-def tiny_sum(indices: Sequence[np.ndarray], values: Sequence[np.ndarray], acc: np.dtype,
-              itype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """Sum a few entries per index, left-folded in part order, with numpy scalars (rows) of
-    ``acc``: the same additions in the same order as :func:`_coalesce`, so the same bits
-    (``-0.0 + v`` is ``v``, so the fold may start at the first value)."""
-    fold: dict[int, Any] = {}
-    for idx, val in zip(indices, values):
-        for i, v in zip(idx.tolist(), val.astype(acc, copy=False)):
-            fold[i] = fold[i] + v if i in fold else v
-    keys = sorted(fold)
-    rows = np.array([fold[k] for k in keys], dtype=acc)
-    return (np.array(keys, dtype=itype),
-            rows.reshape((len(keys),) + tuple(values[0].shape[1:])))
 
 
 def _narrowed(out_idx: np.ndarray, out_val: np.ndarray, done: int,

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .._types import ReduceOp, array_namespace
-from ..primitives import _accel, _numpy_reduce, combine, merge_sorted
+from ..primitives import _accel, _numpy_few, combine, merge_sorted
 from ..wire._exchange import gather_entries
 from ..wire._pack import COO, Wire
 
@@ -208,10 +208,10 @@ def reduce_parts(parts: Sequence[tuple[Any, Any]], op: ReduceOp,
         return parts[0]
     indices = [p[0] for p in parts]
     if (op is ReduceOp.SUM and type(indices[0]) is np.ndarray
-            and _numpy_reduce.few_enough(sum(i.shape[0] for i in indices)
+            and _numpy_few.few_enough(sum(i.shape[0] for i in indices)
                                          * math.prod(parts[0][1].shape[1:]))):
         dtype = parts[0][1].dtype
-        idx, val = _numpy_reduce.few_summed(indices, [p[1] for p in parts], dtype
+        idx, val = _numpy_few.few_summed(indices, [p[1] for p in parts], dtype
                                             if accumulate_dtype is None
                                             else np.dtype(accumulate_dtype), dtype)
     else:

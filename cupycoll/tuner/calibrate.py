@@ -43,7 +43,7 @@ import numpy as np
 from .._types import ReduceOp
 from ..comm._topology import node_ids as _node_ids
 from ..primitives import _accel, merge_sorted
-from ..primitives._numpy_reduce import TINY
+from ..primitives._numpy_few import TINY
 from .._registry import priced
 from ..sparse._common import positions_in, presence, union_of, union_of_presence
 from ..sparse._cost import Cost, Shape

@@ -106,7 +106,8 @@ MODULES = {
        for m in ("cupycoll/sparse/hierarchical.py", "cupycoll/comm/_group.py",
                  "cupycoll/comm/_topology.py")},
     **{f"cupycoll/primitives/{m}.py": _PRIMITIVES for m in (
-        "__init__", "_accel", "_checks", "_common", "_numpy_reduce", "_numpy_select")},
+        "__init__", "_accel", "_checks", "_common", "_numpy_few", "_numpy_reduce",
+        "_numpy_select")},
     "cupycoll/primitives/_numba.py": _PRIMITIVES,
     "cupycoll/primitives/_cupy.py": ["tests/test_kernels_cpu.py",
                                      "--deselect=tests/test_kernels_cpu.py::"
