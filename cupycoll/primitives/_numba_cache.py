@@ -29,8 +29,9 @@ try:
 
     from numba.core.caching import IndexDataCacheFile
     from numba.core.compiler_lock import global_compiler_lock
+    from numba.core.dispatcher import Dispatcher
 except ImportError:  # no flock (Windows) or another numba layout: numba's own behaviour
-    fcntl = IndexDataCacheFile = global_compiler_lock = None  # type: ignore[assignment]
+    fcntl = IndexDataCacheFile = global_compiler_lock = Dispatcher = None  # type: ignore
 
 __all__ = ["make_process_safe"]
 
@@ -126,6 +127,8 @@ def make_process_safe(namespace: dict[str, Any]) -> None:
             locked = _LockedCacheFile.__new__(_LockedCacheFile)
             locked.__dict__.update(current.__dict__)
             cache._cache_file = locked
+            if not isinstance(value, Dispatcher):  # an njit loop's compile(sig) only
+                continue
             lock_path = os.path.join(cache._cache_path, "cupycoll.compile.lock")
             cache.load_overload = _loaded_or_locked(cache.load_overload, lock_path)
             value.compile = _compiled_once(value.compile, lock_path)
