@@ -18,6 +18,8 @@ SIZES = [0, 1, 7, 1000, 65537]
 #: from this many elements a rank's input is a rotation of one random array per case (every
 #: rank rebuilds every rank's input: one draw per case instead of P keeps P = 8 affordable).
 ROTATED_FROM = 4096
+#: rank r's rotated input is the case's draw rolled by ``SHIFT * r``
+SHIFT = 7919
 
 
 def make(seed: int, rank: int, dtype: str, count: int, op: str) -> np.ndarray:
@@ -25,7 +27,7 @@ def make(seed: int, rank: int, dtype: str, count: int, op: str) -> np.ndarray:
     case's draw rotated by a rank-dependent offset (each position still sees P values)."""
     if count < ROTATED_FROM:
         return _draw(seed, rank, dtype, count, op)
-    return np.roll(_draw(seed, 0, dtype, count, op), 7919 * rank)
+    return np.roll(_draw(seed, 0, dtype, count, op), SHIFT * rank)
 
 
 @functools.lru_cache(maxsize=4)
@@ -65,7 +67,7 @@ def block(seed: int, rank: int, dtype: str, count: int, op: str, part: slice) ->
     (a reduce_scatter's reference needs one block of each rank's input)."""
     if count < ROTATED_FROM:
         return _draw(seed, rank, dtype, count, op)[part]
-    positions = (np.arange(part.start, part.stop) - 7919 * rank) % count  # np.roll's inverse
+    positions = (np.arange(part.start, part.stop) - SHIFT * rank) % count  # np.roll's inverse
     return _draw(seed, 0, dtype, count, op)[positions]
 
 
