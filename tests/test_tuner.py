@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 
+import cupycoll as cc
 from cupycoll._registry import priced
 from cupycoll.sparse import auto
 from cupycoll.sparse._cost import Shape
@@ -337,6 +338,65 @@ def test_a_communicators_auto_calls_are_remembered_on_it(monkeypatch):
     monkeypatch.setenv("CUPYCOLL_RANKS_PER_NODE", "2")
     auto.choose(shape(1000, 2000, 3000, 4000), comm=comm, op="sum")
     assert len(calls) == 3 and calls[-1].nodes == (0, 0, 1, 1)
+
+
+def test_the_front_door_decides_a_kind_of_call_once_while_its_counts_drift(monkeypatch):
+    """sparse_allreduce decides an explicit algorithm's wire, and estimate's pick with its
+    wire, once per kind of call: calls whose every rank's nnz stays within REPRICE_BEYOND of
+    the decided call's class reuse the decision, a call beyond it decides again; learn keeps
+    each algorithm's wire. Every result against a dense reference (small integers)."""
+    from tests._threaded import on_communicators
+
+    decided = []
+    real_wire = auto.choose_wire
+    monkeypatch.setattr(auto, "choose_wire", lambda name, *a, **k: decided.append(name)
+                        or real_wire(name, *a, **k))
+    n = 50_000
+
+    def entries(rank, count):
+        rng = np.random.default_rng([rank, count])
+        idx = np.sort(rng.choice(n, count, replace=False)).astype(np.int64)
+        return idx, rng.integers(-3, 4, count).astype(np.float32)
+
+    def dense(counts):
+        want = np.zeros(n)
+        for rank, count in enumerate(counts):
+            idx, val = entries(rank, count)
+            want[idx] += val
+        return want
+
+    def run(algorithm, mode, steps):
+        """Per call, how many ranks decided a wire; and what each rank ran."""
+        monkeypatch.setenv("CUPYCOLL_AUTO", mode)
+        decisions = []
+
+        def fn(comm):
+            for counts in steps:
+                idx, val = entries(comm.rank, counts[comm.rank])
+                res = cc.sparse_allreduce(idx, val, n, algorithm=algorithm, wire="auto",
+                                          comm=comm)
+                got = np.zeros(n)
+                got[res.indices] = res.values
+                assert np.array_equal(got, dense(counts)), (algorithm, mode, counts)
+                comm.barrier()
+                if comm.rank == 0:
+                    decisions.append(len(decided))
+                comm.barrier()
+            return {key[1] for key in comm.stats.calls}
+        ran = [names for names, _ in on_communicators(2, fn)]
+        wires = sorted(decided)
+        decided.clear()
+        return [b - a for a, b in zip([0] + decisions, decisions)], ran, wires
+
+    drift = [(3000, 2000), (3200, 1900), (2800, 2300), (5000, 2000), (4700, 2100)]
+    # both ranks decide each new kind of call: the first call, then the one beyond 2^(1/2)
+    for algorithm in ("recursive_doubling", "auto"):
+        assert run(algorithm, "estimate", drift)[0] == [2, 0, 0, 2, 0], algorithm
+    # learn picks an algorithm per call (its trials run three); each one's wire is decided
+    # once per rank
+    _, ran, wires = run("auto", "learn", [(3000, 2000)] * 14)
+    assert len(ran[0]) == 3 and ran[0] == ran[1], ran
+    assert wires == sorted(list(ran[0]) * 2), wires
 
 
 def test_shape_class_keeps_small_counts_zero_and_n():

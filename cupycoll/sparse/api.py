@@ -168,12 +168,7 @@ def plan(comm: Communicator, prepared: Prepared, async_op: bool = False) -> Plan
     if prepared.merged is not None:  # the entries came with the validation (sparse/small.py)
         wire = COO if prepared.wire_values is None else Wire(False, prepared.wire_values)
         return Plan("small", wire, lambda on: _sparse_result(on, prepared, *prepared.merged))
-    # auto prices the call with the wire asked for (raw when auto decides it after); the wire
-    # choice sets each wire itself, so one Shape serves both
-    shape = prepared.shape(comm, Wire(prepared.wire == "compact", prepared.wire_values)
-                           if prepared.algorithm == "auto" else COO)
-    name, trials, learning = _pick(comm, prepared, shape, async_op)
-    wire = _auto.choose_wire(name, shape, prepared.wire, prepared.wire_values, comm=comm)
+    name, wire, trials, learning = _decide(comm, prepared, async_op)
     found, prices = record("sparse", name), _auto.prices(comm, name)
     if prepared.output == "dense" and found.dense_output is not None:
         variant = bind_prices(found, found.dense_output, **prices)
@@ -185,19 +180,62 @@ def plan(comm: Communicator, prepared: Prepared, async_op: bool = False) -> Plan
     return Plan(name, wire, lambda on: _run(on, prepared, fn, values, wire), trials, learning)
 
 
-def _pick(comm: Communicator, prepared: Prepared, shape: Shape, async_op: bool
-          ) -> tuple[str, Any, Any]:
-    """(algorithm, measure trials, learn call): the algorithm named, or auto's pick for
-    ``shape`` by its mode (``CUPYCOLL_AUTO``); only synchronous calls are timed."""
-    if prepared.algorithm != "auto":
-        return prepared.algorithm, None, None
-    if prepared.auto_mode == "measure" and comm.size > 1:
-        name, trials = _measure.plan(comm, shape, prepared.op, not async_op)
-        return name, trials, None
-    if prepared.auto_mode == "learn" and comm.size > 1:
-        name, learning = _learn.plan(comm, shape, prepared.op, not async_op)
-        return name, None, learning
-    return _auto.choose(shape, comm=comm, op=prepared.op), None, None
+def _decide(comm: Communicator, prepared: Prepared, async_op: bool
+            ) -> tuple[str, Wire, Any, Any]:
+    """(algorithm, wire, measure trials, learn call): the algorithm named, or auto's pick by
+    its mode (``CUPYCOLL_AUTO``; only synchronous calls are timed), and its wire format.
+    What the models decide is :func:`~.auto.remembered` per kind of call: a loop's calls
+    skip the pricing (measure and learn choose the algorithm per call, their wires are kept)."""
+    kind = ("plan", prepared.algorithm, prepared.n, prepared.width, prepared.index_dtype,
+            prepared.accumulate_dtype, prepared.value_dtype, prepared.op, prepared.wire,
+            prepared.wire_values, prepared.output)
+    learns = prepared.algorithm == "auto" and comm.size > 1 and prepared.auto_mode in (
+        "measure", "learn")
+    if not learns:
+        kind += (prepared.auto_mode,) if prepared.algorithm == "auto" else ()
+        return _auto.remembered(comm, kind, prepared.nnz, prepared.n,
+                                lambda: _priced(comm, prepared, _shape(comm, prepared)))
+    if prepared.auto_mode == "measure":
+        shape = _shape(comm, prepared)
+        (name, trials), learning = _measure.plan(comm, shape, prepared.op, not async_op), None
+    else:
+        learned = _learn.with_total(_learn_kind(comm, kind, prepared), sum(prepared.nnz))
+        trials, (name, learning) = None, _learn.plan(
+            comm, learned, lambda: _shape(comm, prepared), prepared.op, not async_op)
+    wire = _auto.remembered(comm, kind + (name,), prepared.nnz, prepared.n,
+                            lambda: _wire(comm, prepared, name, _shape(comm, prepared)))
+    return name, wire, trials, learning
+
+
+def _learn_kind(comm: Communicator, kind: tuple, prepared: Prepared) -> tuple:
+    """learn's class key of a call of ``kind`` (:func:`~.learn.class_key`), built once per
+    kind: a loop's calls differ only in their counts (:func:`~.learn.with_total`)."""
+    keys = _auto.comm_table(comm, "_learn_kinds")
+    key = keys.get(kind)
+    if key is None:
+        if len(keys) >= _auto.DECISIONS_MAX:
+            keys.clear()
+        key = keys[kind] = _learn.class_key(_shape(comm, prepared), prepared.op)
+    return key
+
+
+def _shape(comm: Communicator, prepared: Prepared) -> Shape:
+    """The call as auto prices it: with the wire asked for (raw when auto decides it after;
+    the wire choice sets each wire itself, so one Shape serves both)."""
+    return prepared.shape(comm, Wire(prepared.wire == "compact", prepared.wire_values)
+                          if prepared.algorithm == "auto" else COO)
+
+
+def _priced(comm: Communicator, prepared: Prepared, shape: Shape
+            ) -> tuple[str, Wire, None, None]:
+    """The algorithm named or the model's pick (``estimate``), and its wire format."""
+    name = (prepared.algorithm if prepared.algorithm != "auto"
+            else _auto.choose(shape, comm=comm, op=prepared.op))
+    return name, _wire(comm, prepared, name, shape), None, None
+
+
+def _wire(comm: Communicator, prepared: Prepared, name: str, shape: Shape) -> Wire:
+    return _auto.choose_wire(name, shape, prepared.wire, prepared.wire_values, comm=comm)
 
 
 def _run(comm: Communicator, prepared: Prepared, fn: Callable, values: Any, wire: Wire

@@ -27,8 +27,9 @@ from ..wire._pack import COO, Wire
 from ._common import native_drops_nan, native_keeps_minus_zero
 from ._cost import Cost, Shape, validation_cost
 
-__all__ = ["choose", "shape_class", "class_counts", "choose_wire", "auto", "prices", "call_cost",
-           "predicted_times", "resolved", "comm_table", "candidates", "ALGORITHM"]
+__all__ = ["choose", "remembered", "shape_class", "class_counts", "choose_wire", "auto", "prices",
+           "call_cost", "predicted_times", "resolved", "comm_table", "candidates", "ALGORITHM",
+           "DECISIONS_MAX"]
 
 #: recent decisions: (id(profile), shape class) -> (profile, name). A training loop repeats
 #: nearly the same shape every step (each rank's nnz drifting a little), and pricing every
@@ -36,7 +37,8 @@ __all__ = ["choose", "shape_class", "class_counts", "choose_wire", "auto", "pric
 #: class (:func:`shape_class`), once per class, so the decision is a function of the agreed
 #: class alone (the same on every rank, whatever calls came before).
 _DECISIONS: dict[tuple[int, Shape], tuple[Any, str]] = {}
-_DECISIONS_MAX = 512
+#: entries a table of decisions keeps before it starts again (a bound on its memory)
+DECISIONS_MAX = 512
 #: steps of a class's nnz per doubling: counts within about 2^(1/8) of each other share it.
 CLASS_STEPS = 4
 #: a communicator's auto call reuses the pick of its last priced call of the same kind while
@@ -94,13 +96,17 @@ def resolved(shape: Shape, profile: Any = None, *, comm: Any = None, op: Any = N
 def class_counts(shape: Shape) -> tuple[int, ...]:
     """Every rank's nnz rounded to the nearest of :data:`CLASS_STEPS` steps per doubling
     (2^(j/CLASS_STEPS), at most n; 0 stays 0; counts up to 4 keep their value)."""
+    return _classed(shape.nnz, shape.n)
+
+
+def _classed(nnz: tuple[int, ...], n: int) -> tuple[int, ...]:
     def step(count: int) -> int:
         if count <= 4:
             return count
         rounded = round(CLASS_STEPS * math.log2(count)) / CLASS_STEPS
-        return min(round(2.0 ** rounded), shape.n)
+        return min(round(2.0 ** rounded), n)
 
-    return tuple(step(c) for c in shape.nnz)
+    return tuple(step(c) for c in nnz)
 
 
 def shape_class(shape: Shape) -> Shape:
@@ -115,28 +121,36 @@ def choose(shape: Shape, profile: Any = None, *, comm: Any = None, op: Any = Non
 
     ``comm`` supplies the broadcast profile (:func:`cupycoll.tuner.profile_for`) and, when
     ``shape.nodes`` is None, the node of every rank; ``op`` (a ReduceOp or name) refines
-    ``shape.op``. A communicator's calls (no profile given) are remembered on it by the call's
-    fields other than the counts: a call whose every count is within :data:`REPRICE_BEYOND`
-    of the last priced one's class reuses its pick (a few microseconds; a training loop's
-    drifting counts would otherwise cross a class every few steps and be priced each time),
-    and a call beyond it is priced and becomes the reference. Every rank sees the same agreed
-    calls on a communicator, so every rank keeps the same reference and pick.
+    ``shape.op``. A communicator's picks (no profile given) are :func:`remembered` on it by the
+    call's fields other than the counts.
     """
     if shape.size == 1:
         return "allgather"
     if comm is None or profile is not None or shape.inputs is not None:
         return _priced_choice(shape, profile, comm, op)
-    memo = comm_table(comm, "_auto_choices")
-    if len(memo) >= _DECISIONS_MAX:
-        memo.clear()
     key = (tuple(v for k, v in shape.__dict__.items() if k != "nnz"),
-           str(getattr(op, "value", op)), setting("CUPYCOLL_RANKS_PER_NODE"))
+           str(getattr(op, "value", op)))
+    return remembered(comm, key, shape.nnz, shape.n,
+                      lambda: _priced_choice(shape, None, comm, op))
+
+
+def remembered(comm: Any, key: tuple, nnz: tuple[int, ...], n: int, decide: Any) -> Any:
+    """``decide()`` for a call of kind ``key`` (its agreed fields other than the counts) on
+    ``comm``, or what it returned for the last call of that kind that was decided, while
+    every count of ``nnz`` stays within :data:`REPRICE_BEYOND` of that call's class: a
+    training loop's drifting counts would otherwise cross a class every few steps. A call
+    beyond it is decided and becomes the reference. Every rank sees the same agreed calls,
+    so every rank keeps the same references and decisions."""
+    memo = comm_table(comm, "_auto_choices")
+    if len(memo) >= DECISIONS_MAX:
+        memo.clear()
+    key = key + (setting("CUPYCOLL_RANKS_PER_NODE"),)  # the nodes the models saw
     kept = memo.get(key)
-    if kept is not None and _near(shape.nnz, kept[0]):
+    if kept is not None and _near(nnz, kept[0]):
         return kept[1]
-    name = _priced_choice(shape, None, comm, op)
-    memo[key] = (class_counts(shape), name)
-    return name
+    decided = decide()
+    memo[key] = (_classed(nnz, n), decided)
+    return decided
 
 
 def _near(counts: tuple[int, ...], reference: tuple[int, ...]) -> bool:
@@ -158,7 +172,7 @@ def _priced_choice(shape: Shape, profile: Any, comm: Any, op: Any) -> str:
     if hit is not None and hit[0] is profile:
         return hit[1]
     name = _cheapest(key[1], profile)
-    if len(_DECISIONS) >= _DECISIONS_MAX:
+    if len(_DECISIONS) >= DECISIONS_MAX:
         _DECISIONS.clear()
     _DECISIONS[key] = (profile, name)
     return name

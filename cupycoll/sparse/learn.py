@@ -33,11 +33,11 @@ computed them (so the rounding of a float sum) can change between calls.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
-import statistics
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -46,7 +46,7 @@ from . import auto as _auto
 from ._cost import Shape
 from .measure import kind
 
-__all__ = ["Record", "plan", "finish", "absorb", "pending_us", "save", "load", "records",
+__all__ = ["Record", "plan", "class_key", "with_total", "finish", "absorb", "pending_us", "save", "load", "records",
            "WITHIN", "CANDIDATES", "SAMPLES", "ABANDON", "WINDOW", "RECHECK", "RETRY_WITHIN"]
 
 #: candidates: the algorithms the model prices within this factor of its best
@@ -90,7 +90,7 @@ class Record:
         found = self._medians.get(name)
         if found is None:
             window = self.seconds.get(name)
-            found = self._medians[name] = statistics.median(window) if window else np.inf
+            found = self._medians[name] = _median(window) if window else np.inf
         return found
 
     def choice(self) -> str:
@@ -161,12 +161,19 @@ class Record:
             self.abandoned.append(name)
 
 
+def _median(window: list[float]) -> float:
+    """The median of a few samples (statistics.median's value, without its checks)."""
+    ordered, half = sorted(window), len(window) // 2
+    return ordered[half] if len(window) % 2 else (ordered[half - 1] + ordered[half]) / 2
+
+
 def clearly_faster(these: list[float], than: list[float]) -> bool:
     """Whether the samples ``these`` are faster than ``than`` beyond the noise of a shared
     machine: in at least :data:`FASTER_PAIRS` of the pairs of one sample of each (3 against 3:
     8 of the 9 pairs, which equal times give by chance once in 10)."""
-    faster = sum(a < b for a in these for b in than)
-    return faster >= FASTER_PAIRS * len(these) * len(than)
+    ordered = sorted(than)
+    faster = sum(len(ordered) - bisect.bisect_right(ordered, a) for a in these)
+    return faster >= FASTER_PAIRS * len(these) * len(ordered)
 
 
 def records(comm: Any) -> dict[tuple, Record]:
@@ -174,14 +181,27 @@ def records(comm: Any) -> dict[tuple, Record]:
     return _auto.comm_table(comm, "_learned")
 
 
-def plan(comm: Any, shape: Shape, op: Any, timed: bool) -> tuple[str, tuple | None]:
-    """The algorithm this call runs and, for a timed (synchronous) call, the token to pass to
-    :func:`finish`; else None."""
-    table, key = records(comm), kind(shape) + (str(getattr(op, "value", op)),)
-    record = table.get(key)  # the nodes are the communicator's: no part of the key
+def class_key(shape: Shape, op: Any) -> tuple:
+    """The key of ``shape``'s class in :func:`records`: :func:`.measure.kind` and the op (the
+    nodes are the communicator's: no part of it). Its last but one element is the total nnz's
+    bit length (:func:`with_total`)."""
+    return kind(shape) + (str(getattr(op, "value", op)),)
+
+
+def with_total(key: tuple, total_nnz: int) -> tuple:
+    """``key`` of a class with another total nnz (a call of the same kind)."""
+    return key[:-2] + (total_nnz.bit_length(), key[-1])
+
+
+def plan(comm: Any, key: tuple, shape: Callable[[], Shape], op: Any, timed: bool
+         ) -> tuple[str, tuple | None]:
+    """The algorithm the call of class ``key`` runs (``shape()`` prices a new class) and, for
+    a timed (synchronous) call, the token to pass to :func:`finish`; else None."""
+    table = records(comm)
+    record = table.get(key)
     if record is None:
-        shape, profile = _auto.resolved(shape, comm=comm, op=op)
-        record = table[key] = _neighbour(table, key) or _fresh(shape, profile)
+        priced, profile = _auto.resolved(shape(), comm=comm, op=op)
+        record = table[key] = _neighbour(table, key) or _fresh(priced, profile)
     if not timed:
         return record.choice(), None
     name = record.next()
