@@ -132,6 +132,18 @@ def test_a_timed_call_waits_for_the_next_validation_to_count(agreed):
     assert learn.records(comm)[key].seconds == ({} if agreed < 0 else {"a": [0.0015]})
 
 
+def test_a_time_pending_when_the_records_are_cleared_is_dropped():
+    """Records cleared (or loaded: load clears them) between a timed call and the next
+    validation: its time is dropped, the next call goes on."""
+    comm = SimpleNamespace()
+    key = ("k",)
+    learn.records(comm)[key] = learn.Record(["a"], warmed=["a"])
+    learn.finish(comm, (key, "a", 0.0))
+    learn.records(comm).clear()
+    learn.absorb(comm, 1500)
+    assert learn.records(comm) == {} and learn.pending_us(comm) == -1
+
+
 def test_a_new_class_next_to_a_finished_one_starts_from_its_record():
     """Half or twice the total nnz (the class's last but one element): its candidates and samples,
     the seconds scaled by the sizes' ratio, no trials of its own; none from a class still in

@@ -258,13 +258,16 @@ def pending_us(comm: Any) -> int:
 
 
 def absorb(comm: Any, agreed_us: int) -> None:
-    """The agreed (slowest rank's) time of the last timed call joins its record."""
+    """The agreed (slowest rank's) time of the last timed call joins its record (unless the
+    records were cleared or loaded since: then it is dropped)."""
     pending = getattr(comm, "_learn_pending", None)
     if pending is None or agreed_us < 0:
         return
     comm._learn_pending = None
     key, name = pending[:2]
-    records(comm)[key].add(name, agreed_us * 1e-6)
+    record = records(comm).get(key)
+    if record is not None:
+        record.add(name, agreed_us * 1e-6)
 
 
 def save(comm: Any, path: str) -> None:
