@@ -10,8 +10,8 @@ every method once, in an order of its own (a seeded shuffle, the same on every r
 would keep each method after the same one), after a barrier; a sample is the slowest rank's time.
 Per case: each method's cumulative time over the steps, over the best explicit algorithm's
 (``cum/best``), and its median per-step time over steps 31 to the end, over the best's over
-the same steps (``late/best``). Every algorithm runs once before the loop (imports and compiled
-loops are not the loop's).
+the same steps (``late/best``). Every algorithm runs before the loop on the first step and on
+the steps of fewest and most entries in all (imports and compiled loops are not the loop's).
 """
 
 from __future__ import annotations
@@ -53,6 +53,14 @@ def draws(comm, n: int, density: float, width: int, steps: int, seed: int) -> li
     return out
 
 
+def warm_steps(comm, steps_data: list) -> list[int]:
+    """The steps run before the loop: the first and those of fewest and most entries in all
+    (a loop whose density drifts crosses the sizes where compiled loops take over: their
+    first load from numba's cache is not the loop's)."""
+    totals = comm.mpi_comm.allreduce(np.array([idx.size for idx, _ in steps_data]))
+    return [0, int(totals.argmin()), int(totals.argmax())]
+
+
 def method_call(comm, method: str, n: int):
     """The call of ``method``: an algorithm name, ``estimate`` or ``learn`` (auto's modes)."""
     algorithm = "auto" if method in ("estimate", "learn") else method
@@ -70,8 +78,9 @@ def run_case(comm, table: Table, text: str, steps: int, seed: int) -> None:
     explicit = [a for a in cc.algorithms("sparse") if a != "auto"]
     methods = explicit + ["estimate", "learn"] + list(EXTRA)
     calls = {m: EXTRA[m](n) if m in EXTRA else method_call(comm, m, n) for m in methods}
-    for m in explicit:  # warm every code path once
-        calls[m](*steps_data[0])
+    for step in warm_steps(comm, steps_data):  # every code path the loop reaches, once
+        for m in explicit:
+            calls[m](*steps_data[step])
     times = {m: np.empty(steps) for m in methods}
     wrong = dict.fromkeys(methods, 0)
     ran = {m: collections.Counter() for m in methods}
