@@ -26,7 +26,7 @@ from . import auto as _auto
 from . import dense as _dense
 from . import learn as _learn
 from . import measure as _measure
-from ._common import canonical_nan
+from ._common import canonical_nan, native_drops_nan, native_keeps_minus_zero
 from ._cost import Shape
 from ..wire._pack import COO, Wire
 from ._validate import Prepared, prepare
@@ -188,7 +188,8 @@ def _decide(comm: Communicator, prepared: Prepared, async_op: bool
     skip the pricing (measure and learn choose the algorithm per call, their wires are kept)."""
     kind = ("plan", prepared.algorithm, prepared.n, prepared.width, prepared.index_dtype,
             prepared.accumulate_dtype, prepared.value_dtype, prepared.op, prepared.wire,
-            prepared.wire_values, prepared.output)
+            prepared.wire_values, prepared.output, native_drops_nan(comm),
+            native_keeps_minus_zero(comm))
     learns = prepared.algorithm == "auto" and comm.size > 1 and prepared.auto_mode in (
         "measure", "learn")
     if not learns:
