@@ -236,6 +236,7 @@ def _priced(comm: Communicator, prepared: Prepared, shape: Shape
 
 
 def _wire(comm: Communicator, prepared: Prepared, name: str, shape: Shape) -> Wire:
+    """The wire format of the call running ``name`` (:func:`~.auto.choose_wire`)."""
     return _auto.choose_wire(name, shape, prepared.wire, prepared.wire_values, comm=comm)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Callable
 
 from .._config import setting
 from .._registry import lookup, priced, record, register
@@ -134,7 +134,8 @@ def choose(shape: Shape, profile: Any = None, *, comm: Any = None, op: Any = Non
                       lambda: _priced_choice(shape, None, comm, op))
 
 
-def remembered(comm: Any, key: tuple, nnz: tuple[int, ...], n: int, decide: Any) -> Any:
+def remembered(comm: Any, key: tuple, nnz: tuple[int, ...], n: int, decide: Callable[[], Any]
+               ) -> Any:
     """``decide()`` for a call of kind ``key`` (its agreed fields other than the counts) on
     ``comm``, or what it returned for the last call of that kind that was decided, while
     every count of ``nnz`` stays within :data:`REPRICE_BEYOND` of that call's class: a

@@ -46,8 +46,9 @@ from . import auto as _auto
 from ._cost import Shape
 from .measure import kind
 
-__all__ = ["Record", "plan", "class_key", "with_total", "finish", "absorb", "pending_us", "save", "load", "records",
-           "WITHIN", "CANDIDATES", "SAMPLES", "ABANDON", "WINDOW", "RECHECK", "RETRY_WITHIN"]
+__all__ = ["Record", "plan", "class_key", "with_total", "finish", "absorb", "pending_us", "save",
+           "load", "records", "WITHIN", "CANDIDATES", "SAMPLES", "ABANDON", "WINDOW", "RECHECK",
+           "RETRY_WITHIN"]
 
 #: candidates: the algorithms the model prices within this factor of its best
 WITHIN = 2.0
