@@ -209,11 +209,11 @@ def reduce_parts(parts: Sequence[tuple[Any, Any]], op: ReduceOp,
     indices = [p[0] for p in parts]
     if (op is ReduceOp.SUM and type(indices[0]) is np.ndarray
             and _numpy_few.few_enough(sum(i.shape[0] for i in indices)
-                                         * math.prod(parts[0][1].shape[1:]))):
+                                      * math.prod(parts[0][1].shape[1:]))):
         dtype = parts[0][1].dtype
         idx, val = _numpy_few.few_summed(indices, [p[1] for p in parts], dtype
-                                            if accumulate_dtype is None
-                                            else np.dtype(accumulate_dtype), dtype)
+                                         if accumulate_dtype is None
+                                         else np.dtype(accumulate_dtype), dtype)
     else:
         idx, val = merge_sorted(list(parts), op.value, accumulate_dtype, checked=False)
     return idx, fill_absent(idx, val, indices, op)

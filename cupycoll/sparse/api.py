@@ -211,11 +211,9 @@ def _decide(comm: Communicator, prepared: Prepared, async_op: bool
 def _learn_kind(comm: Communicator, kind: tuple, prepared: Prepared) -> tuple:
     """learn's class key of a call of ``kind`` (:func:`~.learn.class_key`), built once per
     kind: a loop's calls differ only in their counts (:func:`~.learn.with_total`)."""
-    keys = _auto.comm_table(comm, "_learn_kinds")
+    keys = _auto.bounded_table(comm, "_learn_kinds")
     key = keys.get(kind)
     if key is None:
-        if len(keys) >= _auto.DECISIONS_MAX:
-            keys.clear()
         key = keys[kind] = _learn.class_key(_shape(comm, prepared), prepared.op)
     return key
 

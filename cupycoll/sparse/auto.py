@@ -28,8 +28,8 @@ from ._common import native_drops_nan, native_keeps_minus_zero
 from ._cost import Cost, Shape, validation_cost
 
 __all__ = ["choose", "remembered", "shape_class", "class_counts", "choose_wire", "auto", "prices",
-           "call_cost", "predicted_times", "resolved", "comm_table", "candidates", "ALGORITHM",
-           "DECISIONS_MAX"]
+           "call_cost", "predicted_times", "resolved", "comm_table", "bounded_table", "candidates",
+           "ALGORITHM"]
 
 #: recent decisions: (id(profile), shape class) -> (profile, name). A training loop repeats
 #: nearly the same shape every step (each rank's nnz drifting a little), and pricing every
@@ -38,7 +38,7 @@ __all__ = ["choose", "remembered", "shape_class", "class_counts", "choose_wire",
 #: class alone (the same on every rank, whatever calls came before).
 _DECISIONS: dict[tuple[int, Shape], tuple[Any, str]] = {}
 #: entries a table of decisions keeps before it starts again (a bound on its memory)
-DECISIONS_MAX = 512
+_DECISIONS_MAX = 512
 #: steps of a class's nnz per doubling: counts within about 2^(1/8) of each other share it.
 CLASS_STEPS = 4
 #: a communicator's auto call reuses the pick of its last priced call of the same kind while
@@ -54,6 +54,15 @@ def comm_table(comm: Any, attribute: str) -> dict:
     if table is None:
         table = {}
         setattr(comm, attribute, table)
+    return table
+
+
+def bounded_table(comm: Any, attribute: str) -> dict:
+    """:func:`comm_table`, emptied once it holds :data:`_DECISIONS_MAX` entries (a bound on the
+    memory of a table of decisions)."""
+    table = comm_table(comm, attribute)
+    if len(table) >= _DECISIONS_MAX:
+        table.clear()
     return table
 
 
@@ -142,9 +151,7 @@ def remembered(comm: Any, key: tuple, nnz: tuple[int, ...], n: int, decide: Call
     training loop's drifting counts would otherwise cross a class every few steps. A call
     beyond it is decided and becomes the reference. Every rank sees the same agreed calls,
     so every rank keeps the same references and decisions."""
-    memo = comm_table(comm, "_auto_choices")
-    if len(memo) >= DECISIONS_MAX:
-        memo.clear()
+    memo = bounded_table(comm, "_auto_choices")
     key = key + (setting("CUPYCOLL_RANKS_PER_NODE"),)  # the nodes the models saw
     kept = memo.get(key)
     if kept is not None and _near(nnz, kept[0]):
@@ -173,7 +180,7 @@ def _priced_choice(shape: Shape, profile: Any, comm: Any, op: Any) -> str:
     if hit is not None and hit[0] is profile:
         return hit[1]
     name = _cheapest(key[1], profile)
-    if len(_DECISIONS) >= DECISIONS_MAX:
+    if len(_DECISIONS) >= _DECISIONS_MAX:
         _DECISIONS.clear()
     _DECISIONS[key] = (profile, name)
     return name
