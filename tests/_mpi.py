@@ -28,7 +28,8 @@ def run_mpi(nprocs: int, worker: str, *args: object, timeout: float = 180,
             env: dict[str, str] | None = None) -> str:
     """Run ``tests/workers/<worker>`` on ``nprocs`` ranks; fail the test unless every rank exits 0.
 
-    Workers run as ``python -m mpi4py`` so an uncaught exception on one rank aborts the whole job
+    Workers run with ``CUPYCOLL_NUMBA=off`` unless ``env`` or the caller's environment says
+    otherwise. Workers run as ``python -m mpi4py`` so an uncaught exception on one rank aborts the whole job
     instead of hanging it; the timeout kills the job if a bug hangs it anyway. Returns stdout.
     """
     script = WORKERS / worker
@@ -37,6 +38,9 @@ def run_mpi(nprocs: int, worker: str, *args: object, timeout: float = 180,
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), full_env.get("PYTHONPATH", "")])
     full_env.setdefault("OMP_NUM_THREADS", "1")
+    # numba's import and cached loads cost each rank 1-4 CPU-seconds, more than most workers'
+    # checks: the numpy loops run unless a test asks for numba (docs/testing.md)
+    full_env.setdefault("CUPYCOLL_NUMBA", "off")
     full_env.update(env or {})
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env,

@@ -20,7 +20,8 @@ def test_random_cases_match_dense_reference(nprocs, ncases):
 def test_random_cases_in_threaded_numba_loops(nprocs):
     """Every merge in every rank through the numba loops cut over 3 threads."""
     out = run_mpi(nprocs, "sparse_random.py", 2000 + nprocs, 200, timeout=240,
-                  env={"CC_TEST_NUMBA_THREADS": "1", "CUPYCOLL_THREADS": "3"})
+                  env={"CC_TEST_NUMBA_THREADS": "1", "CUPYCOLL_THREADS": "3",
+                       "CUPYCOLL_NUMBA": "on"})
     assert f"ok 200 cases on {nprocs} ranks" in out
 
 
