@@ -29,6 +29,21 @@ def pytest_configure(config):
             compileall.compile_dir(str(ROOT / folder), quiet=1)
 
 
+def pytest_collection_modifyitems(config, items):
+    """In the test processes of a parallel run, tests of the most ranks go first, in their
+    order otherwise: the longest launches start early and the short in-process tests fill the
+    end, so neither process idles while the other runs a long launch (docs/testing.md). A
+    serial run (``-n 0``, mutmut's) keeps pytest's order."""
+    if hasattr(config, "workerinput"):
+        items.sort(key=_ranks, reverse=True)  # stable: ties keep their order
+
+
+def _ranks(item) -> int:
+    """The ``nprocs`` a test launches with (0 without one)."""
+    callspec = getattr(item, "callspec", None)
+    return int(callspec.params.get("nprocs", 0)) if callspec is not None else 0
+
+
 def skip_reasons(reports) -> Counter:
     """Number of skipped tests per reason (pytest's "Skipped: " prefix removed)."""
     reasons = Counter()
