@@ -28,9 +28,10 @@ def run_mpi(nprocs: int, worker: str, *args: object, timeout: float = 180,
             env: dict[str, str] | None = None) -> str:
     """Run ``tests/workers/<worker>`` on ``nprocs`` ranks; fail the test unless every rank exits 0.
 
-    Workers run with ``CUPYCOLL_NUMBA=off`` unless ``env`` or the caller's environment says
-    otherwise. Workers run as ``python -m mpi4py`` so an uncaught exception on one rank aborts the whole job
-    instead of hanging it; the timeout kills the job if a bug hangs it anyway. Returns stdout.
+    Workers run as ``python -m mpi4py`` so an uncaught exception on one rank aborts the whole job
+    instead of hanging it; the timeout kills the job if a bug hangs it anyway. They run with
+    ``CUPYCOLL_NUMBA=off`` unless ``env`` or the caller's environment says otherwise. Returns
+    stdout.
     """
     script = WORKERS / worker
     cmd = [mpiexec(), "-n", str(nprocs), sys.executable, "-m", "mpi4py", str(script),

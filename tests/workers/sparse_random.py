@@ -238,6 +238,7 @@ def every_loop_in_numba_threads() -> None:
     _accel._FAST_FROM = 0
     _common._MERGE_BLOCK = 8
     _numba._PIECE = 1
+    assert _accel.loops() is _numba, "CUPYCOLL_NUMBA=on is needed: the numba loops do not run"
 
 
 def main() -> None:
