@@ -58,9 +58,13 @@ def comm_table(comm: Any, attribute: str) -> dict:
 
 
 def bounded_table(comm: Any, attribute: str) -> dict:
-    """:func:`comm_table`, emptied once it holds :data:`_DECISIONS_MAX` entries (a bound on the
-    memory of a table of decisions)."""
-    table = comm_table(comm, attribute)
+    """:func:`comm_table`, with room for one more decision (:func:`_with_room`)."""
+    return _with_room(comm_table(comm, attribute))
+
+
+def _with_room(table: dict) -> dict:
+    """``table``, emptied once it holds :data:`_DECISIONS_MAX` entries (a bound on the memory
+    of a table of decisions)."""
     if len(table) >= _DECISIONS_MAX:
         table.clear()
     return table
@@ -180,9 +184,7 @@ def _priced_choice(shape: Shape, profile: Any, comm: Any, op: Any) -> str:
     if hit is not None and hit[0] is profile:
         return hit[1]
     name = _cheapest(key[1], profile)
-    if len(_DECISIONS) >= _DECISIONS_MAX:
-        _DECISIONS.clear()
-    _DECISIONS[key] = (profile, name)
+    _with_room(_DECISIONS)[key] = (profile, name)
     return name
 
 
