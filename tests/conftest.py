@@ -4,6 +4,11 @@ The package and the workers are compiled to bytecode once, before any test start
 mpiexec ranks load it instead of each compiling every module they import (under
 PYTHONDONTWRITEBYTECODE, as on our machines, nothing else writes it).
 
+The tests run the numpy loops (``CUPYCOLL_NUMBA=off``) unless the caller's environment says
+otherwise; the tests of the numba loops set ``on`` themselves. Under the default ``auto``, which
+loops a call took depended on when numba's background import ended, and each test process
+imported numba and compiled, on a cold cache, every signature its calls met (docs/testing.md).
+
 Also, under mutation testing only (tests/mutation/run.py), hands mutmut the functions that
 the mpiexec workers of a test called, so mutants of multi-rank code are tested by them.
 """
@@ -19,6 +24,8 @@ import pytest
 
 from tests._gpu import NO_DEVICE
 from tests._mpi import ROOT
+
+os.environ.setdefault("CUPYCOLL_NUMBA", "off")
 
 
 def pytest_configure(config):
