@@ -216,6 +216,7 @@ def test_cached_loops_are_keyed_by_plain_types(monkeypatch: pytest.MonkeyPatch) 
     from cupycoll.primitives import _numba_dense
 
     monkeypatch.setattr(_accel, "_FAST_FROM", 0)
+    monkeypatch.setenv("CUPYCOLL_NUMBA", "on")
     assert _accel.ready() is not None  # numba imported: the selection below runs its loops
     rng = np.random.default_rng(3)
     for dtype in ("float32", "float64", "int32", "int64"):

@@ -350,6 +350,7 @@ def test_two_to_four_parts_take_the_chained_two_way_merge(monkeypatch, size, wid
     monkeypatch.setattr(_numba, "sum_two", lambda *a, f=_numba.sum_two: calls.append(1) or f(*a))
     rows = (size, width) if width else (size,)
     parts = [(np.arange(r, 5 * size, 5), np.ones(rows, np.float32)) for r in range(5)]
+    monkeypatch.setenv("CUPYCOLL_NUMBA", "on")
     assert _accel.loops() is _numba
     for count in (2, 3, 4, 5):
         calls.clear()

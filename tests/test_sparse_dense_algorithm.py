@@ -268,12 +268,13 @@ def test_large_sums_read_the_union_back_and_leave_the_kept_buffer_minus_zero(mon
 
 
 @pytest.mark.parametrize("width", [0, 3])
-def test_local_pass_is_the_union_of_one_rank_and_restores_small_unions(width):
+def test_local_pass_is_the_union_of_one_rank_and_restores_small_unions(monkeypatch, width):
     """``local_pass`` (the host work ``tune`` times): the union of one rank's indices, for a
     small input and a large one, 1-D and rows: a numba pass either way, after which the kept
     buffer is all -0 and marked (no fill on the next call)."""
     from cupycoll.primitives import _accel
 
+    monkeypatch.setenv("CUPYCOLL_NUMBA", "on")
     n = 1 << 15
     for share in (64, 2):
         rng = np.random.default_rng([share, width])

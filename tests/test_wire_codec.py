@@ -112,6 +112,7 @@ def test_every_density_is_smaller_than_raw():
 
 def test_numpy_path_choice(monkeypatch):
     """numba loops for large host streams, numpy for small ones or with CUPYCOLL_NUMBA=off."""
+    monkeypatch.setenv("CUPYCOLL_NUMBA", "on")
     assert wire.fast(1 << 20) is loops and wire.fast(10) is None
     monkeypatch.setenv("CUPYCOLL_NUMBA", "off")
     assert wire.fast(1 << 20) is None
