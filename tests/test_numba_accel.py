@@ -688,6 +688,50 @@ def test_ranks_needing_one_new_signature_compile_it_once(tmp_path):
     assert sorted(counts) == [(0, 1), (0, 1), (1, 0)], counts
 
 
+HOLD_CHILD = COMPILE_ONCE_CHILD.replace("""assert loop(np.arange(10.0)) == 285.0
+""", """import fcntl, numba
+from cupycoll.primitives._numba_cache import _lock_path
+arg = np.arange(10.0).astype(sys.argv[2])
+if sys.argv[3] == "hold":  # a compile of this signature in progress elsewhere, for 10 s
+    lock = open(_lock_path(loop._cache._cache_file._index_path, (numba.typeof(arg),)), "a+b")
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    open(sys.argv[1] + ".held", "w").close()
+    time.sleep(10)
+    lock.close()
+else:
+    while not os.path.exists(sys.argv[1] + ".held"):
+        time.sleep(0.001)
+    started = time.monotonic()
+    assert loop(arg) == 285.0
+    print(round(time.monotonic() - started, 2), file=sys.stderr)
+""")
+
+
+def test_a_compile_waits_only_for_its_own_signature(tmp_path):
+    """While one process holds the compile lock of a loop's float64 signature, a process that
+    needs that signature waits for it, and one that needs the int64 signature compiles it
+    meanwhile (a lock per signature, not one for the whole cache)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    start, child = tmp_path / "start", tmp_path / "child.py"
+    child.write_text(HOLD_CHILD)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    runs = [("float64", "hold"), ("float64", "call"), ("int64", "call")]
+    children = [subprocess.Popen([sys.executable, str(child), str(start), dtype, role], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for dtype, role in runs]
+    time.sleep(3)  # every child imported numba and waits for the start file
+    start.touch()
+    outs = [c.communicate(timeout=120) for c in children]
+    assert all(c.returncode == 0 for c in children), [err[-2000:] for _, err in outs]
+    same, other = (float(outs[i][1].split()[-1]) for i in (1, 2))
+    assert same >= 8.0, (same, other)  # waited for the held lock (10 s from before it started)
+    assert other < same - 2.0, (same, other)  # compiled while the float64 lock was held
+
+
 def test_auto_imports_numba_in_the_background_and_numpy_runs_meanwhile(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """CUPYCOLL_NUMBA=auto: the first large call starts numba's import in a thread and returns

@@ -9,10 +9,13 @@ merge: ``TypeError: can't unbox array from PyObject into native value``; numba i
 reports segfaults from the same race). :func:`make_process_safe` gives cupycoll's
 loops a cache file whose saves run under an exclusive ``flock`` of a lock file next to the
 index (and write the data before the index entry that names it) and whose loads run under a
-shared one. A signature the cache lacks is compiled under an exclusive ``flock`` of one lock
-file per cache folder: ranks that need the same signature wait for the first one's compile,
-then load it from the cache, instead of each compiling it (8 ranks on 2 cores paid 8
-compiles); loads that hit take no compile lock. Without ``fcntl`` (Windows) or numba's
+shared one. A signature the cache lacks is compiled under an exclusive ``flock`` of a lock
+file of its own (the loop's index file and a digest of the signature): ranks that need the
+same signature wait for the first one's compile, then load it from the cache, instead of each
+compiling it (8 ranks on 2 cores paid 8 compiles), while processes that need other signatures
+compile them at the same time; loads that hit take no compile lock. A loop's compile also
+compiles the loops it calls, taking their locks while it holds its own: locks are taken down
+the call graph only, so no two processes wait for each other. Without ``fcntl`` (Windows) or numba's
 internals as expected, nothing changes.
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import itertools
 import os
 from typing import Any, Callable, Iterator
@@ -74,15 +78,18 @@ if IndexDataCacheFile is not None:
                 return super().load(key)
 
 
-def _compiled_once(compile: Callable[[Any], Any], lock_path: str) -> Callable[[Any], Any]:
+def _compiled_once(compile: Callable[[Any], Any], lock_of: Callable[[Any], str]
+                   ) -> Callable[[Any], Any]:
     """``compile`` (a dispatcher's: it loads a signature from the cache, else compiles and
     saves it) under numba's compiler lock, releasing the compile lock that a cache miss in it
-    took (:func:`_loaded_or_locked`) once the signature is saved."""
+    took (:func:`_loaded_or_locked`) once the signature is saved. ``lock_of(sig)``: the
+    signature's lock file."""
 
     @functools.wraps(compile)
     def compile_once(sig: Any) -> Any:
+        lock_path = lock_of(sig)
         with global_compiler_lock:  # threads of one process queue here, not in flock
-            outermost = lock_path not in _HELD  # a loop's compile compiles the loops it calls
+            outermost = lock_path not in _HELD  # a compile that calls itself back
             try:
                 return compile(sig)
             finally:
@@ -93,13 +100,15 @@ def _compiled_once(compile: Callable[[Any], Any], lock_path: str) -> Callable[[A
     return compile_once
 
 
-def _loaded_or_locked(load: Callable[..., Any], lock_path: str) -> Callable[..., Any]:
-    """A cache's ``load_overload`` that, on a miss, takes an exclusive flock of ``lock_path``
-    and loads again: a rank that waited for another's compile loads its result; the first
-    compiles holding the lock. Hits take no compile lock."""
+def _loaded_or_locked(load: Callable[..., Any], lock_of: Callable[[Any], str]
+                      ) -> Callable[..., Any]:
+    """A cache's ``load_overload(sig, target)`` that, on a miss, takes an exclusive flock of
+    ``lock_of(sig)`` and loads again: a rank that waited for another's compile loads its
+    result; the first compiles holding the lock. Hits take no compile lock."""
 
     @functools.wraps(load)
     def load_or_lock(*args: Any) -> Any:
+        lock_path = lock_of(args[0])
         found = load(*args)
         if found is not None or lock_path in _HELD:
             return found
@@ -129,6 +138,12 @@ def make_process_safe(namespace: dict[str, Any]) -> None:
             cache._cache_file = locked
             if not isinstance(value, Dispatcher):  # an njit loop's compile(sig) only
                 continue
-            lock_path = os.path.join(cache._cache_path, "cupycoll.compile.lock")
-            cache.load_overload = _loaded_or_locked(cache.load_overload, lock_path)
-            value.compile = _compiled_once(value.compile, lock_path)
+            lock_of = functools.partial(_lock_path, locked._index_path)
+            cache.load_overload = _loaded_or_locked(cache.load_overload, lock_of)
+            value.compile = _compiled_once(value.compile, lock_of)
+
+
+def _lock_path(index_path: str, sig: Any) -> str:
+    """The compile lock file of signature ``sig`` of the loop whose index is ``index_path``."""
+    digest = hashlib.sha1(str(sig).encode()).hexdigest()[:16]
+    return f"{index_path}.{digest}.lock"
