@@ -15,8 +15,8 @@ same signature wait for the first one's compile, then load it from the cache, in
 compiling it (8 ranks on 2 cores paid 8 compiles), while processes that need other signatures
 compile them at the same time; loads that hit take no compile lock. A loop's compile also
 compiles the loops it calls, taking their locks while it holds its own: locks are taken down
-the call graph only, so no two processes wait for each other. Without ``fcntl`` (Windows) or numba's
-internals as expected, nothing changes.
+the call graph only, so no two processes wait for each other. Without ``fcntl`` (Windows) or
+numba's internals as expected, nothing changes.
 """
 
 from __future__ import annotations
