@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from importlib import metadata
 
 from . import errors
 from ._registry import algorithms
@@ -15,13 +14,24 @@ from .comm import Communicator, Stats, Work, get_comm, init
 from .sparse import sparse_allreduce
 from .topk import TopkCompressor, TopkState, topk_allreduce
 
-try:  # one version source: the installed distribution's metadata (pyproject.toml)
-    __version__ = metadata.version("cupycoll")
-except metadata.PackageNotFoundError:  # a source checkout that was never installed
-    __version__ = "0+unknown"
 __all__ = ["init", "get_comm", "Communicator", "Stats", "Work", "ReduceOp", "errors",
            "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "all_reduce",
            "all_gather", "algorithms", "SparseResult", "sparse_allreduce", "topk_allreduce", "TopkCompressor",
            "TopkState"]
 
 logging.getLogger("cupycoll").addHandler(logging.NullHandler())
+
+
+def __getattr__(name: str) -> str:
+    """``cupycoll.__version__``, read on first use from the installed distribution's metadata
+    (the one version source: pyproject.toml), so that ``import cupycoll`` does not import
+    ``importlib.metadata`` and the email and zip parsers it brings."""
+    if name != "__version__":
+        raise AttributeError(f"module 'cupycoll' has no attribute {name!r}")
+    from importlib import metadata
+    try:
+        version = metadata.version("cupycoll")
+    except metadata.PackageNotFoundError:  # a source checkout that was never installed
+        version = "0+unknown"
+    globals()["__version__"] = version
+    return version

@@ -178,3 +178,21 @@ def test_every_module_imports_first_in_a_fresh_interpreter(seed):
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout.split()[-1]) > 50
+
+
+def test_import_leaves_the_optional_and_heavy_modules_unimported():
+    """``import cupycoll`` imports no tuner, testing tools, numba, torch, CuPy or
+    ``importlib.metadata`` (``__version__`` reads the metadata on first use)."""
+    code = (
+        "import sys, cupycoll\n"
+        "unwanted = ('importlib.metadata', 'numba', 'cupycoll.tuner', 'cupycoll.testing',"
+        " 'torch', 'cupy')\n"
+        "assert not [m for m in unwanted if m in sys.modules], [m for m in unwanted"
+        " if m in sys.modules]\n"
+        "from importlib import metadata\n"
+        "try:\n"
+        "    want = metadata.version('cupycoll')\n"
+        "except metadata.PackageNotFoundError:\n"
+        "    want = '0+unknown'\n"
+        "assert cupycoll.__version__ == want, (cupycoll.__version__, want)\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=ROOT)
