@@ -24,16 +24,16 @@ import weakref
 from typing import Any, Callable
 
 from ..errors import BackendUnavailable, CollectiveTimeout
+from ._naps import nap
 
 __all__ = ["spin", "WATCHDOG", "agreed_init"]
 
 _log = logging.getLogger("cupycoll")
 _INIT_TAG = 4711
 #: a host wait polls back to back for BUSY_S seconds, yields between polls up to SPIN_S,
-#: then sleeps SLEEP_S between polls.
+#: then sleeps between polls (:func:`._naps.nap`).
 BUSY_S = 2e-5
 SPIN_S = 5e-3
-SLEEP_S = 1e-4
 #: seconds between two rounds of the watchdog.
 WATCH_S = 0.02
 
@@ -42,8 +42,8 @@ def spin(ready: Callable[[], bool]) -> None:
     """Return once ``ready()`` is True: back-to-back polls for the first ``BUSY_S`` seconds,
     then polls that yield the CPU and the GIL (``sched_yield``, under a microsecond;
     ``time.sleep(0)`` would sleep the kernel's timer slack, ~50 us) up to ``SPIN_S`` seconds,
-    then ``SLEEP_S`` sleeps between polls. ``ready`` may raise (a timeout, an error) to end
-    the wait."""
+    then sleeps between polls, longer as the wait goes on (:func:`._naps.nap`). ``ready`` may
+    raise (a timeout, an error) to end the wait."""
     start = time.monotonic()
     while not ready():
         waited = time.monotonic() - start
@@ -52,7 +52,7 @@ def spin(ready: Callable[[], bool]) -> None:
         if waited < SPIN_S:
             _yield()
         else:
-            time.sleep(SLEEP_S)
+            time.sleep(nap(waited))
 
 
 _yield: Callable[[], None] = getattr(os, "sched_yield", lambda: time.sleep(0))

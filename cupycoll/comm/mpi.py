@@ -24,6 +24,7 @@ from ._mpi_staging import _AVG, Staging
 from ._mpi_pairwise import (pairwise_in_place, pairwise_reduce, pairwise_reduce_applies,
                              pairwise_reduce_scatter)
 from ._mpi_types import _DeadComm, _address, _bytes, _pending, _separate
+from ._naps import nap
 from ._work import Work
 
 __all__ = ["MPICommunicator"]
@@ -100,7 +101,8 @@ class MPICommunicator(Staging, Communicator):
               peers: Sequence[int] | None, sequence: int | None = None) -> None:
         """Test the requests until done or ``self.timeout`` passes: back to back, yielding the
         core every ``_POLLS`` tests (as MPICH's blocking progress loop does) for the first
-        ``_SPIN`` seconds, then sleeping 0.1 ms between rounds. Being a Python loop, Ctrl-C
+        ``_SPIN`` seconds, then sleeping between rounds, longer as the wait goes on
+        (:func:`._naps.nap`). Being a Python loop, Ctrl-C
         interrupts it. On oversubscribed cores this completes small collectives sooner than
         napping (a nap costs a scheduler time slice) and than spinning without yielding (which
         starves a peer computing on the same core)."""
@@ -110,7 +112,7 @@ class MPICommunicator(Staging, Communicator):
             return
         start = time.monotonic()
         deadline = start + self.timeout if self.timeout is not None else float("inf")
-        nap, polls = start + _SPIN, 0
+        spun, polls = start + _SPIN, 0
         while not test():
             polls += 1
             if polls % _POLLS:
@@ -118,8 +120,8 @@ class MPICommunicator(Staging, Communicator):
             now = time.monotonic()
             if now > deadline:
                 raise self._timed_out(op_name, sequence, _pending(requests, peers))
-            if now > nap:
-                time.sleep(1e-4)
+            if now > spun:
+                time.sleep(nap(now - start))
             else:
                 os.sched_yield()
 

@@ -1,0 +1,18 @@
+"""How long a host wait sleeps between two polls once it has stopped spinning: in proportion
+to the time it has waited, so a long wait (a late peer, a timeout) wakes ever more rarely and
+leaves its core to others, while its result is noticed at most a fixed share of that time late.
+Both backends' waits sleep this way (``comm.mpi``'s ``_poll``, ``_nccl_guard.spin``)."""
+
+from __future__ import annotations
+
+__all__ = ["nap", "NAP_MIN", "NAP_MAX", "NAP_SHARE"]
+
+#: the shortest and the longest sleep between two polls (seconds)
+NAP_MIN, NAP_MAX = 1e-4, 1e-3
+#: a sleep is at most this share of the time waited so far (unless NAP_MIN is more)
+NAP_SHARE = 0.02
+
+
+def nap(waited: float) -> float:
+    """Seconds to sleep before the next poll of a wait that has lasted ``waited`` seconds."""
+    return min(NAP_MAX, max(NAP_MIN, NAP_SHARE * waited))
