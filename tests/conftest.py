@@ -37,16 +37,21 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """In the test processes of a parallel run, tests of the most ranks go first, in their
-    order otherwise: the longest launches start early and the short in-process tests fill the
-    end, so neither process idles while the other runs a long launch (docs/testing.md). A
-    serial run (``-n 0``, mutmut's) keeps pytest's order."""
+    """In the test processes of a parallel run, the tests that compile numba's loops go first,
+    then the tests of the most ranks, in their order otherwise: the first test process gets the
+    compiles (on a fresh checkout's cold cache; two processes that need one signature at once
+    would wait for each other's compile) and the longest launches start early, the short
+    in-process tests fill the end, so neither process idles while the other runs a long launch
+    (docs/testing.md). A serial run (``-n 0``, mutmut's) keeps pytest's order."""
     if hasattr(config, "workerinput"):
-        items.sort(key=_ranks, reverse=True)  # stable: ties keep their order
+        items.sort(key=_weight, reverse=True)  # stable: ties keep their order
 
 
-def _ranks(item) -> int:
-    """The ``nprocs`` a test launches with (0 without one)."""
+def _weight(item) -> int:
+    """Tests marked ``numba`` first, then by the ``nprocs`` a test launches with (0 without
+    one)."""
+    if item.get_closest_marker("numba") is not None:
+        return 1 << 10
     callspec = getattr(item, "callspec", None)
     return int(callspec.params.get("nprocs", 0)) if callspec is not None else 0
 

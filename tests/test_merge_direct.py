@@ -13,6 +13,7 @@ import cupycoll.primitives as P  # noqa: E402
 from cupycoll.primitives import _accel, _common  # noqa: E402
 from cupycoll.primitives import _numba as K  # noqa: E402
 
+pytestmark = pytest.mark.numba
 OPS = ("sum", "prod", "max", "min")
 
 

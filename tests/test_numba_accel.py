@@ -16,6 +16,7 @@ if importlib.util.find_spec("numba") is None:  # part of the test extra: not a r
     pytest.fail("numba is missing: install the test extra (pip install '.[test]')",
                 pytrace=False)
 
+pytestmark = pytest.mark.numba
 VALUE_DTYPES = ["float16", "float32", "float64", "int32", "int64"]
 OPS = ["sum", "prod", "max", "min"]
 
