@@ -27,12 +27,13 @@ def test_a_nap_is_a_bounded_share_of_the_wait():
 
 
 def counted_sleeps(monkeypatch) -> list[float]:
-    """Every ``time.sleep`` from here on, recorded (and slept)."""
+    """Every ``time.sleep`` of this thread from here on, recorded (and slept)."""
     naps: list[float] = []
-    sleep = time.sleep
+    sleep, waiter = time.sleep, threading.get_ident()
 
     def counted(seconds: float) -> None:
-        naps.append(seconds)
+        if threading.get_ident() == waiter:
+            naps.append(seconds)
         sleep(seconds)
 
     monkeypatch.setattr(time, "sleep", counted)
