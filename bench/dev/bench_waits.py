@@ -19,7 +19,6 @@ the host time of the call itself is ``bench/dev/bench_host.py``'s.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from typing import Any, Callable
 
@@ -65,16 +64,12 @@ def sleeping(ready: Callable[[], bool]) -> None:
 
 
 def fixed_naps(ready: Callable[[], bool]) -> None:
-    """``spin`` with every sleep NAP_MIN (0.1 ms), however long the wait."""
-    start = time.monotonic()
-    while not ready():
-        waited = time.monotonic() - start
-        if waited < _nccl_guard.BUSY_S:
-            continue
-        if waited < _nccl_guard.SPIN_S:
-            os.sched_yield()
-        else:
-            time.sleep(_naps.NAP_MIN)
+    """The backend's ``spin`` with every sleep NAP_MIN (0.1 ms), however long the wait."""
+    _nccl_guard.nap = lambda waited: _naps.NAP_MIN
+    try:
+        _nccl_guard.spin(ready)
+    finally:
+        _nccl_guard.nap = _naps.nap
 
 
 def overheads(durations: list[float], iters: int

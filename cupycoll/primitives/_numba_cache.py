@@ -25,7 +25,6 @@ import contextlib
 import functools
 import hashlib
 import itertools
-import os
 from typing import Any, Callable, Iterator
 
 try:
