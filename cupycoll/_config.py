@@ -33,6 +33,13 @@ def parse_timeout(value: Any) -> float | None:
         raise InvalidArgument("timeout", value, f"not a number of seconds ({exc})") from None
 
 
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise ValueError("expected a finite number of seconds >= 0")
+    return value
+
+
 def _numba_mode(text: str) -> str:
     mode = text.strip().lower()
     if mode in ("0", "off", "false", "no"):
@@ -89,6 +96,10 @@ SETTINGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                                  "the first calls that need a peer or an algorithm; NVLS and "
                                  "InfiniBand setup can take seconds) before CollectiveTimeout "
                                  "(<= 0: none)"),
+    "CUPYCOLL_SPIN": (_seconds, 0.05,
+                      "seconds a wait of the MPI backend tests back to back (yielding the core "
+                      "every 8 tests) before it sleeps between tests: low latency with a core "
+                      "for every rank; 0 on cores shared with other jobs (docs/failures.md)"),
     "CUPYCOLL_ALGORITHM": (str, "auto", "default sparse_allreduce algorithm"),
     "CUPYCOLL_AUTO": (_auto_mode, "learn",
                       "how sparse_allreduce's auto picks: estimate (the least time the model "

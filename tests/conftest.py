@@ -8,6 +8,9 @@ The tests run the numpy loops (``CUPYCOLL_NUMBA=off``) unless the caller's envir
 otherwise; the tests of the numba loops set ``on`` themselves. Under the default ``auto``, which
 loops a call took depended on when numba's background import ended, and each test process
 imported numba and compiled, on a cold cache, every signature its calls met (docs/testing.md).
+The MPI backend's waits nap from their first yield (``CUPYCOLL_SPIN=0``, unless the caller's
+environment says otherwise): two test processes launch ranks at once on CI's 2 cores, where a
+wait that spins takes the core from a rank of the other launch (docs/testing.md).
 
 Also, under mutation testing only (tests/mutation/run.py), hands mutmut the functions that
 the mpiexec workers of a test called, so mutants of multi-rank code are tested by them.
@@ -26,6 +29,7 @@ from tests._gpu import NO_DEVICE
 from tests._mpi import ROOT
 
 os.environ.setdefault("CUPYCOLL_NUMBA", "off")
+os.environ.setdefault("CUPYCOLL_SPIN", "0")
 
 
 def pytest_configure(config):

@@ -32,7 +32,6 @@ __all__ = ["MPICommunicator"]
 _TAG = 7
 #: off the root a reduce-as-allreduce result is dropped: avg's division need not run there
 _AVG_AS_SUM = {_AVG: ReduceOp.SUM}
-_SPIN = 0.05  # seconds a wait tests (and yields) before it starts to nap
 _POLLS = 8  # tests between two yields (or naps, or deadline checks); docs/failures.md
 
 
@@ -53,6 +52,8 @@ class MPICommunicator(Staging, Communicator):
         self.rank, self.size = self.mpi_comm.Get_rank(), self.mpi_comm.Get_size()
         self.xp = xp
         self._watch(self.mpi_comm)
+        #: seconds a wait tests (and yields) before it starts to nap
+        self._spin = setting("CUPYCOLL_SPIN")
         self._verbs = {"allreduce": self._allreduce, "broadcast": self._broadcast,
                        "reduce": self._reduce, "allgather": self._allgather,
                        "reduce_scatter": self._reduce_scatter,
@@ -101,7 +102,7 @@ class MPICommunicator(Staging, Communicator):
               peers: Sequence[int] | None, sequence: int | None = None) -> None:
         """Test the requests until done or ``self.timeout`` passes: back to back, yielding the
         core every ``_POLLS`` tests (as MPICH's blocking progress loop does) for the first
-        ``_SPIN`` seconds, then sleeping between rounds, longer as the wait goes on
+        ``CUPYCOLL_SPIN`` seconds, then sleeping between rounds, longer as the wait goes on
         (:func:`._naps.nap`). Being a Python loop, Ctrl-C
         interrupts it. On oversubscribed cores this completes small collectives sooner than
         napping (a nap costs a scheduler time slice) and than spinning without yielding (which
@@ -112,7 +113,7 @@ class MPICommunicator(Staging, Communicator):
             return
         start = time.monotonic()
         deadline = start + self.timeout if self.timeout is not None else float("inf")
-        spun, polls = start + _SPIN, 0
+        spun, polls = start + self._spin, 0
         while not test():
             polls += 1
             if polls % _POLLS:
