@@ -23,6 +23,14 @@ def emulation(argv: list[str]):
     return None
 
 
+def napping_barrier(comm=MPI.COMM_WORLD) -> None:
+    """A barrier whose wait sleeps 5 ms between tests: a rank kept waiting on purpose (while
+    its peers time out) leaves its core to them instead of spinning in MPI's progress loop."""
+    request = comm.Ibarrier()
+    while not request.Test():
+        time.sleep(0.005)
+
+
 def host(obj):
     """A numpy copy of a device or host array; inside results, tuples and lists, of each one."""
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):

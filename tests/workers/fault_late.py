@@ -21,6 +21,7 @@ from mpi4py import MPI
 
 import cupycoll as cc
 from cupycoll.errors import CollectiveTimeout
+from _common import napping_barrier
 
 WORLD = MPI.COMM_WORLD
 TIMEOUT, PREFIX, LATE_COUNT = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
@@ -78,7 +79,7 @@ def scenario(step: int, name: str, call) -> tuple:
     late = late_ranks(step)           # stall them, and they are not what is tested
     for _ in range(PREFIX):
         call(comm)
-    WORLD.Barrier()
+    napping_barrier()
     comm.timeout = TIMEOUT
     if RANK in late:
         time.sleep(TIMEOUT + 0.3)  # the others have given up by now; skip the call
@@ -114,6 +115,7 @@ def main() -> None:
     for step, (name, call) in enumerate(verbs(0).items()):
         call = verbs(step)[name]
         outcome, took = scenario(step, name, call)
+        napping_barrier()  # the late ranks are still asleep
         every = WORLD.gather((outcome, took), root=0)
         if RANK == 0:
             raised = [o for o, _ in every if o.startswith("CollectiveTimeout")]
@@ -123,7 +125,7 @@ def main() -> None:
             cells = ", ".join(f"r{r}: {o}" + (f" {t:.2f}s" if t else "")
                               for r, (o, t) in enumerate(every))
             rows.append(f"LATE {name:<24} P={P} prefix={PREFIX}  {cells}")
-        WORLD.Barrier()
+        napping_barrier()
     if RANK == 0:
         print("\n".join(rows))
         print("OK")

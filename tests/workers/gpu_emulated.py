@@ -49,7 +49,7 @@ if not REAL:
 import cupy  # noqa: E402  (the emulated one, unless CC_REAL_GPU=1)
 from mpi4py import MPI  # noqa: E402
 
-from _common import expect_raises, host, unique  # noqa: E402
+from _common import expect_raises, host, napping_barrier, unique  # noqa: E402
 
 import cupycoll as cc  # noqa: E402
 from cupycoll._result import SparseResult  # noqa: E402
@@ -292,7 +292,7 @@ def mode_missing_peer():
         assert "allreduce" in str(err) and f"rank {RANK}" in str(err), err
         assert isinstance(err, CollectiveTimeout) or "REMOTE" in str(err), err
         assert time.monotonic() - start < 30, "the timeout fired far too late"
-    WORLD.Barrier()
+    napping_barrier()
     lonely.abort()
 
 
@@ -309,12 +309,12 @@ def mode_late_fetch():
     comm = nccl_comm(timeout=60.0)
     x = cupy.arange(4096, dtype=cupy.float32)
     comm.fetch(comm.allreduce(x, x, "sum"), x)  # connected
-    WORLD.Barrier()
+    napping_barrier()
     comm.timeout = 1.0
     fetch = lambda: comm.fetch(comm.allreduce(x, x, "sum"), x)  # noqa: E731
     if RANK != P - 1:
         expect_raises((CollectiveTimeout, BackendError), fetch)
-    WORLD.Barrier()
+    napping_barrier()
     if RANK == P - 1:
         err = expect_raises((CollectiveTimeout, BackendError), fetch)
         if any(r // DEVICES != RANK // DEVICES for r in range(P - 1)):  # NCCL's remote error
@@ -323,7 +323,7 @@ def mode_late_fetch():
             assert isinstance(err, CollectiveTimeout), err
         del err
         gc.collect()  # the error's traceback held the fetch's frame
-    WORLD.Barrier()
+    napping_barrier()
     comm.abort()
 
 
@@ -340,7 +340,7 @@ def mode_peer_aborts():
     else:
         err = expect_raises(BackendError, comm.allreduce(x, x, "sum").synchronize)
         assert "allreduce" in str(err), err
-    WORLD.Barrier()
+    napping_barrier()
 
 
 def mode_init_fails():
@@ -468,7 +468,7 @@ def check_abort_rules(x, stream):
         expect_raises(nccl.NcclError, blocking.allReduce, x.data.ptr, x.data.ptr, 6, f32,
                       total, stream)
         timer.join()
-    WORLD.Barrier()
+    napping_barrier()
     blocking.abort()
     err = expect_raises(EmulationError, emu.check_logs)
     assert ("ncclCommAbort" in str(err) and "blocking communicator" in str(err)) == (RANK == 0) \
@@ -490,7 +490,7 @@ def check_abort_rules(x, stream):
         timer = threading.Timer(0.1, fresh._handle.abort)
         timer.start()
         timer.join()
-    WORLD.Barrier()
+    napping_barrier()
     fresh.abort()
     emu.check_logs()  # aborting a non-blocking communicator from another thread is allowed
 
@@ -532,8 +532,9 @@ def mode_late_named():
         expect_raises((CollectiveTimeout, BackendError, BackendUnavailable),
                       lambda: cc.allreduce(x, comm=comm))
         assert time.monotonic() - again < 0.5, "a dead communicator must raise at once"
+    napping_barrier()  # the late rank is still asleep
     assert P == 1 or any(WORLD.allgather(named)), "no rank named the late one"
-    WORLD.Barrier()
+    napping_barrier()
 
 
 def mode_late_after_abort():
@@ -552,7 +553,7 @@ def mode_late_after_abort():
         call(comm)  # connected (the late call needs no handshake), kernels compiled
         comm.timeout = 1.0
         if RANK == P - 1:
-            WORLD.Barrier()  # every peer has timed out and aborted
+            napping_barrier()  # every peer has timed out and aborted
             start = time.monotonic()
             try:
                 got = call(comm)
@@ -562,8 +563,8 @@ def mode_late_after_abort():
                 raise AssertionError(f"late {verb} completed against aborted peers: {got}")
         else:
             expect_raises((CollectiveTimeout, BackendError), lambda: call(comm))
-            WORLD.Barrier()
-        WORLD.Barrier()
+            napping_barrier()
+        napping_barrier()
         comm.abort()
     if RANK == P - 1:
         print(f"late rank after its peers aborted: {seen}")
@@ -614,10 +615,10 @@ def mode_late_verbs():
         name, state = verb.split("/")[0], {}
         comm = nccl_comm(timeout=60.0)
         call(comm, state)  # all present: connection, kernels, compressor state
-        WORLD.Barrier()
+        napping_barrier()
         comm.timeout = timeout
         if RANK == P - 1:
-            WORLD.Barrier()  # every punctual rank has raised (or completed: reduce non-roots)
+            napping_barrier()  # every punctual rank has raised (or completed: reduce non-roots)
             start = time.monotonic()
             try:
                 call(comm, state)
@@ -647,14 +648,14 @@ def mode_late_verbs():
                 assert time.monotonic() - again < 0.5, "a dead communicator must raise at once"
             else:
                 assert name == "reduce" and RANK != 0, f"{verb} completed without the late rank"
-            WORLD.Barrier()
+            napping_barrier()
         every = WORLD.gather((outcome, took), root=0)
         if RANK == 0:
             assert any(o.startswith("CollectiveTimeout") for o, _ in every), \
                 f"{verb}: no rank named the late one: {every}"
             rows.append(f"LATE {verb:<24} P={P} timeout={timeout:g}s  " + ", ".join(
                 f"r{r}: {o} {t:.2f}s" for r, (o, t) in enumerate(every)))
-        WORLD.Barrier()
+        napping_barrier()
         comm.abort()
     if RANK == 0:
         print("\n".join(rows))
@@ -681,7 +682,7 @@ def mode_interrupt():
             cc.allreduce(x, comm=comm)
         except (BackendError, CollectiveTimeout, BackendUnavailable):
             pass
-    WORLD.Barrier()
+    napping_barrier()
     comm.abort()
 
 
@@ -701,7 +702,7 @@ ready()  # numba's import in the background would hold the GIL in the timed chec
 for mode in MODE.split(","):  # several modes per launch: each launch costs seconds
     MODES[mode]()
     check_logs()
-WORLD.Barrier()
+napping_barrier()
 if RANK == 0:
     print(f"gpu_emulated {MODE}: ok on {P} ranks (NCCL calls checked against the real "
           f"binding of CuPy {cupy.__version__ if REAL else emu.real_cupy_version()})")
