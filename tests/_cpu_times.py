@@ -3,7 +3,8 @@
     python -m pytest -p tests._cpu_times
 
 Each test's CPU time (user + system) in its own process and in the processes it waited for
-(an mpiexec launch's ranks: ``getrusage``'s children), one JSON line per test in
+(an mpiexec launch's ranks: ``getrusage``'s children), with its start (epoch seconds) and
+test process (xdist worker), one JSON line per test in
 ``build/cpu_times.jsonl`` (or ``$CC_TEST_CPU_TIMES``; the test processes append, the
 controlling one starts the file afresh and sums it up at the end): the files and the tests
 that use the most. On CI's two cores the suite is CPU-bound, so CPU time, not a test's wall
@@ -40,9 +41,10 @@ def pytest_configure(config):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    cpu, wall = _cpu(), time.monotonic()
+    cpu, wall, start = _cpu(), time.monotonic(), time.time()
     yield
-    line = {"test": item.nodeid, "cpu": _cpu() - cpu, "wall": time.monotonic() - wall}
+    line = {"test": item.nodeid, "cpu": _cpu() - cpu, "wall": time.monotonic() - wall,
+            "start": start, "worker": os.environ.get("PYTEST_XDIST_WORKER", "")}
     with RECORDS.open("a", encoding="utf-8") as f:  # one short write a line: no interleaving
         f.write(json.dumps(line) + "\n")
 

@@ -15,7 +15,6 @@ JSON line per run with --report.
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib.util
 import json
 import shutil
@@ -31,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import cupycoll as cc
 import cupycoll.torch as cct
-from torch_sparse import init_gloo
+from torch_sparse import init_gloo, params_hash
 from torch_sparse import run_all as sparse_checks
 
 world = MPI.COMM_WORLD
@@ -51,13 +50,6 @@ def data():
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
     x, y = x[order], y[order]
     return (x[:1400], y[:1400]), (x[1400:], y[1400:])
-
-
-def params_hash(model: torch.nn.Module) -> str:
-    h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(p.detach().reshape(-1).view(torch.uint8).numpy().tobytes())  # any dtype's bits
-    return h.hexdigest()
 
 
 def recording_hook(state: cct.TopkHookState, totals: dict):
@@ -94,19 +86,23 @@ def make_model(dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, DDP
 def run_steps(hook: str, model: torch.nn.Module, ddp: DDP, steps: int,
               after_backward=lambda: None) -> None:
     """SGD steps on this rank's batches, checking that parameters are identical on every rank
-    after every step; ``after_backward()`` runs once each step's gradients are averaged."""
+    after every step (each step's hash kept, all compared in one allgather at the end: a rank
+    done with a step first would otherwise spin in MPI's allgather while the others compute);
+    ``after_backward()`` runs once each step's gradients are averaged."""
     dtype = next(model.parameters()).dtype
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     (xt, yt), _ = data()
     gen = torch.Generator().manual_seed(1 + RANK)
+    hashes = []
     for step in range(steps):
         batch = torch.randint(0, len(yt), (32,), generator=gen)
         opt.zero_grad()
         torch.nn.functional.cross_entropy(ddp(xt[batch].to(dtype)), yt[batch]).backward()
         after_backward()
         opt.step()
-        hashes = world.allgather(params_hash(model))
-        assert len(set(hashes)) == 1, f"{hook}: parameters differ across ranks at step {step}"
+        hashes.append(params_hash(model))
+    for step, same in enumerate(zip(*world.allgather(hashes))):
+        assert len(set(same)) == 1, f"{hook}: parameters differ across ranks at step {step}"
 
 
 def train(hook: str, density: float, **wire: str) -> dict:
