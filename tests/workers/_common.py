@@ -24,11 +24,12 @@ def emulation(argv: list[str]):
 
 
 def napping_barrier(comm=MPI.COMM_WORLD) -> None:
-    """A barrier whose wait sleeps 5 ms between tests: a rank kept waiting on purpose (while
-    its peers time out) leaves its core to them instead of spinning in MPI's progress loop."""
+    """A barrier whose wait sleeps 1 ms between tests: a rank that comes first (kept waiting
+    on purpose while its peers time out, or done with its share of a check) leaves its core to
+    the others instead of spinning in MPI's progress loop, as a blocking MPI call would."""
     request = comm.Ibarrier()
     while not request.Test():
-        time.sleep(0.005)
+        time.sleep(0.001)
 
 
 def host(obj):

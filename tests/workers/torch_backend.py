@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as fc
-from _common import rng_for
+from _common import napping_barrier, rng_for
 from mpi4py import MPI
 from torch_backend_ddp import check_ddp
 
@@ -66,8 +66,10 @@ def next_case() -> None:
 
 
 def gathered(tensor: torch.Tensor) -> list[np.ndarray]:
-    """Every rank's ``tensor`` as float64/complex128 numpy, over mpi4py."""
+    """Every rank's ``tensor`` as float64/complex128 numpy, over mpi4py (after a napping
+    barrier: ranks that come first do not spin in MPI's allgather while the others work)."""
     wide = torch.complex128 if tensor.is_complex() else torch.float64
+    napping_barrier()
     return WORLD.allgather(tensor.to(wide).numpy())
 
 
@@ -389,6 +391,7 @@ check_sparse_errors()
 CHECKS["ddp"] = check_ddp(SEED, GLOO)
 WORLD.Barrier()
 check_timeout()
+napping_barrier()  # rank 0 skipped the timeouts the others wait for
 timeouts = WORLD.reduce(CHECKS.pop("timeout", 0), root=0)
 if RANK == 0:
     print(json.dumps({"checks": dict(sorted(CHECKS.items())), "timeouts": timeouts}), flush=True)
