@@ -42,11 +42,12 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     """In the test processes of a parallel run, the tests that compile numba's loops go first,
-    then the tests of the most ranks, in their order otherwise: the first test process gets the
-    compiles (on a fresh checkout's cold cache; two processes that need one signature at once
-    would wait for each other's compile) and the longest launches start early, the short
-    in-process tests fill the end, so neither process idles while the other runs a long launch
-    (docs/testing.md). A serial run (``-n 0``, mutmut's) keeps pytest's order."""
+    then the tests of the most ranks, in their order otherwise. xdist's worksteal gives each
+    test process a contiguous half of this order (and an idle one half of the other's rest):
+    the first gets the compiles (on a fresh checkout's cold cache; two processes that need one
+    signature at once would wait for each other's compile) and the largest launches, the
+    second the smaller launches and the in-process tests (docs/testing.md). A serial run
+    (``-n 0``, mutmut's) keeps pytest's order."""
     if hasattr(config, "workerinput"):
         items.sort(key=_weight, reverse=True)  # stable: ties keep their order
 
