@@ -107,9 +107,11 @@ def _loaded_or_locked(load: Callable[..., Any], lock_of: Callable[[Any], str]
 
     @functools.wraps(load)
     def load_or_lock(*args: Any) -> Any:
-        lock_path = lock_of(args[0])
         found = load(*args)
-        if found is not None or lock_path in _HELD:
+        if found is not None:
+            return found
+        lock_path = lock_of(args[0])
+        if lock_path in _HELD:
             return found
         try:
             handle = open(lock_path, "a+b")
