@@ -4,6 +4,7 @@ listed, measured and accounted for with no other edit (tests/workers/toy_algorit
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from cupycoll import algorithms
@@ -53,6 +54,33 @@ def test_records_replace_remove_and_order_ties():
     with pytest.raises(InvalidArgument, match="toy_late"):
         record("sparse", "toy_late", rank=3)
     assert isinstance(record("sparse", "mask"), Algorithm)
+
+
+def test_a_record_registered_again_runs_in_place_of_the_one_a_communicator_bound():
+    """The front door keeps each algorithm's bound run function per communicator; a name
+    registered again (a plug-in replaced at run time) runs its new function from the next
+    call, and a removed one is refused naming it."""
+    import cupycoll as cc
+
+    comm = cc.init("mpi")
+    idx, val = np.array([4, 1], np.int64), np.array([2.0, 3.0], np.float32)
+
+    def scaled(factor):
+        def run(comm, indices, values, n, op, accumulate_dtype=None, wire=None):
+            return indices, values * factor
+        return run
+
+    try:
+        register("sparse", "toy_swap", scaled(10), cost=lambda s, r, p=None: Cost())
+        first = cc.sparse_allreduce(idx, val, 8, algorithm="toy_swap", comm=comm)
+        register("sparse", "toy_swap", scaled(100), cost=lambda s, r, p=None: Cost())
+        again = cc.sparse_allreduce(idx, val, 8, algorithm="toy_swap", comm=comm)
+    finally:
+        unregister("sparse", "toy_swap")
+    assert first.indices.tolist() == [1, 4] and first.values.tolist() == [30.0, 20.0]
+    assert again.values.tolist() == [300.0, 200.0]
+    with pytest.raises(InvalidArgument, match="toy_swap"):
+        cc.sparse_allreduce(idx, val, 8, algorithm="toy_swap", comm=comm)
 
 
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4])

@@ -3,9 +3,13 @@ algorithm, auto's ``estimate`` and auto's ``learn``, side by side in one run, in
 
     mpiexec -n 2 python -m mpi4py bench/dev/bench_decide.py
 
-Every rank calls ``sparse_allreduce`` a few times (one shape class; learn's trials done), then
+Every rank calls ``sparse_allreduce`` ``--calls`` times (one shape class; learn's trials
+done; the median of the last half is printed: the call the plan is part of), then
 times ``plan()`` of the last agreed call ``--reps`` times per mode, the modes in turn over
-``--rounds`` rounds; rank 0 prints each mode's median over the rounds, the slowest rank's.
+``--rounds`` rounds; rank 0 prints each mode's median and least time over the rounds, the
+slowest rank's. A shared VM's speed changes from minute to minute (by 2x here): many short
+rounds put every mode in each phase alike, and the least round is the code's cost in the
+quietest one.
 The plan is what a call adds between its validation and its algorithm (deciding the algorithm
 and its wire format); a repeated shape class is what a training loop makes.
 """
@@ -26,9 +30,10 @@ from cupycoll.sparse import api
 MODES = ("explicit", "estimate", "learn")
 
 
-def prepared_call(comm, n: int, k: int):
-    """The Prepared of an auto call after its class's learning trials."""
-    seen = {}
+def prepared_call(comm, n: int, k: int, calls: int = 20):
+    """The Prepared of an auto call after ``calls`` calls of its class (learning's trials
+    done), and the slowest rank's median seconds of the last half of those calls."""
+    seen, seconds = {}, []
     real = api.plan
 
     def keep(on, prepared, async_op=False):
@@ -38,12 +43,15 @@ def prepared_call(comm, n: int, k: int):
     api.plan = keep
     rng = np.random.default_rng(comm.rank)
     try:
-        for _ in range(20):
+        for _ in range(calls):
             idx = np.sort(rng.choice(n, k, replace=False)).astype(np.int64)
+            comm.mpi_comm.Barrier()
+            start = time.perf_counter()
             cc.sparse_allreduce(idx, np.ones(k, np.float32), n, comm=comm)
+            seconds.append(comm.mpi_comm.allreduce(time.perf_counter() - start, op=_max()))
     finally:
         api.plan = real
-    return seen["prepared"]
+    return seen["prepared"], float(np.median(seconds[calls // 2:]))
 
 
 def time_plan(comm, prepared, reps: int) -> float:
@@ -58,11 +66,12 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=1 << 20)
     p.add_argument("--entries", type=int, default=10_000, help="entries per rank")
-    p.add_argument("--reps", type=int, default=2000)
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--reps", type=int, default=200)
+    p.add_argument("--rounds", type=int, default=60)
+    p.add_argument("--calls", type=int, default=60, help="auto calls made first (timed)")
     args = p.parse_args()
     comm = cc.init("mpi")
-    auto_call = prepared_call(comm, args.n, args.entries)
+    auto_call, call_seconds = prepared_call(comm, args.n, args.entries, args.calls)
     calls = {"explicit": dataclasses.replace(auto_call, algorithm="recursive_doubling"),
              "estimate": dataclasses.replace(auto_call, auto_mode="estimate"),
              "learn": dataclasses.replace(auto_call, auto_mode="learn")}
@@ -70,12 +79,15 @@ def main() -> int:
     for _ in range(args.rounds):
         for mode in MODES:
             seconds[mode].append(time_plan(comm, calls[mode], args.reps))
-    slowest = {mode: comm.mpi_comm.allreduce(float(np.median(s)), op=_max()) for mode, s in
-               seconds.items()}
+    slowest = {(mode, stat.__name__): comm.mpi_comm.allreduce(float(stat(s)), op=_max())
+               for mode, s in seconds.items() for stat in (np.median, np.min)}
     if comm.rank == 0:
         print(f"# P = {comm.size}, n = {args.n}, {args.entries} entries a rank; plan() in us "
-              f"(median of {args.rounds} rounds of {args.reps}, slowest rank)")
-        print("  ".join(f"{mode} {slowest[mode] * 1e6:.1f}" for mode in MODES))
+              f"(median / least of {args.rounds} rounds of {args.reps}, slowest rank)")
+        print("  ".join(f"{mode} {slowest[mode, 'median'] * 1e6:.1f} / "
+                        f"{slowest[mode, 'min'] * 1e6:.1f}" for mode in MODES))
+        print(f"# the call itself (auto, its last {args.calls - args.calls // 2} of "
+              f"{args.calls}, median): {call_seconds * 1e6:.0f} us")
     return 0
 
 

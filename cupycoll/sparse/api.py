@@ -10,13 +10,14 @@ hand back a :class:`Work` (``async_op=True``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from typing import Any, Callable
 
 import numpy as np
 
 from .._background import run_async
-from .._registry import bind_prices, lookup, record
+from .._registry import Algorithm, bind_prices, record
 from .._result import SparseResult
 from .._types import ReduceOp, array_namespace, as_array, like_caller, to_host, trunc_divide
 from ..comm import Communicator, get_comm
@@ -169,15 +170,28 @@ def plan(comm: Communicator, prepared: Prepared, async_op: bool = False) -> Plan
         wire = COO if prepared.wire_values is None else Wire(False, prepared.wire_values)
         return Plan("small", wire, lambda on: _sparse_result(on, prepared, *prepared.merged))
     name, wire, trials, learning = _decide(comm, prepared, async_op)
-    found, prices = record("sparse", name), _auto.prices(comm, name)
-    if prepared.output == "dense" and found.dense_output is not None:
-        variant = bind_prices(found, found.dense_output, **prices)
+    found, run, variant = _bound(comm, name)
+    if prepared.output == "dense" and variant is not None:
         return Plan(name, wire, lambda on: _dense_output(on, prepared, variant, wire),
                     trials, learning)
     # the validation told every rank's nnz: algorithms that take them skip a size round
-    fn = lookup("sparse", name, rank=comm.rank, counts=prepared.nnz, **prices)
+    fn = functools.partial(run, counts=prepared.nnz) if found.counts else run
     values = prepared.values if found.unfolded else folded(prepared.values)
     return Plan(name, wire, lambda on: _run(on, prepared, fn, values, wire), trials, learning)
+
+
+def _bound(comm: Communicator, name: str) -> tuple[Algorithm, Callable, Callable | None]:
+    """``name``'s record, its run function and its dense-output variant (None without one),
+    with the prices they take bound (:func:`~.auto.prices`), kept per communicator while the
+    registry holds the same record: a loop's calls bind them once. (The profile a
+    communicator prices with is fixed at its first use: :func:`cupycoll.tuner.profile_for`.)"""
+    found, table = record("sparse", name, rank=comm.rank), _auto.comm_table(comm, "_bound")
+    kept = table.get(name)
+    if kept is None or kept[0] is not found:
+        prices = _auto.prices(comm, name)
+        variant = found.dense_output and bind_prices(found, found.dense_output, **prices)
+        kept = table[name] = (found, bind_prices(found, found.run, **prices), variant)
+    return kept
 
 
 def _decide(comm: Communicator, prepared: Prepared, async_op: bool
