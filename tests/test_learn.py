@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from cupycoll.sparse import learn
@@ -42,6 +43,39 @@ def test_a_far_slower_candidate_stops_after_one_timed_call():
     ran = run(record, {"a": 1.0, "b": 1.0 * learn.ABANDON * 1.01, "c": 0.9}, 14)
     assert ran.count("b") == 2 and record.abandoned == ["b"]  # a warm-up and one timed call
     assert record.choice() == "c"
+
+
+class Recomputed(learn.Record):
+    """A record that makes its choice and finds its exploring candidate afresh at every
+    call: the reference for the kept ones."""
+
+    def choice(self) -> str:
+        self._choice = None
+        self._medians.clear()
+        return super().choice()
+
+    def exploring(self):
+        self._explored = False
+        return super().exploring()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_kept_choice_follows_the_choice_made_afresh(seed):
+    """Noisy times whose order changes (a pick that slows down and recovers, rivals close to
+    it, far slower ones abandoned): the record that keeps its choice between samples runs
+    what the one deciding afresh at every call runs, call for call."""
+    rng = np.random.default_rng(seed)
+    kept, fresh = learn.Record(["a", "b", "c"]), Recomputed(["a", "b", "c"])
+    base = {"a": 1.0, "b": rng.uniform(0.8, 1.3), "c": rng.uniform(0.9, 2.0)}
+    for call in range(1500):
+        if call % 200 == 0:  # a phase: the algorithms' speeds drift
+            base = {name: t * rng.uniform(0.7, 1.4) for name, t in base.items()}
+        name = kept.next()
+        assert fresh.next() == name, call
+        seconds = base[name] * rng.uniform(0.8, 1.25)
+        kept.add(name, seconds)
+        fresh.add(name, seconds)
+    assert kept.seconds == fresh.seconds and kept.abandoned == fresh.abandoned
 
 
 def test_a_slowed_choice_is_left_and_the_share_off_the_choice_is_bounded():

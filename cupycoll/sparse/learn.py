@@ -86,6 +86,12 @@ class Record:
                                                    compare=False)
     #: the candidate tried again at the last recheck, until its first timed call is judged
     _retrying: str | None = dataclasses.field(default=None, repr=False, compare=False)
+    #: the least median of the candidates other than the model's pick, as the choice was last
+    #: made: while the pick is the choice, a sample of it keeps it while its median stays at or
+    #: below this (no other is then faster by median, nor clearly faster)
+    _rivals: float = dataclasses.field(default=np.inf, repr=False, compare=False)
+    #: no candidate in its first trials (kept until a recheck drops a candidate's samples)
+    _explored: bool = dataclasses.field(default=False, repr=False, compare=False)
 
     def median(self, name: str) -> float:
         found = self._medians.get(name)
@@ -101,6 +107,8 @@ class Record:
         if self._choice is None:
             pick = self.candidates[0]
             others = [c for c in self.candidates[1:] if c in self.seconds]
+            # either way the pick stays the choice while its median is at or below these
+            self._rivals = min((self.median(c) for c in others), default=np.inf)
             if pick in self.seconds and pick not in self.abandoned:
                 others = [c for c in others if self.median(c) < self.median(pick)
                           and clearly_faster(self.seconds[c], self.seconds[pick])]
@@ -118,9 +126,12 @@ class Record:
 
     def exploring(self) -> str | None:
         """The candidate still in its first trials, if any (the model's order)."""
+        if self._explored:
+            return None
         for name in self.candidates:
             if name not in self.abandoned and len(self.seconds.get(name, ())) < SAMPLES:
                 return name
+        self._explored = True
         return None
 
     def next(self) -> str:
@@ -134,7 +145,7 @@ class Record:
                 again = others[(self.calls // RECHECK) % len(others)]
                 self.seconds.pop(again, None)
                 self._changed(again)
-                self._retrying = again
+                self._retrying, self._explored = again, False
                 if again in self.abandoned:
                     self.abandoned.remove(again)
         name = self.exploring()
@@ -150,6 +161,10 @@ class Record:
         window = self.seconds.setdefault(name, [])
         window.append(seconds)
         del window[:-WINDOW]
+        if name == self._choice == self.candidates[0] and len(window) > 1:
+            median = self._medians[name] = _median(window)
+            if median <= self._rivals:  # no other's median below the pick's: it stays
+                return
         self._changed(name)
         if len(window) > 1 or name in self.abandoned:
             return
