@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import cupycoll as cc
 from cupycoll import algorithms
 from cupycoll._registry import Algorithm, lookup, priced, record, register, unregister
 from cupycoll.errors import InvalidArgument
@@ -60,8 +61,6 @@ def test_a_record_registered_again_runs_in_place_of_the_one_a_communicator_bound
     """The front door keeps each algorithm's bound run function per communicator; a name
     registered again (a plug-in replaced at run time) runs its new function from the next
     call, and a removed one is refused naming it."""
-    import cupycoll as cc
-
     comm = cc.init("mpi")
     idx, val = np.array([4, 1], np.int64), np.array([2.0, 3.0], np.float32)
 

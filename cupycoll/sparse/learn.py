@@ -107,7 +107,7 @@ class Record:
         if self._choice is None:
             pick = self.candidates[0]
             others = [c for c in self.candidates[1:] if c in self.seconds]
-            # either way the pick stays the choice while its median is at or below these
+            # in both branches below the pick is chosen while its median is at or below these
             self._rivals = min((self.median(c) for c in others), default=np.inf)
             if pick in self.seconds and pick not in self.abandoned:
                 others = [c for c in others if self.median(c) < self.median(pick)
