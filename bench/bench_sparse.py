@@ -19,9 +19,13 @@ Every row also shows the time the tuner's model predicts (``pred(us)``, from the
 ``auto`` uses: CUPYCOLL_PROFILE or the shipped one) and ``pred/meas``. The summary ends with the
 regret table: per case, the best exact algorithm, auto's pick, auto / best, auto / plain dense
 Allreduce, and the counts against the targets (auto <= 1.10x best, auto <= 1.15x dense,
-predictions within +-30%). ``--profiles A.json,B.json`` adds the same counts for other profiles,
-priced against the same measured times (noise between two runs cannot favour either): how two
-tunes or two tuner versions compare.
+predictions within +-30%). Under ``CUPYCOLL_AUTO=learn`` (the default) every auto call first
+runs its shape class's trials, untimed, so auto's row shows what a training loop runs once
+they are done, and auto's pick is the algorithm learn then keeps (under ``estimate``: the
+model's pick; under ``measure``: the one kept once its trials ended, e.g. in the warm-up).
+``--profiles A.json,B.json`` adds the same counts for other profiles, priced against the same
+measured times (noise between two runs cannot favour either): how two tunes or two tuner
+versions compare.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from cupycoll._types import ReduceOp
 from cupycoll.sparse import SparseResult, sparse_allreduce
 from cupycoll.sparse._cost import Shape
 from cupycoll._config import setting
-from cupycoll.sparse import measure
+from cupycoll.sparse import learn, measure
 from cupycoll.sparse.auto import choose, prices, resolved
 from cupycoll.tuner.predict import predict
 from cupycoll.tuner.profile import load_profile, profile_for
@@ -140,8 +144,12 @@ def run_group(args, comm, table: Table, n: int, width: int, density: float, over
                     comm, idx, val, n, ReduceOp.SUM, None, Wire(f[0] == "compact", f[1])),
                     n))(lookup("sparse", base, counts=shape.nnz, **prices(comm, base)), fmt)
     algorithms = [a for a in calls if a != BASELINE]
+    # auto, its pick and other profiles' picks are read on the first wire format's rows (a
+    # row's name carries its format when --wire or --wire-values name one)
+    suffix = format_suffix(formats[0], formats)
+    classes = learn_trials(comm, {a: calls[a] for a in algorithms if a.split("[")[0] == "auto"})
     samples = interleaved(calls, args.iters, args.warmup_iters, comm)
-    pick = measured_pick(comm, shape) or pick
+    pick = measured_pick(comm, shape) or learned_pick(comm, classes.get("auto" + suffix)) or pick
     ref = reference(inputs, n, width) if args.check else None
     dense_time = float(np.median(samples[BASELINE]))
     size_bytes = n * max(width, 1) * 4
@@ -177,9 +185,6 @@ def run_group(args, comm, table: Table, n: int, width: int, density: float, over
                    "pred/meas": pred / seconds if pred else "", "format": fmt,
                    "x_coo": wire / coo_bytes[base] if base in coo_bytes else "",
                    "x_bound": wire / bound, **sample_stats(samples[name])})
-    # auto, its pick and other profiles' picks are read on the first wire format's rows (a
-    # row's name carries its format when --wire or --wire-values name one)
-    suffix = format_suffix(formats[0], formats)
     exact = {a: t for a, t in times.items() if a != BASELINE and a.split("[")[0] != "auto"}
     best = min(exact, key=exact.get) if exact else None
     auto_time, pick_time = times.get("auto" + suffix), times.get(pick + suffix)
@@ -208,6 +213,32 @@ def measured_pick(comm, shape: Shape) -> str | None:
         return None
     trials = measure.measured(comm).get(measure.kind(resolved(shape, comm=comm, op="sum")[0]))
     return trials.pick if trials else None
+
+
+def learn_trials(comm, calls: dict) -> dict:
+    """Under CUPYCOLL_AUTO=learn (the default; P > 1): run each of ``calls`` (auto's) through
+    its shape class's first trials, untimed (``1 + learn.TRIAL_CALLS`` calls), so that the
+    timing shows what a training loop runs once they are done (bench_regret.py shows what the
+    trials cost a loop); return each call's class in learn's records (none for a call that
+    learn does not time: a small call, finished in the validation)."""
+    if setting("CUPYCOLL_AUTO") != "learn" or comm.size == 1:
+        return {}
+    classes = {}
+    for name, call in calls.items():
+        before = {key: record.calls for key, record in learn.records(comm).items()}
+        for _ in range(1 + learn.TRIAL_CALLS):
+            call()
+        grown = [key for key, record in learn.records(comm).items()
+                 if record.calls > before.get(key, 0)]
+        if grown:
+            classes[name] = grown[0]
+    return classes
+
+
+def learned_pick(comm, key) -> str | None:
+    """The algorithm learn's record of class ``key`` runs now (None without one)."""
+    record = learn.records(comm).get(key) if key is not None else None
+    return record.choice() if record is not None else None
 
 
 def _errors(predicted: dict[str, float], times: dict[str, float]) -> list[float]:

@@ -58,8 +58,8 @@ from cupycoll.sparse import learn
 
 WIDTH, HIDDEN, CLASSES, SAMPLES = 64, 256, 64, 64
 #: untimed calls before the timing of each call that auto's learn mode times: its trials of a
-#: new shape class (a warm-up and learn.SAMPLES timed calls of each candidate) and one more
-TRIALS = 1 + learn.CANDIDATES * (1 + learn.SAMPLES)
+#: new shape class and one more
+TRIALS = 1 + learn.TRIAL_CALLS
 REDOPS = {"hook": "avg", "coalesce": "none", "torch coalesce": "none"}
 REDUCE_COLUMNS = DENSE_COLUMNS + ["density", "nnz", "algorithm", "wire(B)", "x_gloo"]
 STEP_COLUMNS = ["vocab", "rows/rank", "ddp", "time(us)", "min(us)", "p95(us)", "x_gloo"]

@@ -5,6 +5,7 @@ import csv
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -219,3 +220,29 @@ def test_bench_learn_rule_runs_both_learners_side_by_side():
     assert all(float(r[2]) > 0 and r[-1] == "0" for r in rows.values()), out
     import cupycoll
     assert rows["learn-median"][6] in cupycoll.algorithms("sparse"), out  # ran late
+
+
+def test_bench_sparse_runs_learns_trials_untimed_and_shows_its_choice(monkeypatch):
+    """bench_sparse under CUPYCOLL_AUTO=learn: each auto call runs 1 + learn.TRIAL_CALLS
+    untimed calls first, and the pick shown is the choice of the class those calls fed (an
+    older class on the communicator is not it); under estimate, no trials."""
+    pytest.importorskip("mpi4py")
+    import bench_sparse
+    from cupycoll.sparse import learn
+
+    comm = SimpleNamespace(size=2)
+    learn.records(comm)[("older",)] = learn.Record(["split"], calls=5)
+    made = []
+
+    def auto_call():  # stands in for sparse_allreduce(algorithm="auto"): one timed call
+        made.append(1)
+        record = learn.records(comm).setdefault(("fed",), learn.Record(["mask", "dense"]))
+        record.calls += 1
+
+    monkeypatch.setenv("CUPYCOLL_AUTO", "estimate")
+    assert bench_sparse.learn_trials(comm, {"auto": auto_call}) == {} and not made
+    monkeypatch.setenv("CUPYCOLL_AUTO", "learn")
+    classes = bench_sparse.learn_trials(comm, {"auto": auto_call})
+    assert len(made) == 1 + learn.TRIAL_CALLS and classes == {"auto": ("fed",)}
+    assert bench_sparse.learned_pick(comm, classes["auto"]) == "mask"
+    assert bench_sparse.learned_pick(comm, None) is None

@@ -48,7 +48,7 @@ from .measure import kind
 
 __all__ = ["Record", "plan", "class_key", "with_total", "finish", "absorb", "pending_us", "save",
            "load", "records", "WITHIN", "CANDIDATES", "SAMPLES", "ABANDON", "WINDOW", "RECHECK",
-           "RETRY_WITHIN"]
+           "RETRY_WITHIN", "TRIAL_CALLS"]
 
 #: candidates: the algorithms the model prices within this factor of its best
 WITHIN = 2.0
@@ -67,6 +67,9 @@ RECHECK = 32
 #: a candidate tried again at a recheck whose first timed call takes over this factor of the
 #: best median stops there (its first trials stop at ABANDON)
 RETRY_WITHIN = 1.1
+#: the most calls a new shape class's first trials take (a warm-up and SAMPLES timed calls of
+#: each candidate): a benchmark that runs them untimed shows what a loop runs afterwards
+TRIAL_CALLS = CANDIDATES * (1 + SAMPLES)
 
 
 @dataclasses.dataclass
