@@ -142,6 +142,28 @@ def test_config_keyword_env_default(monkeypatch):
     assert set(SETTINGS) >= {"CUPYCOLL_BACKEND", "CUPYCOLL_TIMEOUT", "CUPYCOLL_ALGORITHM"}
 
 
+def test_a_setting_follows_every_change_of_the_environment(monkeypatch):
+    """setting() parses a variable once per value stored, and sees every change at once:
+    set, set again (also to the same text), to a bad value, back, unset, and through a
+    replaced os.environ."""
+    import os
+
+    for text, want in [("estimate", "estimate"), ("learn", "learn"), (" Measure ", "measure"),
+                       ("learn", "learn"), ("learn", "learn")]:
+        monkeypatch.setenv("CUPYCOLL_AUTO", text)
+        assert setting("CUPYCOLL_AUTO") == want and setting("CUPYCOLL_AUTO") == want
+    monkeypatch.setenv("CUPYCOLL_AUTO", "guess")
+    for _ in range(2):
+        with pytest.raises(errors.InvalidArgument, match="CUPYCOLL_AUTO"):
+            setting("CUPYCOLL_AUTO")
+    monkeypatch.setenv("CUPYCOLL_AUTO", "estimate")
+    assert setting("CUPYCOLL_AUTO") == "estimate"
+    monkeypatch.delenv("CUPYCOLL_AUTO")
+    assert setting("CUPYCOLL_AUTO") == SETTINGS["CUPYCOLL_AUTO"][1]
+    monkeypatch.setattr(os, "environ", {"CUPYCOLL_AUTO": "measure"})
+    assert setting("CUPYCOLL_AUTO") == "measure"
+
+
 def test_init_one_rank_and_errors(monkeypatch):
     with pytest.raises(errors.InvalidArgument, match="'backend'"):
         cc.init("gloo")

@@ -42,6 +42,22 @@ def test_slots_are_bounded():
     assert _agreement.length(64) == fixed + (2 + _agreement.COLUMNS) * 64
 
 
+def test_no_block_of_more_than_most_entries_fits():
+    """small.MOST_ENTRIES bounds every fitting block (the front door skips the slot above it):
+    the largest count that fits, found by counting up, on every P with slots and every index
+    and row size."""
+    for p in range(1, 33):
+        words = _agreement.slot_words(p)
+        for index_bytes in (4, 8):
+            for row_bytes in (1, 2, 4, 8, 16, 64):
+                largest = 0
+                while (largest + 1) * (index_bytes + row_bytes) <= 8 * words:  # unpadded
+                    largest += 1
+                assert largest <= small.MOST_ENTRIES
+                assert not small.fits_all(p, (small.MOST_ENTRIES + 1,), index_bytes, row_bytes)
+    assert small.fits_all(1, (small.MOST_ENTRIES - 1,), 4, 1)  # the bound is nearly reached
+
+
 def test_fits_and_cost_model():
     # P = 2: 128 words a slot; int32 + float32 entries: 4 + 4 bytes each, padded per stream
     assert small.block_words(10, 4, 4) == 10 and small.block_words(3, 4, 4) == 4

@@ -340,6 +340,7 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
                              alloc_fn, completion_fn, names, wire, wire_values, output, out)
     draft = TERMS.draft(comm)
     draft.context = prepared
+    few = False  # whether this rank's entries may fit its slot (auto's small call)
     if prepared is not None:
         draft.agree(prepared.fields(names) + (int(bool(async_op)),))
         draft.column("nnz", prepared.indices.shape[0])
@@ -347,7 +348,8 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
         draft.maximum("nonfinite", nonfinite)
         draft.maximum("minus_zero", minus_zero)
         draft.maximum("learned", learn.pending_us(comm))  # the last learning call's time
-        if prepared.algorithm == "auto":
+        few = prepared.algorithm == "auto" and prepared.indices.shape[0] <= small.MOST_ENTRIES
+        if few:
             draft.vec = small.pack(comm, draft.vec, draft.slot(), prepared.indices,
                                    prepared.values, prepared.wire_values)
     else:
@@ -357,7 +359,9 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
     prepared.nonfinite = agreed.maxima["nonfinite"] > 0
     prepared.minus_zero = agreed.maxima["minus_zero"] > 0
     learn.absorb(comm, agreed.maxima["learned"])
-    if prepared.algorithm == "auto" and small.fits_all(
+    # every rank decides alike: a rank with too many entries for a slot (not few) makes every
+    # rank's fits_all false
+    if few and small.fits_all(
             comm.size, prepared.nnz, prepared.index_dtype.itemsize,
             prepared.accumulate_dtype.itemsize * max(prepared.width, 1)):
         prepared.merged = small.merge(comm.xp, agreed.slots, prepared.nnz,

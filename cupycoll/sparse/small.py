@@ -30,7 +30,11 @@ from ..wire import round_values
 from ._common import reduce_parts
 from ._cost import Cost, Shape
 
-__all__ = ["block_words", "fits_all", "fits", "cost", "pack", "blocks", "merge"]
+__all__ = ["block_words", "fits_all", "fits", "cost", "pack", "blocks", "merge", "MOST_ENTRIES"]
+
+#: no block of more entries fits a slot (the largest, P = 1; 4-byte indices, 1-byte rows): a
+#: call with more skips its slot without sizing it
+MOST_ENTRIES = agreement.slot_words(1) * 8 // 5
 
 
 def _padded(nbytes: int) -> int:
