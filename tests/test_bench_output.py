@@ -246,3 +246,17 @@ def test_bench_sparse_runs_learns_trials_untimed_and_shows_its_choice(monkeypatc
     assert len(made) == 1 + learn.TRIAL_CALLS and classes == {"auto": ("fed",)}
     assert bench_sparse.learned_pick(comm, classes["auto"]) == "mask"
     assert bench_sparse.learned_pick(comm, None) is None
+
+
+def test_bench_merge_rows_prints_every_width():
+    """bench/dev/bench_merge_rows.py, one process, numpy loops: a row per width, the 1-D one
+    the unit of ``x 1-D``."""
+    import subprocess
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "bench" / "dev" / "bench_merge_rows.py"),
+                          "--widths", "0,4", "--k", "512", "--n", "8192", "--repeats", "3"],
+                         capture_output=True, text=True, timeout=300, check=True, cwd=root,
+                         env={**__import__("os").environ, "PYTHONPATH": str(root)}).stdout
+    rows = [line.split() for line in out.splitlines() if not line.startswith("#")]
+    assert [int(r[0]) for r in rows] == [0, 4] and rows[0][4] == "1.00"
+    assert all(float(r[1]) > 0 and float(r[2]) > 0 for r in rows)
