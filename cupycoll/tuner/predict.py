@@ -111,10 +111,3 @@ def predict(algorithm: str, shape: Shape, profile: Profile) -> float:
     if record("sparse", algorithm).time is not None:  # e.g. a short last node's rails
         ranks.add(shape.size - 1)
     return max(rank_time(algorithm, shape, r, profile) for r in sorted(ranks))
-
-
-def dense_allreduce_time(size: int, nbytes: int, profile: Profile) -> float:
-    """Predicted seconds of a plain native allreduce of ``nbytes`` (the baseline of auto)."""
-    cost = Cost().allreduce("dense", size, nbytes)
-    return profile.fixed.get("allreduce", 0.0) + comm_time(cost, profile)
-
