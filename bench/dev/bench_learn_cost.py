@@ -8,10 +8,11 @@ Three communicators over the same ranks call ``sparse_allreduce`` (``auto``) on 
 inputs each step, timed by ``cupycoll.tuner.calibrate.interleaved`` (a seeded order of their
 own per step, each call after a barrier, a sample the slowest rank's time): ``estimate``,
 ``control`` (estimate again: the measurement's floor) and ``learn``. A sample includes reading
-the communicator's call counts (which algorithm ran), the same for all three. Steps where learn ran another algorithm than estimate (its trials and rechecks)
-are left out, as are the first ``--skip``; rank 0 prints each one's median and the median of
-its per-step difference from ``estimate`` (paired: the VM's speed changes from minute to
-minute, by up to 2x here, and a pair shares its phase).
+the communicator's call counts (which algorithm ran), the same for all three. Steps where learn
+ran another algorithm than estimate (its trials and rechecks) are left out, as are the first
+``--skip``; rank 0 prints each one's median and the median of its per-step difference from
+``estimate`` (paired: the VM's speed changes from minute to minute, by up to 2x here, and a
+pair shares its phase).
 """
 
 from __future__ import annotations

@@ -69,7 +69,8 @@ def main() -> None:
         shape = Shape(2, args.n, width, 4, 4, (args.k, args.k))
         model = local_time(work("recursive_doubling", shape, 0, profile), profile)
         ratio = measured / model
-        base = base if base is not None or width else ratio
+        if width == 0 and base is None:  # the 1-D merge: the unit of ``x 1-D``
+            base = ratio
         relative = f"{ratio / base:7.2f}" if base else "      -"
         print(f"  {width:5d} {measured * 1e6:10.0f} {model * 1e6:10.0f} {ratio:11.2f} {relative}")
 
