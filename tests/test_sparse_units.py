@@ -1,6 +1,7 @@
 """In-process unit tests of the sparse package: rules, cost models, helpers, one-rank calls."""
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -54,6 +55,45 @@ def test_fill_absent_sum_turns_a_missing_minus_zero_into_plus_zero():
     got = fill_absent(union, np.array([-0.0, -0.0, 2.0]), [np.array([1, 2, 3]), np.array([2])],
                       ReduceOp.SUM)
     assert np.signbit(got).tolist() == [False, True, False] and got.tolist() == [0.0, 0.0, 2.0]
+
+
+def _absent_combined(v: float, op: ReduceOp) -> float:
+    """``op(v, +0)`` by the rules of a dense reduction, written out element by element."""
+    if math.isnan(v):
+        return v
+    if op is ReduceOp.SUM:
+        return 0.0 if v == 0 else v
+    if op is ReduceOp.MAX:
+        return v if v > 0 else 0.0
+    if op is ReduceOp.MIN:
+        return v if v < 0 or (v == 0 and math.copysign(1, v) < 0) else 0.0
+    return math.nan if math.isinf(v) else v * 0.0
+
+
+@pytest.mark.parametrize("row", [(), (3,)])
+def test_fill_absent_matches_an_element_by_element_reference(row):
+    """Random parts with -0, +0, NaN and inf among the values, every op: each element of an
+    index some part lacks becomes op(v, +0) and every other keeps its bits (a sum looks up
+    only its rows holding a -0)."""
+    rng = np.random.default_rng(len(row))
+    n = 2000
+    parts = [np.sort(rng.choice(n, size, replace=False)) for size in (1500, 1200, 1800)]
+    union = np.unique(np.concatenate(parts))
+    held = np.zeros(n, int)
+    for part in parts:
+        held[part] += 1
+    for op in (ReduceOp.SUM, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PROD):
+        values = rng.standard_normal((union.size,) + row)
+        flat = values.reshape(-1)
+        for special, share in ((-0.0, 0.05), (0.0, 0.05), (np.nan, 0.01), (np.inf, 0.01)):
+            flat[rng.random(flat.size) < share] = special
+        want = values.copy().reshape(union.size, -1)
+        for at, index in enumerate(union):
+            if held[index] < len(parts):
+                want[at] = [_absent_combined(float(v), op) for v in want[at]]
+        got = fill_absent(union, values, parts, op).reshape(union.size, -1)
+        same = (got.view(np.int64) == want.view(np.int64)) | (np.isnan(got) & np.isnan(want))
+        assert same.all(), op  # every bit, a NaN's payload aside (inf x 0's is the CPU's)
 
 
 def test_reduce_parts_accumulates_in_the_accumulate_dtype():

@@ -33,23 +33,48 @@ def fill_absent(union: Any, values: Any, part_indices: Sequence[Any], op: Reduce
     """Combine with +0, in place, the entries of ``union`` missing from at least one part.
 
     ``union`` is sorted unique and contains every part's (sorted unique) indices. For sum only a
-    -0 changes (to +0), so a sum without -0 values returns at once.
+    -0 changes (to +0), so a sum looks up only its rows that hold one (none: it returns after
+    one pass over the values).
     """
     if union.shape[0] == 0:
         return values
     xp = array_namespace(union)
-    if op is ReduceOp.SUM and (values.dtype.kind != "f" or not has_minus_zero(xp, values)):
+    if op is ReduceOp.SUM:
+        if values.dtype.kind != "f" or not has_minus_zero(xp, values):
+            return values
+        rows = _minus_zero_rows(xp, values)
+        missing = rows[_held_by(union[rows], part_indices) < len(part_indices)]
+        with np.errstate(invalid="ignore"):
+            values[missing] = combine(values[missing], values.dtype.type(0), op)
         return values
-    present = xp.zeros(union.shape[0], dtype=np.int32)
-    for idx in part_indices:
-        present[xp.searchsorted(union, idx)] += 1
-    missing = present < len(part_indices)
+    missing = _held_by(union, part_indices) < len(part_indices)
     if values.ndim > 1:
         missing = missing.reshape((-1,) + (1,) * (values.ndim - 1))
     # on every entry, kept where missing: no host read (the ±0 tie rule of combine applies)
     with np.errstate(invalid="ignore", over="ignore"):  # e.g. inf * 0 where it is not kept
         values[...] = xp.where(missing, combine(values, values.dtype.type(0), op), values)
     return values
+
+
+def _held_by(indices: Any, part_indices: Sequence[Any]) -> Any:
+    """How many of the sorted unique ``part_indices`` hold each of the sorted ``indices``."""
+    xp = array_namespace(indices)
+    held = xp.zeros(indices.shape[0], dtype=np.int32)
+    for part in part_indices:
+        if part.shape[0]:
+            at = xp.minimum(xp.searchsorted(part, indices), part.shape[0] - 1)
+            held += part[at] == indices
+    return held
+
+
+def _minus_zero_rows(xp: Any, values: Any) -> Any:
+    """Positions of the entries (rows) of float ``values`` that hold a -0."""
+    flat = values.reshape(values.shape[0], -1)
+    if xp is np and flat.flags.c_contiguous:
+        found = flat.view(_SIGNED_BITS[values.dtype.itemsize]) == _LEAST[values.dtype.itemsize]
+    else:
+        found = (flat == 0) & xp.signbit(flat)
+    return xp.flatnonzero(found.any(axis=1))
 
 
 def has_minus_zero(xp: Any, values: Any) -> bool:
