@@ -153,7 +153,7 @@ def test_threads_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUPYCOLL_THREADS", "3")
     assert K.threads() == 3
     monkeypatch.setenv("CUPYCOLL_THREADS", "8")  # pieces of at least 2**17 entries
-    assert [K._pieces(1 << e) for e in (10, 17, 18, 19, 20, 24)] == [1, 1, 2, 4, 8, 8]
+    assert [K.piece_count(1 << e) for e in (10, 17, 18, 19, 20, 24)] == [1, 1, 2, 4, 8, 8]
     for bad in ("0", "-2", "many"):
         monkeypatch.setenv("CUPYCOLL_THREADS", bad)
         with pytest.raises(InvalidArgument, match="CUPYCOLL_THREADS"):

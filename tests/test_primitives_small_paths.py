@@ -337,17 +337,22 @@ def test_chained_sums_equal_a_dense_fold(monkeypatch, two_way, dtype, acc, width
         sum_is_a_dense_fold(parts, n, row, dtype, acc, "int64")
 
 
-@pytest.mark.parametrize("size, width, two", [(20, 0, True), (9000, 0, True), (30000, 0, True),
-                                              (500, 4, True), (3000, 8, False)])
-def test_two_to_four_parts_take_the_chained_two_way_merge(monkeypatch, size, width, two):
-    """With numba, two to four parts take the two-way merge, chained (one merge per part
-    after the first), for every 1-D sum and for rows below numba's bound (500 rows of 4);
-    wider sums of rows (3000 rows of 8 a part: 48,000 elements and more) and five parts take
-    numba's k-way loop; without numba nothing does."""
+@pytest.mark.parametrize("size, width, threads, chained", [
+    (20, 0, 1, 4), (9000, 0, 1, 4), (30000, 0, 1, 4), (500, 4, 1, 4), (3000, 1, 2, 4),
+    (3000, 8, 1, 2), (3000, 8, 2, 2), (140000, 2, 1, 2), (140000, 2, 2, 0)])
+def test_two_to_four_parts_take_the_chained_two_way_merge(monkeypatch, size, width, threads,
+                                                          chained):
+    """With numba, up to ``chained`` parts take the two-way merge, chained (one merge per part
+    after the first): every 1-D sum and rows of one element, and rows below numba's bound
+    (500 rows of 4), four parts; wider sums of rows (3000 rows of 8 a part: 48,000 elements
+    and more) two parts while numba's k-way loop would run in one piece (one thread, or fewer
+    than two pieces' entries), else none; five parts take the k-way loop; without numba
+    nothing does."""
     from cupycoll.primitives import _accel, _numba
 
     calls = []
     monkeypatch.setattr(_numba, "sum_two", lambda *a, f=_numba.sum_two: calls.append(1) or f(*a))
+    monkeypatch.setenv("CUPYCOLL_THREADS", str(threads))
     rows = (size, width) if width else (size,)
     parts = [(np.arange(r, 5 * size, 5), np.ones(rows, np.float32)) for r in range(5)]
     monkeypatch.setenv("CUPYCOLL_NUMBA", "on")
@@ -355,9 +360,9 @@ def test_two_to_four_parts_take_the_chained_two_way_merge(monkeypatch, size, wid
     for count in (2, 3, 4, 5):
         calls.clear()
         idx, val = P.merge_sorted(parts[:count])
-        assert len(calls) == (count - 1 if two and count <= 4 else 0)
+        assert len(calls) == (count - 1 if count <= chained else 0)
         assert np.array_equal(idx, np.sort(np.concatenate([i for i, _ in parts[:count]])))
-        assert (val == 1).all()
+        assert val.shape == (count * size,) + rows[1:] and (val == 1).all()
     monkeypatch.setenv("CUPYCOLL_NUMBA", "off")
     calls.clear()
     P.merge_sorted(parts[:2])

@@ -87,6 +87,27 @@ def test_mask_prices_its_union_rows_as_a_fill_and_its_own_rows_as_writes():
     assert dataclasses.replace(older, gamma={**older.gamma, "union": 1.0}).price("union") == 1.0
 
 
+def test_a_merge_of_rows_costs_its_entries_and_folds_and_only_the_own_rows_are_copied():
+    """allgather and recursive doubling price a merge of rows as ``merge`` (or ``merge2``)
+    per entry plus ``fold`` per element past a row's first, which ``tune`` measures as a whole
+    16-wide merge less a 1-D one; ``row`` counts only the rows the rank packs to send (its
+    own), as the received blocks merge where they arrive. A ``row`` on every merged element
+    counts the elements twice (it priced merges of 16-64-wide rows 2-2.7x high against 1-D
+    ones: bench/dev/bench_merge_rows.py)."""
+    from cupycoll.tuner.predict import work
+
+    for p, width in ((2, 0), (2, 1), (2, 16), (3, 4), (4, 64)):
+        case = shape(p, 1 << 20, 1 << 8, width)  # sparse rounds only (1/4096 dense)
+        w = max(width, 1)
+        for r in range(p):
+            units = work("allgather", case, r)
+            assert units == {"merge": case.total_nnz, "row": case.nnz[r] * w,
+                             "fold": case.total_nnz * (w - 1)}
+        units = work("recursive_doubling", case, 0)
+        assert units["fold"] == units["merge2"] * (w - 1) and units["dense"] == 0
+        assert units["row"] == units["merge2"] / 2 * w  # its half of each round's merge
+
+
 def test_dense_prices_its_rows_by_its_own_unit():
     """The dense algorithm's scatter of the rank's rows and read-back of the union's are
     priced by ``dense_row`` (a sorted write or copy; the ``row`` gather is 3-5x dearer), once

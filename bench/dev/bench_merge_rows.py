@@ -3,8 +3,8 @@
 Single process, CPU. For each row width (0 = 1-D values), two sorted index sets of ``k`` entries
 each (drawn from ``n``) with float32 rows are merged and summed as recursive doubling merges
 them at P = 2 (``sparse._common.reduce_parts``, the numba loops when numba runs), and the model
-prices the same merge (``recursive_doubling``'s work units at P = 2 times the profile's gamma:
-``tuner.predict.local_time``):
+prices the same merge (``recursive_doubling``'s merge units at P = 2, ``MERGE_UNITS``, times
+the profile's gamma: ``tuner.predict.local_time``):
 
     python bench/dev/bench_merge_rows.py                       # k = 8192, n = 409600
     python bench/dev/bench_merge_rows.py --widths 0,1,4,16,64 --k 65536
@@ -12,7 +12,9 @@ prices the same merge (``recursive_doubling``'s work units at P = 2 times the pr
 
 ``meas/model`` divided by the 1-D row's (``x 1-D``) cancels the machine's speed against the
 profile's: where it is above 1 the model prices that width's merge low relative to a 1-D merge,
-below 1 high. Medians of ``--repeats`` calls, after the numba loops are loaded.
+below 1 high. ``k-way`` and ``2-way``: numba's two loops on the same parts (the k-way loop
+and the two-way merge ``merge_sorted`` chooses between, ``_numpy_few.chained_first``). Medians
+of ``--repeats`` calls, after the numba loops are loaded.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ from cupycoll.tuner.predict import local_time, work
 from cupycoll.tuner.profile import load_profile
 
 
+#: the units of recursive doubling's work model that price its merge (``row`` is its pack).
+MERGE_UNITS = ("merge2", "fold")
+
+
 def loops_ready(seconds: float = 60.0) -> str:
     """Wait for numba's loops (imported in the background under CUPYCOLL_NUMBA=auto)."""
     end = time.monotonic() + (seconds if setting("CUPYCOLL_NUMBA") != "off" else 0.0)
@@ -39,17 +45,33 @@ def loops_ready(seconds: float = 60.0) -> str:
     return "numba" if _accel.loops() is not None else "numpy"
 
 
-def merge_seconds(k: int, n: int, width: int, repeats: int, rng) -> float:
-    """Median seconds of one two-way merge-and-sum of k + k entries with rows of ``width``."""
+def two_parts(k: int, n: int, width: int, rng) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Two ranks' entries: ``k`` sorted indices of ``n`` each, float32 rows of ``width``."""
     row = (k, width) if width else (k,)
-    parts = [(np.sort(rng.choice(n, k, replace=False)).astype(np.int32),
-              rng.standard_normal(row).astype(np.float32)) for _ in range(2)]
+    return [(np.sort(rng.choice(n, k, replace=False)).astype(np.int32),
+             rng.standard_normal(row).astype(np.float32)) for _ in range(2)]
+
+
+def median_seconds(call, repeats: int) -> float:
+    """Median seconds of ``call()`` over ``repeats`` calls."""
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        reduce_parts(parts, ReduceOp.SUM, np.dtype(np.float32))
+        call()
         times.append(time.perf_counter() - start)
     return float(np.median(times))
+
+
+def loop_seconds(parts, repeats: int) -> tuple[float, float] | None:
+    """Median seconds of numba's k-way loop and of its two-way merge on ``parts`` (the two
+    loops ``merge_sorted`` chooses between), or None without numba."""
+    loops = _accel.loops()
+    if loops is None:
+        return None
+    (a, va), (b, vb) = parts
+    f32, i32 = np.dtype(np.float32), np.dtype(np.int32)
+    return (median_seconds(lambda: loops.merge([a, b], [va, vb], np.add, f32, i32), repeats),
+            median_seconds(lambda: loops.sum_two(a, va, b, vb, f32, i32), repeats))
 
 
 def main() -> None:
@@ -62,17 +84,24 @@ def main() -> None:
     profile = load_profile(None, size=2)
     rng = np.random.default_rng(0)
     print(f"# loops: {loops_ready()}, profile: {profile.name}, k = {args.k}, n = {args.n}")
-    print(f"# {'width':>5} {'meas(us)':>10} {'model(us)':>10} {'meas/model':>11} {'x 1-D':>7}")
+    print(f"# {'width':>5} {'meas(us)':>10} {'model(us)':>10} {'meas/model':>11} {'x 1-D':>7}"
+          f" {'k-way(us)':>10} {'2-way(us)':>10}")
     base = None
     for width in (int(w) for w in args.widths.split(",")):
-        measured = merge_seconds(args.k, args.n, width, args.repeats, rng)
+        parts = two_parts(args.k, args.n, width, rng)
+        measured = median_seconds(
+            lambda: reduce_parts(parts, ReduceOp.SUM, np.dtype(np.float32)), args.repeats)
+        loops = loop_seconds(parts, args.repeats)
         shape = Shape(2, args.n, width, 4, 4, (args.k, args.k))
-        model = local_time(work("recursive_doubling", shape, 0, profile), profile)
+        units = work("recursive_doubling", shape, 0, profile)
+        model = local_time({k: units[k] for k in MERGE_UNITS}, profile)
         ratio = measured / model
         if width == 0 and base is None:  # the 1-D merge: the unit of ``x 1-D``
             base = ratio
         relative = f"{ratio / base:7.2f}" if base else "      -"
-        print(f"  {width:5d} {measured * 1e6:10.0f} {model * 1e6:10.0f} {ratio:11.2f} {relative}")
+        both = " ".join(f"{t * 1e6:10.0f}" for t in loops) if loops else f"{'-':>10} {'-':>10}"
+        print(f"  {width:5d} {measured * 1e6:10.0f} {model * 1e6:10.0f} {ratio:11.2f} {relative}"
+              f" {both}")
 
 
 if __name__ == "__main__":

@@ -39,7 +39,8 @@ from ._numba_small import (SUM_DTYPES, distinct_sorted, fold_rows, sum_parts,  #
 __all__ = ["merge", "select", "select_unequal", "select_unequal_rows", "count", "densify_sorted",
            "scatter_rows", "add_rows", "special_values", "divide_finding_specials",
            "index_stats", "positions_in", "union_sorted", "sum_parts", "sum_two", "sum_unsorted",
-           "distinct_sorted", "fold_rows", "SUM_DTYPES", "threads", "free_scratch"]
+           "distinct_sorted", "fold_rows", "SUM_DTYPES", "threads", "piece_count",
+           "free_scratch"]
 
 #: op codes of the merge loop, keyed by the numpy ufunc of _types.UFUNCS.
 OPS = {np.add: 0, np.multiply: 1, np.maximum: 2, np.minimum: 3}
@@ -71,7 +72,7 @@ def threads() -> int:
     return max(1, (cpus or 1) // max(1, ranks))
 
 
-def _pieces(size: int) -> int:
+def piece_count(size: int) -> int:
     """How many pieces a loop over ``size`` items is cut into: one per thread, fewer when small."""
     if size < 2 * _PIECE:  # one piece whatever the threads (no threads() call)
         return 1
@@ -153,7 +154,7 @@ def merge(indices: Sequence[np.ndarray], values: Sequence[np.ndarray], ufunc: np
     ident = np.full(1, _identity(ufunc, acc), acc)
     out_idx, out_val = np.empty(total, itype), np.empty((total,) + row, acc)
     cuts = np.array(_block_cuts(list(indices), total), np.int64)
-    pieces = _pieces(total)
+    pieces = piece_count(total)
     edges = (np.arange(pieces + 1) * (cuts.shape[1] - 1)) // pieces
     begins = cuts[:, edges[:-1]].sum(axis=0)  # entries before a piece's first block
     work = _scratch("keys", (pieces, 2, int(np.diff(cuts, axis=1).sum(axis=0).max())), np.int64)
@@ -240,7 +241,7 @@ def select_unequal_rows(bits: np.ndarray, sentinel: int, itype: np.dtype, reset:
     s, rows = bits.dtype.type(sentinel), bits.shape[0]
     hits = _scratch("row_hits", (rows,), np.dtype(np.bool_))
     reset = bool(reset)
-    return _count_then_copy(rows, _pieces(bits.size),
+    return _count_then_copy(rows, piece_count(bits.size),
                             lambda a, b: row_hits(bits, s, a, b, hits),
                             lambda a, b, oi, ov: copy_hit_rows(bits, s, a, b, hits, reset, oi, ov),
                             itype, bits.shape[1:], bits.dtype)
@@ -254,7 +255,7 @@ def _masked(x: np.ndarray, lo: Any, hi: Any, test: int, itype: np.dtype,
     outputs of exactly that size."""
     blocks = -(-x.size // 64)
     masks = _scratch("masks", (blocks,), np.dtype(np.uint64))
-    return _count_then_copy(blocks, _pieces(x.size),
+    return _count_then_copy(blocks, piece_count(x.size),
                             lambda a, b: hit_masks(x, lo, hi, test, a, b, masks),
                             lambda a, b, oi, ov: copy(a, b, masks, oi, ov), itype, (), x.dtype)
 
@@ -280,7 +281,7 @@ def count(x: np.ndarray, t: Any) -> int | None:
     bounds = _scan_bounds(x, t)
     if bounds is None:
         return None
-    pieces = _pieces(x.size)
+    pieces = piece_count(x.size)
     cuts = [(p * x.size) // pieces for p in range(pieces + 1)]
     return sum(_in_threads([partial(count_hits, x[a:b], *bounds)
                             for a, b in zip(cuts[:-1], cuts[1:])]))

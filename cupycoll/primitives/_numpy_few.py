@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _accel
 
-__all__ = ["few_enough", "few_summed", "two_summed"]
+__all__ = ["few_enough", "few_summed", "two_summed", "chained_first"]
 
 #: merges of at most this many entries fold a sum in Python (:func:`tiny_sum`): a numpy call
 #: costs more than its arithmetic on a few elements and the general path makes ~40 of them
@@ -31,10 +31,8 @@ SMALL = 1 << 14
 LOOP_SUM = 1 << 10
 #: sums of two to ``CHAIN_PARTS`` parts (every round of recursive doubling; allgather's and
 #: split's at P <= 4) take numba's two-way merge where numba runs (``_numba_small.sum_two``),
-#: chained in part order, ((p0 + p1) + p2) + p3: the left fold, so the same bits. Every 1-D sum
-#: and the few-entry sums of rows take it; wide rows beyond those merge faster in numba's k-way
-#: loop, and so do more parts (the chain moves the growing sum again per part;
-#: docs/primitives.md).
+#: chained in part order, ((p0 + p1) + p2) + p3: the left fold, so the same bits. Which larger
+#: sums take it: :func:`chained_first`.
 TWO_WAY = True
 CHAIN_PARTS = 4
 
@@ -83,6 +81,19 @@ def two_summed(indices: Sequence[np.ndarray], values: Sequence[np.ndarray], acc:
         for more, rows in zip(indices[1:], values[1:]):
             idx, val = loops.sum_two(idx, val, more, rows, acc, itype)
         return idx, val
+
+
+def chained_first(parts: int, entries: int, row: tuple[int, ...]) -> bool:
+    """Whether a sum of ``SMALL`` value elements or more takes the chained two-way merge
+    (:func:`two_summed`) before numba's k-way loop: every sum of 1-D values or rows of one
+    element, and two parts' wider rows while the k-way loop would run in one piece (one
+    thread, or too few entries to cut). The k-way loop wins only by its threads; the chain of
+    three or four parts' wide rows moves the growing sum again per part and loses
+    (docs/primitives.md)."""
+    if math.prod(row) == 1:
+        return True
+    loops = _accel.loops()
+    return parts == 2 and loops is not None and loops.piece_count(entries) == 1
 
 
 def loop_sum(loops: Any, indices: Sequence[np.ndarray], values: Sequence[np.ndarray],

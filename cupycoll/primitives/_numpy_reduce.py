@@ -16,7 +16,7 @@ from ._accel import _fast
 from ._checks import (_accumulate, _check_range, _increasing, _indices, _length, _pair,
                       _reduce_op, _scatter_operands, _sorted_parts, _values)
 from ._common import _block_cuts, _identity
-from ._numpy_few import few_enough, few_summed, two_summed
+from ._numpy_few import chained_first, few_enough, few_summed, two_summed
 
 
 #: the zero each op returns on a +0/-0 tie (the sign bit's value).
@@ -216,7 +216,8 @@ def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
     elements = total * math.prod(ref.shape[1:])  # wide rows
     if ufunc is np.add and few_enough(elements):
         return few_summed(indices, values, acc, ref.dtype)
-    two = two_summed(indices, values, acc, itype) if ufunc is np.add and ref.ndim == 1 else None
+    chained = ufunc is np.add and chained_first(len(pairs), total, ref.shape[1:])
+    two = two_summed(indices, values, acc, itype) if chained else None
     if two is not None:
         return _narrowed(*two, two[0].shape[0], ref.dtype)
     fast = _fast(elements)

@@ -55,10 +55,10 @@ def cost_over(shape: Shape, rank: int, lo: int, hi: int) -> Cost:
 
 
 def work(shape: Shape, rank: int, profile: Any = None) -> dict[str, float]:
-    """Every rank merges all N entries (each received row copied once, every element past a
-    row's first folded)."""
+    """Every rank packs its own entries and merges all N (the received blocks merge where
+    they arrive; every element past a row's first folded)."""
     w = max(shape.width, 1)
-    return {"merge": shape.total_nnz, "row": shape.total_nnz * w,
+    return {"merge": shape.total_nnz, "row": shape.nnz[rank] * w,
             "fold": shape.total_nnz * (w - 1)}
 
 

@@ -238,7 +238,8 @@ def cost(shape: Shape, rank: int, profile: Any = None) -> Cost:
 
 
 def work(shape: Shape, rank: int, profile: Any = None) -> dict[str, float]:
-    """Rounds of a homogeneous estimate: group unions of 2^j ranks' mean nnz."""
+    """Rounds of a homogeneous estimate: group unions of 2^j ranks' mean nnz (a sparse round
+    packs the rank's partial result and merges both partners')."""
     w, p = max(shape.width, 1), shape.size
     mean = shape.total_nnz / max(p, 1)
     out = {"merge2": 0.0, "row": 0.0, "dense": 0.0, "scan": 0.0, "fold": 0.0}
@@ -249,9 +250,9 @@ def work(shape: Shape, rank: int, profile: Any = None) -> dict[str, float]:
             out["dense"] += 2 * shape.n * w
             out["scan"] += shape.n
         else:
-            out["merge2"] += 2 * group
-            out["row"] += 2 * group * w
+            out["merge2"] += 2 * group  # the merge of both partial results
             out["fold"] += 2 * group * (w - 1)
+            out["row"] += group * w  # its own partial result packed to send
     return out
 
 

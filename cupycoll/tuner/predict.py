@@ -10,7 +10,8 @@ Local work, in the units ``gamma`` prices (N = total nnz, U = union, W = max(wid
 - ``merge``: entries entering a k-way merge (allgather: N; split: its region's N/P);
 - ``merge2``: entries entering a two-way merge (recursive doubling: both partners' partial
   results every sparse round);
-- ``row``: value elements copied or scattered besides the merge (received rows, result rows);
+- ``row``: value elements copied or scattered besides the merge (rows packed to send, result
+  rows);
 - ``dense``: value elements of an n-long dense pass (the ``dense`` algorithm's union scan of
   1-D values; recursive doubling's dense rounds: fill, scatter, gather);
 - ``dense_rows``, ``dense_wide``: rows and value elements of the ``dense`` algorithm's union
@@ -19,8 +20,8 @@ Local work, in the units ``gamma`` prices (N = total nnz, U = union, W = max(wid
   rank's rows) or reads back from it (the union's);
 - ``scan``: dense positions scanned for presence (bitmap, presence fields, flatnonzero).
 - ``code`` (compact wire only): indices encoded or decoded, about two per entry received.
-- ``fold``: value elements of merged rows beyond the first of each row (a merge of wide rows
-  folds every element; ``merge`` prices the entry and its first element);
+- ``fold``: value elements of merged rows beyond the first of each row (``merge`` or
+  ``merge2`` prices the entry and its first element: a merge of rows is those two, no ``row``);
 - ``union``: indices entering mask's union of index sets (and its lookup of its own);
 - ``fill``: elements of an n-long output zeroed with its rows written (``output="dense"``:
   the ``dense`` algorithm's input before its in-place allreduce, every other one's result;
