@@ -89,8 +89,9 @@ def test_mask_prices_its_union_rows_as_a_fill_and_its_own_rows_as_writes():
 
 def test_a_merge_of_rows_costs_its_entries_and_folds_and_only_the_own_rows_are_copied():
     """allgather and recursive doubling price a merge of rows as ``merge`` (or ``merge2``)
-    per entry plus ``fold`` per element past a row's first, which ``tune`` measures as a whole
-    16-wide merge less a 1-D one; ``row`` counts only the rows the rank packs to send (its
+    per entry plus ``fold`` (or ``fold2``, recursive doubling's two-way merges) per element
+    past a row's first, which ``tune`` measures as a whole 16-wide merge less a 1-D one (a
+    profile without ``fold2`` prices it as ``fold``); ``row`` counts only the rows the rank packs to send (its
     own), as the received blocks merge where they arrive. A ``row`` on every merged element
     counts the elements twice (it priced merges of 16-64-wide rows 2-2.7x high against 1-D
     ones: bench/dev/bench_merge_rows.py)."""
@@ -104,8 +105,11 @@ def test_a_merge_of_rows_costs_its_entries_and_folds_and_only_the_own_rows_are_c
             assert units == {"merge": case.total_nnz, "row": case.nnz[r] * w,
                              "fold": case.total_nnz * (w - 1)}
         units = work("recursive_doubling", case, 0)
-        assert units["fold"] == units["merge2"] * (w - 1) and units["dense"] == 0
+        assert units["fold2"] == units["merge2"] * (w - 1) and units["dense"] == 0
         assert units["row"] == units["merge2"] / 2 * w  # its half of each round's merge
+    older = Profile("o", 0.0, 0.0, 0.0, 0.0, {**ZERO_WORK, "fold": 3.0})
+    assert older.price("fold2") == 3.0
+    assert dataclasses.replace(older, gamma={**older.gamma, "fold2": 1.0}).price("fold2") == 1.0
 
 
 def test_dense_prices_its_rows_by_its_own_unit():

@@ -34,7 +34,7 @@ from cupycoll.tuner.profile import load_profile
 
 
 #: the units of recursive doubling's work model that price its merge (``row`` is its pack).
-MERGE_UNITS = ("merge2", "fold")
+MERGE_UNITS = ("merge2", "fold2")
 
 
 def loops_ready(seconds: float = 60.0) -> str:

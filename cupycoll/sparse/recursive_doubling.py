@@ -242,7 +242,7 @@ def work(shape: Shape, rank: int, profile: Any = None) -> dict[str, float]:
     packs the rank's partial result and merges both partners')."""
     w, p = max(shape.width, 1), shape.size
     mean = shape.total_nnz / max(p, 1)
-    out = {"merge2": 0.0, "row": 0.0, "dense": 0.0, "scan": 0.0, "fold": 0.0}
+    out = {"merge2": 0.0, "row": 0.0, "dense": 0.0, "scan": 0.0, "fold2": 0.0}
     rounds = max(p.bit_length() - 1, 0) + (1 if p & (p - 1) else 0)
     for j in range(rounds):
         group = estimate_union(shape.n, [mean] * min(2 ** j, p))
@@ -251,7 +251,7 @@ def work(shape: Shape, rank: int, profile: Any = None) -> dict[str, float]:
             out["scan"] += shape.n
         else:
             out["merge2"] += 2 * group  # the merge of both partial results
-            out["fold"] += 2 * group * (w - 1)
+            out["fold2"] += 2 * group * (w - 1)
             out["row"] += group * w  # its own partial result packed to send
     return out
 

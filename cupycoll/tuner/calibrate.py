@@ -13,7 +13,8 @@ so the contention of a real call is in the numbers):
   float32 parts (unchecked, as the algorithms merge), per entry; ``merge2`` the same of two of
   the parts (numba's two-way merge, recursive doubling's every round); ``fold`` a merge of
   16-wide rows (half of each part's indices shared: most rows are added) minus the same merge
-  of 1-D values, per element beyond the first of each row; ``row`` a gather of 16-wide float32
+  of 1-D values, per element beyond the first of each row, and ``fold2`` the same of two of
+  the parts (the two-way merge of rows); ``row`` a gather of 16-wide float32
   rows, per element; ``dense`` the dense algorithm's own passes over n, per element, and
   ``dense_row`` its work per row written or read back (from its host pass at 30% and 1%
   density); ``dense_rows`` and ``dense_wide`` the same pass over rows of 2 and of 32 (a 2-D
@@ -231,8 +232,11 @@ def _local(comm: Any, repeats: int, k: int = 1 << 16, n: int = 1 << 20) -> dict[
     merge2 = _timed(comm, lambda: merge_sorted(parts[:2], checked=False), repeats)
     folds = _timed(comm, lambda: merge_sorted(wide, checked=False), repeats) - _timed(
         comm, lambda: merge_sorted(narrow, checked=False), repeats)
+    folds2 = _timed(comm, lambda: merge_sorted(wide[:2], checked=False), repeats) - _timed(
+        comm, lambda: merge_sorted(narrow[:2], checked=False), repeats)
     return {"merge": merge / (len(parts) * k), "merge2": merge2 / (2 * k),
             "fold": max(folds, 0.0) / (len(parts) * k * 15),
+            "fold2": max(folds2, 0.0) / (2 * k * 15),
             "row": per_row,
             "dense": max(dense_few - 2 * few.shape[0] * dense_row, 0.0) / n,
             "dense_row": dense_row,

@@ -20,8 +20,9 @@ Local work, in the units ``gamma`` prices (N = total nnz, U = union, W = max(wid
   rank's rows) or reads back from it (the union's);
 - ``scan``: dense positions scanned for presence (bitmap, presence fields, flatnonzero).
 - ``code`` (compact wire only): indices encoded or decoded, about two per entry received.
-- ``fold``: value elements of merged rows beyond the first of each row (``merge`` or
-  ``merge2`` prices the entry and its first element: a merge of rows is those two, no ``row``);
+- ``fold``, ``fold2``: value elements of rows merged by a k-way and by a two-way merge
+  beyond the first of each row (``merge`` or ``merge2`` prices the entry and its first
+  element: a merge of rows is those two, no ``row``);
 - ``union``: indices entering mask's union of index sets (and its lookup of its own);
 - ``fill``: elements of an n-long output zeroed with its rows written (``output="dense"``:
   the ``dense`` algorithm's input before its in-place allreduce, every other one's result;

@@ -32,10 +32,10 @@ __all__ = ["Profile", "default_profile", "profile_path", "load_profile", "save_p
 
 #: units of local work priced by ``gamma`` (seconds per unit), see predict.work.
 WORK_KINDS = ("merge", "merge2", "row", "dense", "dense_row", "dense_rows", "dense_wide",
-              "scan", "code", "fill", "fold", "union")
+              "scan", "code", "fill", "fold", "fold2", "union")
 #: the unit a profile measured before a unit existed prices it by.
 _STAND_INS = {"fill": "dense", "union": "merge", "merge2": "merge", "dense_row": "row",
-              "dense_rows": "dense", "dense_wide": "dense"}
+              "dense_rows": "dense", "dense_wide": "dense", "fold2": "fold"}
 #: the prices a link kind may override (Profile.links).
 _LINK_PRICES = ("alpha_p2p", "beta_p2p", "alpha_msg")
 
@@ -77,9 +77,9 @@ class Profile:
 
     def price(self, unit: str) -> float:
         """Seconds per unit of local work ``unit`` (0 if unmeasured; a profile measured before
-        ``fill``, ``union``, ``merge2``, ``dense_row``, ``dense_rows`` or ``dense_wide``
-        existed prices them as ``dense``, ``merge``, ``merge``, ``row``, ``dense``,
-        ``dense``)."""
+        ``fill``, ``union``, ``merge2``, ``dense_row``, ``dense_rows``, ``dense_wide`` or
+        ``fold2`` existed prices them as ``dense``, ``merge``, ``merge``, ``row``, ``dense``,
+        ``dense``, ``fold``)."""
         if unit not in self.gamma:
             unit = _STAND_INS.get(unit, unit)
         return self.gamma.get(unit, 0.0)

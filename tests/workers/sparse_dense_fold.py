@@ -150,7 +150,7 @@ def check_tune(comm) -> None:
     profile = tune(comm, repeats=2)
     assert profile.links == {}, profile.links  # one node: no per-link prices
     assert set(profile.gamma) == {"merge", "merge2", "row", "dense", "dense_row", "dense_rows",
-                                  "dense_wide", "scan", "code", "fill", "fold", "union"}, \
+                                  "dense_wide", "scan", "code", "fill", "fold", "fold2", "union"}, \
         profile.gamma
     assert all(v >= 0 for v in profile.gamma.values()), profile.gamma
     from cupycoll.tuner.calibrate import CURVE_SIZES
