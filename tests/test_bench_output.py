@@ -222,6 +222,23 @@ def test_bench_learn_rule_runs_both_learners_side_by_side():
     assert rows["learn-median"][6] in cupycoll.algorithms("sparse"), out  # ran late
 
 
+def test_bench_allgather_phases_prices_both_phases():
+    """bench/dev/bench_allgather_phases.py on 2 ranks, one small case: a row with both phases
+    measured and priced (positive times and ratios)."""
+    import subprocess
+
+    from tests._mpi import mpiexec
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py",
+                          str(root / "bench" / "dev" / "bench_allgather_phases.py"),
+                          "--cases", "20000/0.05/4", "--repeats", "3"], capture_output=True,
+                         text=True, timeout=300, check=True, cwd=root,
+                         env={**__import__("os").environ, "PYTHONPATH": str(root)}).stdout
+    rows = [line.split() for line in out.splitlines() if line and not line.startswith("#")]
+    assert [r[0] for r in rows] == ["20000/0.05/4"], out
+    assert all(float(v) > 0 for v in rows[0][1:]), out
+
+
 def test_bench_sparse_runs_learns_trials_untimed_and_shows_its_choice(monkeypatch):
     """bench_sparse under CUPYCOLL_AUTO=learn: each auto call runs 1 + learn.TRIAL_CALLS
     untimed calls first, and the pick shown is the choice of the class those calls fed (an
