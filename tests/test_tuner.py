@@ -91,10 +91,10 @@ def test_a_merge_of_rows_costs_its_entries_and_folds_and_only_the_own_rows_are_c
     """allgather and recursive doubling price a merge of rows as ``merge`` (or ``merge2``)
     per entry plus ``fold`` (or ``fold2``, recursive doubling's two-way merges) per element
     past a row's first, which ``tune`` measures as a whole 16-wide merge less a 1-D one (a
-    profile without ``fold2`` prices it as ``fold``); ``row`` counts only the rows the rank packs to send (its
-    own), as the received blocks merge where they arrive. A ``row`` on every merged element
-    counts the elements twice (it priced merges of 16-64-wide rows 2-2.7x high against 1-D
-    ones: bench/dev/bench_merge_rows.py)."""
+    profile without ``fold2`` prices it as ``fold``); ``row`` counts only the rows the rank
+    packs to send (its own), as the received blocks merge where they arrive. A ``row`` on
+    every merged element counts the elements twice (it priced merges of 16-64-wide rows
+    2-2.7x high against 1-D ones: bench/dev/bench_merge_rows.py)."""
     from cupycoll.tuner.predict import work
 
     for p, width in ((2, 0), (2, 1), (2, 16), (3, 4), (4, 64)):
