@@ -203,9 +203,15 @@ def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
     device read on a GPU).
     """
     pairs = _sorted_parts(parts, checked)
+    return merged_pairs(pairs, _reduce_op(op), _accumulate(accumulate_dtype, pairs[0][1].dtype))
+
+
+def merged_pairs(pairs: Sequence[tuple[np.ndarray, np.ndarray]], ufunc: np.ufunc,
+                 acc: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`merge_sorted` of host parts its caller knows valid (sorted unique indices; values
+    of one dtype and row shape), by the ufunc of the op, accumulating in ``acc``: the sparse
+    algorithms' merges, without the checks of a public call."""
     ref = pairs[0][1]
-    ufunc = _reduce_op(op)
-    acc = _accumulate(accumulate_dtype, ref.dtype)
     itype = np.result_type(*(i.dtype for i, _ in pairs))
     indices = [i for i, _ in pairs]
     if len(pairs) == 1:
@@ -241,8 +247,10 @@ def _narrowed(out_idx: np.ndarray, out_val: np.ndarray, done: int,
               dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """Trim a merge's outputs to ``done`` entries and cast the values back to ``dtype`` once
     (overflow to inf, as in any reduction in that dtype, is not a warning)."""
+    if out_val.dtype == dtype:  # nothing to cast
+        return _trimmed(out_idx, done), _trimmed(out_val, done)
     with np.errstate(over="ignore", invalid="ignore"):
-        return _trimmed(out_idx, done), _trimmed(out_val, done).astype(dtype, copy=False)
+        return _trimmed(out_idx, done), _trimmed(out_val, done).astype(dtype)
 
 
 def scatter_reduce(dense: Any, indices: Any, values: Any, op: Any = "sum", *,

@@ -17,8 +17,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .._types import ReduceOp, array_namespace
-from ..primitives import _accel, _numpy_few, combine, merge_sorted
+from .._types import UFUNCS, ReduceOp, array_namespace
+from ..primitives import _accel, _numpy_few, _numpy_reduce, combine, merge_sorted
 from ..wire._exchange import gather_entries
 from ..wire._pack import COO, Wire
 
@@ -225,22 +225,22 @@ def reduce_parts(parts: Sequence[tuple[Any, Any]], op: ReduceOp,
                  accumulate_dtype: Any = None) -> tuple[Any, Any]:
     """Merge coalesced parts of disjoint rank groups in part order, absent entries counting as 0.
 
-    A host sum of fewer than ``SMALL`` value elements (a small call's blocks, small calls'
-    parts) takes ``merge_sorted``'s own few-entry path directly, without its checks and
-    dispatch (the parts are known sorted and unique here): the same additions, so the same bits.
+    A host merge takes ``merge_sorted``'s own paths directly, without its checks and dispatch
+    (the parts are known sorted and unique here; a sum of fewer than ``SMALL`` value elements
+    its few-entry path): the same operations, so the same bits.
     """
     if len(parts) == 1:
         return parts[0]
     indices = [p[0] for p in parts]
-    if (op is ReduceOp.SUM and type(indices[0]) is np.ndarray
-            and _numpy_few.few_enough(sum(i.shape[0] for i in indices)
-                                      * math.prod(parts[0][1].shape[1:]))):
-        dtype = parts[0][1].dtype
-        idx, val = _numpy_few.few_summed(indices, [p[1] for p in parts], dtype
-                                         if accumulate_dtype is None
-                                         else np.dtype(accumulate_dtype), dtype)
-    else:
+    dtype = parts[0][1].dtype
+    acc = dtype if accumulate_dtype is None else np.dtype(accumulate_dtype)
+    if type(indices[0]) is not np.ndarray:  # a device's merge
         idx, val = merge_sorted(list(parts), op.value, accumulate_dtype, checked=False)
+    elif (op is ReduceOp.SUM and _numpy_few.few_enough(sum(i.shape[0] for i in indices)
+                                                      * math.prod(parts[0][1].shape[1:]))):
+        idx, val = _numpy_few.few_summed(indices, [p[1] for p in parts], acc, dtype)
+    else:
+        idx, val = _numpy_reduce.merged_pairs(parts, UFUNCS[op], acc)
     return idx, fill_absent(idx, val, indices, op)
 
 
