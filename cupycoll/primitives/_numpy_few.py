@@ -4,6 +4,7 @@ arithmetic: the paths :func:`~._numpy_reduce.merge_sorted` and the sparse folds 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from functools import partial
@@ -76,19 +77,12 @@ def two_summed(indices: Sequence[np.ndarray], values: Sequence[np.ndarray], acc:
     loops = _accel.loops()
     if loops is None or acc not in loops.SUM_DTYPES:
         return None
-    if any(v.dtype != acc for v in values):
-        with np.errstate(all="ignore"):  # the cast into acc, as every path makes it
-            return _chained(loops, indices, values, acc, itype)
-    return _chained(loops, indices, values, acc, itype)
-
-
-def _chained(loops: Any, indices: Sequence[np.ndarray], values: Sequence[np.ndarray],
-             acc: np.dtype, itype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """((p0 + p1) + p2) + ... by numba's two-way merge."""
-    idx, val = indices[0], values[0]
-    for more, rows in zip(indices[1:], values[1:]):
-        idx, val = loops.sum_two(idx, val, more, rows, acc, itype)
-    return idx, val
+    cast = any(v.dtype != acc for v in values)  # the cast into acc, as every path makes it
+    with np.errstate(all="ignore") if cast else contextlib.nullcontext():
+        idx, val = indices[0], values[0]
+        for more, rows in zip(indices[1:], values[1:]):
+            idx, val = loops.sum_two(idx, val, more, rows, acc, itype)
+        return idx, val
 
 
 def chained_first(parts: int, entries: int, row: tuple[int, ...]) -> bool:

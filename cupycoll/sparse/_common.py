@@ -22,7 +22,8 @@ from ..primitives import _accel, _numpy_few, _numpy_reduce, combine, merge_sorte
 from ..wire._exchange import gather_entries
 from ..wire._pack import COO, Wire
 
-__all__ = ["reduce_parts", "rank_slices", "allgatherv_entries", "fill_absent", "union_of",
+__all__ = ["reduce_parts", "rank_slices", "allgatherv_entries", "fill_absent", "members",
+           "held_by", "minus_zero_rows", "union_of",
            "positions_in", "presence", "union_of_presence", "bitmap_or_allreduce", "bitmap_chunk",
            "canonical_nan", "has_minus_zero", "allreduce_values", "native_drops_nan",
            "native_keeps_minus_zero", "keyed_minmax", "order_keys", "from_order_keys",
@@ -42,12 +43,12 @@ def fill_absent(union: Any, values: Any, part_indices: Sequence[Any], op: Reduce
     if op is ReduceOp.SUM:
         if values.dtype.kind != "f" or not has_minus_zero(xp, values):
             return values
-        rows = _minus_zero_rows(xp, values)
-        missing = rows[_held_by(union[rows], part_indices) < len(part_indices)]
+        rows = minus_zero_rows(xp, values)
+        missing = rows[held_by(union[rows], part_indices) < len(part_indices)]
         with np.errstate(invalid="ignore"):
             values[missing] = combine(values[missing], values.dtype.type(0), op)
         return values
-    missing = _held_by(union, part_indices) < len(part_indices)
+    missing = held_by(union, part_indices) < len(part_indices)
     if values.ndim > 1:
         missing = missing.reshape((-1,) + (1,) * (values.ndim - 1))
     # on every entry, kept where missing: no host read (the ±0 tie rule of combine applies)
@@ -56,20 +57,23 @@ def fill_absent(union: Any, values: Any, part_indices: Sequence[Any], op: Reduce
     return values
 
 
-def _held_by(indices: Any, part_indices: Sequence[Any]) -> Any:
-    """How many of the sorted unique ``part_indices`` hold each of the sorted ``indices``."""
-    xp = array_namespace(indices)
-    held = xp.zeros(indices.shape[0], dtype=np.int32)
-    for part in part_indices:
-        if part.shape[0]:
-            at = xp.minimum(xp.searchsorted(part, indices), part.shape[0] - 1)
-            held += part[at] == indices
-    return held
+def members(sorted_unique: Any, wanted: Any) -> Any:
+    """Whether each of ``wanted`` is in the sorted unique array (a bool per element)."""
+    xp = array_namespace(wanted)
+    if sorted_unique.shape[0] == 0:
+        return xp.zeros(wanted.shape[0], dtype=bool)
+    at = xp.minimum(xp.searchsorted(sorted_unique, wanted), sorted_unique.shape[0] - 1)
+    return sorted_unique[at] == wanted
 
 
-def _minus_zero_rows(xp: Any, values: Any) -> Any:
+def held_by(wanted: Any, part_indices: Sequence[Any]) -> Any:
+    """How many of the sorted unique ``part_indices`` hold each of ``wanted`` (int32)."""
+    return sum(members(part, wanted).astype(np.int32) for part in part_indices)
+
+
+def minus_zero_rows(xp: Any, values: Any) -> Any:
     """Positions of the entries (rows) of float ``values`` that hold a -0."""
-    flat = values.reshape(values.shape[0], -1)
+    flat = values.reshape(values.shape[0], math.prod(values.shape[1:]))
     if xp is np and flat.flags.c_contiguous:
         found = flat.view(_SIGNED_BITS[values.dtype.itemsize]) == _LEAST[values.dtype.itemsize]
     else:

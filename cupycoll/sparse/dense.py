@@ -53,11 +53,11 @@ from ..primitives import gather
 from ..primitives._accel import _fast, kept_filled, mark_filled
 from ..primitives._unfolded import Unfolded
 from ._common import (allreduce_values, bitmap_chunk, bitmap_or_allreduce, has_minus_zero,
-                      native_keeps_minus_zero, presence, union_of_presence, value_row_bytes)
+                      members, minus_zero_rows, native_keeps_minus_zero, presence,
+                      union_of_presence, value_row_bytes)
 from ._cost import Cost, Shape
 
-__all__ = ["dense", "dense_result", "densify_into", "scatter_into", "add_into", "members",
-           "row_bits", "cost", "settle_cost", "folds_presence", "signed_zero_fill", "local_pass",
+__all__ = ["dense", "dense_result", "densify_into", "scatter_into", "add_into", "row_bits", "cost", "settle_cost", "folds_presence", "signed_zero_fill", "local_pass",
            "FOLD_WIDTH", "dense_output", "work", "ALGORITHM"]
 
 #: integer rows at least this wide carry their presence count in the values' allreduce.
@@ -250,8 +250,7 @@ def _settle_signed_zeros(comm: Any, indices: Any, values: Any, full: Any, bits: 
     for it and -0 again after), and make +0 the -0 elements of those some rank lacks. Returns
     what :func:`_not_minus_zero` does."""
     xp, p = comm.xp, comm.size
-    flat = values.reshape(values.shape[0], math.prod(values.shape[1:]))
-    mine = indices[((flat == 0) & xp.signbit(flat)).any(axis=1)].astype(np.int64)
+    mine = indices[minus_zero_rows(xp, values)].astype(np.int64)
     gathered, _ = comm.allgatherv(mine, op_name=SETTLE)
     # the same on every rank; in the index dtype (a wider key makes searchsorted convert the
     # whole sorted array on each call)
@@ -268,15 +267,6 @@ def _settle_signed_zeros(comm: Any, indices: Any, values: Any, full: Any, bits: 
         part = rows[partial]
         rows[partial] = xp.where((part == 0) & xp.signbit(part), full.dtype.type(0), part)
     return union, rows, reset
-
-
-def members(sorted_unique: Any, wanted: Any) -> Any:
-    """Whether each of ``wanted`` is in the sorted unique array (a bool per element)."""
-    xp = array_namespace(wanted)
-    if sorted_unique.shape[0] == 0:
-        return xp.zeros(wanted.shape[0], dtype=bool)
-    at = xp.minimum(xp.searchsorted(sorted_unique, wanted), sorted_unique.shape[0] - 1)
-    return sorted_unique[at] == wanted
 
 
 def settle_cost(size: int, rank: int, candidates: Sequence[int], doubtful: int,

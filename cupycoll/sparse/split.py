@@ -45,8 +45,8 @@ from .._registry import register
 from .._types import ReduceOp, distinct, to_host
 from ..wire._exchange import exchange_sizes, post_blocks
 from ..wire._pack import COO, Wire, pack, unpack
-from ._common import allgatherv_entries, presence, reduce_parts, union_of_presence
-from .dense import add_into, dense_output, densify_into, members, row_bits
+from ._common import allgatherv_entries, held_by, presence, reduce_parts, union_of_presence
+from .dense import add_into, dense_output, densify_into, row_bits
 from ._cost import Cost, Shape
 
 __all__ = ["split", "cost", "dense_result", "gathers_dense", "SAMPLES", "local_samples",
@@ -300,7 +300,7 @@ def _settle_minus_zero(xp: Any, block: Any, parts: list[tuple[Any, Any]], lo: in
     if rows.shape[0] == 0:
         return
     wanted = (rows + lo).astype(parts[0][0].dtype, copy=False)
-    held = sum(members(idx, wanted).astype(np.int64) for idx, _ in parts)
+    held = held_by(wanted, [idx for idx, _ in parts])
     partial = rows[held < len(parts)]
     bits[partial] = xp.where(negative[partial], bits.dtype.type(0), bits[partial])
 
