@@ -2,8 +2,8 @@
 
 The DDP runs (gloo for DDP's own bookkeeping) are in tests/workers/torch_ddp.py (2 and 4 ranks,
 which also run every check of torch_sparse.py) and tests/workers/torch_sparse.py (1 and 3
-ranks: sparse embeddings through both hooks, cct.sparse_allreduce against gloo); here:
-in-process checks on one rank and the launches.
+ranks: sparse embeddings through both hooks, cct.sparse_allreduce against gloo), launched after
+the backend's checks in test_torch_backend.py's jobs; here: in-process checks on one rank.
 """
 
 import json
@@ -26,23 +26,6 @@ from tests._mpi import ROOT, mpiexec, run_mpi
 def test_importing_cupycoll_does_not_import_torch():
     code = "import sys, cupycoll; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
-
-
-@pytest.mark.parametrize("nprocs", [2, 4])
-def test_ddp_hooks(nprocs):
-    """600 // P steps: every P sees the same number of samples (32 per rank per step); the
-    sparse checks of torch_sparse.py run first in the same launch."""
-    out = run_mpi(nprocs, "torch_ddp.py", 600 // nprocs, "--report", timeout=900)
-    assert out.count('"hook"') == 5 and f"P = {nprocs}: float32 values differing" in out
-    print(out)  # the accuracy, bytes and step-time rows (docs/pytorch.md)
-
-
-@pytest.mark.parametrize("nprocs", [1, 3])
-def test_sparse_embeddings_through_hooks_and_helper(nprocs):
-    """The P = 2 and 4 runs of these checks are in test_ddp_hooks' launches."""
-    out = run_mpi(nprocs, "torch_sparse.py", timeout=600)
-    assert f"torch_sparse: P = {nprocs} ok" in out
-    print(out)
 
 
 @pytest.mark.parametrize("nprocs", [1, 2, 3])

@@ -1,7 +1,8 @@
 """The ``cupycoll`` backend for torch.distributed (cupycoll/_torch_backend.py and siblings).
 
 Launches: every verb against gloo and numpy, then DDP with a sparse embedding, at P = 1-4
-(tests/workers/torch_backend.py, one mpiexec job each); torchrun with each process under
+(tests/workers/torch_backend.py, one mpiexec job each, which then runs cupycoll.torch's hooks'
+checks: tests/workers/torch_sparse.py at P = 1 and 3, tests/workers/torch_ddp.py at 2 and 4); torchrun with each process under
 ``mpiexec -n 1`` (joined through MPI ports) and with bare singletons (a clear error on every
 rank, no hang). In process: registration, the timeout rule, the error mapping, the op table,
 TorchWork's completion, and the tensor conversions.
@@ -41,13 +42,25 @@ VERBS = ("allreduce", "sparse allreduce", "broadcast", "reduce", "allgather",
          "reduce_scatter_single_coalesced", "errors", "sparse errors", "ddp")
 
 
+#: what each job runs after the backend's checks: the hooks' (tests/workers/torch_sparse.py, and
+#: tests/workers/torch_ddp.py at 600 // P steps: every P sees the same number of samples, 32 per
+#: rank per step; its sparse checks are torch_sparse.py's), in the same processes, so each rank
+#: imports torch once
+HOOKS = {1: ("sparse",), 2: ("ddp", 300), 3: ("sparse",), 4: ("ddp", 150)}
+
+
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
-def test_every_verb_and_ddp_against_gloo(nprocs):
-    out = run_mpi(nprocs, "torch_backend.py", 11, timeout=420)
-    report = json.loads(out.strip().splitlines()[-1])
+def test_every_verb_and_ddp_against_gloo_then_the_hooks(nprocs):
+    out = run_mpi(nprocs, "torch_backend.py", 11, *HOOKS[nprocs], timeout=900)
+    report = json.loads(next(line for line in out.splitlines() if line.startswith('{"checks"')))
     assert {v for v, n in report["checks"].items() if n} >= set(VERBS), report
     assert report["timeouts"] == 2 * (nprocs - 1)  # dense and sparse: every rank but the
     # late one named it
+    if HOOKS[nprocs][0] == "sparse":
+        assert f"torch_sparse: P = {nprocs} ok" in out
+    else:
+        assert out.count('"hook"') == 5 and f"P = {nprocs}: float32 values differing" in out
+    print(out)  # the accuracy, bytes and step-time rows (docs/pytorch.md)
 
 
 def torchrun(nprocs: int, under_mpiexec: bool, timeout: float = 240) -> subprocess.CompletedProcess:

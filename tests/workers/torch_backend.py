@@ -1,6 +1,6 @@
 """The ``cupycoll`` process group against gloo and numpy: every verb, then DDP, in one job.
 
-    mpiexec -n P python -m mpi4py tests/workers/torch_backend.py SEED
+    mpiexec -n P python -m mpi4py tests/workers/torch_backend.py SEED [sparse | ddp STEPS]
 
 The default group is cupycoll's (``cupycoll://``: rank and size from MPI); a gloo group over
 the same ranks runs the same calls on clones of the same inputs. Inputs are small integers
@@ -12,7 +12,9 @@ dimensions, tensors that are not contiguous, the first and last roots, uneven al
 splits, sparse COO tensors with duplicates and ranks without rows, async Works and their
 futures, unsupported ops and verbs, and a group timeout naming the late rank. The DDP part is in
 torch_backend_ddp.py. Rank 0 prints one JSON line: its checks per verb, and how many ranks
-timed out as they should (P - 1).
+timed out as they should (P - 1). Then, in the same job (one start of torch a rank for all of
+them), ``sparse`` runs every check of torch_sparse.py and ``ddp STEPS`` every check of
+torch_ddp.py with its report, each over its own default group.
 """
 
 from __future__ import annotations
@@ -30,12 +32,15 @@ import torch.distributed._functional_collectives as fc
 from _common import napping_barrier, rng_for
 from mpi4py import MPI
 from torch_backend_ddp import check_ddp
+import torch_ddp
+import torch_sparse
 
 import cupycoll._torch_backend  # noqa: F401  registers "cupycoll" and cupycoll://
 from cupycoll.errors import CollectiveTimeout, InvalidArgument, InvalidType, MismatchError
 
 warnings.simplefilter("ignore")  # torch's deprecation notices of the verbs' old names
 SEED = int(sys.argv[1])
+THEN = sys.argv[2:]  # the hooks' checks that follow in this job
 WORLD = MPI.COMM_WORLD
 dist.init_process_group("cupycoll", init_method="cupycoll://")
 RANK, P = dist.get_rank(), dist.get_world_size()
@@ -395,3 +400,9 @@ napping_barrier()  # rank 0 skipped the timeouts the others wait for
 timeouts = WORLD.reduce(CHECKS.pop("timeout", 0), root=0)
 if RANK == 0:
     print(json.dumps({"checks": dict(sorted(CHECKS.items())), "timeouts": timeouts}), flush=True)
+if THEN:
+    dist.destroy_process_group()  # the hooks' workers make a gloo default group of their own
+    if THEN[0] == "sparse":
+        torch_sparse.main()
+    else:
+        torch_ddp.main(int(THEN[1]), report=True)

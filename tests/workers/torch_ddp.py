@@ -35,8 +35,6 @@ from torch_sparse import run_all as sparse_checks
 
 world = MPI.COMM_WORLD
 RANK, P = world.Get_rank(), world.Get_size()
-STEPS = int(sys.argv[1])
-REPORT = "--report" in sys.argv
 
 
 @functools.cache
@@ -105,7 +103,7 @@ def run_steps(hook: str, model: torch.nn.Module, ddp: DDP, steps: int,
         assert len(set(same)) == 1, f"{hook}: parameters differ across ranks at step {step}"
 
 
-def train(hook: str, density: float, **wire: str) -> dict:
+def train(hook: str, density: float, steps: int, **wire: str) -> dict:
     model, ddp = make_model()
     state, totals = None, {"fed": 0.0, "sent": 0.0}
     if hook == "topk":
@@ -114,8 +112,8 @@ def train(hook: str, density: float, **wire: str) -> dict:
     elif hook == "cupycoll-allreduce":
         ddp.register_comm_hook(None, cct.allreduce_hook)
     start = time.perf_counter()
-    run_steps(hook, model, ddp, STEPS)
-    seconds = (time.perf_counter() - start) / STEPS
+    run_steps(hook, model, ddp, steps)
+    seconds = (time.perf_counter() - start) / steps
     _, (xv, yv) = data()
     with torch.no_grad():
         accuracy = float((model(xv).argmax(1) == yv).float().mean())
@@ -127,7 +125,7 @@ def train(hook: str, density: float, **wire: str) -> dict:
         summed = world.allreduce(np.array([residual, totals["fed"]]), op=MPI.SUM)
         conserved = summed[0] + P * totals["sent"]
         assert abs(conserved - summed[1]) <= 1e-3 * max(1.0, abs(summed[1])), (conserved, summed)
-        result["bytes_per_step"] = state.bytes_sent / STEPS
+        result["bytes_per_step"] = state.bytes_sent / steps
         result["buckets"] = len(state.compressors)
         assert result["buckets"] == 2, f"{hook}: {result['buckets']} buckets, want 2"
     return result
@@ -171,18 +169,21 @@ def check_bfloat16(steps: int) -> None:
     run_steps("bfloat16 topk_hook", model, ddp, steps)
 
 
-def main() -> None:
+def main(steps: int, report: bool) -> None:
+    """Every check of the module docstring, ``steps`` steps a run; with ``report`` rank 0
+    prints each run's JSON line."""
     cc.init("mpi")
     store = init_gloo()
     sparse_checks()  # torch_sparse.py's, at this launch's P
-    runs = [train("default", 0.0), train("cupycoll-allreduce", 0.0), train("topk", 0.05),
-            train("topk", 0.01), train("topk", 0.05, wire="compact", wire_values="bfloat16")]
+    runs = [train("default", 0.0, steps), train("cupycoll-allreduce", 0.0, steps),
+            train("topk", 0.05, steps), train("topk", 0.01, steps),
+            train("topk", 0.05, steps, wire="compact", wire_values="bfloat16")]
     default = runs[0]["accuracy"]
     assert abs(runs[1]["accuracy"] - default) < 1e-6, runs  # same math, other transport
     assert runs[2]["accuracy"] >= default - 0.02, runs
     assert runs[4]["accuracy"] >= default - 0.02, runs  # compact indices, bfloat16 values
-    check_bfloat16(min(STEPS, 20))  # after the timed runs: their step times stay comparable
-    if REPORT and RANK == 0:
+    check_bfloat16(min(steps, 20))  # after the timed runs: their step times stay comparable
+    if report and RANK == 0:
         for run in runs:
             print(json.dumps(run))
     dist.destroy_process_group()
@@ -192,4 +193,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(int(sys.argv[1]), "--report" in sys.argv)
