@@ -67,7 +67,7 @@ def test_installed_command_runs_info_and_a_benchmark(wheel, tmp_path):
 
 PACKAGE = ROOT / "cupycoll"
 #: the most lines a module may have (the style rule is ~400; this is the hard stop).
-MAX_LINES = 450
+MAX_LINES = 400
 
 
 def _module_name(path: Path) -> str:

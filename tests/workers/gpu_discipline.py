@@ -33,6 +33,7 @@ import cupy  # noqa: E402  (the emulated one)
 from mpi4py import MPI  # noqa: E402
 
 import cupycoll as cc  # noqa: E402
+from cupycoll.testing.emulation import buffers as emu_buffers  # noqa: E402
 from cupycoll.testing.emulation import device as emu_device  # noqa: E402
 
 MODE = sys.argv[1]
@@ -85,7 +86,7 @@ class NullStreamLog:
     def __init__(self):
         self.null = emu_device.null_stream()
         self.entries = []
-        enqueue, ordered_access = self.null.enqueue, emu_device.ordered_access
+        enqueue, ordered_access = self.null.enqueue, emu_buffers.ordered_access
 
         def logged_enqueue(name, run):
             self.entries.append(name)
@@ -97,7 +98,7 @@ class NullStreamLog:
             return ordered_access(buffers, what, here, task_seq)
 
         self.null.enqueue = logged_enqueue
-        emu_device.ordered_access = logged_access
+        emu_buffers.ordered_access = logged_access
 
     def work(self):
         """The entries that are device work the caller did not ask for on NULL."""

@@ -3,7 +3,7 @@
 An :class:`ndarray` wraps a numpy view of a block of the emulated device memory pool
 (:mod:`.pool`: CuPy's stream-ordered pool, a freed block handed to the next allocation of its
 size on its stream at once, with the stream work still pending on it) and that block's
-:class:`~.device.Buffer` marks. Like cupy: mixing it with numpy arrays raises TypeError, implicit
+:class:`~.buffers.Buffer` marks. Like cupy: mixing it with numpy arrays raises TypeError, implicit
 conversion to numpy raises, reductions return 0-d device arrays, every operation needs its arrays
 on the current device (:class:`~.device.DeviceMismatch` otherwise), and reading a value on the
 host (``get``, ``int()``, ``bool()``, ``item``, data-dependent sizes such as ``nonzero`` or
@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
+from . import buffers
 from . import device as dev
 from .pool import Allocation, allocate, buffer_at, raw_view
 
@@ -48,13 +49,13 @@ def _address(a: np.ndarray) -> int:
 
 
 def _memory(shape: Any, dtype: Any, order: str = "C", poison: bool = True
-            ) -> tuple[np.ndarray, dev.Buffer, Allocation | None]:
+            ) -> tuple[np.ndarray, buffers.Buffer, Allocation | None]:
     """A new device allocation from the current stream's arena of the pool: (its numpy view,
     its block, its lifetime). Zero bytes take no block (CuPy's null pointer)."""
     like = np.empty(0, dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * like.itemsize
     if nbytes == 0:
-        return np.empty(shape, dtype, order), dev.Buffer(dev.current_device()), None
+        return np.empty(shape, dtype, order), buffers.Buffer(dev.current_device()), None
     owner = allocate(nbytes, dev.current_stream(), poison)
     return np.ndarray(shape, like.dtype, buffer=owner.block.memory, order=order), owner.block, \
         owner
@@ -66,7 +67,7 @@ def _device_copy(value: np.ndarray, what: str) -> "ndarray":
     order = "F" if value.flags.f_contiguous and not value.flags.c_contiguous else "C"
     a, buf, owner = _memory(value.shape, value.dtype, order, poison=False)
     out = ndarray(_a=a, _buf=buf, _owner=owner)
-    dev.ordered_access([(buf, True)], what)
+    buffers.ordered_access([(buf, True)], what)
     a[...] = value
     return out
 
@@ -85,7 +86,7 @@ class ndarray(NDArrayOperatorsMixin):
     __array_priority__ = 100
 
     def __init__(self, shape: Any = None, dtype: Any = float, *, _a: Any = None,
-                 _buf: dev.Buffer | None = None, _owner: Allocation | None = None) -> None:
+                 _buf: buffers.Buffer | None = None, _owner: Allocation | None = None) -> None:
         if _a is None:  # cupy.ndarray(shape, dtype): an uninitialised allocation
             _a, _buf, _owner = _memory(shape, dtype)
         self._a, self._buf, self._owner = _a, _buf, _owner
@@ -219,7 +220,7 @@ def _call(fn: Any, name: str, args: Any, kwargs: dict, sync: str | None = None,
     access = {}
     for arr, writes_it in found:
         access[id(arr._buf)] = (arr._buf, access.get(id(arr._buf), (None, False))[1] or writes_it)
-    dev.ordered_access(list(access.values()), name)
+    buffers.ordered_access(list(access.values()), name)
     if sync is not None:
         dev.host_sync(sync)
     result = fn(*raw_args, **raw_kwargs)

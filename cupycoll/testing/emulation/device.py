@@ -2,7 +2,7 @@
 
 * Every host thread has its own current device (0 until it calls ``use``/``setDevice``), as in
   the CUDA runtime, and per device a current stream (the device's legacy null stream by default).
-* Every device allocation is a :class:`Buffer` that knows its device (a block of the
+* Every device allocation is a :class:`~.buffers.Buffer` that knows its device (a block of the
   stream-ordered pool of :mod:`.pool`, which keeps a freed block's marks for its next
   allocation). Array operations run at once on the calling thread, as if the stream had drained
   up to them: they first wait for the work already enqueued on the current stream (stream
@@ -13,7 +13,8 @@
   another stream writes (or reads, for a write) is a :class:`StreamOrderError` unless that task
   is known complete (event/stream synchronize, ``event.done``) or the current stream waited on an
   event recorded after it. So a missing wait fails deterministically, however fast the task ran;
-  marks left by a block's previous allocation (:data:`REUSED`) say so in the error.
+  marks left by a block's previous allocation (:data:`~.buffers.REUSED`) say so in the error.
+  The marks and the check are :mod:`.buffers`'.
 * Every operation that blocks the host until the device catches up (device-to-host copy,
   scalar read, data-dependent size, event or stream synchronize) is reported to
   :func:`cupycoll.testing.syncs.host_sync`, the one hook every counting tool reads
@@ -30,11 +31,10 @@ from typing import Callable
 
 from .. import syncs
 
-__all__ = ["EmulationError", "StreamOrderError", "DeviceMismatch", "Buffer", "Stream", "Event",
-           "Task", "host_sync", "current_device", "set_device",
-           "current_stream", "set_stream", "device_count", "node_of", "null_stream",
-           "lookup_stream", "ordered_access", "synchronize_device", "known_anywhere", "idle",
-           "REUSED", "LOCK"]
+__all__ = ["EmulationError", "StreamOrderError", "DeviceMismatch", "Stream", "Event", "Task",
+           "host_sync", "current_device", "set_device", "current_stream", "set_stream",
+           "device_count", "node_of", "null_stream", "lookup_stream", "synchronize_device",
+           "known_anywhere", "known", "LOCK"]
 
 #: guards the bookkeeping (never held while blocking).
 LOCK = threading.RLock()
@@ -42,13 +42,7 @@ _DEVICES = {"count": 2}
 _tls = threading.local()
 _ptrs = itertools.count(0x7E000)
 _STREAMS: dict[int, "Stream"] = {}
-_ALL_KNOWN: list[dict] = []  # every host thread's _known()
-#: the end of the name of a mark left by a block's previous allocation (see :mod:`.pool`)
-REUSED = " [on the block's previous allocation]"
-_REUSED_WHY = ("; that work was on this memory's previous allocation, which was freed (back to "
-               "CuPy's stream-ordered pool, which knows no other stream) before that work was "
-               "ordered, and the pool handed the block to this allocation: keep the old array "
-               "alive until the work on it is ordered before its allocating stream")
+_ALL_KNOWN: list[dict] = []  # every host thread's known()
 
 
 class EmulationError(AssertionError):
@@ -91,14 +85,14 @@ def set_device(device: int) -> None:
     _tls.device = int(device)
 
 
-def _known() -> dict:
+def known() -> dict:
     """What this host thread knows complete: stream -> highest finished sequence number."""
-    known = getattr(_tls, "known", None)
-    if known is None:
-        known = _tls.known = {}
+    facts = getattr(_tls, "known", None)
+    if facts is None:
+        facts = _tls.known = {}
         with LOCK:
-            _ALL_KNOWN.append(known)
-    return known
+            _ALL_KNOWN.append(facts)
+    return facts
 
 
 def known_anywhere(stream: "Stream", seq: int) -> bool:
@@ -203,8 +197,8 @@ class Stream:
         host_sync("stream.synchronize")
         self.drain()
         with LOCK:
-            _learn(_known(), {self: self.seq})
-            _learn(_known(), self.known)
+            _learn(known(), {self: self.seq})
+            _learn(known(), self.known)
 
     @property
     def done(self) -> bool:
@@ -212,7 +206,7 @@ class Stream:
         finished = last is None or last.finished.is_set()
         if finished:
             with LOCK:
-                _learn(_known(), {self: self.seq})
+                _learn(known(), {self: self.seq})
         return finished
 
     def wait_event(self, event: "Event") -> None:
@@ -271,7 +265,7 @@ class Event:
             self.observed = True
             host_sync(kind)
         with LOCK:
-            _learn(_known(), self.facts)
+            _learn(known(), self.facts)
 
     @property
     def done(self) -> bool:
@@ -349,71 +343,4 @@ def synchronize_device() -> None:
                    if s.device == device]:
         stream.drain()
         with LOCK:
-            _learn(_known(), {stream: stream.seq})
-
-
-class Buffer:
-    """One device allocation: its device, and the stream work that last wrote and read it."""
-
-    __slots__ = ("device", "writer", "readers", "__weakref__")
-
-    def __init__(self, device: int) -> None:
-        self.device = device
-        self.writer: tuple[Stream, int, str] | None = None
-        self.readers: list[tuple[Stream, int, str]] = []
-
-
-def idle(buf: Buffer) -> bool:
-    """No unfinished stream work reads or writes ``buf`` (so overwriting it harms nobody)."""
-    marks = ([buf.writer] if buf.writer else []) + buf.readers
-    return all(stream.done_seq >= seq for stream, seq, _ in marks)
-
-
-def _implicit(a: Stream, b: Stream) -> bool:
-    """The legacy null stream and a blocking stream of one device wait for each other's work."""
-    return a.device == b.device and ((a.null and b.blocking) or (b.null and a.blocking))
-
-
-def _ordered(stream: Stream, seq: int, here: Stream) -> bool:
-    """Is work #seq on ``stream`` ordered before what runs next on ``here`` for this thread?"""
-    return (stream is here or _known().get(stream, 0) >= seq or here.known.get(stream, 0) >= seq)
-
-
-def ordered_access(buffers: list[tuple[Buffer, bool]], what: str, here: Stream | None = None,
-                   task_seq: int | None = None) -> list[tuple[Stream, int]]:
-    """Check (and book) reads/writes of ``buffers`` by ``what`` on stream ``here``.
-
-    ``task_seq`` None: an operation run now on the host thread (it waits for its own stream
-    first); else the sequence number of an enqueued task on ``here``, which must first wait for
-    the returned (stream, seq) pairs (work it is implicitly ordered after, see :func:`_implicit`).
-    """
-    here = current_stream() if here is None else here
-    if task_seq is None:
-        seq = here.eager()
-    else:
-        seq = task_seq
-    waits = []
-    with LOCK:
-        for buf, writes in buffers:
-            conflicts = ([buf.writer] if buf.writer else []) + (buf.readers if writes else [])
-            for stream, done, name in conflicts:
-                if _implicit(stream, here) and not _ordered(stream, done, here):
-                    waits.append((stream, done))
-                elif not _ordered(stream, done, here):
-                    verb = "writes" if (stream, done, name) == buf.writer else "reads"
-                    raise StreamOrderError(
-                        f"{what} on {here} touches a buffer of device {buf.device} that "
-                        f"{name.removesuffix(REUSED)} (#{done} on {stream}) {verb}, with no "
-                        "event, stream wait or synchronize ordering it before: a missing wait "
-                        "on a GPU (the data would be garbage)" +
-                        (_REUSED_WHY if name.endswith(REUSED) else ""))
-        for buf, writes in buffers:
-            mark = (here, seq, what)
-            if writes:
-                buf.writer, buf.readers = mark, []
-            else:
-                buf.readers = [r for r in buf.readers if r[0] is not here] + [mark]
-    if task_seq is None:
-        for stream, done in waits:
-            stream.drain(done)
-    return waits
+            _learn(known(), {stream: stream.seq})

@@ -20,6 +20,7 @@ import numpy as np
 
 from ... import _kernels
 from .. import kernel_shim
+from . import buffers
 from . import device as dev
 from .array import _check_devices, ndarray
 
@@ -79,7 +80,7 @@ class _Kernel:
         arrays = [(a, True) for a in args if isinstance(a, ndarray)]
         _check_devices(arrays, self.name)
         access = {id(a._buf): (a._buf, True) for a, _ in arrays}
-        dev.ordered_access(list(access.values()), f"kernel {self.name}")
+        buffers.ordered_access(list(access.values()), f"kernel {self.name}")
         cells = []
         for a in args:
             if isinstance(a, ndarray):

@@ -24,6 +24,7 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
+from . import buffers
 from . import device as dev
 from .array import buffer_at, raw_view
 from ...comm._nccl_config import IN_PROGRESS
@@ -372,8 +373,8 @@ class NcclCommunicator(_Lifetime):
         reads = [s for op in ops for s in op.reads]
         with dev.LOCK:
             poison = [(start, end) for buf, start, end in spans
-                      if not any(s[1] < end and start < s[2] for s in reads) and dev.idle(buf)]
-            waits += dev.ordered_access([(s[0], False) for s in reads] +
+                      if not any(s[1] < end and start < s[2] for s in reads) and buffers.idle(buf)]
+            waits += buffers.ordered_access([(s[0], False) for s in reads] +
                                         [(s[0], True) for s in spans], name, here=stream,
                                         task_seq=stream.seq + 1)
             for start, end in poison:  # what a missing wait reads: NaN, -1

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from . import buffers
 from . import device as dev
 
 __all__ = ["Block", "Allocation", "allocate", "buffer_at", "raw_view", "ROUND", "SPARE_LIMIT"]
@@ -48,8 +49,8 @@ _spare = [0]  # bytes in free blocks (approximate: frees need no lock)
 _age = itertools.count()
 
 
-class Block(dev.Buffer):
-    """One pooled block of device memory: the marks of :class:`~.device.Buffer`, its memory,
+class Block(buffers.Buffer):
+    """One pooled block of device memory: the marks of :class:`~.buffers.Buffer`, its memory,
     its arena and, while allocated, the requested size."""
 
     __slots__ = ("memory", "arena", "nbytes", "freed")
@@ -96,7 +97,7 @@ def allocate(nbytes: int, stream: dev.Stream, poison: bool = True) -> Allocation
             block = _new_block(arena)
         block.nbytes = int(nbytes)
         _carry_over(block, stream)
-        if poison and dev.idle(block):
+        if poison and buffers.idle(block):
             block.memory[...] = 0xFF  # what a missing wait reads: NaN, -1
     return Allocation(block)
 
@@ -118,7 +119,7 @@ def _release(excess: int) -> None:
     for block in free:
         if excess <= 0:
             break
-        if dev.idle(block):
+        if buffers.idle(block):
             _FREE[block.arena].remove(block)
             del _REGISTRY[block.address]
             _dirty[0] = True
@@ -128,7 +129,7 @@ def _release(excess: int) -> None:
 
 def _carry_over(block: Block, stream: dev.Stream) -> None:
     """Name the marks other streams left on a reused block (the new owner's error says why)."""
-    note = dev.REUSED
+    note = buffers.REUSED
     marks = ([block.writer] if block.writer else []) + block.readers
     renamed = {m: (m[0], m[1], m[2] + note) for m in marks
                if m[0] is not stream and not m[2].endswith(note)}

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from . import buffers
 from . import device as dev
 
 __all__ = ["Device", "Stream", "Event", "CUDARuntimeError", "runtime_module", "cuda_module"]
@@ -105,7 +106,7 @@ def memcpy_async(dst: int, src: int, nbytes: int, kind: int, stream: int) -> Non
         del pinned[:]  # the emulation's hold on both memories ends with the copy
 
     with dev.LOCK:
-        waits = dev.ordered_access([(found[0], False)], "cudaMemcpyAsync", here=here,
+        waits = buffers.ordered_access([(found[0], False)], "cudaMemcpyAsync", here=here,
                                    task_seq=here.seq + 1)
         task = here.enqueue("memcpy device to host", run)
         pinned[1].append((here, task.seq))
