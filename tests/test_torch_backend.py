@@ -2,10 +2,10 @@
 
 Launches: every verb against gloo and numpy, then DDP with a sparse embedding, at P = 1-4
 (tests/workers/torch_backend.py, one mpiexec job each, which then runs cupycoll.torch's hooks'
-checks: tests/workers/torch_sparse.py at P = 1 and 3, tests/workers/torch_ddp.py at 2 and 4); torchrun with each process under
-``mpiexec -n 1`` (joined through MPI ports) and with bare singletons (a clear error on every
-rank, no hang). In process: registration, the timeout rule, the error mapping, the op table,
-TorchWork's completion, and the tensor conversions.
+checks: tests/workers/torch_sparse.py at P = 1 and 3, tests/workers/torch_ddp.py at 2 and 4);
+torchrun with each process under ``mpiexec -n 1`` (joined through MPI ports) and with bare
+singletons (a clear error on every rank, no hang). In process: registration, the timeout rule, the
+error mapping, the op table, TorchWork's completion, and the tensor conversions.
 """
 
 from __future__ import annotations

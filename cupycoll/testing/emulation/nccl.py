@@ -375,8 +375,8 @@ class NcclCommunicator(_Lifetime):
             poison = [(start, end) for buf, start, end in spans
                       if not any(s[1] < end and start < s[2] for s in reads) and buffers.idle(buf)]
             waits += buffers.ordered_access([(s[0], False) for s in reads] +
-                                        [(s[0], True) for s in spans], name, here=stream,
-                                        task_seq=stream.seq + 1)
+                                            [(s[0], True) for s in spans], name, here=stream,
+                                            task_seq=stream.seq + 1)
             for start, end in poison:  # what a missing wait reads: NaN, -1
                 raw_view(start, end - start, np.dtype(np.uint8))[...] = 0xFF
             self.tasks = [t for t in self.tasks if not t.finished.is_set()]
