@@ -45,9 +45,17 @@ def stream(rng: np.random.Generator, n: int, density: float) -> np.ndarray:
     return np.flatnonzero(rng.random(n) < density).astype(np.int32)
 
 
-def bench_sizes(table: Table, rng: np.random.Generator, n: int) -> None:
-    for density in DENSITIES:
+def streams(rng: np.random.Generator, n: int, densities: tuple, least: int) -> Any:
+    """(density, stream) for each density whose stream has at least ``least`` indices (a small
+    n at a low density draws too few to size per index)."""
+    for density in densities:
         idx = stream(rng, n, density)
+        if idx.size >= least:
+            yield density, idx
+
+
+def bench_sizes(table: Table, rng: np.random.Generator, n: int) -> None:
+    for density, idx in streams(rng, n, DENSITIES, 1):
         size = wire.encoded_nbytes(idx, 0, n)
         tag = chr(wire.encode_indices(idx, 0, n)[0])
         bitmap = (int(idx[-1]) - int(idx[0])) // 8 + 1
@@ -78,8 +86,7 @@ def block_bytes(gaps: np.ndarray, block: int) -> int:
 
 def bench_sweep(table: Table, rng: np.random.Generator, n: int) -> None:
     """The design choice: varints against bit-packed blocks of 8..128 and a bitmap."""
-    for density in (1e-3, 1e-2, 0.05, 0.1, 0.3):
-        idx = stream(rng, n, density)
+    for density, idx in streams(rng, n, (1e-3, 1e-2, 0.05, 0.1, 0.3), 2):
         gaps = (np.diff(idx.astype(np.int64)) - 1).astype(np.uint64)
         row = {"density": density, "varint": varint_bytes(gaps) / idx.size}
         for block in (8, 16, 32, 64, 128):

@@ -80,6 +80,16 @@ def test_decode_from_an_unaligned_slice_with_trailing_bytes(label, idx, lo, hi):
         np.testing.assert_array_equal(decode(big[3:3 + len(enc)], idx.dtype), idx)
 
 
+def test_bit_lengths_match_pythons_int_bit_length():
+    """Every width class 0..64, its edges (2**k - 1, 2**k) and random values of every length."""
+    edges = [v for k in range(65) for v in (2 ** k - 1, 2 ** k) if v < 2 ** 64]
+    rng = np.random.default_rng(3)
+    shifted = rng.integers(0, 2 ** 63, 2000, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+    drawn = shifted >> rng.integers(0, 64, 2000).astype(np.uint64)
+    x = np.concatenate([np.array(edges, np.uint64), drawn])
+    assert twin.bit_lengths(x).tolist() == [int(v).bit_length() for v in x]
+
+
 def test_size_at_one_percent_and_format_choice(capsys):
     rng = np.random.default_rng(8)
     n = 1 << 22

@@ -35,6 +35,7 @@ DELTA, BITMAP = 0x44, 0x42  # "D", "B"
 MAX_HEADER = 31
 
 _U64 = np.dtype(np.uint64)
+_POWERS = np.left_shift(np.uint64(1), np.arange(64, dtype=_U64))  # 2**0 .. 2**63
 INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 
 
@@ -122,15 +123,8 @@ def check_values(n: int, bad: bool, first: int, last: int, lo: int, hi: int) -> 
 
 
 def bit_lengths(x: np.ndarray) -> np.ndarray:
-    """Bit length of each uint64 (0 for 0), as uint8."""
-    x = x.astype(_U64, copy=True)
-    out = np.zeros(x.shape, np.uint8)
-    for step in (32, 16, 8, 4, 2, 1):
-        big = (x >> np.uint64(step)) != 0
-        out[big] += np.uint8(step)
-        x[big] >>= np.uint64(step)
-    out += (x != 0).astype(np.uint8)
-    return out
+    """Bit length of each uint64 (0 for 0), as uint8: how many powers of two are <= it."""
+    return np.searchsorted(_POWERS, x.astype(_U64, copy=False), side="right").astype(np.uint8)
 
 
 def block_bytes(widths: np.ndarray, ngaps: int) -> np.ndarray:
