@@ -57,8 +57,9 @@ from ._common import (allreduce_values, bitmap_chunk, bitmap_or_allreduce, has_m
                       union_of_presence, value_row_bytes)
 from ._cost import Cost, Shape
 
-__all__ = ["dense", "dense_result", "densify_into", "scatter_into", "add_into", "row_bits", "cost", "settle_cost", "folds_presence", "signed_zero_fill", "local_pass",
-           "FOLD_WIDTH", "dense_output", "work", "ALGORITHM"]
+__all__ = ["dense", "dense_result", "densify_into", "scatter_into", "add_into", "row_bits", "cost",
+           "settle_cost", "folds_presence", "signed_zero_fill", "local_pass", "FOLD_WIDTH",
+           "dense_output", "work", "ALGORITHM"]
 
 #: integer rows at least this wide carry their presence count in the values' allreduce.
 FOLD_WIDTH = 8
