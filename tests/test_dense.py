@@ -2,12 +2,18 @@
 
 import pytest
 
-from tests._mpi import run_mpi
+from tests._mpi import Batch, run_mpi
+
+# one launch per rank count runs these workers in turn
+LAUNCHES = Batch({
+    "dense_worker.py": {p: (1000 + p,) for p in (1, 2, 3, 4)},
+    "comm_worker.py": {p: () for p in (1, 2, 3, 4)},
+})
 
 
-@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
+@pytest.mark.parametrize("nprocs", LAUNCHES.ranks("dense_worker.py"))
 def test_dense_collectives_match_numpy(nprocs):
-    out = run_mpi(nprocs, "dense_worker.py", 1000 + nprocs, timeout=240)
+    out = LAUNCHES.output("dense_worker.py", nprocs)
     assert out.count("dense cases ok") == nprocs
 
 
@@ -16,9 +22,9 @@ def test_dense_collectives_eight_ranks():
     assert out.count("dense cases ok") == 8
 
 
-@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
+@pytest.mark.parametrize("nprocs", LAUNCHES.ranks("comm_worker.py"))
 def test_comm_stats_errors_timeouts(nprocs):
-    out = run_mpi(nprocs, "comm_worker.py", timeout=120)
+    out = LAUNCHES.output("comm_worker.py", nprocs)
     assert out.count("comm ok") == nprocs
 
 

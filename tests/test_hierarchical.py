@@ -13,14 +13,20 @@ from cupycoll.comm._topology import Topology
 from cupycoll.errors import InvalidArgument
 from cupycoll.sparse._cost import Shape
 from cupycoll.sparse.hierarchical import cost, link_costs, owned, owner
-from tests._mpi import run_mpi
+from tests._mpi import Batch
+
+CASES = {1: 10, 2: 25, 3: 20, 4: 20, 5: 15, 8: 10}
+# one launch per rank count runs these workers in turn
+LAUNCHES = Batch({
+    "sparse_hier.py": {p: (300 + p, cases) for p, cases in CASES.items()},
+    "hier_wire.py": {4: (), 5: ()},
+}, timeout=600)
 
 
-@pytest.mark.parametrize("nprocs, ncases", [(1, 10), (2, 25), (3, 20), (4, 20), (5, 15),
-                                            (8, 10)])
+@pytest.mark.parametrize("nprocs, ncases", CASES.items())
 def test_exact_on_emulated_nodes(nprocs, ncases):
     # ncases x 4 node sizes x 3 rail choices per launch
-    out = run_mpi(nprocs, "sparse_hier.py", 300 + nprocs, ncases, timeout=600)
+    out = LAUNCHES.output("sparse_hier.py", nprocs)
     assert f"ok {ncases * 12} hierarchical cases on {nprocs} ranks" in out
 
 
@@ -76,8 +82,8 @@ def test_auto_picks_it_only_where_the_network_between_nodes_is_slower():
     assert choose(shape(8, 8), network_profile("nvlink", 8)) == "split"  # one node: the tie
 
 
-@pytest.mark.parametrize("nprocs", [4, 5])
+@pytest.mark.parametrize("nprocs", LAUNCHES.ranks("hier_wire.py"))
 def test_compact_and_rounded_wires_on_emulated_nodes(nprocs):
     # 3 inputs x 3 node sizes x (compact, coo+bfloat16, compact+bfloat16)
-    out = run_mpi(nprocs, "hier_wire.py", timeout=600)
+    out = LAUNCHES.output("hier_wire.py", nprocs)
     assert f"ok 27 hierarchical wire cases on {nprocs} ranks" in out

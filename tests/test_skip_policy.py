@@ -1,5 +1,5 @@
 """The skip policy of tests/conftest.py and tests/_gpu.py can fail a run; tests/_cpu_times.py
-counts what a test costs."""
+counts what a test costs; tests/_mpi.py's batches keep each worker's output apart."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tests import _gpu
-from tests._mpi import ROOT
+from tests._mpi import ROOT, Batch
 
 
 def _pytest_on(tmp_path, body: str) -> subprocess.CompletedProcess:
@@ -100,3 +100,16 @@ def test_cpu_times_count_the_processes_a_test_waits_for(tmp_path):
              for r in map(json.loads, records.read_text().splitlines())}
     assert set(lines) == {"test_child", "test_idle"} and lines["test_child"] >= 0.5, lines
     assert lines["test_idle"] < 0.5 and "CPU time:" in proc.stdout and "2 tests" in proc.stdout
+
+
+def test_a_batch_fails_the_job_that_raised_and_the_jobs_after_it():
+    """One launch runs three workers: the first's output is its own, the second raises (no such
+    script) and fails its request with the error, the third was never reached."""
+    launch = Batch({"comm_worker.py": {2: ()}, "no_such_worker.py": {2: ()},
+                    "dense_worker.py": {2: (5,)}}, timeout=60)
+    assert launch.output("comm_worker.py", 2).count("comm ok") == 2
+    with pytest.raises(pytest.fail.Exception, match="(?s)no_such_worker.py did not finish.*"
+                       "No such file"):
+        launch.output("no_such_worker.py", 2)
+    with pytest.raises(pytest.fail.Exception, match="dense_worker.py 5 did not finish"):
+        launch.output("dense_worker.py", 2)

@@ -6,13 +6,23 @@ thousand randomized cases per run in total (4300), over P in {1, 2, 3, 4, 5, 8}.
 
 import pytest
 
-from tests._mpi import run_mpi
+from tests._mpi import Batch, run_mpi
+
+CASES = {1: 1000, 2: 1000, 3: 800, 4: 800, 5: 400, 8: 300}
+# one launch per rank count runs the workers that need no environment of their own, in turn
+LAUNCHES = Batch({
+    "sparse_random.py": {p: (1000 + p, cases) for p, cases in CASES.items()},
+    "sparse_volume.py": {p: (7,) for p in (1, 2, 3, 4, 5, 8)},
+    # (sparse_semantics.py sets its nodes of 2 ranks for hierarchical itself)
+    "sparse_semantics.py": {p: (5,) for p in (1, 2, 3, 4)},
+    "sparse_errors.py": {3: (), 4: ()},
+    "sparse_delivery.py": {1: (11,), 3: (11,)},
+})
 
 
-@pytest.mark.parametrize("nprocs, ncases", [(1, 1000), (2, 1000), (3, 800), (4, 800), (5, 400),
-                                            (8, 300)])
+@pytest.mark.parametrize("nprocs, ncases", CASES.items())
 def test_random_cases_match_dense_reference(nprocs, ncases):
-    out = run_mpi(nprocs, "sparse_random.py", 1000 + nprocs, ncases, timeout=240)
+    out = LAUNCHES.output("sparse_random.py", nprocs)
     assert f"ok {ncases} cases on {nprocs} ranks" in out
 
 
@@ -25,9 +35,9 @@ def test_random_cases_in_threaded_numba_loops(nprocs):
     assert f"ok 200 cases on {nprocs} ranks" in out
 
 
-@pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("nprocs", LAUNCHES.ranks("sparse_volume.py"))
 def test_volume_equals_cost_models(nprocs):
-    out = run_mpi(nprocs, "sparse_volume.py", 7, timeout=180)
+    out = LAUNCHES.output("sparse_volume.py", nprocs)
     # 7 inputs x 3 dtypes x (6 algorithms + hierarchical at 1, 2, 3 ranks per node + the 6
     # algorithms again with output="dense")
     assert f"ok 315 volume checks on {nprocs} ranks" in out
@@ -45,28 +55,27 @@ def test_split_gathers_dense_regions_where_bytes_decide(nprocs, tmp_path):
     profile.write_text(json.dumps({"name": "bytes", "alpha_p2p": 0.0, "beta_p2p": 1.0,
                                    "alpha_native": 0.0, "beta_native": 1.0, "gamma": {}}))
     env = {"CUPYCOLL_PROFILE": str(profile)}
-    out = run_mpi(nprocs, "sparse_random.py", 3000 + nprocs, 150, "split", timeout=240, env=env)
-    assert f"ok 150 cases on {nprocs} ranks" in out
-    out = run_mpi(nprocs, "sparse_volume.py", 11, timeout=180, env=env)
+    launch = Batch({"sparse_random.py": {nprocs: (3000 + nprocs, 150, "split")},
+                    "sparse_volume.py": {nprocs: (11,)}}, env=env)
+    assert f"ok 150 cases on {nprocs} ranks" in launch.output("sparse_random.py", nprocs)
+    out = launch.output("sparse_volume.py", nprocs)
     assert f"ok 315 volume checks on {nprocs} ranks" in out
     assert int(out.split("as dense regions: ")[1].split()[0]) > 0, out
 
 
-@pytest.mark.parametrize("nprocs", [3, 4])
+@pytest.mark.parametrize("nprocs", LAUNCHES.ranks("sparse_errors.py"))
 def test_bad_input_raises_on_every_rank(nprocs):
-    out = run_mpi(nprocs, "sparse_errors.py", timeout=120)
+    out = LAUNCHES.output("sparse_errors.py", nprocs)
     assert f"ok error cases on {nprocs} ranks" in out
 
 
-@pytest.mark.parametrize("nprocs", [1, 3])
+@pytest.mark.parametrize("nprocs", LAUNCHES.ranks("sparse_delivery.py"))
 def test_delivery_alloc_completion_async(nprocs):
-    out = run_mpi(nprocs, "sparse_delivery.py", 11, timeout=120)
+    out = LAUNCHES.output("sparse_delivery.py", nprocs)
     assert f"ok delivery on {nprocs} ranks" in out
 
 
-@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
+@pytest.mark.parametrize("nprocs", LAUNCHES.ranks("sparse_semantics.py"))
 def test_nan_inf_signed_zero_same_bits_in_every_algorithm(nprocs):
-    # hierarchical over nodes of 2 ranks: P = 2 is two one-rank nodes, P = 3 has a short node
-    out = run_mpi(nprocs, "sparse_semantics.py", 5, timeout=120,
-                  env={"CUPYCOLL_RANKS_PER_NODE": "2"})
+    out = LAUNCHES.output("sparse_semantics.py", nprocs)
     assert f"x 7 algorithms on {nprocs} ranks" in out

@@ -17,7 +17,7 @@ from cupycoll.sparse._cost import Shape
 from cupycoll.tuner import Profile, default_profile, load_profile, save_profile
 from cupycoll.tuner.simulate import TOPK_MODELS, sparse_rows, topk_rows
 
-from ._mpi import run_mpi
+from ._mpi import Batch, run_mpi
 
 ZERO_WORK = {"merge": 0.0, "row": 0.0, "dense": 0.0, "scan": 0.0}
 
@@ -26,9 +26,18 @@ def shape(p, n, k, width=0):
     return Shape(p, n, width, 4, 4, (k,) * p)
 
 
-@pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 8])
+# one launch per rank count runs these workers in turn (auto_learn.py last: it sets
+# CUPYCOLL_NUMBA=on for the rest of its process)
+LAUNCHES = Batch({
+    "sparse_dense_fold.py": {p: (5,) for p in (1, 2, 3, 4, 8)},
+    "auto_measure.py": {p: (7 + p,) for p in (1, 2, 3, 4)},
+    "auto_learn.py": {p: (27 + p,) for p in (1, 2, 3, 4)},
+}, timeout=300)
+
+
+@pytest.mark.parametrize("nprocs", LAUNCHES.ranks("sparse_dense_fold.py"))
 def test_dense_folded_presence_and_tune(nprocs):
-    out = run_mpi(nprocs, "sparse_dense_fold.py", 5, timeout=300)
+    out = LAUNCHES.output("sparse_dense_fold.py", nprocs)
     assert f"ok 20 dense cases on {nprocs} ranks" in out
 
 
@@ -610,22 +619,22 @@ def test_median_profile_takes_every_price_from_the_median_run():
     assert median.name == "r0" and median.meta == {"ranks": 2, "run": 0}
 
 
-@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
+@pytest.mark.parametrize("nprocs", LAUNCHES.ranks("auto_measure.py"))
 def test_auto_measure_keeps_the_fastest_candidate(nprocs):
     """CUPYCOLL_AUTO=measure against a dense reference on P ranks: the model's best slowed by a
     sleep, the trials end on another candidate, identically on every rank; mismatched and bad
     modes raise everywhere (tests/workers/auto_measure.py)."""
-    out = run_mpi(nprocs, "auto_measure.py", 7 + nprocs, timeout=300)
+    out = LAUNCHES.output("auto_measure.py", nprocs)
     assert f"ok auto measure on {nprocs} ranks" in out
 
 
-@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
+@pytest.mark.parametrize("nprocs", LAUNCHES.ranks("auto_learn.py"))
 def test_auto_learn_abandons_a_slowed_pick_and_keeps_the_fastest(nprocs):
     """CUPYCOLL_AUTO=learn against a dense reference on P ranks: the model's pick slowed, the
     record tries the others and chooses another, identically on every rank, with no collective
     added; then the choice slowed too is left; saved and loaded; mismatched modes raise
     everywhere (tests/workers/auto_learn.py)."""
-    out = run_mpi(nprocs, "auto_learn.py", 27 + nprocs, timeout=300)
+    out = LAUNCHES.output("auto_learn.py", nprocs)
     assert f"ok auto learn on {nprocs} ranks" in out
 
 

@@ -13,6 +13,7 @@ at the union and +0 elsewhere. Results must also be bitwise identical on every r
 
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
@@ -42,8 +43,16 @@ def rank_input(seed: int, case: int, rank: int, pattern: str, width: int, dtype:
 
 
 def main() -> None:
-    np.seterr(all="ignore")  # the reference meets inf - inf and 0 * inf on purpose
-    seed = int(sys.argv[1])
+    """The checks with hierarchical over nodes of 2 ranks (P = 3 has a short node)."""
+    os.environ["CUPYCOLL_RANKS_PER_NODE"] = "2"
+    try:
+        with np.errstate(all="ignore"):  # the reference meets inf - inf and 0 * inf on purpose
+            check(int(sys.argv[1]))
+    finally:
+        os.environ.pop("CUPYCOLL_RANKS_PER_NODE")
+
+
+def check(seed: int) -> None:
     comm = MPICommunicator(MPI.COMM_WORLD, timeout=60)
     size, rank, case, results = comm.size, comm.rank, 0, []
     for dtype in ("float16", "float32", "float64"):
