@@ -1,7 +1,8 @@
 """Multi-rank sparse_allreduce tests: randomized reference, volume vs cost models, errors, delivery.
 
-Each launch runs many cases (mpiexec start-up is the expensive part). Case counts give a few
-thousand randomized cases per run in total (4300), over P in {1, 2, 3, 4, 5, 8}.
+Each worker runs many cases, and the workers of one rank count share a launch (tests/_mpi.py's
+Batch). Case counts give a few thousand randomized cases per run in total (4300), over P in
+{1, 2, 3, 4, 5, 8}.
 """
 
 import pytest
