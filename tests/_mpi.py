@@ -31,8 +31,8 @@ def run_mpi(nprocs: int, worker: str, *args: object, timeout: float = 180,
 
     Workers run as ``python -m mpi4py`` so an uncaught exception on one rank aborts the whole job
     instead of hanging it; the timeout kills the job if a bug hangs it anyway. They run with
-    ``CUPYCOLL_NUMBA=off`` unless ``env`` or the caller's environment says otherwise. Returns
-    stdout.
+    ``CUPYCOLL_NUMBA=off`` and MPICH's ``MPIR_CVAR_ENABLE_HEAVY_YIELD=1`` unless ``env`` or the
+    caller's environment says otherwise. Returns stdout.
     """
     stdout, failure = _launch(nprocs, worker, args, timeout, env)
     if failure:
@@ -52,6 +52,9 @@ def _launch(nprocs: int, worker: str, args, timeout: float,
     # numba's import and cached loads cost each rank 1-4 CPU-seconds, more than most workers'
     # checks: the numpy loops run unless a test asks for numba (docs/testing.md)
     full_env.setdefault("CUPYCOLL_NUMBA", "off")
+    # MPICH: a rank blocked in an MPI call (a worker's own allgather) yields its core by
+    # nanosleep instead of sched_yield, which on oversubscribed cores still spins
+    full_env.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
     full_env.update(env or {})
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env,

@@ -297,3 +297,12 @@ def test_bench_wire_runs_at_a_small_n(flags):
         assert {float(r[0]) for r in rows} <= {1e-3, 1e-2, 0.05, 0.1, 0.3}
     else:
         assert any(r[0] == "encode_indices" for r in rows)
+
+
+def test_bench_blocked_wait_prints_every_waiting_rank():
+    """bench/dev/bench_blocked_wait.py at 3 ranks: the CPU seconds of ranks 1 and 2."""
+    from tests._mpi import run_mpi
+
+    out = run_mpi(3, "../../bench/dev/bench_blocked_wait.py", "--late", "0.2", timeout=60)
+    line = out.split("3 ranks, rank 0 late by 0.2 s: CPU-s of the others' waits: ")[1]
+    assert [float(t) >= 0 for t in line.split(", ")] == [True, True], out
