@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -91,9 +92,9 @@ class Batch:
     def output(self, worker: str, nprocs: int) -> str:
         """Every rank's stdout of ``worker`` at ``nprocs`` ranks, in rank order; fails the test
         if that job failed or was not reached."""
-        lines = [" ".join(map(str, (name, *by_ranks[nprocs])))
+        lines = [shlex.join(map(str, (name, *by_ranks[nprocs])))
                  for name, by_ranks in self.jobs.items() if nprocs in by_ranks]
-        number = [line.split()[0] for line in lines].index(worker)
+        number = [shlex.split(line)[0] for line in lines].index(worker)
         if nprocs not in self._runs:
             self._runs[nprocs] = self._run(nprocs, lines)
         outputs, failure = self._runs[nprocs]
