@@ -97,42 +97,47 @@ def _two_1d(a, va, b, vb, out_idx, out_val):  # type: ignore[no-untyped-def]
         out_val[k] = both if in_a and in_b else (va[i] if in_a else vb[j])
         out_idx[k] = x if in_a else y
         i, j, k = i + in_a, j + in_b, k + 1
-    return _tails(a, va, b, vb, 1, i, j, k, out_idx, out_val)
+    return _tails(a, va, b, vb, i, j, k, out_idx, out_val)
 
 
 @njit(cache=True, nogil=True)
-def _two_rows(a, va, b, vb, width, out_idx, out_val):  # type: ignore[no-untyped-def]
+def _two_rows(a, va, b, vb, out_idx, out_val):  # type: ignore[no-untyped-def]
+    """Rows as 2-D arrays ``(entries, width)``, each element addressed by its two indices: LLVM
+    vectorizes these loops (a flat array addressed by ``entry * width + e`` it did not, nor a
+    row copied by a slice: bench/dev/bench_merge_rows.py's ``2-way``)."""
     i, j, k, na, nb = 0, 0, 0, a.size, b.size
+    width = va.shape[1]
     while i < na and j < nb:
-        x, y, to = a[i], b[j], k * width
+        x, y = a[i], b[j]
         if x < y:
             out_idx[k] = x
             for e in range(width):
-                out_val[to + e] = va[i * width + e]
+                out_val[k, e] = va[i, e]
             i += 1
         elif y < x:
             out_idx[k] = y
             for e in range(width):
-                out_val[to + e] = vb[j * width + e]
+                out_val[k, e] = vb[j, e]
             j += 1
         else:
             out_idx[k] = x
             for e in range(width):
-                out_val[to + e] = va[i * width + e] + vb[j * width + e]
+                out_val[k, e] = va[i, e] + vb[j, e]
             i, j = i + 1, j + 1
         k += 1
-    return _tails(a, va, b, vb, width, i, j, k, out_idx, out_val)
+    return _tails(a, va, b, vb, i, j, k, out_idx, out_val)
 
 
 @njit(cache=True, nogil=True)
-def _tails(a, va, b, vb, width, i, j, k, out_idx, out_val):  # type: ignore[no-untyped-def]
-    """Copy what is left of either part (one of them is done) after entry ``k``; the count."""
+def _tails(a, va, b, vb, i, j, k, out_idx, out_val):  # type: ignore[no-untyped-def]
+    """Copy what is left of either part (one of them is done) after entry ``k``; the count
+    (values 1-D, or rows 2-D)."""
     rest_a, rest_b = a.size - i, b.size - j
     out_idx[k:k + rest_a] = a[i:]
-    out_val[k * width:(k + rest_a) * width] = va[i * width:]
+    out_val[k:k + rest_a] = va[i:]
     k += rest_a
     out_idx[k:k + rest_b] = b[j:]
-    out_val[k * width:(k + rest_b) * width] = vb[j * width:]
+    out_val[k:k + rest_b] = vb[j:]
     return k + rest_b
 
 
@@ -144,15 +149,16 @@ def sum_two(a: np.ndarray, va: np.ndarray, b: np.ndarray, vb: np.ndarray, acc: n
     (docs/primitives.md)."""
     row = tuple(va.shape[1:])
     width = math.prod(row)
-    va = np.ascontiguousarray(va, acc).reshape(-1)
-    vb = np.ascontiguousarray(vb, acc).reshape(-1)
+    shape = (-1,) if width == 1 else (-1, width)
+    va = np.ascontiguousarray(va, acc).reshape(shape)
+    vb = np.ascontiguousarray(vb, acc).reshape(shape)
     total = a.shape[0] + b.shape[0]
-    out_idx, out_val = np.empty(total, itype), np.empty(total * width, acc)
+    out_idx, out_val = np.empty(total, itype), np.empty((total,) + shape[1:], acc)
     if width == 1:
         found = _two_1d(a, va, b, vb, out_idx, out_val)
     else:
-        found = _two_rows(a, va, b, vb, width, out_idx, out_val)
-    return out_idx[:found], out_val[:found * width].reshape((found,) + row)
+        found = _two_rows(a, va, b, vb, out_idx, out_val)
+    return out_idx[:found], out_val[:found].reshape((found,) + row)
 
 
 @njit(cache=True, nogil=True)
