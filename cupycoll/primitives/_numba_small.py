@@ -102,9 +102,9 @@ def _two_1d(a, va, b, vb, out_idx, out_val):  # type: ignore[no-untyped-def]
 
 @njit(cache=True, nogil=True)
 def _two_rows(a, va, b, vb, out_idx, out_val):  # type: ignore[no-untyped-def]
-    """Rows as 2-D arrays ``(entries, width)``, each element addressed by its two indices: LLVM
-    vectorizes these loops (a flat array addressed by ``entry * width + e`` it did not, nor a
-    row copied by a slice: bench/dev/bench_merge_rows.py's ``2-way``)."""
+    """Rows as 2-D arrays ``(entries, width)``, each element addressed by its two indices,
+    which LLVM vectorizes; it does not vectorize a flat array addressed by ``entry * width + e``
+    (docs/primitives.md)."""
     i, j, k, na, nb = 0, 0, 0, a.size, b.size
     width = va.shape[1]
     while i < na and j < nb:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+from unittest import mock
 
 import numpy as np
 from _common import assert_identical_across_ranks, rng_for
@@ -44,12 +45,9 @@ def rank_input(seed: int, case: int, rank: int, pattern: str, width: int, dtype:
 
 def main() -> None:
     """The checks with hierarchical over nodes of 2 ranks (P = 3 has a short node)."""
-    os.environ["CUPYCOLL_RANKS_PER_NODE"] = "2"
-    try:
-        with np.errstate(all="ignore"):  # the reference meets inf - inf and 0 * inf on purpose
-            check(int(sys.argv[1]))
-    finally:
-        os.environ.pop("CUPYCOLL_RANKS_PER_NODE")
+    # the reference meets inf - inf and 0 * inf on purpose
+    with mock.patch.dict(os.environ, CUPYCOLL_RANKS_PER_NODE="2"), np.errstate(all="ignore"):
+        check(int(sys.argv[1]))
 
 
 def check(seed: int) -> None:
