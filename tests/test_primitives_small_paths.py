@@ -339,14 +339,14 @@ def test_chained_sums_equal_a_dense_fold(monkeypatch, two_way, dtype, acc, width
 
 @pytest.mark.parametrize("size, width, threads, chained", [
     (20, 0, 1, 4), (9000, 0, 1, 4), (30000, 0, 1, 4), (500, 4, 1, 4), (3000, 1, 2, 4),
-    (3000, 8, 1, 2), (3000, 8, 2, 2), (140000, 2, 1, 2), (140000, 2, 2, 0)])
+    (3000, 8, 1, 3), (3000, 8, 2, 3), (140000, 2, 1, 3), (140000, 2, 2, 0)])
 def test_two_to_four_parts_take_the_chained_two_way_merge(monkeypatch, size, width, threads,
                                                           chained):
     """With numba, up to ``chained`` parts take the two-way merge, chained (one merge per part
     after the first): every 1-D sum and rows of one element, and rows below numba's bound
     (500 rows of 4), four parts; wider sums of rows (3000 rows of 8 a part: 48,000 elements
-    and more) two parts while numba's k-way loop would run in one piece (one thread, or fewer
-    than two pieces' entries), else none; five parts take the k-way loop; without numba
+    and more) three parts while numba's k-way loop would run in one piece (one thread, or
+    fewer than two pieces' entries), else none; five parts take the k-way loop; without numba
     nothing does."""
     from cupycoll.primitives import _accel, _numba
 

@@ -14,7 +14,11 @@ the profile's gamma: ``tuner.predict.local_time``):
 profile's: where it is above 1 the model prices that width's merge low relative to a 1-D merge,
 below 1 high. ``k-way`` and ``2-way``: numba's two loops on the same parts (the k-way loop
 and the two-way merge ``merge_sorted`` chooses between, ``_numpy_few.chained_first``). Medians
-of ``--repeats`` calls, after the numba loops are loaded.
+of ``--repeats`` calls, after the numba loops are loaded. ``--parts 3`` (or more) times the two
+loops on that many parts, the two-way merge chained in part order, and prints no model (the
+model's merge is recursive doubling's, of two parts):
+
+    CUPYCOLL_THREADS=1 python bench/dev/bench_merge_rows.py --parts 3 --widths 2,4,16,64
 """
 
 from __future__ import annotations
@@ -45,11 +49,13 @@ def loops_ready(seconds: float = 60.0) -> str:
     return "numba" if _accel.loops() is not None else "numpy"
 
 
-def two_parts(k: int, n: int, width: int, rng) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Two ranks' entries: ``k`` sorted indices of ``n`` each, float32 rows of ``width``."""
+def ranks_parts(k: int, n: int, width: int, rng, count: int = 2
+                ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``count`` ranks' entries: ``k`` sorted indices of ``n`` each, float32 rows of
+    ``width``."""
     row = (k, width) if width else (k,)
     return [(np.sort(rng.choice(n, k, replace=False)).astype(np.int32),
-             rng.standard_normal(row).astype(np.float32)) for _ in range(2)]
+             rng.standard_normal(row).astype(np.float32)) for _ in range(count)]
 
 
 def median_seconds(call, repeats: int) -> float:
@@ -63,15 +69,22 @@ def median_seconds(call, repeats: int) -> float:
 
 
 def loop_seconds(parts, repeats: int) -> tuple[float, float] | None:
-    """Median seconds of numba's k-way loop and of its two-way merge on ``parts`` (the two
-    loops ``merge_sorted`` chooses between), or None without numba."""
+    """Median seconds of numba's k-way loop and of its two-way merge (chained in part order
+    beyond two parts) on ``parts`` (the two loops ``merge_sorted`` chooses between), or None
+    without numba."""
     loops = _accel.loops()
     if loops is None:
         return None
-    (a, va), (b, vb) = parts
+    indices, values = [i for i, _ in parts], [v for _, v in parts]
     f32, i32 = np.dtype(np.float32), np.dtype(np.int32)
-    return (median_seconds(lambda: loops.merge([a, b], [va, vb], np.add, f32, i32), repeats),
-            median_seconds(lambda: loops.sum_two(a, va, b, vb, f32, i32), repeats))
+
+    def chained() -> None:
+        idx, val = parts[0]
+        for more, rows in parts[1:]:
+            idx, val = loops.sum_two(idx, val, more, rows, f32, i32)
+
+    return (median_seconds(lambda: loops.merge(indices, values, np.add, f32, i32), repeats),
+            median_seconds(chained, repeats))
 
 
 def main() -> None:
@@ -80,18 +93,24 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=8192, help="entries of each rank")
     parser.add_argument("--n", type=int, default=409600, help="dense length (rows)")
     parser.add_argument("--repeats", type=int, default=40)
+    parser.add_argument("--parts", type=int, default=2, help="ranks' parts merged")
     args = parser.parse_args()
     profile = load_profile(None, size=2)
     rng = np.random.default_rng(0)
-    print(f"# loops: {loops_ready()}, profile: {profile.name}, k = {args.k}, n = {args.n}")
+    print(f"# loops: {loops_ready()}, profile: {profile.name}, k = {args.k}, n = {args.n}, "
+          f"parts = {args.parts}")
     print(f"# {'width':>5} {'meas(us)':>10} {'model(us)':>10} {'meas/model':>11} {'x 1-D':>7}"
           f" {'k-way(us)':>10} {'2-way(us)':>10}")
     base = None
     for width in (int(w) for w in args.widths.split(",")):
-        parts = two_parts(args.k, args.n, width, rng)
+        parts = ranks_parts(args.k, args.n, width, rng, args.parts)
         measured = median_seconds(
             lambda: reduce_parts(parts, ReduceOp.SUM, np.dtype(np.float32)), args.repeats)
         loops = loop_seconds(parts, args.repeats)
+        both = " ".join(f"{t * 1e6:10.0f}" for t in loops) if loops else f"{'-':>10} {'-':>10}"
+        if args.parts != 2:
+            print(f"  {width:5d} {measured * 1e6:10.0f} {'-':>10} {'-':>11} {'-':>7} {both}")
+            continue
         shape = Shape(2, args.n, width, 4, 4, (args.k, args.k))
         units = work("recursive_doubling", shape, 0, profile)
         model = local_time({k: units[k] for k in MERGE_UNITS}, profile)
@@ -99,7 +118,6 @@ def main() -> None:
         if width == 0 and base is None:  # the 1-D merge: the unit of ``x 1-D``
             base = ratio
         relative = f"{ratio / base:7.2f}" if base else "      -"
-        both = " ".join(f"{t * 1e6:10.0f}" for t in loops) if loops else f"{'-':>10} {'-':>10}"
         print(f"  {width:5d} {measured * 1e6:10.0f} {model * 1e6:10.0f} {ratio:11.2f} {relative}"
               f" {both}")
 

@@ -36,6 +36,8 @@ LOOP_SUM = 1 << 10
 #: sums take it: :func:`chained_first`.
 TWO_WAY = True
 CHAIN_PARTS = 4
+#: parts of rows wider than one element the chain sums at most (:func:`chained_first`)
+CHAIN_ROW_PARTS = 3
 
 
 def few_enough(elements: int) -> bool:
@@ -88,14 +90,14 @@ def two_summed(indices: Sequence[np.ndarray], values: Sequence[np.ndarray], acc:
 def chained_first(parts: int, entries: int, row: tuple[int, ...]) -> bool:
     """Whether a sum of ``SMALL`` value elements or more takes the chained two-way merge
     (:func:`two_summed`) before numba's k-way loop: every sum of 1-D values or rows of one
-    element, and two parts' wider rows while the k-way loop would run in one piece (one
-    thread, or too few entries to cut). The k-way loop wins only by its threads; the chain of
-    three or four parts' wide rows moves the growing sum again per part and loses
-    (docs/primitives.md)."""
+    element, and up to :data:`CHAIN_ROW_PARTS` parts' wider rows while the k-way loop would
+    run in one piece (one thread, or too few entries to cut). The k-way loop wins only by its
+    threads up to three parts; the chain of four parts' rows moves the growing sum again per
+    part and loses on narrow rows (docs/primitives.md)."""
     if math.prod(row) == 1:
         return True
     loops = _accel.loops()
-    return parts == 2 and loops is not None and loops.piece_count(entries) == 1
+    return parts <= CHAIN_ROW_PARTS and loops is not None and loops.piece_count(entries) == 1
 
 
 def loop_sum(loops: Any, indices: Sequence[np.ndarray], values: Sequence[np.ndarray],
