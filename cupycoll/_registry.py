@@ -53,6 +53,10 @@ class Algorithm:
             moves dense values only, and every call of it runs on coo).
         tie: on equal predicted times the lower wins (then the earlier registered).
         selector: top-k: the selector class used when the call names none.
+        rides: its entries ride in the agreement's payload: it runs exactly where every
+            rank's entries fitted there (the plan takes it then, before any pricing), taking
+            ``slots=`` (the agreed payload) with ``counts=``; a caller cannot name it, so
+            :func:`algorithms` does not list it and :func:`priced` leaves it out.
     """
 
     family: str
@@ -68,6 +72,7 @@ class Algorithm:
     coded: bool = True
     tie: int = 0
     selector: Any = None
+    rides: bool = False
 
 
 _REGISTRY: dict[str, dict[str, Algorithm]] = {}
@@ -88,10 +93,11 @@ def unregister(family: str, name: str) -> None:
 
 
 def algorithms(family: str = "sparse") -> list[str]:
-    """Return the sorted names of the registered algorithms of ``family``."""
+    """Return the sorted names of the algorithms of ``family`` a caller may name (every
+    registered one but those that ride in the agreement, :attr:`Algorithm.rides`)."""
     if family not in FAMILIES:
         raise InvalidArgument("family", family, f"valid: {list(FAMILIES)}")
-    return sorted(_REGISTRY.get(family, {}))
+    return sorted(name for name, found in _REGISTRY.get(family, {}).items() if not found.rides)
 
 
 def record(family: str, name: str, *, rank: int | None = None) -> Algorithm:
@@ -124,10 +130,11 @@ def bind_prices(found: Algorithm, fn: Callable, **prices: Any) -> Callable:
 
 
 def priced(family: str = "sparse") -> dict[str, Algorithm]:
-    """The algorithms of ``family`` that have a traffic model, in the order ``auto`` breaks
-    ties in (:attr:`Algorithm.tie`, then registration)."""
+    """The algorithms of ``family`` that have a traffic model and that ``auto`` may pick by
+    price (not those that ride in the agreement), in the order ``auto`` breaks ties in
+    (:attr:`Algorithm.tie`, then registration)."""
     table = _REGISTRY.get(family, {})
     order = {name: i for i, name in enumerate(table)}
-    ranked = sorted((a for a in table.values() if a.cost is not None),
+    ranked = sorted((a for a in table.values() if a.cost is not None and not a.rides),
                     key=lambda a: (a.tie, order[a.name]))
     return {a.name: a for a in ranked}

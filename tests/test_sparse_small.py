@@ -14,7 +14,7 @@ import pytest
 
 from cupycoll import _agreement
 from cupycoll.sparse import small
-from cupycoll.sparse._cost import Shape, validation_cost
+from cupycoll.sparse._cost import Cost, Shape, validation_cost
 from cupycoll.sparse.auto import call_cost
 from tests._mpi import run_mpi
 
@@ -69,3 +69,42 @@ def test_fits_and_cost_model():
     over = Shape(4, 1000, 0, 8, 8, (40, 0, 2, 1))
     assert set(call_cost("auto", over, 0).received) > {"sparse.validate"}
     assert call_cost("allgather", fused, 0).received != validation_cost(4).received
+
+
+def test_small_is_a_record_a_caller_cannot_name():
+    """``small`` is registered like every algorithm (its run function, traffic model and the
+    ``rides`` flag), but it runs only where the entries rode in the validation: it is not among
+    the names a caller may pass, auto never prices it, and naming it raises."""
+    import cupycoll as cc
+    from cupycoll._registry import priced, record
+    from cupycoll.errors import InvalidArgument
+
+    found = record("sparse", "small")
+    assert found.rides and found.counts and found.run is small.small
+    assert found.cost(Shape(2, 100, 0, 4, 4, (3, 3)), 0) == Cost()  # nothing beyond it
+    assert "small" not in cc.algorithms("sparse") and "small" not in priced("sparse")
+    with pytest.raises(InvalidArgument, match="algorithm"):
+        cc.sparse_allreduce(np.array([1]), np.array([1.0], np.float32), 4, algorithm="small")
+
+
+def test_small_merges_the_agreed_slots_in_rank_order():
+    """The record's run function on slots packed as the validation packs them: every rank's
+    block merged in rank order, equal to an independent dense fold."""
+    from types import SimpleNamespace
+
+    from cupycoll._types import ReduceOp
+
+    blocks = [(np.array([0, 3, 5], np.int32), np.array([1.0, 2.0, -0.0], np.float32)),
+              (np.array([3, 4], np.int32), np.array([10.0, 20.0], np.float32))]
+    words = _agreement.slot_words(2)
+    vec = np.zeros(2 * words, np.int64)
+    comm = SimpleNamespace(xp=np, size=2)
+    for r, (idx, val) in enumerate(blocks):
+        small.pack(SimpleNamespace(xp=np, size=2), vec, r * words, idx, val, None)
+    idx, val = small.small(comm, blocks[0][0], blocks[0][1], 8, ReduceOp.SUM,
+                           np.dtype(np.float32), counts=(3, 2), slots=vec)
+    dense = np.zeros(8, np.float32)
+    for i, v in blocks:
+        np.add.at(dense, i, v)
+    assert idx.tolist() == [0, 3, 4, 5]
+    assert val.tobytes() == dense[[0, 3, 4, 5]].tobytes()

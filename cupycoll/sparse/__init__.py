@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from . import allgather, dense, mask, recursive_doubling, split  # noqa: F401 (register)
 from . import hierarchical, auto  # noqa: F401, I001 (register after the algorithms they use)
+from . import small  # noqa: F401 (the record of calls whose entries ride in the validation)
 from .api import SparseResult, sparse_allreduce
 
 __all__ = ["sparse_allreduce", "SparseResult"]

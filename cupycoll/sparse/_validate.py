@@ -77,7 +77,7 @@ class Prepared:
     nnz: tuple[int, ...] = ()
     wire: str = "coo"
     wire_values: str | None = None
-    merged: tuple[Any, Any] | None = None  # the result, when it came with the validation
+    slots: Any = None  # every rank's entries, when they rode in the validation (small.py)
     output: str = "sparse"
     out: Any = None  # output="dense": the caller's buffer, as an array of the communicator's
     nonfinite: bool = False  # output="dense": some rank's values hold a NaN or an infinity
@@ -364,9 +364,7 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
     if few and small.fits_all(
             comm.size, prepared.nnz, prepared.index_dtype.itemsize,
             prepared.accumulate_dtype.itemsize * max(prepared.width, 1)):
-        prepared.merged = small.merge(comm.xp, agreed.slots, prepared.nnz,
-                                      prepared.index_dtype, prepared.accumulate_dtype,
-                                      prepared.width, prepared.reduce_op)
+        prepared.slots = agreed.slots
     return prepared
 
 

@@ -27,6 +27,7 @@ from . import auto as _auto
 from . import dense as _dense
 from . import learn as _learn
 from . import measure as _measure
+from . import small as _small
 from ._common import canonical_nan, native_drops_nan, native_keeps_minus_zero
 from ._cost import Shape
 from ..wire._pack import COO, Wire
@@ -163,17 +164,21 @@ def _start(comm: Communicator, indices: Any, values: Any, n: int, op: Any, algor
 
 
 def plan(comm: Communicator, prepared: Prepared, async_op: bool = False) -> Plan:
-    """The plan of an agreed call (the same on every rank): the entries that came with the
-    validation (``small``), or the algorithm named or auto's pick, its wire format, and its
-    dense-output variant where the call asks for one and the algorithm has it."""
-    if prepared.merged is not None:  # the entries came with the validation (sparse/small.py)
+    """The plan of an agreed call (the same on every rank): ``small`` where every rank's
+    entries came with the validation (sparse/small.py), else the algorithm named or auto's
+    pick; its wire format, and its dense-output variant where the call asks for one and the
+    algorithm has it."""
+    if prepared.slots is not None:  # nothing left to decide: no message, no pricing
         wire = COO if prepared.wire_values is None else Wire(False, prepared.wire_values)
-        return Plan("small", wire, lambda on: _sparse_result(on, prepared, *prepared.merged))
-    name, wire, trials, learning = _decide(comm, prepared, async_op)
+        name, trials, learning = _small.ALGORITHM.name, None, None
+    else:
+        name, wire, trials, learning = _decide(comm, prepared, async_op)
     found, run, variant = _bound(comm, name)
     if prepared.output == "dense" and variant is not None:
         return Plan(name, wire, lambda on: _dense_output(on, prepared, variant, wire),
                     trials, learning)
+    if found.rides:
+        run = functools.partial(run, slots=prepared.slots)
     # the validation told every rank's nnz: algorithms that take them skip a size round
     fn = functools.partial(run, counts=prepared.nnz) if found.counts else run
     values = prepared.values if found.unfolded else folded(prepared.values)
