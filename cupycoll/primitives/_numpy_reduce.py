@@ -24,7 +24,7 @@ _ZERO_TIE = {np.maximum: False, np.minimum: True}
 
 #: unsorted sums (``coo_reduce``) take numba's table (``sum_unsorted``) over an index span
 #: (max - min + 1) of at most ``TABLE_SPAN`` slots and ``TABLE_PER_ENTRY`` slots an entry for
-#: rows (the sort path's ``ufunc.at`` on rows costs 1.3-14x the table: docs/primitives.md), of
+#: rows (the sort path's ``ufunc.at`` on rows costs more than the table: docs/primitives.md), of
 #: at most ``TABLE_SPAN_1D`` and ``TABLE_PER_ENTRY_1D`` for one value an index (the integer
 #: sort is as fast or faster once the table outgrows the cache or most slots stay empty). 4
 #: bytes a slot, kept per thread: 64 MiB at most.
