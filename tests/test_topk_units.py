@@ -455,3 +455,41 @@ def test_small_refresh_drops_zero_and_nan_sums_and_breaks_ties_low():
         np.testing.assert_array_equal(idx, want_idx)
         np.testing.assert_array_equal(val, want_val)
     assert _refresh(parts, 12, 1, np.dtype(np.float32))[0].tolist() == [7]
+
+
+def test_small_refresh_is_a_record_with_each_ranks_included_entries():
+    """``oktopk_small`` is registered like the top-k algorithms but rides in the validation (a
+    caller cannot name it); its run function on slots packed as the validation packs them
+    gives, on each rank, the refresh result by definition, that rank's selection, and as
+    ``included`` the selected indices the result holds (L_r ∩ result, as ``oktopk``)."""
+    from types import SimpleNamespace
+
+    from cupycoll import _agreement
+    from cupycoll._registry import priced, record
+    from cupycoll.sparse.small import pack
+    from cupycoll.topk.selectors import Threshold
+
+    found = record("topk", "oktopk_small")
+    assert found.rides and "oktopk_small" not in cc.algorithms("topk")
+    assert "oktopk_small" not in priced("topk")
+    p, n, k = 3, 200, 6
+    words = _agreement.slot_words(p)
+    vec = np.zeros(p * words, np.int64)
+    xs = [np.random.default_rng([5, r]).standard_normal(n).astype(np.float32) for r in range(p)]
+    selections = [Threshold().select(x, k) for x in xs]
+    for r, sel in enumerate(selections):
+        pack(SimpleNamespace(xp=np, size=p), vec, r * words, sel.indices, sel.values, None)
+    parts = [(s.indices, s.values) for s in selections]
+    want_idx, want_val = refresh_by_definition(parts, n, k)
+    kept = [np.isin(sel.indices, want_idx) for sel in selections]
+    assert any(m.any() for m in kept) and not all(m.all() for m in kept)  # both kinds occur
+    for r, sel in enumerate(selections):
+        out = found.run(SimpleNamespace(xp=np, size=p, rank=r), xs[r], k, slots=vec,
+                        counts=[s.count for s in selections], threshold=sel.threshold)
+        np.testing.assert_array_equal(out.result.indices, want_idx)
+        np.testing.assert_array_equal(out.result.values.view(np.int32), want_val.view(np.int32))
+        np.testing.assert_array_equal(out.selection.indices, sel.indices)
+        np.testing.assert_array_equal(out.selection.values, sel.values)
+        assert out.selection.threshold == sel.threshold
+        assert out.included.tolist() == sorted(set(sel.indices.tolist()) & set(want_idx.tolist()))
+        assert out.remainders == ()

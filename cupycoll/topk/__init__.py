@@ -8,6 +8,7 @@ residuals. Importing this package registers the algorithms (``cupycoll.algorithm
 from __future__ import annotations
 
 from . import dense, gaussiank, gtopk, oktopk, topka  # noqa: F401  (register the algorithms)
+from . import _oktopk_small  # noqa: F401  (the record of refresh steps finished in the validation)
 from ._common import WordCost, TopkOutcome, TopkState
 from .api import topk_allreduce
 from .compressor import TopkCompressor

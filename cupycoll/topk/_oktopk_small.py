@@ -12,7 +12,9 @@ the sums in the owners' order. Same bits as the full algorithm, one collective i
 
 Which collectives run never depends on local data (the vector's length depends on P only);
 each rank writes its count + 1 into its agreement column ``count`` (0 when its selection did
-not fit), so after the checks all ranks agree whether to finish here.
+not fit), so after the checks all ranks agree whether to finish here. The finishing step is
+the record ``oktopk_small`` of the top-k registry, flagged ``rides`` (a caller cannot name it;
+the front door runs it where every selection came).
 """
 
 from __future__ import annotations
@@ -23,23 +25,26 @@ from typing import Any
 import numpy as np
 
 from .. import _agreement as agreement
+from .._registry import register
 from .._result import SparseResult
 from ..sparse.small import block_words, blocks, pack
-from ._common import index_dtype
+from ._common import TopkOutcome, index_dtype
 from .oktopk import proposed_cuts
-from .selectors import Threshold
+from .selectors import Selection, Threshold
 
-__all__ = ["SmallRefresh"]
+__all__ = ["SmallRefresh", "oktopk_small", "ALGORITHM"]
 
 
 class SmallRefresh:
     """One call's small path: :meth:`pack` before the validation allreduce, :meth:`finish`
-    after its checks passed; ``result`` is then the call's result, or None (run the algorithm).
-    """
+    after its checks passed; ``slots`` and ``counts`` are then every rank's selection (run
+    :func:`oktopk_small` on them), or None (run the algorithm)."""
 
     def __init__(self, comm: Any) -> None:
         self.comm = comm
-        self.result: SparseResult | None = None
+        self.slots: np.ndarray | None = None
+        self.counts: list[int] | None = None
+        self.threshold: float | None = None
 
     def pack(self, draft: agreement.Draft, x: Any, k: int) -> None:
         """Select locally (a fresh state's step 0, a refresh step: the default) and write the
@@ -47,21 +52,34 @@ class SmallRefresh:
         comm, p = self.comm, self.comm.size
         self.n = int(x.shape[0])
         sel = Threshold().select(x, k)
-        idx, val = sel.indices, sel.values
+        idx, val, self.threshold = sel.indices, sel.values, sel.threshold
         fits = block_words(sel.count, idx.dtype.itemsize, val.dtype.itemsize) <= \
             agreement.slot_words(p)
         draft.column("count", sel.count + 1 if fits else 0)
         draft.vec = pack(comm, draft.vec, draft.slot(), idx, val, None)
 
-    def finish(self, agreed: agreement.Agreed, k: int, dtype: np.dtype) -> None:
-        """Compute the result from the settled agreement when every rank's selection came."""
+    def finish(self, agreed: agreement.Agreed) -> None:
+        """Keep the settled agreement's slots when every rank's selection came."""
         counts = agreed.columns["count"]
-        if not all(c > 0 for c in counts):
-            return
-        parts = blocks(agreed.slots, [c - 1 for c in counts], index_dtype(self.n), dtype, 0)
-        idx, val = _refresh(parts, self.n, k, dtype)
-        xp = self.comm.xp
-        self.result = SparseResult(xp.asarray(idx), xp.asarray(val), self.n)
+        if all(c > 0 for c in counts):
+            self.slots, self.counts = agreed.slots, [c - 1 for c in counts]
+
+
+def oktopk_small(comm: Any, x: Any, k: int, state: Any = None, *, slots: np.ndarray,
+                 counts: list[int], threshold: float | None = None) -> TopkOutcome:
+    """Ok-Topk's refresh step from every rank's selection, which rode in the validation
+    (``slots``; ``counts``: each rank's selected entries; ``threshold``: the one this rank
+    selected with): the same result as ``oktopk``'s refresh step, and this rank's selected
+    indices in it (``included``: each of them a full contribution of a kept sum)."""
+    n, dtype = int(x.shape[0]), np.dtype(x.dtype)
+    parts = blocks(slots, counts, index_dtype(n), dtype, 0)
+    idx, val = _refresh(parts, n, k, dtype)
+    mine, mine_values = parts[comm.rank]
+    included = np.intersect1d(mine, idx, assume_unique=True).astype(idx.dtype, copy=False)
+    xp = comm.xp
+    return TopkOutcome(SparseResult(xp.asarray(idx), xp.asarray(val), n), xp.asarray(included),
+                       Selection(xp.asarray(mine.copy()), xp.asarray(mine_values.copy()),
+                                 threshold))
 
 
 def _refresh(parts: list[tuple[np.ndarray, np.ndarray]], n: int, k: int,
@@ -96,3 +114,6 @@ def _refresh(parts: list[tuple[np.ndarray, np.ndarray]], n: int, k: int,
         keep = sorted(sorted(keep, key=lambda j: -abs(sums[j]))[:k])
     return (np.array([keys[j] for j in keep], dtype=index_dtype(n)),
             np.array([sums[j] for j in keep], dtype=dtype))
+
+
+ALGORITHM = register("topk", "oktopk_small", oktopk_small, rides=True, selector=Threshold)

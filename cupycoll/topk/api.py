@@ -110,7 +110,8 @@ def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: An
     (non-float dtype, not 1-D, k <= 0 or k > n, unknown algorithm, bad selector or state),
     MismatchError when the ranks disagree on the length, k, dtype, algorithm or wire keywords.
     ``small``: the selection travels in the entry slots and, when every rank's fitted, the
-    result is computed here (``small.result``; :mod:`._oktopk_small`).
+    agreed slots are kept for the ``oktopk_small`` record (``small.slots``;
+    :mod:`._oktopk_small`).
     """
     draft = TERMS[verb].draft(comm)
     draft.context = algorithm
@@ -126,7 +127,7 @@ def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: An
             small.pack(draft, to_namespace(arr, comm.xp), kk)
     agreed = draft.settle("topk.validate")
     if small is not None:
-        small.finish(agreed, kk, np.dtype(arr.dtype))
+        small.finish(agreed)
     return arr, kk
 
 
@@ -224,9 +225,13 @@ def topk_allreduce(x: Any, k: int, *, algorithm: str | None = None,
     with comm.in_stream(), comm.calling("topk_allreduce"):  # NCCL: the communicator's stream
         arr, k = validate(comm, x, k, algorithm, selector=selector, state=state, wire=wire,
                           wire_values=wire_values, small=small)
-        res = small.result if small is not None else None
-        if res is None:
-            res = run(comm, to_namespace(arr, comm.xp), k, algorithm, selector, state,
-                      check_wire(wire), wire_values).result
+        x_here = to_namespace(arr, comm.xp)
+        if small is not None and small.slots is not None:  # every selection came with it
+            res = record("topk", "oktopk_small").run(
+                comm, x_here, k, slots=small.slots, counts=small.counts,
+                threshold=small.threshold).result
+        else:
+            res = run(comm, x_here, k, algorithm, selector, state, check_wire(wire),
+                      wire_values).result
         xp = array_namespace(arr)
         return SparseResult(to_namespace(res.indices, xp), to_namespace(res.values, xp), res.n)
