@@ -50,7 +50,6 @@ class SmallRefresh:
         """Select locally (a fresh state's step 0, a refresh step: the default) and write the
         selection into this rank's slot of ``draft`` when it fits."""
         comm, p = self.comm, self.comm.size
-        self.n = int(x.shape[0])
         sel = Threshold().select(x, k)
         idx, val, self.threshold = sel.indices, sel.values, sel.threshold
         fits = block_words(sel.count, idx.dtype.itemsize, val.dtype.itemsize) <= \
