@@ -108,3 +108,31 @@ def test_small_merges_the_agreed_slots_in_rank_order():
         np.add.at(dense, i, v)
     assert idx.tolist() == [0, 3, 4, 5]
     assert val.tobytes() == dense[[0, 3, 4, 5]].tobytes()
+
+
+@pytest.mark.parametrize("op", ["sum", "avg", "max"])
+def test_small_call_with_a_dense_output_writes_the_folded_entries(op):
+    """One process: a call whose entries ride in the validation, with ``output="dense"`` into
+    the caller's ``out``: each index's entries folded in input order (the first copied, so a
+    lone -0 stays -0), written into +0s; ``small`` ran."""
+    import cupycoll as cc
+
+    comm = cc.get_comm()
+    idx = np.array([5, 1, 5, 3, 1])
+    val = np.array([[1, 2], [3, 4], [5, -6], [-0.0, 7], [0.5, np.nan]], np.float32)
+    fold = {"sum": np.add, "avg": np.add, "max": np.maximum}[op]
+    want = np.zeros((8, 2), np.float32)
+    for i in np.unique(idx):
+        rows = val[idx == i]
+        total = rows[0].copy()
+        for row in rows[1:]:
+            total = fold(total, row)
+        want[i] = total
+    out = np.full((8, 2), 9, np.float32)
+    before = comm.stats.calls.get(("sparse_allreduce", "small", "coo"), 0)
+    got = cc.sparse_allreduce(idx, val, 8, op=op, output="dense", out=out)
+    assert got is out
+    assert comm.stats.calls[("sparse_allreduce", "small", "coo")] == before + 1
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
+    finite = ~np.isnan(want)
+    assert out[finite].view(np.int32).tolist() == want[finite].view(np.int32).tolist()
