@@ -14,9 +14,10 @@ the profile's gamma: ``tuner.predict.local_time``):
 profile's: where it is above 1 the model prices that width's merge low relative to a 1-D merge,
 below 1 high. ``k-way`` and ``2-way``: numba's two loops on the same parts (the k-way loop
 and the two-way merge ``merge_sorted`` chooses between, ``_numpy_few.chained_first``). Medians
-of ``--repeats`` calls, after the numba loops are loaded. ``--parts 3`` (or more) times the two
-loops on that many parts, the two-way merge chained in part order, and prints no model (the
-model's merge is recursive doubling's, of two parts):
+of ``--repeats`` calls, after the numba loops are loaded. ``--parts 3`` (up to
+``CHAIN_PARTS``) times the two loops on that many parts, the two-way merge chained in part
+order (``_numpy_few.two_summed``), and prints no model (the model's merge is recursive
+doubling's, of two parts):
 
     CUPYCOLL_THREADS=1 python bench/dev/bench_merge_rows.py --parts 3 --widths 2,4,16,64
 """
@@ -31,6 +32,7 @@ import numpy as np
 from cupycoll._config import setting
 from cupycoll._types import ReduceOp
 from cupycoll.primitives import _accel
+from cupycoll.primitives._numpy_few import CHAIN_PARTS, two_summed
 from cupycoll.sparse._common import reduce_parts
 from cupycoll.sparse._cost import Shape
 from cupycoll.tuner.predict import local_time, work
@@ -77,14 +79,8 @@ def loop_seconds(parts, repeats: int) -> tuple[float, float] | None:
         return None
     indices, values = [i for i, _ in parts], [v for _, v in parts]
     f32, i32 = np.dtype(np.float32), np.dtype(np.int32)
-
-    def chained() -> None:
-        idx, val = parts[0]
-        for more, rows in parts[1:]:
-            idx, val = loops.sum_two(idx, val, more, rows, f32, i32)
-
     return (median_seconds(lambda: loops.merge(indices, values, np.add, f32, i32), repeats),
-            median_seconds(chained, repeats))
+            median_seconds(lambda: two_summed(indices, values, f32, i32), repeats))
 
 
 def main() -> None:
@@ -93,7 +89,8 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=8192, help="entries of each rank")
     parser.add_argument("--n", type=int, default=409600, help="dense length (rows)")
     parser.add_argument("--repeats", type=int, default=40)
-    parser.add_argument("--parts", type=int, default=2, help="ranks' parts merged")
+    parser.add_argument("--parts", type=int, default=2, choices=range(2, CHAIN_PARTS + 1),
+                        help="ranks' parts merged (as many as the chain takes)")
     args = parser.parse_args()
     profile = load_profile(None, size=2)
     rng = np.random.default_rng(0)
