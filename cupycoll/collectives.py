@@ -22,7 +22,8 @@ import numpy as np
 
 from . import _agreement as agreement
 from ._config import debug
-from ._types import (DENSE_DTYPES, ReduceOp, array_namespace, as_array, check_dtype, like_caller,
+from ._pipeline import Delivery
+from ._types import (DENSE_DTYPES, ReduceOp, array_namespace, as_array, check_dtype,
                      parse_op)
 from .comm import Communicator, Work, get_comm
 from .errors import CupycollError, InvalidArgument, InvalidType, MismatchError
@@ -78,18 +79,12 @@ def _start(comm: Communicator, verb: str, args: tuple, result: Any, original: An
     return ``result`` in the caller's array type, or (async_op) return a Work of it. Where
     the caller passed ``out`` (and this rank has a result), the result is ``out`` itself, the
     caller's object (a torch tensor stays that tensor, not a new one over its memory)."""
+    deliver = Delivery(original, out=out)
     if async_op:
         work = getattr(comm, verb)(*args)
-        return Work.then(work, lambda: _delivered(result, original, out))
+        return Work.then(work, lambda: deliver(result))
     comm.run(verb, *args)
-    return _delivered(result, original, out)
-
-
-def _delivered(result: Any, original: Any, out: Any) -> Any:
-    """What the caller gets: its own ``out``, else ``result`` as the caller's array type."""
-    if out is not None and result is not None:
-        return out
-    return result if type(original) is type(result) else like_caller(result, original)
+    return deliver(result)
 
 
 def _input(x: Any, comm: Communicator, name: str = "x") -> Any:

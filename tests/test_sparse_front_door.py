@@ -1,9 +1,8 @@
 """The sparse front door's own steps, in process.
 
 What ``sparse_allreduce`` does around the algorithm: the avg division and the single cast back
-(``_sparse_result``), the copy of a result that aliases the input and the call's name (``_run``),
-delivery into ``alloc_fn`` buffers with every bad buffer named (``_fill``), and the caller's
-array type (``_like``). Expected values come from numpy and Python integers, and error texts
+(``_sparse_result``), the copy of a result that aliases the input (``_run``). (Delivery and the
+call's name: tests/test_pipeline.py.) Expected values come from numpy and Python integers, and error texts
 from the documented format of ``cupycoll.errors``, never from the code under test.
 """
 
@@ -15,7 +14,7 @@ from mpi4py import MPI
 
 import cupycoll as cc
 from cupycoll._types import ReduceOp
-from cupycoll.errors import InvalidArgument, InvalidType
+from cupycoll.errors import InvalidType
 from cupycoll.sparse import api
 from cupycoll.sparse._validate import Prepared
 from cupycoll.wire._pack import Wire
@@ -73,24 +72,23 @@ def test_finish_casts_back_to_the_callers_dtypes_once():
     assert out_v.view(np.uint16).tolist() == want.view(np.uint16).tolist()
 
 
-def test_run_names_the_call_passes_the_prepared_call_and_copies_an_aliased_result(comm):
-    """The algorithm runs under the verb ``sparse_allreduce`` with the prepared arguments (avg
-    as a sum); a result that is the input itself comes back as a copy, and avg is divided."""
+def test_run_passes_the_prepared_call_and_copies_an_aliased_result(comm):
+    """The algorithm runs with the prepared arguments (avg as a sum); a result that is the
+    input itself comes back as a copy, and avg is divided. (That it runs under the verb
+    ``sparse_allreduce``: tests/test_pipeline.py.)"""
     idx, val = np.array([2, 5], np.int64), np.array([4.0, -6.0], np.float64)
     prepared = _prepared(ReduceOp.AVG, np.int64, np.float64, idx=idx, val=val)
     wire = Wire(True, "bfloat16")
     seen = {}
 
     def algorithm(on, indices, values, n, op, accumulate_dtype, wire):
-        seen.update(verb=on._verb, args=(on, indices, values, n, op, accumulate_dtype, wire))
+        seen.update(args=(on, indices, values, n, op, accumulate_dtype, wire))
         return indices, values  # aliases the prepared input
 
     out_i, out_v = api._run(comm, prepared, algorithm, val, wire)
-    assert seen["verb"] == "sparse_allreduce"
     assert seen["args"] == (comm, idx, val, 100, ReduceOp.SUM, np.dtype(np.float64), wire)
     assert out_i.tolist() == [2, 5] and out_v.tolist() == [4.0, -6.0]  # P = 1: avg = sum
     assert not np.may_share_memory(out_i, idx) and not np.may_share_memory(out_v, val)
-    assert comm._verb is None
 
 
 @pytest.mark.parametrize("op", ["sum", "avg", "max"])
@@ -210,114 +208,6 @@ def test_async_call_on_a_stream_ordered_communicator_names_its_device_work(comm,
     assert names == ["sparse_allreduce"]
     res = work.wait()
     assert res.indices.tolist() == [1, 4] and res.values.tolist() == [3.0, 2.0]
-
-
-class _Device:
-    """A result of another array library: numpy inside, its own namespace, ``get()`` to host."""
-
-    __cupycoll_namespace__ = object()
-
-    def __init__(self, a: np.ndarray) -> None:
-        self.a = a
-
-    def get(self) -> np.ndarray:
-        return self.a.copy()
-
-
-class _Tensor:
-    """A CPU tensor of a foreign library (module ``fakelib``) that speaks DLPack, like torch."""
-
-    __module__ = "fakelib"
-
-    def __init__(self, a: np.ndarray) -> None:
-        self.a = a
-
-    def __dlpack__(self, **kw):
-        return self.a.__dlpack__(**kw)
-
-    def __dlpack_device__(self):
-        return self.a.__dlpack_device__()
-
-
-def test_like_returns_results_in_the_callers_array_type(monkeypatch):
-    """numpy in, numpy out (the same array); a result of another library comes to the host
-    for numpy callers; a caller of a DLPack library gets its tensor type over the same memory
-    (the library's ``from_dlpack``)."""
-    import sys
-    import types
-
-    fakelib = types.ModuleType("fakelib")
-    fakelib.from_dlpack = lambda x: _Tensor(np.from_dlpack(x))
-    monkeypatch.setitem(sys.modules, "fakelib", fakelib)
-    res = np.arange(4.0)
-    assert api._like(res, np.zeros(2)) is res
-    back = api._like(_Device(res), np.zeros(2))
-    assert type(back) is np.ndarray and back.tolist() == res.tolist()
-    t = api._like(res, _Tensor(np.zeros(2)))
-    assert type(t) is _Tensor and np.shares_memory(t.a, res) and t.a.tolist() == res.tolist()
-
-
-def _deliver(alloc, idx=None, val=None, completion=None, ctx="ctx"):
-    idx = np.array([1, 4, 6], np.int32) if idx is None else idx
-    val = np.array([1.5, -2.0, 3.0], np.float32) if val is None else val
-    prepared = _prepared(ReduceOp.SUM, idx.dtype, val.dtype)
-    return api._deliver((idx, val), prepared, idx, val, None, alloc, completion, ctx)
-
-
-def test_deliver_fills_the_alloc_fn_buffers_and_calls_completion_fn():
-    """alloc_fn gets (nnz, index dtype, values shape, value dtype, fn_ctx) and its own buffers
-    come back filled; completion_fn sees the result and fn_ctx."""
-    calls, done = [], []
-
-    def alloc(nnz, index_dtype, values_shape, value_dtype, ctx):
-        calls.append((nnz, np.dtype(index_dtype), values_shape, np.dtype(value_dtype), ctx))
-        return list(bufs)  # a list is accepted too
-
-    bufs = (np.zeros(3, np.int32), np.zeros((3, 2), np.float32))
-    val = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], np.float32)
-    res = _deliver(alloc, val=val, completion=lambda i, v, c: done.append((i, v, c)))
-    assert calls == [(3, np.dtype(np.int32), (3, 2), np.dtype(np.float32), "ctx")]
-    assert res.indices is bufs[0] and res.values is bufs[1] and res.n == 100
-    assert bufs[0].tolist() == [1, 4, 6] and bufs[1].tolist() == val.tolist()
-    assert len(done) == 1 and done[0][0] is bufs[0] and done[0][1] is bufs[1]
-    assert done[0][2] == "ctx"
-
-
-def _raises(cls, alloc):
-    with pytest.raises(cls) as info:
-        _deliver(alloc)
-    return info.value
-
-
-def test_fill_names_every_bad_alloc_fn_buffer():
-    """Each way alloc_fn can fail is named: not a pair, a non-array, a wrong shape or dtype of
-    either buffer, a read-only buffer (InvalidType/InvalidArgument, argument 'alloc_fn')."""
-    good_i, good_v = np.zeros(3, np.int32), np.zeros(3, np.float32)
-    for bad in (good_i, (good_i,), (good_i, good_v, good_v)):
-        e = _raises(InvalidType, lambda *a, b=bad: b)
-        assert str(e) == ("argument 'alloc_fn' must be a callable returning (index_buf, "
-                          f"value_buf), got {type(bad).__name__!r}")
-    e = _raises(InvalidType, lambda *a: ([0, 0, 0], good_v))
-    assert e.argument == "alloc_fn index_buf"
-    e = _raises(InvalidType, lambda *a: (good_i, [0.0, 0.0, 0.0]))
-    assert e.argument == "alloc_fn value_buf"
-    cases = [((np.zeros(4, np.int32), good_v), "index_buf", (4,), "int32", (3,), "int32"),
-             ((np.zeros(3, np.int64), good_v), "index_buf", (3,), "int64", (3,), "int32"),
-             ((good_i, np.zeros(3, np.float64)), "value_buf", (3,), "float64", (3,), "float32"),
-             ((good_i, np.zeros((3, 1), np.float32)), "value_buf", (3, 1), "float32", (3,),
-              "float32")]
-    for bufs, name, shape, dtype, want_shape, want_dtype in cases:
-        e = _raises(InvalidArgument, lambda *a, b=bufs: b)
-        assert str(e) == (f"invalid argument 'alloc_fn': must return {name} of shape "
-                          f"{want_shape} and dtype {want_dtype} (got '{name} {shape} {dtype}')")
-    for which in (0, 1):
-        bufs = [np.zeros(3, np.int32), np.zeros(3, np.float32)]
-        bufs[which].flags.writeable = False
-        e = _raises(InvalidArgument, lambda *a, b=bufs: b)
-        name = ("index_buf", "value_buf")[which]
-        assert e.argument == "alloc_fn" and e.value == f"{name} (3,) {bufs[which].dtype}"
-        assert e.reason.startswith("must return writable buffers (") and e.rank is None
-        assert isinstance(e.__cause__, ValueError)
 
 
 @pytest.mark.parametrize("itype, vtype, width, fits", [(np.int32, np.float32, 0, 256),

@@ -1,27 +1,24 @@
 """``sparse_allreduce``: the front door of the exact sparse allreduce.
 
-Validate collectively (one small allreduce), coalesce, plan (:func:`plan`: the algorithm named
-or ``auto``'s pick, the same on every rank, and its wire format; a small call is already
-complete after the validation, see ``small.py``), run the plan, then deliver: return a
-:class:`SparseResult`, fill the caller's buffers (``alloc_fn``), call ``completion_fn``, or
-hand back a :class:`Work` (``async_op=True``).
+A wrapper over the one call pipeline (:func:`cupycoll._pipeline.call`): validate collectively
+(one small allreduce, ``_validate.prepare``), coalesce, plan (:func:`plan`: the algorithm named
+or ``auto``'s pick, the same on every rank, and its wire format; a small call's entries came
+with the validation, see ``small.py``), run the plan or start it (``async_op``), then deliver
+(:class:`cupycoll._pipeline.Delivery`: a :class:`SparseResult`, the caller's ``alloc_fn``
+buffers, ``completion_fn``, a dense output into ``out``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 from typing import Any, Callable
 
-import numpy as np
-
-from .._background import run_async
+from .._pipeline import Delivery, Plan, call
 from .._registry import Algorithm, bind_prices, record
 from .._result import SparseResult
-from .._types import ReduceOp, array_namespace, as_array, like_caller, to_host, trunc_divide
+from .._types import ReduceOp, trunc_divide
 from ..comm import Communicator, get_comm
-from ..errors import InvalidArgument, InvalidType
 from ..primitives._unfolded import Unfolded, folded
 from . import auto as _auto
 from . import dense as _dense
@@ -107,60 +104,14 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
         res.indices, res.values                      # both ranks: [1, 5, 7], [1., 12., 20.]
     """
     comm = comm or get_comm()
-    with comm.in_stream(join=not async_op):  # NCCL: on the communicator's stream
-        outcome = _start(comm, indices, values, n, op, algorithm, accumulate_dtype, alloc_fn,
-                         completion_fn, fn_ctx, async_op, wire, wire_values, output, out)
-    return outcome if async_op else outcome()  # delivered on the caller's stream
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """What a validated call runs: the algorithm ("small": the result came with the
-    validation), its wire format and the function that runs it on a communicator; for auto's
-    measure and learn modes, the bookkeeping of a timed call."""
-
-    algorithm: str
-    wire: Wire
-    run: Callable[[Communicator], Any]
-    trials: Any = None  # measure mode: the shape class's trials (sparse/measure.py)
-    learning: Any = None  # learn mode: the shape class's pending call (sparse/learn.py)
-
-    def execute(self, comm: Communicator) -> Any:
-        """Run the call here, timing it where auto's measure or learn mode asked."""
-        if self.trials is not None:
-            started = _measure.settled(comm)
-            result = self.run(comm)
-            _measure.record(comm, self.trials, self.algorithm, started)
-            return result
-        result = self.run(comm)
-        if self.learning is not None:
-            _learn.finish(comm, self.learning)
-        return result
-
-
-def _start(comm: Communicator, indices: Any, values: Any, n: int, op: Any, algorithm: Any,
-           accumulate_dtype: Any, alloc_fn: Any, completion_fn: Any, fn_ctx: Any,
-           async_op: bool, wire: Any, wire_values: Any, output: str, out: Any) -> Any:
-    """Validate, plan and run (or start, ``async_op``) the call; return its Work, or a
-    function that delivers its result (run after the call's device work is ordered before
-    the caller's stream)."""
-    with comm.calling("sparse_allreduce"):
-        prepared = prepare(comm, indices, values, n, op=op, algorithm=algorithm,
-                           accumulate_dtype=accumulate_dtype, alloc_fn=alloc_fn,
-                           completion_fn=completion_fn, async_op=async_op, wire=wire,
-                           wire_values=wire_values, output=output, out=out)
-    chosen = plan(comm, prepared, async_op)
-    _log.debug("sparse_allreduce: algorithm %s, wire %s, nnz %s, n %d", chosen.algorithm,
-               chosen.wire, prepared.nnz, prepared.n)
-    comm.stats.count_call("sparse_allreduce", chosen.algorithm, chosen.wire.label)
-
-    def deliver(result: Any) -> Any:
-        return _deliver(result, prepared, indices, values, out, alloc_fn, completion_fn, fn_ctx)
-
-    if async_op:
-        return run_async(comm, chosen.run, deliver, "sparse_allreduce")
-    result = chosen.execute(comm)
-    return lambda: deliver(result)
+    return call(comm, "sparse_allreduce",
+                lambda: prepare(comm, indices, values, n, op=op, algorithm=algorithm,
+                                accumulate_dtype=accumulate_dtype, alloc_fn=alloc_fn,
+                                completion_fn=completion_fn, async_op=async_op, wire=wire,
+                                wire_values=wire_values, output=output, out=out),
+                lambda prepared: plan(comm, prepared, async_op),
+                lambda prepared: Delivery(values, indices, prepared.n, out, alloc_fn,
+                                          completion_fn, fn_ctx), async_op)
 
 
 def plan(comm: Communicator, prepared: Prepared, async_op: bool = False) -> Plan:
@@ -170,19 +121,21 @@ def plan(comm: Communicator, prepared: Prepared, async_op: bool = False) -> Plan
     algorithm has it."""
     if prepared.slots is not None:  # nothing left to decide: no message, no pricing
         wire = COO if prepared.wire_values is None else Wire(False, prepared.wire_values)
-        name, trials, learning = _small.ALGORITHM.name, None, None
+        name, timer = _small.ALGORITHM.name, None
     else:
-        name, wire, trials, learning = _decide(comm, prepared, async_op)
+        name, wire, timer = _decide(comm, prepared, async_op)
+    _log.debug("sparse_allreduce: algorithm %s, wire %s, nnz %s, n %d", name, wire,
+               prepared.nnz, prepared.n)
+    comm.stats.count_call("sparse_allreduce", name, wire.label)
     found, run, variant = _bound(comm, name)
     if prepared.output == "dense" and variant is not None:
-        return Plan(name, wire, lambda on: _dense_output(on, prepared, variant, wire),
-                    trials, learning)
+        return Plan(name, wire, lambda on: _dense_output(on, prepared, variant, wire), timer)
     if found.rides:
         run = functools.partial(run, slots=prepared.slots)
     # the validation told every rank's nnz: algorithms that take them skip a size round
     fn = functools.partial(run, counts=prepared.nnz) if found.counts else run
     values = prepared.values if found.unfolded else folded(prepared.values)
-    return Plan(name, wire, lambda on: _run(on, prepared, fn, values, wire), trials, learning)
+    return Plan(name, wire, lambda on: _run(on, prepared, fn, values, wire), timer)
 
 
 def _bound(comm: Communicator, name: str) -> tuple[Algorithm, Callable, Callable | None]:
@@ -200,9 +153,10 @@ def _bound(comm: Communicator, name: str) -> tuple[Algorithm, Callable, Callable
 
 
 def _decide(comm: Communicator, prepared: Prepared, async_op: bool
-            ) -> tuple[str, Wire, Any, Any]:
-    """(algorithm, wire, measure trials, learn call): the algorithm named, or auto's pick by
-    its mode (``CUPYCOLL_AUTO``; only synchronous calls are timed), and its wire format.
+            ) -> tuple[str, Wire, Callable | None]:
+    """(algorithm, wire, timer): the algorithm named, or auto's pick by its mode
+    (``CUPYCOLL_AUTO``), its wire format, and the :attr:`Plan.timer` of a call measure or
+    learn times (only synchronous calls are timed).
     What the models decide is :func:`~.auto.remembered` per kind of call: a loop's calls
     skip the pricing (measure and learn choose the algorithm per call, their wires are kept)."""
     kind = ("plan", prepared.algorithm, prepared.n, prepared.width, prepared.index_dtype,
@@ -215,16 +169,21 @@ def _decide(comm: Communicator, prepared: Prepared, async_op: bool
         kind += (prepared.auto_mode,) if prepared.algorithm == "auto" else ()
         return _auto.remembered(comm, kind, prepared.nnz, prepared.n,
                                 lambda: _priced(comm, prepared, _shape(comm, prepared)))
+    timer = None
     if prepared.auto_mode == "measure":
-        shape = _shape(comm, prepared)
-        (name, trials), learning = _measure.plan(comm, shape, prepared.op, not async_op), None
+        name, trials = _measure.plan(comm, _shape(comm, prepared), prepared.op, not async_op)
+        if trials is not None:
+            timer = lambda on: functools.partial(  # noqa: E731
+                _measure.record, on, trials, name, _measure.settled(on))
     else:
         learned = _learn.with_total(_learn_kind(comm, kind, prepared), sum(prepared.nnz))
-        trials, (name, learning) = None, _learn.plan(
-            comm, learned, lambda: _shape(comm, prepared), prepared.op, not async_op)
+        name, learning = _learn.plan(comm, learned, lambda: _shape(comm, prepared),
+                                     prepared.op, not async_op)
+        if learning is not None:
+            timer = lambda on: functools.partial(_learn.finish, on, learning)  # noqa: E731
     wire = _auto.remembered(comm, kind + (name,), prepared.nnz, prepared.n,
                             lambda: _wire(comm, prepared, name, _shape(comm, prepared)))
-    return name, wire, trials, learning
+    return name, wire, timer
 
 
 def _learn_kind(comm: Communicator, kind: tuple, prepared: Prepared) -> tuple:
@@ -245,11 +204,11 @@ def _shape(comm: Communicator, prepared: Prepared) -> Shape:
 
 
 def _priced(comm: Communicator, prepared: Prepared, shape: Shape
-            ) -> tuple[str, Wire, None, None]:
+            ) -> tuple[str, Wire, None]:
     """The algorithm named or the model's pick (``estimate``), and its wire format."""
     name = (prepared.algorithm if prepared.algorithm != "auto"
             else _auto.choose(shape, comm=comm, op=prepared.op))
-    return name, _wire(comm, prepared, name, shape), None, None
+    return name, _wire(comm, prepared, name, shape), None
 
 
 def _wire(comm: Communicator, prepared: Prepared, name: str, shape: Shape) -> Wire:
@@ -261,9 +220,8 @@ def _run(comm: Communicator, prepared: Prepared, fn: Callable, values: Any, wire
          ) -> tuple[Any, Any]:
     """Run the algorithm on ``values`` (the prepared ones, folded unless it takes them
     unfolded), then :func:`_sparse_result` of its result (copied if it aliases the input)."""
-    with comm.calling("sparse_allreduce"):
-        idx, val = fn(comm, prepared.indices, values, prepared.n, prepared.reduce_op,
-                      prepared.accumulate_dtype, wire)
+    idx, val = fn(comm, prepared.indices, values, prepared.n, prepared.reduce_op,
+                  prepared.accumulate_dtype, wire)
     xp = comm.xp
     if not isinstance(values, Unfolded) and xp.may_share_memory(val, values):
         val = val.copy()
@@ -306,61 +264,7 @@ def _dense_target(comm: Communicator, prepared: Prepared) -> Any:
 def _dense_output(comm: Communicator, prepared: Prepared, variant: Callable, wire: Wire) -> Any:
     """``output="dense"`` by the algorithm's own dense variant
     (:attr:`cupycoll._registry.Algorithm.dense_output`)."""
-    with comm.calling("sparse_allreduce"):
-        return variant(comm, prepared.indices, prepared.values, prepared.n, prepared.reduce_op,
-                       _dense_target(comm, prepared),
-                       lambda val: _callers_values(comm, prepared, val, prepared.nonfinite),
-                       prepared.minus_zero, wire)
-
-
-def _like(result: Any, original: Any) -> Any:
-    """``result`` in the array library (or DLPack type) of ``original``."""
-    if type(original) is np.ndarray and type(result) is np.ndarray:
-        return result
-    xp = array_namespace(as_array(original, "values"))
-    if array_namespace(result) is not xp:
-        result = to_host(result) if xp is np else xp.asarray(result)
-    return like_caller(result, original)
-
-
-def _deliver(result: Any, prepared: Prepared, indices: Any, values: Any, out: Any,
-             alloc_fn: Any, completion_fn: Any, fn_ctx: Any) -> Any:
-    """Hand the result to the caller: a dense output as the caller's ``out`` object (written in
-    place) or a new array of the caller's type; entries copied into ``alloc_fn``'s buffers or
-    as the caller's array types, in a :class:`SparseResult`. ``completion_fn(indices, values,
-    fn_ctx)`` is called with what the caller gets (indices None for a dense output)."""
-    if prepared.output == "dense":
-        dense = out if out is not None else _like(result, values)
-        if completion_fn is not None:
-            completion_fn(None, dense, fn_ctx)
-        return dense
-    idx, val = result
-    if alloc_fn is not None:
-        idx, val = _fill(alloc_fn(int(idx.shape[0]), prepared.index_dtype, tuple(val.shape),
-                                  prepared.value_dtype, fn_ctx), idx, val)
-    else:
-        idx, val = _like(idx, indices), _like(val, values)
-    if completion_fn is not None:
-        completion_fn(idx, val, fn_ctx)
-    return SparseResult(idx, val, prepared.n)
-
-
-def _fill(buffers: Any, idx: Any, val: Any) -> tuple[Any, Any]:
-    """Copy the result into the buffers ``alloc_fn`` returned (shape and dtype must match)."""
-    if not isinstance(buffers, (tuple, list)) or len(buffers) != 2:
-        raise InvalidType("alloc_fn", type(buffers).__name__,
-                          "a callable returning (index_buf, value_buf)")
-    out = []
-    for name, buf, src in (("index_buf", buffers[0], idx), ("value_buf", buffers[1], val)):
-        arr = as_array(buf, f"alloc_fn {name}")
-        if tuple(arr.shape) != tuple(src.shape) or np.dtype(arr.dtype) != np.dtype(src.dtype):
-            raise InvalidArgument("alloc_fn", f"{name} {tuple(arr.shape)} {arr.dtype}",
-                                  f"must return {name} of shape {tuple(src.shape)} and dtype "
-                                  f"{src.dtype}")
-        try:
-            arr[...] = _like(src, arr)
-        except ValueError as exc:  # a read-only buffer (e.g. a broadcast view)
-            raise InvalidArgument("alloc_fn", f"{name} {tuple(arr.shape)} {arr.dtype}",
-                                  f"must return writable buffers ({exc})") from exc
-        out.append(buf)
-    return out[0], out[1]
+    return variant(comm, prepared.indices, prepared.values, prepared.n, prepared.reduce_op,
+                   _dense_target(comm, prepared),
+                   lambda val: _callers_values(comm, prepared, val, prepared.nonfinite),
+                   prepared.minus_zero, wire)

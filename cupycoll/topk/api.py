@@ -1,6 +1,7 @@
 """``topk_allreduce``: the front door of the top-k allreduce family (Ok-Topk and its baselines).
 
-Arguments are validated collectively before any data moves: each rank checks its own arguments,
+A wrapper over the one call pipeline (:func:`cupycoll._pipeline.call`): validate (below), plan
+(:func:`plan`), run, deliver in ``x``'s array library. Arguments are validated collectively before any data moves: each rank checks its own arguments,
 then one small allreduce (MAX over int64: an error code keyed by rank, and +/- the length, k,
 dtype and algorithm so min and max can be compared) tells every rank whether any rank failed or
 whether the ranks disagree. So bad input on one rank raises a typed error on every rank instead
@@ -19,18 +20,20 @@ import numpy as np
 
 from .. import _agreement as agreement
 from .._config import setting
+from .._pipeline import Delivery, Plan, call
 from .._registry import algorithms, record
 from .._result import SparseResult
 from .._types import array_namespace, as_array, check_dtype
 from ..comm import Communicator, get_comm
 from ..errors import CupycollError, InvalidArgument, InvalidType
 from ..wire._choice import check_wire, check_wire_values, decode_code, wire_code
+from ..wire._pack import COO
 from ._common import TopkOutcome, TopkState, to_namespace
 from ._oktopk_small import SmallRefresh
 from ._wire import choose_wire
 from .selectors import Selector
 
-__all__ = ["topk_allreduce", "validate", "run", "FLOAT_DTYPES"]
+__all__ = ["topk_allreduce", "validate", "plan", "run", "FLOAT_DTYPES"]
 
 #: value dtypes the top-k algorithms accept.
 FLOAT_DTYPES = tuple(np.dtype(t) for t in ("float16", "float32", "float64"))
@@ -222,16 +225,29 @@ def topk_allreduce(x: Any, k: int, *, algorithm: str | None = None,
     if (algorithm == "oktopk" and state is None and selector is None and wire_values is None
             and agreement.slot_words(comm.size)):
         small = SmallRefresh(comm)
-    with comm.in_stream(), comm.calling("topk_allreduce"):  # NCCL: the communicator's stream
-        arr, k = validate(comm, x, k, algorithm, selector=selector, state=state, wire=wire,
-                          wire_values=wire_values, small=small)
-        x_here = to_namespace(arr, comm.xp)
-        if small is not None and small.slots is not None:  # every selection came with it
-            res = record("topk", "oktopk_small").run(
-                comm, x_here, k, slots=small.slots, counts=small.counts,
-                threshold=small.threshold).result
-        else:
-            res = run(comm, x_here, k, algorithm, selector, state, check_wire(wire),
-                      wire_values).result
-        xp = array_namespace(arr)
-        return SparseResult(to_namespace(res.indices, xp), to_namespace(res.values, xp), res.n)
+    return call(comm, "topk_allreduce",
+                lambda: validate(comm, x, k, algorithm, selector=selector, state=state,
+                                 wire=wire, wire_values=wire_values, small=small),
+                lambda agreed: plan(comm, *agreed, algorithm, selector, state, wire,
+                                    wire_values, small),
+                lambda agreed: Delivery(agreed[0], agreed[0], int(agreed[0].shape[0])))
+
+
+def plan(comm: Communicator, arr: Any, k: int, algorithm: str, selector: Selector | None,
+         state: TopkState | None, wire: Any, wire_values: str | None,
+         small: SmallRefresh | None = None) -> Plan:
+    """The plan of an agreed call (the same on every rank): ``oktopk_small`` where every
+    rank's selection came with the validation, else the algorithm by :func:`run`; its run
+    returns the result's (indices, values)."""
+    x = to_namespace(arr, comm.xp)
+    if small is not None and small.slots is not None:
+        found = record("topk", "oktopk_small")
+        return Plan(found.name, COO, lambda on: _entries(found.run(
+            on, x, k, slots=small.slots, counts=small.counts, threshold=small.threshold)))
+    return Plan(algorithm, None, lambda on: _entries(run(
+        on, x, k, algorithm, selector, state, check_wire(wire), wire_values)))
+
+
+def _entries(outcome: TopkOutcome) -> tuple[Any, Any]:
+    """The (indices, values) of an outcome's result."""
+    return outcome.result.indices, outcome.result.values

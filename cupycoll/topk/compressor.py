@@ -25,7 +25,7 @@ import numpy as np
 
 from .._config import setting
 from .._result import SparseResult
-from .._background import run_async
+from .._pipeline import Delivery, Plan, call
 from .._types import ReduceOp, array_namespace, as_array
 from ..comm import Communicator, get_comm
 from ..errors import InvalidArgument
@@ -112,52 +112,52 @@ class TopkCompressor:
         ``grad``: numpy, cupy or ``__dlpack__`` (e.g. a torch tensor), float, length n on every
         rank. Returns a SparseResult in numpy (host gradients) or cupy (device gradients) whose
         values are averages over ranks. Raises on every rank as ``topk_allreduce`` does.
-        With ``async_op=True`` returns a :class:`~cupycoll.comm.Work` at once (``wait()``,
-        ``get_future()``, ``add_done_callback()``): the step runs in call order on the
-        communicator's background worker, over a duplicate of it, so it overlaps the caller's
-        work (e.g. the rest of a backward pass). Do not modify ``grad`` nor read ``residual``
-        until it completes; a later synchronous step waits for it first.
+        With ``async_op=True`` returns a :class:`~cupycoll.comm.Work` once the arguments are
+        agreed (``wait()``, ``get_future()``, ``add_done_callback()``): the step runs in call
+        order on the communicator's background worker, over a duplicate of it, so it overlaps
+        the caller's work (e.g. the rest of a backward pass). Do not modify ``grad`` nor read
+        ``residual`` until it completes; a later synchronous step waits for it first.
         """
-        with self.comm.in_stream(join=not async_op):  # NCCL: the communicator's stream
-            if async_op:
-                self._pending = run_async(self.comm, lambda on: self._step(grad, on),
-                                          op_name="compressor.step")
-                return self._pending
-            if self._pending is not None:
-                self._pending.wait()
-            return self._step(grad, self.comm)
+        if not async_op and self._pending is not None:
+            self._pending.wait()
+        done = call(self.comm, "TopkCompressor.step",
+                    lambda: validate(self.comm, grad, self.k, self.algorithm, argument="grad",
+                                     n=self.n, verb="TopkCompressor.step", wire=self.wire,
+                                     wire_values=self.wire_values),
+                    lambda agreed: Plan(self.algorithm, None,
+                                        lambda on: self._advance(on, *agreed)),
+                    lambda agreed: Delivery(agreed[0], agreed[0], self.n), async_op)
+        if async_op:
+            self._pending = done
+        return done
 
-    def _step(self, grad: Any, comm: Communicator) -> SparseResult:
-        """One step over ``comm`` (the compressor's communicator or its background duplicate)."""
-        with comm.calling("TopkCompressor.step"):
-            arr, k = validate(comm, grad, self.k, self.algorithm, argument="grad", n=self.n,
-                              verb="TopkCompressor.step", wire=self.wire,
-                              wire_values=self.wire_values)
-            xp = array_namespace(arr)
-            dtype = np.float32 if arr.dtype == np.float16 else arr.dtype
-            if self._residual is None or array_namespace(self._residual) is not xp \
-                    or self._residual.dtype != dtype:
-                self._residual = to_namespace(self.residual, xp).astype(dtype)
-            acc = self._residual + arr.astype(dtype, copy=False)
-            acc_c = to_namespace(acc, comm.xp)
-            if self.steps < self.warmup_steps:
-                update = self._dense_step(acc_c, comm)
-                self._residual = xp.zeros_like(acc)
-            else:
-                outcome = run(comm, acc_c, k, self.algorithm, None, self.state,
-                              check_wire(self.wire), self.wire_values)
-                update = outcome.result
-                if self.measure_xi:
-                    self.xi.append(self._xi(acc_c, to_namespace(arr.astype(dtype), comm.xp),
-                                            update, comm))
-                acc[to_namespace(outcome.included, xp)] = 0
-                for where, error in outcome.remainders:  # rounding errors (wire_values)
-                    acc[to_namespace(where, xp)] += to_namespace(error, xp).astype(dtype)
-                self._residual = acc
-                update = SparseResult(update.indices, update.values / comm.size, self.n)
+    def _advance(self, comm: Communicator, arr: Any, k: int) -> tuple[Any, Any]:
+        """One validated step over ``comm`` (the compressor's communicator or its background
+        duplicate): the update's (indices, values), the residual and the step count advanced."""
+        xp = array_namespace(arr)
+        dtype = np.float32 if arr.dtype == np.float16 else arr.dtype
+        if self._residual is None or array_namespace(self._residual) is not xp \
+                or self._residual.dtype != dtype:
+            self._residual = to_namespace(self.residual, xp).astype(dtype)
+        acc = self._residual + arr.astype(dtype, copy=False)
+        acc_c = to_namespace(acc, comm.xp)
+        if self.steps < self.warmup_steps:
+            update = self._dense_step(acc_c, comm)
+            self._residual = xp.zeros_like(acc)
+        else:
+            outcome = run(comm, acc_c, k, self.algorithm, None, self.state,
+                          check_wire(self.wire), self.wire_values)
+            update = outcome.result
+            if self.measure_xi:
+                self.xi.append(self._xi(acc_c, to_namespace(arr.astype(dtype), comm.xp),
+                                        update, comm))
+            acc[to_namespace(outcome.included, xp)] = 0
+            for where, error in outcome.remainders:  # rounding errors (wire_values)
+                acc[to_namespace(where, xp)] += to_namespace(error, xp).astype(dtype)
+            self._residual = acc
+            update = SparseResult(update.indices, update.values / comm.size, self.n)
         self.steps += 1
-        return SparseResult(to_namespace(update.indices, xp), to_namespace(update.values, xp),
-                            self.n)
+        return update.indices, update.values
 
     def _dense_step(self, acc: Any, comm: Communicator) -> SparseResult:
         """Warm-up: the dense average of acc, as a SparseResult over all n indices."""

@@ -55,6 +55,7 @@ _SPARSE_MPI = "tests/test_sparse_mpi.py::"
 _SPARSE = ["tests/test_sparse_units.py", "tests/test_api_units.py",
            "tests/test_sparse_in_process.py", "tests/test_sparse_front_door.py",
            "tests/test_sparse_dense_algorithm.py", "tests/test_sparse_validation.py",
+           "tests/test_pipeline.py",
            "tests/test_tuner.py::test_choose_remembers_a_shape_per_profile",
            *(_SPARSE_MPI + t for t in (
                "test_nan_inf_signed_zero_same_bits_in_every_algorithm[2]",
@@ -119,6 +120,7 @@ MODULES = {
                                  "tests/test_dense.py::test_comm_stats_errors_timeouts[3]",
                                  _SPARSE_MPI + "test_volume_equals_cost_models[3]"]
        for m in ("_base", "_stats", "_work")},
+    "cupycoll/_pipeline.py": _SPARSE + _TOPK[:3],
 }
 #: CI-sized sample: split's two pure region functions (~100 mutants) against the in-process
 #: unit tests only, in its own folder (``build/mutation/sample_...``).

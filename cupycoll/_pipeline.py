@@ -1,0 +1,133 @@
+"""The one call pipeline of the front doors: agree, plan, run (or start), deliver.
+
+``sparse_allreduce``, ``topk_allreduce`` and ``TopkCompressor.step`` are short wrappers over
+:func:`call`; they differ only in what they agree on, how they plan and what their plan runs.
+What the caller gets back is one :class:`Delivery` for every front door, the dense verbs
+included.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import numpy as np
+
+from ._background import run_async
+from ._result import SparseResult
+from ._types import array_namespace, as_array, like_caller, to_host
+from .comm import Communicator
+from .errors import InvalidArgument, InvalidType
+
+__all__ = ["Plan", "Delivery", "call", "callers"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What an agreed call runs: the algorithm, its wire format (None where the algorithm
+    chooses it as it runs), the function that runs it on a communicator, and, for a timed call
+    (auto's measure and learn modes), ``timer(comm)``, called before the run, which returns
+    the function to call after it."""
+
+    algorithm: str
+    wire: Any
+    run: Callable[[Communicator], Any]
+    timer: Callable[[Communicator], Callable[[], None]] | None = None
+
+
+def call(comm: Communicator, verb: str, agree: Callable[[], Any],
+         plan: Callable[[Any], Plan], deliver: Callable[[Any], "Delivery"],
+         async_op: bool = False) -> Any:
+    """One front-door call of ``verb`` on ``comm``, in the communicator's stream order.
+
+    ``agree()`` validates locally and settles the agreement (raising on every rank);
+    ``plan(agreed)`` is what runs, the same on every rank; it runs here (timed where the plan
+    says), or starts (``async_op``: a :class:`~cupycoll.comm.Work`, see
+    :func:`~cupycoll._background.run_async`); ``deliver(agreed)`` hands the result over, on the
+    caller's stream. Agreement and run count as ``verb`` for failure reports.
+    """
+    with comm.in_stream(join=not async_op):  # NCCL: on the communicator's stream
+        with comm.calling(verb):
+            agreed = agree()
+        planned = plan(agreed)
+
+        def run(on: Communicator) -> Any:
+            with on.calling(verb):
+                return planned.run(on)
+
+        if async_op:
+            return run_async(comm, run, deliver(agreed), verb)
+        stop = planned.timer(comm) if planned.timer is not None else None
+        result = run(comm)
+        if stop is not None:
+            stop()
+    return deliver(agreed)(result)
+
+
+@dataclasses.dataclass(frozen=True)
+class Delivery:
+    """How a front door hands its result to the caller.
+
+    An array (a dense verb's result, a dense output): the caller's ``out`` itself where given
+    (a torch tensor stays that tensor), else the array as the caller's type (``like``'s). Entries
+    ``(indices, values)``: copied into the buffers ``alloc_fn(nnz, index_dtype, values_shape,
+    value_dtype, fn_ctx)`` returns, else as the caller's types (``like_indices``'s, ``like``'s),
+    in a :class:`SparseResult` of length ``n``. ``completion_fn(indices, values, fn_ctx)`` is
+    then called with what the caller gets (indices None for an array).
+    """
+
+    like: Any
+    like_indices: Any = None
+    n: int = 0
+    out: Any = None
+    alloc_fn: Callable[..., tuple[Any, Any]] | None = None
+    completion_fn: Callable[[Any, Any, Any], Any] | None = None
+    fn_ctx: Any = None
+
+    def __call__(self, result: Any) -> Any:
+        if not isinstance(result, tuple):
+            got = self.out if self.out is not None and result is not None else \
+                callers(result, self.like)
+            if self.completion_fn is not None:
+                self.completion_fn(None, got, self.fn_ctx)
+            return got
+        idx, val = result
+        if self.alloc_fn is not None:
+            idx, val = _fill(self.alloc_fn(int(idx.shape[0]), idx.dtype, tuple(val.shape),
+                                           val.dtype, self.fn_ctx), idx, val)
+        else:
+            idx, val = callers(idx, self.like_indices), callers(val, self.like)
+        if self.completion_fn is not None:
+            self.completion_fn(idx, val, self.fn_ctx)
+        return SparseResult(idx, val, self.n)
+
+
+def callers(result: Any, original: Any) -> Any:
+    """``result`` in the array library (or DLPack type) of ``original``."""
+    if result is None or type(result) is type(original):
+        return result
+    xp = array_namespace(as_array(original, "values"))
+    if array_namespace(result) is not xp:
+        result = to_host(result) if xp is np else xp.asarray(result)
+    return like_caller(result, original)
+
+
+def _fill(buffers: Any, idx: Any, val: Any) -> tuple[Any, Any]:
+    """Copy the result into the buffers ``alloc_fn`` returned (shape and dtype must match)."""
+    if not isinstance(buffers, (tuple, list)) or len(buffers) != 2:
+        raise InvalidType("alloc_fn", type(buffers).__name__,
+                          "a callable returning (index_buf, value_buf)")
+    out = []
+    for name, buf, src in (("index_buf", buffers[0], idx), ("value_buf", buffers[1], val)):
+        arr = as_array(buf, f"alloc_fn {name}")
+        if tuple(arr.shape) != tuple(src.shape) or np.dtype(arr.dtype) != np.dtype(src.dtype):
+            raise InvalidArgument("alloc_fn", f"{name} {tuple(arr.shape)} {arr.dtype}",
+                                  f"must return {name} of shape {tuple(src.shape)} and dtype "
+                                  f"{src.dtype}")
+        try:
+            arr[...] = callers(src, arr)
+        except ValueError as exc:  # a read-only buffer (e.g. a broadcast view)
+            raise InvalidArgument("alloc_fn", f"{name} {tuple(arr.shape)} {arr.dtype}",
+                                  f"must return writable buffers ({exc})") from exc
+        out.append(buf)
+    return out[0], out[1]
