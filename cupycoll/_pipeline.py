@@ -9,6 +9,7 @@ included.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import numpy as np
@@ -22,7 +23,7 @@ from .errors import InvalidArgument, InvalidType
 __all__ = ["Plan", "Delivery", "call", "callers"]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True)
 class Plan:
     """What an agreed call runs: the algorithm, its wire format (None where the algorithm
     chooses it as it runs), the function that runs it on a communicator, and, for a timed call
@@ -50,27 +51,30 @@ def call(comm: Communicator, verb: str, agree: Callable[[], Any],
         with comm.calling(verb):
             agreed = agree()
         planned = plan(agreed)
-
-        def run(on: Communicator) -> Any:
-            with on.calling(verb):
-                return planned.run(on)
-
         if async_op:
-            return run_async(comm, run, deliver(agreed), verb)
+            return run_async(comm, functools.partial(_named, verb, planned.run),
+                             deliver(agreed), verb)
         stop = planned.timer(comm) if planned.timer is not None else None
-        result = run(comm)
+        with comm.calling(verb):
+            result = planned.run(comm)
         if stop is not None:
             stop()
     return deliver(agreed)(result)
 
 
-@dataclasses.dataclass(frozen=True)
+def _named(verb: str, run: Callable[[Communicator], Any], on: Communicator) -> Any:
+    """``run(on)`` counted as ``verb`` for failure reports."""
+    with on.calling(verb):
+        return run(on)
+
+
+@dataclasses.dataclass(slots=True)
 class Delivery:
     """How a front door hands its result to the caller.
 
     An array (a dense verb's result, a dense output): the caller's ``out`` itself where given
     (a torch tensor stays that tensor), else the array as the caller's type (``like``'s). Entries
-    ``(indices, values)``: copied into the buffers ``alloc_fn(nnz, index_dtype, values_shape,
+    (a tuple that starts ``(indices, values)``, e.g. a SparseResult): copied into the buffers ``alloc_fn(nnz, index_dtype, values_shape,
     value_dtype, fn_ctx)`` returns, else as the caller's types (``like_indices``'s, ``like``'s),
     in a :class:`SparseResult` of length ``n``. ``completion_fn(indices, values, fn_ctx)`` is
     then called with what the caller gets (indices None for an array).
@@ -91,7 +95,7 @@ class Delivery:
             if self.completion_fn is not None:
                 self.completion_fn(None, got, self.fn_ctx)
             return got
-        idx, val = result
+        idx, val = result[0], result[1]
         if self.alloc_fn is not None:
             idx, val = _fill(self.alloc_fn(int(idx.shape[0]), idx.dtype, tuple(val.shape),
                                            val.dtype, self.fn_ctx), idx, val)

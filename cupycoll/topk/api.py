@@ -238,16 +238,11 @@ def plan(comm: Communicator, arr: Any, k: int, algorithm: str, selector: Selecto
          small: SmallRefresh | None = None) -> Plan:
     """The plan of an agreed call (the same on every rank): ``oktopk_small`` where every
     rank's selection came with the validation, else the algorithm by :func:`run`; its run
-    returns the result's (indices, values)."""
+    returns the outcome's result."""
     x = to_namespace(arr, comm.xp)
     if small is not None and small.slots is not None:
         found = record("topk", "oktopk_small")
-        return Plan(found.name, COO, lambda on: _entries(found.run(
-            on, x, k, slots=small.slots, counts=small.counts, threshold=small.threshold)))
-    return Plan(algorithm, None, lambda on: _entries(run(
-        on, x, k, algorithm, selector, state, check_wire(wire), wire_values)))
-
-
-def _entries(outcome: TopkOutcome) -> tuple[Any, Any]:
-    """The (indices, values) of an outcome's result."""
-    return outcome.result.indices, outcome.result.values
+        return Plan(found.name, COO, lambda on: found.run(
+            on, x, k, slots=small.slots, counts=small.counts, threshold=small.threshold).result)
+    return Plan(algorithm, None, lambda on: run(
+        on, x, k, algorithm, selector, state, check_wire(wire), wire_values).result)

@@ -131,9 +131,9 @@ class TopkCompressor:
             self._pending = done
         return done
 
-    def _advance(self, comm: Communicator, arr: Any, k: int) -> tuple[Any, Any]:
+    def _advance(self, comm: Communicator, arr: Any, k: int) -> SparseResult:
         """One validated step over ``comm`` (the compressor's communicator or its background
-        duplicate): the update's (indices, values), the residual and the step count advanced."""
+        duplicate): the update, the residual and the step count advanced."""
         xp = array_namespace(arr)
         dtype = np.float32 if arr.dtype == np.float16 else arr.dtype
         if self._residual is None or array_namespace(self._residual) is not xp \
@@ -157,7 +157,7 @@ class TopkCompressor:
             self._residual = acc
             update = SparseResult(update.indices, update.values / comm.size, self.n)
         self.steps += 1
-        return update.indices, update.values
+        return update
 
     def _dense_step(self, acc: Any, comm: Communicator) -> SparseResult:
         """Warm-up: the dense average of acc, as a SparseResult over all n indices."""
