@@ -236,6 +236,34 @@ def test_front_door_validates_under_its_name_with_the_algorithm_from_the_environ
     assert info.value.argument == "wire"
 
 
+def test_an_async_compressor_step_validates_here_and_runs_on_the_duplicate(comm, monkeypatch):
+    """``TopkCompressor.step(async_op=True)`` agrees on its arguments on the compressor's own
+    communicator under ``TopkCompressor.step`` (a bad gradient raises at the call, not at the
+    wait) and runs the algorithm on the background duplicate; the update is the dense top-k
+    average of the gradient (P = 1: the gradient itself)."""
+    seen, real = [], api.validate
+    mine = comm.dup()
+
+    def validate(on, *args, **kwargs):
+        seen.append((on, on._verb))
+        return real(on, *args, **kwargs)
+
+    monkeypatch.setattr(cc.topk.compressor, "validate", validate)
+    ran = []
+    real_run = cc.topk.compressor.run
+    monkeypatch.setattr(cc.topk.compressor, "run",
+                        lambda on, *a: ran.append(on) or real_run(on, *a))
+    comp = cc.TopkCompressor(10, 0.3, algorithm="dense", comm=mine)
+    with pytest.raises(InvalidArgument) as info:
+        comp.step(np.zeros(9, np.float32), async_op=True)
+    assert info.value.argument == "grad" and comp.steps == 0
+    upd = comp.step(X, async_op=True).wait()
+    assert seen == [(mine, "TopkCompressor.step")] * 2
+    assert len(ran) == 1 and ran[0] is not mine
+    assert upd.indices.tolist() == [7, 8, 9] and upd.values.tolist() == [8.0, 9.0, 10.0]
+    assert comp.residual.tolist() == X[:7].tolist() + [0.0] * 3
+
+
 def test_run_chooses_the_auto_wire_from_the_communicators_profile(monkeypatch):
     """On P > 1 ranks ``wire="auto"`` is priced with the communicator's profile (no profile
     is read otherwise); k and n of the call go into the documented rule; the algorithm's
