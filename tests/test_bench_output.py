@@ -239,6 +239,32 @@ def test_bench_allgather_phases_prices_both_phases():
     assert all(float(v) > 0 for v in rows[0][1:]), out
 
 
+def test_bench_fixed_reprices_every_priced_algorithm():
+    """bench/dev/bench_fixed.py on 2 ranks, one short pass: a row per priced algorithm with the
+    profile's fixed cost, today's and the re-priced one (today's times the median ratio, so
+    the re-priced median ratio is 1), and the re-priced values as JSON."""
+    import json
+    import statistics
+    import subprocess
+
+    import cupycoll
+    from tests._mpi import mpiexec
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py",
+                          str(root / "bench" / "dev" / "bench_fixed.py"), "--passes", "1",
+                          "--repeats", "2"], capture_output=True, text=True, timeout=300,
+                         check=True, cwd=root,
+                         env={**__import__("os").environ, "PYTHONPATH": str(root)}).stdout
+    rows = {r[0]: r for r in (line.split() for line in out.splitlines())
+            if r and not r[0].startswith("#")}
+    assert set(rows) == set(cupycoll.algorithms("sparse")) - {"auto"}, out
+    assert all(float(r[1]) > 0 and float(r[2]) >= 0 for r in rows.values()), out
+    repriced = json.loads(out.split("# repriced ", 1)[1])
+    assert set(repriced) == set(rows)
+    ratios = [float(rows[a][1]) * 1e-6 / repriced[a] for a in rows if repriced[a] > 0]
+    assert abs(statistics.median(ratios) - 1) < 0.02, out
+
+
 def test_bench_sparse_runs_learns_trials_untimed_and_shows_its_choice(monkeypatch):
     """bench_sparse under CUPYCOLL_AUTO=learn: each auto call runs 1 + learn.TRIAL_CALLS
     untimed calls first, and the pick shown is the choice of the class those calls fed (an
