@@ -1,13 +1,14 @@
 """The one call pipeline of the front doors: agree, plan, run (or start), deliver.
 
-``sparse_allreduce``, ``topk_allreduce`` and ``TopkCompressor.step`` are short wrappers over
+``sparse_allreduce``, ``topk_allreduce``, ``TopkCompressor.step`` and the dense verbs' general
+path (the one with their checks and CUPYCOLL_DEBUG's agreement) are short wrappers over
 :func:`call`; they differ only in what they agree on, how they plan and what their plan runs.
-What the caller gets back is one :class:`Delivery` for every front door, the dense verbs
-included.
+What the caller gets back is one :class:`Delivery` for every front door.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Any, Callable
@@ -17,7 +18,7 @@ import numpy as np
 from ._background import run_async
 from ._result import SparseResult
 from ._types import array_namespace, as_array, like_caller, to_host
-from .comm import Communicator
+from .comm import Communicator, Work
 from .errors import InvalidArgument, InvalidType
 
 __all__ = ["Plan", "Delivery", "call", "callers"]
@@ -26,34 +27,42 @@ __all__ = ["Plan", "Delivery", "call", "callers"]
 @dataclasses.dataclass(slots=True)
 class Plan:
     """What an agreed call runs: the algorithm, its wire format (None where the algorithm
-    chooses it as it runs), the function that runs it on a communicator, and, for a timed call
+    chooses it as it runs), the function that runs it on a communicator; for a timed call
     (auto's measure and learn modes), ``timer(comm)``, called before the run, which returns
-    the function to call after it."""
+    the function to call after it; and where the Communicator starts the run itself (a dense
+    verb), ``start(comm)``, its Work, whose result is the run's (else an asynchronous call
+    runs on the background worker)."""
 
     algorithm: str
     wire: Any
     run: Callable[[Communicator], Any]
     timer: Callable[[Communicator], Callable[[], None]] | None = None
+    start: Callable[[Communicator], Work] | None = None
 
 
 def call(comm: Communicator, verb: str, agree: Callable[[], Any],
          plan: Callable[[Any], Plan], deliver: Callable[[Any], "Delivery"],
-         async_op: bool = False) -> Any:
+         async_op: bool = False, stream: bool = True) -> Any:
     """One front-door call of ``verb`` on ``comm``, in the communicator's stream order.
 
     ``agree()`` validates locally and settles the agreement (raising on every rank);
     ``plan(agreed)`` is what runs, the same on every rank; it runs here (timed where the plan
-    says), or starts (``async_op``: a :class:`~cupycoll.comm.Work`, see
-    :func:`~cupycoll._background.run_async`); ``deliver(agreed)`` hands the result over, on the
-    caller's stream. Agreement and run count as ``verb`` for failure reports.
+    says), or starts (``async_op``: a :class:`~cupycoll.comm.Work`, the plan's own ``start``
+    or :func:`~cupycoll._background.run_async`); ``deliver(agreed)`` hands the result over, on
+    the caller's stream. Agreement and run count as ``verb`` for failure reports. ``stream``
+    False: the body keeps the caller's stream (a Communicator verb orders itself after it).
     """
-    with comm.in_stream(join=not async_op):  # NCCL: on the communicator's stream
+    with comm.in_stream(join=not async_op) if stream else contextlib.nullcontext():
         with comm.calling(verb):
             agreed = agree()
         planned = plan(agreed)
         if async_op:
-            return run_async(comm, functools.partial(_named, verb, planned.run),
-                             deliver(agreed), verb)
+            delivery = deliver(agreed)
+            if planned.start is not None:
+                work = planned.start(comm)
+                return Work.then(work, lambda: delivery(work.wait()))
+            return run_async(comm, functools.partial(_named, verb, planned.run), delivery,
+                             verb)
         stop = planned.timer(comm) if planned.timer is not None else None
         with comm.calling(verb):
             result = planned.run(comm)

@@ -14,15 +14,14 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import operator
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 
 from . import _agreement as agreement
 from ._config import debug
-from ._pipeline import Delivery
+from ._pipeline import Delivery, Plan, call
 from ._types import (DENSE_DTYPES, ReduceOp, array_namespace, as_array, check_dtype,
                      parse_op)
 from .comm import Communicator, Work, get_comm
@@ -73,18 +72,33 @@ def _plain_root(root: Any, comm: Communicator) -> bool:
     return type(root) is int and 0 <= root < comm.size
 
 
-def _start(comm: Communicator, verb: str, args: tuple, result: Any, original: Any,
-           async_op: bool, out: Any = None) -> Any:
-    """Run ``comm.<verb>(*args)``: to completion (the backend's cheapest blocking way) and
-    return ``result`` in the caller's array type, or (async_op) return a Work of it. Where
-    the caller passed ``out`` (and this rank has a result), the result is ``out`` itself, the
-    caller's object (a torch tensor stays that tensor, not a new one over its memory)."""
-    deliver = Delivery(original, out=out)
-    if async_op:
-        work = getattr(comm, verb)(*args)
-        return Work.then(work, lambda: deliver(result))
+def _started(comm: Communicator, verb: str, args: tuple) -> Work:
+    """``comm.<verb>(*args)`` started: its Work, whose result is the output ``args[1]``."""
+    return Work.then(getattr(comm, verb)(*args), lambda: args[1])
+
+
+def _ran(comm: Communicator, verb: str, args: tuple) -> Any:
+    """``comm.<verb>(*args)`` run to completion (the backend's cheapest blocking way); the
+    output ``args[1]``."""
     comm.run(verb, *args)
-    return deliver(result)
+    return args[1]
+
+
+def _general(comm: Communicator, verb: str, x: Any, out: Any, async_op: bool,
+             validate: Callable[[], tuple[tuple, dict[str, Any]]]) -> Any:
+    """A verb's general path, over the call pipeline (:func:`cupycoll._pipeline.call`):
+    ``validate()`` checks the arguments on this rank and returns the verb's arguments (input,
+    output, ...) and the agreement's fields (op, root); with CUPYCOLL_DEBUG every rank agrees
+    on the call first (:func:`_agreed`). The Communicator runs the verb (its own Work for
+    ``async_op``), on the caller's stream order; the caller gets its ``out`` itself (a torch
+    tensor stays that tensor) or the output as its array type."""
+
+    def plan(args: tuple) -> Plan:
+        return Plan(verb, None, lambda on: _ran(on, verb, args),
+                    start=lambda on: _started(on, verb, args))
+
+    return call(comm, verb, lambda: _agreed(comm, verb, validate), plan,
+                lambda args: Delivery(x, out=out), async_op, stream=False)
 
 
 def _input(x: Any, comm: Communicator, name: str = "x") -> Any:
@@ -168,28 +182,26 @@ def _agree(comm: Communicator, verb: str, fields: dict[str, int] | None,
         draft.settle("debug.check")
 
 
-@contextlib.contextmanager
-def _checked(comm: Communicator, verb: str) -> Iterator[Callable[..., None]]:
-    """Validate one front-door call; with CUPYCOLL_DEBUG, agree on it across ranks.
-
-    The body validates locally and ends with ``check(arr, op, root)``; a CupycollError raised
-    before that still takes part in the agreement (as a bad-argument flag) when debugging.
-    """
-    debugging, checked = debug(), []
-
-    def check(arr: Any, op: ReduceOp | None = None, root: int = -1) -> None:
-        checked.append(True)
-        if debugging:
-            _agree(comm, verb, {"collective": _VERBS.index(verb),
-                                "op": _OPS.index(op) if op is not None else -1, "root": root,
-                                "dtype": np.dtype(arr.dtype).num, "count": int(arr.size)})
-
+def _agreed(comm: Communicator, verb: str,
+            validate: Callable[[], tuple[tuple, dict[str, Any]]]) -> tuple:
+    """The verb's arguments, validated on this rank by ``validate()`` (the arguments, input
+    first, and the op and root to agree on); with CUPYCOLL_DEBUG every rank agrees on the call:
+    a CupycollError raised by ``validate`` takes part in the agreement as a bad-argument flag
+    (every rank raises), a call that differs raises MismatchError everywhere (:func:`_agree`)."""
+    debugging = debug()
     try:
-        yield check
+        args, fields = validate()
     except CupycollError as exc:
-        if debugging and not checked:
+        if debugging:
             _agree(comm, verb, None, exc)  # raises exc after the agreement
         raise
+    if debugging:
+        op = fields.get("op")
+        _agree(comm, verb, {"collective": _VERBS.index(verb),
+                            "op": _OPS.index(op) if op is not None else -1,
+                            "root": fields.get("root", -1),
+                            "dtype": np.dtype(args[0].dtype).num, "count": int(args[0].size)})
+    return args
 
 
 def allreduce(x: Any, op: Any = "sum", *, comm: Communicator | None = None, out: Any = None,
@@ -211,15 +223,16 @@ def allreduce(x: Any, op: Any = "sum", *, comm: Communicator | None = None, out:
     dst = _plain_output(x, out, comm) if red is not None else None
     if dst is not None:
         if async_op:
-            return _start(comm, "allreduce", (x, dst, red), dst, x, True)
+            return _started(comm, "allreduce", (x, dst, red))
         comm.run("allreduce", x, dst, red)
         return dst
-    with _checked(comm, "allreduce") as check:
+
+    def validate() -> tuple[tuple, dict[str, Any]]:
         arr = _input(x, comm)
         red = parse_op(op, rank=comm.rank)
-        dst = _output(out, arr, arr.shape, comm)
-        check(arr, red)
-    return _start(comm, "allreduce", (arr, dst, red), dst, x, async_op, out)
+        return (arr, _output(out, arr, arr.shape, comm), red), {"op": red}
+
+    return _general(comm, "allreduce", x, out, async_op, validate)
 
 
 def broadcast(x: Any, root: int = 0, *, comm: Communicator | None = None, out: Any = None,
@@ -229,15 +242,16 @@ def broadcast(x: Any, root: int = 0, *, comm: Communicator | None = None, out: A
     dst = _plain_output(x, out, comm) if _plain_root(root, comm) else None
     if dst is not None:
         if async_op:
-            return _start(comm, "broadcast", (x, dst, root), dst, x, True)
+            return _started(comm, "broadcast", (x, dst, root))
         comm.run("broadcast", x, dst, root)
         return dst
-    with _checked(comm, "broadcast") as check:
+
+    def validate() -> tuple[tuple, dict[str, Any]]:
         arr = _input(x, comm)
         src = _root(root, comm)
-        dst = _output(out, arr, arr.shape, comm)
-        check(arr, root=src)
-    return _start(comm, "broadcast", (arr, dst, src), dst, x, async_op, out)
+        return (arr, _output(out, arr, arr.shape, comm), src), {"root": src}
+
+    return _general(comm, "broadcast", x, out, async_op, validate)
 
 
 def reduce(x: Any, root: int = 0, op: Any = "sum", *, comm: Communicator | None = None,
@@ -253,16 +267,18 @@ def reduce(x: Any, root: int = 0, op: Any = "sum", *, comm: Communicator | None 
         if comm.rank != root:
             dst = None
         if async_op:
-            return _start(comm, "reduce", (x, dst, red, root), dst, x, True)
+            return _started(comm, "reduce", (x, dst, red, root))
         comm.run("reduce", x, dst, red, root)
         return dst
-    with _checked(comm, "reduce") as check:
+
+    def validate() -> tuple[tuple, dict[str, Any]]:
         arr = _input(x, comm)
         dst_root = _root(root, comm)
         red = parse_op(op, rank=comm.rank)
         dst = _output(out, arr, arr.shape, comm) if comm.rank == dst_root else None
-        check(arr, red, dst_root)
-    return _start(comm, "reduce", (arr, dst, red, dst_root), dst, x, async_op, out)
+        return (arr, dst, red, dst_root), {"op": red, "root": dst_root}
+
+    return _general(comm, "reduce", x, out, async_op, validate)
 
 
 def allgather(x: Any, *, comm: Communicator | None = None, out: Any = None,
@@ -272,15 +288,16 @@ def allgather(x: Any, *, comm: Communicator | None = None, out: Any = None,
     dst = _plain_output(x, out, comm, grow=comm.size)
     if dst is not None:
         if async_op:
-            return _start(comm, "allgather", (x, dst), dst, x, True)
+            return _started(comm, "allgather", (x, dst))
         comm.run("allgather", x, dst)
         return dst
-    with _checked(comm, "allgather") as check:
+
+    def validate() -> tuple[tuple, dict[str, Any]]:
         arr = _input(x, comm)
         shape = (comm.size * _rows(arr, comm),) + tuple(arr.shape[1:])
-        dst = _output(out, arr, shape, comm)
-        check(arr)
-    return _start(comm, "allgather", (arr, dst), dst, x, async_op, out)
+        return (arr, _output(out, arr, shape, comm)), {}
+
+    return _general(comm, "allgather", x, out, async_op, validate)
 
 
 def reduce_scatter(x: Any, op: Any = "sum", *, comm: Communicator | None = None, out: Any = None,
@@ -291,19 +308,21 @@ def reduce_scatter(x: Any, op: Any = "sum", *, comm: Communicator | None = None,
     dst = _plain_output(x, out, comm, grow=1, shrink=comm.size) if red is not None else None
     if dst is not None:
         if async_op:
-            return _start(comm, "reduce_scatter", (x, dst, red), dst, x, True)
+            return _started(comm, "reduce_scatter", (x, dst, red))
         comm.run("reduce_scatter", x, dst, red)
         return dst
-    with _checked(comm, "reduce_scatter") as check:
+
+    def validate() -> tuple[tuple, dict[str, Any]]:
         arr = _input(x, comm)
         rows = _rows(arr, comm)
         red = parse_op(op, rank=comm.rank)
         if rows % comm.size:
             raise InvalidArgument("x", tuple(arr.shape), f"axis 0 ({rows}) must be divisible by "
                                   f"the number of ranks ({comm.size})", rank=comm.rank)
-        dst = _output(out, arr, (rows // comm.size,) + tuple(arr.shape[1:]), comm)
-        check(arr, red)
-    return _start(comm, "reduce_scatter", (arr, dst, red), dst, x, async_op, out)
+        return (arr, _output(out, arr, (rows // comm.size,) + tuple(arr.shape[1:]), comm),
+                red), {"op": red}
+
+    return _general(comm, "reduce_scatter", x, out, async_op, validate)
 
 
 all_reduce = allreduce

@@ -75,6 +75,29 @@ def test_a_started_call_runs_on_the_background_duplicate_and_delivers_at_its_wai
     assert log[3:] == [("run", "toy_verb"), ("done", "ctx")]
 
 
+def test_a_plan_the_communicator_starts_itself_keeps_the_callers_stream(comm, monkeypatch):
+    """A plan with ``start`` (a dense verb's own Work): ``async_op`` returns a Work over it that
+    delivers its result at the wait, with no background run; ``stream=False`` never enters the
+    communicator's stream, synchronous or not."""
+    entered, log = [], []
+    monkeypatch.setattr(comm, "in_stream", lambda join=True: entered.append(join),
+                        raising=False)
+
+    def plan(agreed):
+        return Plan("toy", None, lambda on: log.append(("run", on)) or np.arange(2.0),
+                    start=lambda on: log.append(("start", on)) or cc.comm.Work.completed(
+                        np.arange(3.0)))
+
+    def deliver(agreed):
+        return Delivery(np.zeros(1), completion_fn=lambda i, v, c: log.append(("done", v.size)))
+
+    work = call(comm, "toy_verb", lambda: "agreed", plan, deliver, True, stream=False)
+    assert log == [("start", comm)]
+    assert work.wait().tolist() == [0.0, 1.0, 2.0] and log[1:] == [("done", 3)]
+    assert call(comm, "toy_verb", lambda: "agreed", plan, deliver, stream=False).size == 2
+    assert log[2:] == [("run", comm), ("done", 2)] and entered == []
+
+
 def test_delivery_of_an_array_is_the_callers_out_or_its_type():
     """An array result: ``out`` itself where the caller gave one (None stays None: a reduce
     off its root); ``completion_fn`` sees what the caller gets, with indices None."""
