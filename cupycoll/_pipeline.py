@@ -82,11 +82,12 @@ class Delivery:
     """How a front door hands its result to the caller.
 
     An array (a dense verb's result, a dense output): the caller's ``out`` itself where given
-    (a torch tensor stays that tensor), else the array as the caller's type (``like``'s). Entries
-    (a tuple that starts ``(indices, values)``, e.g. a SparseResult): copied into the buffers ``alloc_fn(nnz, index_dtype, values_shape,
-    value_dtype, fn_ctx)`` returns, else as the caller's types (``like_indices``'s, ``like``'s),
-    in a :class:`SparseResult` of length ``n``. ``completion_fn(indices, values, fn_ctx)`` is
-    then called with what the caller gets (indices None for an array).
+    (a torch tensor stays that tensor), else the array as the caller's type (``like``'s).
+    Entries (a tuple that starts ``(indices, values)``, e.g. a SparseResult): copied into the
+    buffers ``alloc_fn(nnz, index_dtype, values_shape, value_dtype, fn_ctx)`` returns, else as
+    the caller's types (``like_indices``'s, ``like``'s), in a :class:`SparseResult` of length
+    ``n``. ``completion_fn(indices, values, fn_ctx)`` is then called with what the caller gets
+    (indices None for an array).
     """
 
     like: Any
