@@ -1,12 +1,13 @@
 """``topk_allreduce``: the front door of the top-k allreduce family (Ok-Topk and its baselines).
 
 A wrapper over the one call pipeline (:func:`cupycoll._pipeline.call`): validate (below), plan
-(:func:`plan`), run, deliver in ``x``'s array library. Arguments are validated collectively
-before any data moves: each rank checks its own arguments, then one small allreduce (MAX over int64: an error code keyed by rank, and +/- the length, k,
-dtype and algorithm so min and max can be compared) tells every rank whether any rank failed or
-whether the ranks disagree. So bad input on one rank raises a typed error on every rank instead
-of leaving the others waiting: the failing rank raises its own precise error, the others the same
-type naming that rank; disagreement raises :class:`~cupycoll.errors.MismatchError` everywhere.
+(:func:`plan`), run, deliver in ``x``'s array library. Arguments are validated collectively before
+any data moves: each rank checks its own arguments, then one small allreduce (MAX over int64: an
+error code keyed by rank, and +/- the length, k, dtype and algorithm so min and max can be
+compared) tells every rank whether any rank failed or whether the ranks disagree. So bad input on
+one rank raises a typed error on every rank instead of leaving the others waiting: the failing rank
+raises its own precise error, the others the same type naming that rank; disagreement raises
+:class:`~cupycoll.errors.MismatchError` everywhere.
 """
 
 from __future__ import annotations
