@@ -62,6 +62,10 @@ def front_doors(comm, parts):
              for verb in ("allreduce", "allgather", "reduce_scatter")}
     calls["broadcast"] = lambda: cc.broadcast(x, root=P - 1, comm=comm)
     calls["reduce"] = lambda: cc.reduce(x, root=0, comm=comm)
+    # an op the fast path does not take: the general path (the call pipeline, no stream)
+    calls["allreduce general"] = lambda: cc.allreduce(x, op="SUM", comm=comm)
+    calls["allreduce general async"] = lambda: cc.allreduce(x, op="SUM", comm=comm,
+                                                            async_op=True).wait()
     for algorithm in cc.algorithms("sparse"):
         calls[f"sparse {algorithm}"] = lambda a=algorithm: cc.sparse_allreduce(
             idx, val, 60, algorithm=a, comm=comm)
@@ -71,6 +75,8 @@ def front_doors(comm, parts):
     calls["topk_allreduce"] = lambda: cc.topk_allreduce(grad, 8, comm=comm)
     compressor = cc.TopkCompressor(64, 0.25, comm=comm)
     calls["TopkCompressor.step"] = lambda: compressor.step(grad)
+    started = cc.TopkCompressor(64, 0.25, comm=comm)
+    calls["TopkCompressor.step async"] = lambda: started.step(grad, async_op=True).wait()
     return calls
 
 
