@@ -113,3 +113,21 @@ def test_a_batch_fails_the_job_that_raised_and_the_jobs_after_it():
         launch.output("no_such_worker.py", 2)
     with pytest.raises(pytest.fail.Exception, match="dense_worker.py 5 did not finish"):
         launch.output("dense_worker.py", 2)
+
+
+def test_every_mutation_selection_names_tests_that_exist():
+    """tests/mutation/run.py's test selections (every module's and the CI sample's) name test
+    files and test ids pytest collects: a renamed test would otherwise fail a module's whole
+    mutation run at its first step."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mutation_run", ROOT / "tests" / "mutation" /
+                                                  "run.py")
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    selections = list(run.MODULES.values()) + [run.SAMPLE["tests"]]
+    ids = sorted({t for tests in selections for t in tests if not t.startswith("-")})
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0",
+                           "-p", "no:cacheprovider", *ids], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -56,7 +56,7 @@ _SPARSE = ["tests/test_sparse_units.py", "tests/test_api_units.py",
            "tests/test_sparse_in_process.py", "tests/test_sparse_front_door.py",
            "tests/test_sparse_dense_algorithm.py", "tests/test_sparse_validation.py",
            "tests/test_pipeline.py",
-           "tests/test_tuner.py::test_choose_remembers_a_shape_per_profile",
+           "tests/test_tuner.py::test_choose_prices_a_shape_class_once_per_profile",
            *(_SPARSE_MPI + t for t in (
                "test_nan_inf_signed_zero_same_bits_in_every_algorithm[2]",
                "test_nan_inf_signed_zero_same_bits_in_every_algorithm[3]",
