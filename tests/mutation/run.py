@@ -120,7 +120,8 @@ MODULES = {
                                  "tests/test_dense.py::test_comm_stats_errors_timeouts[3]",
                                  _SPARSE_MPI + "test_volume_equals_cost_models[3]"]
        for m in ("_base", "_stats", "_work")},
-    "cupycoll/_pipeline.py": _SPARSE + _TOPK[:3],
+    # the stream the pipeline enters shows on emulated NCCL only: the discipline workers
+    "cupycoll/_pipeline.py": _SPARSE + _TOPK[:3] + ["tests/test_gpu_discipline.py"],
 }
 #: CI-sized sample: split's two pure region functions (~100 mutants) against the in-process
 #: unit tests only, in its own folder (``build/mutation/sample_...``).
