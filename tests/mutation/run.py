@@ -122,6 +122,14 @@ MODULES = {
        for m in ("_base", "_stats", "_work")},
     # the stream the pipeline enters shows on emulated NCCL only: the discipline workers
     "cupycoll/_pipeline.py": _SPARSE + _TOPK[:3] + ["tests/test_gpu_discipline.py"],
+    # the dense front doors: in process, one launch of the workers at 3 ranks, CUPYCOLL_DEBUG
+    "cupycoll/collectives.py": ["tests/test_dense_front_door.py", "tests/test_api_units.py",
+                                "tests/test_pipeline.py",
+                                "tests/test_dense.py::test_dense_collectives_match_numpy[3]",
+                                "tests/test_dense.py::test_comm_stats_errors_timeouts[3]",
+                                "tests/test_dense.py::"
+                                "test_debug_mode_catches_mismatched_calls_on_every_rank[3]",
+                                "tests/test_gpu_discipline.py"],
 }
 #: CI-sized sample: split's two pure region functions (~100 mutants) against the in-process
 #: unit tests only, in its own folder (``build/mutation/sample_...``).

@@ -1,0 +1,140 @@
+"""The dense verbs' front doors, in process: which calls take the fast path (one check
+function, then the Communicator's ``run``) and which the general path (the call pipeline), the
+same results either way, and every bad argument's exact message (the format of
+``cupycoll.errors``, naming the rank). Expected values come from numpy and literal texts, never
+from the code under test.
+"""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import cupycoll as cc
+from cupycoll import collectives
+from cupycoll._types import ReduceOp
+from cupycoll.errors import InvalidArgument, InvalidType
+from tests._threaded import outcomes
+from tests.workers._common import DLPackOnly
+
+X = np.arange(1.0, 5.0, dtype=np.float32)
+
+
+@pytest.fixture(scope="module")
+def comm():
+    return cc.init("mpi", mpi_comm=MPI.COMM_SELF)
+
+
+def test_the_plain_op_root_and_output_rules():
+    """``_plain_op``: an op named in lower case or a ReduceOp; ``_plain_root``: an int rank;
+    ``_plain_output``: a new array, or ``out`` itself where it fits exactly, of ``x``'s shape
+    times ``grow / shrink`` (None: the general path)."""
+    for name in ("sum", "prod", "max", "min", "avg"):
+        assert collectives._plain_op(name) is ReduceOp(name)
+    assert collectives._plain_op(ReduceOp.MAX) is ReduceOp.MAX
+    assert [collectives._plain_op(op) for op in ("SUM", MPI.SUM, 1, None)] == [None] * 4
+    size4 = types.SimpleNamespace(size=4)
+    assert [collectives._plain_root(r, size4) for r in (0, 3)] == [True, True]
+    assert not any(collectives._plain_root(r, size4) for r in (4, -1, True, np.int64(0), "0"))
+    host = types.SimpleNamespace(xp=np)
+    new = collectives._plain_output(X, None, host)
+    assert new.shape == (4,) and new.dtype == np.float32 and not np.shares_memory(new, X)
+    out = np.empty(4, np.float32)
+    assert collectives._plain_output(X, out, host) is out
+    for bad in (np.empty(3, np.float32), np.empty(4, np.float64), np.empty(8, np.float32)[::2],
+                [0.0] * 4, DLPackOnly(np.empty(4, np.float32))):
+        assert collectives._plain_output(X, bad, host) is None
+    for x in (np.arange(8.0, dtype=np.float32)[::2], X.astype(np.complex64), list(X)):
+        assert collectives._plain_output(x, None, host) is None
+    assert collectives._plain_output(X, None, host, grow=4).shape == (16,)
+    rows = np.zeros((8, 3), np.float32)
+    assert collectives._plain_output(rows, None, host, grow=1, shrink=4).shape == (2, 3)
+    assert collectives._plain_output(rows[:7], None, host, grow=1, shrink=4) is None
+    assert collectives._plain_output(np.ones((), np.float32), None, host, grow=2) is None
+
+
+def test_the_plain_path_is_off_under_cupycoll_debug(monkeypatch):
+    monkeypatch.setenv("CUPYCOLL_DEBUG", "1")
+    assert collectives._plain_output(X, None, types.SimpleNamespace(xp=np)) is None
+
+
+def test_plain_calls_take_the_fast_path_and_others_the_pipeline(comm, monkeypatch):
+    """Plain arrays never reach the general path, synchronous or not; an op given in upper
+    case, an ``out`` of another array type or a root that is not an int do, and give the same
+    results (P = 1: the input itself; ``out`` comes back as the caller's object)."""
+    taken = []
+    real = collectives._general
+    monkeypatch.setattr(collectives, "_general",
+                        lambda c, verb, *a: taken.append(verb) or real(c, verb, *a))
+    plain = {"allreduce": lambda **k: cc.allreduce(X, comm=comm, **k),
+             "broadcast": lambda **k: cc.broadcast(X, root=0, comm=comm, **k),
+             "reduce": lambda **k: cc.reduce(X, root=0, comm=comm, **k),
+             "allgather": lambda **k: cc.allgather(X, comm=comm, **k),
+             "reduce_scatter": lambda **k: cc.reduce_scatter(X, comm=comm, **k)}
+    for verb, fn in plain.items():
+        assert fn().tolist() == X.tolist(), verb
+        assert fn(async_op=True).wait().tolist() == X.tolist(), verb
+        buf = np.empty(4, np.float32)
+        assert fn(out=buf) is buf and buf.tolist() == X.tolist(), verb
+    assert taken == []
+    general = {"allreduce": lambda **k: cc.allreduce(X, op="SUM", comm=comm, **k),
+               "broadcast": lambda **k: cc.broadcast(X, root=np.int64(0), comm=comm, **k),
+               "reduce": lambda **k: cc.reduce(X, root=0, op="SUM", comm=comm, **k),
+               "allgather": lambda **k: cc.allgather(X, comm=comm,
+                                                     out=DLPackOnly(np.empty(4, np.float32))),
+               "reduce_scatter": lambda **k: cc.reduce_scatter(X, op="SUM", comm=comm, **k)}
+    for verb, fn in general.items():
+        got = fn()
+        assert np.asarray(getattr(got, "a", got)).tolist() == X.tolist(), verb
+        assert verb in taken
+    mine = DLPackOnly(np.empty(4, np.float32))
+    assert cc.allreduce(X, op="SUM", comm=comm, out=mine) is mine and mine.a.tolist() == \
+        X.tolist()
+    assert cc.reduce_scatter(X, op="SUM", comm=comm, async_op=True).wait().tolist() == \
+        X.tolist()
+
+
+def _raised(cls, fn):
+    with pytest.raises(cls) as info:
+        fn()
+    return str(info.value)
+
+
+def test_every_bad_argument_is_named_exactly(comm):
+    """The general path's checks, each with its documented text and the rank."""
+    assert _raised(InvalidArgument, lambda: cc.allreduce(X, comm=comm, out=np.empty(3, np.float32))
+                   ) == "invalid argument 'out' on rank 0: shape must be (4,) (got (3,))"
+    assert _raised(InvalidType, lambda: cc.allreduce(X, comm=comm, out=np.empty(4, np.float64))
+                   ) == ("argument 'out' on rank 0 must be an array of dtype float32 (the "
+                         "input's), got dtype('float64')")
+    assert _raised(InvalidArgument, lambda: cc.broadcast(
+        X, comm=comm, out=np.empty(8, np.float32)[::2])) == (
+        "invalid argument 'out' on rank 0: must be C-contiguous (got 'non-contiguous array')")
+    assert _raised(InvalidType, lambda: cc.broadcast(X, root="0", comm=comm)) == (
+        "argument 'root' on rank 0 must be an int rank, got '0'")
+    assert _raised(InvalidType, lambda: cc.reduce(X, root=True, comm=comm)) == (
+        "argument 'root' on rank 0 must be an int rank, got True")
+    assert _raised(InvalidArgument, lambda: cc.reduce(X, root=1, comm=comm)) == (
+        "invalid argument 'root' on rank 0: must be a rank in [0, 1) (got 1)")
+    assert _raised(InvalidArgument, lambda: cc.allgather(np.ones((), np.float32), comm=comm)) == (
+        "invalid argument 'x' on rank 0: needs at least one dimension (axis 0 is split or "
+        "concatenated) (got '0-d array')")
+    assert _raised(InvalidArgument, lambda: cc.reduce(X, op="xor", comm=comm)).startswith(
+        "invalid argument 'op' on rank 0: unknown op")
+    nccl = types.SimpleNamespace(rank=2, backend="nccl", xp=object())
+    assert _raised(InvalidType, lambda: collectives._input(X, nccl)) == (
+        "argument 'x' on rank 2 must be a cupy array (or CUDA DLPack tensor) on the nccl "
+        "backend, got 'ndarray'")
+    mpi = types.SimpleNamespace(rank=2, backend="mpi", xp=object())
+    assert collectives._input(X, mpi) is X  # another library is fine on MPI
+
+
+def test_reduce_scatter_names_an_axis_the_ranks_do_not_divide():
+    """On 3 ranks, 7 rows: every rank raises before anything moves, naming itself."""
+    errors = outcomes(3, lambda c: cc.reduce_scatter(np.ones(7, np.float32), comm=c))
+    assert [str(e) for e in errors] == [
+        f"invalid argument 'x' on rank {r}: axis 0 (7) must be divisible by the number of "
+        "ranks (3) (got (7,))" for r in range(3)]
