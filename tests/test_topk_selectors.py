@@ -167,6 +167,29 @@ def test_compressor_books_its_xi_measurement_under_its_name():
     assert not _BARE_VERBS & set(comm.stats.by_op), sorted(comm.stats.by_op)
 
 
+def test_compressor_warmup_and_xi_follow_their_definitions():
+    """One rank, exact top-k (``dense``): a warm-up step returns every index (int32 below
+    2**31) with the gradient as its average and leaves no residual; later steps record xi =
+    ||top-k(acc) - result|| / ||grad||, which is 0 for an exact top-k of acc even where the
+    gradient's own top-k differs (a residual carried over), and 0 for a zero gradient."""
+    import cupycoll as cc
+    comm = cc.get_comm()
+    comp = cc.TopkCompressor(6, 2 / 6, algorithm="dense", comm=comm, warmup_steps=1,
+                             measure_xi=True)
+    first = np.array([1.0, -2.0, 3.0, 0.5, 0.0, 4.0], np.float32)
+    upd = comp.step(first)
+    assert upd.indices.dtype == np.int32 and upd.indices.tolist() == list(range(6))
+    assert upd.values.tolist() == first.tolist() and not comp.residual.any() and comp.xi == []
+    upd = comp.step(np.array([3.0, 0.0, 0.0, 2.5, 0.0, 0.0], np.float32))  # both sent
+    assert upd.indices.tolist() == [0, 3] and comp.xi == [0.0]
+    comp.residual = np.array([0.0, 0.0, 0.0, 0.0, 5.0, 0.0], np.float32)
+    upd = comp.step(np.array([0.0, 1.0, 2.0, 0.0, 0.0, 0.0], np.float32))
+    assert upd.indices.tolist() == [2, 4] and upd.values.tolist() == [2.0, 5.0]
+    assert comp.xi == [0.0, 0.0]  # the gradient's own top-2 is {1, 2}: not what xi measures
+    comp.step(np.zeros(6, np.float32))
+    assert comp.xi == [0.0, 0.0, 0.0]
+
+
 _BARE_VERBS = {"allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "exchange",
                "alltoallv", "allgatherv"}
 
