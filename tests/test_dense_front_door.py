@@ -57,6 +57,7 @@ def test_the_plain_op_root_and_output_rules():
 
 
 def test_the_plain_path_is_off_under_cupycoll_debug(monkeypatch):
+    """CUPYCOLL_DEBUG sends every call to the general path (its agreement), read per call."""
     monkeypatch.setenv("CUPYCOLL_DEBUG", "1")
     assert collectives._plain_output(X, None, types.SimpleNamespace(xp=np)) is None
 
