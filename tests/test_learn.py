@@ -133,6 +133,39 @@ def test_the_models_pick_is_left_only_for_a_clearly_faster_candidate(faster, swi
     assert learn.clearly_faster(faster, [1.00, 1.10, 0.95]) is switches
 
 
+def planned(comm, key, speed: dict[str, float], calls: int) -> list[tuple[str, bool]]:
+    """``calls`` synchronous calls planned by :func:`learn.plan` (each timed one's time,
+    ``speed[name]``, added as the next validation adds it); what ran and whether it was
+    timed."""
+    record, ran = learn.records(comm)[key], []
+    for _ in range(calls):
+        name, token = learn.plan(comm, key, None, "sum", True)
+        ran.append((name, token is not None))
+        if token is not None:
+            record.add(name, speed[name])
+    return ran
+
+
+def test_a_settled_class_times_one_call_of_its_choice_in_time_every():
+    """Trials and rechecks time every call; the choice's own calls, once the trials are done,
+    one in TIME_EVERY (the timing is most of learn's cost per call); a choice that slows down
+    is still left, its window then spanning more calls."""
+    comm, key = SimpleNamespace(), ("k",)
+    record = learn.records(comm)[key] = learn.Record(["a", "b"])
+    speed = {"a": 1.0, "b": 1.3}
+    trials = 2 * (1 + learn.SAMPLES)
+    ran = planned(comm, key, speed, trials + 4 * learn.RECHECK)
+    assert all(timed for _, timed in ran[:trials]) and record.choice() == "a"
+    settled = ran[trials:]
+    assert all(timed for name, timed in settled if name == "b")  # the rechecks
+    chosen = [timed for name, timed in settled if name == "a"]
+    # one in TIME_EVERY calls of the class, whose count the rechecks' calls share
+    assert abs(sum(chosen) - len(chosen) / learn.TIME_EVERY) <= 4, (sum(chosen), len(chosen))
+    speed["a"] = 5.0
+    planned(comm, key, speed, learn.WINDOW * learn.TIME_EVERY + learn.RECHECK)
+    assert record.choice() == "b"
+
+
 def test_one_candidate_needs_no_trials():
     record = learn.Record(["a"])
     assert run(record, {"a": 1.0}, 10) == ["a"] * 10 and record.choice() == "a"

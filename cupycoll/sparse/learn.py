@@ -1,9 +1,9 @@
 """``CUPYCOLL_AUTO=learn``: ``auto`` learns from the calls a training loop repeats.
 
-A training loop calls ``sparse_allreduce`` with nearly the same shape every step. Here every
-synchronous ``auto`` call of a shape class (:func:`.measure.kind`: P, element sizes, op,
-output, wire, and n, width and total nnz to a power of two) is timed, and its time, agreed as
-the slowest rank's, feeds a :class:`Record` of the class. The first calls run the model's pick
+A training loop calls ``sparse_allreduce`` with nearly the same shape every step. Here the
+synchronous ``auto`` calls of a shape class (:func:`.measure.kind`: P, element sizes, op,
+output, wire, and n, width and total nnz to a power of two) are timed (:meth:`Record.timed`),
+and each time, agreed as the slowest rank's, feeds a :class:`Record` of the class. The first calls run the model's pick
 and then, in turn, the other algorithms the model prices within :data:`WITHIN` of it (at most
 :data:`CANDIDATES` in all): each a warm-up call (imports, compiled loops, buffers: not counted)
 and :data:`SAMPLES` timed ones, a candidate stopped after one if it takes over
@@ -12,8 +12,9 @@ candidate is clearly faster than it (:func:`clearly_faster`: faster in at least
 :data:`FASTER_PAIRS` of the pairs of one sample of each, over each one's latest :data:`WINDOW`
 samples; then, of those, the one of least median time): on a shared machine a call's time
 varies by more than the algorithms near the model's pick differ, and a median of a few
-samples alone would follow that noise. The pick's own calls keep its window current, so a
-pick that slows down is left for a faster one. Every :data:`RECHECK` calls one of the others,
+samples alone would follow that noise. The choice's own calls keep its window current (one in
+:data:`TIME_EVERY` of them timed once the trials are done), so a pick that slows down is left
+for a faster one. Every :data:`RECHECK` calls one of the others,
 in turn, starts its trials again (its old samples dropped: one call if it takes over
 :data:`RETRY_WITHIN` times the pick's median, ``SAMPLES`` if it is that close: a recheck
 looks for a change, and one clearly slower call says there is none). A class's exploration
@@ -48,7 +49,7 @@ from .measure import kind
 
 __all__ = ["Record", "plan", "class_key", "with_total", "finish", "absorb", "pending_us", "save",
            "load", "records", "WITHIN", "CANDIDATES", "SAMPLES", "ABANDON", "WINDOW", "RECHECK",
-           "RETRY_WITHIN", "TRIAL_CALLS"]
+           "RETRY_WITHIN", "TRIAL_CALLS", "TIME_EVERY"]
 
 #: candidates: the algorithms the model prices within this factor of its best
 WITHIN = 2.0
@@ -67,6 +68,10 @@ RECHECK = 32
 #: a candidate tried again at a recheck whose first timed call takes over this factor of the
 #: best median stops there (its first trials stop at ABANDON)
 RETRY_WITHIN = 1.1
+#: once a class's trials are done, one in this many of its choice's calls is timed (a trial
+#: or a recheck: every call): the timing is most of what learn adds to a call, and the
+#: choice's window of WINDOW samples then spans about WINDOW x TIME_EVERY calls
+TIME_EVERY = 4
 #: the most calls a new shape class's first trials take (a warm-up and SAMPLES timed calls of
 #: each candidate): a benchmark that runs them untimed shows what a loop runs afterwards
 TRIAL_CALLS = CANDIDATES * (1 + SAMPLES)
@@ -154,6 +159,11 @@ class Record:
         name = self.exploring()
         return self.choice() if name is None else name
 
+    def timed(self) -> bool:
+        """Whether the call :meth:`next` returned last is timed: every call of a candidate in
+        its trials or tried again, one in :data:`TIME_EVERY` of the choice's."""
+        return self.exploring() is not None or self.calls % TIME_EVERY == 0
+
     def add(self, name: str, seconds: float) -> None:
         """An agreed time of ``name``: its first is the warm-up; then it joins the window, and
         a candidate in its first trials far slower than the best (tried again at a recheck:
@@ -215,7 +225,8 @@ def with_total(key: tuple, total_nnz: int) -> tuple:
 def plan(comm: Any, key: tuple, shape: Callable[[], Shape], op: Any, timed: bool
          ) -> tuple[str, tuple | None]:
     """The algorithm the call of class ``key`` runs (``shape()`` prices a new class) and, for
-    a timed (synchronous) call, the token to pass to :func:`finish`; else None."""
+    a call it times (synchronous, :meth:`Record.timed`), the token to pass to :func:`finish`;
+    else None."""
     table = records(comm)
     record = table.get(key)
     if record is None:
@@ -224,6 +235,8 @@ def plan(comm: Any, key: tuple, shape: Callable[[], Shape], op: Any, timed: bool
     if not timed:
         return record.choice(), None
     name = record.next()
+    if not record.timed():
+        return name, None
     return name, (key, name, _mark(comm))
 
 
