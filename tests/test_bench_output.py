@@ -202,6 +202,23 @@ def test_bench_sparse_bucket_prints_each_choice_against_its_alternative():
                for v in line.split("(")[0].split()[-3:]), out
 
 
+def test_bench_torch_algorithms_prints_every_algorithm_on_both_gradients():
+    """bench/dev/bench_torch_algorithms.py, one process, both gradients: one positive median
+    per exact algorithm and auto (figures only in the docs)."""
+    import subprocess
+    root = Path(__file__).resolve().parents[1]
+    for gradient in ("bench", "backend"):
+        out = subprocess.run([sys.executable, "-m", "mpi4py",
+                              str(root / "bench" / "dev" / "bench_torch_algorithms.py"),
+                              "--vocab", "8K", "--gradient", gradient, "-n", "2", "-w", "1"],
+                             capture_output=True, text=True, timeout=300, check=True, cwd=root,
+                             env={**__import__("os").environ, "PYTHONPATH": str(root)}).stdout
+        (line,) = [line for line in out.splitlines() if not line.startswith("#")]
+        words = line.split()
+        assert words[::2] == ["allgather", "mask", "recursive_doubling", "split", "auto"], out
+        assert all(float(t) > 0 for t in words[1::2]), out
+
+
 def test_bench_learn_rule_runs_both_learners_side_by_side():
     """bench/dev/bench_learn_rule.py on 2 ranks (learn times calls only there), 40 steps: the
     learn and learn-median rows, each with a time and what it ran, no wrong result."""

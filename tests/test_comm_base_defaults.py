@@ -114,3 +114,27 @@ def test_native_collectives_publish_their_count_and_book_by_the_root_rule():
     assert comm.sequence == 1 and comm._slot[0] == 1 and comm._slot[1] == 0
     comm._record_collective("reduce", 24, root=0, op_name="t.red")
     assert comm.sequence == 2 and comm._slot[0] == 2 and comm._slot[1] == 0
+
+
+def test_send_buffers_come_from_the_mpi_pool_and_never_twice_at_once():
+    """A packed block's buffer (``send_buffer``): the base default is a new array each time;
+    the MPI backend takes it from its staging pool, so a buffer handed back is the next one's
+    memory (no fresh pages), while two taken together never share memory; small ones are
+    not pooled."""
+    from cupycoll.comm._base import Communicator
+
+    comm = _fresh()
+    first = Communicator.send_buffer(comm, 1 << 20)
+    assert first.dtype == np.uint8 and first.shape == (1 << 20,)
+    assert not np.shares_memory(first, Communicator.send_buffer(comm, 1 << 20))
+    taken = comm.send_buffer(1 << 20)
+    other = comm.send_buffer(1 << 20)
+    assert taken.shape == other.shape == (1 << 20,) and taken.dtype == np.uint8
+    assert not np.shares_memory(taken, other)  # both in use
+    comm.release_send_buffer(taken)
+    again = comm.send_buffer(3 << 18)  # smaller: a view of the buffer handed back
+    assert again.shape == (3 << 18,) and np.shares_memory(again, taken)
+    assert not np.shares_memory(again, other)
+    pooled = len(comm._spare)
+    comm.release_send_buffer(comm.send_buffer(64))
+    assert len(comm._spare) == pooled  # a small block is a new array, not kept

@@ -195,6 +195,15 @@ class Communicator(abc.ABC):
         host: one synchronisation, as :meth:`fetch`; MPI makes it one blocking call."""
         return self.fetch(getattr(self, verb)(*args, op_name=op_name), result)
 
+    def send_buffer(self, nbytes: int) -> Any:
+        """An uninitialised uint8 array of ``nbytes`` for one outgoing block (a packed block
+        of entries), to hand back with :meth:`release_send_buffer` once its exchange is done.
+        This default makes a new one."""
+        return self.xp.empty(nbytes, dtype=np.uint8)
+
+    def release_send_buffer(self, buffer: Any) -> None:
+        """Hand back a :meth:`send_buffer` whose exchange is done (this default drops it)."""
+
     def stream_order(self, work: Work) -> None:
         """Make ``work``'s results visible to the work this rank issues next.
 

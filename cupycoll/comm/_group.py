@@ -3,7 +3,7 @@
 The hierarchical algorithms run existing algorithms (split's reduce-scatter, split, allgather)
 among the ranks of one node or one rail. :class:`Group` gives them what those algorithms call
 (``rank``, ``size``, ``xp``, ``exchange``, ``allgather``, the count verbs,
-``_allgatherv_into``, ``run``, ``fetch``, ``stream_order``) for a subset of the parent's
+``_allgatherv_into``, ``run``, ``fetch``, ``stream_order``, the parent's send buffers) for a subset of the parent's
 ranks: group rank i is parent rank ``members[i]``, every transfer is a point-to-point
 ``exchange`` of the parent (so only the members take part, and other groups run at the same
 time), and traffic is booked in the parent's ``stats`` under ``prefix + op_name``. Its
@@ -57,6 +57,12 @@ class Group:
 
     def calling(self, verb: str) -> Any:
         return self.parent.calling(verb)
+
+    def send_buffer(self, nbytes: int) -> Any:
+        return self.parent.send_buffer(nbytes)
+
+    def release_send_buffer(self, buffer: Any) -> None:
+        self.parent.release_send_buffer(buffer)
 
     # the derived verbs, as every communicator has them (written over the methods above)
     run = Communicator.run

@@ -95,6 +95,18 @@ class Staging:
         """A staging array from this communicator's pool (:func:`._mpi_types._take`)."""
         return _take(self._spare, shape, dtype)
 
+    def send_buffer(self, nbytes: int) -> Any:
+        """A host block to send: from this communicator's staging pool (its pages mapped: a
+        fresh one costs a page fault per 4 KiB, in a job whose other allocations keep
+        the allocator from reusing freed memory); device arrays: a new one."""
+        if self.xp is not np:
+            return self.xp.empty(nbytes, dtype=np.uint8)
+        return self._scratch((nbytes,), np.dtype(np.uint8))
+
+    def release_send_buffer(self, buffer: Any) -> None:
+        if isinstance(buffer, np.ndarray):
+            self._release(buffer)
+
     def _release(self, array: np.ndarray) -> None:
         """Give a finished call's staging array back to the pool."""
         _give(self._spare, array)

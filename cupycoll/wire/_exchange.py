@@ -43,7 +43,7 @@ def gather_entries(comm: Any, idx: Any, val: Any, op_name: str, wire: Wire = COO
     """
     xp, rank, p = comm.xp, comm.rank, comm.size
     row, count = tuple(val.shape[1:]), int(idx.shape[0])
-    block = pack(xp, idx, val, wire, lo, hi) if count and p > 1 else \
+    block = pack(xp, idx, val, wire, lo, hi, comm.send_buffer) if count and p > 1 else \
         Packed(None, count, val)
     if wire.compact:
         sizes = xp.asarray([count, 0 if block.buf is None else int(block.buf.shape[0])],
@@ -62,6 +62,8 @@ def gather_entries(comm: Any, idx: Any, val: Any, op_name: str, wire: Wire = COO
     sends = [(r, block.buf) for r in peers] if count else []
     recvs = [(r, slots[r]) for r in peers if counts[r]]
     comm.exchange(sends, recvs, op_name).wait()  # the one wait the result needs
+    if block.buf is not None:
+        comm.release_send_buffer(block.buf)
     parts = []
     for r in range(p):
         if r == rank:

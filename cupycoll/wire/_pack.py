@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -89,9 +89,11 @@ def _as_bytes(a: Any) -> Any:
     return a.reshape(-1).view(np.uint8)
 
 
-def pack(xp: Any, idx: Any, val: Any, wire: Wire, lo: int = 0, hi: int = 0) -> Packed:
+def pack(xp: Any, idx: Any, val: Any, wire: Wire, lo: int = 0, hi: int = 0,
+         buffer: Callable[[int], Any] | None = None) -> Packed:
     """Pack sorted unique ``idx`` (in ``[lo, hi)``) and their rows ``val`` into one block
-    (no bytes at all for no entries)."""
+    (no bytes at all for no entries); ``buffer(nbytes)`` gives the block's uint8 array (a
+    communicator's :meth:`~cupycoll.comm.Communicator.send_buffer`; default a new one)."""
     from . import encode_indices, round_values
 
     count = int(idx.shape[0])
@@ -108,7 +110,7 @@ def pack(xp: Any, idx: Any, val: Any, wire: Wire, lo: int = 0, hi: int = 0) -> P
     else:
         parts = (index_part, payload)
     sizes = [int(p.size) * p.dtype.itemsize for p in parts]
-    buf = xp.empty(sum(sizes), dtype=np.uint8)
+    buf = (xp.empty(sum(sizes), dtype=np.uint8) if buffer is None else buffer(sum(sizes)))
     buf[:sizes[0]] = _as_bytes(parts[0])
     buf[sizes[0]:] = _as_bytes(parts[1])
     return Packed(buf, count, val)

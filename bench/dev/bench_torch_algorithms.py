@@ -1,0 +1,71 @@
+"""Every exact algorithm on a PyTorch embedding gradient, through ``cupycoll.torch.sparse_allreduce``.
+
+The gradient is uncoalesced, as DDP hands it: ``--gradient bench`` is bench_torch.py's (Zipf
+tokens scattered over the V rows, 1.5% of the rows a rank), ``--gradient backend`` that of
+tests/workers/torch_backend_bench.py (Zipf tokens at the lowest ids, drawn until 1.5% of the rows
+are hit). The algorithms run interleaved (``tuner.calibrate.interleaved``: each round in its own
+shuffled order, after a barrier; a sample is the slowest rank's time); rank 0 prints the medians,
+in milliseconds::
+
+    OMP_NUM_THREADS=1 mpiexec -n 2 python -m mpi4py bench/dev/bench_torch_algorithms.py --vocab 1M
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from _common import parse_size  # noqa: E402
+
+import cupycoll as cc  # noqa: E402
+import cupycoll.torch as cct  # noqa: E402
+from cupycoll.tuner.calibrate import interleaved  # noqa: E402
+
+ALGORITHMS = ("allgather", "mask", "recursive_doubling", "split", "auto")
+
+
+def backend_gradient(vocab: int, rank: int) -> torch.Tensor:
+    """torch_backend_bench.py's gradient: Zipf tokens at the lowest ids, one row per token."""
+    rng = np.random.default_rng([3, rank, vocab])
+    tokens = np.empty(0, np.int64)
+    while np.unique(tokens).size < 0.015 * vocab:
+        tokens = np.concatenate([tokens, (rng.zipf(1.1, 4096) - 1) % vocab])
+    values = rng.standard_normal((tokens.size, 64), dtype=np.float32)
+    return torch.sparse_coo_tensor(torch.from_numpy(tokens)[None], torch.from_numpy(values),
+                                   (vocab, 64), check_invariants=True)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--vocab", default="1M", help="embedding rows V")
+    p.add_argument("--gradient", choices=("bench", "backend"), default="backend")
+    p.add_argument("-n", "--iters", type=int, default=25)
+    p.add_argument("-w", "--warmup", type=int, default=4)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    comm = cc.init("mpi")
+    vocab = parse_size(args.vocab)
+    if args.gradient == "bench":
+        import bench_torch
+
+        grad = bench_torch.gradient(vocab, *bench_torch.batches(vocab, 0.015, comm.rank)[0])
+    else:
+        grad = backend_gradient(vocab, comm.rank)
+    calls = {name: (lambda a: lambda: cct.sparse_allreduce(grad, comm=comm, algorithm=a))(name)
+             for name in ALGORITHMS}
+    samples = interleaved(calls, args.iters, args.warmup, comm)
+    if comm.rank == 0:
+        print(f"# P = {comm.size}, V = {vocab}, {args.gradient} gradient ({grad._nnz()} rows); "
+              "ms, median of the slowest rank")
+        print("  ".join(f"{name} {np.median(t) * 1e3:.2f}" for name, t in samples.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
