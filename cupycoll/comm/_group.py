@@ -3,12 +3,12 @@
 The hierarchical algorithms run existing algorithms (split's reduce-scatter, split, allgather)
 among the ranks of one node or one rail. :class:`Group` gives them what those algorithms call
 (``rank``, ``size``, ``xp``, ``exchange``, ``allgather``, the count verbs,
-``_allgatherv_into``, ``run``, ``fetch``, ``stream_order``, the parent's send buffers) for a subset of the parent's
-ranks: group rank i is parent rank ``members[i]``, every transfer is a point-to-point
-``exchange`` of the parent (so only the members take part, and other groups run at the same
-time), and traffic is booked in the parent's ``stats`` under ``prefix + op_name``. Its
-``allgather`` sends the block to each peer: the same bytes and messages per rank as the ring a
-native allgather is booked by, but priced as point-to-point (see
+``_allgatherv_into``, ``run``, ``fetch``, ``stream_order``, the parent's send buffers) for a
+subset of the parent's ranks: group rank i is parent rank ``members[i]``, every transfer is a
+point-to-point ``exchange`` of the parent (so only the members take part, and other groups run
+at the same time), and traffic is booked in the parent's ``stats`` under ``prefix + op_name``.
+Its ``allgather`` sends the block to each peer: the same bytes and messages per rank as the
+ring a native allgather is booked by, but priced as point-to-point (see
 :func:`cupycoll.sparse.hierarchical.cost`).
 """
 

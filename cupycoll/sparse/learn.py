@@ -3,25 +3,24 @@
 A training loop calls ``sparse_allreduce`` with nearly the same shape every step. Here the
 synchronous ``auto`` calls of a shape class (:func:`.measure.kind`: P, element sizes, op,
 output, wire, and n, width and total nnz to a power of two) are timed (:meth:`Record.timed`),
-and each time, agreed as the slowest rank's, feeds a :class:`Record` of the class. The first calls run the model's pick
-and then, in turn, the other algorithms the model prices within :data:`WITHIN` of it (at most
-:data:`CANDIDATES` in all): each a warm-up call (imports, compiled loops, buffers: not counted)
-and :data:`SAMPLES` timed ones, a candidate stopped after one if it takes over
-:data:`ABANDON` times the best so far. From then on the model's pick runs unless another
-candidate is clearly faster than it (:func:`clearly_faster`: faster in at least
+and each time, agreed as the slowest rank's, feeds a :class:`Record` of the class. The first
+calls run the model's pick and then, in turn, the other algorithms the model prices within
+:data:`WITHIN` of it (at most :data:`CANDIDATES` in all): each a warm-up call (imports,
+compiled loops, buffers: not counted) and :data:`SAMPLES` timed ones, a candidate stopped after
+one if it takes over :data:`ABANDON` times the best so far. From then on the model's pick runs
+unless another candidate is clearly faster than it (:func:`clearly_faster`: faster in at least
 :data:`FASTER_PAIRS` of the pairs of one sample of each, over each one's latest :data:`WINDOW`
 samples; then, of those, the one of least median time): on a shared machine a call's time
-varies by more than the algorithms near the model's pick differ, and a median of a few
-samples alone would follow that noise. The choice's own calls keep its window current (one in
+varies by more than the algorithms near the model's pick differ, and a median of a few samples
+alone would follow that noise. The choice's own calls keep its window current (one in
 :data:`TIME_EVERY` of them timed once the trials are done), so a pick that slows down is left
-for a faster one. Every :data:`RECHECK` calls one of the others,
-in turn, starts its trials again (its old samples dropped: one call if it takes over
-:data:`RETRY_WITHIN` times the pick's median, ``SAMPLES`` if it is that close: a recheck
-looks for a change, and one clearly slower call says there is none). A class's exploration
-costs at most ``(CANDIDATES - 1) * (1 + SAMPLES)`` calls, then one to ``SAMPLES`` calls in
-``RECHECK``; a new class next to one that finished its trials (half or twice the total nnz: a
-loop's drift across a power of two) starts from that class's record, its times scaled by the
-sizes' ratio, without trials of its own.
+for a faster one. Every :data:`RECHECK` calls one of the others, in turn, starts its trials
+again (its old samples dropped: one call if it takes over :data:`RETRY_WITHIN` times the pick's
+median, ``SAMPLES`` if it is that close: a recheck looks for a change, and one clearly slower
+call says there is none). A class's exploration costs at most
+``(CANDIDATES - 1) * (1 + SAMPLES)`` calls, then one to ``SAMPLES`` calls in ``RECHECK``; a new class next to one that
+finished its trials (half or twice the total nnz: a loop's drift across a power of two) starts
+from that class's record, its times scaled by the sizes' ratio, without trials of its own.
 
 No collective is added: a call's time travels in the validation allreduce of the next
 ``sparse_allreduce`` on the communicator (a maximum of the agreement, ``learned``), so every
