@@ -104,7 +104,7 @@ class Staging:
         return self._scratch((nbytes,), np.dtype(np.uint8))
 
     def release_send_buffer(self, buffer: Any) -> None:
-        if isinstance(buffer, np.ndarray):
+        if self.xp is np:
             self._release(buffer)
 
     def _release(self, array: np.ndarray) -> None:

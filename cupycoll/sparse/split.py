@@ -115,9 +115,10 @@ def _cuts(comm: Any, indices: Any, bounds: np.ndarray) -> Any:
 
 def _scatter(comm: Any, indices: Any, values: Any, bounds: np.ndarray, wire: Wire,
              name: str = "split") -> list[tuple[Any, Any]]:
-    """Send every region's slice to its owner as one packed block; return the P slices of
-    this rank's region in rank order (sizes first: one host read for coo, two for compact).
-    Booked as ``<name>.counts`` and ``<name>.scatter``."""
+    """Send every region's slice to its owner as one packed block (in a send buffer of the
+    communicator, handed back once the exchange is done); return the P slices of this rank's
+    region in rank order (sizes first: one host read for coo, two for compact). Booked as
+    ``<name>.counts`` and ``<name>.scatter``."""
     p, rank, xp = comm.size, comm.rank, comm.xp
     row = tuple(values.shape[1:])
     cuts_d = _cuts(comm, indices, bounds)
@@ -125,20 +126,23 @@ def _scatter(comm: Any, indices: Any, values: Any, bounds: np.ndarray, wire: Wir
     if wire.compact:  # the encoded sizes must be known before the size exchange
         cuts = [int(c) for c in to_host(cuts_d)]
         blocks = {d: pack(xp, indices[cuts[d]:cuts[d + 1]], values[cuts[d]:cuts[d + 1]], wire,
-                          int(bounds[d]), int(bounds[d + 1]))
+                          int(bounds[d]), int(bounds[d + 1]), comm.send_buffer)
                   for d in range(p) if d != rank and cuts[d + 1] > cuts[d]}
         sizes = np.diff(cuts)
     sent, counts, nbytes = exchange_sizes(comm, sizes, blocks, wire, row,
                                           indices.dtype, values.dtype, name + ".counts")
     cuts = [0] + np.cumsum(sent).tolist()
     if not wire.compact:
-        blocks = {d: pack(xp, indices[cuts[d]:cuts[d + 1]], values[cuts[d]:cuts[d + 1]], wire)
+        blocks = {d: pack(xp, indices[cuts[d]:cuts[d + 1]], values[cuts[d]:cuts[d + 1]], wire,
+                          buffer=comm.send_buffer)
                   for d in range(p) if d != rank and sent[d]}
     order = [(rank + s) % p for s in range(1, p)]  # rotated destinations
     work, slots = post_blocks(comm, {d: blocks[d] for d in order if d in blocks},
                               [(rank - s) % p for s in range(1, p)], counts, nbytes,
                               name + ".scatter")
     comm.stream_order(work)
+    for block in blocks.values():
+        comm.release_send_buffer(block.buf)
     parts = []
     for r in range(p):
         if r == rank:
