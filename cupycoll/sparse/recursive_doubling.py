@@ -68,7 +68,8 @@ class _State:
              ) -> tuple[Packed, "_State"]:
         """This state as one packed block, and the state as the partner will see it (values
         rounded when the wire rounds: both partners then merge the same numbers); a sparse
-        block's bytes in ``buffer(nbytes)`` where given (:func:`~cupycoll.wire._pack.pack`)."""
+        block's bytes in ``buffer(nbytes)`` where given (:func:`~cupycoll.wire._pack.pack`; a
+        dense block is packed into a new array)."""
         if self.dense:
             block = pack_dense(xp, self.first, xp.packbits(self.second), wire)
             return block, _State(True, block.values, self.second)
@@ -123,7 +124,7 @@ class _Rounds:
         words = 2 if wire.compact else 1
         block = None
         if send_to is not None:
-            block, state = state.pack(xp, self.n, wire, None if state.dense else comm.send_buffer)
+            block, state = state.pack(xp, self.n, wire, comm.send_buffer)
         head = [block.count, int(block.buf.shape[0])] if block is not None else [0, 0]
         mine = xp.asarray(head[:words], dtype=np.int64)
         theirs = xp.empty(words, dtype=np.int64)
@@ -145,7 +146,7 @@ class _Rounds:
         buf = xp.empty(nbytes, dtype=np.uint8)
         comm.exchange([(send_to, block.buf)] if block is not None else [],
                       [(recv_from, buf)] if recv_from is not None else [], _OP).wait()
-        if block is not None and not state.dense:
+        if block is not None and not state.dense:  # a dense block is not a send buffer
             comm.release_send_buffer(block.buf)
         if recv_from is None:
             return state, None

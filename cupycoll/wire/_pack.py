@@ -110,7 +110,7 @@ def pack(xp: Any, idx: Any, val: Any, wire: Wire, lo: int = 0, hi: int = 0,
     else:
         parts = (index_part, payload)
     sizes = [int(p.size) * p.dtype.itemsize for p in parts]
-    buf = (xp.empty(sum(sizes), dtype=np.uint8) if buffer is None else buffer(sum(sizes)))
+    buf = xp.empty(sum(sizes), dtype=np.uint8) if buffer is None else buffer(sum(sizes))
     buf[:sizes[0]] = _as_bytes(parts[0])
     buf[sizes[0]:] = _as_bytes(parts[1])
     return Packed(buf, count, val)
