@@ -78,14 +78,17 @@ def test_regret_table_when_auto_picks_an_algorithm_not_run(capsys):
     import bench_sparse
     row = {"ranks": 4, "n": 1 << 20, "width": 0, "density": 0.01, "overlap": "random",
            "skew": 0.0, "best": "dense", "auto_choice": "split", "pick_x_best": None,
-           "auto_x_best": 1.05, "auto_x_dense": 1.2, "best_x_dense": 1.1, "pred_over_meas": []}
+           "auto_x_best": 1.05, "auto_x_dense": 1.2, "best_x_dense": 1.1, "pred_over_meas": [],
+           "result_x_dense": 0.4}
     ran = dict(row, auto_choice="dense", pick_x_best=1.0, auto_x_dense=1.1,
-               pred_over_meas=[0.9, 1.1])
+               pred_over_meas=[0.9, 1.1], result_x_dense=1.5)
     bench_sparse.print_regret([row, ran])
     out = capsys.readouterr().out
     assert "| split | - | 1.05 |" in out and "| dense | 1.00 | 1.05 |" in out
+    assert "| 1.20 | 1.10 | 0.40 |" in out and "| 1.10 | 1.10 | 1.50 |" in out
     assert "<= 1.10x best on 1/1 rows where it ran" in out
-    assert "auto <= 1.15x dense Allreduce on 1/2" in out and "within +-30% on 2/2" in out
+    assert ("auto <= 1.15x dense Allreduce on 0/1 rows whose sparse result is smaller than the "
+            "dense vector (1/2 in all)") in out and "within +-30% on 2/2" in out
 
 
 @pytest.mark.parametrize("flags", [[], ["--cold"]])
@@ -156,7 +159,7 @@ def test_regret_counts_for_other_profiles(capsys):
     row = {"ranks": 2, "n": 1 << 14, "width": 0, "density": 0.01, "overlap": "random",
            "skew": 0.0, "best": "dense", "auto_choice": "dense", "pick_x_best": 1.0,
            "auto_x_best": 1.0, "auto_x_dense": 4.0, "best_x_dense": 4.0,
-           "pred_over_meas": [0.9, 1.1],
+           "pred_over_meas": [0.9, 1.1], "result_x_dense": 0.02,
            "profiles": {"a.json": {"pick_x_best": 1.3, "pred_over_meas": [0.5, 0.8, 1.2]},
                         "b.json": {"pick_x_best": 1.05, "pred_over_meas": [1.4]}}}
     bench_sparse.print_regret([row, dict(row, profiles={
