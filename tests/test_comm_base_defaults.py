@@ -138,3 +138,9 @@ def test_send_buffers_come_from_the_mpi_pool_and_never_twice_at_once():
     pooled = len(comm._spare)
     comm.release_send_buffer(comm.send_buffer(64))
     assert len(comm._spare) == pooled  # a small block is a new array, not kept
+    comm.release_send_buffer(again)
+    comm.release_send_buffer(other)
+    large = comm.send_buffer(4 << 20)
+    comm.release_send_buffer(large)
+    fits = comm.send_buffer(1 << 19)  # the smallest pooled buffer that fits, not the largest
+    assert not np.shares_memory(fits, large)

@@ -103,16 +103,16 @@ _SPARE_FROM = 1 << 16  # bytes from which staging buffers are reused (below: pag
 
 
 def _take(spare: list, shape: tuple, dtype: Any) -> np.ndarray:
-    """A staging array: a view of a finished call's buffer in ``spare`` (a communicator's pool)
-    when one is large enough (its pages are mapped, where a fresh one costs a page fault per
+    """A staging array: a view of a finished call's buffer in ``spare`` (a communicator's pool),
+    the smallest large enough (its pages are mapped, where a fresh one costs a page fault per
     4 KiB on first touch), else of a new one. Out of the pool while in use,
     so an unfinished asynchronous call never shares it."""
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < _SPARE_FROM:
         return np.empty(shape, dtype)
-    for i, buf in enumerate(spare):
-        if buf.nbytes >= nbytes:
-            del spare[i]
+    for i in range(len(spare) - 1, -1, -1):  # the smallest that fits (spare: largest first)
+        if spare[i].nbytes >= nbytes:
+            buf = spare.pop(i)
             break
     else:
         buf = np.empty(nbytes, np.uint8)
