@@ -74,7 +74,13 @@ def histogram_threshold(comm: Any, mags: Any, k: int, n: int, center: float, dty
         center: a value identical on every rank near the expected threshold (the last one).
         dtype: the value dtype (edges stay above its least positive value: zeros never count).
     """
-    dtype = np.dtype(dtype)
+    with np.errstate(all="ignore"):  # edges at the dtype's extremes: a caller's raising
+        return _search(comm, mags, k, n, center, np.dtype(dtype))  # state must not stop one rank
+
+
+def _search(comm: Any, mags: Any, k: int, n: int, center: float, dtype: np.dtype
+            ) -> tuple[float, int]:
+    """:func:`histogram_threshold`'s rounds."""
     floor = smallest_positive(dtype)
     top = float(np.finfo(dtype).max)
     lo, hi = max(center * 2.0 ** -OCTAVES, floor), max(center * 2.0 ** OCTAVES, floor * 4)

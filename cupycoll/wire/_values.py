@@ -35,7 +35,7 @@ def _round_to_odd_f32(xp: Any, x: Any) -> Any:
 
     Overflow gives the largest float32 (odd), which bfloat16 then rounds to inf, as it must.
     """
-    with np.errstate(invalid="ignore", over="ignore"):
+    with np.errstate(all="ignore"):  # underflow to 0 and overflow are the rounding
         near = x.astype(np.float32)
         back = near.astype(np.float64)
         away = xp.abs(back) > xp.abs(x)  # rounded up in magnitude: step back one ulp
@@ -97,7 +97,7 @@ def round_values(values: Any, fmt: str) -> tuple[Any, Any]:
         narrow = values
         if values.dtype == np.float64:  # not every float64 -> float16 cast rounds once
             narrow = _round_to_odd_f32(xp, values).view(np.float32)
-        with np.errstate(over="ignore"):
+        with np.errstate(all="ignore"):  # overflow to inf, underflow: the rounding
             payload = narrow.astype(np.float16).view(np.uint16)
     else:
         payload = _bfloat16_bits(xp, values)

@@ -7,7 +7,8 @@ sums): a caller's raising error state must not turn them into a FloatingPointErr
 in the middle of a collective (the others would wait). Inputs hold +-inf, NaN, a subnormal and
 values whose sum overflows float32; every top-k algorithm with and without a state, coo and
 bfloat16 wires, the compressor, and every sparse algorithm and op on 1-D values and rows, coo,
-compact and bfloat16 wires. Prints "ok raising error state on P ranks".
+compact, bfloat16 and float16 wires, values that underflow those wires; Ok-Topk's threshold
+search after a step of zeros and after a jump in magnitude. Prints "ok raising error state on P ranks".
 """
 
 from __future__ import annotations
@@ -48,8 +49,24 @@ def main() -> None:
                     for wire in ("coo", "compact"):
                         cc.sparse_allreduce(idx, vals, 3000, op=op, algorithm=alg, comm=comm,
                                             wire=wire)
-                    cc.sparse_allreduce(idx, vals, 3000, op=op, algorithm=alg, comm=comm,
-                                        wire_values="bfloat16")
+                    for fmt in ("bfloat16", "float16"):
+                        cc.sparse_allreduce(idx, vals, 3000, op=op, algorithm=alg, comm=comm,
+                                            wire_values=fmt)
+        tiny = np.full(300, 1e-300)  # underflows float32 and both wire formats
+        tiny[::2] = 1e-6  # a float16 subnormal
+        with np.errstate(under="ignore"):
+            tinies = (tiny, tiny.astype(np.float32))
+        with np.errstate(all="raise"):
+            for fmt in ("bfloat16", "float16"):
+                for vals in tinies:
+                    cc.sparse_allreduce(np.arange(300), vals, 3000, algorithm=alg, comm=comm,
+                                        wire_values=fmt)
+    plain = rng.standard_normal(3000)
+    with np.errstate(all="raise"):  # the threshold search after a step of zeros, and after
+        for later in (np.zeros_like(plain), plain * 1e12):  # magnitudes far above the first
+            state = TopkState()
+            for step in range(3):
+                topk_allreduce(plain if step == 0 else later, 10, comm=comm, state=state)
     if comm.rank == 0:
         print(f"ok raising error state on {comm.size} ranks")
 
