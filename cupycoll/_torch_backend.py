@@ -17,8 +17,10 @@ docs/torch_backend.md.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Sequence
+import math
+from typing import Any, Callable, Iterator, Sequence
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -26,14 +28,14 @@ from . import collectives
 from ._background import runner
 from ._torch_coalesced import CoalescedVerbs
 from ._torch_p2p import PointToPointVerbs
-from ._torch_tensors import (as_array, byte_tensor, copied_back, holding, reduce_op,
+from ._torch_tensors import (Refused, as_array, byte_tensor, copied_back, holding, reduce_op,
                              reduction_tensor, sparse_parts, sparse_tensor)
 from ._torch_work import TorchWork, dist_error, network_error
 from ._torch_world import group_comm, rendezvous, timeout_seconds
 from ._types import ReduceOp
 from .comm import Communicator
 from .comm.mpi import MPICommunicator
-from .errors import BackendUnavailable, InvalidArgument
+from .errors import BackendUnavailable, CupycollError, InvalidArgument
 from .sparse import sparse_allreduce
 
 __all__ = ["ProcessGroupCupycoll", "register", "BACKEND"]
@@ -169,6 +171,20 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
                                   f"{count} tensors of {like.numel()} {like.dtype} elements",
                                   rank=self.rank())
 
+    @contextlib.contextmanager
+    def _checks(self, verb: str, tensors: Any) -> Iterator[None]:
+        """This rank's checks of a dense verb's arguments (``verb``: the cupycoll verb it
+        runs on ``tensors``' communicator: a tensor or a list): with CUPYCOLL_DEBUG a bad
+        argument takes part in that verb's agreement, so every rank raises
+        (:func:`cupycoll.collectives.refuse`); without, it raises here."""
+        try:
+            yield
+        except CupycollError as exc:
+            first = tensors if isinstance(tensors, torch.Tensor) else next(iter(tensors), None)
+            comm = self._comm(first) if first is not None else self._host
+            collectives.refuse(comm, verb, exc)
+            raise
+
     def _op(self, opts: Any, verb: str) -> ReduceOp:
         return reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, verb,
                          self.rank())
@@ -178,21 +194,28 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
         """Dense: every rank gets op over ranks, in place. Sparse COO: cupycoll's sparse
         allreduce; the tensor becomes the coalesced result (as gloo leaves it)."""
         tensor = self._single(tensors, "allreduce")
-        op = self._op(opts, "allreduce")
         if tensor.layout == torch.sparse_coo:
-            return self._sparse_allreduce(tensor, op, opts)
-        worked = reduction_tensor(tensor, op, "tensor", self.rank())
+            return self._sparse_allreduce(tensor, opts)
+        with self._checks("allreduce", tensor):
+            op = self._op(opts, "allreduce")
+            worked = reduction_tensor(tensor, op, "tensor", self.rank())
         array = as_array(worked)
         return self._launch("allreduce", tensor, opts, lambda _: [copied_back(tensor, worked)],
                             collectives.allreduce, array, op, out=array)
 
-    def _sparse_allreduce(self, tensor: torch.Tensor, op: ReduceOp, opts: Any) -> TorchWork:
+    def _sparse_allreduce(self, tensor: torch.Tensor, opts: Any) -> TorchWork:
         """A blocking call (or a CUDA tensor's) runs as :meth:`_launch` runs it; an
         asynchronous one on the host runs whole (validation included) on the host
         communicator's background worker, in call order, which completes the Work itself: the
         caller (DDP's autograd thread) does not wait for the other ranks, and no thread hop
-        through the completer follows."""
-        index, values, n = sparse_parts(tensor, op, self.rank())
+        through the completer follows. A bad op or dtype is raised by cupycoll's validation
+        round (:class:`Refused`), on every rank."""
+        try:
+            op = self._op(opts, "allreduce")
+            index, values, n = sparse_parts(tensor, op, self.rank())
+        except CupycollError as exc:
+            op, index, values = ReduceOp.SUM, np.empty(0, np.int64), Refused(exc)
+            n = math.prod(tuple(tensor.shape)[:tensor.sparse_dim()])
 
         def finish(result: Any) -> list[torch.Tensor]:
             return [holding(tensor, sparse_tensor(result, tensor))]
@@ -214,8 +237,10 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
     def reduce(self, tensors: Any, opts: Any = None) -> TorchWork:
         """op over ranks into root's tensor; the others' tensors are left as they were."""
         tensor = self._single(tensors, "reduce")
-        op, root = self._op(opts, "reduce"), opts.rootRank if opts is not None else 0
-        worked = reduction_tensor(tensor, op, "tensor", self.rank())
+        root = opts.rootRank if opts is not None else 0
+        with self._checks("reduce", tensor):
+            op = self._op(opts, "reduce")
+            worked = reduction_tensor(tensor, op, "tensor", self.rank())
         array = as_array(worked)
         out = array if self.rank() == root else None
         return self._launch(
@@ -229,7 +254,8 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
         tensor = self._single(input_tensors, "allgather")
         outputs = self._single(output_tensors, "allgather") if not isinstance(
             output_tensors[0], torch.Tensor) else output_tensors
-        self._check_like("allgather", "output_tensors", outputs, tensor, self.size())
+        with self._checks("allgather", tensor):
+            self._check_like("allgather", "output_tensors", outputs, tensor, self.size())
         data = byte_tensor(tensor)
         gathered = torch.empty(data.numel() * self.size(), dtype=torch.uint8,
                                device=tensor.device)
@@ -242,10 +268,11 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
                           opts: Any = None) -> TorchWork:
         """Every rank's input, in rank order, into one output of P times its elements."""
-        if output.dtype != input.dtype or output.numel() != input.numel() * self.size():
-            raise InvalidArgument("all_gather_into_tensor: output", (tuple(output.shape),
-                                  str(output.dtype)), f"{self.size()} x {input.numel()} "
-                                  f"{input.dtype} elements", rank=self.rank())
+        with self._checks("allgather", input):
+            if output.dtype != input.dtype or output.numel() != input.numel() * self.size():
+                raise InvalidArgument("all_gather_into_tensor: output", (tuple(output.shape),
+                                      str(output.dtype)), f"{self.size()} x {input.numel()} "
+                                      f"{input.dtype} elements", rank=self.rank())
         data, gathered = byte_tensor(input), byte_tensor(output)
         send, recv = as_array(data), as_array(gathered)
         return self._launch("all_gather_into_tensor", input, opts,
@@ -260,26 +287,29 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
         output = self._single(output_tensors, "reduce_scatter")
         inputs = self._single(input_tensors, "reduce_scatter") if not isinstance(
             input_tensors[0], torch.Tensor) else input_tensors
-        self._check_like("reduce_scatter", "input_tensors", inputs, output, self.size())
+        with self._checks("reduce_scatter", output):
+            self._check_like("reduce_scatter", "input_tensors", inputs, output, self.size())
         flat = torch.cat([t.reshape(-1) for t in inputs])
         return self._reduce_scatter(output, flat, opts, "reduce_scatter")
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
                               opts: Any = None) -> TorchWork:
         """op over ranks of ``input`` (P blocks of the output's size) into this rank's block."""
-        if output.dtype != input.dtype or input.numel() != output.numel() * self.size():
-            raise InvalidArgument("reduce_scatter_tensor: input", (tuple(input.shape),
-                                  str(input.dtype)), f"{self.size()} x {output.numel()} "
-                                  f"{output.dtype} elements", rank=self.rank())
+        with self._checks("reduce_scatter", output):
+            if output.dtype != input.dtype or input.numel() != output.numel() * self.size():
+                raise InvalidArgument("reduce_scatter_tensor: input", (tuple(input.shape),
+                                      str(input.dtype)), f"{self.size()} x {output.numel()} "
+                                      f"{output.dtype} elements", rank=self.rank())
         return self._reduce_scatter(output, input, opts, "reduce_scatter_tensor")
 
     _reduce_scatter_base = reduce_scatter_single
 
     def _reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, opts: Any,
                         verb: str) -> TorchWork:
-        op = self._op(opts, verb)
-        send_t = reduction_tensor(input, op, "input", self.rank())
-        recv_t = reduction_tensor(output, op, "output", self.rank())
+        with self._checks("reduce_scatter", output):
+            op = self._op(opts, verb)
+            send_t = reduction_tensor(input, op, "input", self.rank())
+            recv_t = reduction_tensor(output, op, "output", self.rank())
         send, recv = as_array(send_t.reshape(-1)), as_array(recv_t.reshape(-1))
         return self._launch(verb, output, opts, lambda _: [copied_back(output, recv_t)],
                             collectives.reduce_scatter, send, op, out=recv)

@@ -20,7 +20,7 @@ __all__ = ["CoalescedVerbs"]
 
 class CoalescedVerbs:
     """Mixin of :class:`~._torch_backend.ProcessGroupCupycoll` (uses its ``_launch``,
-    ``_op``, ``rank`` and ``size``)."""
+    ``_checks``, ``_op``, ``rank`` and ``size``)."""
 
     def _one_dtype(self, verb: str, tensors: Sequence[torch.Tensor]) -> None:
         """Raise InvalidArgument unless ``tensors`` is not empty and of one dtype and device."""
@@ -32,10 +32,11 @@ class CoalescedVerbs:
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         """Dense allreduce of every tensor of the list, in place, as one collective."""
-        self._one_dtype("allreduce_coalesced", tensors)
-        op = self._op(opts, "allreduce_coalesced")
-        worked = reduction_tensor(torch.cat([t.reshape(-1) for t in tensors]), op, "tensors",
-                                  self.rank())
+        with self._checks("allreduce", tensors):
+            self._one_dtype("allreduce_coalesced", tensors)
+            op = self._op(opts, "allreduce_coalesced")
+            worked = reduction_tensor(torch.cat([t.reshape(-1) for t in tensors]), op,
+                                      "tensors", self.rank())
         array = as_array(worked)
         blocks = worked.split([t.numel() for t in tensors])
         return self._launch("allreduce_coalesced", tensors[0], opts,
@@ -46,8 +47,9 @@ class CoalescedVerbs:
                                     inputs: list[torch.Tensor], opts: Any = None) -> Any:
         """``all_gather_single`` of each (output, input) pair, as one allgather."""
         verb, p = "all_gather_single_coalesced", self.size()
-        self._pairs(verb, outputs, inputs, lambda o, i: o.numel() == i.numel() * p,
-                    f"{p} x its input's elements")
+        with self._checks("allgather", inputs):
+            self._pairs(verb, outputs, inputs, lambda o, i: o.numel() == i.numel() * p,
+                        f"{p} x its input's elements")
         send, recv, rows, spans = self._gathered(inputs)
         return self._launch(
             verb, inputs[0], opts,
@@ -59,13 +61,15 @@ class CoalescedVerbs:
                             inputs: list[torch.Tensor], opts: Any = None) -> Any:
         """Every rank's list of inputs into ``output_lists[r]``, as one allgather."""
         verb = "allgather_coalesced"
-        if len(output_lists) != self.size() or not all(
-                len(outs) == len(inputs) and all(o.dtype == i.dtype and o.numel() == i.numel()
-                                                 for o, i in zip(outs, inputs))
-                for outs in output_lists):
-            raise InvalidArgument(f"{verb}: output_tensor_lists", len(output_lists),
-                                  f"{self.size()} lists of tensors like the inputs",
-                                  rank=self.rank())
+        with self._checks("allgather", inputs):
+            if len(output_lists) != self.size() or not all(
+                    len(outs) == len(inputs) and all(o.dtype == i.dtype and
+                                                     o.numel() == i.numel()
+                                                     for o, i in zip(outs, inputs))
+                    for outs in output_lists):
+                raise InvalidArgument(f"{verb}: output_tensor_lists", len(output_lists),
+                                      f"{self.size()} lists of tensors like the inputs",
+                                      rank=self.rank())
         send, recv, rows, spans = self._gathered(inputs)
         return self._launch(
             verb, inputs[0], opts,
@@ -90,14 +94,16 @@ class CoalescedVerbs:
                                         inputs: list[torch.Tensor], opts: Any = None) -> Any:
         """``reduce_scatter_single`` of each (output, input) pair, as one reduce-scatter."""
         verb, p = "reduce_scatter_single_coalesced", self.size()
-        self._pairs(verb, outputs, inputs, lambda o, i: i.numel() == o.numel() * p,
-                    f"1/{p} of its input's elements")
-        self._one_dtype(verb, list(inputs) + list(outputs))
-        op = self._op(opts, verb)
-        rows = torch.cat([t.reshape(p, -1) for t in inputs], dim=1)  # rank r's blocks: row r
-        send_t = reduction_tensor(rows, op, "inputs", self.rank())
-        recv_t = reduction_tensor(torch.empty(rows.shape[1], dtype=rows.dtype,
-                                              device=rows.device), op, "outputs", self.rank())
+        with self._checks("reduce_scatter", inputs):
+            self._pairs(verb, outputs, inputs, lambda o, i: i.numel() == o.numel() * p,
+                        f"1/{p} of its input's elements")
+            self._one_dtype(verb, list(inputs) + list(outputs))
+            op = self._op(opts, verb)
+            rows = torch.cat([t.reshape(p, -1) for t in inputs], dim=1)  # rank r's: row r
+            send_t = reduction_tensor(rows, op, "inputs", self.rank())
+            recv_t = reduction_tensor(torch.empty(rows.shape[1], dtype=rows.dtype,
+                                                  device=rows.device), op, "outputs",
+                                      self.rank())
         send, recv = as_array(send_t.reshape(-1)), as_array(recv_t.reshape(-1))
         blocks = recv_t.split([t.numel() for t in outputs])
         return self._launch(verb, outputs[0], opts,

@@ -37,6 +37,8 @@ class PointToPointVerbs:
         sends = self._row_blocks(input, input_split_sizes, "input_split_sizes")
         out_bytes = byte_tensor(output)
         recvs = self._row_blocks(output, output_split_sizes, "output_split_sizes", out_bytes)
+        self._own_block("all_to_all_single", "input_split_sizes", list(input_split_sizes),
+                        sends, recvs)
         return self._exchange("all_to_all_single", input, opts, sends, recvs,
                               lambda _: [copied_back(output, out_bytes)])
 
@@ -49,6 +51,8 @@ class PointToPointVerbs:
             self._per_rank("alltoall", name, given)
         sends = [byte_tensor(t) for t in input_tensors]
         recvs = [byte_tensor(t) for t in output_tensors]
+        self._own_block("alltoall", "input_tensors",
+                        [tuple(t.shape) for t in input_tensors], sends, recvs)
         return self._exchange(
             "alltoall", input_tensors[self.rank()], opts, sends, recvs,
             lambda _: [copied_back(o, r) for o, r in zip(output_tensors, recvs)])
@@ -105,6 +109,17 @@ class PointToPointVerbs:
         data = byte_tensor(tensor) if data is None else data
         row_bytes = data.numel() // rows if rows else 0
         return list(data.split([c * row_bytes for c in counts]))
+
+    def _own_block(self, verb: str, name: str, given: Any, sends: list[torch.Tensor],
+                   recvs: list[torch.Tensor]) -> None:
+        """Raise InvalidArgument unless the block this rank sends itself fills the block it
+        expects from itself (a local copy: checked here, where the sizes other ranks send are
+        not)."""
+        rank = self.rank()
+        if sends[rank].numel() != recvs[rank].numel():
+            raise InvalidArgument(f"{verb}: {name}", given, f"rank {rank}'s block to itself "
+                                  f"({sends[rank].numel()} bytes) must fill the block expected "
+                                  f"from it ({recvs[rank].numel()} bytes)", rank=rank)
 
     def _exchange(self, verb: str, tensor: torch.Tensor, opts: Any,
                   sends: list[torch.Tensor], recvs: list[torch.Tensor],

@@ -22,7 +22,7 @@ from ._types import ReduceOp
 from .errors import InvalidArgument, InvalidType
 
 __all__ = ["reduce_op", "as_array", "byte_tensor", "reduction_tensor", "sparse_parts", "holding",
-           "sparse_tensor", "copied_back"]
+           "sparse_tensor", "copied_back", "Refused"]
 
 
 def as_array(tensor: torch.Tensor) -> Any:
@@ -33,6 +33,22 @@ def as_array(tensor: torch.Tensor) -> Any:
 
         return cupy.from_dlpack(tensor)
     return tensor.detach().numpy()
+
+
+class Refused:
+    """Stands for an argument this rank found bad before calling a cupycoll front door that
+    validates collectively: reading it there (as an array, through DLPack) raises ``error``
+    inside the validation round, so every rank raises, where raising before the call would
+    leave the other ranks waiting in that round."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def __dlpack_device__(self) -> Any:
+        raise self.error
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+        raise self.error
 
 
 _TORCH_OPS = {dist.ReduceOp.SUM: ReduceOp.SUM, dist.ReduceOp.PRODUCT: ReduceOp.PROD,
@@ -111,7 +127,7 @@ def sparse_parts(tensor: torch.Tensor, op: ReduceOp, rank: int) -> tuple[Any, An
     input order (``cupycoll.torch``'s :func:`entries`: by cupycoll's sum where ``op`` sums).
     Several sparse dimensions are linearised row-major into one index in [0, n) first; dense
     trailing dimensions are flattened into the rows' width; bfloat16 values become a float32
-    copy.
+    copy first (their duplicates are summed in float32, as ``cupycoll.torch`` sums them).
 
     Raises:
         InvalidType: values of a dtype cupycoll's sparse allreduce does not take.
@@ -123,9 +139,9 @@ def sparse_parts(tensor: torch.Tensor, op: ReduceOp, rank: int) -> tuple[Any, An
                           "bfloat16, float32, float64, int32 or int64", rank=rank)
     shape = tuple(tensor.shape)
     n = math.prod(shape[:tensor.sparse_dim()])
+    if tensor.dtype == torch.bfloat16:
+        tensor = tensor.to(torch.float32)
     index, values = entries(_one_sparse_dim(tensor, n), op)
-    if values.dtype == torch.bfloat16:
-        values = values.to(torch.float32)
     if values.dim() > 2:
         values = values.reshape(values.shape[0], math.prod(values.shape[1:]))
     return as_array(index.contiguous()), as_array(values.contiguous()), n

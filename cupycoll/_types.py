@@ -91,7 +91,7 @@ def array_namespace(x: Any) -> types.ModuleType:
 
 def as_array(x: Any, argument: str, *, rank: int | None = None) -> Any:
     """Accept a numpy/cupy array or anything with ``__dlpack__`` (zero-copy); reject the rest."""
-    if isinstance(x, np.ndarray) or type(x).__module__.startswith("cupy"):
+    if isinstance(x, np.ndarray) or type(x).__module__.split(".")[0] == "cupy":
         return x
     if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
         device_type = int(x.__dlpack_device__()[0])

@@ -182,6 +182,14 @@ def _agree(comm: Communicator, verb: str, fields: dict[str, int] | None,
         draft.settle("debug.check")
 
 
+def refuse(comm: Communicator, verb: str, error: CupycollError) -> None:
+    """``error``, a bad argument of ``verb`` found before calling it (a wrapper's own checks),
+    as the verb's general path treats one: with CUPYCOLL_DEBUG it takes part in the verb's
+    agreement, so every rank raises (this one ``error``); without, the caller raises it."""
+    if debug():
+        _agree(comm, verb, None, error)
+
+
 def _agreed(comm: Communicator, verb: str,
             validate: Callable[[], tuple[tuple, dict[str, Any]]]) -> tuple:
     """The verb's arguments, validated on this rank by ``validate()`` (the arguments, input

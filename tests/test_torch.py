@@ -206,6 +206,9 @@ def test_sparse_helper_one_rank_and_errors():
         cct.sparse_allreduce(torch.sparse_coo_tensor(i, v, (5, 2), check_invariants=True),
                              output="dense",
                              out=torch.zeros(4, 2))
+    with pytest.raises(InvalidType, match="'out' on rank 0.*torch.float32.*bfloat16"):
+        cct.sparse_allreduce(torch.sparse_coo_tensor(i, v, (5, 2), check_invariants=True),
+                             output="dense", out=torch.zeros(5, 2, dtype=torch.bfloat16))
 
 
 def sparse_grad(seed, dtype=torch.float32, rows=50, tokens=40):

@@ -20,7 +20,7 @@ import torch
 from .._background import run_async, runner
 from ..comm import Communicator, Work, get_comm
 from ..errors import InvalidArgument, InvalidType
-from .._torch_tensors import holding, sparse_tensor
+from .._torch_tensors import Refused, holding, sparse_tensor
 from ..sparse import sparse_allreduce as _sparse_allreduce
 from ._coalesce import entries
 from ._tensors import as_array, future_of
@@ -126,7 +126,8 @@ def reduce(tensor: torch.Tensor, comm: Communicator, *, output: str = "sparse",
     indices, values = _rows(tensor, kwargs.get("op", "sum"))
     target = _target(out, tensor, values.dtype)
     result = _sparse_allreduce(as_array(indices), as_array(values), tensor.shape[0],
-                               comm=comm, output=output, out=_viewed(target), **kwargs)
+                               comm=comm, output=output, out=_viewed(target, tensor, comm.rank),
+                               **kwargs)
     if output == "dense":
         return _dense(result, tensor, out, target)
     reduced = sparse_tensor(result, tensor)
@@ -168,15 +169,17 @@ def _target(out: Any, tensor: torch.Tensor, dtype: torch.dtype) -> Any:
     return out
 
 
-def _viewed(target: Any) -> Any:
-    """A tensor as the array cupycoll writes (numpy or CuPy, zero-copy), else as given (a
-    tensor numpy cannot view, e.g. bfloat16: cupycoll then rejects it on every rank)."""
+def _viewed(target: Any, tensor: torch.Tensor, rank: int) -> Any:
+    """A tensor as the array cupycoll writes (numpy or CuPy, zero-copy), else as given; a
+    tensor numpy cannot view (a bfloat16 ``out`` for a tensor of another dtype) as
+    :class:`Refused`, which cupycoll's validation raises on every rank."""
     if not isinstance(target, torch.Tensor):
         return target
     try:
         return as_array(target)
     except (TypeError, RuntimeError):
-        return target
+        return Refused(InvalidType("out", str(target.dtype), f"a tensor of dtype {tensor.dtype} "
+                                   "(the input's)", rank=rank))
 
 
 def _flat_shape(tensor: torch.Tensor) -> tuple[int, ...]:

@@ -22,7 +22,9 @@ from __future__ import annotations
 import collections
 import datetime
 import json
+import os
 import sys
+import time
 import warnings
 
 import numpy as np
@@ -333,7 +335,10 @@ def check_errors() -> None:
             (lambda: dist.all_reduce(torch.ones(2, dtype=torch.bool)), InvalidType, "bool"),
             (lambda: dist.recv(torch.empty(1)), NotImplementedError, "has no recv_anysource"),
             (lambda: dist.all_gather_into_tensor(torch.empty(P + 1), torch.ones(1)),
-             InvalidArgument, "all_gather_into_tensor")):
+             InvalidArgument, "all_gather_into_tensor"),
+            (lambda: dist.all_to_all_single(torch.zeros(P), torch.arange(2.0 * P), [1] * P,
+                                            [2] * P),  # 2 rows to itself, 1 expected from it
+             InvalidArgument, "block to itself")):
         try:
             call()
         except kind as exc:
@@ -359,6 +364,56 @@ def check_sparse_errors() -> None:
         else:
             assert P == 1, f"rank {RANK}: no MismatchError (async_op={async_op})"
             CHECKS["sparse errors"] += 1
+
+
+def check_one_rank_refuses() -> None:
+    """A bad argument on rank 0 alone raises on every rank at once (no rank waits for the
+    others' timeout): a sparse tensor's dtype or op, always (sync and async); a dense tensor's,
+    with CUPYCOLL_DEBUG."""
+    group = dist.new_group(backend="cupycoll", timeout=datetime.timedelta(seconds=60))
+    bad = RANK == 0
+
+    def sparse(dtype):
+        return torch.sparse_coo_tensor([[1, 2]], torch.ones(2, 3, dtype=dtype), (10, 3))
+
+    cases = [(lambda a: dist.all_reduce(sparse(torch.int8 if bad else torch.float32),
+                                        group=group, async_op=a), InvalidType),
+             (lambda a: dist.all_reduce(sparse(torch.int32), op=O.BAND if bad else O.SUM,
+                                        group=group, async_op=a), InvalidArgument)]
+    dense = [(lambda a: dist.all_reduce(torch.ones(4, dtype=torch.bool if bad else torch.int32),
+                                        group=group, async_op=a), InvalidType),
+             (lambda a: dist.all_reduce(torch.ones(4, dtype=torch.int32),
+                                        op=O.BAND if bad else O.SUM, group=group, async_op=a),
+              InvalidArgument),
+             (lambda a: dist.reduce_scatter_tensor(torch.zeros(1), torch.ones(P + bad),
+                                                   group=group, async_op=a), InvalidArgument)]
+    os.environ["CUPYCOLL_DEBUG"] = "1"
+    try:
+        for (call, kind), debugging in [(c, False) for c in cases] + [(c, True) for c in dense]:
+            for async_op in (False, True):
+                start = time.monotonic()
+                try:
+                    work = call(async_op)
+                    work.wait() if async_op else None
+                except (kind, MismatchError) as exc:
+                    assert time.monotonic() - start < 30, f"rank {RANK} waited: {exc!r}"
+                    assert isinstance(exc, kind) or not bad, repr(exc)
+                    CHECKS["one rank refuses"] += 1
+                else:
+                    raise AssertionError(f"rank {RANK}: no error (debug={debugging})")
+    finally:
+        del os.environ["CUPYCOLL_DEBUG"]
+
+
+def check_bfloat16_duplicates() -> None:
+    """bfloat16 duplicates are summed in float32 and rounded once, as cupycoll.torch sums
+    them: 256 + 1 + 1 on every rank is P x 258 rounded to bfloat16 (summed in bfloat16, each
+    rank's 256 + 1 would round back to 256)."""
+    x = torch.sparse_coo_tensor([[0, 0, 0]], torch.tensor([256.0, 1.0, 1.0],
+                                                          dtype=torch.bfloat16), (4,))
+    dist.all_reduce(x)
+    assert x.values().tolist() == [torch.tensor(P * 258.0).bfloat16().item()], x
+    CHECKS["bfloat16 duplicates"] += 1
 
 
 def check_timeout() -> None:
@@ -393,6 +448,8 @@ check_coalesced_and_barrier()
 check_sparse()
 check_errors()
 check_sparse_errors()
+check_one_rank_refuses()
+check_bfloat16_duplicates()
 CHECKS["ddp"] = check_ddp(SEED, GLOO)
 WORLD.Barrier()
 check_timeout()
