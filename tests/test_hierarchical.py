@@ -84,6 +84,6 @@ def test_auto_picks_it_only_where_the_network_between_nodes_is_slower():
 
 @pytest.mark.parametrize("nprocs", LAUNCHES.ranks("hier_wire.py"))
 def test_compact_and_rounded_wires_on_emulated_nodes(nprocs):
-    # 3 inputs x 3 node sizes x (compact, coo+bfloat16, compact+bfloat16)
+    # 3 inputs x 3 node sizes x (compact, coo+bfloat16, compact+bfloat16, coo+float16)
     out = LAUNCHES.output("hier_wire.py", nprocs)
-    assert f"ok 27 hierarchical wire cases on {nprocs} ranks" in out
+    assert f"ok 36 hierarchical wire cases on {nprocs} ranks" in out

@@ -18,7 +18,8 @@ nodes). Nodes come from :mod:`cupycoll.comm._topology` (MPI's shared-memory spli
 4. Node allgatherv of the owners' final regions: in local-rank order they are the sorted result.
 
 Every value is reduced once per region by the same rail in the same order and then copied, so
-all ranks hold the same bits. One node: it runs split itself (same traffic, same names, same
+all ranks hold the same bits (with ``wire_values``, the node gathers round them: a rank alone on
+its node rounds its own the same way). One node: it runs split itself (same traffic, same names, same
 predicted time: ``auto`` keeps split on a tie). One rank per node: a count allgather
 (``hierarchical.counts``), then split or allgather over all ranks with their native
 collectives. Traffic is booked as ``hierarchical.samples``,
@@ -41,6 +42,7 @@ from .._registry import register
 from .._types import ReduceOp, distinct, to_host
 from ..comm._group import Group
 from ..comm._topology import Topology, topology
+from ..wire import round_values
 from ..wire._exchange import gather_entries
 from ..wire._pack import COO, Wire
 from . import allgather as _allgather
@@ -114,6 +116,8 @@ def hierarchical(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
     if local.size > 1:
         indices, values, _ = allgatherv_entries(local, indices, values, "node.gather", wire,
                                                 int(bounds[own.start]), int(bounds[own.stop]))
+    elif wire.rounds(values.dtype):  # alone on its node: its regions as the other nodes'
+        values = round_values(values, wire.values)[1]  # gathers round them
     return indices, values
 
 
