@@ -94,7 +94,7 @@ class _DeviceArray:
     """An array of a device library (``as_array`` passes it through as cupy's): ``get()``
     copies it to the host, as a cupy array on the MPI backend."""
 
-    __module__ = "cupy_like"
+    __module__ = "cupy.fake"
     __cupycoll_namespace__ = object()
 
     def __init__(self, a: np.ndarray) -> None:
@@ -152,9 +152,10 @@ def test_local_prepares_the_coalesced_input_in_the_accumulate_dtype(op):
     prepared, _ = _local(indices=inc, values=np.ones((3, 2), np.float16), op=op,
                          wire_values="float16")
     assert prepared.indices.tolist() == [0, 3, 9] and prepared.width == 2
-    assert prepared.values.dtype == np.float32  # rounded float16 accumulates in float32
+    # float16 travels as it is: wire_values changes nothing, the accumulate dtype stays
+    assert prepared.values.dtype == np.float16 and prepared.wire_values is None
     assert prepared.value_dtype == np.float16 and prepared.index_dtype == np.int32
-    assert prepared.wire == "auto" and prepared.wire_values == "float16"
+    assert prepared.wire == "auto"
     prepared, _ = _local(indices=np.array([5], np.int32), values=np.array([2], np.int64),
                          n=2**62 - 1)
     assert prepared.n == 2**62 - 1 and prepared.values.dtype == np.int64

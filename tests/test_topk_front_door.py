@@ -92,7 +92,7 @@ def test_local_checks_name_each_bad_argument_exactly():
 class _DeviceArray:
     """A 1-D float32 array of a device library (what ``as_array`` passes through as cupy's)."""
 
-    __module__ = "cupy_like"
+    __module__ = "cupy.fake"
     __cupycoll_namespace__ = types.SimpleNamespace(name="device library")
 
     def __init__(self, a: np.ndarray) -> None:

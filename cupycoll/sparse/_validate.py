@@ -250,8 +250,8 @@ def _local(comm: Any, indices: Any, values: Any, n: Any, op: Any, algorithm: Any
         length = _length(n, rank)
         idx, val, width = _arrays(comm, indices, values, rank)
         acc = _accumulate(accumulate_dtype, np.dtype(val.dtype), rank)
-        if wire_values is not None and acc == np.float16:
-            acc = np.dtype(np.float32)  # rounded values are accumulated in float32 at least
+        if np.dtype(val.dtype).itemsize < 4:  # float16 values travel as they are: a 16-bit
+            wire_values = None  # format saves nothing and bfloat16 would drop bits
         for arg, fn in (("alloc_fn", alloc_fn), ("completion_fn", completion_fn)):
             if fn is not None and not callable(fn):
                 raise InvalidType(arg, type(fn).__name__, "a callable or None", rank=rank)

@@ -6,7 +6,8 @@ Usage: wire_mpi.py SEED
    int32, int64, float16 via float32 values), width (1-D and rows), input pattern (random,
    empty odd ranks, indices near 2**31 with int32, near 2**40 with int64): ``wire="compact"``
    gives the bits of ``wire="coo"``, which equals an independent numpy reference; with
-   ``wire_values`` the result is identical on every rank and close to the reference.
+   ``wire_values`` the result is identical on every rank and close to the reference, and
+   float16 values give the bits they give without it (they travel as they are).
 2. Every rank's ``comm.stats`` equals the cost model (validation + algorithm) for coo,
    compact and compact+bfloat16, on exact shapes.
 3. topk_allreduce, every algorithm (Ok-Topk with and without the padded allgather): compact ==
@@ -131,6 +132,13 @@ def check_rounded(comm, seed: int) -> int:
                 assert same_everywhere(comm, res.values), (fmt, algorithm, wire)
                 np.testing.assert_allclose(res.values, want_v, rtol=rtol * comm.size,
                                            err_msg=f"{fmt} {algorithm} {wire}")
+                half = [(i, v.astype(np.float16)) for i, v in inputs]  # travels as it is:
+                plain = sparse_allreduce(*half[comm.rank], 5000, algorithm=algorithm,
+                                         comm=comm, wire=wire)
+                rounded = sparse_allreduce(*half[comm.rank], 5000, algorithm=algorithm,
+                                           comm=comm, wire=wire, wire_values=fmt)
+                assert np.array_equal(plain.values.view(np.uint16),
+                                      rounded.values.view(np.uint16)), (fmt, algorithm, wire)
                 checked += 1
     return checked
 
