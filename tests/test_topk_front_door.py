@@ -325,7 +325,8 @@ def _outcomes(p, call):
 def test_ranks_raise_together_on_a_bad_argument_or_a_disagreement(p):
     """One collective validation (ranks simulated by threads): the bad rank raises its own
     error, the others the same type naming the lowest bad rank and the argument; ranks that
-    disagree all raise MismatchError naming the first field that differs and its range."""
+    disagree all raise MismatchError naming the first field that differs and its range (a
+    state's or compressor's settings that decide the collectives among them)."""
     from cupycoll.errors import MismatchError
 
     def topk(**per_rank):
@@ -373,6 +374,19 @@ def test_ranks_raise_together_on_a_bad_argument_or_a_disagreement(p):
     for per_rank, message in fields:
         for r, e in enumerate(_outcomes(p, topk(**per_rank))):
             assert type(e) is MismatchError and str(e) == message(r), (per_rank, r, e)
+    settings = "ranks disagree on the settings that decide the call's collectives (rank"
+    for per_rank in ({"state": {r: TopkState(tau_prime=5 if r == 1 else 32) for r in range(p)},
+                      "algorithm": {r: "oktopk" for r in range(p)}},
+                     {"state": {r: TopkState(step=r) for r in range(p)}}):
+        for r, e in enumerate(_outcomes(p, topk(**per_rank))):
+            assert type(e) is MismatchError and str(e).startswith(settings), (r, e)
+    for keyword, value, shown in (("warmup_steps", 1, "'warmup'"),
+                                  ("measure_xi", True, "'measure_xi'"), ("tau", 3, "'tau'")):
+        got = _outcomes(p, lambda comm: cc.TopkCompressor(
+            10, 0.3, comm=comm, **({keyword: value} if comm.rank == 1 else {})).step(X))
+        for r, e in enumerate(got):
+            assert type(e) is MismatchError and str(e).startswith(settings), (keyword, r, e)
+            assert shown in str(e), e
 
 
 def test_the_wire_asked_for_reaches_every_ranks_run():

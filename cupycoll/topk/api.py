@@ -56,13 +56,28 @@ def _peer_error(failure: agreement.Failure, draft: agreement.Draft) -> CupycollE
 def _mismatch(differs: list[agreement.Differ], draft: agreement.Draft) -> str:
     """The message of the first field (in declaration order) the ranks disagree on."""
     d = differs[0]
-    return _disagreement(d.field, draft.rank, d.mine, d.low, d.high, draft.context)
+    algorithm, settings = draft.context
+    if d.field == "settings":
+        return (f"ranks disagree on the settings that decide the call's collectives (rank "
+                f"{draft.rank} has {settings}): a state's step, Ok-Topk's tau, tau_prime and "
+                "padded allgather, a compressor's warm-up and measure_xi must be the same on "
+                "every rank")
+    return _disagreement(d.field, draft.rank, d.mine, d.low, d.high, algorithm)
 
 
 def _terms(verb: str) -> agreement.Terms:
     """What ``verb`` (topk_allreduce or TopkCompressor.step) agrees on."""
-    return agreement.Terms(verb, ("length of x", "k", "dtype", "algorithm", "wire"),
-                           _peer_error, _mismatch, columns=("count",))
+    return agreement.Terms(verb, ("length of x", "k", "dtype", "algorithm", "wire",
+                                  "settings"), _peer_error, _mismatch, columns=("count",))
+
+
+def state_settings(state: TopkState | None) -> dict[str, Any]:
+    """What of ``state`` decides the collectives a call makes (so every rank must hold the
+    same): its step, Ok-Topk's repartition and refresh periods, the padded allgather."""
+    if state is None:
+        return {}
+    return {"step": state.step, "tau": state.tau, "tau_prime": state.tau_prime,
+            "padded_allgather": state.padded_allgather}
 
 
 #: the agreements of the verbs that validate here.
@@ -104,7 +119,8 @@ def _local_checks(comm: Communicator, x: Any, k: Any, algorithm: Any, selector: 
 def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: Any = None,
              state: Any = None, argument: str = "x", n: int | None = None,
              verb: str = "topk_allreduce", wire: Any = None,
-             wire_values: Any = None, small: SmallRefresh | None = None) -> tuple[Any, int]:
+             wire_values: Any = None, small: SmallRefresh | None = None,
+             settings: dict[str, Any] | None = None) -> tuple[Any, int]:
     """Check the arguments on every rank with one small allreduce; return (array, k).
 
     The allreduce carries ``verb``'s tag (see :mod:`cupycoll._agreement`), so a rank in another
@@ -112,27 +128,36 @@ def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: An
 
     Raises (on every rank): InvalidType / InvalidArgument when any rank's arguments are bad
     (non-float dtype, not 1-D, k <= 0 or k > n, unknown algorithm, bad selector or state),
-    MismatchError when the ranks disagree on the length, k, dtype, algorithm or wire keywords.
+    MismatchError when the ranks disagree on the length, k, dtype, algorithm, wire keywords or
+    ``settings`` (those that decide the collectives: :func:`state_settings` of ``state`` by
+    default).
     ``small``: the selection travels in the entry slots and, when every rank's fitted, the
     agreed slots are kept for the ``oktopk_small`` record (``small.slots``;
     :mod:`._oktopk_small`).
     """
     draft = TERMS[verb].draft(comm)
-    draft.context = algorithm
+    draft.context = algorithm, settings
     try:
         arr, kk, wcode = _local_checks(comm, x, k, algorithm, selector, state, argument, n,
                                        wire, wire_values)
+        settings = state_settings(state) if settings is None else settings
+        draft.context = algorithm, settings
     except CupycollError as exc:
         draft.fail(exc)
     else:
         draft.agree((int(arr.shape[0]), kk, _DTYPE_CODES[np.dtype(arr.dtype)],
-                     _algorithm_code(algorithm), wcode))
+                     _algorithm_code(algorithm), wcode, _settings_code(settings)))
         if small is not None:
             small.pack(draft, to_namespace(arr, comm.xp), kk)
     agreed = draft.settle("topk.validate")
     if small is not None:
         small.finish(agreed)
     return arr, kk
+
+
+def _settings_code(settings: dict[str, Any]) -> int:
+    """A positive int32 hash of ``settings`` (ranks compare these)."""
+    return zlib.crc32(repr(sorted(settings.items())).encode()) & 0x7FFFFFFF
 
 
 @functools.lru_cache(maxsize=64)

@@ -86,6 +86,7 @@ class TopkCompressor:
         self.measure_xi = bool(measure_xi)
         self.xi: list[float] = []
         self.steps = 0
+        self._called = 0  # steps called (an asynchronous one may still run)
         self._residual: Any = None
         self._pending: Any = None  # the Work of the last async step
 
@@ -123,13 +124,23 @@ class TopkCompressor:
         done = call(self.comm, "TopkCompressor.step",
                     lambda: validate(self.comm, grad, self.k, self.algorithm, argument="grad",
                                      n=self.n, verb="TopkCompressor.step", wire=self.wire,
-                                     wire_values=self.wire_values),
+                                     wire_values=self.wire_values,
+                                     settings=self._settings()),
                     lambda agreed: Plan(self.algorithm, None,
                                         lambda on: self._advance(on, *agreed)),
                     lambda agreed: Delivery(agreed[0], agreed[0], self.n), async_op)
+        self._called += 1
         if async_op:
             self._pending = done
         return done
+
+    def _settings(self) -> dict[str, Any]:
+        """What of this compressor decides the collectives of its next step (agreed by the
+        step's validation): whether it is a warm-up step, measure_xi, Ok-Topk's periods. Read
+        in the caller's thread, while an asynchronous step may still run: from the steps
+        called so far, not those done."""
+        return {"warmup": self._called < self.warmup_steps, "measure_xi": self.measure_xi,
+                "tau": self.state.tau, "tau_prime": self.state.tau_prime}
 
     def _advance(self, comm: Communicator, arr: Any, k: int) -> SparseResult:
         """One validated step over ``comm`` (the compressor's communicator or its background
