@@ -104,6 +104,18 @@ def as_array(x: Any, argument: str, *, rank: int | None = None) -> Any:
                       rank=rank)
 
 
+def check_device(x: Any, comm: Any, argument: str) -> None:
+    """Raise InvalidArgument when the device array ``x`` lives on another GPU than ``comm``'s
+    (an NCCL communicator's ``device_id``): its collectives would read or write it there."""
+    device = getattr(comm, "device_id", None)
+    if device is None or isinstance(x, np.ndarray):
+        return
+    got = getattr(getattr(x, "device", None), "id", device)
+    if got != device:
+        raise InvalidArgument(argument, f"an array on device {got}", "must be on the "
+                              f"communicator's device {device}", rank=comm.rank)
+
+
 def check_dtype(x: Any, argument: str, *, rank: int | None = None, allowed=None) -> np.dtype:
     """Return the dtype of ``x`` or raise :class:`InvalidType` if it is not supported."""
     dtype = np.dtype(x.dtype)

@@ -65,8 +65,9 @@ def test_rules_and_defects(nprocs):
     """The emulator catches device mismatches, host arrays, NCCL memory/units/overlap errors,
     unordered stream reads, log differences; abort unblocks (P = 2). Async sparse_allreduce on
     the communicator's device and in one launch order (defects 1, 2); dup() (3); a missing peer
-    times out, a failed init raises everywhere (4)."""
-    modes = ["async_device", "async_order", "missing_peer", "init_fails"]
+    times out, a failed init raises everywhere (4); an array on another GPU on one rank
+    raises on every rank."""
+    modes = ["async_device", "async_order", "wrong_device", "missing_peer", "init_fails"]
     if nprocs == 2:
         modes = ["rules", "dup"] + modes
     _run(nprocs, modes, timeout=200)

@@ -32,7 +32,7 @@ import numpy as np
 from .. import _agreement as agreement
 from .._config import setting
 from .._registry import algorithms
-from .._types import ReduceOp, array_namespace, as_array, parse_op, to_host
+from .._types import ReduceOp, array_namespace, as_array, check_device, parse_op, to_host
 from ..errors import CupycollError, InvalidArgument, InvalidType
 from ..primitives import VALUE_DTYPES, coo_reduce
 from ..primitives._accel import _fast
@@ -139,6 +139,8 @@ def _on(xp: Any, a: Any) -> Any:
 def _arrays(comm: Any, indices: Any, values: Any, rank: int) -> tuple[Any, Any, int]:
     idx = as_array(indices, "indices", rank=rank)
     val = as_array(values, "values", rank=rank)
+    check_device(idx, comm, "indices")
+    check_device(val, comm, "values")
     if idx.dtype not in _INDEX_CODES and np.dtype(idx.dtype).name not in _INDEX_NAMES:
         raise InvalidType("indices", idx.dtype, "an array of int32 or int64", rank=rank)
     if idx.ndim != 1:
@@ -177,6 +179,7 @@ def _out(comm: Any, out: Any, output: str, alloc_fn: Any, n: int, width: int,
         raise InvalidArgument("out", type(out).__name__, "is only for output='dense'",
                               rank=rank)
     arr = as_array(out, "out", rank=rank)
+    check_device(arr, comm, "out")
     want = (n, width) if width else (n,)
     if tuple(arr.shape) != want or np.dtype(arr.dtype) != value_dtype:
         raise InvalidArgument("out", f"{tuple(arr.shape)} {arr.dtype}", f"must have shape "

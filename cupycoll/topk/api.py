@@ -24,7 +24,7 @@ from .._config import setting
 from .._pipeline import Delivery, Plan, call
 from .._registry import algorithms, record
 from .._result import SparseResult
-from .._types import array_namespace, as_array, check_dtype
+from .._types import array_namespace, as_array, check_device, check_dtype
 from ..comm import Communicator, get_comm
 from ..errors import CupycollError, InvalidArgument, InvalidType
 from ..wire._choice import check_wire, check_wire_values, decode_code, wire_code
@@ -98,6 +98,7 @@ def _local_checks(comm: Communicator, x: Any, k: Any, algorithm: Any, selector: 
     if state is not None and not isinstance(state, TopkState):
         raise InvalidType("state", type(state).__name__, "None or a TopkState", rank=rank)
     arr = as_array(x, argument, rank=rank)
+    check_device(arr, comm, argument)
     if arr.dtype not in _DTYPE_CODES:
         check_dtype(arr, argument, rank=rank, allowed=FLOAT_DTYPES)
     if arr.ndim != 1:

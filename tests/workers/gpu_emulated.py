@@ -22,6 +22,7 @@ Modes:
   device_choice               init() keeps a device the application made current
   auto_agrees                 init("auto") picks NCCL only if every rank can
   rules                       every rule of the emulator fires on a program that breaks it
+  wrong_device                an array on another GPU on one rank raises on every rank
   wire                        wire formats: compact == coo bitwise for every sparse and top-k
                               algorithm, rounded values identical on every rank
   late_named, late_after_abort, late_verbs, interrupt
@@ -424,6 +425,10 @@ def mode_rules():
     expect_raises(StreamOrderError, lambda: y + 1)  # no wait: the read is a race
     cupy.cuda.get_current_stream().wait_event(event)
     assert (y + 0).get().tolist() == [P * v for v in range(6)]  # ordered: correct
+    with side:  # the blocking read waited for the null stream: y is free to overwrite
+        raw.allReduce(x.data.ptr, y.data.ptr, 6, f32, total, side.ptr)
+    cupy.cuda.get_current_stream().wait_event(side.record())
+    y * 1  # a read of y on the null stream that the host does not wait for
     expect_raises(StreamOrderError, raw.allReduce, x.data.ptr, y.data.ptr, 6, f32, total,
                   side.ptr)  # overwriting y on side while the null stream's read is unordered
     side.wait_event(cupy.cuda.get_current_stream().record())
@@ -691,11 +696,45 @@ def mode_wire():
     check_logs()
 
 
+def mode_wrong_device():
+    """The last rank passes an array on the other GPU: every front door that validates
+    collectively raises InvalidArgument on every rank, naming the argument and that rank
+    (its NCCL calls would read it on the wrong device; one rank alone used to raise)."""
+    from cupycoll.errors import InvalidArgument
+
+    comm = nccl_comm()
+    comm.barrier()  # connected: a rank that raised alone would leave the others waiting
+    bad = RANK == P - 1
+
+    def placed(a):
+        if not bad:
+            return cupy.asarray(a)
+        with cupy.cuda.Device(1 - comm.device_id):
+            return cupy.asarray(a)
+
+    idx, val = np.array([RANK, 5]), np.array([1.0, 2.0], np.float32)
+    calls = {
+        "indices": lambda: cc.sparse_allreduce(placed(idx), cupy.asarray(val), 20, comm=comm),
+        "values": lambda: cc.sparse_allreduce(cupy.asarray(idx), placed(val), 20, comm=comm,
+                                              algorithm="dense"),
+        "out": lambda: cc.sparse_allreduce(cupy.asarray(idx), cupy.asarray(val), 20, comm=comm,
+                                           output="dense", out=placed(np.zeros(20, np.float32))),
+        "x": lambda: cc.topk_allreduce(placed(np.arange(10, dtype=np.float32)), 3, comm=comm),
+        "grad": lambda: cc.TopkCompressor(10, 0.3, comm=comm).step(
+            placed(np.arange(10, dtype=np.float32))),
+    }
+    for argument, call in calls.items():
+        err = expect_raises(InvalidArgument, call)
+        assert err.argument == argument and err.rank == P - 1, (argument, err)
+    comm.synchronize()
+
+
 MODES = {"wire": mode_wire, "late_named": mode_late_named, "late_after_abort": mode_late_after_abort,
          "late_verbs": mode_late_verbs, "interrupt": mode_interrupt, "suites": mode_suites, "rules": mode_rules, "async_device": mode_async_device,
          "async_order": mode_async_order, "dup": mode_dup, "missing_peer": mode_missing_peer,
          "peer_aborts": mode_peer_aborts, "late_fetch": mode_late_fetch, "init_fails": mode_init_fails,
-         "device_choice": mode_device_choice, "auto_agrees": mode_auto_agrees}
+         "device_choice": mode_device_choice, "auto_agrees": mode_auto_agrees,
+         "wrong_device": mode_wrong_device}
 from cupycoll.primitives._accel import ready  # noqa: E402
 
 ready()  # numba's import in the background would hold the GIL in the timed checks below

@@ -102,6 +102,15 @@ def known_anywhere(stream: "Stream", seq: int) -> bool:
         return any(known.get(stream, 0) >= seq for known in _ALL_KNOWN)
 
 
+def waited(stream: "Stream") -> None:
+    """This host thread has waited for all work on ``stream`` so far without a synchronize
+    call of its own: a blocking device-to-host read, which CuPy ends with one (no second
+    synchronization is reported)."""
+    with LOCK:
+        _learn(known(), {stream: stream.seq})
+        _learn(known(), stream.known)
+
+
 def _learn(into: dict, facts: dict) -> None:
     for stream, seq in facts.items():
         if into.get(stream, -1) < seq:
