@@ -31,6 +31,7 @@ versions compare.
 
 from __future__ import annotations
 
+import argparse
 import sys
 import tracemalloc
 
@@ -185,8 +186,8 @@ def run_group(args, comm, table: Table, n: int, width: int, density: float, over
                    "x_dense": seconds / dense_time, "mem/recv": mem, "width": width,
                    "ranks": p, "skew": skew, "pred(us)": pred * 1e6 if pred else "",
                    "pred/meas": pred / seconds if pred else "", "format": fmt,
-                   "x_coo": wire / coo_bytes[base] if base in coo_bytes else "",
-                   "x_bound": wire / bound, **sample_stats(samples[name])})
+                   "x_coo": wire / coo_bytes[base] if coo_bytes.get(base) else "",
+                   "x_bound": wire / bound if bound else "", **sample_stats(samples[name])})
     exact = {a: t for a, t in times.items() if a != BASELINE and a.split("[")[0] != "auto"}
     best = min(exact, key=exact.get) if exact else None
     auto_time, pick_time = times.get("auto" + suffix), times.get(pick + suffix)
@@ -345,15 +346,21 @@ def main() -> int:
     args = parser.parse_args()
     if args.raw and args.output == "dense":
         parser.error("--raw times the algorithms' sparse results; not with --output dense")
-    comm = cc.init("mpi")
     algorithms = [a for a in args.algorithms.split(",") if a]
     groups = []
-    for width in (int(w) for w in args.width.split(",")):
-        lengths = [parse_size(args.rows)] if width else [parse_size(s) for s in args.n.split(",")]
-        groups += [(n, width, float(d), o, args.skew) for n in lengths
-                   for d in args.density.split(",") for o in args.overlap.split(",")]
-    if args.cases:
-        groups = [_case(c) for c in args.cases.split(",") if c]
+    try:
+        for width in (int(w) for w in args.width.split(",")):
+            lengths = [parse_size(args.rows)] if width else [parse_size(s)
+                                                              for s in args.n.split(",")]
+            groups += [(n, width, float(d), o, args.skew) for n in lengths
+                       for d in args.density.split(",") for o in args.overlap.split(",")]
+        if args.cases:
+            groups = [_case(c) for c in args.cases.split(",") if c]
+    except (argparse.ArgumentTypeError, ValueError, IndexError) as exc:
+        parser.error(str(exc))
+    if not all(g[0] >= 1 and 0 < g[2] <= 1 for g in groups):
+        parser.error("every n must be >= 1 and every density in (0, 1]")
+    comm = cc.init("mpi")
     table = Table(COLUMNS, comm.rank)
     table.header(f"sparse_allreduce  ranks={comm.size}  backend={comm.backend}  "
                  f"iters={args.iters} warmup={args.warmup_iters}  time = median of slowest rank")

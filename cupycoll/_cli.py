@@ -196,9 +196,11 @@ def _parser() -> argparse.ArgumentParser:
                           "reads (run under mpiexec with the job's ranks)")
     tune.add_argument("--output", help="profile file (default: CUPYCOLL_PROFILE or the cache "
                       "dir)")
-    tune.add_argument("--repeats", type=int, default=15, help="timed repeats per measurement")
-    tune.add_argument("--runs", type=int, default=1, help="measure this many times, keep every "
-                      "price's median (a shared machine's slow spells; docs/tuning.md)")
+    tune.add_argument("--repeats", type=_at_least_one, default=15,
+                      help="timed repeats per measurement")
+    tune.add_argument("--runs", type=_at_least_one, default=1, help="measure this many times, "
+                      "keep every price's median (a shared machine's slow spells; "
+                      "docs/tuning.md)")
     tune.add_argument("--backend", default=None, help="communicator backend (default: init()'s)")
     tune.set_defaults(func=_tune)
     from .tuner.simulate import add_arguments
@@ -214,6 +216,17 @@ def _parser() -> argparse.ArgumentParser:
     selftest_arguments(selftest)
     selftest.set_defaults(func=_selftest)
     return p
+
+
+def _at_least_one(text: str) -> int:
+    """An int >= 1 (argparse's type: anything else is a usage error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -208,6 +208,18 @@ except (AttributeError, TypeError):
 _PARSED: dict[str, tuple[Any, Any]] = {}
 
 
+#: settings the algorithms read while they run (the numba loops, the node topology):
+#: :func:`check_run_settings` parses them in the validation round instead.
+RUN_SETTINGS = ("CUPYCOLL_NUMBA", "CUPYCOLL_THREADS", "CUPYCOLL_RANKS_PER_NODE")
+
+
+def check_run_settings() -> None:
+    """Parse :data:`RUN_SETTINGS` now: a bad value raises here, inside a front door's
+    validation (so on every rank), not on one rank in the middle of a collective."""
+    for name in RUN_SETTINGS:
+        setting(name)
+
+
 def debug() -> bool:
     """``setting("CUPYCOLL_DEBUG")`` for the dense fast path, which reads it on every call.
 

@@ -4,6 +4,7 @@ the base class's defaults that the MPI backend overrides."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 
 def test_base_run_runs_the_verb_to_completion():
@@ -144,3 +145,20 @@ def test_send_buffers_come_from_the_mpi_pool_and_never_twice_at_once():
     comm.release_send_buffer(large)
     fits = comm.send_buffer(1 << 19)  # the smallest pooled buffer that fits, not the largest
     assert not np.shares_memory(fits, large)
+
+
+def test_a_closed_mpi_communicator_raises_backend_unavailable_and_never_dups_the_world():
+    """After close() (twice is fine) every verb and dup() raise BackendUnavailable naming the
+    rank: no AttributeError, and no dup() silently over COMM_WORLD instead of the closed
+    communicator's ranks."""
+    import cupycoll as cc
+    from cupycoll.errors import BackendUnavailable
+
+    comm = _fresh()
+    comm.close()
+    comm.close()
+    x = np.ones(4, np.float32)
+    for call in (lambda: cc.allreduce(x, comm=comm), comm.barrier, comm.dup,
+                 lambda: cc.sparse_allreduce(np.arange(2), x[:2], 4, comm=comm)):
+        with pytest.raises(BackendUnavailable, match="rank 0: this communicator is closed"):
+            call()

@@ -187,6 +187,30 @@ def test_the_records_are_saved_and_loaded_with_their_shape_classes(tmp_path):
     assert got.warmed == []  # this process has warmed nothing: the first call is a warm-up
 
 
+def test_a_table_that_cannot_be_saved_or_read_raises_and_keeps_the_records(tmp_path):
+    """save/load name the path on every rank (rank 0's error is broadcast: the others never
+    wait for a rank that raised); a failed load leaves the records as they were."""
+    from cupycoll.errors import InvalidArgument
+
+    comm = SimpleNamespace(rank=0, size=1)
+    learn.records(comm)[("k",)] = learn.Record(["a"])
+    with pytest.raises(InvalidArgument, match="'path'.*could not be written.*FileNotFound"):
+        learn.save(comm, str(tmp_path / "no such folder" / "learned.json"))
+    bad = {"truncated": '{"learned": [{"kind": [2, nu', "not a table": '{"other": 1}',
+           "no candidates": '{"learned": [{"kind": [1], "candidates": []}]}',
+           "an unknown field": '{"learned": [{"kind": [1], "candidates": ["a"], "x": 1}]}',
+           "bad seconds": '{"learned": [{"kind": [1], "candidates": ["a"], '
+                          '"seconds": {"a": ["slow"]}}]}'}
+    for why, text in bad.items():
+        path = tmp_path / "bad.json"
+        path.write_text(text)
+        with pytest.raises(InvalidArgument, match="'path'.*is not a table learn.save wrote"):
+            learn.load(comm, str(path))
+        assert list(learn.records(comm)) == [("k",)], why
+    with pytest.raises(InvalidArgument, match="FileNotFoundError"):
+        learn.load(comm, str(tmp_path / "missing.json"))
+
+
 @pytest.mark.parametrize("agreed", [-1, 1500])
 def test_a_timed_call_waits_for_the_next_validation_to_count(agreed):
     comm = SimpleNamespace()

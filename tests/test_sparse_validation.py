@@ -114,6 +114,17 @@ def test_local_takes_callbacks_and_device_arrays_to_the_host():
                                                                                   [-0.5]]
 
 
+@pytest.mark.parametrize("name, value", [("CUPYCOLL_NUMBA", "garbage"),
+                                         ("CUPYCOLL_THREADS", "0"),
+                                         ("CUPYCOLL_RANKS_PER_NODE", "0")])
+def test_a_bad_setting_the_algorithms_read_is_a_validation_error(monkeypatch, name, value):
+    """Settings read while an algorithm runs are parsed in the local validation, whose error
+    every rank raises (a rank with its own bad value no longer raises alone mid-collective)."""
+    monkeypatch.setenv(name, value)
+    prepared, error = _local()
+    assert prepared is None and isinstance(error, InvalidArgument) and name in str(error)
+
+
 def test_an_unexpected_failure_still_becomes_an_argument_error():
     class Broken:
         def __dlpack__(self, **kw):

@@ -226,6 +226,13 @@ def test_profile_round_trip_env_and_bad_file(tmp_path, monkeypatch, caplog):
     assert "ignoring unreadable profile" in caplog.text
     shipped = default_profile()
     assert shipped.alpha_native > 0 and shipped.beta_native > 0 and shipped.gamma["merge"] > 0
+    good = mine.as_dict()
+    for bad in ({**good, "alpha_p2p": "abc"}, {**good, "gamma": [1, 2]}, {**good, "fixed": None},
+                {**good, "beta_native": float("nan")}, {**good, "native_curve": [[1, 2, 3]]}):
+        path.write_text(json.dumps(bad))  # a wrong price: never a TypeError on every call
+        assert load_profile() == default_profile(), bad
+    path.write_text(json.dumps({"by_ranks": {"02": good}}))  # a key int() reads as 2
+    assert load_profile(size=2) == mine
 
 
 def test_profiles_of_several_rank_counts_share_a_file(tmp_path):

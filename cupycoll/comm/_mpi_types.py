@@ -166,6 +166,20 @@ def _pending(requests: list, peers: Sequence[int] | None) -> list[int]:
     return sorted({peer for request, peer in zip(requests, peers) if not request.Test()})
 
 
+class _ClosedComm:
+    """Stands in for the MPI communicator of a closed Communicator: any use (a verb, dup())
+    raises BackendUnavailable."""
+
+    def __init__(self, rank: int) -> None:
+        self._rank = rank
+
+    def __getattr__(self, name: str) -> Any:
+        from ..errors import BackendUnavailable
+
+        raise BackendUnavailable(f"rank {self._rank}: this communicator is closed (close() was "
+                                 "called); make a new one with cupycoll.init()")
+
+
 class _DeadComm:
     """Stands in for the MPI communicator of an aborted Communicator: any use raises why."""
 

@@ -23,7 +23,7 @@ from ._base import Communicator
 from ._mpi_staging import _AVG, Staging
 from ._mpi_pairwise import (pairwise_in_place, pairwise_reduce, pairwise_reduce_applies,
                              pairwise_reduce_scatter)
-from ._mpi_types import _DeadComm, _address, _bytes, _pending, _separate
+from ._mpi_types import _ClosedComm, _DeadComm, _address, _bytes, _pending, _separate
 from ._naps import nap
 from ._work import Work
 
@@ -340,8 +340,9 @@ class MPICommunicator(Staging, Communicator):
         self.wait([request], "barrier")
 
     def close(self) -> None:
-        comm, self.mpi_comm = self.mpi_comm, None
-        if isinstance(comm, _DeadComm):
+        """Free the MPI communicator; any later use raises BackendUnavailable."""
+        comm, self.mpi_comm = self.mpi_comm, _ClosedComm(self.rank)
+        if isinstance(comm, (_DeadComm, _ClosedComm)):
             return  # its pending operations may never complete: leave it to MPI_Finalize
         if comm is not None and self._owned and not MPI.Is_finalized():
             comm.Free()
@@ -349,5 +350,5 @@ class MPICommunicator(Staging, Communicator):
     def _disable(self) -> None:
         """Replace the MPI communicator with one that raises: nothing more is posted on it."""
         super()._disable()
-        if self.mpi_comm is not None and not isinstance(self.mpi_comm, _DeadComm):
+        if not isinstance(self.mpi_comm, (_DeadComm, _ClosedComm)):
             self.mpi_comm = _DeadComm(self._fate)

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from .. import _agreement as agreement
-from .._config import setting
+from .._config import check_run_settings, setting
 from .._registry import algorithms
 from .._types import ReduceOp, array_namespace, as_array, check_device, parse_op, to_host
 from ..errors import CupycollError, InvalidArgument, InvalidType
@@ -245,6 +245,7 @@ def _local(comm: Any, indices: Any, values: Any, n: Any, op: Any, algorithm: Any
     """Check this rank's arguments and coalesce its input; return (prepared, error)."""
     rank = comm.rank
     try:
+        check_run_settings()
         red = parse_op(op, rank=rank)
         name = _algorithm(algorithm, names, rank)
         wire = check_wire(wire, rank)

@@ -42,6 +42,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..errors import InvalidArgument
 from ..wire._pack import Wire
 from . import auto as _auto
 from ._cost import Shape
@@ -303,33 +304,68 @@ def absorb(comm: Any, agreed_us: int) -> None:
 
 
 def save(comm: Any, path: str) -> None:
-    """Write ``comm``'s records to ``path`` (JSON; rank 0 writes, the others wait for it)."""
-    if comm.rank == 0:
+    """Write ``comm``'s records to ``path`` (JSON; rank 0 writes, the others wait for it).
+
+    Raises:
+        InvalidArgument: on every rank, when rank 0 could not write ``path``."""
+    def written() -> None:
         data = [{"kind": _jsonable(key), **{k: v for k, v in dataclasses.asdict(record).items()
                                             if not k.startswith("_")}}
                 for key, record in records(comm).items()]
         with open(path, "w", encoding="utf-8") as f:
             json.dump({"learned": data}, f, indent=1)
-    comm.barrier()
+
+    _from_rank_zero(comm, written, path, "could not be written")
 
 
 def load(comm: Any, path: str) -> int:
     """Replace ``comm``'s records by those of ``path`` (rank 0 reads, then broadcasts over
     the host MPI communicator); returns how many. A loaded class runs its choice from its first
-    call."""
-    mpi_comm = getattr(comm, "mpi_comm", None)
-    data = None
-    if comm.rank == 0:
+    call.
+
+    Raises:
+        InvalidArgument: on every rank, when rank 0 could not read ``path`` as a table
+            :func:`save` wrote (the records are left as they were)."""
+    def read() -> dict:
         with open(path, encoding="utf-8") as f:
-            data = json.load(f)["learned"]
-    if mpi_comm is not None and comm.size > 1:
-        data = mpi_comm.bcast(data, root=0)
+            entries = json.load(f)["learned"]
+        return {_hashable(entry.pop("kind")): _record(entry) for entry in entries}
+
     table = records(comm)
+    loaded = _from_rank_zero(comm, read, path, "is not a table learn.save wrote")
     table.clear()
-    for entry in data:
-        key = _hashable(entry.pop("kind"))
-        table[key] = Record(**{**entry, "warmed": []})  # this process has warmed nothing
+    table.update({key: dataclasses.replace(record, warmed=[])  # this process warmed nothing
+                  for key, record in loaded.items()})
     return len(table)
+
+
+def _record(entry: dict) -> Record:
+    """A :class:`Record` of a saved entry, its fields checked."""
+    record = Record(**{**entry, "warmed": []})
+    names = record.candidates
+    if not names or not all(isinstance(c, str) for c in names) or not isinstance(
+            record.calls, int) or not all(
+            isinstance(t, (int, float)) for times in record.seconds.values() for t in times):
+        raise ValueError(f"a record with bad fields: {entry}")
+    return record
+
+
+def _from_rank_zero(comm: Any, work: Callable[[], Any], path: str, failed: str) -> Any:
+    """``work()`` run on rank 0 and its result broadcast (over the host MPI communicator);
+    an error there raised on every rank as InvalidArgument naming ``path``."""
+    outcome: Any = None
+    if comm.rank == 0:
+        try:
+            outcome = (work(), None)
+        except Exception as exc:  # any failure must reach the other ranks
+            outcome = (None, f"{type(exc).__name__}: {exc}")
+    mpi_comm = getattr(comm, "mpi_comm", None)
+    if mpi_comm is not None and comm.size > 1:
+        outcome = mpi_comm.bcast(outcome, root=0)
+    result, error = outcome
+    if error is not None:
+        raise InvalidArgument("path", path, f"{failed} (on rank 0: {error})", rank=comm.rank)
+    return result
 
 
 def _jsonable(value: Any) -> Any:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .. import _agreement as agreement
-from .._config import setting
+from .._config import check_run_settings, setting
 from .._pipeline import Delivery, Plan, call
 from .._registry import algorithms, record
 from .._result import SparseResult
@@ -88,6 +88,7 @@ def _local_checks(comm: Communicator, x: Any, k: Any, algorithm: Any, selector: 
                   argument: str, n: int | None, wire: Any, wire_values: Any
                   ) -> tuple[Any, int, int]:
     rank = comm.rank
+    check_run_settings()
     code = wire_code(check_wire(wire, rank), check_wire_values(wire_values, rank))
     if not isinstance(algorithm, str) or algorithm not in algorithms("topk"):
         raise InvalidArgument("algorithm", algorithm,

@@ -94,8 +94,26 @@ class Profile:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Profile":
+        """The profile of ``data`` (a file's), its prices checked.
+
+        Raises:
+            ValueError: a price that is not a finite number, or a table of prices
+                (gamma, fixed, links, native_curve) of another shape."""
         fields = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in fields})
+        profile = cls(**{k: v for k, v in data.items() if k in fields})
+        numbers = [profile.alpha_p2p, profile.beta_p2p, profile.alpha_native,
+                   profile.beta_native, profile.alpha_msg]
+        if not all(isinstance(t, dict) for t in (profile.gamma, profile.fixed, profile.links)):
+            raise ValueError("gamma, fixed and links must be tables")
+        numbers += [*profile.gamma.values(), *profile.fixed.values()]
+        numbers += [v for link in profile.links.values() for v in dict(link).values()]
+        numbers += [v for point in profile.native_curve for v in point]
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                   for v in numbers):
+            raise ValueError("every price must be a finite number")
+        if not all(len(point) == 2 for point in profile.native_curve):
+            raise ValueError("native_curve must hold [bytes, seconds] pairs")
+        return profile
 
 
 def profile_path() -> Path:
@@ -114,9 +132,10 @@ def _nearest(data: dict[str, Any], size: int | None) -> dict[str, Any]:
     sets = data.get("by_ranks")
     if not isinstance(sets, dict):
         return data
-    ranks = sorted(int(p) for p in sets)
+    keyed = {int(p): profile for p, profile in sets.items()}  # "02" and " 2" are 2
+    ranks = sorted(keyed)
     best = ranks[-1] if not size else min(ranks, key=lambda p: (abs(math.log(p / size)), -p))
-    return sets[str(best)]
+    return keyed[best]
 
 
 def default_profile(size: int | None = None) -> Profile:
@@ -134,7 +153,7 @@ def load_profile(path: Path | str | None = None, size: int | None = None) -> Pro
         return default_profile(size)
     try:
         return Profile.from_dict(_nearest(json.loads(path.read_text()), size))
-    except (OSError, ValueError, TypeError, AttributeError) as exc:  # never hang the other ranks
+    except Exception as exc:  # any unreadable file: never raise on one rank, hanging the others
         _log.warning("cupycoll: ignoring unreadable profile %s (%s); using the default", path, exc)
         return default_profile(size)
 

@@ -318,12 +318,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    sizes = [int(p) for p in str(args.P).split(",") if p]
+    try:
+        sizes = [int(p) for p in str(args.P).split(",") if p]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise SystemExit(f"--P must be a comma list of rank counts >= 1, got {args.P!r}")
     networks = [s for s in args.networks.split(",") if s]
     unknown = [s for s in networks if s not in NETWORKS and s != "machine"]
     if unknown:
         raise SystemExit(f"unknown network {unknown[0]!r}; known: {sorted(NETWORKS)} or machine")
     n, families = int(args.n), args.family.split(",")
+    if not families or not set(families) <= {"sparse", "topk"}:
+        raise SystemExit(f"--family must be sparse, topk or both, got {args.family!r}")
     wires = tuple(_wire(text) for text in str(getattr(args, "wire", "coo")).split(",") if text)
     rows = []
     if "sparse" in families:
