@@ -100,6 +100,11 @@ def _backend_choice() -> str:
 
     backend = setting("CUPYCOLL_BACKEND")
     source = "CUPYCOLL_BACKEND" if "CUPYCOLL_BACKEND" in os.environ else "default"
+    if backend not in ("auto", "mpi", "nccl"):
+        return f"none: init() raises InvalidArgument ({source} is {backend!r})"
+    if backend == "nccl" and not nccl_usable():
+        return f"none: init() raises BackendUnavailable ({source} asks for nccl; no usable " \
+            "CUDA device with CuPy + NCCL here)"
     if backend != "auto":
         return f"{backend} ({source} says so)"
     if nccl_usable():

@@ -50,6 +50,13 @@ def test_info_survives_a_bad_setting(monkeypatch):
     assert value.startswith("unavailable (InvalidArgument") and value.endswith("(environment)")
 
 
+@pytest.mark.parametrize("value, says", [("garbage", "none: init() raises InvalidArgument"),
+                                         ("mpi", "mpi (CUPYCOLL_BACKEND says so)")])
+def test_info_says_what_init_would_do_with_the_backend_asked_for(monkeypatch, value, says):
+    monkeypatch.setenv("CUPYCOLL_BACKEND", value)
+    assert dict(info_lines())["init() backend"].startswith(says)
+
+
 @pytest.mark.parametrize("name", BENCHMARKS)
 def test_every_listed_benchmark_exists(name):
     assert bench_script(name).is_file()
