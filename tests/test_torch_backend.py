@@ -38,8 +38,8 @@ VERBS = ("allreduce", "sparse allreduce", "broadcast", "reduce", "allgather",
          "all_gather_single", "reduce_scatter", "reduce_scatter_single", "all_to_all_single",
          "alltoall", "gather", "scatter", "barrier", "allreduce_coalesced",
          "allgather_coalesced", "all_gather_single_coalesced",
-         "reduce_scatter_single_coalesced", "errors", "sparse errors", "one rank refuses", "bfloat16 duplicates",
-         "ddp")
+         "reduce_scatter_single_coalesced", "errors", "sparse errors", "one rank refuses",
+         "bfloat16 duplicates", "ddp")
 
 
 def hooks(nprocs: int) -> tuple:

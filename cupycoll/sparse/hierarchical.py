@@ -19,8 +19,8 @@ nodes). Nodes come from :mod:`cupycoll.comm._topology` (MPI's shared-memory spli
 
 Every value is reduced once per region by the same rail in the same order and then copied, so
 all ranks hold the same bits (with ``wire_values``, the node gathers round them: a rank alone on
-its node rounds its own the same way). One node: it runs split itself (same traffic, same names, same
-predicted time: ``auto`` keeps split on a tie). One rank per node: a count allgather
+its node rounds its own the same way). One node: it runs split itself (same traffic, same
+names, same predicted time: ``auto`` keeps split on a tie). One rank per node: a count allgather
 (``hierarchical.counts``), then split or allgather over all ranks with their native
 collectives. Traffic is booked as ``hierarchical.samples``,
 ``hierarchical.node.{counts,scatter,gather.counts,gather}`` (intra-node) and

@@ -8,7 +8,8 @@ in the middle of a collective (the others would wait). Inputs hold +-inf, NaN, a
 values whose sum overflows float32; every top-k algorithm with and without a state, coo and
 bfloat16 wires, the compressor, and every sparse algorithm and op on 1-D values and rows, coo,
 compact, bfloat16 and float16 wires, values that underflow those wires; Ok-Topk's threshold
-search after a step of zeros and after a jump in magnitude. Prints "ok raising error state on P ranks".
+search after a step of zeros and after a jump in magnitude. Prints "ok raising error state on
+P ranks".
 """
 
 from __future__ import annotations
