@@ -188,6 +188,23 @@ def test_bench_regret_runs_a_loop_shorter_than_its_late_window():
     assert "late = median over steps 1-4" in out
 
 
+def test_bench_sparse_runs_on_one_rank_and_names_a_bad_size():
+    """bench_sparse.py in one process (the COO bound is 0 bytes there: no ratio to it) prints
+    its rows and regret table; a size it cannot read is a usage error, not a traceback."""
+    import subprocess
+    root = Path(__file__).resolve().parents[1]
+    run = lambda *args: subprocess.run(  # noqa: E731
+        [sys.executable, str(root / "bench" / "bench_sparse.py"), "--no-progress", *args],
+        capture_output=True, text=True, timeout=300, cwd=root,
+        env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    done = run("--cases", "4096/0.05/0/random", "--algorithms", "allgather,auto", "-n", "2",
+               "-w", "1")
+    assert done.returncode == 0 and "auto's pick" in done.stdout, done.stderr
+    bad = run("--n", "abc")
+    assert bad.returncode == 2 and "invalid size 'abc'" in bad.stderr and "Traceback" not in \
+        bad.stderr, bad.stderr
+
+
 def test_bench_sparse_bucket_prints_each_choice_against_its_alternative():
     """bench/dev/bench_sparse_bucket.py, one process: the fold rows (mask sum, avg, auto) and the
     hook's inline row and the backend's handover row, each two positive times and their ratio
