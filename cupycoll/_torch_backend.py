@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from . import collectives
 from ._background import runner
+from ._config import debug
 from ._torch_coalesced import CoalescedVerbs
 from ._torch_p2p import PointToPointVerbs
 from ._torch_tensors import (Refused, as_array, byte_tensor, copied_back, holding, reduce_op,
@@ -176,13 +177,16 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
         """This rank's checks of a dense verb's arguments (``verb``: the cupycoll verb it
         runs on ``tensors``' communicator: a tensor or a list): with CUPYCOLL_DEBUG a bad
         argument takes part in that verb's agreement, so every rank raises
-        (:func:`cupycoll.collectives.refuse`); without, it raises here."""
+        (:func:`cupycoll.collectives.refuse`); without, it raises here (and no communicator
+        is made for it)."""
         try:
             yield
         except CupycollError as exc:
-            first = tensors if isinstance(tensors, torch.Tensor) else next(iter(tensors), None)
-            comm = self._comm(first) if first is not None else self._host
-            collectives.refuse(comm, verb, exc)
+            if debug():
+                first = tensors if isinstance(tensors, torch.Tensor) else next(iter(tensors),
+                                                                                None)
+                collectives.refuse(self._comm(first) if first is not None else self._host,
+                                   verb, exc)
             raise
 
     def _op(self, opts: Any, verb: str) -> ReduceOp:

@@ -183,11 +183,10 @@ def _agree(comm: Communicator, verb: str, fields: dict[str, int] | None,
 
 
 def refuse(comm: Communicator, verb: str, error: CupycollError) -> None:
-    """``error``, a bad argument of ``verb`` found before calling it (a wrapper's own checks),
-    as the verb's general path treats one: with CUPYCOLL_DEBUG it takes part in the verb's
-    agreement, so every rank raises (this one ``error``); without, the caller raises it."""
-    if debug():
-        _agree(comm, verb, None, error)
+    """``error``, a bad argument of ``verb`` found before calling it (a wrapper's own checks,
+    with CUPYCOLL_DEBUG on), as the verb's general path treats one: it takes part in the
+    verb's agreement, so every rank raises (this one ``error``)."""
+    _agree(comm, verb, None, error)
 
 
 def _agreed(comm: Communicator, verb: str,

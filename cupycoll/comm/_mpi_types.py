@@ -13,6 +13,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .._types import UFUNCS, ReduceOp
+from ..errors import BackendUnavailable
 from ..primitives import combine
 
 
@@ -174,8 +175,6 @@ class _ClosedComm:
         self._rank = rank
 
     def __getattr__(self, name: str) -> Any:
-        from ..errors import BackendUnavailable
-
         raise BackendUnavailable(f"rank {self._rank}: this communicator is closed (close() was "
                                  "called); make a new one with cupycoll.init()")
 

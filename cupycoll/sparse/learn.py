@@ -331,16 +331,16 @@ def load(comm: Any, path: str) -> int:
             entries = json.load(f)["learned"]
         return {_hashable(entry.pop("kind")): _record(entry) for entry in entries}
 
-    table = records(comm)
     loaded = _from_rank_zero(comm, read, path, "is not a table learn.save wrote")
+    table = records(comm)
     table.clear()
-    table.update({key: dataclasses.replace(record, warmed=[])  # this process warmed nothing
-                  for key, record in loaded.items()})
+    table.update(loaded)
     return len(table)
 
 
 def _record(entry: dict) -> Record:
-    """A :class:`Record` of a saved entry, its fields checked."""
+    """A :class:`Record` of a saved entry, its fields checked; warmed nothing (in this
+    process, its first call is a warm-up)."""
     record = Record(**{**entry, "warmed": []})
     names = record.candidates
     if not names or not all(isinstance(c, str) for c in names) or not isinstance(

@@ -73,8 +73,9 @@ def _terms(verb: str) -> agreement.Terms:
 
 def state_settings(state: TopkState | None) -> dict[str, Any]:
     """What of ``state`` decides the collectives a call makes (so every rank must hold the
-    same): its step, Ok-Topk's repartition and refresh periods, the padded allgather."""
-    if state is None:
+    same): its step, Ok-Topk's repartition and refresh periods, the padded allgather (none
+    for no state, or a bad one, which the validation names)."""
+    if not isinstance(state, TopkState):
         return {}
     return {"step": state.step, "tau": state.tau, "tau_prime": state.tau_prime,
             "padded_allgather": state.padded_allgather}
@@ -138,12 +139,11 @@ def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: An
     :mod:`._oktopk_small`).
     """
     draft = TERMS[verb].draft(comm)
+    settings = state_settings(state) if settings is None else settings
     draft.context = algorithm, settings
     try:
         arr, kk, wcode = _local_checks(comm, x, k, algorithm, selector, state, argument, n,
                                        wire, wire_values)
-        settings = state_settings(state) if settings is None else settings
-        draft.context = algorithm, settings
     except CupycollError as exc:
         draft.fail(exc)
     else:
