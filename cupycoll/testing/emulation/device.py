@@ -103,9 +103,8 @@ def known_anywhere(stream: "Stream", seq: int) -> bool:
 
 
 def waited(stream: "Stream") -> None:
-    """This host thread has waited for all work on ``stream`` so far without a synchronize
-    call of its own: a blocking device-to-host read, which CuPy ends with one (no second
-    synchronization is reported)."""
+    """This host thread has waited for all work on ``stream`` so far: a synchronize, or a
+    blocking device-to-host read, which CuPy ends with one (reported as the read itself)."""
     with LOCK:
         _learn(known(), {stream: stream.seq})
         _learn(known(), stream.known)
@@ -205,9 +204,7 @@ class Stream:
         """Host waits for all work on this stream (cudaStreamSynchronize)."""
         host_sync("stream.synchronize")
         self.drain()
-        with LOCK:
-            _learn(known(), {self: self.seq})
-            _learn(known(), self.known)
+        waited(self)
 
     @property
     def done(self) -> bool:
