@@ -12,7 +12,7 @@ import numpy as np
 from .errors import InvalidArgument, InvalidType
 
 __all__ = ["ReduceOp", "UFUNCS", "parse_op", "array_namespace", "as_array", "check_dtype",
-           "distinct", "DENSE_DTYPES", "to_host", "like_caller", "trunc_divide"]
+           "check_native", "distinct", "DENSE_DTYPES", "to_host", "like_caller", "trunc_divide"]
 
 
 class ReduceOp(str, enum.Enum):
@@ -32,7 +32,8 @@ UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MAX: np.max
 
 #: dtypes every dense collective accepts (bfloat16 is added where the array library has it).
 DENSE_DTYPES = tuple(
-    np.dtype(t) for t in ("float16", "float32", "float64", "int8", "uint8", "int32", "int64")
+    np.dtype(t) for t in ("float16", "float32", "float64", "int8", "uint8", "int32", "int64",
+                          "uint32", "uint64")
 )
 _ALLOWED_NAMES = frozenset(d.name for d in DENSE_DTYPES) | {"bfloat16"}
 _ALLOWED_DTYPES = frozenset(DENSE_DTYPES)
@@ -54,7 +55,7 @@ def parse_op(op: Any, *, rank: int | None = None, argument: str = "op") -> Reduc
         except ValueError:
             raise InvalidArgument(argument, op, f"unknown op; valid: {sorted(o.value for o in ReduceOp)}",
                                   rank=rank) from None
-    mpi_name = _mpi_op_name(op)
+    mpi_name = _mpi_op_name(op, argument, rank)
     if mpi_name is not None:
         return mpi_name
     name = getattr(op, "name", None)  # e.g. torch.distributed.ReduceOp.SUM
@@ -63,7 +64,7 @@ def parse_op(op: Any, *, rank: int | None = None, argument: str = "op") -> Reduc
     raise InvalidType(argument, op, "a str, cupycoll.ReduceOp or mpi4py MPI op", rank=rank)
 
 
-def _mpi_op_name(op: Any) -> ReduceOp | None:
+def _mpi_op_name(op: Any, argument: str, rank: int | None) -> ReduceOp | None:
     try:
         from mpi4py import MPI
     except ImportError:  # pragma: no cover - mpi4py is a dependency
@@ -73,7 +74,8 @@ def _mpi_op_name(op: Any) -> ReduceOp | None:
     for name, value in _MPI_OP_NAMES.items():
         if op == getattr(MPI, name):
             return value
-    raise InvalidArgument("op", op, "only MPI.SUM, MPI.PROD, MPI.MAX, MPI.MIN are supported")
+    raise InvalidArgument(argument, op, "only MPI.SUM, MPI.PROD, MPI.MAX, MPI.MIN are supported",
+                          rank=rank)
 
 
 def array_namespace(x: Any) -> types.ModuleType:
@@ -95,11 +97,16 @@ def as_array(x: Any, argument: str, *, rank: int | None = None) -> Any:
         return x
     if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
         device_type = int(x.__dlpack_device__()[0])
-        if device_type in (1, 3):  # kDLCPU, kDLCUDAHost
-            return np.from_dlpack(x)
-        import cupy
+        try:
+            if device_type in (1, 3):  # kDLCPU, kDLCUDAHost
+                return np.from_dlpack(x)
+            import cupy
 
-        return cupy.from_dlpack(x)
+            return cupy.from_dlpack(x)
+        except (BufferError, RuntimeError, TypeError, ValueError) as e:
+            # e.g. a bfloat16 tensor numpy cannot hold, a tensor that requires grad
+            raise InvalidArgument(argument, f"{type(x).__name__} ({e})", "must be a tensor DLPack "
+                                  "can share with numpy/cupy", rank=rank) from None
     raise InvalidType(argument, type(x).__name__, "a numpy/cupy array or an object with __dlpack__",
                       rank=rank)
 
@@ -116,11 +123,19 @@ def check_device(x: Any, comm: Any, argument: str) -> None:
                               f"communicator's device {device}", rank=comm.rank)
 
 
+def check_native(dtype: np.dtype, argument: str, rank: int | None) -> None:
+    """Raise InvalidType for a dtype of the other byte order: its name matches a supported one
+    ('>f4' is "float32"), its bytes do not."""
+    if not dtype.isnative:
+        raise InvalidType(argument, dtype, "an array in the machine's byte order", rank=rank)
+
+
 def check_dtype(x: Any, argument: str, *, rank: int | None = None, allowed=None) -> np.dtype:
     """Return the dtype of ``x`` or raise :class:`InvalidType` if it is not supported."""
     dtype = np.dtype(x.dtype)
     if allowed is None and dtype in _ALLOWED_DTYPES:
         return dtype  # without ``dtype.name``, which numpy computes in Python
+    check_native(dtype, argument, rank)
     names = _ALLOWED_NAMES if allowed is None else {np.dtype(a).name for a in allowed}
     if dtype.name not in names:
         raise InvalidType(argument, dtype, f"an array of one of {sorted(names)}", rank=rank)

@@ -22,8 +22,8 @@ import numpy as np
 from . import _agreement as agreement
 from ._config import debug
 from ._pipeline import Delivery, Plan, call
-from ._types import (DENSE_DTYPES, ReduceOp, array_namespace, as_array, check_dtype,
-                     parse_op)
+from ._types import (DENSE_DTYPES, ReduceOp, array_namespace, as_array, check_device,
+                     check_dtype, parse_op)
 from .comm import Communicator, Work, get_comm
 from .errors import CupycollError, InvalidArgument, InvalidType, MismatchError
 
@@ -60,12 +60,21 @@ def _plain_output(x: Any, out: Any, comm: Communicator, grow: int = 0, shrink: i
         if not shape or shape[0] % shrink:
             return None
         shape = (shape[0] * grow // shrink,) + shape[1:]
+    on_device = comm.xp is not np
+    if on_device and x.device.id != comm.device_id:
+        return None
     if out is None:
         return comm.xp.empty(shape, dtype=x.dtype)
     if (type(out) is type(x) and out.shape == shape and out.dtype == x.dtype
-            and out.flags.c_contiguous):
+            and out.flags.c_contiguous and _writable(out)
+            and not (on_device and out.device.id != comm.device_id)):
         return out
     return None
+
+
+def _writable(a: Any) -> bool:
+    """Whether ``a`` may be written (numpy's flag; a CuPy array has none and always may)."""
+    return getattr(a.flags, "writeable", True)
 
 
 def _plain_root(root: Any, comm: Communicator) -> bool:
@@ -104,6 +113,7 @@ def _general(comm: Communicator, verb: str, x: Any, out: Any, async_op: bool,
 def _input(x: Any, comm: Communicator, name: str = "x") -> Any:
     arr = as_array(x, name, rank=comm.rank)
     check_dtype(arr, name, rank=comm.rank)
+    check_device(arr, comm, name)
     if array_namespace(arr) is not comm.xp and comm.backend == "nccl":
         raise InvalidType(name, type(arr).__name__, "a cupy array (or CUDA DLPack tensor) on the "
                           "nccl backend", rank=comm.rank)
@@ -122,6 +132,9 @@ def _output(out: Any, x: Any, shape: tuple, comm: Communicator) -> Any:
                           rank=comm.rank)
     if not out.flags.c_contiguous:
         raise InvalidArgument("out", "non-contiguous array", "must be C-contiguous", rank=comm.rank)
+    if not _writable(out):
+        raise InvalidArgument("out", "read-only array", "must be writable", rank=comm.rank)
+    check_device(out, comm, "out")
     return out
 
 

@@ -24,8 +24,9 @@ def test_parse_op_accepts_strings_enums_and_mpi_ops(spec, want):
 def test_parse_op_rejects_unknown():
     with pytest.raises(errors.InvalidArgument, match="'op'.*rank 3"):
         parse_op("xor", rank=3)
-    with pytest.raises(errors.InvalidArgument):
-        parse_op(MPI.BAND)
+    with pytest.raises(errors.InvalidArgument, match="'op' on rank 3: only MPI.SUM") as info:
+        parse_op(MPI.BAND, rank=3)
+    assert info.value.rank == 3
     with pytest.raises(errors.InvalidType, match="'op'"):
         parse_op(3.5)
 

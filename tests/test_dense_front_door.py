@@ -133,6 +133,44 @@ def test_every_bad_argument_is_named_exactly(comm):
     assert collectives._input(X, mpi) is X  # another library is fine on MPI
 
 
+def test_arrays_the_verbs_cannot_use_are_named(comm):
+    """A read-only ``out`` (in place too), an array of the other byte order and a tensor DLPack
+    cannot hand to numpy raise the library's errors naming the argument before anything moves;
+    a read-only input out of place is fine."""
+    readonly = X.copy()
+    readonly.flags.writeable = False
+    for call in (lambda: cc.allreduce(readonly, comm=comm, out=readonly),
+                 lambda: cc.allgather(X, comm=comm, out=readonly),
+                 lambda: cc.broadcast(X, comm=comm, out=readonly),
+                 lambda: cc.reduce(X, comm=comm, out=readonly)):
+        assert _raised(InvalidArgument, call) == (
+            "invalid argument 'out' on rank 0: must be writable (got 'read-only array')")
+    np.testing.assert_array_equal(cc.allreduce(readonly, comm=comm), X)
+    swapped = X.astype(">f4")
+    for call in (lambda: cc.allreduce(swapped, comm=comm), lambda: cc.reduce(swapped, comm=comm),
+                 lambda: cc.reduce_scatter(swapped, comm=comm),
+                 lambda: cc.broadcast(swapped, comm=comm)):
+        assert _raised(InvalidType, call) == (
+            "argument 'x' on rank 0 must be an array in the machine's byte order, got "
+            "dtype('>f4')")
+    torch = pytest.importorskip("torch")
+    for tensor in (torch.ones(4, dtype=torch.bfloat16), torch.ones(4, requires_grad=True)):
+        assert _raised(InvalidArgument, lambda: cc.allreduce(tensor, comm=comm)).startswith(
+            "invalid argument 'x' on rank 0: must be a tensor DLPack can share with numpy/cupy "
+            "(got ")
+
+
+def test_unsigned_32_and_64_bit_integers_reduce_like_the_others(comm):
+    """uint32 and uint64 are dense dtypes (NCCL has them): P = 1 sums to the input, avg
+    divides by one, max keeps values above int64's range."""
+    for dtype in (np.uint32, np.uint64):
+        x = np.array([0, 7, np.iinfo(dtype).max], dtype)
+        for op in ("sum", "avg", "max", "min", "prod"):
+            got = cc.allreduce(x, op, comm=comm)
+            assert got.dtype == dtype and np.array_equal(got, x)
+        np.testing.assert_array_equal(cc.allgather(x, comm=comm), x)
+
+
 def test_reduce_scatter_names_an_axis_the_ranks_do_not_divide():
     """On 3 ranks, 7 rows: every rank raises before anything moves, naming itself."""
     errors = outcomes(3, lambda c: cc.reduce_scatter(np.ones(7, np.float32), comm=c))

@@ -60,6 +60,10 @@ def test_each_local_rule_raises_its_exact_message():
          "array of int32 or int64, got dtype('float64')"),
         ({"indices": IDX.astype(np.int16)}, t, "argument 'indices' on rank 3 must be an array "
          "of int32 or int64, got dtype('int16')"),
+        ({"indices": IDX.astype(">i8")}, t, "argument 'indices' on rank 3 must be an array "
+         "in the machine's byte order, got dtype('>i8')"),
+        ({"values": VAL.astype(">f4")}, t, "argument 'values' on rank 3 must be an array in "
+         "the machine's byte order, got dtype('>f4')"),
         ({"indices": IDX.reshape(2, 2)}, a,
          "invalid argument 'indices' on rank 3: must be 1-D (got (2, 2))"),
         ({"values": VAL.astype(np.int8)}, t, f"argument 'values' on rank 3 must be an array of "
@@ -128,16 +132,33 @@ def test_a_bad_setting_the_algorithms_read_is_a_validation_error(monkeypatch, na
 def test_an_unexpected_failure_still_becomes_an_argument_error():
     class Broken:
         def __dlpack__(self, **kw):
-            raise RuntimeError("boom")
+            raise AssertionError("never asked")
 
         def __dlpack_device__(self):
-            return (1, 0)
+            raise RuntimeError("boom")
 
     prepared, error = _local(values=Broken())
     assert prepared is None and type(error) is InvalidArgument
     assert str(error) == ("invalid argument 'arguments' on rank 3: could not be checked "
                           "(got 'RuntimeError: boom')")
     assert isinstance(error.__cause__, RuntimeError)
+
+
+def test_a_tensor_dlpack_cannot_share_is_named():
+    """A producer refusing the export (a bfloat16 tensor for numpy, one that requires grad)
+    names the argument."""
+
+    class Refusing:
+        def __dlpack__(self, **kw):
+            raise BufferError("cannot export")
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+    prepared, error = _local(values=Refusing())
+    assert prepared is None and str(error) == (
+        "invalid argument 'values' on rank 3: must be a tensor DLPack can share with "
+        "numpy/cupy (got 'Refusing (cannot export)')")
 
 
 @pytest.mark.parametrize("op", ["sum", "avg", "max", "min", "prod"])

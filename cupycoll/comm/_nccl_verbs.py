@@ -37,6 +37,17 @@ class _NcclVerbs:
         event, _keep = poster(self, *args, name)
         self._order(event)
 
+    def _apart(self, send: Any, dst: Any, in_place_at: int) -> Any:
+        """``send`` as NCCL may read it beside ``dst``: contiguous, and a copy (in the caller's
+        stream order) where it overlaps ``dst`` other than in place (its pointer ``dst``'s plus
+        ``in_place_at`` bytes): NCCL leaves any other overlap undefined."""
+        src = self._contiguous(send)
+        if src is send and src.nbytes and dst.nbytes:
+            s, d = self._ptr(src), self._ptr(dst)
+            if s != d + in_place_at and s < d + dst.nbytes and d < s + src.nbytes:
+                return src.copy()
+        return src
+
     def _types(self, dtype: Any, op: Any) -> tuple[int, int | None]:
         """NCCL's (dtype, op) codes: from the tables built in ``_attach``, else nccl_types."""
         code = self._dtype_codes.get(dtype)
@@ -57,7 +68,9 @@ class _NcclVerbs:
         """allReduce or reduceScatter (NCCL's ``call``): every rank sends ``send`` and receives
         ``recv``; ``count`` is NCCL's element count (the input's, or each rank's block)."""
         dtype, red = self._types(send.dtype, op)
-        src, dst = self._contiguous(send), self._buffer(recv, "recv")
+        dst = self._buffer(recv, "recv")
+        # in place: allReduce's equal pointers, reduceScatter's block of the rank in the input
+        src = self._apart(send, dst, 0 if call == "allReduce" else -self.rank * dst.nbytes)
         ptr = self._ptr
         event = self._post(op_name, lambda c, s: getattr(c, call)(
             ptr(src), ptr(dst), count, dtype, red, s), (src, dst), active=count > 0)
@@ -70,8 +83,12 @@ class _NcclVerbs:
 
     def _reduce(self, send: Any, recv: Any, op: ReduceOp, root: int, op_name: str) -> tuple:
         dtype, red = self._types(send.dtype, op)
-        src, count = self._contiguous(send), int(send.size)
-        dst = src if recv is None or self.rank != root else self._buffer(recv, "recv")
+        count = int(send.size)
+        if recv is None or self.rank != root:
+            src = dst = self._contiguous(send)
+        else:
+            dst = self._buffer(recv, "recv")
+            src = self._apart(send, dst, 0)
         ptr = self._ptr
         event = self._post(op_name, lambda c, s: c.reduce(
             ptr(src), ptr(dst), count, dtype, red, root, s), (src, dst), active=count > 0)
@@ -91,7 +108,7 @@ class _NcclVerbs:
 
     def _broadcast(self, send: Any, recv: Any, root: int, op_name: str) -> tuple:
         dst, nbytes = self._buffer(recv, "recv"), int(recv.nbytes)
-        src = self._contiguous(send) if self.rank == root else dst  # only root's send is read
+        src = self._apart(send, dst, 0) if self.rank == root else dst  # only root's is read
         ptr = self._ptr
         event = self._post(op_name, lambda c, s: c.broadcast(
             ptr(src), ptr(dst), nbytes, self._bytes, root, s), (src, dst), active=nbytes > 0)
@@ -102,7 +119,8 @@ class _NcclVerbs:
         return self._work(*self._allgather(send, recv, op_name), op_name)
 
     def _allgather(self, send: Any, recv: Any, op_name: str) -> tuple:
-        src, dst, nbytes = self._contiguous(send), self._buffer(recv, "recv"), int(send.nbytes)
+        dst, nbytes = self._buffer(recv, "recv"), int(send.nbytes)
+        src = self._apart(send, dst, self.rank * nbytes)  # in place: the rank's own block
         ptr = self._ptr
         event = self._post(op_name, lambda c, s: c.allGather(
             ptr(src), ptr(dst), nbytes, self._bytes, s), (src, dst), active=nbytes > 0)

@@ -67,27 +67,46 @@ class Work:
 
     def _complete(self, wait_fn: Callable[[], None] | None) -> Any:
         with self._lock:
-            if not self._done:
-                if wait_fn is not None:
-                    wait_fn()
-                try:
-                    if self._finalize is not None:
-                        self._result = self._finalize()
-                except BaseException as exc:
-                    self._error = exc
-                    raise
-                finally:
-                    self._done = True
-            if self._error is not None:
-                raise self._error
+            return self._completed(wait_fn)
+
+    def _completed(self, wait_fn: Callable[[], None] | None) -> Any:
+        """:meth:`_complete`'s work, under the lock."""
+        if not self._done:
+            if wait_fn is not None:
+                wait_fn()
+            try:
+                if self._finalize is not None:
+                    self._result = self._finalize()
+            except BaseException as exc:
+                self._error = exc
+                raise
+            finally:
+                self._done = True
+        if self._error is not None:
+            raise self._error
         return self._result
 
     def is_completed(self) -> bool:
-        """Return True when the operation's device and host work is done (``synchronize()``
-        would not block; it may still have to finalize)."""
-        if self._test_fn is not None:
-            return self._synced or self._test_fn()
-        return self._done
+        """Return True when the operation is done and its result is in place (``wait()``
+        would not block). On a backend whose host waits (MPI), the first call that finds the
+        transfers done finalizes the operation (casts, avg's division, copies back, callbacks;
+        an error is raised by ``wait()``); on NCCL the device's work is all there is."""
+        if self._test_fn is None:
+            return self._done
+        if self._synced or (self._done and self._host_waits):
+            return True
+        if not self._test_fn():
+            return False
+        if self._host_waits and not self._done:
+            if not self._lock.acquire(blocking=False):
+                return False  # another thread is finalizing it now
+            try:
+                self._completed(self._wait_fn)
+            except BaseException:  # noqa: S110 - kept in _error, raised by wait()
+                pass
+            finally:
+                self._lock.release()
+        return True
 
     def result(self) -> Any:
         """Wait and return the result (None for operations without one)."""
@@ -115,9 +134,11 @@ class Work:
     def then(cls, work: "Work", finalize: Callable[[], Any]) -> "Work":
         """A Work that completes with ``work`` (a Work, or anything with its ``wait`` and
         ``is_completed``) and whose result is ``finalize()``."""
-        return cls(work.wait, work.is_completed, finalize,
+        then = cls(work.wait, work.is_completed, finalize,
                    sync_fn=getattr(work, "synchronize", None),
                    device=getattr(work, "_device", None))
+        then._host_waits = getattr(work, "_host_waits", False)
+        return then
 
     @classmethod
     def completed(cls, result: Any = None) -> "Work":

@@ -32,7 +32,8 @@ import numpy as np
 from .. import _agreement as agreement
 from .._config import check_run_settings, setting
 from .._registry import algorithms
-from .._types import ReduceOp, array_namespace, as_array, check_device, parse_op, to_host
+from .._types import (ReduceOp, array_namespace, as_array, check_device, check_native, parse_op,
+                      to_host)
 from ..errors import CupycollError, InvalidArgument, InvalidType
 from ..primitives import VALUE_DTYPES, coo_reduce
 from ..primitives._accel import _fast
@@ -141,6 +142,8 @@ def _arrays(comm: Any, indices: Any, values: Any, rank: int) -> tuple[Any, Any, 
     val = as_array(values, "values", rank=rank)
     check_device(idx, comm, "indices")
     check_device(val, comm, "values")
+    check_native(idx.dtype, "indices", rank)
+    check_native(val.dtype, "values", rank)
     if idx.dtype not in _INDEX_CODES and np.dtype(idx.dtype).name not in _INDEX_NAMES:
         raise InvalidType("indices", idx.dtype, "an array of int32 or int64", rank=rank)
     if idx.ndim != 1:

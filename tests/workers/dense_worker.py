@@ -11,7 +11,7 @@ from _common import assert_identical_across_ranks, rng_for
 import cupycoll as cc
 
 OPS = ["sum", "prod", "max", "min", "avg"]
-DTYPES = ["float16", "float32", "float64", "int8", "uint8", "int32", "int64"]
+DTYPES = ["float16", "float32", "float64", "int8", "uint8", "int32", "int64", "uint32", "uint64"]
 SIZES = [0, 1, 7, 1000, 65537]
 
 
@@ -50,7 +50,7 @@ def reference(inputs: list[np.ndarray], op: str) -> np.ndarray:
     """Independent reduction: wide accumulation (float64, int64) folded rank by rank, then
     NCCL's rounding/wrapping/truncation."""
     dt, p = inputs[0].dtype, len(inputs)
-    total = inputs[0].astype(np.float64 if dt.kind == "f" else np.int64)
+    total = inputs[0].astype({"f": np.float64, "u": np.uint64}.get(dt.kind, np.int64))
     fold = {"sum": np.add, "avg": np.add, "prod": np.multiply, "max": np.maximum,
             "min": np.minimum}[op]
     for a in inputs[1:]:
@@ -163,6 +163,25 @@ def staged_blocks_reused(rank: int, p: int) -> int:
         cc.reduce_scatter(x, out=out, op="max")
         assert (out == p).all() and (np.delete(x, np.s_[rank * n:(rank + 1) * n]) == rank + 1).all()
     return 5
+
+
+def polled_completion(rank: int, p: int) -> int:
+    """An async call polled with ``is_completed()`` alone has its whole result in ``out`` once
+    that says True: float16's rounding, avg's division and the copy back included."""
+    import time
+
+    cases = 0
+    for dtype, op, n in (("float16", "sum", 5), ("float32", "avg", 5), ("int32", "avg", 70_000),
+                         ("uint64", "max", 3)):
+        inputs = [np.full(n, 2 * (r + 1), dtype) for r in range(p)]
+        out = np.zeros(n, dtype)
+        work = cc.allreduce(inputs[rank], op, out=out, async_op=True)
+        while not work.is_completed():
+            time.sleep(1e-4)
+        check(out.copy(), reference(inputs, op), f"polled {dtype} {op}")
+        assert work.wait() is out
+        cases += 1
+    return cases
 
 
 def communicator_with(name: str, value: str, **more: str):
@@ -392,6 +411,7 @@ def main(seed: int) -> None:
     assert work.is_completed() and res is work.result()
     check(res, np.arange(10, dtype=np.float32) + (p - 1), "async max")
     check(cc.all_reduce(x, op=cc.ReduceOp.MIN), np.arange(10, dtype=np.float32), "alias")
+    cases += polled_completion(rank, p)
     cases += nan_and_signed_zero(rank, p)
     cases += aliased_out(rank, p)
     cases += staged_blocks_reused(rank, p)

@@ -55,7 +55,8 @@ from _common import expect_raises, host, napping_barrier, unique  # noqa: E402
 import cupycoll as cc  # noqa: E402
 from cupycoll._result import SparseResult  # noqa: E402
 from cupycoll.testing.syncs import count_host_syncs  # noqa: E402
-from cupycoll.errors import BackendError, BackendUnavailable, CollectiveTimeout  # noqa: E402
+from cupycoll.errors import (BackendError, BackendUnavailable, CollectiveTimeout,  # noqa: E402
+                             MismatchError)
 
 WORLD = MPI.COMM_WORLD
 RANK, P = WORLD.Get_rank(), WORLD.Get_size()
@@ -726,6 +727,55 @@ def mode_wrong_device():
     for argument, call in calls.items():
         err = expect_raises(InvalidArgument, call)
         assert err.argument == argument and err.rank == P - 1, (argument, err)
+    # the dense verbs name it on that rank; with CUPYCOLL_DEBUG every other rank raises too
+    dense = {"x": lambda: cc.allreduce(placed(np.ones(4, np.float32)), comm=comm),
+             "out": lambda: cc.allgather(cupy.ones(2, cupy.float32), comm=comm,
+                                         out=placed(np.zeros(2 * P, np.float32)))}
+    os.environ["CUPYCOLL_DEBUG"] = "1"
+    try:
+        for argument, call in dense.items():
+            err = expect_raises(InvalidArgument if bad else MismatchError, call)
+            assert not bad or (err.argument, err.rank) == (argument, P - 1), (argument, err)
+    finally:
+        del os.environ["CUPYCOLL_DEBUG"]
+    comm.synchronize()
+
+
+def mode_dense_views():
+    """``out`` overlapping ``x`` other than in place, which NCCL leaves undefined (the emulator
+    raises on it): every verb reads a copy of ``x`` there, and in place stays in place. A
+    result the completer thread synchronized (``get_future``) is read by the main thread with
+    no wait of its own, as on a GPU."""
+    comm = nccl_comm()
+    n, m, other = 4 * P, 4, (RANK + 1) % P
+    xs = [np.arange(n, dtype=np.float32) % 7 + q for q in range(P)]
+    total = np.sum(xs, axis=0)
+
+    def shifted():  # x at base[:n], out at base[1:]: a partial overlap
+        base = cupy.zeros(n + 1, cupy.float32)
+        base[:n] = cupy.asarray(xs[RANK])
+        return base
+
+    base = shifted()
+    cc.allreduce(base[:n], out=base[1:], comm=comm)
+    assert np.array_equal(base[1:].get(), total)
+    base = shifted()
+    cc.broadcast(base[:n], root=P - 1, out=base[1:], comm=comm)
+    assert np.array_equal(base[1:].get(), xs[P - 1])
+    base = shifted()
+    cc.reduce(base[:n], root=0, out=base[1:] if RANK == 0 else None, comm=comm)
+    assert RANK != 0 or np.array_equal(base[1:].get(), total)
+    for block in (RANK, other):  # in place, then x at another rank's block of out
+        out = cupy.zeros(n * P, cupy.float32)
+        out[block * n:(block + 1) * n] = cupy.asarray(xs[RANK])
+        cc.allgather(out[block * n:(block + 1) * n], out=out, comm=comm)
+        assert np.array_equal(out.get(), np.concatenate(xs)), block
+        x = cupy.asarray(xs[RANK])
+        cc.reduce_scatter(x, out=x[block * m:(block + 1) * m], comm=comm)
+        assert np.array_equal(x[block * m:(block + 1) * m].get(), total[RANK * m:(RANK + 1) * m])
+    work = cc.allreduce(cupy.asarray(xs[RANK]), comm=comm, async_op=True)
+    result = work.get_future().result(timeout=60)
+    assert work.is_completed() and np.array_equal(result.get(), total)
     comm.synchronize()
 
 
@@ -734,7 +784,7 @@ MODES = {"wire": mode_wire, "late_named": mode_late_named, "late_after_abort": m
          "async_order": mode_async_order, "dup": mode_dup, "missing_peer": mode_missing_peer,
          "peer_aborts": mode_peer_aborts, "late_fetch": mode_late_fetch, "init_fails": mode_init_fails,
          "device_choice": mode_device_choice, "auto_agrees": mode_auto_agrees,
-         "wrong_device": mode_wrong_device}
+         "wrong_device": mode_wrong_device, "dense_views": mode_dense_views}
 from cupycoll.primitives._accel import ready  # noqa: E402
 
 ready()  # numba's import in the background would hold the GIL in the timed checks below

@@ -40,7 +40,8 @@ def _implicit(a: Stream, b: Stream) -> bool:
 
 
 def _ordered(stream: Stream, seq: int, here: Stream) -> bool:
-    """Is work #seq on ``stream`` ordered before what runs next on ``here`` for this thread?"""
+    """Is work #seq on ``stream`` ordered before what runs next on ``here`` (the host knows it
+    finished, or ``here`` waited for it)?"""
     return (stream is here or known().get(stream, 0) >= seq or here.known.get(stream, 0) >= seq)
 
 

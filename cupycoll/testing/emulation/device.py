@@ -42,7 +42,7 @@ _DEVICES = {"count": 2}
 _tls = threading.local()
 _ptrs = itertools.count(0x7E000)
 _STREAMS: dict[int, "Stream"] = {}
-_ALL_KNOWN: list[dict] = []  # every host thread's known()
+_KNOWN: dict = {}  # known()
 
 
 class EmulationError(AssertionError):
@@ -86,20 +86,18 @@ def set_device(device: int) -> None:
 
 
 def known() -> dict:
-    """What this host thread knows complete: stream -> highest finished sequence number."""
-    facts = getattr(_tls, "known", None)
-    if facts is None:
-        facts = _tls.known = {}
-        with LOCK:
-            _ALL_KNOWN.append(facts)
-    return facts
+    """What the host knows complete (an event, stream or device synchronize, an event query,
+    by any host thread): stream -> highest finished sequence number. One record for every
+    thread, as on a GPU: work a thread saw finish is finished for a thread that reads its
+    result after it (ordered by a join, a future, a lock)."""
+    return _KNOWN
 
 
 def known_anywhere(stream: "Stream", seq: int) -> bool:
-    """Has any host thread learned (event, stream or device synchronize) that work #seq on
-    ``stream`` finished? (Whether freeing host memory that work writes was safe.)"""
+    """Has a host thread learned that work #seq on ``stream`` finished? (Whether freeing host
+    memory that work writes was safe.)"""
     with LOCK:
-        return any(known.get(stream, 0) >= seq for known in _ALL_KNOWN)
+        return _KNOWN.get(stream, 0) >= seq
 
 
 def waited(stream: "Stream") -> None:
