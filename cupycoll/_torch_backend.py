@@ -32,7 +32,7 @@ from ._torch_p2p import PointToPointVerbs
 from ._torch_tensors import (Refused, as_array, byte_tensor, copied_back, holding, reduce_op,
                              reduction_tensor, sparse_parts, sparse_tensor)
 from ._torch_work import TorchWork, dist_error, network_error
-from ._torch_world import group_comm, rendezvous, timeout_seconds
+from ._torch_world import forget_world, group_comm, rendezvous, timeout_seconds
 from ._types import ReduceOp
 from .comm import Communicator
 from .comm.mpi import MPICommunicator
@@ -104,6 +104,7 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
         for comm in (self._device, self._host):
             if comm is not None:
                 comm.close()
+        forget_world(self._mpi_comm)
 
     def abort(self) -> None:
         """Abort the group's communicators: every later call on them raises at once."""

@@ -11,6 +11,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from . import collectives
 from ._torch_tensors import as_array, byte_tensor, copied_back
 from .comm import Communicator
 from .errors import InvalidArgument
@@ -19,26 +20,30 @@ __all__ = ["PointToPointVerbs"]
 
 
 def _exchanged(sends: list, recvs: list, *, comm: Communicator, async_op: bool,
-               op_name: str) -> Any:
-    """``comm.exchange`` as a front door: its Work (``async_op``), or None once complete."""
+               op_name: str, root: int) -> Any:
+    """``comm.exchange`` as a front door (with CUPYCOLL_DEBUG after every rank's agreement):
+    its Work (``async_op``), or None once complete."""
+    collectives.agree_exchange(comm, op_name, root)
     work = comm.exchange(sends, recvs, op_name=op_name)
     return work if async_op else work.wait()
 
 
 class PointToPointVerbs:
     """Mixin of :class:`~._torch_backend.ProcessGroupCupycoll` (uses its ``_launch``,
-    ``_check_like``, ``rank`` and ``size``)."""
+    ``_checks``, ``_check_like``, ``rank`` and ``size``)."""
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
                           output_split_sizes: Sequence[int], input_split_sizes: Sequence[int],
                           opts: Any = None) -> Any:
         """Rows (dim 0) of ``input`` split by ``input_split_sizes`` (empty: equal) to each
         rank; what each rank sends here into ``output``, split by ``output_split_sizes``."""
-        sends = self._row_blocks(input, input_split_sizes, "input_split_sizes")
-        out_bytes = byte_tensor(output)
-        recvs = self._row_blocks(output, output_split_sizes, "output_split_sizes", out_bytes)
-        self._own_block("all_to_all_single", "input_split_sizes", list(input_split_sizes),
-                        sends, recvs)
+        with self._checks("all_to_all_single", input):
+            sends = self._row_blocks(input, input_split_sizes, "input_split_sizes")
+            out_bytes = byte_tensor(output)
+            recvs = self._row_blocks(output, output_split_sizes, "output_split_sizes",
+                                     out_bytes)
+            self._own_block("all_to_all_single", "input_split_sizes", list(input_split_sizes),
+                            sends, recvs)
         return self._exchange("all_to_all_single", input, opts, sends, recvs,
                               lambda _: [copied_back(output, out_bytes)])
 
@@ -47,12 +52,14 @@ class PointToPointVerbs:
     def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
                  opts: Any = None) -> Any:
         """``input_tensors[r]`` to rank r; what rank r sends here into ``output_tensors[r]``."""
-        for name, given in (("input_tensors", input_tensors), ("output_tensors", output_tensors)):
-            self._per_rank("alltoall", name, given)
-        sends = [byte_tensor(t) for t in input_tensors]
-        recvs = [byte_tensor(t) for t in output_tensors]
-        self._own_block("alltoall", "input_tensors",
-                        [tuple(t.shape) for t in input_tensors], sends, recvs)
+        with self._checks("alltoall", input_tensors):
+            for name, given in (("input_tensors", input_tensors),
+                                ("output_tensors", output_tensors)):
+                self._per_rank("alltoall", name, given)
+            sends = [byte_tensor(t) for t in input_tensors]
+            recvs = [byte_tensor(t) for t in output_tensors]
+            self._own_block("alltoall", "input_tensors",
+                            [tuple(t.shape) for t in input_tensors], sends, recvs)
         return self._exchange(
             "alltoall", input_tensors[self.rank()], opts, sends, recvs,
             lambda _: [copied_back(o, r) for o, r in zip(output_tensors, recvs)])
@@ -60,12 +67,15 @@ class PointToPointVerbs:
     def gather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                opts: Any = None) -> Any:
         """Every rank's input into root's ``output_tensors[0][r]`` (other ranks pass none)."""
-        root, tensor = opts.rootRank, self._single(input_tensors, "gather")
+        root = opts.rootRank
+        with self._checks("gather", input_tensors):
+            tensor = self._single(input_tensors, "gather")
+            if self.rank() == root:
+                outputs = self._single(output_tensors, "gather")
+                self._check_like("gather", "output_tensors", outputs, tensor, self.size())
         if self.rank() != root:
             return self._exchange("gather", tensor, opts, self._to(root, byte_tensor(tensor)),
                                   [], lambda _: [])
-        outputs = self._single(output_tensors, "gather")
-        self._check_like("gather", "output_tensors", outputs, tensor, self.size())
         recvs = [byte_tensor(t) for t in outputs]
         recvs[root] = torch.empty(0, dtype=torch.uint8)  # root's own: copied at the end
         return self._exchange("gather", tensor, opts, [], recvs, lambda _: [
@@ -75,13 +85,16 @@ class PointToPointVerbs:
     def scatter(self, output_tensors: list[torch.Tensor],
                 input_tensors: list[list[torch.Tensor]], opts: Any = None) -> Any:
         """Root's ``input_tensors[0][r]`` into rank r's output (other ranks pass none)."""
-        root, output = opts.rootRank, self._single(output_tensors, "scatter")
+        root = opts.rootRank
+        with self._checks("scatter", output_tensors):
+            output = self._single(output_tensors, "scatter")
+            if self.rank() == root:
+                inputs = self._single(input_tensors, "scatter")
+                self._check_like("scatter", "input_tensors", inputs, output, self.size())
         if self.rank() != root:
             data = byte_tensor(output)
             return self._exchange("scatter", output, opts, [], self._to(root, data),
                                   lambda _: [copied_back(output, data)])
-        inputs = self._single(input_tensors, "scatter")
-        self._check_like("scatter", "input_tensors", inputs, output, self.size())
         sends = [byte_tensor(t) if r != root else torch.empty(0, dtype=torch.uint8)
                  for r, t in enumerate(inputs)]
         return self._exchange("scatter", output, opts, sends, [],
@@ -128,5 +141,6 @@ class PointToPointVerbs:
         at all)."""
         pairs_out = [(r, as_array(b)) for r, b in enumerate(sends) if b.numel()]
         pairs_in = [(r, as_array(b)) for r, b in enumerate(recvs) if b.numel()]
+        root = getattr(opts, "rootRank", -1) if verb in ("gather", "scatter") else -1
         return self._launch(verb, tensor, opts, finish, _exchanged, pairs_out, pairs_in,
-                            op_name=verb)
+                            op_name=verb, root=root)

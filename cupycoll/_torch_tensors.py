@@ -116,7 +116,8 @@ def copied_back(tensor: torch.Tensor, worked: torch.Tensor) -> torch.Tensor:
         worked = worked.view(tensor.dtype)
     elif tensor.is_complex() and not worked.is_complex():
         worked = torch.view_as_complex(worked)
-    return tensor.copy_(worked.reshape(tensor.shape))
+    with torch.no_grad():  # a parameter (a leaf that requires grad) or a view of one
+        return tensor.copy_(worked.reshape(tensor.shape))
 
 
 def sparse_parts(tensor: torch.Tensor, op: ReduceOp, rank: int) -> tuple[Any, Any, int]:

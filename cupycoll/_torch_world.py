@@ -25,13 +25,21 @@ from ._config import check_environment, parse_timeout, setting
 from ._torch_work import network_error
 from .errors import BackendUnavailable, InvalidArgument
 
-__all__ = ["group_comm", "timeout_seconds", "rendezvous"]
+__all__ = ["group_comm", "timeout_seconds", "rendezvous", "forget_world"]
 
 _PORT_KEY = "cupycoll/port/{}"
 _FAILED = "failed: "
 #: every process of torch's default group, ordered by torch's rank (set when a cupycoll
 #: default group is made); subgroups are made from it.
 _world: MPI.Comm | None = None
+
+
+def forget_world(mpi_comm: MPI.Comm) -> None:
+    """The default group over ``mpi_comm`` is destroyed: later subgroups are cut from the next
+    default group's world (or mpiexec's), not from this one's."""
+    global _world
+    if _world is mpi_comm:
+        _world = None
 
 
 def timeout_seconds(group_timeout: datetime.timedelta | None) -> float | None:

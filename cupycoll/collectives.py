@@ -158,6 +158,8 @@ def _rows(x: Any, comm: Communicator) -> int:
 
 
 _VERBS = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter")
+#: verbs of the torch backend built on ``Communicator.exchange``: no op, dtype or count shared
+_EXCHANGES = ("all_to_all_single", "alltoall", "gather", "scatter")
 _OPS = tuple(ReduceOp)
 _FIELDS = ("collective", "op", "root", "dtype", "count")
 
@@ -173,7 +175,8 @@ def _mismatch(differs: list[agreement.Differ], draft: agreement.Draft) -> str:
 
 
 #: what each dense verb agrees on under CUPYCOLL_DEBUG (:mod:`cupycoll._agreement`).
-_TERMS = {verb: agreement.Terms(verb, _FIELDS, _peer_error, _mismatch) for verb in _VERBS}
+_TERMS = {verb: agreement.Terms(verb, _FIELDS, _peer_error, _mismatch)
+          for verb in _VERBS + _EXCHANGES}
 
 
 def _agree(comm: Communicator, verb: str, fields: dict[str, int] | None,
@@ -193,6 +196,15 @@ def _agree(comm: Communicator, verb: str, fields: dict[str, int] | None,
         draft.agree(fields.values())
     with comm.calling(verb):  # a timeout here names the verb, not its check
         draft.settle("debug.check")
+
+
+def agree_exchange(comm: Communicator, verb: str, root: int = -1) -> None:
+    """With CUPYCOLL_DEBUG, every rank's agreement that it calls ``verb`` (one of the torch
+    backend's exchanges) with ``root``: a rank that refused its arguments (:func:`refuse`) or
+    called another verb makes every rank raise."""
+    if debug():
+        _agree(comm, verb, {"collective": (_VERBS + _EXCHANGES).index(verb), "op": -1,
+                            "root": root, "dtype": -1, "count": -1})
 
 
 def refuse(comm: Communicator, verb: str, error: CupycollError) -> None:

@@ -109,6 +109,20 @@ def test_a_subgroup_of_another_default_needs_mpiexec(monkeypatch):
         _torch_world._mpiexec_world(1)
 
 
+def test_a_destroyed_default_groups_world_is_forgotten(monkeypatch):
+    """Subgroups are cut from the live default group's world: once that group is shut down, a
+    subgroup of a later default group (here of another backend) is not made from the old one
+    (whose rank order may differ), it goes to mpiexec's world and its checks."""
+    from cupycoll import _torch_world
+
+    old = object()
+    monkeypatch.setattr(_torch_world, "_world", old)
+    _torch_world.forget_world(object())  # another group's communicator: kept
+    assert _torch_world._world is old
+    _torch_world.forget_world(old)
+    assert _torch_world._world is None
+
+
 def test_registering_is_idempotent():
     backend.register()
     backend.register()
@@ -292,6 +306,11 @@ def test_working_tensors_write_results_back():
                   torch.from_numpy(np.zeros(0, np.int64)).to(torch.float16)):  # stride 0
         assert byte_tensor(empty).numel() == 0
         assert copied_back(empty, byte_tensor(empty)) is empty
+    weight = torch.nn.Parameter(torch.ones(2, 3, dtype=torch.bfloat16))  # requires grad
+    for target in (weight, weight.t()):
+        worked = reduction_tensor(target, ReduceOp.SUM, "tensor", 0)
+        worked.fill_(3)
+        assert copied_back(target, worked) is target and (target == 3).all()
     flags = torch.tensor([[True, False], [False, True]]).t()
     data = byte_tensor(flags)
     data.fill_(1)

@@ -369,7 +369,7 @@ def check_sparse_errors() -> None:
 def check_one_rank_refuses() -> None:
     """A bad argument on rank 0 alone raises on every rank at once (no rank waits for the
     others' timeout): a sparse tensor's dtype or op, always (sync and async); a dense tensor's,
-    with CUPYCOLL_DEBUG."""
+    with CUPYCOLL_DEBUG (all_to_all_single, scatter and gather too)."""
     group = dist.new_group(backend="cupycoll", timeout=datetime.timedelta(seconds=60))
     bad = RANK == 0
 
@@ -386,7 +386,16 @@ def check_one_rank_refuses() -> None:
                                         op=O.BAND if bad else O.SUM, group=group, async_op=a),
               InvalidArgument),
              (lambda a: dist.reduce_scatter_tensor(torch.zeros(1), torch.ones(P + bad),
-                                                   group=group, async_op=a), InvalidArgument)]
+                                                   group=group, async_op=a), InvalidArgument),
+             # the verbs over exchange: a split that does not fill the rows; a root's list
+             (lambda a: dist.all_to_all_single(torch.zeros(P), torch.ones(P),
+                                               input_split_sizes=[P + bad] + [0] * (P - 1)
+                                               if bad else None, group=group, async_op=a),
+              InvalidArgument),
+             (lambda a: dist.scatter(torch.zeros(3), [torch.ones(3 + bad)] * P if bad else None,
+                                     src=0, group=group, async_op=a), InvalidArgument),
+             (lambda a: dist.gather(torch.ones(3), [torch.zeros(3 + bad)] * P if bad else None,
+                                    dst=0, group=group, async_op=a), InvalidArgument)]
     os.environ["CUPYCOLL_DEBUG"] = "1"
     try:
         for (call, kind), debugging in [(c, False) for c in cases] + [(c, True) for c in dense]:
