@@ -81,7 +81,8 @@ def kth_magnitude(x, k):
                                         (1 << 20, 0.01), (1 << 20, 0.001), (1 << 20, 0.2)])
 def test_threshold_quantile_selects_a_threshold_set_of_0_8k_to_1_1k_every_step(n, density):
     """Below 2^16 entries the threshold is the exact k-th magnitude; above, a sampled one: either
-    way every magnitude reaching the threshold is selected and the count is in [0.8k, 1.1k]."""
+    way every magnitude reaching the threshold is selected and the count is in [0.8k, 1.1k] --
+    unless ties at the k-th magnitude exceed 1.1k: then the exact top k, ties to lower indices."""
     rng = np.random.default_rng(n)
     k = max(1, int(density * n))
     sel = Threshold()
@@ -97,8 +98,8 @@ def test_threshold_quantile_selects_a_threshold_set_of_0_8k_to_1_1k_every_step(n
         if n < 1 << 16:
             assert got.threshold == kth_magnitude(x, k)
     heavy_tie = np.repeat(np.float32([1, 2]), [n - k // 2, k // 2])  # k-th value on a tie
-    got = sel.select(heavy_tie, k)
-    np.testing.assert_array_equal(got.indices, np.arange(n))  # all ties reach it: more than k
+    got = sel.select(heavy_tie, k)  # the top k: the twos, then the lowest-index ones
+    np.testing.assert_array_equal(got.indices, np.r_[0:k - k // 2, n - k // 2:n])
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
@@ -197,9 +198,12 @@ def test_histogram_threshold_count_from_first_principles():
             assert count == np.count_nonzero(mags.astype(np.float64) >= t)
             assert 0.9 * k <= count <= 1.1 * k or (k == 1 and count == 1), (k, center, count)
     ties = np.repeat(np.float32([1.0, 2.0, 3.0]), [500, 500, 500])  # k-th value on a big tie
-    for k, want in ((800, 1000), (700, 500)):  # no count in range: the closest to k
+    for k in (800, 700):  # no count in range: the tied k-th value, whose count is >= k
         t, count = histogram_threshold(comm, ties, k, 1500, 1.0, np.float32)
-        assert count == want and np.count_nonzero(ties >= t) == want
+        assert count == 1000 and np.count_nonzero(ties >= t) == 1000
+    for k in (10, 400):  # all tied: never the edge above, which selects nothing
+        t, count = histogram_threshold(comm, np.ones(1000, np.float32), k, 1000, 1.0, np.float32)
+        assert count == 1000 and t <= 1.0
     t, count = histogram_threshold(comm, ties[:5], 700, 1500, 1.0, np.float32)  # fewer than k
     assert count == 5 and t > 0
 

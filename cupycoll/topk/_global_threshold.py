@@ -12,7 +12,10 @@ each step picks t from a histogram of the reduced magnitudes summed over ranks:
    lies in ``[0.9k, 1.1k]`` (COUNT_RANGE), the edge whose count is closest to k is the threshold.
 3. Otherwise the bin holding the k-th magnitude (or the tail below / above the window) is binned
    again, finer, in another round -- the correction within the step; it stops when the bin holds
-   no two distinct values (ties), keeping the closest edge seen.
+   no two distinct values (ties): then the threshold is the tied value, whose count is >= k, and
+   Ok-Topk keeps, of the entries tied at it, the lowest indices up to k in all
+   (:func:`cupycoll.topk.oktopk.cut_ties`). After the last round, the closest edge seen that
+   selects something (an edge that selects nothing loses to any that does).
 
 Every rank computes the edges on the host from the same shared value and reads the same summed
 counts, so the threshold is identical on every rank. Counting is ``|v| >= e`` exactly as
@@ -66,7 +69,7 @@ def histogram_threshold(comm: Any, mags: Any, k: int, n: int, center: float, dty
                         ) -> tuple[float, int]:
     """Return (t, T): a magnitude threshold, identical on every rank, and the global count T of
     ``mags >= t`` (summed over ranks), T in ``[0.9k, 1.1k]`` unless ties make that impossible
-    (then the edge closest to k).
+    (then the tied value, T >= k, or the edge closest to k of those with T > 0).
 
     Args:
         mags: this rank's candidate magnitudes (the nonzero ``|sum|`` of its region).
@@ -88,18 +91,29 @@ def _search(comm: Any, mags: Any, k: int, n: int, center: float, dtype: np.dtype
     for _ in range(MAX_ROUNDS):
         edges = np.geomspace(lo, hi, BINS + 1)
         counts = _counts_at_edges(comm, mags, edges, comm.size * n >= 2**31)
-        near = int(np.argmin(np.abs(counts - k)))
-        if best_count < 0 or abs(counts[near] - k) < abs(best_count - k):
+        near = int(np.argmin(np.where(counts > 0, np.abs(counts - k), np.inf)))
+        if best_count < 0 or _closer(int(counts[near]), best_count, k):
             best_t, best_count = float(edges[near]), int(counts[near])
         if COUNT_RANGE[0] * k <= best_count <= COUNT_RANGE[1] * k:
             break
+        lo_count = -1  # the count at lo, where known
         if counts[0] < k:  # the k-th magnitude is below the window
             lo, hi = floor, float(edges[0])
         elif counts[-1] >= k:  # above the window
-            lo, hi = float(edges[-1]), top
+            lo, hi, lo_count = float(edges[-1]), top, int(counts[-1])
         else:  # inside the bin [e_j, e_j+1) with counts[j] >= k > counts[j+1]
             j = int(np.flatnonzero(counts >= k)[-1])
-            lo, hi = float(edges[j]), float(edges[j + 1])
+            lo, hi, lo_count = float(edges[j]), float(edges[j + 1]), int(counts[j])
         if not _distinct(lo, hi, dtype):
+            if lo_count >= k:  # the k-th magnitude is one value, tied: select from it on
+                best_t, best_count = lo, lo_count  # (Ok-Topk cuts the ties to k)
             break
     return best_t, best_count
+
+
+def _closer(count: int, best: int, k: int) -> bool:
+    """Whether an edge selecting ``count`` beats the best so far: closer to k, a count of 0
+    losing to any other (all entries tied: none selected would send nothing)."""
+    if (count == 0) != (best == 0):
+        return best == 0
+    return abs(count - k) < abs(best - k)

@@ -57,7 +57,7 @@ from ..comm._topology import topology
 from ..primitives import select_abs_ge, topk_abs
 from .._registry import register
 from ._common import WordCost, TopkOutcome, TopkState, index_dtype, log2_ceil, sorted_member
-from ._global_threshold import histogram_threshold
+from ._global_threshold import COUNT_RANGE, histogram_threshold
 from ..wire import round_values
 from ..wire._values import rounding_error
 from ..wire._exchange import gather_entries
@@ -184,25 +184,49 @@ def _select_balance_gather(comm: Any, red: Any, lo: int, k: int, n: int,
         pos, sel_v = select_abs_ge(nz_v, state.global_th)
         sel_i = nz_i[pos]
     gidx = sel_i.astype(index_dtype(n)) + lo
-    wire, remainders = state.wire or COO, ()
-    if wire.rounds(sel_v.dtype):  # rounded once, here: balance and allgather move them as is
-        _, rounded = round_values(sel_v, wire.values)
-        remainders, sel_v = ((gidx, rounding_error(sel_v, rounded)),), rounded
     counts = comm.allgather_counts(int(gidx.shape[0]), "oktopk.balance.counts")
     total = int(counts.sum())
-    state.last["global_count"] = total
     if _reference_policy(state):
         low, high, scale = GLOBAL_FEEDBACK
         if total < low * k:
             state.global_th = positive_threshold(state.global_th / scale, red.dtype)
         elif total > high * k:
             state.global_th *= scale
+    elif total > COUNT_RANGE[1] * k:  # ties the threshold cannot split
+        gidx, sel_v, counts = cut_ties(comm, gidx, sel_v, counts, k)
+        total = int(counts.sum())
+    state.last["global_count"] = total
+    wire, remainders = state.wire or COO, ()
+    if wire.rounds(sel_v.dtype):  # rounded once, here: balance and allgather move them as is
+        _, rounded = round_values(sel_v, wire.values)
+        remainders, sel_v = ((gidx, rounding_error(sel_v, rounded)),), rounded
     if total == 0:
         return gidx, sel_v, remainders
     blk_i, blk_v, blocks = balance(comm, gidx, sel_v, counts, wire, n)
     topo = topology(comm) if comm.size > 1 else None
     return (*allgather_blocks(comm, blk_i, blk_v, blocks, n, padded=_padded(comm, state),
                               wire=wire, topo=topo), remainders)
+
+
+def cut_ties(comm: Any, idx: Any, val: Any, counts: np.ndarray, k: int
+             ) -> tuple[Any, Any, np.ndarray]:
+    """Of a global selection of more than k entries (``counts``: every rank's, its region's in
+    ascending index order), keep those above the least selected magnitude and, of those at it
+    (ties), the lowest indices up to k in all; return this rank's entries and every rank's new
+    count. Two small collectives: the least magnitude's minimum and the counts above it."""
+    xp = comm.xp
+    mag = xp.abs(val)
+    least = xp.full(1, np.inf, dtype=np.float64)
+    if mag.shape[0]:
+        least[0] = mag.min()
+    comm.allreduce(least, least, ReduceOp.MIN, op_name="oktopk.ties").wait()
+    above = mag > least[0]
+    above_counts = comm.allgather_counts(int(xp.count_nonzero(above)), "oktopk.ties.counts")
+    tied = counts - above_counts
+    quota = np.clip(k - int(above_counts.sum()) - (np.cumsum(tied) - tied), 0, tied)
+    at = ~above
+    keep = xp.flatnonzero(above | (at & (xp.cumsum(at) <= int(quota[comm.rank]))))
+    return idx[keep], val[keep], above_counts + quota
 
 
 def _reference_policy(state: TopkState) -> bool:

@@ -132,12 +132,16 @@ def _below_kth(sample: Any, scale: float, k: int, low: float) -> float:
 
 
 def _exact_top(idx: Any, val: Any, k: int) -> tuple[Any, Any, float]:
-    """Cut a selection of more than k entries (no NaN) to ``|v| >= (its k-th magnitude)``:
-    one partition and one mask over the selection, O(count)."""
+    """Cut a selection of more than k entries (no NaN, ascending indices) to its exact top k,
+    ties at the k-th magnitude to the lower indices (as :class:`Exact`): a flat gradient has
+    every entry tied, and keeping them all would send them all. One partition, a cumulative
+    sum and a mask over the selection, O(count)."""
     xp = array_namespace(val)
     mag = xp.abs(val)
     kth = xp.partition(mag, mag.shape[0] - k)[mag.shape[0] - k]  # stays on the device
-    keep = xp.flatnonzero(mag >= kth)
+    above = mag > kth
+    tied = mag == kth
+    keep = xp.flatnonzero(above | (tied & (xp.cumsum(tied) <= k - xp.count_nonzero(above))))
     return idx[keep], val[keep], float(kth)
 
 

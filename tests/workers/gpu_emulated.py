@@ -151,6 +151,7 @@ def topk_suite(comm, quick):
     padded = tr.oktopk_sequence(comm, 11, 3000, 30, steps, padded=True)
     for (ai, av), (bi, bv) in zip(native, padded):
         assert np.array_equal(ai, bi) and np.array_equal(av, bv)
+    tr.check_ties(comm)
 
 
 def wire_suite(comm):

@@ -63,9 +63,9 @@ def recording(selector):
 
 
 def threshold_selection(a: np.ndarray, chosen: np.ndarray) -> bool:
-    """True when ``chosen`` is every entry of ``a`` whose magnitude reaches its smallest one."""
-    mag = np.abs(a.astype(np.float64))
-    return chosen.size > 0 and np.array_equal(np.flatnonzero(mag >= mag[chosen].min()), chosen)
+    """True when ``chosen`` is every entry of ``a`` above its smallest magnitude and, of those
+    at it, the lowest indices (ties at the k-th magnitude are cut to k)."""
+    return chosen.size > 0 and ref.upper_set(np.arange(a.size), a, chosen)
 
 
 def data_words(comm) -> float:

@@ -101,18 +101,23 @@ def kth_magnitude(x: np.ndarray, k: int) -> float:
 
 
 def quantile_local(x: np.ndarray, k: int) -> np.ndarray:
-    """Default policy: every nonzero entry whose magnitude reaches the exact k-th magnitude."""
+    """Default policy: every nonzero entry whose magnitude reaches the exact k-th magnitude;
+    over 1.1k of them (ties at it) are cut to the exact top k, ties to the lower index."""
     mag = np.abs(x.astype(np.float64))
-    return np.flatnonzero((mag >= kth_magnitude(x, k)) & (mag > 0))
+    chosen = np.flatnonzero((mag >= kth_magnitude(x, k)) & (mag > 0))
+    return chosen if chosen.size <= 1.1 * k else topk(x, k)
 
 
 def upper_set(ui: np.ndarray, uv: np.ndarray, res_i: np.ndarray) -> bool:
-    """True when ``res_i`` is exactly the entries of the union with |u| >= its smallest |u|."""
+    """True when ``res_i`` is every entry of the union above its least |u| and, of those at it
+    (ties, cut to k in all), the lowest indices."""
     if res_i.size == 0:
         return True
     mag = np.abs(uv)
     t = mag[np.searchsorted(ui, res_i)].min()
-    return np.array_equal(ui[mag >= t], res_i)
+    above, at = ui[mag > t], ui[mag == t]
+    got_at = np.setdiff1d(res_i, above)
+    return bool(np.isin(above, res_i).all()) and np.array_equal(got_at, at[:got_at.size])
 
 
 class ReferencePolicy:
@@ -187,10 +192,12 @@ def gaussian_reference(x: np.ndarray, k: int) -> np.ndarray:
 def gaussian_corrected_ok(x: np.ndarray, k: int, sel: np.ndarray) -> bool:
     """The default Gaussian-k rule as a property: a threshold selection (every entry reaching
     its smallest magnitude) with 3k/4..5k/4 entries -- or, when ties at the k-th magnitude make
-    that impossible, exactly the entries reaching the k-th magnitude."""
+    that impossible, the exact top-k (ties to the lower index)."""
     mag = np.abs(x.astype(np.float64))
     if sel.size == 0:
         return not mag.any()
+    if np.array_equal(sel, topk(x, k)):
+        return True
     if not np.array_equal(np.flatnonzero(mag >= mag[sel].min()), sel):
         return False
     return 3 / 4 * k <= sel.size <= 5 / 4 * k or np.array_equal(sel, quantile_local(x, k))

@@ -192,6 +192,27 @@ def oktopk_sequence(comm, seed: int, n: int, k: int, steps: int, padded: bool | 
     return results
 
 
+def check_ties(comm) -> None:
+    """Gradients of one magnitude (the k-th of every selection tied): Ok-Topk with a state
+    returns exactly k entries on every step, the lowest indices of the union with their exact
+    sums, whether the ranks' supports coincide or not; local selections are cut to k."""
+    p, r, n, k = comm.size, comm.rank, 120 * comm.size, 10
+    for disjoint in (False, True):
+        xs = [np.zeros(n, np.float32) for _ in range(p)]
+        for q, x in enumerate(xs):
+            x[q * 120:(q + 1) * 120 if disjoint else n] = (-1.0) ** q
+        state = TopkState(tau=3, tau_prime=2)
+        for step in range(4):
+            out = run_outcome(comm, xs[r], k, "oktopk", state)
+            locals_ = [ref.quantile_local(x, k) for x in xs]
+            assert locals_[r].size == k
+            np.testing.assert_array_equal(np.asarray(out.selection.indices), locals_[r])
+            ui, uv = ref.union_sum([(i, x[i]) for i, x in zip(locals_, xs)])
+            nz = uv != 0
+            assert_equal(out.result, ui[nz][:k], uv[nz][:k])
+            assert_identical_across_ranks(np.asarray(out.result.indices))
+
+
 def main() -> None:
     mode = sys.argv[1]
     comm = cc.init("mpi")
@@ -210,6 +231,7 @@ def main() -> None:
     for alg, rec in worst.items():
         assert rec >= 0.8, f"{alg}: recall {rec:.3f} < 0.8 on correlated data"
     check_small_bits(comm, 17)
+    check_ties(comm)
     # Ok-Topk across steps: refresh every tau'=2, repartition every tau=3; padded == native
     steps = 5 if mode == "light" else 7
     for policy in ("quantile", "reference"):
