@@ -16,6 +16,7 @@ import weakref
 from typing import Any, Sequence
 
 from .._config import setting
+from ..errors import InvalidArgument
 
 __all__ = ["Topology", "topology", "node_ids"]
 
@@ -53,8 +54,11 @@ class Topology:
         return max((len(m) for m in self.members), default=0)
 
 
-def _detect(comm: Any) -> tuple[int, ...]:
-    """Node labels (each node's lowest rank) from the host MPI communicator (collective)."""
+def _detect(comm: Any, per_node: int | None) -> tuple[int, ...]:
+    """Node labels (each node's lowest rank) from the host MPI communicator (collective), and
+    every rank's ``CUPYCOLL_RANKS_PER_NODE`` compared: one set on some ranks only, or to
+    different values, raises InvalidArgument on every rank (node-aware algorithms would run
+    different collectives on different ranks)."""
     mpi_comm = getattr(comm, "mpi_comm", None)
     if mpi_comm is None or comm.size == 1:
         return (0,) * comm.size
@@ -65,18 +69,25 @@ def _detect(comm: Any) -> tuple[int, ...]:
         leader = local.bcast(mpi_comm.Get_rank(), root=0)
     finally:
         local.Free()
-    return tuple(int(x) for x in mpi_comm.allgather(leader))
+    gathered = mpi_comm.allgather((leader, per_node))
+    settings = [setting for _, setting in gathered]
+    if len(set(settings)) > 1:
+        raise InvalidArgument("CUPYCOLL_RANKS_PER_NODE", per_node, "must be set alike on every "
+                              f"rank (ranks 0..{comm.size - 1} hold {settings}; None: unset)",
+                              rank=comm.rank)
+    return tuple(int(label) for label, _ in gathered)
 
 
 def node_ids(comm: Any) -> tuple[int, ...]:
-    """Node label of every rank of ``comm``: ``CUPYCOLL_RANKS_PER_NODE`` if set, else detected
-    once (collective on first use: every rank must ask at the same point) and cached."""
+    """Node label of every rank of ``comm``: ``CUPYCOLL_RANKS_PER_NODE`` if set, else the
+    detected nodes. Detection (which also checks that the setting is alike on every rank) is
+    collective on first use, set or not: every rank must ask at the same point; it is cached."""
     per_node = setting("CUPYCOLL_RANKS_PER_NODE")
-    if per_node is not None:
-        return tuple(r // per_node for r in range(comm.size))
     labels = _DETECTED.get(comm)
     if labels is None:
-        labels = _DETECTED[comm] = _detect(comm)
+        labels = _DETECTED[comm] = _detect(comm, per_node)
+    if per_node is not None:
+        return tuple(r // per_node for r in range(comm.size))
     return labels
 
 

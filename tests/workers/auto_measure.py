@@ -109,6 +109,14 @@ def main() -> None:
         expect_raises((InvalidArgument, MismatchError), cc.sparse_allreduce, idx, val, 500,
                       comm=comm)
         os.environ["CUPYCOLL_AUTO"] = "measure"
+        # the node layout set on one rank only: every rank raises, naming it (a new
+        # communicator: the first call detects the nodes, collectively, on every rank)
+        if RANK == 0:
+            os.environ["CUPYCOLL_RANKS_PER_NODE"] = "1"
+        err = expect_raises(InvalidArgument, cc.sparse_allreduce, idx, val, 500,
+                            comm=comm.dup(), algorithm="hierarchical")
+        assert err.argument == "CUPYCOLL_RANKS_PER_NODE" and err.rank == RANK, err
+        os.environ.pop("CUPYCOLL_RANKS_PER_NODE", None)
         check(cc.sparse_allreduce(idx, val, 500, comm=comm), reference(parts, 500, 0))
     if EMULATED:
         emu.check_logs()
