@@ -96,8 +96,16 @@ def _devices() -> str:
 
 def _backend_choice() -> str:
     """Which backend ``init()`` would pick here, and why (without creating a communicator)."""
-    from .comm import nccl_usable
+    from ._config import check_environment, parse_timeout
+    from .comm import log_level, nccl_usable
+    from .errors import CupycollError
 
+    try:  # what init() checks before it picks
+        check_environment()
+        parse_timeout(setting("CUPYCOLL_TIMEOUT"))
+        log_level()
+    except CupycollError as exc:
+        return f"none: init() raises {type(exc).__name__} ({exc})"
     backend = setting("CUPYCOLL_BACKEND")
     source = "CUPYCOLL_BACKEND" if "CUPYCOLL_BACKEND" in os.environ else "default"
     if backend not in ("auto", "mpi", "nccl"):

@@ -57,6 +57,29 @@ def test_info_says_what_init_would_do_with_the_backend_asked_for(monkeypatch, va
     assert dict(info_lines())["init() backend"].startswith(says)
 
 
+@pytest.mark.parametrize("name, value", [("CUPYCOLL_AUTOO", "learn"), ("CUPYCOLL_TIMEOUT", "soon"),
+                                         ("CUPYCOLL_LOG_LEVEL", "loud")])
+def test_info_says_init_raises_where_a_setting_stops_it(monkeypatch, name, value):
+    """A misspelled setting, a bad timeout or log level: init() raises before it picks."""
+    monkeypatch.setenv(name, value)
+    said = dict(info_lines())["init() backend"]
+    assert said.startswith("none: init() raises InvalidArgument") and name in said, said
+
+
+def test_simulate_refuses_shapes_that_cannot_be():
+    """A length below 1, a density outside (0, 1], a negative width or skew, NaN: usage
+    errors (status 2) naming the option, never negative times."""
+    from cupycoll._cli import main
+
+    for option, value in (("--n", "0"), ("--n", "-5"), ("--density", "-0.1"),
+                          ("--density", "2"), ("--density", "nan"), ("--width", "-1"),
+                          ("--skew", "-5"), ("--skew", "nan")):
+        with pytest.raises(SystemExit) as info:
+            main(["simulate", "--family", "sparse", "--P", "2", "--networks", "eth100",
+                  option, value])
+        assert info.value.code == 2, (option, value)
+
+
 @pytest.mark.parametrize("name", BENCHMARKS)
 def test_every_listed_benchmark_exists(name):
     assert bench_script(name).is_file()

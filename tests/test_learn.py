@@ -174,8 +174,8 @@ def test_one_candidate_needs_no_trials():
 def test_the_records_are_saved_and_loaded_with_their_shape_classes(tmp_path):
     comm = SimpleNamespace(rank=0, size=1, barrier=lambda: None)
     key = (2, None, 4, 4, "sum", "sparse", Wire(True, "bfloat16"), True, 0, 12, 2, 9, "sum")
-    record = learn.Record(["a", "b"])
-    run(record, {"a": 1.0, "b": 2.0}, 12)
+    record = learn.Record(["mask", "split"])
+    run(record, {"mask": 1.0, "split": 2.0}, 12)
     learn.records(comm)[key] = record
     path = tmp_path / "learned.json"
     learn.save(comm, str(path))
@@ -183,7 +183,7 @@ def test_the_records_are_saved_and_loaded_with_their_shape_classes(tmp_path):
     assert learn.load(other, str(path)) == 1
     (got_key, got), = learn.records(other).items()
     assert got_key == key and hash(got_key) == hash(key)
-    assert got.seconds == record.seconds and got.choice() == "a" and got.exploring() is None
+    assert got.seconds == record.seconds and got.choice() == "mask" and got.exploring() is None
     assert got.warmed == []  # this process has warmed nothing: the first call is a warm-up
 
 
@@ -199,8 +199,12 @@ def test_a_table_that_cannot_be_saved_or_read_raises_and_keeps_the_records(tmp_p
     bad = {"truncated": '{"learned": [{"kind": [2, nu', "not a table": '{"other": 1}',
            "no candidates": '{"learned": [{"kind": [1], "candidates": []}]}',
            "an unknown field": '{"learned": [{"kind": [1], "candidates": ["a"], "x": 1}]}',
-           "bad seconds": '{"learned": [{"kind": [1], "candidates": ["a"], '
-                          '"seconds": {"a": ["slow"]}}]}'}
+           "bad seconds": '{"learned": [{"kind": [1], "candidates": ["mask"], '
+                          '"seconds": {"mask": ["slow"]}}]}',
+           "timed elsewhere": '{"learned": [{"kind": [1], "candidates": ["mask"], '
+                              '"seconds": {"bogus": [1.0]}}]}'}
+    for name in ("bogus", "small", "auto", ""):  # not an algorithm auto picks by price
+        bad[name] = '{"learned": [{"kind": [1], "candidates": ["%s"]}]}' % name
     for why, text in bad.items():
         path = tmp_path / "bad.json"
         path.write_text(text)

@@ -228,7 +228,9 @@ def test_profile_round_trip_env_and_bad_file(tmp_path, monkeypatch, caplog):
     assert shipped.alpha_native > 0 and shipped.beta_native > 0 and shipped.gamma["merge"] > 0
     good = mine.as_dict()
     for bad in ({**good, "alpha_p2p": "abc"}, {**good, "gamma": [1, 2]}, {**good, "fixed": None},
-                {**good, "beta_native": float("nan")}, {**good, "native_curve": [[1, 2, 3]]}):
+                {**good, "beta_native": float("nan")}, {**good, "native_curve": [[1, 2, 3]]},
+                {**good, "fixed": {"dense": -1e-3}}, {**good, "gamma": {"merge": 1e308}},
+                {**good, "native_curve": [[-5, 1e-6]]}):
         path.write_text(json.dumps(bad))  # a wrong price: never a TypeError on every call
         assert load_profile() == default_profile(), bad
     path.write_text(json.dumps({"by_ranks": {"02": good}}))  # a key int() reads as 2
@@ -312,6 +314,17 @@ def test_simulate_command_writes_json(tmp_path, capsys):
     assert {r["family"] for r in rows} == {"sparse", "topk"}
     assert not [r for r in rows if r["network"] == "nvlink" and r["P"] > 8]  # one node of 8
     assert "| sparse | eth100 |" in capsys.readouterr().out
+
+
+def test_candidates_always_hold_the_least_time():
+    """measure and learn try the least predicted time whatever its sign, and a time that is
+    not finite only where no other is."""
+    from cupycoll.sparse.auto import candidates
+
+    assert candidates({"a": 2.0, "b": 1.0, "c": 2.5}, 2.0, 3) == ["b", "a"]
+    assert candidates({"a": -1.0, "b": -0.4, "c": 5.0}, 2.0, 3) == ["a", "b"]
+    assert candidates({"a": float("nan"), "b": 3.0}, 2.0, 3) == ["b"]
+    assert candidates({"a": float("nan")}, 2.0, 3) == ["a"]
 
 
 def test_choose_prices_a_shape_class_once_per_profile(monkeypatch):

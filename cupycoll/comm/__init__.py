@@ -80,12 +80,20 @@ def _agreed_auto(mpi_comm: Any) -> str:
     return "nccl" if group.allreduce(nccl_usable(), op=MPI.LAND) else "mpi"
 
 
+def log_level() -> str | None:
+    """CUPYCOLL_LOG_LEVEL's level name, checked (None: unset)."""
+    if not os.environ.get("CUPYCOLL_LOG_LEVEL"):
+        return None
+    level = setting("CUPYCOLL_LOG_LEVEL").upper()
+    if not isinstance(logging.getLevelName(level), int):
+        raise InvalidArgument("CUPYCOLL_LOG_LEVEL", level, "not a logging level name")
+    return level
+
+
 def _apply_log_level() -> None:
     """Set the 'cupycoll' logger's level from CUPYCOLL_LOG_LEVEL, only when that is set."""
-    if os.environ.get("CUPYCOLL_LOG_LEVEL"):
-        level = setting("CUPYCOLL_LOG_LEVEL").upper()
-        if not isinstance(logging.getLevelName(level), int):
-            raise InvalidArgument("CUPYCOLL_LOG_LEVEL", level, "not a logging level name")
+    level = log_level()
+    if level is not None:
         _log.setLevel(level)
 
 

@@ -72,10 +72,13 @@ def _with_room(table: dict) -> dict:
 
 def candidates(times: dict[str, float], within: float, count: int) -> list[str]:
     """The algorithms predicted within ``within`` x the least of ``times``, fastest first (ties:
-    ``times``' order), at most ``count``: what measure and learn try."""
-    best = min(times.values())
-    ranked = sorted((t, order, name) for order, (name, t) in enumerate(times.items())
-                    if t <= within * best)
+    ``times``' order), at most ``count``: what measure and learn try. The least is always
+    one (a time that is not finite is none while another is)."""
+    finite = {name: t for name, t in times.items() if math.isfinite(t)} or times
+    least = min(finite, key=finite.__getitem__)
+    best = finite[least]
+    ranked = sorted((t, order, name) for order, (name, t) in enumerate(finite.items())
+                    if t - best <= (within - 1) * abs(best) or name == least)
     return [name for _, _, name in ranked[:count]]
 
 

@@ -42,6 +42,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .._registry import priced
 from ..errors import InvalidArgument
 from ..wire._pack import Wire
 from . import auto as _auto
@@ -339,11 +340,14 @@ def load(comm: Any, path: str) -> int:
 
 
 def _record(entry: dict) -> Record:
-    """A :class:`Record` of a saved entry, its fields checked; warmed nothing (in this
-    process, its first call is a warm-up)."""
+    """A :class:`Record` of a saved entry, its fields checked (its candidates algorithms
+    ``auto`` may pick by price here); warmed nothing (in this process, its first call is a
+    warm-up)."""
     record = Record(**{**entry, "warmed": []})
     names = record.candidates
-    if not names or not all(isinstance(c, str) for c in names) or not isinstance(
+    pickable = priced("sparse")
+    if not names or not all(isinstance(c, str) and c in pickable for c in names) or not all(
+            c in pickable for c in [*record.seconds, *record.abandoned]) or not isinstance(
             record.calls, int) or not all(
             isinstance(t, (int, float)) for times in record.seconds.values() for t in times):
         raise ValueError(f"a record with bad fields: {entry}")

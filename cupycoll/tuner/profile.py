@@ -40,6 +40,15 @@ _STAND_INS = {"fill": "dense", "union": "merge", "merge2": "merge", "dense_row":
 _LINK_PRICES = ("alpha_p2p", "beta_p2p", "alpha_msg")
 
 
+#: prices (seconds, seconds a byte or an element) at or above this are refused: no machine
+#: takes 10^6 s a message, and a sum of such prices can overflow to inf
+PRICE_MAX = 1e6
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 @dataclasses.dataclass(frozen=True)
 class Profile:
     """Measured (or assumed) prices of communication and local work."""
@@ -97,8 +106,9 @@ class Profile:
         """The profile of ``data`` (a file's), its prices checked.
 
         Raises:
-            ValueError: a price that is not a finite number, or a table of prices
-                (gamma, fixed, links, native_curve) of another shape."""
+            ValueError: a price that is not a number in [0, PRICE_MAX) (negative or huge
+                prices make predictions negative, infinite or NaN, which no choice survives),
+                or a table of prices (gamma, fixed, links, native_curve) of another shape."""
         fields = {f.name for f in dataclasses.fields(cls)}
         profile = cls(**{k: v for k, v in data.items() if k in fields})
         numbers = [profile.alpha_p2p, profile.beta_p2p, profile.alpha_native,
@@ -107,12 +117,15 @@ class Profile:
             raise ValueError("gamma, fixed and links must be tables")
         numbers += [*profile.gamma.values(), *profile.fixed.values()]
         numbers += [v for link in profile.links.values() for v in dict(link).values()]
-        numbers += [v for point in profile.native_curve for v in point]
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                   for v in numbers):
-            raise ValueError("every price must be a finite number")
-        if not all(len(point) == 2 for point in profile.native_curve):
+        if not all(isinstance(point, (list, tuple)) and len(point) == 2
+                   for point in profile.native_curve):
             raise ValueError("native_curve must hold [bytes, seconds] pairs")
+        numbers += [seconds for _, seconds in profile.native_curve]
+        sizes = [nbytes for nbytes, _ in profile.native_curve]
+        if not all(_number(v) and 0 <= v < PRICE_MAX for v in numbers):
+            raise ValueError(f"every price must be a number in [0, {PRICE_MAX:g})")
+        if not all(_number(v) and 0 <= v < 2**63 for v in sizes):
+            raise ValueError("native_curve's sizes must be byte counts")
         return profile
 
 

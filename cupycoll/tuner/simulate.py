@@ -283,12 +283,46 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
 
 
 def _size(text: str) -> int:
-    """Parse 8, 64K, 16M, 2G (powers of 1024) or a plain number such as 1e6."""
+    """Parse 8, 64K, 16M, 2G (powers of 1024) or a plain number such as 1e6: a length >= 1."""
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     text = text.strip().upper()
-    if text and text[-1] in units:
-        return int(float(text[:-1]) * units[text[-1]])
-    return int(float(text))
+    try:
+        if text and text[-1] in units:
+            value = int(float(text[:-1]) * units[text[-1]])
+        else:
+            value = int(float(text))
+    except (ValueError, OverflowError):
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a length >= 1 (8, 64K, 16M, 1e6), got {text!r}")
+    return value
+
+
+def _width(text: str) -> int:
+    """argparse's type for a row width: an int >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {text!r}")
+    return value
+
+
+def _bounded(low: float, high: float, *, low_open: bool = False) -> Any:
+    """argparse's type for a finite number in [low, high] (``low_open``: (low, high])."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (low < value <= high if low_open else low <= value <= high):
+            raise argparse.ArgumentTypeError(
+                f"must be a number in {'(' if low_open else '['}{low:g}, {high:g}], got {text!r}")
+        return value
+
+    return parse
 
 
 def _wire(text: str) -> Wire:
@@ -305,9 +339,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--networks", default="nvlink,ib400,eth100",
                         help=f"comma list of {sorted(NETWORKS)} or machine")
     parser.add_argument("--n", type=_size, default=2 ** 24, help="dense length (16M, 64K, ...)")
-    parser.add_argument("--density", type=float, default=0.01, help="nnz / n per rank (or k/n)")
-    parser.add_argument("--width", type=int, default=0, help="row width of the sparse family")
-    parser.add_argument("--skew", type=float, default=0.0, help="rank 0 has (1+skew) x nnz")
+    parser.add_argument("--density", type=_bounded(0, 1, low_open=True), default=0.01,
+                        help="nnz / n per rank (or k/n), in (0, 1]")
+    parser.add_argument("--width", type=_width, default=0,
+                        help="row width of the sparse family (0: one value an index)")
+    parser.add_argument("--skew", type=_bounded(0, 2**31), default=0.0,
+                        help="rank 0 has (1+skew) x nnz")
     parser.add_argument("--family", default="sparse,topk", help="sparse, topk or both")
     parser.add_argument("--wire", default="coo", help="wire formats: comma list of coo, "
                         "compact, coo+bfloat16, compact+bfloat16, ... (rows per format)")
