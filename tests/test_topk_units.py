@@ -24,6 +24,19 @@ def test_algorithms_are_registered():
     assert cc.algorithms("topk") == ["dense", "gaussiank", "gtopk", "oktopk", "topka"]
 
 
+def test_cost_model_names_what_it_cannot_price():
+    """A name a caller cannot run (oktopk's small path rides in the agreement), p or k below 1
+    or n below k: the library's error naming the argument, never a builtin one."""
+    for args, argument in ((("oktopk_small", 4, 100, 10**4), "algorithm"),
+                           (("nope", 4, 1, 1), "algorithm"), (("oktopk", 0, 100, 10**4), "p"),
+                           (("topka", 4, 0, 10), "k"), (("gtopk", 4, 20, 10), "n"),
+                           (("dense", 2.5, 1, 1), "p")):
+        with pytest.raises(InvalidArgument) as info:
+            cost_model(*args)
+        assert info.value.argument == argument, args
+    assert cost_model("oktopk", np.int64(8), 1000, 10**6) == cost_model("oktopk", 8, 1000, 10**6)
+
+
 @pytest.mark.parametrize("p, lower, ok, gather, gtopk, msgs", [
     (8, 1.75, 5.25, 14, 12, 22), (16, 1.875, 5.625, 30, 16, 40), (256, 1.992, 5.977, 510, 32, 528)])
 def test_cost_models_match_the_spec_table(p, lower, ok, gather, gtopk, msgs):

@@ -171,6 +171,10 @@ def test_bad_buffers_raise(decode):
         decode(enc.view(np.int8))
     with pytest.raises(InvalidArgument, match="int32"):
         decode(twin.encode(np.array([2**31]), 0, 2**32), np.int32)
+    # a D stream (tag 'D', 2 indices, first 2^63 - 2) whose one 63-bit gap passes 2^63
+    past = np.array([0x44, 0x02, 0xFE] + [0xFF] * 7 + [0x7F, 63] + [0xFF] * 8, np.uint8)
+    with pytest.raises(InvalidArgument, match="pass 2\\^63"):
+        decode(past)
 
 
 # ---------------------------------------------------------------------------- values
@@ -272,6 +276,19 @@ def test_bfloat16_of_float16_is_exact_rounding():
     payload, rounded = wire.round_values(x, "bfloat16")
     np.testing.assert_array_equal(payload, _bf16_reference(x.astype(np.float32)))
     assert rounded.dtype == np.float32
+
+
+def test_the_error_feedback_of_a_value_float16_cannot_hold_is_the_value():
+    """1e5 and -7e4 travel as +-inf in float16 (IEEE rounding): their error is themselves (a
+    residual stays finite), not value - inf; an infinite value's error is NaN as before."""
+    from cupycoll.wire._values import rounding_error
+
+    x = np.array([1e5, -7e4, 1.5, 65504.0, np.inf], np.float32)
+    _, rounded = wire.round_values(x, "float16")
+    assert np.isinf(rounded[:2]).all() and rounded[3] == 65504.0
+    error = rounding_error(x, rounded)
+    np.testing.assert_array_equal(error[:4], [1e5, -7e4, 0.0, 0.0])
+    assert np.isnan(error[4])
 
 
 def test_values_bad_arguments():

@@ -19,7 +19,16 @@ __all__ = ["topk_allreduce", "TopkCompressor", "TopkState", "TopkOutcome", "Word
 
 
 def cost_model(algorithm: str, p: int, k: int, n: int) -> WordCost:
-    """Return the per-rank cost model (words received, latency) of ``algorithm`` on p ranks."""
-    from .._registry import record
+    """Return the per-rank cost model (words received, latency) of ``algorithm`` on p ranks,
+    for ``0 < k <= n``."""
+    import numbers
 
-    return record("topk", algorithm).cost(p, k, n)
+    from .._registry import algorithms, record
+    from ..errors import InvalidArgument
+
+    if algorithm not in algorithms("topk"):
+        raise InvalidArgument("algorithm", algorithm, f"valid: {algorithms('topk')}")
+    for name, value, least in (("p", p, 1), ("k", k, 1), ("n", n, k)):
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < least:
+            raise InvalidArgument(name, value, f"must be an int >= {least}")
+    return record("topk", algorithm).cost(int(p), int(k), int(n))

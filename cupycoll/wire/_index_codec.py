@@ -305,7 +305,11 @@ def decode(buf: Any, dtype: Any = np.int64) -> np.ndarray:
 
 
 def checked_cast(values: np.ndarray, dt: np.dtype) -> np.ndarray:
-    """``values`` (int64, ascending) as ``dt``; raise when they do not fit."""
+    """``values`` (int64, ascending) as ``dt``; raise when they do not fit, or when a corrupt
+    stream's gaps carried them past 2^63 (the last one then below the first: O(1))."""
+    if values.size and (values[0] < 0 or values[-1] < values[0]):
+        raise InvalidArgument("buf", (int(values[0]), int(values[-1])), "corrupt encoded index "
+                              "stream (its indices pass 2^63)")
     if dt == np.int32 and values.size and (values[-1] > np.iinfo(np.int32).max or values[0] < 0):
         raise InvalidArgument("dtype", dt, f"decoded index {int(values[-1])} does not fit int32")
     return values.astype(dt, copy=False)
