@@ -46,7 +46,9 @@ VERBS = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "spa
 #: the arguments an error can name across the ranks (others travel as unnamed).
 ARGUMENTS = ("indices", "values", "n", "op", "algorithm", "accumulate_dtype", "alloc_fn",
              "completion_fn", "async_op", "wire", "wire_values", "output", "out", "x", "k",
-             "selector", "state", "grad")
+             "selector", "state", "grad", "tensor", "CUPYCOLL_AUTO", "CUPYCOLL_ALGORITHM",
+             "CUPYCOLL_WIRE", "CUPYCOLL_NUMBA", "CUPYCOLL_THREADS", "CUPYCOLL_RANKS_PER_NODE",
+             "CUPYCOLL_TOPK_ALGORITHM")
 #: capacities every verb's vector has: signed fields, maxima, columns a rank (besides its
 #: error and detail words); the longest declarations are sparse_allreduce's.
 FIELDS, MAXIMA, COLUMNS = 10, 3, 1

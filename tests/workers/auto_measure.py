@@ -117,6 +117,12 @@ def main() -> None:
                             comm=comm.dup(), algorithm="hierarchical")
         assert err.argument == "CUPYCOLL_RANKS_PER_NODE" and err.rank == RANK, err
         os.environ.pop("CUPYCOLL_RANKS_PER_NODE", None)
+        # a setting one rank cannot read: the others' error names it too
+        if RANK == P - 1:
+            os.environ["CUPYCOLL_NUMBA"] = "sometimes"
+        err = expect_raises(InvalidArgument, cc.sparse_allreduce, idx, val, 500, comm=comm)
+        assert err.argument == "CUPYCOLL_NUMBA", err
+        os.environ.pop("CUPYCOLL_NUMBA", None)
         check(cc.sparse_allreduce(idx, val, 500, comm=comm), reference(parts, 500, 0))
     if EMULATED:
         emu.check_logs()
