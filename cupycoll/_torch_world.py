@@ -13,9 +13,11 @@ others: with the mpich wheel, a process started under ``mpiexec -n 1`` is one, a
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 import socket
+import time
 from typing import Any, Iterator
 from urllib.parse import parse_qs, urlparse
 
@@ -182,6 +184,23 @@ def _join_failed(rank: int, exc: MPI.Exception) -> BaseException:
         f"rank {rank}: MPI could not connect the separately started processes{hint}: {reason}"))
 
 
+#: seconds a process waits at exit for the others (:func:`_leave_together`)
+LEAVE_WAIT = 30.0
+
+
+def _leave_together(world: MPI.Comm) -> None:
+    """At exit, wait (up to LEAVE_WAIT s) until every process of ``world`` is exiting: rank 0
+    holds the TCPStore that the groups' stores (a gloo subgroup's too) are built on, and a
+    process still tearing its groups down when rank 0's store went away could abort in C++
+    ("terminate called without an active exception")."""
+    if not MPI.Is_initialized() or MPI.Is_finalized():
+        return
+    request = world.Ibarrier()
+    deadline = time.monotonic() + LEAVE_WAIT
+    while not request.Test() and time.monotonic() < deadline:
+        time.sleep(1e-3)
+
+
 def rendezvous(url: str, timeout: datetime.timedelta = datetime.timedelta(minutes=30),
                **kwargs: Any) -> Iterator[tuple[Any, int, int]]:
     """The ``cupycoll://[host]`` rendezvous: rank and world size from MPI's COMM_WORLD, and a
@@ -206,5 +225,7 @@ def rendezvous(url: str, timeout: datetime.timedelta = datetime.timedelta(minute
     host, port = world.bcast(address)
     if rank != 0:
         store = dist.TCPStore(host, port, size, False, timeout=timeout)
+    if size > 1:
+        atexit.register(_leave_together, world)
     yield store, rank, size
     raise RuntimeError("cupycoll:// does not rendezvous again (the MPI world is fixed)")
