@@ -181,8 +181,15 @@ class Draft:
         return slot_start(self.size, self.rank)
 
     def settle(self, op_name: str) -> Agreed:
-        """Run the allreduce; return the record, or raise (see the module docstring)."""
-        out = _allreduce(self.comm, self.vec, self.terms.verb, op_name)
+        """Run the allreduce; return the record, or raise (see the module docstring). A rank
+        that refuses its arguments runs it on the communicator's device (the refusal may be
+        that the calling thread's current device is another one)."""
+        device = getattr(self.comm, "device_id", None)
+        if self.error is not None and device is not None:
+            with self.comm.xp.cuda.Device(device):
+                out = _allreduce(self.comm, self.vec, self.terms.verb, op_name)
+        else:
+            out = _allreduce(self.comm, self.vec, self.terms.verb, op_name)
         if self.error is not None:
             raise self.error
         errors = out[self._column(0):self._column(1)].tolist()

@@ -12,7 +12,8 @@ import numpy as np
 from .errors import InvalidArgument, InvalidType
 
 __all__ = ["ReduceOp", "UFUNCS", "parse_op", "array_namespace", "as_array", "check_dtype",
-           "check_native", "distinct", "DENSE_DTYPES", "to_host", "like_caller", "trunc_divide"]
+           "check_native", "check_current_device", "device_of", "distinct", "DENSE_DTYPES",
+           "to_host", "like_caller", "trunc_divide"]
 
 
 class ReduceOp(str, enum.Enum):
@@ -113,14 +114,32 @@ def as_array(x: Any, argument: str, *, rank: int | None = None) -> Any:
 
 def check_device(x: Any, comm: Any, argument: str) -> None:
     """Raise InvalidArgument when the device array ``x`` lives on another GPU than ``comm``'s
-    (an NCCL communicator's ``device_id``): its collectives would read or write it there."""
+    (an NCCL communicator's ``device_id``): its collectives would read or write it there; or
+    when the calling thread's current device is another (:func:`check_current_device`)."""
     device = getattr(comm, "device_id", None)
     if device is None or isinstance(x, np.ndarray):
         return
-    got = getattr(getattr(x, "device", None), "id", device)
+    got = device_of(x, device)
     if got != device:
         raise InvalidArgument(argument, f"an array on device {got}", "must be on the "
                               f"communicator's device {device}", rank=comm.rank)
+    check_current_device(comm.xp.cuda.runtime.getDevice(), device, comm.rank)
+
+
+def device_of(a: Any, default: int) -> int:
+    """The CUDA device ``a`` lives on (a CuPy array's ``device.id``), ``default`` for what has
+    none (a numpy array's ``device`` is the string "cpu")."""
+    return getattr(getattr(a, "device", None), "id", default)
+
+
+def check_current_device(current: int, device: int, rank: int) -> None:
+    """Raise InvalidArgument unless the calling thread's ``current`` CUDA device is an NCCL
+    communicator's ``device`` (it is per host thread: a new thread starts on device 0)."""
+    if current != device:
+        raise InvalidArgument("device", f"device {current} current in this thread", "the "
+                              f"calling thread's current CUDA device must be the communicator's "
+                              f"({device}): cupy.cuda.Device({device}).use() in this thread",
+                              rank=rank)
 
 
 def check_native(dtype: np.dtype, argument: str, rank: int | None) -> None:

@@ -23,7 +23,7 @@ from . import _agreement as agreement
 from ._config import debug
 from ._pipeline import Delivery, Plan, call
 from ._types import (DENSE_DTYPES, ReduceOp, array_namespace, as_array, check_device,
-                     check_dtype, parse_op)
+                     check_dtype, device_of, parse_op)
 from .comm import Communicator, Work, get_comm
 from .errors import CupycollError, InvalidArgument, InvalidType, MismatchError
 
@@ -60,14 +60,14 @@ def _plain_output(x: Any, out: Any, comm: Communicator, grow: int = 0, shrink: i
         if not shape or shape[0] % shrink:
             return None
         shape = (shape[0] * grow // shrink,) + shape[1:]
-    on_device = comm.xp is not np
-    if on_device and x.device.id != comm.device_id:
+    device = getattr(comm, "device_id", None)
+    if device is not None and device_of(x, device) != device:
         return None
     if out is None:
         return comm.xp.empty(shape, dtype=x.dtype)
     if (type(out) is type(x) and out.shape == shape and out.dtype == x.dtype
             and out.flags.c_contiguous and _writable(out)
-            and not (on_device and out.device.id != comm.device_id)):
+            and (device is None or device_of(out, device) == device)):
         return out
     return None
 

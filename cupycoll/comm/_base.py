@@ -292,10 +292,13 @@ class Communicator(abc.ABC):
             return recvs
 
     def _record_allgatherv(self, op_name: str, byte_counts: np.ndarray) -> None:
-        """Book a native allgatherv exactly: this rank's block to each peer, each peer's block in.
+        """Book a native allgatherv exactly: this rank's block to each peer, each peer's block in,
+        and count it in ``sequence`` (a collective: a timeout names the ranks that never
+        started it).
 
         Empty blocks are no messages, as in ``exchange``.
         """
+        self._slot[0] = self.sequence = self.sequence + 1  # the arrival notice
         counts = [int(c) for c in byte_counts]
         own = counts.pop(self.rank)
         peers = self.size - 1 if own else 0

@@ -36,6 +36,10 @@ class CudaDevice:
         """The calling thread's current CuPy stream on the current device."""
         return self._cupy.cuda.get_current_stream()
 
+    def current_device(self) -> int:
+        """The calling thread's current CUDA device."""
+        return self._cupy.cuda.runtime.getDevice()
+
     def new_stream(self) -> Any:
         """A non-blocking stream of the current device: it never waits for the legacy NULL
         stream, nor the NULL stream for it."""

@@ -17,7 +17,10 @@ from ._work import Work
 from ._mpi_types import _MPI_TYPES, _address, _fold_blocks, _separate
 
 _TAG_BLOCKS = 8  # the blocks' messages (apart from exchange's)
-_TAG_GATHER = 9  # reduce's folded blocks on their way to the root
+#: reduce's folded blocks on their way to the root: a tag of their own per call (the
+#: communicator's collective count, the same on every rank, modulo _GATHER_TAGS), because this
+#: phase is posted when a rank first waits for or tests the call, in each rank's own order
+_GATHER_BASE, _GATHER_TAGS = 1024, 16384
 
 
 def pairwise_in_place(comm: Any, send: Any, recv: Any) -> bool | None:
@@ -109,6 +112,7 @@ def pairwise_reduce(comm: Any, send: Any, recv: Any, op: ReduceOp, root: int, op
     Bytes are booked as the native reduce's. Returns a Work, or None when ``blocking``."""
     size, rank, at_root = comm.size, comm.rank, comm.rank == root
     comm._record_collective("reduce", send.nbytes, root, op_name=op_name)
+    gather_tag = _GATHER_BASE + comm.sequence % _GATHER_TAGS
     flat = np.ascontiguousarray(to_host(send)).reshape(-1)
     bounds = _bounds(flat.size, size)
     lo, hi = bounds[rank], bounds[rank + 1]
@@ -126,10 +130,11 @@ def pairwise_reduce(comm: Any, send: Any, recv: Any, op: ReduceOp, root: int, op
     def fold_and_send() -> tuple[list, list[int]]:
         blocks = [flat[lo:hi] if r == rank else None for r in range(size)]
         _fold_blocks(blocks, rows[:, :hi - lo], mine, rank, op, in_place)
+        now = comm.mpi_comm  # closed or aborted since the call: raises the library's error
         if not at_root:
-            return [mpi_comm.Isend([mine, MPI.BYTE], root, _TAG_GATHER)], [root]
+            return [now.Isend([mine, MPI.BYTE], root, gather_tag)], [root]
         sources = [r for r in range(size) if r != root]
-        return [mpi_comm.Irecv([out[bounds[r]:bounds[r + 1]], MPI.BYTE], r, _TAG_GATHER)
+        return [now.Irecv([out[bounds[r]:bounds[r + 1]], MPI.BYTE], r, gather_tag)
                 for r in sources], sources
 
     def finish() -> None:
@@ -148,35 +153,75 @@ def _two_phases(comm: Any, first: list, first_peers: list[int], between: Any, fi
                 keep: tuple, op_name: str, blocking: bool):
     """Complete ``first``'s requests, run ``between()`` (which posts the second phase's and
     returns them with their peers), complete those, then ``finish()``; a Work of it all
-    unless ``blocking``. On an error the buffers in ``keep`` stay alive for MPI."""
+    unless ``blocking``. On an error the buffers in ``keep`` stay alive for MPI.
+
+    A second phase is posted when its call is first waited for or tested, in each rank's own
+    order, so each call's second phase has a tag of its own, and a wait first posts the
+    second phases of the calls made before it on this communicator (waiting for their first
+    phases, which every rank posted at its call), and a test posts those whose first phases
+    are done: a rank blocked in (or polling) one call's second phase has posted every earlier
+    call's, so ranks waiting for their calls in different orders never wait for each other."""
     second: list = []
+    lock = threading.Lock()
+
+    def advance(blocking_first: bool = True) -> bool:
+        with lock:  # once, whether wait() or a test from another thread gets there first
+            if not second:
+                if blocking_first:
+                    comm.wait(first, op_name, first_peers, sequence)
+                elif not MPI.Request.Testall(first):
+                    return False
+                second.append(between())
+        return True
 
     def wait() -> None:
         requests = first
         try:
-            comm.wait(first, op_name, first_peers, sequence)
-            advance()
+            _post_through(comm, advance)
             requests = second[0][0]
             comm.wait(requests, op_name, second[0][1], sequence)
         except BaseException:
             comm._fate.abandon(requests, list(keep))
             raise
 
-    def advance() -> None:
-        with lock:  # once, whether wait() or a test from another thread gets there first
-            if not second:
-                second.append(between())
-
     def test() -> bool:
-        if not second:
-            if not MPI.Request.Testall(first):
-                return False
-            advance()
-        return bool(MPI.Request.Testall(second[0][0]))
+        _post_ready(comm, advance)
+        return advance(blocking_first=False) and bool(MPI.Request.Testall(second[0][0]))
 
-    sequence, lock = comm.sequence, threading.Lock()
+    sequence = comm.sequence
+    with comm._posting:
+        unposted = comm._unposted
+        while unposted and unposted[0][1]:  # posted by a test: let go of it
+            unposted.popleft()
+        unposted.append((advance, second))
     if blocking:
         wait()
         finish()
         return None
     return Work(wait, test, finish)
+
+
+def _post_ready(comm: Any, advance: Any) -> None:
+    """Without blocking, post the second phase of every call on ``comm`` up to the one
+    ``advance`` posts whose first phase is done: a loop polling a later call must also post
+    the earlier ones, which peers may be waiting in (skipped while another thread posts)."""
+    if not comm._posting.acquire(blocking=False):
+        return
+    try:
+        for entry in list(comm._unposted):
+            entry[0](blocking_first=False)
+            if entry[0] is advance:
+                break
+    finally:
+        comm._posting.release()
+
+
+def _post_through(comm: Any, advance: Any) -> None:
+    """Post the second phase of every call on ``comm`` up to the one ``advance`` posts, in
+    call order (each waits for its own first phase)."""
+    with comm._posting:
+        unposted = comm._unposted
+        while any(entry[0] is advance for entry in unposted):
+            unposted[0][0]()
+            unposted.popleft()
+    advance()

@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .._types import check_current_device
 from ..errors import CollectiveTimeout
 from ._nccl_config import in_progress
 from ._nccl_guard import spin
@@ -98,6 +99,7 @@ class _StreamOrder:
         """
         self._live(op_name)
         device, stream = self._device, self._stream
+        check_current_device(device.current_device(), self.device_id, self.rank)
         current = device.current()
         if current is not stream:
             device.wait_event(stream, device.record(current))

@@ -7,7 +7,10 @@ import concurrent.futures
 import os
 import queue
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Callable
+
+from ..errors import CollectiveTimeout
 
 if TYPE_CHECKING:
     from ._base import Communicator
@@ -47,7 +50,19 @@ class Work:
 
     def wait(self, timeout: float | None = None) -> Any:
         """Order the operation before the caller's next work and return its result (MPI: the
-        host waits; NCCL: the current stream does, see the class docstring)."""
+        host waits; NCCL: the current stream does, see the class docstring).
+
+        ``timeout`` (seconds) bounds this wait only: the host polls :meth:`is_completed` and
+        raises CollectiveTimeout if it is not complete by then; the operation goes on (the
+        communicator's own timeout bounds it), and a later wait can complete it."""
+        if timeout is not None and not self._done:
+            deadline = time.monotonic() + float(timeout)
+            while not self.is_completed():
+                if time.monotonic() >= deadline:
+                    raise CollectiveTimeout(
+                        f"Work.wait(timeout={timeout}) expired before the operation completed "
+                        "(it goes on: wait again to complete it)")
+                time.sleep(1e-4)
         try:
             return self._complete(self._wait_fn)
         finally:
@@ -95,18 +110,22 @@ class Work:
             return self._done
         if self._synced or (self._done and self._host_waits):
             return True
-        if not self._test_fn():
-            return False
-        if self._host_waits and not self._done:
-            if not self._lock.acquire(blocking=False):
-                return False  # another thread is finalizing it now
-            try:
-                self._completed(self._wait_fn)
-            except BaseException:  # noqa: S110 - kept in _error, raised by wait()
-                pass
-            finally:
-                self._lock.release()
-        return True
+        if not self._lock.acquire(blocking=False):
+            return False  # another thread is completing it now (MPI: its requests are that
+            # thread's to test until then; two threads completing one request is an error)
+        try:
+            if self._done and self._host_waits:
+                return True
+            if not self._test_fn():
+                return False
+            if self._host_waits and not self._done:
+                try:
+                    self._completed(self._wait_fn)
+                except BaseException:  # noqa: S110 - kept in _error, raised by wait()
+                    pass
+            return True
+        finally:
+            self._lock.release()
 
     def result(self) -> Any:
         """Wait and return the result (None for operations without one)."""

@@ -7,9 +7,11 @@ by P (integers truncate toward zero, like NCCL).
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
 import os
+import threading
 import time
 from typing import Any, Sequence
 
@@ -18,7 +20,7 @@ from mpi4py import MPI
 
 from .._config import setting
 from .._types import ReduceOp, to_host
-from ..errors import BackendError
+from ..errors import BackendError, InvalidArgument, InvalidType
 from ._base import Communicator
 from ._mpi_staging import _AVG, Staging
 from ._mpi_pairwise import (pairwise_in_place, pairwise_reduce, pairwise_reduce_applies,
@@ -35,6 +37,17 @@ _AVG_AS_SUM = {_AVG: ReduceOp.SUM}
 _POLLS = 8  # tests between two yields (or naps, or deadline checks); docs/failures.md
 
 
+def _usable(mpi_comm: Any) -> MPI.Intracomm:
+    """``mpi_comm`` if it is an intracommunicator (the collectives' kind), else the library's
+    error naming it (an intercommunicator, COMM_NULL, anything else)."""
+    if not isinstance(mpi_comm, MPI.Intracomm):
+        raise InvalidType("mpi_comm", type(mpi_comm).__name__, "an mpi4py intracommunicator "
+                          "(MPI.COMM_WORLD, a Split or Dup of it)")
+    if mpi_comm == MPI.COMM_NULL:
+        raise InvalidArgument("mpi_comm", "MPI.COMM_NULL", "a communicator this process is in")
+    return mpi_comm
+
+
 class MPICommunicator(Staging, Communicator):
     """Communicator over an mpi4py communicator (default ``MPI.COMM_WORLD``)."""
 
@@ -47,7 +60,7 @@ class MPICommunicator(Staging, Communicator):
         operations a dead communicator left pending never match a new one's) and sets up the
         arrival board that names late ranks."""
         super().__init__(timeout)
-        self.mpi_comm = (mpi_comm if mpi_comm is not None else MPI.COMM_WORLD).Dup()
+        self.mpi_comm = _usable(mpi_comm if mpi_comm is not None else MPI.COMM_WORLD).Dup()
         self._owned = True
         self.rank, self.size = self.mpi_comm.Get_rank(), self.mpi_comm.Get_size()
         self.xp = xp
@@ -60,6 +73,10 @@ class MPICommunicator(Staging, Communicator):
                        "_allgatherv_into": self._allgatherv_into}
         #: staging buffers of finished calls (bytes), reused: see _scratch
         self._spare: list[np.ndarray] = []
+        #: two-phase calls whose second phase is not posted yet, in call order
+        #: (:func:`._mpi_pairwise._two_phases`), and the lock of posting them
+        self._unposted: collections.deque = collections.deque()
+        self._posting = threading.Lock()
         #: bytes from which reduce runs as an allreduce (None: never); see _reduce
         self._reduce_as_allreduce = setting("CUPYCOLL_REDUCE_AS_ALLREDUCE")
         #: input bytes from which reduce is a pairwise exchange and a gather (None: never)

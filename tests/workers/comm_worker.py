@@ -130,11 +130,59 @@ def check_timeout(comm):
     return comm
 
 
+def check_works(comm) -> None:
+    """Async calls as threads and loops use them: two pairwise reduces (256 KiB: their second
+    phase is posted at the first wait or test) waited in different orders on different ranks
+    and polled at the root; is_completed() beside the completer thread that waits the same
+    Work; wait(timeout) while a rank is late; a reduce waited after close(); allgatherv counted
+    in the arrival board; an mpi4py object that is not an intracommunicator."""
+    import time
+
+    p, rank, n = comm.size, comm.rank, 1 << 16
+    works = [cc.reduce(np.full(n, value, np.float32), root=0, comm=comm, async_op=True)
+             for value in (1.0, 100.0)]
+    if rank == 0:
+        while not works[1].is_completed():
+            time.sleep(1e-4)
+    results = [works[i].wait() for i in ((0, 1) if rank % 2 else (1, 0))]
+    if rank == 0:
+        assert {float(r[0]) for r in results} == {p * 1.0, p * 100.0}, results
+        assert all((r == r[0]).all() for r in results)
+    for _ in range(50):
+        work = cc.allreduce(np.ones(4, np.float32), comm=comm, async_op=True)
+        future = work.get_future()
+        while not work.is_completed():
+            pass
+        assert (future.result(timeout=60) == p).all()
+    late = cc.allreduce(np.ones(4, np.float32), comm=comm, async_op=True) \
+        if rank != p - 1 or p == 1 else None
+    if late is not None and p > 1:
+        expect_raises(CollectiveTimeout, late.wait, timeout=0.2)  # rank P-1 is late
+    MPI.COMM_WORLD.Barrier()
+    if late is None:
+        late = cc.allreduce(np.ones(4, np.float32), comm=comm, async_op=True)
+    assert (late.wait(timeout=60) == p).all()
+    before = comm.sequence
+    comm.allgatherv(np.ones(2), counts=[2] * p)
+    assert comm.sequence == before + 1
+    twin = comm.dup()
+    work = cc.reduce(np.ones(n, np.float32), root=0, comm=twin, async_op=True)
+    MPI.COMM_WORLD.Barrier()
+    twin.close()
+    if p > 1:
+        from cupycoll.errors import BackendUnavailable
+
+        expect_raises(BackendUnavailable, work.wait)
+    for bad, kind in ((MPI.COMM_NULL, InvalidType), (3, InvalidType)):
+        assert expect_raises(kind, cc.init, "mpi", mpi_comm=bad).argument == "mpi_comm"
+
+
 if __name__ == "__main__":
     comm = cc.init("mpi")
     assert cc.get_comm() is comm
     check_stats(comm)
     check_errors(comm)
     check_backend_error(comm)
+    check_works(comm)
     comm = check_timeout(comm)
     print(f"rank {comm.rank}: comm ok")

@@ -36,6 +36,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -737,6 +738,26 @@ def mode_wrong_device():
         for argument, call in dense.items():
             err = expect_raises(InvalidArgument if bad else MismatchError, call)
             assert not bad or (err.argument, err.rank) == (argument, P - 1), (argument, err)
+        # a thread whose current device is not the communicator's (a new thread starts on
+        # device 0): with arrays on the right device, the call names "device" there
+        x = cupy.ones(4, cupy.float32)
+        box: dict = {}
+
+        def in_thread():
+            try:
+                box["result"] = cc.allreduce(x, comm=comm)
+            except Exception as exc:  # noqa: BLE001 - examined below
+                box["error"] = exc
+
+        thread = threading.Thread(target=in_thread)
+        thread.start()
+        thread.join()
+        if any(r % DEVICES for r in range(P)):  # some rank's device is not 0
+            err = box.get("error")
+            if RANK % DEVICES:
+                assert isinstance(err, InvalidArgument) and err.argument == "device", box
+            else:
+                assert isinstance(err, MismatchError), box
     finally:
         del os.environ["CUPYCOLL_DEBUG"]
     comm.synchronize()
