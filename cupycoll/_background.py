@@ -26,6 +26,9 @@ class _Runner:
         if dup is None:
             raise InvalidArgument("async_op", True, f"the {comm.backend} communicator cannot be "
                                   "duplicated for background work", rank=comm.rank)
+        barrier = getattr(comm, "barrier", None)
+        if barrier is not None:  # every rank here, under the communicator's timeout, before
+            barrier()  # MPI_Comm_dup, which no timeout bounds (a missing peer hung it)
         self.comm = dup()
         self.comm.stats = comm.stats  # traffic is booked on the caller's communicator
         self._pool = concurrent.futures.ThreadPoolExecutor(1, "cupycoll-background")

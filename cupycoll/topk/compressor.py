@@ -90,6 +90,18 @@ class TopkCompressor:
         self._residual: Any = None
         self._pending: Any = None  # the Work of the last async step
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What a checkpoint keeps (``pickle``, ``torch.save``, ``copy.deepcopy``): everything
+        but the communicator, after a step in flight completes; loading puts the default
+        communicator in its place (set ``comm`` to use another)."""
+        if self._pending is not None:
+            self._pending.wait()
+        return {**self.__dict__, "comm": None, "_pending": None}
+
+    def __setstate__(self, saved: dict[str, Any]) -> None:
+        self.__dict__.update(saved)
+        self.comm = get_comm()
+
     @property
     def residual(self) -> Any:
         """This rank's residual (dense, length n; zeros before the first step)."""

@@ -10,6 +10,7 @@ tensor, the parameter's gradient, then holds the coalesced average (DDP copies n
 
 import dataclasses
 import functools
+import weakref
 from typing import Any
 
 import numpy as np
@@ -68,9 +69,19 @@ def _sparse_bucket(comm: Communicator, buffer: torch.Tensor, last: bool
                           "torch.sparse_bucket", last)
 
 
-@functools.lru_cache(maxsize=None)
+#: the default communicator -> the hooks' duplicate of it
+_HOOK_COMMS: "weakref.WeakKeyDictionary[Communicator, Communicator]" = \
+    weakref.WeakKeyDictionary()
+
+
 def _hook_comm() -> Communicator:
-    return _background(None)
+    """The hooks' duplicate of the current default communicator (a new one after
+    ``cupycoll.init()`` made another default: a world split or rebuilt after an abort)."""
+    default = get_comm()
+    own = _HOOK_COMMS.get(default)
+    if own is None:
+        own = _HOOK_COMMS[default] = _background(default)
+    return own
 
 
 @dataclasses.dataclass
@@ -117,6 +128,19 @@ class TopkHookState:
         check_wire(self.wire)
         check_wire_values(self.wire_values)
         self.comm = _background(self.comm)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a checkpoint keeps (as PowerSGD's state: ``torch.save``, ``pickle``): the
+        settings, the iteration and every bucket's compressor with its residual (the mass not
+        sent yet), not the communicator; loading makes the hooks' duplicate of the default
+        communicator again."""
+        return {**self.__dict__, "comm": None}
+
+    def __setstate__(self, saved: dict[str, Any]) -> None:
+        self.__dict__.update(saved)
+        self.comm = _hook_comm()
+        for compressor in self.compressors.values():
+            compressor.comm = self.comm
 
     @property
     def bytes_sent(self) -> int:

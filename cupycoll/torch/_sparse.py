@@ -63,20 +63,36 @@ def sparse_allreduce(tensor: torch.Tensor, *, op: Any = "sum", comm: Communicato
     Returns:
         The sparse or dense tensor on ``tensor``'s device, or a Work of it.
     Raises:
-        InvalidType, InvalidArgument: ``tensor`` is not sparse COO with one sparse dimension
-            (on the rank that passed it); any other bad argument, on every rank, as
-            :func:`cupycoll.sparse_allreduce` raises it.
+        InvalidType, InvalidArgument: ``tensor`` is not sparse COO with one sparse dimension,
+            or any other bad argument, on every rank (the rank that passed it raises the precise
+            error), as :func:`cupycoll.sparse_allreduce` raises it.
     Example::
 
         # rank 0: rows {1: [1., 1.]}            rank 1: rows {1: [2., 2.], 4: [5., 5.]}
         cct.sparse_allreduce(emb.weight.grad)   # both: rows {1: [3., 3.], 4: [5., 5.]}
     """
     comm = comm or get_comm()
-    _check(tensor, comm.rank)
     call = dict(kwargs, op=op, output=output, out=out)
+    try:
+        _check(tensor, comm.rank)
+    except (InvalidArgument, InvalidType) as exc:
+        if async_op:  # where the others' calls validate: on the worker's communicator
+            return run_async(comm, lambda on: _refused(on, exc, call),
+                             op_name="torch.sparse_allreduce")
+        return _refused(comm, exc, call)
     if async_op:
         return start(comm, tensor, call)
     return reduce(tensor, comm, **call)
+
+
+def _refused(comm: Communicator, error: Exception, call: dict[str, Any]) -> Any:
+    """Take part in the validation round of the others' calls with ``error`` (a tensor this
+    rank cannot reduce): it raises there (:class:`Refused`), so every rank raises; raising
+    before the call would leave the others waiting in that round."""
+    import numpy as np
+
+    return _sparse_allreduce(np.empty(0, np.int64), Refused(error), 1, comm=comm,
+                             **dict(call, out=None))
 
 
 def start(comm: Communicator, tensor: torch.Tensor, call: dict[str, Any],

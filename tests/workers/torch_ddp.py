@@ -125,10 +125,38 @@ def train(hook: str, density: float, steps: int, **wire: str) -> dict:
         summed = world.allreduce(np.array([residual, totals["fed"]]), op=MPI.SUM)
         conserved = summed[0] + P * totals["sent"]
         assert abs(conserved - summed[1]) <= 1e-3 * max(1.0, abs(summed[1])), (conserved, summed)
+        check_checkpoint(state)
         result["bytes_per_step"] = state.bytes_sent / steps
         result["buckets"] = len(state.compressors)
         assert result["buckets"] == 2, f"{hook}: {result['buckets']} buckets, want 2"
     return result
+
+
+def check_checkpoint(state: cct.TopkHookState) -> None:
+    """The hook's state survives torch.save / torch.load (as PowerSGD's): its iteration and
+    every bucket's residual bit for bit, on a communicator of its own again."""
+    import io
+
+    saved = io.BytesIO()
+    torch.save(state, saved)
+    saved.seek(0)
+    loaded = torch.load(saved, weights_only=False)
+    assert loaded.iteration == state.iteration and set(loaded.compressors) == set(state.compressors)
+    for key, compressor in state.compressors.items():
+        again = loaded.compressors[key]
+        np.testing.assert_array_equal(np.asarray(again.residual), np.asarray(compressor.residual))
+        assert again.comm is loaded.comm and loaded.comm.size == P
+
+
+def check_hook_comm_follows_the_default() -> None:
+    """allreduce_hook(None, ...) runs on a duplicate of the current default communicator: a
+    new default (a world split, or rebuilt after an abort) gets a duplicate of its own."""
+    from cupycoll.torch._hooks import _hook_comm
+
+    first = _hook_comm()
+    assert _hook_comm() is first
+    cc.init("mpi")
+    assert _hook_comm() is not first and _hook_comm().size == P
 
 
 def check_bfloat16(steps: int) -> None:
@@ -183,6 +211,7 @@ def main(steps: int, report: bool) -> None:
     assert runs[2]["accuracy"] >= default - 0.02, runs
     assert runs[4]["accuracy"] >= default - 0.02, runs  # compact indices, bfloat16 values
     check_bfloat16(min(steps, 20))  # after the timed runs: their step times stay comparable
+    check_hook_comm_follows_the_default()
     if report and RANK == 0:
         for run in runs:
             print(json.dumps(run))

@@ -287,6 +287,25 @@ def check_keywords() -> None:
     assert same(out, expected.to_dense().bfloat16())
 
 
+def check_one_rank_passes_a_dense_tensor() -> None:
+    """A dense tensor on the last rank alone, sync and async: every rank raises at once (the
+    others used to run on against that rank's next call), naming ``tensor``; the next call
+    works everywhere."""
+    from cupycoll.errors import InvalidType
+
+    tensor = case("rows", 5)
+    for async_op in (False, True):
+        mine = tensor.to_dense() if RANK == P - 1 else tensor
+        try:
+            got = cct.sparse_allreduce(mine, async_op=async_op)
+            got.wait() if async_op else None
+        except InvalidType as exc:
+            assert exc.argument == "tensor" and exc.rank == P - 1, exc
+        else:
+            raise AssertionError(f"rank {RANK}: no error (async_op={async_op})")
+    assert same(cct.sparse_allreduce(tensor), gloo(tensor))
+
+
 def check_float_gradients() -> float:
     """Float32 sums: within the summation bound of gloo's; at P <= 2 bitwise equal to each
     rank's duplicates added in input order, then the ranks' rows added (a + b = b + a); returns
@@ -325,6 +344,7 @@ def sparse_allreduce_checks() -> None:
                                  "no rows anywhere")):
         check_exact_case(kind, seed)
     check_keywords()
+    check_one_rank_passes_a_dense_tensor()
     differ = check_float_gradients()
     if RANK == 0:
         print(f"P = {P}: float32 values differing from gloo in the last bits: {differ:.2%}")
