@@ -21,7 +21,7 @@ import os
 import sys
 
 import numpy as np
-from _common import Table, common_parser
+from _common import Table, common_parser, parse_size
 from mpi4py import MPI
 
 import cupycoll as cc
@@ -73,7 +73,7 @@ def method_call(comm, method: str, n: int):
 
 def run_case(comm, table: Table, text: str, steps: int, seed: int) -> None:
     n_text, d_text, w_text = text.split("/")
-    n, density, width = int(float(n_text)), float(d_text), int(w_text)
+    n, density, width = parse_size(n_text), float(d_text), int(w_text)
     steps_data = draws(comm, n, density, width, steps, seed)
     explicit = [a for a in cc.algorithms("sparse") if a != "auto"]
     methods = explicit + ["estimate", "learn"] + list(EXTRA)

@@ -83,7 +83,7 @@ def _positive_int(text: str) -> int:
     return count
 
 
-_OFF = ("", "0", "false", "no")  # the CUPYCOLL_DEBUG values that mean off
+_OFF = ("", "0", "false", "no", "off")  # the CUPYCOLL_DEBUG values that mean off (any case)
 
 #: name -> (parser, default, description)
 SETTINGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
@@ -110,7 +110,7 @@ SETTINGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "CUPYCOLL_TOPK_ALGORITHM": (str, "oktopk", "default topk_allreduce algorithm"),
     "CUPYCOLL_WIRE": (str, "auto", "default wire format of sparse entries in sparse_allreduce, "
                       "topk_allreduce and TopkCompressor: coo, compact or auto"),
-    "CUPYCOLL_DEBUG": (lambda t: t not in _OFF, False,
+    "CUPYCOLL_DEBUG": (lambda t: t.strip().lower() not in _OFF, False,
                        "before every dense collective, check that all ranks called the same one with the same op, "
                        "root, dtype and count (one extra small allreduce; MismatchError otherwise)"),
     "CUPYCOLL_NUMBA": (_numba_mode, "auto",
@@ -231,5 +231,6 @@ def debug() -> bool:
     env = os.environ
     if env is _ENVIRON:
         raw = env._data.get(_KEYS["CUPYCOLL_DEBUG"])  # type: ignore[attr-defined]
-        return raw not in _DEBUG_OFF
-    return bool(setting("CUPYCOLL_DEBUG"))
+        if raw in _DEBUG_OFF:  # the common case: unset, or one of the usual offs
+            return False
+    return bool(setting("CUPYCOLL_DEBUG"))  # any other text, as the setting parses it

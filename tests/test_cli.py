@@ -66,6 +66,17 @@ def test_info_says_init_raises_where_a_setting_stops_it(monkeypatch, name, value
     assert said.startswith("none: init() raises InvalidArgument") and name in said, said
 
 
+def test_simulate_takes_both_as_its_help_says(capsys):
+    """--family both and --output both, as the help and the error text offer them."""
+    from cupycoll._cli import main
+
+    assert main(["simulate", "--family", "both", "--output", "both", "--P", "2",
+                 "--networks", "eth100"]) == 0
+    table = capsys.readouterr().out
+    assert "| sparse | eth100 | coo |" in table and "| topk | eth100 |" in table
+    assert "coo/dense" in table
+
+
 def test_simulate_refuses_shapes_that_cannot_be():
     """A length below 1, a density outside (0, 1], a negative width or skew, NaN: usage
     errors (status 2) naming the option, never negative times."""

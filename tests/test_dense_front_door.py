@@ -62,6 +62,18 @@ def test_the_plain_path_is_off_under_cupycoll_debug(monkeypatch):
     assert collectives._plain_output(X, None, types.SimpleNamespace(xp=np)) is None
 
 
+@pytest.mark.parametrize("text, on", [("", False), ("0", False), ("off", False), ("OFF", False),
+                                      ("False", False), (" no ", False), ("1", True),
+                                      ("yes", True), ("on", True)])
+def test_cupycoll_debug_reads_off_in_any_case(monkeypatch, text, on):
+    """The fast path's reading of CUPYCOLL_DEBUG agrees with the setting's parser: "off" (as
+    configuration.md's default says) is off, in any case."""
+    from cupycoll._config import debug, setting
+
+    monkeypatch.setenv("CUPYCOLL_DEBUG", text)
+    assert debug() is on and bool(setting("CUPYCOLL_DEBUG")) is on
+
+
 def test_plain_calls_take_the_fast_path_and_others_the_pipeline(comm, monkeypatch):
     """Plain arrays never reach the general path, synchronous or not; an op given in upper
     case, an ``out`` of another array type or a root that is not an int do, and give the same

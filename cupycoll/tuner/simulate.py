@@ -365,13 +365,16 @@ def run(args: argparse.Namespace) -> int:
     unknown = [s for s in networks if s not in NETWORKS and s != "machine"]
     if unknown:
         raise SystemExit(f"unknown network {unknown[0]!r}; known: {sorted(NETWORKS)} or machine")
-    n, families = int(args.n), args.family.split(",")
+    n = int(args.n)
+    families = ["sparse", "topk"] if args.family == "both" else args.family.split(",")
     if not families or not set(families) <= {"sparse", "topk"}:
         raise SystemExit(f"--family must be sparse, topk or both, got {args.family!r}")
     wires = tuple(_wire(text) for text in str(getattr(args, "wire", "coo")).split(",") if text)
     rows = []
     if "sparse" in families:
-        outputs = tuple(o for o in str(getattr(args, "output", "sparse")).split(",") if o)
+        asked = str(getattr(args, "output", "sparse"))
+        outputs = ("sparse", "dense") if asked == "both" else tuple(
+            o for o in asked.split(",") if o)
         if set(outputs) - {"sparse", "dense"}:
             raise SystemExit(f"unknown output {outputs!r}: sparse, dense or both")
         rows += sparse_rows(sizes, networks, n, args.density, args.width, args.skew, wires,
