@@ -6,6 +6,8 @@ hand-built profile), not from the library's helpers; docs/testing.md names the m
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
 from cupycoll._types import ReduceOp
@@ -26,20 +28,30 @@ def wide(p: int, op: str = "sum") -> Shape:
 
 
 class _MPI:
-    """A host communicator whose broadcast delivers ``profile`` (rank 0's) to every rank."""
+    """A host communicator whose broadcast delivers ``profile`` (rank 0's) to every rank, and
+    whose node detection finds every rank on node 0 with this rank's settings."""
 
-    def __init__(self, profile: Profile) -> None:
-        self.profile = profile
+    def __init__(self, profile: Profile, size: int) -> None:
+        self.profile, self.size = profile, size
 
     def bcast(self, data, root=0):
         return self.profile.as_dict()
+
+    def Get_rank(self):
+        return 1
+
+    def Split_type(self, split_type, key=0):
+        return types.SimpleNamespace(bcast=lambda data, root=0: 0, Free=lambda: None)
+
+    def allgather(self, item):
+        return [item] * self.size
 
 
 class _Comm:
     """Just what ``choose`` reads of a communicator: size, rank, the host MPI communicator."""
 
     def __init__(self, size: int, profile: Profile) -> None:
-        self.size, self.rank, self.mpi_comm = size, 1, _MPI(profile)
+        self.size, self.rank, self.mpi_comm = size, 1, _MPI(profile, size)
 
 
 # Rounds after validation's one native round (docs/tuning.md, dense.py), priced by ROUNDS_ONLY:
@@ -70,7 +82,7 @@ def test_choose_takes_the_profile_given_or_the_communicators():
     s = wide(2)
     assert auto.choose(s, ROUNDS_ONLY) == "dense" and auto.choose(s, BYTES_ONLY) == "allgather"
     env = pytest.MonkeyPatch()
-    env.setenv("CUPYCOLL_RANKS_PER_NODE", "2")  # one node; no collective node detection
+    env.setenv("CUPYCOLL_RANKS_PER_NODE", "2")  # one node
     try:
         assert auto.choose(s, comm=_Comm(2, ROUNDS_ONLY)) == "dense"
         assert auto.choose(s, comm=_Comm(2, BYTES_ONLY)) == "allgather"

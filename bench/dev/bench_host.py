@@ -100,6 +100,9 @@ class _HostDevice:
     def current(self) -> "_HostDevice.Stream":
         return self._current
 
+    def current_device(self) -> int:
+        return getattr(self, "_device_id", 0)  # the one activated (per thread on a GPU)
+
     def new_stream(self) -> "_HostDevice.Stream":
         return self.Stream()
 
@@ -119,7 +122,7 @@ class _HostDevice:
         return stream
 
     def activate(self, device_id: int) -> None:
-        pass
+        self._device_id = device_id
 
 
 def nccl_comm() -> Any:

@@ -40,6 +40,8 @@ _POLLS = 8  # tests between two yields (or naps, or deadline checks); docs/failu
 def _usable(mpi_comm: Any) -> MPI.Intracomm:
     """``mpi_comm`` if it is an intracommunicator (the collectives' kind), else the library's
     error naming it (an intercommunicator, COMM_NULL, anything else)."""
+    if isinstance(mpi_comm, (_ClosedComm, _DeadComm)):  # a dup of a closed or aborted
+        return mpi_comm  # communicator: its Dup raises why
     if not isinstance(mpi_comm, MPI.Intracomm):
         raise InvalidType("mpi_comm", type(mpi_comm).__name__, "an mpi4py intracommunicator "
                           "(MPI.COMM_WORLD, a Split or Dup of it)")

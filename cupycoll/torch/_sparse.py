@@ -76,10 +76,10 @@ def sparse_allreduce(tensor: torch.Tensor, *, op: Any = "sum", comm: Communicato
     try:
         _check(tensor, comm.rank)
     except (InvalidArgument, InvalidType) as exc:
+        refused = functools.partial(_refused, error=exc, call=call)
         if async_op:  # where the others' calls validate: on the worker's communicator
-            return run_async(comm, lambda on: _refused(on, exc, call),
-                             op_name="torch.sparse_allreduce")
-        return _refused(comm, exc, call)
+            return run_async(comm, refused, op_name="torch.sparse_allreduce")
+        return refused(comm)
     if async_op:
         return start(comm, tensor, call)
     return reduce(tensor, comm, **call)

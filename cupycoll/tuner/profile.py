@@ -40,9 +40,9 @@ _STAND_INS = {"fill": "dense", "union": "merge", "merge2": "merge", "dense_row":
 _LINK_PRICES = ("alpha_p2p", "beta_p2p", "alpha_msg")
 
 
-#: prices (seconds, seconds a byte or an element) at or above this are refused: no machine
-#: takes 10^6 s a message, and a sum of such prices can overflow to inf
-PRICE_MAX = 1e6
+#: prices (seconds, seconds a byte or an element) at or above this are refused: a price
+#: times any size stays far from float64's overflow (a prohibitive price, 1e9, is fine)
+PRICE_MAX = 1e100
 
 
 def _number(v: Any) -> bool:

@@ -127,7 +127,10 @@ class HostDevice:
             self.current_stream = outer
 
     def activate(self, device_id):
-        pass
+        self._device_id = device_id
+
+    def current_device(self):
+        return getattr(self, "_device_id", 0)  # the one activated (per thread on a GPU)
 
     def download(self, a):
         return a.copy(), self.record()

@@ -22,13 +22,13 @@ N = 100
 
 
 class BrokenTensor:
-    """A DLPack object whose export fails with a non-cupycoll exception."""
+    """A DLPack object that fails with a non-cupycoll exception when asked its device."""
 
     def __dlpack__(self, **kw):
-        raise RuntimeError("device lost")
+        raise AssertionError("never asked")
 
     def __dlpack_device__(self):
-        return (1, 0)
+        raise RuntimeError("device lost")
 
 
 def good(rank: int) -> dict:
