@@ -266,6 +266,8 @@ def format_suffix(fmt: tuple[str, str | None], formats: list) -> str:
 def _case(text: str) -> tuple:
     """``n/density/width/overlap[/skew]`` -> a group of run_group's arguments."""
     parts = text.split("/")
+    if len(parts) not in (4, 5):
+        raise ValueError(f"a case is n/density/width/overlap[/skew], got {text!r}")
     skew = float(parts[4]) if len(parts) > 4 else 0.0
     return parse_size(parts[0]), int(parts[2]), float(parts[1]), parts[3], skew
 
@@ -360,6 +362,16 @@ def main() -> int:
         parser.error(str(exc))
     if not all(g[0] >= 1 and 0 < g[2] <= 1 for g in groups):
         parser.error("every n must be >= 1 and every density in (0, 1]")
+    unknown = ({g[3] for g in groups} - set(OVERLAPS)) or (
+        set(algorithms) - set(cc.algorithms("sparse"))) or (
+        set(args.wire.split(",")) - {"coo", "compact", "auto"}) or (
+        set(args.wire_values.split(",")) - {"", "none", "bfloat16", "float16"})
+    if unknown:
+        parser.error(f"unknown {sorted(unknown)}: overlaps are {list(OVERLAPS)}, algorithms "
+                     f"{cc.algorithms('sparse')}, wires coo, compact, auto, value formats none, "
+                     "bfloat16, float16")
+    if args.iters < 1:
+        parser.error("-n (iterations) must be >= 1")
     comm = cc.init("mpi")
     table = Table(COLUMNS, comm.rank)
     table.header(f"sparse_allreduce  ranks={comm.size}  backend={comm.backend}  "
