@@ -32,6 +32,7 @@ versions compare.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tracemalloc
 
@@ -372,6 +373,9 @@ def main() -> int:
                      "bfloat16, float16")
     if args.iters < 1:
         parser.error("-n (iterations) must be >= 1")
+    missing = [path for path in filter(None, args.profiles.split(",")) if not os.path.isfile(path)]
+    if missing:
+        parser.error(f"--profiles: no such file {missing}")
     comm = cc.init("mpi")
     table = Table(COLUMNS, comm.rank)
     table.header(f"sparse_allreduce  ranks={comm.size}  backend={comm.backend}  "

@@ -170,10 +170,15 @@ def _abort_if_parallel() -> None:
 def _tune(args: argparse.Namespace) -> int:
     import cupycoll as cc
 
+    from .errors import CupycollError
     from .tuner.calibrate import tune
     from .tuner.profile import save_profile
 
-    comm = cc.init(args.backend)
+    try:
+        comm = cc.init(args.backend)
+    except CupycollError as exc:  # e.g. nccl asked for where no GPU is: a message, no traceback
+        print(f"cupycoll tune: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
     profile = tune(comm, repeats=args.repeats, runs=args.runs)
     if comm.rank == 0:
         path = save_profile(profile, args.output)
@@ -195,7 +200,7 @@ def _selftest(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="cupycoll", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="cupycoll", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     info = sub.add_parser("info", help="versions, settings and backend: paste into a bug report")
     info.set_defaults(func=_info)
@@ -214,7 +219,8 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--runs", type=_at_least_one, default=1, help="measure this many times, "
                       "keep every price's median (a shared machine's slow spells; "
                       "docs/tuning.md)")
-    tune.add_argument("--backend", default=None, help="communicator backend (default: init()'s)")
+    tune.add_argument("--backend", default=None, choices=["auto", "mpi", "nccl"],
+                      help="communicator backend (default: init()'s)")
     tune.set_defaults(func=_tune)
     from .tuner.simulate import add_arguments
 

@@ -205,7 +205,8 @@ def test_bench_sparse_runs_on_one_rank_and_names_a_bad_size():
         bad.stderr, bad.stderr
     for args, says in ((("-n", "0"), "-n (iterations)"), (("--algorithms", "bogus"), "'bogus'"),
                        (("--wire", "raw"), "'raw'"), (("--wire-values", "int8"), "'int8'"),
-                       (("--overlap", "typo"), "'typo'"), (("--cases", "1K/0.01"), "a case is")):
+                       (("--overlap", "typo"), "'typo'"), (("--cases", "1K/0.01"), "a case is"),
+                       (("--profiles", "missing.json"), "no such file")):
         bad = run("--n", "64K", "--width", "0", *args)
         assert bad.returncode == 2 and says in bad.stderr and "Traceback" not in bad.stderr, \
             (args, bad.stderr)

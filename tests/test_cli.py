@@ -66,6 +66,18 @@ def test_info_says_init_raises_where_a_setting_stops_it(monkeypatch, name, value
     assert said.startswith("none: init() raises InvalidArgument") and name in said, said
 
 
+def test_tune_names_a_backend_it_cannot_use():
+    """An unknown backend is a usage error; nccl where no GPU is, a message (no traceback)."""
+    bogus = run("tune", "--backend", "bogus")
+    assert bogus.returncode == 2 and "invalid choice: 'bogus'" in bogus.stderr
+    from cupycoll.comm import nccl_usable
+
+    if not nccl_usable():
+        nccl = run("tune", "--backend", "nccl")
+        assert nccl.returncode == 1 and "BackendUnavailable" in nccl.stderr
+        assert "Traceback" not in nccl.stderr, nccl.stderr
+
+
 def test_simulate_takes_both_as_its_help_says(capsys):
     """--family both and --output both, as the help and the error text offer them."""
     from cupycoll._cli import main
