@@ -27,6 +27,7 @@ slots add at most :data:`SLOT_WORDS_TOTAL` words in all, none above 32 ranks.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -185,10 +186,9 @@ class Draft:
         that refuses its arguments runs it on the communicator's device (the refusal may be
         that the calling thread's current device is another one)."""
         device = getattr(self.comm, "device_id", None)
-        if self.error is not None and device is not None:
-            with self.comm.xp.cuda.Device(device):
-                out = _allreduce(self.comm, self.vec, self.terms.verb, op_name)
-        else:
+        on_device = (self.comm.xp.cuda.Device(device) if self.error is not None
+                     and device is not None else contextlib.nullcontext())
+        with on_device:
             out = _allreduce(self.comm, self.vec, self.terms.verb, op_name)
         if self.error is not None:
             raise self.error

@@ -75,12 +75,12 @@ class PointToPointVerbs:
                 self._check_like("gather", "output_tensors", outputs, tensor, self.size())
         if self.rank() != root:
             return self._exchange("gather", tensor, opts, self._to(root, byte_tensor(tensor)),
-                                  [], lambda _: [])
+                                  [], lambda _: [], root)
         recvs = [byte_tensor(t) for t in outputs]
         recvs[root] = torch.empty(0, dtype=torch.uint8)  # root's own: copied at the end
         return self._exchange("gather", tensor, opts, [], recvs, lambda _: [
             copied_back(o, b) if r != root else o.copy_(tensor.reshape(o.shape))
-            for r, (o, b) in enumerate(zip(outputs, recvs))])
+            for r, (o, b) in enumerate(zip(outputs, recvs))], root)
 
     def scatter(self, output_tensors: list[torch.Tensor],
                 input_tensors: list[list[torch.Tensor]], opts: Any = None) -> Any:
@@ -94,11 +94,11 @@ class PointToPointVerbs:
         if self.rank() != root:
             data = byte_tensor(output)
             return self._exchange("scatter", output, opts, [], self._to(root, data),
-                                  lambda _: [copied_back(output, data)])
+                                  lambda _: [copied_back(output, data)], root)
         sends = [byte_tensor(t) if r != root else torch.empty(0, dtype=torch.uint8)
                  for r, t in enumerate(inputs)]
         return self._exchange("scatter", output, opts, sends, [],
-                              lambda _: [output.copy_(inputs[root].reshape(output.shape))])
+                              lambda _: [output.copy_(inputs[root].reshape(output.shape))], root)
 
     def _to(self, peer: int, data: torch.Tensor) -> list[torch.Tensor]:
         """Per-rank blocks: ``data`` for ``peer``, nothing for the others."""
@@ -136,11 +136,11 @@ class PointToPointVerbs:
 
     def _exchange(self, verb: str, tensor: torch.Tensor, opts: Any,
                   sends: list[torch.Tensor], recvs: list[torch.Tensor],
-                  finish: Callable[[Any], list[torch.Tensor]]) -> Any:
+                  finish: Callable[[Any], list[torch.Tensor]], root: int = -1) -> Any:
         """Send ``sends[r]`` to rank r and receive ``recvs[r]`` from it (an empty list: none
-        at all)."""
+        at all); ``root``: gather's and scatter's, which every rank agrees on under
+        CUPYCOLL_DEBUG."""
         pairs_out = [(r, as_array(b)) for r, b in enumerate(sends) if b.numel()]
         pairs_in = [(r, as_array(b)) for r, b in enumerate(recvs) if b.numel()]
-        root = getattr(opts, "rootRank", -1) if verb in ("gather", "scatter") else -1
         return self._launch(verb, tensor, opts, finish, _exchanged, pairs_out, pairs_in,
                             op_name=verb, root=root)

@@ -7,6 +7,9 @@ residuals. Importing this package registers the algorithms (``cupycoll.algorithm
 
 from __future__ import annotations
 
+import numbers
+
+from ..errors import InvalidArgument
 from . import dense, gaussiank, gtopk, oktopk, topka  # noqa: F401  (register the algorithms)
 from . import _oktopk_small  # noqa: F401  (the record of refresh steps finished in the validation)
 from ._common import WordCost, TopkOutcome, TopkState
@@ -21,10 +24,7 @@ __all__ = ["topk_allreduce", "TopkCompressor", "TopkState", "TopkOutcome", "Word
 def cost_model(algorithm: str, p: int, k: int, n: int) -> WordCost:
     """Return the per-rank cost model (words received, latency) of ``algorithm`` on p ranks,
     for ``0 < k <= n``."""
-    import numbers
-
     from .._registry import algorithms, record
-    from ..errors import InvalidArgument
 
     if algorithm not in algorithms("topk"):
         raise InvalidArgument("algorithm", algorithm, f"valid: {algorithms('topk')}")

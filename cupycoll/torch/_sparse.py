@@ -15,6 +15,7 @@ import functools
 import math
 from typing import Any
 
+import numpy as np
 import torch
 
 from .._background import run_async, runner
@@ -89,8 +90,6 @@ def _refused(comm: Communicator, error: Exception, call: dict[str, Any]) -> Any:
     """Take part in the validation round of the others' calls with ``error`` (a tensor this
     rank cannot reduce): it raises there (:class:`Refused`), so every rank raises; raising
     before the call would leave the others waiting in that round."""
-    import numpy as np
-
     return _sparse_allreduce(np.empty(0, np.int64), Refused(error), 1, comm=comm,
                              **dict(call, out=None))
 
