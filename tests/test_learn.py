@@ -221,10 +221,34 @@ def test_a_timed_call_waits_for_the_next_validation_to_count(agreed):
     key = ("k",)
     learn.records(comm)[key] = learn.Record(["a"], warmed=["a"])
     assert learn.pending_us(comm) == -1
-    learn.finish(comm, (key, "a", 0.0))
-    assert learn.pending_us(comm) > 0
+    learn.finish(comm, (key, "a", 0.0, False))
+    assert 0 < learn.pending_us(comm) < learn.DISTURBED
     learn.absorb(comm, agreed)
     assert learn.records(comm)[key].seconds == ({} if agreed < 0 else {"a": [0.0015]})
+
+
+@pytest.mark.parametrize("at", ["start", "end", "elsewhere"])
+def test_a_call_while_numba_loads_in_the_background_is_not_counted(monkeypatch, at):
+    """A rank whose call ran while numba's import held the interpreter lock (at its start or
+    its end) sends DISTURBED; the agreed maximum then drops the time on every rank, and the
+    candidate's next timed call counts instead."""
+    from cupycoll.primitives import _accel
+
+    comm, key = SimpleNamespace(), ("k",)
+    record = learn.records(comm)[key] = learn.Record(["a", "b"], warmed=["a"])
+    monkeypatch.setattr(_accel, "loading", lambda: at == "start")
+    name, token = learn.plan(comm, key, None, "sum", True)
+    monkeypatch.setattr(_accel, "loading", lambda: at == "end")
+    learn.finish(comm, token)
+    mine = learn.pending_us(comm)
+    assert (mine == learn.DISTURBED) is (at != "elsewhere")
+    learn.absorb(comm, learn.DISTURBED if at == "elsewhere" else max(mine, 1500))
+    assert name == "a" and record.seconds == {} and learn.pending_us(comm) == -1
+    monkeypatch.setattr(_accel, "loading", lambda: False)
+    name, token = learn.plan(comm, key, None, "sum", True)
+    learn.finish(comm, token)
+    learn.absorb(comm, 1500)
+    assert name == "a" and record.seconds == {"a": [0.0015]}
 
 
 def test_a_time_pending_when_the_records_are_cleared_is_dropped():
@@ -233,7 +257,7 @@ def test_a_time_pending_when_the_records_are_cleared_is_dropped():
     comm = SimpleNamespace()
     key = ("k",)
     learn.records(comm)[key] = learn.Record(["a"], warmed=["a"])
-    learn.finish(comm, (key, "a", 0.0))
+    learn.finish(comm, (key, "a", 0.0, False))
     learn.records(comm).clear()
     learn.absorb(comm, 1500)
     assert learn.records(comm) == {} and learn.pending_us(comm) == -1

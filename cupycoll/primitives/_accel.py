@@ -49,6 +49,13 @@ def loops() -> Any:
     return None
 
 
+def loading() -> bool:
+    """Whether numba's import runs in the background now (:func:`loops`): while it does, it
+    holds the interpreter lock for long stretches, and a call on another thread takes many
+    times its usual time (so ``auto``'s learn mode does not count such a call's time)."""
+    return _LOADED is None and _LOADER is not None and _LOADER.is_alive()
+
+
 def ready() -> Any:
     """:func:`loops`, waiting for numba's import where it runs in the background (for what
     measures the loops: ``cupycoll tune``, the benchmarks)."""

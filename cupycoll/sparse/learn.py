@@ -25,7 +25,10 @@ trials of its own.
 
 No collective is added: a call's time travels in the validation allreduce of the next
 ``sparse_allreduce`` on the communicator (a maximum of the agreement, ``learned``), so every
-rank adds the same number to the same record and makes the same choice. Asynchronous calls and
+rank adds the same number to the same record and makes the same choice. A call during which
+numba's background import ran on some rank (a process's first second or so:
+:func:`cupycoll.primitives._accel.loading`) is not counted on any rank: that rank sends
+:data:`DISTURBED`, which the maximum gives everyone. Asynchronous calls and
 small calls (finished in the validation) are not timed; an asynchronous call runs the current
 choice. What a communicator learned can be saved and loaded (:func:`save`, :func:`load`; the
 records are rank 0's, broadcast). Results stay bitwise identical across ranks; which algorithm
@@ -44,6 +47,7 @@ import numpy as np
 
 from .._registry import priced
 from ..errors import InvalidArgument
+from ..primitives import _accel
 from ..wire._pack import Wire
 from . import auto as _auto
 from ._cost import Shape
@@ -51,7 +55,7 @@ from .measure import kind
 
 __all__ = ["Record", "plan", "class_key", "with_total", "finish", "absorb", "pending_us", "save",
            "load", "records", "WITHIN", "CANDIDATES", "SAMPLES", "ABANDON", "WINDOW", "RECHECK",
-           "RETRY_WITHIN", "TRIAL_CALLS", "TIME_EVERY"]
+           "RETRY_WITHIN", "TRIAL_CALLS", "TIME_EVERY", "DISTURBED"]
 
 #: candidates: the algorithms the model prices within this factor of its best
 WITHIN = 2.0
@@ -77,6 +81,8 @@ TIME_EVERY = 4
 #: the most calls a new shape class's first trials take (a warm-up and SAMPLES timed calls of
 #: each candidate): a benchmark that runs them untimed shows what a loop runs afterwards
 TRIAL_CALLS = CANDIDATES * (1 + SAMPLES)
+#: the ``learned`` value of a call not to count (see the module): above any time in us
+DISTURBED = 1 << 62
 
 
 @dataclasses.dataclass
@@ -239,7 +245,7 @@ def plan(comm: Any, key: tuple, shape: Callable[[], Shape], op: Any, timed: bool
     name = record.next()
     if not record.timed():
         return name, None
-    return name, (key, name, _mark(comm))
+    return name, (key, name, _mark(comm), _accel.loading())
 
 
 def _mark(comm: Any) -> Any:
@@ -277,30 +283,34 @@ def _neighbour(table: dict[tuple, Record], key: tuple) -> Record | None:
 
 
 def finish(comm: Any, token: tuple) -> None:
-    """After a timed call: its seconds wait for the next validation to be agreed."""
-    key, name, started = token
-    comm._learn_pending = (key, name, started, _mark(comm))
+    """After a timed call: its seconds wait for the next validation to be agreed (and whether
+    numba's background import ran at its start or end)."""
+    key, name, started, disturbed = token
+    comm._learn_pending = (key, name, started, _mark(comm), disturbed or _accel.loading())
 
 
 def pending_us(comm: Any) -> int:
-    """This rank's time of the last timed call not yet agreed, in microseconds (-1: none), for
-    the ``learned`` maximum of the next validation."""
+    """This rank's time of the last timed call not yet agreed, in microseconds (-1: none;
+    :data:`DISTURBED`: not to count), for the ``learned`` maximum of the next validation."""
     pending = getattr(comm, "_learn_pending", None)
     if pending is None:
         return -1
-    return max(int(_seconds(comm, pending[2], pending[3]) * 1e6), 0)
+    if pending[4]:
+        return DISTURBED
+    return min(max(int(_seconds(comm, pending[2], pending[3]) * 1e6), 0), DISTURBED - 1)
 
 
 def absorb(comm: Any, agreed_us: int) -> None:
     """The agreed (slowest rank's) time of the last timed call joins its record (unless the
-    records were cleared or loaded since: then it is dropped)."""
+    records were cleared or loaded since, or some rank's call was :data:`DISTURBED`: then it
+    is dropped, and the candidate's next timed call takes its place)."""
     pending = getattr(comm, "_learn_pending", None)
     if pending is None or agreed_us < 0:
         return
     comm._learn_pending = None
     key, name = pending[:2]
     record = records(comm).get(key)
-    if record is not None:
+    if record is not None and agreed_us < DISTURBED:
         record.add(name, agreed_us * 1e-6)
 
 

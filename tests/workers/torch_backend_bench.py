@@ -7,7 +7,10 @@ Cases: a dense float32 allreduce of 4 MiB, and embedding-like sparse gradients (
 uncoalesced, one row per token, tokens drawn until 1.5% of the V rows are hit on each rank;
 V = 262,144 and 1,048,576) with the default op (SUM). Each repetition runs both groups on
 clones of the same input, in alternating order, each call after a barrier; a repetition's time
-is the slowest rank's (call to completion). Rank 0 prints one line per case: median ms of each
+is the slowest rank's (call to completion). The first ``WARMUP`` repetitions of a case are not
+timed: they cover ``auto``'s learn trials of the case's shape class, and numba's loops are
+loaded before the first (their import otherwise runs in a background thread during the first
+calls, holding the interpreter lock). Rank 0 prints one line per case: median ms of each
 and the ratio cupycoll / gloo.
 """
 
@@ -24,6 +27,8 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 import cupycoll._torch_backend  # noqa: F401  registers "cupycoll" and cupycoll://
+from cupycoll.primitives import _accel
+from cupycoll.sparse import learn
 
 warnings.simplefilter("ignore")
 REPS = int(sys.argv[1]) if len(sys.argv) > 1 else 30
@@ -32,6 +37,9 @@ dist.init_process_group("cupycoll", init_method="cupycoll://")
 RANK, P = dist.get_rank(), dist.get_world_size()
 GROUPS = {"cupycoll": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
 WIDTH, HIT = 64, 0.015
+#: untimed repetitions per case: learn's trials of a new shape class and one more
+WARMUP = 1 + learn.TRIAL_CALLS
+_accel.ready()
 
 
 def embedding_gradient(vocab: int) -> torch.Tensor:
@@ -57,11 +65,11 @@ def timed(tensor: torch.Tensor, group: dist.ProcessGroup) -> float:
 
 def compare(name: str, tensor: torch.Tensor) -> None:
     times: dict[str, list[float]] = {g: [] for g in GROUPS}
-    for rep in range(REPS + 3):
+    for rep in range(REPS + WARMUP):
         order = list(GROUPS) if rep % 2 else list(GROUPS)[::-1]
         for g in order:
             took = timed(tensor, GROUPS[g])
-            if rep >= 3:  # the first repetitions warm up
+            if rep >= WARMUP:
                 times[g].append(took)
     if RANK == 0:
         ours, gloo = (statistics.median(times[g]) * 1e3 for g in GROUPS)
