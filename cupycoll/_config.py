@@ -213,11 +213,18 @@ _PARSED: dict[str, tuple[Any, Any]] = {}
 RUN_SETTINGS = ("CUPYCOLL_NUMBA", "CUPYCOLL_THREADS", "CUPYCOLL_RANKS_PER_NODE")
 
 
-def check_run_settings() -> None:
-    """Parse :data:`RUN_SETTINGS` now: a bad value raises here, inside a front door's
-    validation (so on every rank), not on one rank in the middle of a collective."""
+def check_run_settings(rank: int | None = None) -> int:
+    """Parse :data:`RUN_SETTINGS` now: a bad value raises here (naming ``rank``), inside a
+    front door's validation (so on every rank), not on one rank in the middle of a
+    collective. Returns ``CUPYCOLL_RANKS_PER_NODE`` (0: unset), which every rank must hold
+    alike at every call (the node-aware algorithms' collectives follow it): the front doors
+    agree on it."""
     for name in RUN_SETTINGS:
-        setting(name)
+        try:
+            setting(name)
+        except InvalidArgument as exc:
+            raise InvalidArgument(exc.argument, exc.value, exc.reason, rank=rank) from None
+    return setting("CUPYCOLL_RANKS_PER_NODE") or 0
 
 
 def debug() -> bool:

@@ -49,12 +49,14 @@ def call(comm: Communicator, verb: str, agree: Callable[[], Any],
     ``plan(agreed)`` is what runs, the same on every rank; it runs here (timed where the plan
     says), or starts (``async_op``: a :class:`~cupycoll.comm.Work`, the plan's own ``start``
     or :func:`~cupycoll._background.run_async`); ``deliver(agreed)`` hands the result over, on
-    the caller's stream. Agreement and run count as ``verb`` for failure reports. ``stream``
-    False: the body keeps the caller's stream (a Communicator verb orders itself after it).
+    the caller's stream. Everything before the delivery counts as ``verb`` for failure
+    reports, and a KeyboardInterrupt anywhere in it aborts ``comm`` (its peers may be waiting
+    in the call). ``stream`` False: the body keeps the caller's stream (a Communicator verb
+    orders itself after it).
     """
-    with comm.in_stream(join=not async_op) if stream else contextlib.nullcontext():
-        with comm.calling(verb):
-            agreed = agree()
+    with comm.in_stream(join=not async_op) if stream else contextlib.nullcontext(), \
+            comm.calling(verb):
+        agreed = agree()
         planned = plan(agreed)
         if async_op:
             delivery = deliver(agreed)
@@ -64,8 +66,7 @@ def call(comm: Communicator, verb: str, agree: Callable[[], Any],
             return run_async(comm, functools.partial(_named, verb, planned.run), delivery,
                              verb)
         stop = planned.timer(comm) if planned.timer is not None else None
-        with comm.calling(verb):
-            result = planned.run(comm)
+        result = planned.run(comm)
         if stop is not None:
             stop()
     return deliver(agreed)(result)

@@ -49,8 +49,9 @@ def _steps(comm, log, timer=None):
 
 
 def test_call_agrees_plans_runs_and_delivers_in_order_under_its_verb(comm):
-    """A synchronous call: the agreement and the run count as the verb (a timeout names it),
-    the plan and the delivery do not; the timer starts before the run and stops after it."""
+    """A synchronous call: the agreement, the plan, the timer and the run count as the verb (a
+    timeout names it), the delivery does not; the timer starts before the run and stops after
+    it."""
     log = []
 
     def timer(on):
@@ -59,9 +60,32 @@ def test_call_agrees_plans_runs_and_delivers_in_order_under_its_verb(comm):
 
     got = call(comm, "toy_verb", *_steps(comm, log, timer))
     assert got.tolist() == [1.0, 2.0]
-    assert log == [("agree", "toy_verb"), ("plan", "agreed"), ("start", None),
-                   ("run", "toy_verb"), ("stop", None), ("deliver", "agreed"), ("done", "ctx")]
+    assert log == [("agree", "toy_verb"), ("plan", "agreed"), ("start", "toy_verb"),
+                   ("run", "toy_verb"), ("stop", "toy_verb"), ("deliver", "agreed"),
+                   ("done", "ctx")]
     assert comm._verb is None
+
+
+@pytest.mark.parametrize("step", ["agree", "plan", "run"])
+def test_a_keyboard_interrupt_anywhere_in_a_call_kills_the_communicator(step):
+    """Ctrl-C in a call's local work, not only in a wait: its peers may be waiting in the call,
+    so a later call of this rank would pair with theirs; the communicator is aborted (every
+    later call raises BackendError at once, naming the verb and the interruption)."""
+    comm = cc.init("mpi", mpi_comm=MPI.COMM_SELF)
+    log = []
+    agree, plan, deliver = _steps(comm, log)
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    steps = {"agree": interrupted if step == "agree" else agree,
+             "plan": interrupted if step == "plan" else plan, "deliver": deliver}
+    if step == "run":
+        steps["plan"] = lambda agreed: Plan("toy", None, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        call(comm, "toy_verb", steps["agree"], steps["plan"], steps["deliver"])
+    with pytest.raises(cc.errors.BackendError, match="toy_verb was interrupted on rank 0"):
+        cc.allreduce(np.ones(2), comm=comm)
 
 
 def test_a_started_call_runs_on_the_background_duplicate_and_delivers_at_its_wait(comm):

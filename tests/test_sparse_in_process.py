@@ -53,6 +53,9 @@ class _Comm:
     def __init__(self, size: int, profile: Profile) -> None:
         self.size, self.rank, self.mpi_comm = size, 1, _MPI(profile, size)
 
+    def host_arrival(self, op_name: str) -> None:
+        """Every rank is here (the wait a Communicator takes before its once-only MPI calls)."""
+
 
 # Rounds after validation's one native round (docs/tuning.md, dense.py), priced by ROUNDS_ONLY:
 # allgather one exchange (2 s: the validation told the counts); dense one native allreduce (1 s)

@@ -127,6 +127,7 @@ def test_a_bad_setting_the_algorithms_read_is_a_validation_error(monkeypatch, na
     monkeypatch.setenv(name, value)
     prepared, error = _local()
     assert prepared is None and isinstance(error, InvalidArgument) and name in str(error)
+    assert error.rank == 3 and "on rank 3" in str(error)  # this rank's own error names it too
 
 
 def test_an_unexpected_failure_still_becomes_an_argument_error():

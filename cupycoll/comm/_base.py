@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import time
 import types
 from typing import Any, Sequence
 
@@ -111,6 +112,33 @@ class Communicator(abc.ABC):
     def close(self) -> None:
         """Release backend resources (idempotent)."""
 
+    def host_arrival(self, op_name: str) -> None:
+        """Wait, under ``self.timeout`` and interruptible, until every rank has reached this
+        point: a barrier of the host MPI communicator (``mpi_comm``; none: nothing to wait
+        for). Taken before MPI's blocking calls that have no nonblocking twin or are made once
+        per communicator (node detection, the profile's broadcast), so a rank left alone there
+        (its peers gave up the call, or were interrupted) times out instead of hanging.
+
+        Raises:
+            CollectiveTimeout: not every rank arrived in time (this communicator is aborted).
+        """
+        mpi_comm = getattr(self, "mpi_comm", None)
+        if mpi_comm is None or self.size == 1:
+            return
+        from ._nccl_guard import spin
+
+        request = mpi_comm.Ibarrier()
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+
+        def arrived() -> bool:
+            if request.Test():
+                return True
+            if deadline is not None and time.monotonic() > deadline:
+                raise self._timed_out(op_name)
+            return False
+
+        spin(arrived)
+
     def in_stream(self, join: bool = True) -> Any:
         """A context in which the body's device work runs in this communicator's stream order
         (NCCL: on its own stream, after the caller's current stream's work; with ``join`` the
@@ -156,8 +184,9 @@ class Communicator(abc.ABC):
         return error
 
     def _interrupted(self, op_name: str) -> None:
-        """A wait was interrupted (KeyboardInterrupt): its operation stays pending, so the
-        communicator is aborted (a later call would match it)."""
+        """A wait, or a front-door call (its peers may wait in it), was interrupted
+        (KeyboardInterrupt): an operation may stay pending, so the communicator is aborted (a
+        later call would match it)."""
         self._die(BackendError(f"{op_name} was interrupted on rank {self.rank}"),
                   f"{op_name} (collective #{self.sequence}, interrupted)")
 
@@ -331,6 +360,9 @@ class _Calling:
             comm._check_alive()
             comm._verb, self.outermost = self.verb, True
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, kind: Any, *exc: Any) -> None:
         if self.outermost:
-            self.comm._verb = None
+            comm = self.comm
+            comm._verb = None
+            if kind is KeyboardInterrupt and comm._fate.error is None:
+                comm._interrupted(self.verb)  # its peers may be in the call: see _interrupted

@@ -64,6 +64,7 @@ def _detect(comm: Any, per_node: int | None) -> tuple[int, ...]:
         return (0,) * comm.size
     from mpi4py import MPI
 
+    comm.host_arrival("node detection")  # MPI's split and allgather below wait forever
     local = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=mpi_comm.Get_rank())
     try:
         leader = local.bcast(mpi_comm.Get_rank(), root=0)
@@ -72,9 +73,11 @@ def _detect(comm: Any, per_node: int | None) -> tuple[int, ...]:
     gathered = mpi_comm.allgather((leader, per_node))
     settings = [setting for _, setting in gathered]
     if len(set(settings)) > 1:
-        raise InvalidArgument("CUPYCOLL_RANKS_PER_NODE", per_node, "must be set alike on every "
-                              f"rank (ranks 0..{comm.size - 1} hold {settings}; None: unset)",
-                              rank=comm.rank)
+        usual = max(settings, key=settings.count)  # the value most ranks hold (ties: first)
+        odd = next(r for r, value in enumerate(settings) if value != usual)
+        raise InvalidArgument("CUPYCOLL_RANKS_PER_NODE", settings[odd], "must be set alike on "
+                              f"every rank (ranks 0..{comm.size - 1} hold {settings}; None: "
+                              "unset)", rank=odd)
     return tuple(int(label) for label, _ in gathered)
 
 

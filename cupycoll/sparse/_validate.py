@@ -84,6 +84,7 @@ class Prepared:
     nonfinite: bool = False  # output="dense": some rank's values hold a NaN or an infinity
     minus_zero: bool = False  # output="dense": some rank's float values hold a -0
     auto_mode: str = "estimate"  # algorithm "auto": CUPYCOLL_AUTO (measure.py, learn.py)
+    ranks_per_node: int = 0  # CUPYCOLL_RANKS_PER_NODE (0: unset), agreed with the algorithm
 
     @property
     def reduce_op(self) -> ReduceOp:
@@ -103,10 +104,11 @@ class Prepared:
 
     def fields(self, names: list[str]) -> tuple[int, ...]:
         """The agreement fields (see VALIDATION_FIELDS but async_op); ``names`` = the sparse
-        algorithms."""
+        algorithms. The algorithm's field also carries how it runs: CUPYCOLL_AUTO's mode and
+        CUPYCOLL_RANKS_PER_NODE (:func:`_decode`)."""
+        how = AUTO_MODES.index(self.auto_mode) + len(AUTO_MODES) * self.ranks_per_node
         return (self.n, _INDEX_CODES[self.index_dtype], _VALUE_CODES[self.value_dtype],
-                self.width, _OP_CODES[self.op],
-                names.index(self.algorithm) + len(names) * AUTO_MODES.index(self.auto_mode),
+                self.width, _OP_CODES[self.op], names.index(self.algorithm) + len(names) * how,
                 _VALUE_CODES[self.accumulate_dtype], wire_code(self.wire, self.wire_values),
                 OUTPUTS.index(self.output))
 
@@ -248,7 +250,7 @@ def _local(comm: Any, indices: Any, values: Any, n: Any, op: Any, algorithm: Any
     """Check this rank's arguments and coalesce its input; return (prepared, error)."""
     rank = comm.rank
     try:
-        check_run_settings()
+        per_node = check_run_settings(rank)
         red = parse_op(op, rank=rank)
         name = _algorithm(algorithm, names, rank)
         wire = check_wire(wire, rank)
@@ -276,7 +278,7 @@ def _local(comm: Any, indices: Any, values: Any, n: Any, op: Any, algorithm: Any
         return None, error
     return Prepared(idx, val, length, red, name, np.dtype(idx.dtype), value_dtype, acc,
                     width, wire=wire, wire_values=wire_values, output=output, out=buffer,
-                    auto_mode=mode), None
+                    auto_mode=mode, ranks_per_node=per_node), None
 
 
 def _peer_error(failure: agreement.Failure, draft: agreement.Draft) -> CupycollError:
@@ -314,11 +316,13 @@ def _decode(field: str, value: int) -> str:
         return _VALUE_NAMES[value]
     if field == "op":
         return _OPS[value].value
-    if field == "algorithm":  # auto under CUPYCOLL_AUTO=measure or learn: past the names
+    if field == "algorithm":  # past the names: CUPYCOLL_AUTO's mode, CUPYCOLL_RANKS_PER_NODE
         names = algorithms("sparse")
-        mode = AUTO_MODES[value // len(names)]
-        return names[value % len(names)] + (f" (CUPYCOLL_AUTO={mode})" if value >= len(names)
-                                            else "")
+        how = value // len(names)
+        mode, per_node = AUTO_MODES[how % len(AUTO_MODES)], how // len(AUTO_MODES)
+        return (names[value % len(names)] + (f" (CUPYCOLL_AUTO={mode})" if how % len(AUTO_MODES)
+                                             else "")
+                + (f" (CUPYCOLL_RANKS_PER_NODE={per_node})" if per_node else ""))
     if field == "wire":
         return decode_code(value)
     if field == "output":

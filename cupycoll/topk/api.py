@@ -60,8 +60,8 @@ def _mismatch(differs: list[agreement.Differ], draft: agreement.Draft) -> str:
     if d.field == "settings":
         return (f"ranks disagree on the settings that decide the call's collectives (rank "
                 f"{draft.rank} has {settings}): a state's step, Ok-Topk's tau, tau_prime and "
-                "padded allgather, a compressor's warm-up and measure_xi must be the same on "
-                "every rank")
+                "padded allgather, a compressor's warm-up and measure_xi, and "
+                "CUPYCOLL_RANKS_PER_NODE must be the same on every rank")
     return _disagreement(d.field, draft.rank, d.mine, d.low, d.high, algorithm)
 
 
@@ -89,7 +89,7 @@ def _local_checks(comm: Communicator, x: Any, k: Any, algorithm: Any, selector: 
                   argument: str, n: int | None, wire: Any, wire_values: Any
                   ) -> tuple[Any, int, int]:
     rank = comm.rank
-    check_run_settings()
+    check_run_settings(rank)
     code = wire_code(check_wire(wire, rank), check_wire_values(wire_values, rank))
     if not isinstance(algorithm, str) or algorithm not in algorithms("topk"):
         raise InvalidArgument("algorithm", algorithm,
@@ -144,6 +144,8 @@ def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: An
     try:
         arr, kk, wcode = _local_checks(comm, x, k, algorithm, selector, state, argument, n,
                                        wire, wire_values)
+        settings = {**settings, "CUPYCOLL_RANKS_PER_NODE": setting("CUPYCOLL_RANKS_PER_NODE")}
+        draft.context = algorithm, settings  # the nodes' setting parsed by the checks
     except CupycollError as exc:
         draft.fail(exc)
     else:

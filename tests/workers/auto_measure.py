@@ -109,13 +109,23 @@ def main() -> None:
         expect_raises((InvalidArgument, MismatchError), cc.sparse_allreduce, idx, val, 500,
                       comm=comm)
         os.environ["CUPYCOLL_AUTO"] = "measure"
-        # the node layout set on one rank only: every rank raises, naming it (a new
-        # communicator: the first call detects the nodes, collectively, on every rank)
-        if RANK == 0:
+        # the node layout set on one rank only, at a communicator's first call (which detects
+        # the nodes) or a later one, for every node-aware verb: every rank raises, naming it
+        fresh = comm.dup()
+        for step, per_node in enumerate(("1", "2")):
             os.environ["CUPYCOLL_RANKS_PER_NODE"] = "1"
-        err = expect_raises(InvalidArgument, cc.sparse_allreduce, idx, val, 500,
-                            comm=comm.dup(), algorithm="hierarchical")
-        assert err.argument == "CUPYCOLL_RANKS_PER_NODE" and err.rank == RANK, err
+            if RANK == 0:
+                os.environ["CUPYCOLL_RANKS_PER_NODE"] = per_node
+            elif step == 0:
+                os.environ.pop("CUPYCOLL_RANKS_PER_NODE")
+            for call in (lambda: cc.sparse_allreduce(idx, val, 500, comm=fresh,
+                                                     algorithm="hierarchical"),
+                         lambda: cc.sparse_allreduce(idx, val, 500, comm=fresh),
+                         lambda: cc.topk_allreduce(xp.ones(64, dtype=np.float32), 4, comm=fresh)):
+                err = expect_raises(MismatchError, call)
+                assert "CUPYCOLL_RANKS_PER_NODE" in str(err), err
+            os.environ["CUPYCOLL_RANKS_PER_NODE"] = "1"
+            cc.sparse_allreduce(idx, val, 500, comm=fresh, algorithm="hierarchical")
         os.environ.pop("CUPYCOLL_RANKS_PER_NODE", None)
         # a setting one rank cannot read: the others' error names it too
         if RANK == P - 1:

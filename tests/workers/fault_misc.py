@@ -12,6 +12,12 @@ skip       one rank raises (and catches) an exception between collectives and sk
            calls match by order, so the others time out at the end naming it; init() recovers.
 interrupt  a blocking wait without a timeout (``timeout=0``: none) raises KeyboardInterrupt
            within 1 s of SIGINT; the communicator is then dead; init() recovers.
+first      a rank arrives late at a fresh communicator's first sparse_allreduce (whose first
+           use detects the nodes and broadcasts the profile: MPI calls without a timeout); the
+           others give up and init() again; the late one must time out too, not hang there.
+local      a KeyboardInterrupt on rank 0 in a sparse_allreduce's local work, outside any
+           wait: rank 0's communicator is dead at once (the others wait in that call: a later
+           call would pair with theirs), the others time out; init() recovers.
 """
 
 from __future__ import annotations
@@ -162,8 +168,58 @@ def interrupt() -> None:
     fresh_allreduce(cc.init("mpi", timeout=5))
 
 
+def first() -> None:
+    comm = cc.init("mpi", timeout=1.0)
+    n = 100_000  # not a small call (which completes in the validation round)
+    idx = np.arange(RANK, n, 3, dtype=np.int64)
+    val = np.ones(idx.size, np.float32)
+    if RANK == 1:
+        time.sleep(2.5)  # the others give up and make a new communicator meanwhile
+    start = time.monotonic()
+    try:
+        cc.sparse_allreduce(idx, val, n, comm=comm)
+        outcome = "completed"
+    except CollectiveTimeout as exc:
+        outcome = f"CollectiveTimeout{exc.missing_ranks}"
+    took = time.monotonic() - start
+    assert outcome != "completed" and took < 6, (outcome, took)
+    fresh_allreduce(cc.init("mpi", timeout=10))
+    report("first call, a late rank", outcome, took)
+
+
+def local() -> None:
+    comm = cc.init("mpi", timeout=1.0)
+    idx, val = np.array([RANK], np.int64), np.ones(1, np.float32)
+    cc.sparse_allreduce(idx, val, P, comm=comm)
+    from cupycoll.sparse import _validate
+
+    checks = _validate._local
+    if RANK == 0:  # Ctrl-C lands in the local checks, before anything is posted
+        _validate._local = lambda *args: (_ for _ in ()).throw(KeyboardInterrupt)
+    start = time.monotonic()
+    try:
+        cc.sparse_allreduce(idx, val, P, comm=comm)
+        raise AssertionError("the call completed")
+    except KeyboardInterrupt:
+        assert RANK == 0
+        try:
+            fresh_allreduce(comm)
+            raise AssertionError("an interrupted communicator answered")
+        except cc.errors.BackendError as exc:
+            assert "interrupted" in str(exc), str(exc)
+        outcome = "KeyboardInterrupt, then dead"
+    except CollectiveTimeout as exc:
+        assert RANK != 0
+        outcome = f"CollectiveTimeout{exc.missing_ranks}"
+    finally:
+        _validate._local = checks
+    report("interrupt in local work", outcome, time.monotonic() - start)
+    fresh_allreduce(cc.init("mpi", timeout=10))
+
+
 for name in sys.argv[1:]:
-    {"stale": stale, "crossed": crossed, "skip": skip, "interrupt": interrupt}[name]()
+    {"stale": stale, "crossed": crossed, "skip": skip, "interrupt": interrupt, "first": first,
+     "local": local}[name]()
     WORLD.Barrier()
 if RANK == 0:
     print("OK")
