@@ -129,6 +129,27 @@ def test_work_whose_finalize_raised_raises_again_without_rerunning():
     assert calls == ["wait", "fin"] and w.is_completed()
 
 
+@pytest.mark.parametrize("timeout", ["abc", float("nan"), -1.0, True, [1]])
+def test_work_wait_refuses_a_timeout_that_is_not_seconds(timeout):
+    """``wait(timeout=...)`` takes seconds >= 0: text raised numpy's bare ValueError, NaN
+    waited forever."""
+    w = Work(lambda: None, lambda: True)
+    with pytest.raises(errors.InvalidArgument, match="'timeout'"):
+        w.wait(timeout=timeout)
+    assert w.wait(timeout=0) is None
+
+
+def test_a_work_dropped_before_it_completed_hands_over_what_it_holds():
+    """Garbage-collected unfinished, a Work calls ``on_drop`` (the backend keeps its buffers);
+    finished, it does not."""
+    dropped = []
+    Work(lambda: None, lambda: False, on_drop=lambda: dropped.append("kept"))
+    done = Work(lambda: None, lambda: True, on_drop=lambda: dropped.append("late"))
+    done.wait()
+    del done
+    assert dropped == ["kept"]
+
+
 def test_config_keyword_env_default(monkeypatch):
     assert setting("CUPYCOLL_BACKEND", "mpi") == "mpi"
     monkeypatch.setenv("CUPYCOLL_TIMEOUT", "2.5")

@@ -156,7 +156,8 @@ def _two_phases(comm: Any, first: list, first_peers: list[int], between: Any, fi
     unless ``blocking``. On an error the buffers in ``keep`` stay alive for MPI.
 
     A second phase is posted when its call is first waited for or tested, in each rank's own
-    order, so each call's second phase has a tag of its own, and a wait first posts the
+    order (or when this rank starts its next operation on the communicator: :func:`post_pending`),
+    so each call's second phase has a tag of its own, and a wait first posts the
     second phases of the calls made before it on this communicator (waiting for their first
     phases, which every rank posted at its call), and a test posts those whose first phases
     are done: a rank blocked in (or polling) one call's second phase has posted every earlier
@@ -198,7 +199,8 @@ def _two_phases(comm: Any, first: list, first_peers: list[int], between: Any, fi
         wait()
         finish()
         return None
-    return Work(wait, test, finish)
+    done = lambda: bool(second) and bool(MPI.Request.Testall(second[0][0]))  # noqa: E731
+    return Work(wait, test, finish, on_drop=lambda: comm._orphaned.append((done, keep)))
 
 
 def _post_ready(comm: Any, advance: Any) -> None:
@@ -214,6 +216,16 @@ def _post_ready(comm: Any, advance: Any) -> None:
                 break
     finally:
         comm._posting.release()
+
+
+def post_pending(comm: Any) -> None:
+    """Post the second phase of every call on ``comm`` not posted yet, in call order (each
+    waits for its own first phase): a rank starts nothing new before them."""
+    with comm._posting:
+        unposted = comm._unposted
+        while unposted:
+            unposted[0][0]()
+            unposted.popleft()
 
 
 def _post_through(comm: Any, advance: Any) -> None:

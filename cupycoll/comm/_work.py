@@ -10,12 +10,23 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..errors import CollectiveTimeout
+from ..errors import CollectiveTimeout, InvalidArgument
 
 if TYPE_CHECKING:
     from ._base import Communicator
 
 __all__ = ["Work", "Overlap"]
+
+
+def _seconds(timeout: Any) -> float:
+    """``Work.wait``'s ``timeout`` as seconds: a number >= 0 (NaN waited forever)."""
+    try:
+        seconds = float(timeout)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if isinstance(timeout, bool) or not seconds >= 0:
+        raise InvalidArgument("timeout", timeout, "must be a number of seconds >= 0 (or None)")
+    return seconds
 
 
 class Work:
@@ -30,13 +41,17 @@ class Work:
     divisions, copies back, user callbacks), and returns the result. If ``finalize`` raises,
     every later call raises the same exception without running it again. ``device``: the CUDA
     device the operation runs on (a thread that completes its future makes it current first).
+    ``on_drop``: called when the Work is garbage-collected before it completed (the backend
+    then keeps what the operation still reads or writes: MPI's requests and buffers).
     """
 
     def __init__(self, wait_fn: Callable[[], None] | None = None,
                  test_fn: Callable[[], bool] | None = None,
                  finalize: Callable[[], Any] | None = None, result: Any = None,
                  sync_fn: Callable[[], None] | None = None,
-                 device: Callable[[], None] | None = None) -> None:
+                 device: Callable[[], None] | None = None,
+                 on_drop: Callable[[], None] | None = None) -> None:
+        self._on_drop = on_drop
         self._wait_fn, self._test_fn, self._finalize = wait_fn, test_fn, finalize
         self._sync_fn = sync_fn if sync_fn is not None else wait_fn
         self._result = result
@@ -48,6 +63,10 @@ class Work:
         self._future: concurrent.futures.Future | None = None
         self._device = device
 
+    def __del__(self) -> None:
+        if self._on_drop is not None and not getattr(self, "_done", True):
+            self._on_drop()
+
     def wait(self, timeout: float | None = None) -> Any:
         """Order the operation before the caller's next work and return its result (MPI: the
         host waits; NCCL: the current stream does, see the class docstring).
@@ -56,7 +75,7 @@ class Work:
         raises CollectiveTimeout if it is not complete by then; the operation goes on (the
         communicator's own timeout bounds it), and a later wait can complete it."""
         if timeout is not None and not self._done:
-            deadline = time.monotonic() + float(timeout)
+            deadline = time.monotonic() + _seconds(timeout)
             while not self.is_completed():
                 if time.monotonic() >= deadline:
                     raise CollectiveTimeout(

@@ -24,6 +24,7 @@ from ..errors import BackendError, InvalidArgument, InvalidType
 from ._base import Communicator
 from ._mpi_staging import _AVG, Staging
 from ._mpi_pairwise import (pairwise_in_place, pairwise_reduce, pairwise_reduce_applies,
+                             post_pending,
                              pairwise_reduce_scatter)
 from ._mpi_types import _ClosedComm, _DeadComm, _address, _bytes, _pending, _separate
 from ._naps import nap
@@ -79,6 +80,9 @@ class MPICommunicator(Staging, Communicator):
         #: (:func:`._mpi_pairwise._two_phases`), and the lock of posting them
         self._unposted: collections.deque = collections.deque()
         self._posting = threading.Lock()
+        #: operations whose Work was dropped before it completed: (whether done, buffers),
+        #: kept until done (:meth:`_record_collective` lets go of them)
+        self._orphaned: list[tuple[Any, Any]] = []
         #: bytes from which reduce runs as an allreduce (None: never); see _reduce
         self._reduce_as_allreduce = setting("CUPYCOLL_REDUCE_AS_ALLREDUCE")
         #: input bytes from which reduce is a pairwise exchange and a gather (None: never)
@@ -185,7 +189,7 @@ class MPICommunicator(Staging, Communicator):
                     self._fate.abandon(request, args)
                     raise
         else:
-            return self._work([icall(*args)], op_name, finalize, keep)
+            return self._work([icall(*args)], op_name, finalize, keep + args)
         if finalize is not None:
             finalize()
         return None
@@ -204,7 +208,9 @@ class MPICommunicator(Staging, Communicator):
         sequence = self.sequence
 
         keep_alive = list(keep)
-        return Work(wait, lambda: bool(MPI.Request.Testall(requests)), finalize)
+        done = lambda: bool(MPI.Request.Testall(requests))  # noqa: E731
+        return Work(wait, done, finalize,
+                    on_drop=lambda: self._orphaned.append((done, keep_alive)))
 
     def allreduce(self, send: Any, recv: Any, op: ReduceOp, op_name: str = "allreduce") -> Work:
         return self._allreduce(send, recv, op, op_name, False)
@@ -329,6 +335,7 @@ class MPICommunicator(Staging, Communicator):
     def exchange(self, sends: Sequence[tuple[int, Any]], recvs: Sequence[tuple[int, Any]],
                  op_name: str = "exchange") -> Work:
         requests, copy_backs, buffers, peers = [], [], [], []
+        self._earlier_first()
         self.stats.record(op_name)
         to_self = [a for peer, a in sends if peer == self.rank]  # FIFO, like messages to peers
         for peer, buf in recvs:
@@ -354,12 +361,33 @@ class MPICommunicator(Staging, Communicator):
         return self._work(requests, op_name, finalize, tuple(buffers), peers)
 
     def barrier(self) -> None:
+        self._earlier_first()
         request = self.mpi_comm.Ibarrier()
         self._slot[0] = self.sequence = self.sequence + 1  # a collective: an arrival notice
         self.wait([request], "barrier")
 
+    def _earlier_first(self) -> None:
+        """Before this rank posts anything new: post the second phases of the pairwise calls
+        before it (a peer may wait in one: MPI's nonblocking calls progress without a wait)
+        and let go of finished orphans."""
+        if self._unposted:
+            post_pending(self)
+        if self._orphaned:
+            self._orphaned = [entry for entry in self._orphaned if not entry[0]()]
+
+    def _record_collective(self, name: str, nbytes: int, root: int | None = None,
+                           op_name: str | None = None) -> None:
+        self._earlier_first()
+        super()._record_collective(name, nbytes, root, op_name)
+
+    def _record_allgatherv(self, op_name: str, byte_counts: np.ndarray) -> None:
+        self._earlier_first()
+        super()._record_allgatherv(op_name, byte_counts)
+
     def close(self) -> None:
         """Free the MPI communicator; any later use raises BackendUnavailable."""
+        if self._orphaned:  # MPI may still use them: kept for the life of the process
+            self._fate.abandon(self._orphaned)
         comm, self.mpi_comm = self.mpi_comm, _ClosedComm(self.rank)
         if isinstance(comm, (_DeadComm, _ClosedComm)):
             return  # its pending operations may never complete: leave it to MPI_Finalize

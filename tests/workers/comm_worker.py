@@ -177,6 +177,33 @@ def check_works(comm) -> None:
         assert expect_raises(kind, cc.init, "mpi", mpi_comm=bad).argument == "mpi_comm"
 
 
+def check_progress_without_waits(comm) -> None:
+    """Works dropped before they completed keep their buffers until MPI is done with them
+    (freed under MPI's writes, later arrays were overwritten and the heap corrupted); a
+    pairwise reduce whose non-root starts another collective before waiting it completes (its
+    second phase was posted only at a wait or test: both ranks timed out)."""
+    import gc
+
+    p, rank, m = comm.size, comm.rank, 1 << 16
+    for it in range(8):
+        cc.allgather(np.full(m, rank + 1.0), comm=comm, async_op=True)
+        cc.reduce(np.ones(m, np.float32), root=0, comm=comm, async_op=True)  # pairwise
+        cc.allreduce(np.ones(m, np.float32), comm=comm, async_op=True)
+        gc.collect()
+        junk = [np.full(m, 12345.0) for _ in range(4)]  # where the dropped outputs were
+        assert (cc.allreduce(np.ones(1000), comm=comm) == p).all()
+        assert all((j == 12345.0).all() for j in junk), f"rank {rank}: overwritten at {it}"
+    timeout, comm.timeout = comm.timeout, 20.0
+    work = cc.reduce(np.full(m, 2.0, np.float32), root=0, comm=comm, async_op=True)
+    got = work.wait() if rank == 0 else None
+    assert (cc.allreduce(np.ones(4), comm=comm) == p).all()  # before the non-roots' waits
+    if rank != 0:
+        assert work.wait() is None
+    else:
+        assert (got == 2.0 * p).all(), got
+    comm.timeout = timeout
+
+
 if __name__ == "__main__":
     comm = cc.init("mpi")
     assert cc.get_comm() is comm
@@ -184,5 +211,6 @@ if __name__ == "__main__":
     check_errors(comm)
     check_backend_error(comm)
     check_works(comm)
+    check_progress_without_waits(comm)
     comm = check_timeout(comm)
     print(f"rank {comm.rank}: comm ok")
