@@ -198,8 +198,14 @@ def _out(comm: Any, out: Any, output: str, alloc_fn: Any, n: int, width: int,
     return arr
 
 
-def _accumulate(accumulate_dtype: Any, value_dtype: np.dtype, rank: int) -> np.dtype:
+def _accumulate(accumulate_dtype: Any, value_dtype: np.dtype, op: ReduceOp,
+                rank: int) -> np.dtype:
+    """The dtype the reduction runs in: ``accumulate_dtype``, else the values' own, but float32
+    for a float16 average (as the dense verbs reduce it, and NCCL's pre-divided average
+    behaves: a float16 sum on the way to an average that fits would overflow)."""
     if accumulate_dtype is None:
+        if op is ReduceOp.AVG and value_dtype == np.float16:
+            return np.dtype(np.float32)
         return value_dtype
     try:
         acc = np.dtype(accumulate_dtype)
@@ -258,7 +264,7 @@ def _local(comm: Any, indices: Any, values: Any, n: Any, op: Any, algorithm: Any
         output = _output(output, rank)
         length = _length(n, rank)
         idx, val, width = _arrays(comm, indices, values, rank)
-        acc = _accumulate(accumulate_dtype, np.dtype(val.dtype), rank)
+        acc = _accumulate(accumulate_dtype, np.dtype(val.dtype), red, rank)
         if np.dtype(val.dtype).itemsize < 4:  # float16 values travel as they are: a 16-bit
             wire_values = None  # format saves nothing and bfloat16 would drop bits
         for arg, fn in (("alloc_fn", alloc_fn), ("completion_fn", completion_fn)):

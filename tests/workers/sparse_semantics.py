@@ -82,6 +82,10 @@ def check(seed: int) -> None:
                             nan = got[np.isnan(got)]
                             assert np.all(nan.view(f"u{nan.itemsize}") == CANONICAL[dtype]), \
                                 f"{where}: a NaN without numpy's NaN bits"
+    for algorithm in ALGORITHMS:  # a float16 average whose sum leaves float16's range
+        big = np.array([60000, -40000, 1], np.float16)
+        got = sparse_allreduce(np.arange(3), big, N, op="avg", algorithm=algorithm, comm=comm)
+        assert same_bits(got.values, big), f"{algorithm}: float16 avg {got.values}"
     assert_identical_across_ranks(*results)
     if rank == 0:
         print(f"ok {case} semantics cases x {len(ALGORITHMS)} algorithms on {size} ranks")
