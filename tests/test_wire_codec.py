@@ -120,6 +120,17 @@ def test_every_density_is_smaller_than_raw():
             assert wire.encoded_nbytes(idx, 0, 1 << 16) <= idx.nbytes, (d, dtype)
 
 
+@pytest.mark.parametrize("n", [2**50, 2**56, 2**60, 2**62 - 1])
+def test_the_model_prices_indices_spread_over_any_n(n):
+    """``auto`` prices a compact block of a few indices over a huge n: the model's sample span
+    stops at 2^62 (int64 draws beyond 2^63 raised numpy's ValueError on every rank), and its
+    price still grows with the gap and stays within the raw indices' bytes plus a header."""
+    from cupycoll.wire._model import expected_index_nbytes
+
+    sparse = expected_index_nbytes(700, n, 8)
+    assert expected_index_nbytes(700, 2**40, 8) <= sparse <= 700 * 8 + 64
+
+
 def test_numpy_path_choice(monkeypatch):
     """numba loops for large host streams, numpy for small ones or with CUPYCOLL_NUMBA=off."""
     monkeypatch.setenv("CUPYCOLL_NUMBA", "on")

@@ -120,7 +120,8 @@ def _length(n: Any, rank: int) -> int:
         raise InvalidType("n", type(n).__name__, "an int (the dense length)", rank=rank)
     value = operator.index(n)
     if not 0 < value < 2**62:
-        raise InvalidArgument("n", value, "must be a positive int (the dense length)", rank=rank)
+        raise InvalidArgument("n", value, "must be a positive int below 2**62 (the dense "
+                              "length)", rank=rank)
     return value
 
 

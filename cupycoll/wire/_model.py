@@ -26,11 +26,12 @@ SAMPLE = 4096
 
 @functools.lru_cache(maxsize=512)
 def _bytes_per_index(gap_bucket: int) -> float:
-    """Encoded bytes per index of SAMPLE uniform random indices at mean gap 2^(bucket/8)."""
+    """Encoded bytes per index of SAMPLE uniform random indices at mean gap 2^(bucket/8) (at
+    most the gap of a span of 2^62, the largest n: int64 draws stop at 2^63)."""
     from . import encoded_nbytes
 
     gap = 2.0 ** (gap_bucket / 8)
-    span = max(int(math.ceil(SAMPLE * gap)), SAMPLE)
+    span = min(max(int(math.ceil(SAMPLE * gap)), SAMPLE), 1 << 62)
     rng = np.random.default_rng(12345)
     idx = distinct(np, rng.integers(0, span, SAMPLE, dtype=np.int64))
     return encoded_nbytes(idx, 0, span) / idx.size
