@@ -98,6 +98,9 @@ class Delivery:
     alloc_fn: Callable[..., tuple[Any, Any]] | None = None
     completion_fn: Callable[[Any, Any, Any], Any] | None = None
     fn_ctx: Any = None
+    #: the caller's rank, which an error of ``alloc_fn``'s buffers names (it is raised on this
+    #: rank only: the collective has completed on every rank)
+    rank: int | None = None
 
     def __call__(self, result: Any) -> Any:
         if not isinstance(result, tuple):
@@ -109,7 +112,7 @@ class Delivery:
         idx, val = result[0], result[1]
         if self.alloc_fn is not None:
             idx, val = _fill(self.alloc_fn(int(idx.shape[0]), idx.dtype, tuple(val.shape),
-                                           val.dtype, self.fn_ctx), idx, val)
+                                           val.dtype, self.fn_ctx), idx, val, self.rank)
         else:
             idx, val = callers(idx, self.like_indices), callers(val, self.like)
         if self.completion_fn is not None:
@@ -127,22 +130,30 @@ def callers(result: Any, original: Any) -> Any:
     return like_caller(result, original)
 
 
-def _fill(buffers: Any, idx: Any, val: Any) -> tuple[Any, Any]:
+def _fill(buffers: Any, idx: Any, val: Any, rank: int | None = None) -> tuple[Any, Any]:
     """Copy the result into the buffers ``alloc_fn`` returned (shape and dtype must match)."""
     if not isinstance(buffers, (tuple, list)) or len(buffers) != 2:
         raise InvalidType("alloc_fn", type(buffers).__name__,
-                          "a callable returning (index_buf, value_buf)")
+                          "a callable returning (index_buf, value_buf)", rank=rank)
     out = []
     for name, buf, src in (("index_buf", buffers[0], idx), ("value_buf", buffers[1], val)):
-        arr = as_array(buf, f"alloc_fn {name}")
+        arr = as_array(buf, f"alloc_fn {name}", rank=rank)
+        got = f"{name} {tuple(arr.shape)} {arr.dtype}"
         if tuple(arr.shape) != tuple(src.shape) or np.dtype(arr.dtype) != np.dtype(src.dtype):
-            raise InvalidArgument("alloc_fn", f"{name} {tuple(arr.shape)} {arr.dtype}",
-                                  f"must return {name} of shape {tuple(src.shape)} and dtype "
-                                  f"{src.dtype}")
+            raise InvalidArgument("alloc_fn", got, f"must return {name} of shape "
+                                  f"{tuple(src.shape)} and dtype {src.dtype}", rank=rank)
+        if not _writable(arr):
+            raise InvalidArgument("alloc_fn", got, "must return writable buffers", rank=rank)
         try:
             arr[...] = callers(src, arr)
-        except ValueError as exc:  # a read-only buffer (e.g. a broadcast view)
-            raise InvalidArgument("alloc_fn", f"{name} {tuple(arr.shape)} {arr.dtype}",
-                                  f"must return writable buffers ({exc})") from exc
+        except ValueError as exc:  # e.g. a buffer on another device than the result's
+            raise InvalidArgument("alloc_fn", got, f"could not be filled ({exc})",
+                                  rank=rank) from exc
         out.append(buf)
     return out[0], out[1]
+
+
+def _writable(arr: Any) -> bool:
+    """Whether ``arr`` may be written (numpy's flag; device arrays are)."""
+    flags = getattr(arr, "flags", None)
+    return bool(getattr(flags, "writeable", True))

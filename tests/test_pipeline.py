@@ -172,8 +172,8 @@ def test_callers_returns_results_in_the_callers_array_type(monkeypatch):
 def _deliver(alloc, idx=None, val=None, completion=None, ctx="ctx"):
     idx = np.array([1, 4, 6], np.int32) if idx is None else idx
     val = np.array([1.5, -2.0, 3.0], np.float32) if val is None else val
-    return Delivery(val, idx, 100, alloc_fn=alloc, completion_fn=completion, fn_ctx=ctx)(
-        (idx, val))
+    return Delivery(val, idx, 100, alloc_fn=alloc, completion_fn=completion, fn_ctx=ctx,
+                    rank=2)((idx, val))
 
 
 def test_deliver_fills_the_alloc_fn_buffers_and_calls_completion_fn():
@@ -203,16 +203,17 @@ def _raises(cls, alloc):
 
 def test_fill_names_every_bad_alloc_fn_buffer():
     """Each way alloc_fn can fail is named: not a pair, a non-array, a wrong shape or dtype of
-    either buffer, a read-only buffer (InvalidType/InvalidArgument, argument 'alloc_fn')."""
+    either buffer, a read-only buffer (InvalidType/InvalidArgument, argument 'alloc_fn', the
+    rank: it is raised on this rank only, the collective having completed everywhere)."""
     good_i, good_v = np.zeros(3, np.int32), np.zeros(3, np.float32)
     for bad in (good_i, (good_i,), (good_i, good_v, good_v)):
         e = _raises(InvalidType, lambda *a, b=bad: b)
-        assert str(e) == ("argument 'alloc_fn' must be a callable returning (index_buf, "
-                          f"value_buf), got {type(bad).__name__!r}")
+        assert str(e) == ("argument 'alloc_fn' on rank 2 must be a callable returning "
+                          f"(index_buf, value_buf), got {type(bad).__name__!r}")
     e = _raises(InvalidType, lambda *a: ([0, 0, 0], good_v))
-    assert e.argument == "alloc_fn index_buf"
+    assert e.argument == "alloc_fn index_buf" and e.rank == 2
     e = _raises(InvalidType, lambda *a: (good_i, [0.0, 0.0, 0.0]))
-    assert e.argument == "alloc_fn value_buf"
+    assert e.argument == "alloc_fn value_buf" and e.rank == 2
     cases = [((np.zeros(4, np.int32), good_v), "index_buf", (4,), "int32", (3,), "int32"),
              ((np.zeros(3, np.int64), good_v), "index_buf", (3,), "int64", (3,), "int32"),
              ((good_i, np.zeros(3, np.float64)), "value_buf", (3,), "float64", (3,), "float32"),
@@ -220,13 +221,13 @@ def test_fill_names_every_bad_alloc_fn_buffer():
               "float32")]
     for bufs, name, shape, dtype, want_shape, want_dtype in cases:
         e = _raises(InvalidArgument, lambda *a, b=bufs: b)
-        assert str(e) == (f"invalid argument 'alloc_fn': must return {name} of shape "
-                          f"{want_shape} and dtype {want_dtype} (got '{name} {shape} {dtype}')")
+        assert str(e) == (f"invalid argument 'alloc_fn' on rank 2: must return {name} of "
+                          f"shape {want_shape} and dtype {want_dtype} (got '{name} {shape} "
+                          f"{dtype}')")
     for which in (0, 1):
         bufs = [np.zeros(3, np.int32), np.zeros(3, np.float32)]
         bufs[which].flags.writeable = False
         e = _raises(InvalidArgument, lambda *a, b=bufs: b)
         name = ("index_buf", "value_buf")[which]
         assert e.argument == "alloc_fn" and e.value == f"{name} (3,) {bufs[which].dtype}"
-        assert e.reason.startswith("must return writable buffers (") and e.rank is None
-        assert isinstance(e.__cause__, ValueError)
+        assert e.reason == "must return writable buffers" and e.rank == 2

@@ -77,6 +77,11 @@ class CudaDevice:
         """Make ``device_id`` the calling thread's current device (it is per host thread)."""
         self._cupy.cuda.Device(device_id).use()
 
+    def on_device(self, device_id: int) -> Any:
+        """A context in which ``device_id`` is the calling thread's current device (the one
+        before it is current again on exit)."""
+        return self._cupy.cuda.Device(device_id)
+
     def side_stream(self) -> "SideStream":
         """A non-blocking stream of this device for work that overlaps the current stream's."""
         return SideStream(self._cupy)

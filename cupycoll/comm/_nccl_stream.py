@@ -192,7 +192,7 @@ class _StreamOrder:
             self._observed_upto(behind)
 
         work = Work(lambda: self._order(event), lambda: self._query(event),
-                    sync_fn=synchronize, device=lambda: self._device.activate(self.device_id))
+                    sync_fn=synchronize, device=lambda: self._device.on_device(self.device_id))
         work.events = [event]  # type: ignore[attr-defined]  # for stream-side waits (overlap)
         return work
 

@@ -4,6 +4,7 @@ process) and :class:`Overlap`, the default of device work consuming finished tra
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import queue
 import threading
@@ -16,6 +17,8 @@ if TYPE_CHECKING:
     from ._base import Communicator
 
 __all__ = ["Work", "Overlap"]
+
+_NOWHERE = contextlib.nullcontext()
 
 
 def _seconds(timeout: Any) -> float:
@@ -39,8 +42,9 @@ class Work:
     ``sync_fn`` blocks the host until the operation is done (default ``wait_fn``). ``test_fn``
     polls it; ``finalize`` runs once, after the first ``wait()`` or ``synchronize()`` (casts,
     divisions, copies back, user callbacks), and returns the result. If ``finalize`` raises,
-    every later call raises the same exception without running it again. ``device``: the CUDA
-    device the operation runs on (a thread that completes its future makes it current first).
+    every later call raises the same exception without running it again. ``device``: a context
+    in which the operation's CUDA device is current (``finalize`` runs in it, whichever thread
+    completes the Work).
     ``on_drop``: called when the Work is garbage-collected before it completed (the backend
     then keeps what the operation still reads or writes: MPI's requests and buffers).
     """
@@ -110,7 +114,8 @@ class Work:
                 wait_fn()
             try:
                 if self._finalize is not None:
-                    self._result = self._finalize()
+                    with self._device() if self._device is not None else _NOWHERE:
+                        self._result = self._finalize()
             except BaseException as exc:
                 self._error = exc
                 raise
@@ -188,9 +193,8 @@ def _complete_forever(pending: "queue.SimpleQueue[tuple[Work, concurrent.futures
     while True:
         work, future = pending.get()
         try:
-            if work._device is not None:
-                work._device()
-            future.set_result(work.synchronize())
+            with work._device() if work._device is not None else _NOWHERE:
+                future.set_result(work.synchronize())
         except BaseException as exc:  # delivered to whoever holds the future
             future.set_exception(exc)
 

@@ -111,7 +111,7 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
                                 wire_values=wire_values, output=output, out=out),
                 lambda prepared: plan(comm, prepared, async_op),
                 lambda prepared: Delivery(values, indices, prepared.n, out, alloc_fn,
-                                          completion_fn, fn_ctx), async_op)
+                                          completion_fn, fn_ctx, comm.rank), async_op)
 
 
 def plan(comm: Communicator, prepared: Prepared, async_op: bool = False) -> Plan:

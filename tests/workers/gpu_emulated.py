@@ -231,13 +231,44 @@ def check_sparse(res, want_idx, want_val):
 
 
 def mode_async_device():
-    """Defect 1: the worker thread of async sparse_allreduce must use the communicator's GPU."""
+    """Defect 1: the worker thread of async sparse_allreduce must use the communicator's GPU;
+    an async call's delivery (alloc_fn's buffers filled, completion_fn) runs on its device
+    whichever thread completes it and whatever device is current there."""
+    import threading
+
     comm = nccl_comm()
     parts, want_idx, want_val = sparse_case()
     for algorithm in cc.algorithms("sparse"):
         idx, val = (cupy.asarray(a) for a in parts[RANK])
         work = cc.sparse_allreduce(idx, val, 50, algorithm=algorithm, comm=comm, async_op=True)
         check_sparse(work.wait(), want_idx, want_val)
+    device, seen, got = comm.device_id, [], {}
+
+    def alloc(nnz, index_dtype, values_shape, value_dtype, ctx):
+        with cupy.cuda.Device(device):
+            return cupy.empty(nnz, index_dtype), cupy.empty(values_shape, value_dtype)
+
+    def done(indices, values, ctx):
+        seen.append((values.device.id, cupy.cuda.runtime.getDevice()))
+
+    idx, val = (cupy.asarray(a) for a in parts[RANK])
+    work = cc.sparse_allreduce(idx, val, 50, comm=comm, async_op=True, alloc_fn=alloc,
+                               completion_fn=done)
+
+    def elsewhere():  # device 0 current in this thread, the call's is the rank's own
+        cupy.cuda.Device(0).use()
+        try:
+            got["result"] = work.synchronize()
+        except BaseException as exc:  # checked below, on the main thread
+            got["error"] = exc
+
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    thread.join()
+    assert "error" not in got, got
+    with cupy.cuda.Device(device):
+        check_sparse(got["result"], want_idx, want_val)
+    assert seen == [(device, device)], seen
 
 
 def mode_async_order():
