@@ -42,6 +42,19 @@ def test_collective_timeout_fields():
     assert CollectiveTimeout("x").missing_ranks == [] and isinstance(exc, TimeoutError)
 
 
+def test_a_timeout_says_why_no_rank_is_named():
+    """Every rank arrived and no peer owes a message (a peer gave the call up and went on): the
+    message says so (it said "no arrival board", which there was)."""
+    from types import SimpleNamespace
+
+    from cupycoll.comm._watchdog import timeout_error
+
+    board = SimpleNamespace(read=lambda: [(5, 0), (5, 0), (5, 0)])
+    seen = timeout_error(board, 0, 3, "sparse_allreduce", "sparse_allreduce", 1.0, 5)
+    assert seen.missing_ranks == [] and "no arrival board" not in str(seen)
+    assert "every rank started it and no peer owes this rank a message" in str(seen)
+
+
 def test_abort_kills_the_communicator_and_init_gives_a_fresh_one():
     comm = cc.init("mpi", mpi_comm=MPI.COMM_SELF)
     comm.abort()

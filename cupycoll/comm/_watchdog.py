@@ -166,8 +166,9 @@ def timeout_error(board: Board | None, rank: int, size: int, verb: str, step: st
     elif unread:
         why = f"{_ranks(unread)} on other nodes could not be read (MPI needs their help)"
         missing = unread
-    else:
-        why = "the ranks that never arrived cannot be known (no arrival board)"
+    else:  # e.g. a peer gave up the call and started another before this rank came
+        why = "every rank started it and no peer owes this rank a message (a peer may have " \
+            "given it up, or be in another operation)"
     notes = "; ".join(died)
     within = f"within {waited} s " if waited is not None else ""
     where = f"step {step}, " if step != verb else ""
