@@ -86,6 +86,8 @@ class Staging:
         def finalize() -> None:
             if op is _AVG:
                 trunc_divide(host_recv, self.size)
+            if host_recv.dtype.kind == "f" and op in _ORDERED:  # a pass here anyway
+                _numpys_nan(host_recv)
             if host_recv is not recv:
                 recv[...] = self.xp.asarray(host_recv.astype(recv.dtype, copy=False))
                 self._release(host_recv)
@@ -126,3 +128,16 @@ class Staging:
         if host is recv:
             return host, None
         return host, lambda: recv.__setitem__(Ellipsis, self.xp.asarray(host))
+
+
+#: reductions whose NaN bits follow the order of the operands (x86 keeps the first NaN), which
+#: MPI's small-message allreduce takes in per-rank orders
+_ORDERED = (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PROD)
+
+
+def _numpys_nan(values: np.ndarray) -> None:
+    """Give every NaN of a staged or averaged float result numpy's NaN bits, in place (the
+    rounding or division reads it anyway), so every rank gets the same bits."""
+    nan = np.isnan(values)
+    if nan.any():
+        values[nan] = np.nan

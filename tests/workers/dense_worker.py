@@ -114,6 +114,15 @@ def nan_and_signed_zero(rank: int, p: int) -> int:
             got = cc.reduce_scatter(np.tile(row(rank, dtype), p), op=op)
             assert got.tobytes() == want.tobytes(), (dtype, op, got, want)
             cases += 3
+    # a NaN made by the sum (inf - inf, or inf + NaN, in each rank's own order): numpy's NaN
+    # bits on every rank where the result passes through a rounding or a division
+    values = [np.inf, -np.inf, 1.0, np.nan, 1.0]
+    for dtype, op in (("float16", "sum"), ("float16", "avg"), ("float32", "avg"),
+                      ("float64", "avg")):
+        got = cc.allreduce(np.array([values[rank % 5], 1.0], dtype), op=op)
+        nan = np.array(np.nan, dtype)
+        assert p == 1 or got[:1].tobytes() == nan.tobytes(), (dtype, op, got.tobytes())
+        cases += 1
     return cases
 
 
