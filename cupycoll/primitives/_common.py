@@ -50,7 +50,8 @@ def _abs_threshold(dtype: np.dtype, t: Any) -> Any:
             with np.errstate(over="ignore"):
                 tt = dtype.type(tf)
         if float(tt) < tf:
-            tt = np.nextafter(tt, dtype.type(np.inf))
+            with np.errstate(under="ignore"):  # a subnormal threshold: no raise mid-collective
+                tt = np.nextafter(tt, dtype.type(np.inf))
         if math.isnan(tt):
             return False
         return tt if tt > 0 else dtype.type(0)

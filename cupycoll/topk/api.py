@@ -60,7 +60,7 @@ def _mismatch(differs: list[agreement.Differ], draft: agreement.Draft) -> str:
     if d.field == "settings":
         return (f"ranks disagree on the settings that decide the call's collectives (rank "
                 f"{draft.rank} has {settings}): a state's step, Ok-Topk's tau, tau_prime and "
-                "padded allgather, a compressor's warm-up and measure_xi, and "
+                "padded allgather, a compressor's warm-up, measure_xi and step count, and "
                 "CUPYCOLL_RANKS_PER_NODE must be the same on every rank")
     return _disagreement(d.field, draft.rank, d.mine, d.low, d.high, algorithm)
 

@@ -148,11 +148,12 @@ class TopkCompressor:
 
     def _settings(self) -> dict[str, Any]:
         """What of this compressor decides the collectives of its next step (agreed by the
-        step's validation): whether it is a warm-up step, measure_xi, Ok-Topk's periods. Read
-        in the caller's thread, while an asynchronous step may still run: from the steps
-        called so far, not those done."""
+        step's validation): whether it is a warm-up step, measure_xi, Ok-Topk's periods and
+        the step count (ranks restored from different checkpoints would run different
+        collectives). Read in the caller's thread, while an asynchronous step may still run:
+        from the steps called so far, not those done."""
         return {"warmup": self._called < self.warmup_steps, "measure_xi": self.measure_xi,
-                "tau": self.state.tau, "tau_prime": self.state.tau_prime}
+                "tau": self.state.tau, "tau_prime": self.state.tau_prime, "step": self._called}
 
     def _advance(self, comm: Communicator, arr: Any, k: int) -> SparseResult:
         """One validated step over ``comm`` (the compressor's communicator or its background

@@ -327,6 +327,7 @@ def _normal_fit(x: Any, density: float) -> float:
     """``|mean| + Phi^-1(1 - density/2) * std`` of x: where a normal fit leaves the top density."""
     xp = array_namespace(x)
     z = statistics.NormalDist().inv_cdf(1 - density / 2) if density < 1 else 0.0
-    mean = float(xp.mean(x, dtype=np.float64))
-    std = float(xp.std(x, dtype=np.float64))
+    with np.errstate(all="ignore"):  # an infinity or NaN gives a NaN fit, not a raise here
+        mean = float(xp.mean(x, dtype=np.float64))  # on one rank mid-collective
+        std = float(xp.std(x, dtype=np.float64))
     return abs(mean) + z * std

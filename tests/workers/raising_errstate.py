@@ -8,8 +8,8 @@ in the middle of a collective (the others would wait). Inputs hold +-inf, NaN, a
 values whose sum overflows float32; every top-k algorithm with and without a state, coo and
 bfloat16 wires, the compressor, and every sparse algorithm and op on 1-D values and rows, coo,
 compact, bfloat16 and float16 wires, values that underflow those wires; Ok-Topk's threshold
-search after a step of zeros and after a jump in magnitude. Prints "ok raising error state on
-P ranks".
+search after a step of zeros and after a jump in magnitude; every top-k algorithm and Gaussian
+selector on odd data on one rank only. Prints "ok raising error state on P ranks".
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 import cupycoll as cc
-from cupycoll.topk import TopkCompressor, TopkState, topk_allreduce
+from cupycoll.topk import Gaussian, TopkCompressor, TopkState, topk_allreduce
 
 
 def main() -> None:
@@ -68,6 +68,17 @@ def main() -> None:
             state = TopkState()
             for step in range(3):
                 topk_allreduce(plain if step == 0 else later, 10, comm=comm, state=state)
+    # odd data on one rank only (an infinity on rank 0, a subnormal gradient on rank 1):
+    # a normal fit of it is NaN or subnormal, which raised there alone, the others waiting
+    odd = rng.standard_normal(3000).astype(np.float32)
+    if comm.rank == 0:
+        odd[7] = np.inf
+    elif comm.rank == 1:
+        odd *= np.float32(1e-40)
+    for alg in cc.algorithms("topk"):
+        for selector in (None, Gaussian(policy="reference"), Gaussian()):
+            with np.errstate(all="raise"):
+                topk_allreduce(odd, 30, algorithm=alg, comm=comm, selector=selector)
     if comm.rank == 0:
         print(f"ok raising error state on {comm.size} ranks")
 

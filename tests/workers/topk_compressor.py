@@ -7,6 +7,8 @@ residual + grad). With tau=5, tau'=3 the run covers refresh, non-refresh and rep
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 from mpi4py import MPI
 
@@ -125,6 +127,17 @@ def errors(comm) -> None:
             x, 3, comm=comm, wire_values="bfloat16" if r == 0 else None)))
         assert "disagree on wire / wire_values" in message and \
             ("bfloat16" if r == 0 else "None") in message, message
+        # rank 0 restored from the checkpoint of one step before (Ok-Topk's repartition
+        # and refresh steps follow the count): every rank raises instead of hanging
+        comp = TopkCompressor(10, 0.3, comm=comm, tau_prime=2)
+        comp.step(x)
+        saved = pickle.dumps(comp)
+        comp.step(x)
+        if r == 0:
+            comp = pickle.loads(saved)
+            comp.comm = comm
+        message = str(expect_raises(MismatchError, lambda: comp.step(x)))
+        assert "'step': " in message and "step count" in message, message
     for exc_type, argument, call in cases:
         exc = expect_raises(exc_type, call)
         if argument is not None:
