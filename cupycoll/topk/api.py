@@ -62,7 +62,13 @@ def _mismatch(differs: list[agreement.Differ], draft: agreement.Draft) -> str:
                 f"{draft.rank} has {settings}): a state's step, Ok-Topk's tau, tau_prime and "
                 "padded allgather, a compressor's warm-up, measure_xi and step count, and "
                 "CUPYCOLL_RANKS_PER_NODE must be the same on every rank")
-    return _disagreement(d.field, draft.rank, d.mine, d.low, d.high, algorithm)
+    return _disagreement(d.field, draft.rank, d.mine, d.low, d.high, algorithm,
+                         draft.terms.verb)
+
+
+#: the arguments a TopkCompressor's fields come from, named by its disagreements
+_COMPRESSOR_FIELDS = {"length of x": "length of grad", "k": "k (density x n)",
+                      "dtype": "dtype of grad"}
 
 
 def _terms(verb: str) -> agreement.Terms:
@@ -170,20 +176,25 @@ def _algorithm_code(algorithm: str) -> int:
     return zlib.crc32(algorithm.encode()) & 0x7FFFFFFF
 
 
-def _disagreement(name: str, rank: int, mine: int, low: int, high: int, algorithm: str) -> str:
+def _disagreement(name: str, rank: int, mine: int, low: int, high: int, algorithm: str,
+                  verb: str = "topk_allreduce") -> str:
     """The message of a MismatchError: dtypes by name, algorithms by this rank's name (the
-    validation allreduce carries only a hash of the others')."""
+    validation allreduce carries only a hash of the others'), a compressor's fields by the
+    arguments they come from."""
+    if verb != "topk_allreduce":
+        name = _COMPRESSOR_FIELDS.get(name, name)
     if name == "algorithm":
-        return (f"ranks disagree on the algorithm of topk_allreduce (rank {rank} asked for "
+        return (f"ranks disagree on the algorithm of {verb} (rank {rank} asked for "
                 f"{algorithm!r}, another rank for another one)")
     if name == "wire":
         return (f"ranks disagree on wire / wire_values (rank {rank} asked for "
                 f"{decode_code(mine)}; the ranks from {decode_code(low)} to {decode_code(high)})")
-    if name == "dtype":
+    if name.startswith("dtype"):
         dtype_of = lambda code: FLOAT_DTYPES[code - 1].name  # noqa: E731
-        return (f"ranks disagree on the dtype of x in topk_allreduce (rank {rank} has "
+        of = "x" if verb == "topk_allreduce" else "grad"
+        return (f"ranks disagree on the dtype of {of} in {verb} (rank {rank} has "
                 f"{dtype_of(mine)}; the ranks have {dtype_of(low)} to {dtype_of(high)})")
-    return (f"ranks disagree on the {name} of topk_allreduce (rank {rank} has {mine}; "
+    return (f"ranks disagree on the {name} of {verb} (rank {rank} has {mine}; "
             f"range {low}..{high})")
 
 

@@ -138,6 +138,13 @@ def errors(comm) -> None:
             comp.comm = comm
         message = str(expect_raises(MismatchError, lambda: comp.step(x)))
         assert "'step': " in message and "step count" in message, message
+        comp = TopkCompressor(10, 0.2 if r == 0 else 0.3, comm=comm)  # named as the caller's
+        message = str(expect_raises(MismatchError, lambda: comp.step(x)))
+        assert "the k (density x n) of TopkCompressor.step" in message, message
+        comp = TopkCompressor(10, 0.3, comm=comm)
+        message = str(expect_raises(MismatchError, lambda: comp.step(
+            x.astype(np.float64) if r == 0 else x)))
+        assert "dtype of grad in TopkCompressor.step" in message, message
     for exc_type, argument, call in cases:
         exc = expect_raises(exc_type, call)
         if argument is not None:
