@@ -33,6 +33,15 @@ class _Runner:
         self.comm.stats = comm.stats  # traffic is booked on the caller's communicator
         self._pool = concurrent.futures.ThreadPoolExecutor(1, "cupycoll-background")
         self._last: concurrent.futures.Future | None = None
+        on_close = getattr(comm, "on_close", None)
+        if on_close is not None:
+            on_close(self.close)
+
+    def close(self) -> None:
+        """When its communicator closes: the calls queued so far run on, then the duplicate
+        is closed and the thread ends (without waiting for them here)."""
+        self._pool.submit(self.comm.close)
+        self._pool.shutdown(wait=False)
 
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any
                ) -> concurrent.futures.Future:

@@ -235,3 +235,33 @@ def test_host_address_of_views_and_non_contiguous_arrays():
     frozen = base.copy()
     frozen.flags.writeable = False
     assert _address(frozen) == frozen.ctypes.data
+
+
+def test_mpi_out_of_communicators_is_backend_unavailable():
+    """MPI refusing a new communicator (after about 2,000 init() calls: each holds one for
+    good) raises BackendUnavailable saying why, not mpi4py's bare exception."""
+    class Exhausted(MPI.Intracomm):
+        def Dup(self, *args):
+            raise MPI.Exception(MPI.ERR_OTHER)
+
+    with pytest.raises(errors.BackendUnavailable, match="MPI could not make a communicator "
+                       "on rank 0 .*make communicators once and reuse them"):
+        MPICommunicator(Exhausted(MPI.COMM_SELF))
+
+
+def test_close_ends_the_background_worker_and_closes_its_duplicate():
+    """The worker thread and duplicate of a communicator's asynchronous calls end with it."""
+    import threading
+
+    from cupycoll._background import runner
+
+    comm = cc.init("mpi", mpi_comm=MPI.COMM_SELF)
+    work = cc.sparse_allreduce(np.array([1]), np.array([2.0]), 4, comm=comm, async_op=True)
+    assert work.wait().values.tolist() == [2.0]
+    worker = runner(comm)
+    comm.close()
+    worker._pool.shutdown(wait=True)  # the queued close has run
+    assert not [t for t in threading.enumerate() if t.name.startswith("cupycoll-background")
+                and t.is_alive() and t in worker._pool._threads]
+    with pytest.raises(errors.BackendUnavailable):
+        worker.comm.barrier()

@@ -112,6 +112,16 @@ class Communicator(abc.ABC):
     def close(self) -> None:
         """Release backend resources (idempotent)."""
 
+    def on_close(self, release: Any) -> None:
+        """Call ``release()`` when this communicator is closed (what was made for it: the
+        background worker of its asynchronous calls and that worker's duplicate)."""
+        self.__dict__.setdefault("_releases", []).append(release)
+
+    def _release_all(self) -> None:
+        """Run the :meth:`on_close` callbacks, once."""
+        for release in self.__dict__.pop("_releases", []):
+            release()
+
     def host_arrival(self, op_name: str) -> None:
         """Wait, under ``self.timeout`` and interruptible, until every rank has reached this
         point: a barrier of the host MPI communicator (``mpi_comm``; none: nothing to wait

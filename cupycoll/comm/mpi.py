@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 from .._config import setting
 from .._types import ReduceOp, to_host
-from ..errors import BackendError, InvalidArgument, InvalidType
+from ..errors import BackendError, BackendUnavailable, InvalidArgument, InvalidType
 from ._base import Communicator
 from ._mpi_staging import _AVG, Staging
 from ._mpi_pairwise import (pairwise_in_place, pairwise_reduce, pairwise_reduce_applies,
@@ -63,11 +63,20 @@ class MPICommunicator(Staging, Communicator):
         operations a dead communicator left pending never match a new one's) and sets up the
         arrival board that names late ranks."""
         super().__init__(timeout)
-        self.mpi_comm = _usable(mpi_comm if mpi_comm is not None else MPI.COMM_WORLD).Dup()
-        self._owned = True
-        self.rank, self.size = self.mpi_comm.Get_rank(), self.mpi_comm.Get_size()
+        base = _usable(mpi_comm if mpi_comm is not None else MPI.COMM_WORLD)
+        try:
+            self.mpi_comm = base.Dup()
+            self._owned = True
+            self.rank, self.size = self.mpi_comm.Get_rank(), self.mpi_comm.Get_size()
+            self._watch(self.mpi_comm)
+        except MPI.Exception as exc:  # e.g. "Too many communicators"
+            raise BackendUnavailable(
+                f"MPI could not make a communicator on rank {base.Get_rank()} "
+                f"({str(exc).strip().splitlines()[-1].strip()}): each "
+                "init() and dup() holds an MPI communicator and an arrival-board window until "
+                "MPI finalizes (close() frees the communicator only); make communicators once "
+                "and reuse them") from exc
         self.xp = xp
-        self._watch(self.mpi_comm)
         #: seconds a wait tests (and yields) before it starts to nap
         self._spin = setting("CUPYCOLL_SPIN")
         self._verbs = {"allreduce": self._allreduce, "broadcast": self._broadcast,
@@ -386,6 +395,7 @@ class MPICommunicator(Staging, Communicator):
 
     def close(self) -> None:
         """Free the MPI communicator; any later use raises BackendUnavailable."""
+        self._release_all()
         if self._orphaned:  # MPI may still use them: kept for the life of the process
             self._fate.abandon(self._orphaned)
         comm, self.mpi_comm = self.mpi_comm, _ClosedComm(self.rank)

@@ -231,6 +231,7 @@ class NCCLCommunicator(_StreamOrder, _NcclVerbs, Communicator):
         the timeout is aborted instead: ``ncclCommDestroy`` blocks forever while a kernel
         waits for a peer that never comes.
         """
+        self._release_all()
         if self._handle.comm is None:
             return
         try:
