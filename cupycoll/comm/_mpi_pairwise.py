@@ -218,6 +218,16 @@ def _post_ready(comm: Any, advance: Any) -> None:
         comm._posting.release()
 
 
+def earlier_first(comm: Any) -> None:
+    """Before this rank posts anything new on ``comm``: post the second phases of the pairwise
+    calls before it (a peer may wait in one: MPI's nonblocking calls progress without a wait)
+    and let go of the orphans (operations whose Work was dropped) that are done."""
+    if comm._unposted:
+        post_pending(comm)
+    if comm._orphaned:
+        comm._orphaned = [entry for entry in comm._orphaned if not entry[0]()]
+
+
 def post_pending(comm: Any) -> None:
     """Post the second phase of every call on ``comm`` not posted yet, in call order (each
     waits for its own first phase): a rank starts nothing new before them."""

@@ -187,3 +187,12 @@ class _DeadComm:
 
     def __getattr__(self, name: str) -> Any:
         raise self._fate.dead_error()
+
+
+def out_of_communicators(exc: MPI.Exception, rank: int) -> BackendUnavailable:
+    """The error of MPI refusing a new communicator (e.g. "Too many communicators")."""
+    return BackendUnavailable(
+        f"MPI could not make a communicator on rank {rank} "
+        f"({str(exc).strip().splitlines()[-1].strip()}): each init() and dup() holds an MPI "
+        "communicator and an arrival-board window until MPI finalizes (close() frees the "
+        "communicator only); make communicators once and reuse them")

@@ -20,13 +20,13 @@ from mpi4py import MPI
 
 from .._config import setting
 from .._types import ReduceOp, to_host
-from ..errors import BackendError, BackendUnavailable, InvalidArgument, InvalidType
+from ..errors import BackendError, InvalidArgument, InvalidType
 from ._base import Communicator
 from ._mpi_staging import _AVG, Staging
-from ._mpi_pairwise import (pairwise_in_place, pairwise_reduce, pairwise_reduce_applies,
-                             post_pending,
-                             pairwise_reduce_scatter)
-from ._mpi_types import _ClosedComm, _DeadComm, _address, _bytes, _pending, _separate
+from ._mpi_pairwise import (earlier_first, pairwise_in_place, pairwise_reduce,
+                             pairwise_reduce_applies, pairwise_reduce_scatter)
+from ._mpi_types import (_ClosedComm, _DeadComm, _address, _bytes, _pending, _separate,
+                         out_of_communicators)
 from ._naps import nap
 from ._work import Work
 
@@ -70,12 +70,7 @@ class MPICommunicator(Staging, Communicator):
             self.rank, self.size = self.mpi_comm.Get_rank(), self.mpi_comm.Get_size()
             self._watch(self.mpi_comm)
         except MPI.Exception as exc:  # e.g. "Too many communicators"
-            raise BackendUnavailable(
-                f"MPI could not make a communicator on rank {base.Get_rank()} "
-                f"({str(exc).strip().splitlines()[-1].strip()}): each "
-                "init() and dup() holds an MPI communicator and an arrival-board window until "
-                "MPI finalizes (close() frees the communicator only); make communicators once "
-                "and reuse them") from exc
+            raise out_of_communicators(exc, base.Get_rank()) from exc
         self.xp = xp
         #: seconds a wait tests (and yields) before it starts to nap
         self._spin = setting("CUPYCOLL_SPIN")
@@ -344,7 +339,7 @@ class MPICommunicator(Staging, Communicator):
     def exchange(self, sends: Sequence[tuple[int, Any]], recvs: Sequence[tuple[int, Any]],
                  op_name: str = "exchange") -> Work:
         requests, copy_backs, buffers, peers = [], [], [], []
-        self._earlier_first()
+        earlier_first(self)
         self.stats.record(op_name)
         to_self = [a for peer, a in sends if peer == self.rank]  # FIFO, like messages to peers
         for peer, buf in recvs:
@@ -370,27 +365,18 @@ class MPICommunicator(Staging, Communicator):
         return self._work(requests, op_name, finalize, tuple(buffers), peers)
 
     def barrier(self) -> None:
-        self._earlier_first()
+        earlier_first(self)
         request = self.mpi_comm.Ibarrier()
         self._slot[0] = self.sequence = self.sequence + 1  # a collective: an arrival notice
         self.wait([request], "barrier")
 
-    def _earlier_first(self) -> None:
-        """Before this rank posts anything new: post the second phases of the pairwise calls
-        before it (a peer may wait in one: MPI's nonblocking calls progress without a wait)
-        and let go of finished orphans."""
-        if self._unposted:
-            post_pending(self)
-        if self._orphaned:
-            self._orphaned = [entry for entry in self._orphaned if not entry[0]()]
-
     def _record_collective(self, name: str, nbytes: int, root: int | None = None,
                            op_name: str | None = None) -> None:
-        self._earlier_first()
+        earlier_first(self)
         super()._record_collective(name, nbytes, root, op_name)
 
     def _record_allgatherv(self, op_name: str, byte_counts: np.ndarray) -> None:
-        self._earlier_first()
+        earlier_first(self)
         super()._record_allgatherv(op_name, byte_counts)
 
     def close(self) -> None:

@@ -103,9 +103,8 @@ class Prepared:
                      native_sum_keeps_minus_zero=native_keeps_minus_zero(comm))
 
     def fields(self, names: list[str]) -> tuple[int, ...]:
-        """The agreement fields (see VALIDATION_FIELDS but async_op); ``names`` = the sparse
-        algorithms. The algorithm's field also carries how it runs: CUPYCOLL_AUTO's mode and
-        CUPYCOLL_RANKS_PER_NODE (:func:`_decode`)."""
+        """The agreement fields (VALIDATION_FIELDS but async_op; ``names``: the sparse
+        algorithms); the algorithm's also carries CUPYCOLL_AUTO and CUPYCOLL_RANKS_PER_NODE."""
         how = AUTO_MODES.index(self.auto_mode) + len(AUTO_MODES) * self.ranks_per_node
         return (self.n, _INDEX_CODES[self.index_dtype], _VALUE_CODES[self.value_dtype],
                 self.width, _OP_CODES[self.op], names.index(self.algorithm) + len(names) * how,
@@ -202,8 +201,7 @@ def _out(comm: Any, out: Any, output: str, alloc_fn: Any, n: int, width: int,
 def _accumulate(accumulate_dtype: Any, value_dtype: np.dtype, op: ReduceOp,
                 rank: int) -> np.dtype:
     """The dtype the reduction runs in: ``accumulate_dtype``, else the values' own, but float32
-    for a float16 average (as the dense verbs reduce it, and NCCL's pre-divided average
-    behaves: a float16 sum on the way to an average that fits would overflow)."""
+    for a float16 average (as the dense verbs run it: its float16 sum may overflow)."""
     if accumulate_dtype is None:
         if op is ReduceOp.AVG and value_dtype == np.float16:
             return np.dtype(np.float32)
@@ -325,11 +323,10 @@ def _decode(field: str, value: int) -> str:
         return _OPS[value].value
     if field == "algorithm":  # past the names: CUPYCOLL_AUTO's mode, CUPYCOLL_RANKS_PER_NODE
         names = algorithms("sparse")
-        how = value // len(names)
-        mode, per_node = AUTO_MODES[how % len(AUTO_MODES)], how // len(AUTO_MODES)
-        return (names[value % len(names)] + (f" (CUPYCOLL_AUTO={mode})" if how % len(AUTO_MODES)
-                                             else "")
-                + (f" (CUPYCOLL_RANKS_PER_NODE={per_node})" if per_node else ""))
+        mode, per_node = divmod(value // len(names), len(AUTO_MODES))[::-1]
+        return names[value % len(names)] + (f" (CUPYCOLL_AUTO={AUTO_MODES[mode]})" if mode
+                                            else "") + (
+            f" (CUPYCOLL_RANKS_PER_NODE={per_node})" if per_node else "")
     if field == "wire":
         return decode_code(value)
     if field == "output":
