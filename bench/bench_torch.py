@@ -28,8 +28,9 @@ V x 64 float32 bytes, nnz = rows per rank, mean), reduced by:
     torch coalesce    grad.coalesce() alone (the share of it in gloo's time)
 
 Calls that auto's learn mode times (the hook's, cupycoll's, the backend's blocking ones) run
-its trials of the gradient's shape class first, untimed (``TRIALS`` calls): the rows show what
-a training loop runs once they are done; bench_regret.py shows what the trials cost a loop.
+its trials of the gradient's shape class first, untimed (``TRIALS`` calls), and gloo's calls as
+many (their first calls are slower too): the rows show what a training loop runs once they are
+done; bench_regret.py shows what the trials cost a loop.
 
 Table 2, one DDP training step (forward, backward, SGD) with the sparse embedding through the
 hook, the backend and gloo, and with a dense embedding on gloo. ``#wrong`` counts values off
@@ -198,10 +199,12 @@ def table_reduce(table: Table, vocab: int, grad: torch.Tensor, hook_comm, group,
                  comm) -> dict:
     """Time table 1's calls for ``grad``; add one row each; return the medians."""
     calls = reduce_calls(grad, hook_comm, group, args)
-    for _ in range(TRIALS):  # auto's learn trials, untimed, on fresh copies where consumed
-        cct.allreduce_hook(hook_comm, Bucket(grad.clone())).wait()
-        cct.sparse_allreduce(grad)
+    for _ in range(TRIALS):  # auto's learn trials, untimed, on fresh copies where consumed;
+        cct.allreduce_hook(hook_comm, Bucket(grad.clone())).wait()  # gloo's calls as many
+        cct.sparse_allreduce(grad)  # times (its first calls are slower too)
         cct.sparse_allreduce(grad.coalesce())
+        _reduced(grad.clone())
+        _reduced(grad.to_dense())
         if group is not None:
             _reduced(grad.clone(), group)
     expected = _reduced(grad.clone()).coalesce()
