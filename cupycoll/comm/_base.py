@@ -19,6 +19,7 @@ import numpy as np
 from .._config import parse_timeout
 from .._types import ReduceOp, to_host
 from ..errors import BackendError, CollectiveTimeout, CupycollError
+from ._nccl_guard import spin
 from ._stats import Stats
 from ._watchdog import NO_SLOT, Board, Fate, timeout_error
 from ._work import Overlap, Work
@@ -135,8 +136,6 @@ class Communicator(abc.ABC):
         mpi_comm = getattr(self, "mpi_comm", None)
         if mpi_comm is None or self.size == 1:
             return
-        from ._nccl_guard import spin
-
         request = mpi_comm.Ibarrier()
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
 
