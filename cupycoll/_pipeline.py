@@ -17,7 +17,7 @@ import numpy as np
 
 from ._background import run_async
 from ._result import SparseResult
-from ._types import array_namespace, as_array, like_caller, to_host
+from ._types import array_namespace, as_array, like_caller, to_host, writable
 from .comm import Communicator, Work
 from .errors import InvalidArgument, InvalidType
 
@@ -142,7 +142,7 @@ def _fill(buffers: Any, idx: Any, val: Any, rank: int | None = None) -> tuple[An
         if tuple(arr.shape) != tuple(src.shape) or np.dtype(arr.dtype) != np.dtype(src.dtype):
             raise InvalidArgument("alloc_fn", got, f"must return {name} of shape "
                                   f"{tuple(src.shape)} and dtype {src.dtype}", rank=rank)
-        if not _writable(arr):
+        if not writable(arr):
             raise InvalidArgument("alloc_fn", got, "must return writable buffers", rank=rank)
         try:
             arr[...] = callers(src, arr)
@@ -152,8 +152,3 @@ def _fill(buffers: Any, idx: Any, val: Any, rank: int | None = None) -> tuple[An
         out.append(buf)
     return out[0], out[1]
 
-
-def _writable(arr: Any) -> bool:
-    """Whether ``arr`` may be written (numpy's flag; device arrays are)."""
-    flags = getattr(arr, "flags", None)
-    return bool(getattr(flags, "writeable", True))

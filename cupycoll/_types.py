@@ -13,7 +13,7 @@ from .errors import InvalidArgument, InvalidType
 
 __all__ = ["ReduceOp", "UFUNCS", "parse_op", "array_namespace", "as_array", "check_dtype",
            "check_native", "check_current_device", "device_of", "distinct", "DENSE_DTYPES",
-           "to_host", "like_caller", "trunc_divide"]
+           "to_host", "like_caller", "trunc_divide", "writable"]
 
 
 class ReduceOp(str, enum.Enum):
@@ -159,6 +159,11 @@ def check_dtype(x: Any, argument: str, *, rank: int | None = None, allowed=None)
     if dtype.name not in names:
         raise InvalidType(argument, dtype, f"an array of one of {sorted(names)}", rank=rank)
     return dtype
+
+
+def writable(a: Any) -> bool:
+    """Whether ``a`` may be written (numpy's flag; a CuPy array has none and always may)."""
+    return bool(getattr(getattr(a, "flags", None), "writeable", True))
 
 
 def to_host(x: Any) -> np.ndarray:

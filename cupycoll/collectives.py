@@ -23,7 +23,7 @@ from . import _agreement as agreement
 from ._config import debug
 from ._pipeline import Delivery, Plan, call
 from ._types import (DENSE_DTYPES, ReduceOp, array_namespace, as_array, check_device,
-                     check_dtype, device_of, parse_op)
+                     check_dtype, device_of, parse_op, writable)
 from .comm import Communicator, Work, get_comm
 from .errors import CupycollError, InvalidArgument, InvalidType, MismatchError
 
@@ -66,15 +66,10 @@ def _plain_output(x: Any, out: Any, comm: Communicator, grow: int = 0, shrink: i
     if out is None:
         return comm.xp.empty(shape, dtype=x.dtype)
     if (type(out) is type(x) and out.shape == shape and out.dtype == x.dtype
-            and out.flags.c_contiguous and _writable(out)
+            and out.flags.c_contiguous and writable(out)
             and (device is None or device_of(out, device) == device)):
         return out
     return None
-
-
-def _writable(a: Any) -> bool:
-    """Whether ``a`` may be written (numpy's flag; a CuPy array has none and always may)."""
-    return getattr(a.flags, "writeable", True)
 
 
 def _plain_root(root: Any, comm: Communicator) -> bool:
@@ -132,7 +127,7 @@ def _output(out: Any, x: Any, shape: tuple, comm: Communicator) -> Any:
                           rank=comm.rank)
     if not out.flags.c_contiguous:
         raise InvalidArgument("out", "non-contiguous array", "must be C-contiguous", rank=comm.rank)
-    if not _writable(out):
+    if not writable(out):
         raise InvalidArgument("out", "read-only array", "must be writable", rank=comm.rank)
     check_device(out, comm, "out")
     return out

@@ -178,7 +178,8 @@ def _two_phases(comm: Any, first: list, first_peers: list[int], between: Any, fi
     def wait() -> None:
         requests = first
         try:
-            _post_through(comm, advance)
+            post_pending(comm, advance)
+            advance()  # this call's own (nothing where it is posted already)
             requests = second[0][0]
             comm.wait(requests, op_name, second[0][1], sequence)
         except BaseException:
@@ -228,22 +229,12 @@ def earlier_first(comm: Any) -> None:
         comm._orphaned = [entry for entry in comm._orphaned if not entry[0]()]
 
 
-def post_pending(comm: Any) -> None:
-    """Post the second phase of every call on ``comm`` not posted yet, in call order (each
-    waits for its own first phase): a rank starts nothing new before them."""
+def post_pending(comm: Any, through: Any = None) -> None:
+    """Post the second phase of every call on ``comm`` not posted yet (a rank starts nothing
+    new before them), or only up to the one ``through`` posts, in call order (each waits for
+    its own first phase)."""
     with comm._posting:
         unposted = comm._unposted
-        while unposted:
+        while unposted and (through is None or any(entry[0] is through for entry in unposted)):
             unposted[0][0]()
             unposted.popleft()
-
-
-def _post_through(comm: Any, advance: Any) -> None:
-    """Post the second phase of every call on ``comm`` up to the one ``advance`` posts, in
-    call order (each waits for its own first phase)."""
-    with comm._posting:
-        unposted = comm._unposted
-        while any(entry[0] is advance for entry in unposted):
-            unposted[0][0]()
-            unposted.popleft()
-    advance()
