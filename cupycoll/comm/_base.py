@@ -234,8 +234,9 @@ class Communicator(abc.ABC):
         return self.fetch(getattr(self, verb)(*args, op_name=op_name), result)
 
     def send_buffer(self, nbytes: int) -> Any:
-        """An uninitialised uint8 array of ``nbytes`` for one outgoing block (a packed block
-        of entries), to hand back with :meth:`release_send_buffer` once its exchange is done.
+        """An uninitialised uint8 array of ``nbytes`` for one block of an exchange (a packed
+        block of entries, sent or received), to hand back with :meth:`release_send_buffer` once
+        nothing reads it.
         This default makes a new one."""
         return self.xp.empty(nbytes, dtype=np.uint8)
 

@@ -43,12 +43,16 @@ class Unfolded:
                                   out.reshape(out.shape[0], self._rows.shape[1]))
         return out
 
+    def fold_into(self, out: np.ndarray) -> np.ndarray:
+        """Write the coalesced values (row i: the sum of ``keys[i]``'s rows) into ``out``
+        (C-contiguous, of ``shape`` and ``dtype``) and return it."""
+        return self.into(out, np.arange(self.shape[0], dtype=np.int32))
+
     def folded(self) -> np.ndarray:
         """The coalesced values: each key's rows summed (what :func:`coo_reduce` returns in
         the accumulate dtype), made once."""
         if self._folded is None:
-            out = np.empty(self.shape, self.dtype)
-            self._folded = self.into(out, np.arange(self.shape[0], dtype=np.int32))
+            self._folded = self.fold_into(np.empty(self.shape, self.dtype))
         return self._folded
 
 

@@ -35,6 +35,7 @@ import numpy as np
 from .._registry import register
 from .._types import ReduceOp, distinct, to_host
 from ..primitives import combine, densify, gather
+from ..primitives._unfolded import folded
 from ..wire._pack import (COO, Packed, Wire, coo_nbytes, pack, pack_dense, unpack,
                           unpack_dense, value_nbytes)
 from ._common import presence, reduce_parts, union_of_presence
@@ -80,7 +81,7 @@ class _State:
 def _as_dense(state: _State, n: int) -> _State:
     if state.dense:
         return state
-    return _State(True, densify(state.first, state.second, n), presence(state.first, n))
+    return _State(True, densify(state.first, folded(state.second), n), presence(state.first, n))
 
 
 class _Rounds:
@@ -94,6 +95,7 @@ class _Rounds:
         self.row_bytes = values.dtype.itemsize * max(math.prod(self.row), 1)
         self.accumulate_dtype = accumulate_dtype
         self.counts = None if wire.compact else counts
+        self._held: list[Any] = []  # the blocks of this call's exchanges (send_buffer)
 
     def header_of(self, rank: int, own: bool) -> int | None:
         """The header ``rank`` sends, when the receiver knows it without the message: a block
@@ -103,8 +105,10 @@ class _Rounds:
         nnz = int(self.counts[rank])
         return -1 if prefer_dense(nnz, self.n, self.index_dtype.itemsize, self.row_bytes) else nnz
 
-    def start(self, indices: Any, values: Any) -> _State:
-        return self.switch(_State(False, indices, values))
+    def start(self, indices: Any, values: Any, sends_first: bool) -> _State:
+        """The rank's own input as a state; :class:`Unfolded` values stay so only where the
+        rank's first step sends them (then they are summed straight into the block)."""
+        return self.switch(_State(False, indices, values if sends_first else folded(values)))
 
     def switch(self, state: _State) -> _State:
         if not state.dense and prefer_dense(int(state.first.shape[0]), self.n,
@@ -143,11 +147,12 @@ class _Rounds:
         nbytes = got[1] if wire.compact else (
             dense_nbytes(self.n, self.row, self.value_dtype, wire) if got[0] < 0 else
             coo_nbytes(got[0], self.row, self.index_dtype, self.value_dtype, wire))
-        buf = xp.empty(nbytes, dtype=np.uint8)
+        buf = comm.send_buffer(nbytes)
+        self._held.append(buf)
+        if block is not None and not state.dense:  # a dense block is not a send buffer
+            self._held.append(block.buf)
         comm.exchange([(send_to, block.buf)] if block is not None else [],
                       [(recv_from, buf)] if recv_from is not None else [], _OP).wait()
-        if block is not None and not state.dense:  # a dense block is not a send buffer
-            comm.release_send_buffer(block.buf)
         if recv_from is None:
             return state, None
         if got[0] < 0:
@@ -161,15 +166,27 @@ class _Rounds:
         if not lower.dense and not higher.dense:
             merged = reduce_parts([(lower.first, lower.second), (higher.first, higher.second)],
                                   self.op, self.accumulate_dtype)
-            return self.switch(_State(False, *merged))
+            return self.released(self.switch(_State(False, *merged)))
         lo, hi = _as_dense(lower, self.n), _as_dense(higher, self.n)
-        return _State(True, combine(lo.first, hi.first, self.op), lo.second | hi.second)
+        return self.released(_State(True, combine(lo.first, hi.first, self.op),
+                                    lo.second | hi.second))
+
+    def released(self, state: _State) -> _State:
+        """Hand the blocks exchanged so far back to the communicator, but those ``state``
+        (what the rounds go on with) still reads (a merge may return a part as it is)."""
+        xp = self.xp
+        for buf in self._held:
+            if not any(xp.may_share_memory(buf, a) for a in (state.first, state.second)):
+                self.comm.release_send_buffer(buf)
+        self._held.clear()
+        return state
 
     def finish(self, state: _State) -> tuple[Any, Any]:
-        if not state.dense:
-            return state.first, state.second
-        union = union_of_presence(state.second, self.index_dtype)
-        return union, gather(state.first, union)
+        if state.dense:
+            union = union_of_presence(state.second, self.index_dtype)
+            state = _State(False, union, gather(state.first, union))
+        state = self.released(state)
+        return state.first, state.second
 
 
 def recursive_doubling(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
@@ -178,11 +195,13 @@ def recursive_doubling(comm: Any, indices: Any, values: Any, n: int, op: ReduceO
     """Pairwise exchange-and-merge in log2(P) rounds, folding non-power-of-two ranks in and out.
 
     ``counts``: every rank's nnz when the caller knows them (blocks of a rank's own input then
-    travel without a header on coo)."""
+    travel without a header on coo). ``values``: coalesced rows, or
+    :class:`cupycoll.primitives._unfolded.Unfolded` rows (a host input with duplicates), summed
+    straight into the block of the rank's first send."""
     p, rank = comm.size, comm.rank
     pair = _Rounds(comm, n, op, indices.dtype, values, accumulate_dtype, wire, counts)
-    state = pair.start(indices, values)
     p2 = 1 << (p.bit_length() - 1)
+    state = pair.start(indices, values, sends_first=rank >= p2 or (rank + p2 >= p and p2 > 1))
     if rank >= p2:  # fold in, then wait for the result
         pair.transfer(state, rank - p2, None, mine_own=True)
         return pair.finish(pair.transfer(None, None, rank - p2)[1])
@@ -262,4 +281,4 @@ def work(shape: Shape, rank: int, profile: Any = None) -> dict[str, float]:
 
 
 ALGORITHM = register("sparse", "recursive_doubling", recursive_doubling, cost=cost, work=work,
-                     counts=True)
+                     counts=True, unfolded=True)

@@ -93,12 +93,22 @@ def pack(xp: Any, idx: Any, val: Any, wire: Wire, lo: int = 0, hi: int = 0,
          buffer: Callable[[int], Any] | None = None) -> Packed:
     """Pack sorted unique ``idx`` (in ``[lo, hi)``) and their rows ``val`` into one block
     (no bytes at all for no entries); ``buffer(nbytes)`` gives the block's uint8 array (a
-    communicator's :meth:`~cupycoll.comm.Communicator.send_buffer`; default a new one)."""
+    communicator's :meth:`~cupycoll.comm.Communicator.send_buffer`; default a new one).
+
+    ``val`` may be :class:`~cupycoll.primitives._unfolded.Unfolded` rows: on a wire that does
+    not round them they are summed straight into the block (no coalesced copy in between), and
+    the returned ``values`` are that part of the block."""
+    from ..primitives._unfolded import Unfolded
     from . import encode_indices, round_values
 
     count = int(idx.shape[0])
+    unfolded = isinstance(val, Unfolded)
+    if unfolded and (count == 0 or wire.rounds(val.dtype)):
+        val, unfolded = val.folded(), False
     if count == 0:  # an empty block is empty on every wire (nothing to decode)
         return Packed(xp.empty(0, dtype=np.uint8), 0, val)
+    if unfolded:
+        return _pack_folding(xp, idx, val, wire, lo, hi, buffer)
     if wire.rounds(val.dtype):
         payload, val = round_values(val, wire.values)
     else:
@@ -114,6 +124,24 @@ def pack(xp: Any, idx: Any, val: Any, wire: Wire, lo: int = 0, hi: int = 0,
     buf[:sizes[0]] = _as_bytes(parts[0])
     buf[sizes[0]:] = _as_bytes(parts[1])
     return Packed(buf, count, val)
+
+
+def _pack_folding(xp: Any, idx: Any, rows: Any, wire: Wire, lo: int, hi: int,
+                  buffer: Callable[[int], Any] | None) -> Packed:
+    """:func:`pack` of :class:`~cupycoll.primitives._unfolded.Unfolded` ``rows`` on a wire
+    that does not round them: the indices copied, the rows folded into their part."""
+    from . import encode_indices
+
+    index_part = encode_indices(idx, lo, hi) if wire.compact else idx
+    vbytes = rows.shape[0] * math.prod(rows.shape[1:]) * rows.dtype.itemsize
+    ibytes = int(index_part.size) * index_part.dtype.itemsize
+    buf = xp.empty(vbytes + ibytes, dtype=np.uint8) if buffer is None else \
+        buffer(vbytes + ibytes)
+    first = _values_first(idx.dtype, rows.dtype, wire)
+    vpart, ipart = (buf[:vbytes], buf[vbytes:]) if first else (buf[ibytes:], buf[:ibytes])
+    ipart[:] = _as_bytes(index_part)
+    values = rows.fold_into(vpart.view(rows.dtype).reshape(rows.shape))
+    return Packed(buf, int(idx.shape[0]), values)
 
 
 def unpack(buf: Any, count: int, row: tuple, index_dtype: Any, dtype: Any,
