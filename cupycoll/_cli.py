@@ -151,20 +151,26 @@ def _bench(args: argparse.Namespace) -> int:
     sys.path.insert(0, str(script.parent))  # the scripts import their sibling _common
     try:
         runpy.run_path(str(script), run_name="__main__")
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except SystemExit as exc:  # e.g. an argument refused on this rank only: as python -m
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if code:  # mpi4py, a failed exit ends the job rather than leave the others waiting
+            if not isinstance(exc.code, int) and exc.code is not None:
+                print(exc.code, file=sys.stderr)
+            _abort_if_parallel(code)
+        return code
     except BaseException:  # like python -m mpi4py: one rank's failure must not hang the others
         traceback.print_exc()
-        sys.stderr.flush()
         _abort_if_parallel()
         raise
     return 0
 
 
-def _abort_if_parallel() -> None:
+def _abort_if_parallel(code: int = 1) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and mpi.Is_initialized() and mpi.COMM_WORLD.Get_size() > 1:
-        mpi.COMM_WORLD.Abort(1)
+        mpi.COMM_WORLD.Abort(code)
 
 
 def _tune(args: argparse.Namespace) -> int:

@@ -126,6 +126,18 @@ def test_bench_passes_arguments_and_exit_status():
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
 
 
+def test_bench_refusing_an_argument_on_one_rank_ends_the_job():
+    """An argument one rank refuses (its exit status 2) aborts the whole job, as ``python -m
+    mpi4py`` does, instead of leaving the other ranks in the benchmark's first collective."""
+    good = ["-b", "8", "-e", "1K", "-n", "1", "-w", "0", "--no-progress"]
+    cmd = [mpiexec(), "-n", "1", sys.executable, "-m", "cupycoll", "bench", "dense", *good,
+           ":", "-n", "1", sys.executable, "-m", "cupycoll", "bench", "dense", *good,
+           "--no-such-flag"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=90, env=ENV, cwd=ROOT,
+                          start_new_session=True)
+    assert proc.returncode != 0 and "--no-such-flag" in proc.stderr
+
+
 def test_every_benchmark_script_is_reachable():
     """``cupycoll bench`` offers exactly the scripts at bench/'s top level; the developer probes
     in bench/dev/ are not offered."""
