@@ -15,6 +15,7 @@ __all__ = [
     "CollectiveTimeout",
     "BackendUnavailable",
     "BackendError",
+    "CupycollWarning",
 ]
 
 
@@ -66,6 +67,12 @@ class BackendError(CupycollError, RuntimeError):
     """The backend failed an operation (names the operation and the rank; the backend's own
     exception is the ``__cause__``). With MPI, the usual cause is ranks that disagree on a dense
     collective's count or dtype, which only ``CUPYCOLL_DEBUG=1`` checks beforehand."""
+
+
+class CupycollWarning(UserWarning):
+    """Something the caller set is not used as given, and the call goes on without it (e.g. an
+    unreadable profile file: the shipped one prices the calls); shown once by Python's
+    ``warnings``."""
 
 
 def _short(value: object, limit: int = 80) -> str:

@@ -214,7 +214,8 @@ def test_dense_presence_paths_in_the_model():
         assert "dense.union" in dense.cost(other, 0).received
 
 
-def test_profile_round_trip_env_and_bad_file(tmp_path, monkeypatch, caplog):
+@pytest.mark.filterwarnings("ignore::cupycoll.errors.CupycollWarning")
+def test_profile_round_trip_env_and_bad_file(tmp_path, monkeypatch):
     path = tmp_path / "p.json"
     mine = Profile("x", 1e-6, 2e-9, 3e-6, 4e-9, dict(ZERO_WORK, merge=5e-9), 1e-7,
                    {"dense": 1e-4})
@@ -222,15 +223,19 @@ def test_profile_round_trip_env_and_bad_file(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("CUPYCOLL_PROFILE", str(path))
     assert load_profile() == mine
     path.write_text("{not json")
-    assert load_profile() == default_profile()
-    assert "ignoring unreadable profile" in caplog.text
+    with pytest.warns(cc.errors.CupycollWarning, match="ignoring unreadable profile"):
+        assert load_profile() == default_profile()
     shipped = default_profile()
     assert shipped.alpha_native > 0 and shipped.beta_native > 0 and shipped.gamma["merge"] > 0
     good = mine.as_dict()
     for bad in ({**good, "alpha_p2p": "abc"}, {**good, "gamma": [1, 2]}, {**good, "fixed": None},
                 {**good, "beta_native": float("nan")}, {**good, "native_curve": [[1, 2, 3]]},
                 {**good, "fixed": {"dense": -1e-3}}, {**good, "gamma": {"merge": 1e308}},
-                {**good, "native_curve": [[-5, 1e-6]]}):
+                {**good, "native_curve": [[-5, 1e-6]]},
+                {**good, "native_curve": [[8, 2e-6], [64, 1e-6]]},  # falls: negative beyond
+                {**good, "native_curve": [[64, 1e-6], [8, 2e-6]]},
+                {**good, "native_curve": [[8, 1e-6], [8, 2e-6]]},
+                {"by_ranks": {"x": good}}):
         path.write_text(json.dumps(bad))  # a wrong price: never a TypeError on every call
         assert load_profile() == default_profile(), bad
     path.write_text(json.dumps({"by_ranks": {"02": good}}))  # a key int() reads as 2
@@ -267,6 +272,16 @@ def test_profiles_of_several_rank_counts_share_a_file(tmp_path):
     path.write_text(json.dumps(old.as_dict()))
     save_profile(measured(2, 20e-6), path)
     assert load_profile(path, size=3) == old and load_profile(path, size=2).alpha_native == 20e-6
+    for old in ({**plain.as_dict(), "meta": None}, "a string",  # nothing it can place
+                {"by_ranks": {"x": plain.as_dict(), "2.5": {}, "True": {}, "-2": {}}}):
+        path.write_text(json.dumps(old))
+        save_profile(measured(4, 41e-6), path)
+        assert set(json.loads(path.read_text())["by_ranks"]) == {"4"}, old
+        assert load_profile(path, size=4) == measured(4, 41e-6)
+    path.write_text(json.dumps({"by_ranks": {"2": measured(2, 20e-6).as_dict(), "x": {}}}))
+    assert load_profile(path, size=2) == measured(2, 20e-6)  # the bad key left out
+    save_profile(dataclasses.replace(plain, meta={"ranks": True}), path)  # no rank count
+    assert load_profile(path, size=2) == dataclasses.replace(plain, meta={"ranks": True})
     shipped = {size: default_profile(size) for size in (2, 3, 4, 8, 64)}
     assert all(p.alpha_native > 0 and p.gamma["merge"] > 0 for p in shipped.values())
     assert all(p.meta["ranks"] == min(size, 8) for size, p in shipped.items())  # 2, 3, 4, 8

@@ -17,15 +17,16 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import json
-import logging
 import math
 import os
+import warnings
 import weakref
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from .._config import setting
+from ..errors import CupycollWarning
 
 __all__ = ["Profile", "default_profile", "profile_path", "load_profile", "save_profile",
            "profile_for", "WORK_KINDS"]
@@ -108,7 +109,9 @@ class Profile:
         Raises:
             ValueError: a price that is not a number in [0, PRICE_MAX) (negative or huge
                 prices make predictions negative, infinite or NaN, which no choice survives),
-                or a table of prices (gamma, fixed, links, native_curve) of another shape."""
+                a table of prices (gamma, fixed, links, native_curve) of another shape, or a
+                native_curve whose sizes do not ascend or whose seconds fall (extrapolated,
+                it predicts negative times)."""
         fields = {f.name for f in dataclasses.fields(cls)}
         profile = cls(**{k: v for k, v in data.items() if k in fields})
         numbers = [profile.alpha_p2p, profile.beta_p2p, profile.alpha_native,
@@ -126,6 +129,10 @@ class Profile:
             raise ValueError(f"every price must be a number in [0, {PRICE_MAX:g})")
         if not all(_number(v) and 0 <= v < 2**63 for v in sizes):
             raise ValueError("native_curve's sizes must be byte counts")
+        seconds = [t for _, t in profile.native_curve]
+        if any(a >= b for a, b in zip(sizes, sizes[1:])) or \
+                any(a > b for a, b in zip(seconds, seconds[1:])):  # else a falling segment,
+            raise ValueError("native_curve must ascend in bytes and never fall in seconds")
         return profile
 
 
@@ -145,10 +152,23 @@ def _nearest(data: dict[str, Any], size: int | None) -> dict[str, Any]:
     sets = data.get("by_ranks")
     if not isinstance(sets, dict):
         return data
-    keyed = {int(p): profile for p, profile in sets.items()}  # "02" and " 2" are 2
-    ranks = sorted(keyed)
+    keyed = {_rank_count(p): profile for p, profile in sets.items()}  # "02", " 2": 2
+    ranks = sorted(p for p in keyed if p is not None)  # a key that names no count: left out
+    if not ranks:
+        raise ValueError("by_ranks names no rank count")
     best = ranks[-1] if not size else min(ranks, key=lambda p: (abs(math.log(p / size)), -p))
     return keyed[best]
+
+
+def _rank_count(value: Any) -> int | None:
+    """``value`` (a key of ``by_ranks``, a ``meta["ranks"]``) as a rank count, or None."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        return None
+    try:
+        count = int(value)
+    except ValueError:
+        return None
+    return count if count > 0 else None
 
 
 def default_profile(size: int | None = None) -> Profile:
@@ -167,7 +187,9 @@ def load_profile(path: Path | str | None = None, size: int | None = None) -> Pro
     try:
         return Profile.from_dict(_nearest(json.loads(path.read_text()), size))
     except Exception as exc:  # any unreadable file: never raise on one rank, hanging the others
-        _log.warning("cupycoll: ignoring unreadable profile %s (%s); using the default", path, exc)
+        warnings.warn(f"cupycoll: ignoring unreadable profile {path} ({exc}); the shipped "
+                      "profile prices the calls (run cupycoll tune)", CupycollWarning,
+                      stacklevel=2)
         return default_profile(size)
 
 
@@ -177,8 +199,8 @@ def save_profile(profile: Profile, path: Path | str | None = None) -> Path:
     path = Path(path) if path is not None else profile_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     data: dict[str, Any] = profile.as_dict()
-    ranks = profile.meta.get("ranks")
-    if isinstance(ranks, int):
+    ranks = _rank_count(profile.meta.get("ranks")) if isinstance(profile.meta, dict) else None
+    if ranks is not None and isinstance(profile.meta["ranks"], int):
         data = {"by_ranks": {**_measured(path), str(ranks): data}}
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     return path
@@ -190,13 +212,16 @@ def _measured(path: Path) -> dict[str, Any]:
         data = json.loads(path.read_text()) if path.is_file() else {}
     except (OSError, ValueError):
         return {}
-    if isinstance(data, dict) and isinstance(data.get("by_ranks"), dict):
-        return dict(data["by_ranks"])
-    ranks = data.get("meta", {}).get("ranks") if isinstance(data, dict) else None
-    return {str(ranks): data} if isinstance(ranks, int) else {}
+    if not isinstance(data, dict):
+        return {}
+    if isinstance(data.get("by_ranks"), dict):  # keys that name no rank count are dropped
+        return {str(_rank_count(p)): v for p, v in data["by_ranks"].items()
+                if _rank_count(p) is not None}
+    meta = data.get("meta")
+    ranks = meta.get("ranks") if isinstance(meta, dict) else None
+    return {str(ranks): data} if isinstance(ranks, int) and _rank_count(ranks) else {}
 
 
-_log = logging.getLogger("cupycoll")
 _PROFILES: "weakref.WeakKeyDictionary[Any, Profile]" = weakref.WeakKeyDictionary()
 
 
