@@ -7,6 +7,7 @@ tests/workers/auto_learn.py's."""
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -205,6 +206,9 @@ def test_a_table_that_cannot_be_saved_or_read_raises_and_keeps_the_records(tmp_p
                               '"seconds": {"bogus": [1.0]}}]}'}
     for name in ("bogus", "small", "auto", ""):  # not an algorithm auto picks by price
         bad[name] = '{"learned": [{"kind": [1], "candidates": ["%s"]}]}' % name
+        bad["_choice " + name] = ('{"learned": [{"kind": [1], "candidates": ["mask"], '
+                                  '"seconds": {"mask": [1.0, 1.0, 1.0]}, "_choice": "%s"}]}'
+                                  % name)  # a field save never writes
     for why, text in bad.items():
         path = tmp_path / "bad.json"
         path.write_text(text)
@@ -213,6 +217,13 @@ def test_a_table_that_cannot_be_saved_or_read_raises_and_keeps_the_records(tmp_p
         assert list(learn.records(comm)) == [("k",)], why
     with pytest.raises(InvalidArgument, match="FileNotFoundError"):
         learn.load(comm, str(tmp_path / "missing.json"))
+    read, written = os.pipe()  # an int is no path: never a file descriptor written or closed
+    for call in (learn.save, learn.load):
+        with pytest.raises(InvalidArgument, match="'path'.*not a file path"):
+            call(comm, written)
+    os.write(written, b"open")
+    assert os.read(read, 4) == b"open"
+    os.close(read), os.close(written)
 
 
 @pytest.mark.parametrize("agreed", [-1, 1500])

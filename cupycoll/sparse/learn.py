@@ -40,6 +40,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import json
+import os
 import time
 from typing import Any, Callable
 
@@ -353,6 +354,9 @@ def _record(entry: dict) -> Record:
     """A :class:`Record` of a saved entry, its fields checked (its candidates algorithms
     ``auto`` may pick by price here); warmed nothing (in this process, its first call is a
     warm-up)."""
+    saved = {f.name for f in dataclasses.fields(Record) if not f.name.startswith("_")}
+    if not isinstance(entry, dict) or not set(entry) <= saved:  # what save wrote, no more
+        raise ValueError(f"a record with other fields than {sorted(saved)}: {entry}")
     record = Record(**{**entry, "warmed": []})
     names = record.candidates
     pickable = priced("sparse")
@@ -364,12 +368,15 @@ def _record(entry: dict) -> Record:
     return record
 
 
-def _from_rank_zero(comm: Any, work: Callable[[], Any], path: str, failed: str) -> Any:
+def _from_rank_zero(comm: Any, work: Callable[[], Any], path: Any, failed: str) -> Any:
     """``work()`` run on rank 0 and its result broadcast (over the host MPI communicator);
-    an error there raised on every rank as InvalidArgument naming ``path``."""
+    an error there raised on every rank as InvalidArgument naming ``path`` (nothing run where
+    rank 0's ``path`` is not a file path: an int would be a file descriptor)."""
     outcome: Any = None
     if comm.rank == 0:
         try:
+            if not isinstance(path, (str, os.PathLike)):
+                raise TypeError("not a file path (str or os.PathLike)")
             outcome = (work(), None)
         except Exception as exc:  # any failure must reach the other ranks
             outcome = (None, f"{type(exc).__name__}: {exc}")
