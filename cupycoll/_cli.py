@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from ._bench_scripts import BENCHMARKS, bench_script
-from ._config import SETTINGS, setting
+from ._config import SETTINGS, output_file, setting
 
 __all__ = ["main", "info_lines", "bench_script", "BENCHMARKS"]
 
@@ -218,8 +218,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.set_defaults(func=_bench)
     tune = sub.add_parser("tune", help="measure alpha, beta, gamma here; write the profile auto "
                           "reads (run under mpiexec with the job's ranks)")
-    tune.add_argument("--output", help="profile file (default: CUPYCOLL_PROFILE or the cache "
-                      "dir)")
+    tune.add_argument("--output", type=output_file, help="profile file (default: "
+                      "CUPYCOLL_PROFILE or the cache dir)")
     tune.add_argument("--repeats", type=_at_least_one, default=15,
                       help="timed repeats per measurement")
     tune.add_argument("--runs", type=_at_least_one, default=1, help="measure this many times, "

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from .errors import InvalidArgument
 
-__all__ = ["SETTINGS", "setting", "check_environment", "parse_timeout", "debug"]
+__all__ = ["SETTINGS", "setting", "check_environment", "parse_timeout", "debug", "output_file"]
 
 
 def _timeout(text: Any) -> float | None:
@@ -241,3 +241,32 @@ def debug() -> bool:
         if raw in _DEBUG_OFF:  # the common case: unset, or one of the usual offs
             return False
     return bool(setting("CUPYCOLL_DEBUG"))  # any other text, as the setting parses it
+
+
+def output_file(text: str) -> str:
+    """``text`` as a file a command writes (argparse's type, so a path it cannot write is a
+    usage error before any measurement, not a traceback after it): not a folder, not a file
+    it may not write, under folders it can make (missing ones are made when it writes)."""
+    import argparse
+    from pathlib import Path
+
+    path = Path(text).expanduser()
+    if not text or path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder, not a file")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text!r} cannot be written")
+    folder = path.absolute().parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} cannot be written: {str(folder)!r} is not a folder it may write in")
+    return text
+
+
+def made_folder(path: Any) -> Any:
+    """``path``, its folder made where missing (a file :func:`output_file` accepted)."""
+    from pathlib import Path
+
+    Path(path).expanduser().absolute().parent.mkdir(parents=True, exist_ok=True)
+    return Path(path).expanduser()

@@ -1,5 +1,6 @@
 """The ``cupycoll`` command (python -m cupycoll): info and bench, run as a user would."""
 
+import json
 import os
 import subprocess
 import sys
@@ -155,3 +156,22 @@ def test_developer_probes_run_from_the_source_tree(script):
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "dev" / script), "--help"],
                           capture_output=True, text=True, timeout=120, env=ENV, cwd=ROOT)
     assert proc.returncode == 0 and "usage" in proc.stdout, proc.stderr
+
+
+def test_an_output_path_that_cannot_be_written_is_a_usage_error_before_any_work(tmp_path):
+    """tune, selftest and simulate check their output files when they parse them (exit status
+    2 naming the argument), not after minutes of measuring; a missing folder is made."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for args in (["tune", "--repeats", "1", "--output", str(afile / "p.json")],
+                 ["tune", "--output", str(tmp_path)],
+                 ["selftest", "--json", str(afile / "st.json")],
+                 ["selftest", "--report", str(tmp_path)],
+                 ["simulate", "--json", str(afile / "x.json")],
+                 ["simulate", "--plot", str(afile / "x.png")]):
+        proc = run(*args, timeout=60)
+        assert proc.returncode == 2 and ("cannot be written" in proc.stderr or
+                                         "is a folder" in proc.stderr), (args, proc.stderr)
+    made = tmp_path / "new" / "folder" / "rows.json"
+    proc = run("simulate", "--P", "2", "--networks", "machine", "--json", str(made))
+    assert proc.returncode == 0 and json.loads(made.read_text())["rows"], proc.stderr

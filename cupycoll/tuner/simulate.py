@@ -28,6 +28,7 @@ import json
 import math
 from typing import Any
 
+from .._config import made_folder, output_file
 from .._registry import priced, record
 from ..comm._topology import Topology
 from ..sparse._cost import Shape, validation_cost
@@ -279,7 +280,7 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
         ax.set_ylabel("predicted s")
         ax.legend(fontsize=6)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(made_folder(path), dpi=110)
 
 
 def _size(text: str) -> int:
@@ -350,8 +351,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "compact, coo+bfloat16, compact+bfloat16, ... (rows per format)")
     parser.add_argument("--output", default="sparse", help="the sparse family's result: "
                         "sparse, dense (the n-vector, output='dense') or both, comma separated")
-    parser.add_argument("--json", help="write {'rows': [...]} to this file")
-    parser.add_argument("--plot", help="draw time vs P per algorithm to this PNG")
+    parser.add_argument("--json", type=output_file, help="write {'rows': [...]} to this file")
+    parser.add_argument("--plot", type=output_file,
+                        help="draw time vs P per algorithm to this PNG")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -384,7 +386,7 @@ def run(args: argparse.Namespace) -> int:
     for line in crossover_table(rows):
         print(line)
     if args.json:
-        with open(args.json, "w") as f:
+        with open(made_folder(args.json), "w") as f:
             json.dump({"rows": rows}, f, indent=1)
     if args.plot:
         plot(rows, args.plot)

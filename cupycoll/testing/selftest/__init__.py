@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..._config import made_folder, output_file
 from ._device import probe
 from ._launch import source_tree
 from ._plan import emulated_plan, gpu_plan
@@ -32,8 +33,10 @@ __all__ = ["add_arguments", "main", "plan"]
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The selftest's command-line options (``cupycoll selftest --help``)."""
-    p.add_argument("--json", metavar="FILE", help="write the JSON document to FILE")
-    p.add_argument("--report", metavar="FILE", help="also write the markdown report to FILE")
+    p.add_argument("--json", metavar="FILE", type=output_file,
+                   help="write the JSON document to FILE")
+    p.add_argument("--report", metavar="FILE", type=output_file,
+                   help="also write the markdown report to FILE")
     p.add_argument("--quick", action="store_true",
                    help="a subset sized for CI (about a minute on 2 cores without a GPU)")
     p.add_argument("--list", action="store_true",
@@ -100,7 +103,7 @@ def main(args: argparse.Namespace) -> int:
     text = markdown(doc, checks, not_run)
     print(text)
     if args.report:
-        Path(args.report).write_text(text)
+        made_folder(args.report).write_text(text)
     if args.json:
-        Path(args.json).write_text(json.dumps(doc, indent=1, default=str))
+        made_folder(args.json).write_text(json.dumps(doc, indent=1, default=str))
     return 0 if doc["ok"] else 1
