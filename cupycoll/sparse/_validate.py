@@ -303,7 +303,9 @@ def _peer_error(failure: agreement.Failure, draft: agreement.Draft) -> CupycollE
 
 def _mismatch(differs: list[agreement.Differ], draft: agreement.Draft) -> str:
     """The message naming every field on which the ranks disagree."""
-    named = ", ".join(f"{d.field} ({_decode(d.field, d.low)} vs {_decode(d.field, d.high)})"
+    named = ", ".join(f"{d.field} ({_decode(d.field, d.low, d.high)} vs "
+                      f"{_decode(d.field, d.high, d.low)}; this rank: "
+                      f"{_decode(d.field, d.mine, d.high if d.mine == d.low else d.low)})"
                       for d in differs)
     return (f"ranks disagree on {named} (seen on rank {draft.rank} of {draft.size}); every "
             "rank must pass the same value")
@@ -314,7 +316,9 @@ TERMS = agreement.Terms("sparse_allreduce", VALIDATION_FIELDS, _peer_error, _mis
                         maxima=("nonfinite", "minus_zero", "learned"), columns=("nnz",))
 
 
-def _decode(field: str, value: int) -> str:
+def _decode(field: str, value: int, other: int | None = None) -> str:
+    """``value`` of ``field`` as a user wrote it; the algorithm's settings (CUPYCOLL_AUTO,
+    CUPYCOLL_RANKS_PER_NODE) where they differ from ``other``'s."""
     if field == "index_dtype":
         return _INDEX_NAMES[value]
     if field in ("value_dtype", "accumulate_dtype"):
@@ -323,10 +327,16 @@ def _decode(field: str, value: int) -> str:
         return _OPS[value].value
     if field == "algorithm":  # past the names: CUPYCOLL_AUTO's mode, CUPYCOLL_RANKS_PER_NODE
         names = algorithms("sparse")
-        mode, per_node = divmod(value // len(names), len(AUTO_MODES))[::-1]
-        return names[value % len(names)] + (f" (CUPYCOLL_AUTO={AUTO_MODES[mode]})" if mode
-                                            else "") + (
-            f" (CUPYCOLL_RANKS_PER_NODE={per_node})" if per_node else "")
+
+        def parts(code: int) -> tuple[str, str, str]:
+            per_node, mode = divmod(code // len(names), len(AUTO_MODES))
+            return (names[code % len(names)], f"CUPYCOLL_AUTO={AUTO_MODES[mode]}",
+                    f"CUPYCOLL_RANKS_PER_NODE={per_node or 'unset'}")
+
+        name, *settings = parts(value)
+        theirs = parts(value if other is None else other)[1:]
+        shown = [mine for mine, them in zip(settings, theirs) if mine != them]
+        return name + (f" ({', '.join(shown)})" if shown else "")
     if field == "wire":
         return decode_code(value)
     if field == "output":

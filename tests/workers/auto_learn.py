@@ -148,7 +148,9 @@ def main() -> None:
         # the mode must agree
         os.environ["CUPYCOLL_AUTO"] = "learn" if RANK == 0 else "estimate"
         err = expect_raises(MismatchError, cc.sparse_allreduce, idx, val, n, comm=comm)
-        assert "CUPYCOLL_AUTO=learn" in str(err) and "algorithm" in str(err), err
+        mine = "learn" if RANK == 0 else "estimate"  # both named, and which this rank has
+        assert "auto (CUPYCOLL_AUTO=estimate) vs auto (CUPYCOLL_AUTO=learn)" in str(err) and \
+            f"this rank: auto (CUPYCOLL_AUTO={mine})" in str(err), err
         os.environ["CUPYCOLL_AUTO"] = "learn"
         call()
     if EMULATED:

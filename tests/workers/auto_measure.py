@@ -124,6 +124,9 @@ def main() -> None:
                          lambda: cc.topk_allreduce(xp.ones(64, dtype=np.float32), 4, comm=fresh)):
                 err = expect_raises(MismatchError, call)
                 assert "CUPYCOLL_RANKS_PER_NODE" in str(err), err
+                if step == 0 and "algorithm" in str(err):  # set on rank 0 only: both shown
+                    assert "CUPYCOLL_RANKS_PER_NODE=unset" in str(err) and \
+                        "CUPYCOLL_RANKS_PER_NODE=1" in str(err), err
             os.environ["CUPYCOLL_RANKS_PER_NODE"] = "1"
             cc.sparse_allreduce(idx, val, 500, comm=fresh, algorithm="hierarchical")
         os.environ.pop("CUPYCOLL_RANKS_PER_NODE", None)
