@@ -73,9 +73,9 @@ def test_late_rank_named_for_every_verb(nprocs, prefix, late):
 
 
 @pytest.mark.parametrize("nprocs,debug,scenarios", [
-    (2, "0", ("crossed", "stale", "skip", "interrupt", "first", "local")),
-    (3, "1", ("crossed", "stale", "interrupt", "first", "local")),
-    (4, "0", ("crossed", "skip", "first")),
+    (2, "0", ("crossed", "stale", "skip", "interrupt", "first", "local", "learned")),
+    (3, "1", ("crossed", "stale", "interrupt", "first", "local", "learned")),
+    (4, "0", ("crossed", "skip", "first", "learned")),
 ])
 def test_crossed_stale_skip_interrupt(nprocs, debug, scenarios):
     out = run_mpi(nprocs, "fault_misc.py", *scenarios, timeout=150,

@@ -12,6 +12,7 @@ import pytest
 import cupycoll as cc
 from cupycoll._types import ReduceOp
 from cupycoll.errors import InvalidArgument, InvalidType, MismatchError
+from cupycoll.sparse import _terms as t
 from cupycoll.sparse import _validate as v
 from cupycoll.sparse._cost import Shape
 from cupycoll.wire._pack import COO, Wire
@@ -240,47 +241,55 @@ def test_a_peers_error_comes_back_naming_the_rank_argument_and_every_bad_rank():
             "completion_fn", "async_op", "wire", "wire_values", "output", "out")
     draft = SimpleNamespace(context=SimpleNamespace(n=10))
     for name in args:
-        e = v._peer_error(Failure(2, InvalidType, name, None, [2]), draft)
+        e = t._peer_error(Failure(2, InvalidType, name, None, [2]), draft)
         assert type(e) is InvalidType and e.argument == name and e.rank == 2
         assert str(e) == (f"argument {name!r} on rank 2 must be valid on every rank (rank 2 "
                           f"raised the precise error), got 'a bad {name} on rank 2'")
-        e = v._peer_error(Failure(1, InvalidArgument, name, None, [1, 4]), draft)
+        e = t._peer_error(Failure(1, InvalidArgument, name, None, [1, 4]), draft)
         assert type(e) is InvalidArgument and e.argument == name
         assert str(e) == (f"invalid argument {name!r} on rank 1: rank 1 passed an invalid "
                           f"{name}; ranks with bad input: [1, 4] (got 'see rank 1')")
-    e = v._peer_error(Failure(0, InvalidArgument, "indices", 12, [0]), draft)
+    e = t._peer_error(Failure(0, InvalidArgument, "indices", 12, [0]), draft)
     assert str(e) == ("invalid argument 'indices' on rank 0: index out of range [0, n=10) on "
                       "rank 0 (got 12)")
     draft.context.n = 7
-    e = v._peer_error(Failure(1, InvalidArgument, "indices", -3, [1, 2]), draft)
+    e = t._peer_error(Failure(1, InvalidArgument, "indices", -3, [1, 2]), draft)
     assert str(e) == ("invalid argument 'indices' on rank 1: index out of range [0, n=7) on "
                       "rank 1; ranks with bad input: [1, 2] (got -3)")
-    e = v._peer_error(Failure(5, InvalidArgument, None, None, [5]), draft)
+    e = t._peer_error(Failure(5, InvalidArgument, None, None, [5]), draft)
     assert e.argument == "arguments" and "passed an invalid arguments" in str(e)
-    e = v._peer_error(Failure(5, InvalidType, None, None, [5]), draft)
+    e = t._peer_error(Failure(5, InvalidType, None, None, [5]), draft)
     assert type(e) is InvalidType and e.argument == "arguments"
 
 
 def test_mismatch_names_every_field_that_differs():
     """Agreement fields decoded by name (dtypes, op, algorithm, wire keywords)."""
-    assert v._decode("index_dtype", 1) == "int64" and v._decode("value_dtype", 0) == "float16"
-    assert v._decode("accumulate_dtype", 4) == "int64" and v._decode("op", 4) == "avg"
-    assert v._decode("algorithm", 2) == NAMES[2] and v._decode("wire", 4) == "compact/bfloat16"
-    assert v._decode("n", 12) == "12" and v._decode("async_op", 1) == "1"
-    assert v._decode("output", 0) == "sparse" and v._decode("output", 1) == "dense"
+    assert t._decode("index_dtype", 1) == "int64" and t._decode("value_dtype", 0) == "float16"
+    assert t._decode("accumulate_dtype", 4) == "int64" and t._decode("op", 4) == "avg"
+    assert t._decode("algorithm", 2) == NAMES[2] and t._decode("wire", 4) == "compact/bfloat16"
+    assert t._decode("n", 12) == "12" and t._decode("async_op", 1) == "1"
+    assert t._decode("output", 0) == "sparse" and t._decode("output", 1) == "dense"
     from types import SimpleNamespace
 
     from cupycoll._agreement import Differ
 
     lows = [10, 0, 1, 0, 0, 0, 1, 0, 0, 0]  # per field: n, index/value dtype, width, op, ...
     highs = [12, 0, 2, 0, 2, 3, 1, 5, 1, 1]
-    differs = [Differ(field, lo, lo, hi) for field, lo, hi in zip(v.TERMS.fields, lows, highs)
+    differs = [Differ(field, lo, lo, hi) for field, lo, hi in zip(t.TERMS.fields, lows, highs)
                if lo != hi]
-    assert v._mismatch(differs, SimpleNamespace(rank=1, size=4)) == (
-        f"ranks disagree on n (10 vs 12), value_dtype (float32 vs float64), op (sum vs max), "
-        f"algorithm ({NAMES[0]} vs {NAMES[3]}), wire (coo/None vs compact/float16), output "
-        f"(sparse vs dense), async_op (0 vs 1) (seen on rank 1 of 4); every rank must pass the "
-        f"same value")
+    assert t._mismatch(differs, SimpleNamespace(rank=1, size=4)) == (
+        f"ranks disagree on n (10 vs 12; this rank: 10), value_dtype (float32 vs float64; "
+        f"this rank: float32), op (sum vs max; this rank: sum), algorithm ({NAMES[0]} vs "
+        f"{NAMES[3]}; this rank: {NAMES[0]}), wire (coo/None vs compact/float16; this rank: "
+        f"coo/None), output (sparse vs dense; this rank: sparse), async_op (0 vs 1; this rank: "
+        f"0) (seen on rank 1 of 4); every rank must pass the same value")
+    names = len(NAMES)  # the algorithm's code: name + names * (mode + 3 * ranks per node)
+    auto = NAMES.index("auto")
+    pair = Differ("algorithm", auto + names * 2, auto, auto + names * (2 + 3 * 4))
+    assert t._mismatch([pair], SimpleNamespace(rank=1, size=4)).startswith(
+        "ranks disagree on algorithm (auto (CUPYCOLL_AUTO=estimate, CUPYCOLL_RANKS_PER_NODE="
+        "unset) vs auto (CUPYCOLL_AUTO=learn, CUPYCOLL_RANKS_PER_NODE=4); this rank: auto "
+        "(CUPYCOLL_AUTO=learn, CUPYCOLL_RANKS_PER_NODE=unset))")
 
 
 def _outcomes(p, call):
@@ -321,13 +330,16 @@ def test_ranks_raise_together_on_bad_input_or_a_disagreement(p):
     got = call(wire_values={0: "bfloat16"})
     for r, e in enumerate(got):
         assert type(e) is MismatchError and str(e) == (
-            "ranks disagree on wire (coo/None vs coo/bfloat16) (seen on rank "
-            f"{r} of {p}); every rank must pass the same value"), (r, e)
+            "ranks disagree on wire (coo/None vs coo/bfloat16; this rank: "
+            f"{'coo/bfloat16' if r == 0 else 'coo/None'}) (seen on rank {r} of {p}); every rank "
+            "must pass the same value"), (r, e)
     got = call(n={1: 12}, op={1: "max"}, async_op={0: True})
     for r, e in enumerate(got):
         assert type(e) is MismatchError and str(e) == (
-            "ranks disagree on n (10 vs 12), op (sum vs max), async_op (0 vs 1) (seen on rank "
-            f"{r} of {p}); every rank must pass the same value"), (r, e)
+            f"ranks disagree on n (10 vs 12; this rank: {12 if r == 1 else 10}), op (sum vs "
+            f"max; this rank: {'max' if r == 1 else 'sum'}), async_op (0 vs 1; this rank: "
+            f"{int(r == 0)}) (seen on rank {r} of {p}); every rank must pass the same value"), \
+            (r, e)
     got = call()
     for prepared in got:
         assert prepared.nnz == (3,) * p and prepared.indices.tolist() == [1, 4, 7]

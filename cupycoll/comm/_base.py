@@ -137,6 +137,7 @@ class Communicator(abc.ABC):
         if mpi_comm is None or self.size == 1:
             return
         request = mpi_comm.Ibarrier()
+        self._slot[0] = self.sequence = self.sequence + 1  # a timeout names the late ranks
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
 
         def arrived() -> bool:

@@ -28,9 +28,8 @@ No collective is added: a call's time travels in the validation allreduce of the
 rank adds the same number to the same record and makes the same choice. A call during which
 numba's background import ran on some rank (a process's first second or so:
 :func:`cupycoll.primitives._accel.loading`) is not counted on any rank: that rank sends
-:data:`DISTURBED`, which the maximum gives everyone. Asynchronous calls and
-small calls (finished in the validation) are not timed; an asynchronous call runs the current
-choice. What a communicator learned can be saved and loaded (:func:`save`, :func:`load`; the
+:data:`DISTURBED`, which the maximum gives everyone. Asynchronous and small calls are not
+timed; an asynchronous call runs the current choice. What a communicator learned can be saved and loaded (:func:`save`, :func:`load`; the
 records are rank 0's, broadcast). Results stay bitwise identical across ranks; which algorithm
 computed them (so the rounding of a float sum) can change between calls.
 """
@@ -75,12 +74,10 @@ RECHECK = 32
 #: a candidate tried again at a recheck whose first timed call takes over this factor of the
 #: best median stops there (its first trials stop at ABANDON)
 RETRY_WITHIN = 1.1
-#: once a class's trials are done, one in this many of its choice's calls is timed (a trial
-#: or a recheck: every call): the timing is most of what learn adds to a call, and the
-#: choice's window of WINDOW samples then spans about WINDOW x TIME_EVERY calls
+#: one in this many of a choice's calls is timed once the trials are done (a trial or recheck:
+#: every call; the timing is most of learn's cost): its window spans ~WINDOW x TIME_EVERY calls
 TIME_EVERY = 4
-#: the most calls a new shape class's first trials take (a warm-up and SAMPLES timed calls of
-#: each candidate): a benchmark that runs them untimed shows what a loop runs afterwards
+#: the most calls of a new shape class's first trials (a warm-up and SAMPLES timed calls each)
 TRIAL_CALLS = CANDIDATES * (1 + SAMPLES)
 #: the ``learned`` value of a call not to count (see the module): above any time in us
 DISTURBED = 1 << 62
@@ -315,19 +312,22 @@ def absorb(comm: Any, agreed_us: int) -> None:
         record.add(name, agreed_us * 1e-6)
 
 
+#: the fields of a Record that :func:`save` writes and :func:`load` takes
+_SAVED = tuple(f.name for f in dataclasses.fields(Record) if not f.name.startswith("_"))
+
+
 def save(comm: Any, path: str) -> None:
     """Write ``comm``'s records to ``path`` (JSON; rank 0 writes, the others wait for it).
 
     Raises:
         InvalidArgument: on every rank, when rank 0 could not write ``path``."""
     def written() -> None:
-        data = [{"kind": _jsonable(key), **{k: v for k, v in dataclasses.asdict(record).items()
-                                            if not k.startswith("_")}}
+        data = [{"kind": _jsonable(key), **{k: getattr(record, k) for k in _SAVED}}
                 for key, record in records(comm).items()]
         with open(path, "w", encoding="utf-8") as f:
             json.dump({"learned": data}, f, indent=1)
 
-    _from_rank_zero(comm, written, path, "could not be written")
+    _from_rank_zero(comm, "learn.save", written, path, "could not be written")
 
 
 def load(comm: Any, path: str) -> int:
@@ -343,35 +343,32 @@ def load(comm: Any, path: str) -> int:
             entries = json.load(f)["learned"]
         return {_hashable(entry.pop("kind")): _record(entry) for entry in entries}
 
-    loaded = _from_rank_zero(comm, read, path, "is not a table learn.save wrote")
-    table = records(comm)
-    table.clear()
-    table.update(loaded)
-    return len(table)
+    loaded = _from_rank_zero(comm, "learn.load", read, path, "is not a table learn.save wrote")
+    records(comm).clear()
+    records(comm).update(loaded)
+    return len(loaded)
 
 
 def _record(entry: dict) -> Record:
     """A :class:`Record` of a saved entry, its fields checked (its candidates algorithms
     ``auto`` may pick by price here); warmed nothing (in this process, its first call is a
     warm-up)."""
-    saved = {f.name for f in dataclasses.fields(Record) if not f.name.startswith("_")}
-    if not isinstance(entry, dict) or not set(entry) <= saved:  # what save wrote, no more
-        raise ValueError(f"a record with other fields than {sorted(saved)}: {entry}")
-    record = Record(**{**entry, "warmed": []})
-    names = record.candidates
-    pickable = priced("sparse")
-    if not names or not all(isinstance(c, str) and c in pickable for c in names) or not all(
-            c in pickable for c in [*record.seconds, *record.abandoned]) or not isinstance(
-            record.calls, int) or not all(
+    if not isinstance(entry, dict) or not set(entry) <= set(_SAVED):  # what save wrote only
+        raise ValueError(f"a record with other fields than {list(_SAVED)}: {entry}")
+    record, pickable = Record(**{**entry, "warmed": []}), priced("sparse")
+    named = [*record.candidates, *record.seconds, *record.abandoned]
+    if not record.candidates or not all(isinstance(c, str) and c in pickable for c in named) \
+            or not isinstance(record.calls, int) or not all(
             isinstance(t, (int, float)) for times in record.seconds.values() for t in times):
         raise ValueError(f"a record with bad fields: {entry}")
     return record
 
 
-def _from_rank_zero(comm: Any, work: Callable[[], Any], path: Any, failed: str) -> Any:
-    """``work()`` run on rank 0 and its result broadcast (over the host MPI communicator);
-    an error there raised on every rank as InvalidArgument naming ``path`` (nothing run where
-    rank 0's ``path`` is not a file path: an int would be a file descriptor)."""
+def _from_rank_zero(comm: Any, verb: str, work: Callable[[], Any], path: Any, failed: str
+                    ) -> Any:
+    """``work()`` run on rank 0 and its result broadcast (over the host MPI communicator); an
+    error there (rank 0's ``path`` not a file path: no int taken for a descriptor) raised on
+    every rank as InvalidArgument naming ``path``."""
     outcome: Any = None
     if comm.rank == 0:
         try:
@@ -380,9 +377,9 @@ def _from_rank_zero(comm: Any, work: Callable[[], Any], path: Any, failed: str) 
             outcome = (work(), None)
         except Exception as exc:  # any failure must reach the other ranks
             outcome = (None, f"{type(exc).__name__}: {exc}")
-    mpi_comm = getattr(comm, "mpi_comm", None)
-    if mpi_comm is not None and comm.size > 1:
-        outcome = mpi_comm.bcast(outcome, root=0)
+    if getattr(comm, "mpi_comm", None) is not None and comm.size > 1:
+        comm.host_arrival(verb)  # under the timeout: MPI's bcast waits forever
+        outcome = comm.mpi_comm.bcast(outcome, root=0)
     result, error = outcome
     if error is not None:
         raise InvalidArgument("path", path, f"{failed} (on rank 0: {error})", rank=comm.rank)

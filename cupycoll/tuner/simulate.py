@@ -32,6 +32,7 @@ from .._config import made_folder, output_file
 from .._registry import priced, record
 from ..comm._topology import Topology
 from ..sparse._cost import Shape, validation_cost
+from ..sparse.auto import choose
 from ..topk._oktopk_nodes import OPS, allgather_nodes_cost, two_level
 from ..topk._oktopk_phases import block_sizes
 from ..wire._model import expected_index_nbytes
@@ -156,7 +157,7 @@ def _sparse_rows(sizes: list[int], networks: list[str], n: int, density: float, 
             profile = network_profile(net, size)
             volume = {name: _volume(name, shape, profile) for name in algorithms}
             times = {name: predict(name, shape, profile) for name in algorithms}
-            best = min(times, key=times.__getitem__)
+            best = choose(shape, profile)  # auto's own pick (its shape class; P = 1: allgather)
             for name, seconds in times.items():
                 rows.append({"family": "sparse", "algorithm": name, "P": size, "network": net,
                              "predicted_s": seconds, "bytes_per_rank": volume[name], "n": n,

@@ -15,6 +15,8 @@ interrupt  a blocking wait without a timeout (``timeout=0``: none) raises Keyboa
 first      a rank arrives late at a fresh communicator's first sparse_allreduce (whose first
            use detects the nodes and broadcasts the profile: MPI calls without a timeout); the
            others give up and init() again; the late one must time out too, not hang there.
+learned    rank 0 arrives late at learn.save (rank 0 writes, then broadcasts: MPI's bcast has no
+           timeout): the others time out naming rank 0.
 local      a KeyboardInterrupt on rank 0 in a sparse_allreduce's local work, outside any
            wait: rank 0's communicator is dead at once (the others wait in that call: a later
            call would pair with theirs), the others time out; init() recovers.
@@ -25,6 +27,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 
@@ -217,9 +220,30 @@ def local() -> None:
     fresh_allreduce(cc.init("mpi", timeout=10))
 
 
+def learned() -> None:
+    from cupycoll.sparse import learn
+
+    comm = cc.init("mpi", timeout=1.0)
+    path = os.path.join(WORLD.bcast(tempfile.mkdtemp() if RANK == 0 else None), "learned.json")
+    if RANK == 0:
+        time.sleep(2.5)  # rank 0 reads or writes, then broadcasts: the others wait for it
+    start = time.monotonic()
+    try:
+        learn.save(comm, path)
+        outcome = "completed"
+    except CollectiveTimeout as exc:
+        outcome = f"CollectiveTimeout{exc.missing_ranks}"
+    took = time.monotonic() - start
+    late = ("completed", "CollectiveTimeout[]")  # its barrier may match the ones given up
+    assert (outcome in late if RANK == 0 else outcome == "CollectiveTimeout[0]") and took < 6, \
+        (outcome, took)
+    fresh_allreduce(cc.init("mpi", timeout=10))
+    report("learn.save, rank 0 late", outcome, took)
+
+
 for name in sys.argv[1:]:
     {"stale": stale, "crossed": crossed, "skip": skip, "interrupt": interrupt, "first": first,
-     "local": local}[name]()
+     "local": local, "learned": learned}[name]()
     WORLD.Barrier()
 if RANK == 0:
     print("OK")

@@ -1,0 +1,85 @@
+"""What ``sparse_allreduce`` agrees on (:data:`TERMS`, laid out by :mod:`cupycoll._agreement`):
+the codes its fields travel as, and the errors a rank raises when a peer's arguments are bad or
+the ranks disagree, in the words a user wrote them (:func:`_decode`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _agreement as agreement
+from .._registry import algorithms
+from .._types import ReduceOp
+from ..errors import CupycollError, InvalidArgument, InvalidType
+from ..primitives import VALUE_DTYPES
+from ..wire._choice import decode_code
+from ._cost import VALIDATION_FIELDS
+
+__all__ = ["TERMS", "OUTPUTS", "AUTO_MODES"]
+
+_INDEX_NAMES = ("int32", "int64")
+_VALUE_NAMES = tuple(d.name for d in VALUE_DTYPES)
+#: dtype -> its code in the validation vector, looked up by the dtype itself (one dict hit).
+_INDEX_CODES = {np.dtype(name): code for code, name in enumerate(_INDEX_NAMES)}
+_VALUE_CODES = {np.dtype(name): code for code, name in enumerate(_VALUE_NAMES)}
+_OPS = tuple(ReduceOp)
+_OP_CODES = {op: code for code, op in enumerate(_OPS)}
+#: what ``sparse_allreduce`` returns: a SparseResult, or the reduced n-vector itself.
+OUTPUTS = ("sparse", "dense")
+#: how ``auto`` picks (CUPYCOLL_AUTO), part of the agreed algorithm field.
+AUTO_MODES = ("estimate", "measure", "learn")
+
+
+def _peer_error(failure: agreement.Failure, draft: agreement.Draft) -> CupycollError:
+    """The error a rank with good input raises for a peer's bad input."""
+    rank, argument = failure.rank, failure.argument or "arguments"
+    also = f"; ranks with bad input: {failure.ranks}" if len(failure.ranks) > 1 else ""
+    if failure.detail is not None:  # an index out of range
+        return InvalidArgument("indices", failure.detail, f"index out of range [0, n="
+                               f"{draft.context.n}) on rank {rank}{also}", rank=rank)
+    if failure.kind is InvalidType:
+        return InvalidType(argument, f"a bad {argument} on rank {rank}",
+                           f"valid on every rank (rank {rank} raised the precise error{also})",
+                           rank=rank)
+    return InvalidArgument(argument, f"see rank {rank}", f"rank {rank} passed an invalid "
+                           f"{argument}{also}", rank=rank)
+
+
+def _mismatch(differs: list[agreement.Differ], draft: agreement.Draft) -> str:
+    """The message naming every field on which the ranks disagree."""
+    named = ", ".join(f"{d.field} ({_decode(d.field, d.low, d)} vs {_decode(d.field, d.high, d)}"
+                      f"; this rank: {_decode(d.field, d.mine, d)})" for d in differs)
+    return (f"ranks disagree on {named} (seen on rank {draft.rank} of {draft.size}); every "
+            "rank must pass the same value")
+
+
+#: what sparse_allreduce agrees on (:mod:`cupycoll._agreement`).
+TERMS = agreement.Terms("sparse_allreduce", VALIDATION_FIELDS, _peer_error, _mismatch,
+                        maxima=("nonfinite", "minus_zero", "learned"), columns=("nnz",))
+
+
+def _decode(field: str, value: int, differ: agreement.Differ | None = None) -> str:
+    """``value`` of ``field`` as a user wrote it; the algorithm's settings (CUPYCOLL_AUTO,
+    CUPYCOLL_RANKS_PER_NODE) where they differ between ``differ``'s lowest and highest."""
+    if field == "index_dtype":
+        return _INDEX_NAMES[value]
+    if field in ("value_dtype", "accumulate_dtype"):
+        return _VALUE_NAMES[value]
+    if field == "op":
+        return _OPS[value].value
+    if field == "algorithm":  # past the names: CUPYCOLL_AUTO's mode, CUPYCOLL_RANKS_PER_NODE
+        names = algorithms("sparse")
+
+        def parts(code: int) -> tuple[str, str, str]:
+            per_node, mode = divmod(code // len(names), len(AUTO_MODES))
+            return (names[code % len(names)], f"CUPYCOLL_AUTO={AUTO_MODES[mode]}",
+                    f"CUPYCOLL_RANKS_PER_NODE={per_node or 'unset'}")
+
+        name, *settings = parts(value)
+        low, high = (parts(differ.low), parts(differ.high)) if differ else ((), ())
+        shown = [part for i, part in enumerate(settings, 1) if low and low[i] != high[i]]
+        return name + (f" ({', '.join(shown)})" if shown else "")
+    if field == "wire":
+        return decode_code(value)
+    if field == "output":
+        return OUTPUTS[value]
+    return str(value)
