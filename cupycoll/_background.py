@@ -56,6 +56,10 @@ class _Runner:
 
 
 _RUNNERS: "weakref.WeakKeyDictionary[Communicator, _Runner]" = weakref.WeakKeyDictionary()
+#: one lock per communicator, held while its runner is made (collective: a barrier and a dup);
+#: the process-wide lock guards only the tables, so communicators used from threads of their
+#: own make their runners in any order (one lock over all of them crossed ranks' orders)
+_MAKING: "weakref.WeakKeyDictionary[Communicator, threading.Lock]" = weakref.WeakKeyDictionary()
 _RUNNERS_LOCK = threading.Lock()
 
 
@@ -63,8 +67,16 @@ def runner(comm: Communicator) -> _Runner:
     """The cached runner of ``comm`` (created collectively on the first async call)."""
     with _RUNNERS_LOCK:
         found = _RUNNERS.get(comm)
+        making = found or _MAKING.setdefault(comm, threading.Lock())
+    if found is not None:
+        return found
+    with making:
+        with _RUNNERS_LOCK:
+            found = _RUNNERS.get(comm)
         if found is None:
-            found = _RUNNERS[comm] = _Runner(comm)
+            found = _Runner(comm)
+            with _RUNNERS_LOCK:
+                _RUNNERS[comm] = found
         return found
 
 

@@ -204,6 +204,34 @@ def check_progress_without_waits(comm) -> None:
     comm.timeout = timeout
 
 
+def check_threads_making_runners() -> None:
+    """Communicators used from threads of their own, each thread's first call asynchronous:
+    each makes its communicator's worker (a barrier and a dup, collective) in whatever order
+    the threads run on each rank, without waiting for one another's."""
+    import threading
+
+    for _ in range(3):
+        comms = [cc.init("mpi", timeout=30) for _ in range(3)]
+        got, start = {}, threading.Barrier(len(comms))
+
+        def call(i: int, on) -> None:
+            start.wait()
+            idx = np.array([on.rank, on.size + i], np.int64)
+            got[i] = cc.sparse_allreduce(idx, np.ones(2), on.size + 3, comm=on,
+                                         async_op=True).result()
+
+        threads = [threading.Thread(target=call, args=(i, c)) for i, c in enumerate(comms)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        for i, c in enumerate(comms):
+            p = c.size
+            assert got[i].indices.tolist() == [*range(p), p + i], got
+            assert got[i].values.tolist() == [1.0] * p + [float(p)], got
+            c.close()
+
+
 if __name__ == "__main__":
     comm = cc.init("mpi")
     assert cc.get_comm() is comm
@@ -212,5 +240,6 @@ if __name__ == "__main__":
     check_backend_error(comm)
     check_works(comm)
     check_progress_without_waits(comm)
+    check_threads_making_runners()
     comm = check_timeout(comm)
     print(f"rank {comm.rank}: comm ok")
