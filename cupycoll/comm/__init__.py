@@ -76,7 +76,9 @@ def _agreed_auto(mpi_comm: Any) -> str:
     """"nccl" if every rank of ``mpi_comm`` can use NCCL, else "mpi" (collective, one allreduce)."""
     from mpi4py import MPI
 
-    group = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
+    from .mpi import _usable
+
+    group = MPI.COMM_WORLD if mpi_comm is None else _usable(mpi_comm)  # else MPI's own error
     return "nccl" if group.allreduce(nccl_usable(), op=MPI.LAND) else "mpi"
 
 

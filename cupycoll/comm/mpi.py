@@ -43,11 +43,13 @@ def _usable(mpi_comm: Any) -> MPI.Intracomm:
     error naming it (an intercommunicator, COMM_NULL, anything else)."""
     if isinstance(mpi_comm, (_ClosedComm, _DeadComm)):  # a dup of a closed or aborted
         return mpi_comm  # communicator: its Dup raises why
+    rank = MPI.COMM_WORLD.Get_rank()  # the rank named: this process's in the world
     if not isinstance(mpi_comm, MPI.Intracomm):
         raise InvalidType("mpi_comm", type(mpi_comm).__name__, "an mpi4py intracommunicator "
-                          "(MPI.COMM_WORLD, a Split or Dup of it)")
+                          "(MPI.COMM_WORLD, a Split or Dup of it)", rank=rank)
     if mpi_comm == MPI.COMM_NULL:
-        raise InvalidArgument("mpi_comm", "MPI.COMM_NULL", "a communicator this process is in")
+        raise InvalidArgument("mpi_comm", "MPI.COMM_NULL", "a communicator this process is in",
+                              rank=rank)
     return mpi_comm
 
 

@@ -174,7 +174,9 @@ def check_works(comm) -> None:
 
         expect_raises(BackendUnavailable, work.wait)
     for bad, kind in ((MPI.COMM_NULL, InvalidType), (3, InvalidType)):
-        assert expect_raises(kind, cc.init, "mpi", mpi_comm=bad).argument == "mpi_comm"
+        for backend in ("mpi", None):  # the default agrees on the backend over it first
+            err = expect_raises(kind, cc.init, backend, mpi_comm=bad)
+            assert err.argument == "mpi_comm" and err.rank == MPI.COMM_WORLD.Get_rank(), err
 
 
 def check_progress_without_waits(comm) -> None:
