@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .._types import ReduceOp, to_host, trunc_divide
+from .._types import ReduceOp, to_host
 from ._work import Work
-from ._mpi_types import _MPI_TYPES, _address, _fold_blocks, _separate
+from ._mpi_types import _MPI_TYPES, _address, _fold_blocks, _separate, averaged
 
 _TAG_BLOCKS = 8  # the blocks' messages (apart from exchange's)
 #: reduce's folded blocks on their way to the root: a tag of their own per call (the
@@ -60,7 +60,7 @@ def pairwise_reduce_scatter(comm: Any, send: np.ndarray, recv: np.ndarray, op: R
     def fold() -> None:
         _fold_blocks(blocks, scratch, recv, rank, op, in_place)
         if op is ReduceOp.AVG:
-            trunc_divide(recv, size)
+            averaged(recv, size)
         comm._release(scratch)
 
     if not blocking:
@@ -139,7 +139,7 @@ def pairwise_reduce(comm: Any, send: Any, recv: Any, op: ReduceOp, root: int, op
 
     def finish() -> None:
         if at_root and op is ReduceOp.AVG:
-            trunc_divide(out, size)
+            averaged(out, size)
         if staged:
             recv[...] = comm.xp.asarray(out.reshape(recv.shape))
             comm._release(out)

@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .._types import ReduceOp, to_host, trunc_divide
+from .._types import ReduceOp, to_host
 from ._mpi_types import (_NATIVE, _address, _give, _mpi_op, _native, _separate, _take, _typed,
-                         _widened)
+                         _widened, averaged, numpys_nan)
 
 __all__ = ["Staging"]
 
@@ -85,9 +85,9 @@ class Staging:
 
         def finalize() -> None:
             if op is _AVG:
-                trunc_divide(host_recv, self.size)
-            if host_recv.dtype.kind == "f" and op in _ORDERED:  # a pass here anyway
-                _numpys_nan(host_recv)
+                averaged(host_recv, self.size)
+            elif host_recv.dtype.kind == "f":  # staged: a pass here anyway
+                numpys_nan(host_recv)
             if host_recv is not recv:
                 recv[...] = self.xp.asarray(host_recv.astype(recv.dtype, copy=False))
                 self._release(host_recv)
@@ -129,15 +129,3 @@ class Staging:
             return host, None
         return host, lambda: recv.__setitem__(Ellipsis, self.xp.asarray(host))
 
-
-#: reductions whose NaN bits follow the order of the operands (x86 keeps the first NaN), which
-#: MPI's small-message allreduce takes in per-rank orders
-_ORDERED = (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PROD)
-
-
-def _numpys_nan(values: np.ndarray) -> None:
-    """Give every NaN of a staged or averaged float result numpy's NaN bits, in place (the
-    rounding or division reads it anyway), so every rank gets the same bits."""
-    nan = np.isnan(values)
-    if nan.any():
-        values[nan] = np.nan

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from .._types import UFUNCS, ReduceOp
+from .._types import UFUNCS, ReduceOp, trunc_divide
 from ..errors import BackendUnavailable
 from ..primitives import combine
 
@@ -53,12 +53,31 @@ def _minmax(op: ReduceOp):
 
 def _fold(op: ReduceOp, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     """``out = a op b`` as the MPI backend reduces (``out`` may be ``b``; avg as a sum): float
-    max/min by :func:`cupycoll.primitives.combine` (NaN wins; a +0/-0 tie gives -0 for min and
-    +0 for max), so the result does not depend on the order ranks' operands are combined in."""
+    max/min by :func:`cupycoll.primitives.combine` (NaN wins, as numpy's NaN; a +0/-0 tie
+    gives -0 for min and +0 for max), so the result does not depend on the order ranks'
+    operands are combined in (x86 keeps the first operand's NaN)."""
     if out.dtype.kind == "f" and op in (ReduceOp.MAX, ReduceOp.MIN):
         out[...] = combine(a, b, op)
+        numpys_nan(out)
     else:
         UFUNCS[ReduceOp.SUM if op is ReduceOp.AVG else op](a, b, out=out)
+
+
+def numpys_nan(values: np.ndarray) -> None:
+    """Give every NaN of a float result numpy's NaN bits, in place, so every rank gets the
+    same bits: a NaN's sign and payload follow the order of the operands (x86 keeps the first
+    NaN), which MPI takes in per-rank orders."""
+    nan = np.isnan(values)
+    if nan.any():
+        values[nan] = np.nan
+
+
+def averaged(values: np.ndarray, size: int) -> None:
+    """Divide a summed result by ``size`` (avg), in place, its NaNs numpy's (a pass over it
+    anyway: every path of avg gives the same bits)."""
+    trunc_divide(values, size)
+    if values.dtype.kind == "f":
+        numpys_nan(values)
 
 
 def _mpi_op(op: ReduceOp, dtype: np.dtype) -> MPI.Op:

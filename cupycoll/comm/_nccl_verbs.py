@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .._types import ReduceOp
+from .._types import ReduceOp, parse_op
 from ..errors import InvalidArgument
 from ._nccl_setup import nccl_types
 from ._work import Work
@@ -57,7 +57,8 @@ class _NcclVerbs:
         return code, red
 
     def allreduce(self, send: Any, recv: Any, op: ReduceOp, op_name: str = "allreduce") -> Work:
-        return self._work(*self._allreduce(send, recv, op, op_name), op_name)
+        return self._work(*self._allreduce(send, recv, parse_op(op, rank=self.rank), op_name),
+                          op_name)
 
     def _allreduce(self, send: Any, recv: Any, op: ReduceOp, op_name: str) -> tuple:
         return self._every_rank_reduces("allReduce", "allreduce", send, recv, op, op_name,
@@ -79,7 +80,8 @@ class _NcclVerbs:
 
     def reduce(self, send: Any, recv: Any, op: ReduceOp, root: int,
                op_name: str = "reduce") -> Work:
-        return self._work(*self._reduce(send, recv, op, root, op_name), op_name)
+        return self._work(*self._reduce(send, recv, parse_op(op, rank=self.rank), root,
+                                        op_name), op_name)
 
     def _reduce(self, send: Any, recv: Any, op: ReduceOp, root: int, op_name: str) -> tuple:
         dtype, red = self._types(send.dtype, op)
@@ -97,7 +99,8 @@ class _NcclVerbs:
 
     def reduce_scatter(self, send: Any, recv: Any, op: ReduceOp,
                        op_name: str = "reduce_scatter") -> Work:
-        return self._work(*self._reduce_scatter(send, recv, op, op_name), op_name)
+        return self._work(*self._reduce_scatter(send, recv, parse_op(op, rank=self.rank),
+                                                op_name), op_name)
 
     def _reduce_scatter(self, send: Any, recv: Any, op: ReduceOp, op_name: str) -> tuple:
         return self._every_rank_reduces("reduceScatter", "reduce_scatter", send, recv, op,

@@ -19,7 +19,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .._config import setting
-from .._types import ReduceOp, to_host
+from .._types import ReduceOp, parse_op, to_host
 from ..errors import BackendError, InvalidArgument, InvalidType
 from ._base import Communicator
 from ._mpi_staging import _AVG, Staging
@@ -219,7 +219,7 @@ class MPICommunicator(Staging, Communicator):
                     on_drop=lambda: self._orphaned.append((done, keep_alive)))
 
     def allreduce(self, send: Any, recv: Any, op: ReduceOp, op_name: str = "allreduce") -> Work:
-        return self._allreduce(send, recv, op, op_name, False)
+        return self._allreduce(send, recv, parse_op(op, rank=self.rank), op_name, False)
 
     def _allreduce(self, send: Any, recv: Any, op: ReduceOp, op_name: str, blocking: bool):
         args, finalize, keep = self._reduction(send, recv, op, True)
@@ -230,7 +230,7 @@ class MPICommunicator(Staging, Communicator):
 
     def reduce(self, send: Any, recv: Any, op: ReduceOp, root: int,
                op_name: str = "reduce") -> Work:
-        return self._reduce(send, recv, op, root, op_name, False)
+        return self._reduce(send, recv, parse_op(op, rank=self.rank), root, op_name, False)
 
     def _reduce(self, send: Any, recv: Any, op: ReduceOp, root: int, op_name: str,
                 blocking: bool):
@@ -262,7 +262,7 @@ class MPICommunicator(Staging, Communicator):
 
     def reduce_scatter(self, send: Any, recv: Any, op: ReduceOp,
                        op_name: str = "reduce_scatter") -> Work:
-        return self._reduce_scatter(send, recv, op, op_name, False)
+        return self._reduce_scatter(send, recv, parse_op(op, rank=self.rank), op_name, False)
 
     def _reduce_scatter(self, send: Any, recv: Any, op: ReduceOp, op_name: str, blocking: bool):
         """Reduce-scatter; from ``CUPYCOLL_REDUCE_SCATTER_PAIRWISE`` bytes a block, where it

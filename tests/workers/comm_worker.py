@@ -88,6 +88,14 @@ def check_errors(comm) -> None:
     assert isinstance(expect_raises(TypeError, cc.allreduce, "x", comm=comm), cc.errors.CupycollError)
     # nothing was sent: a following collective still matches up on every rank
     assert float(cc.allreduce(np.ones(1, np.float32), comm=comm)[0]) == p
+    # the Communicator's own verbs take an op's name too ("avg" is no sum), a bad one named
+    mine = np.full(2 * p, rank + 1.0)
+    for verb, out, args in ((comm.allreduce, np.empty(2 * p), ()),
+                            (comm.reduce, np.empty(2 * p), (0,)),
+                            (comm.reduce_scatter, np.empty(2), ())):
+        verb(mine, out, "avg", *args).wait()
+        assert (verb == comm.reduce and rank != 0) or (out == (p + 1) / 2).all(), (verb, out)
+        expect_raises(InvalidArgument, verb, mine, out, "mean", *args)
 
 
 def check_backend_error(comm) -> None:

@@ -123,7 +123,25 @@ def nan_and_signed_zero(rank: int, p: int) -> int:
         nan = np.array(np.nan, dtype)
         assert p == 1 or got[:1].tobytes() == nan.tobytes(), (dtype, op, got.tobytes())
         cases += 1
-    return cases
+    # NaNs of other bits on some ranks (x86's inf - inf has the sign set): max and min, and avg
+    # through the pairwise reduce and reduce-scatter (>= 256 KiB), give numpy's NaN everywhere
+    with np.errstate(invalid="ignore"):
+        signed = np.float64(np.inf) - np.float64(np.inf)
+    for dtype in ("float16", "float32", "float64"):
+        nan = np.array(np.nan, dtype)
+        for op in ("max", "min"):
+            got = cc.allreduce(np.array([signed if rank % 2 else np.nan, 1.0], dtype), op=op)
+            assert got[:1].tobytes() == nan.tobytes(), (dtype, op, got.tobytes())
+            cases += 1
+    big = np.ones(300_000, np.float32)
+    big[0] = np.inf if rank % 2 else -np.inf  # inf - inf in each rank's order of operands
+    big[1] = signed if rank == 0 else 1.0
+    nan = np.array(np.nan, np.float32).tobytes() * 2
+    got = cc.reduce(big, root=p - 1, op="avg")
+    assert rank != p - 1 or p == 1 or got[:2].tobytes() == nan, got[:2].tobytes()
+    got = cc.reduce_scatter(np.tile(big[:2], p * 70_000), op="avg")
+    assert p == 1 or got[:2].tobytes() == nan, got[:2].tobytes()
+    return cases + 2
 
 
 def aliased_out(rank: int, p: int) -> int:
