@@ -122,10 +122,10 @@ class Staging:
         return both
 
     def _staged(self, recv: Any) -> tuple[np.ndarray, Any]:
-        if type(recv) is np.ndarray:
+        """A contiguous host array to receive ``recv``'s bytes into, and what copies them into
+        ``recv`` afterwards (None: ``recv`` itself)."""
+        if type(recv) is np.ndarray and recv.flags.c_contiguous:
             return recv, None
-        host = recv if isinstance(recv, np.ndarray) else np.empty(recv.shape, recv.dtype)
-        if host is recv:
-            return host, None
+        host = np.empty(recv.shape, recv.dtype)
         return host, lambda: recv.__setitem__(Ellipsis, self.xp.asarray(host))
 

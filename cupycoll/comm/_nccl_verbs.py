@@ -158,12 +158,6 @@ class _NcclVerbs:
         return self._work(event, src, op_name)
 
     # point to point
-    def _check_peer(self, peer: int, argument: str) -> int:
-        if not 0 <= int(peer) < self.size:
-            raise InvalidArgument(argument, peer, f"peer must be a rank in [0, {self.size})",
-                                  rank=self.rank)
-        return int(peer)
-
     def exchange(self, sends: Sequence[tuple[int, Any]], recvs: Sequence[tuple[int, Any]],
                  op_name: str = "exchange") -> Work:
         """One NCCL group of send/recv on raw bytes; messages to this rank are device copies.

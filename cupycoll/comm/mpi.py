@@ -341,6 +341,7 @@ class MPICommunicator(Staging, Communicator):
     def exchange(self, sends: Sequence[tuple[int, Any]], recvs: Sequence[tuple[int, Any]],
                  op_name: str = "exchange") -> Work:
         requests, copy_backs, buffers, peers = [], [], [], []
+        self._check_peers(sends, recvs)
         earlier_first(self)
         self.stats.record(op_name)
         to_self = [a for peer, a in sends if peer == self.rank]  # FIFO, like messages to peers

@@ -88,6 +88,17 @@ def check_errors(comm) -> None:
     assert isinstance(expect_raises(TypeError, cc.allreduce, "x", comm=comm), cc.errors.CupycollError)
     # nothing was sent: a following collective still matches up on every rank
     assert float(cc.allreduce(np.ones(1, np.float32), comm=comm)[0]) == p
+    # exchange: a bad peer is refused before anything is posted (a message posted for a bad
+    # call would match the next one's); a strided receive buffer gets its bytes
+    nxt, prv = (rank + 1) % p, (rank - 1) % p
+    for bad in (p, -1, -2, True, 1.0):
+        for sends, recvs in (([(bad, np.ones(2))], [(prv, np.zeros(2))]),
+                             ([(nxt, np.ones(2))], [(prv, np.zeros(2)), (bad, np.zeros(2))])):
+            err = expect_raises(InvalidArgument, comm.exchange, sends, recvs)
+            assert err.argument == ("sends" if sends[0][0] is bad else "recvs"), err
+    strided = np.zeros((4, 2))[:, 1]
+    comm.exchange([(nxt, np.arange(4.0) + rank)], [(prv, strided)]).wait()
+    assert strided.tolist() == (np.arange(4.0) + prv).tolist(), strided
     # the Communicator's own verbs take an op's name too ("avg" is no sum), a bad one named
     mine = np.full(2 * p, rank + 1.0)
     for verb, out, args in ((comm.allreduce, np.empty(2 * p), ()),
