@@ -49,7 +49,7 @@ ARGUMENTS = ("indices", "values", "n", "op", "algorithm", "accumulate_dtype", "a
              "completion_fn", "async_op", "wire", "wire_values", "output", "out", "x", "k",
              "selector", "state", "grad", "tensor", "CUPYCOLL_AUTO", "CUPYCOLL_ALGORITHM",
              "CUPYCOLL_WIRE", "CUPYCOLL_NUMBA", "CUPYCOLL_THREADS", "CUPYCOLL_RANKS_PER_NODE",
-             "CUPYCOLL_TOPK_ALGORITHM")
+             "CUPYCOLL_TOPK_ALGORITHM", "device", "root")
 #: capacities every verb's vector has: signed fields, maxima, columns a rank (besides its
 #: error and detail words); the longest declarations are sparse_allreduce's.
 FIELDS, MAXIMA, COLUMNS = 10, 3, 1

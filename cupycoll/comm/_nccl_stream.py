@@ -344,8 +344,8 @@ class _InStream:
         comm = self.comm
         device, stream = comm._device, comm._stream
         current = device.current()
-        if current is stream:
-            return
+        if current is stream or device.current_device() != comm.device_id:
+            return  # another device's thread: the call's checks refuse it, on every rank
         self.outer = current
         device.wait_event(stream, device.record(current))
         self.scope = device.using(stream)

@@ -108,10 +108,12 @@ class Work:
             return self._completed(wait_fn)
 
     def _completed(self, wait_fn: Callable[[], None] | None) -> Any:
-        """:meth:`_complete`'s work, under the lock."""
-        if not self._done:
+        """:meth:`_complete`'s work, under the lock. A device wait runs on every call: it
+        orders the calling thread's current stream, which may not be the first caller's."""
+        if not self._done or not self._host_waits:
             if wait_fn is not None:
                 wait_fn()
+        if not self._done:
             try:
                 if self._finalize is not None:
                     with self._device() if self._device is not None else _NOWHERE:

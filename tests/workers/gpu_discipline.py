@@ -14,6 +14,12 @@ Modes (each failed before its fix, as noted):
   close_paths        close() on an error path, garbage collection and re-init() abort a
                      communicator whose operation waits for a peer that never comes, instead
                      of destroying it (before: ncclCommDestroy blocked forever)
+  waits_per_stream   a Work waited on one stream (or in another thread) and again on another
+                     stream orders the second stream too (before: only the first wait did:
+                     StreamOrderError on the second stream's read)
+  device_thread      a sparse_allreduce from a thread whose current device is not the
+                     communicator's raises InvalidArgument naming device on every rank (before:
+                     the emulator's DeviceMismatch on that rank, the others waiting)
 After every mode the ranks' NCCL call logs are compared (cupycoll.testing.emulation.check_logs).
 """
 
@@ -207,8 +213,66 @@ def mode_close_paths():
         gc.collect()
 
 
+def mode_waits_per_stream():
+    comm = cc.init("nccl", timeout=60.0)
+    parts, dense = case()
+    idx, val = (cupy.asarray(a) for a in parts[RANK])
+    x = cupy.full(64, RANK + 1.0, cupy.float32)
+    want = P * (P + 1) / 2
+    first, second = (cupy.cuda.Stream(non_blocking=True) for _ in range(2))
+    for how in ("stream", "thread"):
+        y = cupy.empty_like(x)
+        works = [cc.allreduce(x, out=y, async_op=True),
+                 cc.sparse_allreduce(idx, val, 60, comm=comm, async_op=True)]
+        for work in works:
+            if how == "thread":  # the first wait in another thread, on its own stream
+                def elsewhere():
+                    cupy.cuda.Device(comm.device_id).use()
+                    with first:
+                        work.wait()
+                waiter = threading.Thread(target=elsewhere)
+                waiter.start()
+                waiter.join()
+            else:
+                with first:
+                    work.wait()
+            with second:  # the second wait orders this stream too: its reads are safe
+                got = work.wait()
+                if isinstance(got, cupy.ndarray):
+                    assert (cupy.asnumpy(y) == want).all(), (how, y)
+                else:
+                    sums = np.zeros(60)
+                    sums[cupy.asnumpy(got.indices)] = cupy.asnumpy(got.values)
+                    assert np.array_equal(sums, dense), (how, sums)
+    comm.synchronize()
+
+
+def mode_device_thread():
+    comm = cc.init("nccl", timeout=60.0)
+    parts, _ = case()
+    idx, val = (cupy.asarray(a) for a in parts[RANK])
+    errors = []
+
+    def call():
+        try:
+            cc.sparse_allreduce(idx, val, 60, comm=comm)
+        except cc.errors.InvalidArgument as exc:
+            errors.append(exc)
+
+    if RANK == 1 % P and comm.device_id != 0:  # a new thread starts on device 0
+        caller = threading.Thread(target=call)
+        caller.start()
+        caller.join()
+    else:
+        call()
+    refused = WORLD.allreduce(int(bool(errors)))
+    assert refused in (0, P), refused  # every rank refuses, or none (device 0 everywhere)
+    assert not errors or "device" in str(errors[0]), errors
+
+
 MODES = {"null_stream": mode_null_stream, "completer_device": mode_completer_device,
-         "close_paths": mode_close_paths}
+         "close_paths": mode_close_paths, "waits_per_stream": mode_waits_per_stream,
+         "device_thread": mode_device_thread}
 for mode in MODE.split(","):
     MODES[mode]()
     if mode != "close_paths":  # aborted communicators' logs are not compared anyway
