@@ -262,6 +262,9 @@ def _local(comm: Any, indices: Any, values: Any, n: Any, op: Any, algorithm: Any
         buffer = _out(comm, out, output, alloc_fn, length, width, value_dtype, rank)
         increasing = _check_range(idx, length, rank)
         idx, val = _coalesce(idx, val, red, acc, increasing, output)
+        if buffer is not None:  # out= over the input (out=values): read before it is written
+            idx, val = (a.copy() if comm.xp.may_share_memory(buffer, a) else a
+                        for a in (idx, val))
         mode = setting("CUPYCOLL_AUTO") if name == "auto" else "estimate"
     except CupycollError as exc:
         return None, exc

@@ -155,7 +155,8 @@ def add_into(out: Any, indices: Any, lo: int, values: Any) -> None:
     """``out[indices - lo] += values`` for unique ``indices``: one numba loop on the host."""
     fast = _fast(values.size) if isinstance(out, np.ndarray) else None
     if fast is None or not fast.add_rows(out, indices, lo, values):
-        out[indices - lo] += values
+        with np.errstate(all="ignore"):  # inf - inf is NaN on every rank, never a raise on one
+            out[indices - lo] += values
 
 
 def _signed_zeros(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, row: tuple

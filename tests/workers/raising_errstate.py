@@ -62,6 +62,17 @@ def main() -> None:
                 for vals in tinies:
                     cc.sparse_allreduce(np.arange(300), vals, 3000, algorithm=alg, comm=comm,
                                         wire_values=fmt)
+    # sums beyond the range (float16 past 65504, float32 past 3.4e38: inf) and inf - inf
+    # (NaN), every algorithm and output, on the numpy loops (small slices): no rank raises
+    signs = np.where(np.arange(8) % 2 == comm.rank % 2, 1.0, -1.0)
+    for alg in cc.algorithms("sparse"):
+        for vals in (np.full(8, 6e4, np.float16), np.full(8, 3e38, np.float32),
+                     (np.inf * signs).astype(np.float32)):
+            for output in ("sparse", "dense"):
+                for op in ("sum", "avg"):
+                    with np.errstate(all="raise"):
+                        cc.sparse_allreduce(np.arange(8), vals, 8, op=op, algorithm=alg,
+                                            output=output, comm=comm)
     plain = rng.standard_normal(3000)
     with np.errstate(all="raise"):  # the threshold search after a step of zeros, and after
         for later in (np.zeros_like(plain), plain * 1e12):  # magnitudes far above the first

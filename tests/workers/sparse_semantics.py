@@ -86,6 +86,12 @@ def check(seed: int) -> None:
         big = np.array([60000, -40000, 1], np.float16)
         got = sparse_allreduce(np.arange(3), big, N, op="avg", algorithm=algorithm, comm=comm)
         assert same_bits(got.values, big), f"{algorithm}: float16 avg {got.values}"
+    for algorithm in ALGORITHMS:  # a dense output into the values themselves (out=values)
+        for values in (np.full(N, rank + 1.0, np.float32), np.full((N, 2), rank + 1.0)):
+            got = sparse_allreduce(np.arange(N), values, N, algorithm=algorithm, comm=comm,
+                                   output="dense", out=values)
+            assert got is values and (values == size * (size + 1) / 2).all(), \
+                f"{algorithm}: out=values gave {values[:3]}"
     assert_identical_across_ranks(*results)
     if rank == 0:
         print(f"ok {case} semantics cases x {len(ALGORITHMS)} algorithms on {size} ranks")
