@@ -6,6 +6,8 @@ the slowest rank's time; ratios of medians):
   it allreduces (``primitives._unfolded``) against coalescing it first (``coo_reduce``, then
   mask's scatter of the coalesced rows), through ``cupycoll.torch.sparse_allreduce`` (sum and
   avg, mask named) and ``auto``;
+- ``block``: an uncoalesced gradient summed by ``recursive_doubling`` straight into the block
+  it sends (``wire._pack``) against summing it into a coalesced copy, then packing that;
 - ``inline``: ``allreduce_hook`` on DDP's last bucket run in the hook while the worker is idle
   against the same call queued on the background worker;
 - ``handover``: ``dist.all_reduce`` of the gradient on a ``cupycoll`` process group, the tensor
@@ -16,6 +18,7 @@ The gradient is bench_torch.py's (Zipf tokens, ``nn.Embedding(V, 64, sparse=True
 rows a rank). Milliseconds::
 
     mpiexec -n 2 python -m mpi4py bench/dev/bench_sparse_bucket.py --vocab 256K -n 40
+    mpiexec -n 2 python -m mpi4py bench/dev/bench_sparse_bucket.py --only block
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import cupycoll.torch as cct  # noqa: E402
 from _common import parse_size  # noqa: E402
 from cupycoll import _background, _torch_backend  # noqa: E402
 from cupycoll.sparse import _validate  # noqa: E402
+from cupycoll._registry import record  # noqa: E402
 from cupycoll.tuner.calibrate import interleaved  # noqa: E402
 
 
@@ -71,6 +75,18 @@ def calls(grad, hook_comm, group, count: int) -> dict:
         out[("fold", label, "folded where the rows land")] = \
             lambda kw=kwargs: with_fold(True, **kw)
         out[("fold", label, "coalesced first")] = lambda kw=kwargs: with_fold(False, **kw)
+    rd = record("sparse", "recursive_doubling")
+
+    def into_block(folds: bool):  # its record's flag, for this call only
+        _validate.unfold = unfold
+        object.__setattr__(rd, "unfolded", folds)
+        try:
+            return cct.sparse_allreduce(grad, algorithm="recursive_doubling")
+        finally:
+            object.__setattr__(rd, "unfolded", True)
+
+    out[("block", "recursive_doubling", "folded into its block")] = lambda: into_block(True)
+    out[("block", "recursive_doubling", "folded, then packed")] = lambda: into_block(False)
     out[("inline", "hook, last bucket", "in the hook")] = lambda: hook(True)
     out[("inline", "hook, last bucket", "on the worker")] = lambda: hook(False)
 
@@ -88,6 +104,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--vocab", default="256K", help="embedding rows V")
     p.add_argument("-n", "--iters", type=int, default=40, help="timed rounds")
+    p.add_argument("--only", default="", help="comma-separated choices to run alone (e.g. "
+                   "block): each pair interleaved with nothing else")
     args = p.parse_args()
     comm = cc.init("mpi")
     bt.init_gloo(comm)  # DDP's setting: a gloo group beside cupycoll
@@ -99,6 +117,8 @@ def main() -> int:
     if group is None:
         raise SystemExit(why_not)
     table = calls(grad, hook_comm, group, args.iters + 3)
+    if args.only:
+        table = {key: call for key, call in table.items() if key[0] in args.only.split(",")}
     times = interleaved(table, args.iters, 3, comm)
     if comm.rank == 0:
         print(f"# P = {comm.size}, V = {vocab}, {grad._nnz()} gradient rows a rank")
