@@ -200,13 +200,14 @@ class Communicator(abc.ABC):
         self._fate.members.add(self)
 
     def _timed_out(self, op_name: str, sequence: int | None = None,
-                   pending: Sequence[int] = ()) -> CollectiveTimeout:
+                   pending: Sequence[int] = (), waited: Any = "timeout") -> CollectiveTimeout:
         """Build the CollectiveTimeout of a wait on collective ``sequence`` (default the latest)
-        that gave up, naming the missing ranks, and abort the communicator."""
+        that gave up after ``waited`` seconds (default the timeout), naming the missing ranks,
+        and abort the communicator."""
         seq = self.sequence if sequence is None else sequence
         verb = self._verb or op_name
-        error = timeout_error(self.board, self.rank, self.size, verb, op_name, self.timeout, seq,
-                              pending)
+        error = timeout_error(self.board, self.rank, self.size, verb, op_name,
+                              self.timeout if waited == "timeout" else waited, seq, pending)
         self._die(error, f"{verb} (collective #{seq})")
         return error
 

@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .._types import check_current_device
-from ..errors import CollectiveTimeout
+from ..errors import BackendError, CollectiveTimeout
 from ._nccl_config import in_progress
 from ._nccl_guard import spin
 from ._watchdog import _ABANDONED
@@ -44,13 +44,15 @@ class _Handle:
     collection can abort it (``ncclCommDestroy``, which CuPy's destructor calls, blocks forever
     while a kernel waits for a peer)."""
 
-    __slots__ = ("comm", "lock", "nonblocking", "__weakref__")
+    __slots__ = ("comm", "lock", "nonblocking", "aborting", "__weakref__")
 
     def __init__(self, comm: Any, nonblocking: bool) -> None:
         self.comm, self.nonblocking = comm, nonblocking
         self.lock = threading.RLock()
+        self.aborting = False  # set before the lock is taken: a call connecting under it stops
 
     def abort(self) -> None:
+        self.aborting = True
         with self.lock:
             comm, self.comm = self.comm, None
             if comm is not None:
@@ -88,7 +90,8 @@ class _StreamOrder:
         self._check_alive()
 
     def _post(self, op_name: str, launch: Callable[[Any, int], Any], keep: Any = None,
-              active: bool = True, then: Callable[[], None] | None = None) -> Any:
+              active: bool = True, then: Callable[[], None] | None = None,
+              arrival: bool = False) -> Any:
         """Run ``launch(nccl_comm, stream)`` on the communicator's stream after the caller's
         current stream's work, then ``then()`` (device work that reads the results, with that
         stream current, once NCCL has issued the launch); return an event recorded behind it.
@@ -96,6 +99,8 @@ class _StreamOrder:
         is observed complete.
 
         ``active=False`` (zero elements, the same on every rank) skips the NCCL call.
+        ``arrival``: a collective, published on the arrival board before its NCCL call (which
+        may wait for peers to connect: a timeout there names the ranks that never came).
         """
         self._live(op_name)
         device, stream = self._device, self._stream
@@ -103,6 +108,8 @@ class _StreamOrder:
         current = device.current()
         if current is not stream:
             device.wait_event(stream, device.record(current))
+        if arrival:
+            self._slot[0] = self.sequence + 1  # _record_collective counts it after the post
         if active:
             self._call(op_name, lambda comm: launch(comm, device.handle(stream)))
         if then is not None:
@@ -149,6 +156,10 @@ class _StreamOrder:
             except (self._nccl.NcclError, KeyError) as exc:
                 if not in_progress(exc):
                     raise
+                if self._handle.aborting:  # abort() from another thread waits for the lock
+                    self._check_alive()
+                    raise BackendError(f"{op_name} on rank {self.rank}: the NCCL communicator "
+                                       "was aborted while connecting") from None
                 if deadline is not None and time.monotonic() > deadline:
                     raise self._timed_out(op_name, connecting=True) from None
                 return False

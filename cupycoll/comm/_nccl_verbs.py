@@ -74,7 +74,8 @@ class _NcclVerbs:
         src = self._apart(send, dst, 0 if call == "allReduce" else -self.rank * dst.nbytes)
         ptr = self._ptr
         event = self._post(op_name, lambda c, s: getattr(c, call)(
-            ptr(src), ptr(dst), count, dtype, red, s), (src, dst), active=count > 0)
+            ptr(src), ptr(dst), count, dtype, red, s), (src, dst), active=count > 0,
+            arrival=True)
         self._record_collective(verb, send.nbytes, op_name=op_name)
         return event, src
 
@@ -93,7 +94,8 @@ class _NcclVerbs:
             src = self._apart(send, dst, 0)
         ptr = self._ptr
         event = self._post(op_name, lambda c, s: c.reduce(
-            ptr(src), ptr(dst), count, dtype, red, root, s), (src, dst), active=count > 0)
+            ptr(src), ptr(dst), count, dtype, red, root, s), (src, dst), active=count > 0,
+            arrival=True)
         self._record_collective("reduce", send.nbytes, root, op_name=op_name)
         return event, src
 
@@ -114,7 +116,8 @@ class _NcclVerbs:
         src = self._apart(send, dst, 0) if self.rank == root else dst  # only root's is read
         ptr = self._ptr
         event = self._post(op_name, lambda c, s: c.broadcast(
-            ptr(src), ptr(dst), nbytes, self._bytes, root, s), (src, dst), active=nbytes > 0)
+            ptr(src), ptr(dst), nbytes, self._bytes, root, s), (src, dst), active=nbytes > 0,
+            arrival=True)
         self._record_collective("broadcast", recv.nbytes, root, op_name=op_name)
         return event, src
 
@@ -126,7 +129,8 @@ class _NcclVerbs:
         src = self._apart(send, dst, self.rank * nbytes)  # in place: the rank's own block
         ptr = self._ptr
         event = self._post(op_name, lambda c, s: c.allGather(
-            ptr(src), ptr(dst), nbytes, self._bytes, s), (src, dst), active=nbytes > 0)
+            ptr(src), ptr(dst), nbytes, self._bytes, s), (src, dst), active=nbytes > 0,
+            arrival=True)
         self._record_collective("allgather", recv.nbytes, op_name=op_name)
         return event, src
 
@@ -153,7 +157,7 @@ class _NcclVerbs:
                     c.broadcast(self._ptr(src) if r == self.rank else block, block,
                                 int(nbytes[r]), self._bytes, int(r), s)
 
-        event = self._post(op_name, launch, (src, dst))
+        event = self._post(op_name, launch, (src, dst), arrival=True)
         self._record_allgatherv(op_name, nbytes)
         return self._work(event, src, op_name)
 

@@ -169,12 +169,14 @@ class NCCLCommunicator(_StreamOrder, _NcclVerbs, Communicator):
     def _timed_out(self, op_name: str, sequence: int | None = None,
                    pending: Sequence[int] = (), connecting: bool = False) -> CollectiveTimeout:
         """Abort the NCCL communicator (its kernels stop), then name the late ranks like every
-        backend (arrival board)."""
+        backend (arrival board); ``connecting``: a call still connecting to its peers after
+        ``connect_timeout``, on the collective it was posting."""
         self._handle.abort()
-        error = super()._timed_out(op_name, sequence, pending)
-        if connecting:
-            error.args = (f"{error.args[0]} (still connecting to peers after "
-                          f"CUPYCOLL_CONNECT_TIMEOUT = {self.connect_timeout} s)",)
+        if not connecting:
+            return super()._timed_out(op_name, sequence, pending)
+        error = super()._timed_out(op_name, self._slot[0] if sequence is None else sequence,
+                                   pending, self.connect_timeout)
+        error.args = (f"{error.args[0]} (still connecting to peers: CUPYCOLL_CONNECT_TIMEOUT)",)
         return error
 
     def _failed(self, op_name: str, exc: BaseException) -> BackendError:

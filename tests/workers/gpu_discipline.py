@@ -20,6 +20,10 @@ Modes (each failed before its fix, as noted):
   device_thread      a sparse_allreduce from a thread whose current device is not the
                      communicator's raises InvalidArgument naming device on every rank (before:
                      the emulator's DeviceMismatch on that rank, the others waiting)
+  connecting         a first call past the connect timeout names the rank that never came
+                     (before: none, and the previous collective's number); abort() from
+                     another thread stops a call still connecting (before: it waited for the
+                     connect timeout, 300 s by default)
 After every mode the ranks' NCCL call logs are compared (cupycoll.testing.emulation.check_logs).
 """
 
@@ -270,12 +274,45 @@ def mode_device_thread():
     assert not errors or "device" in str(errors[0]), errors
 
 
-MODES = {"null_stream": mode_null_stream, "completer_device": mode_completer_device,
+def mode_connecting():
+    """A fresh communicator's first call waits for its peers to connect: past the connect
+    timeout it names the rank that never came; abort() from another thread stops it at once."""
+    late = P - 1
+    comm = cc.init("nccl", timeout=30.0)
+    comm.connect_timeout = 2.0
+    x = cupy.ones(4, cupy.float32)
+    if RANK != late:
+        start = time.monotonic()
+        try:
+            cc.allreduce(x, comm=comm)
+            raise AssertionError("a call without its peer completed")
+        except cc.errors.CollectiveTimeout as exc:
+            assert exc.missing_ranks == [late], exc
+            assert "within 2.0 s" in str(exc) and time.monotonic() - start < 10, exc
+    WORLD.Barrier()
+    comm.abort()
+    comm = cc.init("nccl", timeout=30.0)
+    if RANK == 0 and P > 1:
+        aborter = threading.Timer(0.5, comm.abort)
+        aborter.start()
+        start = time.monotonic()
+        try:
+            cc.allreduce(x, comm=comm)
+            raise AssertionError("a call without its peers completed")
+        except cc.errors.BackendError as exc:
+            assert time.monotonic() - start < 5, (time.monotonic() - start, exc)
+        aborter.join()
+    WORLD.Barrier()
+    comm.abort()
+
+
+MODES = {"null_stream": mode_null_stream, "connecting": mode_connecting, "completer_device": mode_completer_device,
          "close_paths": mode_close_paths, "waits_per_stream": mode_waits_per_stream,
          "device_thread": mode_device_thread}
 for mode in MODE.split(","):
     MODES[mode]()
-    if mode != "close_paths":  # aborted communicators' logs are not compared anyway
+    if mode not in ("close_paths", "connecting"):  # aborted communicators' logs are not
+        # compared anyway
         emu.check_logs()
 WORLD.Barrier()
 if RANK == 0:
