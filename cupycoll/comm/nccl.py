@@ -79,6 +79,7 @@ class NCCLCommunicator(_StreamOrder, _NcclVerbs, Communicator):
         nccl_comm, nonblocking = bootstrap(self.mpi_comm, timeout=timeout)  # all raise or none
         cupy, nccl = load_nccl()
         self._attach(nccl_comm, nccl, CudaDevice(cupy), cupy, nonblocking)
+        self._watch(self.mpi_comm)  # the arrival board: a timeout names the late ranks
 
     @classmethod
     def wrap(cls, nccl_comm: Any, *, timeout: float | None = None, nccl: Any = None,
@@ -133,6 +134,9 @@ class NCCLCommunicator(_StreamOrder, _NcclVerbs, Communicator):
         twin = self.wrap(twin_comm, timeout=self.timeout, nccl=self._nccl, device=self._device,
                          xp=self.xp, nonblocking=nonblocking)
         twin.mpi_comm = self.mpi_comm
+        if self.mpi_comm is not None:  # a board of its own (collective); one fate with this
+            twin._watch(self.mpi_comm)
+        twin._share_fate(self)
         return twin
 
     def _attach(self, nccl_comm: Any, nccl: Any, device: Any, xp: Any,

@@ -24,6 +24,9 @@ Modes (each failed before its fix, as noted):
                      (before: none, and the previous collective's number); abort() from
                      another thread stops a call still connecting (before: it waited for the
                      connect timeout, 300 s by default)
+  dup_board          a dup() and an NCCLCommunicator made directly have arrival boards (a
+                     timeout names the late rank; before: ranks that did arrive) and a dup
+                     shares its parent's fate (before: the parent went on)
 After every mode the ranks' NCCL call logs are compared (cupycoll.testing.emulation.check_logs).
 """
 
@@ -306,12 +309,42 @@ def mode_connecting():
     comm.abort()
 
 
-MODES = {"null_stream": mode_null_stream, "connecting": mode_connecting, "completer_device": mode_completer_device,
+def mode_dup_board():
+    """A dup() (and an NCCLCommunicator made directly) has an arrival board, so a timeout on it
+    names the late rank, and shares its parent's fate."""
+    from cupycoll.comm.nccl import NCCLCommunicator
+
+    direct = NCCLCommunicator(timeout=30.0)
+    assert direct.board is not None
+    direct.abort()
+    comm = cc.init("nccl", timeout=2.0)
+    twin = comm.dup()
+    x = cupy.ones(4, cupy.float32)
+    cc.allreduce(x, comm=twin)  # connected
+    twin.synchronize()
+    if RANK != P - 1 and P > 1:
+        try:
+            cc.allreduce(x, comm=twin)
+            twin.synchronize()
+            raise AssertionError("a call without its peer completed")
+        except cc.errors.CollectiveTimeout as exc:
+            assert exc.missing_ranks == [P - 1], exc
+        try:
+            cc.allreduce(x, comm=comm)
+            raise AssertionError("the parent of a dead duplicate answered")
+        except cc.errors.CollectiveTimeout as exc:
+            assert "aborted" in str(exc), exc
+    WORLD.Barrier()
+    comm.abort()
+
+
+MODES = {"null_stream": mode_null_stream, "connecting": mode_connecting,
+         "dup_board": mode_dup_board, "completer_device": mode_completer_device,
          "close_paths": mode_close_paths, "waits_per_stream": mode_waits_per_stream,
          "device_thread": mode_device_thread}
 for mode in MODE.split(","):
     MODES[mode]()
-    if mode not in ("close_paths", "connecting"):  # aborted communicators' logs are not
+    if mode not in ("close_paths", "connecting", "dup_board"):  # aborted communicators' logs are not
         # compared anyway
         emu.check_logs()
 WORLD.Barrier()
