@@ -19,7 +19,7 @@ def test_strict_points_on_emulated_gpus(nprocs):
     NCCL's max/min/sum/avg arithmetic; stable argsort and the MPI backend's in-place broadcast
     of device arrays (fidelity: both failed before their fixes). At P = 4 (2 devices per node: nodes {0, 1}, {2, 3}) also
     a peer's abort reported across nodes only, and destroy() blocking on a dead peer."""
-    modes = ["fidelity", "pool", "oktopk", "nccl_math"] + (["peer_dead", "destroy"]
+    modes = ["fidelity", "counts", "pool", "oktopk", "nccl_math"] + (["peer_dead", "destroy"]
                                                            if nprocs == 4 else [])
     out = run_mpi(nprocs, "gpu_strict.py", ",".join(modes), timeout=240,
                   env={"CC_EMU_DEVICES": "2"})

@@ -21,6 +21,8 @@ Modes:
                 unfilled staging buffer)
   destroy       ncclCommDestroy with an operation a dead peer never joins blocks, without error,
                 until the emulated NCCL is released (P = 4, 2 devices per node; run it last)
+  counts        an allreduce of mismatched counts fails on every rank and check_logs names it
+                (before: the rank with the longer count returned a sum, nothing reported)
 After every mode the ranks' NCCL call logs are compared (cupycoll.testing.emulation.check_logs).
 """
 
@@ -335,7 +337,34 @@ def mode_fidelity():
         assert x.get().tolist() == [root + 1.0] * 17, (root, x.get())
 
 
-MODES = {"fidelity": mode_fidelity, "pool": mode_pool, "oktopk": mode_oktopk, "nccl_math": mode_nccl_math, "peer_dead": mode_peer_dead,
+def mode_counts():
+    """An allreduce whose last rank posts a longer count than the others (a caller's bug that
+    real NCCL answers with a hang or with reads past the shorter buffers): no rank completes
+    it, and check_logs names it on every rank (before: the longer rank returned its sum with
+    zeros for the others' missing tail, and nothing was reported)."""
+    comm = raw_comm()
+    count = 16 + 4 * (RANK == P - 1)
+    send, recv = cupy.ones(count, cupy.float32), cupy.empty(count, cupy.float32)
+    stream = cupy.cuda.get_current_stream()
+    comm.allReduce(send.data.ptr, recv.data.ptr, count, NCCL.NCCL_FLOAT32, NCCL.NCCL_SUM,
+                   stream.ptr)
+    try:
+        stream.synchronize()
+        comm.check_async_error()
+        raise AssertionError("an allreduce of mismatched counts completed")
+    except NCCL.NcclError:
+        pass
+    except cupy.cuda.runtime.CUDARuntimeError:
+        pass
+    comm.abort()
+    try:
+        emu.check_logs()
+        raise AssertionError("check_logs missed the mismatched counts")
+    except emu.EmulationError as exc:
+        assert "posted another call" in str(exc), exc
+
+
+MODES = {"fidelity": mode_fidelity, "counts": mode_counts, "pool": mode_pool, "oktopk": mode_oktopk, "nccl_math": mode_nccl_math, "peer_dead": mode_peer_dead,
          "destroy": mode_destroy}
 MODE = sys.argv[1]
 for mode in MODE.split(","):  # several modes per launch: each launch costs seconds

@@ -7,7 +7,7 @@ from typing import Any
 from mpi4py import MPI
 
 from . import device as dev
-from .nccl_core import STATE
+from .nccl_core import MISMATCHED, STATE
 from .runtime import FREED_EARLY
 
 __all__ = ["COMMS", "GLOBAL_LOG", "RACES", "check_logs"]
@@ -35,17 +35,18 @@ def check_logs() -> None:
                       if not c.aborted  # an aborted communicator's calls need not match
                       and c.world_ranks is not None},  # nor one whose init never finished
             "global": [(uid, e) for uid, e in GLOBAL_LOG if e[0] not in ("send", "recv")],
-            "freed_early": list(FREED_EARLY) + list(RACES)}
+            "freed_early": list(FREED_EARLY) + list(RACES) + list(MISMATCHED)}
     every = STATE["boot"].allgather(mine)
     for c in COMMS:
         c.log = []
     GLOBAL_LOG.clear()
     FREED_EARLY.clear()
     RACES.clear()
+    MISMATCHED.clear()
     freed = [(r, text) for r, theirs in enumerate(every) for text in theirs["freed_early"]]
     if freed:
         raise dev.EmulationError(f"world rank {freed[0][0]}: {freed[0][1]} ({len(freed)} such "
-                                 "frees in all)")
+                                 "findings in all)")
     me = world.Get_rank()
     for uid, (rank, members, log) in mine["comms"].items():
         coll = [e for e in log if e[0] not in ("send", "recv")]

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["STATE", "release_blocked", "error", "poll", "waitall", "waitall_confirmed",
+__all__ = ["STATE", "MISMATCHED", "release_blocked", "error", "poll", "waitall", "waitall_confirmed",
            "collective_links", "p2p_links", "get_unique_id", "uid_bytes",
            "join", "dtype_of", "itemsize", "reduce_rows", "ring_fold", "INTERNAL",
            "INVALID_ARGUMENT", "INVALID_USAGE", "REMOTE"]
@@ -69,7 +69,13 @@ def p2p_links(method: str, peer: int) -> list:
     return [(peer, (1, 2, 3, 4) if method == "send" else (2, 1, 4, 3))]
 
 
-def waitall_confirmed(requests: list, comm: Any, what: str, links: list) -> None:
+#: collectives whose ranks posted different calls (count, dtype, op, root): real NCCL hangs or
+#: reads past the smaller buffers; here both ends fail and check_logs names it.
+MISMATCHED: list[str] = []
+
+
+def waitall_confirmed(requests: list, comm: Any, what: str, links: list,
+                      signature: int = 0) -> None:
     """Wait (as a kernel) for the data ``requests`` AND for each link's peer to confirm, from
     its live operation, that it saw this operation arrive.
 
@@ -80,13 +86,14 @@ def waitall_confirmed(requests: list, comm: Any, what: str, links: list) -> None
     one arrived never confirms: the late operation spins until its own abort or timeout. The
     requests of an operation that fails are kept (their buffers must outlive MPI's use).
     """
-    tokens, mark = comm.tokens, np.zeros(1, np.uint8)
+    tokens, mark = comm.tokens, np.array([signature], np.int64)  # the call's, 0: unchecked
     pending, answer = list(requests), []
     for peer, (arrive_out, arrive_in, confirm_out, confirm_in) in links:
         pending += [tokens.Isend(mark, dest=peer, tag=arrive_out),
-                    tokens.Irecv(np.zeros(1, np.uint8), source=peer, tag=confirm_in)]
-        answer.append((tokens.Irecv(np.zeros(1, np.uint8), source=peer, tag=arrive_in), peer,
-                       confirm_out))
+                    tokens.Irecv(np.zeros(1, np.int64), source=peer, tag=confirm_in)]
+        theirs = np.zeros(1, np.int64)
+        answer.append((tokens.Irecv(theirs, source=peer, tag=arrive_in), peer, confirm_out,
+                       theirs))
 
     def done() -> bool:
         for item in list(answer):
@@ -94,6 +101,10 @@ def waitall_confirmed(requests: list, comm: Any, what: str, links: list) -> None
                 return False
             if item[0].Test():
                 answer.remove(item)
+                if signature and item[3][0] and item[3][0] != signature:
+                    MISMATCHED.append(f"{what}: rank {item[1]} of the communicator posted "
+                                      "another call (count, dtype, op or root) than this rank")
+                    raise error(INTERNAL)  # never completed against a different call
                 pending.append(tokens.Isend(mark, dest=item[1], tag=item[2]))
         return not answer and MPI.Request.Testall(pending)
 
