@@ -175,3 +175,12 @@ def test_an_output_path_that_cannot_be_written_is_a_usage_error_before_any_work(
     made = tmp_path / "new" / "folder" / "rows.json"
     proc = run("simulate", "--P", "2", "--networks", "machine", "--json", str(made))
     assert proc.returncode == 0 and json.loads(made.read_text())["rows"], proc.stderr
+
+
+def test_simulate_with_nothing_to_price_is_a_usage_error():
+    """No network, wire or output named, or no network holding --P ranks: exit status 2 and
+    why, not a header row without its rows."""
+    for args in (["--networks", ""], ["--wire", ""], ["--family", "sparse", "--output", ""],
+                 ["--P", "16", "--networks", "nvlink"]):
+        proc = run("simulate", *args, timeout=60)
+        assert proc.returncode == 2 and "nothing to simulate" in proc.stderr, (args, proc)

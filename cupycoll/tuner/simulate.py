@@ -26,6 +26,7 @@ import argparse
 import dataclasses
 import json
 import math
+import sys
 from typing import Any
 
 from .._config import made_folder, output_file
@@ -376,14 +377,17 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     if "sparse" in families:
         asked = str(getattr(args, "output", "sparse"))
-        outputs = ("sparse", "dense") if asked == "both" else tuple(
-            o for o in asked.split(",") if o)
+        outputs = ("sparse", "dense") if asked == "both" else tuple(filter(None, asked.split(",")))
         if set(outputs) - {"sparse", "dense"}:
             raise SystemExit(f"unknown output {outputs!r}: sparse, dense or both")
         rows += sparse_rows(sizes, networks, n, args.density, args.width, args.skew, wires,
                             outputs)
     if "topk" in families:
         rows += topk_rows(sizes, networks, n, args.density, wires)
+    if not rows:  # a usage error: nothing to price
+        print("cupycoll simulate: error: nothing to simulate (--networks, --wire and --output "
+              f"name one at least, and a network holds --P {args.P} ranks)", file=sys.stderr)
+        return 2
     for line in crossover_table(rows):
         print(line)
     if args.json:
