@@ -213,9 +213,9 @@ def test_bench_sparse_runs_on_one_rank_and_names_a_bad_size():
 
 
 def test_bench_sparse_bucket_prints_each_choice_against_its_alternative():
-    """bench/dev/bench_sparse_bucket.py, one process: the fold rows (mask sum, avg, auto) and the
-    hook's inline row and the backend's handover row, each two positive times and their ratio
-    (figures only in the docs)."""
+    """bench/dev/bench_sparse_bucket.py, one process: the fold rows (mask sum, avg, auto),
+    recursive doubling's block row, the hook's inline row and the backend's handover row, each
+    two positive times and their ratio (figures only in the docs)."""
     import subprocess
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-m", "mpi4py",
@@ -224,7 +224,7 @@ def test_bench_sparse_bucket_prints_each_choice_against_its_alternative():
                          cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root)}
                          ).stdout
     rows = [line.split(None, 1) for line in out.splitlines() if not line.startswith("#")]
-    assert [r[0] for r in rows] == ["fold"] * 3 + ["inline", "handover"], out
+    assert [r[0] for r in rows] == ["fold"] * 3 + ["block", "inline", "handover"], out
     assert all(float(v) > 0 for line in out.splitlines() if not line.startswith("#")
                for v in line.split("(")[0].split()[-3:]), out
 

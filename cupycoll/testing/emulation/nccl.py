@@ -19,7 +19,6 @@ asynchronous errors, non-blocking progress and destroy are :mod:`.nccl_lifetime`
 from __future__ import annotations
 
 import threading
-import zlib
 from typing import Any, Callable
 
 import numpy as np
@@ -271,8 +270,7 @@ class NcclCommunicator(_Lifetime):
                          for s in senders if s != me]
         partners = sorted(({r for r in receivers if r != me} if me in senders else set()) |
                           ({s for s in senders if s != me} if me in receivers else set()))
-        waitall_confirmed(requests, self, method, collective_links(seq, partners),
-                          zlib.crc32(repr(entry).encode()) + 1)  # the call, never 0
+        waitall_confirmed(requests, self, method, collective_links(seq, partners), entry)
         return stack
 
     # ---------------------------------------------------------------- point to point

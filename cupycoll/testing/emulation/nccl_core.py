@@ -9,6 +9,7 @@ import itertools
 import os
 import threading
 import time
+import zlib
 from typing import Any, Callable
 
 import numpy as np
@@ -75,7 +76,7 @@ MISMATCHED: list[str] = []
 
 
 def waitall_confirmed(requests: list, comm: Any, what: str, links: list,
-                      signature: int = 0) -> None:
+                      call: tuple | None = None) -> None:
     """Wait (as a kernel) for the data ``requests`` AND for each link's peer to confirm, from
     its live operation, that it saw this operation arrive.
 
@@ -85,8 +86,11 @@ def waitall_confirmed(requests: list, comm: Any, what: str, links: list,
     (confirm tag) only while its own operation is alive, so a peer that aborted before this
     one arrived never confirms: the late operation spins until its own abort or timeout. The
     requests of an operation that fails are kept (their buffers must outlive MPI's use).
+    ``call`` (a collective's log entry) travels with "arrived": a peer that posted another
+    call fails the operation here and is recorded in :data:`MISMATCHED`.
     """
-    tokens, mark = comm.tokens, np.array([signature], np.int64)  # the call's, 0: unchecked
+    signature = zlib.crc32(repr(call).encode()) + 1 if call else 0  # 0: unchecked (p2p)
+    tokens, mark = comm.tokens, np.array([signature], np.int64)
     pending, answer = list(requests), []
     for peer, (arrive_out, arrive_in, confirm_out, confirm_in) in links:
         pending += [tokens.Isend(mark, dest=peer, tag=arrive_out),
