@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from cupycoll.errors import InvalidArgument
+
 from tests._threaded import on_communicators
 
 
@@ -100,12 +102,13 @@ def test_counts_from_a_device_array_and_the_default_names():
 
 def test_alltoallv_needs_one_array_per_rank():
     def fn(comm):
-        with pytest.raises(ValueError) as info:
+        with pytest.raises(InvalidArgument) as info:
             comm.alltoallv([np.zeros(1)] * 3)
         return str(info.value)
 
-    for msg, _ in on_communicators(2, fn):
-        assert msg == "alltoallv needs one array per rank (2), got 3"
+    for rank, (msg, _) in enumerate(on_communicators(2, fn)):
+        assert msg == (f"invalid argument 'sends' on rank {rank}: one array per rank (2) (got "
+                       "'3 arrays')"), msg
 
 
 def test_a_native_allgatherv_books_its_blocks_exactly():

@@ -18,7 +18,8 @@ import numpy as np
 
 from .._config import parse_timeout
 from .._types import ReduceOp, to_host
-from ..errors import BackendError, CollectiveTimeout, CupycollError, InvalidArgument
+from ..errors import BackendError, CollectiveTimeout, CupycollError
+from ._checks import check_counts, check_sends
 from ._nccl_guard import spin
 from ._stats import Stats
 from ._watchdog import NO_SLOT, Board, Fate, timeout_error
@@ -122,23 +123,6 @@ class Communicator(abc.ABC):
         """Run the :meth:`on_close` callbacks, once."""
         for release in self.__dict__.pop("_releases", []):
             release()
-
-    def _check_peer(self, peer: Any, argument: str) -> int:
-        """``peer`` (of ``exchange``'s ``argument``) as a rank, or InvalidArgument naming it
-        (checked before anything is posted: a message posted for a bad call would match the
-        next one's)."""
-        if isinstance(peer, bool) or not isinstance(peer, (int, np.integer)) or \
-                not 0 <= peer < self.size:
-            raise InvalidArgument(argument, peer, f"peer must be a rank in [0, {self.size})",
-                                  rank=self.rank)
-        return int(peer)
-
-    def _check_peers(self, sends: Sequence[tuple[int, Any]],
-                     recvs: Sequence[tuple[int, Any]]) -> None:
-        """:meth:`_check_peer` of every peer of an ``exchange``."""
-        for argument, pairs in (("sends", sends), ("recvs", recvs)):
-            for peer, _ in pairs:
-                self._check_peer(peer, argument)
 
     def host_arrival(self, op_name: str) -> None:
         """Wait, under ``self.timeout`` and interruptible, until every rank has reached this
@@ -296,7 +280,7 @@ class Communicator(abc.ABC):
         with self.calling("allgatherv"):
             if counts is None:
                 counts = self.allgather_counts(int(send.shape[0]), op_name + ".counts")
-            counts = np.asarray(counts, dtype=np.int64)
+            counts = check_counts(self, counts, int(send.shape[0]))
             recv = self.xp.empty((int(counts.sum()),) + tuple(send.shape[1:]), dtype=send.dtype)
             self.run("_allgatherv_into", send, recv, counts, op_name=op_name)
             return recv, counts
@@ -334,8 +318,7 @@ class Communicator(abc.ABC):
 
         Counts go first (one int64 to each peer, booked as ``<op_name>.counts``) unless given.
         """
-        if len(sends) != self.size:
-            raise ValueError(f"alltoallv needs one array per rank ({self.size}), got {len(sends)}")
+        check_sends(self, sends)
         with self.calling("alltoallv"):
             if recv_counts is None:
                 recv_counts = self.alltoall_counts([s.shape[0] for s in sends],

@@ -15,6 +15,7 @@ import numpy as np
 
 from .._types import ReduceOp, parse_op
 from ..errors import InvalidArgument
+from ._checks import rank_of
 from ._nccl_setup import nccl_types
 from ._work import Work
 
@@ -81,8 +82,8 @@ class _NcclVerbs:
 
     def reduce(self, send: Any, recv: Any, op: ReduceOp, root: int,
                op_name: str = "reduce") -> Work:
-        return self._work(*self._reduce(send, recv, parse_op(op, rank=self.rank), root,
-                                        op_name), op_name)
+        return self._work(*self._reduce(send, recv, parse_op(op, rank=self.rank),
+                                        rank_of(self, root, "root"), op_name), op_name)
 
     def _reduce(self, send: Any, recv: Any, op: ReduceOp, root: int, op_name: str) -> tuple:
         dtype, red = self._types(send.dtype, op)
@@ -109,7 +110,8 @@ class _NcclVerbs:
                                         op_name, int(recv.size))
 
     def broadcast(self, send: Any, recv: Any, root: int, op_name: str = "broadcast") -> Work:
-        return self._work(*self._broadcast(send, recv, root, op_name), op_name)
+        return self._work(*self._broadcast(send, recv, rank_of(self, root, "root"), op_name),
+                          op_name)
 
     def _broadcast(self, send: Any, recv: Any, root: int, op_name: str) -> tuple:
         dst, nbytes = self._buffer(recv, "recv"), int(recv.nbytes)
@@ -168,12 +170,12 @@ class _NcclVerbs:
 
         Zero-byte messages are booked (like MPI's) but not posted: both sides know the size.
         """
-        local = collections.deque(a for peer, a in sends if self._check_peer(peer, "sends") ==
+        local = collections.deque(a for peer, a in sends if rank_of(self, peer, "sends") ==
                                   self.rank)
         posted_recvs, posted_sends, staged = [], [], []
         self.stats.record(op_name)  # the operation shows in by_op even with no remote peer
         for peer, buf in recvs:
-            if self._check_peer(peer, "recvs") == self.rank:
+            if rank_of(self, peer, "recvs") == self.rank:
                 if not local:
                     raise InvalidArgument("recvs", peer, "a receive from this rank needs a send "
                                           "to this rank", rank=self.rank)

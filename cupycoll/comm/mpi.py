@@ -1,9 +1,7 @@
 """MPI backend: mpi4py buffer (upper-case) calls over numpy arrays; cupy arrays are host-staged.
 
-MPI has no float16/bfloat16 reduction and no average: half-precision inputs are reduced in float32
-and rounded back once (so every rank gets the same bits), ``avg`` is a sum followed by a division
-by P (integers truncate toward zero, like NCCL).
-"""
+MPI has no float16/bfloat16 reduction and no average: half-precision inputs are reduced in
+float32 and rounded once (every rank gets the same bits), ``avg`` is a sum divided by P."""
 
 from __future__ import annotations
 
@@ -22,6 +20,7 @@ from .._config import setting
 from .._types import ReduceOp, parse_op, to_host
 from ..errors import BackendError, InvalidArgument, InvalidType
 from ._base import Communicator
+from ._checks import check_peers, rank_of
 from ._mpi_staging import _AVG, Staging
 from ._mpi_pairwise import (earlier_first, pairwise_in_place, pairwise_reduce,
                              pairwise_reduce_applies, pairwise_reduce_scatter)
@@ -230,7 +229,8 @@ class MPICommunicator(Staging, Communicator):
 
     def reduce(self, send: Any, recv: Any, op: ReduceOp, root: int,
                op_name: str = "reduce") -> Work:
-        return self._reduce(send, recv, parse_op(op, rank=self.rank), root, op_name, False)
+        return self._reduce(send, recv, parse_op(op, rank=self.rank), rank_of(self, root, "root"),
+                            op_name, False)
 
     def _reduce(self, send: Any, recv: Any, op: ReduceOp, root: int, op_name: str,
                 blocking: bool):
@@ -277,7 +277,7 @@ class MPICommunicator(Staging, Communicator):
                             comm.Ireduce_scatter_block, args, finalize, keep)
 
     def broadcast(self, send: Any, recv: Any, root: int, op_name: str = "broadcast") -> Work:
-        return self._broadcast(send, recv, root, op_name, False)
+        return self._broadcast(send, recv, rank_of(self, root, "root"), op_name, False)
 
     def _broadcast(self, send: Any, recv: Any, root: int, op_name: str, blocking: bool):
         host, copy_back = self._staged(recv)
@@ -341,7 +341,7 @@ class MPICommunicator(Staging, Communicator):
     def exchange(self, sends: Sequence[tuple[int, Any]], recvs: Sequence[tuple[int, Any]],
                  op_name: str = "exchange") -> Work:
         requests, copy_backs, buffers, peers = [], [], [], []
-        self._check_peers(sends, recvs)
+        check_peers(self, sends, recvs)
         earlier_first(self)
         self.stats.record(op_name)
         to_self = [a for peer, a in sends if peer == self.rank]  # FIFO, like messages to peers

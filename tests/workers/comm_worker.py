@@ -96,6 +96,14 @@ def check_errors(comm) -> None:
                              ([(nxt, np.ones(2))], [(prv, np.zeros(2)), (bad, np.zeros(2))])):
             err = expect_raises(InvalidArgument, comm.exchange, sends, recvs)
             assert err.argument == ("sends" if sends[0][0] is bad else "recvs"), err
+    for bad in (p, -1, True):  # a root, the counts, the sends: named, nothing posted
+        expect_raises(InvalidArgument, comm.broadcast, np.ones(2), np.ones(2), bad)
+        expect_raises(InvalidArgument, comm.reduce, np.ones(2), np.ones(2), "sum", bad)
+    for counts in ([2] * (p + 1), [-1] + [2] * (p - 1), [3] * p, [2.0] * p):
+        err = expect_raises(InvalidArgument, comm.allgatherv, np.ones(2), counts)
+        assert err.argument == "counts" and err.rank == rank, err
+    err = expect_raises(InvalidArgument, comm.alltoallv, [np.ones(1)] * (p + 1))
+    assert err.argument == "sends", err
     strided = np.zeros((4, 2))[:, 1]
     comm.exchange([(nxt, np.arange(4.0) + rank)], [(prv, strided)]).wait()
     assert strided.tolist() == (np.arange(4.0) + prv).tolist(), strided
