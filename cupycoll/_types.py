@@ -113,11 +113,15 @@ def as_array(x: Any, argument: str, *, rank: int | None = None) -> Any:
 
 
 def check_device(x: Any, comm: Any, argument: str) -> None:
-    """Raise InvalidArgument when the device array ``x`` lives on another GPU than ``comm``'s
-    (an NCCL communicator's ``device_id``): its collectives would read or write it there; or
-    when the calling thread's current device is another (:func:`check_current_device`)."""
+    """On an NCCL communicator: raise InvalidType when ``x`` is not of its array library (a
+    host array), InvalidArgument when it lives on another GPU than ``device_id`` (its
+    collectives would read or write it there) or the calling thread's current device is
+    another (:func:`check_current_device`)."""
+    if getattr(comm, "backend", None) == "nccl" and array_namespace(x) is not comm.xp:
+        raise InvalidType(argument, type(x).__name__, "a cupy array (or CUDA DLPack tensor) on "
+                          "the nccl backend", rank=comm.rank)
     device = getattr(comm, "device_id", None)
-    if device is None or isinstance(x, np.ndarray):
+    if device is None or isinstance(x, np.ndarray):  # (host stand-ins: the tests' wrap)
         return
     got = device_of(x, device)
     if got != device:

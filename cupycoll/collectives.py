@@ -109,9 +109,6 @@ def _input(x: Any, comm: Communicator, name: str = "x") -> Any:
     arr = as_array(x, name, rank=comm.rank)
     check_dtype(arr, name, rank=comm.rank)
     check_device(arr, comm, name)
-    if array_namespace(arr) is not comm.xp and comm.backend == "nccl":
-        raise InvalidType(name, type(arr).__name__, "a cupy array (or CUDA DLPack tensor) on the "
-                          "nccl backend", rank=comm.rank)
     return arr if arr.flags.c_contiguous else array_namespace(arr).ascontiguousarray(arr)
 
 

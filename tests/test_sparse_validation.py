@@ -119,6 +119,18 @@ def test_local_takes_callbacks_and_device_arrays_to_the_host():
                                                                                   [-0.5]]
 
 
+def test_host_arrays_on_an_nccl_communicator_are_named():
+    """An NCCL communicator's indices, values and out are of its array library (a host array
+    is refused, as the dense and top-k calls refuse it; it was uploaded)."""
+    nccl = types.SimpleNamespace(rank=3, backend="nccl", xp=types.ModuleType("devicelib"))
+    for kwargs, argument in (({}, "indices"), ({"indices": _DeviceArray(IDX)}, "indices")):
+        _, error = v._local(nccl, kwargs.get("indices", IDX), VAL, 10, "sum", "allgather",
+                            None, None, None, NAMES)
+        assert type(error) is InvalidType and str(error) == (
+            f"argument '{argument}' on rank 3 must be a cupy array (or CUDA DLPack tensor) on "
+            f"the nccl backend, got '{type(kwargs.get('indices', IDX)).__name__}'"), error
+
+
 @pytest.mark.parametrize("name, value", [("CUPYCOLL_NUMBA", "garbage"),
                                          ("CUPYCOLL_THREADS", "0"),
                                          ("CUPYCOLL_RANKS_PER_NODE", "0")])

@@ -7,6 +7,7 @@ for the model); it has no state of its own beyond what ``_attach`` sets up.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from typing import Any, Callable, Sequence
@@ -203,7 +204,8 @@ class _StreamOrder:
             self._observed_upto(behind)
 
         work = Work(lambda: self._order(event), lambda: self._query(event),
-                    sync_fn=synchronize, device=lambda: self._device.on_device(self.device_id))
+                    sync_fn=synchronize, device=lambda: self._device.on_device(self.device_id),
+                    stamp=lambda: functools.partial(self._order, self._device.record()))
         work.events = [event]  # type: ignore[attr-defined]  # for stream-side waits (overlap)
         return work
 

@@ -44,7 +44,9 @@ class Work:
     divisions, copies back, user callbacks), and returns the result. If ``finalize`` raises,
     every later call raises the same exception without running it again. ``device``: a context
     in which the operation's CUDA device is current (``finalize`` runs in it, whichever thread
-    completes the Work).
+    completes the Work). ``stamp`` (a device wait's): called after ``finalize`` on its stream,
+    returns what orders a caller's current stream after the finalizer's device work, which
+    every later ``wait()`` then runs too (the finalizer ran on the first waiter's stream).
     ``on_drop``: called when the Work is garbage-collected before it completed (the backend
     then keeps what the operation still reads or writes: MPI's requests and buffers).
     """
@@ -54,8 +56,10 @@ class Work:
                  finalize: Callable[[], Any] | None = None, result: Any = None,
                  sync_fn: Callable[[], None] | None = None,
                  device: Callable[[], None] | None = None,
-                 on_drop: Callable[[], None] | None = None) -> None:
+                 on_drop: Callable[[], None] | None = None,
+                 stamp: Callable[[], Callable[[], None]] | None = None) -> None:
         self._on_drop = on_drop
+        self._stamp, self._after = stamp, None
         self._wait_fn, self._test_fn, self._finalize = wait_fn, test_fn, finalize
         self._sync_fn = sync_fn if sync_fn is not None else wait_fn
         self._result = result
@@ -113,11 +117,20 @@ class Work:
         if not self._done or not self._host_waits:
             if wait_fn is not None:
                 wait_fn()
+            if self._after is not None:  # and after the finalizer's device work
+                self._after()
         if not self._done:
             try:
                 if self._finalize is not None:
+                    device_wait = wait_fn is not None and not self._host_waits
                     with self._device() if self._device is not None else _NOWHERE:
-                        self._result = self._finalize()
+                        if device_wait and self._device is not None:  # the finalizer's own
+                            wait_fn()  # stream, on the operation's device (the caller's may
+                        self._result = self._finalize()  # be another device's)
+                        if device_wait and self._stamp is not None:
+                            self._after = self._stamp()
+                    if self._after is not None:
+                        self._after()
             except BaseException as exc:
                 self._error = exc
                 raise
@@ -181,7 +194,7 @@ class Work:
         ``is_completed``) and whose result is ``finalize()``."""
         then = cls(work.wait, work.is_completed, finalize,
                    sync_fn=getattr(work, "synchronize", None),
-                   device=getattr(work, "_device", None))
+                   device=getattr(work, "_device", None), stamp=getattr(work, "_stamp", None))
         then._host_waits = getattr(work, "_host_waits", False)
         return then
 

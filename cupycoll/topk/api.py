@@ -24,7 +24,7 @@ from .._config import check_run_settings, setting
 from .._pipeline import Delivery, Plan, call
 from .._registry import algorithms, record
 from .._result import SparseResult
-from .._types import array_namespace, as_array, check_device, check_dtype
+from .._types import as_array, check_device, check_dtype
 from ..comm import Communicator, get_comm
 from ..errors import CupycollError, InvalidArgument, InvalidType
 from ..wire._choice import check_wire, check_wire_values, decode_code, wire_code
@@ -113,9 +113,6 @@ def _local_checks(comm: Communicator, x: Any, k: Any, algorithm: Any, selector: 
         raise InvalidArgument(argument, tuple(arr.shape), "must be a 1-D array", rank=rank)
     if n is not None and arr.shape[0] != n:
         raise InvalidArgument(argument, arr.shape[0], f"length must be n = {n}", rank=rank)
-    if comm.backend == "nccl" and array_namespace(arr) is not comm.xp:
-        raise InvalidType(argument, type(arr).__name__, "a cupy array (or CUDA DLPack tensor) "
-                          "on the nccl backend", rank=rank)
     if type(k) is not int and (isinstance(k, (bool, np.bool_))
                                or not isinstance(k, (numbers.Integral, np.integer))):
         raise InvalidType("k", type(k).__name__, "an int", rank=rank)

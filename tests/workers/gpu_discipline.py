@@ -16,7 +16,8 @@ Modes (each failed before its fix, as noted):
                      of destroying it (before: ncclCommDestroy blocked forever)
   waits_per_stream   a Work waited on one stream (or in another thread) and again on another
                      stream orders the second stream too (before: only the first wait did:
-                     StreamOrderError on the second stream's read)
+                     StreamOrderError on the second stream's read); a wait in a thread on
+                     another device orders the copy into alloc_fn's buffers (before: not)
   device_thread      a sparse_allreduce from a thread whose current device is not the
                      communicator's raises InvalidArgument naming device on every rank (before:
                      the emulator's DeviceMismatch on that rank, the others waiting)
@@ -230,7 +231,10 @@ def mode_waits_per_stream():
     for how in ("stream", "thread"):
         y = cupy.empty_like(x)
         works = [cc.allreduce(x, out=y, async_op=True),
-                 cc.sparse_allreduce(idx, val, 60, comm=comm, async_op=True)]
+                 cc.sparse_allreduce(idx, val, 60, comm=comm, async_op=True),
+                 cc.sparse_allreduce(idx, val, 60, comm=comm, async_op=True, algorithm="split",
+                                     alloc_fn=lambda nnz, it, shape, vt, ctx: (
+                                         cupy.empty(nnz, it), cupy.empty(shape, vt)))]
         for work in works:
             if how == "thread":  # the first wait in another thread, on its own stream
                 def elsewhere():
