@@ -32,16 +32,39 @@ from cupycoll.comm import bus_factor
 COLLECTIVES = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter")
 
 
-def expected(name: str, count: int, rank: int, size: int, root: int, dtype) -> np.ndarray:
-    """What the output must hold when rank r's input is full(r + 1) (nccl-tests' idea)."""
-    total = size * (size + 1) // 2
-    if name in ("allreduce", "reduce"):
-        return np.full(count, total, dtype)
+#: the ops a run can time (``-o``); each one's reduction over the ranks' (exact) inputs
+REDUCTIONS = {"sum": np.sum, "max": np.max, "min": np.min, "avg": None}
+
+
+def _average(inputs: np.ndarray, dtype) -> np.ndarray:
+    """avg as the library computes it: the exact sum divided by P in float32 (float64 for
+    float64; integers truncate toward zero)."""
+    total, size = np.sum(inputs, axis=0), inputs.shape[0]
+    if np.dtype(dtype).kind in "iu":
+        return np.trunc(total / size)
+    wide = np.float64 if np.dtype(dtype) == np.float64 else np.float32
+    return total.astype(wide) / wide(size)
+
+
+def rank_input(count: int, rank: int, dtype) -> np.ndarray:
+    """Rank ``rank``'s input: small integers that depend on the element and the rank (so a
+    block in the wrong place, or a permuted one, is wrong; every sum is exact in float16)."""
+    return ((np.arange(count) + 3 * rank) % 13 + rank + 1).astype(dtype)
+
+
+def expected(name: str, count: int, rank: int, size: int, root: int, dtype, op: str = "sum"
+             ) -> np.ndarray:
+    """What the output must hold, from every rank's :func:`rank_input` (nccl-tests' idea)."""
+    local = count // size if name == "allgather" else count
+    inputs = np.stack([rank_input(local, r, np.float64) for r in range(size)])
     if name == "broadcast":
-        return np.full(count, root + 1, dtype)
+        return inputs[root].astype(dtype)
     if name == "allgather":
-        return np.repeat(np.arange(1, size + 1), count // size).astype(dtype)
-    return np.full(count // size, total, dtype)
+        return inputs.reshape(-1).astype(dtype)
+    reduced = _average(inputs, dtype) if op == "avg" else REDUCTIONS[op](inputs, axis=0)
+    block = count // size
+    return (reduced if name != "reduce_scatter" else
+            reduced[rank * block:(rank + 1) * block]).astype(dtype)
 
 
 def run_one(name: str, nbytes: int, args, comm, table: Table) -> None:
@@ -51,20 +74,21 @@ def run_one(name: str, nbytes: int, args, comm, table: Table) -> None:
     if name in ("allgather", "reduce_scatter"):
         count = max(p, count // p * p)  # P equal blocks
     local = count // p if name == "allgather" else count
-    x = np.full(local, rank + 1, dtype)
+    x, op = rank_input(local, rank, dtype), args.op
     calls = {
-        "allreduce": lambda: cc.allreduce(x, comm=comm),
+        "allreduce": lambda: cc.allreduce(x, op=op, comm=comm),
         "broadcast": lambda: cc.broadcast(x, root=root, comm=comm),
-        "reduce": lambda: cc.reduce(x, root=root, comm=comm),
+        "reduce": lambda: cc.reduce(x, root=root, op=op, comm=comm),
         "allgather": lambda: cc.allgather(x, comm=comm),
-        "reduce_scatter": lambda: cc.reduce_scatter(x, comm=comm),
+        "reduce_scatter": lambda: cc.reduce_scatter(x, op=op, comm=comm),
     }
     samples = time_collective(calls[name], args.iters, args.warmup_iters, comm)
     wrong = 0
     if args.check:
         out = calls[name]()
         if out is not None:
-            wrong = int(np.count_nonzero(out != expected(name, count, rank, p, root, dtype)))
+            wrong = int(np.count_nonzero(out != expected(name, count, rank, p, root, dtype,
+                                                         op)))
         wrong = int(comm.mpi_comm.allreduce(wrong))
     seconds = float(np.median(samples))
     size_bytes = count * dtype.itemsize
@@ -171,6 +195,8 @@ def main() -> int:
                         help="cupycoll next to mpi4py's blocking call (see the docstring)")
     parser.add_argument("--sizes", default="8,1K,256K,16M", help="sizes of --vs-mpi")
     args = parser.parse_args()
+    if args.op not in REDUCTIONS:
+        parser.error(f"-o/--op: one of {', '.join(REDUCTIONS)} (got {args.op!r})")
     comm = cc.init("mpi")
     names = COLLECTIVES if args.collective == "all" else (args.collective,)
     if args.vs_mpi:
