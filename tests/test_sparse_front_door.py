@@ -92,7 +92,7 @@ def test_run_passes_the_prepared_call_and_copies_an_aliased_result(comm):
 
 
 @pytest.mark.parametrize("op", ["sum", "avg", "max"])
-def test_uncoalesced_rows_reach_mask_unsummed_and_the_others_coalesced_or_folding(comm, monkeypatch, op):
+def test_uncoalesced_rows_reach_the_algorithms_that_fold_them_unsummed(comm, monkeypatch, op):
     """A host sum's duplicate rows go to ``mask`` as Unfolded rows (summed where they land),
     to ``recursive_doubling`` so too (folded at P = 1: nothing to send) and to every other
     algorithm coalesced; any other op coalesces first. Every algorithm
