@@ -10,8 +10,9 @@ import numpy as np
 from mpi4py import MPI
 
 from .._types import ReduceOp, to_host
+from ..primitives._numpy_reduce import canonical_nan
 from ._mpi_types import (_NATIVE, _address, _give, _mpi_op, _native, _separate, _take, _typed,
-                         _widened, averaged, numpys_nan)
+                         _widened, averaged)
 
 __all__ = ["Staging"]
 
@@ -87,7 +88,7 @@ class Staging:
             if op is _AVG:
                 averaged(host_recv, self.size)
             elif host_recv.dtype.kind == "f":  # staged: a pass here anyway
-                numpys_nan(host_recv)
+                canonical_nan(host_recv)
             if host_recv is not recv:
                 with np.errstate(all="ignore"):  # float16 beyond 65504 is inf, never a raise
                     recv[...] = self.xp.asarray(host_recv.astype(recv.dtype, copy=False))

@@ -15,6 +15,7 @@ from mpi4py import MPI
 from .._types import UFUNCS, ReduceOp, trunc_divide
 from ..errors import BackendUnavailable
 from ..primitives import combine
+from ..primitives._numpy_reduce import canonical_nan
 
 
 _MPI_OPS = {ReduceOp.SUM: MPI.SUM, ReduceOp.AVG: MPI.SUM, ReduceOp.PROD: MPI.PROD,
@@ -58,26 +59,18 @@ def _fold(op: ReduceOp, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     operands are combined in (x86 keeps the first operand's NaN)."""
     if out.dtype.kind == "f" and op in (ReduceOp.MAX, ReduceOp.MIN):
         out[...] = combine(a, b, op)
-        numpys_nan(out)
+        canonical_nan(out)  # MPI combines in per-rank orders: x86 keeps the first NaN
     else:
         UFUNCS[ReduceOp.SUM if op is ReduceOp.AVG else op](a, b, out=out)
 
 
-def numpys_nan(values: np.ndarray) -> None:
-    """Give every NaN of a float result numpy's NaN bits, in place, so every rank gets the
-    same bits: a NaN's sign and payload follow the order of the operands (x86 keeps the first
-    NaN), which MPI takes in per-rank orders."""
-    nan = np.isnan(values)
-    if nan.any():
-        values[nan] = np.nan
-
-
 def averaged(values: np.ndarray, size: int) -> None:
-    """Divide a summed result by ``size`` (avg), in place, its NaNs numpy's (a pass over it
-    anyway: every path of avg gives the same bits)."""
-    trunc_divide(values, size)
+    """Divide a summed result by ``size`` (avg), in place, its NaNs numpy's (in the same pass
+    on the host: every path of avg gives the same bits; integers truncate)."""
     if values.dtype.kind == "f":
-        numpys_nan(values)
+        canonical_nan(values, size)
+    else:
+        trunc_divide(values, size)
 
 
 def _mpi_op(op: ReduceOp, dtype: np.dtype) -> MPI.Op:

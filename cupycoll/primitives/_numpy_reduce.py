@@ -298,3 +298,31 @@ def densify(indices: Any, values: Any, n: int) -> np.ndarray:
         idx, val = coo_reduce(idx, val, "sum")
     dense[idx] = val
     return dense
+
+
+def canonical_nan(values: Any, divide_by: int = 1) -> Any:
+    """Give every NaN in float ``values`` numpy's NaN bits, in place, and return ``values``;
+    ``divide_by`` > 1 (an average's P): divide them by it first, in the same read on the host.
+
+    A NaN's sign and payload depend on the order of the operands (x86 keeps the first NaN and
+    makes ``inf - inf`` a negative NaN; MPI's built-in ops combine in a per-rank order), so
+    without this the results of the algorithms, or of one algorithm on two ranks, could differ
+    in NaN bits. One masked copy, no host read (no synchronisation on a GPU); on the host,
+    past numba's threshold, one read of the bits first (no NaN or infinity: nothing to
+    copy).
+    """
+    if values.dtype.kind != "f" or values.size == 0:
+        return values
+    fast = _fast(values.size) if isinstance(values, np.ndarray) else None
+    if fast is not None and divide_by > 1 and values.flags.c_contiguous \
+            and values.dtype.itemsize >= 4:  # numba divides float32 and float64: one pass
+        special = fast.divide_finding_specials(values, divide_by)
+    else:
+        if divide_by > 1:
+            values /= divide_by
+        special = fast is None or fast.special_values(values)[0]  # one read
+    if not special:  # no NaN: done
+        return values
+    xp = array_namespace(values)
+    xp.copyto(values, values.dtype.type(np.nan), where=xp.isnan(values))
+    return values
