@@ -291,6 +291,22 @@ def test_a_new_class_next_to_a_finished_one_starts_from_its_record():
     assert learn._neighbour(table, ("x", 10, "sum")) is None
 
 
+@pytest.mark.parametrize("table", ["learn", "measure"])
+def test_a_job_making_new_classes_keeps_the_most_recently_used_ones(table):
+    """A job that keeps making shape classes (n or nnz drifting far) holds a bounded number of
+    learn's records and measure's trials: the one used least recently goes first, in the order
+    of the calls, the same on every rank; a class in use stays."""
+    from cupycoll.sparse import measure
+    from cupycoll.sparse.auto import _DECISIONS_MAX as bound
+
+    comm = SimpleNamespace()
+    table = learn.records(comm) if table == "learn" else measure.measured(comm)
+    for key in range(bound + 3):
+        table[key] = learn.Record(["a"])
+        assert table.get(0) is not None  # the class in use every step
+    assert len(table) == bound and list(table)[:2] == [4, 5] and 0 in table
+
+
 def test_learn_is_auto_s_default_mode(monkeypatch):
     """Without CUPYCOLL_AUTO, auto learns (on MPI and on NCCL, where a call is timed by
     events on the communicator's stream)."""

@@ -14,6 +14,7 @@ finishes a call whose entries all fit in the validation allreduce's slots (:mod:
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from typing import Any, Callable
@@ -28,8 +29,8 @@ from ._common import native_drops_nan, native_keeps_minus_zero
 from ._cost import Cost, Shape, validation_cost
 
 __all__ = ["choose", "remembered", "shape_class", "class_counts", "choose_wire", "auto", "prices",
-           "call_cost", "predicted_times", "resolved", "comm_table", "bounded_table", "candidates",
-           "ALGORITHM"]
+           "call_cost", "predicted_times", "resolved", "comm_table", "Recent", "bounded_table",
+           "candidates", "ALGORITHM"]
 
 #: recent decisions: (id(profile), shape class) -> (profile, name). A training loop repeats
 #: nearly the same shape every step (each rank's nnz drifting a little), and pricing every
@@ -47,14 +48,34 @@ CLASS_STEPS = 4
 REPRICE_BEYOND = 2 ** 0.5
 
 
-def comm_table(comm: Any, attribute: str) -> dict:
-    """The dict a communicator keeps under ``attribute`` (made empty on first use): auto's
-    decisions, measure's trials and learn's records live on the communicator they agree on."""
+def comm_table(comm: Any, attribute: str, kind: type = dict) -> dict:
+    """The dict a communicator keeps under ``attribute`` (a ``kind()`` made on first use):
+    auto's decisions, measure's trials and learn's records live on the communicator they agree
+    on."""
     table = getattr(comm, attribute, None)
     if table is None:
-        table = {}
+        table = kind()
         setattr(comm, attribute, table)
     return table
+
+
+class Recent(collections.OrderedDict):
+    """A table of at most :data:`_DECISIONS_MAX` entries that forgets the one used least
+    recently first (``get`` and setting use an entry): measure's trials and learn's records,
+    whose classes a job may keep making. Every rank uses it in the order of its collective
+    calls, so every rank forgets the same entries."""
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if key not in self:
+            return default
+        self.move_to_end(key)
+        return self[key]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        if len(self) > _DECISIONS_MAX:
+            self.popitem(last=False)
 
 
 def bounded_table(comm: Any, attribute: str) -> dict:

@@ -213,7 +213,7 @@ def clearly_faster(these: list[float], than: list[float]) -> bool:
 
 def records(comm: Any) -> dict[tuple, Record]:
     """``comm``'s records by shape class (the same on every rank)."""
-    return _auto.comm_table(comm, "_learned")
+    return _auto.comm_table(comm, "_learned", _auto.Recent)
 
 
 def class_key(shape: Shape, op: Any) -> tuple:

@@ -69,7 +69,7 @@ class Trials:
 
 def measured(comm: Any) -> dict[tuple, Trials]:
     """``comm``'s table of trials by :func:`kind` (the same on every rank)."""
-    return _auto.comm_table(comm, "_measured")
+    return _auto.comm_table(comm, "_measured", _auto.Recent)
 
 
 def plan(comm: Any, shape: Shape, op: Any, timed: bool) -> tuple[str, Trials | None]:
