@@ -45,17 +45,26 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
-def common_parser(description: str) -> argparse.ArgumentParser:
-    """Return an argparse parser with nccl-tests' flags (-b -e -f -n -w -c -d -o) and --json."""
+#: nccl-tests' flags: letter -> (long name, add_argument's keywords)
+NCCL_TESTS_FLAGS = {
+    "b": ("--minbytes", {"type": parse_size, "default": parse_size("8")}),
+    "e": ("--maxbytes", {"type": parse_size, "default": parse_size("64M")}),
+    "f": ("--stepfactor", {"type": int, "default": 2}),
+    "n": ("--iters", {"type": int, "default": 20}),
+    "w": ("--warmup_iters", {"type": int, "default": 3}),
+    "c": ("--check", {"type": int, "default": 1, "help": "check correctness (1) or not (0)"}),
+    "d": ("--datatype", {"default": "float32"}),
+    "o": ("--op", {"default": "sum"}),
+}
+
+
+def common_parser(description: str, flags: str = "befnwcdo") -> argparse.ArgumentParser:
+    """Return an argparse parser with the nccl-tests flags among ``flags`` that the benchmark
+    honours (a flag it would ignore is refused as unknown), --json, --csv and --plot."""
     p = argparse.ArgumentParser(description=description)
-    p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("8"))
-    p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("64M"))
-    p.add_argument("-f", "--stepfactor", type=int, default=2)
-    p.add_argument("-n", "--iters", type=int, default=20)
-    p.add_argument("-w", "--warmup_iters", type=int, default=3)
-    p.add_argument("-c", "--check", type=int, default=1, help="check correctness (1) or not (0)")
-    p.add_argument("-d", "--datatype", default="float32")
-    p.add_argument("-o", "--op", default="sum")
+    for letter in flags:
+        name, keywords = NCCL_TESTS_FLAGS[letter]
+        p.add_argument(f"-{letter}", name, **keywords)
     p.add_argument("--json", metavar="PATH", help="write the rows as JSON to PATH ('-' = stdout)")
     p.add_argument("--csv", metavar="PATH", help="write the rows as CSV to PATH ('-' = stdout)")
     p.add_argument("--plot", metavar="PATH", help="draw the rows with matplotlib into PATH.png")

@@ -136,7 +136,7 @@ def _most(counter: collections.Counter) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = common_parser(__doc__.splitlines()[0])
+    p = common_parser(__doc__.splitlines()[0], flags="")
     p.add_argument("--cases", default=CASES, help="comma-separated n/density/width")
     p.add_argument("--steps", type=int, default=100, help="calls of each method per case")
     p.add_argument("--seed", type=int, default=0)

@@ -323,7 +323,7 @@ def print_regret(summary: list[dict]) -> None:
 
 
 def main() -> int:
-    parser = common_parser(__doc__)
+    parser = common_parser(__doc__, flags="nwc")
     parser.set_defaults(iters=10, warmup_iters=2)
     parser.add_argument("--n", default="4M,16M", help="dense lengths of 1-D rows (comma list)")
     parser.add_argument("--rows", default="64K", help="number of rows for --width > 0")

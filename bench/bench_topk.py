@@ -265,7 +265,7 @@ CCOLUMNS = ["workload", "policy", "step", "refresh", "P", "n", "k", "local/k", "
 
 def main() -> None:
     p = common_parser("Top-k allreduce volumes per phase, density under error feedback, "
-                      "selection cost")
+                      "selection cost", flags="")
     p.add_argument("--n", type=parse_size, default=parse_size("1M"), help="vector length")
     p.add_argument("--density", type=float, default=0.01)
     p.add_argument("--steps", type=int, default=None,

@@ -67,7 +67,7 @@ STEP_COLUMNS = ["vocab", "rows/rank", "ddp", "time(us)", "min(us)", "p95(us)", "
 
 
 def arguments():
-    p = common_parser(__doc__.splitlines()[0])
+    p = common_parser(__doc__.splitlines()[0], flags="nw")
     p.add_argument("--vocab", default="256K,1M", help="embedding rows V, comma-separated")
     p.add_argument("--rows", type=float, default=0.015,
                    help="share of the V rows each rank's batch touches per step (0.01-0.02)")

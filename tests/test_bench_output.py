@@ -172,6 +172,24 @@ def test_regret_counts_for_other_profiles(capsys):
         in out
 
 
+@pytest.mark.parametrize("flags,taken", [("befnwcdo", "-b -e -f -n -w -c -d -o"),
+                                         ("nwc", "-n -w -c"), ("", "")])
+def test_a_benchmark_refuses_the_nccl_tests_flags_it_does_not_honour(flags, taken, capsys):
+    """A flag a benchmark would ignore (bench_sparse's -d, bench_regret's -n) is a usage error,
+    not a run of other sizes or types than asked."""
+    parser = _common.common_parser("x", flags=flags)
+    for letter in "befnwcdo":
+        value = "2" if letter in "nwcf" else "8" if letter in "be" else "float64"
+        if f"-{letter}" in taken:
+            assert parser.parse_args([f"-{letter}", value]) is not None
+        else:
+            with pytest.raises(SystemExit):
+                parser.parse_args([f"-{letter}", value])
+            assert "unrecognized arguments" in capsys.readouterr().err
+    if "-o" in taken:
+        assert parser.parse_args(["-o", "max"]).op == "max"
+
+
 def test_bench_regret_runs_a_loop_shorter_than_its_late_window():
     """bench_regret.py, one process, 4 steps (fewer than its late window's start): a row per
     explicit algorithm and per auto mode, each with a time, the late window then every step."""
