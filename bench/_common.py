@@ -61,7 +61,7 @@ NCCL_TESTS_FLAGS = {
 def common_parser(description: str, flags: str = "befnwcdo") -> argparse.ArgumentParser:
     """Return an argparse parser with the nccl-tests flags among ``flags`` that the benchmark
     honours (a flag it would ignore is refused as unknown), --json, --csv and --plot."""
-    p = argparse.ArgumentParser(description=description)
+    p = Parser(description=description)
     for letter in flags:
         name, keywords = NCCL_TESTS_FLAGS[letter]
         p.add_argument(f"-{letter}", name, **keywords)
@@ -71,6 +71,35 @@ def common_parser(description: str, flags: str = "befnwcdo") -> argparse.Argumen
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (it is drawn only when stderr is a terminal)")
     return p
+
+
+#: where --json - and --csv - write once parsed: the process's stdout (the table then goes to
+#: stderr); None: sys.stdout at the time of writing
+_DATA_OUT = None
+
+
+class Parser(argparse.ArgumentParser):
+    """The benchmarks' parser, which checks the output paths before the run (a folder that is
+    not there is a usage error, not a run's results lost at its end) and, with --json - or
+    --csv -, keeps stdout for that data alone (the table and notes go to stderr)."""
+
+    def parse_args(self, *args: Any, **kwargs: Any) -> argparse.Namespace:
+        global _DATA_OUT
+        parsed = super().parse_args(*args, **kwargs)
+        paths = {flag: getattr(parsed, flag, None) for flag in ("json", "csv", "plot")}
+        if paths["json"] == "-" and paths["csv"] == "-":
+            self.error("--json - and --csv -: only one of them can have stdout")
+        for flag, path in paths.items():
+            if path and path != "-" and not os.path.isdir(os.path.dirname(path) or "."):
+                self.error(f"--{flag} {path}: no folder {os.path.dirname(path)!r}")
+        if "-" in (paths["json"], paths["csv"]):
+            _DATA_OUT, sys.stdout = sys.stdout, sys.stderr
+        return parsed
+
+
+def data_out() -> Any:
+    """The stream of --json - and --csv -."""
+    return _DATA_OUT or sys.stdout
 
 
 def sizes(minbytes: int, maxbytes: int, factor: int) -> list[int]:
@@ -152,21 +181,22 @@ class Table:
             return
         if title:
             self._print(f"# {title}")
-        self._print("#" + "".join(c.rjust(w) for c, w in zip(self.columns, self.widths)))
+        self._print("#" + _cells(self.columns, self.widths))
 
     def add(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
         if self.rank == 0:
             cells = [_fmt(row.get(c, "")) for c in self.columns]
-            self._print(" " + "".join(c.rjust(w) for c, w in zip(cells, self.widths)))
+            self._print(" " + _cells(cells, self.widths))
 
     def write_json(self, path: str | None, meta: dict[str, Any] | None = None) -> None:
         if self.rank != 0 or not path:
             return
         doc = {"meta": meta or {}, "rows": self.rows}
         if path == "-":
-            json.dump(doc, sys.stdout, indent=1, default=str)
-            print()
+            out = data_out()
+            json.dump(doc, out, indent=1, default=str)
+            print(file=out, flush=True)
         else:
             with open(path, "w") as fh:
                 json.dump(doc, fh, indent=1, default=str)
@@ -175,13 +205,15 @@ class Table:
         if self.rank != 0 or not path:
             return
         fields = list(dict.fromkeys(k for row in self.rows for k in row))
-        fh = sys.stdout if path == "-" else open(path, "w", newline="")
+        fh = data_out() if path == "-" else open(path, "w", newline="")
         try:
             writer = csv.DictWriter(fh, fields)
             writer.writeheader()
             writer.writerows(self.rows)
         finally:
-            if fh is not sys.stdout:
+            if path == "-":
+                fh.flush()
+            else:
                 fh.close()
 
     def plot(self, path: str | None, x: str, y: str, group: str, title: str = "",
@@ -226,6 +258,12 @@ class Table:
             if bus:
                 self._print(f"# Avg bus bandwidth    : {sum(bus) / len(bus):.4g}")
         return 0 if wrong == 0 else 1
+
+
+def _cells(cells: Sequence[str], widths: Sequence[int]) -> str:
+    """``cells`` right-aligned in their columns, a cell wider than its column set off by a
+    space (never run into the one before)."""
+    return "".join(c.rjust(w) if len(c) < w else " " + c for c, w in zip(cells, widths))
 
 
 def _fmt(value: Any) -> str:

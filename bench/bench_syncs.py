@@ -21,7 +21,6 @@ CUDA runtime counted. Another backend registers a factory in ``BACKENDS``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from typing import Any, Callable
@@ -32,6 +31,7 @@ from mpi4py import MPI
 import cupycoll as cc
 from cupycoll.testing.syncs import count_host_syncs
 from cupycoll.topk import TopkState, topk_allreduce
+from _common import Parser, data_out
 
 
 def _counting() -> Any:
@@ -120,7 +120,7 @@ def measure(comm: Any, n: int, nnz: int, k: int) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = Parser(description=__doc__.split("\n")[0])
     p.add_argument("--backend", choices=sorted(BACKENDS), default="counting")
     p.add_argument("--n", type=int, default=1 << 12, help="dense length")
     p.add_argument("--nnz", type=int, default=256, help="sparse entries per rank")
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             doc = {"meta": {"backend": args.backend, "P": comm.size, "n": args.n,
                             "nnz": args.nnz, "k": args.k}, "rows": rows}
             if args.json == "-":
-                json.dump(doc, sys.stdout, indent=1)
+                json.dump(doc, data_out(), indent=1)
             else:
                 with open(args.json, "w") as fh:
                     json.dump(doc, fh, indent=1)

@@ -16,12 +16,11 @@ and for the best of the rounds (steadier on a loaded machine).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Any, Callable
 
 import numpy as np
-from _common import Table, implementations, measure, under
+from _common import Table, common_parser, implementations, measure, under
 
 from cupycoll import wire
 
@@ -168,7 +167,7 @@ def _cells(mine: tuple[float, float], copy: tuple[float, float], nbytes: int) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = common_parser(__doc__.splitlines()[0], flags="")
     p.add_argument("--log2n", type=int, default=24, help="dense length n = 2**log2n")
     p.add_argument("--density", type=float, default=0.01, help="density of the timed stream")
     p.add_argument("--reps", type=int, default=9, help="repetitions (median reported)")
@@ -176,7 +175,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--impl", choices=("both", "numpy", "numba1", "numba"), default="both")
     p.add_argument("--sweep", action="store_true",
                    help="only the design sweep: varints against bit-packed block sizes")
-    p.add_argument("--json", metavar="PATH", help="write the rows as JSON to PATH ('-' = stdout)")
     args = p.parse_args(argv)
     rng = np.random.default_rng(args.seed)
     n = 1 << args.log2n

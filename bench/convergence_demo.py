@@ -23,7 +23,6 @@ threshold heuristics instead of the default per-step control.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -32,6 +31,7 @@ import numpy as np
 
 import cupycoll as cc
 from cupycoll.topk import Gaussian, Threshold, TopkCompressor
+from _common import Parser
 
 ALGORITHMS = ("dense-sgd", "oktopk", "topka", "gtopk", "gaussiank")
 
@@ -161,7 +161,7 @@ def plot(results: list[dict], path: str, title: str) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--density", type=float, default=0.01)
     ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--batch", type=int, default=64, help="global mini-batch (split over ranks)")

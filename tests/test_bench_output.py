@@ -394,6 +394,38 @@ def test_bench_wire_runs_at_a_small_n(flags):
         assert any(r[0] == "encode_indices" for r in rows)
 
 
+@pytest.mark.parametrize("script,flags", [("bench_dense.py", ["-b", "8", "-e", "64"]),
+                                          ("bench_wire.py", ["--log2n", "6", "--impl", "numpy",
+                                                             "--reps", "2"]),
+                                          ("bench_syncs.py", ["--n", "64", "--nnz", "4",
+                                                              "--k", "2"])])
+def test_json_to_stdout_is_all_that_stdout_carries(script, flags, tmp_path):
+    """--json - leaves stdout to the JSON document (the table goes to stderr); --csv - alike;
+    an output path in a folder that is not there is a usage error before the run."""
+    import subprocess
+    root = Path(__file__).resolve().parents[1]
+    env = {**__import__("os").environ, "PYTHONPATH": str(root)}
+
+    def run(*extra: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(root / "bench" / script), *flags, *extra],
+                              capture_output=True, text=True, timeout=300, check=check,
+                              cwd=root, env=env)
+
+    done = run("--json", "-")
+    assert json.loads(done.stdout)["rows"] and "#" in done.stderr
+    if script == "bench_dense.py":
+        rows = list(csv.DictReader(run("--csv", "-").stdout.splitlines()))
+        assert [r["size(B)"] for r in rows] == ["8", "16", "32", "64"]
+    missing = run("--json", str(tmp_path / "no" / "r.json"), check=False)
+    assert missing.returncode == 2 and "no folder" in missing.stderr, missing.stderr
+
+
+def test_a_cell_wider_than_its_column_is_set_off(capsys):
+    table = _common.Table(["size(B)", "type"], rank=0)
+    table.add({"size(B)": 123456789012345, "type": "complex128-bfloat16x"})
+    assert capsys.readouterr().out.split() == ["123456789012345", "complex128-bfloat16x"]
+
+
 def test_bench_blocked_wait_prints_every_waiting_rank():
     """bench/dev/bench_blocked_wait.py at 3 ranks: the CPU seconds of ranks 1 and 2."""
     from tests._mpi import run_mpi
