@@ -37,7 +37,7 @@ from ._types import ReduceOp
 from .errors import CupycollError, InvalidArgument, InvalidType, MismatchError
 
 __all__ = ["VERBS", "ARGUMENTS", "HEADER", "FIELDS", "MAXIMA", "COLUMNS", "Terms", "Draft",
-           "Agreed", "Failure", "Differ", "length", "slot_words", "slot_start",
+           "Agreed", "Failure", "Differ", "ranks_text", "length", "slot_words", "slot_start",
            "SLOT_WORDS_TOTAL"]
 
 #: the verbs that validate collectively (codes are positions + 1).
@@ -79,12 +79,35 @@ class Failure(NamedTuple):
 
 
 class Differ(NamedTuple):
-    """A field the ranks disagree on: this rank's value and the lowest and highest."""
+    """A field the ranks disagree on: this rank's value, the lowest and highest, and every
+    rank's (by rank)."""
 
     field: str
     mine: int
     low: int
     high: int
+    ranks: tuple[int, ...] = ()
+
+    def by_rank(self, decode: Callable[[int], str] = str) -> str:
+        """Each value (as ``decode`` writes it) and the ranks that passed it, the value of the
+        most ranks first: "10 on ranks 0-2, 5; 12 on rank 3"."""
+        passed: dict[int, list[int]] = {}
+        for rank, value in enumerate(self.ranks):
+            passed.setdefault(value, []).append(rank)
+        return "; ".join(f"{decode(value)} on {ranks_text(ranks)}" for value, ranks
+                         in sorted(passed.items(), key=lambda item: -len(item[1])))
+
+
+def ranks_text(ranks: Sequence[int]) -> str:
+    """Sorted ranks, runs as spans: "rank 3", "ranks 0-2, 5"."""
+    spans: list[list[int]] = []
+    for rank in ranks:
+        if spans and rank == spans[-1][1] + 1:
+            spans[-1][1] = rank
+        else:
+            spans.append([rank, rank])
+    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
+    return f"rank{'s' if len(ranks) > 1 else ''} {text}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,12 +224,24 @@ class Draft:
         differs = [Differ(name, mine, -int(low), high) for name, mine, high, low
                    in zip(self.terms.fields, self.mine, highs, lows) if high != -low]
         if differs:
+            every = self._every_rank([self.terms.fields.index(d.field) for d in differs])
+            differs = [d._replace(ranks=tuple(column))
+                       for d, column in zip(differs, every.T.tolist())]
             raise MismatchError(self.terms.mismatch(differs, self))
         maxima = {name: int(out[HEADER + 2 * FIELDS + i])
                   for i, name in enumerate(self.terms.maxima)}
         columns = {name: out[self._column(2 + i):self._column(3 + i)].tolist()
                    for i, name in enumerate(self.terms.columns)}
         return Agreed(maxima, columns, out[slot_start(self.size, 0):])
+
+    def _every_rank(self, fields: list[int]) -> np.ndarray:
+        """Every rank's values of ``fields`` (rank by field), for a mismatch's message: one
+        more MAX allreduce, which every rank runs, as every rank sees the same mismatch."""
+        table = np.full((self.size, len(fields)), _MIN, dtype=np.int64)
+        table[self.rank] = [self.mine[i] for i in fields]
+        dev = table if self.comm.xp is np else self.comm.xp.asarray(table)
+        return np.asarray(self.comm.run_fetch("allreduce", dev, dev, ReduceOp.MAX, result=dev,
+                                              op_name=f"{self.terms.verb}.mismatch"))
 
     def _column(self, index: int) -> int:
         return HEADER + 2 * FIELDS + MAXIMA + index * self.size

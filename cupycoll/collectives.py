@@ -161,9 +161,17 @@ def _peer_error(failure: agreement.Failure, draft: agreement.Draft) -> CupycollE
                          f"rank {draft.rank} stops too (CUPYCOLL_DEBUG check)")
 
 
+#: how a mismatch shows the agreed codes of the fields that are not numbers
+_SHOWN = {"collective": lambda code: (_VERBS + _EXCHANGES)[code],
+          "op": lambda code: _OPS[code].value if code >= 0 else "none",
+          "dtype": lambda num: next((np.dtype(c).name for c in np.typecodes["All"]
+                                     if np.dtype(c).num == num), str(num))}
+
+
 def _mismatch(differs: list[agreement.Differ], draft: agreement.Draft) -> str:
+    named = "; ".join(f"{d.field}: {d.by_rank(_SHOWN.get(d.field, str))}" for d in differs)
     return (f"rank {draft.rank} called {draft.terms.verb} with {draft.context}, but ranks "
-            f"differ in {[d.field for d in differs]} (CUPYCOLL_DEBUG check)")
+            f"differ in {[d.field for d in differs]} ({named}; CUPYCOLL_DEBUG check)")
 
 
 #: what each dense verb agrees on under CUPYCOLL_DEBUG (:mod:`cupycoll._agreement`).

@@ -130,9 +130,9 @@ def test_bad_arguments_raise_their_own_error_there_and_the_peer_error_elsewhere(
 
 
 @pytest.mark.parametrize("p", [2, 3])
-def test_a_disagreement_names_every_differing_field_with_its_range(p):
+def test_a_disagreement_names_every_differing_field_with_every_ranks_value(p):
     got = settle_on_ranks(p, lambda draft, rank: draft.agree((5 + rank, 2)))
     for rank, outcome in enumerate(got):
         assert isinstance(outcome, MismatchError)
         assert str(outcome) == (
-            f"rank {rank}: {[agreement.Differ('a', 5 + rank, 5, 5 + p - 1)]}")
+            f"rank {rank}: {[agreement.Differ('a', 5 + rank, 5, 5 + p - 1, (5, 6, 7)[:p])]}")

@@ -287,21 +287,30 @@ def test_mismatch_names_every_field_that_differs():
 
     lows = [10, 0, 1, 0, 0, 0, 1, 0, 0, 0]  # per field: n, index/value dtype, width, op, ...
     highs = [12, 0, 2, 0, 2, 3, 1, 5, 1, 1]
-    differs = [Differ(field, lo, lo, hi) for field, lo, hi in zip(t.TERMS.fields, lows, highs)
-               if lo != hi]
+    differs = [Differ(field, lo, lo, hi, (lo, hi, lo, lo)) for field, lo, hi
+               in zip(t.TERMS.fields, lows, highs) if lo != hi]
     assert t._mismatch(differs, SimpleNamespace(rank=1, size=4)) == (
-        f"ranks disagree on n (10 vs 12; this rank: 10), value_dtype (float32 vs float64; "
-        f"this rank: float32), op (sum vs max; this rank: sum), algorithm ({NAMES[0]} vs "
-        f"{NAMES[3]}; this rank: {NAMES[0]}), wire (coo/None vs compact/float16; this rank: "
-        f"coo/None), output (sparse vs dense; this rank: sparse), async_op (0 vs 1; this rank: "
-        f"0) (seen on rank 1 of 4); every rank must pass the same value")
+        f"ranks disagree on n (10 on ranks 0, 2-3; 12 on rank 1), value_dtype (float32 on "
+        f"ranks 0, 2-3; float64 on rank 1), op (sum on ranks 0, 2-3; max on rank 1), algorithm "
+        f"({NAMES[0]} on ranks 0, 2-3; {NAMES[3]} on rank 1), wire (coo/None on ranks 0, 2-3; "
+        f"compact/float16 on rank 1), output (sparse on ranks 0, 2-3; dense on rank 1), "
+        f"async_op (0 on ranks 0, 2-3; 1 on rank 1) (seen on rank 1 of 4); every rank must "
+        f"pass the same value")
     names = len(NAMES)  # the algorithm's code: name + names * (mode + 3 * ranks per node)
     auto = NAMES.index("auto")
-    pair = Differ("algorithm", auto + names * 2, auto, auto + names * (2 + 3 * 4))
-    assert t._mismatch([pair], SimpleNamespace(rank=1, size=4)).startswith(
+    pair = Differ("algorithm", auto + names * 2, auto, auto + names * (2 + 3 * 4),
+                  (auto, auto + names * (2 + 3 * 4)))
+    assert t._mismatch([pair], SimpleNamespace(rank=1, size=2)).startswith(
         "ranks disagree on algorithm (auto (CUPYCOLL_AUTO=estimate, CUPYCOLL_RANKS_PER_NODE="
-        "unset) vs auto (CUPYCOLL_AUTO=learn, CUPYCOLL_RANKS_PER_NODE=4); this rank: auto "
-        "(CUPYCOLL_AUTO=learn, CUPYCOLL_RANKS_PER_NODE=unset))")
+        "unset) on rank 0; auto (CUPYCOLL_AUTO=learn, CUPYCOLL_RANKS_PER_NODE=4) on rank 1)")
+
+
+def test_ranks_are_written_as_spans():
+    from cupycoll._agreement import Differ, ranks_text
+
+    assert ranks_text([3]) == "rank 3" and ranks_text([0, 1, 2, 5]) == "ranks 0-2, 5"
+    assert ranks_text([0, 2, 4, 5]) == "ranks 0, 2, 4-5"
+    assert Differ("n", 1, 1, 2, (2, 1, 1, 2, 1)).by_rank() == "1 on ranks 1-2, 4; 2 on ranks 0, 3"
 
 
 def _outcomes(p, call):
@@ -341,17 +350,19 @@ def test_ranks_raise_together_on_bad_input_or_a_disagreement(p):
             f"precise error{also}), got 'a bad values on rank 0'")
     got = call(wire_values={0: "bfloat16"})
     for r, e in enumerate(got):
+        wires = ("coo/None on ranks 1-2; coo/bfloat16 on rank 0" if p == 3
+                 else "coo/bfloat16 on rank 0; coo/None on rank 1")
         assert type(e) is MismatchError and str(e) == (
-            "ranks disagree on wire (coo/None vs coo/bfloat16; this rank: "
-            f"{'coo/bfloat16' if r == 0 else 'coo/None'}) (seen on rank {r} of {p}); every rank "
-            "must pass the same value"), (r, e)
+            f"ranks disagree on wire ({wires}) (seen on rank {r} of {p}); every rank must pass "
+            "the same value"), (r, e)
     got = call(n={1: 12}, op={1: "max"}, async_op={0: True})
     for r, e in enumerate(got):
+        others = "ranks 0, 2" if p == 3 else "rank 0"
+        async_ops = "0 on ranks 1-2; 1 on rank 0" if p == 3 else "1 on rank 0; 0 on rank 1"
         assert type(e) is MismatchError and str(e) == (
-            f"ranks disagree on n (10 vs 12; this rank: {12 if r == 1 else 10}), op (sum vs "
-            f"max; this rank: {'max' if r == 1 else 'sum'}), async_op (0 vs 1; this rank: "
-            f"{int(r == 0)}) (seen on rank {r} of {p}); every rank must pass the same value"), \
-            (r, e)
+            f"ranks disagree on n (10 on {others}; 12 on rank 1), op (sum on {others}; max on "
+            f"rank 1), async_op ({async_ops}) (seen on rank {r} of {p}); every rank must pass "
+            "the same value"), (r, e)
     got = call()
     for prepared in got:
         assert prepared.nnz == (3,) * p and prepared.indices.tolist() == [1, 4, 7]

@@ -150,19 +150,24 @@ def test_a_peers_error_comes_back_as_its_class_naming_the_rank_and_argument():
 
 
 def test_disagreement_messages_name_what_differs():
-    assert api._disagreement("algorithm", 1, 123, 5, 900, "gtopk") == (
-        "ranks disagree on the algorithm of topk_allreduce (rank 1 asked for 'gtopk', another "
-        "rank for another one)")
-    assert api._disagreement("wire", 2, 4, 0, 8, "oktopk") == (
-        "ranks disagree on wire / wire_values (rank 2 asked for compact/bfloat16; the ranks "
-        "from coo/None to auto/float16)")
-    assert api._disagreement("dtype", 0, 2, 1, 3, "oktopk") == (
-        "ranks disagree on the dtype of x in topk_allreduce (rank 0 has float32; the ranks "
-        "have float16 to float64)")
-    assert api._disagreement("k", 4, 7, 6, 9, "oktopk") == (
-        "ranks disagree on the k of topk_allreduce (rank 4 has 7; range 6..9)")
-    assert api._disagreement("length of x", 0, 10, 10, 12, "dense") == (
-        "ranks disagree on the length of x of topk_allreduce (rank 0 has 10; range 10..12)")
+    from cupycoll._agreement import Differ
+
+    assert api._disagreement(Differ("algorithm", 123, 5, 900, (123, 123, 900)), 1, "gtopk") == (
+        "ranks disagree on the algorithm of topk_allreduce (ranks 0-1 asked for 'gtopk', "
+        "rank 2 for another one; seen on rank 1)")
+    assert api._disagreement(Differ("wire", 4, 0, 8, (0, 4, 8)), 2, "oktopk") == (
+        "ranks disagree on wire / wire_values in topk_allreduce (coo/None on rank 0; "
+        "compact/bfloat16 on rank 1; auto/float16 on rank 2; seen on rank 2)")
+    assert api._disagreement(Differ("dtype", 2, 1, 3, (2, 1, 3, 2)), 0, "oktopk") == (
+        "ranks disagree on the dtype of x in topk_allreduce (float32 on ranks 0, 3; float16 on "
+        "rank 1; float64 on rank 2; seen on rank 0)")
+    assert api._disagreement(Differ("k", 7, 6, 9, (6, 9, 7)), 4, "oktopk") == (
+        "ranks disagree on the k of topk_allreduce (6 on rank 0; 9 on rank 1; 7 on rank 2; "
+        "seen on rank 4)")
+    assert api._disagreement(Differ("length of x", 10, 10, 12, (10, 12)), 0, "dense",
+                             "TopkCompressor.step") == (
+        "ranks disagree on the length of grad of TopkCompressor.step (10 on rank 0; 12 on "
+        "rank 1; seen on rank 0)")
 
 
 def test_validate_on_one_rank_raises_this_ranks_own_error(comm):
@@ -353,23 +358,28 @@ def test_ranks_raise_together_on_a_bad_argument_or_a_disagreement(p):
         assert type(e) is InvalidArgument and e.argument == "k" and e.rank == 0
     got = _outcomes(p, topk(state={0: {}}))
     assert all(isinstance(e, InvalidType) and e.argument == "state" for e in got), got
+    rest = "ranks 1-2" if p == 3 else "rank 1"  # the ranks but rank 0
+    not_1 = "ranks 0, 2" if p == 3 else "rank 0"  # the ranks but rank 1
+    ks = "; ".join(f"{3 + r} on rank {r}" for r in range(p))
     fields = [  # (keyword per rank, expected message of rank r)
         ({"x": {1: np.arange(12.0, dtype=np.float32)}},
-         lambda r: f"ranks disagree on the length of x of topk_allreduce (rank {r} has "
-                   f"{12 if r == 1 else 10}; range 10..12)"),
+         lambda r: f"ranks disagree on the length of x of topk_allreduce (10 on {not_1}; 12 on "
+                   f"rank 1; seen on rank {r})"),
         ({"k": {r: 3 + r for r in range(p)}},
-         lambda r: f"ranks disagree on the k of topk_allreduce (rank {r} has {3 + r}; range "
-                   f"3..{2 + p})"),
+         lambda r: f"ranks disagree on the k of topk_allreduce ({ks}; seen on rank {r})"),
         ({"x": {0: X.astype(np.float64)}},
-         lambda r: f"ranks disagree on the dtype of x in topk_allreduce (rank {r} has "
-                   f"{'float64' if r == 0 else 'float32'}; the ranks have float32 to float64)"),
+         lambda r: "ranks disagree on the dtype of x in topk_allreduce ("
+                   + ("float32 on ranks 1-2; float64 on rank 0" if p == 3 else
+                      "float64 on rank 0; float32 on rank 1") + f"; seen on rank {r})"),
         ({"algorithm": {1: "gtopk"}},
-         lambda r: f"ranks disagree on the algorithm of topk_allreduce (rank {r} asked for "
-                   f"{'gtopk' if r == 1 else 'dense'!r}, another rank for another one)"),
+         lambda r: "ranks disagree on the algorithm of topk_allreduce ("
+                   + ("rank 1 asked for 'gtopk', " + not_1 if r == 1 else
+                      f"{not_1} asked for 'dense', rank 1") + f" for another one; seen on rank "
+                   f"{r})"),
         ({"wire": {0: "compact"}},
-         lambda r: f"ranks disagree on wire / wire_values (rank {r} asked for "
-                   f"{'compact' if r == 0 else 'coo'}/None; the ranks from coo/None to "
-                   "compact/None)"),
+         lambda r: "ranks disagree on wire / wire_values in topk_allreduce ("
+                   + (f"coo/None on {rest}; compact/None on rank 0" if p == 3 else
+                      "compact/None on rank 0; coo/None on rank 1") + f"; seen on rank {r})"),
     ]
     for per_rank, message in fields:
         for r, e in enumerate(_outcomes(p, topk(**per_rank))):

@@ -46,8 +46,8 @@ def _peer_error(failure: agreement.Failure, draft: agreement.Draft) -> CupycollE
 
 def _mismatch(differs: list[agreement.Differ], draft: agreement.Draft) -> str:
     """The message naming every field on which the ranks disagree."""
-    named = ", ".join(f"{d.field} ({_decode(d.field, d.low, d)} vs {_decode(d.field, d.high, d)}"
-                      f"; this rank: {_decode(d.field, d.mine, d)})" for d in differs)
+    named = ", ".join(f"{d.field} ({d.by_rank(lambda v, d=d: _decode(d.field, v, d))})"
+                      for d in differs)
     return (f"ranks disagree on {named} (seen on rank {draft.rank} of {draft.size}); every "
             "rank must pass the same value")
 

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from .. import _agreement as agreement
+from .._agreement import ranks_text
 from .._config import check_run_settings, setting
 from .._pipeline import Delivery, Plan, call
 from .._registry import algorithms, record
@@ -62,8 +63,7 @@ def _mismatch(differs: list[agreement.Differ], draft: agreement.Draft) -> str:
                 f"{draft.rank} has {settings}): a state's step, Ok-Topk's tau, tau_prime and "
                 "padded allgather, a compressor's warm-up, measure_xi and step count, and "
                 "CUPYCOLL_RANKS_PER_NODE must be the same on every rank")
-    return _disagreement(d.field, draft.rank, d.mine, d.low, d.high, algorithm,
-                         draft.terms.verb)
+    return _disagreement(d, draft.rank, algorithm, draft.terms.verb)
 
 
 #: the arguments a TopkCompressor's fields come from, named by its disagreements
@@ -173,26 +173,25 @@ def _algorithm_code(algorithm: str) -> int:
     return zlib.crc32(algorithm.encode()) & 0x7FFFFFFF
 
 
-def _disagreement(name: str, rank: int, mine: int, low: int, high: int, algorithm: str,
+def _disagreement(d: agreement.Differ, rank: int, algorithm: str,
                   verb: str = "topk_allreduce") -> str:
-    """The message of a MismatchError: dtypes by name, algorithms by this rank's name (the
-    validation allreduce carries only a hash of the others'), a compressor's fields by the
-    arguments they come from."""
-    if verb != "topk_allreduce":
-        name = _COMPRESSOR_FIELDS.get(name, name)
+    """The message of a MismatchError: each value and the ranks that passed it, dtypes by
+    name, algorithms by this rank's name (the validation allreduce carries only a hash of the
+    others'), a compressor's fields by the arguments they come from."""
+    name = d.field if verb == "topk_allreduce" else _COMPRESSOR_FIELDS.get(d.field, d.field)
     if name == "algorithm":
-        return (f"ranks disagree on the algorithm of {verb} (rank {rank} asked for "
-                f"{algorithm!r}, another rank for another one)")
+        mine = [r for r, code in enumerate(d.ranks) if code == d.mine]
+        others = [r for r in range(len(d.ranks)) if r not in mine]
+        return (f"ranks disagree on the algorithm of {verb} ({ranks_text(mine)} asked for "
+                f"{algorithm!r}, {ranks_text(others)} for another one; seen on rank {rank})")
     if name == "wire":
-        return (f"ranks disagree on wire / wire_values (rank {rank} asked for "
-                f"{decode_code(mine)}; the ranks from {decode_code(low)} to {decode_code(high)})")
+        return (f"ranks disagree on wire / wire_values in {verb} ({d.by_rank(decode_code)}; "
+                f"seen on rank {rank})")
     if name.startswith("dtype"):
-        dtype_of = lambda code: FLOAT_DTYPES[code - 1].name  # noqa: E731
         of = "x" if verb == "topk_allreduce" else "grad"
-        return (f"ranks disagree on the dtype of {of} in {verb} (rank {rank} has "
-                f"{dtype_of(mine)}; the ranks have {dtype_of(low)} to {dtype_of(high)})")
-    return (f"ranks disagree on the {name} of {verb} (rank {rank} has {mine}; "
-            f"range {low}..{high})")
+        return (f"ranks disagree on the dtype of {of} in {verb} "
+                f"({d.by_rank(lambda code: FLOAT_DTYPES[code - 1].name)}; seen on rank {rank})")
+    return f"ranks disagree on the {name} of {verb} ({d.by_rank()}; seen on rank {rank})"
 
 
 def run(comm: Communicator, x: Any, k: int, algorithm: str, selector: Selector | None,

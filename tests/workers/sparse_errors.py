@@ -97,7 +97,7 @@ def cases(size: int):
         "async_op"
     yield "unknown output on rank 2", on(2, output="coo"), InvalidArgument, 2, "output"
     yield "output differs", lambda r: {**good(r), "output": "dense" if r == 1 else "sparse"}, \
-        MismatchError, None, "output (sparse vs dense; this rank: "
+        MismatchError, None, "output (sparse on rank"
     yield "out without output='dense' on rank 0", on(0, out=np.zeros(N, np.float32)), \
         InvalidArgument, 0, "out"
     yield "out of the wrong length on rank 1", lambda r: {
