@@ -187,7 +187,8 @@ def like_caller(result: Any, original: Any) -> Any:
 def trunc_divide(total: Any, size: int) -> Any:
     """Divide in place by ``size``: floats exactly, integers truncating toward zero like NCCL."""
     if total.dtype.kind == "f":
-        total /= size
+        with np.errstate(all="ignore"):  # a subnormal's quotient: 0, never a raise on one rank
+            total /= size
         return total
     floor = total // size
     floor += ((total % size) != 0) & (total < 0)

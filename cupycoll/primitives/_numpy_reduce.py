@@ -319,7 +319,8 @@ def canonical_nan(values: Any, divide_by: int = 1) -> Any:
         special = fast.divide_finding_specials(values, divide_by)
     else:
         if divide_by > 1:
-            values /= divide_by
+            with np.errstate(all="ignore"):  # a subnormal's quotient: 0, never a raise here
+                values /= divide_by
         special = fast is None or fast.special_values(values)[0]  # one read
     if not special:  # no NaN: done
         return values

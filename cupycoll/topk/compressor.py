@@ -179,7 +179,7 @@ class TopkCompressor:
             for where, error in outcome.remainders:  # rounding errors (wire_values)
                 acc[to_namespace(where, xp)] += to_namespace(error, xp).astype(dtype)
             self._residual = acc
-            update = SparseResult(update.indices, update.values / comm.size, self.n)
+            update = SparseResult(update.indices, _averaged(update.values, comm.size), self.n)
         self.steps += 1
         return update
 
@@ -189,7 +189,7 @@ class TopkCompressor:
         total = xp.empty_like(acc)
         comm.allreduce(acc, total, ReduceOp.SUM, op_name="compressor.warmup").wait()
         idx = xp.arange(self.n, dtype=np.int32 if self.n < 2**31 else np.int64)
-        return SparseResult(idx, total / comm.size, self.n)
+        return SparseResult(idx, _averaged(total, comm.size), self.n)
 
     def _xi(self, acc: Any, grad: Any, result: SparseResult, comm: Communicator) -> float:
         """||top-k(sum of acc) - result|| / ||sum of grad|| (sums over ranks)."""
@@ -201,3 +201,10 @@ class TopkCompressor:
         diff = densify(ti, tv, self.n) - densify(result.indices, result.values, self.n)
         scale = float(xp.linalg.norm(sums[1]))
         return float(xp.linalg.norm(diff)) / scale if scale > 0 else 0.0
+
+
+def _averaged(total: Any, size: int) -> Any:
+    """``total / size``, a subnormal's quotient 0 under any caller's error state (never a raise
+    on the one rank that holds it)."""
+    with np.errstate(all="ignore"):
+        return total / size

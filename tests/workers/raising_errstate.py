@@ -9,7 +9,8 @@ values whose sum overflows float32; every top-k algorithm with and without a sta
 bfloat16 wires, the compressor, and every sparse algorithm and op on 1-D values and rows, coo,
 compact, bfloat16 and float16 wires, values that underflow those wires; Ok-Topk's threshold
 search after a step of zeros and after a jump in magnitude; every top-k algorithm and Gaussian
-selector on odd data on one rank only. Prints "ok raising error state on P ranks".
+selector on odd data on one rank only; averages (sparse, dense, the compressor's) of
+subnormals. Prints "ok raising error state on P ranks".
 """
 
 from __future__ import annotations
@@ -90,6 +91,27 @@ def main() -> None:
         for selector in (None, Gaussian(policy="reference"), Gaussian()):
             with np.errstate(all="raise"):
                 topk_allreduce(odd, 30, algorithm=alg, comm=comm, selector=selector)
+    # an average whose sum is one subnormal on one rank's region (split's owner divides it
+    # before the gather), the dense verb's average and the compressor's, of subnormals: the
+    # quotient underflows to 0, never a raise there while the others wait
+    n = 4000
+    idx = np.append(np.arange(comm.rank * 10, comm.rank * 10 + 300), n - 1)
+    vals = np.append(np.ones(300, np.float32), np.float32(1e-45 if comm.rank == 0 else 0))
+    for alg in cc.algorithms("sparse"):
+        for output in ("sparse", "dense"):
+            with np.errstate(all="raise"):
+                got = cc.sparse_allreduce(idx, vals, n, op="avg", algorithm=alg, output=output,
+                                          comm=comm)
+            last = got[-1] if output == "dense" else got.values[got.indices == n - 1]
+            assert 0 <= float(np.sum(last)) <= np.float32(1e-45), (alg, output, last)
+    with np.errstate(under="ignore"):
+        subnormal = (rng.standard_normal(3000) * 1e-44).astype(np.float32)
+    with np.errstate(all="raise"):
+        cc.allreduce(np.full(5, 1e-45 if comm.rank == 0 else 0, np.float32), "avg", comm=comm)
+        for alg in cc.algorithms("topk"):
+            comp = TopkCompressor(3000, 0.01, algorithm=alg, comm=comm, warmup_steps=1)
+            for _ in range(2):
+                comp.step(subnormal.copy())
     if comm.rank == 0:
         print(f"ok raising error state on {comm.size} ranks")
 
