@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import pickle
 import time
 import types
 from typing import Any, Sequence
@@ -128,16 +129,32 @@ class Communicator(abc.ABC):
         """Wait, under ``self.timeout`` and interruptible, until every rank has reached this
         point: a barrier of the host MPI communicator (``mpi_comm``; none: nothing to wait
         for). Taken before MPI's blocking calls that have no nonblocking twin or are made once
-        per communicator (node detection, the profile's broadcast), so a rank left alone there
-        (its peers gave up the call, or were interrupted) times out instead of hanging.
+        per communicator (node detection; a broadcast: :meth:`host_bcast`), so a rank left
+        alone there (its peers gave up the call, or were interrupted) times out, never hangs.
 
         Raises:
             CollectiveTimeout: not every rank arrived in time (this communicator is aborted).
         """
         mpi_comm = getattr(self, "mpi_comm", None)
+        if mpi_comm is not None and self.size > 1:
+            self._host_wait(mpi_comm.Ibarrier(), op_name)
+
+    def host_bcast(self, obj: Any, op_name: str) -> Any:
+        """Rank 0's ``obj`` on every rank (pickled) over the host MPI communicator, each of its
+        two nonblocking broadcasts (length, bytes) waited for as :meth:`host_arrival` waits:
+        a rank whose peers never take part times out instead of hanging in MPI's bcast."""
+        mpi_comm = getattr(self, "mpi_comm", None)
         if mpi_comm is None or self.size == 1:
-            return
-        request = mpi_comm.Ibarrier()
+            return obj
+        data = pickle.dumps(obj) if self.rank == 0 else b""
+        length = np.array([len(data)], dtype=np.int64)
+        self._host_wait(mpi_comm.Ibcast(length, root=0), op_name)
+        buffer = bytearray(data) if self.rank == 0 else bytearray(int(length[0]))
+        self._host_wait(mpi_comm.Ibcast(buffer, root=0), op_name)
+        return obj if self.rank == 0 else pickle.loads(buffer)
+
+    def _host_wait(self, request: Any, op_name: str) -> None:
+        """Wait for ``request`` of the host MPI communicator under ``self.timeout``."""
         self._slot[0] = self.sequence = self.sequence + 1  # a timeout names the late ranks
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
 

@@ -238,7 +238,6 @@ def profile_for(comm: Any) -> Profile:
             profile = load_profile(size=comm.size)
         else:
             data = load_profile(size=comm.size).as_dict() if comm.rank == 0 else None
-            comm.host_arrival("the profile's broadcast")  # MPI's bcast waits forever
-            profile = Profile.from_dict(mpi_comm.bcast(data, root=0))
+            profile = Profile.from_dict(comm.host_bcast(data, "the profile's broadcast"))
         _PROFILES[comm] = profile
     return profile

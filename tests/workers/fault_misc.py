@@ -15,8 +15,9 @@ interrupt  a blocking wait without a timeout (``timeout=0``: none) raises Keyboa
 first      a rank arrives late at a fresh communicator's first sparse_allreduce (whose first
            use detects the nodes and broadcasts the profile: MPI calls without a timeout); the
            others give up and init() again; the late one must time out too, not hang there.
-learned    rank 0 arrives late at learn.save (rank 0 writes, then broadcasts: MPI's bcast has no
-           timeout): the others time out naming rank 0.
+learned    rank 0 arrives late at learn.save (rank 0 writes, then broadcasts): the others time
+           out naming rank 0; learn.load on every rank but rank 0, which makes another call:
+           every rank times out, none waits in the broadcast forever.
 local      a KeyboardInterrupt on rank 0 in a sparse_allreduce's local work, outside any
            wait: rank 0's communicator is dead at once (the others wait in that call: a later
            call would pair with theirs), the others time out; init() recovers.
@@ -239,6 +240,20 @@ def learned() -> None:
         (outcome, took)
     fresh_allreduce(cc.init("mpi", timeout=10))
     report("learn.save, rank 0 late", outcome, took)
+    comm = cc.init("mpi", timeout=1.0)  # learn.load on every rank but rank 0: none hangs
+    start = time.monotonic()
+    try:
+        if RANK == 0:
+            cc.sparse_allreduce(np.arange(3), np.ones(3), 10, comm=comm)
+        else:
+            learn.load(comm, path)
+        outcome = "completed"
+    except CollectiveTimeout:
+        outcome = "CollectiveTimeout"
+    took = time.monotonic() - start
+    assert outcome == "CollectiveTimeout" and took < 6, (outcome, took)
+    fresh_allreduce(cc.init("mpi", timeout=10))
+    report("learn.load, not on rank 0", outcome, took)
 
 
 for name in sys.argv[1:]:
