@@ -203,7 +203,15 @@ def test_a_table_that_cannot_be_saved_or_read_raises_and_keeps_the_records(tmp_p
            "bad seconds": '{"learned": [{"kind": [1], "candidates": ["mask"], '
                           '"seconds": {"mask": ["slow"]}}]}',
            "timed elsewhere": '{"learned": [{"kind": [1], "candidates": ["mask"], '
-                              '"seconds": {"bogus": [1.0]}}]}'}
+                              '"seconds": {"bogus": [1.0]}}]}',
+           "a kind not a list": '{"learned": [{"kind": 1, "candidates": ["mask"]}]}'}
+    for field, value in (("candidates", '{"mask": 1}'), ("abandoned", '{"mask": 1}'),
+                         ("seconds", '{"mask": {}}'), ("seconds", '{"mask": [NaN]}'),
+                         ("seconds", '{"mask": [Infinity]}'), ("seconds", '{"mask": [true]}'),
+                         ("seconds", '{"mask": [-1.0]}'), ("seconds", '["mask"]'),
+                         ("calls", '-1'), ("calls", '1.5'), ("calls", 'true')):
+        bad[f"{field} {value}"] = ('{"learned": [{"kind": [1], "candidates": ["mask"], '
+                                   f'"{field}": {value}}}]}}')  # a field of the wrong type
     for name in ("bogus", "small", "auto", ""):  # not an algorithm auto picks by price
         bad[name] = '{"learned": [{"kind": [1], "candidates": ["%s"]}]}' % name
         bad["_choice " + name] = ('{"learned": [{"kind": [1], "candidates": ["mask"], '

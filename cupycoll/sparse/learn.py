@@ -39,16 +39,15 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import json
-import os
+import math
 import time
 from typing import Any, Callable
 
 import numpy as np
 
 from .._registry import priced
-from ..errors import InvalidArgument
 from ..primitives import _accel
-from ..wire._pack import Wire
+from ._learn_file import from_rank_zero, hashable, jsonable
 from . import auto as _auto
 from ._cost import Shape
 from .measure import kind
@@ -322,12 +321,12 @@ def save(comm: Any, path: str) -> None:
     Raises:
         InvalidArgument: on every rank, when rank 0 could not write ``path``."""
     def written() -> None:
-        data = [{"kind": _jsonable(key), **{k: getattr(record, k) for k in _SAVED}}
+        data = [{"kind": jsonable(key), **{k: getattr(record, k) for k in _SAVED}}
                 for key, record in records(comm).items()]
         with open(path, "w", encoding="utf-8") as f:
             json.dump({"learned": data}, f, indent=1)
 
-    _from_rank_zero(comm, "learn.save", written, path, "could not be written")
+    from_rank_zero(comm, "learn.save", written, path, "could not be written")
 
 
 def load(comm: Any, path: str) -> int:
@@ -341,9 +340,9 @@ def load(comm: Any, path: str) -> int:
     def read() -> dict:
         with open(path, encoding="utf-8") as f:
             entries = json.load(f)["learned"]
-        return {_hashable(entry.pop("kind")): _record(entry) for entry in entries}
+        return {hashable(entry.pop("kind")): _record(entry) for entry in entries}
 
-    loaded = _from_rank_zero(comm, "learn.load", read, path, "is not a table learn.save wrote")
+    loaded = from_rank_zero(comm, "learn.load", read, path, "is not a table learn.save wrote")
     records(comm).clear()
     records(comm).update(loaded)
     return len(loaded)
@@ -356,45 +355,13 @@ def _record(entry: dict) -> Record:
     if not isinstance(entry, dict) or not set(entry) <= set(_SAVED):  # what save wrote only
         raise ValueError(f"a record with other fields than {list(_SAVED)}: {entry}")
     record, pickable = Record(**{**entry, "warmed": []}), priced("sparse")
-    named = [*record.candidates, *record.seconds, *record.abandoned]
-    if not record.candidates or not all(isinstance(c, str) and c in pickable for c in named) \
-            or not isinstance(record.calls, int) or not all(
-            isinstance(t, (int, float)) for times in record.seconds.values() for t in times):
+    seconds = record.seconds if type(record.seconds) is dict else {None: None}
+    names = [*record.candidates, *record.abandoned, *seconds]
+    times = [t for window in seconds.values() if type(window) is list for t in window]
+    if not (record.candidates and all(type(field) is list for field in (
+            record.candidates, record.abandoned, *seconds.values()))
+            and all(type(name) is str and name in pickable for name in names)
+            and all(type(t) in (int, float) and 0 <= t < math.inf for t in times)
+            and type(record.calls) is int and record.calls >= 0):
         raise ValueError(f"a record with bad fields: {entry}")
     return record
-
-
-def _from_rank_zero(comm: Any, verb: str, work: Callable[[], Any], path: Any, failed: str
-                    ) -> Any:
-    """``work()`` run on rank 0 and its result broadcast (over the host MPI communicator); an
-    error there (rank 0's ``path`` not a file path: no int taken for a descriptor) raised on
-    every rank as InvalidArgument naming ``path``."""
-    outcome: Any = None
-    if comm.rank == 0:
-        try:
-            if not isinstance(path, (str, os.PathLike)):
-                raise TypeError("not a file path (str or os.PathLike)")
-            outcome = (work(), None)
-        except Exception as exc:  # any failure must reach the other ranks
-            outcome = (None, f"{type(exc).__name__}: {exc}")
-    if getattr(comm, "mpi_comm", None) is not None and comm.size > 1:
-        comm.host_arrival(verb)  # under the timeout: MPI's bcast waits forever
-        outcome = comm.mpi_comm.bcast(outcome, root=0)
-    result, error = outcome
-    if error is not None:
-        raise InvalidArgument("path", path, f"{failed} (on rank 0: {error})", rank=comm.rank)
-    return result
-
-
-def _jsonable(value: Any) -> Any:
-    """A shape class key as JSON: tuples as lists, a Wire as {"wire": [compact, values]}."""
-    if isinstance(value, Wire):
-        return {"wire": [value.compact, value.values]}
-    return [_jsonable(v) for v in value] if isinstance(value, (tuple, list)) else value
-
-
-def _hashable(value: Any) -> Any:
-    """The inverse of :func:`_jsonable`."""
-    if isinstance(value, dict):
-        return Wire(*value["wire"])
-    return tuple(_hashable(v) for v in value) if isinstance(value, list) else value
