@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from .._config import check_run_settings
 from .._types import ReduceOp, to_host
 from ..primitives._numpy_reduce import canonical_nan
 from ._mpi_types import (_NATIVE, _address, _give, _mpi_op, _native, _separate, _take, _typed,
@@ -17,6 +18,8 @@ from ._mpi_types import (_NATIVE, _address, _give, _mpi_op, _native, _separate, 
 __all__ = ["Staging"]
 
 _AVG = ReduceOp.AVG  # a module constant: no Enum member lookup per call
+#: the float reductions whose MPI op or finish reads CUPYCOLL_NUMBA (max/min fold, avg divides)
+_PARSE_FIRST = frozenset((ReduceOp.MAX, ReduceOp.MIN, _AVG))
 
 
 class Staging:
@@ -35,6 +38,8 @@ class Staging:
         ``send`` C-contiguous, ``recv`` the same array (in place) or apart from it. Anything
         else is widened, staged or de-aliased by :meth:`_reduction_buffers`.
         """
+        if op in _PARSE_FIRST and send.dtype.kind == "f":  # before posting: a bad setting
+            check_run_settings(self.rank)  # raises here, not in MPI's callback (a fatal error)
         if (type(send) is np.ndarray and send.flags.c_contiguous
                 and (recv is None or type(recv) is np.ndarray and recv.dtype is send.dtype)):
             spec = _NATIVE[op].get(send.dtype) or _native(op, send.dtype)

@@ -211,6 +211,30 @@ def polled_completion(rank: int, p: int) -> int:
     return cases
 
 
+def bad_numba_setting(rank: int, p: int) -> int:
+    """A bad CUPYCOLL_NUMBA on every rank: a float max/min/avg (whose MPI op or division reads
+    it) raises InvalidArgument naming it and the rank before anything is posted, never a fatal
+    error inside MPI's callback; the communicator works on once it is fixed."""
+    import os
+
+    from cupycoll.errors import InvalidArgument
+
+    x = np.arange(20_000, dtype=np.float64) * (rank + 1)
+    os.environ["CUPYCOLL_NUMBA"] = "maybe"
+    try:
+        for op in ("max", "min", "avg"):
+            try:
+                cc.allreduce(x, op)
+            except InvalidArgument as exc:
+                assert exc.argument == "CUPYCOLL_NUMBA" and exc.rank == rank, exc
+            else:
+                raise AssertionError(f"{op}: no InvalidArgument")
+    finally:
+        del os.environ["CUPYCOLL_NUMBA"]
+    check(cc.allreduce(x, "max"), x / (rank + 1) * p, "max after the setting is fixed")
+    return 3
+
+
 def communicator_with(name: str, value: str, **more: str):
     """An MPI communicator created while the setting ``name`` is ``value`` (and every setting
     in ``more``; it reads them then)."""
@@ -439,6 +463,7 @@ def main(seed: int) -> None:
     check(res, np.arange(10, dtype=np.float32) + (p - 1), "async max")
     check(cc.all_reduce(x, op=cc.ReduceOp.MIN), np.arange(10, dtype=np.float32), "alias")
     cases += polled_completion(rank, p)
+    cases += bad_numba_setting(rank, p)
     cases += nan_and_signed_zero(rank, p)
     cases += aliased_out(rank, p)
     cases += staged_blocks_reused(rank, p)
