@@ -96,20 +96,16 @@ def _devices() -> str:
 
 def _backend_choice() -> str:
     """Which backend ``init()`` would pick here, and why (without creating a communicator)."""
-    from ._config import check_environment, parse_timeout
-    from .comm import log_level, nccl_usable
+    from ._config import made_settings
+    from .comm import _init_settings, nccl_usable
     from .errors import CupycollError
 
     try:  # what init() checks before it picks
-        check_environment()
-        parse_timeout(setting("CUPYCOLL_TIMEOUT"))
-        log_level()
+        backend, _ = _init_settings(None, None)
+        made_settings()
     except CupycollError as exc:
         return f"none: init() raises {type(exc).__name__} ({exc})"
-    backend = setting("CUPYCOLL_BACKEND")
     source = "CUPYCOLL_BACKEND" if "CUPYCOLL_BACKEND" in os.environ else "default"
-    if backend not in ("auto", "mpi", "nccl"):
-        return f"none: init() raises InvalidArgument ({source} is {backend!r})"
     if backend == "nccl" and not nccl_usable():
         return f"none: init() raises BackendUnavailable ({source} asks for nccl; no usable " \
             "CUDA device with CuPy + NCCL here)"

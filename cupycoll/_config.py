@@ -213,6 +213,13 @@ _PARSED: dict[str, tuple[Any, Any]] = {}
 RUN_SETTINGS = ("CUPYCOLL_NUMBA", "CUPYCOLL_THREADS", "CUPYCOLL_RANKS_PER_NODE")
 
 
+def made_settings() -> tuple[float, tuple]:
+    """The settings an MPI communicator reads as it is made: CUPYCOLL_SPIN and the reductions'
+    thresholds (CUPYCOLL_REDUCE_AS_ALLREDUCE, _PAIRWISE, _SCATTER_PAIRWISE)."""
+    return setting("CUPYCOLL_SPIN"), tuple(setting(f"CUPYCOLL_REDUCE_{name}") for name in (
+        "AS_ALLREDUCE", "PAIRWISE", "SCATTER_PAIRWISE"))
+
+
 def check_run_settings(rank: int | None = None) -> int:
     """Parse :data:`RUN_SETTINGS` now: a bad value raises here (naming ``rank``), inside a
     front door's validation (so on every rank), not on one rank in the middle of a

@@ -59,7 +59,10 @@ def test_info_says_what_init_would_do_with_the_backend_asked_for(monkeypatch, va
 
 
 @pytest.mark.parametrize("name, value", [("CUPYCOLL_AUTOO", "learn"), ("CUPYCOLL_TIMEOUT", "soon"),
-                                         ("CUPYCOLL_LOG_LEVEL", "loud")])
+                                         ("CUPYCOLL_LOG_LEVEL", "loud"),
+                                         ("CUPYCOLL_SPIN", "junk"),
+                                         ("CUPYCOLL_REDUCE_PAIRWISE", "-5"),
+                                         ("CUPYCOLL_CONNECT_TIMEOUT", "never")])
 def test_info_says_init_raises_where_a_setting_stops_it(monkeypatch, name, value):
     """A misspelled setting, a bad timeout or log level: init() raises before it picks."""
     monkeypatch.setenv(name, value)

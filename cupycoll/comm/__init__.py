@@ -46,14 +46,16 @@ def init(backend: str | None = None, *, mpi_comm: Any = None,
         InvalidArgument: unknown backend. BackendUnavailable: "nccl" asked for but not usable.
     """
     global _default
-    check_environment()
-    backend = setting("CUPYCOLL_BACKEND", backend)
-    if backend not in _BACKENDS:
-        raise InvalidArgument("backend", backend, f"valid: {list(_BACKENDS)}")
-    timeout = setting("CUPYCOLL_TIMEOUT", timeout)
+    from mpi4py import MPI
+
+    from ._checks import agreed_settings
+    from ._mpi_types import usable
+
+    group = MPI.COMM_WORLD if mpi_comm is None else usable(mpi_comm)
+    backend, timeout = agreed_settings(group, lambda: _init_settings(backend, timeout))
     _apply_log_level()
     if backend == "auto":
-        backend = _agreed_auto(mpi_comm)
+        backend = _agreed_auto(group)
     if backend == "nccl":  # readiness is agreed inside: every rank raises or none does
         from .nccl import NCCLCommunicator
 
@@ -72,13 +74,23 @@ def init(backend: str | None = None, *, mpi_comm: Any = None,
     return comm
 
 
-def _agreed_auto(mpi_comm: Any) -> str:
-    """"nccl" if every rank of ``mpi_comm`` can use NCCL, else "mpi" (collective, one allreduce)."""
+def _init_settings(backend: str | None, timeout: float | None) -> tuple[str, float | None]:
+    """What :func:`init` reads before it makes a communicator: no unknown ``CUPYCOLL_*``
+    variable, the backend, the timeouts and the log level, each checked."""
+    check_environment()
+    backend = setting("CUPYCOLL_BACKEND", backend)
+    if backend not in _BACKENDS:
+        raise InvalidArgument("backend", backend, f"valid: {list(_BACKENDS)}")
+    setting("CUPYCOLL_CONNECT_TIMEOUT")
+    log_level()
+    return backend, setting("CUPYCOLL_TIMEOUT", timeout)
+
+
+def _agreed_auto(group: Any) -> str:
+    """"nccl" if every rank of the mpi4py ``group`` can use NCCL, else "mpi" (collective, one
+    allreduce)."""
     from mpi4py import MPI
 
-    from .mpi import _usable
-
-    group = MPI.COMM_WORLD if mpi_comm is None else _usable(mpi_comm)  # else MPI's own error
     return "nccl" if group.allreduce(nccl_usable(), op=MPI.LAND) else "mpi"
 
 

@@ -5,13 +5,37 @@ no message of a refused call is left to match the next call's."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..errors import InvalidArgument
+from ..errors import CupycollError, InvalidArgument
 
-__all__ = ["rank_of", "check_peers", "check_counts", "check_sends"]
+__all__ = ["rank_of", "check_peers", "check_counts", "check_sends", "agreed_settings"]
+
+
+def agreed_settings(group: Any, parse: Callable[[], Any]) -> Any:
+    """``parse()``'s value (settings read as a communicator is made), its failure agreed over
+    the mpi4py ``group`` (one allgather, in the collective making): a CupycollError on any
+    rank raises on every rank (that rank its own, naming it; the others InvalidArgument naming
+    that rank and its message), never on one rank while the others wait in the next
+    collective, and before any communicator is duplicated (none is left behind)."""
+    rank = group.Get_rank()
+    try:
+        value, error = parse(), None
+    except CupycollError as exc:
+        value, error = None, exc
+    mine = None if error is None else (getattr(error, "argument", None), str(error))
+    failed = [(r, f) for r, f in enumerate(group.allgather(mine)) if f is not None]
+    if isinstance(error, InvalidArgument):
+        raise InvalidArgument(error.argument, error.value, error.reason, rank=rank) from None
+    if error is not None:
+        raise error
+    if failed:
+        bad, (argument, message) = failed[0]
+        raise InvalidArgument(argument or "settings", f"see rank {bad}", f"rank {bad} refused "
+                              f"its settings ({message}); every rank raises", rank=bad)
+    return value
 
 
 def rank_of(comm: Any, value: Any, argument: str) -> int:

@@ -13,7 +13,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .._types import UFUNCS, ReduceOp, trunc_divide
-from ..errors import BackendUnavailable
+from ..errors import BackendUnavailable, InvalidArgument, InvalidType
 from ..primitives import combine
 from ..primitives._numpy_reduce import canonical_nan
 
@@ -208,3 +208,18 @@ def out_of_communicators(exc: MPI.Exception, rank: int) -> BackendUnavailable:
         f"({str(exc).strip().splitlines()[-1].strip()}): each init() and dup() holds an MPI "
         "communicator and an arrival-board window until MPI finalizes (close() frees the "
         "communicator only); make communicators once and reuse them")
+
+
+def usable(mpi_comm: Any) -> MPI.Intracomm:
+    """``mpi_comm`` if it is an intracommunicator (the collectives' kind), else the library's
+    error naming it (an intercommunicator, COMM_NULL, anything else)."""
+    if isinstance(mpi_comm, (_ClosedComm, _DeadComm)):  # a dup of a closed or aborted
+        return mpi_comm  # communicator: its Dup raises why
+    rank = MPI.COMM_WORLD.Get_rank()  # the rank named: this process's in the world
+    if not isinstance(mpi_comm, MPI.Intracomm):
+        raise InvalidType("mpi_comm", type(mpi_comm).__name__, "an mpi4py intracommunicator "
+                          "(MPI.COMM_WORLD, a Split or Dup of it)", rank=rank)
+    if mpi_comm == MPI.COMM_NULL:
+        raise InvalidArgument("mpi_comm", "MPI.COMM_NULL", "a communicator this process is in",
+                              rank=rank)
+    return mpi_comm

@@ -16,16 +16,16 @@ from typing import Any, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from .._config import setting
+from .._config import made_settings
 from .._types import ReduceOp, parse_op, to_host
-from ..errors import BackendError, InvalidArgument, InvalidType
+from ..errors import BackendError
 from ._base import Communicator
-from ._checks import check_peers, rank_of
+from ._checks import agreed_settings, check_peers, rank_of
 from ._mpi_staging import _AVG, Staging
 from ._mpi_pairwise import (earlier_first, pairwise_in_place, pairwise_reduce,
                              pairwise_reduce_applies, pairwise_reduce_scatter)
 from ._mpi_types import (_ClosedComm, _DeadComm, _address, _bytes, _pending, _separate,
-                         out_of_communicators)
+                         out_of_communicators, usable)
 from ._naps import nap
 from ._work import Work
 
@@ -35,21 +35,6 @@ _TAG = 7
 #: off the root a reduce-as-allreduce result is dropped: avg's division need not run there
 _AVG_AS_SUM = {_AVG: ReduceOp.SUM}
 _POLLS = 8  # tests between two yields (or naps, or deadline checks); docs/failures.md
-
-
-def _usable(mpi_comm: Any) -> MPI.Intracomm:
-    """``mpi_comm`` if it is an intracommunicator (the collectives' kind), else the library's
-    error naming it (an intercommunicator, COMM_NULL, anything else)."""
-    if isinstance(mpi_comm, (_ClosedComm, _DeadComm)):  # a dup of a closed or aborted
-        return mpi_comm  # communicator: its Dup raises why
-    rank = MPI.COMM_WORLD.Get_rank()  # the rank named: this process's in the world
-    if not isinstance(mpi_comm, MPI.Intracomm):
-        raise InvalidType("mpi_comm", type(mpi_comm).__name__, "an mpi4py intracommunicator "
-                          "(MPI.COMM_WORLD, a Split or Dup of it)", rank=rank)
-    if mpi_comm == MPI.COMM_NULL:
-        raise InvalidArgument("mpi_comm", "MPI.COMM_NULL", "a communicator this process is in",
-                              rank=rank)
-    return mpi_comm
 
 
 class MPICommunicator(Staging, Communicator):
@@ -64,7 +49,13 @@ class MPICommunicator(Staging, Communicator):
         operations a dead communicator left pending never match a new one's) and sets up the
         arrival board that names late ranks."""
         super().__init__(timeout)
-        base = _usable(mpi_comm if mpi_comm is not None else MPI.COMM_WORLD)
+        base = usable(mpi_comm if mpi_comm is not None else MPI.COMM_WORLD)
+        #: seconds a wait tests (and yields) before it starts to nap; bytes from which reduce
+        #: runs as an allreduce, reduce is a pairwise exchange and a gather, reduce_scatter a
+        #: pairwise exchange (None: never; see _reduce, _reduce_scatter)
+        self._spin, (self._reduce_as_allreduce, self._pairwise_reduce, self._pairwise_blocks) = \
+            agreed_settings(base, made_settings) if isinstance(base, MPI.Comm) \
+            else made_settings()
         try:
             self.mpi_comm = base.Dup()
             self._owned = True
@@ -73,8 +64,6 @@ class MPICommunicator(Staging, Communicator):
         except MPI.Exception as exc:  # e.g. "Too many communicators"
             raise out_of_communicators(exc, base.Get_rank()) from exc
         self.xp = xp
-        #: seconds a wait tests (and yields) before it starts to nap
-        self._spin = setting("CUPYCOLL_SPIN")
         self._verbs = {"allreduce": self._allreduce, "broadcast": self._broadcast,
                        "reduce": self._reduce, "allgather": self._allgather,
                        "reduce_scatter": self._reduce_scatter,
@@ -88,12 +77,6 @@ class MPICommunicator(Staging, Communicator):
         #: operations whose Work was dropped before it completed: (whether done, buffers),
         #: kept until done (:meth:`_record_collective` lets go of them)
         self._orphaned: list[tuple[Any, Any]] = []
-        #: bytes from which reduce runs as an allreduce (None: never); see _reduce
-        self._reduce_as_allreduce = setting("CUPYCOLL_REDUCE_AS_ALLREDUCE")
-        #: input bytes from which reduce is a pairwise exchange and a gather (None: never)
-        self._pairwise_reduce = setting("CUPYCOLL_REDUCE_PAIRWISE")
-        #: block bytes from which reduce_scatter is a pairwise exchange (None: never)
-        self._pairwise_blocks = setting("CUPYCOLL_REDUCE_SCATTER_PAIRWISE")
 
     def dup(self) -> "MPICommunicator":
         """Return a communicator over the same ranks with its own message space."""

@@ -261,8 +261,37 @@ def check_threads_making_runners() -> None:
             c.close()
 
 
+def check_settings_refused_on_one_rank(comm) -> None:
+    """A bad setting read as a communicator is made, on rank 0 only (init() and dup()): every
+    rank raises InvalidArgument naming it and rank 0, none hangs in the making, none is left
+    with a communicator (no duplicate is made: none leaks); the old one works on."""
+    import os
+
+    from cupycoll.errors import InvalidArgument
+
+    for name, value in (("CUPYCOLL_TIMEOUT", "abc"), ("CUPYCOLL_SPIN", "abc"),
+                        ("CUPYCOLL_REDUCE_PAIRWISE", "-5"), ("CUPYCOLL_BACKEND", "bogus"),
+                        ("CUPYCOLL_CONNECT_TIMEOUT", "junk"), ("CUPYCOLL_TYPO", "1")):
+        for make in (cc.init, comm.dup):
+            if comm.rank == 0:
+                os.environ[name] = value
+            try:
+                make()
+            except InvalidArgument as exc:
+                assert exc.argument in (name, "backend") and exc.rank == 0, (name, exc)
+                made = False
+            else:
+                made = True
+            finally:
+                os.environ.pop(name, None)
+            refused = name in ("CUPYCOLL_SPIN", "CUPYCOLL_REDUCE_PAIRWISE") or make == cc.init
+            assert made != refused, (name, make, made)
+    assert cc.allreduce(np.ones(2), comm=comm).tolist() == [comm.size] * 2
+
+
 if __name__ == "__main__":
     comm = cc.init("mpi")
+    check_settings_refused_on_one_rank(comm)
     assert cc.get_comm() is comm
     check_stats(comm)
     check_errors(comm)
