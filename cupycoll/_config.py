@@ -76,10 +76,11 @@ def _bytes_or_off(text: str) -> int | None:
     return count
 
 
-def _positive_int(text: str) -> int:
+def _ranks_per_node(text: str) -> int:
+    """A positive count of ranks, at most 2**20 (the agreement packs it into an int64)."""
     count = int(text)
-    if count < 1:
-        raise ValueError("expected a positive integer")
+    if not 1 <= count <= 1 << 20:
+        raise ValueError("expected a positive integer up to 1048576")
     return count
 
 
@@ -121,7 +122,7 @@ SETTINGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                          "threads of one numba loop: auto (the CPUs this process may use "
                          "divided by the MPI ranks on this node, as MPI_LOCALNRANKS or "
                          "OMPI_COMM_WORLD_LOCAL_SIZE tell) or a positive integer"),
-    "CUPYCOLL_RANKS_PER_NODE": (_positive_int, None,
+    "CUPYCOLL_RANKS_PER_NODE": (_ranks_per_node, None,
                                 "ranks per node for the node-aware algorithms: rank // value "
                                 "(emulates several nodes on one machine); default: detected "
                                 "by MPI's shared-memory split"),

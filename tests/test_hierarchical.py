@@ -45,7 +45,7 @@ def test_topology_renumbers_and_groups():
     assert topo.members == [(0, 1), (2, 3), (4,)] and topo.width == 2 and topo.count == 3
 
 
-@pytest.mark.parametrize("text", ["0", "-2", "two", "1.5"])
+@pytest.mark.parametrize("text", ["0", "-2", "two", "1.5", str(2**62), str(10**20)])
 def test_ranks_per_node_must_be_a_positive_integer(monkeypatch, text):
     monkeypatch.setenv("CUPYCOLL_RANKS_PER_NODE", text)
     with pytest.raises(InvalidArgument, match="CUPYCOLL_RANKS_PER_NODE"):

@@ -133,12 +133,14 @@ def test_host_arrays_on_an_nccl_communicator_are_named():
 
 @pytest.mark.parametrize("name, value", [("CUPYCOLL_NUMBA", "garbage"),
                                          ("CUPYCOLL_THREADS", "0"),
-                                         ("CUPYCOLL_RANKS_PER_NODE", "0")])
+                                         ("CUPYCOLL_RANKS_PER_NODE", "0"),
+                                         ("CUPYCOLL_RANKS_PER_NODE", str(2**62)),
+                                         ("CUPYCOLL_AUTO", "guess")])
 def test_a_bad_setting_the_algorithms_read_is_a_validation_error(monkeypatch, name, value):
     """Settings read while an algorithm runs are parsed in the local validation, whose error
     every rank raises (a rank with its own bad value no longer raises alone mid-collective)."""
     monkeypatch.setenv(name, value)
-    prepared, error = _local()
+    prepared, error = _local(algorithm="auto" if name == "CUPYCOLL_AUTO" else "allgather")
     assert prepared is None and isinstance(error, InvalidArgument) and name in str(error)
     assert error.rank == 3 and "on rank 3" in str(error)  # this rank's own error names it too
 

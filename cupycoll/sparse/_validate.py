@@ -266,7 +266,9 @@ def _local(comm: Any, indices: Any, values: Any, n: Any, op: Any, algorithm: Any
             idx, val = (a.copy() if comm.xp.may_share_memory(buffer, a) else a
                         for a in (idx, val))
         mode = setting("CUPYCOLL_AUTO") if name == "auto" else "estimate"
-    except CupycollError as exc:
+    except CupycollError as exc:  # a setting's own error names no rank: this one's
+        if type(exc) is InvalidArgument and exc.rank is None:
+            exc = InvalidArgument(exc.argument, exc.value, exc.reason, rank=rank)
         return None, exc
     except Exception as exc:  # anything else still has to reach the other ranks as a flag
         error = InvalidArgument("arguments", f"{type(exc).__name__}: {exc}", "could not be "
