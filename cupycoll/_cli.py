@@ -174,8 +174,13 @@ def _tune(args: argparse.Namespace) -> int:
 
     from .errors import CupycollError
     from .tuner.calibrate import tune
-    from .tuner.profile import save_profile
+    from .tuner.profile import profile_path, save_profile
 
+    try:  # the default file (CUPYCOLL_PROFILE's), checked before anything is measured
+        output_file(str(args.output or profile_path()))
+    except argparse.ArgumentTypeError as exc:
+        print(f"cupycoll tune: the profile's file (CUPYCOLL_PROFILE): {exc}", file=sys.stderr)
+        return 2
     try:
         comm = cc.init(args.backend)
     except CupycollError as exc:  # e.g. nccl asked for where no GPU is: a message, no traceback

@@ -82,6 +82,17 @@ def test_tune_names_a_backend_it_cannot_use():
         assert "Traceback" not in nccl.stderr, nccl.stderr
 
 
+def test_tune_checks_the_profile_s_default_file_before_it_measures(tmp_path, monkeypatch):
+    """CUPYCOLL_PROFILE naming a folder, or a file under a file: a usage error at once, not a
+    traceback after the whole measurement."""
+    from cupycoll._cli import main
+
+    (tmp_path / "afile").write_text("")
+    for bad in (tmp_path, tmp_path / "afile" / "x.json"):
+        monkeypatch.setenv("CUPYCOLL_PROFILE", str(bad))
+        assert main(["tune", "--repeats", "1"]) == 2
+
+
 def test_simulate_takes_both_as_its_help_says(capsys):
     """--family both and --output both, as the help and the error text offer them."""
     from cupycoll._cli import main
