@@ -1,10 +1,12 @@
 """The built wheel ships the CUDA kernels, the benchmarks, the typing marker, every subpackage and
-a working ``cupycoll`` command; the source tree keeps its layout rules (module size, imports)."""
+a working ``cupycoll`` command; the sdist ships the tests, docs and examples too; the source tree
+keeps its layout rules (module size, imports)."""
 
 import ast
 import os
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -38,6 +40,34 @@ def test_wheel_ships_kernels_and_benchmarks(wheel):
                    "cupycoll/testing/emulation/nccl.py", "cupycoll/kernels/cpu_shim.h",
                    "cupycoll/wire/__init__.py", "cupycoll/wire/_cupy.py"):
         assert module in names, f"{module} missing from the wheel"
+
+
+def test_wheel_ships_the_license_and_no_sdist_extras(wheel):
+    """The wheel carries LICENSE in its metadata, and MANIFEST.in's grafts stay out of it."""
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "cupycoll-0.1.0.dist-info/licenses/LICENSE" in names
+    assert not [n for n in names if n.startswith(("cupycoll/bench/figures/", "tests/", "docs/"))]
+
+
+def _shipped(folder: str) -> set[str]:
+    return {str(p.relative_to(ROOT)) for p in (ROOT / folder).rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+            and not p.is_relative_to(ROOT / "bench" / "results")}
+
+
+def test_sdist_ships_tests_docs_examples_and_license(tmp_path):
+    """The sdist is a whole source tree: the test suite with its helpers, the docs, the examples,
+    every benchmark, the changelog and the license (MANIFEST.in)."""
+    code = f"from setuptools import build_meta; print(build_meta.build_sdist({str(tmp_path)!r}))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=300,
+                         capture_output=True, text=True).stdout.split()[-1]
+    with tarfile.open(tmp_path / out) as tar:
+        names = {n.partition("/")[2] for n in tar.getnames()}
+    want = {"LICENSE", "CHANGELOG.md", "README.md", "pyproject.toml", "tests/conftest.py",
+            "tests/_mpi.py", "tests/workers/__init__.py", "tests/mutation/run.py"}
+    for folder in ("tests", "docs", "examples", "bench", "kernels"):
+        want |= _shipped(folder)
+    assert not want - names, f"missing from the sdist: {sorted(want - names)}"
 
 
 def test_installed_command_runs_info_and_a_benchmark(wheel, tmp_path):
