@@ -62,3 +62,16 @@ def test_every_setting_is_in_the_configuration_table():
     table = (ROOT / "docs" / "configuration.md").read_text()
     for name in SETTINGS:
         assert f"| `{name}` |" in table, f"{name} missing from docs/configuration.md"
+
+
+INSTALL = re.compile(r"pip install '[^'\[]*\[([^\]]+)\]'")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_gpu_installs_bring_an_mpi(page):
+    """The GPU extras carry no MPI library: an install line naming one also names an extra that
+    brings mpich (``mpi``, ``test`` or ``notebook``), so ``mpiexec`` exists afterwards."""
+    for extras in INSTALL.findall(page.read_text()):
+        names = set(extras.split(","))
+        if any(n.startswith("gpu-") for n in names):
+            assert names & {"mpi", "test", "notebook"}, f"{page.name}: [{extras}] has no MPI"
