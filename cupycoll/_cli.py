@@ -97,12 +97,13 @@ def _devices() -> str:
 def _backend_choice() -> str:
     """Which backend ``init()`` would pick here, and why (without creating a communicator)."""
     from ._config import made_settings
-    from .comm import _init_settings, nccl_usable
+    from .comm import _init_settings, load_mpi, nccl_usable
     from .errors import CupycollError
 
     try:  # what init() checks before it picks
         backend, _ = _init_settings(None, None)
         made_settings()
+        load_mpi()
     except CupycollError as exc:
         return f"none: init() raises {type(exc).__name__} ({exc})"
     source = "CUPYCOLL_BACKEND" if "CUPYCOLL_BACKEND" in os.environ else "default"

@@ -198,3 +198,39 @@ def test_simulate_with_nothing_to_price_is_a_usage_error():
                  ["--P", "16", "--networks", "nvlink"]):
         proc = run("simulate", *args, timeout=60)
         assert proc.returncode == 2 and "nothing to simulate" in proc.stderr, (args, proc)
+
+
+#: a sitecustomize that fails ``from mpi4py import MPI`` as mpi4py does without an MPI library
+NO_MPI_LIBRARY = """import sys
+class _NoLibrary:
+    def find_spec(self, name, path=None, target=None):
+        if name == "mpi4py.MPI":
+            raise RuntimeError("cannot load MPI library")
+sys.meta_path.insert(0, _NoLibrary())
+"""
+
+
+def test_no_mpi_library_leaves_import_help_and_info_working(tmp_path):
+    """mpi4py installed but no MPI library: ``import cupycoll``, ``--help`` and ``info`` work
+    (info says so), and ``init()`` raises BackendUnavailable naming the ``mpi`` extra."""
+    (tmp_path / "sitecustomize.py").write_text(NO_MPI_LIBRARY)
+    env = {**ENV, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+
+    def python(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                              timeout=120, env=env, cwd=ROOT)
+
+    code = ("import cupycoll as cc\n"
+            "try:\n    cc.init()\n"
+            "except cc.errors.BackendUnavailable as exc:\n    print('refused:', exc)\n")
+    refused = python("-c", code)
+    assert refused.returncode == 0, refused.stderr
+    assert "refused: no MPI library" in refused.stdout
+    assert "pip install 'cupycoll[mpi]'" in refused.stdout
+    assert python("-m", "cupycoll", "--help").returncode == 0
+    info = python("-m", "cupycoll", "info")
+    assert info.returncode == 0, info.stderr
+    lines = {name: value.strip() for name, _, value in
+             (line.partition("  ") for line in info.stdout.splitlines())}
+    assert lines["MPI library"] == "unavailable (RuntimeError: cannot load MPI library)"
+    assert lines["init() backend"].startswith("none: init() raises BackendUnavailable")

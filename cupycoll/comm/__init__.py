@@ -13,7 +13,7 @@ from ._stats import OpStats, Stats, bus_factor
 from ._work import Work
 
 __all__ = ["Communicator", "Stats", "OpStats", "Work", "bus_factor", "init", "get_comm",
-           "nccl_usable"]
+           "nccl_usable", "load_mpi"]
 
 _log = logging.getLogger("cupycoll")
 _default: Communicator | None = None
@@ -31,6 +31,18 @@ def nccl_usable() -> bool:
         return False
 
 
+def load_mpi() -> None:
+    """Import mpi4py's MPI (mpi4py loads the MPI library then); raise
+    :class:`BackendUnavailable`, naming what to install, when no MPI library can be loaded."""
+    try:
+        from mpi4py import MPI  # noqa: F401
+    except (ImportError, RuntimeError) as exc:
+        why = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise BackendUnavailable(
+            f"no MPI library (mpi4py: {why}); install one with pip install "
+            "'cupycoll[mpi]' (the mpich wheel) or point mpi4py at the system's MPI") from exc
+
+
 def init(backend: str | None = None, *, mpi_comm: Any = None,
          timeout: float | None = None) -> Communicator:
     """Create a Communicator over ``mpi_comm`` (default COMM_WORLD) and make it the default.
@@ -43,9 +55,11 @@ def init(backend: str | None = None, *, mpi_comm: Any = None,
         timeout: seconds before a blocking wait raises CollectiveTimeout (``CUPYCOLL_TIMEOUT``);
             0 or less means no timeout, as for the variable.
     Raises:
-        InvalidArgument: unknown backend. BackendUnavailable: "nccl" asked for but not usable.
+        InvalidArgument: unknown backend. BackendUnavailable: "nccl" asked for but not usable,
+            or no MPI library (every backend starts over MPI).
     """
     global _default
+    load_mpi()
     from mpi4py import MPI
 
     from ._checks import agreed_settings

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import time
 import weakref
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
-from mpi4py import MPI
 
 from ..errors import BackendError, CollectiveTimeout, CupycollError
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
 __all__ = ["Board", "Fate", "NO_SLOT", "timeout_error"]
 
@@ -45,6 +47,8 @@ class Board:
     """
 
     def __init__(self, mpi_comm: MPI.Comm) -> None:
+        from mpi4py import MPI  # here, not at import: `import cupycoll` works without an MPI library
+
         rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
         node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
         self._shared = MPI.Win.Allocate_shared(16, 8, comm=node)
@@ -77,6 +81,8 @@ class Board:
     def _read_remote(self, ranks: Sequence[int]) -> dict[int, tuple[int, int]]:
         """RMA reads of ranks on other nodes, given ``_REMOTE_GRACE`` s (a rank whose MPI
         library needs its help to serve the read and is busy elsewhere stays unread)."""
+        from mpi4py import MPI
+
         win, bufs, reqs = self._remote, {}, []
         win.Lock_all()
         for r in ranks:
