@@ -174,6 +174,20 @@ def test_an_installed_copy_says_which_checks_need_the_source_tree():
     assert gpu_estimate == estimate(_plan.gpu_plan(1, None)[0])
 
 
+def test_without_cupy_the_emulated_checks_are_listed_as_not_run(monkeypatch):
+    """The emulation tier runs CuPy's code: without CuPy its checks are not run, with the
+    install hint; the kernels on the CPU shim need no CuPy and still run."""
+    real = _plan.importlib.util.find_spec
+    monkeypatch.setattr(_plan.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "cupy" else real(name, *a))
+    checks, not_run = _plan.emulated_plan(ROOT)
+    assert [c.name for c in checks] == ["kernels-cpu-tier"]
+    assert len(not_run) == 10 and {n.reason for n in not_run} == {_plan.NO_CUPY}
+    assert "pip install 'cupycoll[gpu-cu12]'" in _plan.NO_CUPY
+    checks, not_run = _plan.emulated_plan(ROOT, True)
+    assert not checks and len(not_run) == 5 and {n.reason for n in not_run} == {_plan.NO_CUPY}
+
+
 # ---------------------------------------------------------------- the workers' oracles
 def test_dense_reference_truncates_integer_avg_and_matches_compares_bits():
     stack = np.array([[-3, 3, 5], [2, -2, 2]], np.int8)

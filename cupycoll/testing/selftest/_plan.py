@@ -14,11 +14,13 @@ from pathlib import Path
 from . import _checks as C
 from ._runner import Check, NotRun
 
-__all__ = ["gpu_plan", "emulated_plan", "NO_SOURCE", "NO_PYTEST", "NO_COMPILER"]
+__all__ = ["gpu_plan", "emulated_plan", "NO_SOURCE", "NO_PYTEST", "NO_COMPILER", "NO_CUPY"]
 
 NO_SOURCE = ("tests/ is not here (an installed copy): run the selftest from a source checkout "
              "to include it")
 NO_PYTEST = "pytest is not installed (pip install 'cupycoll[test]')"
+NO_CUPY = ("CuPy is not installed: the emulation tier runs CuPy's own code on emulated devices "
+           "(pip install 'cupycoll[gpu-cu12]' or gpu-cu13; no GPU needed)")
 NO_COMPILER = ("no C++ compiler (g++): the emulation tier that counts host syncs compiles the "
                "kernels for the CPU")
 
@@ -30,6 +32,13 @@ def _needs_source(checks: list[Check], source: Path | None, pytest: bool = False
         return [], [NotRun(c.name, c.budget_s, c.what, NO_SOURCE) for c in checks]
     if pytest and importlib.util.find_spec("pytest") is None:
         return [], [NotRun(c.name, c.budget_s, c.what, NO_PYTEST) for c in checks]
+    return checks, []
+
+
+def _needs_cupy(checks: list[Check]) -> tuple[list[Check], list[NotRun]]:
+    """The checks on the emulation tier when CuPy is installed, else as not run."""
+    if importlib.util.find_spec("cupy") is None:
+        return [], [NotRun(c.name, c.budget_s, c.what, NO_CUPY) for c in checks]
     return checks, []
 
 
@@ -81,11 +90,11 @@ def emulated_plan(source: Path | None, quick: bool = False
     """The no-GPU equivalents: the same workers on the emulation tier, the suites of
     tests/workers on emulated GPUs, NVRTC for sm_90, the kernels on the CPU shim."""
     if quick:
-        return [C.compile_check("compile-sm90", 15, True, False),
-                C.dense_check("nccl-dense-p1-emulated", 10, True),
-                C.compare_check("mpi-cupy-p2-emulated", 15, True, 2, True),
-                C.throughput_check("throughput-emulated", 8, True, 12, 2),
-                C.oktopk_check("oktopk-buckets-p3-emulated", 12, True, 3, 2)], []
+        return _needs_cupy([C.compile_check("compile-sm90", 15, True, False),
+                            C.dense_check("nccl-dense-p1-emulated", 10, True),
+                            C.compare_check("mpi-cupy-p2-emulated", 15, True, 2, True),
+                            C.throughput_check("throughput-emulated", 8, True, 12, 2),
+                            C.oktopk_check("oktopk-buckets-p3-emulated", 12, True, 3, 2)])
     tier, not_run = _needs_source([C.pytest_check(
         "kernels-cpu-tier", 180, "the CUDA kernels on the CPU shim against the numpy twins "
         "(tests/test_kernels_cpu.py)", lambda s: ["tests/test_kernels_cpu.py"], None)],
@@ -93,7 +102,7 @@ def emulated_plan(source: Path | None, quick: bool = False
     suites, missing = _needs_source([
         C.suites_check("emulated-suites-p2", 30, 2, False, None, 8, True),
         C.suites_check("emulated-suites-p3", 40, 3, False, None, 8, True)], source)
-    checks = tier + [
+    emulated, no_cupy = _needs_cupy([
         C.compile_check("compile-sm90", 45, True, True),
         C.dense_check("nccl-dense-p1-emulated", 15, True)] + suites + [
         C.compare_check("mpi-cupy-p2-emulated", 30, True, 2, False),
@@ -101,5 +110,5 @@ def emulated_plan(source: Path | None, quick: bool = False
         C.throughput_check("throughput-emulated", 20, True, 14, 3),
         C.syncs_check("host-syncs", 15, 2),
         C.host_time_check("host-time-p1-emulated", 15, True, 20),
-        C.oktopk_check("oktopk-buckets-p3-emulated", 20, True, 3, 4)]
-    return checks, not_run + missing
+        C.oktopk_check("oktopk-buckets-p3-emulated", 20, True, 3, 4)])
+    return tier + emulated, not_run + missing + no_cupy
