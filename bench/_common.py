@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from cupycoll._config import NO_MATPLOTLIB
 from cupycoll.primitives._accel import ready
 from cupycoll.tuner.calibrate import interleaved
 
@@ -80,8 +81,9 @@ _DATA_OUT = None
 
 class Parser(argparse.ArgumentParser):
     """The benchmarks' parser, which checks the output paths before the run (a folder that is
-    not there is a usage error, not a run's results lost at its end) and, with --json - or
-    --csv -, keeps stdout for that data alone (the table and notes go to stderr)."""
+    not there, or --plot without matplotlib, is a usage error, not a run's results lost at its
+    end) and, with --json - or --csv -, keeps stdout for that data alone (the table and notes
+    go to stderr)."""
 
     def parse_args(self, *args: Any, **kwargs: Any) -> argparse.Namespace:
         global _DATA_OUT
@@ -92,6 +94,11 @@ class Parser(argparse.ArgumentParser):
         for flag, path in paths.items():
             if path and path != "-" and not os.path.isdir(os.path.dirname(path) or "."):
                 self.error(f"--{flag} {path}: no folder {os.path.dirname(path)!r}")
+        if paths["plot"]:
+            try:
+                import matplotlib  # noqa: F401
+            except ImportError:
+                self.error(f"--plot {paths['plot']}: {NO_MATPLOTLIB}")
         if "-" in (paths["json"], paths["csv"]):
             _DATA_OUT, sys.stdout = sys.stdout, sys.stderr
         return parsed

@@ -21,6 +21,7 @@ CUDA runtime counted. Another backend registers a factory in ``BACKENDS``.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from typing import Any, Callable
@@ -127,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=int, default=64, help="top-k k")
     p.add_argument("--json", metavar="PATH", help="write the rows as JSON ('-' = stdout)")
     args = p.parse_args(argv)
+    if args.backend == "emulated" and importlib.util.find_spec("cupy") is None:
+        p.error("--backend emulated needs CuPy (the emulation tier runs CuPy's code; no GPU "
+                "needed): pip install 'cupycoll[gpu-cu12]'")
     comm = BACKENDS[args.backend]()
     rows = measure(comm, args.n, args.nnz, args.k)
     if comm.rank == 0:

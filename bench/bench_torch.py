@@ -43,7 +43,11 @@ import os
 import tempfile
 
 import numpy as np
-import torch
+
+try:
+    import torch
+except ImportError:  # before --help too: the whole benchmark is torch's
+    raise SystemExit("bench torch needs PyTorch: pip install 'cupycoll[torch]'") from None
 import torch.distributed as dist
 from _common import (DENSE_COLUMNS, Table, bandwidths, common_parser, interleaved, parse_size,
                      sample_stats)

@@ -11,7 +11,8 @@ from typing import Any, Callable
 
 from .errors import InvalidArgument
 
-__all__ = ["SETTINGS", "setting", "check_environment", "parse_timeout", "debug", "output_file"]
+__all__ = ["SETTINGS", "setting", "check_environment", "parse_timeout", "debug", "output_file",
+           "plot_file"]
 
 
 def _timeout(text: Any) -> float | None:
@@ -270,6 +271,22 @@ def output_file(text: str) -> str:
         raise argparse.ArgumentTypeError(
             f"{text!r} cannot be written: {str(folder)!r} is not a folder it may write in")
     return text
+
+
+#: what --plot asks for when matplotlib does not import
+NO_MATPLOTLIB = "matplotlib is not installed: pip install 'cupycoll[plot]' (or matplotlib)"
+
+
+def plot_file(text: str) -> str:
+    """:func:`output_file` for a drawing, which also needs matplotlib: its absence is a usage
+    error before the run, not a traceback after it."""
+    import argparse
+
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise argparse.ArgumentTypeError(NO_MATPLOTLIB) from None
+    return output_file(text)
 
 
 def made_folder(path: Any) -> Any:

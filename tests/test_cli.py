@@ -234,3 +234,37 @@ def test_no_mpi_library_leaves_import_help_and_info_working(tmp_path):
              (line.partition("  ") for line in info.stdout.splitlines())}
     assert lines["MPI library"] == "unavailable (RuntimeError: cannot load MPI library)"
     assert lines["init() backend"].startswith("none: init() raises BackendUnavailable")
+
+
+BENCH = str(ROOT / "bench")
+
+
+@pytest.mark.parametrize("hidden,args,extra", [
+    ("torch", [f"{BENCH}/bench_torch.py", "--help"], "torch"),
+    ("matplotlib", [f"{BENCH}/bench_dense.py", "-b", "8", "-e", "8", "-n", "1", "-w", "0",
+                    "--no-progress", "--plot", "p.png"], "plot"),
+    ("matplotlib", ["-m", "cupycoll", "simulate", "--P", "2", "--networks", "ib400", "--plot",
+                    "p.png"], "plot"),
+    ("cupy", [f"{BENCH}/bench_syncs.py", "--backend", "emulated"], "gpu-cu12"),
+], ids=["bench-torch", "bench-plot", "simulate-plot", "syncs-emulated"])
+def test_a_missing_optional_package_is_a_message_naming_its_extra(tmp_path, hidden, args, extra):
+    """Without the optional package a command needs: one message naming the extra, before any
+    run (no traceback, no output file). The benchmarks run as scripts (what ``cupycoll bench
+    NAME`` runs): this checkout's, whichever one an installed ``cupycoll.bench`` points at."""
+    (tmp_path / "sitecustomize.py").write_text(f"import sys\nsys.modules[{hidden!r}] = None\n")
+    env = {**ENV, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120,
+                          env=env, cwd=tmp_path)
+    assert proc.returncode in (1, 2), proc.stdout
+    assert f"pip install 'cupycoll[{extra}]'" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "p.png").exists() and "time(us)" not in proc.stdout
+
+
+def test_importing_cupycoll_torch_without_torch_names_the_extra(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['torch'] = None\n")
+    env = {**ENV, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    code = ("try:\n    import cupycoll.torch\n"
+            "except ModuleNotFoundError as exc:\n    print(exc.name, exc)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env=env, cwd=tmp_path, check=True).stdout
+    assert out.startswith("torch cupycoll.torch needs PyTorch") and "'cupycoll[torch]'" in out

@@ -15,6 +15,12 @@ Importing it also registers the ``cupycoll`` backend of ``torch.distributed`` an
 ``cupycoll://`` rendezvous (docs/torch_backend.md).
 """
 
+try:
+    import torch  # noqa: F401
+except ImportError as exc:  # the optional extra: say which, not torch's bare ModuleNotFoundError
+    raise ModuleNotFoundError(f"cupycoll.torch needs PyTorch ({exc}): pip install "
+                              "'cupycoll[torch]'", name="torch") from exc
+
 from .. import _torch_backend  # noqa: F401  registers the "cupycoll" backend and cupycoll://
 from ._hooks import TopkHookState, allreduce_hook, topk_hook
 from ._sparse import sparse_allreduce

@@ -29,7 +29,7 @@ import math
 import sys
 from typing import Any
 
-from .._config import made_folder, output_file
+from .._config import made_folder, output_file, plot_file
 from .._registry import priced, record
 from ..comm._topology import Topology
 from ..sparse._cost import Shape, validation_cost
@@ -354,7 +354,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", default="sparse", help="the sparse family's result: "
                         "sparse, dense (the n-vector, output='dense') or both, comma separated")
     parser.add_argument("--json", type=output_file, help="write {'rows': [...]} to this file")
-    parser.add_argument("--plot", type=output_file,
+    parser.add_argument("--plot", type=plot_file,
                         help="draw time vs P per algorithm to this PNG")
 
 
