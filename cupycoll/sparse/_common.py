@@ -232,15 +232,24 @@ def allgatherv_entries(comm: Any, indices: Any, values: Any, op_name: str, wire:
     """Allgatherv indices and rows together: sizes first, then ONE exchange round.
 
     Each peer's entries arrive as one packed block (:mod:`cupycoll.wire`), skipped when that
-    peer has none; the blocks are concatenated in rank order. Returns (all indices, all rows,
-    counts per rank).
+    peer has none; the blocks are copied into the result in rank order, each peer's buffer let
+    go once copied (the result's pages are written as the blocks' are freed: the resident
+    peak is about the result and one block, not every block and the result).
+    Returns (all indices, all rows, counts per rank).
     """
     parts, counts = gather_entries(comm, indices, values, op_name, wire, lo, hi)
     if len(parts) == 1:
         return parts[0][0], parts[0][1], counts
-    xp = comm.xp
-    return (xp.concatenate([a for a, _ in parts]), xp.concatenate([b for _, b in parts]),
-            counts)
+    xp, total = comm.xp, sum(int(a.shape[0]) for a, _ in parts)
+    all_idx = xp.empty(total, dtype=parts[0][0].dtype)
+    all_val = xp.empty((total,) + tuple(parts[0][1].shape[1:]), dtype=parts[0][1].dtype)
+    start = 0
+    for r in range(len(parts)):
+        idx, val = parts[r]
+        parts[r] = None  # the last reference to a peer's buffer: freed once copied
+        all_idx[start:start + idx.shape[0]], all_val[start:start + idx.shape[0]] = idx, val
+        start += int(idx.shape[0])
+    return all_idx, all_val, counts
 
 
 #: entries from which host index sets are joined and searched by numba's linear loops.

@@ -36,8 +36,9 @@ def gather_entries(comm: Any, idx: Any, val: Any, op_name: str, wire: Wire = COO
     """Allgatherv sorted unique ``idx`` (in ``[lo, hi)``) and rows ``val`` as packed blocks.
 
     Sizes first (``op_name.counts``; skipped on the coo wire when the caller knows every
-    rank's ``counts``), then ONE exchange round, one message per peer with
-    entries. Returns every rank's (indices, rows) in rank order, and the counts. This rank's
+    rank's ``counts``), then ONE exchange round, one message per peer with entries, each into
+    a buffer of its own. Returns every rank's (indices, rows) in rank order (a list the caller
+    may empty as it goes), and the counts. This rank's
     part holds its values as the others receive them (rounded when the wire rounds), so every
     rank combines the same numbers.
     """
@@ -58,7 +59,8 @@ def gather_entries(comm: Any, idx: Any, val: Any, op_name: str, wire: Wire = COO
         counts = np.asarray(counts, dtype=np.int64)
         nbytes = _nbytes(counts, row, idx.dtype, val.dtype, wire)
     peers = [(rank + s) % p for s in range(1, p)]
-    _, slots = receive_blocks(xp, [nbytes[r] if r != rank else 0 for r in range(p)])
+    # a buffer per peer: a caller that copies the blocks out one by one frees each as it goes
+    slots = [xp.empty(nbytes[r] if r != rank else 0, dtype=np.uint8) for r in range(p)]
     sends = [(r, block.buf) for r in peers] if count else []
     recvs = [(r, slots[r]) for r in peers if counts[r]]
     comm.exchange(sends, recvs, op_name).wait()  # the one wait the result needs
