@@ -55,22 +55,27 @@ class Staging:
         host_send, host_recv, in_place = self._reduction_buffers(send, recv, in_place_ok)
         args = (MPI.IN_PLACE if in_place else _typed(host_send),
                 None if host_recv is None else _typed(host_recv), _mpi_op(op, host_send.dtype))
-        return args, self._finish_reduction(host_recv, recv, op), (host_send, host_recv)
+        finalize = self._finish_reduction(host_recv, recv, op)
+        if _widened(np.dtype(send.dtype)) is not None:  # the widened input: pooled too
+            finalize = self._then_release(finalize, host_send)
+        return args, finalize, (host_send, host_recv)
 
     def _reduction_buffers(self, send: Any, recv: Any, in_place_ok: bool):
         """Host buffers MPI can reduce (widened, staged, de-aliased) and whether in place."""
         dtype = np.dtype(send.dtype)
         wide = _widened(dtype)
         host_send = to_host(send)
-        if wide is not None:
-            host_send = host_send.astype(wide)
+        if wide is not None:  # widened into a pooled buffer (released by the finalize)
+            widened = self._scratch(host_send.shape, np.dtype(wide))
+            np.copyto(widened, host_send)
+            host_send = widened
         direct = wide is None and isinstance(recv, np.ndarray)
         if recv is None:
             host_recv = None
         elif direct:
             host_recv = recv
         else:
-            host_recv = np.empty(recv.shape, dtype=host_send.dtype)
+            host_recv = self._scratch(recv.shape, host_send.dtype)
         same = direct and host_send.flags.c_contiguous and host_send.nbytes == host_recv.nbytes \
             and _address(host_send) == _address(host_recv)
         in_place = in_place_ok and same  # NCCL's rule: in place when the pointers are equal
@@ -96,7 +101,10 @@ class Staging:
                 canonical_nan(host_recv)
             if host_recv is not recv:
                 with np.errstate(all="ignore"):  # float16 beyond 65504 is inf, never a raise
-                    recv[...] = self.xp.asarray(host_recv.astype(recv.dtype, copy=False))
+                    if isinstance(recv, np.ndarray):  # cast in the copy: no temporary
+                        np.copyto(recv, host_recv, casting="unsafe")
+                    else:
+                        recv[...] = self.xp.asarray(host_recv.astype(recv.dtype, copy=False))
                 self._release(host_recv)
         return finalize
 
