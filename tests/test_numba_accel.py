@@ -829,3 +829,30 @@ def test_division_finding_specials_is_numpys_division(dtype):
 def canonical(a: np.ndarray) -> np.ndarray:
     """``a`` with every NaN as numpy's (its sign and payload follow the order of operands)."""
     return np.where(np.isnan(a), np.nan, a) if a.dtype.kind == "f" else a
+
+
+def test_free_scratch_frees_what_every_thread_keeps():
+    """The background worker of asynchronous calls keeps its own buffers (thread-local):
+    free_scratch() in the caller's thread frees them too, not only its own."""
+    import threading
+
+    from cupycoll.primitives import _numba as K
+
+    _accel.ready()  # numba's loops loaded: free_scratch frees theirs too
+
+    def worker_call() -> None:
+        _accel.kept_buffer(1000, np.float32)
+        K._SCRATCH.idx = np.empty(10)  # as a merge on that thread keeps its temporaries
+
+    thread = threading.Thread(target=worker_call)
+    thread.start()
+    thread.join()
+    _accel.kept_buffer(10, np.float32)
+
+    def kept() -> int:
+        return sum(d.get("buffer") is not None for d in _accel._KEPT._every[id(_accel._KEPT)]) \
+            + sum("idx" in d for d in K._SCRATCH._every[id(K._SCRATCH)])
+
+    assert kept() >= 3
+    _accel.free_scratch()
+    assert kept() == 0

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from .._config import setting
+from ._common import EveryThread
 
 
 #: entries from which the numba loops run: below, numba's import and compile are not worth it.
@@ -86,8 +87,8 @@ _LOADER: threading.Thread | None = None
 _LOADER_LOCK = threading.Lock()
 
 
-#: this thread's kept host buffer (see kept_buffer).
-_KEPT = threading.local()
+#: each thread's kept host buffer (see kept_buffer).
+_KEPT = EveryThread()
 
 
 def kept_buffer(size: int, dtype: Any) -> np.ndarray:
@@ -128,7 +129,8 @@ def mark_filled(array: np.ndarray, fill: Any) -> None:
 
 
 def free_scratch() -> None:
-    """Free the temporaries that the numba loops (and kept_buffer) keep for this thread."""
-    _KEPT.__dict__.clear()
+    """Free the temporaries that the numba loops (and kept_buffer) keep, for every thread (the
+    background worker of asynchronous calls too)."""
+    _KEPT.clear_all()
     if _LOADED is not None:
         _LOADED.free_scratch()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import threading
 from typing import Any
 
 import numpy as np
@@ -81,3 +82,19 @@ def _block_cuts(indices: list[np.ndarray], total: int) -> list[list[int]]:
     sample = np.sort(np.concatenate([i[::stride] for i in indices]))
     splitters = sample[(np.arange(1, blocks) * sample.size) // blocks]
     return [[0, *np.searchsorted(i, splitters).tolist(), i.size] for i in indices]
+
+
+class EveryThread(threading.local):
+    """A ``threading.local`` whose every thread's attributes :meth:`clear_all` drops, from any
+    thread: ``free_scratch()`` in the caller's thread also frees what the background worker's
+    (asynchronous) calls keep."""
+
+    #: id of an instance -> every thread's attributes of it
+    _every: dict[int, list[dict]] = {}
+
+    def __init__(self) -> None:  # run in each thread at its first use
+        self._every.setdefault(id(self), []).append(self.__dict__)
+
+    def clear_all(self) -> None:
+        for kept in self._every.get(id(self), ()):
+            kept.clear()

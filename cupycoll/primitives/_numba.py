@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, Callable, Sequence
@@ -26,7 +25,7 @@ import numpy as np
 from numba import njit
 
 from .._config import setting
-from ._common import _abs_threshold, _block_cuts, _identity
+from ._common import EveryThread, _abs_threshold, _block_cuts, _identity
 from ._numba_cache import make_process_safe
 from ._numba_merge import close_up, fold_part, merge_blocks
 from ._numba_dense import (add_rows, copy_hit_rows, copy_hits, copy_unequal,  # noqa: F401
@@ -54,7 +53,7 @@ _LOCAL_RANKS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD
 #: the thread pool, by process id: a forked child (a DataLoader worker) makes its own.
 _POOLS: dict[int, ThreadPoolExecutor] = {}
 #: per-thread temporaries of the merge, reused (see _scratch), each at most _SCRATCH_KEPT bytes.
-_SCRATCH = threading.local()
+_SCRATCH = EveryThread()
 _SCRATCH_KEPT = 1 << 22
 #: parts that merge folds straight from their own rows (more: rows concatenated first, so the
 #: fold is not one loop call per part and piece)
@@ -113,8 +112,8 @@ def _scratch(name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 
 
 def free_scratch() -> None:
-    """Drop this thread's kept temporaries."""
-    _SCRATCH.__dict__.clear()
+    """Drop every thread's kept temporaries."""
+    _SCRATCH.clear_all()
 
 
 @njit(cache=True, nogil=True)
