@@ -838,11 +838,12 @@ def test_free_scratch_frees_what_every_thread_keeps():
 
     from cupycoll.primitives import _numba as K
 
-    _accel.ready()  # numba's loops loaded: free_scratch frees theirs too
+    loaded = _accel.ready() is not None  # numba's loops in use: free_scratch frees theirs too
 
     def worker_call() -> None:
         _accel.kept_buffer(1000, np.float32)
-        K._SCRATCH.idx = np.empty(10)  # as a merge on that thread keeps its temporaries
+        if loaded:
+            K._SCRATCH.idx = np.empty(10)  # as a merge on that thread keeps its temporaries
 
     thread = threading.Thread(target=worker_call)
     thread.start()
@@ -853,6 +854,6 @@ def test_free_scratch_frees_what_every_thread_keeps():
         return sum(d.get("buffer") is not None for d in _accel._KEPT._every[id(_accel._KEPT)]) \
             + sum("idx" in d for d in K._SCRATCH._every[id(K._SCRATCH)])
 
-    assert kept() >= 3
+    assert kept() >= 2 + loaded
     _accel.free_scratch()
     assert kept() == 0
