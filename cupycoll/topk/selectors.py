@@ -2,7 +2,8 @@
 
 Three selectors (Ok-Topk spec section 2), two of them with two policies:
 
-- :class:`Exact`: the exact top-k by magnitude (``topk_abs``), every step. Exactly k entries.
+- :class:`Exact`: the exact top-k by magnitude (:func:`top_numbers`), every step: k entries, or
+  every number of x where it holds fewer than k (a NaN is never selected).
 - :class:`Threshold` (Ok-Topk's selector):
   ``policy="quantile"`` (default): every step, a threshold read from a fixed pseudo-random
   sample of ``x`` (about 256 sampled entries above the k-th magnitude, at most 2^15 entries and
@@ -29,7 +30,8 @@ Three selectors (Ok-Topk spec section 2), two of them with two policies:
   can stay far from k.
 
 Every selector returns a :class:`Selection` (ascending indices, their values, the threshold) and
-keeps the count in ``last_count``. Zeros are never selected by the threshold selectors.
+keeps the count in ``last_count``. Zeros are never selected by the threshold selectors, NaN by
+none of them.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from ..primitives import count_abs_ge, kth_abs, select_abs_ge, topk_abs
 from ..primitives._numpy_select import abs_ge_kth
 
 __all__ = ["Selection", "Selector", "Exact", "Threshold", "Gaussian", "magnitude_sample",
-           "min_abs", "smallest_positive", "positive_threshold"]
+           "min_abs", "smallest_positive", "positive_threshold", "top_numbers"]
 
 #: sample size of the sampled quantile: about SAMPLE_HITS sampled entries lie above the k-th
 #: magnitude (the sampled count's relative error is about 1/sqrt of it); the sample is at least
@@ -65,6 +67,21 @@ _POSITIONS: dict = {}
 def min_abs(values: Any) -> float:
     """Smallest magnitude of a non-empty array, as a host float."""
     return float(array_namespace(values).abs(values).min())
+
+
+def top_numbers(x: Any, k: int) -> tuple[Any, Any]:
+    """``topk_abs`` without NaN: the ``min(k, numbers in x)`` entries of largest magnitude.
+
+    ``topk_abs`` ranks NaN lowest but fills its k slots with NaN where x holds fewer than k
+    numbers; a top-k allreduce never selects a NaN (it stays in its rank's residual).
+    """
+    idx, val = topk_abs(x, k)
+    xp = array_namespace(val)
+    nan = xp.isnan(val)
+    if bool(nan.any()):
+        keep = xp.flatnonzero(~nan)
+        idx, val = idx[keep], val[keep]
+    return idx, val
 
 
 def smallest_positive(dtype: Any) -> float:
@@ -194,12 +211,13 @@ def _check_policy(policy: Any, allowed: tuple[str, ...]) -> str:
 
 
 class Exact(Selector):
-    """The exact top-k by magnitude; ties go to the lower index. Cost: one ``topk_abs``."""
+    """The exact top-k by magnitude; ties go to the lower index; NaN never (fewer than k
+    entries where x holds fewer than k numbers). Cost: one ``topk_abs``."""
 
     name = "exact"
 
     def _select(self, x: Any, k: int, refresh: bool) -> Selection:
-        idx, val = topk_abs(x, k)
+        idx, val = top_numbers(x, k)
         return Selection(idx, val, None)
 
 
@@ -241,9 +259,10 @@ class Threshold(Selector):
 
     def _reference(self, x: Any, k: int, refresh: bool) -> Selection:
         if refresh or self.threshold is None or self._k != k:
-            idx, val = topk_abs(x, k)
-            th = positive_threshold(min_abs(val), x.dtype)
-            if min_abs(val) == 0:  # fewer than k nonzeros: never select zeros
+            idx, val = top_numbers(x, k)
+            least = min_abs(val) if val.shape[0] else 0.0  # x all NaN: nothing selected
+            th = positive_threshold(least, x.dtype)
+            if least == 0:  # fewer than k nonzeros: never select zeros
                 pos, val = select_abs_ge(val, th)
                 idx = idx[pos]
             self._k = k

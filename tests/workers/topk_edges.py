@@ -1,0 +1,74 @@
+"""Top-k edge cases on every rank count, against plain numpy references (topk_ref).
+
+NaN: never selected by any algorithm or selector, never in a result, left in its rank's
+residual by the compressor.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+import topk_ref as ref
+from _common import assert_identical_across_ranks
+
+import cupycoll as cc
+from cupycoll.topk import Threshold, TopkCompressor, TopkState, topk_allreduce
+
+WORLD = MPI.COMM_WORLD
+
+
+def numbers_top(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The exact top-k of the numbers of x (NaN left out), ascending indices."""
+    idx = np.flatnonzero(~np.isnan(x))
+    return ref.top_of(idx, x[idx], k)
+
+
+def check_nan_result(comm, xs: list[np.ndarray], k: int, alg: str) -> None:
+    """One call: no NaN in the result; dense, topka and gtopk equal their references."""
+    res = topk_allreduce(xs[comm.rank], k, algorithm=alg, comm=comm)
+    assert_identical_across_ranks(res.indices, res.values)
+    assert not np.isnan(res.values).any(), (alg, res.values)
+    locals_ = [numbers_top(x, k) for x in xs]
+    with np.errstate(invalid="ignore"):
+        total = np.sum([x.astype(np.float64) for x in xs], axis=0)
+    want = {"dense": numbers_top(total, k), "topka": ref.union_sum(locals_),
+            "gtopk": ref.gtopk(locals_, k)}.get(alg)
+    if want is not None:
+        np.testing.assert_array_equal(res.indices, want[0], err_msg=alg)
+        np.testing.assert_array_equal(res.values, want[1], err_msg=alg)
+
+
+def nan_never_selected(comm) -> None:
+    """The last rank's vector all NaN; rank 0 with one NaN and k = n (fewer than k numbers)."""
+    p, r = comm.size, comm.rank
+    xs = ref.inputs(11, p, 1000)
+    xs[-1][:] = np.nan
+    small = [np.arange(1, 9, dtype=np.float32) for _ in range(p)]
+    small[0][3] = np.nan
+    for alg in cc.algorithms("topk"):
+        check_nan_result(comm, xs, 10, alg)
+        check_nan_result(comm, small, 8, alg)
+        comp = TopkCompressor(8, 1.0, algorithm=alg, comm=comm)
+        upd = comp.step(small[r])
+        assert not np.isnan(upd.values).any(), (alg, upd.values)
+        assert np.isnan(comp.residual[3]) == (r == 0), (alg, comp.residual)
+        kept = WORLD.allreduce(np.nan_to_num(comp.residual).astype(np.float64), op=MPI.SUM)
+        sent = sum(np.nan_to_num(x).astype(np.float64) for x in small)
+        np.testing.assert_allclose(kept + p * upd.to_dense(), sent, rtol=1e-6, err_msg=alg)
+    sel = Threshold(policy="reference")  # its refresh step takes the exact top-k
+    res = topk_allreduce(xs[r], 10, comm=comm, selector=sel, state=TopkState())
+    assert not np.isnan(res.values).any()
+    if r == p - 1:
+        assert sel.last_count == 0, sel.last_count
+
+
+def main() -> None:
+    comm = cc.init("mpi")
+    nan_never_selected(comm)
+    if comm.rank == 0:
+        print("OK")
+
+
+if __name__ == "__main__":
+    main()
