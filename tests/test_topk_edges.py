@@ -7,6 +7,7 @@ In-process checks of the selectors, and one launch per P = 1..4 of tests/workers
 import numpy as np
 import pytest
 
+import cupycoll as cc
 from cupycoll.topk import Exact, Threshold
 from tests._mpi import Batch
 
@@ -28,3 +29,19 @@ def test_exact_selections_leave_nan_out(selector, want):
     np.testing.assert_array_equal(sel.indices, want)
     np.testing.assert_array_equal(sel.values, x[want])
     assert selector.select(np.full(5, np.nan, np.float32), 2).count == 0
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_histogram_threshold_from_a_threshold_at_the_top(dtype):
+    """The last threshold inf or the dtype's largest value (a state saved after an inf k-th
+    magnitude): the window stays finite and numpy counts 0.9k..1.1k at the new threshold."""
+    from mpi4py import MPI
+
+    from cupycoll.topk._global_threshold import histogram_threshold
+
+    comm = cc.init("mpi", mpi_comm=MPI.COMM_SELF)
+    mags = np.abs(np.random.default_rng(3).standard_normal(20000)).astype(dtype)
+    for center in (np.inf, float(np.finfo(dtype).max)):
+        t, count = histogram_threshold(comm, mags, 500, 20000, center, dtype)
+        assert count == np.count_nonzero(mags.astype(np.float64) >= t), (center, t)
+        assert 450 <= count <= 550, (center, t, count)

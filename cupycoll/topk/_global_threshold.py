@@ -86,7 +86,9 @@ def _search(comm: Any, mags: Any, k: int, n: int, center: float, dtype: np.dtype
     """:func:`histogram_threshold`'s rounds."""
     floor = smallest_positive(dtype)
     top = float(np.finfo(dtype).max)
-    lo, hi = max(center * 2.0 ** -OCTAVES, floor), max(center * 2.0 ** OCTAVES, floor * 4)
+    center = min(center, top)  # the window stays finite (float64: 2 * top is inf)
+    lo = max(center * 2.0 ** -OCTAVES, floor)
+    hi = min(max(center * 2.0 ** OCTAVES, floor * 4), top)
     best_t, best_count = floor, -1
     for _ in range(MAX_ROUNDS):
         edges = np.geomspace(lo, hi, BINS + 1)

@@ -17,7 +17,9 @@ What is selected where, at step t of a :class:`TopkState` (spec section 1):
    ``red`` = the sum over the ranks that selected each index; sources are added in a fixed order.
 4. Refresh step (``t % tau' == 0``): every rank allgathers all nonzeros of every region; the
    exact top-k of them (``k' = min(k, total)``) is the result and its k'-th magnitude becomes the
-   global threshold (the same on every rank: it comes from the same gathered data).
+   global threshold (the same on every rank: it comes from the same gathered data; an inf one,
+   from inf inputs or a float16 sum that overflowed, the dtype's largest finite value, so the
+   next step's histogram starts from a finite window and finds 0.9k..1.1k again).
 5. Other steps: the global threshold of this step comes from an allreduced log-scale histogram
    of every region's nonzero sums (:mod:`._global_threshold`: 34 counts, more rounds only when
    the threshold moved more than an octave or the k-th sum is on a large tie), so the count T of
@@ -191,7 +193,7 @@ def _select_balance_gather(comm: Any, red: Any, lo: int, k: int, n: int,
         if total < low * k:
             state.global_th = positive_threshold(state.global_th / scale, red.dtype)
         elif total > high * k:
-            state.global_th *= scale
+            state.global_th = positive_threshold(state.global_th * scale, red.dtype)
     elif total > COUNT_RANGE[1] * k:  # ties the threshold cannot split
         gidx, sel_v, counts = cut_ties(comm, gidx, sel_v, counts, k)
         total = int(counts.sum())

@@ -92,8 +92,12 @@ def smallest_positive(dtype: Any) -> float:
 
 
 def positive_threshold(th: float, dtype: Any) -> float:
-    """Return ``th``, or the least positive value when ``th`` is 0 or NaN (never select zeros)."""
-    return th if th > 0 and not math.isnan(th) else smallest_positive(dtype)
+    """Return ``th``, or the least positive value when ``th`` is 0 or NaN (never select zeros),
+    or the largest finite value when ``th`` is above it (an inf k-th magnitude: a threshold
+    kept for the next step stays finite, so it can be scaled and binned)."""
+    if not th > 0:  # NaN too
+        return smallest_positive(dtype)
+    return min(th, float(np.finfo(dtype).max))
 
 
 class Selection(NamedTuple):
@@ -276,11 +280,11 @@ class Threshold(Selector):
                 pos, val = select_abs_ge(val, th)
                 idx = idx[pos]
         count = int(idx.shape[0])
-        self.threshold = th
         if count < self.low * k:
-            self.threshold = positive_threshold(th / self.scale, x.dtype)
-        elif count > self.high * k:
-            self.threshold = th * self.scale
+            th_next = th / self.scale
+        else:
+            th_next = th * self.scale if count > self.high * k else th
+        self.threshold = positive_threshold(th_next, x.dtype)
         return Selection(idx, val, th)
 
     def __repr__(self) -> str:

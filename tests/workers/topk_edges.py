@@ -1,7 +1,9 @@
 """Top-k edge cases on every rank count, against plain numpy references (topk_ref).
 
 NaN: never selected by any algorithm or selector, never in a result, left in its rank's
-residual by the compressor.
+residual by the compressor. An inf k-th magnitude on an Ok-Topk refresh step (inf inputs, a
+float16 sum that overflows): the state's global threshold stays finite and the next steps
+select 0.9k..1.1k, an upper set of the union of the local selections.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import numpy as np
 from mpi4py import MPI
 
 import topk_ref as ref
-from _common import assert_identical_across_ranks
+from _common import assert_identical_across_ranks, rng_for
 
 import cupycoll as cc
 from cupycoll.topk import Threshold, TopkCompressor, TopkState, topk_allreduce
@@ -63,9 +65,39 @@ def nan_never_selected(comm) -> None:
         assert sel.last_count == 0, sel.last_count
 
 
+def exact_inputs(seed: int, p: int, n: int, dtype: str) -> list[np.ndarray]:
+    """Every rank's input: multiples of 1/64 in [-4, 4] (any sum of four is exact in float16)."""
+    return [(np.clip(np.round(rng_for(seed, q).standard_normal(n) * 64), -255, 255) / 64)
+            .astype(dtype) for q in range(p)]
+
+
+def inf_threshold(comm) -> None:
+    """Step 0 (refresh): 2k entries whose sum is inf on every rank; then ordinary steps."""
+    p, r = comm.size, comm.rank
+    n, k = 20000, 500
+    for dtype in ("float16", "float32", "float64"):
+        big = 40000.0 if dtype == "float16" and p > 1 else np.inf  # float16: the sum overflows
+        state = TopkState(tau_prime=100)
+        for step in range(4):
+            xs = exact_inputs(100 + step, p, n, dtype)
+            for x in xs if step == 0 else ():
+                x[: 2 * k] = big
+            res = topk_allreduce(xs[r], k, comm=comm, state=state)
+            assert 0 < state.global_th <= np.finfo(dtype).max, (dtype, step, state.global_th)
+            if step == 0:
+                assert res.nnz == k and np.isinf(res.values).all(), (dtype, res.values)
+                continue
+            ui, uv = ref.union_sum([(sel, x[sel]) for x in xs
+                                    for sel in [ref.quantile_local(x, k)]])
+            assert 0.9 * k <= res.nnz <= 1.1 * k, (dtype, step, res.nnz)
+            assert ref.upper_set(ui, uv, res.indices), (dtype, step)
+            np.testing.assert_array_equal(res.values, uv[np.searchsorted(ui, res.indices)])
+
+
 def main() -> None:
     comm = cc.init("mpi")
     nan_never_selected(comm)
+    inf_threshold(comm)
     if comm.rank == 0:
         print("OK")
 
