@@ -28,8 +28,8 @@ def comm():
 
 
 def _host(rank: int = 3, backend: str = "mpi", xp=np):
-    """What ``_local_checks`` reads of a communicator: rank, backend, array namespace."""
-    return types.SimpleNamespace(rank=rank, backend=backend, xp=xp)
+    """What ``_local_checks`` reads of a communicator: rank, size, backend, array namespace."""
+    return types.SimpleNamespace(rank=rank, size=4, backend=backend, xp=xp)
 
 
 def _check(x, k=2, algorithm="oktopk", selector=None, state=None, argument="x", n=None,

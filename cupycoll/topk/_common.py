@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from .selectors import Selection
 
 __all__ = ["TopkState", "TopkOutcome", "WordCost", "index_dtype", "sorted_member", "to_host",
-           "to_namespace", "check_int", "log2_ceil"]
+           "to_namespace", "check_int", "check_boundaries", "log2_ceil"]
 
 
 class WordCost(NamedTuple):
@@ -66,10 +66,12 @@ class TopkState:
         tau_prime: refresh step when ``step % tau_prime == 0``: Ok-Topk's result is the exact
             top-k of the reduced sums (and the reference policy recomputes its thresholds
             exactly, reusing them with count feedback in between).
-        step: number of calls made with this state (the next call is step ``step``).
+        step: number of calls made with this state (the next call is step ``step``; an int
+            >= 0).
         selector: the local selector (set to the algorithm's default on first use).
         boundaries: Ok-Topk's region boundaries ``B_0 = 0 <= ... <= B_P = n`` (host int64,
-            identical on every rank: computed from an allreduce).
+            identical on every rank: computed from an allreduce; checked by every call, see
+            :meth:`check`).
         global_th: Ok-Topk's global threshold of the last step (identical on every rank:
             computed from gathered or allreduced data only).
         padded_allgather: Ok-Topk's final allgather as an allgather of blocks padded to
@@ -95,15 +97,33 @@ class TopkState:
     wire: Any = None
 
     def __post_init__(self) -> None:
+        self.tau, self.tau_prime, self.step, self.padded_allgather = self.check()
+
+    def check(self, n: int | None = None, p: int | None = None) -> tuple:
+        """Raise InvalidType / InvalidArgument naming a bad field; return tau, tau_prime, step
+        and padded_allgather as int / bool. Run at construction and by every call (fields can
+        be set in between), which passes its n and P: boundaries of this length and last entry
+        are then used as they are, so they must ascend from 0 (others are recomputed)."""
         if isinstance(self.tau, str):
             if self.tau != "auto":
                 raise InvalidArgument("tau", self.tau, 'must be an int >= 1 or "auto"')
+            tau: int | str = "auto"
         else:
-            self.tau = check_int("tau", self.tau, 1)
-        self.tau_prime = check_int("tau_prime", self.tau_prime, 1)
+            tau = check_int("tau", self.tau, 1)
         if self.selector is not None and not isinstance(self.selector, Selector):
             raise InvalidType("selector", type(self.selector).__name__,
                               "a cupycoll.topk selector (Exact, Threshold, Gaussian)")
+        padded = self.padded_allgather
+        if padded is not None and not isinstance(padded, (bool, np.bool_)):
+            raise InvalidType("padded_allgather", type(padded).__name__, "None or a bool")
+        th = self.global_th
+        if th is not None and (isinstance(th, (bool, np.bool_)) or
+                               not isinstance(th, (int, float, np.integer, np.floating))
+                               or not th > 0):
+            raise InvalidArgument("global_th", th, "must be None or a number > 0")
+        check_boundaries(self.boundaries, n, p)
+        return (tau, check_int("tau_prime", self.tau_prime, 1), check_int("step", self.step, 0),
+                None if padded is None else bool(padded))
 
     @property
     def refresh(self) -> bool:
@@ -125,6 +145,20 @@ def check_int(name: str, value: Any, minimum: int) -> int:
     return int(value)
 
 
+
+
+def check_boundaries(b: Any, n: int | None, p: int | None) -> None:
+    """Raise unless ``b`` is None or a 1-D integer numpy array; where it has P+1 entries and
+    ends at n (Ok-Topk uses it then), unless it ascends from 0 (so it lies within [0, n])."""
+    if b is None:
+        return
+    if not isinstance(b, np.ndarray) or b.ndim != 1 or b.dtype.kind not in "iu":
+        raise InvalidType("boundaries", type(b).__name__, "None or a 1-D integer numpy array")
+    if n is None or b.shape[0] != p + 1 or int(b[-1]) != n:
+        return  # another n or P: Ok-Topk recomputes them
+    if int(b[0]) != 0 or bool(np.any(np.diff(b.astype(np.int64)) < 0)):
+        raise InvalidArgument("boundaries", b.tolist(),
+                              f"must ascend from 0 to n = {n} (P + 1 = {p + 1} entries)")
 
 
 def index_dtype(n: int) -> np.dtype:

@@ -119,7 +119,22 @@ def _local_checks(comm: Communicator, x: Any, k: Any, algorithm: Any, selector: 
     if not 0 < k <= arr.shape[0]:
         raise InvalidArgument("k", k, f"must satisfy 0 < k <= len({argument}) = {arr.shape[0]}",
                               rank=rank)
+    if state is not None:
+        _check_state(state, int(arr.shape[0]), comm.size, rank)
     return arr, int(k), code
+
+
+def _check_state(state: TopkState, n: int, p: int, rank: int) -> None:
+    """:meth:`TopkState.check` at call time (its fields may have been set since), its errors
+    naming ``state``, which every rank's error then names."""
+    try:
+        state.check(n, p)
+    except InvalidType as exc:
+        raise InvalidType("state", exc.got, f"a TopkState whose {exc.argument} is "
+                          f"{exc.expected}", rank=rank) from exc
+    except InvalidArgument as exc:
+        raise InvalidArgument("state", exc.value, f"its {exc.argument} {exc.reason}",
+                              rank=rank) from exc
 
 
 def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: Any = None,

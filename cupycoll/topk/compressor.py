@@ -135,7 +135,8 @@ class TopkCompressor:
             self._pending.wait()
         done = call(self.comm, "TopkCompressor.step",
                     lambda: validate(self.comm, grad, self.k, self.algorithm, argument="grad",
-                                     n=self.n, verb="TopkCompressor.step", wire=self.wire,
+                                     state=self.state, n=self.n,
+                                     verb="TopkCompressor.step", wire=self.wire,
                                      wire_values=self.wire_values,
                                      settings=self._settings()),
                     lambda agreed: Plan(self.algorithm, None,

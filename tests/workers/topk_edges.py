@@ -3,7 +3,8 @@
 NaN: never selected by any algorithm or selector, never in a result, left in its rank's
 residual by the compressor. An inf k-th magnitude on an Ok-Topk refresh step (inf inputs, a
 float16 sum that overflows): the state's global threshold stays finite and the next steps
-select 0.9k..1.1k, an upper set of the union of the local selections.
+select 0.9k..1.1k, an upper set of the union of the local selections. A bad state on one rank
+(fields set after construction too): InvalidType / InvalidArgument naming 'state' on every rank.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import numpy as np
 from mpi4py import MPI
 
 import topk_ref as ref
-from _common import assert_identical_across_ranks, rng_for
+from _common import assert_identical_across_ranks, expect_raises, rng_for
 
 import cupycoll as cc
+from cupycoll.errors import InvalidArgument, InvalidType
 from cupycoll.topk import Threshold, TopkCompressor, TopkState, topk_allreduce
 
 WORLD = MPI.COMM_WORLD
@@ -94,10 +96,43 @@ def inf_threshold(comm) -> None:
             np.testing.assert_array_equal(res.values, uv[np.searchsorted(ui, res.indices)])
 
 
+def bad_states(comm) -> None:
+    """Each bad field set on the last rank after a good call: every rank raises naming 'state'
+    and that rank; then a good call. Bad fields at construction raise there."""
+    p, r = comm.size, comm.rank
+    n, last = 2000, p - 1
+    x = exact_inputs(7, p, n, "float32")[r]
+    cases = [(InvalidArgument, "boundaries", np.r_[1, np.arange(1, p) * 500, n]),  # not from 0
+             (InvalidType, "boundaries", [0, n]), (InvalidType, "step", "a"),
+             (InvalidArgument, "step", -1), (InvalidType, "step", 1.5),
+             (InvalidType, "padded_allgather", "yes"), (InvalidArgument, "global_th", np.nan)]
+    if p > 1:  # above n; descending
+        cases.append((InvalidArgument, "boundaries", np.r_[0, np.full(p - 1, n + 1000), n]))
+    if p > 2:
+        cases.append((InvalidArgument, "boundaries", np.r_[0, np.arange(p - 1, 0, -1) * 500, n]))
+    for kind, field, value in cases:
+        for comp in (None, TopkCompressor(n, 0.1, comm=comm, tau=64)):
+            state = TopkState(tau=64) if comp is None else comp.state
+            call = (lambda: topk_allreduce(x, 200, comm=comm, state=state)) if comp is None \
+                else (lambda: comp.step(x))
+            call()
+            good = getattr(state, field)
+            if r == last:
+                setattr(state, field, value)
+            exc = expect_raises(kind, call)
+            assert (exc.argument, exc.rank) == ("state", last), (field, value, exc)
+            assert r != last or field in str(exc), exc
+            setattr(state, field, good)
+            call()
+        if field != "boundaries":
+            expect_raises(kind, TopkState, **{field: value})
+
+
 def main() -> None:
     comm = cc.init("mpi")
     nan_never_selected(comm)
     inf_threshold(comm)
+    bad_states(comm)
     if comm.rank == 0:
         print("OK")
 
