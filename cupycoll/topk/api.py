@@ -35,7 +35,7 @@ from ._oktopk_small import SmallRefresh
 from ._wire import choose_wire
 from .selectors import Selector
 
-__all__ = ["topk_allreduce", "validate", "plan", "run", "FLOAT_DTYPES"]
+__all__ = ["topk_allreduce", "validate", "plan", "run", "state_crc", "FLOAT_DTYPES"]
 
 #: value dtypes the top-k algorithms accept.
 FLOAT_DTYPES = tuple(np.dtype(t) for t in ("float16", "float32", "float64"))
@@ -60,9 +60,10 @@ def _mismatch(differs: list[agreement.Differ], draft: agreement.Draft) -> str:
     algorithm, settings = draft.context
     if d.field == "settings":
         return (f"ranks disagree on the settings that decide the call's collectives (rank "
-                f"{draft.rank} has {settings}): a state's step, Ok-Topk's tau, tau_prime and "
-                "padded allgather, a compressor's warm-up, measure_xi and step count, and "
-                "CUPYCOLL_RANKS_PER_NODE must be the same on every rank")
+                f"{draft.rank} has {settings}): a state's step, Ok-Topk's tau, tau_prime, "
+                "padded allgather, boundaries, global threshold and last k (their crc32), a "
+                "compressor's warm-up, measure_xi and step count, and CUPYCOLL_RANKS_PER_NODE "
+                "must be the same on every rank (ranks restored from different checkpoints?)")
     return _disagreement(d, draft.rank, algorithm, draft.terms.verb)
 
 
@@ -79,12 +80,24 @@ def _terms(verb: str) -> agreement.Terms:
 
 def state_settings(state: TopkState | None) -> dict[str, Any]:
     """What of ``state`` decides the collectives a call makes (so every rank must hold the
-    same): its step, Ok-Topk's repartition and refresh periods, the padded allgather (none
-    for no state, or a bad one, which the validation names)."""
+    same): its step, Ok-Topk's repartition and refresh periods, the padded allgather, and
+    :func:`state_crc` (none for no state, or a bad one, which the validation names)."""
     if not isinstance(state, TopkState):
         return {}
     return {"step": state.step, "tau": state.tau, "tau_prime": state.tau_prime,
-            "padded_allgather": state.padded_allgather}
+            "padded_allgather": state.padded_allgather, "state crc32": state_crc(state)}
+
+
+def state_crc(state: TopkState) -> int:
+    """crc32 of what a state carries from call to call that is identical on every rank:
+    Ok-Topk's boundaries, global threshold and last k (computed from allreduced, gathered or
+    agreed data). Ranks restored from different checkpoints differ here. Never raises."""
+    b = state.boundaries
+    ok = isinstance(b, np.ndarray) and b.dtype.kind in "iu"
+    data = b.astype(np.int64).tobytes() if ok else repr(b).encode()
+    th = state.global_th
+    th = float(th).hex() if isinstance(th, numbers.Real) else repr(th)
+    return zlib.crc32(f"{th} {state.k!r}".encode(), zlib.crc32(data))
 
 
 #: the agreements of the verbs that validate here.

@@ -32,7 +32,7 @@ from ..errors import InvalidArgument
 from ..primitives import densify, topk_abs
 from ._common import TopkState, check_int, to_namespace
 from ..wire._choice import check_wire
-from .api import run, validate
+from .api import run, state_crc, validate
 from .selectors import Selector
 
 __all__ = ["TopkCompressor"]
@@ -133,6 +133,7 @@ class TopkCompressor:
         """
         if not async_op and self._pending is not None:
             self._pending.wait()
+            self._pending = None  # the state is at rest (see _settings)
         done = call(self.comm, "TopkCompressor.step",
                     lambda: validate(self.comm, grad, self.k, self.algorithm, argument="grad",
                                      state=self.state, n=self.n,
@@ -151,10 +152,15 @@ class TopkCompressor:
         """What of this compressor decides the collectives of its next step (agreed by the
         step's validation): whether it is a warm-up step, measure_xi, Ok-Topk's periods and
         the step count (ranks restored from different checkpoints would run different
-        collectives). Read in the caller's thread, while an asynchronous step may still run:
-        from the steps called so far, not those done."""
+        collectives), and the crc32 of the state's boundaries and global threshold (from
+        different checkpoints they differ). Read in the caller's thread, while an asynchronous
+        step may still run: from the steps called so far, not those done; the crc where no
+        asynchronous step was called since the last synchronous one, restore or construction
+        (every rank calls alike, so every rank includes it or none)."""
+        crc = state_crc(self.state) if self._pending is None else None
         return {"warmup": self._called < self.warmup_steps, "measure_xi": self.measure_xi,
-                "tau": self.state.tau, "tau_prime": self.state.tau_prime, "step": self._called}
+                "tau": self.state.tau, "tau_prime": self.state.tau_prime, "step": self._called,
+                "state crc32": crc}
 
     def _advance(self, comm: Communicator, arr: Any, k: int) -> SparseResult:
         """One validated step over ``comm`` (the compressor's communicator or its background

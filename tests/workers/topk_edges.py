@@ -5,9 +5,12 @@ residual by the compressor. An inf k-th magnitude on an Ok-Topk refresh step (in
 float16 sum that overflows): the state's global threshold stays finite and the next steps
 select 0.9k..1.1k, an upper set of the union of the local selections. A bad state on one rank
 (fields set after construction too): InvalidType / InvalidArgument naming 'state' on every rank.
+Ranks restored from two runs' checkpoints at the same step: MismatchError on every rank.
 """
 
 from __future__ import annotations
+
+import pickle
 
 import numpy as np
 from mpi4py import MPI
@@ -16,7 +19,7 @@ import topk_ref as ref
 from _common import assert_identical_across_ranks, expect_raises, rng_for
 
 import cupycoll as cc
-from cupycoll.errors import InvalidArgument, InvalidType
+from cupycoll.errors import InvalidArgument, InvalidType, MismatchError
 from cupycoll.topk import Threshold, TopkCompressor, TopkState, topk_allreduce
 
 WORLD = MPI.COMM_WORLD
@@ -128,11 +131,46 @@ def bad_states(comm) -> None:
             expect_raises(kind, TopkState, **{field: value})
 
 
+def restored(saved: bytes, comm) -> TopkCompressor:
+    comp = pickle.loads(saved)
+    comp.comm = comm
+    return comp
+
+
+def mixed_checkpoints(comm) -> None:
+    """Two runs checkpointed at step 5 (other data, so other thresholds): ranks restored from
+    one run go on as the run itself does, bit for bit; ranks restored from both raise
+    MismatchError on every rank (the compressor, its first step synchronous or not, and its
+    state passed to topk_allreduce)."""
+    p, r = comm.size, comm.rank
+    n = 20000
+    runs, saved = [], []
+    for run in (0, 1):
+        comp = TopkCompressor(n, 0.01, comm=comm, tau=64)
+        for s in range(5):
+            comp.step(exact_inputs(50 * run + s, p, n, "float32")[r] * (1 + 7 * run))
+        runs.append(comp)
+        saved.append(pickle.dumps(comp))
+    grad = exact_inputs(99, p, n, "float32")[r]
+    got, want = restored(saved[0], comm).step(grad), runs[0].step(grad)
+    np.testing.assert_array_equal(got.indices, want.indices)
+    np.testing.assert_array_equal(got.values, want.values)
+    if p == 1:
+        return
+    for async_op in (False, True):
+        comp = restored(saved[r % 2], comm)
+        exc = expect_raises(MismatchError, comp.step, grad, async_op=async_op)
+        assert "state crc32" in str(exc), exc
+    state = restored(saved[r % 2], comm).state
+    expect_raises(MismatchError, topk_allreduce, grad, 200, comm=comm, state=state)
+
+
 def main() -> None:
     comm = cc.init("mpi")
     nan_never_selected(comm)
     inf_threshold(comm)
     bad_states(comm)
+    mixed_checkpoints(comm)
     if comm.rank == 0:
         print("OK")
 
