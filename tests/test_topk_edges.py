@@ -1,7 +1,7 @@
 """Top-k edge cases: NaN never selected, non-finite thresholds, bad or mixed states.
 
 In-process checks of the selectors, and one launch per P = 1..4 of tests/workers/topk_edges.py
-(every algorithm and the compressor against plain numpy references).
+(every algorithm and the compressor against plain numpy references), one more on the GPU path.
 """
 
 import numpy as np
@@ -9,7 +9,7 @@ import pytest
 
 import cupycoll as cc
 from cupycoll.topk import Exact, Threshold
-from tests._mpi import Batch
+from tests._mpi import Batch, run_mpi
 
 LAUNCHES = Batch({"topk_edges.py": {p: () for p in (1, 2, 3, 4)}}, timeout=300)
 
@@ -18,6 +18,11 @@ LAUNCHES = Batch({"topk_edges.py": {p: () for p in (1, 2, 3, 4)}}, timeout=300)
 def test_topk_edge_cases(nprocs):
     out = LAUNCHES.output("topk_edges.py", nprocs)
     assert "OK" in out
+
+
+def test_nan_never_selected_on_the_gpu_path():
+    """The NaN checks over emulated NCCL and cupy (the top-k kernels compiled for the CPU)."""
+    assert "OK emulated" in run_mpi(2, "topk_edges.py", 0, "emulated", timeout=240)
 
 
 @pytest.mark.parametrize("selector,want", [(Exact(), [0, 2, 3, 5, 6]),
