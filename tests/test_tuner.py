@@ -147,6 +147,20 @@ def test_dense_prices_its_rows_by_its_own_unit():
         == (3.0, 2.0, 2.0)
 
 
+def test_the_compact_wire_codes_only_the_entries_exchanged_point_to_point():
+    """Index coding is priced on the entries' exchanges: the dense algorithm (one native
+    allreduce of the dense vector) costs the same on the compact wire as on coo, while an
+    algorithm that exchanges entries pays for coding them."""
+    from cupycoll.wire._pack import COO, Wire
+
+    case = shape(64, 1 << 24, 1 << 17)
+    compact = dataclasses.replace(case, wire=Wire(True, None))
+    coding = Profile("c", 0.0, 0.0, 0.0, 0.0, {**ZERO_WORK, "code": 1e-9})
+    coo_times, compact_times = (auto.predicted_times(c, coding) for c in (case, compact))
+    assert case.wire == COO and compact_times["dense"] == coo_times["dense"]
+    assert compact_times["allgather"] > coo_times["allgather"]
+
+
 def test_dense_scan_of_rows_is_priced_per_row_and_per_element():
     """At a width > 1 the dense algorithm's scan costs ``dense_rows`` per row and
     ``dense_wide`` per element (not the 1-D ``dense`` price): a dearer row test raises the

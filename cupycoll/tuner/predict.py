@@ -71,10 +71,12 @@ def local_time(units: dict[str, float], profile: Profile) -> float:
 
 
 def coded_indices(cost: Cost, shape: Shape) -> float:
-    """Indices a rank encodes or decodes on the compact wire: about two per entry received."""
+    """Indices a rank encodes or decodes on the compact wire: about two per entry received
+    point to point (the entries' exchanges; a native collective, the validation's or a dense
+    allreduce, carries no coded index)."""
     if not shape.wire.compact:
         return 0.0
-    return 2.0 * cost.bytes_received / max(shape.entry_bytes, 1)
+    return 2.0 * (cost.bytes_received - cost.native_bytes) / max(shape.entry_bytes, 1)
 
 
 def coding_time(cost: Cost, shape: Shape, profile: Profile) -> float:
