@@ -145,6 +145,19 @@ def test_a_bad_setting_the_algorithms_read_is_a_validation_error(monkeypatch, na
     assert error.rank == 3 and "on rank 3" in str(error)  # this rank's own error names it too
 
 
+@pytest.mark.parametrize("name, keyword", [("CUPYCOLL_ALGORITHM", "algorithm"),
+                                           ("CUPYCOLL_WIRE", "wire")])
+def test_a_bad_value_from_the_environment_names_the_variable(monkeypatch, name, keyword):
+    """A bad algorithm or wire that came from the environment names the variable (the caller
+    passed no such keyword); the same value passed as the keyword names the keyword."""
+    monkeypatch.setenv(name, "bogus")
+    _, error = _local(**{keyword: None})
+    assert isinstance(error, InvalidArgument) and error.argument == name and error.rank == 3
+    monkeypatch.delenv(name)
+    _, error = _local(**{keyword: "bogus"})
+    assert isinstance(error, InvalidArgument) and error.argument == keyword
+
+
 def test_an_unexpected_failure_still_becomes_an_argument_error():
     class Broken:
         def __dlpack__(self, **kw):

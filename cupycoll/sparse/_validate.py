@@ -114,9 +114,10 @@ def _length(n: Any, rank: int) -> int:
 
 
 def _algorithm(name: Any, valid: list[str], rank: int) -> str:
+    argument = "algorithm" if name is not None else "CUPYCOLL_ALGORITHM"  # where it came from
     name = setting("CUPYCOLL_ALGORITHM", name)
     if not isinstance(name, str) or name not in valid:
-        raise InvalidArgument("algorithm", name, f"unknown sparse algorithm; valid: {valid}",
+        raise InvalidArgument(argument, name, f"unknown sparse algorithm; valid: {valid}",
                               rank=rank)
     return name
 

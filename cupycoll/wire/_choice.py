@@ -30,9 +30,10 @@ DEFAULT_CODE_COST = 6e-9
 
 def check_wire(wire: Any, rank: int | None = None) -> str:
     """Return the wire format asked for (keyword, else ``CUPYCOLL_WIRE``); raise if unknown."""
+    argument = "wire" if wire is not None else "CUPYCOLL_WIRE"  # where it came from
     wire = setting("CUPYCOLL_WIRE", wire)
     if not isinstance(wire, str) or wire not in WIRES:
-        raise InvalidArgument("wire", wire, f"unknown wire format; valid: {list(WIRES)}",
+        raise InvalidArgument(argument, wire, f"unknown wire format; valid: {list(WIRES)}",
                               rank=rank)
     return wire
 
