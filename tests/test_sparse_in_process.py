@@ -56,6 +56,10 @@ class _Comm:
     def host_arrival(self, op_name: str) -> None:
         """Every rank is here (the wait a Communicator takes before its once-only MPI calls)."""
 
+    def host_bcast(self, obj, op_name: str):
+        """Rank 0's ``obj`` (the host communicator's broadcast: the profile)."""
+        return self.mpi_comm.bcast(obj, root=0)
+
 
 # Rounds after validation's one native round (docs/tuning.md, dense.py), priced by ROUNDS_ONLY:
 # allgather one exchange (2 s: the validation told the counts); dense one native allreduce (1 s)
