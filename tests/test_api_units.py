@@ -249,6 +249,28 @@ def test_mpi_out_of_communicators_is_backend_unavailable():
         MPICommunicator(Exhausted(MPI.COMM_SELF))
 
 
+def test_mpi_failing_to_post_a_collective_is_backend_error():
+    """MPI refusing to start a collective (MPICH out of memory for its temporary buffer, seen
+    with a 2.2e9-element allreduce) raises BackendError naming the operation and the rank, with
+    MPI's exception as the cause, blocking or not; the communicator goes on."""
+    class NoMemory(MPI.Intracomm):
+        def Iallreduce(self, *args):
+            raise MPI.Exception(MPI.ERR_NO_MEM)
+
+    comm = MPICommunicator(MPI.COMM_SELF)
+    x = np.ones(4, np.float32)
+    working, comm.mpi_comm = comm.mpi_comm, NoMemory(comm.mpi_comm)
+    for run in (lambda: comm.run("allreduce", x, x.copy(), ReduceOp.SUM),
+                lambda: comm.allreduce(x, x.copy(), ReduceOp.SUM)):
+        with pytest.raises(errors.BackendError, match="MPI failed allreduce on rank 0") as got:
+            run()
+        assert isinstance(got.value.__cause__, MPI.Exception)
+    comm.mpi_comm = working
+    out = np.zeros(4, np.float32)
+    comm.allreduce(x, out, ReduceOp.SUM).wait()
+    assert out.tolist() == [1.0] * 4
+
+
 def test_close_ends_the_background_worker_and_closes_its_duplicate():
     """The worker thread and duplicate of a communicator's asynchronous calls end with it."""
     import threading

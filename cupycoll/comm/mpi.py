@@ -164,12 +164,12 @@ class MPICommunicator(Staging, Communicator):
         oversubscribed cores it spins without giving its core to the peer it waits for, which
         makes it mostly the slower one from 256 KiB (docs/dense.md has the measurement;
         ``bench/dev/bench_tracking.py`` times both)."""
-        if blocking:
+        try:  # posting fails too, e.g. MPICH out of memory for its temporary buffer
             request = icall(*args)
-            try:
-                done = request.Test()
-            except MPI.Exception as exc:
-                raise self._failure(op_name, {str(exc)}) from exc
+            done = blocking and request.Test()
+        except MPI.Exception as exc:
+            raise self._failure(op_name, {str(exc)}) from exc
+        if blocking:
             if not done:
                 try:
                     self.wait([request], op_name)
@@ -177,7 +177,7 @@ class MPICommunicator(Staging, Communicator):
                     self._fate.abandon(request, args)
                     raise
         else:
-            return self._work([icall(*args)], op_name, finalize, keep + args)
+            return self._work([request], op_name, finalize, keep + args)
         if finalize is not None:
             finalize()
         return None

@@ -84,7 +84,7 @@ def region_bounds(samples: np.ndarray, n: int, parts: int | None = None) -> np.n
     bounds = np.empty(p + 1, dtype=np.int64)
     bounds[0], bounds[p] = 0, n
     if total == 0:
-        bounds[1:p] = (np.arange(1, p, dtype=np.int64) * n) // p
+        bounds[1:p] = [j * n // p for j in range(1, p)]  # Python ints: j * n may pass 2**63
         return bounds
     targets = -(-(np.arange(1, p, dtype=np.int64) * total) // p)  # ceil(j * total / P)
     bounds[1:p] = values[np.searchsorted(cumulative, targets, side="left")]
