@@ -150,6 +150,9 @@ def test_region_bounds_balance_unequal_skewed_ranks(sizes):
 def test_region_bounds_without_entries_cut_evenly():
     empty = split.region_bounds(np.stack([split.local_samples(np.empty(0, int))] * 3), 10)
     assert empty.tolist() == [0, 3, 6, 10]
+    n = 2**62 - 1  # the largest n: j * n passes 2**63 from P = 4
+    huge = split.region_bounds(np.stack([split.local_samples(np.empty(0, int))] * 4), n)
+    assert huge.tolist() == [0, n // 4, n // 2, 3 * n // 4, n]
 
 
 def _bounds_reference(samples: np.ndarray, n: int) -> list[int]:
