@@ -672,3 +672,28 @@ def test_threshold_beyond_float_range_is_uniform():
     x = np.array([1.0, -np.inf, np.nan], np.float32)
     assert count(x, 2 ** 2000) == 1  # only |-inf| >= the huge threshold; NaN never counts
     assert count(x, -(2 ** 2000)) == 2
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "int32"])
+@pytest.mark.parametrize("nonzeros, k", [(50, 40), (50, 400), (0, 10), (500, 100)])
+def test_topk_of_a_mostly_zero_vector_against_a_sorted_reference(dtype, nonzeros, k):
+    """A vector of 2**20 entries, nearly all zero (an embedding-like gradient): the exact
+    top-k (ties to the lower indices, zeros and -0 tied, NaN below every number) equals a
+    full sort's, whether k is below or above the count of nonzeros; its candidates are the
+    nonzeros and the first zeros, never the whole vector (the sampled threshold is 0 there)."""
+    rng = np.random.default_rng(k + nonzeros)
+    n = 1 << 20
+    x = np.zeros(n, dtype)
+    where = rng.choice(n, nonzeros, replace=False)
+    x[where] = rng.integers(1, 100, nonzeros) * rng.choice([-1, 1], nonzeros)
+    if dtype != "int32":
+        x[rng.choice(n, 3)] = -0.0
+        x[n - 1] = np.nan
+    magnitude = np.abs(x.astype(np.float64))
+    magnitude[np.isnan(magnitude)] = -1.0
+    want = np.sort(np.lexsort((np.arange(n), -magnitude))[:k])
+    idx, val = P.topk_abs(x, k)
+    assert np.array_equal(idx, want) and np.array_equal(val, x[want], equal_nan=True)
+    assert float(P.kth_abs(x, k)) == float(np.abs(x[want]).min())
+    kth, candidates, _ = _numpy_select._kth_candidates(x, k)
+    assert candidates is not None and candidates.size <= max(nonzeros, k)

@@ -156,11 +156,34 @@ def _kth_candidates(x: np.ndarray, k: int) -> tuple[Any, np.ndarray | None, np.n
     """
     if x.size >= _SAMPLE_FROM and 4 * k <= x.size:
         t = _sample_threshold(x, k)
-        if t is not None:
+        if t == 0:  # the sample mostly zeros: not every entry a candidate (a mostly-zero x)
+            found = _mostly_zero_candidates(x, k)
+            if found is not None:
+                return found
+        elif t is not None:
             idx, val = select_abs_ge(x, t)
             if idx.size >= k:
                 return _kth_of(_magnitudes(val), k), idx, val
     return _kth_of(_magnitudes(x), k), None, x
+
+
+def _mostly_zero_candidates(x: np.ndarray, k: int) -> tuple[Any, np.ndarray, np.ndarray] | None:
+    """:func:`_kth_candidates` of an x whose entries are mostly zero: its nonzero numbers and,
+    where fewer than k, the first zeros (ties go to the lower indices; NaN ranks below 0);
+    None where zeros run out (the full array decides)."""
+    idx, val = select_abs_ge(x, np.finfo(x.dtype).smallest_subnormal if x.dtype.kind == "f"
+                             else 1)
+    if idx.size >= k:
+        return _kth_of(_magnitudes(val), k), idx, val
+    wanted, start, step, zeros = k - idx.size, 0, max(4 * (k - idx.size), 1 << 16), []
+    while wanted > 0 and start < x.size:  # the first zeros lie early in a mostly-zero x
+        found = np.flatnonzero(x[start:start + step] == 0)[:wanted] + start
+        zeros.append(found)
+        wanted, start, step = wanted - found.size, start + step, 2 * step
+    if wanted > 0:
+        return None
+    both = np.sort(np.concatenate([idx, *zeros]).astype(idx.dtype, copy=False))
+    return _magnitudes(x[:0]).dtype.type(0), both, x[both]
 
 
 def abs_ge_kth(x: np.ndarray, k: int, floor: float) -> tuple[np.ndarray, np.ndarray, float]:
