@@ -271,6 +271,22 @@ def test_mpi_failing_to_post_a_collective_is_backend_error():
     assert out.tolist() == [1.0] * 4
 
 
+@pytest.mark.parametrize("call", [{"algorithm": "dense"}, {"output": "dense"},
+                                  {"output": "dense", "algorithm": "split"}])
+def test_a_dense_buffer_past_what_an_array_holds_names_n(call):
+    """n = 2**62 - 1 (allowed) with the dense algorithm or a dense output: its n-long buffer
+    cannot exist; InvalidArgument naming n and the rank, not numpy's ValueError; the
+    communicator goes on."""
+    comm = MPICommunicator(MPI.COMM_SELF)
+    n = 2**62 - 1
+    with pytest.raises(errors.InvalidArgument, match="'n' on rank 0: a buffer of this call "
+                       "cannot be allocated") as got:
+        cc.sparse_allreduce(np.array([1, n - 1]), np.ones(2, np.float32), n, comm=comm, **call)
+    assert got.value.argument == "n" and got.value.rank == 0
+    result = cc.sparse_allreduce(np.array([1, 3]), np.ones(2, np.float32), 8, comm=comm)
+    assert result.indices.tolist() == [1, 3]
+
+
 def test_close_ends_the_background_worker_and_closes_its_duplicate():
     """The worker thread and duplicate of a communicator's asynchronous calls end with it."""
     import threading

@@ -10,6 +10,7 @@ buffers, ``completion_fn``, a dense output into ``out``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from typing import Any, Callable
@@ -19,6 +20,7 @@ from .._registry import Algorithm, bind_prices, record
 from .._result import SparseResult
 from .._types import ReduceOp, trunc_divide
 from ..comm import Communicator, get_comm
+from ..errors import InvalidArgument
 from ..primitives._unfolded import Unfolded, folded
 from . import auto as _auto
 from . import dense as _dense
@@ -220,14 +222,15 @@ def _run(comm: Communicator, prepared: Prepared, fn: Callable, values: Any, wire
          ) -> tuple[Any, Any]:
     """Run the algorithm on ``values`` (the prepared ones, folded unless it takes them
     unfolded), then :func:`_sparse_result` of its result (copied if it aliases the input)."""
-    idx, val = fn(comm, prepared.indices, values, prepared.n, prepared.reduce_op,
-                  prepared.accumulate_dtype, wire)
-    xp = comm.xp
-    if not isinstance(values, Unfolded) and xp.may_share_memory(val, values):
-        val = val.copy()
-    if xp.may_share_memory(idx, prepared.indices):
-        idx = idx.copy()
-    return _sparse_result(comm, prepared, idx, val)
+    with _allocations(comm, prepared):
+        idx, val = fn(comm, prepared.indices, values, prepared.n, prepared.reduce_op,
+                      prepared.accumulate_dtype, wire)
+        xp = comm.xp
+        if not isinstance(values, Unfolded) and xp.may_share_memory(val, values):
+            val = val.copy()
+        if xp.may_share_memory(idx, prepared.indices):
+            idx = idx.copy()
+        return _sparse_result(comm, prepared, idx, val)
 
 
 def _sparse_result(comm: Communicator, prepared: Prepared, idx: Any, val: Any) -> Any:
@@ -264,7 +267,25 @@ def _dense_target(comm: Communicator, prepared: Prepared) -> Any:
 def _dense_output(comm: Communicator, prepared: Prepared, variant: Callable, wire: Wire) -> Any:
     """``output="dense"`` by the algorithm's own dense variant
     (:attr:`cupycoll._registry.Algorithm.dense_output`)."""
-    return variant(comm, prepared.indices, prepared.values, prepared.n, prepared.reduce_op,
-                   _dense_target(comm, prepared),
-                   lambda val: _callers_values(comm, prepared, val, prepared.nonfinite),
-                   prepared.minus_zero, wire)
+    with _allocations(comm, prepared):
+        return variant(comm, prepared.indices, prepared.values, prepared.n, prepared.reduce_op,
+                       _dense_target(comm, prepared),
+                       lambda val: _callers_values(comm, prepared, val, prepared.nonfinite),
+                       prepared.minus_zero, wire)
+
+
+@contextlib.contextmanager
+def _allocations(comm: Communicator, prepared: Prepared) -> Any:
+    """A buffer of the call past what this rank can hold (numpy's or CuPy's MemoryError, an
+    array past numpy's size limit: the dense algorithm and a dense output hold n rows) as
+    InvalidArgument naming n and the rank; ranks of one agreed call allocate alike, so each
+    raises it (a rank alone short of memory raises; its peers time out)."""
+    try:
+        yield
+    except (MemoryError, ValueError) as exc:
+        if isinstance(exc, ValueError) and not any(
+                text in str(exc) for text in ("too big", "Maximum allowed dimension")):
+            raise
+        raise InvalidArgument("n", prepared.n, f"a buffer of this call cannot be allocated on "
+                              f"this rank ({exc}); a dense output and the dense algorithm hold "
+                              "n rows", rank=comm.rank) from exc
