@@ -68,12 +68,14 @@ class Watchdog:
         self._thread: threading.Thread | None = None
 
     def watch(self, comm: Any) -> None:
+        server = None
         with self._lock:
             self._watched.add(comm)
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._serve, daemon=True,
-                                                name="cupycoll-nccl-watchdog")
-                self._thread.start()
+                self._thread = server = threading.Thread(target=self._serve, daemon=True,
+                                                         name="cupycoll-nccl-watchdog")
+        if server is not None:  # started without the lock, which a finalizer the garbage
+            server.start()  # collector runs in the new thread as it starts may take
 
     def _serve(self) -> None:
         while True:

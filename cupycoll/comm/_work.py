@@ -220,13 +220,16 @@ _COMPLETERS_LOCK = threading.Lock()
 
 def _completer() -> "queue.SimpleQueue[tuple[Work, concurrent.futures.Future]]":
     """The queue of this process's completer thread (a forked child starts its own)."""
+    server = None
     with _COMPLETERS_LOCK:
         pending = _COMPLETERS.get(os.getpid())
         if pending is None:
             pending = _COMPLETERS[os.getpid()] = queue.SimpleQueue()
-            threading.Thread(target=_complete_forever, args=(pending,), daemon=True,
-                             name="cupycoll-completer").start()
-        return pending
+            server = threading.Thread(target=_complete_forever, args=(pending,), daemon=True,
+                                      name="cupycoll-completer")
+    if server is not None:  # started without the lock (a finalizer run by the garbage
+        server.start()  # collector in the new thread as it starts may take it)
+    return pending
 
 
 class Overlap:

@@ -154,13 +154,15 @@ class Stream:
 
     def enqueue(self, name: str, run: Callable[[], None] | None) -> Task:
         """Append ``run`` to the stream; it runs after everything enqueued before it."""
+        server = None
         with LOCK:
             task = Task(self, self.next_seq(), name, run)
             self.last = task
             if self._thread is None:
-                self._thread = threading.Thread(target=self._serve, daemon=True,
-                                                name=f"emulated {self}")
-                self._thread.start()
+                self._thread = server = threading.Thread(target=self._serve, daemon=True,
+                                                         name=f"emulated {self}")
+        if server is not None:  # started without LOCK: a finalizer that the garbage collector
+            server.start()  # runs in the new thread as it starts may take LOCK (a deadlock)
         self.tasks.put(task)
         return task
 
