@@ -52,13 +52,22 @@ def _minmax(op: ReduceOp):
     return combine_buffers
 
 
+#: elements of a float max/min fold at a time (its temporaries: a few such blocks)
+_FOLD_BLOCK = 1 << 18
+
+
 def _fold(op: ReduceOp, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     """``out = a op b`` as the MPI backend reduces (``out`` may be ``b``; avg as a sum): float
     max/min by :func:`cupycoll.primitives.combine` (NaN wins, as numpy's NaN; a +0/-0 tie
     gives -0 for min and +0 for max), so the result does not depend on the order ranks'
     operands are combined in (x86 keeps the first operand's NaN)."""
     if out.dtype.kind == "f" and op in (ReduceOp.MAX, ReduceOp.MIN):
-        out[...] = combine(a, b, op)
+        if out.ndim == 1:  # a block at a time: combine's temporaries stay small
+            for start in range(0, out.shape[0], _FOLD_BLOCK):
+                part = slice(start, start + _FOLD_BLOCK)
+                out[part] = combine(a[part], b[part], op)
+        else:
+            out[...] = combine(a, b, op)
         canonical_nan(out)  # MPI combines in per-rank orders: x86 keeps the first NaN
     else:
         UFUNCS[ReduceOp.SUM if op is ReduceOp.AVG else op](a, b, out=out)

@@ -113,7 +113,11 @@ def nan_and_signed_zero(rank: int, p: int) -> int:
             assert rank != p - 1 or got.tobytes() == want.tobytes(), (dtype, op, got, want)
             got = cc.reduce_scatter(np.tile(row(rank, dtype), p), op=op)
             assert got.tobytes() == want.tobytes(), (dtype, op, got, want)
-            cases += 3
+            # past the fold's blocks (2**18 elements): the rows again, across a block's edge
+            long = np.tile(row(rank, dtype), 120_001)[3:]
+            got = cc.allreduce(long, op=op)
+            assert got.tobytes() == np.tile(want, 120_001)[3:].tobytes(), (dtype, op)
+            cases += 4
     # a NaN made by the sum (inf - inf, or inf + NaN, in each rank's own order): numpy's NaN
     # bits on every rank where the result passes through a rounding or a division
     values = [np.inf, -np.inf, 1.0, np.nan, 1.0]
