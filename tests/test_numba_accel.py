@@ -833,7 +833,9 @@ def canonical(a: np.ndarray) -> np.ndarray:
 
 def test_free_scratch_frees_what_every_thread_keeps():
     """The background worker of asynchronous calls keeps its own buffers (thread-local):
-    free_scratch() in the caller's thread frees them too, not only its own."""
+    free_scratch() in the caller's thread frees them too, not only its own; a thread's are let
+    go with its Thread object."""
+    import gc
     import threading
 
     from cupycoll.primitives import _numba as K
@@ -845,15 +847,21 @@ def test_free_scratch_frees_what_every_thread_keeps():
         if loaded:
             K._SCRATCH.idx = np.empty(10)  # as a merge on that thread keeps its temporaries
 
-    thread = threading.Thread(target=worker_call)
-    thread.start()
-    thread.join()
-    _accel.kept_buffer(10, np.float32)
-
     def kept() -> int:
-        return sum(d.get("buffer") is not None for d in _accel._KEPT._every[id(_accel._KEPT)]) \
-            + sum("idx" in d for d in K._SCRATCH._every[id(K._SCRATCH)])
+        every = _accel._KEPT._every[id(_accel._KEPT)].values()
+        return sum(d.get("buffer") is not None for d in every) + sum(
+            "idx" in d for d in K._SCRATCH._every.get(id(K._SCRATCH), {}).values())
 
-    assert kept() >= 2 + loaded
+    _accel.free_scratch()
+    for _ in range(2):
+        thread = threading.Thread(target=worker_call)
+        thread.start()
+        thread.join()
+        _accel.kept_buffer(10, np.float32)
+        assert kept() == 2 + loaded
+        if _ == 0:
+            del thread  # the thread's attributes go with its Thread object
+            gc.collect()
+            assert kept() == 1
     _accel.free_scratch()
     assert kept() == 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import numbers
 import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -84,17 +85,28 @@ def _block_cuts(indices: list[np.ndarray], total: int) -> list[list[int]]:
     return [[0, *np.searchsorted(i, splitters).tolist(), i.size] for i in indices]
 
 
+def smallest_positive(dtype: Any) -> float:
+    """The least positive value of ``dtype`` (1 for integers): ``|v| >= it`` selects exactly
+    the nonzeros. (``finfo``'s constant, not ``nextafter(0, 1)``, which warns of underflow
+    where the caller's numpy error state asks for it.)"""
+    dtype = np.dtype(dtype)
+    return float(np.finfo(dtype).smallest_subnormal) if dtype.kind == "f" else 1
+
+
 class EveryThread(threading.local):
     """A ``threading.local`` whose every thread's attributes :meth:`clear_all` drops, from any
     thread: ``free_scratch()`` in the caller's thread also frees what the background worker's
-    (asynchronous) calls keep."""
+    (asynchronous) calls keep. A thread's attributes are let go with its Thread object, as a
+    ``threading.local``'s are."""
 
-    #: id of an instance -> every thread's attributes of it
-    _every: dict[int, list[dict]] = {}
+    #: id of an instance -> id of a thread's attributes -> those attributes
+    _every: dict[int, dict[int, dict]] = {}
 
     def __init__(self) -> None:  # run in each thread at its first use
-        self._every.setdefault(id(self), []).append(self.__dict__)
+        kept, every = self.__dict__, self._every.setdefault(id(self), {})
+        every[id(kept)] = kept
+        weakref.finalize(threading.current_thread(), every.pop, id(kept), None)
 
     def clear_all(self) -> None:
-        for kept in self._every.get(id(self), ()):
+        for kept in list(self._every.get(id(self), {}).values()):
             kept.clear()
