@@ -10,7 +10,7 @@ import numpy as np
 
 from ._accel import _fast
 from ._checks import _index_dtype, _k, _real, _values
-from ._common import _abs_threshold
+from ._common import _abs_threshold, smallest_positive
 
 
 #: elements per block of the threshold scans: the block's |x| and mask stay in cache.
@@ -171,8 +171,7 @@ def _mostly_zero_candidates(x: np.ndarray, k: int) -> tuple[Any, np.ndarray, np.
     """:func:`_kth_candidates` of an x whose entries are mostly zero: its nonzero numbers and,
     where fewer than k, the first zeros (ties go to the lower indices; NaN ranks below 0);
     None where zeros run out (the full array decides)."""
-    idx, val = select_abs_ge(x, np.finfo(x.dtype).smallest_subnormal if x.dtype.kind == "f"
-                             else 1)
+    idx, val = select_abs_ge(x, smallest_positive(x.dtype))
     if idx.size >= k:
         return _kth_of(_magnitudes(val), k), idx, val
     wanted, start, step, zeros = k - idx.size, 0, max(4 * (k - idx.size), 1 << 16), []

@@ -46,6 +46,7 @@ import numpy as np
 from .._types import array_namespace
 from ..errors import InvalidArgument
 from ..primitives import count_abs_ge, kth_abs, select_abs_ge, topk_abs
+from ..primitives._common import smallest_positive
 from ..primitives._numpy_select import abs_ge_kth
 
 __all__ = ["Selection", "Selector", "Exact", "Threshold", "Gaussian", "magnitude_sample",
@@ -82,13 +83,6 @@ def top_numbers(x: Any, k: int) -> tuple[Any, Any]:
         keep = xp.flatnonzero(~nan)
         idx, val = idx[keep], val[keep]
     return idx, val
-
-
-def smallest_positive(dtype: Any) -> float:
-    """The least positive value of ``dtype``: ``|v| >= it`` selects exactly the nonzeros.
-    (``finfo``'s constant, not ``nextafter(0, 1)``, which warns of underflow where the caller's
-    numpy error state asks for it.)"""
-    return float(np.finfo(dtype).smallest_subnormal)
 
 
 def positive_threshold(th: float, dtype: Any) -> float:
