@@ -54,8 +54,7 @@ class MPICommunicator(Staging, Communicator):
         #: runs as an allreduce, reduce is a pairwise exchange and a gather, reduce_scatter a
         #: pairwise exchange (None: never; see _reduce, _reduce_scatter)
         self._spin, (self._reduce_as_allreduce, self._pairwise_reduce, self._pairwise_blocks) = \
-            agreed_settings(base, made_settings) if isinstance(base, MPI.Comm) \
-            else made_settings()
+            agreed_settings(base, made_settings)  # (a closed or dead one's base raises why)
         try:
             self.mpi_comm = base.Dup()
             self._owned = True

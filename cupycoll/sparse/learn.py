@@ -355,13 +355,14 @@ def _record(entry: dict) -> Record:
     if not isinstance(entry, dict) or not set(entry) <= set(_SAVED):  # what save wrote only
         raise ValueError(f"a record with other fields than {list(_SAVED)}: {entry}")
     record, pickable = Record(**{**entry, "warmed": []}), priced("sparse")
-    seconds = record.seconds if type(record.seconds) is dict else {None: None}
-    names = [*record.candidates, *record.abandoned, *seconds]
-    times = [t for window in seconds.values() if type(window) is list for t in window]
-    if not (record.candidates and all(type(field) is list for field in (
-            record.candidates, record.abandoned, *seconds.values()))
-            and all(type(name) is str and name in pickable for name in names)
-            and all(type(t) in (int, float) and 0 <= t < math.inf for t in times)
+    seconds = record.seconds  # each clause below reads only what the ones before it checked
+    if not (type(seconds) is dict and record.candidates
+            and all(type(field) is list for field in (record.candidates, record.abandoned,
+                                                      *seconds.values()))
+            and all(type(name) is str and name in pickable
+                    for name in (*record.candidates, *record.abandoned, *seconds))
+            and all(type(t) in (int, float) and 0 <= t < math.inf
+                    for window in seconds.values() for t in window)
             and type(record.calls) is int and record.calls >= 0):
         raise ValueError(f"a record with bad fields: {entry}")
     return record
