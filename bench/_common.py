@@ -9,7 +9,7 @@ import os
 import re
 import sys
 import time
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, NoReturn, Sequence
 
 import numpy as np
 
@@ -102,6 +102,11 @@ class Parser(argparse.ArgumentParser):
         if "-" in (paths["json"], paths["csv"]):
             _DATA_OUT, sys.stdout = sys.stdout, sys.stderr
         return parsed
+
+    def error(self, message: str) -> NoReturn:
+        """Usage and message in one write: under mpiexec a rank's abort can end the job between
+        two writes, and the message is the half a user needs."""
+        self.exit(2, f"{self.format_usage()}{self.prog}: error: {message}\n")
 
 
 def data_out() -> Any:

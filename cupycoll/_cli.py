@@ -17,6 +17,7 @@ import os
 import platform
 import runpy
 import sys
+import time
 import traceback
 from importlib import metadata
 from pathlib import Path
@@ -26,6 +27,8 @@ from ._bench_scripts import BENCHMARKS, bench_script
 from ._config import SETTINGS, output_file, setting
 
 __all__ = ["main", "info_lines", "bench_script", "BENCHMARKS"]
+
+_FORWARD_SECONDS = 0.2  # mpiexec forwards a rank's last output before the abort's kill
 
 
 def _version(dist: str) -> str:
@@ -167,6 +170,7 @@ def _abort_if_parallel(code: int = 1) -> None:
     sys.stderr.flush()
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and mpi.Is_initialized() and mpi.COMM_WORLD.Get_size() > 1:
+        time.sleep(_FORWARD_SECONDS)  # the launcher forwards what this rank wrote before the kill
         mpi.COMM_WORLD.Abort(code)
 
 
