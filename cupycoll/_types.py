@@ -112,6 +112,14 @@ def as_array(x: Any, argument: str, *, rank: int | None = None) -> Any:
                       rank=rank)
 
 
+def check_flag(value: Any, argument: str, rank: int | None = None) -> bool:
+    """``value`` as a bool; InvalidType unless it is one (``"no"`` or 1 would be taken as
+    true where ranks must agree on the flag)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise InvalidType(argument, type(value).__name__, "True or False", rank=rank)
+    return bool(value)
+
+
 def check_device(x: Any, comm: Any, argument: str) -> None:
     """On an NCCL communicator: raise InvalidType when ``x`` is not of its array library (a
     host array), InvalidArgument when it lives on another GPU than ``device_id`` (its

@@ -23,7 +23,7 @@ from . import _agreement as agreement
 from ._config import debug
 from ._pipeline import Delivery, Plan, call
 from ._types import (DENSE_DTYPES, ReduceOp, array_namespace, as_array, check_device,
-                     check_dtype, device_of, parse_op, writable)
+                     check_dtype, check_flag, device_of, parse_op, writable)
 from .comm import Communicator, Work, get_comm
 from .errors import CupycollError, InvalidArgument, InvalidType, MismatchError
 
@@ -251,6 +251,7 @@ def allreduce(x: Any, op: Any = "sum", *, comm: Communicator | None = None, out:
         cc.allreduce(np.array([rank + 1]))    # rank 0: [3]  rank 1: [3]
     """
     comm = comm or get_comm()
+    async_op = check_flag(async_op, "async_op", comm.rank)
     red = _plain_op(op)
     dst = _plain_output(x, out, comm) if red is not None else None
     if dst is not None:
@@ -271,6 +272,7 @@ def broadcast(x: Any, root: int = 0, *, comm: Communicator | None = None, out: A
               async_op: bool = False) -> Any:
     """Copy root's ``x`` to every rank (``x`` on other ranks only gives shape and dtype)."""
     comm = comm or get_comm()
+    async_op = check_flag(async_op, "async_op", comm.rank)
     dst = _plain_output(x, out, comm) if _plain_root(root, comm) else None
     if dst is not None:
         if async_op:
@@ -290,6 +292,7 @@ def reduce(x: Any, root: int = 0, op: Any = "sum", *, comm: Communicator | None 
            out: Any = None, async_op: bool = False) -> Any:
     """Reduce ``x`` over all ranks onto ``root``; return the result on root and None elsewhere."""
     comm = comm or get_comm()
+    async_op = check_flag(async_op, "async_op", comm.rank)
     red = _plain_op(op)
     dst = None
     if red is not None and _plain_root(root, comm):
@@ -317,6 +320,7 @@ def allgather(x: Any, *, comm: Communicator | None = None, out: Any = None,
               async_op: bool = False) -> Any:
     """Concatenate every rank's ``x`` along axis 0 in rank order; identical on every rank."""
     comm = comm or get_comm()
+    async_op = check_flag(async_op, "async_op", comm.rank)
     dst = _plain_output(x, out, comm, grow=comm.size)
     if dst is not None:
         if async_op:
@@ -336,6 +340,7 @@ def reduce_scatter(x: Any, op: Any = "sum", *, comm: Communicator | None = None,
                    async_op: bool = False) -> Any:
     """Reduce ``x`` over ranks and return this rank's block (axis 0 split into P equal blocks)."""
     comm = comm or get_comm()
+    async_op = check_flag(async_op, "async_op", comm.rank)
     red = _plain_op(op)
     dst = _plain_output(x, out, comm, grow=1, shrink=comm.size) if red is not None else None
     if dst is not None:

@@ -108,6 +108,9 @@ def test_plain_calls_take_the_fast_path_and_others_the_pipeline(comm, monkeypatc
         X.tolist()
     assert cc.reduce_scatter(X, op="SUM", comm=comm, async_op=True).wait().tolist() == \
         X.tolist()
+    for verb, fn in plain.items():  # "no" is not taken as true
+        with pytest.raises(InvalidType, match="'async_op' on rank 0 must be True or False"):
+            fn(async_op="no")
 
 
 def _raised(cls, fn):

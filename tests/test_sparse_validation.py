@@ -378,6 +378,11 @@ def test_ranks_raise_together_on_bad_input_or_a_disagreement(p):
             f"ranks disagree on n (10 on {others}; 12 on rank 1), op (sum on {others}; max on "
             f"rank 1), async_op ({async_ops}) (seen on rank {r} of {p}); every rank must pass "
             "the same value"), (r, e)
+    got = call(async_op={last: "no"})  # not taken as true
+    for e in got:
+        assert type(e) is InvalidType and e.argument == "async_op" and e.rank == last, e
+    assert str(got[last]) == (f"argument 'async_op' on rank {last} must be True or False, got "
+                              "'str'")
     got = call()
     for prepared in got:
         assert prepared.nnz == (3,) * p and prepared.indices.tolist() == [1, 4, 7]

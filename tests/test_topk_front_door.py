@@ -397,6 +397,15 @@ def test_ranks_raise_together_on_a_bad_argument_or_a_disagreement(p):
         for r, e in enumerate(got):
             assert type(e) is MismatchError and str(e).startswith(settings), (keyword, r, e)
             assert shown in str(e), e
+    got = _outcomes(p, lambda comm: cc.TopkCompressor(10, 0.3, comm=comm).step(
+        X, async_op=comm.rank == 1))  # the asynchronous step would run on another communicator
+    for r, e in enumerate(got):
+        assert type(e) is MismatchError and str(e).startswith(settings), (r, e)
+        assert "'async_op'" in str(e), e
+    got = _outcomes(p, lambda comm: cc.TopkCompressor(10, 0.3, comm=comm).step(
+        X, async_op="no" if comm.rank == bad else False))
+    for r, e in enumerate(got):
+        assert type(e) is InvalidType and e.argument == "async_op" and e.rank == bad, (r, e)
 
 
 def test_the_wire_asked_for_reaches_every_ranks_run():

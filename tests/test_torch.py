@@ -209,6 +209,9 @@ def test_sparse_helper_one_rank_and_errors():
     with pytest.raises(InvalidType, match="'out' on rank 0.*torch.float32.*bfloat16"):
         cct.sparse_allreduce(torch.sparse_coo_tensor(i, v, (5, 2), check_invariants=True),
                              output="dense", out=torch.zeros(5, 2, dtype=torch.bfloat16))
+    with pytest.raises(InvalidType, match="'async_op' on rank 0 must be True or False"):
+        cct.sparse_allreduce(torch.sparse_coo_tensor(i, v, (5, 2), check_invariants=True),
+                             async_op="no")
 
 
 def sparse_grad(seed, dtype=torch.float32, rows=50, tokens=40):

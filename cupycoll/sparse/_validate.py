@@ -31,8 +31,8 @@ import numpy as np
 
 from .._config import check_run_settings, setting
 from .._registry import algorithms
-from .._types import (ReduceOp, array_namespace, as_array, check_device, check_native, parse_op,
-                      to_host)
+from .._types import (ReduceOp, array_namespace, as_array, check_device, check_flag, check_native,
+                      parse_op, to_host)
 from ..errors import CupycollError, InvalidArgument, InvalidType
 from ..primitives import coo_reduce
 from ..primitives._accel import _fast
@@ -240,8 +240,8 @@ def _coalesce(idx: Any, val: Any, op: ReduceOp, acc: np.dtype, increasing: bool,
 
 def _local(comm: Any, indices: Any, values: Any, n: Any, op: Any, algorithm: Any,
            accumulate_dtype: Any, alloc_fn: Any, completion_fn: Any, names: list[str],
-           wire: Any = None, wire_values: Any = None, output: Any = "sparse", out: Any = None
-           ) -> tuple[Prepared | None, CupycollError | None]:
+           wire: Any = None, wire_values: Any = None, output: Any = "sparse", out: Any = None,
+           async_op: Any = False) -> tuple[Prepared | None, CupycollError | None]:
     """Check this rank's arguments and coalesce its input; return (prepared, error)."""
     rank = comm.rank
     try:
@@ -251,6 +251,7 @@ def _local(comm: Any, indices: Any, values: Any, n: Any, op: Any, algorithm: Any
         wire = check_wire(wire, rank)
         wire_values = check_wire_values(wire_values, rank)
         output = _output(output, rank)
+        check_flag(async_op, "async_op", rank)
         length = _length(n, rank)
         idx, val, width = _arrays(comm, indices, values, rank)
         acc = _accumulate(accumulate_dtype, np.dtype(val.dtype), red, rank)
@@ -299,7 +300,8 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
     """
     names = algorithms("sparse")
     prepared, error = _local(comm, indices, values, n, op, algorithm, accumulate_dtype,
-                             alloc_fn, completion_fn, names, wire, wire_values, output, out)
+                             alloc_fn, completion_fn, names, wire, wire_values, output, out,
+                             async_op)
     draft = TERMS.draft(comm)
     draft.context = prepared
     few = False  # whether this rank's entries may fit its slot (auto's small call)

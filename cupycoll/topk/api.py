@@ -25,7 +25,7 @@ from .._config import check_run_settings, setting
 from .._pipeline import Delivery, Plan, call
 from .._registry import algorithms, record
 from .._result import SparseResult
-from .._types import as_array, check_device, check_dtype
+from .._types import as_array, check_device, check_dtype, check_flag
 from ..comm import Communicator, get_comm
 from ..errors import CupycollError, InvalidArgument, InvalidType
 from ..wire._choice import check_wire, check_wire_values, decode_code, wire_code
@@ -62,8 +62,9 @@ def _mismatch(differs: list[agreement.Differ], draft: agreement.Draft) -> str:
         return (f"ranks disagree on the settings that decide the call's collectives (rank "
                 f"{draft.rank} has {settings}): a state's step, Ok-Topk's tau, tau_prime, "
                 "padded allgather, boundaries, global threshold and last k (their crc32), a "
-                "compressor's warm-up, measure_xi and step count, and CUPYCOLL_RANKS_PER_NODE "
-                "must be the same on every rank (ranks restored from different checkpoints?)")
+                "compressor's warm-up, measure_xi, step count and async_op, and "
+                "CUPYCOLL_RANKS_PER_NODE must be the same on every rank (ranks restored from "
+                "different checkpoints?)")
     return _disagreement(d, draft.rank, algorithm, draft.terms.verb)
 
 
@@ -105,10 +106,11 @@ TERMS = {verb: _terms(verb) for verb in ("topk_allreduce", "TopkCompressor.step"
 
 
 def _local_checks(comm: Communicator, x: Any, k: Any, algorithm: Any, selector: Any, state: Any,
-                  argument: str, n: int | None, wire: Any, wire_values: Any
-                  ) -> tuple[Any, int, int]:
+                  argument: str, n: int | None, wire: Any, wire_values: Any,
+                  async_op: Any = False) -> tuple[Any, int, int]:
     rank = comm.rank
     check_run_settings(rank)
+    check_flag(async_op, "async_op", rank)
     code = wire_code(check_wire(wire, rank), check_wire_values(wire_values, rank))
     if not isinstance(algorithm, str) or algorithm not in algorithms("topk"):
         raise InvalidArgument("algorithm", algorithm,
@@ -154,7 +156,8 @@ def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: An
              state: Any = None, argument: str = "x", n: int | None = None,
              verb: str = "topk_allreduce", wire: Any = None,
              wire_values: Any = None, small: SmallRefresh | None = None,
-             settings: dict[str, Any] | None = None) -> tuple[Any, int]:
+             settings: dict[str, Any] | None = None, async_op: Any = False
+             ) -> tuple[Any, int]:
     """Check the arguments on every rank with one small allreduce; return (array, k).
 
     The allreduce carries ``verb``'s tag (see :mod:`cupycoll._agreement`), so a rank in another
@@ -162,9 +165,9 @@ def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: An
 
     Raises (on every rank): InvalidType / InvalidArgument when any rank's arguments are bad
     (non-float dtype, not 1-D, k <= 0 or k > n, unknown algorithm, bad selector or state),
-    MismatchError when the ranks disagree on the length, k, dtype, algorithm, wire keywords or
-    ``settings`` (those that decide the collectives: :func:`state_settings` of ``state`` by
-    default).
+    MismatchError when the ranks disagree on the length, k, dtype, algorithm, wire keywords,
+    ``async_op`` (an asynchronous step runs over the background duplicate) or ``settings``
+    (those that decide the collectives: :func:`state_settings` of ``state`` by default).
     ``small``: the selection travels in the entry slots and, when every rank's fitted, the
     agreed slots are kept for the ``oktopk_small`` record (``small.slots``;
     :mod:`._oktopk_small`).
@@ -174,8 +177,9 @@ def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: An
     draft.context = algorithm, settings
     try:
         arr, kk, wcode = _local_checks(comm, x, k, algorithm, selector, state, argument, n,
-                                       wire, wire_values)
-        settings = {**settings, "CUPYCOLL_RANKS_PER_NODE": setting("CUPYCOLL_RANKS_PER_NODE")}
+                                       wire, wire_values, async_op)
+        settings = {**settings, "CUPYCOLL_RANKS_PER_NODE": setting("CUPYCOLL_RANKS_PER_NODE"),
+                    "async_op": bool(async_op)}
         draft.context = algorithm, settings  # the nodes' setting parsed by the checks
     except CupycollError as exc:
         draft.fail(exc)

@@ -139,7 +139,7 @@ class TopkCompressor:
                                      state=self.state, n=self.n,
                                      verb="TopkCompressor.step", wire=self.wire,
                                      wire_values=self.wire_values,
-                                     settings=self._settings()),
+                                     settings=self._settings(), async_op=async_op),
                     lambda agreed: Plan(self.algorithm, None,
                                         lambda on: self._advance(on, *agreed)),
                     lambda agreed: Delivery(agreed[0], agreed[0], self.n), async_op)

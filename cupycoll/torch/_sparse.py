@@ -22,6 +22,7 @@ from .._background import run_async, runner
 from ..comm import Communicator, Work, get_comm
 from ..errors import InvalidArgument, InvalidType
 from .._torch_tensors import Refused, holding, sparse_tensor
+from .._types import check_flag
 from ..sparse import sparse_allreduce as _sparse_allreduce
 from ._coalesce import entries
 from ._tensors import as_array, future_of
@@ -75,10 +76,11 @@ def sparse_allreduce(tensor: torch.Tensor, *, op: Any = "sum", comm: Communicato
     comm = comm or get_comm()
     call = dict(kwargs, op=op, output=output, out=out)
     try:
+        async_op = check_flag(async_op, "async_op", comm.rank)
         _check(tensor, comm.rank)
     except (InvalidArgument, InvalidType) as exc:
         refused = functools.partial(_refused, error=exc, call=call)
-        if async_op:  # where the others' calls validate: on the worker's communicator
+        if async_op is True:  # where the others' calls validate: the worker's communicator
             return run_async(comm, refused, op_name="torch.sparse_allreduce")
         return refused(comm)
     if async_op:
