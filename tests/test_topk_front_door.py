@@ -241,6 +241,21 @@ def test_front_door_validates_under_its_name_with_the_algorithm_from_the_environ
     assert info.value.argument == "wire"
 
 
+def test_an_unknown_algorithm_names_where_it_came_from(comm, monkeypatch):
+    """An unknown top-k algorithm from ``CUPYCOLL_TOPK_ALGORITHM`` names the variable (the
+    caller passed none), the same name passed as ``algorithm`` names the keyword: in
+    topk_allreduce and in a compressor's step."""
+    monkeypatch.setenv("CUPYCOLL_TOPK_ALGORITHM", "bogus")
+    calls = (lambda **k: cc.topk_allreduce(X, 3, comm=comm, **k),
+             lambda **k: cc.TopkCompressor(10, 0.3, comm=comm, **k).step(X))
+    for fn in calls:
+        for keywords, named in (({}, "CUPYCOLL_TOPK_ALGORITHM"),
+                                ({"algorithm": "bogus"}, "algorithm")):
+            with pytest.raises(InvalidArgument) as info:
+                fn(**keywords)
+            assert info.value.argument == named and "'bogus'" in str(info.value), info.value
+
+
 def test_an_async_compressor_step_validates_here_and_runs_on_the_duplicate(comm, monkeypatch):
     """``TopkCompressor.step(async_op=True)`` agrees on its arguments on the compressor's own
     communicator under ``TopkCompressor.step`` (a bad gradient raises at the call, not at the

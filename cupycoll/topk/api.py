@@ -107,13 +107,14 @@ TERMS = {verb: _terms(verb) for verb in ("topk_allreduce", "TopkCompressor.step"
 
 def _local_checks(comm: Communicator, x: Any, k: Any, algorithm: Any, selector: Any, state: Any,
                   argument: str, n: int | None, wire: Any, wire_values: Any,
-                  async_op: Any = False) -> tuple[Any, int, int]:
+                  async_op: Any = False, algorithm_from: str = "algorithm"
+                  ) -> tuple[Any, int, int]:
     rank = comm.rank
     check_run_settings(rank)
     check_flag(async_op, "async_op", rank)
     code = wire_code(check_wire(wire, rank), check_wire_values(wire_values, rank))
     if not isinstance(algorithm, str) or algorithm not in algorithms("topk"):
-        raise InvalidArgument("algorithm", algorithm,
+        raise InvalidArgument(algorithm_from, algorithm,
                               f"unknown topk algorithm; valid: {algorithms('topk')}", rank=rank)
     if selector is not None and not isinstance(selector, Selector):
         raise InvalidType("selector", type(selector).__name__,
@@ -156,8 +157,8 @@ def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: An
              state: Any = None, argument: str = "x", n: int | None = None,
              verb: str = "topk_allreduce", wire: Any = None,
              wire_values: Any = None, small: SmallRefresh | None = None,
-             settings: dict[str, Any] | None = None, async_op: Any = False
-             ) -> tuple[Any, int]:
+             settings: dict[str, Any] | None = None, async_op: Any = False,
+             algorithm_from: str = "algorithm") -> tuple[Any, int]:
     """Check the arguments on every rank with one small allreduce; return (array, k).
 
     The allreduce carries ``verb``'s tag (see :mod:`cupycoll._agreement`), so a rank in another
@@ -168,6 +169,8 @@ def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: An
     MismatchError when the ranks disagree on the length, k, dtype, algorithm, wire keywords,
     ``async_op`` (an asynchronous step runs over the background duplicate) or ``settings``
     (those that decide the collectives: :func:`state_settings` of ``state`` by default).
+    ``algorithm_from``: the argument an unknown algorithm came from (``algorithm`` or
+    ``CUPYCOLL_TOPK_ALGORITHM``).
     ``small``: the selection travels in the entry slots and, when every rank's fitted, the
     agreed slots are kept for the ``oktopk_small`` record (``small.slots``;
     :mod:`._oktopk_small`).
@@ -177,7 +180,7 @@ def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: An
     draft.context = algorithm, settings
     try:
         arr, kk, wcode = _local_checks(comm, x, k, algorithm, selector, state, argument, n,
-                                       wire, wire_values, async_op)
+                                       wire, wire_values, async_op, algorithm_from)
         settings = {**settings, "CUPYCOLL_RANKS_PER_NODE": setting("CUPYCOLL_RANKS_PER_NODE"),
                     "async_op": bool(async_op)}
         draft.context = algorithm, settings  # the nodes' setting parsed by the checks
@@ -289,6 +292,7 @@ def topk_allreduce(x: Any, k: int, *, algorithm: str | None = None,
         res = cc.topk_allreduce(grad, k=grad.size // 100, state=st)   # every rank: same res
     """
     comm = comm or get_comm()
+    algorithm_from = "algorithm" if algorithm is not None else "CUPYCOLL_TOPK_ALGORITHM"
     algorithm = setting("CUPYCOLL_TOPK_ALGORITHM", algorithm)
     small = None  # a stateless Ok-Topk call may be finished by its validation allreduce
     if (algorithm == "oktopk" and state is None and selector is None and wire_values is None
@@ -296,7 +300,8 @@ def topk_allreduce(x: Any, k: int, *, algorithm: str | None = None,
         small = SmallRefresh(comm)
     return call(comm, "topk_allreduce",
                 lambda: validate(comm, x, k, algorithm, selector=selector, state=state,
-                                 wire=wire, wire_values=wire_values, small=small),
+                                 wire=wire, wire_values=wire_values, small=small,
+                                 algorithm_from=algorithm_from),
                 lambda agreed: plan(comm, *agreed, algorithm, selector, state, wire,
                                     wire_values, small),
                 lambda agreed: Delivery(agreed[0], agreed[0], int(agreed[0].shape[0])))

@@ -78,6 +78,8 @@ class TopkCompressor:
             raise InvalidArgument("density", density, "must be a number in (0, 1]")
         self.density = float(density)
         self.k = max(1, math.floor(self.density * self.n))
+        self._algorithm_from = "algorithm" if algorithm is not None else \
+            "CUPYCOLL_TOPK_ALGORITHM"
         self.algorithm = setting("CUPYCOLL_TOPK_ALGORITHM", algorithm)
         self.wire, self.wire_values = wire, wire_values
         self.comm = comm or get_comm()
@@ -99,7 +101,7 @@ class TopkCompressor:
         return {**self.__dict__, "comm": None, "_pending": None}
 
     def __setstate__(self, saved: dict[str, Any]) -> None:
-        self.__dict__.update(saved)
+        self.__dict__.update({"_algorithm_from": "algorithm", **saved})  # older checkpoints
         self.comm = get_comm()
 
     @property
@@ -139,7 +141,8 @@ class TopkCompressor:
                                      state=self.state, n=self.n,
                                      verb="TopkCompressor.step", wire=self.wire,
                                      wire_values=self.wire_values,
-                                     settings=self._settings(), async_op=async_op),
+                                     settings=self._settings(), async_op=async_op,
+                                     algorithm_from=self._algorithm_from),
                     lambda agreed: Plan(self.algorithm, None,
                                         lambda on: self._advance(on, *agreed)),
                     lambda agreed: Delivery(agreed[0], agreed[0], self.n), async_op)
