@@ -145,8 +145,6 @@ def check_int(name: str, value: Any, minimum: int) -> int:
     return int(value)
 
 
-
-
 def check_boundaries(b: Any, n: int | None, p: int | None) -> None:
     """Raise unless ``b`` is None or a 1-D integer numpy array; where it has P+1 entries and
     ends at n (Ok-Topk uses it then), unless it ascends from 0 (so it lies within [0, n])."""
@@ -164,10 +162,6 @@ def check_boundaries(b: Any, n: int | None, p: int | None) -> None:
 def index_dtype(n: int) -> np.dtype:
     """Index dtype of a vector of length n (the primitives' rule: int32 below 2**31)."""
     return np.dtype(np.int32) if n < 2**31 else np.dtype(np.int64)
-
-
-
-
 
 
 def sorted_member(a: Any, b: Any) -> Any:

@@ -54,9 +54,6 @@ def inputs(n: int, k: int, width: int):
     return out
 
 
-
-
-
 def identical(comm) -> dict:
     """Every rank's records (the same on every rank, asserted)."""
     table = {k: dataclass_tuple(r) for k, r in learn.records(comm).items()}

@@ -47,9 +47,6 @@ def inputs(case: int, n: int, k: int, width: int):
     return out
 
 
-
-
-
 def tables_identical(comm) -> dict:
     table = {k: (t.candidates, t.seconds, t.pick) for k, t in measure.measured(comm).items()}
     blobs = WORLD.allgather(pickle.dumps(table))

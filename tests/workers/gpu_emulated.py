@@ -70,8 +70,6 @@ def check_logs():
         emu.check_logs()
 
 
-
-
 def nccl_comm(timeout=60.0):
     comm = cc.init("nccl", timeout=timeout)
     assert comm.backend == "nccl" and comm.xp is cupy, comm
