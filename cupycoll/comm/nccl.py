@@ -41,6 +41,7 @@ from .._config import setting
 from .._types import ReduceOp
 from ..errors import BackendError, BackendUnavailable, CollectiveTimeout, InvalidArgument
 from ._base import Communicator
+from ._checks import agreed_settings
 from ._cuda import CudaDevice, _SideStreamOverlap
 from ._nccl_guard import WATCHDOG
 from ._nccl_setup import (_BYTES, NCCL_DTYPES, NCCL_OPS, _code_tables, agree, bootstrap,
@@ -76,9 +77,10 @@ class NCCLCommunicator(_StreamOrder, _NcclVerbs, Communicator):
     def __init__(self, mpi_comm: MPI.Comm | None = None, *, timeout: float | None = None) -> None:
         super().__init__(timeout)
         self.mpi_comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
+        connect = _connect_timeout(self.mpi_comm)
         nccl_comm, nonblocking = bootstrap(self.mpi_comm, timeout=timeout)  # all raise or none
         cupy, nccl = load_nccl()
-        self._attach(nccl_comm, nccl, CudaDevice(cupy), cupy, nonblocking)
+        self._attach(nccl_comm, nccl, CudaDevice(cupy), cupy, nonblocking, connect)
         self._watch(self.mpi_comm)  # the arrival board: a timeout names the late ranks
 
     @classmethod
@@ -98,7 +100,7 @@ class NCCLCommunicator(_StreamOrder, _NcclVerbs, Communicator):
             nccl = cupy_nccl if nccl is None else nccl
             device = CudaDevice(cupy) if device is None else device
             xp = cupy if xp is None else xp
-        self._attach(nccl_comm, nccl, device, xp, nonblocking)
+        self._attach(nccl_comm, nccl, device, xp, nonblocking, _connect_timeout(None))
         return self
 
     def dup(self) -> "NCCLCommunicator":
@@ -114,6 +116,7 @@ class NCCLCommunicator(_StreamOrder, _NcclVerbs, Communicator):
             BackendUnavailable: no way to make a twin (see above) on this communicator.
         """
         comm = self._live("dup")
+        connect = _connect_timeout(self.mpi_comm)
         split = None if self._handle.nonblocking else getattr(comm, "commSplit", None)
         if split is None and self.mpi_comm is None:
             raise BackendUnavailable(f"dup on rank {self.rank}: this communicator cannot be "
@@ -133,6 +136,7 @@ class NCCLCommunicator(_StreamOrder, _NcclVerbs, Communicator):
             raise self._failed("dup", exc) from exc
         twin = self.wrap(twin_comm, timeout=self.timeout, nccl=self._nccl, device=self._device,
                          xp=self.xp, nonblocking=nonblocking)
+        twin.connect_timeout = connect
         twin.mpi_comm = self.mpi_comm
         if self.mpi_comm is not None:  # a board of its own (collective); one fate with this
             twin._watch(self.mpi_comm)
@@ -140,7 +144,7 @@ class NCCLCommunicator(_StreamOrder, _NcclVerbs, Communicator):
         return twin
 
     def _attach(self, nccl_comm: Any, nccl: Any, device: Any, xp: Any,
-                nonblocking: bool) -> None:
+                nonblocking: bool, connect_timeout: float | None) -> None:
         self._handle = _Handle(nccl_comm, nonblocking)
         self._nccl, self._device, self.xp = nccl, device, xp
         self.rank, self.size = int(nccl_comm.rank_id()), int(nccl_comm.size())
@@ -153,7 +157,7 @@ class NCCLCommunicator(_StreamOrder, _NcclVerbs, Communicator):
         self._posted = 0  # operations posted so far (numbers the in-flight entries)
         self._bytes = int(getattr(nccl, _BYTES))
         self._dtype_codes, self._op_codes = _code_tables(nccl)
-        self.connect_timeout = setting("CUPYCOLL_CONNECT_TIMEOUT")
+        self.connect_timeout = connect_timeout
         weakref.finalize(self, self._handle.release, self._inflight)  # no blocking destroy
         WATCHDOG.watch(self)
 
@@ -269,3 +273,11 @@ class NCCLCommunicator(_StreamOrder, _NcclVerbs, Communicator):
         self._handle.abort()
         if self._fate.error is None:
             super().abort()
+
+
+def _connect_timeout(group: MPI.Comm | None) -> float | None:
+    """``CUPYCOLL_CONNECT_TIMEOUT``, agreed over ``group`` where there is one (a bad value on
+    one rank raises on every rank before any NCCL communicator is made), else this rank's."""
+    if group is None:
+        return setting("CUPYCOLL_CONNECT_TIMEOUT")
+    return agreed_settings(group, lambda: setting("CUPYCOLL_CONNECT_TIMEOUT"))

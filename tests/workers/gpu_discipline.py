@@ -27,13 +27,16 @@ Modes (each failed before its fix, as noted):
                      connect timeout, 300 s by default)
   dup_board          a dup() and an NCCLCommunicator made directly have arrival boards (a
                      timeout names the late rank; before: ranks that did arrive) and a dup
-                     shares its parent's fate (before: the parent went on)
+                     shares its parent's fate (before: the parent went on); a bad
+                     CUPYCOLL_CONNECT_TIMEOUT on one rank raises on every rank in both (before:
+                     on that rank only, after the others had made their NCCL communicator)
 After every mode the ranks' NCCL call logs are compared (cupycoll.testing.emulation.check_logs).
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import threading
 import time
@@ -322,6 +325,14 @@ def mode_dup_board():
     assert direct.board is not None
     direct.abort()
     comm = cc.init("nccl", timeout=2.0)
+    os.environ["CUPYCOLL_CONNECT_TIMEOUT"] = "soon" if RANK == P - 1 else "5"
+    for make in (lambda: NCCLCommunicator(timeout=30.0), comm.dup):
+        try:
+            make()
+            raise AssertionError("a bad CUPYCOLL_CONNECT_TIMEOUT was taken")
+        except cc.errors.InvalidArgument as exc:
+            assert exc.argument == "CUPYCOLL_CONNECT_TIMEOUT" and exc.rank == P - 1, exc
+    del os.environ["CUPYCOLL_CONNECT_TIMEOUT"]
     twin = comm.dup()
     x = cupy.ones(4, cupy.float32)
     cc.allreduce(x, comm=twin)  # connected
