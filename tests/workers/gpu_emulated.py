@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import gc
 import os
+import pickle
 import sys
 import threading
 import time
@@ -180,10 +181,18 @@ def wire_suite(comm):
             assert a.values.tobytes() == b.values.tobytes(), (alg, t)
         comp = cc.TopkCompressor(3000, 0.01, algorithm=alg, comm=comm, wire="compact",
                                  wire_values="bfloat16")
-        for t in range(3):
-            upd = host(comp.step(cupy.asarray(np.random.default_rng([7, RANK, t])
-                                              .standard_normal(3000).astype(np.float32))))
+        grads = [cupy.asarray(np.random.default_rng([7, RANK, t]).standard_normal(3000)
+                              .astype(np.float32)) for t in range(3)]
+        for t, grad in enumerate(grads):
+            if t == 2:  # a checkpoint (the residual pickled through the host) steps alike
+                restored = pickle.loads(pickle.dumps(comp))
+                restored.comm = comm
+                assert isinstance(restored.residual, cupy.ndarray), type(restored.residual)
+                again = host(restored.step(grad))
+            upd = host(comp.step(grad))
             digests.append(digest(upd.indices, upd.values))
+        assert digest(again.indices, again.values) == digests[-1], alg
+        assert host(restored.residual).tobytes() == host(comp.residual).tobytes(), alg
     every = WORLD.allgather(digests)
     assert all(d == every[0] for d in every), "rounded wire results differ across ranks"
 

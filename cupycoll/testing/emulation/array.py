@@ -72,6 +72,10 @@ def _device_copy(value: np.ndarray, what: str) -> "ndarray":
     return out
 
 
+def _unpickled(value: np.ndarray) -> "ndarray":
+    return _device_copy(value, "unpickle")
+
+
 class _Data:
     __slots__ = ("ptr", "device_id")
 
@@ -117,6 +121,11 @@ class ndarray(NDArrayOperatorsMixin):
 
     def __repr__(self) -> str:
         return f"emulated cupy {self.get()!r} on device {self._buf.device}"
+
+    def __reduce__(self) -> tuple:
+        """Pickled as its host copy (a host synchronization), unpickled onto the current
+        device, as CuPy pickles its arrays."""
+        return _unpickled, (self.get(),)
 
     # ---------------------------------------------------------------- host reads (syncs)
     def get(self, stream: Any = None, order: str = "C", out: Any = None,
