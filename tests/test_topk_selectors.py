@@ -58,6 +58,32 @@ def test_gaussian_keeps_3k_4_when_the_fit_selects_fewer():
     assert np.count_nonzero(np.abs(x) >= sel.threshold) == sel.count
 
 
+@pytest.mark.parametrize("case", ["overshoot", "normal", "negative mean", "heavy tail"])
+def test_gaussian_reference_policy_corrects_in_one_direction(case):
+    """``Gaussian(policy="reference")`` selects what the reference code does: a first count
+    below 3k//4 is raised until it reaches it, even past 5k//4 (no swinging back), and the
+    mean enters the threshold with its sign."""
+    rng = np.random.default_rng(3)
+    n, k = 10000, 100
+    x = rng.standard_normal(n)
+    if case == "overshoot":  # few pass the fit; one division by 1.02 lets over 5k/4 through
+        x[:60] = 10.0
+        for _ in range(20):  # 100 entries just below the fit's threshold, which they move
+            x[60:160] = (x.mean() + 2.5758293035489 * x.std()) / 1.01
+    elif case == "negative mean":
+        x -= 0.5
+    elif case == "heavy tail":
+        x = rng.standard_t(2, n)
+    from tests.workers.topk_ref import gaussian_reference
+
+    got = Gaussian(policy="reference").select(x, k)
+    want = gaussian_reference(x, k)
+    assert np.asarray(got.indices).tolist() == want.tolist(), (case, got.indices.size, want.size)
+    if case == "overshoot":
+        fit = x.mean() + 2.5758293035489 * x.std()
+        assert (np.abs(x) >= fit).sum() < 75 and want.size > 125, want.size
+
+
 def test_index_dtype_is_int64_from_2_to_the_31():
     from cupycoll.topk._common import index_dtype
 

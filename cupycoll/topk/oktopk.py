@@ -36,9 +36,11 @@ and each is emitted in order), values = sums over the ranks that selected the in
 the result; values reduced but cut by the global threshold stay in their ranks' residuals.
 
 Cost (per rank, words; 1 word = an int32 index or an fp32 value; spec Eqs. 1-3):
-split and reduce 2k(P-1)/P on balanced selections; balance <= 2k(P-1)/P (all on one rank: the
-owner ships (P-1)/P of its 2k words, every peer receives 2k/P); allgather 2k(P-1)/P: at most
-6k(P-1)/P on a non-refresh step, latency <= 2P + 2 log2 P. Not in the model: the count exchanges
+split and reduce 2k(P-1)/P on selections the boundaries split evenly (up to 2k(P-1) at one
+region's owner where every selection has moved into its region since the boundaries were
+set); balance <= 2k(P-1)/P (all on one rank: the owner ships (P-1)/P of its 2k words, every
+peer receives 2k/P); allgather 2k(P-1)/P: at most 6k(P-1)/P on a non-refresh step with even
+splits, latency <= 2P + 2 log2 P. Not in the model: the count exchanges
 (``oktopk.reduce.counts``: P-1 int64; ``oktopk.balance.counts``: an allgather of one int64), the
 boundary allreduce every tau steps (``oktopk.boundaries``), the threshold histogram
 (``oktopk.threshold``: an allreduce of 34 int32 per round), the validation allreduce

@@ -24,10 +24,12 @@ Three selectors (Ok-Topk spec section 2), two of them with two policies:
   when the predicted count is outside ``[low*k, high*k]``, or the pass selects fewer than
   ``low*k``, the threshold is corrected to the quantile policy's sampled one; a count above
   ``high*k`` is cut to the exact top-k of the selection (O(count)). So the count lands in range
-  on every step, for about one pass over x. ``policy="reference"``: mean and std of
-  the whole vector, then up to ``max_corrections`` rescalings by ``scale`` (one O(n) count
-  each) while the count is outside the range -- real gradients have heavier tails, so the count
-  can stay far from k.
+  on every step, for about one pass over x. ``policy="reference"``: the reference code's
+  rule -- the threshold ``mean + z*std`` (signed mean) of the whole vector; a count below
+  ``floor(low*k)`` divides it by ``scale`` while the count stays below, a count above
+  ``floor(high*k)`` multiplies it while the count stays above, at most ``max_corrections``
+  times (one O(n) count each; a correction that jumps past the other bound is kept) -- real
+  gradients have heavier tails, so the count can stay far from k.
 
 Every selector returns a :class:`Selection` (ascending indices, their values, the threshold) and
 keeps the count in ``last_count``. Zeros are never selected by the threshold selectors, NaN by
@@ -323,16 +325,15 @@ class Gaussian(Selector):
         return Selection(idx, val, th)
 
     def _reference(self, x: Any, k: int) -> Selection:
-        th = positive_threshold(self.estimate(x, k), x.dtype)
+        th = positive_threshold(_normal_fit(x, k / x.shape[0], signed=True), x.dtype)
+        low, high = math.floor(self.low * k), math.floor(self.high * k)
         count = count_abs_ge(x, th)
-        for _ in range(self.max_corrections):
-            if count < self.low * k:
-                th = positive_threshold(th / self.scale, x.dtype)
-            elif count > self.high * k:
-                th *= self.scale
-            else:
-                break
+        factor = 1 / self.scale if count < low else self.scale if count > high else None
+        for _ in range(self.max_corrections if factor is not None else 0):
+            th = positive_threshold(th * factor, x.dtype)
             count = count_abs_ge(x, th)
+            if (count >= low) if factor < 1 else (count <= high):
+                break  # one direction only, as the reference code corrects
         idx, val = select_abs_ge(x, th)
         return Selection(idx, val, th)
 
@@ -340,11 +341,12 @@ class Gaussian(Selector):
         return f"Gaussian(policy={self.policy!r})"
 
 
-def _normal_fit(x: Any, density: float) -> float:
-    """``|mean| + Phi^-1(1 - density/2) * std`` of x: where a normal fit leaves the top density."""
+def _normal_fit(x: Any, density: float, signed: bool = False) -> float:
+    """``|mean| + Phi^-1(1 - density/2) * std`` of x: where a normal fit leaves the top density
+    (``signed``: the mean as it is, the reference code's)."""
     xp = array_namespace(x)
     z = statistics.NormalDist().inv_cdf(1 - density / 2) if density < 1 else 0.0
     with np.errstate(all="ignore"):  # an infinity or NaN gives a NaN fit, not a raise here
         mean = float(xp.mean(x, dtype=np.float64))  # on one rank mid-collective
         std = float(xp.std(x, dtype=np.float64))
-    return abs(mean) + z * std
+    return (mean if signed else abs(mean)) + z * std

@@ -169,23 +169,25 @@ class ReferencePolicy:
 
 
 def gaussian_reference(x: np.ndarray, k: int) -> np.ndarray:
-    """Gaussian-k as the reference code: |mean| + z std, then up to 20 corrections x/÷1.02
-    while the count is outside [3k/4, 5k/4]."""
+    """Gaussian-k as the reference code: mean + z std (signed mean), then, in the direction
+    the first count calls for, up to 20 corrections ÷1.02 while fewer than 3k//4 pass or x1.02
+    while more than 5k//4 do."""
     import statistics
 
     density = k / x.size
     z = statistics.NormalDist().inv_cdf(1 - density / 2) if density < 1 else 0.0
-    th = positive(abs(float(np.mean(x, dtype=np.float64))) +
+    th = positive(float(np.mean(x, dtype=np.float64)) +
                   z * float(np.std(x, dtype=np.float64)), x.dtype)
     mag = np.abs(x.astype(np.float64))
-    for _ in range(20):
-        count = int(np.count_nonzero(mag >= th))
-        if count < 3 / 4 * k:
-            th = positive(th / 1.02, x.dtype)
-        elif count > 5 / 4 * k:
-            th *= 1.02
-        else:
-            break
+
+    def count(t):
+        return int(np.count_nonzero(mag >= t))
+
+    first, loops = count(th), 0
+    while first < 3 * k // 4 and loops < 20 and count(th) < 3 * k // 4:
+        th, loops = positive(th / 1.02, x.dtype), loops + 1
+    while first > 5 * k // 4 and loops < 20 and count(th) > 5 * k // 4:
+        th, loops = positive(th * 1.02, x.dtype), loops + 1
     return np.flatnonzero(mag >= th)
 
 
