@@ -22,14 +22,13 @@ class _Runner:
     """A duplicate of a communicator and one worker thread: async calls run in call order."""
 
     def __init__(self, comm: Communicator) -> None:
-        dup = getattr(comm, "dup", None)
-        if dup is None:
+        if getattr(type(comm), "dup", None) in (None, Communicator.dup):  # none of its own
             raise InvalidArgument("async_op", True, f"the {comm.backend} communicator cannot be "
                                   "duplicated for background work", rank=comm.rank)
         barrier = getattr(comm, "barrier", None)
         if barrier is not None:  # every rank here, under the communicator's timeout, before
             barrier()  # MPI_Comm_dup, which no timeout bounds (a missing peer hung it)
-        self.comm = dup()
+        self.comm = comm.dup()
         self.comm.stats = comm.stats  # traffic is booked on the caller's communicator
         self._pool = concurrent.futures.ThreadPoolExecutor(1, "cupycoll-background")
         self._last: concurrent.futures.Future | None = None

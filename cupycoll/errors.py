@@ -31,6 +31,10 @@ class InvalidArgument(CupycollError, ValueError):
         where = f" on rank {rank}" if rank is not None else ""
         super().__init__(f"invalid argument {argument!r}{where}: {reason} (got {_short(value)})")
 
+    def __reduce__(self) -> tuple:
+        return _remade, (type(self), self.argument, self.value, self.reason, self.rank), \
+            self.__dict__
+
 
 class InvalidType(CupycollError, TypeError):
     """An argument has the wrong type or dtype (names the parameter and what it got)."""
@@ -39,6 +43,10 @@ class InvalidType(CupycollError, TypeError):
         self.argument, self.got, self.expected, self.rank = argument, got, expected, rank
         where = f" on rank {rank}" if rank is not None else ""
         super().__init__(f"argument {argument!r}{where} must be {expected}, got {_short(got)}")
+
+    def __reduce__(self) -> tuple:
+        return _remade, (type(self), self.argument, self.got, self.expected, self.rank), \
+            self.__dict__
 
 
 class MismatchError(CupycollError, ValueError):
@@ -73,6 +81,12 @@ class CupycollWarning(UserWarning):
     """Something the caller set is not used as given, and the call goes on without it (e.g. an
     unreadable profile file: the shipped one prices the calls); shown once by Python's
     ``warnings``."""
+
+
+def _remade(cls: type, argument: str, value: object, detail: str, rank: int | None) -> Exception:
+    """An InvalidArgument or InvalidType unpickled (their constructors take the fields, not
+    the message: pickle's default passes the message alone)."""
+    return cls(argument, value, detail, rank=rank)
 
 
 def _short(value: object, limit: int = 80) -> str:

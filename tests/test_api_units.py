@@ -39,6 +39,25 @@ def test_error_hierarchy():
     assert "'n'" in str(e) and "rank 2" in str(e) and "-1" in str(e)
 
 
+def test_every_error_pickles_and_copies_with_its_fields():
+    """Errors cross processes (an mpi4py gather, a process pool) and are copied: each comes
+    back of its type, with its message and fields (the default pickling passed the message
+    alone to constructors that take the fields)."""
+    import copy
+    import pickle
+
+    made = [errors.InvalidArgument("n", -1, "must be positive", rank=2),
+            errors.InvalidType("x", "list", "an array"),
+            errors.MismatchError("ranks disagree on n"),
+            errors.CollectiveTimeout("late", missing_ranks=[3, 1], op_name="allreduce"),
+            errors.BackendError("MPI failed"), errors.BackendUnavailable("no GPU")]
+    made[0].note = "kept"  # attributes set after construction travel too
+    for e in made:
+        for again in (pickle.loads(pickle.dumps(e)), copy.copy(e), copy.deepcopy(e)):
+            assert type(again) is type(e) and str(again) == str(e), (e, again)
+            assert vars(again) == vars(e), (vars(again), vars(e))
+
+
 def test_check_dtype_and_as_array():
     for dt in ("float16", "float32", "float64", "int8", "uint8", "int32", "int64"):
         assert check_dtype(np.zeros(1, dt), "x") == np.dtype(dt)

@@ -162,3 +162,27 @@ def test_a_closed_mpi_communicator_raises_backend_unavailable_and_never_dups_the
                  lambda: cc.sparse_allreduce(np.arange(2), x[:2], 4, comm=comm)):
         with pytest.raises(BackendUnavailable, match="rank 0: this communicator is closed"):
             call()
+
+
+def test_a_communicator_without_its_own_dup_refuses_background_work():
+    """The base ``dup`` (typed for every Communicator) raises NotImplementedError; a
+    communicator that has no ``dup`` of its own is refused background work naming
+    ``async_op`` (a one-rank MPI communicator whose class keeps the base's)."""
+    from mpi4py import MPI
+
+    import cupycoll as cc
+    from cupycoll._background import run_async
+    from cupycoll.comm._base import Communicator
+    from cupycoll.comm.mpi import MPICommunicator
+    from cupycoll.errors import InvalidArgument
+
+    class NoDup(MPICommunicator):
+        dup = Communicator.dup
+
+    comm = NoDup(MPI.COMM_SELF)
+    assert comm.mpi_comm is not None and Communicator.mpi_comm is None
+    with pytest.raises(NotImplementedError, match="NoDup has no dup"):
+        comm.dup()
+    with pytest.raises(InvalidArgument, match="'async_op' on rank 0.*cannot be duplicated"):
+        run_async(comm, lambda on: None, op_name="test")
+    assert cc.init("mpi", mpi_comm=MPI.COMM_SELF).dup().size == 1

@@ -54,6 +54,8 @@ class Communicator(abc.ABC):
     _slot: memoryview = NO_SLOT
     #: the front-door verb running on this communicator (named by a timeout), if not dense.
     _verb: str | None = None
+    #: the mpi4py communicator of the host's agreements and waits (None: none, e.g. wrapped NCCL)
+    mpi_comm: Any = None
 
     def __init__(self, timeout: float | None = None) -> None:
         self.stats = Stats()
@@ -64,7 +66,8 @@ class Communicator(abc.ABC):
 
     # dense collectives, NCCL semantics; each returns a Work whose result is None
     @abc.abstractmethod
-    def allreduce(self, send: Any, recv: Any, op: ReduceOp, op_name: str = "allreduce") -> Work:
+    def allreduce(self, send: Any, recv: Any, op: ReduceOp | str,
+                  op_name: str = "allreduce") -> Work:
         """Start recv = op over ranks of send (identical on every rank)."""
 
     @abc.abstractmethod
@@ -72,7 +75,7 @@ class Communicator(abc.ABC):
         """Start recv = root's send on every rank (send is only read on root)."""
 
     @abc.abstractmethod
-    def reduce(self, send: Any, recv: Any, op: ReduceOp, root: int,
+    def reduce(self, send: Any, recv: Any, op: ReduceOp | str, root: int,
                op_name: str = "reduce") -> Work:
         """Start recv = op over ranks of send, on root only (recv may be None elsewhere)."""
 
@@ -81,8 +84,8 @@ class Communicator(abc.ABC):
         """Start recv = concatenation of every rank's send along axis 0, in rank order."""
 
     @abc.abstractmethod
-    def reduce_scatter(self, send: Any, recv: Any, op: ReduceOp,
-               op_name: str = "reduce_scatter") -> Work:
+    def reduce_scatter(self, send: Any, recv: Any, op: ReduceOp | str,
+                       op_name: str = "reduce_scatter") -> Work:
         """Start recv = this rank's block (axis 0 split into P equal blocks) of op over ranks."""
 
     def run(self, verb: str, *args: Any, op_name: str | None = None) -> None:
@@ -112,6 +115,10 @@ class Communicator(abc.ABC):
     def wait(self, handles: Any, op_name: str) -> None:
         """Block on backend handles: the one place every blocking wait goes through."""
 
+    def dup(self) -> "Communicator":
+        """A communicator over the same ranks with its own message space (collective)."""
+        raise NotImplementedError(f"{type(self).__name__} has no dup()")
+
     def close(self) -> None:
         """Release backend resources (idempotent)."""
 
@@ -120,8 +127,7 @@ class Communicator(abc.ABC):
         background worker of its asynchronous calls and that worker's duplicate)."""
         self.__dict__.setdefault("_releases", []).append(release)
 
-    def _release_all(self) -> None:
-        """Run the :meth:`on_close` callbacks, once."""
+    def _release_all(self) -> None:  # the on_close callbacks, once
         for release in self.__dict__.pop("_releases", []):
             release()
 
@@ -135,16 +141,15 @@ class Communicator(abc.ABC):
         Raises:
             CollectiveTimeout: not every rank arrived in time (this communicator is aborted).
         """
-        mpi_comm = getattr(self, "mpi_comm", None)
-        if mpi_comm is not None and self.size > 1:
-            self._host_wait(mpi_comm.Ibarrier(), op_name)
+        if self.mpi_comm is not None and self.size > 1:
+            self._host_wait(self.mpi_comm.Ibarrier(), op_name)
 
     def host_bcast(self, obj: Any, op_name: str) -> Any:
         """Rank 0's ``obj`` on every rank (pickled) over the host MPI communicator, each of its
         two nonblocking broadcasts (length, bytes) waited for as :meth:`host_arrival` waits:
         a rank whose peers never take part times out instead of hanging in MPI's bcast."""
-        mpi_comm = getattr(self, "mpi_comm", None)
-        if mpi_comm is None or self.size == 1:
+        mpi_comm = self.mpi_comm
+        if mpi_comm is None or self.size == 1:  # (one rank, or no host communicator)
             return obj
         data = pickle.dumps(obj) if self.rank == 0 else b""
         length = np.array([len(data)], dtype=np.int64)
@@ -375,8 +380,7 @@ _NO_STREAM = contextlib.nullcontext()
 
 
 class _Calling:
-    """:meth:`Communicator.calling`'s context (a class: a generator-based one costs more, and
-    every sparse and top-k call enters a few)."""
+    """:meth:`Communicator.calling`'s context: a class, cheaper than a generator-based one."""
 
     __slots__ = ("comm", "verb", "outermost")
 
@@ -391,7 +395,6 @@ class _Calling:
 
     def __exit__(self, kind: Any, *exc: Any) -> None:
         if self.outermost:
-            comm = self.comm
-            comm._verb = None
+            comm, comm._verb = self.comm, None
             if kind is KeyboardInterrupt and comm._fate.error is None:
                 comm._interrupted(self.verb)  # its peers may be in the call: see _interrupted

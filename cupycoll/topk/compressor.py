@@ -72,22 +72,22 @@ class TopkCompressor:
                  selector: Selector | None = None, warmup_steps: int = 0,
                  measure_xi: bool = False, wire: str | None = None,
                  wire_values: str | None = None) -> None:
-        self.n = check_int("n", n, 1)
+        self.n: int = check_int("n", n, 1)
         if isinstance(density, bool) or not isinstance(density, numbers.Real) or \
                 not 0 < density <= 1:
             raise InvalidArgument("density", density, "must be a number in (0, 1]")
-        self.density = float(density)
-        self.k = max(1, math.floor(self.density * self.n))
+        self.density: float = float(density)
+        self.k: int = max(1, math.floor(self.density * self.n))
         self._algorithm_from = "algorithm" if algorithm is not None else \
             "CUPYCOLL_TOPK_ALGORITHM"
-        self.algorithm = setting("CUPYCOLL_TOPK_ALGORITHM", algorithm)
+        self.algorithm: str = setting("CUPYCOLL_TOPK_ALGORITHM", algorithm)
         self.wire, self.wire_values = wire, wire_values
-        self.comm = comm or get_comm()
-        self.state = TopkState(tau=tau, tau_prime=tau_prime, selector=selector)
-        self.warmup_steps = check_int("warmup_steps", warmup_steps, 0)
-        self.measure_xi = bool(measure_xi)
+        self.comm: Communicator = comm or get_comm()
+        self.state: TopkState = TopkState(tau=tau, tau_prime=tau_prime, selector=selector)
+        self.warmup_steps: int = check_int("warmup_steps", warmup_steps, 0)
+        self.measure_xi: bool = bool(measure_xi)
         self.xi: list[float] = []
-        self.steps = 0
+        self.steps: int = 0
         self._called = 0  # steps called (an asynchronous one may still run)
         self._residual: Any = None
         self._pending: Any = None  # the Work of the last async step

@@ -115,8 +115,9 @@ class TopkHookState:
     wire_values: str | None = None
     iteration: int = 0
     compressors: dict = dataclasses.field(default_factory=dict)
-    _params: dict = dataclasses.field(default_factory=dict)  # bucket key -> its parameters
-    _loose: dict = dataclasses.field(default_factory=dict)  # id(parameter) -> retired residual
+    _params: dict = dataclasses.field(default_factory=dict, init=False, repr=False)  # bucket
+    _loose: dict = dataclasses.field(default_factory=dict, init=False, repr=False)  # key ->
+    # its parameters; id(parameter) -> a retired residual
 
     def __post_init__(self) -> None:
         if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) \
