@@ -4,6 +4,7 @@ that one documented branch of a selector decides the outcome, outcome worked fro
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -77,7 +78,9 @@ def test_gaussian_reference_policy_corrects_in_one_direction(case, monkeypatch):
     elif case == "heavy tail":
         x = rng.standard_t(2, n)
     monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "workers"))
-    from topk_ref import gaussian_reference  # the workers' reference (imports their _common)
+    for name in ("_common", "topk_ref"):  # the workers' (a benchmark's _common may be loaded)
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    from topk_ref import gaussian_reference
 
     got = Gaussian(policy="reference").select(x, k)
     want = gaussian_reference(x, k)
