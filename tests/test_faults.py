@@ -73,8 +73,9 @@ def test_late_rank_named_for_every_verb(nprocs, prefix, late):
 
 
 @pytest.mark.parametrize("nprocs,debug,scenarios", [
-    (2, "0", ("crossed", "stale", "skip", "interrupt", "first", "local", "learned")),
-    (3, "1", ("crossed", "stale", "interrupt", "first", "local", "learned")),
+    (2, "0", ("crossed", "stale", "skip", "interrupt", "first", "local", "learned",
+              "preempted")),
+    (3, "1", ("crossed", "stale", "interrupt", "first", "local", "learned", "preempted")),
     (4, "0", ("crossed", "skip", "first", "learned")),
 ])
 def test_crossed_stale_skip_interrupt(nprocs, debug, scenarios):

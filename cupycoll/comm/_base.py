@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import pickle
-import time
 import types
 from typing import Any, Sequence
 
@@ -21,7 +19,7 @@ from .._config import parse_timeout
 from .._types import ReduceOp, to_host
 from ..errors import BackendError, CollectiveTimeout, CupycollError
 from ._checks import check_counts, check_sends
-from ._nccl_guard import spin
+from ._host_waits import HostWaits
 from ._stats import Stats
 from ._watchdog import NO_SLOT, Board, Fate, timeout_error
 from ._work import Overlap, Work
@@ -29,7 +27,7 @@ from ._work import Overlap, Work
 __all__ = ["Communicator"]
 
 
-class Communicator(abc.ABC):
+class Communicator(HostWaits, abc.ABC):
     """A group of ranks and the verbs the algorithms use; see docs/dense.md (The Communicator).
 
     Attributes: ``rank``, ``size``, ``backend`` ("mpi" | "nccl"), ``xp`` (numpy | cupy), ``stats``
@@ -131,47 +129,6 @@ class Communicator(abc.ABC):
         for release in self.__dict__.pop("_releases", []):
             release()
 
-    def host_arrival(self, op_name: str) -> None:
-        """Wait, under ``self.timeout`` and interruptible, until every rank has reached this
-        point: a barrier of the host MPI communicator (``mpi_comm``; none: nothing to wait
-        for). Taken before MPI's blocking calls that have no nonblocking twin or are made once
-        per communicator (node detection; a broadcast: :meth:`host_bcast`), so a rank left
-        alone there (its peers gave up the call, or were interrupted) times out, never hangs.
-
-        Raises:
-            CollectiveTimeout: not every rank arrived in time (this communicator is aborted).
-        """
-        if self.mpi_comm is not None and self.size > 1:
-            self._host_wait(self.mpi_comm.Ibarrier(), op_name)
-
-    def host_bcast(self, obj: Any, op_name: str) -> Any:
-        """Rank 0's ``obj`` on every rank (pickled) over the host MPI communicator, each of its
-        two nonblocking broadcasts (length, bytes) waited for as :meth:`host_arrival` waits:
-        a rank whose peers never take part times out instead of hanging in MPI's bcast."""
-        mpi_comm = self.mpi_comm
-        if mpi_comm is None or self.size == 1:  # (one rank, or no host communicator)
-            return obj
-        data = pickle.dumps(obj) if self.rank == 0 else b""
-        length = np.array([len(data)], dtype=np.int64)
-        self._host_wait(mpi_comm.Ibcast(length, root=0), op_name)
-        buffer = bytearray(data) if self.rank == 0 else bytearray(int(length[0]))
-        self._host_wait(mpi_comm.Ibcast(buffer, root=0), op_name)
-        return obj if self.rank == 0 else pickle.loads(buffer)
-
-    def _host_wait(self, request: Any, op_name: str) -> None:
-        """Wait for ``request`` of the host MPI communicator under ``self.timeout``."""
-        self._slot[0] = self.sequence = self.sequence + 1  # a timeout names the late ranks
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
-
-        def arrived() -> bool:
-            if request.Test():
-                return True
-            if deadline is not None and time.monotonic() > deadline:
-                raise self._timed_out(op_name)
-            return False
-
-        spin(arrived)
-
     def in_stream(self, join: bool = True) -> Any:
         """A context in which the body's device work runs in this communicator's stream order
         (NCCL: on its own stream, after the caller's current stream's work; with ``join`` the
@@ -217,12 +174,14 @@ class Communicator(abc.ABC):
         self._die(error, f"{verb} (collective #{seq})")
         return error
 
-    def _interrupted(self, op_name: str) -> None:
-        """A wait, or a front-door call (its peers may wait in it), was interrupted
-        (KeyboardInterrupt): an operation may stay pending, so the communicator is aborted (a
-        later call would match it)."""
-        self._die(BackendError(f"{op_name} was interrupted on rank {self.rank}"),
-                  f"{op_name} (collective #{self.sequence}, interrupted)")
+    def _interrupted(self, op_name: str, kind: type = KeyboardInterrupt) -> None:
+        """A wait, or a front-door call (its peers may wait in it), was left by an exception
+        not of cupycoll's (``kind``: KeyboardInterrupt, a signal handler's SystemExit or
+        preemption error, a failure of this rank alone): an operation may stay pending, so the
+        communicator is aborted (a later call would match it)."""
+        how = "interrupted" if kind is KeyboardInterrupt else f"left by {kind.__name__}"
+        self._die(BackendError(f"{op_name} was {how} on rank {self.rank}"),
+                  f"{op_name} (collective #{self.sequence}, {how})")
 
     def _die(self, error: CupycollError, where: str) -> None:
         self._fate.kill(error, where, self.sequence, self._slot)
@@ -230,6 +189,13 @@ class Communicator(abc.ABC):
     def _disable(self) -> None:
         """Stop publishing arrivals (calls on a dead communicator start nothing); a backend
         extends this so every later operation raises ``self._fate.dead_error()``."""
+        self._slot = memoryview(bytearray(16)).cast("q")
+
+    def _closed(self) -> None:
+        """Say on the arrival board that this rank closed the communicator (a peer's timeout
+        names it), then stop publishing: a later call on it starts nothing."""
+        if self._fate.error is None:
+            self._slot[1] = self.sequence + 1
         self._slot = memoryview(bytearray(16)).cast("q")
 
     def _check_alive(self) -> None:
@@ -396,5 +362,6 @@ class _Calling:
     def __exit__(self, kind: Any, *exc: Any) -> None:
         if self.outermost:
             comm, comm._verb = self.comm, None
-            if kind is KeyboardInterrupt and comm._fate.error is None:
-                comm._interrupted(self.verb)  # its peers may be in the call: see _interrupted
+            if kind is not None and not issubclass(kind, CupycollError) and \
+                    comm._fate.error is None:
+                comm._interrupted(self.verb, kind)  # its peers may be in the call

@@ -78,6 +78,13 @@ class Board:
                 out[r] = out_far.get(r)
         return out
 
+    def gave_up(self, rank: int) -> str:
+        """The ranks on this node (but ``rank``) that aborted or closed their communicator,
+        as "rank r gave it up at collective #c", "; "-joined ("" if none)."""
+        return "; ".join(f"rank {r} gave it up at collective #{int(view[_DIED]) - 1}"
+                         for r, view in sorted(self._local.items())
+                         if r != rank and view[_DIED])
+
     def _read_remote(self, ranks: Sequence[int]) -> dict[int, tuple[int, int]]:
         """RMA reads of ranks on other nodes, given ``_REMOTE_GRACE`` s (a rank whose MPI
         library needs its help to serve the read and is busy elsewhere stays unread)."""
@@ -162,7 +169,7 @@ def timeout_error(board: Board | None, rank: int, size: int, verb: str, step: st
         if count < sequence:
             behind.append(r)
         if dead:
-            died.append(f"rank {r} aborted it at collective #{dead - 1}")
+            died.append(f"rank {r} aborted or closed it at collective #{dead - 1}")
     missing = behind or sorted(set(pending))
     if behind:
         why = f"{_ranks(behind)} never arrived (started only collectives before #{sequence})"

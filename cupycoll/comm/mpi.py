@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 from .._config import made_settings
 from .._types import ReduceOp, parse_op, to_host
-from ..errors import BackendError
+from ..errors import BackendError, CupycollError
 from ._base import Communicator
 from ._checks import agreed_settings, check_peers, rank_of
 from ._mpi_staging import _AVG, Staging
@@ -100,13 +100,15 @@ class MPICommunicator(Staging, Communicator):
         statuses = [MPI.Status() for _ in requests] if len(requests) > 1 else []
         try:
             self._poll(requests, statuses, op_name, peers, sequence)
-        except KeyboardInterrupt:
-            self._interrupted(op_name)
-            raise
         except MPI.Exception as exc:
             reasons = {MPI.Get_error_string(s.Get_error()).split(",")[0] for s in statuses
                        if s.Get_error() != MPI.SUCCESS}
             raise self._failure(op_name, reasons or {str(exc)}) from exc
+        except CupycollError:
+            raise
+        except BaseException as exc:  # Ctrl-C, a signal handler's exception: still pending
+            self._interrupted(op_name, type(exc))
+            raise
 
     def _poll(self, requests: list, statuses: list, op_name: str,
               peers: Sequence[int] | None, sequence: int | None = None) -> None:
@@ -367,6 +369,7 @@ class MPICommunicator(Staging, Communicator):
     def close(self) -> None:
         """Free the MPI communicator; any later use raises BackendUnavailable."""
         self._release_all()
+        self._closed()
         if self._orphaned:  # MPI may still use them: kept for the life of the process
             self._fate.abandon(self._orphaned)
         comm, self.mpi_comm = self.mpi_comm, _ClosedComm(self.rank)

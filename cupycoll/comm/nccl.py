@@ -242,6 +242,7 @@ class NCCLCommunicator(_StreamOrder, _NcclVerbs, Communicator):
         waits for a peer that never comes.
         """
         self._release_all()
+        self._closed()
         if self._handle.comm is None:
             return
         try:

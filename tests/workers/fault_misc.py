@@ -18,6 +18,12 @@ first      a rank arrives late at a fresh communicator's first sparse_allreduce 
 learned    rank 0 arrives late at learn.save (rank 0 writes, then broadcasts): the others time
            out naming rank 0; learn.load on every rank but rank 0, which makes another call:
            every rank times out, none waits in the broadcast forever.
+preempted  a signal handler's exception (SLURM's --signal pattern) on rank 0 in a wait the others
+           join later: rank 0's communicator is dead (its next call raised no error and read
+           the others' data before), the others time out naming rank 0; and in a host barrier
+           (before node detection or a dup): the others' barrier completes against rank 0's
+           abandoned one, and they raise naming rank 0 instead of entering MPI's untimed calls;
+           rank 0 closes its communicator and calls on: the others' timeout names it as closed.
 local      a KeyboardInterrupt on rank 0 in a sparse_allreduce's local work, outside any
            wait: rank 0's communicator is dead at once (the others wait in that call: a later
            call would pair with theirs), the others time out; init() recovers.
@@ -36,7 +42,7 @@ import numpy as np
 from mpi4py import MPI
 
 import cupycoll as cc
-from cupycoll.errors import CollectiveTimeout, MismatchError
+from cupycoll.errors import BackendError, CollectiveTimeout, MismatchError
 
 WORLD = MPI.COMM_WORLD
 P, RANK = WORLD.size, WORLD.rank
@@ -82,7 +88,7 @@ def stale() -> None:
         if first != "completed":
             assert "aborted in allreduce" in str(exc) and took < 0.5, (took, str(exc))
         else:
-            assert exc.missing_ranks == [0] and "rank 0 aborted it" in str(exc), str(exc)
+            assert exc.missing_ranks == [0] and "rank 0 aborted or closed it" in str(exc), str(exc)
         outcome = f"CollectiveTimeout{exc.missing_ranks}"
     report("stale: next allreduce", outcome, took)
     fresh_allreduce(cc.init("mpi", timeout=5))
@@ -172,6 +178,80 @@ def interrupt() -> None:
     fresh_allreduce(cc.init("mpi", timeout=5))
 
 
+class Preempted(Exception):
+    """What a job's preemption handler raises (not a KeyboardInterrupt)."""
+
+
+def _preempted_in(call, after: float = 0.3) -> str:
+    """``call()`` on rank 0 with SIGUSR1 raising Preempted ``after`` s into it."""
+    def handler(signum, frame):
+        raise Preempted()
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    timer = threading.Timer(after, os.kill, (os.getpid(), signal.SIGUSR1))
+    timer.start()
+    try:
+        call()
+        raise AssertionError("the call completed without its peers")
+    except Preempted:
+        return "Preempted"
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def preempted() -> None:
+    comm = cc.init("mpi", timeout=2.0)
+    fresh_allreduce(comm)
+    start = time.monotonic()
+    if RANK == 0:
+        outcome = _preempted_in(lambda: fresh_allreduce(comm))
+        try:  # the "should we stop?" allreduce: before, it paired with the others' first one
+            cc.allreduce(np.ones(1, np.int64), "max", comm=comm)
+            raise AssertionError("a communicator left by Preempted answered")
+        except cc.errors.BackendError as exc:
+            assert "left by Preempted" in str(exc), str(exc)
+    else:
+        time.sleep(1.0)
+        fresh_allreduce(comm)  # paired with rank 0's abandoned (kept) one
+        try:
+            cc.allreduce(np.ones(1, np.int64), "max", comm=comm)
+            raise AssertionError("an allreduce completed without rank 0")
+        except CollectiveTimeout as exc:
+            assert exc.missing_ranks == [0] and "rank 0 aborted or closed it" in str(exc), exc
+            outcome = f"CollectiveTimeout{exc.missing_ranks}"
+    report("preempted in a wait", outcome, time.monotonic() - start)
+    comm = cc.init("mpi", timeout=2.0)
+    start = time.monotonic()
+    if RANK == 0:
+        outcome = _preempted_in(lambda: comm.host_arrival("test.barrier"))
+    else:
+        time.sleep(1.0)
+        try:
+            comm.host_arrival("test.barrier")
+            raise AssertionError("the barrier let this rank on after rank 0 gave it up")
+        except cc.errors.BackendError as exc:
+            assert "test.barrier on rank" in str(exc) and "rank 0 gave it up" in str(exc), exc
+            outcome = "BackendError"
+    report("preempted in a host barrier", outcome, time.monotonic() - start)
+    comm = cc.init("mpi", timeout=1.0)
+    fresh_allreduce(comm)
+    if RANK == 0:
+        comm.close()
+    try:
+        fresh_allreduce(comm)
+        raise AssertionError("an allreduce completed without rank 0")
+    except cc.errors.BackendUnavailable:
+        assert RANK == 0
+        outcome = "BackendUnavailable"
+    except CollectiveTimeout as exc:  # before: "every rank started it", missing nobody
+        assert exc.missing_ranks == [0] and "rank 0 aborted or closed it at collective #1" in \
+            str(exc), exc
+        outcome = f"CollectiveTimeout{exc.missing_ranks}"
+    report("rank 0 closed, calls on", outcome, 0.0)
+    fresh_allreduce(cc.init("mpi", timeout=10))
+
+
 def first() -> None:
     comm = cc.init("mpi", timeout=1.0)
     n = 100_000  # not a small call (which completes in the validation round)
@@ -234,8 +314,11 @@ def learned() -> None:
         outcome = "completed"
     except CollectiveTimeout as exc:
         outcome = f"CollectiveTimeout{exc.missing_ranks}"
+    except BackendError as exc:  # its barrier matched the ones given up: the board says so
+        assert "rank 1 gave it up at collective #" in str(exc), exc
+        outcome = "peers gave up"
     took = time.monotonic() - start
-    late = ("completed", "CollectiveTimeout[]")  # its barrier may match the ones given up
+    late = ("completed", "CollectiveTimeout[]", "peers gave up")
     assert (outcome in late if RANK == 0 else outcome == "CollectiveTimeout[0]") and took < 6, \
         (outcome, took)
     fresh_allreduce(cc.init("mpi", timeout=10))
@@ -258,7 +341,7 @@ def learned() -> None:
 
 for name in sys.argv[1:]:
     {"stale": stale, "crossed": crossed, "skip": skip, "interrupt": interrupt, "first": first,
-     "local": local, "learned": learned}[name]()
+     "local": local, "learned": learned, "preempted": preempted}[name]()
     WORLD.Barrier()
 if RANK == 0:
     print("OK")

@@ -1,0 +1,77 @@
+"""The host waits of a Communicator: barriers and broadcasts of its host MPI communicator,
+waited for under the communicator's timeout, before and instead of MPI's untimed calls."""
+
+from __future__ import annotations
+
+import pickle
+import time
+from typing import Any
+
+import numpy as np
+
+from ..errors import BackendError, CupycollError
+from ._nccl_guard import spin
+
+__all__ = ["HostWaits"]
+
+
+class HostWaits:
+    """:class:`~cupycoll.comm._base.Communicator`'s host waits (a mixin of it: it reads its
+    ``mpi_comm``, ``timeout``, ``sequence``, arrival board and fate)."""
+
+    mpi_comm: Any
+    timeout: float | None
+
+    def host_arrival(self, op_name: str) -> None:
+        """Wait, under ``self.timeout`` and interruptible, until every rank has reached this
+        point: a barrier of the host MPI communicator (``mpi_comm``; none: nothing to wait
+        for). Taken before MPI's blocking calls that have no nonblocking twin or are made once
+        per communicator (node detection; a broadcast: :meth:`host_bcast`), so a rank left
+        alone there (its peers gave up the call, or were interrupted) times out, never hangs.
+
+        Raises:
+            CollectiveTimeout: not every rank arrived in time (this communicator is aborted).
+        """
+        if self.mpi_comm is not None and self.size > 1:
+            self._host_wait(self.mpi_comm.Ibarrier(), op_name)
+
+    def host_bcast(self, obj: Any, op_name: str) -> Any:
+        """Rank 0's ``obj`` on every rank (pickled) over the host MPI communicator, each of its
+        two nonblocking broadcasts (length, bytes) waited for as :meth:`host_arrival` waits:
+        a rank whose peers never take part times out instead of hanging in MPI's bcast."""
+        mpi_comm = self.mpi_comm
+        if mpi_comm is None or self.size == 1:  # (one rank, or no host communicator)
+            return obj
+        data = pickle.dumps(obj) if self.rank == 0 else b""
+        length = np.array([len(data)], dtype=np.int64)
+        self._host_wait(mpi_comm.Ibcast(length, root=0), op_name)
+        buffer = bytearray(data) if self.rank == 0 else bytearray(int(length[0]))
+        self._host_wait(mpi_comm.Ibcast(buffer, root=0), op_name)
+        return obj if self.rank == 0 else pickle.loads(buffer)
+
+    def _host_wait(self, request: Any, op_name: str) -> None:
+        """Wait for ``request`` of the host MPI communicator under ``self.timeout``."""
+        self._slot[0] = self.sequence = self.sequence + 1  # a timeout names the late ranks
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+
+        def arrived() -> bool:
+            if request.Test():
+                return True
+            if deadline is not None and time.monotonic() > deadline:
+                raise self._timed_out(op_name)
+            return False
+
+        try:
+            spin(arrived)
+        except CupycollError:
+            raise
+        except BaseException as exc:  # the request stays posted: the others' wait completes
+            self._interrupted(op_name, type(exc))  # against it, so say this rank gave up
+            raise
+        gave_up = self.board.gave_up(self.rank) if self.board is not None else ""
+        if gave_up:  # after posting its part: this rank must not go on into MPI's untimed calls
+            error = BackendError(f"{op_name} on rank {self.rank}: {gave_up}; every later call "
+                                 "on this communicator raises: call cupycoll.init() on every "
+                                 "rank for a new one")
+            self._die(error, f"{op_name} (collective #{self.sequence}, a peer gave up)")
+            raise error
