@@ -39,9 +39,9 @@ __global__ void cc_wire_plan(const I* __restrict__ idx, long long n, long long n
     long long begin = 1 + b * CC_WIRE_BLOCK, end = cc_min(n, begin + CC_WIRE_BLOCK);
     cc_u64 top = 0;
     for (long long i = begin; i < end; ++i) {
-      long long step = (long long)idx[i] - (long long)idx[i - 1];
-      if (step <= 0) *bad = 1;  // every writer stores the same value
-      cc_u64 gap = (cc_u64)(step - 1);
+      if (idx[i] <= idx[i - 1]) *bad = 1;  // every writer stores the same value
+      // unsigned: a signed step of far-apart (bad) indices would overflow
+      cc_u64 gap = (cc_u64)(long long)idx[i] - (cc_u64)(long long)idx[i - 1] - 1u;
       top = gap > top ? gap : top;
     }
     int w = cc_bit_length(top);
@@ -89,7 +89,7 @@ __global__ void cc_wire_unpack(const unsigned char* __restrict__ buf, long long 
                                long long* __restrict__ steps) {
   for (long long j = cc_thread_id(); j < ngaps; j += cc_thread_count()) {
     long long b = j / CC_WIRE_BLOCK;
-    int w = widths[b];
+    int w = widths[b] & 63;  // a corrupt width above 63: defined bits, not a shift past 63
     long long bit = starts[b] * 8 + (j - b * CC_WIRE_BLOCK) * w;
     long long byte = bit >> 3;
     int shift = (int)(bit & 7);
@@ -98,7 +98,7 @@ __global__ void cc_wire_unpack(const unsigned char* __restrict__ buf, long long 
     for (int t = 0; t < nbytes; ++t) {
       cc_u64 x = byte + t < len ? (cc_u64)buf[byte + t] : 0ull;
       int at = 8 * t - shift;
-      v |= at >= 0 ? x << at : x >> -at;  // at <= 64 - shift: bits past 63 are dropped
+      if (at < 64) v |= at >= 0 ? x << at : x >> -at;  // bits past 63 are dropped
     }
     if (w < 64) v &= (1ull << w) - 1ull;
     steps[j + 1] = (long long)(v + 1ull);

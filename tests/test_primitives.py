@@ -11,6 +11,7 @@ import math
 import subprocess
 import sys
 import types
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -153,6 +154,14 @@ def test_threshold_not_rounded_to_dtype():
     assert P.count_abs_ge(x, np.float64(0.1)) == 1
     assert P.count_abs_ge(np.array([3], np.int32), 2.5) == 1
     assert P.count_abs_ge(np.array([2], np.int32), 2.5) == 0
+    # integers and fractions beyond float64's precision: compared exactly, never rounded down
+    assert P.count_abs_ge(np.array([2.0**53, -2.0**53]), 2**53 + 1) == 0
+    assert P.count_abs_ge(np.array([2.0**53]), np.int64(2**53 + 1)) == 0
+    assert P.count_abs_ge(np.array([2.0**53]), 2**53) == 1
+    assert P.count_abs_ge(np.array([2.0**63], np.float32), 2**63 + 1) == 0
+    assert P.select_abs_ge(np.array([2.0**53, 2.0**54]), 2**53 + 1)[0].tolist() == [1]
+    assert P.count_abs_ge(np.array([2**53 + 1], np.int64), Fraction(2**53 + 1, 1) + Fraction(
+        1, 3)) == 0
 
 
 def test_select_zero_d_threshold_and_all_equal():

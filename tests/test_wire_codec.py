@@ -154,6 +154,10 @@ def test_round_trip_property(values, lo, pad, int32):
     np.testing.assert_array_equal(loops.decode(enc, idx.dtype), idx)
 
 
+#: non-increasing int64 streams with ends inside [0, 2**63 - 1) whose steps overflow int64
+FAR_APART = ([2**62, -2**62 - 1, -1, 2**62 + 5], [2**62, -2**62 - 1, -1, 2**62 + 2**61])
+
+
 @pytest.mark.parametrize("encode", [twin.encode, loops.encode, wire.encode_indices,
                                     twin.encoded_nbytes, loops.encoded_nbytes])
 def test_bad_streams_raise(encode):
@@ -161,6 +165,9 @@ def test_bad_streams_raise(encode):
         encode(np.array([1, 3, 3, 9]), 0, 10)
     with pytest.raises(InvalidArgument, match="strictly increasing"):
         encode(np.array([5, 2]), 0, 10)
+    for far_apart in FAR_APART:  # a signed step between them overflows int64
+        with pytest.raises(InvalidArgument, match="strictly increasing"):
+            encode(np.array(far_apart, np.int64), 0, 2**63 - 1)
     with pytest.raises(InvalidArgument, match=r"\[lo, hi\)"):
         encode(np.array([1, 3]), 2, 10)
     with pytest.raises(InvalidArgument, match=r"\[lo, hi\)"):
@@ -342,6 +349,9 @@ def test_kernels_reject_like_the_twin(shim_codec):
         shim_codec.encode(np.array([1, 3, 3, 9]), 0, 10)
     with pytest.raises(InvalidArgument, match=r"\[lo, hi\)"):
         shim_codec.encode(np.array([1, 10]), 0, 10)
+    for far_apart in FAR_APART:
+        with pytest.raises(InvalidArgument, match="strictly increasing"):
+            shim_codec.encode(np.array(far_apart, np.int64), 0, 2**63 - 1)
     with pytest.raises(InvalidArgument, match="format tag"):
         shim_codec.decode(np.zeros(8, np.uint8))
 

@@ -51,7 +51,8 @@ def _abs_threshold(dtype: np.dtype, t: Any) -> Any:
         else:
             with np.errstate(over="ignore"):
                 tt = dtype.type(tf)
-        if float(tt) < tf:
+        exact = int(t) if isinstance(t, (numbers.Integral, np.integer)) else tf
+        if float(tt) < exact:  # (float < int compares exactly: 2**53 + 1 is above 2.0**53)
             with np.errstate(under="ignore"):  # a subnormal threshold: no raise mid-collective
                 tt = np.nextafter(tt, dtype.type(np.inf))
         if math.isnan(tt):
@@ -64,7 +65,7 @@ def _abs_threshold(dtype: np.dtype, t: Any) -> Any:
     elif math.isinf(float(t)):
         return float(t) < 0
     else:
-        ti = math.ceil(float(t))
+        ti = math.ceil(t)  # exact for a Fraction or Decimal too (float(t) would round)
     if ti <= 0 or ti > 2 ** (8 * dtype.itemsize - 1):
         return ti <= 0
     return ti

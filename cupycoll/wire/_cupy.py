@@ -83,8 +83,10 @@ class WireKernels:
     def decode(self, buf: Any, dtype: Any = np.int64) -> Any:
         """:func:`cupycoll.wire.decode_indices` for device arrays (one host read: the header).
 
-        Unlike the twin, a truncated delta stream or a value too large for int32 is not detected
-        (that would take another host read): kernels never read past ``buf``.
+        Unlike the twin, a truncated delta stream, a value too large for int32, a bitmap whose
+        bits disagree with its header's count or a block width above 63 (corrupt buffers) is
+        not detected (that would take another host read): the indices are then undefined, but
+        kernels never read past ``buf`` nor write past the header's count.
         """
         xp = self.xp
         dt = twin.output_dtype(dtype)

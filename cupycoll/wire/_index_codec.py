@@ -152,11 +152,10 @@ def choose(n: int, first: int, last: int, delta_payload: int) -> tuple[bytes, in
 def _gaps(idx: np.ndarray, lo: int, hi: int) -> np.ndarray:
     """Validated gaps - 1 as uint64."""
     wide = idx.astype(np.int64, copy=False)
-    steps = np.diff(wide)
-    bad = bool(steps.size) and bool((steps <= 0).any())
-    check_values(idx.size, bad, int(wide[0]) if idx.size else 0,
-                 int(wide[-1]) if idx.size else 0, lo, hi)
-    return (steps - 1).view(_U64)
+    bad = idx.size > 1 and bool((wide[1:] <= wide[:-1]).any())  # compared, not subtracted:
+    check_values(idx.size, bad, int(wide[0]) if idx.size else 0,  # far-apart bad indices'
+                 int(wide[-1]) if idx.size else 0, lo, hi)  # step would overflow
+    return np.diff(wide).view(_U64) - np.uint64(1)
 
 
 def _plan(gaps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

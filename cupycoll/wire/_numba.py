@@ -27,10 +27,10 @@ def _plan(idx, widths, sizes):  # pragma: no cover - compiled
         top = np.uint64(0)
         end = min(n, 1 + (b + 1) * _BLOCK)
         for i in range(1 + b * _BLOCK, end):
-            step = np.int64(idx[i]) - np.int64(idx[i - 1])
-            if step <= 0:
+            if idx[i] <= idx[i - 1]:  # compared: far-apart bad indices' step would overflow
                 bad = True
-            top = max(top, np.uint64(step - 1))
+            gap = np.uint64(np.int64(idx[i])) - np.uint64(np.int64(idx[i - 1])) - np.uint64(1)
+            top = max(top, gap)
         w = 0
         while top:
             w += 1
