@@ -92,6 +92,11 @@ def _form_world(store: Any, rank: int, size: int, timeout: float | None) -> MPI.
     processes = MPI.COMM_WORLD.Get_size()
     if processes == size:
         return MPI.COMM_WORLD.Split(0, rank)
+    if processes == 1 and "Open MPI" in MPI.Get_library_version():
+        raise network_error(BackendUnavailable(  # (every rank sees the same library: all raise)
+            f"rank {rank}: Open MPI cannot connect processes started apart (each mpiexec "
+            "has its own PMIx server, and Accept/Connect take no timeout there: they would "
+            f"wait forever); launch with mpiexec -n {size}"))
     if processes == 1:
         return _SeparateWorlds(_connect_ports(store, rank, size, timeout))
     raise BackendUnavailable(

@@ -19,7 +19,13 @@ from typing import Any
 
 from .errors import BackendUnavailable, InvalidArgument
 
-__all__ = ["find_mpiexec", "mpi_cluster"]
+__all__ = ["find_mpiexec", "mpi_cluster", "OVERSUBSCRIBE"]
+
+
+#: environment that lets Open MPI's mpiexec start more ranks than cores, as MPICH's does by
+#: itself (which ignores these variables): Open MPI 5 (PRRTE) and 4
+OVERSUBSCRIBE = {"PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
+                 "OMPI_MCA_rmaps_base_oversubscribe": "1"}
 
 
 def find_mpiexec() -> str:

@@ -25,11 +25,14 @@ from pathlib import Path
 
 import pytest
 
+from cupycoll.jupyter import OVERSUBSCRIBE
 from tests._gpu import NO_DEVICE
 from tests._mpi import ROOT
 
 os.environ.setdefault("CUPYCOLL_NUMBA", "off")
 os.environ.setdefault("CUPYCOLL_SPIN", "0")
+for _name, _value in OVERSUBSCRIBE.items():  # under Open MPI too, launches of 3-8 ranks
+    os.environ.setdefault(_name, _value)
 
 
 def pytest_configure(config):

@@ -115,6 +115,22 @@ def test_launch_kills_a_hanging_child_at_its_timeout():
     assert "timed out after 2 s" in done.failure() and "started" in done.failure()
 
 
+def test_launch_lets_open_mpi_oversubscribe_unless_the_caller_says_otherwise(monkeypatch):
+    """Checks of 3-8 ranks on fewer cores: Open MPI's mpiexec refuses them ("not enough slots")
+    unless told to oversubscribe, as MPICH does by itself; a caller's own value is kept."""
+    from cupycoll.jupyter import OVERSUBSCRIBE
+
+    show = "import os; print([os.environ.get(k) for k in %r])" % sorted(OVERSUBSCRIBE)
+    for name in OVERSUBSCRIBE:
+        monkeypatch.delenv(name, raising=False)
+    want = [OVERSUBSCRIBE[k] for k in sorted(OVERSUBSCRIBE)]
+    assert launch([sys.executable, "-c", show], timeout=60).stdout.strip() == str(want)
+    monkeypatch.setenv("OMPI_MCA_rmaps_base_oversubscribe", "0")
+    got = launch([sys.executable, "-c", show], timeout=60).stdout.strip()
+    assert got == str([v if k != "OMPI_MCA_rmaps_base_oversubscribe" else "0"
+                       for k, v in sorted(OVERSUBSCRIBE.items())])
+
+
 def test_report_ends_with_the_summary_and_the_verdict(tmp_path):
     checks = [Check("good", 3, "a good check", lambda ctx: Outcome(True, "all fine")),
               Check("bad", 4, "a bad check", lambda ctx: Outcome(False, "line 1\nline 2"))]

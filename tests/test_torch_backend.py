@@ -109,6 +109,18 @@ def test_a_subgroup_of_another_default_needs_mpiexec(monkeypatch):
         _torch_world._mpiexec_world(1)
 
 
+def test_open_mpi_refuses_to_join_processes_started_apart(monkeypatch):
+    """Under Open MPI (its Accept/Connect across separate mpiexec runs never return, and take
+    no timeout) a group over processes started apart is refused at once, nothing posted."""
+    from cupycoll import _torch_world
+
+    monkeypatch.setattr(_torch_world.MPI, "Get_library_version", lambda: "Open MPI v5.0.11")
+    monkeypatch.setattr(_torch_world, "_connect_ports", lambda *a: pytest.fail("connected"))
+    with pytest.raises(dist.DistNetworkError, match="rank 1: Open MPI cannot connect") as info:
+        _torch_world._form_world(object(), 1, 2, 5.0)
+    assert isinstance(info.value, BackendUnavailable) and "mpiexec -n 2" in str(info.value)
+
+
 def test_a_destroyed_default_groups_world_is_forgotten(monkeypatch):
     """Subgroups are cut from the live default group's world: once that group is shut down, a
     subgroup of a later default group (here of another backend) is not made from the old one

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...jupyter import find_mpiexec
+from ...jupyter import OVERSUBSCRIBE, find_mpiexec
 
 __all__ = ["Launch", "launch", "worker_command", "script_command", "source_tree", "RESULT",
            "PACKAGE_ROOT"]
@@ -75,6 +75,8 @@ def launch(command: list[str], timeout: float, env: dict[str, str] | None = None
     full["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT),
                                                      full.get("PYTHONPATH", "")) if p)
     full.setdefault("OMP_NUM_THREADS", "1")
+    for name, value in OVERSUBSCRIBE.items():  # Open MPI: more ranks than cores, as MPICH
+        full.setdefault(name, value)
     full.update(env or {})
     start = time.perf_counter()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
