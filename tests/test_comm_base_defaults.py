@@ -186,3 +186,33 @@ def test_a_communicator_without_its_own_dup_refuses_background_work():
     with pytest.raises(InvalidArgument, match="'async_op' on rank 0.*cannot be duplicated"):
         run_async(comm, lambda on: None, op_name="test")
     assert cc.init("mpi", mpi_comm=MPI.COMM_SELF).dup().size == 1
+
+
+def test_a_forked_child_cannot_use_its_parents_communicator():
+    """A forked child (a DataLoader worker) that calls on its parent's communicator gets
+    BackendError saying so, posts nothing and leaves the parent's arrival board alone; the
+    parent's communicator goes on working."""
+    import os
+
+    from mpi4py import MPI
+
+    import cupycoll as cc
+
+    comm = cc.init("mpi", mpi_comm=MPI.COMM_SELF)
+    x = np.arange(3.0)
+    cc.allreduce(x, comm=comm)
+    board = comm.board.slot.tolist()
+    pid = os.fork()
+    if pid == 0:  # the child: report through the exit status, skip MPI's atexit finalize
+        try:
+            cc.allreduce(x, comm=comm)
+            code = 2
+        except cc.errors.BackendError as exc:
+            code = 0 if "forked child" in str(exc) else 3
+        except BaseException:  # noqa: BLE001  anything else is a failure too
+            code = 4
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert comm.board.slot.tolist() == board
+    np.testing.assert_array_equal(cc.allreduce(x, comm=comm), x)

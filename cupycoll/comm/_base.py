@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import os
 import types
+import weakref
 from typing import Any, Sequence
 
 import numpy as np
 
 from .._config import parse_timeout
 from .._types import ReduceOp, to_host
-from ..errors import BackendError, CollectiveTimeout, CupycollError
+from ..errors import BackendError, BackendUnavailable, CollectiveTimeout, CupycollError
 from ._checks import check_counts, check_sends
 from ._host_waits import HostWaits
 from ._stats import Stats
@@ -61,6 +63,7 @@ class Communicator(HostWaits, abc.ABC):
         self.sequence = 0
         self._fate = Fate()
         self._fate.members.add(self)
+        _MADE.add(self)
 
     # dense collectives, NCCL semantics; each returns a Work whose result is None
     @abc.abstractmethod
@@ -197,6 +200,16 @@ class Communicator(HostWaits, abc.ABC):
         if self._fate.error is None:
             self._slot[1] = self.sequence + 1
         self._slot = memoryview(bytearray(16)).cast("q")
+
+    def _forsake(self) -> None:
+        """In a forked child: this communicator is its parent's; every use raises, and the
+        parent's arrival board is never written (a backend also cuts its MPI communicator)."""
+        self._slot = memoryview(bytearray(16)).cast("q")
+        if self._fate.error is None:
+            self._fate.error = BackendUnavailable(
+                f"process {os.getpid()} is a forked child of the one that made it (e.g. a "
+                "DataLoader worker): only the process that made a communicator may use it")
+            self._fate.where = "a fork"
 
     def _check_alive(self) -> None:
         """Raise at once if this communicator was aborted."""
@@ -343,6 +356,16 @@ class Communicator(HostWaits, abc.ABC):
 
 
 _NO_STREAM = contextlib.nullcontext()
+#: every communicator of this process, forsaken in a forked child (:func:`_forked`)
+_MADE: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
+
+
+def _forked() -> None:
+    for comm in list(_MADE):
+        comm._forsake()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 class _Calling:

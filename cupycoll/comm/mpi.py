@@ -378,6 +378,11 @@ class MPICommunicator(Staging, Communicator):
         if comm is not None and self._owned and not MPI.Is_finalized():
             comm.Free()
 
+    def _forsake(self) -> None:
+        super()._forsake()
+        if not isinstance(self.mpi_comm, (_DeadComm, _ClosedComm)):
+            self.mpi_comm = _DeadComm(self._fate)
+
     def _disable(self) -> None:
         """Replace the MPI communicator with one that raises: nothing more is posted on it."""
         super()._disable()
