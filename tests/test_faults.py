@@ -4,6 +4,7 @@ operations, interrupts, dying ranks, and a soak run (see each worker's docstring
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -97,6 +98,17 @@ def test_dying_rank_ends_the_job(nprocs, mode):
                           text=True, timeout=60, env=env, cwd=ROOT, start_new_session=True)
     assert proc.returncode != 0, proc.stdout
     assert time.monotonic() - start < 30
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_work_left_pending_at_exit_completes(nprocs):
+    """An asynchronous dense call rank 0 never waits for completes as it exits (its peers
+    wait in it); every rank's done-callbacks run before the process ends."""
+    out = run_mpi(nprocs, "exit_pending.py", timeout=60)
+    said = re.findall(r"EXIT rank \d+ (?:waited|callback \w+)", out)  # ranks' lines may mix
+    assert sorted(said) == sorted(
+        [f"EXIT rank {r} callback True" for r in range(nprocs)]
+        + [f"EXIT rank {r} waited" for r in range(1, nprocs)]), out
 
 
 def test_soak_memory_flat():

@@ -201,7 +201,9 @@ def _two_phases(comm: Any, first: list, first_peers: list[int], between: Any, fi
         finish()
         return None
     done = lambda: bool(second) and bool(MPI.Request.Testall(second[0][0]))  # noqa: E731
-    return Work(wait, test, finish, on_drop=lambda: comm._orphaned.append((done, keep)))
+    work = Work(wait, test, finish, on_drop=lambda: comm._orphaned.append((done, keep)))
+    comm._started.add(work)
+    return work
 
 
 def _post_ready(comm: Any, advance: Any) -> None:

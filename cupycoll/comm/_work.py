@@ -3,6 +3,7 @@ process) and :class:`Overlap`, the default of device work consuming finished tra
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import contextlib
 import os
@@ -206,7 +207,10 @@ class Work:
 
 def _complete_forever(pending: "queue.SimpleQueue[tuple[Work, concurrent.futures.Future]]") -> None:
     while True:
-        work, future = pending.get()
+        item = pending.get()
+        if item is None:  # the interpreter exits: what was queued before has completed
+            return
+        work, future = item
         try:
             with work._device() if work._device is not None else _NOWHERE:
                 future.set_result(work.synchronize())
@@ -229,7 +233,21 @@ def _completer() -> "queue.SimpleQueue[tuple[Work, concurrent.futures.Future]]":
                                       name="cupycoll-completer")
     if server is not None:  # started without the lock (a finalizer run by the garbage
         server.start()  # collector in the new thread as it starts may take it)
+        atexit.register(_drain, pending, server)
     return pending
+
+
+#: seconds the interpreter's exit waits for the completer's queued callbacks
+EXIT_WAIT = 30.0
+
+
+def _drain(pending: "queue.SimpleQueue", server: threading.Thread) -> None:
+    """At exit: the completer is a daemon thread, which the interpreter would end with
+    ``add_done_callback`` callbacks still queued: let it finish them (up to EXIT_WAIT s;
+    registered after mpi4py.MPI's finalizer, so it runs before MPI finalizes)."""
+    if _COMPLETERS.get(os.getpid()) is pending:  # (not in a forked child)
+        pending.put(None)
+        server.join(EXIT_WAIT)
 
 
 class Overlap:

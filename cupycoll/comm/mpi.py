@@ -11,6 +11,7 @@ import math
 import os
 import threading
 import time
+import weakref
 from typing import Any, Sequence
 
 import numpy as np
@@ -21,6 +22,7 @@ from .._types import ReduceOp, parse_op, to_host
 from ..errors import BackendError, CupycollError
 from ._base import Communicator
 from ._checks import agreed_settings, check_peers, rank_of
+from ._mpi_exit import settle_at_exit
 from ._mpi_staging import _AVG, Staging
 from ._mpi_pairwise import (earlier_first, pairwise_in_place, pairwise_reduce,
                              pairwise_reduce_applies, pairwise_reduce_scatter)
@@ -76,6 +78,8 @@ class MPICommunicator(Staging, Communicator):
         #: operations whose Work was dropped before it completed: (whether done, buffers),
         #: kept until done (:meth:`_record_collective` lets go of them)
         self._orphaned: list[tuple[Any, Any]] = []
+        self._started: "weakref.WeakSet[Work]" = weakref.WeakSet()  # waited for at exit
+        settle_at_exit(self)
 
     def dup(self) -> "MPICommunicator":
         """Return a communicator over the same ranks with its own message space."""
@@ -198,8 +202,10 @@ class MPICommunicator(Staging, Communicator):
 
         keep_alive = list(keep)
         done = lambda: bool(MPI.Request.Testall(requests))  # noqa: E731
-        return Work(wait, done, finalize,
+        work = Work(wait, done, finalize,
                     on_drop=lambda: self._orphaned.append((done, keep_alive)))
+        self._started.add(work)
+        return work
 
     def allreduce(self, send: Any, recv: Any, op: ReduceOp, op_name: str = "allreduce") -> Work:
         return self._allreduce(send, recv, parse_op(op, rank=self.rank), op_name, False)

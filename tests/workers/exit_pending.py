@@ -1,0 +1,26 @@
+"""Work left pending at a normal exit: rank 0 starts an asynchronous dense allreduce and ends
+without waiting for it, the others wait for theirs (before: rank 0 sat in MPI_Finalize, the
+others in their wait, forever without a timeout); every rank's ``add_done_callback`` on an
+asynchronous sparse call runs before the process ends (before: the completer, a daemon thread,
+was ended with them queued). Each callback and each waiter prints a line; runs without a
+timeout (CUPYCOLL_TIMEOUT=0): the launch's own timeout is the hang detector."""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+import cupycoll as cc
+
+comm = cc.init("mpi", timeout=0)
+RANK, P = comm.rank, comm.size
+x = np.full(1 << 16, RANK + 1.0, np.float32)
+pending = cc.allreduce(x, async_op=True, comm=comm)
+if RANK > 0:
+    assert np.all(pending.wait() == P * (P + 1) / 2)
+    print(f"EXIT rank {RANK} waited", flush=True)
+idx = np.array([RANK], np.int64)
+work = cc.sparse_allreduce(idx, np.ones(1, np.float32), P, comm=comm, async_op=True)
+work.add_done_callback(lambda done: print(
+    f"EXIT rank {RANK} callback {done.wait().values.tolist() == [1.0] * P}", flush=True))
+MPI.COMM_WORLD.Barrier()  # (mpi4py's, not a collective of comm: rank 0 leaves its work as is)
