@@ -93,9 +93,17 @@ def array_namespace(x: Any) -> types.ModuleType:
 
 
 def as_array(x: Any, argument: str, *, rank: int | None = None) -> Any:
-    """Accept a numpy/cupy array or anything with ``__dlpack__`` (zero-copy); reject the rest."""
-    if isinstance(x, np.ndarray) or type(x).__module__.split(".")[0] == "cupy":
+    """Accept a numpy/cupy array or anything with ``__dlpack__`` (zero-copy); reject the rest.
+    A numpy subclass (memmap, matrix) is taken as a plain ndarray view of its memory (its own
+    indexing and reshaping rules would reach the algorithms); a masked array with masked
+    entries is refused (the mask would be ignored)."""
+    if type(x) is np.ndarray or type(x).__module__.split(".")[0] == "cupy":
         return x
+    if isinstance(x, np.ndarray):
+        if np.ma.is_masked(x):
+            raise InvalidType(argument, "a masked array with masked entries", "a plain array "
+                              "(the mask would be ignored: pass x.filled(0))", rank=rank)
+        return x.view(np.ndarray)
     if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
         device_type = int(x.__dlpack_device__()[0])
         try:

@@ -58,6 +58,22 @@ def test_every_error_pickles_and_copies_with_its_fields():
             assert vars(again) == vars(e), (vars(again), vars(e))
 
 
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # np.matrix's own
+def test_numpy_subclasses_are_taken_as_plain_arrays_or_refused(tmp_path):
+    """A memmap or a matrix is taken as a plain ndarray over the same memory (a matrix's own
+    reshape and indexing broke allgather's merge of rows: a numpy ValueError on some ranks);
+    a masked array with masked entries is refused naming the argument (its mask would be
+    ignored: ValueError deep in the wire packing, or the raw data summed), one without is not."""
+    rows = np.matrix([[1.0, 2.0], [3.0, 4.0]], dtype=np.float32)
+    got = as_array(rows, "values")
+    assert type(got) is np.ndarray and got.shape == (2, 2) and np.shares_memory(got, rows)
+    mapped = np.memmap(tmp_path / "m.bin", np.float32, "w+", shape=(3,))
+    assert type(as_array(mapped, "values")) is np.ndarray
+    assert type(as_array(np.ma.masked_array([1.0, 2.0]), "values")) is np.ndarray
+    with pytest.raises(errors.InvalidType, match="'values' on rank 3 must be a plain array"):
+        as_array(np.ma.masked_array([1.0, 2.0], mask=[0, 1]), "values", rank=3)
+
+
 def test_check_dtype_and_as_array():
     for dt in ("float16", "float32", "float64", "int8", "uint8", "int32", "int64"):
         assert check_dtype(np.zeros(1, dt), "x") == np.dtype(dt)
