@@ -25,9 +25,12 @@ class _Runner:
         if getattr(type(comm), "dup", None) in (None, Communicator.dup):  # none of its own
             raise InvalidArgument("async_op", True, f"the {comm.backend} communicator cannot be "
                                   "duplicated for background work", rank=comm.rank)
-        barrier = getattr(comm, "barrier", None)
-        if barrier is not None:  # every rank here, under the communicator's timeout, before
-            barrier()  # MPI_Comm_dup, which no timeout bounds (a missing peer hung it)
+        # every rank here, under the communicator's timeout, before MPI_Comm_dup, which no
+        # timeout bounds (a missing peer hung it), and no peer that gave up this barrier
+        if getattr(comm, "mpi_comm", None) is not None:
+            comm.host_arrival("the background worker's duplicate")
+        elif getattr(comm, "barrier", None) is not None:
+            comm.barrier()
         self.comm = comm.dup()
         self.comm.stats = comm.stats  # traffic is booked on the caller's communicator
         self._pool = concurrent.futures.ThreadPoolExecutor(1, "cupycoll-background")

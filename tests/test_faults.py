@@ -105,10 +105,19 @@ def test_work_left_pending_at_exit_completes(nprocs):
     """An asynchronous dense call rank 0 never waits for completes as it exits (its peers
     wait in it); every rank's done-callbacks run before the process ends."""
     out = run_mpi(nprocs, "exit_pending.py", timeout=60)
-    said = re.findall(r"EXIT rank \d+ (?:waited|callback \w+)", out)  # ranks' lines may mix
+    said = re.findall(r"EXIT rank \d+ (?:waited|callback True|callback False)", out)  # (lines
+    # of several ranks may run together)
     assert sorted(said) == sorted(
         [f"EXIT rank {r} callback True" for r in range(nprocs)]
         + [f"EXIT rank {r} waited" for r in range(1, nprocs)]), out
+
+
+def test_exit_with_work_a_peer_gave_up_is_prompt():
+    """Rank 0 leaves an allreduce pending that the others abort instead of joining: its exit
+    does not wait for it (no timeout set: it would have waited forever)."""
+    start = time.monotonic()
+    out = run_mpi(2, "exit_pending.py", "aborted", timeout=60)
+    assert out.count("leaves") == 2 and time.monotonic() - start < 30, out
 
 
 def test_soak_memory_flat():

@@ -162,6 +162,7 @@ def test_threshold_not_rounded_to_dtype():
     assert P.select_abs_ge(np.array([2.0**53, 2.0**54]), 2**53 + 1)[0].tolist() == [1]
     assert P.count_abs_ge(np.array([2**53 + 1], np.int64), Fraction(2**53 + 1, 1) + Fraction(
         1, 3)) == 0
+    assert P.count_abs_ge(np.array([1 / 3, -1 / 3, 0.5]), Fraction(1, 3)) == 1  # 1/3 > float
 
 
 def test_select_zero_d_threshold_and_all_equal():

@@ -34,6 +34,20 @@ class HostWaits:
         """
         if self.mpi_comm is not None and self.size > 1:
             self._host_wait(self.mpi_comm.Ibarrier(), op_name)
+            self._no_peer_gave_up(op_name)
+
+    def _no_peer_gave_up(self, op_name: str) -> None:
+        """After a barrier: raise (and abort) if a peer on this node gave up this barrier or
+        an earlier collective (its abandoned barrier can complete this one), so this rank does
+        not go on into MPI's untimed calls without it. A peer that passed the barrier is in
+        those calls (or a later host wait, which counts): it cannot have given up since."""
+        gave_up = self.board.gave_up(self.rank, self.sequence) if self.board is not None else ""
+        if gave_up:
+            error = BackendError(f"{op_name} on rank {self.rank}: {gave_up}; every later call "
+                                 "on this communicator raises: call cupycoll.init() on every "
+                                 "rank for a new one")
+            self._die(error, f"{op_name} (collective #{self.sequence}, a peer gave up)")
+            raise error
 
     def host_bcast(self, obj: Any, op_name: str) -> Any:
         """Rank 0's ``obj`` on every rank (pickled) over the host MPI communicator, each of its
@@ -68,10 +82,3 @@ class HostWaits:
         except BaseException as exc:  # the request stays posted: the others' wait completes
             self._interrupted(op_name, type(exc))  # against it, so say this rank gave up
             raise
-        gave_up = self.board.gave_up(self.rank) if self.board is not None else ""
-        if gave_up:  # after posting its part: this rank must not go on into MPI's untimed calls
-            error = BackendError(f"{op_name} on rank {self.rank}: {gave_up}; every later call "
-                                 "on this communicator raises: call cupycoll.init() on every "
-                                 "rank for a new one")
-            self._die(error, f"{op_name} (collective #{self.sequence}, a peer gave up)")
-            raise error

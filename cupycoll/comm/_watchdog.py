@@ -78,12 +78,13 @@ class Board:
                 out[r] = out_far.get(r)
         return out
 
-    def gave_up(self, rank: int) -> str:
-        """The ranks on this node (but ``rank``) that aborted or closed their communicator,
-        as "rank r gave it up at collective #c", "; "-joined ("" if none)."""
+    def gave_up(self, rank: int, upto: int) -> str:
+        """The ranks on this node (but ``rank``) that aborted or closed their communicator at
+        collective ``upto`` or before, as "rank r gave it up at collective #c", "; "-joined
+        ("" if none)."""
         return "; ".join(f"rank {r} gave it up at collective #{int(view[_DIED]) - 1}"
                          for r, view in sorted(self._local.items())
-                         if r != rank and view[_DIED])
+                         if r != rank and 0 < view[_DIED] <= upto + 1)
 
     def _read_remote(self, ranks: Sequence[int]) -> dict[int, tuple[int, int]]:
         """RMA reads of ranks on other nodes, given ``_REMOTE_GRACE`` s (a rank whose MPI

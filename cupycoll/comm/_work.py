@@ -237,8 +237,9 @@ def _completer() -> "queue.SimpleQueue[tuple[Work, concurrent.futures.Future]]":
     return pending
 
 
-#: seconds the interpreter's exit waits for the completer's queued callbacks
-EXIT_WAIT = 30.0
+#: seconds the interpreter's exit waits at most for the completer's queued callbacks, and for
+#: each MPI communicator's operations left pending (:mod:`._mpi_exit`)
+EXIT_WAIT = 5.0
 
 
 def _drain(pending: "queue.SimpleQueue", server: threading.Thread) -> None:

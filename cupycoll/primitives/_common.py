@@ -51,8 +51,9 @@ def _abs_threshold(dtype: np.dtype, t: Any) -> Any:
         else:
             with np.errstate(over="ignore"):
                 tt = dtype.type(tf)
-        exact = int(t) if isinstance(t, (numbers.Integral, np.integer)) else tf
-        if float(tt) < exact:  # (float < int compares exactly: 2**53 + 1 is above 2.0**53)
+        exact = int(t) if isinstance(t, (numbers.Integral, np.integer)) else \
+            t if isinstance(t, numbers.Rational) else tf  # a Fraction as it is
+        if float(tt) < exact:  # (float < int or Fraction compares exactly: 2**53 + 1 > 2.0**53)
             with np.errstate(under="ignore"):  # a subnormal threshold: no raise mid-collective
                 tt = np.nextafter(tt, dtype.type(np.inf))
         if math.isnan(tt):
@@ -65,7 +66,7 @@ def _abs_threshold(dtype: np.dtype, t: Any) -> Any:
     elif math.isinf(float(t)):
         return float(t) < 0
     else:
-        ti = math.ceil(t)  # exact for a Fraction or Decimal too (float(t) would round)
+        ti = math.ceil(t)  # exact for a Fraction too (float(t) would round)
     if ti <= 0 or ti > 2 ** (8 * dtype.itemsize - 1):
         return ti <= 0
     return ti

@@ -3,9 +3,15 @@ without waiting for it, the others wait for theirs (before: rank 0 sat in MPI_Fi
 others in their wait, forever without a timeout); every rank's ``add_done_callback`` on an
 asynchronous sparse call runs before the process ends (before: the completer, a daemon thread,
 was ended with them queued). Each callback and each waiter prints a line; runs without a
-timeout (CUPYCOLL_TIMEOUT=0): the launch's own timeout is the hang detector."""
+timeout (CUPYCOLL_TIMEOUT=0): the launch's own timeout is the hang detector.
+
+With the argument ``aborted``: rank 0 leaves its allreduce pending and every other rank
+aborts the communicator instead of joining it: rank 0's exit reads that on the arrival board
+and ends at once (it must not wait for an operation nobody will complete)."""
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 from mpi4py import MPI
@@ -15,6 +21,14 @@ import cupycoll as cc
 comm = cc.init("mpi", timeout=0)
 RANK, P = comm.rank, comm.size
 x = np.full(1 << 16, RANK + 1.0, np.float32)
+if sys.argv[1:] == ["aborted"]:
+    if RANK == 0:
+        pending = cc.allreduce(x, async_op=True, comm=comm)
+    else:
+        comm.abort()
+    MPI.COMM_WORLD.Barrier()
+    print(f"EXIT rank {RANK} leaves", flush=True)
+    sys.exit(0)
 pending = cc.allreduce(x, async_op=True, comm=comm)
 if RANK > 0:
     assert np.all(pending.wait() == P * (P + 1) / 2)
