@@ -100,6 +100,8 @@ def as_array(x: Any, argument: str, *, rank: int | None = None) -> Any:
     if type(x) is np.ndarray or type(x).__module__.split(".")[0] == "cupy":
         return x
     if isinstance(x, np.ndarray):
+        if array_namespace(x) is not np:  # a device array stand-in (cupycoll.testing's)
+            return x
         if np.ma.is_masked(x):
             raise InvalidType(argument, "a masked array with masked entries", "a plain array "
                               "(the mask would be ignored: pass x.filled(0))", rank=rank)
