@@ -9,7 +9,6 @@ tensor, the parameter's gradient, then holds the coalesced average (DDP copies n
 """
 
 import dataclasses
-import functools
 import weakref
 from typing import Any
 
