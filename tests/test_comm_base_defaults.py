@@ -165,7 +165,7 @@ def test_a_closed_mpi_communicator_raises_backend_unavailable_and_never_dups_the
 
 
 def test_a_communicator_without_its_own_dup_refuses_background_work():
-    """The base ``dup`` (typed for every Communicator) raises NotImplementedError; a
+    """The base ``dup`` (typed for every Communicator) raises BackendUnavailable; a
     communicator that has no ``dup`` of its own is refused background work naming
     ``async_op`` (a one-rank MPI communicator whose class keeps the base's)."""
     from mpi4py import MPI
@@ -174,14 +174,14 @@ def test_a_communicator_without_its_own_dup_refuses_background_work():
     from cupycoll._background import run_async
     from cupycoll.comm._base import Communicator
     from cupycoll.comm.mpi import MPICommunicator
-    from cupycoll.errors import InvalidArgument
+    from cupycoll.errors import BackendUnavailable, InvalidArgument
 
     class NoDup(MPICommunicator):
         dup = Communicator.dup
 
     comm = NoDup(MPI.COMM_SELF)
     assert comm.mpi_comm is not None and Communicator.mpi_comm is None
-    with pytest.raises(NotImplementedError, match="NoDup has no dup"):
+    with pytest.raises(BackendUnavailable, match="dup on rank 0: a NoDup cannot be duplicated"):
         comm.dup()
     with pytest.raises(InvalidArgument, match="'async_op' on rank 0.*cannot be duplicated"):
         run_async(comm, lambda on: None, op_name="test")

@@ -117,8 +117,10 @@ class Communicator(HostWaits, abc.ABC):
         """Block on backend handles: the one place every blocking wait goes through."""
 
     def dup(self) -> "Communicator":
-        """A communicator over the same ranks with its own message space (collective)."""
-        raise NotImplementedError(f"{type(self).__name__} has no dup()")
+        """A communicator over the same ranks with its own message space (collective); a kind
+        of communicator without one refuses."""
+        raise BackendUnavailable(f"dup on rank {self.rank}: a {type(self).__name__} cannot be "
+                                 "duplicated")
 
     def close(self) -> None:
         """Release backend resources (idempotent)."""
@@ -179,9 +181,12 @@ class Communicator(HostWaits, abc.ABC):
 
     def _interrupted(self, op_name: str, kind: type = KeyboardInterrupt) -> None:
         """A wait, or a front-door call (its peers may wait in it), was left by an exception
-        not of cupycoll's (``kind``: KeyboardInterrupt, a signal handler's SystemExit or
+        of type ``kind``. Not cupycoll's (KeyboardInterrupt, a signal handler's SystemExit or
         preemption error, a failure of this rank alone): an operation may stay pending, so the
-        communicator is aborted (a later call would match it)."""
+        communicator is aborted (a later call would match it). cupycoll's own errors are
+        raised on every rank, or have already aborted it: nothing to do."""
+        if issubclass(kind, CupycollError):
+            return
         how = "interrupted" if kind is KeyboardInterrupt else f"left by {kind.__name__}"
         self._die(BackendError(f"{op_name} was {how} on rank {self.rank}"),
                   f"{op_name} (collective #{self.sequence}, {how})")
@@ -192,6 +197,10 @@ class Communicator(HostWaits, abc.ABC):
     def _disable(self) -> None:
         """Stop publishing arrivals (calls on a dead communicator start nothing); a backend
         extends this so every later operation raises ``self._fate.dead_error()``."""
+        self._stop_publishing()
+
+    def _stop_publishing(self) -> None:
+        """Later collectives' counts go to a private slot, not the arrival board."""
         self._slot = memoryview(bytearray(16)).cast("q")
 
     def _closed(self) -> None:
@@ -199,12 +208,12 @@ class Communicator(HostWaits, abc.ABC):
         names it), then stop publishing: a later call on it starts nothing."""
         if self._fate.error is None:
             self._slot[1] = self.sequence + 1
-        self._slot = memoryview(bytearray(16)).cast("q")
+        self._stop_publishing()
 
     def _forsake(self) -> None:
         """In a forked child: this communicator is its parent's; every use raises, and the
         parent's arrival board is never written (a backend also cuts its MPI communicator)."""
-        self._slot = memoryview(bytearray(16)).cast("q")
+        self._stop_publishing()
         if self._fate.error is None:
             self._fate.error = BackendUnavailable(
                 f"process {os.getpid()} is a forked child of the one that made it (e.g. a "
@@ -385,6 +394,5 @@ class _Calling:
     def __exit__(self, kind: Any, *exc: Any) -> None:
         if self.outermost:
             comm, comm._verb = self.comm, None
-            if kind is not None and not issubclass(kind, CupycollError) and \
-                    comm._fate.error is None:
+            if kind is not None and comm._fate.error is None:
                 comm._interrupted(self.verb, kind)  # its peers may be in the call

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BackendError, CupycollError
+from ..errors import BackendError
 from ._nccl_guard import spin
 
 __all__ = ["HostWaits"]
@@ -77,8 +77,6 @@ class HostWaits:
 
         try:
             spin(arrived)
-        except CupycollError:
-            raise
         except BaseException as exc:  # the request stays posted: the others' wait completes
             self._interrupted(op_name, type(exc))  # against it, so say this rank gave up
             raise

@@ -21,15 +21,10 @@ from ._work import EXIT_WAIT
 __all__ = ["settle_at_exit"]
 
 _COMMS: "weakref.WeakSet[Any]" = weakref.WeakSet()
-_REGISTERED: list[bool] = []
 
 
 def settle_at_exit(comm: Any) -> None:
-    """Settle ``comm`` at exit (the hook is registered with the first communicator, after
-    mpi4py.MPI's own, so it runs before MPI finalizes)."""
-    if not _REGISTERED:
-        atexit.register(_settle_all)
-        _REGISTERED.append(True)
+    """Settle ``comm`` at exit."""
     _COMMS.add(comm)
 
 
@@ -53,3 +48,7 @@ def _settle(comm: Any) -> None:
             time.sleep(1e-3)
     except Exception:  # noqa: BLE001  (a dead communicator's tests raise: nothing to wait for)
         return
+
+
+atexit.register(_settle_all)  # imported after mpi4py.MPI (by comm/mpi.py): runs before its
+# finalizer

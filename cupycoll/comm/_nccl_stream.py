@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .._types import check_current_device
-from ..errors import BackendError, CollectiveTimeout, CupycollError
+from ..errors import BackendError, CollectiveTimeout
 from ._nccl_config import in_progress
 from ._nccl_guard import spin
 from ._watchdog import _ABANDONED
@@ -262,8 +262,6 @@ class _StreamOrder:
 
         try:
             spin(done)
-        except CupycollError:
-            raise
         except BaseException as exc:  # Ctrl-C, a signal handler's exception: still pending
             self._interrupted(op_name or "synchronize", type(exc))
             raise

@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 from .._config import made_settings
 from .._types import ReduceOp, parse_op, to_host
-from ..errors import BackendError, CupycollError
+from ..errors import BackendError
 from ._base import Communicator
 from ._checks import agreed_settings, check_peers, rank_of
 from ._mpi_exit import settle_at_exit
@@ -108,8 +108,6 @@ class MPICommunicator(Staging, Communicator):
             reasons = {MPI.Get_error_string(s.Get_error()).split(",")[0] for s in statuses
                        if s.Get_error() != MPI.SUCCESS}
             raise self._failure(op_name, reasons or {str(exc)}) from exc
-        except CupycollError:
-            raise
         except BaseException as exc:  # Ctrl-C, a signal handler's exception: still pending
             self._interrupted(op_name, type(exc))
             raise
