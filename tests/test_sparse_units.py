@@ -340,3 +340,35 @@ def test_prefer_dense_only_when_sparse_costs_strictly_more():
     assert prefer_dense(34, 64, 4, 4)
     assert not prefer_dense(0, 1, 8, 4)
 
+
+@pytest.mark.parametrize("value_dtype, wire_values, nnz", [
+    (np.float32, "bfloat16", 400), (np.float64, "float16", 600), (np.float32, None, 600)])
+def test_recursive_doubling_switches_on_the_bytes_on_the_wire(value_dtype, wire_values, nnz):
+    """A block goes dense where its rows as they travel (rounded by ``wire_values``) make the
+    sparse block the larger one: P = 2 (threads), each rank's own input is the one block."""
+    from tests._threaded import on_communicators
+
+    n, value_bytes = 1000, 2 if wire_values else np.dtype(value_dtype).itemsize
+    sparse_bytes, dense_bytes = nnz * (4 + value_bytes), n * value_bytes + (n + 7) // 8
+    assert sparse_bytes > dense_bytes  # the case: dense is smaller on the wire
+
+    def fn(comm):
+        rng = np.random.default_rng(comm.rank)
+        idx = np.sort(rng.choice(n, nnz, replace=False)).astype(np.int32)
+        val = rng.integers(-8, 9, nnz).astype(value_dtype)
+        got = sparse_allreduce(idx, val, n, algorithm="recursive_doubling", comm=comm,
+                               wire_values=wire_values)
+        return idx, val, got
+
+    runs = on_communicators(2, fn)
+    received = [sum(entry[1] for entry in log if entry[0] == "recursive_doubling")
+                for _, log in runs]
+    assert received == [dense_bytes, dense_bytes]
+    want = np.zeros(n)
+    for (idx, val, _), _ in runs:
+        np.add.at(want, idx, val)
+    union = np.union1d(runs[0][0][0], runs[1][0][0])
+    for (_, _, got), _ in runs:
+        assert np.array_equal(got.indices, union)
+        assert np.array_equal(got.values, want[got.indices].astype(value_dtype))
+

@@ -11,9 +11,11 @@ the same operands in the same order and hold identical bits (by induction, every
 DSAR switch: a partial result is sent sparse (indices + rows, E = index + row bytes per entry)
 until its nnz * E exceeds ``DELTA`` times the dense representation, n * R row bytes plus a
 ceil(n/8)-byte presence bitmap (the union cannot be read from the values); from then on it is
-dense and stays dense. ``DELTA`` = 1 switches at equal bytes, i.e. at union density
-(R + 1/8) / (I + R): about 0.52 for float32 values and int32 indices. Both partners see the same
-merged nnz, so they switch together.
+dense and stays dense. R is the row's bytes on the wire (``wire_values`` rounds them) and I the
+index's bytes uncoded (a compact wire's coded indices are known only once encoded; both
+partners must decide from the nnz alone). ``DELTA`` = 1 switches at equal bytes, i.e. at union
+density (R + 1/8) / (I + R): about 0.52 for float32 values and int32 indices. Both partners see
+the same merged nnz, so they switch together.
 
 Cost per rank and round: an 8-byte header (nnz, or -1 for dense; compact wire: + the block's
 bytes, 16 bytes) and the partner's partial result as one packed block (|union of its group| * E,
@@ -27,7 +29,6 @@ about log2(P) rounds with the union growing each round: best at small sizes, lat
 
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -92,7 +93,7 @@ class _Rounds:
         self.comm, self.xp, self.n, self.op, self.wire = comm, comm.xp, n, op, wire
         self.index_dtype, self.value_dtype = index_dtype, values.dtype
         self.row = tuple(values.shape[1:])
-        self.row_bytes = values.dtype.itemsize * max(math.prod(self.row), 1)
+        self.row_bytes = value_nbytes(1, self.row, values.dtype, wire)  # on the wire
         self.accumulate_dtype = accumulate_dtype
         self.counts = None if wire.compact else counts
         self._held: list[Any] = []  # the blocks of this call's exchanges (send_buffer)
@@ -238,7 +239,7 @@ def cost(shape: Shape, rank: int, profile: Any = None) -> Cost:
         size = shape.union_of(group)
         if len(group) > 1 or shape.wire.compact:  # one rank's own input: its count is known
             c.book(_OP + ".counts", 8 * shape.size_words, 1)
-        if prefer_dense(size, shape.n, shape.index_bytes, shape.row_bytes):
+        if prefer_dense(size, shape.n, shape.index_bytes, shape.wire_row_bytes):
             c.book(_OP, dense_bytes, 1)
             return
         union = (distinct(np, [shape.inputs[r] for r in group])
@@ -270,7 +271,7 @@ def work(shape: Shape, rank: int, profile: Any = None) -> dict[str, float]:
     rounds = max(p.bit_length() - 1, 0) + (1 if p & (p - 1) else 0)
     for j in range(rounds):
         group = estimate_union(shape.n, [mean] * min(2 ** j, p))
-        if prefer_dense(group, shape.n, shape.index_bytes, shape.row_bytes):
+        if prefer_dense(group, shape.n, shape.index_bytes, shape.wire_row_bytes):
             out["dense"] += 2 * shape.n * w
             out["scan"] += shape.n
         else:
