@@ -232,6 +232,9 @@ def test_init_one_rank_and_errors(monkeypatch):
     if not cc.comm.nccl_usable():
         with pytest.raises(errors.BackendUnavailable):
             cc.init("nccl", mpi_comm=MPI.COMM_SELF)
+    monkeypatch.setenv("CUPYCOLL_BACKEND", "gloo")
+    with pytest.raises(errors.InvalidArgument, match="'CUPYCOLL_BACKEND'.*got 'gloo'"):
+        cc.init(mpi_comm=MPI.COMM_SELF)
     monkeypatch.setenv("CUPYCOLL_BACKEND", "auto")
     assert cc.init(mpi_comm=MPI.COMM_SELF).backend in ("mpi", "nccl")
 

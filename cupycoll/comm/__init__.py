@@ -92,9 +92,10 @@ def _init_settings(backend: str | None, timeout: float | None) -> tuple[str, flo
     """What :func:`init` reads before it makes a communicator: no unknown ``CUPYCOLL_*``
     variable, the backend, the timeouts and the log level, each checked."""
     check_environment()
+    named = "backend" if backend is not None else "CUPYCOLL_BACKEND"
     backend = setting("CUPYCOLL_BACKEND", backend)
     if backend not in _BACKENDS:
-        raise InvalidArgument("backend", backend, f"valid: {list(_BACKENDS)}")
+        raise InvalidArgument(named, backend, f"valid: {list(_BACKENDS)}")
     setting("CUPYCOLL_CONNECT_TIMEOUT")
     log_level()
     return backend, setting("CUPYCOLL_TIMEOUT", timeout)

@@ -64,7 +64,7 @@ class WireKernels:
             info = self._host(xp.concatenate([ends, flag.astype(np.int64), idx[:1].astype(np.int64),
                                               idx[-1:].astype(np.int64)]))
         payload, bad, first, last = (int(v) for v in info)
-        twin.check_values(n, bool(bad), first, last, lo, hi)
+        twin.check_values(idx, bool(bad), first, last, lo, hi)
         head, total = twin.choose(n, first, last, payload)
         out = xp.empty(total, np.uint8)
         out[:len(head)] = xp.asarray(np.frombuffer(head, np.uint8))

@@ -114,11 +114,15 @@ def check_stream(idx: Any, lo: Any, hi: Any) -> tuple[int, int]:
     return lo, hi
 
 
-def check_values(n: int, bad: bool, first: int, last: int, lo: int, hi: int) -> None:
-    """Raise unless the stream was strictly increasing and inside ``[lo, hi)``."""
+def check_values(idx: Any, bad: bool, first: int, last: int, lo: int, hi: int) -> None:
+    """Raise unless the stream ``idx`` (numpy or CuPy) was strictly increasing and inside
+    ``[lo, hi)``; a bad step is named by its first position."""
     if bad:
-        raise InvalidArgument("idx", n, "indices must be strictly increasing")
-    if n and not lo <= first <= last < hi:
+        wide = idx.astype(np.int64)
+        at = int((wide[1:] <= wide[:-1]).argmax()) + 1
+        raise InvalidArgument("idx", f"idx[{at}] = {int(wide[at])} after idx[{at - 1}] = "
+                              f"{int(wide[at - 1])}", "indices must be strictly increasing")
+    if idx.size and not lo <= first <= last < hi:
         raise InvalidArgument("idx", (first, last), f"indices must lie in [lo, hi) = [{lo}, {hi})")
 
 
@@ -153,7 +157,7 @@ def _gaps(idx: np.ndarray, lo: int, hi: int) -> np.ndarray:
     """Validated gaps - 1 as uint64."""
     wide = idx.astype(np.int64, copy=False)
     bad = idx.size > 1 and bool((wide[1:] <= wide[:-1]).any())  # compared, not subtracted:
-    check_values(idx.size, bad, int(wide[0]) if idx.size else 0,  # far-apart bad indices'
+    check_values(idx, bad, int(wide[0]) if idx.size else 0,  # far-apart bad indices'
                  int(wide[-1]) if idx.size else 0, lo, hi)  # step would overflow
     return np.diff(wide).view(_U64) - np.uint64(1)
 

@@ -126,7 +126,7 @@ def _layout(idx: np.ndarray, lo: int, hi: int) -> tuple:
     widths, sizes = np.empty(nblocks, np.uint8), np.empty(nblocks, np.int64)
     bad = _plan(idx, widths, sizes) if n > 1 else False
     first, last = (int(idx[0]), int(idx[-1])) if n else (0, 0)
-    twin.check_values(n, bad, first, last, lo, hi)
+    twin.check_values(idx, bad, first, last, lo, hi)
     return (idx, widths, sizes, first) + twin.choose(n, first, last, nblocks + int(sizes.sum()))
 
 

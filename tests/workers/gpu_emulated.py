@@ -442,6 +442,9 @@ def mode_rules():
     # cupy's own rules: no host arrays in device operations, no implicit conversion
     expect_raises(TypeError, lambda: x + np.ones(6, np.float32))
     expect_raises(TypeError, np.asarray, x)
+    draw = cupy.random.default_rng(0).standard_normal(4, dtype=cupy.float32)  # a device array
+    assert isinstance(draw, cupy.ndarray) and draw.dtype == cupy.float32, type(draw)
+    expect_raises(TypeError, np.asarray, draw)
     # NCCL's rules: device memory only, counts in elements, in-place pointers exactly
     host = np.zeros(6, np.float32)
     expect_raises(EmulationError, raw.allReduce, host.ctypes.data, host.ctypes.data, 6, f32,

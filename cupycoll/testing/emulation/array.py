@@ -280,6 +280,8 @@ def _wrap(result: Any, found: list, name: str) -> Any:
         return _device_copy(result, name)
     if isinstance(result, (list, tuple)):
         return type(result)(_wrap(r, found, name) for r in result)
+    if isinstance(result, (np.random.Generator, np.random.RandomState)):
+        return _Submodule(result)  # cupy.random's generators draw device arrays
     return result
 
 
@@ -360,7 +362,9 @@ class _Ufunc:
 
 
 class _Submodule:
-    def __init__(self, module: types.ModuleType) -> None:
+    """A numpy module (or generator) whose callables return device arrays."""
+
+    def __init__(self, module: Any) -> None:
         self._module = module
 
     def __getattr__(self, name: str) -> Any:
