@@ -36,7 +36,7 @@ import numpy as np
 from ._types import ReduceOp
 from .errors import CupycollError, InvalidArgument, InvalidType, MismatchError
 
-__all__ = ["VERBS", "ARGUMENTS", "HEADER", "FIELDS", "MAXIMA", "COLUMNS", "Terms", "Draft",
+__all__ = ["VERBS", "ARGUMENTS", "HEADER", "FIELDS", "MAXIMA", "COLUMNS", "Terms", "Draft", "unchecked",
            "Agreed", "Failure", "Differ", "ranks_text", "length", "slot_words", "slot_start",
            "SLOT_WORDS_TOTAL"]
 
@@ -49,7 +49,7 @@ ARGUMENTS = ("indices", "values", "n", "op", "algorithm", "accumulate_dtype", "a
              "completion_fn", "async_op", "wire", "wire_values", "output", "out", "x", "k",
              "selector", "state", "grad", "tensor", "CUPYCOLL_AUTO", "CUPYCOLL_ALGORITHM",
              "CUPYCOLL_WIRE", "CUPYCOLL_NUMBA", "CUPYCOLL_THREADS", "CUPYCOLL_RANKS_PER_NODE",
-             "CUPYCOLL_TOPK_ALGORITHM", "device", "root")
+             "CUPYCOLL_TOPK_ALGORITHM", "device", "root", "arguments")
 #: capacities every verb's vector has: signed fields, maxima, columns a rank (besides its
 #: error and detail words); the longest declarations are sparse_allreduce's.
 FIELDS, MAXIMA, COLUMNS = 10, 3, 1
@@ -158,6 +158,21 @@ def slot_start(size: int, rank: int) -> int:
     return HEADER + 2 * FIELDS + MAXIMA + _PER_RANK * size + rank * slot_words(size)
 
 
+def unchecked(error: Exception, rank: int) -> CupycollError:
+    """``error``, raised while checking ``rank``'s arguments, as cupycoll's: its own as it is
+    (a setting's, which names no rank, naming ``rank``), anything else (an argument's own
+    method raising, an optional module missing) as InvalidArgument ``arguments`` "could not
+    be checked", so that it still reaches the other ranks."""
+    if isinstance(error, CupycollError):
+        if type(error) is InvalidArgument and error.rank is None:
+            error = InvalidArgument(error.argument, error.value, error.reason, rank=rank)
+        return error
+    checked = InvalidArgument("arguments", f"{type(error).__name__}: {error}",
+                              "could not be checked", rank=rank)
+    checked.__cause__ = error
+    return checked
+
+
 class Draft:
     """One call's agreement vector: write this rank's part, then :meth:`settle`.
 
@@ -188,10 +203,11 @@ class Draft:
     def column(self, name: str, value: int) -> None:
         self.vec[self._column(2 + self.terms.columns.index(name)) + self.rank] = value
 
-    def fail(self, error: CupycollError, detail: int | None = None) -> None:
-        """This rank's arguments were bad: ``error`` (raised here after the allreduce) and the
-        ``detail`` its peers' errors may show (an offending value)."""
-        self.error = error
+    def fail(self, error: Exception, detail: int | None = None) -> None:
+        """This rank's arguments were bad: ``error`` (raised here after the allreduce; any
+        other than cupycoll's as :func:`unchecked`) and the ``detail`` its peers' errors may
+        show (an offending value)."""
+        error = self.error = unchecked(error, self.rank)
         kind = next(i for i, cls in enumerate(_KINDS) if isinstance(error, cls))
         argument = getattr(error, "argument", None)
         position = ARGUMENTS.index(argument) + 1 if argument in ARGUMENTS else 0

@@ -59,7 +59,10 @@ def parse_op(op: Any, *, rank: int | None = None, argument: str = "op") -> Reduc
     mpi_name = _mpi_op_name(op, argument, rank)
     if mpi_name is not None:
         return mpi_name
-    name = getattr(op, "name", None)  # e.g. torch.distributed.ReduceOp.SUM
+    try:
+        name = getattr(op, "name", None)  # e.g. torch.distributed.ReduceOp.SUM
+    except Exception:  # noqa: BLE001 -- an object's own property: not an op
+        name = None
     if isinstance(name, str) and name.lower() in {o.value for o in ReduceOp}:
         return ReduceOp(name.lower())
     raise InvalidType(argument, op, "a str, cupycoll.ReduceOp or mpi4py MPI op", rank=rank)
@@ -107,15 +110,18 @@ def as_array(x: Any, argument: str, *, rank: int | None = None) -> Any:
                               "(the mask would be ignored: pass x.filled(0))", rank=rank)
         return x.view(np.ndarray)
     if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
-        device_type = int(x.__dlpack_device__()[0])
         try:
-            if device_type in (1, 3):  # kDLCPU, kDLCUDAHost
+            if int(x.__dlpack_device__()[0]) in (1, 3):  # kDLCPU, kDLCUDAHost
                 return np.from_dlpack(x)
             import cupy
 
             return cupy.from_dlpack(x)
-        except (BufferError, RuntimeError, TypeError, ValueError) as e:
-            # e.g. a bfloat16 tensor numpy cannot hold, a tensor that requires grad
+        except ImportError as e:
+            raise InvalidType(argument, f"{type(x).__name__} on a device ({e})", "a tensor "
+                              "on the host, or CuPy installed for a GPU tensor (pip install "
+                              "'cupycoll[gpu-cu12]')", rank=rank) from None
+        except Exception as e:  # noqa: BLE001 -- the object's own DLPack methods may raise
+            # anything; e.g. a bfloat16 tensor numpy cannot hold, a tensor that requires grad
             raise InvalidArgument(argument, f"{type(x).__name__} ({e})", "must be a tensor DLPack "
                                   "can share with numpy/cupy", rank=rank) from None
     raise InvalidType(argument, type(x).__name__, "a numpy/cupy array or an object with __dlpack__",

@@ -135,7 +135,7 @@ def _root(root: Any, comm: Communicator) -> int:
         if isinstance(root, (bool, np.bool_)):  # operator.index(True) is 1: not a rank
             raise TypeError
         value = operator.index(root)
-    except TypeError:
+    except Exception:  # noqa: BLE001 -- a TypeError, or whatever its own __index__ raises
         raise InvalidType("root", root, "an int rank", rank=comm.rank) from None
     if not 0 <= value < comm.size:
         raise InvalidArgument("root", root, f"must be a rank in [0, {comm.size})", rank=comm.rank)
@@ -165,7 +165,12 @@ def _peer_error(failure: agreement.Failure, draft: agreement.Draft) -> CupycollE
 _SHOWN = {"collective": lambda code: (_VERBS + _EXCHANGES)[code],
           "op": lambda code: _OPS[code].value if code >= 0 else "none",
           "dtype": lambda num: next((np.dtype(c).name for c in np.typecodes["All"]
-                                     if np.dtype(c).num == num), str(num))}
+                                     if _dtype_code(np.dtype(c)) == num), str(num))}
+
+
+def _dtype_code(dtype: Any) -> int:
+    """One code per dtype numpy calls equal (``longlong`` and ``int64`` on Linux: one code)."""
+    return np.dtype(np.dtype(dtype).str).num
 
 
 def _mismatch(differs: list[agreement.Differ], draft: agreement.Draft) -> str:
@@ -180,7 +185,7 @@ _TERMS = {verb: agreement.Terms(verb, _FIELDS, _peer_error, _mismatch)
 
 
 def _agree(comm: Communicator, verb: str, fields: dict[str, int] | None,
-           error: CupycollError | None = None) -> None:
+           error: Exception | None = None) -> None:
     """With CUPYCOLL_DEBUG, check that every rank called the same collective the same way.
 
     One small MAX-allreduce (:mod:`cupycoll._agreement`) runs before the collective itself. So
@@ -214,6 +219,17 @@ def refuse(comm: Communicator, verb: str, error: CupycollError) -> None:
     _agree(comm, verb, None, error)
 
 
+def _async_flag(comm: Communicator, verb: str, async_op: Any) -> bool:
+    """``async_op`` checked (True or False); with CUPYCOLL_DEBUG a bad one takes part in the
+    verb's agreement, so every rank raises (:func:`refuse`)."""
+    try:
+        return check_flag(async_op, "async_op", comm.rank)
+    except CupycollError as exc:
+        if debug():
+            refuse(comm, verb, exc)
+        raise
+
+
 def _agreed(comm: Communicator, verb: str,
             validate: Callable[[], tuple[tuple, dict[str, Any]]]) -> tuple:
     """The verb's arguments, validated on this rank by ``validate()`` (the arguments, input
@@ -223,16 +239,16 @@ def _agreed(comm: Communicator, verb: str,
     debugging = debug()
     try:
         args, fields = validate()
-    except CupycollError as exc:
+    except Exception as exc:
         if debugging:
-            _agree(comm, verb, None, exc)  # raises exc after the agreement
+            _agree(comm, verb, None, exc)  # raises it after the agreement (as cupycoll's)
         raise
     if debugging:
         op = fields.get("op")
         _agree(comm, verb, {"collective": _VERBS.index(verb),
                             "op": _OPS.index(op) if op is not None else -1,
                             "root": fields.get("root", -1),
-                            "dtype": np.dtype(args[0].dtype).num, "count": int(args[0].size)})
+                            "dtype": _dtype_code(args[0].dtype), "count": int(args[0].size)})
     return args
 
 
@@ -251,7 +267,7 @@ def allreduce(x: Any, op: Any = "sum", *, comm: Communicator | None = None, out:
         cc.allreduce(np.array([rank + 1]))    # rank 0: [3]  rank 1: [3]
     """
     comm = comm or get_comm()
-    async_op = check_flag(async_op, "async_op", comm.rank)
+    async_op = _async_flag(comm, "allreduce", async_op)
     red = _plain_op(op)
     dst = _plain_output(x, out, comm) if red is not None else None
     if dst is not None:
@@ -272,7 +288,7 @@ def broadcast(x: Any, root: int = 0, *, comm: Communicator | None = None, out: A
               async_op: bool = False) -> Any:
     """Copy root's ``x`` to every rank (``x`` on other ranks only gives shape and dtype)."""
     comm = comm or get_comm()
-    async_op = check_flag(async_op, "async_op", comm.rank)
+    async_op = _async_flag(comm, "broadcast", async_op)
     dst = _plain_output(x, out, comm) if _plain_root(root, comm) else None
     if dst is not None:
         if async_op:
@@ -292,7 +308,7 @@ def reduce(x: Any, root: int = 0, op: Any = "sum", *, comm: Communicator | None 
            out: Any = None, async_op: bool = False) -> Any:
     """Reduce ``x`` over all ranks onto ``root``; return the result on root and None elsewhere."""
     comm = comm or get_comm()
-    async_op = check_flag(async_op, "async_op", comm.rank)
+    async_op = _async_flag(comm, "reduce", async_op)
     red = _plain_op(op)
     dst = None
     if red is not None and _plain_root(root, comm):
@@ -320,7 +336,7 @@ def allgather(x: Any, *, comm: Communicator | None = None, out: Any = None,
               async_op: bool = False) -> Any:
     """Concatenate every rank's ``x`` along axis 0 in rank order; identical on every rank."""
     comm = comm or get_comm()
-    async_op = check_flag(async_op, "async_op", comm.rank)
+    async_op = _async_flag(comm, "allgather", async_op)
     dst = _plain_output(x, out, comm, grow=comm.size)
     if dst is not None:
         if async_op:
@@ -340,7 +356,7 @@ def reduce_scatter(x: Any, op: Any = "sum", *, comm: Communicator | None = None,
                    async_op: bool = False) -> Any:
     """Reduce ``x`` over ranks and return this rank's block (axis 0 split into P equal blocks)."""
     comm = comm or get_comm()
-    async_op = check_flag(async_op, "async_op", comm.rank)
+    async_op = _async_flag(comm, "reduce_scatter", async_op)
     red = _plain_op(op)
     dst = _plain_output(x, out, comm, grow=1, shrink=comm.size) if red is not None else None
     if dst is not None:

@@ -192,3 +192,41 @@ def test_reduce_scatter_names_an_axis_the_ranks_do_not_divide():
     assert [str(e) for e in errors] == [
         f"invalid argument 'x' on rank {r}: axis 0 (7) must be divisible by the number of "
         "ranks (3) (got (7,))" for r in range(3)]
+
+
+class _RaisingIndex:
+    """A root whose own ``__index__`` raises something that is not a TypeError."""
+
+    def __index__(self):
+        raise ZeroDivisionError("index boom")
+
+
+@pytest.mark.parametrize("verb, bad", [
+    ("allreduce", {"async_op": "yes"}), ("broadcast", {"async_op": 1}),
+    ("reduce", {"async_op": None}), ("allgather", {"async_op": "no"}),
+    ("reduce_scatter", {"async_op": []}), ("broadcast", {"root": _RaisingIndex()})])
+def test_under_debug_a_bad_argument_on_one_rank_raises_on_every_rank(monkeypatch, verb, bad):
+    """CUPYCOLL_DEBUG: a bad ``async_op`` or a root whose ``__index__`` raises on rank 2
+    alone is that rank's error and MismatchError naming rank 2 on the others (no rank waits
+    for a collective the bad rank never joins)."""
+    from cupycoll.errors import MismatchError
+
+    monkeypatch.setenv("CUPYCOLL_DEBUG", "1")
+    call = getattr(cc, verb)
+    errors = outcomes(3, lambda c: call(np.ones(3, np.float32), comm=c,
+                                        **(bad if c.rank == 2 else {})))
+    assert isinstance(errors[2], InvalidType) and errors[2].rank == 2
+    assert errors[2].argument == next(iter(bad))
+    for error in errors[:2]:
+        assert isinstance(error, MismatchError) and "rank 2 passed bad arguments" in str(error)
+
+
+def test_under_debug_dtypes_numpy_calls_equal_agree(monkeypatch):
+    """``longlong`` and ``int64`` (the same dtype on Linux, other type numbers) agree."""
+    monkeypatch.setenv("CUPYCOLL_DEBUG", "1")
+    if np.dtype(np.longlong) != np.dtype(np.int64):
+        pytest.skip("longlong is not int64 on this platform")
+    got = outcomes(3, lambda c: cc.allreduce(
+        np.arange(4, dtype=np.longlong if c.rank == 2 else np.int64), comm=c))
+    for result in got:
+        np.testing.assert_array_equal(result, 3 * np.arange(4))

@@ -158,7 +158,7 @@ def test_a_bad_value_from_the_environment_names_the_variable(monkeypatch, name, 
     assert isinstance(error, InvalidArgument) and error.argument == keyword
 
 
-def test_an_unexpected_failure_still_becomes_an_argument_error():
+def test_a_dlpack_object_whose_own_methods_fail_is_named():
     class Broken:
         def __dlpack__(self, **kw):
             raise AssertionError("never asked")
@@ -167,6 +167,21 @@ def test_an_unexpected_failure_still_becomes_an_argument_error():
             raise RuntimeError("boom")
 
     prepared, error = _local(values=Broken())
+    assert prepared is None and str(error) == (
+        "invalid argument 'values' on rank 3: must be a tensor DLPack can share with "
+        "numpy/cupy (got 'Broken (boom)')")
+
+
+def test_an_unexpected_failure_still_becomes_an_argument_error(monkeypatch):
+    """Anything raised while checking that is not cupycoll's own travels as InvalidArgument
+    'arguments' naming the rank (every front door's agreement: ``_agreement.unchecked``)."""
+    from cupycoll.sparse import _validate
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(_validate, "_check_range", broken)
+    prepared, error = _local()
     assert prepared is None and type(error) is InvalidArgument
     assert str(error) == ("invalid argument 'arguments' on rank 3: could not be checked "
                           "(got 'RuntimeError: boom')")

@@ -450,3 +450,32 @@ def test_a_rank_in_another_verb_and_the_failing_rank_of_a_large_job():
                                                          comm=comm, algorithm="dense"))
     for r, e in enumerate(got):
         assert type(e) is InvalidType and e.argument == "x" and e.rank == 0, (r, e)
+
+
+class _DeviceTensorWithoutCuPy:
+    """A GPU tensor's DLPack face where CuPy cannot be imported (simulated in the test)."""
+
+    def __dlpack__(self, **kw):
+        raise AssertionError("never asked")
+
+    def __dlpack_device__(self):
+        return (2, 0)  # kDLCUDA
+
+
+def test_an_argument_failing_in_a_foreign_way_raises_on_every_rank(monkeypatch):
+    """A GPU tensor on one rank where CuPy is missing is InvalidType naming 'x' there and on
+    the others; any other exception while checking travels as InvalidArgument 'arguments' (no
+    rank waits for a collective the failing rank never joins)."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy raises ImportError
+    got = _outcomes(3, lambda comm: cc.topk_allreduce(
+        _DeviceTensorWithoutCuPy() if comm.rank == 1 else X, 3, comm=comm))
+    for r, e in enumerate(got):
+        assert type(e) is InvalidType and e.argument == "x" and e.rank == 1, (r, e)
+    assert "CuPy installed" in str(got[1])
+    monkeypatch.setattr(api, "check_run_settings", lambda rank: 1 / (rank != 1))
+    got = _outcomes(3, lambda comm: cc.topk_allreduce(X, 3, comm=comm))
+    for r, e in enumerate(got):
+        assert type(e) is InvalidArgument and e.argument == "arguments" and e.rank == 1, (r, e)
+    assert "ZeroDivisionError" in str(got[1])

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from .._agreement import unchecked
 from .._config import check_run_settings, setting
 from .._registry import algorithms
 from .._types import (ReduceOp, array_namespace, as_array, check_device, check_flag, check_native,
@@ -268,15 +269,8 @@ def _local(comm: Any, indices: Any, values: Any, n: Any, op: Any, algorithm: Any
             idx, val = (a.copy() if comm.xp.may_share_memory(buffer, a) else a
                         for a in (idx, val))
         mode = setting("CUPYCOLL_AUTO") if name == "auto" else "estimate"
-    except CupycollError as exc:  # a setting's own error names no rank: this one's
-        if type(exc) is InvalidArgument and exc.rank is None:
-            exc = InvalidArgument(exc.argument, exc.value, exc.reason, rank=rank)
-        return None, exc
-    except Exception as exc:  # anything else still has to reach the other ranks as a flag
-        error = InvalidArgument("arguments", f"{type(exc).__name__}: {exc}", "could not be "
-                                "checked", rank=rank)
-        error.__cause__ = exc
-        return None, error
+    except Exception as exc:  # reaches the other ranks as a flag, naming this rank
+        return None, unchecked(exc, rank)
     return Prepared(idx, val, length, red, name, np.dtype(idx.dtype), value_dtype, acc,
                     width, wire=wire, wire_values=wire_values, output=output, out=buffer,
                     auto_mode=mode, ranks_per_node=per_node), None

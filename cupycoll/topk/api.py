@@ -184,7 +184,7 @@ def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: An
         settings = {**settings, "CUPYCOLL_RANKS_PER_NODE": setting("CUPYCOLL_RANKS_PER_NODE"),
                     "async_op": bool(async_op)}
         draft.context = algorithm, settings  # the nodes' setting parsed by the checks
-    except CupycollError as exc:
+    except Exception as exc:  # any: it reaches the other ranks as a flag
         draft.fail(exc)
     else:
         draft.agree((int(arr.shape[0]), kk, _DTYPE_CODES[np.dtype(arr.dtype)],

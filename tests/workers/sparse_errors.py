@@ -117,7 +117,7 @@ def cases(size: int):
         **good(r), "output": "dense", "alloc_fn": (lambda *a: None) if r == 0 else None}, \
         InvalidArgument, 0, "alloc_fn"
     yield "foreign exception on rank 1", on(1, values=BrokenTensor()), InvalidArgument, 1, \
-        "arguments"
+        "values"
     yield "two ranks bad", lambda r: {**good(r), "indices": np.array([r, N + r, 0])
                                       if r in (1, 2) else good(r)["indices"]}, \
         InvalidArgument, (1, 2), "index out of range"
