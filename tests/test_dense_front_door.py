@@ -230,3 +230,21 @@ def test_under_debug_dtypes_numpy_calls_equal_agree(monkeypatch):
         np.arange(4, dtype=np.longlong if c.rank == 2 else np.int64), comm=c))
     for result in got:
         np.testing.assert_array_equal(result, 3 * np.arange(4))
+
+
+@pytest.mark.parametrize("dtype, bits, nans", [
+    (np.float32, np.uint32, [0xFFC00000, 0x7FC12345]),
+    (np.float64, np.uint64, [0xFFF8000000000000, 0x7FF8000000012345])])
+def test_a_lone_rank_gives_numpys_nan_in_max_and_min(comm, dtype, bits, nans):
+    """P = 1 (MPI calls no user op for one rank): max and min still give numpy's NaN whatever
+    NaN came in (a negative one, one with a payload), as at P >= 2, in place or not."""
+    odd = np.concatenate([np.array(nans, bits).view(dtype), np.array([1.5, -0.0], dtype)])
+    assert np.isnan(odd[:2]).all()
+    want = np.array([np.nan, np.nan, 1.5, -0.0], dtype).view(bits)
+    for op in ("max", "min"):
+        for got in (cc.allreduce(odd, op, comm=comm), cc.reduce(odd, 0, op, comm=comm),
+                    cc.reduce_scatter(odd, op, comm=comm)):
+            np.testing.assert_array_equal(got.view(bits), want)
+        inplace = odd.copy()
+        cc.allreduce(inplace, op, comm=comm, out=inplace)
+        np.testing.assert_array_equal(inplace.view(bits), want)

@@ -20,6 +20,7 @@ __all__ = ["Staging"]
 _AVG = ReduceOp.AVG  # a module constant: no Enum member lookup per call
 #: the float reductions whose MPI op or finish reads CUPYCOLL_NUMBA (max/min fold, avg divides)
 _PARSE_FIRST = frozenset((ReduceOp.MAX, ReduceOp.MIN, _AVG))
+_MINMAX = frozenset((ReduceOp.MAX, ReduceOp.MIN))
 
 
 class Staging:
@@ -45,7 +46,8 @@ class Staging:
             spec = _NATIVE[op].get(send.dtype) or _native(op, send.dtype)
             if spec is not None and (recv is None or send is not recv or in_place_ok):
                 mpi_type, mpi_op = spec
-                finalize = self._finish_reduction(recv, recv, op) if op is _AVG else None
+                finalize = self._finish_reduction(recv, recv, op) \
+                    if op is _AVG or self.size == 1 else None
                 if recv is None:
                     return ([send, mpi_type], None, mpi_op), None, (send,)
                 if send is recv:
@@ -89,9 +91,12 @@ class Staging:
         return np.ascontiguousarray(host_send), host_recv, in_place
 
     def _finish_reduction(self, host_recv: Any, recv: Any, op: ReduceOp):
-        """What must run after the transfer: avg's division, copying back a staged result
-        (None when nothing must)."""
-        if host_recv is None or (host_recv is recv and op is not _AVG):
+        """What must run after the transfer: avg's division, copying back a staged result,
+        a lone rank's float max/min NaNs made numpy's (MPI calls no user op for one rank: the
+        NaN came in as it was) (None when nothing must)."""
+        alone = self.size == 1 and op in _MINMAX and host_recv is not None \
+            and host_recv.dtype.kind == "f"
+        if host_recv is None or (host_recv is recv and op is not _AVG and not alone):
             return None
 
         def finalize() -> None:
