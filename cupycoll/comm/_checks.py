@@ -14,18 +14,27 @@ from ..errors import CupycollError, InvalidArgument
 __all__ = ["rank_of", "check_peers", "check_counts", "check_sends", "agreed_settings"]
 
 
-def agreed_settings(group: Any, parse: Callable[[], Any]) -> Any:
+def agreed_settings(group: Any, parse: Callable[[], Any],
+                    wait: Callable[[Any, str], None] | None = None) -> Any:
     """``parse()``'s value (settings read as a communicator is made), its failure agreed over
     the mpi4py ``group`` (one allgather, in the collective making): a CupycollError on any
     rank raises on every rank (that rank its own, naming it; the others InvalidArgument naming
     that rank and its message), never on one rank while the others wait in the next
-    collective, and before any communicator is duplicated (none is left behind)."""
+    collective, and before any communicator is duplicated (none is left behind).
+    ``wait(request, op_name)``: how the ranks' flags are waited for (a communicator's timed
+    host wait; default MPI's blocking allgather)."""
     rank = group.Get_rank()
     try:
         value, error = parse(), None
     except CupycollError as exc:
         value, error = None, exc
     mine = None if error is None else (getattr(error, "argument", None), str(error))
+    if wait is not None:  # the flags under the timeout; the messages only if one failed
+        flags = np.zeros(group.Get_size(), np.int64)
+        wait(group.Iallgather(np.array([error is not None], np.int64), flags),
+             "a new communicator's settings")
+        if not flags.any():
+            return value
     failed = [(r, f) for r, f in enumerate(group.allgather(mine)) if f is not None]
     if isinstance(error, InvalidArgument):
         raise InvalidArgument(error.argument, error.value, error.reason, rank=rank) from None

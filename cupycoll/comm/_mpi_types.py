@@ -232,3 +232,14 @@ def usable(mpi_comm: Any) -> MPI.Intracomm:
         raise InvalidArgument("mpi_comm", "MPI.COMM_NULL", "a communicator this process is in",
                               rank=rank)
     return mpi_comm
+
+
+def duplicate(base: Any, wait: Any = None) -> MPI.Intracomm:
+    """``base.Dup()``; with ``wait`` (a communicator's timed wait: :meth:`dup`) its nonblocking
+    twin waited for under the timeout, so a rank whose peers never come times out, never
+    hangs in MPI_Comm_dup."""
+    if wait is None:
+        return base.Dup()
+    twin, request = base.Idup()
+    wait(request, "a new communicator's duplicate")
+    return twin

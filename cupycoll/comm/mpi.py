@@ -27,7 +27,7 @@ from ._mpi_staging import _AVG, Staging
 from ._mpi_pairwise import (earlier_first, pairwise_in_place, pairwise_reduce,
                              pairwise_reduce_applies, pairwise_reduce_scatter)
 from ._mpi_types import (_ClosedComm, _DeadComm, _address, _bytes, _pending, _separate,
-                         out_of_communicators, usable)
+                         duplicate, out_of_communicators, usable)
 from ._naps import nap
 from ._work import Work
 
@@ -46,19 +46,20 @@ class MPICommunicator(Staging, Communicator):
     native_allgatherv = True
 
     def __init__(self, mpi_comm: MPI.Comm | None = None, *, timeout: float | None = None,
-                 xp: Any = np) -> None:
+                 xp: Any = np, _wait: Any = None) -> None:
         """Collective over ``mpi_comm``: works on a duplicate of it (its own message space, so
         operations a dead communicator left pending never match a new one's) and sets up the
-        arrival board that names late ranks."""
+        arrival board that names late ranks. ``_wait(request, op_name)``: the timed wait of
+        the communicator being duplicated (:meth:`dup`), for the making's collectives."""
         super().__init__(timeout)
         base = usable(mpi_comm if mpi_comm is not None else MPI.COMM_WORLD)
         #: seconds a wait tests (and yields) before it starts to nap; bytes from which reduce
         #: runs as an allreduce, reduce is a pairwise exchange and a gather, reduce_scatter a
         #: pairwise exchange (None: never; see _reduce, _reduce_scatter)
         self._spin, (self._reduce_as_allreduce, self._pairwise_reduce, self._pairwise_blocks) = \
-            agreed_settings(base, made_settings)  # (a closed or dead one's base raises why)
+            agreed_settings(base, made_settings, _wait)  # (a closed or dead base raises why)
         try:
-            self.mpi_comm = base.Dup()
+            self.mpi_comm = duplicate(base, _wait)
             self._owned = True
             self.rank, self.size = self.mpi_comm.Get_rank(), self.mpi_comm.Get_size()
             self._watch(self.mpi_comm)
@@ -83,7 +84,8 @@ class MPICommunicator(Staging, Communicator):
 
     def dup(self) -> "MPICommunicator":
         """Return a communicator over the same ranks with its own message space."""
-        twin = MPICommunicator(self.mpi_comm, timeout=self.timeout, xp=self.xp)
+        twin = MPICommunicator(self.mpi_comm, timeout=self.timeout, xp=self.xp,
+                               _wait=self._host_wait)
         twin._share_fate(self)
         return twin
 

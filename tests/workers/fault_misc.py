@@ -24,6 +24,10 @@ preempted  a signal handler's exception (SLURM's --signal pattern) on rank 0 in 
            (before node detection or a dup): the others' barrier completes against rank 0's
            abandoned one, and they raise naming rank 0 instead of entering MPI's untimed calls;
            rank 0 closes its communicator and calls on: the others' timeout names it as closed.
+dup        the last rank makes the background worker's duplicate (a first asynchronous call
+           of cupycoll.torch's) while the others run a sparse_allreduce: the barrier before the
+           duplicate completes against their validation, and the duplicate's own collectives
+           (its settings, MPI_Comm_idup) time out there instead of hanging in MPI_Comm_dup.
 local      a KeyboardInterrupt on rank 0 in a sparse_allreduce's local work, outside any
            wait: rank 0's communicator is dead at once (the others wait in that call: a later
            call would pair with theirs), the others time out; init() recovers.
@@ -271,6 +275,26 @@ def first() -> None:
     report("first call, a late rank", outcome, took)
 
 
+def dup() -> None:
+    from cupycoll._background import runner
+
+    comm = cc.init("mpi", timeout=1.0)
+    start = time.monotonic()
+    try:
+        if RANK == P - 1:
+            runner(comm)
+        else:
+            cc.sparse_allreduce(np.arange(RANK, 50, P), np.ones(len(range(RANK, 50, P))), 50,
+                                comm=comm)
+        outcome = "completed"
+    except CollectiveTimeout:
+        outcome = "CollectiveTimeout"
+    took = time.monotonic() - start
+    assert outcome == "CollectiveTimeout" and took < 6, (outcome, took)
+    fresh_allreduce(cc.init("mpi", timeout=10))
+    report("duplicate against a call", outcome, took)
+
+
 def local() -> None:
     comm = cc.init("mpi", timeout=1.0)
     idx, val = np.array([RANK], np.int64), np.ones(1, np.float32)
@@ -344,7 +368,7 @@ def learned() -> None:
 
 for name in sys.argv[1:]:
     {"stale": stale, "crossed": crossed, "skip": skip, "interrupt": interrupt, "first": first,
-     "local": local, "learned": learned, "preempted": preempted}[name]()
+     "local": local, "learned": learned, "preempted": preempted, "dup": dup}[name]()
     WORLD.Barrier()
 if RANK == 0:
     print("OK")
