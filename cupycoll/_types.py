@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InvalidArgument, InvalidType
+from .errors import CupycollError, InvalidArgument, InvalidType
 
 __all__ = ["ReduceOp", "UFUNCS", "parse_op", "array_namespace", "as_array", "check_dtype",
            "check_native", "check_current_device", "device_of", "distinct", "DENSE_DTYPES",
@@ -116,6 +116,8 @@ def as_array(x: Any, argument: str, *, rank: int | None = None) -> Any:
             import cupy
 
             return cupy.from_dlpack(x)
+        except CupycollError:  # a stand-in raising the error its rank found (Refused)
+            raise
         except ImportError as e:
             raise InvalidType(argument, f"{type(x).__name__} on a device ({e})", "a tensor "
                               "on the host, or CuPy installed for a GPU tensor (pip install "

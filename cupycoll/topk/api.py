@@ -59,13 +59,33 @@ def _mismatch(differs: list[agreement.Differ], draft: agreement.Draft) -> str:
     d = differs[0]
     algorithm, settings = draft.context
     if d.field == "settings":
-        return (f"ranks disagree on the settings that decide the call's collectives (rank "
-                f"{draft.rank} has {settings}): a state's step, Ok-Topk's tau, tau_prime, "
+        return (f"ranks disagree on the settings that decide the call's collectives ("
+                f"{_settings_differ(draft.comm, settings) or f'rank {draft.rank} has {settings}'}"
+                "): a state's step, Ok-Topk's tau, tau_prime, "
                 "padded allgather, boundaries, global threshold and last k (their crc32), a "
                 "compressor's warm-up, measure_xi, step count and async_op, and "
                 "CUPYCOLL_RANKS_PER_NODE must be the same on every rank (ranks restored from "
                 "different checkpoints?)")
     return _disagreement(d, draft.rank, algorithm, draft.terms.verb)
+
+
+def _settings_differ(comm: Communicator, settings: dict[str, Any]) -> str:
+    """Each setting the ranks disagree on, with every value and the ranks that passed it, from
+    one allgather of the settings over the host communicator (every rank of a mismatch is on
+    this path); "" where there is none (ranks simulated in one process)."""
+    mpi_comm = getattr(comm, "mpi_comm", None)
+    if mpi_comm is None:
+        return ""
+    every = mpi_comm.allgather(settings)
+    named = []
+    for key in dict.fromkeys(k for s in every for k in s):
+        ranks: dict[str, list[int]] = {}
+        for rank, theirs in enumerate(every):
+            ranks.setdefault(repr(theirs.get(key)), []).append(rank)
+        if len(ranks) > 1:
+            named.append(f"{key}: " + "; ".join(f"{value} on {ranks_text(rs)}"
+                                                  for value, rs in ranks.items()))
+    return ", ".join(named)
 
 
 #: the arguments a TopkCompressor's fields come from, named by its disagreements

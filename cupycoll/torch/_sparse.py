@@ -45,7 +45,8 @@ def sparse_allreduce(tensor: torch.Tensor, *, op: Any = "sum", comm: Communicato
         tensor: sparse COO tensor of shape ``(n, *row)``, any nnz (0 included), coalesced or
             not; float16, bfloat16 (reduced in float32, rounded back once), float32, float64,
             int32 or int64 values; CPU (MPI) or CUDA (NCCL). The same shape and dtype on every
-            rank.
+            rank (what the ranks agree on is n, the row's element count and the dtype reduced:
+            rows of (1, 3) and of (3,), or bfloat16 and float32, are not told apart).
         op: "sum" (default), "avg", "max", "min", "prod" (or a ReduceOp).
         comm: communicator (default ``cupycoll.get_comm()``).
         output: "sparse": a coalesced sparse tensor (indices sorted, unique), as
@@ -78,7 +79,10 @@ def sparse_allreduce(tensor: torch.Tensor, *, op: Any = "sum", comm: Communicato
     try:
         async_op = check_flag(async_op, "async_op", comm.rank)
         _check(tensor, comm.rank)
+        _check_keywords(kwargs, comm.rank)
     except (InvalidArgument, InvalidType) as exc:
+        call = {key: value for key, value in call.items() if key not in kwargs or key in
+                _KEYWORDS}
         refused = functools.partial(_refused, error=exc, call=call)
         if async_op is True:  # where the others' calls validate: the worker's communicator
             return run_async(comm, refused, op_name="torch.sparse_allreduce")
@@ -86,6 +90,20 @@ def sparse_allreduce(tensor: torch.Tensor, *, op: Any = "sum", comm: Communicato
     if async_op:
         return start(comm, tensor, call)
     return reduce(tensor, comm, **call)
+
+
+#: the keywords of cupycoll.sparse_allreduce that pass through ``kwargs``
+_KEYWORDS = frozenset(("algorithm", "accumulate_dtype", "wire", "wire_values", "alloc_fn",
+                       "completion_fn", "fn_ctx"))
+
+
+def _check_keywords(kwargs: dict[str, Any], rank: int) -> None:
+    """An unknown keyword is this rank's bad argument (raised on every rank), not a TypeError
+    on this rank alone."""
+    for key in kwargs:
+        if key not in _KEYWORDS:
+            raise InvalidArgument(key, kwargs[key], "is not a keyword of cupycoll.torch."
+                                  f"sparse_allreduce; valid: {sorted(_KEYWORDS)}", rank=rank)
 
 
 def _refused(comm: Communicator, error: Exception, call: dict[str, Any]) -> Any:

@@ -170,6 +170,10 @@ def mixed_checkpoints(comm) -> None:
         assert "state crc32" in str(exc), exc
     state = restored(saved[r % 2], comm).state
     expect_raises(MismatchError, topk_allreduce, grad, 200, comm=comm, state=state)
+    exc = expect_raises(MismatchError, topk_allreduce, grad, 200, comm=comm,
+                        state=TopkState(step=5 if r == p - 1 else 0))  # each value, its ranks
+    others = "rank 0" if p == 2 else f"ranks 0-{p - 2}"
+    assert f"(step: 0 on {others}; 5 on rank {p - 1})" in str(exc), exc
 
 
 def main() -> None:

@@ -288,10 +288,10 @@ def check_keywords() -> None:
 
 
 def check_one_rank_passes_a_dense_tensor() -> None:
-    """A dense tensor on the last rank alone, sync and async: every rank raises at once (the
-    others used to run on against that rank's next call), naming ``tensor``; the next call
-    works everywhere."""
-    from cupycoll.errors import InvalidType
+    """A dense tensor, or an unknown keyword, on the last rank alone, sync and async: every
+    rank raises at once (the others used to run on against that rank's next call), naming
+    ``tensor`` (the keyword on that rank); the next call works everywhere."""
+    from cupycoll.errors import InvalidArgument, InvalidType
 
     tensor = case("rows", 5)
     for async_op in (False, True):
@@ -301,6 +301,16 @@ def check_one_rank_passes_a_dense_tensor() -> None:
             got.wait() if async_op else None
         except InvalidType as exc:
             assert exc.argument == "tensor" and exc.rank == P - 1, exc
+        else:
+            raise AssertionError(f"rank {RANK}: no error (async_op={async_op})")
+    assert same(cct.sparse_allreduce(tensor), gloo(tensor))
+    for async_op in (False, True):  # an unknown keyword on the last rank alone: the same
+        extra = {"foo": 1} if RANK == P - 1 else {}
+        try:
+            got = cct.sparse_allreduce(tensor, async_op=async_op, **extra)
+            got.wait() if async_op else None
+        except InvalidArgument as exc:
+            assert exc.rank == P - 1 and (RANK != P - 1 or exc.argument == "foo"), exc
         else:
             raise AssertionError(f"rank {RANK}: no error (async_op={async_op})")
     assert same(cct.sparse_allreduce(tensor), gloo(tensor))
