@@ -364,3 +364,38 @@ def test_bench_torch_runs_every_column_on_two_ranks(tmp_path):
     assert all(r["#wrong"] == 0 for r in reduced.values()), reduced
     assert {"hook", "gloo", "gloo dense"} <= {r["ddp"] for r in rows if "ddp" in r}
     assert "hook / gloo" in proc.stdout
+
+
+def test_a_loaded_hook_state_warms_up_then_takes_its_saved_residuals():
+    """A state loaded in a fresh process (pickled: no parameters kept, their shapes) averages
+    its first iteration densely (DDP hands it in its initial buckets, another layout than the
+    saved residuals'), then each rebuilt bucket takes its saved compressor, residual intact;
+    buckets of other parameters than the saved ones are refused, never fed a residual."""
+    import pickle
+
+    cc.init("mpi")
+    a, b, c = params_with_grads([30, 20, 50], seed=3)
+    state = cct.TopkHookState(density=0.1, warmup_steps=1)
+    for buckets in ([FakeBucket(0, [a, b], last=False), FakeBucket(1, [c])],  # warm-up
+                    [FakeBucket(0, [c, a], last=False), FakeBucket(1, [b])]):  # rebuilt
+        for bucket in buckets:
+            cct.topk_hook(state, bucket).wait()
+    saved = pickle.dumps(state)
+    assert b"Parameter" not in saved  # shapes, not the parameters themselves
+    want = {key: np.asarray(comp.residual).copy() for key, comp in state.compressors.items()}
+    loaded = pickle.loads(saved)
+    initial = [FakeBucket(0, [a, b], last=False), FakeBucket(1, [c])]
+    grads = [bucket.buffer().clone() for bucket in initial]
+    for bucket, grad in zip(initial, grads):  # the initial layout: a dense average (P = 1)
+        assert torch.equal(cct.topk_hook(loaded, bucket).wait(), grad)
+    assert {k: np.asarray(v.residual) for k, v in loaded.compressors.items()}.keys() == \
+        want.keys()
+    for key, comp in loaded.compressors.items():
+        assert np.array_equal(np.asarray(comp.residual), want[key])  # untouched so far
+    rebuilt = FakeBucket(0, [c, a], last=False)
+    assert loaded.compressor(rebuilt) is loaded.compressors[(0, 80)]
+    for bucket in (FakeBucket(1, params_with_grads([(4, 5)], seed=4)),  # saved key, other shape
+                   FakeBucket(1, [a])):  # a key the state never saw
+        other = pickle.loads(saved)
+        with pytest.raises(InvalidArgument, match=r"'state' on rank 0.*loaded state's"):
+            other.compressor(bucket)

@@ -117,6 +117,8 @@ class TopkHookState:
     _params: dict = dataclasses.field(default_factory=dict, init=False, repr=False)  # bucket
     _loose: dict = dataclasses.field(default_factory=dict, init=False, repr=False)  # key ->
     # its parameters; id(parameter) -> a retired residual
+    _resumed: int | None = dataclasses.field(default=None, init=False, repr=False)  # the
+    # iteration this process loaded the state at (a warm-up one: DDP buckets anew)
 
     def __post_init__(self) -> None:
         if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) \
@@ -132,12 +134,17 @@ class TopkHookState:
     def __getstate__(self) -> dict[str, Any]:
         """What a checkpoint keeps (as PowerSGD's state: ``torch.save``, ``pickle``): the
         settings, the iteration and every bucket's compressor with its residual (the mass not
-        sent yet), not the communicator; loading makes the hooks' duplicate of the default
-        communicator again."""
-        return {**self.__dict__, "comm": None}
+        sent yet) and its parameters' shapes, not the communicator nor the parameters; loading
+        makes the hooks' duplicate of the default communicator again."""
+        shapes = {key: [tuple(p.shape) for p in params] for key, params in self._params.items()}
+        return {**self.__dict__, "comm": None, "_params": shapes, "_loose": {}}
 
     def __setstate__(self, saved: dict[str, Any]) -> None:
+        """A loaded state's first iteration is a warm-up: a fresh DDP hands its first
+        iteration's gradients in its initial buckets, not the rebuilt ones the residuals are
+        laid out by; from the next iteration each bucket takes its saved compressor."""
         self.__dict__.update(saved)
+        self._resumed = self.iteration
         self.comm = _hook_comm()
         for compressor in self.compressors.values():
             compressor.comm = self.comm
@@ -152,7 +159,13 @@ class TopkHookState:
         key = (bucket.index(), buffer.numel())
         found = self.compressors.get(key)
         if found is not None:
+            self._adopt(key, list(bucket.parameters()))
             return found
+        loaded = [k for k, params in self._params.items() if isinstance(params[0], tuple)]
+        if loaded:  # their residuals would never be sent
+            raise InvalidArgument("state", f"bucket {key}", f"one of the loaded state's "
+                                  f"buckets {loaded}: load it into the same model with the "
+                                  "same DDP bucket size", rank=self.comm.rank)
         found = TopkCompressor(buffer.numel(), self.density, algorithm=self.algorithm,
                                comm=self.comm, tau=self.tau, tau_prime=self.tau_prime,
                                wire=self.wire, wire_values=self.wire_values)
@@ -162,6 +175,20 @@ class TopkHookState:
             found.residual = carried
         self.compressors[key], self._params[key] = found, params
         return found
+
+    def _adopt(self, key: tuple[int, int], params: list) -> None:
+        """A loaded bucket's parameters, checked against the shapes it was saved with (its
+        residual is laid out by them)."""
+        saved = self._params.get(key)
+        if not saved or not isinstance(saved[0], tuple):
+            return
+        shapes = [tuple(p.shape) for p in params]
+        if shapes != saved:
+            raise InvalidArgument("state", f"bucket {key} of parameters {shapes}",
+                                  f"the loaded state's bucket {key} held parameters {saved}: "
+                                  "load it into the same model with the same DDP bucket size",
+                                  rank=self.comm.rank)
+        self._params[key] = params
 
     def _carry_residuals(self, params: list) -> Any:
         """Residual of a new bucket assembled, parameter by parameter, from the residuals of
@@ -205,7 +232,7 @@ def topk_hook(state: TopkHookState,
         return _sparse_bucket(state.comm, buffer, bucket.is_last())
     reduced = working_copy(buffer, state.comm.rank)
     array = as_array(reduced)
-    if iteration < state.warmup_steps:
+    if iteration < state.warmup_steps or iteration == state._resumed:
         work = state.comm.allreduce(array, array, ReduceOp.AVG, op_name="torch.warmup")
         return future_of(work, lambda _: written_back(buffer, reduced), buffer)
     work = state.compressor(bucket).step(array, async_op=True)
