@@ -212,8 +212,9 @@ def link_costs(shape: Shape, rank: int, profile: Any = None, pricing: Any = None
     intra, inter, rails = Cost(), Cost(), []
     p = shape.size
     topo = Topology.of(shape.nodes or (0,) * p)
-    if topo.count == 1:
-        return intra.add(_split.cost(shape, rank, profile)), inter, rails
+    if topo.count == 1:  # split's sparse result (a dense output: densified from it)
+        sparse = dataclasses.replace(shape, output="sparse")
+        return intra.add(_split.cost(sparse, rank, profile)), inter, rails
     if profile is None or pricing is None:
         from ..tuner import predict
         from ..tuner.profile import load_profile
@@ -287,8 +288,10 @@ def time(shape: Shape, rank: int, profile: Any, pricing: Any) -> float:
     split's. One node: split. One rank per node: the rail's algorithm on the inter-node link
     (allgather reuses the counts; split pays one more count round). ``pricing``:
     :mod:`cupycoll.tuner.predict`."""
-    if shape.nodes is None or len(set(shape.nodes)) == 1:  # one node: it runs split
-        return pricing.rank_time("split", shape, rank, profile)
+    if shape.nodes is None or len(set(shape.nodes)) == 1:  # one node: split's sparse result
+        return (pricing.rank_time("split", dataclasses.replace(shape, output="sparse"), rank,
+                                  profile) + pricing.densified_output("hierarchical", shape,
+                                                                      profile))
     intra, inter, rails = link_costs(shape, rank, profile, pricing)
     densified = pricing.densified_output("hierarchical", shape, profile)
     if len(set(shape.nodes)) == shape.size:  # one rank per node: the rail alone (+ its counts)

@@ -136,7 +136,8 @@ def main() -> None:
             float_values=np.dtype(acc or dtype).kind == "f" and vbytes >= 4)
         runs = ([(a, None, "sparse") for a in ALGORITHMS]
                 + [("hierarchical", r, "sparse") for r in RANKS_PER_NODE]
-                + [(a, None, "dense") for a in ALGORITHMS])
+                + [(a, None, "dense") for a in ALGORITHMS]
+                + [("hierarchical", r, "dense") for r in (*RANKS_PER_NODE, size)])
         for algorithm, per_node, output in runs:
             shape = dataclasses.replace(model_shape, output=output,
                                         result_bytes=np.dtype(dtype).itemsize)
