@@ -279,20 +279,23 @@ def dup() -> None:
     from cupycoll._background import runner
 
     comm = cc.init("mpi", timeout=1.0)
+    mine = np.arange(RANK, 50, P)
+    times_out("duplicate against a call", lambda: runner(comm) if RANK == P - 1 else
+              cc.sparse_allreduce(mine, np.ones(mine.size), 50, comm=comm))
+
+
+def times_out(name: str, call) -> None:
+    """``call()`` raises CollectiveTimeout on this rank within 6 s; init() works again."""
     start = time.monotonic()
     try:
-        if RANK == P - 1:
-            runner(comm)
-        else:
-            cc.sparse_allreduce(np.arange(RANK, 50, P), np.ones(len(range(RANK, 50, P))), 50,
-                                comm=comm)
+        call()
         outcome = "completed"
     except CollectiveTimeout:
         outcome = "CollectiveTimeout"
     took = time.monotonic() - start
     assert outcome == "CollectiveTimeout" and took < 6, (outcome, took)
     fresh_allreduce(cc.init("mpi", timeout=10))
-    report("duplicate against a call", outcome, took)
+    report(name, outcome, took)
 
 
 def local() -> None:
@@ -345,19 +348,8 @@ def learned() -> None:
     fresh_allreduce(cc.init("mpi", timeout=10))
     report("learn.save, rank 0 late", outcome, took)
     comm = cc.init("mpi", timeout=1.0)  # learn.load on every rank but rank 0: none hangs
-    start = time.monotonic()
-    try:
-        if RANK == 0:
-            cc.sparse_allreduce(np.arange(3), np.ones(3), 10, comm=comm)
-        else:
-            learn.load(comm, path)
-        outcome = "completed"
-    except CollectiveTimeout:
-        outcome = "CollectiveTimeout"
-    took = time.monotonic() - start
-    assert outcome == "CollectiveTimeout" and took < 6, (outcome, took)
-    fresh_allreduce(cc.init("mpi", timeout=10))
-    report("learn.load, not on rank 0", outcome, took)
+    times_out("learn.load, not on rank 0", lambda: cc.sparse_allreduce(
+        np.arange(3), np.ones(3), 10, comm=comm) if RANK == 0 else learn.load(comm, path))
     comm = cc.init("mpi", timeout=5.0)  # rank 0 closes as soon as its broadcast is out: the
     if RANK == 1:  # others' completed broadcast is no peer giving up
         time.sleep(0.5)
