@@ -299,7 +299,8 @@ def test_a_peers_error_comes_back_naming_the_rank_argument_and_every_bad_rank():
     assert str(e) == ("invalid argument 'indices' on rank 1: index out of range [0, n=7) on "
                       "rank 1; ranks with bad input: [1, 2] (got -3)")
     e = t._peer_error(Failure(5, InvalidArgument, None, None, [5]), draft)
-    assert e.argument == "arguments" and "passed an invalid arguments" in str(e)
+    assert e.argument == "arguments" and "rank 5 passed invalid arguments (that rank's error " \
+        "names them)" in str(e)
     e = t._peer_error(Failure(5, InvalidType, None, None, [5]), draft)
     assert type(e) is InvalidType and e.argument == "arguments"
 

@@ -382,6 +382,9 @@ def test_a_loaded_hook_state_warms_up_then_takes_its_saved_residuals():
             cct.topk_hook(state, bucket).wait()
     saved = pickle.dumps(state)
     assert b"Parameter" not in saved  # shapes, not the parameters themselves
+    again = pickle.loads(pickle.dumps(pickle.loads(saved)))  # a loaded state saves again
+    assert again._params == pickle.loads(saved)._params == {(0, 80): [(50,), (30,)],
+                                                             (1, 20): [(20,)]}
     want = {key: np.asarray(comp.residual).copy() for key, comp in state.compressors.items()}
     loaded = pickle.loads(saved)
     initial = [FakeBucket(0, [a, b], last=False), FakeBucket(1, [c])]
@@ -392,8 +395,10 @@ def test_a_loaded_hook_state_warms_up_then_takes_its_saved_residuals():
         want.keys()
     for key, comp in loaded.compressors.items():
         assert np.array_equal(np.asarray(comp.residual), want[key])  # untouched so far
+    pickle.loads(pickle.dumps(loaded))  # after its warm-up, its buckets not adopted yet
     rebuilt = FakeBucket(0, [c, a], last=False)
     assert loaded.compressor(rebuilt) is loaded.compressors[(0, 80)]
+    pickle.loads(pickle.dumps(loaded))  # one bucket adopted, the other not yet
     for bucket in (FakeBucket(1, params_with_grads([(4, 5)], seed=4)),  # saved key, other shape
                    FakeBucket(1, [a])):  # a key the state never saw
         other = pickle.loads(saved)

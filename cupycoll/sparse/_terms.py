@@ -40,8 +40,10 @@ def _peer_error(failure: agreement.Failure, draft: agreement.Draft) -> CupycollE
         return InvalidType(argument, f"a bad {argument} on rank {rank}",
                            f"valid on every rank (rank {rank} raised the precise error{also})",
                            rank=rank)
-    return InvalidArgument(argument, f"see rank {rank}", f"rank {rank} passed an invalid "
-                           f"{argument}{also}", rank=rank)
+    passed = "invalid arguments (that rank's error names them)" if argument == "arguments" \
+        else f"an invalid {argument}"
+    return InvalidArgument(argument, f"see rank {rank}", f"rank {rank} passed {passed}{also}",
+                           rank=rank)
 
 
 def _mismatch(differs: list[agreement.Differ], draft: agreement.Draft) -> str:

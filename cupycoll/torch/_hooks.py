@@ -136,7 +136,8 @@ class TopkHookState:
         settings, the iteration and every bucket's compressor with its residual (the mass not
         sent yet) and its parameters' shapes, not the communicator nor the parameters; loading
         makes the hooks' duplicate of the default communicator again."""
-        shapes = {key: [tuple(p.shape) for p in params] for key, params in self._params.items()}
+        shapes = {key: [p if isinstance(p, tuple) else tuple(p.shape) for p in params]
+                  for key, params in self._params.items()}  # (a loaded bucket: shapes yet)
         return {**self.__dict__, "comm": None, "_params": shapes, "_loose": {}}
 
     def __setstate__(self, saved: dict[str, Any]) -> None:
