@@ -36,9 +36,9 @@ import numpy as np
 from ._types import ReduceOp
 from .errors import CupycollError, InvalidArgument, InvalidType, MismatchError
 
-__all__ = ["VERBS", "ARGUMENTS", "HEADER", "FIELDS", "MAXIMA", "COLUMNS", "Terms", "Draft", "unchecked",
-           "Agreed", "Failure", "Differ", "ranks_text", "length", "slot_words", "slot_start",
-           "SLOT_WORDS_TOTAL"]
+__all__ = ["VERBS", "ARGUMENTS", "HEADER", "FIELDS", "MAXIMA", "COLUMNS", "Terms", "Draft",
+           "unchecked", "Agreed", "Failure", "Differ", "ranks_text", "length", "slot_words",
+           "slot_start", "SLOT_WORDS_TOTAL"]
 
 #: the verbs that validate collectively (codes are positions + 1).
 VERBS = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "sparse_allreduce",

@@ -383,7 +383,7 @@ def test_a_loaded_hook_state_warms_up_then_takes_its_saved_residuals():
     saved = pickle.dumps(state)
     assert b"Parameter" not in saved  # shapes, not the parameters themselves
     again = pickle.loads(pickle.dumps(pickle.loads(saved)))  # a loaded state saves again
-    assert again._params == pickle.loads(saved)._params == {(0, 80): [(50,), (30,)],
+    assert again._shapes == pickle.loads(saved)._shapes == {(0, 80): [(50,), (30,)],
                                                              (1, 20): [(20,)]}
     want = {key: np.asarray(comp.residual).copy() for key, comp in state.compressors.items()}
     loaded = pickle.loads(saved)

@@ -117,6 +117,8 @@ class TopkHookState:
     _params: dict = dataclasses.field(default_factory=dict, init=False, repr=False)  # bucket
     _loose: dict = dataclasses.field(default_factory=dict, init=False, repr=False)  # key ->
     # its parameters; id(parameter) -> a retired residual
+    _shapes: dict = dataclasses.field(default_factory=dict, init=False, repr=False)  # key ->
+    # the parameter shapes a loaded bucket was saved with, until DDP hands it again
     _resumed: int | None = dataclasses.field(default=None, init=False, repr=False)  # the
     # iteration this process loaded the state at (a warm-up one: DDP buckets anew)
 
@@ -136,16 +138,16 @@ class TopkHookState:
         settings, the iteration and every bucket's compressor with its residual (the mass not
         sent yet) and its parameters' shapes, not the communicator nor the parameters; loading
         makes the hooks' duplicate of the default communicator again."""
-        shapes = {key: [p if isinstance(p, tuple) else tuple(p.shape) for p in params]
-                  for key, params in self._params.items()}  # (a loaded bucket: shapes yet)
-        return {**self.__dict__, "comm": None, "_params": shapes, "_loose": {}}
+        return {**self.__dict__, "comm": None, "_params": {}, "_loose": {},
+                "_shapes": {**self._shapes, **_shapes_of(self._params)}}
 
     def __setstate__(self, saved: dict[str, Any]) -> None:
         """A loaded state's first iteration is a warm-up: a fresh DDP hands its first
         iteration's gradients in its initial buckets, not the rebuilt ones the residuals are
         laid out by; from the next iteration each bucket takes its saved compressor."""
         self.__dict__.update(saved)
-        self._resumed = self.iteration
+        self._shapes = {**saved.get("_shapes", {}), **_shapes_of(self._params)}
+        self._params, self._resumed = {}, self.iteration
         self.comm = _hook_comm()
         for compressor in self.compressors.values():
             compressor.comm = self.comm
@@ -162,11 +164,10 @@ class TopkHookState:
         if found is not None:
             self._adopt(key, list(bucket.parameters()))
             return found
-        loaded = [k for k, params in self._params.items() if isinstance(params[0], tuple)]
-        if loaded:  # their residuals would never be sent
+        if self._shapes:  # a loaded bucket's residual would never be sent
             raise InvalidArgument("state", f"bucket {key}", f"one of the loaded state's "
-                                  f"buckets {loaded}: load it into the same model with the "
-                                  "same DDP bucket size", rank=self.comm.rank)
+                                  f"buckets {list(self._shapes)}: load it into the same model "
+                                  "with the same DDP bucket size", rank=self.comm.rank)
         found = TopkCompressor(buffer.numel(), self.density, algorithm=self.algorithm,
                                comm=self.comm, tau=self.tau, tau_prime=self.tau_prime,
                                wire=self.wire, wire_values=self.wire_values)
@@ -180,8 +181,8 @@ class TopkHookState:
     def _adopt(self, key: tuple[int, int], params: list) -> None:
         """A loaded bucket's parameters, checked against the shapes it was saved with (its
         residual is laid out by them)."""
-        saved = self._params.get(key)
-        if not saved or not isinstance(saved[0], tuple):
+        saved = self._shapes.get(key)
+        if saved is None:
             return
         shapes = [tuple(p.shape) for p in params]
         if shapes != saved:
@@ -189,6 +190,7 @@ class TopkHookState:
                                   f"the loaded state's bucket {key} held parameters {saved}: "
                                   "load it into the same model with the same DDP bucket size",
                                   rank=self.comm.rank)
+        del self._shapes[key]
         self._params[key] = params
 
     def _carry_residuals(self, params: list) -> Any:
@@ -207,6 +209,11 @@ class TopkHookState:
         return xp.concatenate([xp.asarray(self._loose.pop(id(p)), dtype=np.float32)
                                if id(p) in self._loose else xp.zeros(p.numel(), np.float32)
                                for p in params])
+
+
+def _shapes_of(params: dict) -> dict:
+    """Bucket key -> its parameters' shapes (what a checkpoint keeps of them)."""
+    return {key: [tuple(p.shape) for p in ps] for key, ps in params.items()}
 
 
 def topk_hook(state: TopkHookState,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import inspect
 import math
 from typing import Any
 
@@ -92,9 +93,10 @@ def sparse_allreduce(tensor: torch.Tensor, *, op: Any = "sum", comm: Communicato
     return reduce(tensor, comm, **call)
 
 
-#: the keywords of cupycoll.sparse_allreduce that pass through ``kwargs``
-_KEYWORDS = frozenset(("algorithm", "accumulate_dtype", "wire", "wire_values", "alloc_fn",
-                       "completion_fn", "fn_ctx"))
+#: the keywords of cupycoll.sparse_allreduce that pass through ``kwargs``: all but those this
+#: function takes itself or makes from ``tensor``
+_KEYWORDS = frozenset(inspect.signature(_sparse_allreduce).parameters) - {
+    "indices", "values", "n", "op", "comm", "output", "out", "async_op"}
 
 
 def _check_keywords(kwargs: dict[str, Any], rank: int) -> None:
