@@ -15,6 +15,7 @@ __all__ = [
     "CollectiveTimeout",
     "BackendUnavailable",
     "BackendError",
+    "OutOfMemory",
     "CupycollWarning",
 ]
 
@@ -75,6 +76,12 @@ class BackendError(CupycollError, RuntimeError):
     """The backend failed an operation (names the operation and the rank; the backend's own
     exception is the ``__cause__``). With MPI, the usual cause is ranks that disagree on a dense
     collective's count or dtype, which only ``CUPYCOLL_DEBUG=1`` checks beforehand."""
+
+
+class OutOfMemory(CupycollError, MemoryError):
+    """A buffer of a call cannot be allocated on a rank (names the call, the algorithm and the
+    rank; the allocator's own error is the ``__cause__``). Raised on that rank alone: its peers
+    wait for it, as for any rank that stops mid-call (``CUPYCOLL_TIMEOUT`` names it)."""
 
 
 class CupycollWarning(UserWarning):

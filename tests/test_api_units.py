@@ -325,6 +325,27 @@ def test_a_dense_buffer_past_what_an_array_holds_names_n(call):
     assert result.indices.tolist() == [1, 3]
 
 
+def test_a_sparse_algorithms_buffer_past_this_ranks_memory_is_out_of_memory(monkeypatch):
+    """A MemoryError inside a sparse algorithm (no n-row buffer in the call) is OutOfMemory
+    naming the algorithm and the rank, not an invalid n; the communicator goes on."""
+    import cupycoll.sparse.allgather as allgather
+
+    def short_of_memory(*args, **kwargs):
+        raise MemoryError("Unable to allocate 22.9 MiB")
+
+    comm = MPICommunicator(MPI.COMM_SELF)
+    with monkeypatch.context() as patch:
+        patch.setattr(allgather, "reduce_parts", short_of_memory)
+        with pytest.raises(errors.OutOfMemory, match=r"sparse_allreduce \(allgather\) on rank 0: "
+                           "a buffer of this call cannot be allocated") as got:
+            cc.sparse_allreduce(np.array([1, 5]), np.ones(2, np.float32), 2**40, comm=comm,
+                                algorithm="allgather")
+    assert isinstance(got.value, MemoryError) and isinstance(got.value.__cause__, MemoryError)
+    result = cc.sparse_allreduce(np.array([1, 3]), np.ones(2, np.float32), 8, comm=comm,
+                                 algorithm="allgather")
+    assert result.indices.tolist() == [1, 3]
+
+
 def test_close_ends_the_background_worker_and_closes_its_duplicate():
     """The worker thread and duplicate of a communicator's asynchronous calls end with it."""
     import threading

@@ -20,7 +20,7 @@ from .._registry import Algorithm, bind_prices, record
 from .._result import SparseResult
 from .._types import ReduceOp, trunc_divide
 from ..comm import Communicator, get_comm
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, OutOfMemory
 from ..primitives._unfolded import Unfolded, folded
 from . import auto as _auto
 from . import dense as _dense
@@ -137,7 +137,7 @@ def plan(comm: Communicator, prepared: Prepared, async_op: bool = False) -> Plan
     # the validation told every rank's nnz: algorithms that take them skip a size round
     fn = functools.partial(run, counts=prepared.nnz) if found.counts else run
     values = prepared.values if found.unfolded else folded(prepared.values)
-    return Plan(name, wire, lambda on: _run(on, prepared, fn, values, wire), timer)
+    return Plan(name, wire, lambda on: _run(on, prepared, name, fn, values, wire), timer)
 
 
 def _bound(comm: Communicator, name: str) -> tuple[Algorithm, Callable, Callable | None]:
@@ -218,11 +218,11 @@ def _wire(comm: Communicator, prepared: Prepared, name: str, shape: Shape) -> Wi
     return _auto.choose_wire(name, shape, prepared.wire, prepared.wire_values, comm=comm)
 
 
-def _run(comm: Communicator, prepared: Prepared, fn: Callable, values: Any, wire: Wire
-         ) -> tuple[Any, Any]:
+def _run(comm: Communicator, prepared: Prepared, name: str, fn: Callable, values: Any,
+         wire: Wire) -> tuple[Any, Any]:
     """Run the algorithm on ``values`` (the prepared ones, folded unless it takes them
     unfolded), then :func:`_sparse_result` of its result (copied if it aliases the input)."""
-    with _allocations(comm, prepared):
+    with _allocations(comm, prepared, name):
         idx, val = fn(comm, prepared.indices, values, prepared.n, prepared.reduce_op,
                       prepared.accumulate_dtype, wire)
         xp = comm.xp
@@ -267,7 +267,7 @@ def _dense_target(comm: Communicator, prepared: Prepared) -> Any:
 def _dense_output(comm: Communicator, prepared: Prepared, variant: Callable, wire: Wire) -> Any:
     """``output="dense"`` by the algorithm's own dense variant
     (:attr:`cupycoll._registry.Algorithm.dense_output`)."""
-    with _allocations(comm, prepared):
+    with _allocations(comm, prepared, "dense output"):
         return variant(comm, prepared.indices, prepared.values, prepared.n, prepared.reduce_op,
                        _dense_target(comm, prepared),
                        lambda val: _callers_values(comm, prepared, val, prepared.nonfinite),
@@ -275,17 +275,21 @@ def _dense_output(comm: Communicator, prepared: Prepared, variant: Callable, wir
 
 
 @contextlib.contextmanager
-def _allocations(comm: Communicator, prepared: Prepared) -> Any:
+def _allocations(comm: Communicator, prepared: Prepared, name: str) -> Any:
     """A buffer of the call past what this rank can hold (numpy's or CuPy's MemoryError, an
-    array past numpy's size limit: the dense algorithm and a dense output hold n rows) as
-    InvalidArgument naming n and the rank; ranks of one agreed call allocate alike, so each
-    raises it (a rank alone short of memory raises; its peers time out)."""
+    array past numpy's size limit) as InvalidArgument naming n where the call holds n rows
+    (the dense algorithm, a dense output), else as OutOfMemory naming ``name``; either names
+    the rank. Ranks of one agreed call allocate alike, so with alike memory each raises it; a
+    rank alone short of memory raises alone and its peers wait for it."""
     try:
         yield
     except (MemoryError, ValueError) as exc:
         if isinstance(exc, ValueError) and not any(
                 text in str(exc) for text in ("too big", "Maximum allowed dimension")):
             raise
-        raise InvalidArgument("n", prepared.n, f"a buffer of this call cannot be allocated on "
-                              f"this rank ({exc}); a dense output and the dense algorithm hold "
-                              "n rows", rank=comm.rank) from exc
+        if name == "dense" or prepared.output == "dense":
+            raise InvalidArgument("n", prepared.n, f"a buffer of this call cannot be allocated "
+                                  f"on this rank ({exc}); a dense output and the dense "
+                                  "algorithm hold n rows", rank=comm.rank) from exc
+        raise OutOfMemory(f"sparse_allreduce ({name}) on rank {comm.rank}: a buffer of this "
+                          f"call cannot be allocated ({exc})") from exc
