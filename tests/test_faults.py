@@ -112,6 +112,15 @@ def test_work_left_pending_at_exit_completes(nprocs):
         + [f"EXIT rank {r} waited" for r in range(1, nprocs)]), out
 
 
+@pytest.mark.parametrize("nprocs,scenario", [(2, "dropped"), (3, "dropped"), (4, "dropped"),
+                                              (2, "crossed"), (3, "crossed"), (2, "closed")])
+def test_a_large_async_reduce_progresses_without_a_wait_of_its_own(nprocs, scenario):
+    """The MPI backend's pairwise reduce posts its second phase while the rank waits on another
+    communicator, settles at exit or closes the communicator (tests/workers/pairwise_progress.py)."""
+    out = run_mpi(nprocs, "pairwise_progress.py", scenario, timeout=60)
+    assert out.count(f"{scenario} ok") == nprocs, out
+
+
 def test_exit_with_work_a_peer_gave_up_is_prompt():
     """Rank 0 leaves an allreduce pending that the others abort instead of joining: its exit
     does not wait for it (no timeout set: it would have waited forever)."""

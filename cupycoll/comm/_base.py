@@ -204,10 +204,11 @@ class Communicator(HostWaits, abc.ABC):
         self._slot = memoryview(bytearray(16)).cast("q")
 
     def _closed(self) -> None:
-        """Say on the arrival board that this rank closed the communicator (a peer's timeout
-        names it), then stop publishing: a later call on it starts nothing."""
+        """Say on the arrival board that this rank closed the communicator before its next
+        collective (a peer's timeout there names it; the operations it started complete),
+        then stop publishing: a later call on it starts nothing."""
         if self._fate.error is None:
-            self._slot[1] = self.sequence + 1
+            self._slot[1] = self.sequence + 2
         self._stop_publishing()
 
     def _forsake(self) -> None:

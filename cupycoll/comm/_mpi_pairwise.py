@@ -7,6 +7,7 @@ than reduce as an allreduce from 256 KiB on one node, docs/dense.md)."""
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,8 @@ _TAG_BLOCKS = 8  # the blocks' messages (apart from exchange's)
 #: communicator's collective count, the same on every rank, modulo _GATHER_TAGS), because this
 #: phase is posted when a rank first waits for or tests the call, in each rank's own order
 _GATHER_BASE, _GATHER_TAGS = 1024, 16384
+#: communicators holding calls whose second phase is not posted yet (see :func:`progress_all`)
+_UNPOSTED: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 def pairwise_in_place(comm: Any, send: Any, recv: Any) -> bool | None:
@@ -130,7 +133,8 @@ def pairwise_reduce(comm: Any, send: Any, recv: Any, op: ReduceOp, root: int, op
     def fold_and_send() -> tuple[list, list[int]]:
         blocks = [flat[lo:hi] if r == rank else None for r in range(size)]
         _fold_blocks(blocks, rows[:, :hi - lo], mine, rank, op, in_place)
-        now = comm.mpi_comm  # closed or aborted since the call: raises the library's error
+        # aborted since the call: raises the library's error; closed: close() kept it for this
+        now = comm.mpi_comm if comm._fate.error is not None else mpi_comm
         if not at_root:
             return [now.Isend([mine, MPI.BYTE], root, gather_tag)], [root]
         sources = [r for r in range(size) if r != root]
@@ -156,7 +160,9 @@ def _two_phases(comm: Any, first: list, first_peers: list[int], between: Any, fi
     unless ``blocking``. On an error the buffers in ``keep`` stay alive for MPI.
 
     A second phase is posted when its call is first waited for or tested, in each rank's own
-    order (or when this rank starts its next operation on the communicator: :func:`post_pending`),
+    order (or when this rank starts its next operation on the communicator: :func:`post_pending`,
+    or as soon as its first phase is done while this rank waits on any communicator, is
+    settled at exit or closes this one: :func:`progress_all`),
     so each call's second phase has a tag of its own, and a wait first posts the
     second phases of the calls made before it on this communicator (waiting for their first
     phases, which every rank posted at its call), and a test posts those whose first phases
@@ -196,19 +202,19 @@ def _two_phases(comm: Any, first: list, first_peers: list[int], between: Any, fi
         while unposted and unposted[0][1]:  # posted by a test: let go of it
             unposted.popleft()
         unposted.append((advance, second))
+        _UNPOSTED.add(comm)
     if blocking:
         wait()
         finish()
         return None
-    done = lambda: bool(second) and bool(MPI.Request.Testall(second[0][0]))  # noqa: E731
-    work = Work(wait, test, finish, on_drop=lambda: comm._orphaned.append((done, keep)))
+    work = Work(wait, test, finish, on_drop=lambda: comm._orphaned.append((test, keep)))
     comm._started.add(work)
     return work
 
 
-def _post_ready(comm: Any, advance: Any) -> None:
-    """Without blocking, post the second phase of every call on ``comm`` up to the one
-    ``advance`` posts whose first phase is done: a loop polling a later call must also post
+def _post_ready(comm: Any, advance: Any = None) -> None:
+    """Without blocking, post the second phase of every call on ``comm`` (up to the one
+    ``advance`` posts) whose first phase is done: a loop polling a later call must also post
     the earlier ones, which peers may be waiting in (skipped while another thread posts)."""
     if not comm._posting.acquire(blocking=False):
         return
@@ -240,3 +246,23 @@ def post_pending(comm: Any, through: Any = None) -> None:
         while unposted and (through is None or any(entry[0] is through for entry in unposted)):
             unposted[0][0]()
             unposted.popleft()
+
+
+def progress_all() -> None:
+    """Without blocking, post the ready second phases of every communicator's calls (from a
+    wait on any communicator, the exit's settling and ``close()``): a peer may wait in one while
+    this rank waits on another communicator, as MPI's own nonblocking collectives progress in
+    any MPI call. A failure is left to the call's own wait, which meets it again."""
+    for comm in list(_UNPOSTED):
+        if not unposted_left(comm):
+            _UNPOSTED.discard(comm)
+        elif comm._fate.error is None:
+            try:
+                _post_ready(comm)
+            except Exception:  # noqa: BLE001  (raised again by that call's own wait)
+                pass
+
+
+def unposted_left(comm: Any) -> bool:
+    """Whether a call on ``comm`` has its second phase still to post."""
+    return any(not entry[1] for entry in list(comm._unposted))

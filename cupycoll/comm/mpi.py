@@ -25,7 +25,8 @@ from ._checks import agreed_settings, check_peers, rank_of
 from ._mpi_exit import settle_at_exit
 from ._mpi_staging import _AVG, Staging
 from ._mpi_pairwise import (earlier_first, pairwise_in_place, pairwise_reduce,
-                             pairwise_reduce_applies, pairwise_reduce_scatter)
+                             pairwise_reduce_applies, pairwise_reduce_scatter, progress_all,
+                             unposted_left)
 from ._mpi_types import (_ClosedComm, _DeadComm, _address, _bytes, _pending, _separate,
                          duplicate, out_of_communicators, usable)
 from ._naps import nap
@@ -89,7 +90,6 @@ class MPICommunicator(Staging, Communicator):
         twin._share_fate(self)
         return twin
 
-    # the one blocking wait
     def wait(self, handles: Sequence[MPI.Request], op_name: str,
              peers: Sequence[int] | None = None, sequence: int | None = None) -> None:
         """Block on the requests under ``self.timeout`` (interruptible: a Python loop of tests).
@@ -137,6 +137,7 @@ class MPICommunicator(Staging, Communicator):
             now = time.monotonic()
             if now > deadline:
                 raise self._timed_out(op_name, sequence, _pending(requests, peers))
+            progress_all()
             if now > spun:
                 time.sleep(nap(now - start))
             else:
@@ -373,15 +374,18 @@ class MPICommunicator(Staging, Communicator):
         super()._record_allgatherv(op_name, byte_counts)
 
     def close(self) -> None:
-        """Free the MPI communicator; any later use raises BackendUnavailable."""
+        """Free the MPI communicator (not while a pairwise call has a second phase to post:
+        MPI_Finalize does); operations started before complete; any later use raises."""
         self._release_all()
+        progress_all()
         self._closed()
         if self._orphaned:  # MPI may still use them: kept for the life of the process
             self._fate.abandon(self._orphaned)
         comm, self.mpi_comm = self.mpi_comm, _ClosedComm(self.rank)
         if isinstance(comm, (_DeadComm, _ClosedComm)):
             return  # its pending operations may never complete: leave it to MPI_Finalize
-        if comm is not None and self._owned and not MPI.Is_finalized():
+        if comm is not None and self._owned and not MPI.Is_finalized() \
+                and not unposted_left(self):
             comm.Free()
 
     def _forsake(self) -> None:
