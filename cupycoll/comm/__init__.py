@@ -55,7 +55,8 @@ def init(backend: str | None = None, *, mpi_comm: Any = None,
         timeout: seconds before a blocking wait raises CollectiveTimeout (``CUPYCOLL_TIMEOUT``);
             0 or less means no timeout, as for the variable.
     Raises:
-        InvalidArgument: unknown backend. BackendUnavailable: "nccl" asked for but not usable,
+        InvalidArgument: unknown backend. MismatchError: ranks asked for different backends
+            (every rank raises). BackendUnavailable: "nccl" asked for but not usable,
             or no MPI library (every backend starts over MPI).
     """
     global _default
@@ -66,7 +67,8 @@ def init(backend: str | None = None, *, mpi_comm: Any = None,
     from ._mpi_types import usable
 
     group = MPI.COMM_WORLD if mpi_comm is None else usable(mpi_comm)
-    backend, timeout = agreed_settings(group, lambda: _init_settings(backend, timeout))
+    backend, timeout = agreed_settings(group, lambda: _init_settings(backend, timeout),
+                                       same=lambda settings: {"backend": settings[0]})
     _apply_log_level()
     if backend == "auto":
         backend = _agreed_auto(group)

@@ -9,20 +9,24 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..errors import CupycollError, InvalidArgument
+from .._agreement import ranks_text
+from ..errors import CupycollError, InvalidArgument, MismatchError
 
 __all__ = ["rank_of", "check_peers", "check_counts", "check_sends", "agreed_settings"]
 
 
 def agreed_settings(group: Any, parse: Callable[[], Any],
-                    wait: Callable[[Any, str], None] | None = None) -> Any:
+                    wait: Callable[[Any, str], None] | None = None,
+                    same: Callable[[Any], dict[str, Any]] | None = None) -> Any:
     """``parse()``'s value (settings read as a communicator is made), its failure agreed over
     the mpi4py ``group`` (one allgather, in the collective making): a CupycollError on any
     rank raises on every rank (that rank its own, naming it; the others InvalidArgument naming
     that rank and its message), never on one rank while the others wait in the next
     collective, and before any communicator is duplicated (none is left behind).
     ``wait(request, op_name)``: how the ranks' flags are waited for (a communicator's timed
-    host wait; default MPI's blocking allgather)."""
+    host wait; default MPI's blocking allgather). ``same(value)``: settings every rank must
+    share (by name), compared in the same allgather (not with ``wait``): MismatchError naming
+    each rank's where they differ."""
     rank = group.Get_rank()
     try:
         value, error = parse(), None
@@ -35,7 +39,9 @@ def agreed_settings(group: Any, parse: Callable[[], Any],
              "a new communicator's settings")
         if not flags.any():
             return value
-    failed = [(r, f) for r, f in enumerate(group.allgather(mine)) if f is not None]
+    shared = same(value) if same is not None and error is None else None
+    gathered = group.allgather((mine, shared))
+    failed = [(r, f) for r, (f, _) in enumerate(gathered) if f is not None]
     if isinstance(error, InvalidArgument):
         raise InvalidArgument(error.argument, error.value, error.reason, rank=rank) from None
     if error is not None:
@@ -44,7 +50,24 @@ def agreed_settings(group: Any, parse: Callable[[], Any],
         bad, (argument, message) = failed[0]
         raise InvalidArgument(argument or "settings", f"see rank {bad}", f"rank {bad} refused "
                               f"its settings ({message}); every rank raises", rank=bad)
+    if same is not None:
+        _same_everywhere([shared for _, shared in gathered])
     return value
+
+
+def _same_everywhere(shared: list[dict[str, Any]]) -> None:
+    """Raise MismatchError naming each setting whose value differs between ranks."""
+    differ = []
+    for name in shared[0]:
+        passed: dict[Any, list[int]] = {}
+        for rank, values in enumerate(shared):
+            passed.setdefault(values[name], []).append(rank)
+        if len(passed) > 1:
+            differ.append(f"{name} (" + "; ".join(f"{value!r} on {ranks_text(ranks)}" for
+                                                   value, ranks in passed.items()) + ")")
+    if differ:
+        raise MismatchError(f"ranks made a communicator with different settings: "
+                            f"{', '.join(differ)}")
 
 
 def rank_of(comm: Any, value: Any, argument: str) -> int:

@@ -195,11 +195,9 @@ def check_works(comm) -> None:
     twin = comm.dup()
     work = cc.reduce(np.ones(n, np.float32), root=0, comm=twin, async_op=True)
     MPI.COMM_WORLD.Barrier()
-    twin.close()
-    if p > 1:
-        from cupycoll.errors import BackendUnavailable
-
-        expect_raises(BackendUnavailable, work.wait)
+    twin.close()  # started before it: completes (a pairwise reduce from 256 KiB included)
+    reduced = work.wait()
+    assert rank != 0 or (reduced == p).all()
     for bad, kind in ((MPI.COMM_NULL, InvalidType), (3, InvalidType)):
         for backend in ("mpi", None):  # the default agrees on the backend over it first
             err = expect_raises(kind, cc.init, backend, mpi_comm=bad)
@@ -286,6 +284,19 @@ def check_settings_refused_on_one_rank(comm) -> None:
                 os.environ.pop(name, None)
             refused = name in ("CUPYCOLL_SPIN", "CUPYCOLL_REDUCE_PAIRWISE") or make == cc.init
             assert made != refused, (name, make, made)
+    from cupycoll.errors import MismatchError
+
+    for asked in (["mpi", "auto"], [None, "mpi"]) if comm.size > 1 else ():  # rank 0 apart
+        if comm.rank == 0 and asked[0] is None:
+            os.environ["CUPYCOLL_BACKEND"] = "auto"
+        try:
+            cc.init(asked[min(comm.rank, 1)])
+            raise AssertionError(f"init made a communicator of backends {asked}")
+        except MismatchError as exc:
+            assert "backend ('mpi' on rank" in str(exc) or "backend ('auto' on rank" in str(exc), \
+                exc
+        finally:
+            os.environ.pop("CUPYCOLL_BACKEND", None)
     assert cc.allreduce(np.ones(2), comm=comm).tolist() == [comm.size] * 2
 
 
