@@ -82,11 +82,11 @@ def test_each_local_rule_raises_its_exact_message():
          "'str'"),
         ({"completion_fn": 3}, t, "argument 'completion_fn' on rank 3 must be a callable or "
          "None, got 'int'"),
-        ({"indices": np.array([4, 1, 10, 7])}, v._OutOfRange, "invalid argument 'indices' on "
+        ({"indices": np.array([4, 1, 10, 7])}, a, "invalid argument 'indices' on "
          "rank 3: index out of range [0, n=10) (got 10)"),
-        ({"indices": np.array([0, 1, 10, 7])}, v._OutOfRange, "invalid argument 'indices' on "
+        ({"indices": np.array([0, 1, 10, 7])}, a, "invalid argument 'indices' on "
          "rank 3: index out of range [0, n=10) (got 10)"),
-        ({"indices": np.array([4, -2, 12, 7])}, v._OutOfRange, "invalid argument 'indices' on "
+        ({"indices": np.array([4, -2, 12, 7])}, a, "invalid argument 'indices' on "
          "rank 3: index out of range [0, n=10) (got -2)"),
     ]
     for kwargs, cls, text in cases:

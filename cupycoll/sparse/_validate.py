@@ -206,8 +206,8 @@ def _accumulate(accumulate_dtype: Any, value_dtype: np.dtype, op: ReduceOp,
     return acc
 
 
-class _OutOfRange(InvalidArgument):
-    """An index outside [0, n) (an InvalidArgument; its value travels to the other ranks)."""
+#: the reason of an index outside [0, n): its value travels to the other ranks
+_OUT_OF_RANGE = "index out of range [0, n="
 
 
 def _check_range(idx: Any, n: int, rank: int) -> bool:
@@ -218,7 +218,7 @@ def _check_range(idx: Any, n: int, rank: int) -> bool:
     lo, hi, increasing = _index_stats(idx)
     if lo < 0 or hi >= n:
         bad = lo if lo < 0 else hi
-        raise _OutOfRange("indices", bad, f"index out of range [0, n={n})", rank=rank)
+        raise InvalidArgument("indices", bad, f"{_OUT_OF_RANGE}{n})", rank=rank)
     return increasing
 
 
@@ -311,7 +311,9 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
             draft.vec = small.pack(comm, draft.vec, draft.slot(), prepared.indices,
                                    prepared.values, prepared.wire_values)
     else:
-        draft.fail(error, error.value if isinstance(error, _OutOfRange) else None)
+        out_of_range = isinstance(error, InvalidArgument) and error.argument == "indices" \
+            and error.reason.startswith(_OUT_OF_RANGE)
+        draft.fail(error, error.value if out_of_range else None)
     agreed = draft.settle("sparse.validate")
     prepared.nnz = tuple(agreed.columns["nnz"])
     prepared.nonfinite = agreed.maxima["nonfinite"] > 0
