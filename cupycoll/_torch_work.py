@@ -84,6 +84,10 @@ class TorchWork(dist._Work):
                  devices: list[torch.device] | None = None, verb: str = "") -> None:
         super().__init__()
         self._future: torch.futures.Future = torch.futures.Future(devices=devices)
+        # what get_future() gives: a failure made in a callback is an error of the C++ future
+        # (set_exception would make the exception its value, which DDP's reducer reads as
+        # tensors)
+        self._public = self._future.then(self._unwrap)
         self._done = threading.Event()
         self._error: BaseException | None = None
         self._value: list[torch.Tensor] = []
@@ -100,11 +104,15 @@ class TorchWork(dist._Work):
             self._value = self._finish(None if future is None else future.result())
         except BaseException as exc:  # delivered to whoever waits
             self._error = dist_error(exc)
-            self._future.set_exception(self._error)
-        else:
-            self._future.set_result(self._value)
-        finally:
-            self._done.set()
+        self._done.set()
+        self._future.set_result(self._value)
+
+    def _unwrap(self, future: torch.futures.Future) -> list[torch.Tensor]:
+        """The public future's value: the operation's tensors, or its error raised (torch
+        holds it as a RuntimeError naming it: a Python callback's error crosses C++ so)."""
+        if self._error is not None:
+            raise self._error
+        return future.value()
 
     def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
         """Block until the operation is complete and raise its error if it failed.
@@ -127,7 +135,7 @@ class TorchWork(dist._Work):
         self.wait()
 
     def get_future(self) -> torch.futures.Future:
-        return self._future
+        return self._public
 
     def is_completed(self) -> bool:
         return self._done.is_set()

@@ -175,7 +175,9 @@ def _dtype_code(dtype: Any) -> int:
 
 def _mismatch(differs: list[agreement.Differ], draft: agreement.Draft) -> str:
     named = "; ".join(f"{d.field}: {d.by_rank(_SHOWN.get(d.field, str))}" for d in differs)
-    return (f"rank {draft.rank} called {draft.terms.verb} with {draft.context}, but ranks "
+    mine = ", ".join(f"{name} {_SHOWN.get(name, str)(code)}" for name, code
+                     in draft.context.items() if name != "collective" and code != -1)
+    return (f"rank {draft.rank} called {draft.terms.verb} with {mine}, but ranks "
             f"differ in {[d.field for d in differs]} ({named}; CUPYCOLL_DEBUG check)")
 
 

@@ -428,11 +428,22 @@ def check_bfloat16_duplicates() -> None:
 def check_timeout() -> None:
     """Groups made with a 2 s timeout: a collective rank 0 never joins (dense, then sparse on
     a group of its own) fails on the others as both torch's DistBackendError and cupycoll's
-    CollectiveTimeout, naming rank 0."""
-    dense, sparse = (dist.new_group(backend="cupycoll", timeout=datetime.timedelta(seconds=2))
-                     for _ in range(2))
+    CollectiveTimeout, naming rank 0; a DDP backward rank 0 never joins raises torch's
+    RuntimeError naming the timeout and rank 0."""
+    dense, sparse, trained = (dist.new_group(backend="cupycoll",
+                                             timeout=datetime.timedelta(seconds=2))
+                              for _ in range(3))
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2),
+                                                      process_group=trained)
     if RANK == 0 or P == 1:
         return
+    try:  # DDP's reducer reads the failed Future in C++: the error, not a value (before: a
+        model(torch.ones(3, 4)).sum().backward()  # PicklingError of the exception as tensors)
+    except RuntimeError as exc:
+        assert "CollectiveTimeout" in str(exc) and "rank 0 never arrived" in str(exc), repr(exc)
+        CHECKS["timeout"] += 1
+    else:
+        raise AssertionError(f"rank {RANK}: DDP's backward did not time out")
     for group, x in ((dense, torch.ones(3)),
                      (sparse, torch.sparse_coo_tensor([[1]], torch.ones(1, 2), (4, 2)))):
         work = dist.all_reduce(x, group=group, async_op=True)
