@@ -174,7 +174,7 @@ def sparse_tensor(result: SparseResult, like: torch.Tensor) -> torch.Tensor:
         for size in reversed(shape[:sparse_dims]):
             rows.append(index % size)
             index = index // size
-        indices = torch.stack(rows[::-1])
+        indices = torch.stack(rows[::-1]) if rows else index.new_empty((0, len(index)))
     values = torch.as_tensor(np.asarray(result.values) if not like.is_cuda else result.values,
                              device=like.device)
     values = values.reshape((-1, *shape[sparse_dims:])).to(like.dtype)
@@ -185,7 +185,14 @@ def sparse_tensor(result: SparseResult, like: torch.Tensor) -> torch.Tensor:
 def holding(tensor: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
     """``tensor`` (sparse) made to hold ``result``'s indices and values as they are, and
     returned: its ``.data`` swapped, no copy (``copy_`` clones both). ``result`` is new and the
-    caller's (cupycoll's result arrays are), so nothing else writes them."""
+    caller's (cupycoll's result arrays are), so nothing else writes them. A real view of a
+    complex sparse tensor (what torch's ``dist.all_reduce`` passes for one) makes that tensor
+    hold the result too, as complex values."""
+    base = tensor._base if tensor._is_view() else None
     with torch.no_grad():
         tensor.data = result
+        if base is not None and base.layout == torch.sparse_coo and base.is_complex():
+            values = torch.view_as_complex(result._values().contiguous())
+            base.data = torch.sparse_coo_tensor(result._indices(), values, base.shape,
+                                                is_coalesced=True, check_invariants=False)
     return tensor

@@ -306,6 +306,19 @@ def check_sparse() -> None:
     index = torch.from_numpy(rng_for(SEED, RANK, _case).integers(0, 4, (2, 6)))
     check_sparse_case(torch.sparse_coo_tensor(index, values((6, 2), torch.float32), (4, 4, 2)),
                       O.SUM, torch.float32)
+    next_case()  # no sparse dimension (sparse_dim 0): one value
+    x = torch.sparse_coo_tensor(torch.zeros(0, 1, dtype=torch.long), values((1,), torch.float32),
+                                ())
+    dense = gathered(x.to_dense())
+    dist.all_reduce(x)
+    same("sparse allreduce", x.to_dense(), reduced(dense, O.SUM, torch.float32), "sparse_dim 0")
+    for op in (O.SUM, O.AVG):  # complex: torch hands the backend view_as_real(x), a new
+        next_case()  # sparse tensor; x itself holds the result (gloo leaves x as it was)
+        x = sparse_input(9, (2,), torch.complex64, 0)
+        dense = gathered(x.to_dense())
+        dist.all_reduce(x, op=op)
+        same("sparse allreduce", x.to_dense(), reduced(dense, op, torch.complex64),
+             f"complex64 {op}")
 
 
 def check_sparse_case(x: torch.Tensor, op, dtype: torch.dtype) -> None:
