@@ -181,16 +181,23 @@ def _tune(args: argparse.Namespace) -> int:
     from .tuner.calibrate import tune
     from .tuner.profile import profile_path, save_profile
 
-    try:  # the default file (CUPYCOLL_PROFILE's), checked before anything is measured
-        output_file(str(args.output or profile_path()))
-    except argparse.ArgumentTypeError as exc:
-        print(f"cupycoll tune: the profile's file (CUPYCOLL_PROFILE): {exc}", file=sys.stderr)
-        return 2
     try:
         comm = cc.init(args.backend)
     except CupycollError as exc:  # e.g. nccl asked for where no GPU is: a message, no traceback
         print(f"cupycoll tune: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    problem = None
+    if comm.rank == 0:  # the file rank 0 writes, checked before anything is measured; every
+        try:  # rank learns the outcome (none waits for a rank that left)
+            output_file(str(args.output or profile_path()))
+        except argparse.ArgumentTypeError as exc:
+            where = ("--output" if args.output else "CUPYCOLL_PROFILE"
+                     if setting("CUPYCOLL_PROFILE") else "the default profile file")
+            problem = f"cupycoll tune: error: {where}: {exc}"
+    problem = comm.host_bcast(problem, "tune's profile file")
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return 2
     profile = tune(comm, repeats=args.repeats, runs=args.runs)
     if comm.rank == 0:
         path = save_profile(profile, args.output)
@@ -224,7 +231,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.set_defaults(func=_bench)
     tune = sub.add_parser("tune", help="measure alpha, beta, gamma here; write the profile auto "
                           "reads (run under mpiexec with the job's ranks)")
-    tune.add_argument("--output", type=output_file, help="profile file (default: "
+    tune.add_argument("--output", help="profile file (default: "
                       "CUPYCOLL_PROFILE or the cache dir)")
     tune.add_argument("--repeats", type=_at_least_one, default=15,
                       help="timed repeats per measurement")

@@ -93,6 +93,18 @@ def test_tune_checks_the_profile_s_default_file_before_it_measures(tmp_path, mon
         assert main(["tune", "--repeats", "1"]) == 2
 
 
+def test_tune_with_rank_0s_profile_file_unwritable_ends_every_rank(tmp_path):
+    """Rank 0 (which writes the profile) has CUPYCOLL_PROFILE naming a folder, rank 1 not:
+    every rank exits 2 with the reason at once (before: rank 0 returned before init() while
+    rank 1 waited there for ever)."""
+    tune = [sys.executable, "-m", "cupycoll", "tune", "--repeats", "1"]
+    proc = subprocess.run([mpiexec(), "-n", "1", "-env", "CUPYCOLL_PROFILE", str(tmp_path),
+                           *tune, ":", "-n", "1", *tune], capture_output=True, text=True,
+                          timeout=120, env=ENV, cwd=ROOT, start_new_session=True)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert proc.stderr.count("cupycoll tune: error: CUPYCOLL_PROFILE:") == 2, proc.stderr
+
+
 def test_simulate_takes_both_as_its_help_says(capsys):
     """--family both and --output both, as the help and the error text offer them."""
     from cupycoll._cli import main
