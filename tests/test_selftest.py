@@ -115,6 +115,35 @@ def test_launch_kills_a_hanging_child_at_its_timeout():
     assert "timed out after 2 s" in done.failure() and "started" in done.failure()
 
 
+@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM"])
+def test_an_interrupted_selftest_kills_the_running_checks_processes(how, tmp_path):
+    """Ctrl-C or SIGTERM to the selftest while a check's launch runs: the launch's process
+    group (in a session of its own, which neither signal reaches) is killed, not left running."""
+    import signal
+
+    marker = tmp_path / "child.pid"
+    child_code = f"import os, time; open({str(marker)!r}, 'w').write(str(os.getpid())); " \
+        "time.sleep(120)"
+    script = tmp_path / "selftest_like.py"
+    script.write_text(
+        "import sys\n"
+        "from cupycoll.testing.selftest import _terminated_as_exit\n"
+        "from cupycoll.testing.selftest._launch import launch\n"
+        "with _terminated_as_exit():\n"
+        f"    launch([sys.executable, '-c', {child_code!r}], timeout=200)\n")
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    deadline = time.monotonic() + 60
+    while not (marker.exists() and marker.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(marker.read_text())
+    proc.send_signal(getattr(signal, how))
+    proc.wait(timeout=60)
+    time.sleep(0.5)
+    assert not Path(f"/proc/{child}").exists() or \
+        Path(f"/proc/{child}/stat").read_text().split()[2] == "Z", "the check's child lives on"
+
+
 def test_launch_lets_open_mpi_oversubscribe_unless_the_caller_says_otherwise(monkeypatch):
     """Checks of 3-8 ranks on fewer cores: Open MPI's mpiexec refuses them ("not enough slots")
     unless told to oversubscribe, as MPICH does by itself; a caller's own value is kept."""

@@ -14,9 +14,12 @@ status is 0 only when every check that ran is ok.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fnmatch
 import json
+import signal
 import sys
+import threading
 import tempfile
 import time
 from pathlib import Path
@@ -95,7 +98,7 @@ def main(args: argparse.Namespace) -> int:
         print("\n".join(plan_markdown(mode, device, checks, not_run, gpu_estimate)))
         return 0
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="cupycoll-selftest-") as tmp:
+    with _terminated_as_exit(), tempfile.TemporaryDirectory(prefix="cupycoll-selftest-") as tmp:
         ctx = Context(args.quick, device["count"], source, Path(tmp))
         records = run_checks(checks, ctx, _progress)
     doc = document(mode, device, checks, records, not_run, gpu_estimate, args.quick,
@@ -107,3 +110,21 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         made_folder(args.json).write_text(json.dumps(doc, indent=1, default=str))
     return 0 if doc["ok"] else 1
+
+
+@contextlib.contextmanager
+def _terminated_as_exit():
+    """SIGTERM raises SystemExit(143) inside (from the main thread), so a running check's
+    launch kills its process group on the way out, as on Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def leave(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, leave)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

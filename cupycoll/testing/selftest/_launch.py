@@ -88,6 +88,10 @@ def launch(command: list[str], timeout: float, env: dict[str, str] | None = None
         _kill_group(proc.pid)
         out, err = proc.communicate()
         timed_out = True
+    except BaseException:  # Ctrl-C, or SIGTERM (selftest's main makes it SystemExit): the
+        _kill_group(proc.pid)  # child runs in a session of its own, which neither reaches
+        proc.communicate()
+        raise
     return Launch(command, proc.returncode, out, err, time.perf_counter() - start, timed_out,
                   timeout, dict(env or {}))
 
