@@ -215,11 +215,21 @@ _PARSED: dict[str, tuple[Any, Any]] = {}
 RUN_SETTINGS = ("CUPYCOLL_NUMBA", "CUPYCOLL_THREADS", "CUPYCOLL_RANKS_PER_NODE")
 
 
+#: the reductions' thresholds an MPI communicator reads as it is made
+_THRESHOLDS = tuple(f"CUPYCOLL_REDUCE_{name}" for name in
+                    ("AS_ALLREDUCE", "PAIRWISE", "SCATTER_PAIRWISE"))
+
+
 def made_settings() -> tuple[float, tuple]:
     """The settings an MPI communicator reads as it is made: CUPYCOLL_SPIN and the reductions'
     thresholds (CUPYCOLL_REDUCE_AS_ALLREDUCE, _PAIRWISE, _SCATTER_PAIRWISE)."""
-    return setting("CUPYCOLL_SPIN"), tuple(setting(f"CUPYCOLL_REDUCE_{name}") for name in (
-        "AS_ALLREDUCE", "PAIRWISE", "SCATTER_PAIRWISE"))
+    return setting("CUPYCOLL_SPIN"), tuple(setting(name) for name in _THRESHOLDS)
+
+
+def shared_thresholds(made: tuple[float, tuple]) -> dict[str, Any]:
+    """The thresholds of :func:`made_settings`' ``made`` by name: every rank must hold them
+    alike (they choose how a collective runs); the spin is each rank's own."""
+    return dict(zip(_THRESHOLDS, made[1]))
 
 
 def check_run_settings(rank: int | None = None) -> int:

@@ -5,6 +5,7 @@ no message of a refused call is left to match the next call's."""
 
 from __future__ import annotations
 
+import zlib
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -25,21 +26,22 @@ def agreed_settings(group: Any, parse: Callable[[], Any],
     collective, and before any communicator is duplicated (none is left behind).
     ``wait(request, op_name)``: how the ranks' flags are waited for (a communicator's timed
     host wait; default MPI's blocking allgather). ``same(value)``: settings every rank must
-    share (by name), compared in the same allgather (not with ``wait``): MismatchError naming
-    each rank's where they differ."""
+    share (by name), compared in the same allgather (with ``wait``: their digest):
+    MismatchError naming each rank's where they differ."""
     rank = group.Get_rank()
     try:
         value, error = parse(), None
     except CupycollError as exc:
         value, error = None, exc
     mine = None if error is None else (getattr(error, "argument", None), str(error))
-    if wait is not None:  # the flags under the timeout; the messages only if one failed
-        flags = np.zeros(group.Get_size(), np.int64)
-        wait(group.Iallgather(np.array([error is not None], np.int64), flags),
-             "a new communicator's settings")
-        if not flags.any():
-            return value
     shared = same(value) if same is not None and error is None else None
+    if wait is not None:  # flags and a digest under the timeout; the rest only if one differs
+        flags = np.zeros((group.Get_size(), 2), np.int64)
+        digest = zlib.crc32(repr(shared).encode())
+        wait(group.Iallgather(np.array([error is not None, digest], np.int64), flags),
+             "a new communicator's settings")
+        if not flags[:, 0].any() and len(set(flags[:, 1].tolist())) == 1:
+            return value
     gathered = group.allgather((mine, shared))
     failed = [(r, f) for r, (f, _) in enumerate(gathered) if f is not None]
     if isinstance(error, InvalidArgument):

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from .._config import made_settings
+from .._config import made_settings, shared_thresholds
 from .._types import ReduceOp, parse_op, to_host
 from ..errors import BackendError
 from ._base import Communicator
@@ -58,7 +58,7 @@ class MPICommunicator(Staging, Communicator):
         #: runs as an allreduce, reduce is a pairwise exchange and a gather, reduce_scatter a
         #: pairwise exchange (None: never; see _reduce, _reduce_scatter)
         self._spin, (self._reduce_as_allreduce, self._pairwise_reduce, self._pairwise_blocks) = \
-            agreed_settings(base, made_settings, _wait)  # (a closed or dead base raises why)
+            agreed_settings(base, made_settings, _wait, shared_thresholds)  # a dead base: why
         try:
             self.mpi_comm = duplicate(base, _wait)
             self._owned = True

@@ -286,6 +286,15 @@ def check_settings_refused_on_one_rank(comm) -> None:
             assert made != refused, (name, make, made)
     from cupycoll.errors import MismatchError
 
+    for make in (cc.init, comm.dup) if comm.size > 1 else ():  # a threshold on rank 0 apart
+        os.environ["CUPYCOLL_REDUCE_PAIRWISE"] = "off" if comm.rank == 0 else "1048576"
+        try:
+            make()
+            raise AssertionError(f"{make} made a communicator of different thresholds")
+        except MismatchError as exc:
+            assert "CUPYCOLL_REDUCE_PAIRWISE (None on rank 0; 1048576 on rank" in str(exc), exc
+        finally:
+            os.environ.pop("CUPYCOLL_REDUCE_PAIRWISE")
     for asked in (["mpi", "auto"], [None, "mpi"]) if comm.size > 1 else ():  # rank 0 apart
         if comm.rank == 0 and asked[0] is None:
             os.environ["CUPYCOLL_BACKEND"] = "auto"
