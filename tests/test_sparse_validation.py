@@ -334,6 +334,11 @@ def test_mismatch_names_every_field_that_differs():
     assert t._mismatch([pair], SimpleNamespace(rank=1, size=2)).startswith(
         "ranks disagree on algorithm (auto (CUPYCOLL_AUTO=estimate, CUPYCOLL_RANKS_PER_NODE="
         "unset) on rank 0; auto (CUPYCOLL_AUTO=learn, CUPYCOLL_RANKS_PER_NODE=4) on rank 1)")
+    dense = NAMES.index("dense")  # an algorithm named on rank 1: no mode of auto shown for it
+    pair = Differ("algorithm", auto + names * 2, auto + names * 2, dense,
+                  (auto + names * 2, dense))
+    assert t._mismatch([pair], SimpleNamespace(rank=1, size=2)).startswith(
+        "ranks disagree on algorithm (auto (CUPYCOLL_AUTO=learn) on rank 0; dense on rank 1)")
 
 
 def test_ranks_are_written_as_spans():

@@ -78,7 +78,8 @@ def _decode(field: str, value: int, differ: agreement.Differ | None = None) -> s
 
         name, *settings = parts(value)
         low, high = (parts(differ.low), parts(differ.high)) if differ else ((), ())
-        shown = [part for i, part in enumerate(settings, 1) if low and low[i] != high[i]]
+        shown = [part for i, part in enumerate(settings, 1) if low and low[i] != high[i]
+                 and (i == 2 or name == "auto")]  # a mode only where auto runs it
         return name + (f" ({', '.join(shown)})" if shown else "")
     if field == "wire":
         return decode_code(value)
