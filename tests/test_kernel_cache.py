@@ -155,3 +155,20 @@ def test_launcher_loads_the_ptx_of_a_device_newer_than_nvrtc(monkeypatch):
         _kernels.device_target.cache_clear()
     assert compiled_for == ["compute_90"] and loaded == ["/cache/compute_90.ptx"]
     assert launched == [("lowered", (4,), (256,))] * 2
+
+
+@pytest.mark.parametrize("where", ["file", "missing parent"])
+def test_an_emulation_cache_that_cannot_be_a_folder_names_the_variable(where, tmp_path,
+                                                                        monkeypatch):
+    """CUPYCOLL_EMULATION_CACHE naming a file (or a path under one): InvalidArgument naming
+    the variable, not the OSError of mkdir."""
+    from cupycoll.errors import InvalidArgument
+    from cupycoll.testing.kernel_shim import cache_dir
+
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    monkeypatch.setenv("CUPYCOLL_EMULATION_CACHE",
+                       str(afile if where == "file" else afile / "below"))
+    with pytest.raises(InvalidArgument, match="'CUPYCOLL_EMULATION_CACHE'.*cannot be made a "
+                       "folder"):
+        cache_dir()

@@ -28,6 +28,7 @@ import numpy as np
 
 from .. import _kernels
 from .._config import setting
+from ..errors import InvalidArgument
 
 __all__ = ["ShimLauncher", "kernel_libraries", "library", "libraries", "compiler"]
 
@@ -46,9 +47,14 @@ def compiler() -> str | None:
 
 def cache_dir() -> Path:
     """Folder of the built libraries (``CUPYCOLL_EMULATION_CACHE``), created if missing."""
-    folder = Path(setting("CUPYCOLL_EMULATION_CACHE")
-                  or Path(tempfile.gettempdir()) / f"cupycoll-emulation-{os.getuid()}")
-    folder.mkdir(parents=True, exist_ok=True)
+    named = setting("CUPYCOLL_EMULATION_CACHE")
+    folder = Path(named or Path(tempfile.gettempdir()) / f"cupycoll-emulation-{os.getuid()}")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidArgument("CUPYCOLL_EMULATION_CACHE" if named else "the emulation cache",
+                              str(folder), f"cannot be made a folder of the kernels' CPU "
+                              f"builds ({exc.strerror})") from exc
     return folder
 
 
