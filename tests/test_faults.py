@@ -75,8 +75,9 @@ def test_late_rank_named_for_every_verb(nprocs, prefix, late):
 
 @pytest.mark.parametrize("nprocs,debug,scenarios", [
     (2, "0", ("crossed", "stale", "skip", "interrupt", "first", "local", "learned",
-              "preempted", "dup")),
-    (3, "1", ("crossed", "stale", "interrupt", "first", "local", "learned", "preempted", "dup")),
+              "preempted", "dup", "async_late")),
+    (3, "1", ("crossed", "stale", "interrupt", "first", "local", "learned", "preempted", "dup",
+              "async_late")),
     (4, "0", ("crossed", "skip", "first", "learned")),
 ])
 def test_crossed_stale_skip_interrupt(nprocs, debug, scenarios):

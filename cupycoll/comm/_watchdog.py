@@ -124,10 +124,16 @@ class Fate:
         _ABANDONED.append(pending)
 
     def kill(self, error: CupycollError, where: str, sequence: int, slot: memoryview) -> None:
-        """Mark every member dead (first cause wins) and publish it on the board."""
+        """Mark every member dead (first cause wins) and publish it on the boards: ``slot``
+        (the member that died, at ``sequence``) and each other member's own, at its count (a
+        peer waiting on a duplicate, e.g. an asynchronous call's worker, is told too)."""
         if self.error is None:
             self.error, self.where = error, where
             slot[_DIED] = sequence + 1
+            for member in list(self.members):
+                mine = member._slot
+                if mine is not slot and mine is not NO_SLOT and not mine[_DIED]:
+                    mine[_DIED] = member.sequence + 1
             # calls on a dead communicator raise before they start: they are no arrivals
         for member in list(self.members):
             member._disable()
@@ -159,7 +165,7 @@ def timeout_error(board: Board | None, rank: int, size: int, verb: str, step: st
     pending (``pending``).
     """
     seen = board.read() if board is not None else [None] * size
-    behind, died, unread = [], [], []
+    behind, died, unread, gone = [], [], [], []
     for r, entry in enumerate(seen):
         if r == rank:
             continue
@@ -171,9 +177,12 @@ def timeout_error(board: Board | None, rank: int, size: int, verb: str, step: st
             behind.append(r)
         if dead:
             died.append(f"rank {r} aborted or closed it at collective #{dead - 1}")
+            gone.append(r)
     missing = behind or sorted(set(pending))
     if behind:
         why = f"{_ranks(behind)} never arrived (started only collectives before #{sequence})"
+    elif missing and set(missing) <= set(gone):
+        why = f"{_ranks(missing)} gave the communicator up before sending this rank its messages"
     elif missing:
         owe = "still owe" if len(missing) > 1 else "still owes"
         why = f"every rank started it, but {_ranks(missing)} {owe} this rank messages"

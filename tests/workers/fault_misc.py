@@ -28,6 +28,10 @@ dup        the last rank makes the background worker's duplicate (a first asynch
            of cupycoll.torch's) while the others run a sparse_allreduce: the barrier before the
            duplicate completes against their validation, and the duplicate's own collectives
            (its settings, MPI_Comm_idup) time out there instead of hanging in MPI_Comm_dup.
+async_late the last rank comes 2 s late to an asynchronous sparse_allreduce (1 s timeout):
+           the others time out in its validation; the late rank's validation completes against
+           their abandoned ones and its algorithm waits on the background worker's duplicate,
+           whose board now says they gave the communicator up: its timeout names them so.
 local      a KeyboardInterrupt on rank 0 in a sparse_allreduce's local work, outside any
            wait: rank 0's communicator is dead at once (the others wait in that call: a later
            call would pair with theirs), the others time out; init() recovers.
@@ -284,6 +288,31 @@ def dup() -> None:
               cc.sparse_allreduce(mine, np.ones(mine.size), 50, comm=comm))
 
 
+def async_late() -> None:
+    comm = cc.init("mpi", timeout=1.0)
+    mine = np.arange(RANK, 5000, P)
+    for async_op in (False, True):  # the first calls: nodes, profile, the worker's duplicate
+        done = cc.sparse_allreduce(mine, np.ones(mine.size), 5000, comm=comm, async_op=async_op)
+        if async_op:
+            done.wait()
+    WORLD.Barrier()
+    start = time.monotonic()
+    if RANK == P - 1:
+        time.sleep(2.0)
+    try:
+        cc.sparse_allreduce(mine, np.ones(mine.size), 5000, algorithm="allgather", comm=comm,
+                            async_op=True).wait()
+        outcome = "completed"
+    except CollectiveTimeout as exc:
+        outcome = "CollectiveTimeout"
+        late = RANK == P - 1
+        assert exc.missing_ranks == ([P - 1] if not late else list(range(P - 1))), str(exc)
+        assert not late or "gave the communicator up" in str(exc), str(exc)
+    assert outcome == "CollectiveTimeout", outcome
+    report("async call, last rank late", outcome, time.monotonic() - start)
+    fresh_allreduce(cc.init("mpi", timeout=10))
+
+
 def times_out(name: str, call) -> None:
     """``call()`` raises CollectiveTimeout on this rank within 6 s; init() works again."""
     start = time.monotonic()
@@ -360,7 +389,8 @@ def learned() -> None:
 
 for name in sys.argv[1:]:
     {"stale": stale, "crossed": crossed, "skip": skip, "interrupt": interrupt, "first": first,
-     "local": local, "learned": learned, "preempted": preempted, "dup": dup}[name]()
+     "local": local, "learned": learned, "preempted": preempted, "dup": dup,
+     "async_late": async_late}[name]()
     WORLD.Barrier()
 if RANK == 0:
     print("OK")
