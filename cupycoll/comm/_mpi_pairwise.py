@@ -14,6 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .._types import ReduceOp, to_host
+from ._watchdog import late_ranks
 from ._work import Work
 from ._mpi_types import _MPI_TYPES, _address, _fold_blocks, _separate, averaged
 
@@ -207,7 +208,8 @@ def _two_phases(comm: Any, first: list, first_peers: list[int], between: Any, fi
         wait()
         finish()
         return None
-    work = Work(wait, test, finish, on_drop=lambda: comm._orphaned.append((test, keep)))
+    work = Work(wait, test, finish, on_drop=lambda: comm._orphaned.append((test, keep)),
+                late=lambda: late_ranks(comm.board, comm.rank, sequence))
     comm._started.add(work)
     return work
 

@@ -32,7 +32,7 @@ from ..errors import BackendError, CollectiveTimeout, CupycollError
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-__all__ = ["Board", "Fate", "NO_SLOT", "timeout_error"]
+__all__ = ["Board", "Fate", "NO_SLOT", "late_ranks", "timeout_error"]
 
 #: stand-in for the board slot of a communicator without a board (stores go nowhere useful).
 NO_SLOT = memoryview(np.zeros(2, np.int64)).cast("B").cast("q")
@@ -201,3 +201,11 @@ def timeout_error(board: Board | None, rank: int, size: int, verb: str, step: st
         f"{why}{'; ' + notes if notes else ''}. The communicator is aborted: every later call "
         "on it raises at once; call cupycoll.init() on every rank for a new one",
         missing_ranks=missing, op_name=verb)
+
+
+def late_ranks(board: Board | None, rank: int, sequence: int) -> list[int]:
+    """The ranks (but ``rank``) whose board count is below ``sequence``: they have not started
+    that collective (none where there is no board or a rank could not be read)."""
+    seen = board.read() if board is not None else []
+    return [r for r, entry in enumerate(seen)
+            if r != rank and entry is not None and entry[0] < sequence]

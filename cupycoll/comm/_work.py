@@ -12,6 +12,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
+from .._agreement import ranks_text
 from ..errors import CollectiveTimeout, InvalidArgument
 
 if TYPE_CHECKING:
@@ -50,6 +51,8 @@ class Work:
     every later ``wait()`` then runs too (the finalizer ran on the first waiter's stream).
     ``on_drop``: called when the Work is garbage-collected before it completed (the backend
     then keeps what the operation still reads or writes: MPI's requests and buffers).
+    ``late``: the ranks that have not started the operation yet (a ``wait(timeout)`` names
+    them).
     """
 
     def __init__(self, wait_fn: Callable[[], None] | None = None,
@@ -58,8 +61,9 @@ class Work:
                  sync_fn: Callable[[], None] | None = None,
                  device: Callable[[], None] | None = None,
                  on_drop: Callable[[], None] | None = None,
-                 stamp: Callable[[], Callable[[], None]] | None = None) -> None:
-        self._on_drop = on_drop
+                 stamp: Callable[[], Callable[[], None]] | None = None,
+                 late: Callable[[], list[int]] | None = None) -> None:
+        self._on_drop, self._late = on_drop, late
         self._stamp, self._after = stamp, None
         self._wait_fn, self._test_fn, self._finalize = wait_fn, test_fn, finalize
         self._sync_fn = sync_fn if sync_fn is not None else wait_fn
@@ -87,9 +91,12 @@ class Work:
             deadline = time.monotonic() + _seconds(timeout)
             while not self.is_completed():
                 if time.monotonic() >= deadline:
+                    missing = self._late() if self._late is not None else []
+                    behind = f"; {ranks_text(missing)} had not started it" if missing else ""
                     raise CollectiveTimeout(
-                        f"Work.wait(timeout={timeout}) expired before the operation completed "
-                        "(it goes on: wait again to complete it)")
+                        f"Work.wait(timeout={timeout}) expired before the operation completed"
+                        f"{behind} (it goes on: wait again to complete it)",
+                        missing_ranks=missing)
                 time.sleep(1e-4)
         try:
             return self._complete(self._wait_fn)
@@ -195,7 +202,8 @@ class Work:
         ``is_completed``) and whose result is ``finalize()``."""
         then = cls(work.wait, work.is_completed, finalize,
                    sync_fn=getattr(work, "synchronize", None),
-                   device=getattr(work, "_device", None), stamp=getattr(work, "_stamp", None))
+                   device=getattr(work, "_device", None), stamp=getattr(work, "_stamp", None),
+                   late=getattr(work, "_late", None))
         then._host_waits = getattr(work, "_host_waits", False)
         return then
 

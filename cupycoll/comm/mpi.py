@@ -30,6 +30,7 @@ from ._mpi_pairwise import (earlier_first, pairwise_in_place, pairwise_reduce,
 from ._mpi_types import (_ClosedComm, _DeadComm, _address, _bytes, _pending, _separate,
                          duplicate, out_of_communicators, usable)
 from ._naps import nap
+from ._watchdog import late_ranks
 from ._work import Work
 
 __all__ = ["MPICommunicator"]
@@ -200,11 +201,10 @@ class MPICommunicator(Staging, Communicator):
             keep_alive.clear()
 
         sequence = self.sequence
-
         keep_alive = list(keep)
         done = lambda: bool(MPI.Request.Testall(requests))  # noqa: E731
-        work = Work(wait, done, finalize,
-                    on_drop=lambda: self._orphaned.append((done, keep_alive)))
+        work = Work(wait, done, finalize, on_drop=lambda: self._orphaned.append(
+            (done, keep_alive)), late=lambda: late_ranks(self.board, self.rank, sequence))
         self._started.add(work)
         return work
 

@@ -184,7 +184,8 @@ def check_works(comm) -> None:
     late = cc.allreduce(np.ones(4, np.float32), comm=comm, async_op=True) \
         if rank != p - 1 or p == 1 else None
     if late is not None and p > 1:
-        expect_raises(CollectiveTimeout, late.wait, timeout=0.2)  # rank P-1 is late
+        err = expect_raises(CollectiveTimeout, late.wait, timeout=0.2)  # rank P-1 is late
+        assert err.missing_ranks == [p - 1] and f"rank {p - 1} had not started it" in str(err)
     MPI.COMM_WORLD.Barrier()
     if late is None:
         late = cc.allreduce(np.ones(4, np.float32), comm=comm, async_op=True)
