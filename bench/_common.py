@@ -5,15 +5,16 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
-import re
 import sys
 import time
 from typing import Any, Callable, Iterable, NoReturn, Sequence
 
 import numpy as np
 
-from cupycoll._config import NO_MATPLOTLIB
+from cupycoll._config import NO_MATPLOTLIB, output_file, parse_length, parse_size  # noqa: F401
+from cupycoll._types import DENSE_DTYPES
 from cupycoll.primitives._accel import ready
 from cupycoll.tuner.calibrate import interleaved
 
@@ -27,34 +28,69 @@ DENSE_COLUMNS = ["size(B)", "count", "type", "redop", "root", "time(us)", "algbw
 SPARSE_COLUMNS = DENSE_COLUMNS + ["density", "nnz", "algorithm", "wire(B)"]
 
 
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.I)
+def _checked(convert: Callable[[str], Any], ok: Callable[[Any], bool], wanted: str
+             ) -> Callable[[str], Any]:
+    """argparse's type: ``convert(text)`` where ``ok`` holds of it, else a usage error saying
+    ``wanted``."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except (ValueError, TypeError, OverflowError):
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}")
+        return value
+
+    return parse
 
 
-def parse_size(text: str) -> int:
-    """Parse a size: 8, 1e6, 64K, 16M, 16MB, 16MiB, 2G (K/M/G/T are powers of 1024, with or
-    without B/iB, as in nccl-tests); anything else raises argparse.ArgumentTypeError."""
-    match = _SIZE.match(str(text))
-    if match is None:
-        raise argparse.ArgumentTypeError(
-            f"invalid size {text!r}: use a number with an optional K, M, G or T suffix "
-            "(powers of 1024; B or iB may follow), e.g. 8, 1e6, 64K, 16M, 16MiB")
-    value = float(match.group(1)) * _UNITS[match.group(2).upper()]
-    if value != int(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"invalid size {text!r}: not a whole, non-negative "
-                                         "number of bytes or elements")
-    return int(value)
+#: argparse's types of the benchmarks' numbers (a bad value is a usage error before the run)
+positive_int = _checked(int, lambda v: v >= 1, "an int >= 1")
+non_negative_int = _checked(int, lambda v: v >= 0, "an int >= 0")
+non_negative_float = _checked(float, lambda v: 0 <= v < math.inf, "a finite number >= 0")
+fraction = _checked(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+
+
+def dtype_name(text: str) -> str:
+    """argparse's type of -d: the name of a dtype the dense collectives take here."""
+    allowed = [d.name for d in DENSE_DTYPES]
+    try:
+        name = np.dtype(text).name if text.strip() else None
+    except Exception:  # numpy's TypeError, or another error of a text it cannot read
+        name = None
+    if name not in allowed:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(allowed)}, got {text!r}")
+    return name
+
+
+def one_of(*names: str) -> Callable[[str], str]:
+    """argparse's type (within :func:`listed`) of one of ``names``."""
+    return _checked(str, lambda v: v in names, f"one of {', '.join(names)}")
+
+
+def listed(item: Callable[[str], Any]) -> Callable[[str], list]:
+    """argparse's type of a comma list of ``item``s (e.g. ``listed(one_of("coo", "compact"))``,
+    ``listed(parse_length)``): at least one; a bad item is a usage error naming it."""
+
+    def parse(text: str) -> list:
+        items = [item(part.strip()) for part in text.split(",") if part.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"must be a comma list of one or more, got {text!r}")
+        return items
+
+    return parse
 
 
 #: nccl-tests' flags: letter -> (long name, add_argument's keywords)
 NCCL_TESTS_FLAGS = {
     "b": ("--minbytes", {"type": parse_size, "default": parse_size("8")}),
     "e": ("--maxbytes", {"type": parse_size, "default": parse_size("64M")}),
-    "f": ("--stepfactor", {"type": int, "default": 2}),
-    "n": ("--iters", {"type": int, "default": 20}),
-    "w": ("--warmup_iters", {"type": int, "default": 3}),
+    "f": ("--stepfactor", {"type": positive_int, "default": 2}),
+    "n": ("--iters", {"type": positive_int, "default": 20}),
+    "w": ("--warmup_iters", {"type": non_negative_int, "default": 3}),
     "c": ("--check", {"type": int, "default": 1, "help": "check correctness (1) or not (0)"}),
-    "d": ("--datatype", {"default": "float32"}),
+    "d": ("--datatype", {"type": dtype_name, "default": "float32"}),
     "o": ("--op", {"default": "sum"}),
 }
 
@@ -94,6 +130,11 @@ class Parser(argparse.ArgumentParser):
         for flag, path in paths.items():
             if path and path != "-" and not os.path.isdir(os.path.dirname(path) or "."):
                 self.error(f"--{flag} {path}: no folder {os.path.dirname(path)!r}")
+            try:  # a folder, or a file it may not write: refused now, not after the run
+                if path and path != "-":
+                    output_file(path)
+            except argparse.ArgumentTypeError as exc:
+                self.error(f"--{flag}: {exc}")
         if paths["plot"]:
             try:
                 import matplotlib  # noqa: F401

@@ -22,8 +22,9 @@ import json
 import sys
 
 import numpy as np
-from _common import (DENSE_COLUMNS, Table, bandwidths, common_parser, interleaved, parse_size,
-                     progress, run_meta, sample_stats, sizes, time_collective)
+from _common import (DENSE_COLUMNS, Table, bandwidths, common_parser, interleaved, listed,
+                     non_negative_int, parse_size, progress, run_meta, sample_stats, sizes,
+                     time_collective)
 from mpi4py import MPI
 
 import cupycoll as cc
@@ -157,10 +158,9 @@ def twins(name: str, nbytes: int, comm, root: int) -> dict:
 
 def side_by_side(args, comm, names) -> None:
     """Print and (--json) write cupycoll vs mpi4py per verb, way and size (see the docstring)."""
-    sizes_ = [parse_size(s) for s in args.sizes.split(",")]
     rows = []
     for name in names:
-        for nbytes in sizes_:
+        for nbytes in args.sizes:
             iters = args.iters * (10 if nbytes < 1 << 20 else 1)
             for way, (ours, theirs) in twins(name, nbytes, comm, args.root).items():
                 # one way at a time: a call right after one that freed a fresh large output
@@ -173,7 +173,7 @@ def side_by_side(args, comm, names) -> None:
     if comm.rank == 0:
         print(f"# ranks={comm.size}  float32 sum  root={args.root}  median of the slowest rank; "
               "cell: cupycoll us / mpi4py us = ratio")
-        head = "".join(f"{s:>28}" for s in args.sizes.split(","))
+        head = "".join(f"{s:>28}" for s in args.sizes)
         print(f"# {'collective':<15}{'way':<9}{head}")
         for name in names:
             for way in WAYS:
@@ -190,14 +190,18 @@ def side_by_side(args, comm, names) -> None:
 def main() -> int:
     parser = common_parser(__doc__)
     parser.add_argument("--collective", default="allreduce", choices=COLLECTIVES + ("all",))
-    parser.add_argument("--root", type=int, default=0)
+    parser.add_argument("--root", type=non_negative_int, default=0,
+                        help="root rank of broadcast and reduce (below the number of ranks)")
     parser.add_argument("--vs-mpi", action="store_true",
                         help="cupycoll next to mpi4py's blocking call (see the docstring)")
-    parser.add_argument("--sizes", default="8,1K,256K,16M", help="sizes of --vs-mpi")
+    parser.add_argument("--sizes", type=listed(parse_size), default="8,1K,256K,16M",
+                        help="sizes of --vs-mpi (comma list)")
     args = parser.parse_args()
     if args.op not in REDUCTIONS:
         parser.error(f"-o/--op: one of {', '.join(REDUCTIONS)} (got {args.op!r})")
     comm = cc.init("mpi")
+    if args.root >= comm.size:  # every rank alike: each one exits with the message
+        parser.error(f"--root {args.root}: must be below the number of ranks, {comm.size}")
     names = COLLECTIVES if args.collective == "all" else (args.collective,)
     if args.vs_mpi:
         side_by_side(args, comm, names)

@@ -16,12 +16,14 @@ the steps of fewest and most entries in all (imports and compiled loops are not 
 
 from __future__ import annotations
 
+import argparse
 import collections
 import os
 import sys
 
 import numpy as np
-from _common import Table, common_parser, parse_size
+from _common import (Table, common_parser, fraction, listed, non_negative_int, parse_length,
+                     positive_int)
 from mpi4py import MPI
 
 import cupycoll as cc
@@ -89,9 +91,16 @@ def count_wrong(res, want: tuple) -> int:
     return int(np.count_nonzero(res.values != total))
 
 
-def run_case(comm, table: Table, text: str, steps: int, seed: int) -> None:
-    n_text, d_text, w_text = text.split("/")
-    n, density, width = parse_size(n_text), float(d_text), int(w_text)
+def case(text: str) -> tuple[str, int, float, int]:
+    """argparse's type of a case ``n/density/width``: (text, n, density, width)."""
+    parts = text.split("/")
+    if len(parts) != 3:
+        raise argparse.ArgumentTypeError(f"a case is n/density/width, got {text!r}")
+    return text, parse_length(parts[0]), fraction(parts[1]), non_negative_int(parts[2])
+
+
+def run_case(comm, table: Table, text: str, n: int, density: float, width: int, steps: int,
+             seed: int) -> None:
     steps_data = draws(comm, n, density, width, steps, seed)
     explicit = [a for a in cc.algorithms("sparse") if a != "auto"]
     methods = explicit + ["estimate", "learn"] + list(EXTRA)
@@ -137,9 +146,11 @@ def _most(counter: collections.Counter) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = common_parser(__doc__.splitlines()[0], flags="")
-    p.add_argument("--cases", default=CASES, help="comma-separated n/density/width")
-    p.add_argument("--steps", type=int, default=100, help="calls of each method per case")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cases", type=listed(case), default=CASES,
+                   help="comma-separated n/density/width")
+    p.add_argument("--steps", type=positive_int, default=100,
+                   help="calls of each method per case")
+    p.add_argument("--seed", type=non_negative_int, default=0)
     args = p.parse_args(argv)
     comm = cc.init("mpi")
     learn.records(comm).clear()
@@ -148,9 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     table.header(f"P = {comm.size}, {args.steps} steps a case; best = the explicit algorithm "
                  f"of least cumulative time; late = median over steps "
                  f"{late_start(args.steps) + 1}-{args.steps}")
-    for text in args.cases.split(","):
-        run_case(comm, table, text, args.steps, args.seed)
-    return table.finish(args, {"steps": args.steps, "cases": args.cases})
+    for text, n, density, width in args.cases:
+        run_case(comm, table, text, n, density, width, args.steps, args.seed)
+    return table.finish(args, {"steps": args.steps,
+                               "cases": ",".join(text for text, *_ in args.cases)})
 
 
 if __name__ == "__main__":

@@ -20,11 +20,11 @@ of its own; a time is then a block's seconds / B, the median over rounds of the 
 
 from __future__ import annotations
 
-import argparse
 from typing import Any, Callable
 
 import numpy as np
-from _common import interleaved, print_medians
+from _common import (Parser, interleaved, non_negative_int, parse_length, positive_int,
+                     print_medians)
 from mpi4py import MPI
 
 import cupycoll as cc
@@ -42,15 +42,20 @@ def blocked(calls: dict[str, Callable[[], Any]], rounds: int, block: int,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("-n", "--iters", type=int, default=2000)
-    parser.add_argument("-w", "--warmup_iters", type=int, default=50)
-    parser.add_argument("--entries", type=int, default=10, help="sparse entries per rank")
-    parser.add_argument("--length", type=int, default=1000, help="n of both calls")
-    parser.add_argument("-k", type=int, default=10, help="k of topk_allreduce")
-    parser.add_argument("--block", type=int, default=0,
+    parser = Parser(description=__doc__)
+    parser.add_argument("-n", "--iters", type=positive_int, default=2000)
+    parser.add_argument("-w", "--warmup_iters", type=non_negative_int, default=50)
+    parser.add_argument("--entries", type=non_negative_int, default=10,
+                        help="sparse entries per rank (at most --length)")
+    parser.add_argument("--length", type=parse_length, default=1000, help="n of both calls")
+    parser.add_argument("-k", type=positive_int, default=10,
+                        help="k of topk_allreduce (at most --length)")
+    parser.add_argument("--block", type=non_negative_int, default=0,
                         help="time blocks of this many calls of one kind (0: interleaved)")
     args = parser.parse_args()
+    if max(args.entries, args.k) > args.length:
+        parser.error(f"--entries {args.entries} and -k {args.k}: at most --length "
+                     f"{args.length}")
     comm = cc.init("mpi")
     rng = np.random.default_rng([7, comm.rank])
     idx = np.sort(rng.choice(args.length, args.entries, replace=False)).astype(np.int64)

@@ -37,8 +37,9 @@ import sys
 import tracemalloc
 
 import numpy as np
-from _common import (SPARSE_COLUMNS, Table, bandwidths, common_parser, interleaved, parse_size,
-                     progress, sample_stats)
+from _common import (SPARSE_COLUMNS, Table, bandwidths, common_parser, interleaved, listed,
+                     non_negative_float, non_negative_int, one_of, parse_size, progress,
+                     sample_stats)
 from mpi4py import MPI
 
 import cupycoll as cc
@@ -255,8 +256,8 @@ def _errors(predicted: dict[str, float], times: dict[str, float]) -> list[float]
 
 def wire_formats(args) -> list[tuple[str, str | None]]:
     """(wire, wire_values) pairs asked for by --wire and --wire-values (coo first)."""
-    values = [None if v in ("", "none") else v for v in args.wire_values.split(",")]
-    return [(w, v) for w in args.wire.split(",") if w for v in values]
+    values = [None if v == "none" else v for v in args.wire_values]
+    return [(w, v) for w in args.wire for v in values]
 
 
 def format_suffix(fmt: tuple[str, str | None], formats: list) -> str:
@@ -271,7 +272,7 @@ def _case(text: str) -> tuple:
     parts = text.split("/")
     if len(parts) not in (4, 5):
         raise ValueError(f"a case is n/density/width/overlap[/skew], got {text!r}")
-    skew = float(parts[4]) if len(parts) > 4 else 0.0
+    skew = non_negative_float(parts[4]) if len(parts) > 4 else 0.0
     return parse_size(parts[0]), int(parts[2]), float(parts[1]), parts[3], skew
 
 
@@ -330,19 +331,23 @@ def main() -> int:
     parser.add_argument("--width", default="0,64", help="row widths, 0 = 1-D (comma list)")
     parser.add_argument("--density", default="0.001,0.01,0.1", help="nnz / n per rank")
     parser.add_argument("--overlap", default=",".join(OVERLAPS))
-    parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
+    parser.add_argument("--algorithms", type=listed(one_of(*cc.algorithms("sparse"))),
+                        default=",".join(ALGORITHMS))
     parser.add_argument("--memory", action="store_true", help="measure peak extra memory")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=non_negative_int, default=0)
     parser.add_argument("--profiles", default="", help="other profile files (comma list) to "
                         "price the same measured rows with (summary counts per profile)")
     parser.add_argument("--raw", action="store_true", help="time the algorithms alone (no "
                         "validation allreduce): their own cost against the dense Allreduce")
-    parser.add_argument("--skew", type=float, default=0.0, help="rank 0 has (1 + skew) x nnz")
-    parser.add_argument("--wire", default="auto", help="wire formats (comma list of coo, "
+    parser.add_argument("--skew", type=non_negative_float, default=0.0,
+                        help="rank 0 has (1 + skew) x nnz")
+    parser.add_argument("--wire", type=listed(one_of("coo", "compact", "auto")), default="auto",
+                        help="wire formats (comma list of coo, "
                         "compact, auto); bytes are reported against coo's and against the "
                         "COO lower bound 2k(P-1)/P words (x_coo, x_bound)")
-    parser.add_argument("--wire-values", default="none", help="value formats (comma list of "
-                        "none, bfloat16, float16)")
+    parser.add_argument("--wire-values", type=listed(one_of("none", "bfloat16", "float16")),
+                        default="none", help="value formats (comma list of none, bfloat16, "
+                        "float16)")
     parser.add_argument("--output", default="sparse", choices=["sparse", "dense"],
                         help="dense: sparse_allreduce(output='dense') into a preallocated "
                         "buffer (as the baseline Allreduce), for callers that apply it densely")
@@ -351,7 +356,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.raw and args.output == "dense":
         parser.error("--raw times the algorithms' sparse results; not with --output dense")
-    algorithms = [a for a in args.algorithms.split(",") if a]
+    algorithms = args.algorithms
     groups = []
     try:
         for width in (int(w) for w in args.width.split(",")):
@@ -365,16 +370,9 @@ def main() -> int:
         parser.error(str(exc))
     if not all(g[0] >= 1 and 0 < g[2] <= 1 for g in groups):
         parser.error("every n must be >= 1 and every density in (0, 1]")
-    unknown = ({g[3] for g in groups} - set(OVERLAPS)) or (
-        set(algorithms) - set(cc.algorithms("sparse"))) or (
-        set(args.wire.split(",")) - {"coo", "compact", "auto"}) or (
-        set(args.wire_values.split(",")) - {"", "none", "bfloat16", "float16"})
+    unknown = {g[3] for g in groups} - set(OVERLAPS)
     if unknown:
-        parser.error(f"unknown {sorted(unknown)}: overlaps are {list(OVERLAPS)}, algorithms "
-                     f"{cc.algorithms('sparse')}, wires coo, compact, auto, value formats none, "
-                     "bfloat16, float16")
-    if args.iters < 1:
-        parser.error("-n (iterations) must be >= 1")
+        parser.error(f"unknown {sorted(unknown)}: overlaps are {list(OVERLAPS)}")
     missing = [path for path in filter(None, args.profiles.split(",")) if not os.path.isfile(path)]
     if missing:
         parser.error(f"--profiles: no such file {missing}")

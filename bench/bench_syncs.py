@@ -32,7 +32,7 @@ from mpi4py import MPI
 import cupycoll as cc
 from cupycoll.testing.syncs import count_host_syncs
 from cupycoll.topk import TopkState, topk_allreduce
-from _common import Parser, data_out
+from _common import Parser, data_out, non_negative_int, positive_int
 
 
 def _counting() -> Any:
@@ -123,11 +123,14 @@ def measure(comm: Any, n: int, nnz: int, k: int) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     p = Parser(description=__doc__.split("\n")[0])
     p.add_argument("--backend", choices=sorted(BACKENDS), default="counting")
-    p.add_argument("--n", type=int, default=1 << 12, help="dense length")
-    p.add_argument("--nnz", type=int, default=256, help="sparse entries per rank")
-    p.add_argument("--k", type=int, default=64, help="top-k k")
+    p.add_argument("--n", type=positive_int, default=1 << 12, help="dense length")
+    p.add_argument("--nnz", type=non_negative_int, default=256,
+                   help="sparse entries per rank (at most --n)")
+    p.add_argument("--k", type=positive_int, default=64, help="top-k k (at most --n)")
     p.add_argument("--json", metavar="PATH", help="write the rows as JSON ('-' = stdout)")
     args = p.parse_args(argv)
+    if max(args.nnz, args.k) > args.n:
+        p.error(f"--nnz {args.nnz} and --k {args.k}: at most --n {args.n}")
     if args.backend == "emulated" and importlib.util.find_spec("cupy") is None:
         p.error("--backend emulated needs CuPy (the emulation tier runs CuPy's code; no GPU "
                 "needed): pip install 'cupycoll[gpu-cu12]'")

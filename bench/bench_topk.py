@@ -33,7 +33,8 @@ import functools
 import time
 
 import numpy as np
-from _common import Table, common_parser, parse_size
+from _common import (Table, common_parser, fraction, listed, one_of, parse_length, parse_size,
+                     positive_int)
 
 import cupycoll as cc
 from cupycoll.primitives import kth_abs, select_abs_ge, topk_abs
@@ -266,29 +267,32 @@ CCOLUMNS = ["workload", "policy", "step", "refresh", "P", "n", "k", "local/k", "
 def main() -> None:
     p = common_parser("Top-k allreduce volumes per phase, density under error feedback, "
                       "selection cost", flags="")
-    p.add_argument("--n", type=parse_size, default=parse_size("1M"), help="vector length")
-    p.add_argument("--density", type=float, default=0.01)
-    p.add_argument("--steps", type=int, default=None,
+    p.add_argument("--n", type=parse_length, default=parse_size("1M"), help="vector length")
+    p.add_argument("--density", type=fraction, default=0.01, help="k / n, in (0, 1]")
+    p.add_argument("--steps", type=positive_int, default=None,
                    help="steps (default: 8 for the phases, 40 for the compressor)")
-    p.add_argument("--tau", type=lambda v: v if v == "auto" else int(v), default="auto",
+    p.add_argument("--tau", type=lambda v: v if v == "auto" else positive_int(v), default="auto",
                    help='compressor: repartition period, an int or "auto" (default)')
-    p.add_argument("--tau-prime", type=int, default=None,
+    p.add_argument("--tau-prime", type=positive_int, default=None,
                    help="refresh period (default: 4 for the phases, 32 for the compressor)")
     p.add_argument("--only", choices=PARTS, action="append", help="run only these parts")
     p.add_argument("--selection-n", type=parse_size, default=1 << 24,
                    help="vector length of the selection timing (0: skip it)")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--wire", default="auto", help="wire formats of the phases and algorithms "
-                   "parts (comma list of coo, compact, auto; x_coo = words / the coo row's; "
-                   "the compressor runs the first)")
-    p.add_argument("--wire-values", default="none", help="value formats (comma list of none, "
-                   "bfloat16, float16)")
+    p.add_argument("--repeats", type=positive_int, default=3,
+                   help="timed rounds of the selection timing")
+    p.add_argument("--wire", type=listed(one_of("coo", "compact", "auto")), default="auto",
+                   help="wire formats of the phases and algorithms parts (comma list of coo, "
+                   "compact, auto; x_coo = words / the coo row's; the compressor runs the "
+                   "first)")
+    p.add_argument("--wire-values", type=listed(one_of("none", "bfloat16", "float16")),
+                   default="none", help="value formats (comma list of none, bfloat16, float16)")
     args = p.parse_args()
-    formats = [(w, None if v in ("", "none") else v) for w in args.wire.split(",") if w
-               for v in args.wire_values.split(",")]
+    formats = [(w, None if v == "none" else v) for w in args.wire for v in args.wire_values]
     parts = args.only or PARTS
     comm = cc.init("mpi")
     size, rank, n = comm.size, comm.rank, args.n
+    if n < size:  # every rank alike: each one exits with the message
+        p.error(f"--n {n}: must be at least the number of ranks, {size}")
     k = max(size, int(args.density * n)) // size * size
     table = Table(COLUMNS, rank)
     meta: dict = {"P": size, "n": n, "k": k}

@@ -49,8 +49,8 @@ try:
 except ImportError:  # before --help too: the whole benchmark is torch's
     raise SystemExit("bench torch needs PyTorch: pip install 'cupycoll[torch]'") from None
 import torch.distributed as dist
-from _common import (DENSE_COLUMNS, Table, bandwidths, common_parser, interleaved, parse_size,
-                     sample_stats)
+from _common import (DENSE_COLUMNS, Table, bandwidths, common_parser, fraction, interleaved,
+                     listed, parse_length, positive_int, sample_stats)
 from mpi4py import MPI
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -72,12 +72,16 @@ STEP_COLUMNS = ["vocab", "rows/rank", "ddp", "time(us)", "min(us)", "p95(us)", "
 
 def arguments():
     p = common_parser(__doc__.splitlines()[0], flags="nw")
-    p.add_argument("--vocab", default="256K,1M", help="embedding rows V, comma-separated")
-    p.add_argument("--rows", type=float, default=0.015,
+    p.add_argument("--vocab", type=listed(parse_length), default="256K,1M",
+                   help="embedding rows V, comma-separated")
+    p.add_argument("--rows", type=fraction, default=0.015,
                    help="share of the V rows each rank's batch touches per step (0.01-0.02)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads per rank")
     p.set_defaults(iters=20, warmup_iters=3)
-    return p.parse_args()
+    args = p.parse_args()
+    if int(args.rows * min(args.vocab)) < 1:
+        p.error(f"--rows {args.rows:g} of --vocab {min(args.vocab)}: less than one row a rank")
+    return args
 
 
 class Net(torch.nn.Module):
@@ -304,7 +308,7 @@ def main() -> int:
     reduce = Table(REDUCE_COLUMNS + ["min(us)"], comm.rank)
     steps = Table(STEP_COLUMNS, comm.rank)
     summary = []
-    for vocab in (parse_size(v) for v in args.vocab.split(",")):
+    for vocab in args.vocab:
         data = batches(vocab, args.rows, comm.rank)
         reduce.header(f"P = {comm.size}, V = {vocab}: the embedding gradient's allreduce"
                       + (f" ({note})" if note else ""))

@@ -20,7 +20,8 @@ import sys
 from typing import Any, Callable
 
 import numpy as np
-from _common import Table, common_parser, implementations, measure, under
+from _common import (Table, common_parser, fraction, implementations, measure,
+                     non_negative_int, positive_int, under)
 
 from cupycoll import wire
 
@@ -168,10 +169,10 @@ def _cells(mine: tuple[float, float], copy: tuple[float, float], nbytes: int) ->
 
 def main(argv: list[str] | None = None) -> int:
     p = common_parser(__doc__.splitlines()[0], flags="")
-    p.add_argument("--log2n", type=int, default=24, help="dense length n = 2**log2n")
-    p.add_argument("--density", type=float, default=0.01, help="density of the timed stream")
-    p.add_argument("--reps", type=int, default=9, help="repetitions (median reported)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log2n", type=non_negative_int, default=24, help="dense length n = 2**log2n")
+    p.add_argument("--density", type=fraction, default=0.01, help="density of the timed stream")
+    p.add_argument("--reps", type=positive_int, default=9, help="repetitions (median reported)")
+    p.add_argument("--seed", type=non_negative_int, default=0)
     p.add_argument("--impl", choices=("both", "numpy", "numba1", "numba"), default="both")
     p.add_argument("--sweep", action="store_true",
                    help="only the design sweep: varints against bit-packed block sizes")

@@ -31,7 +31,8 @@ import numpy as np
 
 import cupycoll as cc
 from cupycoll.topk import Gaussian, Threshold, TopkCompressor
-from _common import Parser
+from _common import (Parser, fraction, listed, non_negative_int, non_negative_float, one_of,
+                     positive_int)
 
 ALGORITHMS = ("dense-sgd", "oktopk", "topka", "gtopk", "gaussiank")
 
@@ -162,17 +163,20 @@ def plot(results: list[dict], path: str, title: str) -> None:
 
 def main() -> None:
     ap = Parser(description=__doc__.splitlines()[0])
-    ap.add_argument("--density", type=float, default=0.01)
-    ap.add_argument("--epochs", type=int, default=30)
-    ap.add_argument("--batch", type=int, default=64, help="global mini-batch (split over ranks)")
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--lr", type=float, default=0.2)
-    ap.add_argument("--tau", type=lambda v: v if v == "auto" else int(v), default="auto",
+    ap.add_argument("--density", type=fraction, default=0.01, help="k / n, in (0, 1]")
+    ap.add_argument("--epochs", type=positive_int, default=30)
+    ap.add_argument("--batch", type=positive_int, default=64,
+                    help="global mini-batch (split over ranks; at least one sample a rank)")
+    ap.add_argument("--hidden", type=positive_int, default=128)
+    ap.add_argument("--lr", type=non_negative_float, default=0.2)
+    ap.add_argument("--tau", type=lambda v: v if v == "auto" else positive_int(v),
+                    default="auto",
                     help="Ok-Topk repartition period: an int or \"auto\" (default)")
-    ap.add_argument("--tau-prime", type=int, default=32)
-    ap.add_argument("--eval-every", type=int, default=25)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--algorithms", default=",".join(ALGORITHMS))
+    ap.add_argument("--tau-prime", type=positive_int, default=32)
+    ap.add_argument("--eval-every", type=positive_int, default=25)
+    ap.add_argument("--seed", type=non_negative_int, default=0)
+    ap.add_argument("--algorithms", type=listed(one_of(*ALGORITHMS)),
+                    default=",".join(ALGORITHMS))
     ap.add_argument("--policy", choices=("quantile", "reference"), default="quantile",
                     help="threshold policy of oktopk and gaussiank (reference = the reference "
                          "code's heuristics)")
@@ -185,7 +189,10 @@ def main() -> None:
     args = ap.parse_args()
     comm = cc.init()
     data = load(args.seed)
-    results = [train(comm, alg, data, args) for alg in args.algorithms.split(",")]
+    if not comm.size <= args.batch <= len(data[1]):  # every rank alike: each one exits
+        ap.error(f"--batch {args.batch}: must be from the number of ranks, {comm.size}, to the "
+                 f"training samples, {len(data[1])}")
+    results = [train(comm, alg, data, args) for alg in args.algorithms]
     if comm.rank != 0:
         return
     dense = next((r["accuracy"] for r in results if r["algorithm"] == "dense-sgd"), None)

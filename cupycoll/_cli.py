@@ -158,10 +158,12 @@ def _bench(args: argparse.Namespace) -> int:
                 print(exc.code, file=sys.stderr)
             _abort_if_parallel(code)
         return code
-    except BaseException:  # like python -m mpi4py: one rank's failure must not hang the others
-        traceback.print_exc()
+    except BaseException as exc:  # like python -m mpi4py: one rank's failure must not hang
+        traceback.print_exc()  # the others; printed once, here, before an abort can end it
         _abort_if_parallel()
-        raise
+        if isinstance(exc, Exception):
+            return 1
+        raise SystemExit(130 if isinstance(exc, KeyboardInterrupt) else 1) from None
     return 0
 
 

@@ -305,3 +305,46 @@ def made_folder(path: Any) -> Any:
 
     Path(path).expanduser().absolute().parent.mkdir(parents=True, exist_ok=True)
     return Path(path).expanduser()
+
+
+#: the largest size :func:`parse_size` takes, exclusive (the sparse API's limit on n)
+SIZE_LIMIT = 1 << 62
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str, minimum: int = 0) -> int:
+    """A size (argparse's type, ``cupycoll simulate --n`` and the benchmarks'): 8, 1e6, 64K,
+    16M, 16MB, 16MiB, 2G, 1T (K/M/G/T are powers of 1024, with or without B/iB, as in
+    nccl-tests), a whole number from ``minimum`` up to :data:`SIZE_LIMIT` (exclusive);
+    anything else raises argparse.ArgumentTypeError saying what is accepted."""
+    import argparse
+    import decimal
+    import re
+
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMGT]?)(?:I?B)?\s*",
+                         str(text), re.I)
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"invalid size {text!r}: use a number with an optional K, M, G or T suffix "
+            "(powers of 1024; B or iB may follow), e.g. 8, 1e6, 64K, 16M, 16MiB")
+    number = decimal.Decimal(match.group(1))  # exact, unlike a float of 19 digits
+    if number and number.adjusted() >= 19:  # 1e30: refused before any arithmetic on it
+        value = decimal.Decimal(SIZE_LIMIT)
+    else:  # exact to 80 digits; a longer fraction is refused as not whole
+        exact = decimal.Context(prec=80, traps=[decimal.Inexact])
+        try:
+            value = exact.multiply(number, _SIZE_UNITS[match.group(2).upper()])
+        except decimal.Inexact:
+            value = decimal.Decimal("0.5")
+    if value != value.to_integral_value():
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: not a whole number of bytes "
+                                         "or elements")
+    if not minimum <= value < SIZE_LIMIT:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: " + (
+            f"must be at least {minimum}" if value < minimum else "must be below 2**62"))
+    return int(value)
+
+
+def parse_length(text: str) -> int:
+    """:func:`parse_size` of a length: at least 1."""
+    return parse_size(text, 1)

@@ -17,12 +17,14 @@ import _common  # noqa: E402
 @pytest.mark.parametrize("text,value", [("8", 8), ("1e6", 1_000_000), ("64K", 65536),
                                         ("16M", 16 << 20), ("16MB", 16 << 20),
                                         ("16MiB", 16 << 20), ("16mib", 16 << 20),
-                                        ("2G", 2 << 30), ("0.5K", 512), (" 1T ", 1 << 40)])
+                                        ("2G", 2 << 30), ("0.5K", 512), (" 1T ", 1 << 40),
+                                        ("4611686018427387903", 2**62 - 1)])
 def test_parse_size_accepts(text, value):
     assert _common.parse_size(text) == value
 
 
-@pytest.mark.parametrize("text", ["16Q", "", "M", "-1", "1.5", "16 MB B", "0x10", "1e-3"])
+@pytest.mark.parametrize("text", ["16Q", "", "M", "-1", "1.5", "16 MB B", "0x10", "1e-3",
+                                  "1e30", "4611686018427387904", "5000000T"])
 def test_parse_size_rejects_clearly(text):
     with pytest.raises(argparse.ArgumentTypeError, match="invalid size"):
         _common.parse_size(text)
@@ -221,7 +223,7 @@ def test_bench_sparse_runs_on_one_rank_and_names_a_bad_size():
     bad = run("--n", "abc")
     assert bad.returncode == 2 and "invalid size 'abc'" in bad.stderr and "Traceback" not in \
         bad.stderr, bad.stderr
-    for args, says in ((("-n", "0"), "-n (iterations)"), (("--algorithms", "bogus"), "'bogus'"),
+    for args, says in ((("-n", "0"), "-n/--iters"), (("--algorithms", "bogus"), "'bogus'"),
                        (("--wire", "raw"), "'raw'"), (("--wire-values", "int8"), "'int8'"),
                        (("--overlap", "typo"), "'typo'"), (("--cases", "1K/0.01"), "a case is"),
                        (("--profiles", "missing.json"), "no such file")):
@@ -433,3 +435,54 @@ def test_bench_blocked_wait_prints_every_waiting_rank():
     out = run_mpi(3, "../../bench/dev/bench_blocked_wait.py", "--late", "0.2", timeout=60)
     line = out.split("3 ranks, rank 0 late by 0.2 s: CPU-s of the others' waits: ")[1]
     assert [float(t) >= 0 for t in line.split(", ")] == [True, True], out
+
+
+FOLDER = str(Path(__file__).resolve().parent)  # an output path that is a folder
+
+
+@pytest.mark.parametrize("name,args,says", [
+    ("dense", ["-n", "0"], "argument -n/--iters: must be an int >= 1"),
+    ("dense", ["-n", "-1"], "argument -n/--iters"),
+    ("dense", ["-d", "garbage"], "argument -d/--datatype: must be one of float16"),
+    ("dense", ["--root", "1"], "--root 1: must be below the number of ranks, 1"),
+    ("dense", ["--json", FOLDER], f"--json: {FOLDER!r} is a folder"),
+    ("sparse", ["--skew", "-3"], "argument --skew: must be a finite number >= 0"),
+    ("sparse", ["--seed", "-1"], "argument --seed: must be an int >= 0"),
+    ("topk", ["--n", "0"], "argument --n: invalid size '0': must be at least 1"),
+    ("topk", ["--density", "0"], "argument --density: must be a number in (0, 1]"),
+    ("topk", ["--steps", "-1"], "argument --steps"),
+    ("topk", ["--wire", "bogus"], "argument --wire: must be one of coo, compact, auto, got 'bogus'"),
+    ("topk", ["--repeats", "0"], "argument --repeats"),
+    ("small", ["-n", "0"], "argument -n/--iters"),
+    ("small", ["--block", "-1"], "argument --block"),
+    ("small", ["--length", "0"], "argument --length"),
+    ("small", ["--length", "5", "-k", "6"], "at most --length 5"),
+    ("wire", ["--reps", "0"], "argument --reps"),
+    ("syncs", ["--n", "0"], "argument --n"),
+    ("syncs", ["--json", FOLDER], "is a folder"),
+    ("regret", ["--cases", "garbage"], "argument --cases: a case is n/density/width"),
+    ("regret", ["--cases", "1000/0.01"], "got '1000/0.01'"),
+    ("regret", ["--cases", "1000/0.01/0", "--steps", "0"], "argument --steps"),
+    ("demo", ["--epochs", "0"], "argument --epochs"),
+    ("demo", ["--json", FOLDER], "is a folder"),
+    ("torch", ["--vocab", "0"], "argument --vocab"),
+])
+def test_a_benchmark_refuses_a_bad_argument_before_it_runs(name, args, says, capsys,
+                                                           monkeypatch):
+    """A count, size, fraction, dtype or choice out of range (or a rank that is not there, an
+    output path that is a folder) is a usage error naming it (exit status 2, no traceback),
+    not a traceback after init() or a table of nan or negative times (the benchmark runs in
+    this process, as ``cupycoll bench NAME``; --root's check after init(), at P = 1)."""
+    if name == "torch":
+        pytest.importorskip("torch")
+    from cupycoll._cli import main
+
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    short = {"dense": ["-b", "8", "-e", "8", "-w", "0"], "small": ["-w", "0"],
+             "topk": ["--only", "selection", "--selection-n", "1K"],
+             "sparse": ["--cases", "1K/0.1/0/random", "-n", "1"],
+             "wire": ["--log2n", "10", "--impl", "numpy"]}  # short, were they to run
+    assert main(["bench", name, *short.get(name, []), *args]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "error:" in err and "Traceback" not in err, err

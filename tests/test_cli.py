@@ -130,6 +130,65 @@ def test_simulate_refuses_shapes_that_cannot_be():
         assert info.value.code == 2, (option, value)
 
 
+@pytest.mark.parametrize("option,value,says", [
+    ("--networks", "bogus", "argument --networks: 'bogus' is not one of nvlink"),
+    ("--family", "bogus", "argument --family: 'bogus' is not one of sparse, topk, both"),
+    ("--wire", "coo,bogus", "argument --wire: unknown wire format 'bogus'"),
+    ("--output", "bogus", "argument --output: 'bogus' is not one of sparse, dense, both"),
+    ("--P", "0", "argument --P: must be an int >= 1, got '0'"),
+    ("--P", "2,x", "argument --P: must be an int >= 1, got 'x'"),
+    ("--n", "1.5", "argument --n: invalid size '1.5': not a whole number"),
+    ("--n", "16q", "argument --n: invalid size '16q'"),
+    ("--n", "1e30", "argument --n: invalid size '1e30': must be below 2**62"),
+])
+def test_simulate_names_a_bad_argument_as_a_usage_error(option, value, says, capsys):
+    """Every bad value is an argparse usage error (exit status 2, ``cupycoll simulate:
+    error:`` naming the option and the text as given), none a bare exit 1 nor a truncation."""
+    from cupycoll._cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["simulate", "--family", "sparse", "--P", "2", "--networks", "eth100", option,
+              value])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "cupycoll simulate: error: " + says in err, err
+
+
+def test_simulate_reads_sizes_as_the_benchmarks_do(tmp_path):
+    """--n takes the benchmarks' sizes: 16MiB, 16MB and 1T as powers of 1024."""
+    from cupycoll._cli import main
+
+    for text, n in (("16MiB", 16 << 20), ("16MB", 16 << 20), ("1T", 1 << 40), ("1e6", 10**6)):
+        out = tmp_path / f"{text}.json"
+        assert main(["simulate", "--family", "topk", "--P", "2", "--networks", "eth100",
+                     "--n", text, "--json", str(out)]) == 0
+        assert {row["n"] for row in json.loads(out.read_text())["rows"]} == {n}, text
+
+
+def test_bench_prints_a_benchmark_s_traceback_once(tmp_path, monkeypatch, capsys):
+    """A benchmark that raises: its traceback printed once (before an abort could end the
+    rank), exit status 1, not the exception raised again for the interpreter to print."""
+    import cupycoll._cli as cli
+
+    script = tmp_path / "bench_boom.py"
+    script.write_text("raise RuntimeError('boom')\n")
+    monkeypatch.setattr(cli, "bench_script", lambda name: script)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert cli.main(["bench", "dense"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("Traceback") == 1 and "RuntimeError: boom" in err, err
+
+
+def test_bench_root_beyond_the_ranks_ends_every_rank_with_a_usage_error():
+    """--root is checked once the number of ranks is known: P = 2, --root 2 is a usage error
+    on every rank (exit status 2, no traceback), not a traceback in the first broadcast."""
+    proc = run("bench", "dense", "--collective", "broadcast", "--root", "2", "-b", "8", "-e",
+               "8", "-n", "1", "-w", "0", nprocs=2)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "error: --root 2: must be below the number of ranks, 2" in proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+
+
 @pytest.mark.parametrize("name", BENCHMARKS)
 def test_every_listed_benchmark_exists(name):
     assert bench_script(name).is_file()

@@ -29,7 +29,7 @@ import math
 import sys
 from typing import Any
 
-from .._config import made_folder, output_file, plot_file
+from .._config import made_folder, output_file, parse_length, plot_file
 from .._registry import priced, record
 from ..comm._topology import Topology
 from ..sparse._cost import Shape, validation_cost
@@ -285,31 +285,19 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
     fig.savefig(made_folder(path), dpi=110)
 
 
-def _size(text: str) -> int:
-    """Parse 8, 64K, 16M, 2G (powers of 1024) or a plain number such as 1e6: a length >= 1."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper()
-    try:
-        if text and text[-1] in units:
-            value = int(float(text[:-1]) * units[text[-1]])
-        else:
-            value = int(float(text))
-    except (ValueError, OverflowError):
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a length >= 1 (8, 64K, 16M, 1e6), got {text!r}")
-    return value
+def _whole(low: int) -> Any:
+    """argparse's type for an int >= ``low``."""
 
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be an int >= {low}, got {text!r}")
+        return value
 
-def _width(text: str) -> int:
-    """argparse's type for a row width: an int >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {text!r}")
-    return value
+    return parse
 
 
 def _bounded(low: float, high: float, *, low_open: bool = False) -> Any:
@@ -328,65 +316,74 @@ def _bounded(low: float, high: float, *, low_open: bool = False) -> Any:
     return parse
 
 
+def _one_of(*names: str) -> Any:
+    """argparse's type (within :func:`_listed`) for one of ``names``."""
+
+    def parse(text: str) -> str:
+        if text not in names:
+            raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(names)}")
+        return text
+
+    return parse
+
+
 def _wire(text: str) -> Wire:
     """``coo``, ``compact``, optionally ``+bfloat16`` / ``+float16``."""
     name, _, values = text.partition("+")
     if name not in ("coo", "compact") or values not in ("", "bfloat16", "float16"):
-        raise SystemExit(f"unknown wire format {text!r}: coo or compact, optionally "
-                         "+bfloat16 or +float16")
+        raise argparse.ArgumentTypeError(f"unknown wire format {text!r}: coo or compact, "
+                                         "optionally +bfloat16 or +float16")
     return Wire(name == "compact", values or None)
 
 
+def _listed(item: Any) -> Any:
+    """argparse's type for a comma list of ``item`` (an empty list: nothing to simulate)."""
+    return lambda text: [item(part) for part in text.split(",") if part]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--P", default="2,4,8,16,32,64,128,256,512,1024", help="rank counts")
-    parser.add_argument("--networks", default="nvlink,ib400,eth100",
+    parser.add_argument("--P", type=_listed(_whole(1)), default="2,4,8,16,32,64,128,256,512,1024",
+                        help="rank counts (comma list)")
+    parser.add_argument("--networks", type=_listed(_one_of(*NETWORKS, "machine")),
+                        default="nvlink,ib400,eth100",
                         help=f"comma list of {sorted(NETWORKS)} or machine")
-    parser.add_argument("--n", type=_size, default=2 ** 24, help="dense length (16M, 64K, ...)")
+    parser.add_argument("--n", type=parse_length, default=2 ** 24,
+                        help="dense length (16M, 64K, 1e6, ...: sizes as the benchmarks')")
     parser.add_argument("--density", type=_bounded(0, 1, low_open=True), default=0.01,
                         help="nnz / n per rank (or k/n), in (0, 1]")
-    parser.add_argument("--width", type=_width, default=0,
+    parser.add_argument("--width", type=_whole(0), default=0,
                         help="row width of the sparse family (0: one value an index)")
     parser.add_argument("--skew", type=_bounded(0, 2**31), default=0.0,
                         help="rank 0 has (1+skew) x nnz")
-    parser.add_argument("--family", default="sparse,topk", help="sparse, topk or both")
-    parser.add_argument("--wire", default="coo", help="wire formats: comma list of coo, "
-                        "compact, coo+bfloat16, compact+bfloat16, ... (rows per format)")
-    parser.add_argument("--output", default="sparse", help="the sparse family's result: "
-                        "sparse, dense (the n-vector, output='dense') or both, comma separated")
+    parser.add_argument("--family", type=_listed(_one_of("sparse", "topk", "both")),
+                        default="sparse,topk", help="sparse, topk or both")
+    parser.add_argument("--wire", type=_listed(_wire), default="coo", help="wire formats: comma "
+                        "list of coo, compact, coo+bfloat16, compact+bfloat16, ... (rows per "
+                        "format)")
+    parser.add_argument("--output", type=_listed(_one_of("sparse", "dense", "both")),
+                        default="sparse", help="the sparse family's result: sparse, dense (the "
+                        "n-vector, output='dense') or both, comma separated")
     parser.add_argument("--json", type=output_file, help="write {'rows': [...]} to this file")
     parser.add_argument("--plot", type=plot_file,
                         help="draw time vs P per algorithm to this PNG")
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        sizes = [int(p) for p in str(args.P).split(",") if p]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1:
-        raise SystemExit(f"--P must be a comma list of rank counts >= 1, got {args.P!r}")
-    networks = [s for s in args.networks.split(",") if s]
-    unknown = [s for s in networks if s not in NETWORKS and s != "machine"]
-    if unknown:
-        raise SystemExit(f"unknown network {unknown[0]!r}; known: {sorted(NETWORKS)} or machine")
-    n = int(args.n)
-    families = ["sparse", "topk"] if args.family == "both" else args.family.split(",")
-    if not families or not set(families) <= {"sparse", "topk"}:
-        raise SystemExit(f"--family must be sparse, topk or both, got {args.family!r}")
-    wires = tuple(_wire(text) for text in str(getattr(args, "wire", "coo")).split(",") if text)
-    rows = []
+    """Print the crossover table of the parsed arguments (:func:`add_arguments`), write the
+    rows to --json and draw them to --plot; 2 when there is nothing to simulate."""
+    sizes, networks, n = args.P, args.networks, args.n
+    families = {"sparse", "topk"} if "both" in args.family else set(args.family)
+    outputs = ("sparse", "dense") if "both" in args.output else tuple(dict.fromkeys(args.output))
+    wires, rows = tuple(args.wire), []
     if "sparse" in families:
-        asked = str(getattr(args, "output", "sparse"))
-        outputs = ("sparse", "dense") if asked == "both" else tuple(filter(None, asked.split(",")))
-        if set(outputs) - {"sparse", "dense"}:
-            raise SystemExit(f"unknown output {outputs!r}: sparse, dense or both")
         rows += sparse_rows(sizes, networks, n, args.density, args.width, args.skew, wires,
                             outputs)
     if "topk" in families:
         rows += topk_rows(sizes, networks, n, args.density, wires)
     if not rows:  # a usage error: nothing to price
         print("cupycoll simulate: error: nothing to simulate (--networks, --wire and --output "
-              f"name one at least, and a network holds --P {args.P} ranks)", file=sys.stderr)
+              f"name one at least, and a network holds --P {','.join(map(str, sizes))} ranks)",
+              file=sys.stderr)
         return 2
     for line in crossover_table(rows):
         print(line)
