@@ -132,9 +132,24 @@ def info_lines() -> list[tuple[str, str]]:
     lines += _cupy_lines()
     for name in sorted(SETTINGS):
         source = "environment" if name in os.environ else "default"
-        lines.append((name, f"{_probe(lambda n=name: repr(setting(n)))} ({source})"))
+        lines.append((name, f"{_probe(lambda n=name: _setting_shown(n))} ({source})"))
     lines.append(("init() backend", _probe(_backend_choice)))
     return lines
+
+
+def _setting_shown(name: str) -> str:
+    """A setting's value as info shows it; a name every call would refuse (an algorithm or a
+    wire format that does not exist) raises that call's InvalidArgument."""
+    from . import algorithms
+    from .errors import InvalidArgument
+    from .wire._choice import WIRES
+
+    value = setting(name)
+    valid = {"CUPYCOLL_ALGORITHM": algorithms("sparse"), "CUPYCOLL_WIRE": list(WIRES),
+             "CUPYCOLL_TOPK_ALGORITHM": algorithms("topk")}.get(name)
+    if valid is not None and value not in valid:
+        raise InvalidArgument(name, value, f"every call refuses it; valid: {valid}")
+    return repr(value)
 
 
 def _info(_: argparse.Namespace) -> int:

@@ -45,10 +45,17 @@ def test_info_shows_where_each_setting_comes_from(monkeypatch):
     assert lines["init() backend"] == "mpi (CUPYCOLL_BACKEND says so)"
 
 
-def test_info_survives_a_bad_setting(monkeypatch):
-    monkeypatch.setenv("CUPYCOLL_TIMEOUT", "soon")
-    value = dict(info_lines())["CUPYCOLL_TIMEOUT"]
-    assert value.startswith("unavailable (InvalidArgument") and value.endswith("(environment)")
+@pytest.mark.parametrize("name, value", [("CUPYCOLL_TIMEOUT", "soon"),
+                                         ("CUPYCOLL_ALGORITHM", "nope"),
+                                         ("CUPYCOLL_WIRE", "zzz"),
+                                         ("CUPYCOLL_TOPK_ALGORITHM", "garbage")])
+def test_info_survives_a_bad_setting(monkeypatch, name, value):
+    """A value that cannot be parsed, or names an algorithm or wire every call refuses, is
+    shown as unavailable with the error a call raises."""
+    monkeypatch.setenv(name, value)
+    shown = dict(info_lines())[name]
+    assert shown.startswith("unavailable (InvalidArgument") and shown.endswith("(environment)")
+    assert name in shown, shown
 
 
 @pytest.mark.parametrize("value, says", [("garbage", "none: init() raises InvalidArgument"),
