@@ -161,6 +161,14 @@ def _info(_: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    from .comm import load_mpi
+    from .errors import BackendUnavailable
+
+    try:  # every benchmark imports mpi4py's MPI: without an MPI library, what to install
+        load_mpi()
+    except BackendUnavailable as exc:
+        print(f"cupycoll bench: {exc}", file=sys.stderr)
+        return 1
     script = bench_script(args.name)
     sys.argv = [str(script), *args.rest]
     sys.path.insert(0, str(script.parent))  # the scripts import their sibling _common

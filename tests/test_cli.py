@@ -312,6 +312,9 @@ def test_no_mpi_library_leaves_import_help_and_info_working(tmp_path):
              (line.partition("  ") for line in info.stdout.splitlines())}
     assert lines["MPI library"] == "unavailable (RuntimeError: cannot load MPI library)"
     assert lines["init() backend"].startswith("none: init() raises BackendUnavailable")
+    bench = python("-m", "cupycoll", "bench", "dense", "--help")
+    assert bench.returncode == 1 and "Traceback" not in bench.stderr, bench.stderr
+    assert "cupycoll bench: no MPI library" in bench.stderr and "cupycoll[mpi]" in bench.stderr
 
 
 BENCH = str(ROOT / "bench")

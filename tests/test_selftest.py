@@ -144,6 +144,27 @@ def test_an_interrupted_selftest_kills_the_running_checks_processes(how, tmp_pat
         Path(f"/proc/{child}/stat").read_text().split()[2] == "Z", "the check's child lives on"
 
 
+def test_launch_runs_in_the_package_root_not_the_callers_folder(tmp_path, monkeypatch):
+    """A worker runs ``python -m``, which puts its folder first on the path: it runs in the
+    folder holding the cupycoll the selftest runs, not in the caller's (which may hold
+    another cupycoll)."""
+    from cupycoll.testing.selftest._launch import PACKAGE_ROOT
+
+    (tmp_path / "cupycoll").mkdir()
+    (tmp_path / "cupycoll" / "__init__.py").write_text("raise ImportError('a shadow')\n")
+    monkeypatch.chdir(tmp_path)
+    done = launch([sys.executable, "-c", "import os, cupycoll; print(os.getcwd())"], timeout=60)
+    assert done.ok and done.stdout.strip() == str(PACKAGE_ROOT), done.failure()
+
+
+def test_a_selftest_that_ran_no_check_is_not_ok():
+    """No check ran (``--quick`` without CuPy, an ``--only`` matching nothing): not ok, and the
+    report says so instead of PASSED."""
+    doc = document("emulated", {"count": 0}, [], [], [], 0.0, True, 0.1, None)
+    assert doc["ok"] is False
+    assert "FAILED: no check ran here" in markdown(doc, [], [])
+
+
 def test_launch_lets_open_mpi_oversubscribe_unless_the_caller_says_otherwise(monkeypatch):
     """Checks of 3-8 ranks on fewer cores: Open MPI's mpiexec refuses them ("not enough slots")
     unless told to oversubscribe, as MPICH does by itself; a caller's own value is kept."""

@@ -69,7 +69,9 @@ def launch(command: list[str], timeout: float, env: dict[str, str] | None = None
     """Run ``command`` to its end or to ``timeout`` seconds (then kill its process group).
 
     ``env`` is added to this process's environment; PYTHONPATH starts with
-    :data:`PACKAGE_ROOT` and OMP_NUM_THREADS defaults to 1 (ranks share the cores).
+    :data:`PACKAGE_ROOT` and OMP_NUM_THREADS defaults to 1 (ranks share the cores). It runs in
+    ``cwd``, by default :data:`PACKAGE_ROOT` (``-m`` puts the folder it runs in first on the
+    path: the caller's folder could hold another cupycoll).
     """
     full = dict(os.environ)
     full["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT),
@@ -80,7 +82,7 @@ def launch(command: list[str], timeout: float, env: dict[str, str] | None = None
     full.update(env or {})
     start = time.perf_counter()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=full, cwd=cwd, start_new_session=True)
+                            env=full, cwd=cwd or PACKAGE_ROOT, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
         timed_out = False

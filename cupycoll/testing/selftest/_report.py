@@ -21,7 +21,7 @@ def document(mode: str, device: dict, checks: Sequence[Check], records: list[dic
     return {"gpu": mode == "gpu", "mode": mode, "quick": quick, "device": device,
             "source_tree": source, "estimate_s": estimate(checks),
             "estimate_gpu_s": gpu_estimate, "total_s": round(total_s, 2),
-            "ok": all(r["ok"] for r in records), "checks": records,
+            "ok": bool(records) and all(r["ok"] for r in records), "checks": records,
             "not_run": [{"name": n.name, "budget_s": n.budget_s, "what": n.what,
                          "reason": n.reason} for n in not_run]}
 
@@ -95,8 +95,9 @@ def markdown(doc: dict, checks: Sequence[Check], not_run: Sequence[NotRun]) -> s
                             + [{"check": "total", "result": "", "seconds": doc["total_s"],
                                 "budget (s)": doc["estimate_s"]}])
     failed = [r["name"] for r in doc["checks"] if not r["ok"]]
-    verdict = ("PASSED: every check that ran is ok" if not failed
-               else f"FAILED: {', '.join(failed)}")
+    verdict = (f"FAILED: {', '.join(failed)}" if failed else
+               "FAILED: no check ran here" if not doc["checks"] else
+               "PASSED: every check that ran is ok")
     lines += ["", f"**{verdict}** ({len(doc['checks']) - len(failed)} of {len(doc['checks'])} "
               f"checks ok, {len(doc['not_run'])} not run here)", ""]
     return "\n".join(lines)
