@@ -104,8 +104,10 @@ class TorchWork(dist._Work):
             self._value = self._finish(None if future is None else future.result())
         except BaseException as exc:  # delivered to whoever waits
             self._error = dist_error(exc)
-        self._done.set()
-        self._future.set_result(self._value)
+        try:  # the public future completes inside (its callback runs in set_result)
+            self._future.set_result(self._value)
+        finally:  # so a wait() or is_completed() that sees this finds both futures done
+            self._done.set()
 
     def _unwrap(self, future: torch.futures.Future) -> list[torch.Tensor]:
         """The public future's value: the operation's tensors, or its error raised (torch

@@ -256,7 +256,7 @@ def test_an_output_path_that_cannot_be_written_is_a_usage_error_before_any_work(
     afile = tmp_path / "afile"
     afile.write_text("")
     for args in (["tune", "--repeats", "1", "--output", str(afile / "p.json")],
-                 ["tune", "--output", str(tmp_path)],
+                 ["tune", "--output", str(tmp_path)], ["tune", "--output", ""],
                  ["selftest", "--json", str(afile / "st.json")],
                  ["selftest", "--report", str(tmp_path)],
                  ["simulate", "--json", str(afile / "x.json")],

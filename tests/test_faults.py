@@ -114,7 +114,8 @@ def test_work_left_pending_at_exit_completes(nprocs):
 
 
 @pytest.mark.parametrize("nprocs,scenario", [(2, "dropped"), (3, "dropped"), (4, "dropped"),
-                                              (2, "crossed"), (3, "crossed"), (2, "closed")])
+                                              (2, "crossed"), (3, "crossed"), (2, "closed"),
+                                              (2, "polled"), (2, "timed"), (2, "left")])
 def test_a_large_async_reduce_progresses_without_a_wait_of_its_own(nprocs, scenario):
     """The MPI backend's pairwise reduce posts its second phase while the rank waits on another
     communicator, settles at exit or closes the communicator (tests/workers/pairwise_progress.py)."""

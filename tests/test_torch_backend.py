@@ -232,6 +232,9 @@ def one_rank_group():
 
 def test_one_rank_group(one_rank_group):
     assert dist.get_backend() == "cupycoll" and one_rank_group.name() == "cupycoll"
+    for _ in range(200):  # the Work's future is done once wait() returns (both futures)
+        work = dist.all_reduce(torch.ones(2), async_op=True)
+        assert work.wait() and work.get_future().done() and work.get_future().value()
     x = torch.arange(4.0)
     work = dist.all_reduce(x, op=dist.ReduceOp.MAX, async_op=True)
     assert work.wait() and work.get_future().wait() == [x] and x.tolist() == [0, 1, 2, 3]

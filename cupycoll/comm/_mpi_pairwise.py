@@ -25,6 +25,7 @@ _TAG_BLOCKS = 8  # the blocks' messages (apart from exchange's)
 _GATHER_BASE, _GATHER_TAGS = 1024, 16384
 #: communicators holding calls whose second phase is not posted yet (see :func:`progress_all`)
 _UNPOSTED: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_UNPOSTED_LOCK = threading.Lock()  # the set is added to and read from several threads
 
 
 def pairwise_in_place(comm: Any, send: Any, recv: Any) -> bool | None:
@@ -194,6 +195,7 @@ def _two_phases(comm: Any, first: list, first_peers: list[int], between: Any, fi
             raise
 
     def test() -> bool:
+        progress_all()  # a peer may wait in another communicator's call this rank holds up
         _post_ready(comm, advance)
         return advance(blocking_first=False) and bool(MPI.Request.Testall(second[0][0]))
 
@@ -203,7 +205,8 @@ def _two_phases(comm: Any, first: list, first_peers: list[int], between: Any, fi
         while unposted and unposted[0][1]:  # posted by a test: let go of it
             unposted.popleft()
         unposted.append((advance, second))
-        _UNPOSTED.add(comm)
+        with _UNPOSTED_LOCK:
+            _UNPOSTED.add(comm)
     if blocking:
         wait()
         finish()
@@ -255,9 +258,14 @@ def progress_all() -> None:
     wait on any communicator, the exit's settling and ``close()``): a peer may wait in one while
     this rank waits on another communicator, as MPI's own nonblocking collectives progress in
     any MPI call. A failure is left to the call's own wait, which meets it again."""
-    for comm in list(_UNPOSTED):
+    if not _UNPOSTED:
+        return
+    with _UNPOSTED_LOCK:
+        comms = list(_UNPOSTED)
+    for comm in comms:
         if not unposted_left(comm):
-            _UNPOSTED.discard(comm)
+            with _UNPOSTED_LOCK:
+                _UNPOSTED.discard(comm)
         elif comm._fate.error is None:
             try:
                 _post_ready(comm)

@@ -202,7 +202,7 @@ class MPICommunicator(Staging, Communicator):
 
         sequence = self.sequence
         keep_alive = list(keep)
-        done = lambda: bool(MPI.Request.Testall(requests))  # noqa: E731
+        done = lambda: progress_all() or bool(MPI.Request.Testall(requests))  # noqa: E731
         work = Work(wait, done, finalize, on_drop=lambda: self._orphaned.append(
             (done, keep_alive)), late=lambda: late_ranks(self.board, self.rank, sequence))
         self._started.add(work)

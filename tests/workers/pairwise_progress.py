@@ -8,6 +8,12 @@ without a wait of its own on this communicator:
   that allreduce first and wait for the reduce after (before: every rank waited forever).
 - ``closed``: every rank closes the communicator with the reduce pending, then waits for it
   (before: ``BackendUnavailable``).
+- ``polled`` / ``timed``: rank 0 reduces onto rank 1 on one communicator, then polls
+  ``is_completed()`` of (or ``wait(timeout=)`` for) an allreduce on another, which rank 1 joins
+  only once its reduce is done (before: no poll posted the reduce's second phase).
+- ``left``: rank 0 leaves that reduce and allreduce pending and ends; its exit's settling of
+  either communicator posts the reduce's second phase (before: where the exit settled the
+  allreduce's communicator first, rank 1 waited the 5 s it gives it).
 
 Sums of small integers checked against the exact total; runs without a timeout (the launch's
 own timeout is the hang detector)."""
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import time
 
 import numpy as np
 
@@ -28,6 +35,25 @@ x = np.arange(COUNT, dtype=np.float64) % 7 + RANK
 total = P * (np.arange(COUNT) % 7) + P * (P - 1) / 2
 scenario = sys.argv[1]
 
+if scenario in ("polled", "timed", "left"):
+    other, start = comm.dup(), time.monotonic()
+    if RANK == 0:
+        reduced = cc.reduce(x, root=1, comm=other, async_op=True)  # (the exit settles comm
+        summed = cc.allreduce(np.ones(4), comm=comm, async_op=True)  # first)
+        if scenario == "polled":
+            while not summed.is_completed():
+                assert time.monotonic() - start < 20, "the allreduce never completed"
+        elif scenario == "timed":
+            summed.wait(timeout=20)
+        if scenario != "left":
+            reduced.wait()
+    else:
+        assert np.array_equal(cc.reduce(x, root=1, comm=other), total)
+        cc.allreduce(np.ones(4), comm=comm)
+        took = time.monotonic() - start
+        assert took < 2.5, f"rank {RANK} waited {took:.1f} s for rank 0's reduce"
+    print(f"PAIRWISE rank {RANK} {scenario} ok", flush=True)
+    sys.exit(0)
 work = cc.reduce(x, root=0, async_op=True, comm=comm)
 if scenario == "dropped":
     if RANK > 0:
