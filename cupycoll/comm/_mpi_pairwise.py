@@ -28,33 +28,37 @@ _UNPOSTED: "weakref.WeakSet[Any]" = weakref.WeakSet()
 _UNPOSTED_LOCK = threading.Lock()  # the set is added to and read from several threads
 
 
-def pairwise_in_place(comm: Any, send: Any, recv: Any) -> bool | None:
-    """Whether the pairwise exchange runs this call, in place (True) or apart (False), or not
-    (None): from ``CUPYCOLL_REDUCE_SCATTER_PAIRWISE`` bytes a block, on P > 1, for host arrays
-    of one dtype MPI reduces natively, C-contiguous, apart or ``recv`` exactly this rank's
-    block. The threshold and the byte count are the same on every rank."""
+def pairwise_blocks_apply(comm: Any, send: Any) -> bool:
+    """Whether ``reduce_scatter`` runs as the pairwise exchange: from
+    ``CUPYCOLL_REDUCE_SCATTER_PAIRWISE`` bytes a block, on P > 1, for a dtype MPI reduces
+    natively. Only what every rank agrees on decides (the threshold, the byte count, the
+    dtype): buffers that are not C-contiguous host arrays, or that overlap otherwise than in
+    place, are staged by :func:`pairwise_reduce_scatter`, never sent another way."""
     threshold = comm._pairwise_blocks
-    if (threshold is None or recv.nbytes < threshold or comm.size == 1
-            or type(send) is not np.ndarray or type(recv) is not np.ndarray
-            or send.dtype is not recv.dtype or send.dtype not in _MPI_TYPES
-            or not (send.flags.c_contiguous and recv.flags.c_contiguous)):
-        return None
-    if _address(recv) == _address(send.reshape(comm.size, -1)[comm.rank]):
-        return True
-    return None if np.shares_memory(send, recv) else False
+    return (threshold is not None and comm.size > 1 and send.nbytes // comm.size >= threshold
+            and send.dtype in _MPI_TYPES)
 
 
-def pairwise_reduce_scatter(comm: Any, send: np.ndarray, recv: np.ndarray, op: ReduceOp,
-                            op_name: str, blocking: bool, in_place: bool):
+def pairwise_reduce_scatter(comm: Any, send: Any, recv: Any, op: ReduceOp, op_name: str,
+                            blocking: bool):
     """Send block j of ``send`` to rank j and receive every rank's block of this rank (P - 1
     messages each way, into ``comm``'s pooled scratch), then fold them in rank order with the
-    MPI backend's rules (:func:`._mpi_types._fold_blocks`; avg divides once). The bytes and
-    the arrival notice are booked as the native collective's; a timeout names the peers whose
-    blocks are missing. Returns a Work, or None when ``blocking`` (done)."""
+    MPI backend's rules (:func:`._mpi_types._fold_blocks`; avg divides once). In place where
+    ``recv`` is exactly this rank's block of ``send``; a ``send`` that is not a C-contiguous
+    host array, or that ``recv`` overlaps otherwise, is read from a copy, and a ``recv`` that
+    is not one receives through a host buffer copied into it. The bytes and the arrival notice
+    are booked as the native collective's; a timeout names the peers whose blocks are missing.
+    Returns a Work, or None when ``blocking`` (done)."""
     size, rank = comm.size, comm.rank
     comm._record_collective("reduce_scatter", send.nbytes, op_name=op_name)
-    blocks = send.reshape(size, *recv.shape)
-    scratch = comm._scratch((size,) + recv.shape, send.dtype)
+    host, copy_back = comm._staged(recv)
+    plain = type(send) is np.ndarray and send.flags.c_contiguous
+    src = send if plain else np.ascontiguousarray(to_host(send))
+    blocks = src.reshape(size, *host.shape)
+    in_place = plain and host is recv and _address(recv) == _address(blocks[rank])
+    if not in_place and np.shares_memory(src, host):  # read the input before it is written
+        blocks = blocks.copy()
+    scratch = comm._scratch((size,) + host.shape, send.dtype)
     mpi_comm, requests, peers = comm.mpi_comm, [], []
     for step in range(1, size):
         source, dest = (rank - step) % size, (rank + step) % size
@@ -63,17 +67,20 @@ def pairwise_reduce_scatter(comm: Any, send: np.ndarray, recv: np.ndarray, op: R
         peers += [source, dest]
 
     def fold() -> None:
-        _fold_blocks(blocks, scratch, recv, rank, op, in_place)
+        _fold_blocks(blocks, scratch, host, rank, op, in_place)
         if op is ReduceOp.AVG:
-            averaged(recv, size)
+            averaged(host, size)
         comm._release(scratch)
+        if copy_back is not None:
+            copy_back()
 
+    keep = (send, recv, blocks, host, scratch)
     if not blocking:
-        return comm._work(requests, op_name, fold, (send, recv, scratch), peers)
+        return comm._work(requests, op_name, fold, keep, peers)
     try:
         comm.wait(requests, op_name, peers)
     except BaseException:
-        comm._fate.abandon(requests, (send, recv, scratch))
+        comm._fate.abandon(requests, keep)
         raise
     fold()
     return None

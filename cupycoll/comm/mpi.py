@@ -24,7 +24,7 @@ from ._base import Communicator
 from ._checks import agreed_settings, check_peers, rank_of
 from ._mpi_exit import settle_at_exit
 from ._mpi_staging import _AVG, Staging
-from ._mpi_pairwise import (earlier_first, pairwise_in_place, pairwise_reduce,
+from ._mpi_pairwise import (earlier_first, pairwise_blocks_apply, pairwise_reduce,
                              pairwise_reduce_applies, pairwise_reduce_scatter, progress_all,
                              unposted_left)
 from ._mpi_types import (_ClosedComm, _DeadComm, _address, _bytes, _pending, _separate,
@@ -258,9 +258,8 @@ class MPICommunicator(Staging, Communicator):
     def _reduce_scatter(self, send: Any, recv: Any, op: ReduceOp, op_name: str, blocking: bool):
         """Reduce-scatter; from ``CUPYCOLL_REDUCE_SCATTER_PAIRWISE`` bytes a block, where it
         applies, as a pairwise exchange of the blocks folded here (:mod:`._mpi_pairwise`)."""
-        in_place = pairwise_in_place(self, send, recv)
-        if in_place is not None:
-            return pairwise_reduce_scatter(self, send, recv, op, op_name, blocking, in_place)
+        if pairwise_blocks_apply(self, send):
+            return pairwise_reduce_scatter(self, send, recv, op, op_name, blocking)
         args, finalize, keep = self._reduction(send, recv, op, False)
         self._record_collective("reduce_scatter", send.nbytes, op_name=op_name)
         comm = self.mpi_comm

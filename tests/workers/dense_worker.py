@@ -348,7 +348,8 @@ def pairwise_reduce(seed: int, rank: int, p: int) -> int:
 def pairwise_reduce_scatter(seed: int, rank: int, p: int) -> int:
     """``reduce_scatter`` as a pairwise exchange (CUPYCOLL_REDUCE_SCATTER_PAIRWISE=0: every
     size): every dtype, op and size against numpy, into ``out``, in place (nothing outside the
-    block written) and async; float sums equal a fold in rank order bit for bit; NaN and +-0
+    block written), async, and with buffers that differ between ranks (the first block as
+    ``out``: in place on rank 0 only; a strided input), which the exchange stages; float sums equal a fold in rank order bit for bit; NaN and +-0
     as the native path; a 64 KiB+ block's scratch went back to the pool."""
 
     comm = communicator_with("CUPYCOLL_REDUCE_SCATTER_PAIRWISE", "0")
@@ -375,7 +376,15 @@ def pairwise_reduce_scatter(seed: int, rank: int, p: int) -> int:
                 rest = np.ones(x.shape[0], bool)
                 rest[mine] = False
                 assert np.array_equal(x[rest], own[rest]), "wrote outside the block"
-                cases += 3
+                # the first block as out: in place on rank 0, a partial overlap elsewhere,
+                # and a strided input: each rank's buffers alike or not, one exchange (staged)
+                x = own.copy()
+                cc.reduce_scatter(x, op=op, comm=comm, out=x[:count])
+                check(x[:count], want, f"pairwise reduce_scatter first block {dtype} {op}")
+                strided = np.repeat(own, 2)[::2]  # own, not contiguous
+                got = cc.reduce_scatter(strided, op=op, comm=comm)
+                check(got, want, f"pairwise reduce_scatter strided input {dtype} {op}")
+                cases += 5
     for dtype in ("float32", "float64"):  # NaN wins, a +0/-0 tie has one answer
         for op, fn in (("max", np.max), ("min", np.min)):
             rows = [np.array([np.nan if r == 0 else 1.0, -0.0 if r % 2 else 0.0,
