@@ -135,7 +135,7 @@ def _fill(buffers: Any, idx: Any, val: Any, rank: int | None = None) -> tuple[An
     if not isinstance(buffers, (tuple, list)) or len(buffers) != 2:
         raise InvalidType("alloc_fn", type(buffers).__name__,
                           "a callable returning (index_buf, value_buf)", rank=rank)
-    out = []
+    checked = []  # both checked before either is written
     for name, buf, src in (("index_buf", buffers[0], idx), ("value_buf", buffers[1], val)):
         arr = as_array(buf, f"alloc_fn {name}", rank=rank)
         got = f"{name} {tuple(arr.shape)} {arr.dtype}"
@@ -144,11 +144,18 @@ def _fill(buffers: Any, idx: Any, val: Any, rank: int | None = None) -> tuple[An
                                   f"{tuple(src.shape)} and dtype {src.dtype}", rank=rank)
         if not writable(arr):
             raise InvalidArgument("alloc_fn", got, "must return writable buffers", rank=rank)
+        checked.append((arr, src, got))
+    (first, _, _), (second, _, got) = checked
+    xp = array_namespace(first)
+    if (first.size and second.size and array_namespace(second) is xp
+            and xp.may_share_memory(first, second)):
+        raise InvalidArgument("alloc_fn", got, "must return two buffers that do not overlap",
+                              rank=rank)
+    for arr, src, got in checked:
         try:
             arr[...] = callers(src, arr)
         except ValueError as exc:  # e.g. a buffer on another device than the result's
             raise InvalidArgument("alloc_fn", got, f"could not be filled ({exc})",
                                   rank=rank) from exc
-        out.append(buf)
-    return out[0], out[1]
+    return buffers[0], buffers[1]
 

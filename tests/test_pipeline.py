@@ -231,3 +231,9 @@ def test_fill_names_every_bad_alloc_fn_buffer():
         name = ("index_buf", "value_buf")[which]
         assert e.argument == "alloc_fn" and e.value == f"{name} (3,) {bufs[which].dtype}"
         assert e.reason == "must return writable buffers" and e.rank == 2
+        assert not bufs[0].any(), "index_buf written before value_buf was refused"
+    shared = np.zeros(3, np.int32)  # one array as both (int32 values): they would overwrite
+    with pytest.raises(InvalidArgument) as info:  # each other
+        _deliver(lambda *a: (shared, shared), val=np.array([7, 8, 9], np.int32))
+    assert info.value.reason == "must return two buffers that do not overlap"
+    assert info.value.rank == 2 and not shared.any()
