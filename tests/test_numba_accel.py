@@ -865,3 +865,21 @@ def test_free_scratch_frees_what_every_thread_keeps():
             assert kept() == 1
     _accel.free_scratch()
     assert kept() == 0
+
+
+def test_read_only_inputs_and_rows_of_no_element_take_the_numba_loops(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-only x (np.frombuffer) through the numba scans and the sampled top-k (their copy
+    loop never writes x), and a merge of rows of no element, as the numpy loops give them."""
+    rng = np.random.default_rng(5)
+    x = np.frombuffer(values(rng, "float32", (70_000,)).tobytes(), np.float32)
+    assert not x.flags.writeable
+    for fn in (lambda: P.select_abs_ge(x, 2.0), lambda: P.topk_abs(x, 300),
+               lambda: (P.kth_abs(x, 300),)):
+        want, got = both(monkeypatch, fn)
+        same(got, want)
+    parts = [np.array([0, 2]), np.array([1, 2, 3])]
+    rows = [np.zeros((2, 0), np.float32), np.zeros((3, 0), np.float32)]
+    want, got = both(monkeypatch, lambda: P.merge_sorted(list(zip(parts, rows)), "sum"))
+    same(got, want)
+    assert got[0].tolist() == [0, 1, 2, 3] and got[1].shape == (4, 0)

@@ -707,3 +707,44 @@ def test_topk_of_a_mostly_zero_vector_against_a_sorted_reference(dtype, nonzeros
     assert float(P.kth_abs(x, k)) == float(np.abs(x[want]).min())
     kth, candidates, _ = _numpy_select._kth_candidates(x, k)
     assert candidates is not None and candidates.size <= max(nonzeros, k)
+
+
+def test_scatter_reduce_refuses_a_read_only_dense_and_leaves_it_as_it_was():
+    """numpy's ufunc.at writes read-only arrays (a read-only memory map: a crash): refused."""
+    dense = np.zeros(4, np.float32)
+    dense.flags.writeable = False
+    with pytest.raises(InvalidArgument, match="'dense'.*must be writable"):
+        P.scatter_reduce(dense, np.array([1]), np.array([5.0], np.float32))
+    assert not dense.any()
+
+
+def test_select_abs_ge_of_every_element_returns_copies():
+    """t <= 0 on integers selects every element: the values are copies, as documented."""
+    x = np.array([1, -3, 0, 7])
+    _, got = P.select_abs_ge(x, 0)
+    got[0] = 99
+    assert x.tolist() == [1, -3, 0, 7]
+
+
+@pytest.mark.parametrize("dtype, t, want", [
+    ("float64", np.longdouble(1) + np.longdouble(2) ** -60, 1),  # not rounded to 1.0
+    ("int64", np.longdouble(2**62) + np.longdouble(0.5), 1),
+    ("int64", Fraction(10**400, 3), 0), ("int32", -Fraction(10**400, 3), 3),
+    ("float16", 65504.5, 0), ("float32", float(np.finfo(np.float32).max) * 1.5, 0)])
+def test_thresholds_of_any_precision_and_range_are_compared_exactly(dtype, t, want):
+    """A long double, a Fraction beyond float64's range, a threshold just past the dtype's
+    largest value: exact counts, no OverflowError, nothing raised under errstate(raise)."""
+    if np.finfo(np.longdouble).nmant <= 52 and isinstance(t, np.longdouble):
+        want = {"float64": 3, "int64": 2}[dtype]  # a long double that is a double: rounded
+    x = {"float64": np.array([1.0, -1.0, 2.0]), "int64": np.array([2**62 + 1, 2**62, 1]),
+         "int32": np.array([1, -3, 0], np.int32), "float16": np.array([1, 2, 3], np.float16),
+         "float32": np.array([1, 2, 3], np.float32)}[dtype]
+    with np.errstate(all="raise"):
+        assert P.count_abs_ge(x, t) == want
+
+
+def test_combine_names_a_bad_operand():
+    with pytest.raises(InvalidType, match="'a'"):
+        P.combine([1, 2], [3, 4], "sum")
+    with pytest.raises(InvalidArgument, match="'b'"):
+        P.combine(np.ones(3), np.ones(2), "sum")

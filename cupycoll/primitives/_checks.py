@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .._types import UFUNCS, array_namespace, parse_op, to_host
+from .._types import UFUNCS, array_namespace, parse_op, to_host, writable
 from ..errors import InvalidArgument, InvalidType
 from ._accel import _fast
 
@@ -205,11 +205,25 @@ def _check_sorted(indices: list[Any]) -> None:
 
 
 def _scatter_operands(dense: Any, indices: Any, values: Any) -> tuple[Any, Any, Any]:
-    """Validate scatter_reduce's arrays: values match dense's dtype and row shape."""
+    """Validate scatter_reduce's arrays: dense writable, values of its dtype and row shape."""
     dense = _values(dense, "dense")
+    if not writable(dense):  # numpy's ufunc.at writes read-only arrays (a read-only map: a crash)
+        raise InvalidArgument("dense", "a read-only array", "must be writable: the rows are "
+                              "reduced into it")
     idx, val = _pair(indices, values)
     if val.dtype != dense.dtype:
         raise InvalidType("values", val.dtype, f"{dense.dtype} like dense")
     if val.shape[1:] != dense.shape[1:]:
         raise InvalidArgument("values", val.shape, f"rows of shape {dense.shape[1:]} like dense")
     return dense, idx, val
+
+
+def _combined(a: Any, b: Any) -> None:
+    """Check combine's operands: ``a`` a numpy or cupy array of numbers, ``b`` a scalar or an
+    array of ``a``'s shape."""
+    a = _array(a, "a")
+    if a.dtype.kind not in "biufc":
+        raise InvalidType("a", a.dtype, "an array of numbers")
+    if not (np.isscalar(b) or getattr(b, "shape", None) == a.shape):
+        raise InvalidArgument("b", getattr(b, "shape", type(b).__name__),
+                              f"must be a scalar or an array of a's shape {a.shape}")

@@ -4,6 +4,7 @@ reduction, the rounding of a magnitude threshold to a dtype, and the blocks of a
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 import numbers
 import threading
 import weakref
@@ -41,35 +42,38 @@ def _abs_threshold(dtype: np.dtype, t: Any) -> Any:
     True for t <= 0, False above ``|INT_MIN|`` or for NaN t. Shared by the numpy scans and the
     kernels' magnitude ranks so both round t the same way.
     """
+    exact = _exact(t)
     if dtype.kind == "f":
         try:
-            tf = float(t)
-        except OverflowError:  # a Python int beyond the float64 range
-            tf = math.inf if t > 0 else -math.inf
-        if -_LARGEST[dtype] <= tf <= _LARGEST[dtype]:  # no overflow: no errstate needed
+            tf = float(exact)
+        except OverflowError:  # an int or a Fraction beyond the float64 range
+            tf = math.inf if exact > 0 else -math.inf
+        with np.errstate(over="ignore"):  # beyond the dtype's range: its inf
             tt = dtype.type(tf)
-        else:
-            with np.errstate(over="ignore"):
-                tt = dtype.type(tf)
-        exact = int(t) if isinstance(t, (numbers.Integral, np.integer)) else \
-            t if isinstance(t, numbers.Rational) else tf  # a Fraction as it is
         if float(tt) < exact:  # (float < int or Fraction compares exactly: 2**53 + 1 > 2.0**53)
-            with np.errstate(under="ignore"):  # a subnormal threshold: no raise mid-collective
-                tt = np.nextafter(tt, dtype.type(np.inf))
+            with np.errstate(under="ignore", over="ignore"):  # subnormal, or past the largest
+                tt = np.nextafter(tt, dtype.type(np.inf))  # (inf): no raise mid-collective
         if math.isnan(tt):
             return False
         return tt if tt > 0 else dtype.type(0)
-    if isinstance(t, (numbers.Integral, np.integer)):
-        ti = int(t)
-    elif math.isnan(float(t)):
-        return False
-    elif math.isinf(float(t)):
-        return float(t) < 0
-    else:
-        ti = math.ceil(t)  # exact for a Fraction too (float(t) would round)
+    if isinstance(exact, float):  # NaN or an infinity
+        return False if math.isnan(exact) else exact < 0
+    ti = math.ceil(exact)  # exact for a Fraction too (float(t) would round)
     if ti <= 0 or ti > 2 ** (8 * dtype.itemsize - 1):
         return ti <= 0
     return ti
+
+
+def _exact(t: Any) -> Any:
+    """``t`` as an exact number: an int, a Fraction (a float of any precision, numpy's long
+    double included, by its integer ratio), or a float that is NaN or infinite."""
+    if isinstance(t, (numbers.Integral, np.integer)):
+        return int(t)
+    if isinstance(t, numbers.Rational):
+        return t
+    if isinstance(t, np.floating) or isinstance(t, float):
+        return Fraction(*t.as_integer_ratio()) if np.isfinite(t) else float(t)
+    return _exact(float(t))
 
 
 def _block_cuts(indices: list[np.ndarray], total: int) -> list[list[int]]:

@@ -216,7 +216,7 @@ def select(x: np.ndarray, t: Any, itype: np.dtype) -> tuple[np.ndarray, np.ndarr
     lo, hi = bounds
     test = MAGNITUDE if x.dtype.kind == "f" else OUTSIDE
     return _masked(x, lo, hi, test, itype,
-                   lambda a, b, masks, oi, ov: copy_hits(x, a, b, masks, False, lo, oi, ov))
+                   lambda a, b, masks, oi, ov: copy_hits(x, a, b, masks, oi, ov))
 
 
 def select_unequal(x: np.ndarray, sentinel: int, itype: np.dtype, reset: bool = False

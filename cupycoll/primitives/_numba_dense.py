@@ -268,12 +268,10 @@ def hit_masks(x, lo, hi, test, first, last, masks):  # type: ignore[no-untyped-d
 
 
 @njit(cache=True, nogil=True)
-def copy_hits(x, first, last, masks, reset, sentinel,  # type: ignore[no-untyped-def]
-              out_idx, out_val):
+def copy_hits(x, first, last, masks, out_idx, out_val):  # type: ignore[no-untyped-def]
     """The positions and elements of x's blocks ``first..last-1`` whose bits are set in
     ``masks`` (:func:`hit_masks`), in order, into ``out_idx`` and ``out_val`` (exactly as
-    long): one store per hit, x read at the hits only; ``reset``: each hit is then
-    overwritten with ``sentinel``."""
+    long): one store per hit, x read at the hits only, never written (x may be read-only)."""
     start = first * 64
     xs, ms, k = x[start:min(last * 64, x.size)], masks[first:last], 0
     for block in range(ms.size):
@@ -283,8 +281,6 @@ def copy_hits(x, first, last, masks, reset, sentinel,  # type: ignore[no-untyped
             out_idx[k] = start + i
             out_val[k] = xs[i]
             k += 1
-            if reset:
-                xs[i] = sentinel
             bits &= bits - np.uint64(1)
 
 
@@ -306,7 +302,10 @@ def copy_unequal(x, sentinel, first, last, masks, reset,  # type: ignore[no-unty
     start = first * 64
     xs, hits = x[start:min(last * 64, x.size)], out_idx.size
     if hits <= BITS_UP_TO * xs.size:  # a store per hit (and its reset); x read at hits only
-        copy_hits(x, first, last, masks, reset, sentinel, out_idx, out_val)
+        copy_hits(x, first, last, masks, out_idx, out_val)
+        if reset:
+            for k in range(hits):
+                x[out_idx[k]] = sentinel
         return
     if hits:
         last_hit = xs.size - 1

@@ -74,8 +74,8 @@ def two_summed(indices: Sequence[np.ndarray], values: Sequence[np.ndarray], acc:
                itype: np.dtype) -> tuple[np.ndarray, np.ndarray] | None:
     """The sum of two to :data:`CHAIN_PARTS` parts by numba's two-way merge, chained in part
     order (:data:`TWO_WAY`), in ``acc`` (one numba adds in), or None (another path sums them)."""
-    if not TWO_WAY or not 2 <= len(indices) <= CHAIN_PARTS:
-        return None
+    if not TWO_WAY or not 2 <= len(indices) <= CHAIN_PARTS or values[0].shape[1:] == (0,):
+        return None  # (rows of no element: the numpy loops)
     loops = _accel.loops()
     if loops is None or acc not in loops.SUM_DTYPES:
         return None

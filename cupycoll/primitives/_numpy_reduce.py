@@ -13,8 +13,8 @@ import numpy as np
 from .._types import array_namespace
 from . import _accel
 from ._accel import _fast
-from ._checks import (_accumulate, _check_range, _increasing, _indices, _length, _pair,
-                      _reduce_op, _scatter_operands, _sorted_parts, _values)
+from ._checks import (_accumulate, _check_range, _combined, _increasing, _indices, _length,
+                      _pair, _reduce_op, _scatter_operands, _sorted_parts, _values)
 from ._common import _block_cuts, _identity
 from ._numpy_few import chained_first, few_enough, few_summed, two_summed
 
@@ -38,6 +38,7 @@ def combine(a: Any, b: Any, op: Any) -> Any:
     ``op`` is sum, prod, max or min; ``b`` may be a scalar. A +0/-0 tie gives +0 for max and -0
     for min (numpy's ufuncs would return ``b``); NaN propagates as in numpy.
     """
+    _combined(a, b)
     xp, ufunc = array_namespace(a), _reduce_op(op)
     with np.errstate(all="ignore"):
         out = getattr(xp, ufunc.__name__)(a, b)

@@ -97,7 +97,7 @@ def select_abs_ge(x: Any, t: Any) -> tuple[np.ndarray, np.ndarray]:
     for start, mask in _abs_ge_blocks(x, t):
         if isinstance(mask, bool):
             found.append(np.arange(x.size if mask else 0))
-            values.append(x[: found[-1].size])
+            values.append(x[: found[-1].size].copy())  # a copy, as the gathers are
         else:
             hits = np.flatnonzero(mask)
             values.append(x[start:start + mask.size][hits])  # gathered while the block is cached
