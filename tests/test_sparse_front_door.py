@@ -85,7 +85,7 @@ def test_run_passes_the_prepared_call_and_copies_an_aliased_result(comm):
         seen.update(args=(on, indices, values, n, op, accumulate_dtype, wire))
         return indices, values  # aliases the prepared input
 
-    out_i, out_v = api._run(comm, prepared, algorithm, val, wire)
+    out_i, out_v = api._run(comm, prepared, "tested", algorithm, val, wire)
     assert seen["args"] == (comm, idx, val, 100, ReduceOp.SUM, np.dtype(np.float64), wire)
     assert out_i.tolist() == [2, 5] and out_v.tolist() == [4.0, -6.0]  # P = 1: avg = sum
     assert not np.may_share_memory(out_i, idx) and not np.may_share_memory(out_v, val)
