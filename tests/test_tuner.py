@@ -239,6 +239,10 @@ def test_profile_round_trip_env_and_bad_file(tmp_path, monkeypatch):
     path.write_text("{not json")
     with pytest.warns(cc.errors.CupycollWarning, match="ignoring unreadable profile"):
         assert load_profile() == default_profile()
+    monkeypatch.setenv("CUPYCOLL_PROFILE", str(tmp_path))  # a folder: unreadable too
+    with pytest.warns(cc.errors.CupycollWarning, match="ignoring unreadable profile"):
+        assert load_profile() == default_profile()
+    monkeypatch.setenv("CUPYCOLL_PROFILE", str(path))
     shipped = default_profile()
     assert shipped.alpha_native > 0 and shipped.beta_native > 0 and shipped.gamma["merge"] > 0
     good = mine.as_dict()

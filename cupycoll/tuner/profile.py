@@ -182,7 +182,7 @@ def load_profile(path: Path | str | None = None, size: int | None = None) -> Pro
     """The profile at ``path`` (default :func:`profile_path`) measured nearest ``size`` ranks,
     or the shipped default."""
     path = Path(path) if path is not None else profile_path()
-    if not path.is_file():
+    if not path.exists():  # none measured yet (a folder, or another non-file, warns below)
         return default_profile(size)
     try:
         return Profile.from_dict(_nearest(json.loads(path.read_text()), size))
