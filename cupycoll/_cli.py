@@ -138,8 +138,8 @@ def info_lines() -> list[tuple[str, str]]:
 
 
 def _setting_shown(name: str) -> str:
-    """A setting's value as info shows it; a name every call would refuse (an algorithm or a
-    wire format that does not exist) raises that call's InvalidArgument."""
+    """A setting's value as info shows it; a name a call would refuse (an algorithm or a wire
+    format that does not exist) raises InvalidArgument saying so."""
     from . import algorithms
     from .errors import InvalidArgument
     from .wire._choice import WIRES
@@ -148,7 +148,8 @@ def _setting_shown(name: str) -> str:
     valid = {"CUPYCOLL_ALGORITHM": algorithms("sparse"), "CUPYCOLL_WIRE": list(WIRES),
              "CUPYCOLL_TOPK_ALGORITHM": algorithms("topk")}.get(name)
     if valid is not None and value not in valid:
-        raise InvalidArgument(name, value, f"every call refuses it; valid: {valid}")
+        raise InvalidArgument(name, value, f"a call that takes it from the variable (no "
+                              f"keyword) refuses it; valid: {valid}")
     return repr(value)
 
 

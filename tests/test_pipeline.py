@@ -237,3 +237,7 @@ def test_fill_names_every_bad_alloc_fn_buffer():
         _deliver(lambda *a: (shared, shared), val=np.array([7, 8, 9], np.int32))
     assert info.value.reason == "must return two buffers that do not overlap"
     assert info.value.rank == 2 and not shared.any()
+    record = np.zeros(3, [("i", np.int32), ("v", np.float32)])  # one block, fields apart
+    got = _deliver(lambda *a: (record["i"], record["v"]))
+    assert record["i"].tolist() == [1, 4, 6] and record["v"].tolist() == [1.5, -2.0, 3.0]
+    assert got.indices is not None

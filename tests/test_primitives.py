@@ -744,6 +744,9 @@ def test_thresholds_of_any_precision_and_range_are_compared_exactly(dtype, t, wa
 
 
 def test_combine_names_a_bad_operand():
+    """A list or a mismatched shape is named; a 0-d array (a CuPy reduction's result) is a
+    scalar."""
+    assert P.combine(np.array([1.0, -0.0, 3.0]), np.array(0.0), "max").tolist() == [1, 0, 3]
     with pytest.raises(InvalidType, match="'a'"):
         P.combine([1, 2], [3, 4], "sum")
     with pytest.raises(InvalidArgument, match="'b'"):

@@ -219,11 +219,11 @@ def _scatter_operands(dense: Any, indices: Any, values: Any) -> tuple[Any, Any, 
 
 
 def _combined(a: Any, b: Any) -> None:
-    """Check combine's operands: ``a`` a numpy or cupy array of numbers, ``b`` a scalar or an
-    array of ``a``'s shape."""
+    """Check combine's operands: ``a`` a numpy or cupy array of numbers, ``b`` a scalar (a 0-d
+    array too: a CuPy reduction's) or an array of ``a``'s shape."""
     a = _array(a, "a")
     if a.dtype.kind not in "biufc":
         raise InvalidType("a", a.dtype, "an array of numbers")
-    if not (np.isscalar(b) or getattr(b, "shape", None) == a.shape):
+    if not (np.isscalar(b) or getattr(b, "shape", None) in ((), a.shape)):
         raise InvalidArgument("b", getattr(b, "shape", type(b).__name__),
-                              f"must be a scalar or an array of a's shape {a.shape}")
+                              f"must be a scalar (0-d array) or an array of a's shape {a.shape}")
