@@ -388,3 +388,13 @@ def under(impl: str, fn: Callable[[], Any]) -> Callable[[], Any]:
         return fn()
 
     return run
+
+
+def wire_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    """The ``--wire`` and ``--wire-values`` flags of a benchmark that times wire formats
+    (``what``: the end of ``--wire``'s help)."""
+    parser.add_argument("--wire", type=listed(one_of("coo", "compact", "auto")), default="auto",
+                        help=f"wire formats (comma list of coo, compact, auto){what}")
+    parser.add_argument("--wire-values", type=listed(one_of("none", "bfloat16", "float16")),
+                        default="none", help="value formats (comma list of none, bfloat16, "
+                        "float16)")

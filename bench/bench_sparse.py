@@ -39,7 +39,7 @@ import tracemalloc
 import numpy as np
 from _common import (SPARSE_COLUMNS, Table, bandwidths, common_parser, interleaved, listed,
                      non_negative_float, non_negative_int, one_of, parse_size, progress,
-                     sample_stats)
+                     sample_stats, wire_arguments)
 from mpi4py import MPI
 
 import cupycoll as cc
@@ -341,13 +341,8 @@ def main() -> int:
                         "validation allreduce): their own cost against the dense Allreduce")
     parser.add_argument("--skew", type=non_negative_float, default=0.0,
                         help="rank 0 has (1 + skew) x nnz")
-    parser.add_argument("--wire", type=listed(one_of("coo", "compact", "auto")), default="auto",
-                        help="wire formats (comma list of coo, "
-                        "compact, auto); bytes are reported against coo's and against the "
-                        "COO lower bound 2k(P-1)/P words (x_coo, x_bound)")
-    parser.add_argument("--wire-values", type=listed(one_of("none", "bfloat16", "float16")),
-                        default="none", help="value formats (comma list of none, bfloat16, "
-                        "float16)")
+    wire_arguments(parser, "; bytes are reported against coo's and against the COO lower "
+                   "bound 2k(P-1)/P words (x_coo, x_bound)")
     parser.add_argument("--output", default="sparse", choices=["sparse", "dense"],
                         help="dense: sparse_allreduce(output='dense') into a preallocated "
                         "buffer (as the baseline Allreduce), for callers that apply it densely")

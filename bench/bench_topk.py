@@ -33,8 +33,8 @@ import functools
 import time
 
 import numpy as np
-from _common import (Table, common_parser, fraction, listed, one_of, parse_length, parse_size,
-                     positive_int)
+from _common import (Table, common_parser, fraction, parse_length, parse_size,
+                     positive_int, wire_arguments)
 
 import cupycoll as cc
 from cupycoll.primitives import kth_abs, select_abs_ge, topk_abs
@@ -280,12 +280,8 @@ def main() -> None:
                    help="vector length of the selection timing (0: skip it)")
     p.add_argument("--repeats", type=positive_int, default=3,
                    help="timed rounds of the selection timing")
-    p.add_argument("--wire", type=listed(one_of("coo", "compact", "auto")), default="auto",
-                   help="wire formats of the phases and algorithms parts (comma list of coo, "
-                   "compact, auto; x_coo = words / the coo row's; the compressor runs the "
-                   "first)")
-    p.add_argument("--wire-values", type=listed(one_of("none", "bfloat16", "float16")),
-                   default="none", help="value formats (comma list of none, bfloat16, float16)")
+    wire_arguments(p, " of the phases and algorithms parts; x_coo = words / the coo row's; "
+                   "the compressor runs the first")
     args = p.parse_args()
     formats = [(w, None if v == "none" else v) for w in args.wire for v in args.wire_values]
     parts = args.only or PARTS
