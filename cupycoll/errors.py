@@ -80,8 +80,8 @@ class BackendError(CupycollError, RuntimeError):
 
 class OutOfMemory(CupycollError, MemoryError):
     """A buffer of a call cannot be allocated on a rank (names the call, the algorithm and the
-    rank; the allocator's own error is the ``__cause__``). Raised on that rank alone: its peers
-    wait for it, as for any rank that stops mid-call (``CUPYCOLL_TIMEOUT`` names it)."""
+    rank; the allocator's own error is the ``__cause__``). Raised mid-call on that rank, which
+    aborts the communicator (its peers may wait in the call: ``CUPYCOLL_TIMEOUT`` names it)."""
 
 
 class CupycollWarning(UserWarning):

@@ -327,7 +327,8 @@ def test_a_dense_buffer_past_what_an_array_holds_names_n(call):
 
 def test_a_sparse_algorithms_buffer_past_this_ranks_memory_is_out_of_memory(monkeypatch):
     """A MemoryError inside a sparse algorithm (no n-row buffer in the call) is OutOfMemory
-    naming the algorithm and the rank, not an invalid n; the communicator goes on."""
+    naming the algorithm and the rank, not an invalid n; raised mid-call, it aborts the
+    communicator (its peers may wait in the call); a new one works."""
     import cupycoll.sparse.allgather as allgather
 
     def short_of_memory(*args, **kwargs):
@@ -341,8 +342,10 @@ def test_a_sparse_algorithms_buffer_past_this_ranks_memory_is_out_of_memory(monk
             cc.sparse_allreduce(np.array([1, 5]), np.ones(2, np.float32), 2**40, comm=comm,
                                 algorithm="allgather")
     assert isinstance(got.value, MemoryError) and isinstance(got.value.__cause__, MemoryError)
-    result = cc.sparse_allreduce(np.array([1, 3]), np.ones(2, np.float32), 8, comm=comm,
-                                 algorithm="allgather")
+    with pytest.raises(errors.BackendError, match="left by OutOfMemory"):
+        cc.sparse_allreduce(np.array([1, 3]), np.ones(2, np.float32), 8, comm=comm)
+    result = cc.sparse_allreduce(np.array([1, 3]), np.ones(2, np.float32), 8, algorithm=
+                                 "allgather", comm=MPICommunicator(MPI.COMM_SELF))
     assert result.indices.tolist() == [1, 3]
 
 

@@ -19,7 +19,8 @@ import numpy as np
 
 from .._config import parse_timeout
 from .._types import ReduceOp, to_host
-from ..errors import BackendError, BackendUnavailable, CollectiveTimeout, CupycollError
+from ..errors import (BackendError, BackendUnavailable, CollectiveTimeout, CupycollError,
+                      OutOfMemory)
 from ._checks import check_counts, check_sends
 from ._host_waits import HostWaits
 from ._stats import Stats
@@ -182,10 +183,10 @@ class Communicator(HostWaits, abc.ABC):
     def _interrupted(self, op_name: str, kind: type = KeyboardInterrupt) -> None:
         """A wait, or a front-door call (its peers may wait in it), was left by an exception
         of type ``kind``. Not cupycoll's (KeyboardInterrupt, a signal handler's SystemExit or
-        preemption error, a failure of this rank alone): an operation may stay pending, so the
-        communicator is aborted (a later call would match it). cupycoll's own errors are
-        raised on every rank, or have already aborted it: nothing to do."""
-        if issubclass(kind, CupycollError):
+        preemption error, a failure of this rank alone, OutOfMemory): an operation may stay
+        pending, so the communicator is aborted (a later call would match it). cupycoll's
+        other errors are raised on every rank, or have already aborted it: nothing to do."""
+        if issubclass(kind, CupycollError) and not issubclass(kind, OutOfMemory):
             return
         how = "interrupted" if kind is KeyboardInterrupt else f"left by {kind.__name__}"
         self._die(BackendError(f"{op_name} was {how} on rank {self.rank}"),
