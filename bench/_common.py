@@ -13,7 +13,8 @@ from typing import Any, Callable, Iterable, NoReturn, Sequence
 
 import numpy as np
 
-from cupycoll._config import NO_MATPLOTLIB, output_file, parse_length, parse_size  # noqa: F401
+from cupycoll._config import (NO_MATPLOTLIB, checked, listed, one_of,  # noqa: F401
+                              output_file, parse_length, parse_size)
 from cupycoll._types import DENSE_DTYPES
 from cupycoll.primitives._accel import ready
 from cupycoll.tuner.calibrate import interleaved
@@ -28,28 +29,11 @@ DENSE_COLUMNS = ["size(B)", "count", "type", "redop", "root", "time(us)", "algbw
 SPARSE_COLUMNS = DENSE_COLUMNS + ["density", "nnz", "algorithm", "wire(B)"]
 
 
-def _checked(convert: Callable[[str], Any], ok: Callable[[Any], bool], wanted: str
-             ) -> Callable[[str], Any]:
-    """argparse's type: ``convert(text)`` where ``ok`` holds of it, else a usage error saying
-    ``wanted``."""
-
-    def parse(text: str) -> Any:
-        try:
-            value = convert(text)
-        except (ValueError, TypeError, OverflowError):
-            value = None
-        if value is None or not ok(value):
-            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}")
-        return value
-
-    return parse
-
-
 #: argparse's types of the benchmarks' numbers (a bad value is a usage error before the run)
-positive_int = _checked(int, lambda v: v >= 1, "an int >= 1")
-non_negative_int = _checked(int, lambda v: v >= 0, "an int >= 0")
-non_negative_float = _checked(float, lambda v: 0 <= v < math.inf, "a finite number >= 0")
-fraction = _checked(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+positive_int = checked(int, lambda v: v >= 1, "an int >= 1")
+non_negative_int = checked(int, lambda v: v >= 0, "an int >= 0")
+non_negative_float = checked(float, lambda v: 0 <= v < math.inf, "a finite number >= 0")
+fraction = checked(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 
 
 def dtype_name(text: str) -> str:
@@ -62,24 +46,6 @@ def dtype_name(text: str) -> str:
     if name not in allowed:
         raise argparse.ArgumentTypeError(f"must be one of {', '.join(allowed)}, got {text!r}")
     return name
-
-
-def one_of(*names: str) -> Callable[[str], str]:
-    """argparse's type (within :func:`listed`) of one of ``names``."""
-    return _checked(str, lambda v: v in names, f"one of {', '.join(names)}")
-
-
-def listed(item: Callable[[str], Any]) -> Callable[[str], list]:
-    """argparse's type of a comma list of ``item``s (e.g. ``listed(one_of("coo", "compact"))``,
-    ``listed(parse_length)``): at least one; a bad item is a usage error naming it."""
-
-    def parse(text: str) -> list:
-        items = [item(part.strip()) for part in text.split(",") if part.strip()]
-        if not items:
-            raise argparse.ArgumentTypeError(f"must be a comma list of one or more, got {text!r}")
-        return items
-
-    return parse
 
 
 #: nccl-tests' flags: letter -> (long name, add_argument's keywords)

@@ -307,6 +307,45 @@ def made_folder(path: Any) -> Any:
     return Path(path).expanduser()
 
 
+def checked(convert: Callable[[str], Any], ok: Callable[[Any], bool], wanted: str
+            ) -> Callable[[str], Any]:
+    """argparse's type: ``convert(text)`` where ``ok`` holds of it, else a usage error saying
+    ``wanted`` (the commands' and the benchmarks' numbers and names)."""
+    import argparse
+
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except (ValueError, TypeError, OverflowError):
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}")
+        return value
+
+    return parse
+
+
+def one_of(*names: str) -> Callable[[str], str]:
+    """argparse's type (within :func:`listed`) of one of ``names``."""
+    return checked(str, lambda v: v in names, f"one of {', '.join(names)}")
+
+
+def listed(item: Callable[[str], Any], least: int = 1) -> Callable[[str], list]:
+    """argparse's type of a comma list of ``item``s (e.g. ``listed(one_of("coo", "compact"))``,
+    ``listed(parse_length)``), ``least`` of them at least; a bad item is a usage error naming
+    it."""
+    import argparse
+
+    def parse(text: str) -> list:
+        items = [item(part.strip()) for part in text.split(",") if part.strip()]
+        if len(items) < least:
+            raise argparse.ArgumentTypeError(f"must be a comma list of {least} or more, got "
+                                             f"{text!r}")
+        return items
+
+    return parse
+
+
 #: the largest size :func:`parse_size` takes, exclusive (the sparse API's limit on n)
 SIZE_LIMIT = 1 << 62
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}

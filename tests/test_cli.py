@@ -138,10 +138,10 @@ def test_simulate_refuses_shapes_that_cannot_be():
 
 
 @pytest.mark.parametrize("option,value,says", [
-    ("--networks", "bogus", "argument --networks: 'bogus' is not one of nvlink"),
-    ("--family", "bogus", "argument --family: 'bogus' is not one of sparse, topk, both"),
+    ("--networks", "bogus", "argument --networks: must be one of nvlink"),
+    ("--family", "bogus", "argument --family: must be one of sparse, topk, both, got 'bogus'"),
     ("--wire", "coo,bogus", "argument --wire: unknown wire format 'bogus'"),
-    ("--output", "bogus", "argument --output: 'bogus' is not one of sparse, dense, both"),
+    ("--output", "bogus", "argument --output: must be one of sparse, dense, both, got 'bogus'"),
     ("--P", "0", "argument --P: must be an int >= 1, got '0'"),
     ("--P", "2,x", "argument --P: must be an int >= 1, got 'x'"),
     ("--n", "1.5", "argument --n: invalid size '1.5': not a whole number"),

@@ -29,7 +29,7 @@ import math
 import sys
 from typing import Any
 
-from .._config import made_folder, output_file, parse_length, plot_file
+from .._config import checked, listed, made_folder, one_of, output_file, parse_length, plot_file
 from .._registry import priced, record
 from ..comm._topology import Topology
 from ..sparse._cost import Shape, validation_cost
@@ -285,21 +285,6 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
     fig.savefig(made_folder(path), dpi=110)
 
 
-def _whole(low: int) -> Any:
-    """argparse's type for an int >= ``low``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = low - 1
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be an int >= {low}, got {text!r}")
-        return value
-
-    return parse
-
-
 def _bounded(low: float, high: float, *, low_open: bool = False) -> Any:
     """argparse's type for a finite number in [low, high] (``low_open``: (low, high])."""
 
@@ -316,17 +301,6 @@ def _bounded(low: float, high: float, *, low_open: bool = False) -> Any:
     return parse
 
 
-def _one_of(*names: str) -> Any:
-    """argparse's type (within :func:`_listed`) for one of ``names``."""
-
-    def parse(text: str) -> str:
-        if text not in names:
-            raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(names)}")
-        return text
-
-    return parse
-
-
 def _wire(text: str) -> Wire:
     """``coo``, ``compact``, optionally ``+bfloat16`` / ``+float16``."""
     name, _, values = text.partition("+")
@@ -336,31 +310,29 @@ def _wire(text: str) -> Wire:
     return Wire(name == "compact", values or None)
 
 
-def _listed(item: Any) -> Any:
-    """argparse's type for a comma list of ``item`` (an empty list: nothing to simulate)."""
-    return lambda text: [item(part) for part in text.split(",") if part]
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--P", type=_listed(_whole(1)), default="2,4,8,16,32,64,128,256,512,1024",
+    # (lists may be empty: nothing to simulate, which run() says)
+    parser.add_argument("--P", type=listed(checked(int, lambda v: v >= 1, "an int >= 1"), 0),
+                        default="2,4,8,16,32,64,128,256,512,1024",
                         help="rank counts (comma list)")
-    parser.add_argument("--networks", type=_listed(_one_of(*NETWORKS, "machine")),
+    parser.add_argument("--networks", type=listed(one_of(*NETWORKS, "machine"), 0),
                         default="nvlink,ib400,eth100",
                         help=f"comma list of {sorted(NETWORKS)} or machine")
     parser.add_argument("--n", type=parse_length, default=2 ** 24,
                         help="dense length (16M, 64K, 1e6, ...: sizes as the benchmarks')")
     parser.add_argument("--density", type=_bounded(0, 1, low_open=True), default=0.01,
                         help="nnz / n per rank (or k/n), in (0, 1]")
-    parser.add_argument("--width", type=_whole(0), default=0,
+    parser.add_argument("--width", type=checked(int, lambda v: v >= 0, "an int >= 0"),
+                        default=0,
                         help="row width of the sparse family (0: one value an index)")
     parser.add_argument("--skew", type=_bounded(0, 2**31), default=0.0,
                         help="rank 0 has (1+skew) x nnz")
-    parser.add_argument("--family", type=_listed(_one_of("sparse", "topk", "both")),
+    parser.add_argument("--family", type=listed(one_of("sparse", "topk", "both"), 0),
                         default="sparse,topk", help="sparse, topk or both")
-    parser.add_argument("--wire", type=_listed(_wire), default="coo", help="wire formats: comma "
+    parser.add_argument("--wire", type=listed(_wire, 0), default="coo", help="wire formats: comma "
                         "list of coo, compact, coo+bfloat16, compact+bfloat16, ... (rows per "
                         "format)")
-    parser.add_argument("--output", type=_listed(_one_of("sparse", "dense", "both")),
+    parser.add_argument("--output", type=listed(one_of("sparse", "dense", "both"), 0),
                         default="sparse", help="the sparse family's result: sparse, dense (the "
                         "n-vector, output='dense') or both, comma separated")
     parser.add_argument("--json", type=output_file, help="write {'rows': [...]} to this file")
