@@ -16,7 +16,6 @@ import time
 import weakref
 from typing import Any
 
-from ._mpi_pairwise import progress_all
 from ._work import EXIT_WAIT
 
 __all__ = ["settle_at_exit"]
@@ -42,7 +41,6 @@ def _settle(comm: Any) -> None:
     pending += [done for done, _ in list(comm._orphaned)]
     try:
         while pending:
-            progress_all()  # another communicator's call a peer waits in (comm/_mpi_pairwise.py)
             pending = [test for test in pending if not test()]
             gave_up = comm.board is not None and comm.board.gave_up(comm.rank, comm.sequence)
             if not pending or gave_up or time.monotonic() > deadline:
