@@ -88,6 +88,11 @@ def _ran(comm: Communicator, verb: str, args: tuple) -> Any:
     return args[1]
 
 
+def _fast(comm: Communicator, verb: str, args: tuple, async_op: bool) -> Any:
+    """A call whose arguments need no agreement: started or run at once."""
+    return (_started if async_op else _ran)(comm, verb, args)
+
+
 def _general(comm: Communicator, verb: str, x: Any, out: Any, async_op: bool,
              validate: Callable[[], tuple[tuple, dict[str, Any]]]) -> Any:
     """A verb's general path, over the call pipeline (:func:`cupycoll._pipeline.call`):
@@ -273,10 +278,7 @@ def allreduce(x: Any, op: Any = "sum", *, comm: Communicator | None = None, out:
     red = _plain_op(op)
     dst = _plain_output(x, out, comm) if red is not None else None
     if dst is not None:
-        if async_op:
-            return _started(comm, "allreduce", (x, dst, red))
-        comm.run("allreduce", x, dst, red)
-        return dst
+        return _fast(comm, "allreduce", (x, dst, red), async_op)
 
     def validate() -> tuple[tuple, dict[str, Any]]:
         arr = _input(x, comm)
@@ -293,10 +295,7 @@ def broadcast(x: Any, root: int = 0, *, comm: Communicator | None = None, out: A
     async_op = _async_flag(comm, "broadcast", async_op)
     dst = _plain_output(x, out, comm) if _plain_root(root, comm) else None
     if dst is not None:
-        if async_op:
-            return _started(comm, "broadcast", (x, dst, root))
-        comm.run("broadcast", x, dst, root)
-        return dst
+        return _fast(comm, "broadcast", (x, dst, root), async_op)
 
     def validate() -> tuple[tuple, dict[str, Any]]:
         arr = _input(x, comm)
@@ -317,12 +316,7 @@ def reduce(x: Any, root: int = 0, op: Any = "sum", *, comm: Communicator | None 
         # off the root only ``x`` is checked (no output): ``x`` stands in for ``out``
         dst = _plain_output(x, out if comm.rank == root else x, comm)
     if dst is not None:
-        if comm.rank != root:
-            dst = None
-        if async_op:
-            return _started(comm, "reduce", (x, dst, red, root))
-        comm.run("reduce", x, dst, red, root)
-        return dst
+        return _fast(comm, "reduce", (x, dst if comm.rank == root else None, red, root), async_op)
 
     def validate() -> tuple[tuple, dict[str, Any]]:
         arr = _input(x, comm)
@@ -341,10 +335,7 @@ def allgather(x: Any, *, comm: Communicator | None = None, out: Any = None,
     async_op = _async_flag(comm, "allgather", async_op)
     dst = _plain_output(x, out, comm, grow=comm.size)
     if dst is not None:
-        if async_op:
-            return _started(comm, "allgather", (x, dst))
-        comm.run("allgather", x, dst)
-        return dst
+        return _fast(comm, "allgather", (x, dst), async_op)
 
     def validate() -> tuple[tuple, dict[str, Any]]:
         arr = _input(x, comm)
@@ -362,10 +353,7 @@ def reduce_scatter(x: Any, op: Any = "sum", *, comm: Communicator | None = None,
     red = _plain_op(op)
     dst = _plain_output(x, out, comm, grow=1, shrink=comm.size) if red is not None else None
     if dst is not None:
-        if async_op:
-            return _started(comm, "reduce_scatter", (x, dst, red))
-        comm.run("reduce_scatter", x, dst, red)
-        return dst
+        return _fast(comm, "reduce_scatter", (x, dst, red), async_op)
 
     def validate() -> tuple[tuple, dict[str, Any]]:
         arr = _input(x, comm)
