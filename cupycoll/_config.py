@@ -189,6 +189,17 @@ def setting(name: str, value: Any = None) -> Any:
     return value
 
 
+def chosen(name: str, value: Any, argument: str, valid: Any, what: str,
+           rank: int | None = None) -> Any:
+    """``value`` if given, else the setting ``name``; InvalidArgument naming the keyword
+    ``argument`` or the variable, whichever it came from, unless it is one of ``valid``."""
+    where = argument if value is not None else name
+    value = setting(name, value)
+    if not isinstance(value, str) or value not in valid:
+        raise InvalidArgument(where, value, f"{what}valid: {list(valid)}", rank=rank)
+    return value
+
+
 def _parsed(name: str, text: str) -> Any:
     try:
         return SETTINGS[name][0](text)

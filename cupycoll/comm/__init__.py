@@ -6,7 +6,7 @@ import logging
 import os
 from typing import Any
 
-from .._config import check_environment, setting
+from .._config import check_environment, chosen, setting
 from ..errors import BackendUnavailable, InvalidArgument
 from ._base import Communicator
 from ._stats import OpStats, Stats, bus_factor
@@ -94,10 +94,7 @@ def _init_settings(backend: str | None, timeout: float | None) -> tuple[str, flo
     """What :func:`init` reads before it makes a communicator: no unknown ``CUPYCOLL_*``
     variable, the backend, the timeouts and the log level, each checked."""
     check_environment()
-    named = "backend" if backend is not None else "CUPYCOLL_BACKEND"
-    backend = setting("CUPYCOLL_BACKEND", backend)
-    if backend not in _BACKENDS:
-        raise InvalidArgument(named, backend, f"valid: {list(_BACKENDS)}")
+    backend = chosen("CUPYCOLL_BACKEND", backend, "backend", _BACKENDS, "")
     setting("CUPYCOLL_CONNECT_TIMEOUT")
     log_level()
     return backend, setting("CUPYCOLL_TIMEOUT", timeout)

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from .._agreement import unchecked
-from .._config import check_run_settings, setting
+from .._config import check_run_settings, chosen, setting
 from .._registry import algorithms
 from .._types import (ReduceOp, array_namespace, as_array, check_device, check_flag, check_native,
                       parse_op, to_host)
@@ -112,15 +112,6 @@ def _length(n: Any, rank: int) -> int:
         raise InvalidArgument("n", value, "must be a positive int below 2**62 (the dense "
                               "length)", rank=rank)
     return value
-
-
-def _algorithm(name: Any, valid: list[str], rank: int) -> str:
-    argument = "algorithm" if name is not None else "CUPYCOLL_ALGORITHM"  # where it came from
-    name = setting("CUPYCOLL_ALGORITHM", name)
-    if not isinstance(name, str) or name not in valid:
-        raise InvalidArgument(argument, name, f"unknown sparse algorithm; valid: {valid}",
-                              rank=rank)
-    return name
 
 
 def _on(xp: Any, a: Any) -> Any:
@@ -248,7 +239,8 @@ def _local(comm: Any, indices: Any, values: Any, n: Any, op: Any, algorithm: Any
     try:
         per_node = check_run_settings(rank)
         red = parse_op(op, rank=rank)
-        name = _algorithm(algorithm, names, rank)
+        name = chosen("CUPYCOLL_ALGORITHM", algorithm, "algorithm", names,
+                      "unknown sparse algorithm; ", rank)
         wire = check_wire(wire, rank)
         wire_values = check_wire_values(wire_values, rank)
         output = _output(output, rank)

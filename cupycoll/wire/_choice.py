@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .._config import setting
+from .._config import chosen
 from ..errors import InvalidArgument
 from ._pack import Wire
 
@@ -30,12 +30,7 @@ DEFAULT_CODE_COST = 6e-9
 
 def check_wire(wire: Any, rank: int | None = None) -> str:
     """Return the wire format asked for (keyword, else ``CUPYCOLL_WIRE``); raise if unknown."""
-    argument = "wire" if wire is not None else "CUPYCOLL_WIRE"  # where it came from
-    wire = setting("CUPYCOLL_WIRE", wire)
-    if not isinstance(wire, str) or wire not in WIRES:
-        raise InvalidArgument(argument, wire, f"unknown wire format; valid: {list(WIRES)}",
-                              rank=rank)
-    return wire
+    return chosen("CUPYCOLL_WIRE", wire, "wire", WIRES, "unknown wire format; ", rank)
 
 
 def check_wire_values(values: Any, rank: int | None = None) -> str | None:
