@@ -85,9 +85,12 @@ class _StreamOrder:
         raise if the communicator died meanwhile. The order comes first even then: what the
         caller frees next on its stream must not be handed to new work while our stream may
         still read it."""
-        current = self._device.current()
+        device = self._device
+        current = device.current()
         if current is not self._stream:
-            self._device.wait_event(current, event)
+            device.wait_event(current, event)
+            if device.current_device() == self.device_id:
+                self._readers.add(current)  # the caller reads the result there
         self._check_alive()
 
     def _post(self, op_name: str, launch: Callable[[Any, int], Any], keep: Any = None,
@@ -108,7 +111,7 @@ class _StreamOrder:
         check_current_device(device.current_device(), self.device_id, self.rank)
         current = device.current()
         if current is not stream:
-            device.wait_event(stream, device.record(current))
+            self._readers.order(current)
         if arrival:
             self._slot[0] = self.sequence + 1  # _record_collective counts it after the post
         if active:
@@ -204,7 +207,7 @@ class _StreamOrder:
             self._observed_upto(behind)
 
         work = Work(lambda: self._order(event), lambda: self._query(event),
-                    sync_fn=synchronize, device=lambda: self._device.on_device(self.device_id),
+                    sync_fn=synchronize, device=lambda: self._readers.handing(self.device_id),
                     stamp=lambda: functools.partial(self._order, self._device.record()))
         work.events = [event]  # type: ignore[attr-defined]  # for stream-side waits (overlap)
         return work
@@ -360,7 +363,7 @@ class _InStream:
         if current is stream or device.current_device() != comm.device_id:
             return  # another device's thread: the call's checks refuse it, on every rank
         self.outer = current
-        device.wait_event(stream, device.record(current))
+        comm._readers.order(current)
         self.scope = device.using(stream)
         self.scope.__enter__()
 
@@ -373,3 +376,5 @@ class _InStream:
         scope.__exit__(*exc)
         if self.join or exc[0] is not None:  # a failed call: nothing waits on it later
             device.wait_event(outer, device.record(stream))
+            if exc[0] is None:
+                self.comm._readers.add(outer)  # the caller reads the results there

@@ -44,6 +44,7 @@ from ._base import Communicator
 from ._checks import agreed_settings
 from ._cuda import CudaDevice, _SideStreamOverlap
 from ._nccl_guard import WATCHDOG
+from ._nccl_readers import Readers
 from ._nccl_setup import (_BYTES, NCCL_DTYPES, NCCL_OPS, _code_tables, agree, bootstrap,
                           broadcast_unique_id, device_for, load_nccl, nccl_types, new_nccl_comm,
                           node_local_rank)
@@ -152,6 +153,7 @@ class NCCLCommunicator(_StreamOrder, _NcclVerbs, Communicator):
         self._errors = (nccl.NcclError,) + tuple(device.errors)
         self._device.activate(self.device_id)
         self._stream = device.new_stream()  # the communicator's own stream on its device
+        self._readers = Readers(device, self._stream)  # streams it handed results to
         self._side: Any = None  # the side stream of overlap(), made on first use
         self._inflight: collections.deque[_Inflight] = collections.deque()
         self._posted = 0  # operations posted so far (numbers the in-flight entries)

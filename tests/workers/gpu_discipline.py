@@ -5,7 +5,9 @@ Usage: gpu_discipline.py MODE[,MODE...]   (2 emulated devices per node, CuPy 14'
 Modes (each failed before its fix, as noted):
   null_stream        no front door runs device work on the legacy NULL stream: with the NULL
                      stream current, only the events and stream waits that order it around the
-                     call land there; with a stream of the caller's, nothing does; the
+                     call land there; with a stream of the caller's, only the events that
+                     order the communicator's stream after the NULL stream, which earlier
+                     calls handed results to (see stream_switch); the
                      communicator's stream is non-blocking (before: every NCCL call and kernel
                      ran on the caller's current stream, the NULL stream by default)
   completer_device   a future's callbacks (completion_fn, add_done_callback) run on the
@@ -18,6 +20,14 @@ Modes (each failed before its fix, as noted):
                      stream orders the second stream too (before: only the first wait did:
                      StreamOrderError on the second stream's read); a wait in a thread on
                      another device orders the copy into alloc_fn's buffers (before: not)
+  stream_switch      a result read on the stream current at its call and dropped, the next
+                     call made from another stream: every front door's next allocation waits
+                     for those reads (before: the communicator's stream followed only the new
+                     caller's stream, and the pool handed the dropped block to the next call's
+                     output under the pending reads: StreamOrderError)
+  future_streams     completion_fn and a future's callbacks read the result on the completer
+                     thread's stream and it is dropped: the next call waits for those reads
+                     (before: StreamOrderError on the reused block)
   device_thread      a sparse_allreduce from a thread whose current device is not the
                      communicator's raises InvalidArgument naming device on every rank (before:
                      the emulator's DeviceMismatch on that rank, the others waiting)
@@ -148,8 +158,9 @@ def mode_null_stream():
         for name, call in calls.items():
             log.entries.clear()
             call()
-            assert not log.entries, f"{name} with the caller's own stream touched NULL: " \
-                f"{log.entries}"
+            # only events: the NULL stream got results above (see stream_switch)
+            assert all(e == "event" for e in log.entries), \
+                f"{name} with the caller's own stream touched NULL: {log.entries}"
     comm.barrier()
     assert comm._stream.blocking is False and comm._stream.null is False, comm._stream
 
@@ -261,6 +272,68 @@ def mode_waits_per_stream():
     comm.synchronize()
 
 
+def switching_calls(comm, parts):
+    """name -> call that reads its result on the current stream (queued work) and keeps only
+    what it computed (the result itself is dropped)."""
+    idx, val = (cupy.asarray(a) for a in parts[RANK])
+    grad = cupy.arange(64, dtype=cupy.float32) * (RANK + 1)
+    compressor = cc.TopkCompressor(64, 0.25, comm=comm)
+    cupy.cuda.runtime.deviceSynchronize()  # the uploads, before other streams read them
+    calls = {f"sparse {a}": (lambda a=a: cc.sparse_allreduce(idx, val, 60, algorithm=a,
+                                                              comm=comm).values * 2)
+             for a in cc.algorithms("sparse")}
+    calls["sparse dense output"] = lambda: cc.sparse_allreduce(idx, val, 60, output="dense",
+                                                               comm=comm) * 2
+    calls["sparse async"] = lambda: cc.sparse_allreduce(idx, val, 60, comm=comm,
+                                                        async_op=True).wait().values * 2
+    for a in cc.algorithms("topk"):
+        calls[f"topk {a}"] = lambda a=a: cc.topk_allreduce(grad, 8, algorithm=a,
+                                                           comm=comm).values * 2
+    calls["TopkCompressor.step"] = lambda: compressor.step(grad).values * 2
+    return calls
+
+
+def mode_stream_switch():
+    comm = cc.init("nccl", timeout=60.0)
+    parts, _ = case()
+    streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(3)]
+    for name, call in switching_calls(comm, parts).items():
+        kept = []
+        for step in range(4):
+            with streams[step % len(streams)]:
+                kept.append(call())
+        comm.synchronize()
+        for stream in streams:
+            stream.synchronize()
+        if name != "TopkCompressor.step":  # (its residuals change every step's result)
+            assert all(bool((k == kept[0]).all()) for k in kept), name
+
+
+def mode_future_streams():
+    comm = cc.init("nccl", timeout=60.0)
+    parts, dense = case()
+    idx, val = (cupy.asarray(a) for a in parts[RANK])
+    mine = cupy.cuda.Stream(non_blocking=True)
+    kept = []
+    cupy.cuda.runtime.deviceSynchronize()
+    with mine:
+        for how in ("completion_fn", "callback") * 2:
+            def completion(indices, values, ctx):
+                kept.append(values.copy())  # what the docs say to do with what one keeps
+            work = cc.sparse_allreduce(idx, val, 60, comm=comm, async_op=True,
+                                       completion_fn=completion if how == "completion_fn"
+                                       else None)
+            future = work.get_future()
+            if how == "callback":
+                future.add_done_callback(lambda f: kept.append(f.result().values * 1))
+            future.result(timeout=60)
+            del work, future
+        mine.synchronize()
+    want = dense[np.unique(np.concatenate([i for i, _ in parts]))].astype(np.float32)
+    for got in kept:
+        assert np.array_equal(cupy.asnumpy(got), want), (got, want)
+
+
 def mode_device_thread():
     comm = cc.init("nccl", timeout=60.0)
     parts, _ = case()
@@ -356,7 +429,8 @@ def mode_dup_board():
 MODES = {"null_stream": mode_null_stream, "connecting": mode_connecting,
          "dup_board": mode_dup_board, "completer_device": mode_completer_device,
          "close_paths": mode_close_paths, "waits_per_stream": mode_waits_per_stream,
-         "device_thread": mode_device_thread}
+         "device_thread": mode_device_thread, "stream_switch": mode_stream_switch,
+         "future_streams": mode_future_streams}
 for mode in MODE.split(","):
     MODES[mode]()
     if mode not in ("close_paths", "connecting", "dup_board"):  # aborted communicators' logs are not
