@@ -111,7 +111,8 @@ def mode_pool():
     """CuPy's pool as the emulator enforces it: a freed block comes back at once, poisoned, to
     the next allocation of its size on its stream (the emulator's finished NCCL task holds no
     array); another stream's unordered work on it follows it (StreamOrderError at the new
-    owner's first touch), an ordered one does not; the reuse stays within its stream."""
+    owner's first touch), an ordered one does not; the reuse stays within its stream; a smaller
+    request splits a larger free block (the block's stream work follows both parts)."""
     from cupycoll.testing.emulation import StreamOrderError
     from _common import expect_raises
 
@@ -141,6 +142,22 @@ def mode_pool():
     w = cupy.zeros(100, cupy.float32)
     assert w.data.ptr == ptr and not bool(w.any())
     del total, z
+    # a smaller request splits a larger free block, as CuPy's pool does: the side stream's
+    # unordered read of the freed 4 KiB block follows its first 512 bytes
+    big = cupy.ones(1024, cupy.float32)
+    ptr = big.data.ptr
+    side.wait_event(stream.record())
+    with side:
+        total = big.sum()
+    del big
+    err = expect_raises(StreamOrderError, cupy.zeros, 384, cupy.float32)  # 1.5 KiB: a size
+    assert "previous allocation" in str(err), err  # no block of the arena has
+    del err
+    stream.wait_event(side.record())
+    small = cupy.zeros(384, cupy.float32)
+    rest = cupy.zeros(640, cupy.float32)  # the 2.5 KiB left of the split block
+    assert small.data.ptr == ptr and rest.data.ptr == ptr + 1536, (small.data.ptr, ptr)
+    del total, small, rest
     WORLD.Barrier()
     comm.destroy()
 

@@ -9,7 +9,10 @@ block freed while another stream's work on it is queued is a race on a GPU.
 The emulation does the same, strictly:
 
 * every device allocation of one or more bytes is a :class:`Block` of this pool, taken from a
-  per-(device, stream, size class) free list, last freed first;
+  per-(device, stream, size class) free list, last freed first; where its size class has none,
+  the smallest larger free block of the arena is split, as CuPy's pool splits a chunk: the
+  allocation gets its first bytes and the rest stays free, both with the block's stream work
+  (CuPy also merges neighbouring free chunks again; the emulation does not);
 * an allocation is alive while a device array views it (:class:`Allocation`, held by the arrays
   only: the emulator's tasks, logs and closures hold blocks and raw pointers, never arrays, so
   they never keep memory allocated longer than CUDA would);
@@ -41,7 +44,8 @@ ROUND = 512
 #: free pooled bytes above which idle free blocks go back to numpy's heap (oldest first).
 SPARE_LIMIT = 64 << 20
 _ALIGN = 256
-_FREE: dict[tuple, list["Block"]] = {}  # (device, stream, size) -> free blocks, last freed last
+_FREE: dict[tuple, dict[int, list["Block"]]] = {}  # (device, stream) -> size -> free blocks,
+# last freed last
 _REGISTRY: dict[int, "Block"] = {}  # address -> every block the pool owns
 _ADDRESSES: list[int] = []
 _dirty = [False]
@@ -78,28 +82,59 @@ class Allocation:
         try:
             block.nbytes, block.freed = 0, next(_age)
             _spare[0] += block.memory.nbytes
-            _FREE.setdefault(block.arena, []).append(block)  # atomic: no lock in a finalizer
+            _FREE.setdefault(block.arena[:2], {}).setdefault(  # atomic: no lock in a finalizer
+                block.arena[2], []).append(block)
         except Exception:  # noqa: BLE001  (interpreter shutdown: the module is torn down)
             pass
 
 
 def allocate(nbytes: int, stream: dev.Stream, poison: bool = True) -> Allocation:
     """A block for ``nbytes`` (> 0) bytes from ``stream``'s arena: the one freed last in its
-    size class, else a new one. Stream work pending on a reused block stays on it; ``poison``:
-    all bits set where no stream work on it is unfinished (else it holds what it held)."""
+    size class, else the first part of the smallest larger free block, else a new one. Stream
+    work pending on a reused block stays on it; ``poison``: all bits set where no stream work
+    on it is unfinished (else it holds what it held)."""
     size = -(-int(nbytes) // ROUND) * ROUND
-    arena = (stream.device, stream, size)
     with dev.LOCK:
-        try:
-            block = _FREE.get(arena, []).pop()
-            _spare[0] -= size
-        except IndexError:
-            block = _new_block(arena)
+        block = _reused(_FREE.get((stream.device, stream)), size)
+        if block is None:
+            block = _new_block((stream.device, stream, size))
         block.nbytes = int(nbytes)
         _carry_over(block, stream)
         if poison and buffers.idle(block):
             block.memory[...] = 0xFF  # what a missing wait reads: NaN, -1
     return Allocation(block)
+
+
+def _reused(sizes: dict[int, list[Block]] | None, size: int) -> Block | None:
+    """A free block of ``size`` bytes from an arena's free lists (taken off them), split from
+    the smallest larger one where ``size`` has none; None if the arena has nothing as large."""
+    if not sizes:
+        return None
+    blocks = sizes.get(size)
+    if not blocks:
+        larger = [s for s, free in sizes.items() if s > size and free]
+        if not larger:
+            return None
+        blocks = sizes[min(larger)]
+    block = blocks.pop()
+    _spare[0] -= block.memory.nbytes
+    if block.memory.nbytes == size:
+        return block
+    head, rest = (_part(block, start, stop) for start, stop in
+                  ((0, size), (size, block.memory.nbytes)))
+    sizes.setdefault(rest.arena[2], []).append(rest)
+    _spare[0] += rest.memory.nbytes
+    return head
+
+
+def _part(block: Block, start: int, stop: int) -> Block:
+    """Bytes ``[start, stop)`` of a free ``block`` as a block of their own, with its stream
+    work and age (registered at its address in place of what was there)."""
+    part = Block(block.arena[:2] + (stop - start,), block.memory[start:stop])
+    part.writer, part.readers, part.freed = block.writer, list(block.readers), block.freed
+    _REGISTRY[part.address] = part
+    _dirty[0] = True
+    return part
 
 
 def _new_block(arena: tuple) -> Block:
@@ -115,12 +150,13 @@ def _new_block(arena: tuple) -> Block:
 
 def _release(excess: int) -> None:
     """Give idle free blocks back to numpy's heap, oldest first, until ``excess`` bytes went."""
-    free = sorted((b for blocks in _FREE.values() for b in blocks), key=lambda b: b.freed)
+    free = sorted((b for sizes in _FREE.values() for blocks in sizes.values() for b in blocks),
+                  key=lambda b: b.freed)
     for block in free:
         if excess <= 0:
             break
         if buffers.idle(block):
-            _FREE[block.arena].remove(block)
+            _FREE[block.arena[:2]][block.arena[2]].remove(block)
             del _REGISTRY[block.address]
             _dirty[0] = True
             _spare[0] -= block.memory.nbytes
