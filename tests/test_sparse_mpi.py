@@ -40,8 +40,9 @@ def test_random_cases_in_threaded_numba_loops(nprocs):
 def test_volume_equals_cost_models(nprocs):
     out = LAUNCHES.output("sparse_volume.py", nprocs)
     # 7 inputs x 3 dtypes x (6 algorithms + hierarchical at 1, 2, 3 ranks per node + the 6
-    # algorithms again with output="dense", and hierarchical at 1, 2, 3 and P ranks per node)
-    assert f"ok 399 volume checks on {nprocs} ranks" in out
+    # algorithms again with output="dense", and hierarchical at 1, 2, 3 and P ranks per node),
+    # and hierarchical at one rank per node on a rail that runs split (sparse and dense output)
+    assert f"ok 401 volume checks on {nprocs} ranks" in out
 
 
 @pytest.mark.parametrize("nprocs", [2, 3, 5])
@@ -60,7 +61,7 @@ def test_split_gathers_dense_regions_where_bytes_decide(nprocs, tmp_path):
                     "sparse_volume.py": {nprocs: (11,)}}, env=env)
     assert f"ok 150 cases on {nprocs} ranks" in launch.output("sparse_random.py", nprocs)
     out = launch.output("sparse_volume.py", nprocs)
-    assert f"ok 399 volume checks on {nprocs} ranks" in out
+    assert f"ok 401 volume checks on {nprocs} ranks" in out
     assert int(out.split("as dense regions: ")[1].split()[0]) > 0, out
 
 

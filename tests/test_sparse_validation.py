@@ -332,7 +332,8 @@ def test_mismatch_names_every_field_that_differs():
     pair = Differ("algorithm", auto + names * 2, auto, auto + names * (2 + 3 * 4),
                   (auto, auto + names * (2 + 3 * 4)))
     assert t._mismatch([pair], SimpleNamespace(rank=1, size=2)).startswith(
-        "ranks disagree on algorithm (auto (CUPYCOLL_AUTO=estimate, CUPYCOLL_RANKS_PER_NODE="
+        "ranks disagree on the algorithm's settings (auto (CUPYCOLL_AUTO=estimate, "
+        "CUPYCOLL_RANKS_PER_NODE="
         "unset) on rank 0; auto (CUPYCOLL_AUTO=learn, CUPYCOLL_RANKS_PER_NODE=4) on rank 1)")
     dense = NAMES.index("dense")  # an algorithm named on rank 1: no mode of auto shown for it
     pair = Differ("algorithm", auto + names * 2, auto + names * 2, dense,

@@ -48,10 +48,20 @@ def _peer_error(failure: agreement.Failure, draft: agreement.Draft) -> CupycollE
 
 def _mismatch(differs: list[agreement.Differ], draft: agreement.Draft) -> str:
     """The message naming every field on which the ranks disagree."""
-    named = ", ".join(f"{d.field} ({d.by_rank(lambda v, d=d: _decode(d.field, v, d))})"
+    named = ", ".join(f"{_label(d)} ({d.by_rank(lambda v, d=d: _decode(d.field, v, d))})"
                       for d in differs)
     return (f"ranks disagree on {named} (seen on rank {draft.rank} of {draft.size}); every "
             "rank must pass the same value")
+
+
+def _label(differ: agreement.Differ) -> str:
+    """The field's name; for an algorithm every rank names alike, the settings it carries."""
+    if differ.field != "algorithm":
+        return differ.field
+    names = len(algorithms("sparse"))
+    if len({code % names for code in differ.ranks or (differ.low, differ.high)}) > 1:
+        return "algorithm"
+    return "the algorithm's settings"
 
 
 #: what sparse_allreduce agrees on (:mod:`cupycoll._agreement`).

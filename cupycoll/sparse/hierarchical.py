@@ -22,7 +22,8 @@ all ranks hold the same bits (with ``wire_values``, the node gathers round them:
 its node rounds its own the same way). One node: it runs split itself (same traffic, same
 names, same predicted time: ``auto`` keeps split on a tie). One rank per node: a count allgather
 (``hierarchical.counts``), then split or allgather over all ranks with their native
-collectives. Traffic is booked as ``hierarchical.samples``,
+collectives, booked under their own names (``split.*``, ``allgather``). Otherwise traffic is
+booked as ``hierarchical.samples``,
 ``hierarchical.node.{counts,scatter,gather.counts,gather}`` (intra-node) and
 ``hierarchical.rail.{counts, allgather, split.*}`` (inter-node); :func:`link_costs` splits the
 exact model the same way so the tuner prices each part on its link. Every phase sends one
@@ -221,12 +222,13 @@ def link_costs(shape: Shape, rank: int, profile: Any = None, pricing: Any = None
 
         profile, pricing = profile or load_profile(size=p), pricing or predict
     inter_link = profile.link("inter")
-    if topo.width == 1:
+    if topo.width == 1:  # the rail's sparse result (a dense output: densified from it)
+        rail = dataclasses.replace(shape, output="sparse")
         inter.allgather("hierarchical.counts", p, 8 * p)
-        name = rail_algorithm(shape.nnz, shape.n, shape, profile, pricing)
-        inter.add(_split.cost(shape, rank, inter_link) if name == "split"
-                  else _allgather.cost(shape, rank))
-        return intra, inter, [(name, shape, rank)]
+        name = rail_algorithm(rail.nnz, rail.n, rail, profile, pricing)
+        inter.add(_split.cost(rail, rank, inter_link) if name == "split"
+                  else _allgather.cost(rail, rank))
+        return intra, inter, [(name, rail, rank)]
     regions, node = topo.width, topo.nodes[rank]
     mine = topo.members[node]
     size, local, words = len(mine), mine.index(rank), shape.size_words

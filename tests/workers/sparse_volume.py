@@ -29,6 +29,9 @@ from cupycoll.sparse.auto import call_cost
 ALGORITHMS = ["allgather", "mask", "dense", "recursive_doubling", "split", "auto"]
 #: hierarchical runs once per emulated node size (CUPYCOLL_RANKS_PER_NODE), the last node short.
 RANKS_PER_NODE = (1, 2, 3)
+#: a case whose one rail of every rank (one rank per node) runs split from P = 4 on: its dense
+#: output densifies split's sparse result (the model priced split's dense regions)
+RAIL_SPLIT = ("random", 1 << 16, 120000, 0, "float32", None, "int64")
 
 
 SAMPLES = 128  # split's documented samples per rank
@@ -123,6 +126,7 @@ def main() -> None:
              for width, dtype, acc, itype in ((0, "float32", None, "int32"),
                                               (3, "float16", "float32", "int64"),
                                               (0, "int64", None, "int64"))]
+    cases.append(RAIL_SPLIT)
     checked = dense_regions = 0
     for c, (pattern, n, k, width, dtype, acc, itype) in enumerate(cases):
         rng = rng_for(seed, rank, c)
@@ -134,10 +138,11 @@ def main() -> None:
         model_shape = dataclasses.replace(Shape.from_inputs(
             [i for i, _ in inputs], n, width, np.dtype(itype).itemsize, vbytes),
             float_values=np.dtype(acc or dtype).kind == "f" and vbytes >= 4)
-        runs = ([(a, None, "sparse") for a in ALGORITHMS]
-                + [("hierarchical", r, "sparse") for r in RANKS_PER_NODE]
-                + [(a, None, "dense") for a in ALGORITHMS]
-                + [("hierarchical", r, "dense") for r in (*RANKS_PER_NODE, size)])
+        runs = [("hierarchical", 1, o) for o in ("sparse", "dense")] if cases[c] is RAIL_SPLIT \
+            else ([(a, None, "sparse") for a in ALGORITHMS]
+                  + [("hierarchical", r, "sparse") for r in RANKS_PER_NODE]
+                  + [(a, None, "dense") for a in ALGORITHMS]
+                  + [("hierarchical", r, "dense") for r in (*RANKS_PER_NODE, size)])
         for algorithm, per_node, output in runs:
             shape = dataclasses.replace(model_shape, output=output,
                                         result_bytes=np.dtype(dtype).itemsize)
