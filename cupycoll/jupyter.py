@@ -12,12 +12,13 @@ import ipyparallel (install it with the ``notebook`` extra).
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
-from .errors import BackendUnavailable, InvalidArgument
+from .errors import BackendUnavailable, InvalidArgument, InvalidType
 
 __all__ = ["find_mpiexec", "mpi_cluster", "OVERSUBSCRIBE"]
 
@@ -42,16 +43,30 @@ def find_mpiexec() -> str:
     return found
 
 
-def mpi_cluster(n: int = 4, *, mpi_args: list[str] | None = None, **kwargs: Any):
+def _mpi_args(mpi_args: Any) -> list[str]:
+    """``mpi_args`` as mpiexec's argument list (a string split as a shell would)."""
+    if isinstance(mpi_args, str):
+        return shlex.split(mpi_args)
+    if mpi_args is None:
+        return []
+    if not isinstance(mpi_args, (list, tuple)) or not all(isinstance(a, str) for a in mpi_args):
+        raise InvalidType("mpi_args", type(mpi_args).__name__,
+                          "a list of strings, one string, or None")
+    return list(mpi_args)
+
+
+def mpi_cluster(n: int = 4, *, mpi_args: list[str] | str | None = None, **kwargs: Any):
     """Return an (unstarted) ``ipyparallel.Cluster`` of ``n`` engines launched by one mpiexec.
 
     Args:
         n: number of engines, i.e. MPI ranks (``COMM_WORLD`` of the engines).
-        mpi_args: extra mpiexec arguments (e.g. ``["-bind-to", "none"]``).
+        mpi_args: extra mpiexec arguments: a list of strings (``["-bind-to", "none"]``) or
+            one string split as a shell would (``"-bind-to none"``).
         **kwargs: passed to ``ipyparallel.Cluster`` (``cluster_id``, ``log_level``, ...).
     """
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise InvalidArgument("n", n, "the number of engines must be a positive int")
+    args = _mpi_args(mpi_args)
     try:
         import ipyparallel
         from traitlets.config import Config
@@ -60,5 +75,5 @@ def mpi_cluster(n: int = 4, *, mpi_args: list[str] | None = None, **kwargs: Any)
                                  "pip install 'cupycoll[notebook]'") from exc
     config = Config()
     config.MPILauncher.mpi_cmd = [find_mpiexec()]
-    config.MPILauncher.mpi_args = list(mpi_args or [])
+    config.MPILauncher.mpi_args = args
     return ipyparallel.Cluster(engines="mpi", n=n, config=config, **kwargs)

@@ -8,7 +8,7 @@ import pytest
 from nbclient import NotebookClient
 
 import cupycoll.jupyter
-from cupycoll.errors import InvalidArgument
+from cupycoll.errors import InvalidArgument, InvalidType
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "examples").glob("*.ipynb"))
@@ -40,6 +40,14 @@ def test_mpi_cluster_uses_this_pythons_mpiexec():
     assert cluster.n == 3
     assert cluster.config.MPILauncher.mpi_cmd == [cupycoll.jupyter.find_mpiexec()]
     assert cluster.config.MPILauncher.mpi_args == ["-bind-to", "none"]
+    one_string = cupycoll.jupyter.mpi_cluster(2, mpi_args="-bind-to none -env A 'b c'")
+    assert one_string.config.MPILauncher.mpi_args == ["-bind-to", "none", "-env", "A", "b c"]
+
+
+@pytest.mark.parametrize("bad", [5, ["-n", 2], b"-bind-to"])
+def test_mpi_cluster_rejects_bad_mpi_args(bad):
+    with pytest.raises(InvalidType, match="'mpi_args'"):
+        cupycoll.jupyter.mpi_cluster(2, mpi_args=bad)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.0, True, "4"])
