@@ -36,7 +36,7 @@ from ._torch_world import forget_world, group_comm, rendezvous, timeout_seconds
 from ._types import ReduceOp
 from .comm import Communicator
 from .comm.mpi import MPICommunicator
-from .errors import BackendUnavailable, CupycollError, InvalidArgument
+from .errors import BackendUnavailable, CupycollError, InvalidArgument, InvalidType
 from .sparse import sparse_allreduce
 
 __all__ = ["ProcessGroupCupycoll", "register", "BACKEND"]
@@ -128,14 +128,26 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
                 self._device = NCCLCommunicator(self._mpi_comm, timeout=self._timeout)
         return self._device
 
-    def _single(self, tensors: Any, verb: str) -> torch.Tensor:
-        """The one tensor of a verb's list (torch passes a list of one per process)."""
-        if isinstance(tensors, torch.Tensor):
-            return tensors
-        if len(tensors) != 1:
-            raise InvalidArgument(f"{verb}: tensors", f"a list of {len(tensors)}",
-                                  "one tensor per process", rank=self.rank())
-        return tensors[0]
+    def _single(self, tensors: Any, verb: str, sparse: bool = False) -> Any:
+        """The one tensor (or list) of a verb's list (torch passes a list of one per process);
+        a tensor must be dense, or with ``sparse`` (allreduce) sparse COO."""
+        if not isinstance(tensors, torch.Tensor):
+            if len(tensors) != 1:
+                raise InvalidArgument(f"{verb}: tensors", f"a list of {len(tensors)}",
+                                      "one tensor per process", rank=self.rank())
+            tensors = tensors[0]
+        if isinstance(tensors, torch.Tensor) and not (sparse and
+                                                      tensors.layout == torch.sparse_coo):
+            self._dense(verb, tensors)
+        return tensors
+
+    def _dense(self, verb: str, *tensors: torch.Tensor) -> None:
+        """Raise InvalidType naming ``verb`` unless every tensor is dense (strided)."""
+        for tensor in tensors:
+            if tensor.layout != torch.strided:
+                raise InvalidType(f"{verb}: tensor", str(tensor.layout), "a dense (strided) "
+                                  "tensor (only allreduce takes a sparse COO one)",
+                                  rank=self.rank())
 
     def _launch(self, verb: str, tensor: torch.Tensor, opts: Any,
                 finish: Callable[[Any], list[torch.Tensor]], call: Callable[..., Any],
@@ -164,8 +176,9 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
 
     def _check_like(self, verb: str, name: str, tensors: Sequence[torch.Tensor],
                     like: torch.Tensor, count: int) -> None:
-        """Raise InvalidArgument unless ``tensors`` are ``count`` tensors of ``like``'s dtype
-        and number of elements."""
+        """Raise InvalidArgument unless ``tensors`` are ``count`` dense tensors of ``like``'s
+        dtype and number of elements."""
+        self._dense(verb, *tensors)
         if len(tensors) != count or any(t.dtype != like.dtype or t.numel() != like.numel()
                                         for t in tensors):
             raise InvalidArgument(f"{verb}: {name}", [(tuple(t.shape), str(t.dtype))
@@ -198,7 +211,7 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
     def allreduce(self, tensors: Any, opts: Any = None) -> TorchWork:
         """Dense: every rank gets op over ranks, in place. Sparse COO: cupycoll's sparse
         allreduce; the tensor becomes the coalesced result (as gloo leaves it)."""
-        tensor = self._single(tensors, "allreduce")
+        tensor = self._single(tensors, "allreduce", sparse=True)
         if tensor.layout == torch.sparse_coo:
             return self._sparse_allreduce(tensor, opts)
         with self._checks("allreduce", tensor):
@@ -274,6 +287,7 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
                           opts: Any = None) -> TorchWork:
         """Every rank's input, in rank order, into one output of P times its elements."""
         with self._checks("allgather", input):
+            self._dense("all_gather_into_tensor", output, input)
             if output.dtype != input.dtype or output.numel() != input.numel() * self.size():
                 raise InvalidArgument("all_gather_into_tensor: output", (tuple(output.shape),
                                       str(output.dtype)), f"{self.size()} x {input.numel()} "
@@ -301,6 +315,7 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
                               opts: Any = None) -> TorchWork:
         """op over ranks of ``input`` (P blocks of the output's size) into this rank's block."""
         with self._checks("reduce_scatter", output):
+            self._dense("reduce_scatter_tensor", output, input)
             if output.dtype != input.dtype or input.numel() != output.numel() * self.size():
                 raise InvalidArgument("reduce_scatter_tensor: input", (tuple(input.shape),
                                       str(input.dtype)), f"{self.size()} x {output.numel()} "

@@ -20,10 +20,12 @@ __all__ = ["CoalescedVerbs"]
 
 class CoalescedVerbs:
     """Mixin of :class:`~._torch_backend.ProcessGroupCupycoll` (uses its ``_launch``,
-    ``_checks``, ``_op``, ``rank`` and ``size``)."""
+    ``_checks``, ``_dense``, ``_op``, ``rank`` and ``size``)."""
 
     def _one_dtype(self, verb: str, tensors: Sequence[torch.Tensor]) -> None:
-        """Raise InvalidArgument unless ``tensors`` is not empty and of one dtype and device."""
+        """Raise InvalidArgument unless ``tensors`` is not empty and of one dtype and device
+        (InvalidType for one that is not dense)."""
+        self._dense(verb, *tensors)
         kinds = {(t.dtype, t.device) for t in tensors}
         if len(kinds) != 1:
             raise InvalidArgument(f"{verb}: tensors", sorted(map(str, kinds)),
@@ -62,6 +64,7 @@ class CoalescedVerbs:
         """Every rank's list of inputs into ``output_lists[r]``, as one allgather."""
         verb = "allgather_coalesced"
         with self._checks("allgather", inputs):
+            self._dense(verb, *inputs, *(o for outs in output_lists for o in outs))
             if len(output_lists) != self.size() or not all(
                     len(outs) == len(inputs) and all(o.dtype == i.dtype and
                                                      o.numel() == i.numel()
@@ -115,7 +118,9 @@ class CoalescedVerbs:
     def _pairs(self, verb: str, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor],
                fits: Any, need: str) -> None:
         """Raise InvalidArgument unless outputs and inputs pair up, each pair of one dtype and
-        ``fits(output, input)`` (``need`` says what an output holds)."""
+        ``fits(output, input)`` (``need`` says what an output holds); InvalidType for a
+        tensor that is not dense."""
+        self._dense(verb, *outputs, *inputs)
         if not inputs or len(outputs) != len(inputs) or not all(
                 o.dtype == i.dtype and fits(o, i) for o, i in zip(outputs, inputs)):
             raise InvalidArgument(f"{verb}: outputs", [(tuple(o.shape), str(o.dtype))

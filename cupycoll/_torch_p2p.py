@@ -30,7 +30,7 @@ def _exchanged(sends: list, recvs: list, *, comm: Communicator, async_op: bool,
 
 class PointToPointVerbs:
     """Mixin of :class:`~._torch_backend.ProcessGroupCupycoll` (uses its ``_launch``,
-    ``_checks``, ``_check_like``, ``rank`` and ``size``)."""
+    ``_checks``, ``_check_like``, ``_dense``, ``rank`` and ``size``)."""
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
                           output_split_sizes: Sequence[int], input_split_sizes: Sequence[int],
@@ -38,6 +38,7 @@ class PointToPointVerbs:
         """Rows (dim 0) of ``input`` split by ``input_split_sizes`` (empty: equal) to each
         rank; what each rank sends here into ``output``, split by ``output_split_sizes``."""
         with self._checks("all_to_all_single", input):
+            self._dense("all_to_all_single", output, input)
             sends = self._row_blocks(input, input_split_sizes, "input_split_sizes")
             out_bytes = byte_tensor(output)
             recvs = self._row_blocks(output, output_split_sizes, "output_split_sizes",
@@ -53,6 +54,7 @@ class PointToPointVerbs:
                  opts: Any = None) -> Any:
         """``input_tensors[r]`` to rank r; what rank r sends here into ``output_tensors[r]``."""
         with self._checks("alltoall", input_tensors):
+            self._dense("alltoall", *input_tensors, *output_tensors)
             for name, given in (("input_tensors", input_tensors),
                                 ("output_tensors", output_tensors)):
                 self._per_rank("alltoall", name, given)

@@ -2,9 +2,9 @@
 
 A :class:`TorchWork` wraps one cupycoll :class:`~cupycoll.comm.Work`: it asks for the Work's
 future at once, so cupycoll's completer thread completes the operation (MPI: tests its
-requests under the communicator's timeout; NCCL: waits for its event) while the caller goes on,
-and then completes the torch Future that DDP's reducer and ``work.get_future()`` read (an
-operation run whole on a background worker completes it from there). A
+requests under the communicator's timeout; NCCL: waits for its event) while the caller goes on
+(an operation run whole on a background worker completes there), and a settler thread then
+completes the torch Future that DDP's reducer and ``work.get_future()`` read. A
 failure reaches the caller as a class that is both torch's ``DistBackendError`` (or
 ``DistNetworkError``) and cupycoll's own error, so ``except dist.DistError`` and
 ``except cupycoll.errors.CollectiveTimeout`` both catch it.
@@ -12,10 +12,14 @@ failure reaches the caller as a class that is both torch's ``DistBackendError`` 
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import datetime
 import functools
+import os
+import queue
 import threading
+import time
 from typing import Any, Callable
 
 import torch
@@ -67,6 +71,68 @@ def network_error(exc: BackendUnavailable) -> BaseException:
     return exc if isinstance(exc, dist.DistError) else _recast(exc, dist.DistNetworkError)
 
 
+class _Settlers:
+    """The threads that complete torch Futures (their ``then`` and ``add_done_callback``
+    callbacks run there): a new one whenever every one is busy, so a callback that waits for
+    another operation's Future (torch's PowerSGD hook does) never waits for its own thread,
+    nor for cupycoll's completer thread, which completes that other operation meanwhile."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = self._busy = 0
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        """Run ``fn()`` in an idle settler, else in a new one."""
+        with self._lock:
+            self._busy += 1
+            new = self._idle == 0
+            if not new:
+                self._idle -= 1
+        self._queue.put(fn)
+        if new:
+            threading.Thread(target=self._serve, daemon=True,
+                             name="cupycoll-torch-futures").start()
+
+    def _serve(self) -> None:
+        while True:
+            fn = self._queue.get()
+            try:
+                fn()
+            except BaseException:  # noqa: S110 - a settle delivers its own errors
+                pass
+            with self._lock:
+                self._busy -= 1
+                self._idle += 1
+
+    def drain(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for the callbacks under way."""
+        deadline = time.monotonic() + seconds
+        while self._busy and time.monotonic() < deadline:
+            time.sleep(1e-3)
+
+
+_SETTLERS: dict[int, _Settlers] = {}
+
+
+@atexit.register  # at import, so it runs after the completer's own drain, which settles more
+def _drain() -> None:
+    """At exit: let the torch callbacks under way finish (as long as the completer's drain)."""
+    from .comm._work import EXIT_WAIT
+
+    found = _SETTLERS.get(os.getpid())
+    if found is not None:
+        found.drain(EXIT_WAIT)
+
+
+def _settlers() -> _Settlers:
+    """This process's settlers (a forked child makes its own)."""
+    found = _SETTLERS.get(os.getpid())
+    if found is None:
+        found = _SETTLERS.setdefault(os.getpid(), _Settlers())
+    return found
+
+
 class TorchWork(dist._Work):
     """torch's Work of one cupycoll operation, completed asynchronously.
 
@@ -99,11 +165,21 @@ class TorchWork(dist._Work):
             future.add_done_callback(self._settle)
 
     def _settle(self, future: concurrent.futures.Future | None) -> None:
-        """Complete the torch Future from cupycoll's (in the completer thread)."""
+        """Take the operation's result (in the thread that completed it: cupycoll's
+        completer, the background worker, or the caller of a blocking verb), then complete the
+        torch Futures: at once for a blocking verb, else in a settler thread, where their
+        callbacks run (one that waits for another operation must not hold the thread that
+        completes it)."""
         try:
             self._value = self._finish(None if future is None else future.result())
         except BaseException as exc:  # delivered to whoever waits
             self._error = dist_error(exc)
+        if future is None:
+            self._complete()
+        else:
+            _settlers().submit(self._complete)
+
+    def _complete(self) -> None:
         try:  # the public future completes inside (its callback runs in set_result)
             self._future.set_result(self._value)
         finally:  # so a wait() or is_completed() that sees this finds both futures done

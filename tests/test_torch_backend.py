@@ -39,7 +39,7 @@ VERBS = ("allreduce", "sparse allreduce", "broadcast", "reduce", "allgather",
          "alltoall", "gather", "scatter", "barrier", "allreduce_coalesced",
          "allgather_coalesced", "all_gather_single_coalesced",
          "reduce_scatter_single_coalesced", "errors", "sparse errors", "one rank refuses",
-         "bfloat16 duplicates", "ddp")
+         "bfloat16 duplicates", "nested wait", "ddp")
 
 
 def hooks(nprocs: int) -> tuple:

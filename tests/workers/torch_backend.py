@@ -280,6 +280,27 @@ def check_coalesced_and_barrier() -> None:
         CHECKS["barrier"] += 1
 
 
+def check_nested_wait() -> None:
+    """A Future's callback that waits for a second collective, through its Future (as torch's
+    PowerSGD hook does) or its Work, dense and sparse (before: the callback ran in the thread
+    that completes the second one: a hang that no timeout ended)."""
+    def then(future, sparse, by_work):
+        second = (torch.eye(3).to_sparse() if sparse else torch.ones(3)) * (RANK + 1)
+        work = dist.all_reduce(second, async_op=True)
+        if by_work:
+            work.wait()
+            return second
+        return work.get_future().wait()[0]
+
+    for sparse in (False, True):
+        for by_work in (False, True):
+            first = torch.ones(2)
+            got = dist.all_reduce(first, async_op=True).get_future().then(
+                lambda f: then(f, sparse, by_work)).wait()
+            want = torch.eye(3) * (P * (P + 1) / 2) if sparse else torch.full((3,), P * (P + 1) / 2)
+            same("nested wait", got.to_dense() if sparse else got, want)
+
+
 def sparse_input(n: int, row: tuple, dtype: torch.dtype, empty_rank: int) -> torch.Tensor:
     """An uncoalesced COO tensor (duplicate rows) of ``n`` rows; no rows on ``empty_rank``."""
     rng = rng_for(SEED, RANK, _case)
@@ -351,7 +372,17 @@ def check_errors() -> None:
              InvalidArgument, "all_gather_into_tensor"),
             (lambda: dist.all_to_all_single(torch.zeros(P), torch.arange(2.0 * P), [1] * P,
                                             [2] * P),  # 2 rows to itself, 1 expected from it
-             InvalidArgument, "block to itself")):
+             InvalidArgument, "block to itself"),
+            # a layout a verb does not take, named with the verb (before: torch's
+            # "unsupported memory format option Contiguous", or CSR's is_contiguous error)
+            (lambda: dist.broadcast(torch.eye(3).to_sparse(), src=0), InvalidType,
+             "'broadcast: tensor'"),
+            (lambda: dist.all_gather([torch.eye(3).to_sparse()] * P, torch.eye(3).to_sparse()),
+             InvalidType, "'allgather: tensor'"),
+            (lambda: dist.reduce(torch.eye(3).to_sparse(), dst=0), InvalidType,
+             "'reduce: tensor'"),
+            (lambda: dist.all_reduce(torch.eye(3).to_sparse_csr()), InvalidType,
+             "torch.sparse_csr")):
         try:
             call()
         except kind as exc:
@@ -478,6 +509,7 @@ check_reduce_scatter()
 check_all_to_all()
 check_gather_scatter()
 check_coalesced_and_barrier()
+check_nested_wait()
 check_sparse()
 check_errors()
 check_sparse_errors()
