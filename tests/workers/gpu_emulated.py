@@ -487,12 +487,47 @@ def mode_rules():
     kinds = dict(syncs.by_kind)
     assert kinds == {"scalar": 1, "boolean mask": 1, "flatnonzero (data-dependent size)": 1,
                      "get": 1}, kinds
+    check_p2p_order(comm, x)
     # the logs: ranks calling different collectives are caught at the end
     z = cupy.zeros(4, cupy.int32 if RANK else cupy.float32)
     comm.allreduce(z, z, "sum").wait()
     err = expect_raises(EmulationError, emu.check_logs)
     assert "differ across ranks" in str(err), err
     check_abort_rules(x, stream)
+
+
+def check_p2p_order(comm, x):
+    """Point-to-point calls take part in the launch order across communicators (NCCL's kernels
+    block: rank 0 exchanging on one communicator before a collective on another, rank 1 after
+    it, can hang a GPU); the calls of one group count as one launch (before: send and recv
+    were left out of the order, so this passed)."""
+    from cupycoll.testing.emulation import EmulationError
+
+    twin = comm.dup()
+    first, second = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+    peer = (RANK + 1) % P
+    got = cupy.zeros_like(x)
+    cupy.cuda.runtime.deviceSynchronize()
+
+    def exchange():
+        with first:
+            comm.exchange([(peer, x)], [((RANK - 1) % P, got)]).wait()
+
+    def allreduce():
+        with second:
+            twin.allreduce(x, cupy.empty_like(x), "sum").wait()
+
+    def both(order):
+        for step in order:
+            step()
+        comm.synchronize(), twin.synchronize()
+
+    both((exchange, allreduce))  # connected (lazily, as NCCL does), in one order: fine
+    emu.check_logs()
+    both((exchange, allreduce) if RANK == 0 else (allreduce, exchange))
+    err = expect_raises(EmulationError, emu.check_logs)
+    assert "launch order of what two ranks share" in str(err), err
+    twin.close()
 
 
 def check_abort_rules(x, stream):

@@ -158,8 +158,39 @@ def mode_pool():
     rest = cupy.zeros(640, cupy.float32)  # the 2.5 KiB left of the split block
     assert small.data.ptr == ptr and rest.data.ptr == ptr + 1536, (small.data.ptr, ptr)
     del total, small, rest
+    pool_frees_from_threads()
     WORLD.Barrier()
     comm.destroy()
+
+
+def pool_frees_from_threads():
+    """An allocation that scans its arena's size classes for a block to split while another
+    thread frees arrays of new sizes there (a finalizer takes no lock): no error (before:
+    "dictionary changed size during iteration" on most runs)."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        spread = [cupy.empty(512 * k, cupy.uint8) for k in range(2, 202)]
+        del spread  # 200 size classes free in the arena
+        fresh = [cupy.empty(512 * k, cupy.uint8) for k in range(202, 302)]
+        errors, held = [], []
+
+        def free():
+            while fresh:
+                fresh.pop()  # a new size class appears in the arena
+                time.sleep(0.001)
+
+        freer = threading.Thread(target=free)
+        freer.start()
+        try:
+            while fresh:
+                held.append(cupy.empty(512, cupy.uint8))  # none of 512 free: scans, splits
+        except RuntimeError as exc:
+            errors.append(exc)
+        freer.join()
+        assert not errors, errors
+    finally:
+        sys.setswitchinterval(interval)
 
 
 # ---------------------------------------------------------------- NCCL's arithmetic

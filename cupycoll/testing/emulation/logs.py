@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from mpi4py import MPI
@@ -12,9 +13,10 @@ from .runtime import FREED_EARLY
 
 __all__ = ["COMMS", "GLOBAL_LOG", "RACES", "check_logs"]
 
-#: every emulated communicator of this process, and (uid, call) in launch order over all of them.
+#: every emulated communicator of this process, and (uid, call, group) in issue order over all
+#: of them (group: the number of the NCCL group the call was issued in, else None).
 COMMS: list[Any] = []
-GLOBAL_LOG: list[tuple[bytes, tuple]] = []
+GLOBAL_LOG: list[tuple[bytes, tuple, int | None]] = []
 #: aborts that ran while another host thread was inside a call of a blocking communicator.
 RACES: list[str] = []
 
@@ -24,8 +26,9 @@ def check_logs() -> None:
 
     Per communicator, every member must have made the same collective calls (operation, count,
     dtype, op, root) in the same order, and the k-th send from a to b must match the k-th recv at
-    b from a; across communicators, two ranks must have launched the collectives of the
-    communicators they share in the same global order; no rank may have freed pinned host
+    b from a; across communicators, two ranks must have launched what they both take part in
+    (the collectives of the communicators they share, the point-to-point calls between the
+    two; the calls of one NCCL group as one launch) in the same order; no rank may have freed pinned host
     memory that a queued device-to-host copy writes (``runtime.empty_pinned``), nor aborted a
     blocking communicator while another thread was inside one of its calls. Raises
     EmulationError (on every rank) naming the first difference.
@@ -34,7 +37,7 @@ def check_logs() -> None:
     mine = {"comms": {c.uid: (c._rank, c.world_ranks, list(c.log)) for c in COMMS
                       if not c.aborted  # an aborted communicator's calls need not match
                       and c.world_ranks is not None},  # nor one whose init never finished
-            "global": [(uid, e) for uid, e in GLOBAL_LOG if e[0] not in ("send", "recv")],
+            "global": list(GLOBAL_LOG),
             "freed_early": list(FREED_EARLY) + list(RACES) + list(MISMATCHED)}
     every = STATE["boot"].allgather(mine)
     for c in COMMS:
@@ -56,21 +59,55 @@ def check_logs() -> None:
                 continue  # that rank already destroyed it (its log went with it)
             other = [e for e in theirs[2] if e[0] not in ("send", "recv")]
             if other != coll:
-                raise dev.EmulationError(_diff(f"collectives of communicator {uid[:12].hex()}",
+                raise dev.EmulationError(_diff(f"collectives of communicator {_name(uid)}",
                                                me, coll, world_rank, other))
             sent = [e[2:] for e in theirs[2] if e[0] == "send" and e[1] == rank]
             got = [e[2:] for e in log if e[0] == "recv" and e[1] == r]
             if sent != got:
                 raise dev.EmulationError(_diff(f"sends from rank {r} to rank {rank}",
                                                me, got, world_rank, sent))
-    shared = set(mine["comms"])
     for r, theirs in enumerate(every):
-        both = shared & set(theirs["comms"])
-        a = [x for x in mine["global"] if x[0] in both]
-        b = [x for x in theirs["global"] if x[0] in both]
+        if r == me:
+            continue
+        both = [uid for uid in mine["comms"] if uid in theirs["comms"]]
+        a = _between(mine["global"], {uid: mine["comms"][uid][1] for uid in both}, me, r)
+        b = _between(theirs["global"], {uid: theirs["comms"][uid][1] for uid in both}, r, me)
         if a != b:
-            raise dev.EmulationError(_diff("global launch order of shared communicators",
-                                           me, a, r, b))
+            raise dev.EmulationError(_diff("launch order of what two ranks share across "
+                                           "communicators", me, a, r, b))
+
+
+def _between(calls: list, members: dict[bytes, list[int]], me: int, other: int) -> list:
+    """``me``'s launches that world rank ``other`` takes part in, in order: the collectives of
+    the communicators in ``members`` (uid -> world ranks) and the point-to-point calls between
+    the two, as (communicator, "p2p", sender, receiver, count, datatype); the calls of one
+    group as one set (NCCL launches them together)."""
+    out: list = []
+    last = None
+    for uid, entry, group in calls:
+        ranks = members.get(uid)
+        if ranks is None:
+            continue
+        name = _name(uid)
+        if entry[0] in ("send", "recv"):
+            peer = ranks[entry[1]]
+            if peer != other:
+                continue
+            pair = (me, peer) if entry[0] == "send" else (peer, me)
+            item: tuple = (name, "p2p", *pair, *entry[2:])
+        else:
+            item = (name, *entry)
+        if group is not None and group == last:
+            out[-1] = out[-1] | {item}
+        else:
+            out.append(frozenset([item]) if group is not None else item)
+        last = group
+    return out
+
+
+def _name(uid: bytes) -> str:
+    """A communicator's short name (its unique id's digest: every rank's the same)."""
+    return "comm " + hashlib.blake2b(uid, digest_size=4).hexdigest()
 
 
 def _diff(what: str, me: int, mine: list, other: int, theirs: list) -> str:

@@ -18,6 +18,7 @@ asynchronous errors, non-blocking progress and destroy are :mod:`.nccl_lifetime`
 
 from __future__ import annotations
 
+import itertools
 import threading
 from typing import Any, Callable
 
@@ -38,12 +39,13 @@ __all__ = ["NcclCommunicator", "groupStart", "groupEnd"]
 
 _tls = threading.local()
 _P2P_TAG, _HANDSHAKE_TAG = 7, 9
+_GROUPS = itertools.count(1)  # numbers the outermost groups (their calls launch together)
 
 
 def groupStart() -> None:
     _tls.depth = getattr(_tls, "depth", 0) + 1
     if _tls.depth == 1:
-        _tls.pending = []
+        _tls.pending, _tls.group = [], next(_GROUPS)
 
 
 def groupEnd() -> None:
@@ -304,8 +306,9 @@ class NcclCommunicator(_Lifetime):
     # ---------------------------------------------------------------- launching
     def _issue(self, op: _Op) -> None:
         self.log.append(op.entry)
-        GLOBAL_LOG.append((self.uid, op.entry))
-        if getattr(_tls, "depth", 0):
+        grouped = getattr(_tls, "depth", 0)
+        GLOBAL_LOG.append((self.uid, op.entry, _tls.group if grouped else None))
+        if grouped:
             _tls.pending.append((self, op))
         else:
             self._launch([op])
@@ -387,7 +390,7 @@ class NcclCommunicator(_Lifetime):
         if self.nonblocking:  # the child inherits blocking = 0: ncclInProgress, and CuPy's
             raise error(IN_PROGRESS)  # commSplit raises before wrapping it (the split is lost)
         self.log.append(("commSplit",))
-        GLOBAL_LOG.append((self.uid, ("commSplit",)))
+        GLOBAL_LOG.append((self.uid, ("commSplit",), None))
         with self._inside("ncclCommSplit"):
             requests = self._connect([_Op(("commSplit",), dev.null_stream(), [], [],
                                           lambda: None)])

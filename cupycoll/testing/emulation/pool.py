@@ -112,7 +112,8 @@ def _reused(sizes: dict[int, list[Block]] | None, size: int) -> Block | None:
         return None
     blocks = sizes.get(size)
     if not blocks:
-        larger = [s for s, free in sizes.items() if s > size and free]
+        larger = [s for s, free in list(sizes.items()) if s > size and free]  # (a copy:
+        # a finalizer frees without the lock, in any thread)
         if not larger:
             return None
         blocks = sizes[min(larger)]
@@ -150,8 +151,8 @@ def _new_block(arena: tuple) -> Block:
 
 def _release(excess: int) -> None:
     """Give idle free blocks back to numpy's heap, oldest first, until ``excess`` bytes went."""
-    free = sorted((b for sizes in _FREE.values() for blocks in sizes.values() for b in blocks),
-                  key=lambda b: b.freed)
+    free = sorted((b for sizes in list(_FREE.values()) for blocks in list(sizes.values())
+                   for b in list(blocks)), key=lambda b: b.freed)  # (copies, as in _reused)
     for block in free:
         if excess <= 0:
             break
