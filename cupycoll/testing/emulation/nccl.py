@@ -8,13 +8,11 @@ in-place pointers and other buffers do not overlap; and the same call with the s
 types goes to the real ``cupy.cuda.nccl`` on an uninitialised communicator, which must answer
 with NCCL's own NcclError (proves names, signatures and enums of the installed CuPy).
 
-What happens next: like NCCL >= 2.22, the first collective of a communicator and the first
-send/recv with each peer block the calling host thread in a connection handshake with the peer(s);
-the data moves later, in a task on the stream (poisoned receive buffers until then); on a
-non-blocking communicator those calls return ncclInProgress instead and connect in the
-background. Every call is logged; :func:`check_logs` compares the logs across ranks. Aborts,
-asynchronous errors, non-blocking progress and destroy are :mod:`.nccl_lifetime`'s.
-"""
+Then, as NCCL >= 2.22, a communicator's first collective and first send/recv with each peer
+block the host thread in a handshake with the peer(s) (on a non-blocking communicator: return
+ncclInProgress, connecting in the background); the data moves in a task on the stream (poisoned
+receive buffers until then). :func:`check_logs` compares the calls' logs across ranks. Aborts,
+asynchronous errors, non-blocking progress and destroy are :mod:`.nccl_lifetime`'s."""
 
 from __future__ import annotations
 
@@ -54,10 +52,10 @@ def groupEnd() -> None:
         raise error(INVALID_USAGE)
     _tls.depth = depth - 1
     if _tls.depth == 0:
-        pending, _tls.pending = _tls.pending, []
         by_comm: dict[int, list] = {}
-        for comm, op in pending:
+        for comm, op in _tls.pending:
             by_comm.setdefault(id(comm), [comm]).append(op)
+        _tls.pending = []
         for comm, *ops in by_comm.values():
             comm._launch(ops)
 
@@ -306,11 +304,11 @@ class NcclCommunicator(_Lifetime):
     # ---------------------------------------------------------------- launching
     def _issue(self, op: _Op) -> None:
         self.log.append(op.entry)
-        grouped = getattr(_tls, "depth", 0)
-        GLOBAL_LOG.append((self.uid, op.entry, _tls.group if grouped else None))
-        if grouped:
+        if getattr(_tls, "depth", 0):
+            GLOBAL_LOG.append((self.uid, op.entry, _tls.group))
             _tls.pending.append((self, op))
         else:
+            GLOBAL_LOG.append((self.uid, op.entry, None))
             self._launch([op])
 
     def _connect(self, ops: list[_Op]) -> None:
