@@ -53,9 +53,8 @@ def groupEnd() -> None:
     _tls.depth = depth - 1
     if _tls.depth == 0:
         by_comm: dict[int, list] = {}
-        for comm, op in _tls.pending:
+        for comm, op in _tls.__dict__.pop("pending"):
             by_comm.setdefault(id(comm), [comm]).append(op)
-        _tls.pending = []
         for comm, *ops in by_comm.values():
             comm._launch(ops)
 
