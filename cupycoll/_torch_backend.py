@@ -74,9 +74,10 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
     ``timeout`` bounds every wait (seconds; None: none).
     """
 
-    def __init__(self, rank: int, size: int, mpi_comm: Any, timeout: float | None) -> None:
+    def __init__(self, rank: int, size: int, mpi_comm: Any, timeout: float | None,
+                 owned: bool = False) -> None:
         super().__init__(rank, size)  # 2.13: only this constructor makes a Python subclass
-        self._mpi_comm, self._timeout = mpi_comm, timeout
+        self._mpi_comm, self._timeout, self._owned = mpi_comm, timeout, owned
         self._host: Communicator = MPICommunicator(mpi_comm, timeout=timeout)
         self._worker = runner(self._host)  # its duplicate is made here, collectively
         self._device: Communicator | None = None
@@ -105,6 +106,9 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
             if comm is not None:
                 comm.close()
         forget_world(self._mpi_comm)
+        if self._owned:  # a subgroup's communicator, made for it (its communicators worked
+            self._owned = False  # on duplicates): MPI has a few thousand ids in all
+            self._mpi_comm.Free()
 
     def abort(self) -> None:
         """Abort the group's communicators: every later call on them raises at once."""
@@ -211,7 +215,8 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
     def allreduce(self, tensors: Any, opts: Any = None) -> TorchWork:
         """Dense: every rank gets op over ranks, in place. Sparse COO: cupycoll's sparse
         allreduce; the tensor becomes the coalesced result (as gloo leaves it)."""
-        tensor = self._single(tensors, "allreduce", sparse=True)
+        with self._checks("allreduce", tensors):
+            tensor = self._single(tensors, "allreduce", sparse=True)
         if tensor.layout == torch.sparse_coo:
             return self._sparse_allreduce(tensor, opts)
         with self._checks("allreduce", tensor):
@@ -245,7 +250,8 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
                                              comm=self._worker.comm), finish, None, "allreduce")
 
     def broadcast(self, tensors: Any, opts: Any = None) -> TorchWork:
-        tensor = self._single(tensors, "broadcast")
+        with self._checks("broadcast", tensors):
+            tensor = self._single(tensors, "broadcast")
         root = opts.rootRank if opts is not None else 0
         data = byte_tensor(tensor)
         array = as_array(data)
@@ -254,9 +260,9 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
 
     def reduce(self, tensors: Any, opts: Any = None) -> TorchWork:
         """op over ranks into root's tensor; the others' tensors are left as they were."""
-        tensor = self._single(tensors, "reduce")
         root = opts.rootRank if opts is not None else 0
-        with self._checks("reduce", tensor):
+        with self._checks("reduce", tensors):
+            tensor = self._single(tensors, "reduce")
             op = self._op(opts, "reduce")
             worked = reduction_tensor(tensor, op, "tensor", self.rank())
         array = as_array(worked)
@@ -269,10 +275,10 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
     def allgather(self, output_tensors: Any, input_tensors: Any,
                   opts: Any = None) -> TorchWork:
         """Every rank's input into ``output_tensors[0][r]``, any dtype."""
-        tensor = self._single(input_tensors, "allgather")
-        outputs = self._single(output_tensors, "allgather") if not isinstance(
-            output_tensors[0], torch.Tensor) else output_tensors
-        with self._checks("allgather", tensor):
+        with self._checks("allgather", input_tensors):
+            tensor = self._single(input_tensors, "allgather")
+            outputs = self._single(output_tensors, "allgather") if not isinstance(
+                output_tensors[0], torch.Tensor) else output_tensors
             self._check_like("allgather", "output_tensors", outputs, tensor, self.size())
         data = byte_tensor(tensor)
         gathered = torch.empty(data.numel() * self.size(), dtype=torch.uint8,
@@ -303,10 +309,10 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
     def reduce_scatter(self, output_tensors: Any, input_tensors: Any,
                        opts: Any = None) -> TorchWork:
         """op over ranks of ``input_tensors[0][r]`` into rank r's output."""
-        output = self._single(output_tensors, "reduce_scatter")
-        inputs = self._single(input_tensors, "reduce_scatter") if not isinstance(
-            input_tensors[0], torch.Tensor) else input_tensors
-        with self._checks("reduce_scatter", output):
+        with self._checks("reduce_scatter", output_tensors):
+            output = self._single(output_tensors, "reduce_scatter")
+            inputs = self._single(input_tensors, "reduce_scatter") if not isinstance(
+                input_tensors[0], torch.Tensor) else input_tensors
             self._check_like("reduce_scatter", "input_tensors", inputs, output, self.size())
         flat = torch.cat([t.reshape(-1) for t in inputs])
         return self._reduce_scatter(output, flat, opts, "reduce_scatter")
@@ -371,7 +377,8 @@ def _create(options: Any, backend_options: Any = None) -> ProcessGroupCupycoll:
         if error is exc:
             raise
         raise error from exc
-    return ProcessGroupCupycoll(rank, size, mpi_comm, timeout)
+    return ProcessGroupCupycoll(rank, size, mpi_comm, timeout,
+                                owned=bool(list(options.global_ranks_in_group)))
 
 
 def register() -> None:

@@ -13,11 +13,11 @@ failure reaches the caller as a class that is both torch's ``DistBackendError`` 
 from __future__ import annotations
 
 import atexit
+import collections
 import concurrent.futures
 import datetime
 import functools
 import os
-import queue
 import threading
 import time
 from typing import Any, Callable
@@ -73,49 +73,113 @@ def network_error(exc: BackendUnavailable) -> BaseException:
 
 class _Settlers:
     """The threads that complete torch Futures (their ``then`` and ``add_done_callback``
-    callbacks run there): a new one whenever every one is busy, so a callback that waits for
-    another operation's Future (torch's PowerSGD hook does) never waits for its own thread,
-    nor for cupycoll's completer thread, which completes that other operation meanwhile."""
+    callbacks run there), one at a time in the order the operations completed; while every
+    one running has gone :attr:`STALL` seconds without finishing and more wait (a callback that
+    waits for another operation's Future, as torch's PowerSGD hook does), one more may start,
+    so no callback waits for a thread it holds. Threads beyond the first end after
+    :attr:`IDLE` seconds idle."""
+
+    STALL = 1e-3
+    IDLE = 5.0
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._idle = self._busy = 0
+        self._pending: collections.deque[Callable[[], None]] = collections.deque()
+        self._cv = threading.Condition()
+        self._threads = self._idle = self._running = self._finished = 0
+        self._expected = 0  # operations started whose settle is not submitted yet
+        self._slots = 1  # how many may run at once (one more per stall)
+        self._watcher: threading.Thread | None = None
+
+    def expect(self) -> None:
+        """An operation started: its settle will be submitted (the exit's drain waits)."""
+        with self._cv:
+            self._expected += 1
 
     def submit(self, fn: Callable[[], None]) -> None:
-        """Run ``fn()`` in an idle settler, else in a new one."""
-        with self._lock:
-            self._busy += 1
-            new = self._idle == 0
-            if not new:
-                self._idle -= 1
-        self._queue.put(fn)
-        if new:
-            threading.Thread(target=self._serve, daemon=True,
-                             name="cupycoll-torch-futures").start()
+        """Run ``fn()`` after what was submitted before it (one expected settle)."""
+        with self._cv:
+            self._expected -= 1
+            self._pending.append(fn)
+            if self._watcher is None:
+                self._watcher = self._thread(self._watch, "cupycoll-torch-futures-watch")
+            if self._idle == 0 and self._threads < self._slots:
+                self._threads += 1
+                self._thread(self._serve, "cupycoll-torch-futures")
+            self._cv.notify_all()
+
+    @staticmethod
+    def _thread(target: Callable[[], None], name: str) -> threading.Thread:
+        thread = threading.Thread(target=target, daemon=True, name=name)
+        thread.start()
+        return thread
 
     def _serve(self) -> None:
         while True:
-            fn = self._queue.get()
+            with self._cv:
+                while not (self._pending and self._running < self._slots):
+                    self._idle += 1
+                    woke = self._cv.wait(self.IDLE)
+                    self._idle -= 1
+                    if not woke and not self._pending and self._threads > 1:
+                        self._threads -= 1
+                        return
+                fn = self._pending.popleft()
+                self._running += 1
             try:
                 fn()
             except BaseException:  # noqa: S110 - a settle delivers its own errors
                 pass
-            with self._lock:
-                self._busy -= 1
-                self._idle += 1
+            with self._cv:
+                self._running -= 1
+                self._finished += 1
+                self._slots = max(1, self._slots - 1)
+                self._cv.notify_all()
+
+    def _watch(self) -> None:
+        """While something waits for a slot: one more slot (and thread) when nothing running
+        finished for STALL seconds."""
+        while True:
+            with self._cv:
+                while not (self._pending and self._running >= self._slots):
+                    self._cv.wait()
+                seen = self._finished
+            time.sleep(self.STALL)
+            with self._cv:
+                if (self._pending and self._running >= self._slots
+                        and self._finished == seen):
+                    self._slots += 1
+                    if self._idle == 0:
+                        self._threads += 1
+                        self._thread(self._serve, "cupycoll-torch-futures")
+                    self._cv.notify_all()
 
     def drain(self, seconds: float) -> None:
-        """Wait up to ``seconds`` for the callbacks under way."""
+        """Wait up to ``seconds`` until no operation started is unsettled and no callback is
+        waiting or running (those callbacks start run here too)."""
         deadline = time.monotonic() + seconds
-        while self._busy and time.monotonic() < deadline:
-            time.sleep(1e-3)
+        with self._cv:
+            while self._expected or self._pending or self._running:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._cv.wait(left)
 
 
 _SETTLERS: dict[int, _Settlers] = {}
 
 
-@atexit.register  # at import, so it runs after the completer's own drain, which settles more
+def _settlers() -> _Settlers:
+    """This process's settlers (a forked child makes its own); the first registers their
+    drain at exit, which runs before the completer's (made earlier, by the first Work's
+    future): it waits for every operation started to be settled and its callbacks to end,
+    while the completer still completes the operations those callbacks start."""
+    found = _SETTLERS.get(os.getpid())
+    if found is None:
+        found = _SETTLERS.setdefault(os.getpid(), _Settlers())
+        atexit.register(_drain)
+    return found
+
+
 def _drain() -> None:
     """At exit: let the torch callbacks under way finish (as long as the completer's drain)."""
     from .comm._work import EXIT_WAIT
@@ -123,14 +187,6 @@ def _drain() -> None:
     found = _SETTLERS.get(os.getpid())
     if found is not None:
         found.drain(EXIT_WAIT)
-
-
-def _settlers() -> _Settlers:
-    """This process's settlers (a forked child makes its own)."""
-    found = _SETTLERS.get(os.getpid())
-    if found is None:
-        found = _SETTLERS.setdefault(os.getpid(), _Settlers())
-    return found
 
 
 class TorchWork(dist._Work):
@@ -162,6 +218,8 @@ class TorchWork(dist._Work):
             self._settle(None)
         else:
             future = work if isinstance(work, concurrent.futures.Future) else work.get_future()
+            self._settlers = _settlers()  # made here, in the caller's thread (not at exit)
+            self._settlers.expect()
             future.add_done_callback(self._settle)
 
     def _settle(self, future: concurrent.futures.Future | None) -> None:
@@ -177,7 +235,7 @@ class TorchWork(dist._Work):
         if future is None:
             self._complete()
         else:
-            _settlers().submit(self._complete)
+            self._settlers.submit(self._complete)
 
     def _complete(self) -> None:
         try:  # the public future completes inside (its callback runs in set_result)

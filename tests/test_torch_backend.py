@@ -143,6 +143,16 @@ def test_processes_with_a_gloo_subgroup_exit_cleanly():
         run_mpi(4, "torch_exit.py", timeout=120)
 
 
+@pytest.mark.parametrize("nprocs", [1, 3])
+def test_exit_lets_callbacks_and_their_collectives_finish(nprocs):
+    """The exit waits for started operations' Future callbacks, one of them waiting for a
+    collective it starts, and every rank exits 0 (tests/workers/torch_exit.py)."""
+    out = run_mpi(nprocs, "torch_exit.py", "callbacks", timeout=120)
+    for rank in range(nprocs):
+        assert f"rank {rank}: nested {[float(nprocs)] * 3}" in out, out
+        assert f"rank {rank}: sleepy {[2.0 * nprocs] * 2}" in out, out
+
+
 def test_registering_is_idempotent():
     backend.register()
     backend.register()

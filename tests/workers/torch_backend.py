@@ -439,7 +439,12 @@ def check_one_rank_refuses() -> None:
              (lambda a: dist.scatter(torch.zeros(3), [torch.ones(3 + bad)] * P if bad else None,
                                      src=0, group=group, async_op=a), InvalidArgument),
              (lambda a: dist.gather(torch.ones(3), [torch.zeros(3 + bad)] * P if bad else None,
-                                    dst=0, group=group, async_op=a), InvalidArgument)]
+                                    dst=0, group=group, async_op=a), InvalidArgument),
+             # a layout the verb does not take, on one rank (before: the others waited)
+             (lambda a: dist.broadcast(torch.eye(3).to_sparse() if bad else torch.eye(3),
+                                       src=0, group=group, async_op=a), InvalidType),
+             (lambda a: dist.all_reduce(torch.eye(3).to_sparse_csr() if bad else torch.eye(3),
+                                        group=group, async_op=a), InvalidType)]
     os.environ["CUPYCOLL_DEBUG"] = "1"
     try:
         for (call, kind), debugging in [(c, False) for c in cases] + [(c, True) for c in dense]:

@@ -1,9 +1,18 @@
-"""A cupycoll default group with a gloo subgroup used, destroyed, then the process exits: every
-rank must exit 0 (rank 0's TCPStore, under the gloo subgroup's store, must outlive the other
-ranks' teardown; ``cupycoll._torch_world._leave_together``).
+"""Process exits with torch groups in use: every rank must exit 0.
 
-    mpiexec -n 4 python -m mpi4py tests/workers/torch_exit.py
+    mpiexec -n 4 python -m mpi4py tests/workers/torch_exit.py [callbacks]
+
+Default: a cupycoll default group with a gloo subgroup used, destroyed, then the exit (rank
+0's TCPStore, under the gloo subgroup's store, must outlive the other ranks' teardown;
+``cupycoll._torch_world._leave_together``). ``callbacks``: the exit comes right after an
+asynchronous allreduce whose Future callback waits for a second one (torch's PowerSGD hook
+does) and one whose callback only sleeps: the exit lets both finish, printing their results
+(before: the first was dropped and the second aborted the process, "terminate called without
+an active exception": the callback was still in torch's C++ when the interpreter ended).
 """
+
+import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -11,7 +20,24 @@ import torch.distributed as dist
 import cupycoll.torch  # noqa: F401  registers "cupycoll" and cupycoll://
 
 dist.init_process_group("cupycoll", init_method="cupycoll://")
-gloo = dist.new_group(backend="gloo")
-for _ in range(8):
-    dist.all_reduce(torch.ones(4), group=gloo)
-dist.destroy_process_group()
+if sys.argv[1:] == ["callbacks"]:
+    rank, size = dist.get_rank(), dist.get_world_size()
+
+    def nested(future):
+        time.sleep(0.2)  # the main thread is exiting by now
+        second = dist.all_reduce(torch.ones(3), async_op=True).get_future().wait()[0]
+        print(f"rank {rank}: nested {second.tolist()}", flush=True)
+        return second
+
+    def sleepy(future):
+        time.sleep(0.3)
+        print(f"rank {rank}: sleepy {future.value()[0].tolist()}", flush=True)
+        return future.value()
+
+    dist.all_reduce(torch.ones(2), async_op=True).get_future().then(nested)
+    dist.all_reduce(torch.full((2,), 2.0), async_op=True).get_future().then(sleepy)
+else:
+    gloo = dist.new_group(backend="gloo")
+    for _ in range(8):
+        dist.all_reduce(torch.ones(4), group=gloo)
+    dist.destroy_process_group()
