@@ -159,8 +159,24 @@ def mode_pool():
     assert small.data.ptr == ptr and rest.data.ptr == ptr + 1536, (small.data.ptr, ptr)
     del total, small, rest
     pool_frees_from_threads()
+    streams_end_idle()
     WORLD.Barrier()
     comm.destroy()
+
+
+def streams_end_idle():
+    """A stream's emulated server thread ends once idle (a program making a stream per step
+    kept a thread per stream ever used: 202 threads after 200 steps)."""
+    from cupycoll.testing.emulation import device as emu_device
+
+    before = threading.active_count()
+    for _ in range(20):
+        stream = cupy.cuda.Stream(non_blocking=True)
+        stream.record().synchronize()  # an event: a task on the stream's own thread
+    deadline = time.monotonic() + 10 * emu_device.IDLE
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() <= before, (before, threading.active_count())
 
 
 def pool_frees_from_threads():

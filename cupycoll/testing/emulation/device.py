@@ -42,6 +42,8 @@ _DEVICES = {"count": 2}
 _tls = threading.local()
 _ptrs = itertools.count(0x7E000)
 _STREAMS: dict[int, "Stream"] = {}
+#: seconds a stream's server thread waits for a task before it ends
+IDLE = 1.0
 _KNOWN: dict = {}  # known()
 
 
@@ -161,9 +163,9 @@ class Stream:
             if self._thread is None:
                 self._thread = server = threading.Thread(target=self._serve, daemon=True,
                                                          name=f"emulated {self}")
+            self.tasks.put(task)  # under LOCK: an idle server ends only on an empty queue
         if server is not None:  # started without LOCK: a finalizer that the garbage collector
             server.start()  # runs in the new thread as it starts may take LOCK (a deadlock)
-        self.tasks.put(task)
         return task
 
     def eager(self) -> int:
@@ -176,8 +178,17 @@ class Stream:
             return seq
 
     def _serve(self) -> None:
+        """Run the tasks in order; end after IDLE seconds without one (the next enqueue
+        starts a new server), so streams a program dropped keep no thread."""
         while True:
-            task = self.tasks.get()
+            try:
+                task = self.tasks.get(timeout=IDLE)
+            except queue.Empty:
+                with LOCK:
+                    if self.tasks.empty():
+                        self._thread = None
+                        return
+                continue
             try:
                 if task.run is not None:
                     task.run()
