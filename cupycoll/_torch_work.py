@@ -25,6 +25,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from .comm._work import EXIT_WAIT, _completer
 from .errors import BackendError, BackendUnavailable, CollectiveTimeout, MismatchError
 
 __all__ = ["TorchWork", "dist_error", "network_error"]
@@ -125,6 +126,8 @@ class _Settlers:
                         return
                 fn = self._pending.popleft()
                 self._running += 1
+                if self._pending:  # the watcher waits for exactly this: all slots taken
+                    self._cv.notify_all()
             try:
                 fn()
             except BaseException:  # noqa: S110 - a settle delivers its own errors
@@ -170,11 +173,12 @@ _SETTLERS: dict[int, _Settlers] = {}
 
 def _settlers() -> _Settlers:
     """This process's settlers (a forked child makes its own); the first registers their
-    drain at exit, which runs before the completer's (made earlier, by the first Work's
-    future): it waits for every operation started to be settled and its callbacks to end,
+    drain at exit, which runs before the completer's (made first here, if no Work's future
+    made it yet: an operation of the background worker needs none): it waits for every operation started to be settled and its callbacks to end,
     while the completer still completes the operations those callbacks start."""
     found = _SETTLERS.get(os.getpid())
     if found is None:
+        _completer()  # its drain registered first, so it runs after this one
         found = _SETTLERS.setdefault(os.getpid(), _Settlers())
         atexit.register(_drain)
     return found
@@ -182,8 +186,6 @@ def _settlers() -> _Settlers:
 
 def _drain() -> None:
     """At exit: let the torch callbacks under way finish (as long as the completer's drain)."""
-    from .comm._work import EXIT_WAIT
-
     found = _SETTLERS.get(os.getpid())
     if found is not None:
         found.drain(EXIT_WAIT)

@@ -527,6 +527,17 @@ def check_p2p_order(comm, x):
     both((exchange, allreduce) if RANK == 0 else (allreduce, exchange))
     err = expect_raises(EmulationError, emu.check_logs)
     assert "launch order of what two ranks share" in str(err), err
+    # legal: a send in a group on rank 0, the matching plain recv on rank 1 (one launch each)
+    nccl, raw = cupy.cuda.nccl, comm._comm
+    stream = cupy.cuda.get_current_stream().ptr
+    if RANK == 0:
+        nccl.groupStart()
+        raw.send(x.data.ptr, x.size, nccl.NCCL_FLOAT32, 1, stream)
+        nccl.groupEnd()
+    elif RANK == 1:
+        raw.recv(got.data.ptr, got.size, nccl.NCCL_FLOAT32, 0, stream)
+    cupy.cuda.runtime.deviceSynchronize()
+    emu.check_logs()
     twin.close()
 
 

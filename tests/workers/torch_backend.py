@@ -299,6 +299,12 @@ def check_nested_wait() -> None:
                 lambda f: then(f, sparse, by_work)).wait()
             want = torch.eye(3) * (P * (P + 1) / 2) if sparse else torch.full((3,), P * (P + 1) / 2)
             same("nested wait", got.to_dense() if sparse else got, want)
+    for _ in range(20):  # two operations completing together, the first's callback waiting for
+        # the second (before: the watcher missed that every slot was taken: a hang in 1-17)
+        first, second = torch.ones(2), torch.ones(3)
+        works = [dist.all_reduce(t, async_op=True) for t in (first, second)]
+        got = works[0].get_future().then(lambda f: (works[1].wait(), f.value())[1]).wait()
+        same("nested wait", second, torch.full((3,), float(P)))
 
 
 def sparse_input(n: int, row: tuple, dtype: torch.dtype, empty_rank: int) -> torch.Tensor:

@@ -8,7 +8,8 @@ Default: a cupycoll default group with a gloo subgroup used, destroyed, then the
 asynchronous allreduce whose Future callback waits for a second one (torch's PowerSGD hook
 does) and one whose callback only sleeps: the exit lets both finish, printing their results
 (before: the first was dropped and the second aborted the process, "terminate called without
-an active exception": the callback was still in torch's C++ when the interpreter ended).
+an active exception": the callback was still in torch's C++ when the interpreter ended; and,
+with a background worker's operation first, the nested one was dropped).
 """
 
 import sys
@@ -34,6 +35,8 @@ if sys.argv[1:] == ["callbacks"]:
         print(f"rank {rank}: sleepy {future.value()[0].tolist()}", flush=True)
         return future.value()
 
+    # first, an operation of the background worker (a CPU sparse allreduce): no completer yet
+    dist.all_reduce(torch.eye(2).to_sparse(), async_op=True).wait()
     dist.all_reduce(torch.ones(2), async_op=True).get_future().then(nested)
     dist.all_reduce(torch.full((2,), 2.0), async_op=True).get_future().then(sleepy)
 else:

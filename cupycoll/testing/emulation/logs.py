@@ -13,10 +13,10 @@ from .runtime import FREED_EARLY
 
 __all__ = ["COMMS", "GLOBAL_LOG", "RACES", "check_logs"]
 
-#: every emulated communicator of this process, and (uid, call, group) in issue order over all
-#: of them (group: the number of the NCCL group the call was issued in, else None).
+#: every emulated communicator of this process, and its launches in order over all of them,
+#: each the list of (uid, call) launched together (one call, or an NCCL group's calls).
 COMMS: list[Any] = []
-GLOBAL_LOG: list[tuple[bytes, tuple, int | None]] = []
+GLOBAL_LOG: list[list[tuple[bytes, tuple]]] = []
 #: aborts that ran while another host thread was inside a call of a blocking communicator.
 RACES: list[str] = []
 
@@ -77,31 +77,25 @@ def check_logs() -> None:
                                            "communicators", me, a, r, b))
 
 
-def _between(calls: list, members: dict[bytes, list[int]], me: int, other: int) -> list:
-    """``me``'s launches that world rank ``other`` takes part in, in order: the collectives of
-    the communicators in ``members`` (uid -> world ranks) and the point-to-point calls between
-    the two, as (communicator, "p2p", sender, receiver, count, datatype); the calls of one
-    group as one set (NCCL launches them together)."""
-    out: list = []
-    last = None
-    for uid, entry, group in calls:
-        ranks = members.get(uid)
-        if ranks is None:
-            continue
-        name = _name(uid)
-        if entry[0] in ("send", "recv"):
-            peer = ranks[entry[1]]
-            if peer != other:
+def _between(launches: list, members: dict[bytes, list[int]], me: int, other: int) -> list:
+    """``me``'s launches that world rank ``other`` takes part in, in order, each the set of
+    its calls that concern the two: collectives of the communicators in ``members`` (uid ->
+    world ranks) and the point-to-point calls between the two, as (communicator, "p2p",
+    sender, receiver, count, datatype) (a group's calls launch together: one set)."""
+    out = []
+    for launch in launches:
+        items = set()
+        for uid, entry in launch:
+            ranks = members.get(uid)
+            if ranks is None:
                 continue
-            pair = (me, peer) if entry[0] == "send" else (peer, me)
-            item: tuple = (name, "p2p", *pair, *entry[2:])
-        else:
-            item = (name, *entry)
-        if group is not None and group == last:
-            out[-1] = out[-1] | {item}
-        else:
-            out.append(frozenset([item]) if group is not None else item)
-        last = group
+            if entry[0] not in ("send", "recv"):
+                items.add((_name(uid), *entry))
+            elif ranks[entry[1]] == other:
+                pair = (me, other) if entry[0] == "send" else (other, me)
+                items.add((_name(uid), "p2p", *pair, *entry[2:]))
+        if items:
+            out.append(frozenset(items))
     return out
 
 

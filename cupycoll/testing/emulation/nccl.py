@@ -16,7 +16,6 @@ asynchronous errors, non-blocking progress and destroy are :mod:`.nccl_lifetime`
 
 from __future__ import annotations
 
-import itertools
 import threading
 from typing import Any, Callable
 
@@ -37,13 +36,12 @@ __all__ = ["NcclCommunicator", "groupStart", "groupEnd"]
 
 _tls = threading.local()
 _P2P_TAG, _HANDSHAKE_TAG = 7, 9
-_GROUPS = itertools.count(1)  # numbers the outermost groups (their calls launch together)
 
 
 def groupStart() -> None:
     _tls.depth = getattr(_tls, "depth", 0) + 1
     if _tls.depth == 1:
-        _tls.pending, _tls.group = [], next(_GROUPS)
+        _tls.pending = []
 
 
 def groupEnd() -> None:
@@ -53,7 +51,9 @@ def groupEnd() -> None:
     _tls.depth = depth - 1
     if _tls.depth == 0:
         by_comm: dict[int, list] = {}
-        for comm, op in _tls.__dict__.pop("pending"):
+        pending = _tls.__dict__.pop("pending")
+        GLOBAL_LOG.append([(comm.uid, op.entry) for comm, op in pending])  # one launch
+        for comm, op in pending:
             by_comm.setdefault(id(comm), [comm]).append(op)
         for comm, *ops in by_comm.values():
             comm._launch(ops)
@@ -304,10 +304,9 @@ class NcclCommunicator(_Lifetime):
     def _issue(self, op: _Op) -> None:
         self.log.append(op.entry)
         if getattr(_tls, "depth", 0):
-            GLOBAL_LOG.append((self.uid, op.entry, _tls.group))
             _tls.pending.append((self, op))
         else:
-            GLOBAL_LOG.append((self.uid, op.entry, None))
+            GLOBAL_LOG.append([(self.uid, op.entry)])
             self._launch([op])
 
     def _connect(self, ops: list[_Op]) -> None:
@@ -387,7 +386,7 @@ class NcclCommunicator(_Lifetime):
         if self.nonblocking:  # the child inherits blocking = 0: ncclInProgress, and CuPy's
             raise error(IN_PROGRESS)  # commSplit raises before wrapping it (the split is lost)
         self.log.append(("commSplit",))
-        GLOBAL_LOG.append((self.uid, ("commSplit",), None))
+        GLOBAL_LOG.append([(self.uid, ("commSplit",))])
         with self._inside("ncclCommSplit"):
             requests = self._connect([_Op(("commSplit",), dev.null_stream(), [], [],
                                           lambda: None)])
