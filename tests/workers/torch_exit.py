@@ -37,8 +37,10 @@ if sys.argv[1:] == ["callbacks"]:
 
     # first, an operation of the background worker (a CPU sparse allreduce): no completer yet
     dist.all_reduce(torch.eye(2).to_sparse(), async_op=True).wait()
-    dist.all_reduce(torch.ones(2), async_op=True).get_future().then(nested)
+    # the nested collective is the last one issued (from the callback's thread): ranks issue
+    # their collectives in one order
     dist.all_reduce(torch.full((2,), 2.0), async_op=True).get_future().then(sleepy)
+    dist.all_reduce(torch.ones(2), async_op=True).get_future().then(nested)
 else:
     gloo = dist.new_group(backend="gloo")
     for _ in range(8):
