@@ -158,7 +158,7 @@ class _Settlers:
 
     def drain(self, seconds: float) -> None:
         """Wait up to ``seconds`` until no operation started is unsettled and no callback is
-        waiting or running (those callbacks start run here too)."""
+        waiting or running."""
         deadline = time.monotonic() + seconds
         with self._cv:
             while self._expected or self._pending or self._running:
@@ -172,10 +172,11 @@ _SETTLERS: dict[int, _Settlers] = {}
 
 
 def _settlers() -> _Settlers:
-    """This process's settlers (a forked child makes its own); the first registers their
-    drain at exit, which runs before the completer's (made first here, if no Work's future
-    made it yet: an operation of the background worker needs none): it waits for every operation started to be settled and its callbacks to end,
-    while the completer still completes the operations those callbacks start."""
+    """This process's settlers (a forked child makes its own). The first registers their
+    drain at exit after making the completer (an operation of the background worker makes
+    none), so the drain runs before the completer's: it waits for every operation started to
+    be settled and its callbacks to end, while the completer still completes the operations
+    those callbacks start."""
     found = _SETTLERS.get(os.getpid())
     if found is None:
         _completer()  # its drain registered first, so it runs after this one
