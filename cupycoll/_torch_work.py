@@ -96,6 +96,12 @@ class _Settlers:
         with self._cv:
             self._expected += 1
 
+    def settled(self) -> None:
+        """An expected settle completed where its operation did (nothing to run here)."""
+        with self._cv:
+            self._expected -= 1
+            self._cv.notify_all()
+
     def submit(self, fn: Callable[[], None]) -> None:
         """Run ``fn()`` after what was submitted before it (one expected settle)."""
         with self._cv:
@@ -214,6 +220,8 @@ class TorchWork(dist._Work):
         # tensors)
         self._public = self._future.then(self._unwrap)
         self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._shared = self._inline = False  # get_future() called; completed where it ended
         self._error: BaseException | None = None
         self._value: list[torch.Tensor] = []
         self._finish, self._verb = finish, verb
@@ -228,17 +236,21 @@ class TorchWork(dist._Work):
     def _settle(self, future: concurrent.futures.Future | None) -> None:
         """Take the operation's result (in the thread that completed it: cupycoll's
         completer, the background worker, or the caller of a blocking verb), then complete the
-        torch Futures: at once for a blocking verb, else in a settler thread, where their
-        callbacks run (one that waits for another operation must not hold the thread that
-        completes it)."""
+        torch Futures: in a settler thread once the future was handed out (its callbacks run
+        there: one that waits for another operation must not hold the thread that completes
+        it), else at once, here (no callback can run: the settler's thread hop is spared)."""
         try:
             self._value = self._finish(None if future is None else future.result())
         except BaseException as exc:  # delivered to whoever waits
             self._error = dist_error(exc)
-        if future is None:
-            self._complete()
-        else:
+        with self._lock:
+            self._inline = future is None or not self._shared
+        if not self._inline:
             self._settlers.submit(self._complete)
+            return
+        if future is not None:
+            self._settlers.settled()
+        self._complete()
 
     def _complete(self) -> None:
         try:  # the public future completes inside (its callback runs in set_result)
@@ -274,6 +286,14 @@ class TorchWork(dist._Work):
         self.wait()
 
     def get_future(self) -> torch.futures.Future:
+        """The Future DDP and callbacks read; asked for before the operation completed, it is
+        completed in a settler thread (where its callbacks run), else this waits for the
+        completion under way (no callback of anyone's runs in it: it is short)."""
+        with self._lock:
+            self._shared = True
+            inline = self._inline
+        if inline:
+            self._done.wait()
         return self._public
 
     def is_completed(self) -> bool:

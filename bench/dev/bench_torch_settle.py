@@ -1,11 +1,13 @@
 """What completing torch Futures in a thread of their own costs the ``cupycoll`` backend.
 
-An asynchronous ``all_reduce`` of a small tensor, then ``wait()``, per call; two ways side by
-side, interleaved round by round: ``settler`` (the backend's: cupycoll's completer completes the
-operation and a settler thread the torch Future, so a callback may wait for another operation)
-and ``inline`` (the completer completes the torch Future itself, as before the settlers: a
-callback that waits for another operation hangs); ``sync`` (a blocking ``all_reduce``) is the
-floor. Medians of the rounds' means, microseconds per call, rank 0's.
+An asynchronous ``all_reduce`` of a small tensor per call, ways side by side, interleaved round
+by round: ``future`` (``get_future().wait()``, as DDP and callbacks use it: cupycoll's
+completer completes the operation and a settler thread the torch Future, so a callback may
+wait for another operation), ``future inline`` (the same with the completer completing the
+torch Future itself, as before the settlers: a callback that waits for another operation
+hangs), ``wait`` (``work.wait()`` with no future asked for: completed where the operation
+ends, no hop) and ``sync`` (a blocking ``all_reduce``, the floor). Medians of the rounds'
+means, microseconds per call, rank 0's.
 
     mpiexec -n 2 python -m mpi4py bench/dev/bench_torch_settle.py -n 2000 --rounds 6
 """
@@ -40,19 +42,21 @@ def main() -> None:
         fn()
 
     def run(way: str) -> float:
-        settlers.submit = submit if way == "settler" else inline
+        settlers.submit = inline if way == "future inline" else submit
         start = time.perf_counter()
         for _ in range(args.n):
             if way == "sync":
                 dist.all_reduce(x)
-            else:
+            elif way == "wait":
                 dist.all_reduce(x, async_op=True).wait()
+            else:
+                dist.all_reduce(x, async_op=True).get_future().wait()
         return (time.perf_counter() - start) / args.n * 1e6
 
-    ways = ("settler", "inline", "sync")
+    ways = ("future", "future inline", "wait", "sync")
     times: dict[str, list[float]] = {w: [] for w in ways}
     for r in range(args.rounds + 1):
-        for way in ways[r % 3:] + ways[:r % 3]:  # each round starts with another way
+        for way in ways[r % 4:] + ways[:r % 4]:  # each round starts with another way
             seconds = run(way)
             if r:  # the first round warms up
                 times[way].append(seconds)
@@ -61,7 +65,7 @@ def main() -> None:
         print(f"# P = {dist.get_world_size()}, {args.numel} float32, {args.n} calls x "
               f"{args.rounds} rounds, median of round means (us per call)")
         for way in ways:
-            print(f"{way:>8} {np.median(times[way]):8.1f}")
+            print(f"{way:>13} {np.median(times[way]):8.1f}")
     dist.destroy_process_group()
 
 
