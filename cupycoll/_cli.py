@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from ._bench_scripts import BENCHMARKS, bench_script
-from ._config import SETTINGS, output_file, setting
+from ._config import SETTINGS, chosen, output_file, setting
 
 __all__ = ["main", "info_lines", "bench_script", "BENCHMARKS"]
 
@@ -141,16 +141,14 @@ def _setting_shown(name: str) -> str:
     """A setting's value as info shows it; a name a call would refuse (an algorithm or a wire
     format that does not exist) raises InvalidArgument saying so."""
     from . import algorithms
-    from .errors import InvalidArgument
     from .wire._choice import WIRES
 
-    value = setting(name)
     valid = {"CUPYCOLL_ALGORITHM": algorithms("sparse"), "CUPYCOLL_WIRE": list(WIRES),
              "CUPYCOLL_TOPK_ALGORITHM": algorithms("topk")}.get(name)
-    if valid is not None and value not in valid:
-        raise InvalidArgument(name, value, f"a call that takes it from the variable (no "
-                              f"keyword) refuses it; valid: {valid}")
-    return repr(value)
+    if valid is None:
+        return repr(setting(name))
+    return repr(chosen(name, None, name, valid, "a call that takes it from the variable (no "
+                       "keyword) refuses it; "))
 
 
 def _info(_: argparse.Namespace) -> int:

@@ -158,7 +158,6 @@ def _fill(buffers: Any, idx: Any, val: Any, rank: int | None = None) -> tuple[An
     return buffers[0], buffers[1]
 
 
-
 def _overlap(a: Any, b: Any) -> bool:
     """Whether arrays ``a`` and ``b`` share an element (exactly, where the library can tell
     within a bounded search: the fields of one record array, interleaved columns do not;

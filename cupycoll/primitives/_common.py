@@ -4,10 +4,10 @@ reduction, the rounding of a magnitude threshold to a dtype, and the blocks of a
 from __future__ import annotations
 
 import math
-from fractions import Fraction
 import numbers
 import threading
 import weakref
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -71,7 +71,7 @@ def _exact(t: Any) -> Any:
         return int(t)
     if isinstance(t, numbers.Rational):
         return t
-    if isinstance(t, np.floating) or isinstance(t, float):
+    if isinstance(t, (float, np.floating)):
         return Fraction(*t.as_integer_ratio()) if np.isfinite(t) else float(t)
     return _exact(float(t))
 

@@ -28,9 +28,9 @@ def check_logs() -> None:
     dtype, op, root) in the same order, and the k-th send from a to b must match the k-th recv at
     b from a; across communicators, two ranks must have launched what they both take part in
     (the collectives of the communicators they share, the point-to-point calls between the
-    two; the calls of one NCCL group as one launch) in the same order; no rank may have freed pinned host
-    memory that a queued device-to-host copy writes (``runtime.empty_pinned``), nor aborted a
-    blocking communicator while another thread was inside one of its calls. Raises
+    two; the calls of one NCCL group as one launch) in the same order; no rank may have freed
+    pinned host memory that a queued device-to-host copy writes (``runtime.empty_pinned``), nor
+    aborted a blocking communicator while another thread was inside one of its calls. Raises
     EmulationError (on every rank) naming the first difference.
     """
     world = MPI.COMM_WORLD
@@ -82,7 +82,7 @@ def _between(launches: list, members: dict[bytes, list[int]], me: int, other: in
     its calls that concern the two: collectives of the communicators in ``members`` (uid ->
     world ranks) and the point-to-point calls between the two, as (communicator, "p2p",
     sender, receiver, count, datatype) (a group's calls launch together: one set)."""
-    out = []
+    out, names = [], {uid: _name(uid) for uid in members}
     for launch in launches:
         items = set()
         for uid, entry in launch:
@@ -90,10 +90,10 @@ def _between(launches: list, members: dict[bytes, list[int]], me: int, other: in
             if ranks is None:
                 continue
             if entry[0] not in ("send", "recv"):
-                items.add((_name(uid), *entry))
+                items.add((names[uid], *entry))
             elif ranks[entry[1]] == other:
                 pair = (me, other) if entry[0] == "send" else (other, me)
-                items.add((_name(uid), "p2p", *pair, *entry[2:]))
+                items.add((names[uid], "p2p", *pair, *entry[2:]))
         if items:
             out.append(frozenset(items))
     return out
