@@ -282,6 +282,20 @@ def test_a_time_pending_when_the_records_are_cleared_is_dropped():
     assert learn.records(comm) == {} and learn.pending_us(comm) == -1
 
 
+def test_a_time_pending_when_records_are_loaded_is_dropped(tmp_path):
+    """A timed call, then load() of a table holding the same class: the call's time does not
+    join the loaded record (whose first call in this process is a warm-up)."""
+    comm = SimpleNamespace(rank=0, size=1, barrier=lambda: None)
+    key = ("k",)
+    learn.records(comm)[key] = learn.Record(["mask"], warmed=["mask"])
+    learn.save(comm, str(tmp_path / "learned.json"))
+    learn.finish(comm, (key, "mask", 0.0, False))
+    learn.load(comm, str(tmp_path / "learned.json"))
+    learn.absorb(comm, 1500)
+    assert learn.pending_us(comm) == -1
+    assert learn.records(comm)[key].warmed == [] and learn.records(comm)[key].seconds == {}
+
+
 def test_a_new_class_next_to_a_finished_one_starts_from_its_record():
     """Half or twice the total nnz (the class's last but one element): its candidates and samples,
     the seconds scaled by the sizes' ratio, no trials of its own; none from a class still in

@@ -409,6 +409,35 @@ def test_special_values_flags_nan_inf_and_minus_zero(dtype):
             assert _numba.special_values(values) == flags, (special, at)
             assert _numba.special_values(values.reshape(-1, 1)) == flags
     assert _numba.special_values(np.array([-0.0, np.inf], dtype)) == (True, True)
+    limit = 2.0 ** (info.maxexp // 2)  # a magnitude at or above it flagged, NaN too
+    for values, large in (([limit], True), ([-limit], True), ([np.nextafter(limit, 0, dtype=dtype)],
+                          False), ([1.0, np.nan], True), ([np.inf], True)):
+        assert _numba.special_values(np.array(values, dtype), limit)[0] is large, values
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("op", ["sum", "avg", "prod", "max", "min"])
+def test_dense_output_flags_values_whose_reduction_can_overflow(dtype, op):
+    """A dense output settles its NaN bits when P ranks' values may overflow under the op
+    (then inf - inf or inf * 0 can make a NaN): just below the limit P of the largest values
+    stay finite, on numba's pass and on the array namespace's alike."""
+    from cupycoll._types import ReduceOp
+    from cupycoll.primitives import _numba
+    from cupycoll.sparse._validate import _overflowing
+
+    for p in (1, 2, 3, 4, 7, 8):
+        limit = _overflowing(np.dtype(dtype), ReduceOp(op), p)
+        if op in ("max", "min"):
+            assert limit == np.inf
+            continue
+        below = np.nextafter(np.array(limit, dtype), np.array(0, dtype))
+        with np.errstate(over="raise"):  # P of the largest values below the limit: finite
+            if op == "prod":
+                np.prod(np.full(p, below, dtype))
+            else:
+                np.sum(np.full(p, below, dtype), dtype=dtype)
+        assert _numba.special_values(np.array([below], dtype), limit)[0] is False
+        assert _numba.special_values(np.array([limit], dtype), limit)[0] is True
 
 
 @pytest.mark.parametrize("itype", ["int32", "int64"])

@@ -56,6 +56,20 @@ def test_each_blocking_operation_is_one_sync(op, kind):
     assert _count(lambda: op(a)) == {kind: 1}
 
 
+def test_device_casts_neither_warn_nor_raise():
+    """A device cast that overflows or meets NaN is silent, as CUDA's (before: numpy's
+    FloatingPointError under np.errstate(all="raise"), on the counting tier only)."""
+    from cupycoll import primitives
+
+    idx = np.array([0, 0, 1])
+    with np.errstate(all="raise"):
+        _, summed = primitives.coo_reduce(xp.asarray(idx), xp.asarray(
+            np.array([6e4, 6e4, 1], np.float16)), "sum", accumulate_dtype="float32")
+        cast = xp.asarray(np.array([np.nan, 1e30], np.float32)).astype(np.float16)
+    assert np.asarray(summed).tolist() == [np.inf, 1.0]
+    assert np.isnan(np.asarray(cast)[0]) and np.isinf(np.asarray(cast)[1])
+
+
 def test_counter_sees_every_thread_but_not_uncounted_work():
     with count_host_syncs() as outer:
         thread = threading.Thread(target=host_sync, args=("wait",))

@@ -111,23 +111,25 @@ def add_rows(out: np.ndarray, idx: np.ndarray, lo: int, val: np.ndarray) -> bool
 
 
 @njit(cache=True, nogil=True)
-def _specials(bits, exponent, minus_zero):  # type: ignore[no-untyped-def]
-    nonfinite, negative_zero = False, False
+def _specials(bits, exponent, limit, minus_zero):  # type: ignore[no-untyped-def]
+    large, negative_zero = False, False
     for i in range(bits.size):
-        nonfinite |= (bits[i] & exponent) == exponent
+        large |= (bits[i] & exponent) >= limit
         negative_zero |= bits[i] == minus_zero
-    return nonfinite, negative_zero
+    return large, negative_zero
 
 
-def special_values(values: np.ndarray) -> tuple[bool, bool]:
-    """(any NaN or infinity, any -0) of float ``values``, from their bits in one pass."""
+def special_values(values: np.ndarray, limit: float = np.inf) -> tuple[bool, bool]:
+    """(any NaN or any magnitude at or above ``limit``, a power of two or inf: by default any
+    NaN or infinity; any -0) of float ``values``, from their bits in one pass."""
     size = values.dtype.itemsize
     bits = np.ascontiguousarray(values).reshape(-1).view(f"u{size}")
     mantissa = np.finfo(values.dtype).nmant
     exponent = ((1 << (8 * size - 1)) - 1) >> mantissa << mantissa
-    nonfinite, negative_zero = _specials(bits, bits.dtype.type(exponent),
-                                         bits.dtype.type(1 << (8 * size - 1)))
-    return bool(nonfinite), bool(negative_zero)
+    at = int(np.array(limit, values.dtype).view(bits.dtype))  # a power of two: its exponent
+    large, negative_zero = _specials(bits, bits.dtype.type(exponent), bits.dtype.type(at),
+                                     bits.dtype.type(1 << (8 * size - 1)))
+    return bool(large), bool(negative_zero)
 
 
 @njit(cache=True, nogil=True)

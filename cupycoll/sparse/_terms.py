@@ -66,7 +66,7 @@ def _label(differ: agreement.Differ) -> str:
 
 #: what sparse_allreduce agrees on (:mod:`cupycoll._agreement`).
 TERMS = agreement.Terms("sparse_allreduce", VALIDATION_FIELDS, _peer_error, _mismatch,
-                        maxima=("nonfinite", "minus_zero", "learned"), columns=("nnz",))
+                        maxima=("may_nan", "minus_zero", "learned"), columns=("nnz",))
 
 
 def _decode(field: str, value: int, differ: agreement.Differ | None = None) -> str:

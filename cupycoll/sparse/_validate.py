@@ -71,7 +71,7 @@ class Prepared:
     slots: Any = None  # every rank's entries, when they rode in the validation (small.py)
     output: str = "sparse"
     out: Any = None  # output="dense": the caller's buffer, as an array of the communicator's
-    nonfinite: bool = False  # output="dense": some rank's values hold a NaN or an infinity
+    may_nan: bool = False  # output="dense": the reduction may hold a NaN (_value_flags)
     minus_zero: bool = False  # output="dense": some rank's float values hold a -0
     auto_mode: str = "estimate"  # algorithm "auto": CUPYCOLL_AUTO (measure.py, learn.py)
     ranks_per_node: int = 0  # CUPYCOLL_RANKS_PER_NODE (0: unset), agreed with the algorithm
@@ -294,8 +294,8 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
     if prepared is not None:
         draft.agree(prepared.fields(names) + (int(bool(async_op)),))
         draft.column("nnz", prepared.indices.shape[0])
-        nonfinite, minus_zero = _value_flags(prepared)
-        draft.maximum("nonfinite", nonfinite)
+        may_nan, minus_zero = _value_flags(prepared, comm.size)
+        draft.maximum("may_nan", may_nan)
         draft.maximum("minus_zero", minus_zero)
         draft.maximum("learned", learn.pending_us(comm))  # the last learning call's time
         few = prepared.algorithm == "auto" and prepared.indices.shape[0] <= small.MOST_ENTRIES
@@ -308,7 +308,7 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
         draft.fail(error, error.value if out_of_range else None)
     agreed = draft.settle("sparse.validate")
     prepared.nnz = tuple(agreed.columns["nnz"])
-    prepared.nonfinite = agreed.maxima["nonfinite"] > 0
+    prepared.may_nan = agreed.maxima["may_nan"] > 0
     prepared.minus_zero = agreed.maxima["minus_zero"] > 0
     learn.absorb(comm, agreed.maxima["learned"])
     # every rank decides alike: a rank with too many entries for a slot (not few) makes every
@@ -320,18 +320,32 @@ def prepare(comm: Any, indices: Any, values: Any, n: Any, *, op: Any, algorithm:
     return prepared
 
 
-def _value_flags(prepared: Prepared) -> tuple[int, int]:
+def _value_flags(prepared: Prepared, p: int) -> tuple[int, int]:
     """A dense output's value facts (only then computed: one pass over this rank's values):
-    whether the float values hold a NaN or an infinity (the result's NaN bits need settling),
-    and whether they hold a -0 (so +0 + x is not x for every input)."""
+    whether the reduction may hold a NaN, so its NaN bits need settling (a NaN or an infinity
+    in the values, or a magnitude at which P of them can overflow, whose infinities then meet:
+    ``inf - inf``, ``inf * 0``), and whether they hold a -0 (so +0 + x is not x for every
+    input)."""
     values = prepared.values
     if prepared.output != "dense" or values.dtype.kind != "f" or values.size == 0:
         return 0, 0
+    limit = _overflowing(values.dtype, prepared.op, p)
     fast = _fast(values.size) if isinstance(values, np.ndarray) else None
     if fast is not None:
-        nonfinite, minus_zero = fast.special_values(values)
+        may_nan, minus_zero = fast.special_values(values, limit)
     else:
         xp = array_namespace(values)
-        nonfinite = not bool(xp.isfinite(values).all())
+        may_nan = not bool((xp.abs(values) < limit).all())  # NaN compares False
         minus_zero = bool(((values == 0) & xp.signbit(values)).any())
-    return int(nonfinite), int(minus_zero)
+    return int(may_nan), int(minus_zero)
+
+
+def _overflowing(dtype: np.dtype, op: ReduceOp, p: int) -> float:
+    """The least power of two whose magnitude, reduced by ``op`` over ``p`` ranks, may
+    overflow (a rounding's margin included); inf for max and min, which cannot."""
+    if op in (ReduceOp.MAX, ReduceOp.MIN):
+        return np.inf
+    top = np.finfo(dtype).maxexp - 1  # the largest finite value is below 2 ** (top + 1)
+    ranks = max(p - 1, 1).bit_length()  # ceil(log2(p)), at least 1: a rounding's margin
+    below = top // p if op is ReduceOp.PROD else top - ranks
+    return float(2.0 ** below)

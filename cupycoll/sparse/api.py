@@ -270,7 +270,7 @@ def _dense_output(comm: Communicator, prepared: Prepared, variant: Callable, wir
     with _allocations(comm, prepared, "dense output"):
         return variant(comm, prepared.indices, prepared.values, prepared.n, prepared.reduce_op,
                        _dense_target(comm, prepared),
-                       lambda val: _callers_values(comm, prepared, val, prepared.nonfinite),
+                       lambda val: _callers_values(comm, prepared, val, prepared.may_nan),
                        prepared.minus_zero, wire)
 
 

@@ -345,6 +345,7 @@ def load(comm: Any, path: str) -> int:
     loaded = from_rank_zero(comm, "learn.load", read, path, "is not a table learn.save wrote")
     records(comm).clear()
     records(comm).update(loaded)
+    comm._learn_pending = None  # a time measured before: not of a loaded record
     return len(loaded)
 
 

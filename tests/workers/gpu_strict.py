@@ -18,7 +18,8 @@ Modes:
   fidelity      CuPy behaviour the algorithms rely on: argsort is stable (numpy's default is
                 not: duplicates would be folded in another order); the MPI backend's in-place
                 broadcast of a device array at the root stages the root's data (it sent an
-                unfilled staging buffer)
+                unfilled staging buffer); device work never raises numpy's floating-point
+                errors (an overflowing cast under np.errstate(all="raise") raised)
   destroy       ncclCommDestroy with an operation a dead peer never joins blocks, without error,
                 until the emulated NCCL is released (P = 4, 2 devices per node; run it last)
   counts        an allreduce of mismatched counts fails on every rank and check_logs names it
@@ -387,8 +388,16 @@ def mode_destroy():
 def mode_fidelity():
     """Stable argsort (function and method) against numpy's stable sort, on runs of equal keys
     long enough that an unstable sort reorders them; an in-place broadcast of cupy arrays over
-    the MPI backend (host staging) against root's data, every root."""
+    the MPI backend (host staging) against root's data, every root; a float16 sum that
+    overflows in its cast back is inf with numpy's errors raised, as CUDA never warns
+    (before: FloatingPointError in the emulator only)."""
+    from cupycoll import primitives
     from cupycoll.comm.mpi import MPICommunicator
+
+    with np.errstate(all="raise"):
+        _, summed = primitives.coo_reduce(cupy.asarray(np.array([0, 0, 1])), cupy.asarray(
+            np.array([6e4, 6e4, 1], np.float16)), "sum", accumulate_dtype="float32")
+    assert summed.get().tolist() == [np.inf, 1.0], summed
 
     keys = np.random.default_rng(1).integers(0, 4, 5000)
     want = np.argsort(keys, kind="stable")

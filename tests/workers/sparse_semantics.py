@@ -50,6 +50,15 @@ def main() -> None:
         check(int(sys.argv[1]))
 
 
+def overflowing(rank: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Finite values whose product (P = 3: rank 2 holds no row 5) or pairwise sum (P = 4)
+    overflows both ways; one row elsewhere."""
+    big = {3: [1e30, 1e30, None], 4: [3e38, 3e38, -3e38, -3e38]}.get(size, [None] * size)
+    if big[rank] is None:
+        return np.array([1]), np.array([1.0], np.float32)
+    return np.array([5]), np.array([big[rank]], np.float32)
+
+
 def check(seed: int) -> None:
     comm = MPICommunicator(MPI.COMM_WORLD, timeout=60)
     size, rank, case, results = comm.size, comm.rank, 0, []
@@ -86,6 +95,14 @@ def check(seed: int) -> None:
         big = np.array([60000, -40000, 1], np.float16)
         got = sparse_allreduce(np.arange(3), big, N, op="avg", algorithm=algorithm, comm=comm)
         assert same_bits(got.values, big), f"{algorithm}: float16 avg {got.values}"
+    for algorithm in ALGORITHMS:  # finite inputs whose reduction makes a NaN (inf * 0 at
+        # P = 3, inf - inf at P = 4: MPI's pairwise sum): a dense output's NaN bits too
+        got = sparse_allreduce(*overflowing(rank, size), N, op="prod" if size == 3 else "sum",
+                               algorithm=algorithm, comm=comm, output="dense")
+        nan = got[np.isnan(got)]
+        assert np.all(nan.view(np.uint32) == CANONICAL["float32"]), \
+            f"{algorithm}: a NaN made by overflow without numpy's NaN bits: {got}"
+        results.append(got)
     for algorithm in ALGORITHMS:  # a dense output into the values themselves (out=values)
         for values in (np.full(N, rank + 1.0, np.float32), np.full((N, 2), rank + 1.0)):
             got = sparse_allreduce(np.arange(N), values, N, algorithm=algorithm, comm=comm,

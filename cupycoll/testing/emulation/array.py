@@ -232,7 +232,8 @@ def _call(fn: Any, name: str, args: Any, kwargs: dict, sync: str | None = None,
     buffers.ordered_access(list(access.values()), name)
     if sync is not None:
         dev.host_sync(sync)
-    result = fn(*raw_args, **raw_kwargs)
+    with np.errstate(all="ignore"):  # CUDA neither warns nor raises on overflow or NaN
+        result = fn(*raw_args, **raw_kwargs)
     if host:  # a blocking read: the host has waited for the current stream
         dev.waited(dev.current_stream())
     return result if host else _wrap(result, found, name)
