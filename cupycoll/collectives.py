@@ -89,8 +89,15 @@ def _ran(comm: Communicator, verb: str, args: tuple) -> Any:
 
 
 def _fast(comm: Communicator, verb: str, args: tuple, async_op: bool) -> Any:
-    """A call whose arguments need no agreement: started or run at once."""
-    return (_started if async_op else _ran)(comm, verb, args)
+    """A call whose arguments need no agreement: started or run at once. Left by an exception
+    not cupycoll's (Ctrl-C in its own work): the communicator's rule for a call its peers may
+    be in (``Communicator._interrupted``), as a general path's ``calling`` applies it."""
+    try:
+        return (_started if async_op else _ran)(comm, verb, args)
+    except BaseException as exc:
+        if comm._fate.error is None:
+            comm._interrupted(verb, type(exc))
+        raise
 
 
 def _general(comm: Communicator, verb: str, x: Any, out: Any, async_op: bool,

@@ -75,9 +75,9 @@ def test_late_rank_named_for_every_verb(nprocs, prefix, late):
 
 @pytest.mark.parametrize("nprocs,debug,scenarios", [
     (2, "0", ("crossed", "stale", "skip", "interrupt", "first", "local", "learned",
-              "preempted", "dup", "async_late")),
+              "preempted", "dup", "async_late", "failed")),
     (3, "1", ("crossed", "stale", "interrupt", "first", "local", "learned", "preempted", "dup",
-              "async_late")),
+              "async_late", "failed")),
     (4, "0", ("crossed", "skip", "first", "learned")),
 ])
 def test_crossed_stale_skip_interrupt(nprocs, debug, scenarios):
@@ -115,7 +115,8 @@ def test_work_left_pending_at_exit_completes(nprocs):
 
 @pytest.mark.parametrize("nprocs,scenario", [(2, "dropped"), (3, "dropped"), (4, "dropped"),
                                               (2, "crossed"), (3, "crossed"), (2, "closed"),
-                                              (2, "polled"), (2, "timed"), (2, "left")])
+                                              (2, "polled"), (2, "timed"), (2, "left"),
+                                              (2, "duplicated"), (3, "duplicated")])
 def test_a_large_async_reduce_progresses_without_a_wait_of_its_own(nprocs, scenario):
     """The MPI backend's pairwise reduce posts its second phase while the rank waits on another
     communicator, settles at exit or closes the communicator (tests/workers/pairwise_progress.py)."""

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BackendError
+from ._mpi_pairwise import progress_all
 from ._nccl_guard import spin
 
 __all__ = ["HostWaits"]
@@ -73,6 +74,7 @@ class HostWaits:
                 return True
             if deadline is not None and time.monotonic() > deadline:
                 raise self._timed_out(op_name)
+            progress_all()  # a peer may wait in a pairwise call's second phase this rank holds
             return False
 
         try:

@@ -203,8 +203,11 @@ def _two_phases(comm: Any, first: list, first_peers: list[int], between: Any, fi
 
     def test() -> bool:
         progress_all()  # a peer may wait in another communicator's call this rank holds up
-        _post_ready(comm, advance)
-        return advance(blocking_first=False) and bool(MPI.Request.Testall(second[0][0]))
+        try:
+            _post_ready(comm, advance)
+            return advance(blocking_first=False) and bool(MPI.Request.Testall(second[0][0]))
+        except MPI.Exception as exc:
+            raise comm._failure(op_name, {str(exc)}) from exc
 
     sequence = comm.sequence
     with comm._posting:
@@ -219,7 +222,8 @@ def _two_phases(comm: Any, first: list, first_peers: list[int], between: Any, fi
         finish()
         return None
     work = Work(wait, test, finish, on_drop=lambda: comm._orphaned.append((test, keep)),
-                late=lambda: late_ranks(comm.board, comm.rank, sequence))
+                late=lambda: late_ranks(comm.board, comm.rank, sequence),
+                interrupted=lambda kind: comm._interrupted(op_name, kind))
     comm._started.add(work)
     return work
 
@@ -246,7 +250,16 @@ def earlier_first(comm: Any) -> None:
     if comm._unposted:
         post_pending(comm)
     if comm._orphaned:
-        comm._orphaned = [entry for entry in comm._orphaned if not entry[0]()]
+        comm._orphaned = [entry for entry in comm._orphaned if not _done(entry[0])]
+
+
+def _done(test: Any) -> bool:
+    """Whether a dropped operation is done: a failed one is (its error is lost with its Work,
+    as its result would be; raising it here would fail a later call on this rank alone)."""
+    try:
+        return test()
+    except Exception:  # noqa: BLE001
+        return True
 
 
 def post_pending(comm: Any, through: Any = None) -> None:
@@ -278,6 +291,16 @@ def progress_all() -> None:
                 _post_ready(comm)
             except Exception:  # noqa: BLE001  (raised again by that call's own wait)
                 pass
+
+
+def all_done(comm: Any, requests: list, op_name: str) -> bool:
+    """Whether ``requests`` of ``comm`` are done (every ready second phase posted first:
+    :func:`progress_all`); a failed one raises ``comm``'s BackendError naming ``op_name``."""
+    try:
+        progress_all()
+        return bool(MPI.Request.Testall(requests))
+    except MPI.Exception as exc:
+        raise comm._failure(op_name, {str(exc)}) from exc
 
 
 def unposted_left(comm: Any) -> bool:

@@ -52,7 +52,8 @@ class Work:
     ``on_drop``: called when the Work is garbage-collected before it completed (the backend
     then keeps what the operation still reads or writes: MPI's requests and buffers).
     ``late``: the ranks that have not started the operation yet (a ``wait(timeout)`` names
-    them).
+    them). ``interrupted``: called with the type of an exception that left a ``wait(timeout)``
+    (Ctrl-C): the backend's own wait's rule for an operation left pending.
     """
 
     def __init__(self, wait_fn: Callable[[], None] | None = None,
@@ -62,8 +63,9 @@ class Work:
                  device: Callable[[], None] | None = None,
                  on_drop: Callable[[], None] | None = None,
                  stamp: Callable[[], Callable[[], None]] | None = None,
-                 late: Callable[[], list[int]] | None = None) -> None:
-        self._on_drop, self._late = on_drop, late
+                 late: Callable[[], list[int]] | None = None,
+                 interrupted: Callable[[type], None] | None = None) -> None:
+        self._on_drop, self._late, self._interrupted = on_drop, late, interrupted
         self._stamp, self._after = stamp, None
         self._wait_fn, self._test_fn, self._finalize = wait_fn, test_fn, finalize
         self._sync_fn = sync_fn if sync_fn is not None else wait_fn
@@ -84,20 +86,26 @@ class Work:
         """Order the operation before the caller's next work and return its result (MPI: the
         host waits; NCCL: the current stream does, see the class docstring).
 
-        ``timeout`` (seconds) bounds this wait only: the host polls :meth:`is_completed` and
-        raises CollectiveTimeout if it is not complete by then; the operation goes on (the
-        communicator's own timeout bounds it), and a later wait can complete it."""
+        ``timeout`` (seconds) bounds this wait in place of the communicator's own timeout:
+        the host polls :meth:`is_completed` and raises CollectiveTimeout if it is not complete
+        by then; the operation goes on, and a later wait can complete it."""
         if timeout is not None and not self._done:
             deadline = time.monotonic() + _seconds(timeout)
-            while not self.is_completed():
-                if time.monotonic() >= deadline:
-                    missing = self._late() if self._late is not None else []
-                    behind = f"; {ranks_text(missing)} had not started it" if missing else ""
-                    raise CollectiveTimeout(
-                        f"Work.wait(timeout={timeout}) expired before the operation completed"
-                        f"{behind} (it goes on: wait again to complete it)",
-                        missing_ranks=missing)
-                time.sleep(1e-4)
+            try:
+                while not self.is_completed():
+                    if time.monotonic() >= deadline:
+                        missing = self._late() if self._late is not None else []
+                        behind = f"; {ranks_text(missing)} had not started it" if missing \
+                            else ""
+                        raise CollectiveTimeout(
+                            f"Work.wait(timeout={timeout}) expired before the operation "
+                            f"completed{behind} (it goes on: wait again to complete it)",
+                            missing_ranks=missing)
+                    time.sleep(1e-4)
+            except BaseException as exc:  # Ctrl-C: the operation is left pending
+                if self._interrupted is not None:
+                    self._interrupted(type(exc))  # (cupycoll's own errors: nothing to do)
+                raise
         try:
             return self._complete(self._wait_fn)
         finally:
@@ -163,8 +171,12 @@ class Work:
         try:
             if self._done and self._host_waits:
                 return True
-            if not self._test_fn():
-                return False
+            try:
+                if not self._test_fn():
+                    return False
+            except Exception as exc:  # a failed transfer is done: every wait() raises it
+                self._error, self._done = exc, True
+                return True
             if self._host_waits and not self._done:
                 try:
                     self._completed(self._wait_fn)
@@ -203,7 +215,8 @@ class Work:
         then = cls(work.wait, work.is_completed, finalize,
                    sync_fn=getattr(work, "synchronize", None),
                    device=getattr(work, "_device", None), stamp=getattr(work, "_stamp", None),
-                   late=getattr(work, "_late", None))
+                   late=getattr(work, "_late", None),
+                   interrupted=getattr(work, "_interrupted", None))
         then._host_waits = getattr(work, "_host_waits", False)
         return then
 

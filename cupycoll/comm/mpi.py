@@ -24,7 +24,7 @@ from ._base import Communicator
 from ._checks import agreed_settings, check_peers, rank_of
 from ._mpi_exit import settle_at_exit
 from ._mpi_staging import _AVG, Staging
-from ._mpi_pairwise import (earlier_first, pairwise_blocks_apply, pairwise_reduce,
+from ._mpi_pairwise import (all_done, earlier_first, pairwise_blocks_apply, pairwise_reduce,
                              pairwise_reduce_applies, pairwise_reduce_scatter, progress_all,
                              unposted_left)
 from ._mpi_types import (_ClosedComm, _DeadComm, _address, _bytes, _pending, _separate,
@@ -202,9 +202,10 @@ class MPICommunicator(Staging, Communicator):
 
         sequence = self.sequence
         keep_alive = list(keep)
-        done = lambda: progress_all() or bool(MPI.Request.Testall(requests))  # noqa: E731
+        done = functools.partial(all_done, self, requests, op_name)
         work = Work(wait, done, finalize, on_drop=lambda: self._orphaned.append(
-            (done, keep_alive)), late=lambda: late_ranks(self.board, self.rank, sequence))
+            (done, keep_alive)), late=lambda: late_ranks(self.board, self.rank, sequence),
+            interrupted=lambda kind: self._interrupted(op_name, kind))
         self._started.add(work)
         return work
 

@@ -33,7 +33,7 @@ from ..wire._pack import COO
 from ._common import TopkOutcome, TopkState, to_namespace
 from ._oktopk_small import SmallRefresh
 from ._wire import choose_wire
-from .selectors import Selector
+from .selectors import Selector, reference_threshold
 
 __all__ = ["topk_allreduce", "validate", "plan", "run", "state_crc", "FLOAT_DTYPES"]
 
@@ -62,8 +62,9 @@ def _mismatch(differs: list[agreement.Differ], draft: agreement.Draft) -> str:
         return (f"ranks disagree on the settings that decide the call's collectives ("
                 f"{_settings_differ(draft.comm, settings) or f'rank {draft.rank} has {settings}'}"
                 "): a state's step, Ok-Topk's tau, tau_prime, "
-                "padded allgather, boundaries, global threshold and last k (their crc32), a "
-                "compressor's warm-up, measure_xi, step count and async_op, and "
+                "padded allgather, boundaries, global threshold and last k (their crc32), the "
+                "selector's threshold policy, a compressor's warm-up, measure_xi, step count "
+                "and async_op, and "
                 "CUPYCOLL_RANKS_PER_NODE must be the same on every rank (ranks restored from "
                 "different checkpoints?)")
     return _disagreement(d, draft.rank, algorithm, draft.terms.verb)
@@ -201,8 +202,10 @@ def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: An
     try:
         arr, kk, wcode = _local_checks(comm, x, k, algorithm, selector, state, argument, n,
                                        wire, wire_values, async_op, algorithm_from)
+        chosen = selector if selector is not None else getattr(state, "selector", None)
         settings = {**settings, "CUPYCOLL_RANKS_PER_NODE": setting("CUPYCOLL_RANKS_PER_NODE"),
-                    "async_op": bool(async_op)}
+                    "async_op": bool(async_op),
+                    "reference threshold": reference_threshold(chosen)}
         draft.context = algorithm, settings  # the nodes' setting parsed by the checks
     except Exception as exc:  # any: it reaches the other ranks as a flag
         draft.fail(exc)

@@ -155,7 +155,7 @@ class TopkCompressor:
         """What of this compressor decides the collectives of its next step (agreed by the
         step's validation): whether it is a warm-up step, measure_xi, Ok-Topk's periods and
         the step count (ranks restored from different checkpoints would run different
-        collectives), and the crc32 of the state's boundaries and global threshold (from
+        collectives), the padded allgather, and the crc32 of the state's boundaries and global threshold (from
         different checkpoints they differ). Read in the caller's thread, while an asynchronous
         step may still run: from the steps called so far, not those done; the crc where no
         asynchronous step was called since the last synchronous one, restore or construction
@@ -163,7 +163,7 @@ class TopkCompressor:
         crc = state_crc(self.state) if self._pending is None else None
         return {"warmup": self._called < self.warmup_steps, "measure_xi": self.measure_xi,
                 "tau": self.state.tau, "tau_prime": self.state.tau_prime, "step": self._called,
-                "state crc32": crc}
+                "padded_allgather": self.state.padded_allgather, "state crc32": crc}
 
     def _advance(self, comm: Communicator, arr: Any, k: int) -> SparseResult:
         """One validated step over ``comm`` (the compressor's communicator or its background
@@ -173,7 +173,8 @@ class TopkCompressor:
         if self._residual is None or array_namespace(self._residual) is not xp \
                 or self._residual.dtype != dtype:
             self._residual = to_namespace(self.residual, xp).astype(dtype)
-        acc = self._residual + arr.astype(dtype, copy=False)
+        with np.errstate(all="ignore"):  # an overflow is inf on every rank's residual alike,
+            acc = self._residual + arr.astype(dtype, copy=False)  # never raised on one alone
         acc_c = to_namespace(acc, comm.xp)
         if self.steps < self.warmup_steps:
             update = self._dense_step(acc_c, comm)
@@ -187,7 +188,8 @@ class TopkCompressor:
                                         update, comm))
             acc[to_namespace(outcome.included, xp)] = 0
             for where, error in outcome.remainders:  # rounding errors (wire_values)
-                acc[to_namespace(where, xp)] += to_namespace(error, xp).astype(dtype)
+                with np.errstate(all="ignore"):
+                    acc[to_namespace(where, xp)] += to_namespace(error, xp).astype(dtype)
             self._residual = acc
             update = SparseResult(update.indices, _averaged(update.values, comm.size), self.n)
         self.steps += 1

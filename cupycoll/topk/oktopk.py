@@ -67,7 +67,8 @@ from ..wire._values import rounding_error
 from ..wire._exchange import gather_entries
 from ..wire._pack import COO
 from ._oktopk_phases import allgather_blocks, balance, split_and_reduce
-from .selectors import Threshold, min_abs, positive_threshold, smallest_positive
+from .selectors import (Threshold, min_abs, positive_threshold, reference_threshold,
+                        smallest_positive)
 
 __all__ = ["oktopk", "cost", "region_boundaries", "boundary_proposal", "proposed_cuts", "auto_tau",
            "GLOBAL_FEEDBACK", "AUTO_TAU", "SHARE_NOISE"]
@@ -179,7 +180,7 @@ def _select_balance_gather(comm: Any, red: Any, lo: int, k: int, n: int,
     nonzero sums (:mod:`._global_threshold`). Reference policy: the shared threshold as it is,
     corrected afterwards from the count T alone (GLOBAL_FEEDBACK), for the next step.
     """
-    if _reference_policy(state):
+    if reference_threshold(state.selector):
         sel_i, sel_v = select_abs_ge(red, state.global_th)
     else:
         nz_i, nz_v = select_abs_ge(red, smallest_positive(red.dtype))
@@ -190,7 +191,7 @@ def _select_balance_gather(comm: Any, red: Any, lo: int, k: int, n: int,
     gidx = sel_i.astype(index_dtype(n)) + lo
     counts = comm.allgather_counts(int(gidx.shape[0]), "oktopk.balance.counts")
     total = int(counts.sum())
-    if _reference_policy(state):
+    if reference_threshold(state.selector):
         low, high, scale = GLOBAL_FEEDBACK
         if total < low * k:
             state.global_th = positive_threshold(state.global_th / scale, red.dtype)
@@ -231,12 +232,6 @@ def cut_ties(comm: Any, idx: Any, val: Any, counts: np.ndarray, k: int
     at = ~above
     keep = xp.flatnonzero(above | (at & (xp.cumsum(at) <= int(quota[comm.rank]))))
     return idx[keep], val[keep], above_counts + quota
-
-
-def _reference_policy(state: TopkState) -> bool:
-    """True when the local selector is ``Threshold(policy="reference")``: then the global
-    threshold follows the reference code's count feedback too."""
-    return isinstance(state.selector, Threshold) and state.selector.policy == "reference"
 
 
 def oktopk(comm: Any, x: Any, k: int, state: TopkState) -> TopkOutcome:

@@ -52,7 +52,7 @@ from ..primitives._common import smallest_positive
 from ..primitives._numpy_select import abs_ge_kth
 
 __all__ = ["Selection", "Selector", "Exact", "Threshold", "Gaussian", "magnitude_sample",
-           "min_abs", "smallest_positive", "positive_threshold", "top_numbers"]
+           "reference_threshold", "min_abs", "smallest_positive", "positive_threshold", "top_numbers"]
 
 #: sample size of the sampled quantile: about SAMPLE_HITS sampled entries lie above the k-th
 #: magnitude (the sampled count's relative error is about 1/sqrt of it); the sample is at least
@@ -285,6 +285,13 @@ class Threshold(Selector):
 
     def __repr__(self) -> str:
         return f"Threshold(policy={self.policy!r}, threshold={self.threshold})"
+
+
+def reference_threshold(selector: Any) -> bool:
+    """Whether ``selector`` is ``Threshold(policy="reference")``: with Ok-Topk the global
+    threshold then follows the reference code's count feedback instead of an allreduced
+    histogram (another sequence of collectives, so every rank must pick alike)."""
+    return isinstance(selector, Threshold) and selector.policy == "reference"
 
 
 class Gaussian(Selector):

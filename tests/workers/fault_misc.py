@@ -11,7 +11,9 @@ crossed    ranks call different verbs at the same point: sparse_allreduce vs top
 skip       one rank raises (and catches) an exception between collectives and skips a call;
            calls match by order, so the others time out at the end naming it; init() recovers.
 interrupt  a blocking wait without a timeout (``timeout=0``: none) raises KeyboardInterrupt
-           within 1 s of SIGINT; the communicator is then dead; init() recovers.
+           within 1 s of SIGINT; the communicator is then dead; init() recovers. The same in
+           an asynchronous call's ``wait(timeout=)`` (before: the communicator stayed alive
+           and its next call hung in the pending one).
 first      a rank arrives late at a fresh communicator's first sparse_allreduce (whose first
            use detects the nodes and broadcasts the profile: MPI calls without a timeout); the
            others give up and init() again; the late one must time out too, not hang there.
@@ -34,7 +36,14 @@ async_late the last rank comes 2 s late to an asynchronous sparse_allreduce (1 s
            whose board now says they gave the communicator up: its timeout names them so.
 local      a KeyboardInterrupt on rank 0 in a sparse_allreduce's local work, outside any
            wait: rank 0's communicator is dead at once (the others wait in that call: a later
-           call would pair with theirs), the others time out; init() recovers.
+           call would pair with theirs), the others time out; init() recovers. The same in a
+           dense allreduce's fast path (float16 widened before posting; before: the
+           communicator stayed alive and its next call paired with the others' first).
+failed     an asynchronous broadcast whose ranks pass different counts fails (MPI truncates):
+           ``is_completed()`` and ``wait(timeout=)`` report it done and every later ``wait()``
+           raises BackendError (before: a raw mpi4py exception, then a ``wait()`` that
+           returned); the same failure in a dropped Work leaves the next calls alone (before:
+           raised on one rank only, so the ranks' calls paired out of order).
 """
 
 from __future__ import annotations
@@ -183,6 +192,26 @@ def interrupt() -> None:
         except cc.errors.BackendError as exc:
             assert "interrupted" in str(exc), str(exc)
     report("interrupt (no timeout)", outcome, took)
+    comm = cc.init("mpi", timeout=5)
+    fresh_allreduce(comm)
+    if RANK == 0:
+        ones = np.ones(4)  # rank 1 never comes (CUPYCOLL_DEBUG: the front door's agreement
+        work = comm.allreduce(ones, ones, "sum") if DEBUG else cc.allreduce(  # would wait)
+            ones, comm=comm, async_op=True)
+        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        try:
+            work.wait(timeout=30)
+            raise AssertionError("the allreduce completed without rank 1")
+        except KeyboardInterrupt:
+            pass
+        try:
+            fresh_allreduce(comm)
+            raise AssertionError("a communicator interrupted in wait(timeout) answered")
+        except cc.errors.BackendError as exc:
+            assert "interrupted" in str(exc), str(exc)
+    report("interrupt in wait(timeout)", "KeyboardInterrupt, then dead" if RANK == 0 else
+           "waited", 0.0)
     fresh_allreduce(cc.init("mpi", timeout=5))
 
 
@@ -328,17 +357,28 @@ def times_out(name: str, call) -> None:
 
 
 def local() -> None:
-    comm = cc.init("mpi", timeout=1.0)
-    idx, val = np.array([RANK], np.int64), np.ones(1, np.float32)
-    cc.sparse_allreduce(idx, val, P, comm=comm)
+    from cupycoll.comm import _mpi_staging
     from cupycoll.sparse import _validate
 
-    checks = _validate._local
-    if RANK == 0:  # Ctrl-C lands in the local checks, before anything is posted
-        _validate._local = lambda *args: (_ for _ in ()).throw(KeyboardInterrupt)
+    idx, val = np.array([RANK], np.int64), np.ones(1, np.float32)
+    widened = np.ones(2000, np.float16)  # contiguous: the dense fast path, staged to float32
+    _local_interrupt("interrupt in local work", _validate, "_local",
+                     lambda comm: cc.sparse_allreduce(idx, val, P, comm=comm))
+    _local_interrupt("interrupt in a dense call's own work", _mpi_staging, "to_host",
+                     lambda comm: cc.allreduce(widened, comm=comm))
+
+
+def _local_interrupt(name: str, module, function: str, call) -> None:
+    """``call(comm)`` with ``module.function`` raising KeyboardInterrupt on rank 0 (before
+    anything is posted): rank 0's communicator is dead, the others time out."""
+    comm = cc.init("mpi", timeout=1.0)
+    call(comm)
+    checks = getattr(module, function)
+    if RANK == 0:  # Ctrl-C lands in the call's own work, before anything is posted
+        setattr(module, function, lambda *args: (_ for _ in ()).throw(KeyboardInterrupt))
     start = time.monotonic()
     try:
-        cc.sparse_allreduce(idx, val, P, comm=comm)
+        call(comm)
         raise AssertionError("the call completed")
     except KeyboardInterrupt:
         assert RANK == 0
@@ -352,9 +392,50 @@ def local() -> None:
         assert RANK != 0
         outcome = f"CollectiveTimeout{exc.missing_ranks}"
     finally:
-        _validate._local = checks
-    report("interrupt in local work", outcome, time.monotonic() - start)
+        setattr(module, function, checks)
+    report(name, outcome, time.monotonic() - start)
     fresh_allreduce(cc.init("mpi", timeout=10))
+
+
+def _mismatched_broadcast(comm):
+    """An asynchronous broadcast whose count is 4 on rank 0, 400 elsewhere (with
+    CUPYCOLL_DEBUG the front door's agreement would refuse it: the Communicator's own)."""
+    x = np.ones(4 if RANK == 0 else 400, np.float32)
+    return comm.broadcast(x, x, P - 1) if DEBUG else cc.broadcast(x, root=P - 1, comm=comm,
+                                                                   async_op=True)
+
+
+def failed() -> None:
+    comm = cc.init("mpi", timeout=5.0)
+    for how in ("is_completed", "wait_timeout"):
+        work = _mismatched_broadcast(comm)
+        try:
+            if how == "is_completed":
+                while not work.is_completed():
+                    time.sleep(0.001)
+            else:
+                work.wait(timeout=4)
+            outcomes = [how]
+        except cc.errors.BackendError:
+            outcomes = ["BackendError"]
+        for _ in range(2):  # every later wait raises it, on the ranks whose transfer failed
+            try:
+                work.wait()
+                outcomes.append("returned")
+            except cc.errors.BackendError:
+                outcomes.append("BackendError")
+        assert outcomes[1:] in (["BackendError"] * 2, ["returned"] * 2), outcomes
+        assert outcomes[0] == how or how == "wait_timeout", outcomes  # is_completed: True
+        if RANK == 0:
+            assert outcomes[1:] == ["BackendError"] * 2, outcomes  # 4 floats for 400
+        report(f"failed broadcast, {how}", "/".join(outcomes), 0.0)
+    comm = cc.init("mpi", timeout=5.0)
+    work = _mismatched_broadcast(comm)
+    time.sleep(0.3)
+    del work  # dropped: kept until its transfers are done
+    for _ in range(3):
+        fresh_allreduce(comm)
+    report("failed broadcast dropped, calls on", "completed", 0.0)
 
 
 def learned() -> None:
@@ -390,7 +471,7 @@ def learned() -> None:
 for name in sys.argv[1:]:
     {"stale": stale, "crossed": crossed, "skip": skip, "interrupt": interrupt, "first": first,
      "local": local, "learned": learned, "preempted": preempted, "dup": dup,
-     "async_late": async_late}[name]()
+     "async_late": async_late, "failed": failed}[name]()
     WORLD.Barrier()
 if RANK == 0:
     print("OK")

@@ -14,6 +14,9 @@ without a wait of its own on this communicator:
 - ``left``: rank 0 leaves that reduce and allreduce pending and ends; its exit's settling of
   either communicator posts the reduce's second phase (before: where the exit settled the
   allreduce's communicator first, rank 1 waited the 5 s it gives it).
+- ``duplicated``: the root reduces and then duplicates the communicator; the others start the
+  reduce, duplicate it and wait for the reduce after (before: the duplicate's host wait posted
+  no second phase, so the root waited in the reduce and the others in the duplicate for ever).
 
 Sums of small integers checked against the exact total; runs without a timeout (the launch's
 own timeout is the hang detector)."""
@@ -71,6 +74,12 @@ elif scenario == "crossed":
     if RANK > 0:
         work.wait()
     assert np.array_equal(summed, np.full(4, float(P)))
+elif scenario == "duplicated":
+    if RANK == 0:
+        assert np.array_equal(work.wait(), total)
+    twin = comm.dup()
+    work.wait()
+    assert np.array_equal(cc.allreduce(np.ones(4), comm=twin), np.full(4, float(P)))
 elif scenario == "closed":
     comm.close()
     result = work.wait()

@@ -10,7 +10,8 @@ bfloat16 wires, the compressor, and every sparse algorithm and op on 1-D values 
 compact, bfloat16 and float16 wires, values that underflow those wires; Ok-Topk's threshold
 search after a step of zeros and after a jump in magnitude; every top-k algorithm and Gaussian
 selector on odd data on one rank only; averages (sparse, dense, the compressor's) of
-subnormals. Prints "ok raising error state on P ranks".
+subnormals; a compressor whose residual overflows on one rank only (before: FloatingPointError
+there while the others waited). Prints "ok raising error state on P ranks".
 """
 
 from __future__ import annotations
@@ -112,6 +113,13 @@ def main() -> None:
             comp = TopkCompressor(3000, 0.01, algorithm=alg, comm=comm, warmup_steps=1)
             for _ in range(2):
                 comp.step(subnormal.copy())
+    for alg in ("dense", "oktopk"):  # a residual that overflows on one rank only: inf there
+        comp = TopkCompressor(100, 0.05, algorithm=alg, comm=comm)
+        big = np.zeros(100, np.float32)
+        big[50] = 3e38 if comm.rank == 0 else -3e38 if comm.rank == 1 else 0
+        with np.errstate(all="raise"):
+            comp.step(big)  # sums to 0 at P = 2: index 50 stays in both residuals
+            comp.step(big if comm.rank == 0 else np.zeros(100, np.float32))
     if comm.rank == 0:
         print(f"ok raising error state on {comm.size} ranks")
 

@@ -17,7 +17,7 @@ from _common import assert_identical_across_ranks, expect_raises
 
 import cupycoll as cc
 from cupycoll.errors import InvalidArgument, InvalidType, MismatchError
-from cupycoll.topk import TopkCompressor, TopkState, topk_allreduce
+from cupycoll.topk import Threshold, TopkCompressor, TopkState, topk_allreduce
 
 WORLD = MPI.COMM_WORLD
 
@@ -140,6 +140,18 @@ def errors(comm) -> None:
         rest = "rank 1" if comm.size == 2 else f"ranks 1-{comm.size - 1}"
         assert f"(step: 1 on rank 0; 2 on {rest}, " in message and "step count" in message, \
             message
+        # a setting that changes the collectives of later steps only: refused at the first
+        # (before: the ranks ran different collectives from step 1 and hung)
+        for make in (lambda: TopkCompressor(10, 0.3, comm=comm, selector=Threshold(
+                         policy="reference" if r == 0 else "quantile")),
+                     lambda: _padded(TopkCompressor(10, 0.3, comm=comm), r == 0)):
+            comp = make()
+            message = str(expect_raises(MismatchError, lambda: comp.step(x)))
+            assert "True on rank 0; False on" in message, message
+        message = str(expect_raises(MismatchError, lambda: topk_allreduce(
+            x, 3, comm=comm, state=TopkState(), selector=Threshold(
+                policy="reference" if r == 0 else "quantile"))))
+        assert "reference threshold: True on rank 0" in message, message
         comp = TopkCompressor(10, 0.2 if r == 0 else 0.3, comm=comm)  # named as the caller's
         message = str(expect_raises(MismatchError, lambda: comp.step(x)))
         assert "the k (density x n) of TopkCompressor.step" in message, message
@@ -159,6 +171,11 @@ def errors(comm) -> None:
         expect_raises(InvalidArgument, bad)
     res = topk_allreduce(x * (r + 1), 3, comm=comm)
     assert res.nnz == 3
+
+
+def _padded(comp: TopkCompressor, padded: bool) -> TopkCompressor:
+    comp.state.padded_allgather = padded
+    return comp
 
 
 def main() -> None:
