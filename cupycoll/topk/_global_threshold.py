@@ -34,14 +34,23 @@ import numpy as np
 from .._types import ReduceOp
 from .selectors import smallest_positive
 
-__all__ = ["histogram_threshold", "BINS", "OCTAVES", "COUNT_RANGE", "MAX_ROUNDS"]
+__all__ = ["histogram_threshold", "BINS", "OCTAVES", "COUNT_RANGE", "MAX_ROUNDS", "max_rounds"]
 
 #: log-spaced bins per round (16 per octave), the window's half-width in octaves around the last
-#: threshold, the accepted count range as fractions of k, and the most rounds per step.
+#: threshold, the accepted count range as fractions of k, and the most rounds per step of a
+#: float32 search (:func:`max_rounds`).
 BINS = 32
 OCTAVES = 1
 COUNT_RANGE = (0.9, 1.1)
 MAX_ROUNDS = 8
+
+
+def max_rounds(dtype: Any) -> int:
+    """The most rounds of a step's search in ``dtype``: :data:`MAX_ROUNDS` for float32, one
+    more for every 5 bits (a round's 32-fold refinement) of a wider mantissa, so a float64 bin
+    of the k-th magnitude can narrow to one value (a tie) as a float32 one does."""
+    wider = np.finfo(dtype).nmant - np.finfo(np.float32).nmant
+    return MAX_ROUNDS + max(0, -(-wider // 5))
 
 
 def _counts_at_edges(comm: Any, mags: Any, edges: np.ndarray, wide: bool) -> np.ndarray:
@@ -90,7 +99,7 @@ def _search(comm: Any, mags: Any, k: int, n: int, center: float, dtype: np.dtype
     lo = max(center * 2.0 ** -OCTAVES, floor)
     hi = min(max(center * 2.0 ** OCTAVES, floor * 4), top)
     best_t, best_count = floor, -1
-    for _ in range(MAX_ROUNDS):
+    for _ in range(max_rounds(dtype)):
         edges = np.geomspace(lo, hi, BINS + 1)
         counts = _counts_at_edges(comm, mags, edges, comm.size * n >= 2**31)
         near = int(np.argmin(np.where(counts > 0, np.abs(counts - k), np.inf)))

@@ -173,6 +173,23 @@ def errors(comm) -> None:
     assert res.nnz == 3
 
 
+def tied_kth(comm) -> None:
+    """Ok-Topk's documented tie rule in every float dtype: the k-th sum tied (20 entries
+    summing to 2P, 200 of each rank's own at 1, k = 60): every step keeps k, the tied value's
+    lowest indices (before: a float64 search ran out of rounds before its bin held one value
+    and kept the 20 above the tie)."""
+    x = np.zeros(3000)
+    x[:20] = 2.0
+    x[100 + 200 * comm.rank: 300 + 200 * comm.rank] = 1.0
+    for dtype in (np.float32, np.float64):
+        state = TopkState(tau=1, tau_prime=1000)  # one refresh, then the histogram's search
+        for step in range(3):
+            got = topk_allreduce(x.astype(dtype), 60, algorithm="oktopk", comm=comm,
+                                 state=state)
+            assert got.indices.tolist() == list(range(20)) + list(range(100, 140)), \
+                (np.dtype(dtype).name, step, got.indices.size)
+
+
 def _padded(comp: TopkCompressor, padded: bool) -> TopkCompressor:
     comp.state.padded_allgather = padded
     return comp
@@ -180,6 +197,7 @@ def _padded(comp: TopkCompressor, padded: bool) -> TopkCompressor:
 
 def main() -> None:
     comm = cc.init("mpi")
+    tied_kth(comm)
     n, steps = 2000, 14
     for alg in cc.algorithms("topk"):
         conservation(comm, alg, n, steps)
