@@ -286,7 +286,7 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
         send, recv = as_array(data), as_array(gathered)
         blocks = gathered.chunk(self.size()) if data.numel() else [gathered] * self.size()
         return self._launch("allgather", tensor, opts,
-                            lambda _: [[copied_back(o, b) for o, b in zip(outputs, blocks)]],
+                            lambda _: [copied_back(o, b) for o, b in zip(outputs, blocks)],
                             collectives.allgather, send, out=recv)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,

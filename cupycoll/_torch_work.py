@@ -28,7 +28,7 @@ import torch.distributed as dist
 from .comm._work import EXIT_WAIT, _completer
 from .errors import BackendError, BackendUnavailable, CollectiveTimeout, MismatchError
 
-__all__ = ["TorchWork", "dist_error", "network_error"]
+__all__ = ["TorchWork", "dist_error", "network_error", "torch_settlers"]
 
 #: cupycoll's errors of a collective (timeouts, ranks that disagree, a backend that failed or
 #: is missing) reach torch's callers as DistBackendErrors, as ProcessGroupNCCL raises them.
@@ -177,7 +177,7 @@ class _Settlers:
 _SETTLERS: dict[int, _Settlers] = {}
 
 
-def _settlers() -> _Settlers:
+def torch_settlers() -> _Settlers:
     """This process's settlers (a forked child makes its own). The first registers their
     drain at exit after making the completer (an operation of the background worker makes
     none), so the drain runs before the completer's: it waits for every operation started to
@@ -229,7 +229,7 @@ class TorchWork(dist._Work):
             self._settle(None)
         else:
             future = work if isinstance(work, concurrent.futures.Future) else work.get_future()
-            self._settlers = _settlers()  # made here, in the caller's thread (not at exit)
+            self._settlers = torch_settlers()  # made here, in the caller's thread (not at exit)
             self._settlers.expect()
             future.add_done_callback(self._settle)
 

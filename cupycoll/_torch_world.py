@@ -67,7 +67,7 @@ def group_comm(store: Any, rank: int, size: int, global_ranks: list[int],
     if not global_ranks:
         _world = _form_world(store, rank, size, timeout)
         return _world
-    world = _world if _world is not None else _mpiexec_world(global_ranks[rank])
+    world = _world if _world is not None else _mpiexec_world(store, rank, global_ranks)
     members = world.Get_group().Incl(global_ranks)
     try:
         comm = world.Create_group(members)
@@ -105,23 +105,29 @@ def _form_world(store: Any, rank: int, size: int, timeout: float | None) -> MPI.
         "apart (torchrun, each under mpiexec -n 1)")
 
 
-def _mpiexec_world(global_rank: int) -> MPI.Comm:
+def _mpiexec_world(store: Any, rank: int, global_ranks: list[int]) -> MPI.Comm:
     """COMM_WORLD, for a cupycoll subgroup of a default group of another backend: its
     processes and ranks must be torch's (mpiexec; processes started apart are joined only when
-    the default group is cupycoll's)."""
+    the default group is cupycoll's). The members compare their MPI ranks through the group's
+    store first, so where one differs every member raises (none waits in MPI for the others)."""
     import torch.distributed as dist
 
     processes, size = MPI.COMM_WORLD.Get_size(), dist.get_world_size()
     if processes != size:
         raise BackendUnavailable(
-            f"rank {global_rank}: MPI's COMM_WORLD has {processes} processes, torch's default "
-            f"group {size}: launch with mpiexec, or make cupycoll the default group's backend "
-            "(it joins processes started apart)")
-    if MPI.COMM_WORLD.Get_rank() != global_rank:
+            f"rank {global_ranks[rank]}: MPI's COMM_WORLD has {processes} processes, torch's "
+            f"default group {size}: launch with mpiexec, or make cupycoll the default group's "
+            "backend (it joins processes started apart)")
+    store.set(f"cupycoll.mpi_rank.{rank}", str(MPI.COMM_WORLD.Get_rank()))
+    differing = [(torch_rank, mpi_rank) for torch_rank, mpi_rank in (
+        (global_ranks[r], int(store.get(f"cupycoll.mpi_rank.{r}"))) for r in range(
+            len(global_ranks))) if torch_rank != mpi_rank]
+    if differing:
+        bad, mpi_rank = differing[0]
         raise InvalidArgument(
-            "rank", global_rank, f"torch's rank differs from MPI's ({MPI.COMM_WORLD.Get_rank()})"
-            ": give init_process_group MPI's rank, or make cupycoll the default group's "
-            "backend", rank=global_rank)
+            "rank", bad, f"torch's rank {bad} differs from MPI's ({mpi_rank}), seen by every "
+            "member of the new group: give init_process_group MPI's rank, or make cupycoll "
+            "the default group's backend", rank=bad)
     return MPI.COMM_WORLD
 
 

@@ -106,7 +106,20 @@ def test_a_subgroup_of_another_default_needs_mpiexec(monkeypatch):
 
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
     with pytest.raises(BackendUnavailable, match="make cupycoll the default group's backend"):
-        _torch_world._mpiexec_world(1)
+        _torch_world._mpiexec_world(dist.HashStore(), 1, [0, 1])
+
+
+def test_a_subgroup_whose_torch_ranks_are_not_mpis_raises_on_every_member(monkeypatch):
+    """A cupycoll subgroup of another default group whose torch ranks differ from MPI's:
+    every member raises, also one whose own two ranks agree (before: that member went on into
+    MPI's group creation and waited there for ever for the members that had raised)."""
+    from cupycoll import _torch_world
+
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 1)
+    store = dist.HashStore()
+    store.set("cupycoll.mpi_rank.1", "5")  # the other member: torch rank 1, MPI rank 5
+    with pytest.raises(InvalidArgument, match="torch's rank 1 differs from MPI's \\(5\\)"):
+        _torch_world._mpiexec_world(store, 0, [0, 1])  # this member: torch 0 = MPI 0
 
 
 def test_open_mpi_refuses_to_join_processes_started_apart(monkeypatch):

@@ -14,6 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .._types import ReduceOp, to_host
+from ..errors import CupycollError
 from ._watchdog import late_ranks
 from ._work import Work
 from ._mpi_types import _MPI_TYPES, _address, _fold_blocks, _separate, averaged
@@ -178,15 +179,27 @@ def _two_phases(comm: Any, first: list, first_peers: list[int], between: Any, fi
     are done: a rank blocked in (or polling) one call's second phase has posted every earlier
     call's, so ranks waiting for their calls in different orders never wait for each other."""
     second: list = []
-    lock = threading.Lock()
+    failed: list = []  # the first phase's failure, raised by every later advance (MPI nulls
+    lock = threading.Lock()  # the failed requests: a second test would find them done)
 
     def advance(blocking_first: bool = True) -> bool:
         with lock:  # once, whether wait() or a test from another thread gets there first
+            if failed:
+                raise failed[0]
             if not second:
-                if blocking_first:
-                    comm.wait(first, op_name, first_peers, sequence)
-                elif not MPI.Request.Testall(first):
-                    return False
+                try:
+                    if blocking_first:
+                        comm.wait(first, op_name, first_peers, sequence)
+                    elif not MPI.Request.Testall(first):
+                        return False
+                except MPI.Exception as exc:
+                    error = comm._failure(op_name, {str(exc)})
+                    failed.append(error)
+                    raise error from exc
+                except CupycollError as exc:
+                    if comm._fate.error is None:  # (a dead communicator raises its own)
+                        failed.append(exc)
+                    raise
                 second.append(between())
         return True
 
@@ -203,9 +216,11 @@ def _two_phases(comm: Any, first: list, first_peers: list[int], between: Any, fi
 
     def test() -> bool:
         progress_all()  # a peer may wait in another communicator's call this rank holds up
+        _post_ready(comm, advance)
+        if not advance(blocking_first=False):
+            return False
         try:
-            _post_ready(comm, advance)
-            return advance(blocking_first=False) and bool(MPI.Request.Testall(second[0][0]))
+            return bool(MPI.Request.Testall(second[0][0]))
         except MPI.Exception as exc:
             raise comm._failure(op_name, {str(exc)}) from exc
 
@@ -236,7 +251,11 @@ def _post_ready(comm: Any, advance: Any = None) -> None:
         return
     try:
         for entry in list(comm._unposted):
-            entry[0](blocking_first=False)
+            try:
+                entry[0](blocking_first=False)
+            except Exception:  # noqa: BLE001  an earlier call's failure: its own wait raises it
+                if entry[0] is advance:
+                    raise
             if entry[0] is advance:
                 break
     finally:

@@ -324,12 +324,14 @@ def _value_flags(prepared: Prepared, p: int) -> tuple[int, int]:
     """A dense output's value facts (only then computed: one pass over this rank's values):
     whether the reduction may hold a NaN, so its NaN bits need settling (a NaN or an infinity
     in the values, or a magnitude at which P of them can overflow, whose infinities then meet:
-    ``inf - inf``, ``inf * 0``), and whether they hold a -0 (so +0 + x is not x for every
-    input)."""
+    ``inf - inf``, ``inf * 0``; on a float16 wire, at float16's range), and whether they
+    hold a -0 (so +0 + x is not x for every input)."""
     values = prepared.values
     if prepared.output != "dense" or values.dtype.kind != "f" or values.size == 0:
         return 0, 0
     limit = _overflowing(values.dtype, prepared.op, p)
+    if prepared.wire_values == "float16":  # beyond float16's range values travel as +-inf
+        limit = min(limit, _overflowing(np.dtype(np.float16), prepared.op, p))
     fast = _fast(values.size) if isinstance(values, np.ndarray) else None
     if fast is not None:
         may_nan, minus_zero = fast.special_values(values, limit)

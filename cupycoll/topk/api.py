@@ -202,10 +202,11 @@ def validate(comm: Communicator, x: Any, k: Any, algorithm: Any, *, selector: An
     try:
         arr, kk, wcode = _local_checks(comm, x, k, algorithm, selector, state, argument, n,
                                        wire, wire_values, async_op, algorithm_from)
-        chosen = selector if selector is not None else getattr(state, "selector", None)
         settings = {**settings, "CUPYCOLL_RANKS_PER_NODE": setting("CUPYCOLL_RANKS_PER_NODE"),
-                    "async_op": bool(async_op),
-                    "reference threshold": reference_threshold(chosen)}
+                    "async_op": bool(async_op)}
+        if algorithm == "oktopk":  # its collectives follow the selector's policy
+            chosen = selector if selector is not None else getattr(state, "selector", None)
+            settings["reference threshold"] = reference_threshold(chosen)
         draft.context = algorithm, settings  # the nodes' setting parsed by the checks
     except Exception as exc:  # any: it reaches the other ranks as a flag
         draft.fail(exc)

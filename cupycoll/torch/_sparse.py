@@ -10,7 +10,6 @@ DLPack's per-call cost on CPU.
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import inspect
 import math
@@ -26,7 +25,7 @@ from .._torch_tensors import Refused, holding, sparse_tensor
 from .._types import check_flag
 from ..sparse import sparse_allreduce as _sparse_allreduce
 from ._coalesce import entries
-from ._tensors import as_array, future_of
+from ._tensors import as_array, future_of, settled_later
 
 __all__ = ["sparse_allreduce", "start", "future", "reduce"]
 
@@ -127,12 +126,14 @@ def start(comm: Communicator, tensor: torch.Tensor, call: dict[str, Any],
 
 def future(comm: Communicator, tensor: torch.Tensor, call: dict[str, Any],
            op_name: str, last: bool = False) -> torch.futures.Future:
-    """A torch Future of :func:`start`'s result. On MPI cupycoll's worker completes it the
-    moment the call returns there (no hop through the completer thread: the caller waiting
-    on it wakes one thread switch sooner); ``last`` (nothing is left for the caller to
-    overlap it with, e.g. DDP's last bucket) and the worker idle: the call runs here, on the
-    worker's communicator, saving the two thread switches. On NCCL the completer completes
-    it, after a host synchronize (the Future names the tensor's device)."""
+    """A torch Future of :func:`start`'s result. On MPI the call runs on cupycoll's worker,
+    and a settler thread completes the Future once it returns there (no hop through the
+    completer thread; the Future's callbacks never hold the worker: one may start another
+    operation and wait for it); ``last`` (nothing is left for the caller to overlap it with,
+    e.g. DDP's last bucket) and the worker idle: the call runs here, on the worker's
+    communicator, and completes the Future here, saving the thread switches. On NCCL the
+    completer finishes it, after a host synchronize (the Future names the tensor's device),
+    and a settler thread completes it (:func:`._tensors.future_of`)."""
     if getattr(comm, "stream_work", None) is not None:
         return future_of(start(comm, tensor, call, op_name), lambda result: result, tensor)
     worker = runner(comm)
@@ -143,17 +144,10 @@ def future(comm: Communicator, tensor: torch.Tensor, call: dict[str, Any],
         except Exception as exc:  # the Future carries it, as from the worker
             result.set_exception(exc)
         return result
-    worker.submit(reduce, tensor, worker.comm, **call).add_done_callback(
-        functools.partial(_settle, result))
+    submitted = worker.submit(reduce, tensor, worker.comm, **call)
+    settle = settled_later(result)  # (its callbacks must not hold the worker)
+    submitted.add_done_callback(lambda done: settle(done.result))
     return result
-
-
-def _settle(result: torch.futures.Future, done: concurrent.futures.Future) -> None:
-    error = done.exception()
-    if error is None:
-        result.set_result(done.result())
-    else:
-        result.set_exception(error)
 
 
 def reduce(tensor: torch.Tensor, comm: Communicator, *, output: str = "sparse",

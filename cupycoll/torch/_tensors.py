@@ -3,15 +3,18 @@ gradients are reduced in, and torch Futures completed from cupycoll Works."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import torch
 
 from .._torch_tensors import as_array
+from .._torch_work import torch_settlers
 from ..comm import Work
 from ..errors import InvalidType
 
-__all__ = ["as_array", "working_dtype", "working_copy", "written_back", "future_of"]
+__all__ = ["as_array", "working_dtype", "working_copy", "written_back", "future_of",
+           "settled_later"]
 
 
 #: gradient dtype -> the dtype the hooks reduce it in: bfloat16 in float32 (numpy, the MPI
@@ -50,19 +53,33 @@ def written_back(buffer: torch.Tensor, reduced: torch.Tensor) -> torch.Tensor:
 
 def future_of(work: Work, finish: Callable[[Any], Any],
               buffer: torch.Tensor) -> torch.futures.Future:
-    """A torch Future completed with ``finish(work.wait())`` (or its exception).
+    """A torch Future completed with ``finish(work.wait())`` (or its exception), in a settler
+    thread (:func:`settled_later`: a ``then`` callback on it may wait for another operation).
 
     For a CUDA bucket the Future names its device, so torch records an event on the current
     stream when the value is set and DDP's wait makes its own stream wait for that event.
     """
     future: torch.futures.Future = torch.futures.Future(
         devices=[buffer.device] if buffer.is_cuda else None)
-
-    def done(_: Work) -> None:
-        try:
-            future.set_result(finish(work.wait()))
-        except BaseException as exc:  # DDP re-raises it from the backward pass
-            future.set_exception(exc)
-
-    work.add_done_callback(done)
+    settle = settled_later(future)
+    work.add_done_callback(lambda _: settle(lambda: finish(work.wait())))
     return future
+
+
+def settled_later(future: torch.futures.Future) -> Callable[[Callable[[], Any]], None]:
+    """What completes ``future`` with a function's value (or its exception, which DDP raises
+    from the backward pass): the function runs where the operation ended, the Future is then
+    completed by cupycoll's torch settler threads, in completion order, so its callbacks never
+    hold the thread that completes another operation (torch's PowerSGD hook waits for a second
+    allreduce in one)."""
+    settlers = torch_settlers()
+    settlers.expect()
+
+    def settle(value: Callable[[], Any]) -> None:
+        try:
+            done = functools.partial(future.set_result, value())
+        except BaseException as exc:
+            done = functools.partial(future.set_exception, exc)
+        settlers.submit(done)
+
+    return settle

@@ -97,12 +97,17 @@ def check(seed: int) -> None:
         assert same_bits(got.values, big), f"{algorithm}: float16 avg {got.values}"
     for algorithm in ALGORITHMS:  # finite inputs whose reduction makes a NaN (inf * 0 at
         # P = 3, inf - inf at P = 4: MPI's pairwise sum): a dense output's NaN bits too
-        got = sparse_allreduce(*overflowing(rank, size), N, op="prod" if size == 3 else "sum",
-                               algorithm=algorithm, comm=comm, output="dense")
-        nan = got[np.isnan(got)]
-        assert np.all(nan.view(np.uint32) == CANONICAL["float32"]), \
-            f"{algorithm}: a NaN made by overflow without numpy's NaN bits: {got}"
-        results.append(got)
+        # and values within float32's range that a float16 wire carries as +-inf
+        big = np.float32(1e5 if rank % 2 == 0 else -1e5)
+        for inputs, wire_values in ((overflowing(rank, size), None),
+                                    ((np.array([5]), np.array([big])), "float16")):
+            got = sparse_allreduce(*inputs, N, op="prod" if size == 3 else "sum",
+                                   algorithm=algorithm, comm=comm, output="dense",
+                                   wire_values=wire_values)
+            nan = got[np.isnan(got)]
+            assert np.all(nan.view(np.uint32) == CANONICAL["float32"]), \
+                f"{algorithm} {wire_values}: a NaN made by overflow without numpy's bits: {got}"
+            results.append(got)
     for algorithm in ALGORITHMS:  # a dense output into the values themselves (out=values)
         for values in (np.full(N, rank + 1.0, np.float32), np.full((N, 2), rank + 1.0)):
             got = sparse_allreduce(np.arange(N), values, N, algorithm=algorithm, comm=comm,

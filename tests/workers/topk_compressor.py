@@ -17,7 +17,7 @@ from _common import assert_identical_across_ranks, expect_raises
 
 import cupycoll as cc
 from cupycoll.errors import InvalidArgument, InvalidType, MismatchError
-from cupycoll.topk import Threshold, TopkCompressor, TopkState, topk_allreduce
+from cupycoll.topk import Exact, Threshold, TopkCompressor, TopkState, topk_allreduce
 
 WORLD = MPI.COMM_WORLD
 
@@ -152,6 +152,9 @@ def errors(comm) -> None:
             x, 3, comm=comm, state=TopkState(), selector=Threshold(
                 policy="reference" if r == 0 else "quantile"))))
         assert "reference threshold: True on rank 0" in message, message
+        for algorithm in ("topka", "gtopk", "gaussiank", "dense"):  # no collective follows the
+            topk_allreduce(x, 3, comm=comm, algorithm=algorithm, selector=Threshold(  # policy
+                policy="reference") if r == 0 else Exact())
         comp = TopkCompressor(10, 0.2 if r == 0 else 0.3, comm=comm)  # named as the caller's
         message = str(expect_raises(MismatchError, lambda: comp.step(x)))
         assert "the k (density x n) of TopkCompressor.step" in message, message

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as fc
+from torch.nn.parallel import DistributedDataParallel as DDP
 from _common import napping_barrier, rng_for
 from mpi4py import MPI
 from torch_backend_ddp import check_ddp
@@ -176,8 +177,10 @@ def check_allgather() -> None:
             want = [values(shape, dtype, rank=r) for r in range(P)]
             for group, tag in ((CC, ""), (GLOO, " gloo")):
                 outs = [torch.full(shape, 1, dtype=dtype) for _ in range(P)]
-                dist.all_gather(outs, x, group=group)
-                for o, w in zip(outs, want):
+                work = dist.all_gather(outs, x, group=group, async_op=True)
+                value = work.get_future().wait()  # the output list itself, as gloo's (before:
+                assert [v.data_ptr() for v in value] == [o.data_ptr() for o in outs], value
+                for o, w in zip(outs, want):  # a list holding that list)
                     same("allgather", o, w, f"{dtype} {shape}{tag}")
                 flat = torch.empty((P * shape[0],) + shape[1:], dtype=dtype)
                 dist.all_gather_into_tensor(flat, x, group=group)
@@ -305,6 +308,39 @@ def check_nested_wait() -> None:
         works = [dist.all_reduce(t, async_op=True) for t in (first, second)]
         got = works[0].get_future().then(lambda f: (works[1].wait(), f.value())[1]).wait()
         same("nested wait", second, torch.full((3,), float(P)))
+
+
+def check_hook_then_wait() -> None:
+    """A callback on the Future of cupycoll's DDP hook (a dense bucket, a sparse one) that
+    waits for a collective of the cupycoll group, as torch's PowerSGD hook does (before: it ran
+    in cupycoll's completer thread, which that collective needed: a hang no timeout ended);
+    the gradients are the average, DDP over gloo."""
+    import cupycoll.torch as cct
+
+    def waiting(future):
+        x = torch.ones(3)
+        dist.all_reduce(x, async_op=True).get_future().wait()
+        assert x.tolist() == [float(P)] * 3, x
+        return future.value()
+
+    for sparse in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Embedding(16, 4, sparse=sparse),
+                                    torch.nn.Linear(4, 2))
+        ddp = DDP(model, process_group=GLOO)
+        ddp.register_comm_hook(None, lambda _, bucket: cct.allreduce_hook(None, bucket).then(
+            waiting))
+        tokens = torch.tensor([RANK, RANK + 3, 7])
+        ddp(tokens).sum().backward()
+        local = torch.nn.Sequential(torch.nn.Embedding(16, 4), torch.nn.Linear(4, 2))
+        local.load_state_dict(model.state_dict())
+        local(tokens).sum().backward()
+        for mine, theirs in zip(model.parameters(), local.parameters()):
+            want = theirs.grad.clone()
+            dist.all_reduce(want, group=GLOO)
+            got = mine.grad.to_dense() if mine.grad.is_sparse else mine.grad
+            assert torch.allclose(got, want / P), (sparse, got, want / P)
+            CHECKS["nested wait"] += 1
 
 
 def sparse_input(n: int, row: tuple, dtype: torch.dtype, empty_rank: int) -> torch.Tensor:
@@ -521,6 +557,7 @@ check_all_to_all()
 check_gather_scatter()
 check_coalesced_and_barrier()
 check_nested_wait()
+check_hook_then_wait()
 check_sparse()
 check_errors()
 check_sparse_errors()
