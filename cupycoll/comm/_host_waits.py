@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 
 from ..errors import BackendError
-from ._mpi_pairwise import progress_all
 from ._nccl_guard import spin
 
 __all__ = ["HostWaits"]
@@ -66,6 +65,8 @@ class HostWaits:
 
     def _host_wait(self, request: Any, op_name: str) -> None:
         """Wait for ``request`` of the host MPI communicator under ``self.timeout``."""
+        from ._mpi_pairwise import progress_all  # (here: it needs MPI, which a host wait has)
+
         self._slot[0] = self.sequence = self.sequence + 1  # a timeout names the late ranks
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
 
