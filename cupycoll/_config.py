@@ -7,6 +7,7 @@ The table below is the single source of the configuration table in docs/configur
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any, Callable
 
 from .errors import InvalidArgument
@@ -165,15 +166,15 @@ def check_environment() -> None:
 
 
 def setting(name: str, value: Any = None) -> Any:
-    """Return ``value`` if given, else the parsed environment variable, else the default.
-
-    The variable is read at every call, so a change of ``os.environ`` at run time is seen at
-    once; its text is decoded and parsed only when the environment holds another object for it
-    than at the last parse (setting a variable stores a new object). The sparse and top-k calls
-    read a few settings each, and in a running job, after a call's data has passed through the
-    CPU caches, a decode and parse costs several microseconds."""
+    """Return ``value`` if given, else the value :data:`PINNED` in this thread, else the parsed
+    environment variable, else the default. The variable is read at every call (a change of
+    ``os.environ`` is seen at once), decoded and parsed only when the environment holds another
+    object for it than at the last parse (a parse costs several microseconds)."""
     if value is not None:
         return value
+    pins = PINNED.__dict__
+    if pins and name in pins:
+        return pins[name]
     env = os.environ
     if env is not _ENVIRON:  # a replaced os.environ or another Python
         text = env.get(name)
@@ -224,6 +225,9 @@ _PARSED: dict[str, tuple[Any, Any]] = {}
 #: settings the algorithms read while they run (the numba loops, the node topology):
 #: :func:`check_run_settings` parses them in the validation round instead.
 RUN_SETTINGS = ("CUPYCOLL_NUMBA", "CUPYCOLL_THREADS", "CUPYCOLL_RANKS_PER_NODE")
+#: per thread, settings read as given instead of from the environment (an asynchronous call's
+#: run reads its RUN_SETTINGS as its validation did: ``_pipeline.with_run_settings``)
+PINNED = threading.local()
 
 
 #: the reductions' thresholds an MPI communicator reads as it is made
@@ -258,13 +262,10 @@ def check_run_settings(rank: int | None = None) -> int:
 
 
 def debug() -> bool:
-    """``setting("CUPYCOLL_DEBUG")`` for the dense fast path, which reads it on every call.
-
-    One dict lookup in the environment's own storage instead of ``os.environ.get`` (slower: a
-    KeyError when unset; docs/dense.md), so a change of ``os.environ`` at run time
-    (``monkeypatch.setenv``) is seen at the next call; a replaced ``os.environ`` or
-    another Python falls back to :func:`setting`.
-    """
+    """``setting("CUPYCOLL_DEBUG")`` for the dense fast path, which reads it on every call:
+    one dict lookup in the environment's own storage (``os.environ.get`` is slower: a KeyError
+    when unset; docs/dense.md), so a change of ``os.environ`` is seen at the next call; a
+    replaced ``os.environ`` or another Python falls back to :func:`setting`."""
     env = os.environ
     if env is _ENVIRON:
         raw = env._data.get(_KEYS["CUPYCOLL_DEBUG"])  # type: ignore[attr-defined]
@@ -342,9 +343,8 @@ def one_of(*names: str) -> Callable[[str], str]:
 
 
 def listed(item: Callable[[str], Any], least: int = 1) -> Callable[[str], list]:
-    """argparse's type of a comma list of ``item``s (e.g. ``listed(one_of("coo", "compact"))``,
-    ``listed(parse_length)``), ``least`` of them at least; a bad item is a usage error naming
-    it."""
+    """argparse's type of a comma list of ``item``s (``listed(parse_length)``), ``least`` of
+    them at least; a bad item is a usage error naming it."""
     import argparse
 
     def parse(text: str) -> list:

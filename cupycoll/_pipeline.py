@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ._background import run_async
+from ._config import PINNED, RUN_SETTINGS, setting
 from ._result import SparseResult
 from ._types import array_namespace, as_array, like_caller, to_host, writable
 from .comm import Communicator, Work
@@ -63,13 +64,34 @@ def call(comm: Communicator, verb: str, agree: Callable[[], Any],
             if planned.start is not None:
                 work = planned.start(comm)
                 return Work.then(work, lambda: delivery(work.wait()))
-            return run_async(comm, functools.partial(_named, verb, planned.run), delivery,
-                             verb)
+            return run_async(comm, with_run_settings(functools.partial(_named, verb,
+                                                                       planned.run)),
+                             delivery, verb)
         stop = planned.timer(comm) if planned.timer is not None else None
         result = planned.run(comm)
         if stop is not None:
             stop()
     return deliver(agreed)(result)
+
+
+def with_run_settings(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` reading the :data:`~cupycoll._config.RUN_SETTINGS` as this thread reads them now,
+    in whatever thread it runs: an asynchronous call's algorithm runs on the background worker
+    after its validation agreed on them here (the node layout a later change of
+    ``CUPYCOLL_RANKS_PER_NODE`` would alter on one rank only)."""
+    values = {name: setting(name) for name in RUN_SETTINGS}
+
+    def run(*args: Any) -> Any:
+        pins = PINNED.__dict__
+        before = dict(pins)
+        pins.update(values)
+        try:
+            return fn(*args)
+        finally:
+            pins.clear()
+            pins.update(before)
+
+    return run
 
 
 def _named(verb: str, run: Callable[[Communicator], Any], on: Communicator) -> Any:

@@ -2,7 +2,8 @@
 node, a short last node among them): the result against the dense numpy sum of the inputs
 (exact for compact, within the rounding for bfloat16 and float16; the same bytes on every
 rank), and compact's traffic against the cost
-model per operation name.
+model per operation name; an asynchronous call runs the node layout its validation agreed
+on, whatever the environment says when it runs.
 
 Usage: hier_wire.py
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -70,8 +72,34 @@ def main() -> None:
                     assert np.allclose(ov, fine_dense[ref_i], rtol=0.05, atol=0.5), \
                         (per_node, wire)
                 checked += 1
+    comm.stats.reset()
+    async_setting_changed(comm, inputs)
     if rank == 0:
         print(f"ok {checked} hierarchical wire cases on {size} ranks")
+
+
+def async_setting_changed(comm, inputs) -> None:
+    """An asynchronous call made with CUPYCOLL_RANKS_PER_NODE=2 on every rank, queued behind
+    other work on the background worker; rank 0 removes the variable at once, the others once
+    their call is done: every rank runs the nodes of 2 the validation agreed on (before: rank
+    0's run read the variable again and ran split while the others ran nodes of 2: a timeout
+    on every rank, each in another step)."""
+    from cupycoll._background import runner
+
+    n, rank, timeout = 64, comm.rank, comm.timeout
+    comm.timeout = 10
+    os.environ["CUPYCOLL_RANKS_PER_NODE"] = "2"
+    runner(comm).submit(time.sleep, 0.3)  # the call runs after rank 0's change
+    work = sparse_allreduce(*inputs[rank], n, algorithm="hierarchical", comm=comm,
+                            async_op=True)
+    if rank == 0:
+        os.environ.pop("CUPYCOLL_RANKS_PER_NODE")
+    got = work.wait()
+    os.environ.pop("CUPYCOLL_RANKS_PER_NODE", None)
+    comm.timeout = timeout
+    assert np.array_equal(got.indices, unique(np.concatenate([i for i, _ in inputs])))
+    if rank ^ 1 < comm.size:  # on a node of 2: a node phase (split has none)
+        assert any(op.startswith("hierarchical.node") for op in measured(comm)), measured(comm)
 
 
 if __name__ == "__main__":
