@@ -138,13 +138,17 @@ def info_lines() -> list[tuple[str, str]]:
 
 
 def _setting_shown(name: str) -> str:
-    """A setting's value as info shows it; a name a call would refuse (an algorithm or a wire
-    format that does not exist) raises InvalidArgument saying so."""
+    """A setting's value as info shows it; a name a call would refuse (an algorithm, a wire
+    format, a backend or a log level that does not exist) raises InvalidArgument saying so."""
     from . import algorithms
+    from .comm import _BACKENDS, log_level
     from .wire._choice import WIRES
 
+    if name == "CUPYCOLL_LOG_LEVEL":
+        log_level()  # (raises for a name logging does not know)
     valid = {"CUPYCOLL_ALGORITHM": algorithms("sparse"), "CUPYCOLL_WIRE": list(WIRES),
-             "CUPYCOLL_TOPK_ALGORITHM": algorithms("topk")}.get(name)
+             "CUPYCOLL_TOPK_ALGORITHM": algorithms("topk"),
+             "CUPYCOLL_BACKEND": _BACKENDS}.get(name)
     if valid is None:
         return repr(setting(name))
     return repr(chosen(name, None, name, valid, "a call that takes it from the variable (no "

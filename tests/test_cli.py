@@ -48,7 +48,9 @@ def test_info_shows_where_each_setting_comes_from(monkeypatch):
 @pytest.mark.parametrize("name, value", [("CUPYCOLL_TIMEOUT", "soon"),
                                          ("CUPYCOLL_ALGORITHM", "nope"),
                                          ("CUPYCOLL_WIRE", "zzz"),
-                                         ("CUPYCOLL_TOPK_ALGORITHM", "garbage")])
+                                         ("CUPYCOLL_TOPK_ALGORITHM", "garbage"),
+                                         ("CUPYCOLL_BACKEND", "MPI"),
+                                         ("CUPYCOLL_LOG_LEVEL", "bogus")])
 def test_info_survives_a_bad_setting(monkeypatch, name, value):
     """A value that cannot be parsed, or names an algorithm or wire every call refuses, is
     shown as unavailable with the error a call raises."""
@@ -124,13 +126,14 @@ def test_simulate_takes_both_as_its_help_says(capsys):
 
 
 def test_simulate_refuses_shapes_that_cannot_be():
-    """A length below 1, a density outside (0, 1], a negative width or skew, NaN: usage
+    """A length below 1, a density outside (0, 1], a negative width or skew, a width from 2**62
+    (an OverflowError's traceback before), NaN: usage
     errors (status 2) naming the option, never negative times."""
     from cupycoll._cli import main
 
     for option, value in (("--n", "0"), ("--n", "-5"), ("--density", "-0.1"),
                           ("--density", "2"), ("--density", "nan"), ("--width", "-1"),
-                          ("--skew", "-5"), ("--skew", "nan")):
+                          ("--width", str(2**62)), ("--skew", "-5"), ("--skew", "nan")):
         with pytest.raises(SystemExit) as info:
             main(["simulate", "--family", "sparse", "--P", "2", "--networks", "eth100",
                   option, value])

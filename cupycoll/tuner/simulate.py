@@ -322,7 +322,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="dense length (16M, 64K, 1e6, ...: sizes as the benchmarks')")
     parser.add_argument("--density", type=_bounded(0, 1, low_open=True), default=0.01,
                         help="nnz / n per rank (or k/n), in (0, 1]")
-    parser.add_argument("--width", type=checked(int, lambda v: v >= 0, "an int >= 0"),
+    parser.add_argument("--width", type=checked(int, lambda v: 0 <= v < 2**62,
+                                                "an int >= 0 and below 2**62"),
                         default=0,
                         help="row width of the sparse family (0: one value an index)")
     parser.add_argument("--skew", type=_bounded(0, 2**31), default=0.0,
