@@ -155,11 +155,12 @@ class TopkCompressor:
         """What of this compressor decides the collectives of its next step (agreed by the
         step's validation): whether it is a warm-up step, measure_xi, Ok-Topk's periods and
         the step count (ranks restored from different checkpoints would run different
-        collectives), the padded allgather, and the crc32 of the state's boundaries and global threshold (from
-        different checkpoints they differ). Read in the caller's thread, while an asynchronous
-        step may still run: from the steps called so far, not those done; the crc where no
-        asynchronous step was called since the last synchronous one, restore or construction
-        (every rank calls alike, so every rank includes it or none)."""
+        collectives), the padded allgather, and the crc32 of the state's boundaries and
+        global threshold (from different checkpoints they differ). Read in the caller's
+        thread, while an asynchronous step may still run: from the steps called so far, not
+        those done; the crc where no asynchronous step was called since the last synchronous
+        one, restore or construction (every rank calls alike, so every rank includes it or
+        none)."""
         crc = state_crc(self.state) if self._pending is None else None
         return {"warmup": self._called < self.warmup_steps, "measure_xi": self.measure_xi,
                 "tau": self.state.tau, "tau_prime": self.state.tau_prime, "step": self._called,

@@ -52,7 +52,8 @@ from ..primitives._common import smallest_positive
 from ..primitives._numpy_select import abs_ge_kth
 
 __all__ = ["Selection", "Selector", "Exact", "Threshold", "Gaussian", "magnitude_sample",
-           "reference_threshold", "min_abs", "smallest_positive", "positive_threshold", "top_numbers"]
+           "reference_threshold", "min_abs", "smallest_positive", "positive_threshold",
+           "top_numbers"]
 
 #: sample size of the sampled quantile: about SAMPLE_HITS sampled entries lie above the k-th
 #: magnitude (the sampled count's relative error is about 1/sqrt of it); the sample is at least
