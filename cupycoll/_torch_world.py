@@ -119,9 +119,8 @@ def _mpiexec_world(store: Any, rank: int, global_ranks: list[int]) -> MPI.Comm:
             f"default group {size}: launch with mpiexec, or make cupycoll the default group's "
             "backend (it joins processes started apart)")
     store.set(f"cupycoll.mpi_rank.{rank}", str(MPI.COMM_WORLD.Get_rank()))
-    differing = [(torch_rank, mpi_rank) for torch_rank, mpi_rank in (
-        (global_ranks[r], int(store.get(f"cupycoll.mpi_rank.{r}"))) for r in range(
-            len(global_ranks))) if torch_rank != mpi_rank]
+    mpi_ranks = [int(store.get(f"cupycoll.mpi_rank.{r}")) for r in range(len(global_ranks))]
+    differing = [(t, m) for t, m in zip(global_ranks, mpi_ranks) if t != m]
     if differing:
         bad, mpi_rank = differing[0]
         raise InvalidArgument(

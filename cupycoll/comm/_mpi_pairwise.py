@@ -190,12 +190,8 @@ def _two_phases(comm: Any, first: list, first_peers: list[int], between: Any, fi
                 try:
                     if blocking_first:
                         comm.wait(first, op_name, first_peers, sequence)
-                    elif not MPI.Request.Testall(first):
+                    elif not tested(comm, first, op_name):
                         return False
-                except MPI.Exception as exc:
-                    error = comm._failure(op_name, {str(exc)})
-                    failed.append(error)
-                    raise error from exc
                 except CupycollError as exc:
                     if comm._fate.error is None:  # (a dead communicator raises its own)
                         failed.append(exc)
@@ -217,12 +213,7 @@ def _two_phases(comm: Any, first: list, first_peers: list[int], between: Any, fi
     def test() -> bool:
         progress_all()  # a peer may wait in another communicator's call this rank holds up
         _post_ready(comm, advance)
-        if not advance(blocking_first=False):
-            return False
-        try:
-            return bool(MPI.Request.Testall(second[0][0]))
-        except MPI.Exception as exc:
-            raise comm._failure(op_name, {str(exc)}) from exc
+        return advance(blocking_first=False) and tested(comm, second[0][0], op_name)
 
     sequence = comm.sequence
     with comm._posting:
@@ -313,10 +304,15 @@ def progress_all() -> None:
 
 
 def all_done(comm: Any, requests: list, op_name: str) -> bool:
-    """Whether ``requests`` of ``comm`` are done (every ready second phase posted first:
-    :func:`progress_all`); a failed one raises ``comm``'s BackendError naming ``op_name``."""
+    """:func:`tested` after :func:`progress_all` (every ready second phase posted first)."""
+    progress_all()
+    return tested(comm, requests, op_name)
+
+
+def tested(comm: Any, requests: list, op_name: str) -> bool:
+    """Whether ``requests`` of ``comm`` are done; a failed one raises ``comm``'s BackendError
+    naming ``op_name`` (MPI then nulls the request: a later test finds it done)."""
     try:
-        progress_all()
         return bool(MPI.Request.Testall(requests))
     except MPI.Exception as exc:
         raise comm._failure(op_name, {str(exc)}) from exc
