@@ -19,6 +19,7 @@ import importlib.util
 import json
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -52,7 +53,9 @@ def data():
 
 def recording_hook(state: cct.TopkHookState, totals: dict):
     """topk_hook, adding every compressed bucket's gradient sum and averaged update sum (float64)
-    into ``totals`` (fed, sent)."""
+    into ``totals`` (fed, sent), under a lock: two buckets' callbacks may run at once (a
+    settler thread starts another while one has run a millisecond: docs/torch_backend.md)."""
+    lock = threading.Lock()
 
     def hook(state, bucket):
         grad = bucket.buffer().detach().numpy().astype(np.float64).sum()
@@ -61,8 +64,10 @@ def recording_hook(state: cct.TopkHookState, totals: dict):
 
         def account(fut):
             if compressed:
-                totals["fed"] += grad
-                totals["sent"] += fut.value().detach().numpy().astype(np.float64).sum()
+                sent = fut.value().detach().numpy().astype(np.float64).sum()
+                with lock:
+                    totals["fed"] += grad
+                    totals["sent"] += sent
             return fut.value()
 
         return future.then(account)
