@@ -56,10 +56,13 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _weight(item) -> int:
-    """Tests marked ``numba`` first, then by the ``nprocs`` a test launches with (0 without
-    one)."""
+    """Tests marked ``numba`` first, then by the ranks a test launches: its ``nprocs``
+    parameter or its ``ranks`` marker (0 without either)."""
     if item.get_closest_marker("numba") is not None:
         return 1 << 10
+    ranks = item.get_closest_marker("ranks")
+    if ranks is not None:
+        return ranks.args[0]
     callspec = getattr(item, "callspec", None)
     return int(callspec.params.get("nprocs", 0)) if callspec is not None else 0
 

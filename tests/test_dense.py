@@ -17,6 +17,7 @@ def test_dense_collectives_match_numpy(nprocs):
     assert out.count("dense cases ok") == nprocs
 
 
+@pytest.mark.ranks(8)
 def test_dense_collectives_eight_ranks():
     out = run_mpi(8, "dense_worker.py", 77, timeout=300)
     assert out.count("dense cases ok") == 8

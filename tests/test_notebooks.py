@@ -18,6 +18,7 @@ def test_there_are_notebooks():
     assert len(NOTEBOOKS) >= 2
 
 
+@pytest.mark.ranks(4)  # the notebooks' engines
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_executes(path, tmp_path, monkeypatch):
     """Every cell runs without error (the notebooks assert their own results against dense

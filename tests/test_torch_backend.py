@@ -80,6 +80,7 @@ def torchrun(nprocs: int, under_mpiexec: bool, timeout: float = 240) -> subproce
         pytest.fail(f"timeout after {timeout}s: {' '.join(cmd)}\n{(exc.stdout or b'')[-3000:]!r}")
 
 
+@pytest.mark.ranks(3)
 def test_torchrun_joins_processes_started_apart():
     proc = torchrun(3, under_mpiexec=True)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -148,6 +149,7 @@ def test_a_destroyed_default_groups_world_is_forgotten(monkeypatch):
     assert _torch_world._world is None
 
 
+@pytest.mark.ranks(4)
 def test_processes_with_a_gloo_subgroup_exit_cleanly():
     """Rank 0 holds the TCPStore a gloo subgroup's store is built on: a rank still tearing
     its groups down when rank 0 had exited aborted ("terminate called without an active
