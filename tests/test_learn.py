@@ -317,7 +317,8 @@ def test_a_new_class_next_to_a_finished_one_starts_from_its_record():
 def test_a_job_making_new_classes_keeps_the_most_recently_used_ones(table):
     """A job that keeps making shape classes (n or nnz drifting far) holds a bounded number of
     learn's records and measure's trials: the one used least recently goes first, in the order
-    of the calls, the same on every rank; a class in use stays."""
+    of the calls, the same on every rank; a class in use stays; a read (one rank's log line)
+    changes nothing."""
     from cupycoll.sparse import measure
     from cupycoll.sparse.auto import _DECISIONS_MAX as bound
 
@@ -325,7 +326,8 @@ def test_a_job_making_new_classes_keeps_the_most_recently_used_ones(table):
     table = learn.records(comm) if table == "learn" else measure.measured(comm)
     for key in range(bound + 3):
         table[key] = learn.Record(["a"])
-        assert table.get(0) is not None  # the class in use every step
+        assert table.use(0) is not None  # the class in use every step
+        table.get(4), table.get(5), 5 in table  # reads use nothing
     assert len(table) == bound and list(table)[:2] == [4, 5] and 0 in table
 
 

@@ -52,16 +52,31 @@ class HostWaits:
     def host_bcast(self, obj: Any, op_name: str) -> Any:
         """Rank 0's ``obj`` on every rank (pickled) over the host MPI communicator, each of its
         two nonblocking broadcasts (length, bytes) waited for as :meth:`host_arrival` waits:
-        a rank whose peers never take part times out instead of hanging in MPI's bcast."""
+        a rank whose peers never take part times out instead of hanging in MPI's bcast.
+        Without a host communicator (a wrapped NCCL one), over this communicator's own
+        broadcast (booked in ``stats``)."""
         mpi_comm = self.mpi_comm
-        if mpi_comm is None or self.size == 1:  # (one rank, or no host communicator)
+        if self.size == 1:
             return obj
+        if mpi_comm is None:
+            return self._own_bcast(obj, op_name)
         data = pickle.dumps(obj) if self.rank == 0 else b""
         length = np.array([len(data)], dtype=np.int64)
         self._host_wait(mpi_comm.Ibcast(length, root=0), op_name)
         buffer = bytearray(data) if self.rank == 0 else bytearray(int(length[0]))
         self._host_wait(mpi_comm.Ibcast(buffer, root=0), op_name)
         return obj if self.rank == 0 else pickle.loads(buffer)
+
+    def _own_bcast(self, obj: Any, op_name: str) -> Any:
+        """:meth:`host_bcast` over this communicator's broadcast verb (length, then bytes)."""
+        xp, data = self.xp, pickle.dumps(obj) if self.rank == 0 else b""
+        length = xp.asarray([len(data)], dtype=np.int64)
+        length = int(self.run_fetch("broadcast", length, length, 0, result=length,
+                                    op_name=op_name)[0])
+        buffer = xp.asarray(np.frombuffer(data, dtype=np.uint8)) if self.rank == 0 else (
+            xp.empty(length, dtype=np.uint8))
+        got = self.run_fetch("broadcast", buffer, buffer, 0, result=buffer, op_name=op_name)
+        return obj if self.rank == 0 else pickle.loads(got.tobytes())
 
     def _host_wait(self, request: Any, op_name: str) -> None:
         """Wait for ``request`` of the host MPI communicator under ``self.timeout``."""

@@ -14,7 +14,7 @@ __all__ = ["from_rank_zero", "jsonable", "hashable"]
 
 def from_rank_zero(comm: Any, verb: str, work: Callable[[], Any], path: Any, failed: str
                    ) -> Any:
-    """``work()`` run on rank 0 and its result broadcast (over the host MPI communicator); an
+    """``work()`` run on rank 0 and its result broadcast (:meth:`host_bcast`); an
     error there (rank 0's ``path`` not a file path: no int taken for a descriptor) raised on
     every rank as InvalidArgument naming ``path``."""
     outcome: Any = None
@@ -25,9 +25,7 @@ def from_rank_zero(comm: Any, verb: str, work: Callable[[], Any], path: Any, fai
             outcome = (work(), None)
         except Exception as exc:  # any failure must reach the other ranks
             outcome = (None, f"{type(exc).__name__}: {exc}")
-    if getattr(comm, "mpi_comm", None) is not None:
-        outcome = comm.host_bcast(outcome, verb)  # under the timeout
-    result, error = outcome
+    result, error = comm.host_bcast(outcome, verb) if comm.size > 1 else outcome  # timed
     if error is not None:
         raise InvalidArgument("path", path, f"{failed} (on rank 0: {error})", rank=comm.rank)
     return result

@@ -15,6 +15,7 @@ import functools
 import logging
 from typing import Any, Callable
 
+from .._config import setting
 from .._pipeline import Delivery, Plan, call
 from .._registry import Algorithm, bind_prices, record
 from .._result import SparseResult
@@ -189,12 +190,15 @@ def _decide(comm: Communicator, prepared: Prepared, async_op: bool
 
 
 def _learn_kind(comm: Communicator, kind: tuple, prepared: Prepared) -> tuple:
-    """learn's class key of a call of ``kind`` (:func:`~.learn.class_key`), built once per
-    kind: a loop's calls differ only in their counts (:func:`~.learn.with_total`)."""
+    """learn's class key of a call of ``kind`` (:func:`~.learn.class_key`, the ranks' nodes
+    in it), built once per kind and node setting: a loop's calls differ only in their counts
+    (:func:`~.learn.with_total`)."""
     keys = _auto.bounded_table(comm, "_learn_kinds")
+    kind += (setting("CUPYCOLL_RANKS_PER_NODE"),)
     key = keys.get(kind)
     if key is None:
-        key = keys[kind] = _learn.class_key(_shape(comm, prepared), prepared.op)
+        shape, _ = _auto.resolved(_shape(comm, prepared), comm=comm)
+        key = keys[kind] = _learn.class_key(shape, prepared.op)
     return key
 
 

@@ -61,13 +61,15 @@ def comm_table(comm: Any, attribute: str, kind: type = dict) -> dict:
 
 class Recent(collections.OrderedDict):
     """A table of at most :data:`_DECISIONS_MAX` entries that forgets the one used least
-    recently first (``get`` and setting use an entry): measure's trials and learn's records,
-    whose classes a job may keep making. Every rank uses it in the order of its collective
-    calls, so every rank forgets the same entries."""
+    recently first (:meth:`use` and setting use an entry; reading it, ``get`` included, does
+    not): measure's trials and learn's records, whose classes a job may keep making. Every rank
+    uses it in the order of its collective calls, so every rank forgets the same entries, what
+    one rank alone reads (a log line) aside."""
 
-    def get(self, key: Any, default: Any = None) -> Any:
+    def use(self, key: Any) -> Any:
+        """The entry of ``key`` (None without one), now the one used most recently."""
         if key not in self:
-            return default
+            return None
         self.move_to_end(key)
         return self[key]
 

@@ -216,9 +216,9 @@ def records(comm: Any) -> dict[tuple, Record]:
 
 
 def class_key(shape: Shape, op: Any) -> tuple:
-    """The key of ``shape``'s class in :func:`records`: :func:`.measure.kind` and the op (the
-    nodes are the communicator's: no part of it). Its last but one element is the total nnz's
-    bit length (:func:`with_total`)."""
+    """The key of ``shape``'s class in :func:`records`: :func:`.measure.kind` (the ranks'
+    nodes in it) and the op. Its last but one element is the total nnz's bit length
+    (:func:`with_total`)."""
     return kind(shape) + (str(getattr(op, "value", op)),)
 
 
@@ -233,7 +233,7 @@ def plan(comm: Any, key: tuple, shape: Callable[[], Shape], op: Any, timed: bool
     a call it times (synchronous, :meth:`Record.timed`), the token to pass to :func:`finish`;
     else None."""
     table = records(comm)
-    record = table.get(key)
+    record = table.use(key)
     if record is None:
         priced, profile = _auto.resolved(shape(), comm=comm, op=op)
         record = table[key] = _neighbour(table, key) or _fresh(priced, profile)
@@ -306,7 +306,7 @@ def absorb(comm: Any, agreed_us: int) -> None:
         return
     comm._learn_pending = None
     key, name = pending[:2]
-    record = records(comm).get(key)
+    record = records(comm).use(key)
     if record is not None and agreed_us < DISTURBED:
         record.add(name, agreed_us * 1e-6)
 
@@ -330,8 +330,8 @@ def save(comm: Any, path: str) -> None:
 
 
 def load(comm: Any, path: str) -> int:
-    """Replace ``comm``'s records by those of ``path`` (rank 0 reads, then broadcasts over
-    the host MPI communicator); returns how many. A loaded class runs its choice from its first
+    """Replace ``comm``'s records by those of ``path`` (rank 0 reads, then broadcasts:
+    ``comm.host_bcast``); returns how many. A loaded class runs its choice from its first
     call.
 
     Raises:

@@ -77,7 +77,7 @@ def plan(comm: Any, shape: Shape, op: Any, timed: bool) -> tuple[str, Trials | N
     call), its Trials (pass them to :func:`record`); else None."""
     shape, profile = _auto.resolved(shape, comm=comm, op=op)
     table, key = measured(comm), kind(shape)
-    trials = table.get(key)
+    trials = table.use(key)
     if trials is None:
         trials = table[key] = Trials(_auto.candidates(_auto.predicted_times(shape, profile),
                                                       WITHIN, CANDIDATES))

@@ -13,8 +13,9 @@ its pick in noise: legitimately), the same runs again on a new communicator with
 Every result against a dense numpy reference (small integer values: exact whichever
 algorithm sums them); asynchronous calls run the current choice and are not timed; the time of
 a call travels in the next validation (no collective is added: ``comm.stats`` shows none). What
-was learned is saved and loaded into a new communicator, whose first call runs the choice. At
-P = 1 nothing is timed; ranks that disagree on the mode raise on every rank.
+was learned is saved and loaded into a new communicator, whose first call runs the choice (another
+node layout, another class). At P = 1 nothing is timed; ranks that disagree on the mode raise on
+every rank.
 """
 
 from __future__ import annotations
@@ -140,6 +141,10 @@ def main() -> None:
         assert loaded.choice() == record.choice() and loaded.exploring() is None
         check(cc.sparse_allreduce(idx, val, n, comm=other), want)
         assert [key[1] for key in other.stats.calls] == [record.choice()]
+        os.environ["CUPYCOLL_RANKS_PER_NODE"] = "1"  # the key holds the nodes: a new class
+        check(cc.sparse_allreduce(idx, val, n, comm=other), want)
+        assert len(learn.records(other)) == 2, list(learn.records(other))
+        del os.environ["CUPYCOLL_RANKS_PER_NODE"]
         if RANK == 0:
             os.unlink(path)
         # the mode must agree

@@ -16,6 +16,7 @@ import contextlib
 import ctypes
 import sys
 import time
+from pathlib import Path
 
 MODE = sys.argv[1]
 SEED = int(sys.argv[2]) if len(sys.argv) > 2 else 1234
@@ -84,6 +85,9 @@ class HostDevice:
     class Done:
         done = True
 
+        def __init__(self):
+            self.when = time.perf_counter()  # what a timing event records
+
         def synchronize(self):
             pass
 
@@ -111,8 +115,12 @@ class HostDevice:
     def handle(stream):
         return stream.ptr
 
-    def record(self, stream=None):
+    def record(self, stream=None, timing=False):
         return self.Never() if self.stuck else self.Done()
+
+    @staticmethod
+    def elapsed(start, end):
+        return end.when - start.when
 
     @staticmethod
     def wait_event(stream, event):
@@ -588,8 +596,35 @@ def mode_emulated():
     check_errors(comm, np)
     check_dup(comm, np)
     check_algorithms(comm)
+    check_learned_file(comm)
     comm.close()
     check_waits()
+
+
+def check_learned_file(comm):
+    """A wrapped communicator (no host MPI communicator) broadcasts rank 0's object over its
+    own broadcast: learn.save and learn.load give every rank rank 0's records."""
+    import tempfile
+
+    from cupycoll.sparse import learn
+
+    assert comm.mpi_comm is None
+    assert comm.host_bcast({"from": RANK, "list": [1.5] * 3} if RANK == 0 else None,
+                           "probe") == {"from": 0, "list": [1.5] * 3}
+    idx = np.arange(RANK, 4000, 3, dtype=np.int64)
+    for _ in range(3):
+        cupycoll.sparse_allreduce(idx, np.ones(idx.size, np.float32), 10000, comm=comm)
+    folder = WORLD.bcast(tempfile.mkdtemp() if RANK == 0 else None)
+    path = str(Path(folder) / "learned.json")
+    assert learn.save(comm, path) is None
+    learn.records(comm).clear()  # rank 0's file, not what each rank kept, comes back
+    assert learn.load(comm, path) == 1
+    mine = {key: record.candidates for key, record in learn.records(comm).items()}
+    assert WORLD.allgather(repr(mine)) == [repr(mine)] * P
+    if P > 1:
+        bad = str(Path(folder) / "missing.json") if RANK == 0 else 7  # rank 0's path counts
+        err = expect_raises(InvalidArgument, learn.load, comm, bad)
+        assert "is not a table learn.save wrote" in str(err) and f"rank {RANK}" in str(err)
 
 
 def check_algorithms(comm):
