@@ -194,6 +194,30 @@ def test_bad_buffers_raise(decode):
     past = np.array([0x44, 0x02, 0xFE] + [0xFF] * 7 + [0x7F, 63] + [0xFF] * 8, np.uint8)
     with pytest.raises(InvalidArgument, match="pass 2\\^63"):
         decode(past)
+    for header in CORRUPT_HEADERS:
+        with pytest.raises(InvalidArgument, match="truncated|corrupt encoded index header"):
+            decode(np.array(header, np.uint8))
+
+
+def _varint(value: int) -> list[int]:
+    out = []
+    while True:
+        out.append(value & 0x7F | (0x80 if value >= 0x80 else 0))
+        value >>= 7
+        if not out[-1] & 0x80:
+            return out
+
+
+#: headers no encoder writes: a first index or span past 2^63, a count a stream or a bitmap
+#: cannot hold (each decoder refuses them before allocating the count's output)
+CORRUPT_HEADERS = [
+    [0x44] + _varint(1) + _varint(2**63),
+    [0x44] + _varint(1) + _varint(2**64),
+    [0x42] + _varint(2) + _varint(2**63) + _varint(1) + [3],
+    [0x42] + _varint(2) + _varint(0) + _varint(2**64) + [3],
+    [0x44] + _varint(2**40) + _varint(0) + [0] * 40,
+    [0x42] + _varint(2**40) + _varint(0) + _varint(7) + [255],
+]
 
 
 # ---------------------------------------------------------------------------- values
@@ -331,6 +355,12 @@ def shim_codec():
     if kernel_shim.compiler() is None:
         pytest.fail("the kernel tests need a C++17 compiler (g++) on PATH")
     return WireKernels(kernel_shim.ShimLauncher(kernel_shim.kernel_libraries()))
+
+
+def test_kernels_on_cpu_refuse_corrupt_headers(shim_codec):
+    for header in CORRUPT_HEADERS:
+        with pytest.raises(InvalidArgument, match="truncated|corrupt encoded index header"):
+            shim_codec.decode(np.array(header, np.uint8), np.int64)
 
 
 @pytest.mark.parametrize("label,idx,lo,hi", CASES, ids=IDS)

@@ -93,6 +93,9 @@ def parse_header(head: Any) -> Header:
     kind, count = data[0], varint()
     first = varint() if count else 0
     span = varint() if count and kind == BITMAP else 0
+    if first + span > np.iinfo(np.int64).max or (kind == BITMAP and count > span + 1):
+        raise InvalidArgument("buf", (count, first, span), "corrupt encoded index header (its "
+                              "indices pass 2^63, or more than its bitmap holds)")
     return Header(kind, count, first, span, pos)
 
 

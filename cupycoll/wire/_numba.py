@@ -155,13 +155,13 @@ def decode(buf: np.ndarray, dtype: object = np.int64) -> np.ndarray:
     dt = twin.output_dtype(dtype)
     buf = np.asarray(twin._as_buffer(buf))
     head = twin.parse_header(buf[:twin.MAX_HEADER])
-    out = np.empty(head.count, np.int64)
     if head.count == 0:
-        return out.astype(dt)
+        return np.empty(0, dt)
     if head.kind == twin.BITMAP:
         nbytes = head.span // 8 + 1
         if len(buf) < head.size + nbytes:
             raise twin.InvalidArgument("buf", len(buf), "encoded bitmap is truncated")
+        out = np.empty(head.count, np.int64)  # (after the checks: a corrupt count is refused)
         found = _bitmap_unpack(buf[head.size:head.size + nbytes], np.int64(head.span),
                                np.int64(head.first), out)
         if found != head.count:
@@ -169,6 +169,7 @@ def decode(buf: np.ndarray, dtype: object = np.int64) -> np.ndarray:
                                        f"says {head.count}")
     else:
         widths, starts, _ = twin.delta_layout(buf, head)
+        out = np.empty(head.count, np.int64)
         _unpack(buf, widths, starts, np.int64(head.first), out)
     return twin.checked_cast(out, dt)
 
