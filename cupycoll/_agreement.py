@@ -43,7 +43,7 @@ __all__ = ["VERBS", "ARGUMENTS", "HEADER", "FIELDS", "MAXIMA", "COLUMNS", "Terms
 #: the verbs that validate collectively (codes are positions + 1).
 VERBS = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "sparse_allreduce",
          "topk_allreduce", "TopkCompressor.step", "all_to_all_single", "alltoall", "gather",
-         "scatter")
+         "scatter", "barrier")
 #: the arguments an error can name across the ranks (others travel as unnamed).
 ARGUMENTS = ("indices", "values", "n", "op", "algorithm", "accumulate_dtype", "alloc_fn",
              "completion_fn", "async_op", "wire", "wire_values", "output", "out", "x", "k",

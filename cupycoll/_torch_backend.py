@@ -29,8 +29,8 @@ from ._background import runner
 from ._config import debug
 from ._torch_coalesced import CoalescedVerbs
 from ._torch_p2p import PointToPointVerbs
-from ._torch_tensors import (Refused, as_array, byte_tensor, copied_back, holding, reduce_op,
-                             reduction_tensor, sparse_parts, sparse_tensor)
+from ._torch_tensors import (Refused, as_array, byte_tensor, copied_back, dtype_code, holding,
+                             reduce_op, reduction_tensor, sparse_parts, sparse_tensor)
 from ._torch_work import TorchWork, dist_error, network_error
 from ._torch_world import forget_world, group_comm, rendezvous, timeout_seconds
 from ._types import ReduceOp
@@ -42,10 +42,6 @@ from .sparse import sparse_allreduce
 __all__ = ["ProcessGroupCupycoll", "register", "BACKEND"]
 
 BACKEND = "cupycoll"
-
-#: verbs of torch's ProcessGroup this group does not have (each raises NotImplementedError).
-_NOT_WRITTEN = ("send", "recv", "recv_anysource", "_start_coalescing", "_end_coalescing")
-
 
 def _on_device(tensor: torch.Tensor) -> Any:
     """The context a CUDA tensor's collective is started in: CuPy's current device and stream
@@ -155,9 +151,11 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
 
     def _launch(self, verb: str, tensor: torch.Tensor, opts: Any,
                 finish: Callable[[Any], list[torch.Tensor]], call: Callable[..., Any],
-                *args: Any, **kwargs: Any) -> TorchWork:
+                *args: Any, agreed: tuple[str, int] | None = None, **kwargs: Any) -> TorchWork:
         """Run ``call(*args, comm=, async_op=, **kwargs)`` (a cupycoll verb) on ``tensor``'s
         communicator and device; return its TorchWork, whose value is ``finish(result)``.
+        ``agreed`` (verb, root): ``call`` moves ``tensor``'s bytes; with CUPYCOLL_DEBUG the
+        ranks agree first on that verb, root, ``tensor``'s dtype and elements.
 
         A call torch makes with ``asyncOp`` False (``dist.all_reduce(t)``: it waits at once)
         runs to completion here, in the calling thread; others (``async_op=True``, DDP's) start
@@ -168,6 +166,9 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
         try:
             comm = self._comm(tensor)
             with _on_device(tensor):
+                if agreed is not None:
+                    collectives.agree_exchange(comm, *agreed, dtype_code(tensor.dtype),
+                                               tensor.numel())
                 outcome = call(*args, comm=comm, async_op=not blocking, **kwargs)
         except Exception as exc:
             error = dist_error(exc)
@@ -256,7 +257,8 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
         data = byte_tensor(tensor)
         array = as_array(data)
         return self._launch("broadcast", tensor, opts, lambda _: [copied_back(tensor, data)],
-                            collectives.broadcast, array, root, out=array)
+                            collectives.broadcast, array, root, out=array,
+                            agreed=("broadcast", root))
 
     def reduce(self, tensors: Any, opts: Any = None) -> TorchWork:
         """op over ranks into root's tensor; the others' tensors are left as they were."""
@@ -287,7 +289,7 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
         blocks = gathered.chunk(self.size()) if data.numel() else [gathered] * self.size()
         return self._launch("allgather", tensor, opts,
                             lambda _: [copied_back(o, b) for o, b in zip(outputs, blocks)],
-                            collectives.allgather, send, out=recv)
+                            collectives.allgather, send, out=recv, agreed=("allgather", -1))
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
                           opts: Any = None) -> TorchWork:
@@ -302,7 +304,7 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
         send, recv = as_array(data), as_array(gathered)
         return self._launch("all_gather_into_tensor", input, opts,
                             lambda _: [copied_back(output, gathered)], collectives.allgather,
-                            send, out=recv)
+                            send, out=recv, agreed=("allgather", -1))
 
     _allgather_base = all_gather_single
 
@@ -345,24 +347,7 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
         flag = torch.zeros(1, dtype=torch.int32)
         array = as_array(flag)
         return self._launch("barrier", flag, opts, lambda _: [], collectives.allreduce, array,
-                            ReduceOp.SUM, out=array)
-
-
-def _not_written(verb: str) -> Callable[..., Any]:
-    def method(self: ProcessGroupCupycoll, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(
-            f"cupycoll's process group (rank {self.rank()}) has no {verb}; it has allreduce "
-            "(dense and sparse), broadcast, reduce, allgather, all_gather_single, "
-            "reduce_scatter, reduce_scatter_single, all_to_all_single, alltoall, gather, "
-            "scatter, barrier and the coalesced allreduce, allgather, all_gather_single and "
-            "reduce_scatter_single (docs/torch_backend.md)")
-
-    method.__name__ = verb
-    return method
-
-
-for _verb in _NOT_WRITTEN:
-    setattr(ProcessGroupCupycoll, _verb, _not_written(_verb))
+                            ReduceOp.SUM, out=array, agreed=("barrier", -1))
 
 
 def _create(options: Any, backend_options: Any = None) -> ProcessGroupCupycoll:

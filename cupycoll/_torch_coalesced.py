@@ -65,6 +65,9 @@ class CoalescedVerbs:
         verb = "allgather_coalesced"
         with self._checks("allgather", inputs):
             self._dense(verb, *inputs, *(o for outs in output_lists for o in outs))
+            if not inputs:
+                raise InvalidArgument(f"{verb}: input_tensor_list", [], "one or more tensors",
+                                      rank=self.rank())
             if len(output_lists) != self.size() or not all(
                     len(outs) == len(inputs) and all(o.dtype == i.dtype and
                                                      o.numel() == i.numel()

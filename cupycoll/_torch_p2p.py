@@ -2,7 +2,8 @@
 gather and scatter.
 
 Each moves every tensor as its bytes (any dtype), posting all of a rank's sends and receives at
-once; an empty block is no message on either side. Root's own block is a local copy.
+once; an empty block is no message on either side. Root's own block is a local copy. The
+point-to-point verbs themselves (and coalescing on request) raise NotImplementedError.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ from ._torch_tensors import as_array, byte_tensor, copied_back
 from .comm import Communicator
 from .errors import InvalidArgument
 
-__all__ = ["PointToPointVerbs"]
+__all__ = ["PointToPointVerbs", "NOT_WRITTEN"]
+
+#: verbs of torch's ProcessGroup this group does not have (each raises NotImplementedError).
+NOT_WRITTEN = ("send", "recv", "recv_anysource", "_start_coalescing", "_end_coalescing")
 
 
 def _exchanged(sends: list, recvs: list, *, comm: Communicator, async_op: bool,
@@ -146,3 +150,24 @@ class PointToPointVerbs:
         pairs_in = [(r, as_array(b)) for r, b in enumerate(recvs) if b.numel()]
         return self._launch(verb, tensor, opts, finish, _exchanged, pairs_out, pairs_in,
                             op_name=verb, root=root)
+
+
+def _not_written(verb: str) -> Callable[..., Any]:
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if verb == "_start_coalescing":  # torch marked the group coalescing before it asked:
+            from torch.distributed.distributed_c10d import _world  # unmarked, its later calls
+
+            _world.pg_coalesce_state.pop(self, None)  # run (marked, they would only be noted)
+        raise NotImplementedError(
+            f"cupycoll's process group (rank {self.rank()}) has no {verb}; it has allreduce "
+            "(dense and sparse), broadcast, reduce, allgather, all_gather_single, "
+            "reduce_scatter, reduce_scatter_single, all_to_all_single, alltoall, gather, "
+            "scatter, barrier and the coalesced allreduce, allgather, all_gather_single and "
+            "reduce_scatter_single (docs/torch_backend.md)")
+
+    method.__name__ = verb
+    return method
+
+
+for _verb in NOT_WRITTEN:
+    setattr(PointToPointVerbs, _verb, _not_written(_verb))

@@ -11,6 +11,7 @@ and the result copied back.
 from __future__ import annotations
 
 import math
+import zlib
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,7 @@ from ._types import ReduceOp
 from .errors import InvalidArgument, InvalidType
 
 __all__ = ["reduce_op", "as_array", "byte_tensor", "reduction_tensor", "sparse_parts", "holding",
-           "sparse_tensor", "copied_back", "Refused"]
+           "sparse_tensor", "copied_back", "Refused", "dtype_code"]
 
 
 def as_array(tensor: torch.Tensor) -> Any:
@@ -77,6 +78,15 @@ def reduce_op(op: Any, verb: str, rank: int) -> ReduceOp:
     return found
 
 
+def dtype_code(dtype: torch.dtype) -> int:
+    """``dtype``'s code in a CUPYCOLL_DEBUG agreement: its numpy twin's ``num``; one past
+    numpy's codes (from its name) for a dtype numpy lacks (bfloat16)."""
+    try:
+        return np.dtype(torch.empty(0, dtype=dtype).numpy().dtype.str).num
+    except TypeError:
+        return 1024 + zlib.crc32(str(dtype).encode()) % 2**20
+
+
 def _contiguous(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.is_contiguous() else tensor.contiguous()
 
@@ -113,6 +123,8 @@ def copied_back(tensor: torch.Tensor, worked: torch.Tensor) -> torch.Tensor:
     if worked.data_ptr() == tensor.data_ptr() and tensor.is_contiguous():
         return tensor
     if worked.dtype == torch.uint8 and tensor.dtype != torch.uint8:
+        if worked.storage_offset() % tensor.element_size():  # no dtype view at that byte
+            worked = worked.clone()
         worked = worked.view(tensor.dtype)
     elif tensor.is_complex() and not worked.is_complex():
         worked = torch.view_as_complex(worked)

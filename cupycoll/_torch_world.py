@@ -222,11 +222,15 @@ def rendezvous(url: str, timeout: datetime.timedelta = datetime.timedelta(minute
     parsed = urlparse(url)
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
-    for name, mine in (("rank", rank), ("world_size", size)):
-        given = parse_qs(parsed.query).get(name)
-        if given and int(given[0]) != mine:
-            raise InvalidArgument(name, int(given[0]), f"cupycoll:// takes it from MPI "
-                                  f"({mine})", rank=rank)
+    given = {name: int(value[0]) for name, value in parse_qs(parsed.query).items()
+             if name in ("rank", "world_size")}
+    wrong = [(name, given[name], mine) for name, mine in (("rank", rank), ("world_size", size))
+             if given.get(name, mine) != mine]
+    wrongs = [(r, w[0]) for r, w in enumerate(world.allgather(wrong)) if w]
+    if wrongs:  # every rank raises: its own error, else the first rank's
+        where, (name, value, mine) = wrong and (rank, wrong[0]) or wrongs[0]
+        raise InvalidArgument(name, value, f"cupycoll:// takes it from MPI ({mine})" + (
+            f" on rank {where}" if where != rank else ""), rank=rank)
     address = None
     if rank == 0:
         host = parsed.hostname or os.environ.get("MASTER_ADDR") or socket.gethostname()

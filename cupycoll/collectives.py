@@ -162,8 +162,9 @@ def _rows(x: Any, comm: Communicator) -> int:
 
 
 _VERBS = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter")
-#: verbs of the torch backend built on ``Communicator.exchange``: no op, dtype or count shared
-_EXCHANGES = ("all_to_all_single", "alltoall", "gather", "scatter")
+#: verbs of the torch backend the dense verbs' agreement does not name: those built on
+#: ``Communicator.exchange`` (no op, dtype or count shared) and barrier
+_EXCHANGES = ("all_to_all_single", "alltoall", "gather", "scatter", "barrier")
 _OPS = tuple(ReduceOp)
 _FIELDS = ("collective", "op", "root", "dtype", "count")
 
@@ -217,13 +218,16 @@ def _agree(comm: Communicator, verb: str, fields: dict[str, int] | None,
         draft.settle("debug.check")
 
 
-def agree_exchange(comm: Communicator, verb: str, root: int = -1) -> None:
+def agree_exchange(comm: Communicator, verb: str, root: int = -1, dtype: int = -1,
+                   count: int = -1) -> None:
     """With CUPYCOLL_DEBUG, every rank's agreement that it calls ``verb`` (one of the torch
-    backend's exchanges) with ``root``: a rank that refused its arguments (:func:`refuse`) or
-    called another verb makes every rank raise."""
+    backend's exchanges or barrier, or a verb it runs on a tensor's bytes, whose own check sees
+    bytes) with ``root``, the tensor's ``dtype`` (a code) and ``count`` (its elements): a rank
+    that refused its arguments (:func:`refuse`) or called another verb makes every rank
+    raise."""
     if debug():
         _agree(comm, verb, {"collective": (_VERBS + _EXCHANGES).index(verb), "op": -1,
-                            "root": root, "dtype": -1, "count": -1})
+                            "root": root, "dtype": dtype, "count": count})
 
 
 def refuse(comm: Communicator, verb: str, error: CupycollError) -> None:

@@ -20,6 +20,7 @@ torch_ddp.py with its report, each over its own default group.
 from __future__ import annotations
 
 import collections
+import contextlib
 import datetime
 import json
 import os
@@ -45,6 +46,15 @@ warnings.simplefilter("ignore")  # torch's deprecation notices of the verbs' old
 SEED = int(sys.argv[1])
 THEN = sys.argv[2:]  # the hooks' checks that follow in this job
 WORLD = MPI.COMM_WORLD
+if WORLD.Get_size() > 1:  # a rank given on every rank, MPI's on the middle one: all raise
+    try:
+        dist.init_process_group("cupycoll", init_method="cupycoll://",
+                                rank=WORLD.Get_size() - 1 - WORLD.Get_rank(),
+                                world_size=WORLD.Get_size())
+    except InvalidArgument as exc:
+        assert "'rank'" in str(exc) and "takes it from MPI" in str(exc), exc
+    else:
+        raise AssertionError("a rank that is not MPI's was taken")
 dist.init_process_group("cupycoll", init_method="cupycoll://")
 RANK, P = dist.get_rank(), dist.get_world_size()
 CC, GLOO = dist.group.WORLD, dist.new_group(backend="gloo")
@@ -278,6 +288,26 @@ def check_coalesced_and_barrier() -> None:
         dist.all_reduce_coalesced(xs)
         for x, w in zip(xs, wants):
             same("allreduce_coalesced", x, w, str(dtype))
+    next_case()  # dtypes of several sizes in one allgather (at P = 1: views at odd offsets)
+    xs = [values((3,), torch.int8), values((2,), torch.float32), values((1,), torch.int64)]
+    outs = [torch.empty(P * x.numel(), dtype=x.dtype) for x in xs]
+    with dist._coalescing_manager():
+        for out, x in zip(outs, xs):
+            dist.all_gather_into_tensor(out, x)
+    for out, x in zip(outs, xs):
+        same("allgather_coalesced", out, torch.from_numpy(np.concatenate(gathered(x))).to(x.dtype))
+    with contextlib.suppress(NotImplementedError):  # refused; the group's calls still run
+        with dist._coalescing_manager(device=torch.device("cpu")):
+            pass
+    y = torch.ones(2)
+    dist.all_reduce(y)
+    same("allreduce_coalesced", y, torch.full((2,), float(P)))
+    try:
+        dist.all_gather_coalesced([[] for _ in range(P)], [])
+    except InvalidArgument as exc:
+        assert "input_tensor_list" in str(exc), exc
+    else:
+        raise AssertionError("no error for no tensors")
     for _ in range(3):
         dist.barrier()
         CHECKS["barrier"] += 1
@@ -501,6 +531,19 @@ def check_one_rank_refuses() -> None:
                     CHECKS["one rank refuses"] += 1
                 else:
                     raise AssertionError(f"rank {RANK}: no error (debug={debugging})")
+        # crossed calls that move the same bytes: barrier against a one-element int32
+        # all_reduce, a broadcast of float32[4] against one of int64[2]
+        crossings = [lambda: dist.barrier(group=group) if bad else dist.all_reduce(
+                         torch.ones(1, dtype=torch.int32), group=group),
+                     lambda: dist.broadcast(torch.zeros(4) if bad else torch.zeros(
+                         2, dtype=torch.int64), src=0, group=group)]
+        for crossing in crossings if P > 1 else ():
+            try:
+                crossing()
+            except MismatchError:
+                CHECKS["one rank refuses"] += 1
+            else:
+                raise AssertionError(f"rank {RANK}: a crossing passed")
     finally:
         del os.environ["CUPYCOLL_DEBUG"]
 
