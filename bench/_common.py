@@ -61,16 +61,19 @@ NCCL_TESTS_FLAGS = {
 }
 
 
-def common_parser(description: str, flags: str = "befnwcdo") -> argparse.ArgumentParser:
+def common_parser(description: str, flags: str = "befnwcdo", plots: bool = False
+                  ) -> argparse.ArgumentParser:
     """Return an argparse parser with the nccl-tests flags among ``flags`` that the benchmark
-    honours (a flag it would ignore is refused as unknown), --json, --csv and --plot."""
+    honours (a flag it would ignore is refused as unknown), --json, --csv and, for a benchmark
+    that draws its rows (``plots``), --plot."""
     p = Parser(description=description)
     for letter in flags:
         name, keywords = NCCL_TESTS_FLAGS[letter]
         p.add_argument(f"-{letter}", name, **keywords)
     p.add_argument("--json", metavar="PATH", help="write the rows as JSON to PATH ('-' = stdout)")
     p.add_argument("--csv", metavar="PATH", help="write the rows as CSV to PATH ('-' = stdout)")
-    p.add_argument("--plot", metavar="PATH", help="draw the rows with matplotlib into PATH.png")
+    if plots:
+        p.add_argument("--plot", metavar="PATH", help="draw the rows with matplotlib into PATH")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (it is drawn only when stderr is a terminal)")
     return p

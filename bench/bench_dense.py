@@ -18,7 +18,6 @@ Sizes below 1 MiB run 10x the ``-n`` rounds.
 
 from __future__ import annotations
 
-import json
 import sys
 
 import numpy as np
@@ -181,14 +180,14 @@ def side_by_side(args, comm, names) -> None:
                                 f"{r['ratio']:>5.2f}x" for r in rows
                                 if r["collective"] == name and r["way"] == way)
                 print(f"  {name:<15}{way:<9}{cells}", flush=True)
-        if args.json:
-            with open(args.json, "w") as fh:
-                json.dump({"meta": run_meta(args, ranks=comm.size, mode="vs-mpi"), "rows": rows},
-                          fh, indent=1, default=str)
+    table = Table(list(rows[0]) if rows else [], comm.rank)
+    table.rows = rows
+    table.write_json(args.json, run_meta(args, ranks=comm.size, mode="vs-mpi"))
+    table.write_csv(args.csv)
 
 
 def main() -> int:
-    parser = common_parser(__doc__)
+    parser = common_parser(__doc__, plots=True)
     parser.add_argument("--collective", default="allreduce", choices=COLLECTIVES + ("all",))
     parser.add_argument("--root", type=non_negative_int, default=0,
                         help="root rank of broadcast and reduce (below the number of ranks)")
@@ -204,6 +203,8 @@ def main() -> int:
         parser.error(f"--root {args.root}: must be below the number of ranks, {comm.size}")
     names = COLLECTIVES if args.collective == "all" else (args.collective,)
     if args.vs_mpi:
+        if args.plot:  # every rank alike: each one exits with the message
+            parser.error("--plot: --vs-mpi draws nothing (its table, --json and --csv hold it)")
         side_by_side(args, comm, names)
         return 0
     table = Table(DENSE_COLUMNS, comm.rank)

@@ -185,7 +185,8 @@ def run_group(args, comm, table: Table, n: int, width: int, density: float, over
         table.add({"size(B)": size_bytes, "count": n, "type": "float32", "redop": "sum",
                    "root": -1, "time(us)": seconds * 1e6, "algbw(GB/s)": algbw,
                    "busbw(GB/s)": busbw, "#wrong": wrong, "density": density,
-                   "nnz": k if name != BASELINE else n, "algorithm": name, "wire(B)": wire,
+                   "nnz": min(shape.nnz) if name != BASELINE else n, "algorithm": name,
+                   "wire(B)": wire,
                    "overlap": overlap, "min(us)": float(samples[name].min()) * 1e6,
                    "x_dense": seconds / dense_time, "mem/recv": mem, "width": width,
                    "ranks": p, "skew": skew, "pred(us)": pred * 1e6 if pred else "",
@@ -324,7 +325,7 @@ def print_regret(summary: list[dict]) -> None:
 
 
 def main() -> int:
-    parser = common_parser(__doc__, flags="nwc")
+    parser = common_parser(__doc__, flags="nwc", plots=True)
     parser.set_defaults(iters=10, warmup_iters=2)
     parser.add_argument("--n", default="4M,16M", help="dense lengths of 1-D rows (comma list)")
     parser.add_argument("--rows", default="64K", help="number of rows for --width > 0")
@@ -363,8 +364,8 @@ def main() -> int:
             groups = [_case(c) for c in args.cases.split(",") if c]
     except (argparse.ArgumentTypeError, ValueError, IndexError) as exc:
         parser.error(str(exc))
-    if not all(g[0] >= 1 and 0 < g[2] <= 1 for g in groups):
-        parser.error("every n must be >= 1 and every density in (0, 1]")
+    if not all(g[0] >= 1 and g[1] >= 0 and 0 < g[2] <= 1 for g in groups):
+        parser.error("every n must be >= 1, every width >= 0 and every density in (0, 1]")
     unknown = {g[3] for g in groups} - set(OVERLAPS)
     if unknown:
         parser.error(f"unknown {sorted(unknown)}: overlaps are {list(OVERLAPS)}")

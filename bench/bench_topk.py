@@ -289,6 +289,10 @@ def main() -> None:
     size, rank, n = comm.size, comm.rank, args.n
     if n < size:  # every rank alike: each one exits with the message
         p.error(f"--n {n}: must be at least the number of ranks, {size}")
+    if ("phases" in parts or "algorithms" in parts) and min(args.steps or 8,
+                                                            args.tau_prime or 4) < 2:
+        p.error("--steps and --tau-prime: the phases and algorithms parts count the steps "
+                "between Ok-Topk's refreshes (step 0 and every tau-prime-th): at least 2 each")
     k = max(size, int(args.density * n)) // size * size
     table = Table(COLUMNS, rank)
     meta: dict = {"P": size, "n": n, "k": k}

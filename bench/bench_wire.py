@@ -177,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sweep", action="store_true",
                    help="only the design sweep: varints against bit-packed block sizes")
     args = p.parse_args(argv)
+    if args.log2n > 31:
+        p.error(f"--log2n {args.log2n}: at most 31 (the streams hold int32 indices)")
     rng = np.random.default_rng(args.seed)
     n = 1 << args.log2n
     if args.sweep:

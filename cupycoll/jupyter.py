@@ -62,7 +62,8 @@ def mpi_cluster(n: int = 4, *, mpi_args: list[str] | str | None = None, **kwargs
         n: number of engines, i.e. MPI ranks (``COMM_WORLD`` of the engines).
         mpi_args: extra mpiexec arguments: a list of strings (``["-bind-to", "none"]``) or
             one string split as a shell would (``"-bind-to none"``).
-        **kwargs: passed to ``ipyparallel.Cluster`` (``cluster_id``, ``log_level``, ...).
+        **kwargs: passed to ``ipyparallel.Cluster`` (``cluster_id``, ``log_level``,
+            ``config``: a traitlets Config merged under the launcher's settings, ...).
     """
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise InvalidArgument("n", n, "the number of engines must be a positive int")
@@ -73,7 +74,10 @@ def mpi_cluster(n: int = 4, *, mpi_args: list[str] | str | None = None, **kwargs
     except ImportError as exc:
         raise BackendUnavailable("cupycoll.jupyter needs ipyparallel: "
                                  "pip install 'cupycoll[notebook]'") from exc
+    if "engines" in kwargs:
+        raise InvalidArgument("engines", kwargs["engines"], "mpi_cluster sets it (mpi)")
     config = Config()
+    config.merge(kwargs.pop("config", None) or Config())  # the caller's settings, then ours
     config.MPILauncher.mpi_cmd = [find_mpiexec()]
     config.MPILauncher.mpi_args = args
     return ipyparallel.Cluster(engines="mpi", n=n, config=config, **kwargs)

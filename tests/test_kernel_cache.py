@@ -172,3 +172,17 @@ def test_an_emulation_cache_that_cannot_be_a_folder_names_the_variable(where, tm
     with pytest.raises(InvalidArgument, match="'CUPYCOLL_EMULATION_CACHE'.*cannot be made a "
                        "folder"):
         cache_dir()
+
+
+def test_a_kernel_g_plus_plus_warns_on_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """A source g++ warns on raises RuntimeError naming it, and its partial build goes: the
+    cache holds no ``*.tmp`` (each try would add one)."""
+    from cupycoll.testing import kernel_shim
+
+    if kernel_shim.compiler() is None:
+        pytest.fail("the kernel tests need a C++17 compiler (g++) on PATH")
+    monkeypatch.setenv("CUPYCOLL_EMULATION_CACHE", str(tmp_path))
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="g\\+\\+ failed or warned"):
+            kernel_shim.library("__global__ void k(int* p) { int unused; p[0] = 1; }\n")
+    assert not list(tmp_path.rglob("*.tmp")), list(tmp_path.rglob("*"))

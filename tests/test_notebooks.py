@@ -43,6 +43,16 @@ def test_mpi_cluster_uses_this_pythons_mpiexec():
     assert cluster.config.MPILauncher.mpi_args == ["-bind-to", "none"]
     one_string = cupycoll.jupyter.mpi_cluster(2, mpi_args="-bind-to none -env A 'b c'")
     assert one_string.config.MPILauncher.mpi_args == ["-bind-to", "none", "-env", "A", "b c"]
+    from traitlets.config import Config
+
+    mine = Config()
+    mine.Cluster.controller_ip = "127.0.0.1"
+    mine.MPILauncher.mpi_cmd = ["elsewhere"]  # the launcher's own setting wins
+    merged = cupycoll.jupyter.mpi_cluster(2, config=mine)
+    assert merged.config.Cluster.controller_ip == "127.0.0.1"
+    assert merged.config.MPILauncher.mpi_cmd == [cupycoll.jupyter.find_mpiexec()]
+    with pytest.raises(InvalidArgument, match="'engines'.*mpi_cluster sets"):
+        cupycoll.jupyter.mpi_cluster(2, engines="local")
 
 
 @pytest.mark.parametrize("bad", [5, ["-n", 2], b"-bind-to"])

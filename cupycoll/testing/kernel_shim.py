@@ -109,11 +109,16 @@ def _compile_missing(folder: Path, shim: Path, codes: dict[str, str]) -> None:
         procs[key] = (partial, subprocess.Popen(
             [cxx, *_FLAGS, "-include", str(shim), "-o", str(partial), str(source)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    for key, (partial, proc) in procs.items():
+    failed = []
+    for key, (partial, proc) in procs.items():  # every build waited for, failed or not
         log, _ = proc.communicate(timeout=300)
         if proc.returncode != 0 or "warning" in log:
-            raise RuntimeError(f"g++ failed or warned on {folder / key}.cu:\n{log}")
-        os.replace(partial, folder / f"{key}.so")  # atomic: a reader never sees half a file
+            partial.unlink(missing_ok=True)
+            failed.append(f"g++ failed or warned on {folder / key}.cu:\n{log}")
+        else:
+            os.replace(partial, folder / f"{key}.so")  # atomic: no reader sees half a file
+    if failed:
+        raise RuntimeError("\n".join(failed))
 
 
 def _loaded(path: Path) -> ctypes.CDLL:
