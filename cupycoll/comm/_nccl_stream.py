@@ -18,6 +18,7 @@ from .._types import check_current_device
 from ..errors import BackendError, CollectiveTimeout
 from ._nccl_config import in_progress
 from ._nccl_guard import spin
+from ._nccl_inflight import Entry, Inflight
 from ._watchdog import _ABANDONED
 from ._work import Work
 
@@ -27,17 +28,6 @@ __all__: list[str] = []
 _INFLIGHT_QUERIED = 64
 #: seconds between two polls of NCCL's asynchronous error in a host wait.
 _ASYNC_POLL_S = 1e-3
-
-
-class _Inflight:
-    """An operation posted on the communicator's stream and not yet observed complete."""
-
-    __slots__ = ("event", "keep", "deadline", "op_name", "sequence", "number")
-
-    def __init__(self, event: Any, keep: Any, deadline: float | None, op_name: str,
-                 sequence: int, number: int) -> None:
-        self.event, self.keep, self.deadline = event, keep, deadline
-        self.op_name, self.sequence, self.number = op_name, sequence, number
 
 
 class _Handle:
@@ -59,12 +49,13 @@ class _Handle:
             if comm is not None:
                 comm.abort()
 
-    def release(self, inflight: Any) -> None:
+    def release(self, inflight: Inflight) -> None:
         """The communicator is garbage: abort it, and keep what its unfinished operations
         still touch for the life of the process (its stream may run on after the abort)."""
         self.abort()
-        if inflight:
-            _ABANDONED.append(list(inflight))
+        running = inflight.running()
+        if running:
+            _ABANDONED.append(running)
 
 
 class _StreamOrder:
@@ -95,7 +86,7 @@ class _StreamOrder:
 
     def _post(self, op_name: str, launch: Callable[[Any, int], Any], keep: Any = None,
               active: bool = True, then: Callable[[], None] | None = None,
-              arrival: bool = False) -> Any:
+              arrival: bool = False, peers: tuple[int, ...] = ()) -> Any:
         """Run ``launch(nccl_comm, stream)`` on the communicator's stream after the caller's
         current stream's work, then ``then()`` (device work that reads the results, with that
         stream current, once NCCL has issued the launch); return an event recorded behind it.
@@ -105,6 +96,7 @@ class _StreamOrder:
         ``active=False`` (zero elements, the same on every rank) skips the NCCL call.
         ``arrival``: a collective, published on the arrival board before its NCCL call (which
         may wait for peers to connect: a timeout there names the ranks that never came).
+        ``peers``: the ranks an exchange receives from (a timeout names them).
         """
         self._live(op_name)
         device, stream = self._device, self._stream
@@ -124,12 +116,9 @@ class _StreamOrder:
                     then()
         event = device.record(stream)
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        inflight = self._inflight
         self._posted += 1
-        inflight.append(_Inflight(event, keep, deadline, op_name, self.sequence, self._posted))
-        if len(inflight) > _INFLIGHT_QUERIED:  # a loop that never waits on the host
-            while len(inflight) > 1 and inflight[0].event.done:
-                inflight.popleft()
+        self._inflight.add(Entry(event, keep, deadline, op_name, self.sequence, self._posted,
+                                 peers), _INFLIGHT_QUERIED)
         return event
 
     def _call(self, op_name: str, call: Callable[[Any], Any]) -> Any:
@@ -176,8 +165,12 @@ class _StreamOrder:
         """Book the collective just posted and number its in-flight entry with it (a timeout
         of that entry names the ranks that never started it)."""
         super()._record_collective(name, nbytes, root, op_name)
-        if self._inflight:
-            self._inflight[-1].sequence = self.sequence
+        self._inflight.number_last(self.sequence)
+
+    def _record_allgatherv(self, op_name: str, byte_counts: np.ndarray) -> None:
+        """As :meth:`_record_collective`, for an allgatherv."""
+        super()._record_allgatherv(op_name, byte_counts)
+        self._inflight.number_last(self.sequence)
 
     def stream_work(self, op_name: str) -> Work:
         """A Work that completes when what is queued on the current stream so far has run."""
@@ -204,7 +197,7 @@ class _StreamOrder:
         the operations posted before ``event`` on our stream, complete with it)."""
         def synchronize() -> None:
             self.wait([event], op_name)
-            self._observed_upto(behind)
+            self._inflight.release_upto(behind)
 
         work = Work(lambda: self._order(event), lambda: self._query(event),
                     sync_fn=synchronize, device=lambda: self._readers.handing(self.device_id),
@@ -215,21 +208,8 @@ class _StreamOrder:
     def _query(self, event: Any) -> bool:
         done = bool(event.done)
         if done:
-            self._observed(event)
+            self._inflight.observed(event)
         return done
-
-    def _observed(self, event: Any) -> None:
-        """``event`` completed: so did every operation posted before it on our stream."""
-        for entry in self._inflight:
-            if entry.event is event:
-                self._observed_upto(entry.number)
-                return
-
-    def _observed_upto(self, number: int) -> None:
-        """Operations 1..``number`` are complete: release what they kept."""
-        inflight = self._inflight
-        while inflight and inflight[0].number <= number:
-            inflight.popleft()
 
     def wait(self, handles: Sequence[Any], op_name: str) -> None:
         """Block the host until every event in ``handles`` is done, under ``self.timeout``.
@@ -259,8 +239,8 @@ class _StreamOrder:
             if now - polled[0] > _ASYNC_POLL_S:
                 polled[0] = now
                 self._check_async(op_name or "synchronize")
-            if deadline is not None and now > deadline:
-                raise self._timed_out(*self._late(op_name))  # aborts; names the late ranks
+            if deadline is not None and now > deadline:  # aborts; names the late ranks
+                raise self._timed_out(*self._late(op_name, pending[-1]))
             return False
 
         try:
@@ -270,23 +250,26 @@ class _StreamOrder:
             raise
         self._check_async(op_name or "synchronize")
         for event in events:
-            self._observed(event)
+            self._inflight.observed(event)
 
     def synchronize(self) -> None:
         """Block the host until every operation posted on this communicator has completed
         (a timeout names the oldest one that did not)."""
-        if self._inflight:
-            self.wait([self._inflight[-1].event], "")
+        newest = self._inflight.newest()
+        if newest is not None:
+            self.wait([newest.event], "")
 
-    def _late(self, op_name: str) -> tuple[str, int | None]:
-        """The operation a timed-out wait names: ``op_name``, or (empty) the oldest operation
-        in flight that has not completed, with its collective number."""
+    def _late(self, op_name: str, event: Any) -> tuple[str, int | None, tuple[int, ...]]:
+        """The operation a timed-out wait on ``event`` names: ``op_name``, or (empty) the
+        oldest operation in flight that has not completed, with its collective number; and
+        the peers an exchange of ``event`` receives from."""
+        entry = self._inflight.of(event)
+        peers = entry.peers if entry is not None else ()
         if op_name:
-            return op_name, None
-        for entry in self._inflight:
-            if not entry.event.done:
-                return entry.op_name, entry.sequence
-        return "synchronize", None
+            return op_name, None, peers
+        entry = self._inflight.oldest_running()
+        return (entry.op_name, entry.sequence, peers) if entry is not None else (
+            "synchronize", None, peers)
 
     def fetch(self, work: Work, array: Any) -> np.ndarray:
         """ONE host synchronisation: the copy is queued behind ``work`` on the current stream
@@ -305,7 +288,7 @@ class _StreamOrder:
         except BaseException:
             self._fate.abandon(host, event)
             raise
-        self._observed_upto(behind)
+        self._inflight.release_upto(behind)
         return host
 
     def stream_order(self, work: Work) -> None:
@@ -335,13 +318,13 @@ class _StreamOrder:
         if not handle.lock.acquire(blocking=False):
             return
         try:
-            entry = self._inflight[0]
-            if entry.deadline is None or time.monotonic() <= entry.deadline:
+            entry = self._inflight.oldest()
+            if entry is None or entry.deadline is None or time.monotonic() <= entry.deadline:
                 return
             if entry.event.done:
-                self._observed(entry.event)
+                self._inflight.observed(entry.event)
                 return
-            self._timed_out(entry.op_name, entry.sequence)
+            self._timed_out(entry.op_name, entry.sequence, entry.peers)
         except CollectiveTimeout:
             pass
         finally:

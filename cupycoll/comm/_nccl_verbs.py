@@ -207,7 +207,8 @@ class _NcclVerbs:
                 buf[...] = dst
 
         event = self._post(op_name, launch, (posted_recvs, posted_sends, staged),
-                           then=unstage if staged else None)
+                           then=unstage if staged else None,
+                           peers=tuple(sorted({peer for peer, dst in posted_recvs if dst.nbytes})))
         return self._work(event, (posted_recvs, posted_sends), op_name)
 
 

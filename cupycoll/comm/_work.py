@@ -88,7 +88,9 @@ class Work:
 
         ``timeout`` (seconds) bounds this wait in place of the communicator's own timeout:
         the host polls :meth:`is_completed` and raises CollectiveTimeout if it is not complete
-        by then; the operation goes on, and a later wait can complete it."""
+        by then; the operation goes on, and a later wait can complete it. (On NCCL the
+        communicator's timeout also bounds the operation itself: the watchdog aborts it
+        there, so a longer ``timeout`` ends at the communicator's.)"""
         if timeout is not None and not self._done:
             deadline = time.monotonic() + _seconds(timeout)
             try:

@@ -28,7 +28,6 @@ not P-1). Traffic is booked exactly as the MPI backend books it (see :class:`~._
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import weakref
@@ -48,7 +47,8 @@ from ._nccl_readers import Readers
 from ._nccl_setup import (_BYTES, NCCL_DTYPES, NCCL_OPS, _code_tables, agree, bootstrap,
                           broadcast_unique_id, device_for, load_nccl, nccl_types, new_nccl_comm,
                           node_local_rank)
-from ._nccl_stream import _Handle, _Inflight, _StreamOrder
+from ._nccl_inflight import Inflight
+from ._nccl_stream import _Handle, _StreamOrder
 from ._nccl_verbs import _NcclVerbs
 from ._work import Overlap
 
@@ -155,7 +155,7 @@ class NCCLCommunicator(_StreamOrder, _NcclVerbs, Communicator):
         self._stream = device.new_stream()  # the communicator's own stream on its device
         self._readers = Readers(device, self._stream)  # streams it handed results to
         self._side: Any = None  # the side stream of overlap(), made on first use
-        self._inflight: collections.deque[_Inflight] = collections.deque()
+        self._inflight = Inflight()
         self._posted = 0  # operations posted so far (numbers the in-flight entries)
         self._bytes = int(getattr(nccl, _BYTES))
         self._dtype_codes, self._op_codes = _code_tables(nccl)
@@ -190,18 +190,22 @@ class NCCLCommunicator(_StreamOrder, _NcclVerbs, Communicator):
         return error
 
     def _failed(self, op_name: str, exc: BaseException) -> BackendError:
-        """Abort after an NCCL or CUDA error and describe it (the error becomes the cause)."""
+        """Abort after an NCCL or CUDA error and describe it (the error becomes the cause):
+        the communicator and its duplicates die of it (every later call raises it)."""
         self._handle.abort()
-        return BackendError(f"NCCL failed {op_name} on rank {self.rank} of {self.size} "
-                            f"({type(exc).__name__}: {exc}); the communicator was aborted")
+        error = BackendError(f"NCCL failed {op_name} on rank {self.rank} of {self.size} "
+                             f"({type(exc).__name__}: {exc}); the communicator was aborted")
+        self._die(error, f"{op_name} (collective #{self.sequence}, an NCCL error)")
+        return error
 
     def _disable(self) -> None:
         """Dead (a timeout, an error, an abort, an interrupt): abort the NCCL communicator and
         keep what the unfinished operations touch for good (the stream runs on after it)."""
         super()._disable()
         self._handle.abort()
-        if self._inflight:
-            self._fate.abandon(list(self._inflight))
+        running = self._inflight.running()
+        if running:
+            self._fate.abandon(running)
 
     @contextlib.contextmanager
     def _group(self) -> Iterator[None]:
@@ -230,11 +234,15 @@ class NCCLCommunicator(_StreamOrder, _NcclVerbs, Communicator):
         return a
 
     def barrier(self) -> None:
-        """Allreduce one int32 on the device and wait for it (not booked in ``stats``)."""
+        """Allreduce one int32 on the device and wait for it (not booked in ``stats``; a
+        collective on the arrival board: a timeout names the ranks that never came)."""
         token = self.xp.zeros(1, dtype=np.int32)
         dtype, red = nccl_types(token.dtype, ReduceOp.SUM, nccl=self._nccl, rank=self.rank)
-        self.wait([self._post("barrier", lambda c, s: c.allReduce(
-            self._ptr(token), self._ptr(token), 1, dtype, red, s), token)], "barrier")
+        event = self._post("barrier", lambda c, s: c.allReduce(
+            self._ptr(token), self._ptr(token), 1, dtype, red, s), token, arrival=True)
+        self._slot[0] = self.sequence = self.sequence + 1
+        self._inflight.number_last(self.sequence)
+        self.wait([event], "barrier")
 
     def close(self) -> None:
         """Wait for the operations in flight, then destroy the NCCL communicator (idempotent).

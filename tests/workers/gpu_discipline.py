@@ -40,6 +40,12 @@ Modes (each failed before its fix, as noted):
                      shares its parent's fate (before: the parent went on); a bad
                      CUPYCOLL_CONNECT_TIMEOUT on one rank raises on every rank in both (before:
                      on that rank only, after the others had made their NCCL communicator)
+  inflight_threads   the caller (a completed Work's is_completed()) and the completer thread
+                     (futures' waits) release in-flight entries at once: the completed Work's
+                     wait() returns and every future its result (before: "deque mutated during
+                     iteration", stored as the operation's error); a communicator dropped after
+                     its operations completed keeps nothing for good (before: each entry it
+                     had not observed, with its arrays)
 After every mode the ranks' NCCL call logs are compared (cupycoll.testing.emulation.check_logs).
 """
 
@@ -426,7 +432,39 @@ def mode_dup_board():
     comm.abort()
 
 
-MODES = {"null_stream": mode_null_stream, "connecting": mode_connecting,
+def mode_inflight_threads():
+    """Threads releasing in-flight entries at once (see the module docstring)."""
+    from cupycoll.comm import _watchdog
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # the threads interleave often
+    try:
+        comm = cc.init("nccl", timeout=60.0)
+        x = cupy.ones(8, cupy.float32)
+        done = comm.allreduce(x, x, "sum")
+        comm.synchronize()
+        futures = []
+        for _ in range(60):
+            for _ in range(8):
+                comm.run("allreduce", x, x, "sum")  # stream order: the list grows
+            futures.append(comm.allreduce(x, x, "sum").get_future())  # the completer's
+            for _ in range(30):
+                assert done.is_completed()  # the caller's
+            done.wait()
+        assert [f.exception(timeout=60) for f in futures] == [None] * len(futures)
+    finally:
+        sys.setswitchinterval(switch)
+    for _ in range(5):
+        comm.run("allreduce", x, x, "sum")  # complete below, never observed by the comm
+    cupy.cuda.runtime.deviceSynchronize()
+    kept = len(_watchdog._ABANDONED)
+    del comm, done, futures
+    gc.collect()
+    assert len(_watchdog._ABANDONED) == kept, "a dropped communicator kept completed work"
+
+
+MODES = {"inflight_threads": mode_inflight_threads,
+         "null_stream": mode_null_stream, "connecting": mode_connecting,
          "dup_board": mode_dup_board, "completer_device": mode_completer_device,
          "close_paths": mode_close_paths, "waits_per_stream": mode_waits_per_stream,
          "device_thread": mode_device_thread, "stream_switch": mode_stream_switch,

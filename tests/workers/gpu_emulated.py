@@ -693,7 +693,20 @@ def late_verbs():
             async_op=True).synchronize(),
         "topk_allreduce": lambda c, st: cc.topk_allreduce(inputs()[0], 8, comm=c),
         "TopkCompressor.step": compress,
+        "allgatherv": lambda c, st: synced(c.allgatherv(inputs()[0], [n] * P), c),
+        "barrier": lambda c, st: c.barrier(),
+        "exchange": lambda c, st: late_star(c, inputs()[0]),
     }
+
+
+def late_star(comm, x):
+    """The late rank sends ``x`` to every other rank, which receives only from it (its
+    timeout names the one peer that owes it a message)."""
+    late = P - 1
+    got = [cupy.empty_like(x) for _ in range(P)]
+    sends = [(r, x) for r in range(P) if r != late] if RANK == late else []
+    recvs = [(late, got[late])] if RANK != late else []
+    comm.exchange(sends, recvs, "exchange").synchronize()
 
 
 def mode_late_verbs():
@@ -720,6 +733,9 @@ def mode_late_verbs():
                 outcome = "completed"
             except (CollectiveTimeout, BackendError, BackendUnavailable) as exc:
                 outcome = type(exc).__name__
+                if "REMOTE" in str(exc):  # the communicator died of NCCL's error
+                    err = expect_raises(BackendError, lambda: call(comm, state))
+                    assert "NCCL failed" in str(err), f"{verb}: not dead of it: {err!r}"
             took = time.monotonic() - start
             assert outcome != "completed", f"late {verb} completed against aborted peers"
         else:
@@ -738,9 +754,11 @@ def mode_late_verbs():
                 assert 0.9 * timeout <= took <= timeout + 15, (verb, took)
             if outcome != "completed":
                 again = time.monotonic()
-                expect_raises((CollectiveTimeout, BackendError, BackendUnavailable),
-                              lambda: call(comm, state))
+                err = expect_raises((CollectiveTimeout, BackendError, BackendUnavailable),
+                                    lambda: call(comm, state))
                 assert time.monotonic() - again < 0.5, "a dead communicator must raise at once"
+                assert outcome != "BackendError(remote)" or "NCCL failed" in str(err), \
+                    f"{verb}: not dead of NCCL's error: {err!r}"
             else:
                 assert name == "reduce" and RANK != 0, f"{verb} completed without the late rank"
             napping_barrier()
