@@ -14,7 +14,8 @@ kind                    operations
 ``mask``                indexing with a boolean mask (the result's size is on the device), and
                         assigning an array through one
 ``nonzero``             ``nonzero``, ``flatnonzero``, ``argwhere``, ``unique``, ``compress``,
-                        ``extract``, one-argument ``where`` (data-dependent sizes)
+                        ``extract``, one-argument ``where`` (data-dependent sizes; the
+                        methods too), device sizes of ``empty``/``zeros``/``arange`` (read)
 ``wait`` / ``fetch``    reported by :class:`SyncCountingCommunicator` (below)
 ======================  =====================================================================
 
@@ -46,6 +47,19 @@ __all__ = ["DeviceArray", "xp", "SyncCountingCommunicator"]
 _DATA_DEPENDENT = frozenset({"nonzero", "flatnonzero", "argwhere", "unique", "compress",
                              "extract", "unique_values", "unique_counts", "unique_inverse",
                              "unique_all", "trim_zeros"})
+
+
+#: functions whose leading arguments (how many) are sizes read on the host
+_SIZES = {"empty": 1, "zeros": 1, "ones": 1, "full": 1, "arange": 3}
+
+
+def _host_ints(args: Any) -> Any:
+    """Device integers read on the host where a function wants sizes (one sync each)."""
+    if isinstance(args, DeviceArray):
+        return int(args)
+    if isinstance(args, (list, tuple)):
+        return type(args)(_host_ints(a) for a in args)
+    return args
 
 
 def _is_mask(key: Any) -> bool:
@@ -90,6 +104,14 @@ class DeviceArray(np.ndarray):
         if _is_mask(key) and isinstance(value, np.ndarray) and value.ndim > 0:
             host_sync("mask")
         super().__setitem__(key, value)
+
+    def nonzero(self) -> Any:
+        host_sync("nonzero")
+        return _device(self.view(np.ndarray).nonzero())
+
+    def compress(self, condition: Any, axis: Any = None, out: Any = None) -> Any:
+        host_sync("nonzero")
+        return _device(self.view(np.ndarray).compress(condition, axis, out))
 
     def argsort(self, axis: int = -1, kind: Any = None, order: Any = None) -> Any:
         return xp.argsort(self.view(np.ndarray), axis)  # stable, like CuPy's (a plain view:
@@ -163,6 +185,8 @@ class _Namespace(types.SimpleNamespace):
         def call(*args: Any, **kwargs: Any) -> Any:
             if name in _DATA_DEPENDENT or (name == "where" and len(args) + len(kwargs) == 1):
                 host_sync("nonzero")
+            if name in _SIZES:
+                args = _host_ints(args[:_SIZES[name]]) + args[_SIZES[name]:]
             with np.errstate(all="ignore"), uncounted():  # CUDA does not warn; one sync at most
                 return _device(fn(*args, **kwargs))
         return call

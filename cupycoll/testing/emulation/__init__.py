@@ -65,7 +65,7 @@ def install(devices_per_node: int = 2, cupy_version: int = 14) -> types.ModuleTy
 
     real_nvrtc.getVersion()  # loads libnvrtc now: its lazy loader looks up cupy._environment
 
-    from . import array, device, kernels, nccl_module, runtime
+    from . import array, device, kernels, namespace, nccl_module, runtime
 
     device.configure(devices_per_node)
     node = MPI.COMM_WORLD.Get_rank() // devices_per_node
@@ -73,7 +73,7 @@ def install(devices_per_node: int = 2, cupy_version: int = 14) -> types.ModuleTy
     cuda = runtime.cuda_module(emulated_nccl)
     cuda.nvrtc = real_nvrtc
     cupy = types.ModuleType("cupy")
-    cupy.__getattr__ = array.namespace  # numpy's names, device-side
+    cupy.__getattr__ = namespace.namespace  # numpy's names, device-side
     cupy.__version__ = f"{cupy_version}.0.0+emulated"
     cupy.cuda = cuda
     cupy.RawModule = kernels.RawModule

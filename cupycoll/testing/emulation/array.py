@@ -15,7 +15,9 @@ a view shares its array's allocation, which is freed when the last array on it d
 
 from __future__ import annotations
 
-import types
+import functools
+import inspect
+import operator
 from typing import Any
 
 import numpy as np
@@ -23,16 +25,25 @@ from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from . import buffers
 from . import device as dev
+from .arith import cast
 from .pool import Allocation, allocate, buffer_at, raw_view
 
-__all__ = ["ndarray", "namespace", "raw_view", "buffer_at"]
+__all__ = ["ndarray", "raw_view", "buffer_at"]
 
 #: functions whose result size depends on the data: cupy reads a count back to the host.
-SIZE_SYNCS = frozenset({"nonzero", "flatnonzero", "argwhere", "unique", "extract", "compress"})
+SIZE_SYNCS = frozenset({"nonzero", "flatnonzero", "argwhere", "unique", "extract", "compress",
+                        "unique_values", "unique_counts", "unique_inverse", "unique_all",
+                        "trim_zeros"})
 #: functions that accept host data (host-to-device copies).
 FROM_HOST = frozenset({"asarray", "array", "asanyarray"})
 #: array methods that write their array.
-WRITING_METHODS = frozenset({"fill", "sort", "put", "itemset", "partition"})
+WRITING_METHODS = frozenset({"fill", "sort", "put", "itemset", "partition", "resize"})
+#: functions that write their first argument.
+WRITING_FUNCTIONS = frozenset({"copyto", "put", "putmask", "place", "fill_diagonal",
+                               "put_along_axis"})
+#: arguments (positions from, to) read on the host as integers (sizes, shapes).
+HOST_INTS = {"empty": (0, 1), "zeros": (0, 1), "ones": (0, 1), "full": (0, 1),
+             "arange": (0, 3), "reshape": (1, None), "resize": (1, None)}
 
 #: functions whose result is uninitialised memory (poisoned, see :mod:`.pool`).
 UNINITIALISED = frozenset({"empty", "empty_like"})
@@ -48,7 +59,7 @@ def _address(a: np.ndarray) -> int:
     return int(a.__array_interface__["data"][0])
 
 
-def _memory(shape: Any, dtype: Any, order: str = "C", poison: bool = True
+def _memory(shape: Any, dtype: Any, order: str = "C", poison: bool = True, strides: Any = None
             ) -> tuple[np.ndarray, buffers.Buffer, Allocation | None]:
     """A new device allocation from the current stream's arena of the pool: (its numpy view,
     its block, its lifetime). Zero bytes take no block (CuPy's null pointer)."""
@@ -57,8 +68,8 @@ def _memory(shape: Any, dtype: Any, order: str = "C", poison: bool = True
     if nbytes == 0:
         return np.empty(shape, dtype, order), buffers.Buffer(dev.current_device()), None
     owner = allocate(nbytes, dev.current_stream(), poison)
-    return np.ndarray(shape, like.dtype, buffer=owner.block.memory, order=order), owner.block, \
-        owner
+    return np.ndarray(shape, like.dtype, buffer=owner.block.memory, order=order,
+                      strides=strides), owner.block, owner
 
 
 def _device_copy(value: np.ndarray, what: str) -> "ndarray":
@@ -130,14 +141,29 @@ class ndarray(NDArrayOperatorsMixin):
     # ---------------------------------------------------------------- host reads (syncs)
     def get(self, stream: Any = None, order: str = "C", out: Any = None,
             blocking: bool = True) -> np.ndarray:
-        """Device-to-host copy: a host synchronization on the current stream."""
-        return _call(np.array, "get", (self,), {}, sync="get", host=True)
+        """Device-to-host copy on the array's device (CuPy switches to it): a host
+        synchronization on that device's current stream; ``out`` is filled and returned."""
+        if out is not None:
+            if not isinstance(out, np.ndarray):
+                raise TypeError("Only numpy.ndarray can be obtained from cupy.ndarray")
+            if out.dtype != self.dtype:
+                raise TypeError(f"{out.dtype} array cannot be obtained from {self.dtype} array")
+            if out.shape != self.shape:
+                raise ValueError(f"Shape mismatch. Old shape: {out.shape}, new shape: "
+                                 f"{self.shape}")
+        with _on_device(self):
+            host = _call(np.array, "get", (self,), {}, sync="get", host=True)
+        if out is None:
+            return host
+        out[...] = host
+        return out
 
     def _scalar(self, kind: str) -> Any:
         if self.size != 1:
             raise TypeError("only size-1 arrays can be read as a scalar")
-        return _call(lambda a: a.reshape(-1)[0].item(), kind, (self,), {}, sync="scalar",
-                     host=True)
+        with _on_device(self):
+            return _call(lambda a: a.reshape(-1)[0].item(), kind, (self,), {}, sync="scalar",
+                         host=True)
 
     def item(self, *args: Any) -> Any:
         return self._scalar("item") if not args else self[args].item()
@@ -171,21 +197,22 @@ class ndarray(NDArrayOperatorsMixin):
         return _call(getattr(ufunc, method), ufunc.__name__, inputs, kwargs)
 
     def __array_function__(self, func: Any, types_: Any, args: Any, kwargs: Any) -> Any:
-        return _call(func, func.__name__, args, kwargs, sync=_size_sync(func.__name__))
+        return _call(func, func.__name__, args, kwargs,
+                     sync=_size_sync(func.__name__, args, kwargs), writes=_writes(func.__name__))
 
     def __getitem__(self, key: Any) -> Any:
-        masked = any(getattr(k, "dtype", None) == np.bool_ for k in
-                     (key if isinstance(key, tuple) else (key,)))
         return _call(lambda a, k: a[k], "getitem", (self, key), {},
-                     sync="boolean mask" if masked else None)
+                     sync="boolean mask" if _masked(key) else None)
 
     def __setitem__(self, key: Any, value: Any) -> None:
         if isinstance(value, np.ndarray):  # a host-to-device copy, allowed like cupy
             value = _from_host(value)
 
         def store(a: np.ndarray, k: Any, v: Any) -> None:
-            a[k] = v
-        _call(store, "setitem", (self, key, value), {}, writes=(0,))
+            a[k] = cast(v, a.dtype) if isinstance(v, np.ndarray) else v
+        masked = isinstance(value, ndarray) and value.ndim > 0 and _masked(key)
+        _call(store, "setitem", (self, key, value), {}, writes=(0,),
+              sync="boolean mask set" if masked else None)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
@@ -193,22 +220,67 @@ class ndarray(NDArrayOperatorsMixin):
         attr = getattr(self._a, name)  # AttributeError as numpy's
         if not callable(attr):
             return attr
-        method = _stable_argsort if name == "argsort" else getattr(np.ndarray, name)
+        method = {"argsort": _stable_argsort, "astype": _astype}.get(name) or \
+            getattr(np.ndarray, name)
+        writes = (0,) if name in WRITING_METHODS else _writes(name)
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            return _call(method, name, (self,) + args, kwargs,
-                         writes=(0,) if name in WRITING_METHODS else ())
+            return _call(method, name, (self,) + args, kwargs, sync=_size_sync(name),
+                         writes=writes)
         return call
 
     def set(self, arr: np.ndarray, stream: Any = None) -> None:
-        self[...] = arr
+        """Host-to-device copy of an array of this dtype and shape (CuPy's checks)."""
+        if not isinstance(arr, np.ndarray):
+            raise TypeError("Only numpy.ndarray can be set to cupy.ndarray")
+        if arr.dtype != self.dtype:
+            raise TypeError(f"{arr.dtype} array cannot be set to {self.dtype} array")
+        if arr.shape != self.shape:
+            raise ValueError(f"Shape mismatch. Old shape: {self.shape}, new shape: {arr.shape}")
+        with _on_device(self):
+            self[...] = arr
 
 
 ndarray.__module__ = "cupy"
 
 
-def _size_sync(name: str) -> str | None:
+def _on_device(a: ndarray) -> Any:
+    from .runtime import Device
+
+    return Device(a._buf.device)
+
+
+def _size_sync(name: str, args: Any = (), kwargs: Any = ()) -> str | None:
+    if name == "where" and len(args) + len(kwargs) == 1:  # one argument: nonzero
+        return "where (data-dependent size)"
     return f"{name} (data-dependent size)" if name in SIZE_SYNCS else None
+
+
+@functools.lru_cache(maxsize=None)
+def _writes(name: str) -> tuple[int, ...]:
+    """Positions of the arguments that numpy's function ``name`` writes: the first of the
+    in-place functions, else a positional ``out`` (as in the method of that name)."""
+    if name in WRITING_FUNCTIONS:
+        return (0,)
+    try:
+        params = list(inspect.signature(getattr(np, name)).parameters)
+    except (AttributeError, TypeError, ValueError):
+        return ()
+    return (params.index("out"),) if "out" in params else ()
+
+
+def _host_int(v: Any) -> Any:
+    """A 0-d device integer where numpy wants a host int: read back (a host sync)."""
+    if isinstance(v, ndarray):
+        return operator.index(v)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_host_int(x) for x in v)
+    return v
+
+
+def _masked(key: Any) -> bool:
+    return any(getattr(k, "dtype", None) == np.bool_ for k in
+               (key if isinstance(key, tuple) else (key,)))
 
 
 def _view(of: ndarray, a: np.ndarray) -> ndarray:
@@ -222,6 +294,10 @@ def _from_host(value: Any) -> ndarray:
 def _call(fn: Any, name: str, args: Any, kwargs: dict, sync: str | None = None,
           writes: tuple[int, ...] = (), host: bool = False) -> Any:
     """Run ``fn`` on the numpy arrays behind the device arrays in its arguments, in order."""
+    if name in HOST_INTS:
+        start, stop = HOST_INTS[name]
+        args = tuple(_host_int(a) if start <= i < (len(args) if stop is None else stop)
+                     else a for i, a in enumerate(args))
     found: list[tuple[ndarray, bool]] = []
     raw_args = tuple(_unwrap(a, found, i in writes, name) for i, a in enumerate(args))
     raw_kwargs = {k: _unwrap(v, found, k == "out", name) for k, v in kwargs.items()}
@@ -258,8 +334,8 @@ def _unwrap(x: Any, found: list, writes: bool, name: str) -> Any:
                         "array mixed with device arrays)")
     if isinstance(x, (list, tuple)):
         return type(x)(_unwrap(v, found, writes, name) for v in x)
-    if isinstance(x, slice):
-        return slice(*(_unwrap(v, found, False, name) for v in (x.start, x.stop, x.step)))
+    if isinstance(x, slice):  # a device bound is read on the host, as CuPy's __index__
+        return slice(*(_host_int(v) for v in (x.start, x.stop, x.step)))
     return x
 
 
@@ -276,8 +352,9 @@ def _wrap(result: Any, found: list, name: str) -> Any:
         for arr, _ in found:
             if _root(arr._a) is root:
                 return _view(arr, result)
-        if name in UNINITIALISED:
-            return ndarray(result.shape, result.dtype)
+        if name in UNINITIALISED:  # its layout kept (order='F', empty_like's 'K')
+            a, buf, owner = _memory(result.shape, result.dtype, strides=result.strides)
+            return ndarray(_a=a, _buf=buf, _owner=owner)
         return _device_copy(result, name)
     if isinstance(result, (list, tuple)):
         return type(result)(_wrap(r, found, name) for r in result)
@@ -286,41 +363,9 @@ def _wrap(result: Any, found: list, name: str) -> Any:
     return result
 
 
-# -------------------------------------------------------------------- the cupy namespace
-def _creator(fn: Any, name: str) -> Any:
-    def create(*args: Any, **kwargs: Any) -> Any:
-        return _call(fn, name, args, kwargs, sync=_size_sync(name))
-    create.__name__ = name
-    return create
-
-
-def asarray(a: Any, dtype: Any = None, order: Any = None, *, blocking: bool = False) -> ndarray:
-    if isinstance(a, ndarray):
-        return a if dtype is None or np.dtype(dtype) == a.dtype else a.astype(dtype)
-    return _device_copy(np.asarray(a, dtype=dtype, order=order), "host-to-device copy")
-
-
-def array(a: Any, dtype: Any = None, copy: bool = True, order: str = "K", ndmin: int = 0,
-          **kwargs: Any) -> ndarray:
-    if isinstance(a, ndarray):
-        return _call(np.array, "array", (a,), {"dtype": dtype, "copy": True, "order": order})
-    return _device_copy(np.array(a, dtype=dtype, order=order, ndmin=ndmin),
-                        "host-to-device copy")
-
-
-def asnumpy(a: Any, stream: Any = None, order: str = "C", out: Any = None,
-            blocking: bool = True) -> np.ndarray:
-    return a.get() if isinstance(a, ndarray) else np.asarray(a, order=order)
-
-
-def get_array_module(*args: Any) -> Any:
-    import sys
-
-    return sys.modules["cupy"] if any(isinstance(a, ndarray) for a in args) else np
-
-
-def from_dlpack(x: Any) -> ndarray:
-    return asarray(np.from_dlpack(x))
+def _astype(a: np.ndarray, dtype: Any, *args: Any, **kwargs: Any) -> np.ndarray:
+    """``astype`` as CUDA converts (float to integer saturates: :func:`.arith.cast`)."""
+    return cast(a, dtype) if not args and not kwargs else a.astype(dtype, *args, **kwargs)
 
 
 def _stable_argsort(a: np.ndarray, axis: int = -1, kind: Any = None) -> np.ndarray:
@@ -328,38 +373,13 @@ def _stable_argsort(a: np.ndarray, axis: int = -1, kind: Any = None) -> np.ndarr
     return np.argsort(a, axis=axis, kind="stable")
 
 
-_SPECIAL = {"ndarray": ndarray, "asarray": asarray, "array": array, "asnumpy": asnumpy,
-            "get_array_module": get_array_module, "from_dlpack": from_dlpack,
-            "ascontiguousarray": _creator(np.ascontiguousarray, "ascontiguousarray"),
-            "argsort": _creator(_stable_argsort, "argsort")}
-
-
-def namespace(name: str) -> Any:
-    """The attribute ``name`` of the emulated ``cupy`` module (numpy's, made device-side)."""
-    if name in _SPECIAL:
-        return _SPECIAL[name]
-    attr = getattr(np, name)
-    if isinstance(attr, np.ufunc):
-        return _Ufunc(attr)
-    if isinstance(attr, types.ModuleType):  # cupy.linalg, cupy.random, ...
-        return _Submodule(attr)
-    if callable(attr) and not isinstance(attr, type):
-        return _creator(attr, name)
-    return attr  # dtypes, scalar types, constants
-
-
-class _Ufunc:
-    """A numpy ufunc that works on (and returns) device arrays."""
-
-    def __init__(self, ufunc: np.ufunc) -> None:
-        self._ufunc = ufunc
-        self.__name__ = ufunc.__name__
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return _call(self._ufunc, self.__name__, args, kwargs)
-
-    def __getattr__(self, method: str) -> Any:
-        return _creator(getattr(self._ufunc, method), f"{self.__name__}.{method}")
+def _creator(fn: Any, name: str, writes: tuple[int, ...] | None = None) -> Any:
+    def create(*args: Any, **kwargs: Any) -> Any:
+        return _call(fn, name, args, kwargs, sync=_size_sync(name, args, kwargs),
+                     writes=writes)
+    writes = _writes(name) if writes is None else writes
+    create.__name__ = name
+    return create
 
 
 class _Submodule:

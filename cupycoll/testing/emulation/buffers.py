@@ -5,7 +5,7 @@ a write, raises :class:`~.device.StreamOrderError` unless that work is ordered b
 
 from __future__ import annotations
 
-from .device import LOCK, Stream, StreamOrderError, current_stream, known
+from .device import LOCK, Stream, StreamOrderError, current_stream, implicit, known
 
 __all__ = ["Buffer", "idle", "ordered_access", "REUSED"]
 
@@ -54,11 +54,11 @@ def ordered_access(buffers: list[tuple[Buffer, bool]], what: str, here: Stream |
     the returned (stream, seq) pairs (work it is implicitly ordered after, see :func:`_implicit`).
     """
     here = current_stream() if here is None else here
+    waits = implicit(here)
     if task_seq is None:
         seq = here.eager()
     else:
         seq = task_seq
-    waits = []
     with LOCK:
         for buf, writes in buffers:
             conflicts = ([buf.writer] if buf.writer else []) + (buf.readers if writes else [])

@@ -34,7 +34,7 @@ from .. import syncs
 __all__ = ["EmulationError", "StreamOrderError", "DeviceMismatch", "Stream", "Event", "Task",
            "host_sync", "current_device", "set_device", "current_stream", "set_stream",
            "device_count", "node_of", "null_stream", "lookup_stream", "synchronize_device",
-           "known_anywhere", "known", "LOCK"]
+           "known_anywhere", "known", "LOCK", "implicit", "follow"]
 
 #: guards the bookkeeping (never held while blocking).
 LOCK = threading.RLock()
@@ -248,12 +248,12 @@ class Stream:
         return self
 
     def __enter__(self) -> "Stream":
-        self._prev = current_stream()
+        _stack("streams_entered").append(current_stream())  # per thread, as CuPy's
         set_stream(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        set_stream(self._prev)
+        set_stream(_stack("streams_entered").pop())
 
 
 class Event:
@@ -262,6 +262,7 @@ class Event:
     def __init__(self, block: bool = False, disable_timing: bool = False,
                  interprocess: bool = False) -> None:
         self.timing = not disable_timing
+        self.device = current_device()  # an event belongs to the device current at creation
         self.task: Task | None = None
         self.facts: dict[Stream, int] = {}
         self.observed = False  # the host has seen it complete (counted as one host sync)
@@ -271,7 +272,20 @@ class Event:
         if stream.device != current_device():
             raise DeviceMismatch(f"cudaEventRecord on {stream} while device {current_device()} "
                                  "is current")
-        self.task = stream.enqueue("event", None)
+        if stream.device != self.device:
+            raise DeviceMismatch(f"cudaEventRecord of an event of device {self.device} on "
+                                 f"{stream} (CUDA: event and stream on one device, "
+                                 "cudaErrorInvalidResourceHandle)")
+        self.mark(stream)
+
+    def mark(self, stream: Stream) -> None:
+        """Record on ``stream`` (no checks): done once the stream's work so far is."""
+        waits = implicit(stream)
+
+        def run() -> None:
+            for other, seq in waits:
+                other.drain(seq)
+        self.task = stream.enqueue("event", run if waits else None)
         self.observed = False
         with LOCK:
             self.facts = dict(stream.known)
@@ -297,19 +311,6 @@ class Event:
         self._learn("event.synchronize")
 
 
-def elapsed_ms(start: Event, end: Event) -> float:
-    """``cudaEventElapsedTime``: milliseconds between two recorded, completed timing events
-    (the times their streams reached them); no host wait."""
-    for event in (start, end):
-        if not event.timing:
-            raise EmulationError("cudaEventElapsedTime of an event created with "
-                                 "disable_timing=True (cudaErrorInvalidResourceHandle)")
-        if event.task is None or not event.task.finished.is_set():
-            raise EmulationError("cudaEventElapsedTime of an event that has not completed "
-                                 "(cudaErrorNotReady)")
-    return (end.task.ended - start.task.ended) * 1e3
-
-
 def _wait(flag: threading.Event) -> None:
     while not flag.wait(0.5):
         pass
@@ -325,6 +326,39 @@ def null_stream(device: int | None = None) -> Stream:
         if stream is None:
             stream = _NULL[device] = Stream(device, null=True)
         return stream
+
+
+def _stack(name: str) -> list:
+    if not hasattr(_tls, name):
+        setattr(_tls, name, [])
+    return getattr(_tls, name)
+
+
+def implicit(here: Stream) -> list[tuple[Stream, int]]:
+    """The legacy null stream's implicit order, learned by ``here`` now: work on the null
+    stream waits for the blocking streams' work so far, work on a blocking stream for the null
+    stream's. Returns the (stream, seq) that work on ``here`` must wait for."""
+    with LOCK:
+        if here.null:
+            others = [s for s in _STREAMS.values() if s.blocking and s.device == here.device]
+        elif here.blocking:
+            others = [s for d, s in _NULL.items() if d == here.device]
+        else:
+            return []
+        waits = [(s, s.seq) for s in others if s.seq and here.known.get(s, 0) < s.seq]
+        for s, seq in waits:
+            _learn(here.known, s.known)
+            _learn(here.known, {s: seq})
+        return waits
+
+
+def follow(later: Stream, earlier: Stream) -> None:
+    """``later``'s next work waits for ``earlier``'s work so far (an event, recorded and
+    waited for, with no device checks)."""
+    if later is not earlier:
+        event = Event()
+        event.mark(earlier)
+        later.wait_event(event)
 
 
 def current_stream() -> Stream:

@@ -37,6 +37,7 @@ def check_logs() -> None:
     mine = {"comms": {c.uid: (c._rank, c.world_ranks, list(c.log)) for c in COMMS
                       if not c.aborted  # an aborted communicator's calls need not match
                       and c.world_ranks is not None},  # nor one whose init never finished
+            "gone": {c.uid for c in COMMS if c.aborted or c.world_ranks is None},
             "global": list(GLOBAL_LOG),
             "freed_early": list(FREED_EARLY) + list(RACES) + list(MISMATCHED)}
     every = STATE["boot"].allgather(mine)
@@ -55,8 +56,13 @@ def check_logs() -> None:
         coll = [e for e in log if e[0] not in ("send", "recv")]
         for r, world_rank in enumerate(members):
             theirs = every[world_rank]["comms"].get(uid)
+            if theirs is None and uid in every[world_rank]["gone"]:
+                continue  # that rank aborted it (its calls need not match)
             if theirs is None:
-                continue  # that rank already destroyed it (its log went with it)
+                raise dev.EmulationError(
+                    f"communicator {_name(uid)} of world rank {me} (its rank {rank}) does not "
+                    f"exist on world rank {world_rank}, its rank {r}: the ranks' inits or "
+                    "splits differ (NCCL would hang)")
             other = [e for e in theirs[2] if e[0] not in ("send", "recv")]
             if other != coll:
                 raise dev.EmulationError(_diff(f"collectives of communicator {_name(uid)}",

@@ -16,6 +16,7 @@ asynchronous errors, non-blocking progress and destroy are :mod:`.nccl_lifetime`
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from typing import Any, Callable
 
@@ -29,7 +30,7 @@ from ...comm._nccl_config import IN_PROGRESS
 from .logs import COMMS, GLOBAL_LOG
 from .nccl_lifetime import _Lifetime, _nonblocking
 from .nccl_core import (INTERNAL, INVALID_ARGUMENT, INVALID_USAGE, STATE,
-                        collective_links, dtype_of, error, itemsize, join, p2p_links,
+                        dtype_of, error, exchange, itemsize, join, p2p_links,
                         reduce_rows, uid_bytes, waitall, waitall_confirmed)
 
 __all__ = ["NcclCommunicator", "groupStart", "groupEnd"]
@@ -88,7 +89,7 @@ class NcclCommunicator(_Lifetime):
         self.async_error: int | None = None
         self.log: list[tuple] = []
         self.connected: set = set()
-        self.coll_seq = 0
+        self.coll_seq = self.splits = 0
         self.tasks: list[dev.Task] = []
         self.stale: list = []  # requests of operations that failed: kept alive
         self.calling: int | None = None  # the host thread inside a call of this communicator
@@ -116,12 +117,15 @@ class NcclCommunicator(_Lifetime):
 
     # ---------------------------------------------------------------- what it is
     def rank_id(self) -> int:
+        self._null_after_free("rank_id")
         return self._rank
 
     def size(self) -> int:
+        self._null_after_free("size")
         return self._size
 
     def device_id(self) -> int:
+        self._null_after_free("device_id")
         return self.device
 
     # ---------------------------------------------------------------- checks at the call
@@ -239,7 +243,7 @@ class NcclCommunicator(_Lifetime):
 
         def run() -> None:
             mine = raw_view(sendbuf, send_count, dtype).copy() if send is not None else None
-            stack = comm._exchange(method, mine, send_count, dtype, seq_holder[0], entry)
+            stack = exchange(comm, method, mine, send_count, dtype, seq_holder[0], entry)
             if recv is not None:
                 raw_view(recvbuf, recv_count, dtype)[...] = combine(stack)
 
@@ -247,30 +251,6 @@ class NcclCommunicator(_Lifetime):
         seq_holder.append(self.coll_seq)
         op = _Op(entry, stream, [send] if send else [], [recv] if recv else [], run)
         self._issue(op)
-
-    def _exchange(self, method: str, mine: np.ndarray | None, count: int, dtype: np.dtype,
-                  seq: int, entry: tuple) -> np.ndarray:
-        """Every rank's contribution, stacked in rank order (who sends to whom by ``method``);
-        done only when every partner's operation confirmed it was alive (no match across an
-        aborted communicator)."""
-        tag = 1000 + seq % 20000
-        p, me = self._size, self._rank
-        root = entry[-1] if method in ("reduce", "broadcast") else None
-        senders = [root] if method == "broadcast" else list(range(p))
-        receivers = [root] if method == "reduce" else list(range(p))
-        stack = np.zeros((p, count), dtype)
-        requests = []
-        if me in senders:
-            stack[me] = mine
-            requests += [self.mpi.Isend(stack[me].view(np.uint8), dest=r, tag=tag)
-                         for r in receivers if r != me]
-        if me in receivers:
-            requests += [self.mpi.Irecv(stack[s].view(np.uint8), source=s, tag=tag)
-                         for s in senders if s != me]
-        partners = sorted(({r for r in receivers if r != me} if me in senders else set()) |
-                          ({s for s in senders if s != me} if me in receivers else set()))
-        waitall_confirmed(requests, self, method, collective_links(seq, partners), entry)
-        return stack
 
     # ---------------------------------------------------------------- point to point
     def send(self, sendbuf: int, count: int, datatype: int, peer: int, stream: int) -> None:
@@ -282,7 +262,7 @@ class NcclCommunicator(_Lifetime):
     def _p2p(self, method: str, ptr: int, count: int, datatype: int, peer: int,
              stream_ptr: int) -> None:
         stream = self._check_call(method, (ptr, count, datatype, peer, stream_ptr), stream_ptr)
-        if not 0 <= int(peer) < self._size or peer == self._rank:
+        if not 0 <= int(peer) < self._size:  # to itself too (NCCL allows it, in a group)
             raise error(INVALID_ARGUMENT)
         span = self._span(method, ptr, count, datatype, "buffer")
         dtype, comm = dtype_of(datatype), self
@@ -326,8 +306,6 @@ class NcclCommunicator(_Lifetime):
     def _launch(self, ops: list[_Op]) -> None:
         """One NCCL launch (a call, or a group): handshake, order, poison, enqueue one task."""
         stream = ops[0].stream
-        if any(op.stream is not stream for op in ops):
-            raise dev.EmulationError("one NCCL group on several streams")
         spans = [s for op in ops for s in op.writes]
         for i, a in enumerate(spans):
             for b in spans[i + 1:]:
@@ -342,7 +320,17 @@ class NcclCommunicator(_Lifetime):
         self._enqueue(ops, stream, spans)
 
     def _enqueue(self, ops: list[_Op], stream: dev.Stream, spans: list) -> None:
-        """The launch proper, once connected: order, poison, enqueue one task."""
+        """The launch proper, once connected: order, poison, enqueue one task. A group on
+        several streams (legal in NCCL) runs on the first after every stream's prior work, and
+        every stream's later work waits for it."""
+        others = list(dict.fromkeys(op.stream for op in ops if op.stream is not stream))
+        for other in others:
+            dev.follow(stream, other)
+        self._enqueue_one(ops, stream, spans)
+        for other in others:
+            dev.follow(other, stream)
+
+    def _enqueue_one(self, ops: list[_Op], stream: dev.Stream, spans: list) -> None:
         comm = self
 
         waits: list = []
@@ -385,6 +373,7 @@ class NcclCommunicator(_Lifetime):
         self._check_call("commSplit", (color, key), 0)
         if self.nonblocking:  # the child inherits blocking = 0: ncclInProgress, and CuPy's
             raise error(IN_PROGRESS)  # commSplit raises before wrapping it (the split is lost)
+        self.splits += 1  # NCCL derives the child from the parent and the split's number
         self.log.append(("commSplit",))
         GLOBAL_LOG.append([(self.uid, ("commSplit",))])
         with self._inside("ncclCommSplit"):
@@ -394,6 +383,6 @@ class NcclCommunicator(_Lifetime):
             child = self.handshake.Split(color if color >= 0 else MPI.UNDEFINED, key)
         if color < 0:
             return None
-        uid = (self.uid[:100] + np.int32(len(self.log)).tobytes() +
-               np.int32(color).tobytes())[:128].ljust(128, b"\0")
+        uid = hashlib.blake2b(self.uid + np.int64([self.splits, color]).tobytes(),
+                              digest_size=64).digest().ljust(128, b"\0")
         return type(self)(child.Get_size(), None, child.Get_rank(), _mpi=child, _uid=uid)

@@ -16,7 +16,7 @@ import numpy as np
 from mpi4py import MPI
 
 __all__ = ["STATE", "MISMATCHED", "release_blocked", "error", "poll", "waitall", "waitall_confirmed",
-           "collective_links", "p2p_links", "get_unique_id", "uid_bytes",
+           "collective_links", "exchange", "p2p_links", "get_unique_id", "uid_bytes",
            "join", "dtype_of", "itemsize", "reduce_rows", "ring_fold", "INTERNAL",
            "INVALID_ARGUMENT", "INVALID_USAGE", "REMOTE"]
 
@@ -117,6 +117,31 @@ def waitall_confirmed(requests: list, comm: Any, what: str, links: list,
     except BaseException:
         comm.stale.append((pending, answer))
         raise
+
+
+def exchange(comm: Any, method: str, mine: np.ndarray | None, count: int, dtype: np.dtype,
+              seq: int, entry: tuple) -> np.ndarray:
+    """Every rank's contribution, stacked in rank order (who sends to whom by ``method``);
+    done only when every partner's operation confirmed it was alive (no match across an
+    aborted communicator)."""
+    tag = 1000 + seq % 20000
+    p, me = comm._size, comm._rank
+    root = entry[-1] if method in ("reduce", "broadcast") else None
+    senders = [root] if method == "broadcast" else list(range(p))
+    receivers = [root] if method == "reduce" else list(range(p))
+    stack = np.zeros((p, count), dtype)
+    requests = []
+    if me in senders:
+        stack[me] = mine
+        requests += [comm.mpi.Isend(stack[me].view(np.uint8), dest=r, tag=tag)
+                     for r in receivers if r != me]
+    if me in receivers:
+        requests += [comm.mpi.Irecv(stack[s].view(np.uint8), source=s, tag=tag)
+                     for s in senders if s != me]
+    partners = sorted(({r for r in receivers if r != me} if me in senders else set()) |
+                      ({s for s in senders if s != me} if me in receivers else set()))
+    waitall_confirmed(requests, comm, method, collective_links(seq, partners), entry)
+    return stack
 
 
 def get_unique_id() -> Any:

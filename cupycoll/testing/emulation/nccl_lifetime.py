@@ -19,7 +19,7 @@ from mpi4py import MPI
 from ...comm._nccl_config import IN_PROGRESS, blocking_of
 from . import device as dev
 from .logs import RACES
-from .nccl_core import INTERNAL, REMOTE, STATE, error
+from .nccl_core import INTERNAL, INVALID_ARGUMENT, REMOTE, STATE, error
 
 __all__: list[str] = []
 
@@ -68,8 +68,15 @@ class _Lifetime:
         return _Inside(self, method)
 
     # ---------------------------------------------------------------- lifetime
+    def _null_after_free(self, method: str) -> None:
+        """After destroy/abort CuPy's handle is NULL: NCCL answers ncclInvalidArgument."""
+        if self.aborted or self.destroyed:
+            getattr(self._real, method)()  # the real binding's NcclError on a NULL comm
+            raise error(INVALID_ARGUMENT)
+
     def check_async_error(self) -> None:
         self._check_real("check_async_error")
+        self._null_after_free("check_async_error")
         if not self.aborted and not self._settled():
             raise error(IN_PROGRESS)
         if self.async_error is not None:

@@ -33,12 +33,12 @@ class Device:
         _set_device(self.id)
 
     def __enter__(self) -> "Device":
-        self._prev = dev.current_device()
+        dev._stack("devices_entered").append(dev.current_device())  # per thread, as CuPy's
         _set_device(self.id)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _set_device(self._prev)
+        _set_device(dev._stack("devices_entered").pop())
 
     def synchronize(self) -> None:
         with self:
@@ -72,6 +72,19 @@ class Stream(dev.Stream):
 
 class Event(dev.Event):
     """``cupy.cuda.Event``."""
+
+
+def elapsed_ms(start: dev.Event, end: dev.Event) -> float:
+    """``cudaEventElapsedTime``: milliseconds between two recorded, completed timing events
+    (the times their streams reached them); no host wait."""
+    for event in (start, end):
+        if not event.timing:
+            raise dev.EmulationError("cudaEventElapsedTime of an event created with "
+                                 "disable_timing=True (cudaErrorInvalidResourceHandle)")
+        if event.task is None or not event.task.finished.is_set():
+            raise dev.EmulationError("cudaEventElapsedTime of an event that has not completed "
+                                 "(cudaErrorNotReady)")
+    return (end.task.ended - start.task.ended) * 1e3
 
 
 def get_current_stream(device_id: int | None = None) -> dev.Stream:
@@ -188,7 +201,7 @@ def cuda_module(nccl: types.ModuleType) -> types.ModuleType:
     cuda.Stream = Stream
     cuda.Event = Event
     cuda.get_current_stream = get_current_stream
-    cuda.get_elapsed_time = dev.elapsed_ms
+    cuda.get_elapsed_time = elapsed_ms
     cuda.runtime = runtime_module()
     cuda.nccl = nccl
     cuda.is_available = lambda: True
