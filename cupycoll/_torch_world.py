@@ -211,6 +211,14 @@ def _leave_together(world: MPI.Comm) -> None:
         time.sleep(1e-3)
 
 
+def _number(text: str) -> int | str:
+    """A query value as an int, else as given."""
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
 def rendezvous(url: str, timeout: datetime.timedelta = datetime.timedelta(minutes=30),
                **kwargs: Any) -> Iterator[tuple[Any, int, int]]:
     """The ``cupycoll://[host]`` rendezvous: rank and world size from MPI's COMM_WORLD, and a
@@ -222,10 +230,9 @@ def rendezvous(url: str, timeout: datetime.timedelta = datetime.timedelta(minute
     parsed = urlparse(url)
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
-    given = {name: int(value[0]) for name, value in parse_qs(parsed.query).items()
-             if name in ("rank", "world_size")}
+    given = {name: _number(value[0]) for name, value in parse_qs(parsed.query).items()}
     wrong = [(name, given[name], mine) for name, mine in (("rank", rank), ("world_size", size))
-             if given.get(name, mine) != mine]
+             if given.get(name, mine) != mine]  # (not a number: wrong too)
     wrongs = [(r, w[0]) for r, w in enumerate(world.allgather(wrong)) if w]
     if wrongs:  # every rank raises: its own error, else the first rank's
         where, (name, value, mine) = wrong and (rank, wrong[0]) or wrongs[0]

@@ -117,9 +117,15 @@ def arith(cupy, emu, world):
             assert cupy.fmax(x, x).get().view(uint)[0] == nan
     f = cupy.asarray(np.array([-1.0, np.inf, 3e9, np.nan, -np.inf], np.float32))
     assert f.astype(np.uint32).get().tolist() == [0, 2**32 - 1, 3000000000, 0, 0]
-    assert f.astype(np.int32).get().tolist() == [-1, 2**31 - 1, 2**31 - 1, 0, -2**31]
-    with pytest.raises(emu.EmulationError, match="undefined"):
-        f.astype(np.int8)
+    want = [-1, 2**31 - 1, 2**31 - 1, 0, -2**31]
+    into = cupy.empty(5, cupy.int32)
+    cupy.copyto(into, f, casting="unsafe")
+    for got in (f.astype(np.int32), f.astype(np.int32, copy=False), f.astype(np.int32, "C"),
+                cupy.array(f, dtype=np.int32), cupy.asarray(f, dtype=np.int32), into):
+        assert got.get().tolist() == want  # every path runs CUDA's conversion
+    for narrow in (lambda: f.astype(np.int8), lambda: f.astype(np.int8, copy=False)):
+        with pytest.raises(emu.EmulationError, match="undefined"):
+            narrow()
 
 
 def get_set(cupy, emu, world):

@@ -27,7 +27,7 @@ from cupycoll import _torch_backend as backend
 from cupycoll._torch_tensors import (byte_tensor, copied_back, reduce_op, reduction_tensor,
                                      sparse_parts, sparse_tensor)
 from cupycoll._torch_work import TorchWork, dist_error, network_error
-from cupycoll._torch_world import timeout_seconds
+from cupycoll._torch_world import rendezvous, timeout_seconds
 from cupycoll._types import ReduceOp
 from cupycoll.comm import Work
 from cupycoll.errors import (BackendError, BackendUnavailable, CollectiveTimeout,
@@ -281,6 +281,8 @@ def test_rendezvous_takes_rank_and_size_from_mpi():
     with pytest.raises(InvalidArgument, match="'rank'.*takes it from MPI"):
         dist.init_process_group("cupycoll", init_method="cupycoll://", rank=1, world_size=1)
     assert not dist.is_initialized()
+    with pytest.raises(InvalidArgument, match="'world_size'.*takes it from MPI.*got 'one'"):
+        next(iter(rendezvous("cupycoll://?rank=0&world_size=one")))  # not a number: InvalidArgument
 
 
 @pytest.mark.parametrize("shape, row", [((9,), ()), ((9, 4), (4,)), ((3, 3, 2), (2,)),

@@ -21,7 +21,7 @@ import numpy as np
 
 from .device import EmulationError
 
-__all__ = ["canonical_nans", "cast", "CANONICAL"]
+__all__ = ["canonical_nans", "cast", "copyto", "CANONICAL"]
 
 #: the ufuncs whose NaN results get CuPy's bits
 CANONICAL = frozenset({"maximum", "minimum", "fmax", "fmin"})
@@ -43,11 +43,11 @@ def canonical_nans(name: str, result: Any, where: Any = True) -> Any:
     return result
 
 
-def cast(a: np.ndarray, dtype: Any) -> np.ndarray:
+def cast(a: np.ndarray, dtype: Any, order: str = "K") -> np.ndarray:
     """``a.astype(dtype)`` as a CUDA kernel converts: float to integer saturates, NaN to 0."""
     dtype = np.dtype(dtype)
     with np.errstate(all="ignore"):
-        out = a.astype(dtype)
+        out = a.astype(dtype, order=order)
     if a.dtype.kind != "f" or dtype.kind not in "iu" or a.size == 0:
         return out
     info = np.iinfo(dtype)
@@ -60,3 +60,13 @@ def cast(a: np.ndarray, dtype: Any) -> np.ndarray:
                              "a CUDA kernel gives is undefined here (C++ leaves it undefined)")
     out[high], out[low], out[nan] = info.max, info.min, 0
     return out
+
+
+def copyto(dst: np.ndarray, src: Any, casting: str = "same_kind", where: Any = True) -> None:
+    """``np.copyto``, a float source into an integer destination converted as :func:`cast`
+    (CuPy runs one elementwise conversion kernel for it)."""
+    src = np.asarray(src)
+    if (src.dtype.kind == "f" and dst.dtype.kind in "iu"
+            and np.can_cast(src.dtype, dst.dtype, casting)):
+        src = cast(np.broadcast_to(src, dst.shape), dst.dtype)
+    np.copyto(dst, src, casting=casting, where=where)

@@ -363,9 +363,13 @@ def _wrap(result: Any, found: list, name: str) -> Any:
     return result
 
 
-def _astype(a: np.ndarray, dtype: Any, *args: Any, **kwargs: Any) -> np.ndarray:
-    """``astype`` as CUDA converts (float to integer saturates: :func:`.arith.cast`)."""
-    return cast(a, dtype) if not args and not kwargs else a.astype(dtype, *args, **kwargs)
+def _astype(a: np.ndarray, dtype: Any, order: str = "K", casting: str = "unsafe",
+            subok: bool = True, copy: bool = True) -> np.ndarray:
+    """``astype`` as CUDA converts (float to integer saturates: :func:`.arith.cast`), whatever
+    the other arguments; numpy's own where it refuses the cast or returns ``a`` itself."""
+    if casting != "unsafe" or (not copy and np.dtype(dtype) == a.dtype):
+        return a.astype(dtype, order=order, casting=casting, subok=subok, copy=copy)
+    return cast(a, dtype, order)
 
 
 def _stable_argsort(a: np.ndarray, axis: int = -1, kind: Any = None) -> np.ndarray:

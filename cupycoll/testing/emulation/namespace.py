@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from .arith import CANONICAL, canonical_nans
+from .arith import copyto as arith_copyto
 from .array import _call, _creator, _device_copy, _stable_argsort, _Submodule, ndarray
 
 __all__ = ["namespace"]
@@ -25,8 +26,8 @@ def asarray(a: Any, dtype: Any = None, order: Any = None, *, blocking: bool = Fa
 
 def array(a: Any, dtype: Any = None, copy: bool = True, order: str = "K", ndmin: int = 0,
           **kwargs: Any) -> ndarray:
-    if isinstance(a, ndarray):
-        return _call(np.array, "array", (a,), {"dtype": dtype, "copy": True, "order": order})
+    if isinstance(a, ndarray):  # a device copy: CUDA's conversion (ndarray.astype)
+        return a.astype(a.dtype if dtype is None else dtype, order=order)
     return _device_copy(np.array(a, dtype=dtype, order=order, ndmin=ndmin),
                         "host-to-device copy")
 
@@ -49,7 +50,8 @@ def from_dlpack(x: Any) -> ndarray:
 _SPECIAL = {"ndarray": ndarray, "asarray": asarray, "array": array, "asnumpy": asnumpy,
             "get_array_module": get_array_module, "from_dlpack": from_dlpack,
             "ascontiguousarray": _creator(np.ascontiguousarray, "ascontiguousarray"),
-            "argsort": _creator(_stable_argsort, "argsort")}
+            "argsort": _creator(_stable_argsort, "argsort"),
+            "copyto": _creator(arith_copyto, "copyto")}
 
 
 def namespace(name: str) -> Any:
