@@ -91,7 +91,7 @@ def overheads(durations: list[float], iters: int
                 _nccl_stream.spin = policy
                 cpu = time.process_time()
                 cc.allreduce(x, out=out, comm=comm)
-                done_at = comm._inflight[-1].event.at  # when the device work "finished"
+                done_at = comm._inflight.newest().event.at  # when the device work "finished"
                 comm.synchronize()
                 late = time.perf_counter() - done_at
                 cpu = time.process_time() - cpu

@@ -195,13 +195,19 @@ class _StreamOrder:
         """Work over ``event``: ``wait()`` orders the caller's stream after it, ``synchronize()``
         blocks the host (``keep`` is referenced by the in-flight list until then; ``behind``:
         the operations posted before ``event`` on our stream, complete with it)."""
+        events = [event]  # and the finalizer's device work, once it ran (stamp)
+
         def synchronize() -> None:
-            self.wait([event], op_name)
+            self.wait(list(events), op_name)
             self._inflight.release_upto(behind)
+
+        def stamp() -> Callable[[], None]:
+            events.append(self._device.record())
+            return functools.partial(self._order, events[-1])
 
         work = Work(lambda: self._order(event), lambda: self._query(event),
                     sync_fn=synchronize, device=lambda: self._readers.handing(self.device_id),
-                    stamp=lambda: functools.partial(self._order, self._device.record()))
+                    stamp=stamp)
         work.events = [event]  # type: ignore[attr-defined]  # for stream-side waits (overlap)
         return work
 
@@ -260,16 +266,15 @@ class _StreamOrder:
             self.wait([newest.event], "")
 
     def _late(self, op_name: str, event: Any) -> tuple[str, int | None, tuple[int, ...]]:
-        """The operation a timed-out wait on ``event`` names: ``op_name``, or (empty) the
-        oldest operation in flight that has not completed, with its collective number; and
-        the peers an exchange of ``event`` receives from."""
-        entry = self._inflight.of(event)
-        peers = entry.peers if entry is not None else ()
+        """The operation a timed-out wait on ``event`` names and the peers it receives from
+        (an exchange's): ``op_name`` and ``event``'s, or (empty) the oldest operation in flight
+        that has not completed, with its collective number."""
         if op_name:
-            return op_name, None, peers
+            entry = self._inflight.of(event)
+            return op_name, None, entry.peers if entry is not None else ()
         entry = self._inflight.oldest_running()
-        return (entry.op_name, entry.sequence, peers) if entry is not None else (
-            "synchronize", None, peers)
+        return (entry.op_name, entry.sequence, entry.peers) if entry is not None else (
+            "synchronize", None, ())
 
     def fetch(self, work: Work, array: Any) -> np.ndarray:
         """ONE host synchronisation: the copy is queued behind ``work`` on the current stream

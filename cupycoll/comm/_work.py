@@ -122,6 +122,8 @@ class Work:
                 self._sync_fn()
             else:
                 self._complete(self._sync_fn)
+                if self._after is not None:  # the finalizer queued device work (a copy into
+                    self._sync_fn()  # alloc_fn's buffers): the host waits for it too
             self._synced = True
         return self.wait()
 

@@ -46,6 +46,10 @@ Modes (each failed before its fix, as noted):
                      iteration", stored as the operation's error); a communicator dropped after
                      its operations completed keeps nothing for good (before: each entry it
                      had not observed, with its arrays)
+  alloc_synced       an asynchronous call with alloc_fn, completed by synchronize() or its
+                     future with one stream current, its result read on another: the host
+                     waited for the copy into alloc_fn's buffers too (before: only for the
+                     operation: StreamOrderError on the read)
 After every mode the ranks' NCCL call logs are compared (cupycoll.testing.emulation.check_logs).
 """
 
@@ -463,7 +467,28 @@ def mode_inflight_threads():
     assert len(_watchdog._ABANDONED) == kept, "a dropped communicator kept completed work"
 
 
-MODES = {"inflight_threads": mode_inflight_threads,
+def mode_alloc_synced():
+    """alloc_fn's buffers of a synchronized asynchronous call (see the module docstring)."""
+    comm = cc.init("nccl", timeout=60.0)
+    first, second = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+    for seed, complete in ((11, lambda w: w.synchronize()),
+                           (12, lambda w: w.get_future().result())):
+        parts, want = case(seed=seed)
+        idx, val = parts[RANK]
+        with first:
+            work = cc.sparse_allreduce(cupy.asarray(idx), cupy.asarray(val), 60, comm=comm,
+                                       algorithm="allgather", async_op=True,
+                                       alloc_fn=lambda nnz, it, vs, vt, ctx: (
+                                           cupy.empty(nnz, it), cupy.empty(vs, vt)))
+            res = complete(work)
+        with second:
+            got = cupy.zeros(60, cupy.float64)
+            got[res.indices] = res.values  # no wait of its own: the host saw it complete
+            np.testing.assert_allclose(got.get(), want, rtol=1e-6, atol=1e-6)
+    comm.synchronize()
+
+
+MODES = {"inflight_threads": mode_inflight_threads, "alloc_synced": mode_alloc_synced,
          "null_stream": mode_null_stream, "connecting": mode_connecting,
          "dup_board": mode_dup_board, "completer_device": mode_completer_device,
          "close_paths": mode_close_paths, "waits_per_stream": mode_waits_per_stream,
