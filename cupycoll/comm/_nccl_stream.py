@@ -71,18 +71,20 @@ class _StreamOrder:
         """
         return _InStream(self, join)
 
-    def _order(self, event: Any) -> None:
+    def _order(self, event: Any, seen: Sequence[int] = (0,)) -> None:
         """Make the caller's current stream wait for ``event`` (nothing if it is ours); then
-        raise if the communicator died meanwhile. The order comes first even then: what the
-        caller frees next on its stream must not be handed to new work while our stream may
-        still read it."""
+        raise if the communicator died meanwhile, unless the host has seen the operation
+        complete before (``seen[0]``: its synchronize() returned, so its result stands). The
+        order comes first even then: what the caller frees next on its stream must not be
+        handed to new work while our stream may still read it."""
         device = self._device
         current = device.current()
         if current is not self._stream:
             device.wait_event(current, event)
             if device.current_device() == self.device_id:
                 self._readers.add(current)  # the caller reads the result there
-        self._check_alive()
+        if not seen[0]:
+            self._check_alive()
 
     def _post(self, op_name: str, launch: Callable[[Any, int], Any], keep: Any = None,
               active: bool = True, then: Callable[[], None] | None = None,
@@ -196,16 +198,19 @@ class _StreamOrder:
         blocks the host (``keep`` is referenced by the in-flight list until then; ``behind``:
         the operations posted before ``event`` on our stream, complete with it)."""
         events = [event]  # and the finalizer's device work, once it ran (stamp)
+        seen = [0]  # how many of them the host saw complete, the communicator alive
 
         def synchronize() -> None:
-            self.wait(list(events), op_name)
-            self._inflight.release_upto(behind)
+            if seen[0] < len(events):
+                self.wait(events[seen[0]:], op_name)
+                self._inflight.release_upto(behind)
+                seen[0] = len(events)
 
         def stamp() -> Callable[[], None]:
             events.append(self._device.record())
-            return functools.partial(self._order, events[-1])
+            return functools.partial(self._order, events[-1], seen)
 
-        work = Work(lambda: self._order(event), lambda: self._query(event),
+        work = Work(lambda: self._order(event, seen), lambda: self._query(event),
                     sync_fn=synchronize, device=lambda: self._readers.handing(self.device_id),
                     stamp=stamp)
         work.events = [event]  # type: ignore[attr-defined]  # for stream-side waits (overlap)

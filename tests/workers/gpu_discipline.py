@@ -50,6 +50,8 @@ Modes (each failed before its fix, as noted):
                      future with one stream current, its result read on another: the host
                      waited for the copy into alloc_fn's buffers too (before: only for the
                      operation: StreamOrderError on the read)
+  result_after_abort a Work whose synchronize() returned gives its result again after an abort
+                     of its communicator, as on MPI (before: BackendError "aborted")
 After every mode the ranks' NCCL call logs are compared (cupycoll.testing.emulation.check_logs).
 """
 
@@ -488,7 +490,18 @@ def mode_alloc_synced():
     comm.synchronize()
 
 
+def mode_result_after_abort():
+    """A synchronized Work's result after an abort (see the module docstring)."""
+    comm = cc.init("nccl", timeout=60.0)
+    work = cc.allreduce(cupy.ones(3, cupy.float32), comm=comm, async_op=True)
+    assert work.synchronize().get().tolist() == [P] * 3
+    WORLD.Barrier()
+    comm.abort()
+    assert work.result().get().tolist() == [P] * 3 and work.wait() is not None
+
+
 MODES = {"inflight_threads": mode_inflight_threads, "alloc_synced": mode_alloc_synced,
+         "result_after_abort": mode_result_after_abort,
          "null_stream": mode_null_stream, "connecting": mode_connecting,
          "dup_board": mode_dup_board, "completer_device": mode_completer_device,
          "close_paths": mode_close_paths, "waits_per_stream": mode_waits_per_stream,
@@ -496,9 +509,8 @@ MODES = {"inflight_threads": mode_inflight_threads, "alloc_synced": mode_alloc_s
          "future_streams": mode_future_streams}
 for mode in MODE.split(","):
     MODES[mode]()
-    if mode not in ("close_paths", "connecting", "dup_board"):  # aborted communicators' logs are not
-        # compared anyway
-        emu.check_logs()
+    if mode not in ("close_paths", "connecting", "dup_board", "result_after_abort"):
+        emu.check_logs()  # (aborted communicators' logs are not compared anyway)
 WORLD.Barrier()
 if RANK == 0:
     print(f"gpu_discipline {MODE}: ok on {P} ranks")
