@@ -15,7 +15,7 @@ pytestmark = pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_stream_completion_and_lifetime_discipline(nprocs):
     modes = ("null_stream,completer_device,waits_per_stream,stream_switch,future_streams,"
-             "device_thread,inflight_threads,alloc_synced,result_after_abort,connecting,dup_board,"
-             "close_paths")
+             "device_thread,inflight_threads,alloc_synced,result_after_abort,late_step,connecting,"
+             "dup_board,close_paths")
     out = run_mpi(nprocs, "gpu_discipline.py", modes, timeout=300)
     assert f"gpu_discipline {modes}: ok on {nprocs} ranks" in out

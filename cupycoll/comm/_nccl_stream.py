@@ -272,14 +272,15 @@ class _StreamOrder:
 
     def _late(self, op_name: str, event: Any) -> tuple[str, int | None, tuple[int, ...]]:
         """The operation a timed-out wait on ``event`` names and the peers it receives from
-        (an exchange's): ``op_name`` and ``event``'s, or (empty) the oldest operation in flight
-        that has not completed, with its collective number."""
-        if op_name:
-            entry = self._inflight.of(event)
-            return op_name, None, entry.peers if entry is not None else ()
-        entry = self._inflight.oldest_running()
+        (an exchange's): ``op_name`` and ``event``'s, or (no ``op_name``, or an event that is
+        no operation's: a fetch's copy) the oldest operation in flight that has not
+        completed, with its collective number."""
+        entry = self._inflight.of(event) if op_name else None
+        if entry is not None:
+            return op_name, None, entry.peers
+        entry = self._inflight.oldest_running()  # (a fetch's copy: the operation it follows)
         return (entry.op_name, entry.sequence, entry.peers) if entry is not None else (
-            "synchronize", None, ())
+            op_name or "synchronize", None, ())
 
     def fetch(self, work: Work, array: Any) -> np.ndarray:
         """ONE host synchronisation: the copy is queued behind ``work`` on the current stream

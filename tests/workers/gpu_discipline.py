@@ -52,6 +52,10 @@ Modes (each failed before its fix, as noted):
                      operation: StreamOrderError on the read)
   result_after_abort a Work whose synchronize() returned gives its result again after an abort
                      of its communicator, as on MPI (before: BackendError "aborted")
+  late_step          a rank late inside an algorithm's point-to-point step (split's
+                     reduce-scatter): a punctual rank that waits for its messages names it and
+                     the step (before: "step fetch", no rank named: the wait was on the host
+                     copy, no operation's entry)
 After every mode the ranks' NCCL call logs are compared (cupycoll.testing.emulation.check_logs).
 """
 
@@ -500,7 +504,34 @@ def mode_result_after_abort():
     assert work.result().get().tolist() == [P] * 3 and work.wait() is not None
 
 
+def mode_late_step():
+    """A rank late inside split's reduce-scatter (see the module docstring)."""
+    from cupycoll.sparse import split
+
+    comm = cc.init("nccl", timeout=60.0)
+    parts, _ = case(seed=13)
+    idx, val = (cupy.asarray(a) for a in parts[RANK])
+    cc.sparse_allreduce(idx, val, 60, algorithm="split", comm=comm)  # connected, compiled
+    comm.synchronize()
+    WORLD.Barrier()
+    comm.timeout, late, original = 1.5, P - 1, split.reduce_scatter
+    if RANK == late:
+        split.reduce_scatter = lambda *a, **k: time.sleep(4.5) or original(*a, **k)
+    named = []
+    try:
+        cc.sparse_allreduce(idx, val, 60, algorithm="split", comm=comm)
+    except cc.errors.CollectiveTimeout as exc:
+        named = exc.missing_ranks if "step split" in str(exc) else []
+    except cc.errors.BackendError:
+        pass  # a peer's abort reached this rank first
+    finally:
+        split.reduce_scatter = original
+    assert P == 1 or any(late in n for n in WORLD.allgather(named)), "no rank named the late one"
+    comm.abort()
+
+
 MODES = {"inflight_threads": mode_inflight_threads, "alloc_synced": mode_alloc_synced,
+         "late_step": mode_late_step,
          "result_after_abort": mode_result_after_abort,
          "null_stream": mode_null_stream, "connecting": mode_connecting,
          "dup_board": mode_dup_board, "completer_device": mode_completer_device,
@@ -509,7 +540,8 @@ MODES = {"inflight_threads": mode_inflight_threads, "alloc_synced": mode_alloc_s
          "future_streams": mode_future_streams}
 for mode in MODE.split(","):
     MODES[mode]()
-    if mode not in ("close_paths", "connecting", "dup_board", "result_after_abort"):
+    if mode not in ("close_paths", "connecting", "dup_board", "result_after_abort",
+                    "late_step"):
         emu.check_logs()  # (aborted communicators' logs are not compared anyway)
 WORLD.Barrier()
 if RANK == 0:
