@@ -82,6 +82,10 @@ def test_rebuilt_buckets_inherit_their_parameters_residuals():
     alone = state.compressor(FakeBucket(1, [b]))
     assert np.array_equal(alone.residual, old[id(b)])
     assert set(state.compressors) == {(0, 80), (1, 20)}
+    (d,) = params_with_grads([20], seed=9)  # the key (1, 20) now holds another parameter (a
+    other = state.compressor(FakeBucket(1, [d]))  # second DDP over this state): b's residual
+    assert not np.asarray(other.residual).any()  # is not d's, it waits for b
+    assert np.array_equal(state.compressor(FakeBucket(1, [b])).residual, old[id(b)])
 
 
 def test_hook_writes_the_averaged_sparse_update_densely():
@@ -387,7 +391,8 @@ def test_a_loaded_hook_state_warms_up_then_takes_its_saved_residuals():
                                                              (1, 20): [(20,)]}
     want = {key: np.asarray(comp.residual).copy() for key, comp in state.compressors.items()}
     loaded = pickle.loads(saved)
-    initial = [FakeBucket(0, [a, b], last=False), FakeBucket(1, [c])]
+    assert loaded.comm is None and loaded.bytes_sent == 0  # nothing collective in a load: one
+    initial = [FakeBucket(0, [a, b], last=False), FakeBucket(1, [c])]  # rank may load alone
     grads = [bucket.buffer().clone() for bucket in initial]
     for bucket, grad in zip(initial, grads):  # the initial layout: a dense average (P = 1)
         assert torch.equal(cct.topk_hook(loaded, bucket).wait(), grad)

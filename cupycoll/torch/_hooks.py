@@ -137,7 +137,8 @@ class TopkHookState:
         """What a checkpoint keeps (as PowerSGD's state: ``torch.save``, ``pickle``): the
         settings, the iteration and every bucket's compressor with its residual (the mass not
         sent yet) and its parameters' shapes, not the communicator nor the parameters; loading
-        makes the hooks' duplicate of the default communicator again."""
+        makes the hooks' duplicate of the default communicator again (at the first hook call:
+        a state loaded on one rank alone, to inspect it, makes nothing collective)."""
         return {**self.__dict__, "comm": None, "_params": {}, "_loose": {},
                 "_shapes": {**self._shapes, **_shapes_of(self._params)}}
 
@@ -148,30 +149,40 @@ class TopkHookState:
         self.__dict__.update(saved)
         self._shapes = {**saved.get("_shapes", {}), **_shapes_of(self._params)}
         self._params, self._resumed = {}, self.iteration
-        self.comm = _hook_comm()
-        for compressor in self.compressors.values():
-            compressor.comm = self.comm
+
+    def attached(self) -> Communicator:
+        """The hook's communicator; a loaded state's is the hooks' duplicate of the default
+        one, made here (collective: at the first hook call, on every rank)."""
+        if self.comm is None:
+            self.comm = _hook_comm()
+            for compressor in self.compressors.values():
+                compressor.comm = self.comm
+        return self.comm
 
     @property
     def bytes_sent(self) -> int:
-        return self.comm.stats.bytes_sent
+        return self.comm.stats.bytes_sent if self.comm is not None else 0
 
     def compressor(self, bucket: dist.GradBucket) -> TopkCompressor:
         """This bucket's compressor; a rebuilt bucket inherits its parameters' residuals."""
-        buffer = bucket.buffer()
-        key = (bucket.index(), buffer.numel())
+        buffer, comm = bucket.buffer(), self.attached()
+        key, params = (bucket.index(), buffer.numel()), list(bucket.parameters())
         found = self.compressors.get(key)
-        if found is not None:
-            self._adopt(key, list(bucket.parameters()))
+        known = self._params.get(key)
+        if found is not None and known is None:
+            self._adopt(key, params)
             return found
+        if found is not None and [id(p) for p in known] == [id(p) for p in params]:
+            return found
+        if found is not None:  # the key now holds other parameters (another DDP over this
+            self._retire(key)  # state bucketed them otherwise): its residuals wait for them
         if self._shapes:  # a loaded bucket's residual would never be sent
             raise InvalidArgument("state", f"bucket {key}", f"one of the loaded state's "
                                   f"buckets {list(self._shapes)}: load it into the same model "
-                                  "with the same DDP bucket size", rank=self.comm.rank)
+                                  "with the same DDP bucket size", rank=comm.rank)
         found = TopkCompressor(buffer.numel(), self.density, algorithm=self.algorithm,
-                               comm=self.comm, tau=self.tau, tau_prime=self.tau_prime,
+                               comm=comm, tau=self.tau, tau_prime=self.tau_prime,
                                wire=self.wire, wire_values=self.wire_values)
-        params = list(bucket.parameters())
         carried = self._carry_residuals(params)
         if carried is not None:
             found.residual = carried
@@ -199,16 +210,22 @@ class TopkHookState:
         re-buckets. Slices of parameters that went elsewhere wait for their new bucket."""
         wanted = {id(p) for p in params}
         for key in [k for k, ps in self._params.items() if wanted & {id(p) for p in ps}]:
-            residual, offset = self.compressors.pop(key).residual, 0
-            for p in self._params.pop(key):
-                self._loose[id(p)] = residual[offset:offset + p.numel()]
-                offset += p.numel()
+            self._retire(key)
         if not wanted & set(self._loose):
             return None
         xp = self.comm.xp
         return xp.concatenate([xp.asarray(self._loose.pop(id(p)), dtype=np.float32)
                                if id(p) in self._loose else xp.zeros(p.numel(), np.float32)
                                for p in params])
+
+
+    def _retire(self, key: tuple[int, int]) -> None:
+        """Bucket ``key``'s compressor goes; its residual waits, parameter by parameter, for
+        the buckets that hold them next."""
+        residual, offset = self.compressors.pop(key).residual, 0
+        for p in self._params.pop(key):
+            self._loose[id(p)] = residual[offset:offset + p.numel()]
+            offset += p.numel()
 
 
 def _shapes_of(params: dict) -> dict:
@@ -229,19 +246,19 @@ def topk_hook(state: TopkHookState,
     compressor as a float32 copy (float32 residual; the update is rounded to bfloat16 where it
     is written into the bucket).
     """
-    buffer = bucket.buffer()
-    working_dtype(buffer, state.comm.rank)  # a bad dtype raises before the bucket counts
+    buffer, comm = bucket.buffer(), state.attached()
+    working_dtype(buffer, comm.rank)  # a bad dtype raises before the bucket counts
     if bucket.is_last():
         state.iteration += 1
         iteration = state.iteration - 1
     else:
         iteration = state.iteration
     if buffer.is_sparse:
-        return _sparse_bucket(state.comm, buffer, bucket.is_last())
-    reduced = working_copy(buffer, state.comm.rank)
+        return _sparse_bucket(comm, buffer, bucket.is_last())
+    reduced = working_copy(buffer, comm.rank)
     array = as_array(reduced)
     if iteration < state.warmup_steps or iteration == state._resumed:
-        work = state.comm.allreduce(array, array, ReduceOp.AVG, op_name="torch.warmup")
+        work = comm.allreduce(array, array, ReduceOp.AVG, op_name="torch.warmup")
         return future_of(work, lambda _: written_back(buffer, reduced), buffer)
     work = state.compressor(bucket).step(array, async_op=True)
 

@@ -147,10 +147,12 @@ def check_checkpoint(state: cct.TopkHookState) -> None:
     saved.seek(0)
     loaded = torch.load(saved, weights_only=False)
     assert loaded.iteration == state.iteration and set(loaded.compressors) == set(state.compressors)
+    assert loaded.comm is None  # made at its first hook call (here: by hand), on every rank
+    comm = loaded.attached()
     for key, compressor in state.compressors.items():
         again = loaded.compressors[key]
         np.testing.assert_array_equal(np.asarray(again.residual), np.asarray(compressor.residual))
-        assert again.comm is loaded.comm and loaded.comm.size == P
+        assert again.comm is comm and comm.size == P
 
 
 def check_hook_comm_follows_the_default() -> None:
