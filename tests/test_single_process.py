@@ -66,3 +66,22 @@ def test_compressor_keeps_every_bit_of_mass(comm):
         assert upd.nnz <= 3 * comp.k
         sent[upd.indices] += upd.values
     assert np.allclose(sent + comp.residual, grads, atol=1e-5)
+
+
+def test_a_compressor_loaded_before_any_communicator_makes_none(comm, monkeypatch):
+    """Unpickling a compressor in a process that made no communicator yet makes none (a
+    collective init on one rank alone would hang): its first step takes the default."""
+    import pickle
+
+    import cupycoll.comm as comm_module
+
+    comp = cc.TopkCompressor(100, 0.1)
+    comp.step(np.arange(100, dtype=np.float32))
+    saved = pickle.dumps(comp)
+    with monkeypatch.context() as patched:
+        patched.setattr(comm_module, "_default", None)
+        patched.setattr(comm_module, "init", lambda *a, **k: pytest.fail("init() in a load"))
+        loaded = pickle.loads(saved)
+    assert loaded.comm is None and np.array_equal(loaded.residual, comp.residual)
+    loaded.step(np.ones(100, np.float32))
+    assert loaded.comm is comm

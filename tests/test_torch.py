@@ -88,6 +88,23 @@ def test_rebuilt_buckets_inherit_their_parameters_residuals():
     assert np.array_equal(state.compressor(FakeBucket(1, [b])).residual, old[id(b)])
 
 
+def test_rebuilt_float64_buckets_keep_their_residuals_bits():
+    """A float64 bucket's residual moves to its rebuilt bucket in float64 (no mass rounded)."""
+    cc.init("mpi")
+    a, b = (torch.nn.Parameter(torch.zeros(n, dtype=torch.float64)) for n in (30, 20))
+    for p, seed in ((a, 5), (b, 6)):
+        p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(seed),
+                             dtype=torch.float64) / 3
+    state = cct.TopkHookState(density=0.1, warmup_steps=1)
+    for buckets in ([FakeBucket(0, [a, b])], [FakeBucket(0, [a, b])]):  # warm-up, then a step
+        for bucket in buckets:
+            cct.topk_hook(state, bucket).wait()
+    before = np.asarray(state.compressors[(0, 50)].residual)
+    assert before.dtype == np.float64
+    moved = state.compressor(FakeBucket(0, [b, a]))  # re-bucketed: b first
+    assert np.array_equal(np.asarray(moved.residual), np.concatenate([before[30:], before[:30]]))
+
+
 def test_hook_writes_the_averaged_sparse_update_densely():
     cc.init("mpi")
     (p,) = params_with_grads([200], seed=1)

@@ -13,7 +13,7 @@ from ._stats import OpStats, Stats, bus_factor
 from ._work import Work
 
 __all__ = ["Communicator", "Stats", "OpStats", "Work", "bus_factor", "init", "get_comm",
-           "nccl_usable", "load_mpi"]
+           "nccl_usable", "load_mpi", "made_comm"]
 
 _log = logging.getLogger("cupycoll")
 _default: Communicator | None = None
@@ -128,3 +128,8 @@ def _apply_log_level() -> None:
 def get_comm() -> Communicator:
     """Return the default Communicator, initialising it (``init()``) on first use."""
     return _default if _default is not None else init()
+
+
+def made_comm() -> Communicator | None:
+    """The default Communicator if one was made, else None (nothing collective)."""
+    return _default

@@ -27,7 +27,7 @@ from .._config import setting
 from .._result import SparseResult
 from .._pipeline import Delivery, Plan, call
 from .._types import ReduceOp, array_namespace, as_array
-from ..comm import Communicator, get_comm
+from ..comm import Communicator, get_comm, made_comm
 from ..errors import InvalidArgument
 from ..primitives import densify, topk_abs
 from ._common import TopkState, check_int, to_namespace
@@ -95,20 +95,21 @@ class TopkCompressor:
     def __getstate__(self) -> dict[str, Any]:
         """What a checkpoint keeps (``pickle``, ``torch.save``, ``copy.deepcopy``): everything
         but the communicator, after a step in flight completes; loading puts the default
-        communicator in its place (set ``comm`` to use another)."""
+        communicator in its place (set ``comm`` to use another), or, when none was made yet,
+        the first step does (a rank may load a checkpoint alone: nothing collective)."""
         if self._pending is not None:
             self._pending.wait()
         return {**self.__dict__, "comm": None, "_pending": None}
 
     def __setstate__(self, saved: dict[str, Any]) -> None:
         self.__dict__.update({"_algorithm_from": "algorithm", **saved})  # older checkpoints
-        self.comm = get_comm()
+        self.comm = made_comm()
 
     @property
     def residual(self) -> Any:
         """This rank's residual (dense, length n; zeros before the first step)."""
         if self._residual is None:
-            return self.comm.xp.zeros(self.n, dtype=np.float32)
+            return (np if self.comm is None else self.comm.xp).zeros(self.n, dtype=np.float32)
         return self._residual
 
     @residual.setter
@@ -118,7 +119,7 @@ class TopkCompressor:
         if arr.ndim != 1 or int(arr.shape[0]) != self.n or arr.dtype.kind != "f":
             raise InvalidArgument("residual", f"{arr.dtype}{tuple(arr.shape)}",
                                   f"must be a 1-D float array of length n={self.n}",
-                                  rank=self.comm.rank)
+                                  rank=getattr(self.comm, "rank", None))
         self._residual = arr
 
     def step(self, grad: Any, *, async_op: bool = False) -> Any:
@@ -136,6 +137,8 @@ class TopkCompressor:
         if not async_op and self._pending is not None:
             self._pending.wait()
             self._pending = None  # the state is at rest (see _settings)
+        if self.comm is None:  # loaded before any communicator was made
+            self.comm = get_comm()
         done = call(self.comm, "TopkCompressor.step",
                     lambda: validate(self.comm, grad, self.k, self.algorithm, argument="grad",
                                      state=self.state, n=self.n,

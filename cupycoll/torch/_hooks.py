@@ -213,10 +213,10 @@ class TopkHookState:
             self._retire(key)
         if not wanted & set(self._loose):
             return None
-        xp = self.comm.xp
-        return xp.concatenate([xp.asarray(self._loose.pop(id(p)), dtype=np.float32)
-                               if id(p) in self._loose else xp.zeros(p.numel(), np.float32)
-                               for p in params])
+        xp, pieces = self.comm.xp, [self._loose.pop(id(p), None) for p in params]
+        dtype = np.result_type(*(piece.dtype for piece in pieces if piece is not None))
+        return xp.concatenate([xp.asarray(piece, dtype=dtype) if piece is not None
+                               else xp.zeros(p.numel(), dtype) for piece, p in zip(pieces, params)])
 
 
     def _retire(self, key: tuple[int, int]) -> None:
