@@ -351,7 +351,7 @@ class Communicator(HostWaits, abc.ABC):
 
         Empty blocks are no messages, as in ``exchange``.
         """
-        self._slot[0] = self.sequence = self.sequence + 1  # the arrival notice
+        self._arrived()
         counts = [int(c) for c in byte_counts]
         own = counts.pop(self.rank)
         peers = self.size - 1 if own else 0
@@ -362,7 +362,7 @@ class Communicator(HostWaits, abc.ABC):
                            op_name: str | None = None) -> None:
         """Book a native collective's traffic by the rule in :class:`Stats` (under ``op_name``)
         and count it in ``sequence`` (the store on the arrival board is its whole cost there)."""
-        self._slot[0] = self.sequence = self.sequence + 1  # the arrival notice
+        self._arrived()
         self.stats.book_collective(op_name or name, name, nbytes, self.rank == root, self.size)
 
 

@@ -36,6 +36,11 @@ class HostWaits:
             self._host_wait(self.mpi_comm.Ibarrier(), op_name)
             self._no_peer_gave_up(op_name)
 
+    def _arrived(self) -> None:
+        """Count a collective this rank started in ``sequence`` (its arrival notice on the
+        board: a timeout names the ranks whose count is below it)."""
+        self._slot[0] = self.sequence = self.sequence + 1
+
     def _no_peer_gave_up(self, op_name: str) -> None:
         """After a barrier: raise (and abort) if a peer on this node gave up this barrier or
         an earlier collective (its abandoned barrier can complete this one), so this rank does

@@ -107,7 +107,7 @@ class _StreamOrder:
         if current is not stream:
             self._readers.order(current)
         if arrival:
-            self._slot[0] = self.sequence + 1  # _record_collective counts it after the post
+            self._slot[0] = self.sequence + 1  # _arrived counts it after the post
         if active:
             self._call(op_name, lambda comm: launch(comm, device.handle(stream)))
         if then is not None:
@@ -162,16 +162,10 @@ class _StreamOrder:
 
         spin(issued)
 
-    def _record_collective(self, name: str, nbytes: int, root: int | None = None,
-                           op_name: str | None = None) -> None:
-        """Book the collective just posted and number its in-flight entry with it (a timeout
+    def _arrived(self) -> None:
+        """Count the collective just posted and number its in-flight entry with it (a timeout
         of that entry names the ranks that never started it)."""
-        super()._record_collective(name, nbytes, root, op_name)
-        self._inflight.number_last(self.sequence)
-
-    def _record_allgatherv(self, op_name: str, byte_counts: np.ndarray) -> None:
-        """As :meth:`_record_collective`, for an allgatherv."""
-        super()._record_allgatherv(op_name, byte_counts)
+        super()._arrived()
         self._inflight.number_last(self.sequence)
 
     def stream_work(self, op_name: str) -> Work:

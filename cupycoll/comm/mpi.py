@@ -361,7 +361,7 @@ class MPICommunicator(Staging, Communicator):
     def barrier(self) -> None:
         earlier_first(self)
         request = self.mpi_comm.Ibarrier()
-        self._slot[0] = self.sequence = self.sequence + 1  # a collective: an arrival notice
+        self._arrived()
         self.wait([request], "barrier")
 
     def _record_collective(self, name: str, nbytes: int, root: int | None = None,

@@ -240,8 +240,7 @@ class NCCLCommunicator(_StreamOrder, _NcclVerbs, Communicator):
         dtype, red = nccl_types(token.dtype, ReduceOp.SUM, nccl=self._nccl, rank=self.rank)
         event = self._post("barrier", lambda c, s: c.allReduce(
             self._ptr(token), self._ptr(token), 1, dtype, red, s), token, arrival=True)
-        self._slot[0] = self.sequence = self.sequence + 1
-        self._inflight.number_last(self.sequence)
+        self._arrived()
         self.wait([event], "barrier")
 
     def close(self) -> None:
