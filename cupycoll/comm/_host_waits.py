@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BackendError
+from ..errors import BackendError, CollectiveTimeout
 from ._nccl_guard import spin
 
 __all__ = ["HostWaits"]
@@ -40,6 +40,26 @@ class HostWaits:
         """Count a collective this rank started in ``sequence`` (its arrival notice on the
         board: a timeout names the ranks whose count is below it)."""
         self._slot[0] = self.sequence = self.sequence + 1
+
+    def _still_wanted(self, op_name: str, sequence: int | None = None) -> None:
+        """In a wait for collective ``sequence`` (default the latest): raise if this
+        communicator died meanwhile (``abort()`` from another thread), or, as a
+        CollectiveTimeout naming them, if peers on this node gave it up before they started
+        that collective (a dead communicator starts nothing: they never will)."""
+        self._check_alive()
+        seq = self.sequence if sequence is None else sequence
+        gone = self.board.given_up(self.rank, seq - 1) if self.board is not None else {}
+        if gone:
+            verb = self._verb or op_name
+            why = "; ".join(f"rank {r} aborted or closed it at collective #{at}"
+                            for r, at in gone.items())
+            error = CollectiveTimeout(
+                f"{verb} (collective #{seq}) cannot complete on rank {self.rank} of {self.size}: "
+                f"{why}, before starting this one. The communicator is aborted: every later "
+                "call on it raises at once; call cupycoll.init() on every rank for a new one",
+                missing_ranks=list(gone), op_name=verb)
+            self._die(error, f"{verb} (collective #{seq}, a peer gave up)")
+            raise error
 
     def _no_peer_gave_up(self, op_name: str) -> None:
         """After a barrier: raise (and abort) if a peer on this node gave up this barrier or
@@ -95,6 +115,7 @@ class HostWaits:
                 return True
             if deadline is not None and time.monotonic() > deadline:
                 raise self._timed_out(op_name)
+            self._check_alive()  # abort() from another thread ends the wait
             progress_all()  # a peer may wait in a pairwise call's second phase this rank holds
             return False
 

@@ -49,10 +49,9 @@ class MPICommunicator(Staging, Communicator):
 
     def __init__(self, mpi_comm: MPI.Comm | None = None, *, timeout: float | None = None,
                  xp: Any = np, _wait: Any = None) -> None:
-        """Collective over ``mpi_comm``: works on a duplicate of it (its own message space, so
-        operations a dead communicator left pending never match a new one's) and sets up the
-        arrival board that names late ranks. ``_wait(request, op_name)``: the timed wait of
-        the communicator being duplicated (:meth:`dup`), for the making's collectives."""
+        """Collective over a duplicate of ``mpi_comm`` (its own message space: what a dead
+        communicator left pending never matches a new one's), with the arrival board that names
+        late ranks. ``_wait(request, op_name)``: the timed wait of the one duplicated (dup)."""
         super().__init__(timeout)
         base = usable(mpi_comm if mpi_comm is not None else MPI.COMM_WORLD)
         #: seconds a wait tests (and yields) before it starts to nap; bytes from which reduce
@@ -86,8 +85,7 @@ class MPICommunicator(Staging, Communicator):
 
     def dup(self) -> "MPICommunicator":
         """Return a communicator over the same ranks with its own message space."""
-        twin = MPICommunicator(self.mpi_comm, timeout=self.timeout, xp=self.xp,
-                               _wait=self._host_wait)
+        twin = type(self)(self.mpi_comm, timeout=self.timeout, xp=self.xp, _wait=self._host_wait)
         twin._share_fate(self)
         return twin
 
@@ -119,11 +117,11 @@ class MPICommunicator(Staging, Communicator):
               peers: Sequence[int] | None, sequence: int | None = None) -> None:
         """Test the requests until done or ``self.timeout`` passes: back to back, yielding the
         core every ``_POLLS`` tests (as MPICH's blocking progress loop does) for the first
-        ``CUPYCOLL_SPIN`` seconds, then sleeping between rounds, longer as the wait goes on
-        (:func:`._naps.nap`). Being a Python loop, Ctrl-C
-        interrupts it. On oversubscribed cores this completes small collectives sooner than
-        napping (a nap costs a scheduler time slice) and than spinning without yielding (which
-        starves a peer computing on the same core)."""
+        ``CUPYCOLL_SPIN`` seconds, then napping between rounds, longer as the wait goes on
+        (:func:`._naps.nap`; on oversubscribed cores this beats napping at once, a scheduler
+        time slice, and spinning without yielding, which starves a peer on the core). Ctrl-C
+        ends it; once napping, so do ``abort()`` from another thread and peers on the node that
+        gave the communicator up before starting the collective (:meth:`_still_wanted`)."""
         test = requests[0].Test if not statuses else functools.partial(
             MPI.Request.Testall, requests, statuses)
         if test():
@@ -138,6 +136,8 @@ class MPICommunicator(Staging, Communicator):
             now = time.monotonic()
             if now > deadline:
                 raise self._timed_out(op_name, sequence, _pending(requests, peers))
+            if now > spun:  # abort() from another thread, or peers that gave it up first
+                self._still_wanted(op_name, sequence)
             progress_all()
             if now > spun:
                 time.sleep(nap(now - start))

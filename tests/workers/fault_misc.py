@@ -44,6 +44,13 @@ failed     an asynchronous broadcast whose ranks pass different counts fails (MP
            raises BackendError (before: a raw mpi4py exception, then a ``wait()`` that
            returned); the same failure in a dropped Work leaves the next calls alone (before:
            raised on one rank only, so the ranks' calls paired out of order).
+aborted    abort() from another thread on rank 0 while it waits, without a timeout, for late
+           peers: its wait raises at once (before: it waited for ever); the peers' call
+           completes against rank 0's abandoned one and their next call, under a 60 s timeout,
+           times out within seconds naming rank 0, which gave the communicator up before it
+           (before: after the 60 s). Then every rank queues ten asynchronous sparse calls and
+           aborts: each wait returns the right sum or raises cupycoll's error (before: a
+           worker waiting in a call its peer never posted hung the wait and the exit).
 """
 
 from __future__ import annotations
@@ -59,7 +66,7 @@ import numpy as np
 from mpi4py import MPI
 
 import cupycoll as cc
-from cupycoll.errors import CollectiveTimeout, MismatchError
+from cupycoll.errors import BackendError, CollectiveTimeout, CupycollError, MismatchError
 
 WORLD = MPI.COMM_WORLD
 P, RANK = WORLD.size, WORLD.rank
@@ -468,10 +475,59 @@ def learned() -> None:
     report("learn.save, then close", "completed", 0.0)
 
 
+def aborted() -> None:
+    comm = cc.init("mpi", timeout=0)  # no timeout: only the abort can end rank 0's wait
+    fresh_allreduce(comm)
+    start = time.monotonic()
+    if RANK == 0:
+        threading.Timer(0.5, comm.abort).start()
+        try:
+            fresh_allreduce(comm)
+            outcome = "completed"
+        except BackendError as exc:
+            assert "abort() was called on rank 0" in str(exc), str(exc)
+            outcome = "BackendError"
+        assert outcome == "BackendError", outcome
+    else:
+        time.sleep(1.5)  # rank 0 has aborted meanwhile
+        comm.timeout = 60.0
+        fresh_allreduce(comm)  # rank 0 posted it before it aborted: the right data
+        try:
+            fresh_allreduce(comm)
+            outcome = "completed"
+        except CollectiveTimeout as exc:
+            assert exc.missing_ranks == [0] and "rank 0 aborted or closed it" in str(exc), \
+                str(exc)
+            outcome = f"CollectiveTimeout{exc.missing_ranks}"
+        assert outcome == "CollectiveTimeout[0]", outcome
+    took = time.monotonic() - start
+    assert took < 10, took
+    report("abort from a thread, peers late", outcome, took)
+    WORLD.Barrier()
+    comm = cc.init("mpi", timeout=0)
+    mine = np.arange(RANK, 5000, P)
+    expected = np.ones(5000)  # every index on one rank
+    works = [cc.sparse_allreduce(mine, np.ones(mine.size), 5000, algorithm=algorithm, comm=comm,
+                                 output="dense", async_op=True)
+             for algorithm in ("split", "allgather") * 5]
+    comm.abort()
+    start, outcomes = time.monotonic(), set()
+    for work in works:
+        try:
+            assert np.array_equal(work.wait(), expected)
+            outcomes.add("right")
+        except CupycollError as exc:
+            outcomes.add(type(exc).__name__)
+    took = time.monotonic() - start
+    assert took < 10, took
+    report("ten async calls, then abort", "+".join(sorted(outcomes)), took)
+    fresh_allreduce(cc.init("mpi", timeout=10))
+
+
 for name in sys.argv[1:]:
     {"stale": stale, "crossed": crossed, "skip": skip, "interrupt": interrupt, "first": first,
      "local": local, "learned": learned, "preempted": preempted, "dup": dup,
-     "async_late": async_late, "failed": failed}[name]()
+     "async_late": async_late, "failed": failed, "aborted": aborted}[name]()
     WORLD.Barrier()
 if RANK == 0:
     print("OK")
