@@ -164,14 +164,31 @@ def test_work_whose_finalize_raised_raises_again_without_rerunning():
     assert calls == ["wait", "fin"] and w.is_completed()
 
 
-@pytest.mark.parametrize("timeout", ["abc", float("nan"), -1.0, True, [1]])
+@pytest.mark.parametrize("timeout", ["abc", "1", float("nan"), -1.0, True, [1]])
 def test_work_wait_refuses_a_timeout_that_is_not_seconds(timeout):
-    """``wait(timeout=...)`` takes seconds >= 0: text raised numpy's bare ValueError, NaN
-    waited forever."""
+    """``wait(timeout=...)`` takes seconds >= 0, checked whether or not the Work is done (a
+    check on pending Works only raised on one rank and not another): text raised numpy's bare
+    ValueError, NaN waited forever."""
     w = Work(lambda: None, lambda: True)
     with pytest.raises(errors.InvalidArgument, match="'timeout'"):
         w.wait(timeout=timeout)
     assert w.wait(timeout=0) is None
+    with pytest.raises(errors.InvalidArgument, match="'timeout'"):
+        w.wait(timeout=timeout)
+
+
+def test_a_callback_that_waits_for_its_own_work_raises_instead_of_deadlocking():
+    """A finalizer (a completion_fn) that asks its own Work for the result would wait for
+    itself on the Work's lock: it raises, and the Work raises that error from then on."""
+    box = {}
+
+    def finalize():
+        return box["work"].result()
+
+    box["work"] = Work(lambda: None, lambda: True, finalize)
+    for _ in range(2):
+        with pytest.raises(errors.InvalidArgument, match="cannot wait for that Work"):
+            box["work"].wait()
 
 
 def test_a_work_dropped_before_it_completed_hands_over_what_it_holds():

@@ -26,7 +26,7 @@ _NOWHERE = contextlib.nullcontext()
 def _seconds(timeout: Any) -> float:
     """``Work.wait``'s ``timeout`` as seconds: a number >= 0 (NaN waited forever)."""
     try:
-        seconds = float(timeout)
+        seconds = float("nan") if isinstance(timeout, (str, bytes)) else float(timeout)
     except (TypeError, ValueError):
         seconds = float("nan")
     if isinstance(timeout, bool) or not seconds >= 0:
@@ -77,6 +77,7 @@ class Work:
         self._lock = threading.Lock()
         self._future: concurrent.futures.Future | None = None
         self._device = device
+        self._finalizing: int | None = None  # the thread running ``finalize`` now
 
     def __del__(self) -> None:
         if self._on_drop is not None and not getattr(self, "_done", True):
@@ -91,8 +92,9 @@ class Work:
         by then; the operation goes on, and a later wait can complete it. (On NCCL the
         communicator's timeout also bounds the operation itself: the watchdog aborts it
         there, so a longer ``timeout`` ends at the communicator's.)"""
-        if timeout is not None and not self._done:
-            deadline = time.monotonic() + _seconds(timeout)
+        seconds = _seconds(timeout) if timeout is not None else None  # (checked done or not)
+        if seconds is not None and not self._done:
+            deadline = time.monotonic() + seconds
             try:
                 while not self.is_completed():
                     if time.monotonic() >= deadline:
@@ -128,6 +130,11 @@ class Work:
         return self.wait()
 
     def _complete(self, wait_fn: Callable[[], None] | None) -> Any:
+        if self._finalizing == threading.get_ident():
+            raise InvalidArgument(
+                "completion_fn", "a wait for its own Work", "a callback run as the Work "
+                "completes (completion_fn, alloc_fn, a finalizer) cannot wait for that Work: it "
+                "would wait for itself; it receives the result as its arguments")
         with self._lock:
             return self._completed(wait_fn)
 
@@ -146,7 +153,8 @@ class Work:
                     with self._device() if self._device is not None else _NOWHERE:
                         if device_wait and self._device is not None:  # the finalizer's own
                             wait_fn()  # stream, on the operation's device (the caller's may
-                        self._result = self._finalize()  # be another device's)
+                        self._finalizing = threading.get_ident()  # be another device's)
+                        self._result = self._finalize()
                         if device_wait and self._stamp is not None:
                             self._after = self._stamp()
                     if self._after is not None:
@@ -155,7 +163,7 @@ class Work:
                 self._error = exc
                 raise
             finally:
-                self._done = True
+                self._done, self._finalizing = True, None
         if self._error is not None:
             raise self._error
         return self._result
