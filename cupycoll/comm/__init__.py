@@ -6,7 +6,7 @@ import logging
 import os
 from typing import Any
 
-from .._config import check_environment, chosen, setting
+from .._config import check_environment, chosen, parse_timeout, setting
 from ..errors import BackendUnavailable, InvalidArgument
 from ._base import Communicator
 from ._stats import OpStats, Stats, bus_factor
@@ -97,7 +97,7 @@ def _init_settings(backend: str | None, timeout: float | None) -> tuple[str, flo
     backend = chosen("CUPYCOLL_BACKEND", backend, "backend", _BACKENDS, "")
     setting("CUPYCOLL_CONNECT_TIMEOUT")
     log_level()
-    return backend, setting("CUPYCOLL_TIMEOUT", timeout)
+    return backend, parse_timeout(setting("CUPYCOLL_TIMEOUT", timeout))  # (a keyword too)
 
 
 def _agreed_auto(group: Any) -> str:

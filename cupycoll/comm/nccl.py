@@ -79,7 +79,7 @@ class NCCLCommunicator(_StreamOrder, _NcclVerbs, Communicator):
         super().__init__(timeout)
         self.mpi_comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
         connect = _connect_timeout(self.mpi_comm)
-        nccl_comm, nonblocking = bootstrap(self.mpi_comm, timeout=timeout)  # all raise or none
+        nccl_comm, nonblocking = bootstrap(self.mpi_comm, timeout=self.timeout)  # all raise or none
         cupy, nccl = load_nccl()
         self._attach(nccl_comm, nccl, CudaDevice(cupy), cupy, nonblocking, connect)
         self._watch(self.mpi_comm)  # the arrival board: a timeout names the late ranks

@@ -285,6 +285,11 @@ def check_settings_refused_on_one_rank(comm) -> None:
                 os.environ.pop(name, None)
             refused = name in ("CUPYCOLL_SPIN", "CUPYCOLL_REDUCE_PAIRWISE") or make == cc.init
             assert made != refused, (name, make, made)
+    try:  # the keyword likewise (before: rank 0 raised alone, the others hung in the making)
+        cc.init(timeout="abc" if comm.rank == 0 else 5)
+        raise AssertionError("init() took timeout='abc'")
+    except InvalidArgument as exc:
+        assert exc.argument == "timeout" and exc.rank == 0, exc
     from cupycoll.errors import MismatchError
 
     for make in (cc.init, comm.dup) if comm.size > 1 else ():  # a threshold on rank 0 apart

@@ -401,13 +401,19 @@ def mode_init_fails():
 
 
 def mode_device_choice():
-    """init() keeps a device the application made current (here: the other one)."""
+    """init() keeps a device the application made current (here: the other one); its timeout
+    keyword reads as CUPYCOLL_TIMEOUT does (0 or less: none; text: seconds)."""
     chosen = DEVICES - 1 - RANK  # run with 3 devices per node: rank 0 picks 2, rank 1 picks 1
     cupy.cuda.Device(chosen).use()
     comm = cc.init("nccl", timeout=30.0)
     assert comm.device_id == chosen == cupy.cuda.runtime.getDevice(), (comm.device_id, chosen)
     x = cupy.full(2, 1.0, cupy.float32)
     assert cc.allreduce(x, comm=comm).get().tolist() == [float(P)] * 2
+    for keyword, seconds in ((0, None), (-1, None), ("5", 5.0)):  # read as CUPYCOLL_TIMEOUT is
+        made = cc.init("nccl", timeout=keyword)  # (before: 0 timed out the init at once)
+        assert made.timeout == seconds, (keyword, made.timeout)
+        assert cc.allreduce(x, comm=made).get().tolist() == [float(P)] * 2
+        made.close()
 
 
 def mode_auto_agrees():
