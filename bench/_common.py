@@ -13,8 +13,8 @@ from typing import Any, Callable, Iterable, NoReturn, Sequence
 
 import numpy as np
 
-from cupycoll._config import (NO_MATPLOTLIB, checked, listed, one_of,  # noqa: F401
-                              output_file, parse_length, parse_size)
+from cupycoll._arguments import (NO_MATPLOTLIB, checked, listed, one_of,  # noqa: F401
+                                 output_file, parse_length, parse_size)
 from cupycoll._types import DENSE_DTYPES
 from cupycoll.primitives._accel import ready
 from cupycoll.tuner.calibrate import interleaved

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Callable
 
 from ._bench_scripts import BENCHMARKS, bench_script
-from ._config import SETTINGS, chosen, output_file, setting
+from ._arguments import output_file
+from ._config import SETTINGS, chosen, setting
 
 __all__ = ["main", "info_lines", "bench_script", "BENCHMARKS"]
 

@@ -145,8 +145,9 @@ def test_simulate_refuses_shapes_that_cannot_be():
     ("--family", "bogus", "argument --family: must be one of sparse, topk, both, got 'bogus'"),
     ("--wire", "coo,bogus", "argument --wire: unknown wire format 'bogus'"),
     ("--output", "bogus", "argument --output: must be one of sparse, dense, both, got 'bogus'"),
-    ("--P", "0", "argument --P: must be an int >= 1, got '0'"),
-    ("--P", "2,x", "argument --P: must be an int >= 1, got 'x'"),
+    ("--P", "0", "argument --P: must be an int from 1 to 1048576, got '0'"),
+    ("--P", "2,x", "argument --P: must be an int from 1 to 1048576, got 'x'"),
+    ("--P", "100000000", "argument --P: must be an int from 1 to 1048576, got '100000000'"),
     ("--n", "1.5", "argument --n: invalid size '1.5': not a whole number"),
     ("--n", "16q", "argument --n: invalid size '16q'"),
     ("--n", "1e30", "argument --n: invalid size '1e30': must be below 2**62"),
@@ -258,7 +259,9 @@ def test_an_output_path_that_cannot_be_written_is_a_usage_error_before_any_work(
     2 naming the argument), not after minutes of measuring; a missing folder is made."""
     afile = tmp_path / "afile"
     afile.write_text("")
+    too_long = str(tmp_path / ("x" * 300 + ".json"))  # a name the system refuses to look up
     for args in (["tune", "--repeats", "1", "--output", str(afile / "p.json")],
+                 ["tune", "--output", too_long], ["simulate", "--json", too_long],
                  ["tune", "--output", str(tmp_path)], ["tune", "--output", ""],
                  ["selftest", "--json", str(afile / "st.json")],
                  ["selftest", "--report", str(tmp_path)],

@@ -239,9 +239,10 @@ def test_profile_round_trip_env_and_bad_file(tmp_path, monkeypatch):
     path.write_text("{not json")
     with pytest.warns(cc.errors.CupycollWarning, match="ignoring unreadable profile"):
         assert load_profile() == default_profile()
-    monkeypatch.setenv("CUPYCOLL_PROFILE", str(tmp_path))  # a folder: unreadable too
-    with pytest.warns(cc.errors.CupycollWarning, match="ignoring unreadable profile"):
-        assert load_profile() == default_profile()
+    for unreadable in (tmp_path, tmp_path / ("x" * 300)):  # a folder, a name the system
+        monkeypatch.setenv("CUPYCOLL_PROFILE", str(unreadable))  # refuses (too long)
+        with pytest.warns(cc.errors.CupycollWarning, match="ignoring unreadable profile"):
+            assert load_profile() == default_profile()
     monkeypatch.setenv("CUPYCOLL_PROFILE", str(path))
     shipped = default_profile()
     assert shipped.alpha_native > 0 and shipped.beta_native > 0 and shipped.gamma["merge"] > 0
@@ -253,6 +254,7 @@ def test_profile_round_trip_env_and_bad_file(tmp_path, monkeypatch):
                 {**good, "native_curve": [[8, 2e-6], [64, 1e-6]]},  # falls: negative beyond
                 {**good, "native_curve": [[64, 1e-6], [8, 2e-6]]},
                 {**good, "native_curve": [[8, 1e-6], [8, 2e-6]]},
+                {**good, "links": {"inter": [["alpha_p2p", 1e-5]]}},  # pairs, not a table
                 {"by_ranks": {"x": good}}):
         path.write_text(json.dumps(bad))  # a wrong price: never a TypeError on every call
         assert load_profile() == default_profile(), bad
@@ -281,6 +283,11 @@ def test_profiles_of_several_rank_counts_share_a_file(tmp_path):
                      1024: 80e-6}  # 3: log 4/3 < log 3/2; 6: 8/6 < 6/4
     assert load_profile(path).alpha_native == 80e-6
     assert set(json.loads(path.read_text())["by_ranks"]) == {"2", "4", "8"}
+    for low, size, high in ((4, 10, 25), (16, 20, 25), (9, 15, 25)):  # size^2 = low * high: a
+        path.unlink()  # tie by ratio, to the larger (float logs rounded some to the smaller)
+        save_profile(measured(low, 1e-6), path)
+        save_profile(measured(high, 2e-6), path)
+        assert load_profile(path, size=size).alpha_native == 2e-6, (low, size, high)
     plain = Profile("plain", 1e-6, 2e-9, 3e-6, 4e-9, dict(ZERO_WORK))  # no rank count
     save_profile(plain, path)
     assert load_profile(path, size=4) == plain

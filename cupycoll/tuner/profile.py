@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import json
+import fractions
 import math
 import os
 import warnings
@@ -116,10 +117,12 @@ class Profile:
         profile = cls(**{k: v for k, v in data.items() if k in fields})
         numbers = [profile.alpha_p2p, profile.beta_p2p, profile.alpha_native,
                    profile.beta_native, profile.alpha_msg]
-        if not all(isinstance(t, dict) for t in (profile.gamma, profile.fixed, profile.links)):
-            raise ValueError("gamma, fixed and links must be tables")
+        tables = (profile.gamma, profile.fixed, profile.links)
+        if not all(isinstance(t, dict) for t in tables) or not all(
+                isinstance(link, dict) for link in profile.links.values()):
+            raise ValueError("gamma, fixed, links and each link must be tables")
         numbers += [*profile.gamma.values(), *profile.fixed.values()]
-        numbers += [v for link in profile.links.values() for v in dict(link).values()]
+        numbers += [v for link in profile.links.values() for v in link.values()]
         if not all(isinstance(point, (list, tuple)) and len(point) == 2
                    for point in profile.native_curve):
             raise ValueError("native_curve must hold [bytes, seconds] pairs")
@@ -156,7 +159,8 @@ def _nearest(data: dict[str, Any], size: int | None) -> dict[str, Any]:
     ranks = sorted(p for p in keyed if p is not None)  # a key that names no count: left out
     if not ranks:
         raise ValueError("by_ranks names no rank count")
-    best = ranks[-1] if not size else min(ranks, key=lambda p: (abs(math.log(p / size)), -p))
+    best = ranks[-1] if not size else min(  # the ratio as an exact fraction: ties are exact
+        ranks, key=lambda p: (fractions.Fraction(max(p, size), min(p, size)), -p))
     return keyed[best]
 
 
@@ -182,11 +186,11 @@ def load_profile(path: Path | str | None = None, size: int | None = None) -> Pro
     """The profile at ``path`` (default :func:`profile_path`) measured nearest ``size`` ranks,
     or the shipped default."""
     path = Path(path) if path is not None else profile_path()
-    if not path.exists():  # none measured yet (a folder, or another non-file, warns below)
-        return default_profile(size)
-    try:
+    try:  # any unreadable file (or name, e.g. too long): never raise on one rank, hanging the
+        if not path.exists():  # others; none measured yet (a folder warns below)
+            return default_profile(size)
         return Profile.from_dict(_nearest(json.loads(path.read_text()), size))
-    except Exception as exc:  # any unreadable file: never raise on one rank, hanging the others
+    except Exception as exc:
         warnings.warn(f"cupycoll: ignoring unreadable profile {path} ({exc}); the shipped "
                       "profile prices the calls (run cupycoll tune)", CupycollWarning,
                       stacklevel=2)

@@ -29,7 +29,7 @@ import math
 import sys
 from typing import Any
 
-from .._config import checked, listed, made_folder, one_of, output_file, parse_length, plot_file
+from .._arguments import checked, listed, made_folder, one_of, output_file, parse_length, plot_file
 from .._registry import priced, record
 from ..comm._topology import Topology
 from ..sparse._cost import Shape, validation_cost
@@ -312,7 +312,8 @@ def _wire(text: str) -> Wire:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     # (lists may be empty: nothing to simulate, which run() says)
-    parser.add_argument("--P", type=listed(checked(int, lambda v: v >= 1, "an int >= 1"), 0),
+    parser.add_argument("--P", type=listed(checked(int, lambda v: 1 <= v <= 1 << 20,
+                                                   "an int from 1 to 1048576"), 0),
                         default="2,4,8,16,32,64,128,256,512,1024",
                         help="rank counts (comma list)")
     parser.add_argument("--networks", type=listed(one_of(*NETWORKS, "machine"), 0),

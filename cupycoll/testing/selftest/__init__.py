@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..._config import made_folder, output_file
+from ..._arguments import made_folder, output_file
 from ._device import probe
 from ._launch import source_tree
 from ._plan import emulated_plan, gpu_plan
