@@ -93,19 +93,20 @@ def test_regret_table_when_auto_picks_an_algorithm_not_run(capsys):
             "dense vector (1/2 in all)") in out and "within +-30% on 2/2" in out
 
 
-@pytest.mark.parametrize("flags", [[], ["--cold"]])
-def test_bench_host_prints_every_row(flags):
-    """bench/dev/bench_host.py, hot (10th percentiles) and --cold (interleaved medians), one
-    process."""
+@pytest.mark.parametrize("flags,rows", [([], 20), (["--cold", "--no-nccl"], 13)])
+def test_bench_host_prints_every_row(flags, rows):
+    """bench/dev/bench_host.py, hot (10th percentiles, the NCCL backend's rows over its null
+    NCCL too) and --cold (interleaved medians), one process."""
     import subprocess
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, str(root / "bench" / "dev" / "bench_host.py"),
-                          "-n", "20", "--no-nccl", *flags], capture_output=True, text=True,
+                          "-n", "20", *flags], capture_output=True, text=True,
                          timeout=300, check=True, cwd=root,
                          env={**__import__("os").environ, "PYTHONPATH": str(root)}).stdout
-    rows = [line.split() for line in out.splitlines() if not line.startswith("#")]
-    assert len(rows) == 13 and all(float(r[-1]) > 0 for r in rows), out
-    assert ("cold caches" in out) == bool(flags)
+    table = [line.split() for line in out.splitlines() if not line.startswith("#")]
+    assert len(table) == rows and all(float(r[-1]) > 0 for r in table), out
+    assert ("cold caches" in out) == ("--cold" in flags)
+    assert ("nccl" in out) == ("--no-nccl" not in flags)
 
 
 def test_bench_waits_prints_every_policy_for_each_duration():
