@@ -11,7 +11,11 @@ each step picks t from a histogram of the reduced magnitudes summed over ranks:
 2. The global count of ``|sum| >= e`` is then known exactly at every edge e. If some edge's count
    lies in ``[0.9k, 1.1k]`` (COUNT_RANGE), the edge whose count is closest to k is the threshold.
 3. Otherwise the bin holding the k-th magnitude (or the tail below / above the window) is binned
-   again, finer, in another round -- the correction within the step; it stops when the bin holds
+   again, finer, in another round -- the correction within the step: its dtype values split in
+   BINS runs of equal length (positive floats order as their bit patterns, so the split is
+   nearly log-spaced and exact to the last value, where float64 log-spaced edges round by as
+   much as a bin), so a round leaves at most a 32nd of them and any bin of a float64 narrows
+   to one value within :func:`max_rounds`; it stops when the bin holds
    no two distinct values (ties): then the threshold is the tied value, whose count is >= k, and
    Ok-Topk keeps, of the entries tied at it, the lowest indices up to k in all
    (:func:`cupycoll.topk.oktopk.cut_ties`). After the last round, the closest edge seen that
@@ -36,9 +40,9 @@ from .selectors import smallest_positive
 
 __all__ = ["histogram_threshold", "BINS", "OCTAVES", "COUNT_RANGE", "MAX_ROUNDS", "max_rounds"]
 
-#: log-spaced bins per round (16 per octave), the window's half-width in octaves around the last
-#: threshold, the accepted count range as fractions of k, and the most rounds per step of a
-#: float32 search (:func:`max_rounds`).
+#: bins per round (the first log-spaced, 16 per octave), the window's half-width in octaves
+#: around the last threshold, the accepted count range as fractions of k, and the least of the
+#: most rounds per step (:func:`max_rounds`).
 BINS = 32
 OCTAVES = 1
 COUNT_RANGE = (0.9, 1.1)
@@ -46,11 +50,31 @@ MAX_ROUNDS = 8
 
 
 def max_rounds(dtype: Any) -> int:
-    """The most rounds of a step's search in ``dtype``: :data:`MAX_ROUNDS` for float32, one
-    more for every 5 bits (a round's 32-fold refinement) of a wider mantissa, so a float64 bin
-    of the k-th magnitude can narrow to one value (a tie) as a float32 one does."""
-    wider = np.finfo(dtype).nmant - np.finfo(np.float32).nmant
-    return MAX_ROUNDS + max(0, -(-wider // 5))
+    """The most rounds of a step's search in ``dtype``: the first (the window), then enough
+    32-fold splits of the dtype's positive values (2^(bits - 1) of them) for any bin to narrow
+    to one value, a tie; at least :data:`MAX_ROUNDS` (float32: 8, float64: 14)."""
+    values_bits = 8 * np.dtype(dtype).itemsize - 1
+    return max(MAX_ROUNDS, 1 + -(-values_bits // 5))
+
+
+_BITS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def _bits_up(value: float, dtype: np.dtype) -> int:
+    """The bit pattern of the least ``dtype`` value >= ``value`` (> 0)."""
+    first = np.asarray(value, dtype=np.float64).astype(dtype)
+    if float(first) < value:
+        first = np.nextafter(first, dtype.type(np.inf))
+    return int(np.asarray(first, dtype=dtype).view(_BITS[dtype.itemsize]))
+
+
+def _value_edges(lo: float, hi: float, dtype: np.dtype) -> np.ndarray:
+    """Edges (float64, ascending, each a ``dtype`` value) splitting the ``dtype`` values of
+    ``[lo, hi)`` into :data:`BINS` runs of equal length (exact integer arithmetic on the bit
+    patterns; fewer edges where fewer values)."""
+    a, b = _bits_up(lo, dtype), _bits_up(hi, dtype)
+    bits = np.unique(np.array([a + (b - a) * i // BINS for i in range(BINS + 1)], np.uint64))
+    return bits.astype(_BITS[dtype.itemsize]).view(dtype).astype(np.float64)
 
 
 def _counts_at_edges(comm: Any, mags: Any, edges: np.ndarray, wide: bool) -> np.ndarray:
@@ -99,8 +123,8 @@ def _search(comm: Any, mags: Any, k: int, n: int, center: float, dtype: np.dtype
     lo = max(center * 2.0 ** -OCTAVES, floor)
     hi = min(max(center * 2.0 ** OCTAVES, floor * 4), top)
     best_t, best_count = floor, -1
-    for _ in range(max_rounds(dtype)):
-        edges = np.geomspace(lo, hi, BINS + 1)
+    for round_ in range(max_rounds(dtype)):
+        edges = np.geomspace(lo, hi, BINS + 1) if round_ == 0 else _value_edges(lo, hi, dtype)
         counts = _counts_at_edges(comm, mags, edges, comm.size * n >= 2**31)
         near = int(np.argmin(np.where(counts > 0, np.abs(counts - k), np.inf)))
         if best_count < 0 or _closer(int(counts[near]), best_count, k):

@@ -158,8 +158,29 @@ def gather_case(comm, seed: int, n: int, density: float, algorithm: str, selecto
         residuals = [np.asarray(res, np.float32) for res in everyone]
 
 
+def tied_far_case(comm) -> None:
+    """Ok-Topk's step after a refresh on N(0, 1) values, whose k-th sum is tied at v far from
+    the last threshold (outside its window): exactly k kept, the 5 larger sums then the lowest
+    indices at v (float64's log-spaced edges once ran out of rounds: 12 of 60 at P = 3)."""
+    from cupycoll.topk import TopkState
+
+    n, k, rank = 3000, 60, comm.rank
+    for dtype in (np.float32, np.float64):
+        for v in (4.0, 1e3, 1e-3, 2.0 ** -20) + ((1e100,) if dtype == np.float64 else ()):
+            state = TopkState(tau=1, tau_prime=1000)
+            noise = np.random.default_rng([0, rank]).standard_normal(n).astype(dtype)
+            cc.topk_allreduce(noise, k, algorithm="oktopk", comm=comm, state=state)
+            tied = np.zeros(n, dtype)
+            tied[:5], tied[100 + 200 * rank:300 + 200 * rank] = 2 * v, v
+            got = cc.topk_allreduce(tied, k, algorithm="oktopk", comm=comm, state=state)
+            assert not state.last["refresh"]
+            assert got.indices.tolist() == list(range(5)) + list(range(100, 100 + k - 5)), \
+                (np.dtype(dtype).name, v, got.indices.size)
+
+
 def main() -> None:
     comm = cc.init("mpi")
+    tied_far_case(comm)
     p = comm.size
     cases = [(1, 1 << 16, 0.02, False, "quantile", 12, "auto", 8),
              (2, 1 << 16, 0.02, True, "quantile", 12, "auto", 8),
