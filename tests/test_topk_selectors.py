@@ -313,3 +313,20 @@ def test_topk_wire_choice_follows_the_documented_rule():
             for gamma, compact in ((edge * (1 - 1e-6), True), (edge * (1 + 1e-6), False)):
                 w = choose_wire("auto", values, 4, k, n, _priced(beta, gamma))
                 assert w.compact is compact and w.values == values, (k, n, gamma)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_an_inf_kth_magnitude_selects_the_infs_alone_on_host_and_device(dtype):
+    """k infinities and one entry at the dtype's largest finite value: the host's exact path
+    and the device's (a DeviceArray: the sampled path CuPy takes) both select the infs alone
+    and keep the largest finite value as the threshold (the device selected the finite one too,
+    the host kept inf)."""
+    from cupycoll.testing.sync_counting import xp as device
+    from cupycoll.topk import Threshold
+
+    x = np.zeros(1000, dtype)
+    x[:10], x[500], x[600:700] = np.inf, np.finfo(dtype).max, 1
+    for a in (x, device.asarray(x)):
+        got = Threshold().select(a, 10)
+        assert np.asarray(got.indices).tolist() == list(range(10)), type(a)
+        assert got.threshold == float(np.finfo(dtype).max), type(a)

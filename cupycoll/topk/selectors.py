@@ -121,13 +121,15 @@ def magnitude_sample(x: Any, k: int) -> tuple[Any, float]:
     m = min(max(SAMPLE_MIN, -(-SAMPLE_HITS * n // k)), SAMPLE_MAX, n // 64)
     if m < SAMPLE_MIN:
         return x, 1.0
-    key = (xp.__name__, n, m)
-    if key not in _POSITIONS:
+    key = (xp.__name__, getattr(getattr(x, "device", None), "id", None), n, m)  # (a GPU's own)
+    positions = _POSITIONS.get(key)
+    if positions is None:
+        where = np.sort(np.random.default_rng(0x0C70).integers(0, n, m))
+        positions = xp.asarray(where)
         if len(_POSITIONS) > 16:
             _POSITIONS.clear()
-        where = np.sort(np.random.default_rng(0x0C70).integers(0, n, m))
-        _POSITIONS[key] = xp.asarray(where)
-    return x[_POSITIONS[key]], n / m
+        _POSITIONS[key] = positions
+    return x[positions], n / m
 
 
 def _below_kth(sample: Any, scale: float, k: int, low: float) -> float:
@@ -172,11 +174,12 @@ def _quantile_select(x: Any, k: int, low: float,
     sample, scale = sampled or magnitude_sample(x, k)
     floor = smallest_positive(x.dtype)
     if scale == 1.0 and type(x) is np.ndarray:  # x whole on the host: the first try passes
-        return abs_ge_kth(x, k, floor)
+        idx, val, th = abs_ge_kth(x, k, floor)
+        return idx, val, positive_threshold(th, x.dtype)
     for target in (low, 1.5, 0.0):
-        th = positive_threshold(_below_kth(sample, scale, k, target), x.dtype) if target else \
-            floor
-        idx, val = select_abs_ge(x, th)
+        kth = _below_kth(sample, scale, k, target) if target else floor
+        th = positive_threshold(kth, x.dtype)  # (an inf k-th selects the infs alone, as the
+        idx, val = select_abs_ge(x, kth if kth == math.inf else th)  # host's exact path does)
         if idx.shape[0] >= low * k or th <= floor:
             break
     return idx, val, th

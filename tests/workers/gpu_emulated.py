@@ -409,6 +409,14 @@ def mode_device_choice():
     assert comm.device_id == chosen == cupy.cuda.runtime.getDevice(), (comm.device_id, chosen)
     x = cupy.full(2, 1.0, cupy.float32)
     assert cc.allreduce(x, comm=comm).get().tolist() == [float(P)] * 2
+    from cupycoll.topk import Threshold
+
+    g = np.random.default_rng(RANK).standard_normal(1 << 17).astype(np.float32)
+    picked = []
+    for device in (0, 1):  # a sampled selection of one length on two GPUs: the sample's
+        with cupy.cuda.Device(device):  # positions are each device's own (before: device 1
+            picked.append(Threshold().select(cupy.asarray(g), 1000).indices.get())  # read 0's)
+    assert np.array_equal(*picked), [a.size for a in picked]
     for keyword, seconds in ((0, None), (-1, None), ("5", 5.0)):  # read as CUPYCOLL_TIMEOUT is
         made = cc.init("nccl", timeout=keyword)  # (before: 0 timed out the init at once)
         assert made.timeout == seconds, (keyword, made.timeout)
