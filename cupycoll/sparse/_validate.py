@@ -224,7 +224,8 @@ def _coalesce(idx: Any, val: Any, op: ReduceOp, acc: np.dtype, increasing: bool,
         if rows is not None:
             return rows.keys, rows
     if val.dtype != acc:
-        val = val.astype(acc)
+        with np.errstate(over="ignore", invalid="ignore"):  # a narrower accumulate dtype: inf
+            val = val.astype(acc)
     if not increasing:
         idx, val = coo_reduce(idx, val, (ReduceOp.SUM if op is ReduceOp.AVG else op).value)
     return idx, val

@@ -15,6 +15,8 @@ import functools
 import logging
 from typing import Any, Callable
 
+import numpy as np
+
 from .._config import setting
 from .._pipeline import Delivery, Plan, call
 from .._registry import Algorithm, bind_prices, record
@@ -255,7 +257,8 @@ def _callers_values(comm: Communicator, prepared: Prepared, val: Any, nan_bits: 
         if nan_bits and val.dtype.kind == "f" and val.dtype == prepared.value_dtype:
             return canonical_nan(val, comm.size)
         trunc_divide(val, comm.size)
-    val = val.astype(prepared.value_dtype, copy=False)
+    with np.errstate(over="ignore", invalid="ignore"):  # an accumulate dtype's sum past the
+        val = val.astype(prepared.value_dtype, copy=False)  # caller's range: its inf, no raise
     return canonical_nan(val) if nan_bits else val
 
 

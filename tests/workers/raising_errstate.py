@@ -75,6 +75,20 @@ def main() -> None:
                     with np.errstate(all="raise"):
                         cc.sparse_allreduce(np.arange(8), vals, 8, op=op, algorithm=alg,
                                             output=output, comm=comm)
+    # an accumulate dtype whose sum is past the caller's range (float16 summed in float32,
+    # float32 in float64: inf once cast back), and input past a narrower accumulate dtype
+    # (float64 1e300 accumulated in float32: inf), every algorithm and output
+    for alg in cc.algorithms("sparse"):
+        for vals, acc in ((np.full(4, 6e4, np.float16), "float32"),
+                          (np.full(4, 3e38, np.float32), "float64"),
+                          (np.full(4, 1e300 if comm.rank == 0 else 1.0), "float32")):
+            for output in ("sparse", "dense"):
+                with np.errstate(all="raise"):
+                    got = cc.sparse_allreduce(np.arange(4), vals, 4, algorithm=alg,
+                                              accumulate_dtype=acc, output=output, comm=comm)
+                summed = got if output == "dense" else got.values
+                past = comm.size > 1 or vals.dtype == np.float64  # (1e300 on rank 0 alone)
+                assert np.isinf(summed).all() == past, (alg, acc, summed)
     plain = rng.standard_normal(3000)
     with np.errstate(all="raise"):  # the threshold search after a step of zeros, and after
         for later in (np.zeros_like(plain), plain * 1e12):  # magnitudes far above the first
