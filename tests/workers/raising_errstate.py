@@ -11,7 +11,9 @@ compact, bfloat16 and float16 wires, values that underflow those wires; Ok-Topk'
 search after a step of zeros and after a jump in magnitude; every top-k algorithm and Gaussian
 selector on odd data on one rank only; averages (sparse, dense, the compressor's) of
 subnormals; a compressor whose residual overflows on one rank only (before: FloatingPointError
-there while the others waited). Prints "ok raising error state on P ranks".
+there while the others waited); an accumulate dtype whose sum is past the caller's dtype, and
+input past a narrower accumulate dtype (inf, as without it). Prints "ok raising error state on
+P ranks".
 """
 
 from __future__ import annotations
