@@ -18,8 +18,8 @@ def output_file(text: str) -> str:
     import argparse
     from pathlib import Path
 
-    path = Path(text).expanduser()
-    try:  # (a name the system refuses to look up, e.g. too long, raises OSError)
+    try:  # (a name the system refuses to look up, e.g. too long, raises OSError; a home
+        path = Path(text).expanduser()  # it cannot find, ~nosuchuser, RuntimeError)
         if not text or path.is_dir():
             raise argparse.ArgumentTypeError(f"{text!r} is a folder, not a file")
         if path.exists() and not os.access(path, os.W_OK):
@@ -27,7 +27,7 @@ def output_file(text: str) -> str:
         folder = path.absolute().parent
         while not folder.exists() and folder != folder.parent:
             folder = folder.parent
-    except OSError as exc:
+    except (OSError, RuntimeError) as exc:
         raise argparse.ArgumentTypeError(f"{text!r} cannot be written ({exc})") from None
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
         raise argparse.ArgumentTypeError(

@@ -219,7 +219,7 @@ def _tune(args: argparse.Namespace) -> int:
     if comm.rank == 0:  # the file rank 0 writes, checked before anything is measured; every
         try:  # rank learns the outcome (none waits for a rank that left)
             output_file(str(profile_path() if args.output is None else args.output))
-        except argparse.ArgumentTypeError as exc:
+        except (argparse.ArgumentTypeError, RuntimeError) as exc:  # (~nosuchuser)
             where = ("--output" if args.output is not None else "CUPYCOLL_PROFILE"
                      if setting("CUPYCOLL_PROFILE") else "the default profile file")
             problem = f"cupycoll tune: error: {where}: {exc}"

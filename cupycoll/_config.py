@@ -18,7 +18,10 @@ __all__ = ["SETTINGS", "setting", "check_environment", "parse_timeout", "debug"]
 def _timeout(text: Any) -> float | None:
     if isinstance(text, bool):
         raise ValueError("expected a number of seconds, not a bool")
-    value = float(text)
+    try:
+        value = float(text)
+    except OverflowError:  # an int past float's range: as long as inf (none)
+        value = float("inf") if text > 0 else float("-inf")
     if value != value:
         raise ValueError("expected a number of seconds, not NaN")
     return None if value <= 0 or value == float("inf") else value

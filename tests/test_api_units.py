@@ -172,20 +172,26 @@ def test_work_wait_refuses_a_timeout_that_is_not_seconds(timeout):
     w = Work(lambda: None, lambda: True)
     with pytest.raises(errors.InvalidArgument, match="'timeout'"):
         w.wait(timeout=timeout)
-    assert w.wait(timeout=0) is None
+    assert w.wait(timeout=0) is None and w.wait(timeout=10**400) is None  # (no OverflowError)
     with pytest.raises(errors.InvalidArgument, match="'timeout'"):
         w.wait(timeout=timeout)
 
 
-def test_a_callback_that_waits_for_its_own_work_raises_instead_of_deadlocking():
-    """A finalizer (a completion_fn) that asks its own Work for the result would wait for
-    itself on the Work's lock: it raises, and the Work raises that error from then on."""
+@pytest.mark.parametrize("how", ["result", "wait_timeout", "synchronize", "get_future",
+                                 "add_done_callback"])
+def test_a_callback_that_waits_for_its_own_work_raises_instead_of_deadlocking(how):
+    """A finalizer (a completion_fn) that waits for its own Work would wait for itself on the
+    Work's lock (or poll it for the whole timeout): it raises, and the Work raises that error
+    from then on."""
     box = {}
+    calls = {"result": lambda w: w.result(), "wait_timeout": lambda w: w.wait(timeout=30),
+             "synchronize": lambda w: w.synchronize(), "get_future": lambda w: w.get_future(),
+             "add_done_callback": lambda w: w.add_done_callback(lambda _: None)}
 
     def finalize():
-        return box["work"].result()
+        return calls[how](box["work"])
 
-    box["work"] = Work(lambda: None, lambda: True, finalize)
+    box["work"] = Work(lambda: None, lambda: False, finalize)
     for _ in range(2):
         with pytest.raises(errors.InvalidArgument, match="cannot wait for that Work"):
             box["work"].wait()

@@ -262,6 +262,7 @@ def test_an_output_path_that_cannot_be_written_is_a_usage_error_before_any_work(
     too_long = str(tmp_path / ("x" * 300 + ".json"))  # a name the system refuses to look up
     for args in (["tune", "--repeats", "1", "--output", str(afile / "p.json")],
                  ["tune", "--output", too_long], ["simulate", "--json", too_long],
+                 ["simulate", "--json", "~nosuchuser_zz/x.json"],
                  ["tune", "--output", str(tmp_path)], ["tune", "--output", ""],
                  ["selftest", "--json", str(afile / "st.json")],
                  ["selftest", "--report", str(tmp_path)],

@@ -330,3 +330,7 @@ def test_an_inf_kth_magnitude_selects_the_infs_alone_on_host_and_device(dtype):
         got = Threshold().select(a, 10)
         assert np.asarray(got.indices).tolist() == list(range(10)), type(a)
         assert got.threshold == float(np.finfo(dtype).max), type(a)
+    x[:100] = np.inf  # more infs than the count kept: cut to the top k, the threshold finite
+    for a in (x, device.asarray(x)):
+        got = Threshold().select(a, 10)
+        assert got.count == 10 and got.threshold == float(np.finfo(dtype).max), type(a)

@@ -230,6 +230,16 @@ def test_sparse_helper_one_rank_and_errors():
     with pytest.raises(InvalidType, match="'out' on rank 0.*torch.float32.*bfloat16"):
         cct.sparse_allreduce(torch.sparse_coo_tensor(i, v, (5, 2), check_invariants=True),
                              output="dense", out=torch.zeros(5, 2, dtype=torch.bfloat16))
+    bf16 = torch.sparse_coo_tensor(i, v, (5, 2), check_invariants=True).to(torch.bfloat16)
+    with pytest.raises(InvalidArgument, match=r"'out' on rank 0.*shape \(5, 2\)"):  # (before:
+        cct.sparse_allreduce(bf16, output="dense",  # a dtype error naming bfloat16 twice)
+                             out=torch.zeros(5, 3, dtype=torch.bfloat16))
+    with pytest.raises(InvalidType, match="'out' on rank 0.*torch.bfloat16"):  # (before: a
+        cct.sparse_allreduce(bf16, output="dense", out=torch.zeros(5, 2))  # float32 result)
+    cube = torch.sparse_coo_tensor(i, torch.ones(3, 2, 2, 2), (5, 2, 2, 2), check_invariants=True)
+    with pytest.raises(InvalidArgument, match="'out' on rank 0.*contiguous"):  # (before: a
+        cct.sparse_allreduce(cube, output="dense",  # shape (5, 8) the caller never gave)
+                             out=torch.zeros(5, 2, 2, 2).to(memory_format=torch.channels_last))
     with pytest.raises(InvalidType, match="'async_op' on rank 0 must be True or False"):
         cct.sparse_allreduce(torch.sparse_coo_tensor(i, v, (5, 2), check_invariants=True),
                              async_op="no")

@@ -239,8 +239,8 @@ def test_profile_round_trip_env_and_bad_file(tmp_path, monkeypatch):
     path.write_text("{not json")
     with pytest.warns(cc.errors.CupycollWarning, match="ignoring unreadable profile"):
         assert load_profile() == default_profile()
-    for unreadable in (tmp_path, tmp_path / ("x" * 300)):  # a folder, a name the system
-        monkeypatch.setenv("CUPYCOLL_PROFILE", str(unreadable))  # refuses (too long)
+    for unreadable in (tmp_path, tmp_path / ("x" * 300), "~nosuchuser_zz/p.json"):  # a folder,
+        monkeypatch.setenv("CUPYCOLL_PROFILE", str(unreadable))  # names the system refuses
         with pytest.warns(cc.errors.CupycollWarning, match="ignoring unreadable profile"):
             assert load_profile() == default_profile()
     monkeypatch.setenv("CUPYCOLL_PROFILE", str(path))

@@ -48,7 +48,7 @@ class HostWaits:
         that collective (a dead communicator starts nothing: they never will)."""
         self._check_alive()
         seq = self.sequence if sequence is None else sequence
-        gone = self.board.given_up(self.rank, seq - 1) if self.board is not None else {}
+        gone = self.board.never_start(self.rank, seq) if self.board is not None else {}
         if gone:
             verb = self._verb or op_name
             why = "; ".join(f"rank {r} aborted or closed it at collective #{at}"
@@ -104,7 +104,9 @@ class HostWaits:
         return obj if self.rank == 0 else pickle.loads(got.tobytes())
 
     def _host_wait(self, request: Any, op_name: str) -> None:
-        """Wait for ``request`` of the host MPI communicator under ``self.timeout``."""
+        """Wait for ``request`` of the host MPI communicator under ``self.timeout``; one given
+        up on is kept for good (mpi4py's request holds its buffers, which MPI may still write
+        when a late peer comes)."""
         from ._mpi_pairwise import progress_all  # (here: it needs MPI, which a host wait has)
 
         self._slot[0] = self.sequence = self.sequence + 1  # a timeout names the late ranks
@@ -122,5 +124,6 @@ class HostWaits:
         try:
             spin(arrived)
         except BaseException as exc:  # the request stays posted: the others' wait completes
+            self._fate.abandon(request)
             self._interrupted(op_name, type(exc))  # against it, so say this rank gave up
             raise

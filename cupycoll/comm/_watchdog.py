@@ -78,16 +78,20 @@ class Board:
                 out[r] = out_far.get(r)
         return out
 
-    def given_up(self, rank: int, upto: int) -> dict[int, int]:
-        """The ranks on this node (but ``rank``) that aborted or closed their communicator at
-        collective ``upto`` or before: {rank: the collective}."""
-        return {r: int(view[_DIED]) - 1 for r, view in sorted(self._local.items())
-                if r != rank and 0 < view[_DIED] <= upto + 1}
-
     def gave_up(self, rank: int, upto: int) -> str:
-        """:meth:`given_up` as "rank r gave it up at collective #c", "; "-joined ("" if none)."""
-        return "; ".join(f"rank {r} gave it up at collective #{at}"
-                         for r, at in self.given_up(rank, upto).items())
+        """The ranks on this node (but ``rank``) that aborted or closed their communicator at
+        collective ``upto`` or before, as "rank r gave it up at collective #c", "; "-joined
+        ("" if none)."""
+        return "; ".join(f"rank {r} gave it up at collective #{int(view[_DIED]) - 1}"
+                         for r, view in sorted(self._local.items())
+                         if r != rank and 0 < view[_DIED] <= upto + 1)
+
+    def never_start(self, rank: int, sequence: int) -> dict[int, int]:
+        """The ranks on this node (but ``rank``) that aborted or closed their communicator
+        before they started collective ``sequence`` (a dead or closed communicator starts
+        nothing more, and its count stays): {rank: the collective it gave up at}."""
+        return {r: int(view[_DIED]) - 1 for r, view in sorted(self._local.items())
+                if r != rank and view[_DIED] > 0 and view[_ARRIVED] < sequence}
 
     def _read_remote(self, ranks: Sequence[int]) -> dict[int, tuple[int, int]]:
         """RMA reads of ranks on other nodes, given ``_REMOTE_GRACE`` s (a rank whose MPI

@@ -27,6 +27,8 @@ def _seconds(timeout: Any) -> float:
     """``Work.wait``'s ``timeout`` as seconds: a number >= 0 (NaN waited forever)."""
     try:
         seconds = float("nan") if isinstance(timeout, (str, bytes)) else float(timeout)
+    except OverflowError:  # an int past float's range: wait as long as inf
+        seconds = float("inf") if timeout > 0 else float("nan")
     except (TypeError, ValueError):
         seconds = float("nan")
     if isinstance(timeout, bool) or not seconds >= 0:
@@ -93,6 +95,7 @@ class Work:
         communicator's timeout also bounds the operation itself: the watchdog aborts it
         there, so a longer ``timeout`` ends at the communicator's.)"""
         seconds = _seconds(timeout) if timeout is not None else None  # (checked done or not)
+        self._not_finalizing()
         if seconds is not None and not self._done:
             deadline = time.monotonic() + seconds
             try:
@@ -129,12 +132,17 @@ class Work:
             self._synced = True
         return self.wait()
 
-    def _complete(self, wait_fn: Callable[[], None] | None) -> Any:
+    def _not_finalizing(self) -> None:
+        """Raise if the calling thread is running this Work's finalizer (it would wait for
+        itself, on the lock the finalizer holds)."""
         if self._finalizing == threading.get_ident():
             raise InvalidArgument(
                 "completion_fn", "a wait for its own Work", "a callback run as the Work "
                 "completes (completion_fn, alloc_fn, a finalizer) cannot wait for that Work: it "
                 "would wait for itself; it receives the result as its arguments")
+
+    def _complete(self, wait_fn: Callable[[], None] | None) -> Any:
+        self._not_finalizing()
         with self._lock:
             return self._completed(wait_fn)
 
@@ -210,6 +218,7 @@ class Work:
         were asked for), on the operation's device, so finalizers and callbacks of a Work asked
         for its future run there, after the operation completed on the device.
         """
+        self._not_finalizing()
         with self._lock:
             if self._future is None:
                 self._future = concurrent.futures.Future()

@@ -224,7 +224,7 @@ def _coalesce(idx: Any, val: Any, op: ReduceOp, acc: np.dtype, increasing: bool,
         if rows is not None:
             return rows.keys, rows
     if val.dtype != acc:
-        with np.errstate(over="ignore", invalid="ignore"):  # a narrower accumulate dtype: inf
+        with np.errstate(all="ignore"):  # a narrower accumulate dtype: inf, 0 or a subnormal
             val = val.astype(acc)
     if not increasing:
         idx, val = coo_reduce(idx, val, (ReduceOp.SUM if op is ReduceOp.AVG else op).value)

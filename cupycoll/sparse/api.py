@@ -257,8 +257,8 @@ def _callers_values(comm: Communicator, prepared: Prepared, val: Any, nan_bits: 
         if nan_bits and val.dtype.kind == "f" and val.dtype == prepared.value_dtype:
             return canonical_nan(val, comm.size)
         trunc_divide(val, comm.size)
-    with np.errstate(over="ignore", invalid="ignore"):  # an accumulate dtype's sum past the
-        val = val.astype(prepared.value_dtype, copy=False)  # caller's range: its inf, no raise
+    with np.errstate(all="ignore"):  # an accumulate dtype's sum past the caller's range (its
+        val = val.astype(prepared.value_dtype, copy=False)  # inf) or below it (0): no raise
     return canonical_nan(val) if nan_bits else val
 
 

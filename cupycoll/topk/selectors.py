@@ -162,7 +162,7 @@ def _exact_top(idx: Any, val: Any, k: int) -> tuple[Any, Any, float]:
     above = mag > kth
     tied = mag == kth
     keep = xp.flatnonzero(above | (tied & (xp.cumsum(tied) <= k - xp.count_nonzero(above))))
-    return idx[keep], val[keep], float(kth)
+    return idx[keep], val[keep], positive_threshold(float(kth), val.dtype)  # (inf: finite)
 
 
 def _quantile_select(x: Any, k: int, low: float,

@@ -42,8 +42,8 @@ def sparse_allreduce(tensor: torch.Tensor, *, op: Any = "sum", comm: Communicato
     sums them where its sort keeps that order); trailing dense dimensions are part of the row.
 
     Args:
-        tensor: sparse COO tensor of shape ``(n, *row)``, any nnz (0 included), coalesced or
-            not; float16, bfloat16 (reduced in float32, rounded back once), float32, float64,
+        tensor: sparse COO tensor of shape ``(n, *row)`` (n >= 1, a row of >= 1 elements),
+            any nnz (0 included), coalesced or not; float16, bfloat16 (reduced in float32, rounded back once), float32, float64,
             int32 or int64 values; CPU (MPI) or CUDA (NCCL). The same shape and dtype on every
             rank (what the ranks agree on is n, the row's element count and the dtype reduced:
             rows of (1, 3) and of (3,), or bfloat16 and float32, are not told apart).
@@ -155,7 +155,7 @@ def reduce(tensor: torch.Tensor, comm: Communicator, *, output: str = "sparse",
     """The call itself, on ``comm``: coalesce, reduce, and return the torch result;
     ``in_place`` (a sparse output): ``tensor`` itself, holding the result (no copy)."""
     indices, values = _rows(tensor, kwargs.get("op", "sum"))
-    target = _target(out, tensor, values.dtype)
+    target = _target(out, tensor, values.dtype, comm.rank)
     result = _sparse_allreduce(as_array(indices), as_array(values), tensor.shape[0],
                                comm=comm, output=output, out=_viewed(target, tensor, comm.rank),
                                **kwargs)
@@ -187,30 +187,40 @@ def _rows(tensor: torch.Tensor, op: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return indices, values.contiguous()
 
 
-def _target(out: Any, tensor: torch.Tensor, dtype: torch.dtype) -> Any:
+def _target(out: Any, tensor: torch.Tensor, dtype: torch.dtype, rank: int) -> Any:
     """What cupycoll writes a dense result into: ``out`` as ``(n, width)`` rows (a view), a
-    float32 buffer for a bfloat16 ``out`` (copied over afterwards), or ``out`` as given when
-    it does not fit ``tensor`` (then cupycoll names it on every rank)."""
-    if not isinstance(out, torch.Tensor) or out.shape != tensor.shape:
+    float32 buffer for a bfloat16 ``out`` (copied over afterwards), or, where ``out`` is not
+    a tensor of ``tensor``'s shape and dtype (contiguous beyond 2-D), what cupycoll's
+    validation raises on every rank (the error of the tensor as given, not of its rows)."""
+    if not isinstance(out, torch.Tensor):
         return out
-    if out.dtype == torch.bfloat16 and tensor.dtype == torch.bfloat16:
+    if out.dtype != tensor.dtype:
+        return Refused(InvalidType("out", str(out.dtype), f"a tensor of dtype {tensor.dtype} "
+                                   "(the input's)", rank=rank))
+    if out.shape != tensor.shape:
+        return Refused(InvalidArgument("out", tuple(out.shape), "must have the tensor's shape "
+                                       f"{tuple(tensor.shape)}", rank=rank))
+    if tensor.dim() > 2 and not out.is_contiguous():
+        return Refused(InvalidArgument("out", "a non-contiguous tensor", "must be contiguous "
+                                       "(written as rows of the tensor's shape)", rank=rank))
+    if out.dtype == torch.bfloat16:
         return torch.empty(_flat_shape(tensor), dtype=dtype, device=out.device)
-    if tensor.dim() > 2 and out.is_contiguous():
+    if tensor.dim() > 2:
         return out.view(_flat_shape(tensor))
     return out
 
 
 def _viewed(target: Any, tensor: torch.Tensor, rank: int) -> Any:
-    """A tensor as the array cupycoll writes (numpy or CuPy, zero-copy), else as given; a
-    tensor numpy cannot view (a bfloat16 ``out`` for a tensor of another dtype) as
-    :class:`Refused`, which cupycoll's validation raises on every rank."""
+    """A tensor as the array cupycoll writes (numpy or CuPy, zero-copy), else as given; one
+    that cannot be viewed so (e.g. it requires grad) as :class:`Refused`, which cupycoll's
+    validation raises on every rank."""
     if not isinstance(target, torch.Tensor):
         return target
     try:
         return as_array(target)
-    except (TypeError, RuntimeError):
-        return Refused(InvalidType("out", str(target.dtype), f"a tensor of dtype {tensor.dtype} "
-                                   "(the input's)", rank=rank))
+    except (TypeError, RuntimeError) as exc:
+        return Refused(InvalidArgument("out", f"a {target.dtype} tensor", "cannot be written "
+                                       f"in place ({exc})", rank=rank))
 
 
 def _flat_shape(tensor: torch.Tensor) -> tuple[int, ...]:

@@ -185,12 +185,14 @@ def default_profile(size: int | None = None) -> Profile:
 def load_profile(path: Path | str | None = None, size: int | None = None) -> Profile:
     """The profile at ``path`` (default :func:`profile_path`) measured nearest ``size`` ranks,
     or the shipped default."""
-    path = Path(path) if path is not None else profile_path()
-    try:  # any unreadable file (or name, e.g. too long): never raise on one rank, hanging the
-        if not path.exists():  # others; none measured yet (a folder warns below)
+    name = path if path is not None else setting("CUPYCOLL_PROFILE")
+    try:  # any unreadable file or name (too long, ~nosuchuser): never raise on one rank,
+        path = Path(path) if path is not None else profile_path()  # hanging the others
+        if not path.exists():  # none measured yet (a folder warns below)
             return default_profile(size)
         return Profile.from_dict(_nearest(json.loads(path.read_text()), size))
     except Exception as exc:
+        path = name
         warnings.warn(f"cupycoll: ignoring unreadable profile {path} ({exc}); the shipped "
                       "profile prices the calls (run cupycoll tune)", CupycollWarning,
                       stacklevel=2)

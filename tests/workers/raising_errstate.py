@@ -83,14 +83,23 @@ def main() -> None:
     for alg in cc.algorithms("sparse"):
         for vals, acc in ((np.full(4, 6e4, np.float16), "float32"),
                           (np.full(4, 3e38, np.float32), "float64"),
-                          (np.full(4, 1e300 if comm.rank == 0 else 1.0), "float32")):
+                          (np.full(4, 1e300 if comm.rank == 0 else 1.0), "float32"),
+                          (np.full(4, 1e-50), "float32")):  # below: 0
             for output in ("sparse", "dense"):
                 with np.errstate(all="raise"):
                     got = cc.sparse_allreduce(np.arange(4), vals, 4, algorithm=alg,
                                               accumulate_dtype=acc, output=output, comm=comm)
                 summed = got if output == "dense" else got.values
+                if vals[0] == 1e-50:
+                    assert not np.any(summed), (alg, acc, summed)
+                    continue
                 past = comm.size > 1 or vals.dtype == np.float64  # (1e300 on rank 0 alone)
                 assert np.isinf(summed).all() == past, (alg, acc, summed)
+        tiny16 = np.full(4, 2.0 ** -24 * (1 + comm.rank), np.float16)  # float16 subnormals:
+        for acc in (None, "float32"):  # their average, widened, rounds back inexactly
+            with np.errstate(all="raise"):
+                cc.sparse_allreduce(np.arange(4), tiny16, 4, op="avg", algorithm=alg,
+                                    accumulate_dtype=acc, comm=comm)
     plain = rng.standard_normal(3000)
     with np.errstate(all="raise"):  # the threshold search after a step of zeros, and after
         for later in (np.zeros_like(plain), plain * 1e12):  # magnitudes far above the first
