@@ -250,6 +250,22 @@ def test_bench_sparse_bucket_prints_each_choice_against_its_alternative():
                for v in line.split("(")[0].split()[-3:]), out
 
 
+def test_bench_torch_settle_prints_every_way():
+    """bench/dev/bench_torch_settle.py, one process, one short round: a positive median per
+    way of completing the operation."""
+    pytest.importorskip("torch")
+    import subprocess
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-m", "mpi4py",
+                          str(root / "bench" / "dev" / "bench_torch_settle.py"), "-n", "5",
+                          "--rounds", "1"], capture_output=True, text=True, timeout=300,
+                         check=True, cwd=root,
+                         env={**__import__("os").environ, "PYTHONPATH": str(root)}).stdout
+    rows = [line.rsplit(None, 1) for line in out.splitlines() if not line.startswith("#")]
+    assert [r[0].strip() for r in rows] == ["future", "future inline", "wait", "sync"], out
+    assert all(float(r[1]) > 0 for r in rows), out
+
+
 def test_bench_torch_algorithms_prints_every_algorithm_on_both_gradients():
     """bench/dev/bench_torch_algorithms.py, one process, both gradients: one positive median
     per exact algorithm and auto (figures only in the docs)."""
@@ -288,20 +304,21 @@ def test_bench_learn_rule_runs_both_learners_side_by_side():
 
 
 def test_bench_allgather_phases_prices_both_phases():
-    """bench/dev/bench_allgather_phases.py on 2 ranks, one small case: a row with both phases
-    measured and priced (positive times and ratios)."""
+    """bench/dev/bench_allgather_phases.py on 2 ranks: a small case with both phases measured
+    and priced (positive times and ratios), and a case of no entries, priced 0 (no ratio)."""
     import subprocess
 
     from tests._mpi import mpiexec
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py",
                           str(root / "bench" / "dev" / "bench_allgather_phases.py"),
-                          "--cases", "20000/0.05/4", "--repeats", "3"], capture_output=True,
-                         text=True, timeout=300, check=True, cwd=root,
+                          "--cases", "20000/0.05/4,100/0.001/0", "--repeats", "3"],
+                         capture_output=True, text=True, timeout=300, check=True, cwd=root,
                          env={**__import__("os").environ, "PYTHONPATH": str(root)}).stdout
     rows = [line.split() for line in out.splitlines() if line and not line.startswith("#")]
-    assert [r[0] for r in rows] == ["20000/0.05/4"], out
+    assert [r[0] for r in rows] == ["20000/0.05/4", "100/0.001/0"], out
     assert all(float(v) > 0 for v in rows[0][1:]), out
+    assert rows[1][3] == rows[1][6] == "-", out
 
 
 def test_bench_fixed_reprices_every_priced_algorithm():

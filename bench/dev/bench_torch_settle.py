@@ -33,12 +33,11 @@ def main() -> None:
     args = parser.parse_args()
     dist.init_process_group("cupycoll", init_method="cupycoll://")
     x = torch.ones(args.numel)
-    settlers = _torch_work._settlers()
+    settlers = _torch_work.torch_settlers()
     submit = settlers.submit
 
     def inline(fn) -> None:  # in the completer's thread, the settle's bookkeeping kept
-        with settlers._cv:
-            settlers._expected -= 1
+        settlers.settled()
         fn()
 
     def run(way: str) -> float:
