@@ -10,7 +10,8 @@ its work):
     mpiexec -n 2 python -m mpi4py bench/dev/bench_allgather_phases.py
     mpiexec -n 4 python -m mpi4py bench/dev/bench_allgather_phases.py --cases 5M/0.03/0
 
-``meas/model`` above 1: the model prices that phase low. The validation allreduce and the
+``meas/model`` above 1: the model prices that phase low; ``-`` where it prices the phase 0
+(one rank, or no entries). The validation allreduce and the
 call's fixed cost are outside both phases (``sparse_allreduce`` adds them).
 """
 
@@ -83,7 +84,8 @@ def main() -> None:
                   max(local_time(work("allgather", shape, r, profile), profile)
                       for r in range(comm.size))]
         if comm.rank == 0:
-            cells = "".join(f" {m * 1e3:9.2f} {p * 1e3:7.2f} {m / p:10.2f}"
+            cells = "".join(f" {m * 1e3:9.2f} {p * 1e3:7.2f} "
+                            + (f"{m / p:10.2f}" if p > 0 else f"{'-':>10}")
                             for m, p in zip((exchange, merge), priced))
             print(f"  {case:>16}{cells}", flush=True)
 
