@@ -31,8 +31,8 @@ import numpy as np
 
 import cupycoll as cc
 from cupycoll.topk import Gaussian, Threshold, TopkCompressor
-from _common import (Parser, fraction, listed, non_negative_int, non_negative_float, one_of,
-                     positive_int)
+from _common import (Parser, data_out, fraction, listed, non_negative_int, non_negative_float,
+                     one_of, positive_int)
 
 ALGORITHMS = ("dense-sgd", "oktopk", "topka", "gtopk", "gaussiank")
 
@@ -185,7 +185,8 @@ def main() -> None:
     ap.add_argument("--wire-values", default="none", choices=("none", "bfloat16", "float16"),
                     help="values on the wire (rounded, with error feedback)")
     ap.add_argument("--plot", default=None, help="PNG path (default convergence_d<density>.png)")
-    ap.add_argument("--json", default=None, help="write the results as JSON to this path")
+    ap.add_argument("--json", default=None, metavar="PATH",
+                    help="write the results as JSON to PATH ('-' = stdout)")
     args = ap.parse_args()
     comm = cc.init()
     data = load(args.seed)
@@ -208,8 +209,13 @@ def main() -> None:
               f"{res['ms_per_step']:8.2f}")
     plot(results, args.plot or f"convergence_d{args.density:g}.png", title)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"args": vars(args), "results": results}, fh, indent=1)
+        doc = {"args": vars(args), "results": results}
+        if args.json == "-":
+            json.dump(doc, data_out(), indent=1)
+            print(file=data_out(), flush=True)
+        else:
+            with open(args.json, "w") as fh:
+                json.dump(doc, fh, indent=1)
 
 
 if __name__ == "__main__":

@@ -443,6 +443,23 @@ def test_json_to_stdout_is_all_that_stdout_carries(script, flags, tmp_path):
     assert missing.returncode == 2 and "no folder" in missing.stderr, missing.stderr
 
 
+def test_convergence_demo_json_to_stdout(tmp_path):
+    """convergence_demo.py --json -: stdout carries the JSON alone (no file named '-'); without
+    --plot the curves go to convergence_d<density>.png in the working directory."""
+    pytest.importorskip("sklearn")
+    pytest.importorskip("matplotlib")
+    import subprocess
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "bench" / "convergence_demo.py"),
+                           "--epochs", "1", "--hidden", "8", "--algorithms", "dense-sgd",
+                           "--json", "-"], capture_output=True, text=True, timeout=300,
+                          check=True, cwd=tmp_path,
+                          env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert json.loads(done.stdout)["results"][0]["algorithm"] == "dense-sgd", done.stdout
+    assert "# digits MLP" in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["convergence_d0.01.png"]
+
+
 def test_a_cell_wider_than_its_column_is_set_off(capsys):
     table = _common.Table(["size(B)", "type"], rank=0)
     table.add({"size(B)": 123456789012345, "type": "complex128-bfloat16x"})
