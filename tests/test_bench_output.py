@@ -420,7 +420,10 @@ def test_bench_wire_runs_at_a_small_n(flags):
                                           ("bench_wire.py", ["--log2n", "6", "--impl", "numpy",
                                                              "--reps", "2"]),
                                           ("bench_syncs.py", ["--n", "64", "--nnz", "4",
-                                                              "--k", "2"])])
+                                                              "--k", "2"]),
+                                          ("dev/bench_primitives.py", ["--log2n", "12",
+                                                                       "--log2k", "6", "--reps",
+                                                                       "1", "--impl", "numpy"])])
 def test_json_to_stdout_is_all_that_stdout_carries(script, flags, tmp_path):
     """--json - leaves stdout to the JSON document (the table goes to stderr); --csv - alike;
     an output path in a folder that is not there is a usage error before the run."""

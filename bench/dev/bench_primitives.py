@@ -24,7 +24,6 @@ np.unique(np.concatenate(...), return_inverse=True) + np.add.at.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
 import sys
@@ -34,7 +33,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/
 
-from _common import IMPLS, Table, implementations, measure, under  # noqa: E402
+from _common import (IMPLS, Parser, Table, implementations, measure, positive_int,  # noqa: E402
+                     under)
 from cupycoll import primitives as P  # noqa: E402
 
 COLUMNS = ["primitive", "impl", "case", "time(ms)", "reference", "ref(ms)", "speedup", "target",
@@ -240,11 +240,11 @@ def bounded(bound: int, idx: np.ndarray, val: np.ndarray) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = Parser(description=__doc__.splitlines()[0])
     p.add_argument("--log2n", type=int, default=24, help="dense length n = 2**log2n (float32)")
     p.add_argument("--density", type=float, default=0.01, help="k / n of the threshold cases")
     p.add_argument("--log2k", type=int, default=18, help="entries per merged part, 2**log2k")
-    p.add_argument("--reps", type=int, default=7, help="repetitions (median reported)")
+    p.add_argument("--reps", type=positive_int, default=7, help="repetitions (median reported)")
     p.add_argument("-c", "--check", type=int, default=1, help="check results (1) or not (0)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--impl", choices=("both", *IMPLS), default="both",
