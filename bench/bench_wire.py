@@ -112,14 +112,18 @@ def bench_codec(table: Table, rng: np.random.Generator, n: int, density: float, 
     val = rng.standard_normal(idx.size).astype(np.float32)
     case = f"n=2^{int(np.log2(n))} d={density:g} k={idx.size}"
     fns: dict[str, Callable[[], Any]] = {"copy idx": idx.copy, "copy val": val.copy}
+    read: dict[str, int] = {}  # bytes of each operation's input
     for impl in impls:
         fns[f"encode {impl}"] = under(impl, lambda: wire.encode_indices(idx, 0, n))
         fns[f"decode {impl}"] = under(impl, lambda: wire.decode_indices(enc, np.int32))
+        read[f"encode {impl}"], read[f"decode {impl}"] = idx.nbytes, enc.nbytes
     fns["nbytes auto"] = lambda: wire.encoded_nbytes(idx, 0, n)  # numba when installed
+    read["nbytes auto"] = idx.nbytes
     for fmt in wire.FORMATS:
         fns[f"round {fmt}"] = lambda fmt=fmt: wire.round_values(val, fmt)
         payload = wire.round_values(val, fmt)[0]
         fns[f"widen {fmt}"] = lambda fmt=fmt, payload=payload: wire.widen_values(payload, fmt)
+        read[f"round {fmt}"], read[f"widen {fmt}"] = val.nbytes, payload.nbytes
     times = timed(fns, reps)
     for name, fn in fns.items():
         if name.startswith("copy"):
@@ -131,9 +135,8 @@ def bench_codec(table: Table, rng: np.random.Generator, n: int, density: float, 
             wrong = int(not np.array_equal(fn(), enc))
         elif op == "decode":
             wrong = int(not np.array_equal(fn(), idx))
-        nbytes = val.nbytes if op == "round" else idx.nbytes
         table.add({"operation": f"{op}_{'values' if ref == 'copy val' else 'indices'}",
-                   "impl": impl, "case": case, **_cells(times[name], times[ref], nbytes),
+                   "impl": impl, "case": case, **_cells(times[name], times[ref], read[name]),
                    "#wrong": wrong})
     cupy = _devices()
     if cupy is not None:
@@ -154,10 +157,10 @@ def bench_gpu(table: Table, cupy: Any, idx: np.ndarray, enc: np.ndarray, n: int,
     fns = {"copy": synced(didx.copy), "encode": synced(lambda: wire.encode_indices(didx, 0, n)),
            "decode": synced(lambda: wire.decode_indices(denc, np.int32))}
     times = timed(fns, reps)
-    for op, want in (("encode", enc), ("decode", idx)):
+    for op, want, given in (("encode", enc, idx), ("decode", idx, enc)):
         wrong = int(not np.array_equal(cupy.asnumpy(fns[op]()), want))
         table.add({"operation": f"{op}_indices", "impl": "cupy", "case": case,
-                   **_cells(times[op], times["copy"], idx.nbytes), "#wrong": wrong})
+                   **_cells(times[op], times["copy"], given.nbytes), "#wrong": wrong})
 
 
 def _cells(mine: tuple[float, float], copy: tuple[float, float], nbytes: int) -> dict:

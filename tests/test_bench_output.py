@@ -417,8 +417,8 @@ def test_bench_wire_runs_at_a_small_n(flags):
 @pytest.mark.parametrize("script,flags", [("bench_dense.py", ["-b", "8", "-e", "64"]),
                                           ("bench_dense.py", ["--vs-mpi", "--sizes", "8,64",
                                                               "-n", "1", "-w", "0"]),
-                                          ("bench_wire.py", ["--log2n", "6", "--impl", "numpy",
-                                                             "--reps", "2"]),
+                                          ("bench_wire.py", ["--log2n", "12", "--impl",
+                                                             "numpy", "--reps", "2"]),
                                           ("bench_syncs.py", ["--n", "64", "--nnz", "4",
                                                               "--k", "2"]),
                                           ("dev/bench_primitives.py", ["--log2n", "12",
@@ -438,6 +438,14 @@ def test_json_to_stdout_is_all_that_stdout_carries(script, flags, tmp_path):
 
     done = run("--json", "-")
     assert json.loads(done.stdout)["rows"] and "#" in done.stderr
+    if script == "bench_wire.py":  # GB/s in: the bytes each operation reads
+        rows = [r for r in json.loads(done.stdout)["rows"] if "operation" in r]
+        read = {(r["operation"], r["impl"]): r["GB/s in"] * r["best(ms)"] * 1e6 for r in rows}
+        k = int(rows[0]["case"].split("k=")[1])
+        assert read["encode_indices", "numpy"] == pytest.approx(4 * k)
+        assert read["decode_indices", "numpy"] < 2 * k  # the encoded stream: ~1 byte an index
+        assert read["round_values", "float16"] == pytest.approx(4 * k)
+        assert read["widen_values", "float16"] == pytest.approx(2 * k)
     if script == "bench_dense.py":
         rows = list(csv.DictReader(run("--csv", "-").stdout.splitlines()))
         assert {r["size(B)"] for r in rows} == ({"8", "64"} if "--vs-mpi" in flags
