@@ -27,6 +27,8 @@ _MIN_WIDTH = {"algorithm": 20}  # "recursive_doubling" and friends
 DENSE_COLUMNS = ["size(B)", "count", "type", "redop", "root", "time(us)", "algbw(GB/s)",
                  "busbw(GB/s)", "#wrong"]
 SPARSE_COLUMNS = DENSE_COLUMNS + ["density", "nnz", "algorithm", "wire(B)"]
+#: the ``#wrong`` of a row not checked (``-c 0``), as nccl-tests prints it
+NOT_CHECKED = "N/A"
 
 
 #: argparse's types of the benchmarks' numbers (a bad value is a usage error before the run)
@@ -271,10 +273,12 @@ class Table:
         self.write_csv(getattr(args, "csv", None))
         if plot is not None:
             self.plot(getattr(args, "plot", None), *plot)
-        wrong = sum(int(row.get("#wrong", 0) or 0) for row in self.rows)
-        checked = any("#wrong" in row for row in self.rows)  # no claim where nothing is checked
-        if self.rank == 0 and checked:
-            self._print(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
+        counts = [row["#wrong"] for row in self.rows if "#wrong" in row]
+        wrong = sum(int(c or 0) for c in counts if c != NOT_CHECKED)
+        if self.rank == 0 and counts:  # no claim where nothing is checked
+            verdict = ("N/A (not checked: -c 0)" if all(c == NOT_CHECKED for c in counts)
+                       else f"{wrong} {'OK' if wrong == 0 else 'FAILED'}")
+            self._print(f"# Out of bounds values : {verdict}")
         if self.rank == 0:
             bus = [row["busbw(GB/s)"] for row in self.rows if "busbw(GB/s)" in row]
             if bus:

@@ -21,9 +21,9 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-from _common import (DENSE_COLUMNS, Table, bandwidths, common_parser, interleaved, listed,
-                     non_negative_int, parse_size, progress, run_meta, sample_stats, sizes,
-                     time_collective)
+from _common import (DENSE_COLUMNS, NOT_CHECKED, Table, bandwidths, common_parser,
+                     interleaved, listed, non_negative_int, parse_size, progress, run_meta,
+                     sample_stats, sizes, time_collective)
 from mpi4py import MPI
 
 import cupycoll as cc
@@ -83,13 +83,12 @@ def run_one(name: str, nbytes: int, args, comm, table: Table) -> None:
         "reduce_scatter": lambda: cc.reduce_scatter(x, op=op, comm=comm),
     }
     samples = time_collective(calls[name], args.iters, args.warmup_iters, comm)
-    wrong = 0
+    wrong = NOT_CHECKED
     if args.check:
         out = calls[name]()
-        if out is not None:
-            wrong = int(np.count_nonzero(out != expected(name, count, rank, p, root, dtype,
-                                                         op)))
-        wrong = int(comm.mpi_comm.allreduce(wrong))
+        bad = 0 if out is None else int(np.count_nonzero(
+            out != expected(name, count, rank, p, root, dtype, op)))
+        wrong = int(comm.mpi_comm.allreduce(bad))
     seconds = float(np.median(samples))
     size_bytes = count * dtype.itemsize
     algbw, busbw = bandwidths(size_bytes, seconds, bus_factor(name, p))

@@ -37,9 +37,9 @@ import sys
 import tracemalloc
 
 import numpy as np
-from _common import (SPARSE_COLUMNS, Table, bandwidths, common_parser, interleaved, listed,
-                     non_negative_float, non_negative_int, one_of, parse_size, progress,
-                     sample_stats, wire_arguments)
+from _common import (NOT_CHECKED, SPARSE_COLUMNS, Table, bandwidths, common_parser,
+                     interleaved, listed, non_negative_float, non_negative_int, one_of,
+                     parse_size, progress, sample_stats, wire_arguments)
 from mpi4py import MPI
 
 import cupycoll as cc
@@ -159,11 +159,13 @@ def run_group(args, comm, table: Table, n: int, width: int, density: float, over
     dense_time = float(np.median(samples[BASELINE]))
     size_bytes = n * max(width, 1) * 4
     times, coo_bytes = {}, {}
-    bound = 2 * k * (p - 1) / p * 4  # the COO lower bound, 2k(P-1)/P words of 4 bytes
+    # the COO lower bound: an optimal allgather of k entries (an index and a row each) spread
+    # evenly over the ranks, of which each rank receives the (P-1)/P it lacks
+    bound = k * (p - 1) / p * shape.entry_bytes
     for name in [BASELINE] + algorithms:
         seconds = float(np.median(samples[name]))
         times[name] = seconds
-        wrong, wire, mem = 0, 2 * (p - 1) * size_bytes // p, ""
+        wrong, wire, mem = 0 if args.check else NOT_CHECKED, 2 * (p - 1) * size_bytes // p, ""
         base, fmt = name.split("[")[0], name.partition("[")[2].rstrip("]") or "-"
         if name != BASELINE:
             comm.stats.reset()
@@ -258,7 +260,7 @@ def _errors(predicted: dict[str, float], times: dict[str, float]) -> list[float]
 def wire_formats(args) -> list[tuple[str, str | None]]:
     """(wire, wire_values) pairs asked for by --wire and --wire-values (coo first)."""
     values = [None if v == "none" else v for v in args.wire_values]
-    return [(w, v) for w in args.wire for v in values]
+    return sorted([(w, v) for w in args.wire for v in values], key=lambda f: f != ("coo", None))
 
 
 def format_suffix(fmt: tuple[str, str | None], formats: list) -> str:
@@ -342,8 +344,9 @@ def main() -> int:
                         "validation allreduce): their own cost against the dense Allreduce")
     parser.add_argument("--skew", type=non_negative_float, default=0.0,
                         help="rank 0 has (1 + skew) x nnz")
-    wire_arguments(parser, "; bytes are reported against coo's and against the COO lower "
-                   "bound 2k(P-1)/P words (x_coo, x_bound)")
+    wire_arguments(parser, "; bytes are reported against coo's (x_coo; coo runs first) and "
+                   "against the COO lower bound k(P-1)/P entries, an index and a row each "
+                   "(x_bound)")
     parser.add_argument("--output", default="sparse", choices=["sparse", "dense"],
                         help="dense: sparse_allreduce(output='dense') into a preallocated "
                         "buffer (as the baseline Allreduce), for callers that apply it densely")

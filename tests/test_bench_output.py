@@ -233,6 +233,31 @@ def test_bench_sparse_runs_on_one_rank_and_names_a_bad_size():
             (args, bad.stderr)
 
 
+def test_bench_sparse_bounds_widths_and_formats_on_two_ranks():
+    """bench_sparse.py on 2 ranks: x_bound's bound is k(P-1)/P entries of an index and a row
+    of the case's width; x_coo is given for a format listed before coo; -c 0 claims no
+    check."""
+    import subprocess
+
+    from tests._mpi import mpiexec
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py",
+                           str(root / "bench" / "bench_sparse.py"), "--cases",
+                           "2K/0.05/0/random,2K/0.05/16/random", "--algorithms", "allgather",
+                           "--wire", "compact,coo", "-n", "1", "-w", "0", "-c", "0", "--json",
+                           "-", "--no-progress"], capture_output=True, text=True, timeout=300,
+                          check=True, cwd=root,
+                          env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    rows = [r for r in json.loads(done.stdout)["rows"] if r["algorithm"] != "mpi_dense"]
+    assert [(r["width"], r["format"]) for r in rows] == [(0, "coo"), (0, "compact"),
+                                                         (16, "coo"), (16, "compact")]
+    for r in rows:
+        bound = r["nnz"] * (2 - 1) / 2 * (4 + 4 * max(r["width"], 1))
+        assert r["wire(B)"] / r["x_bound"] == pytest.approx(bound), r
+        assert r["x_coo"] != "" and r["#wrong"] == "N/A", r
+    assert "# Out of bounds values : N/A (not checked: -c 0)" in done.stderr
+
+
 def test_bench_sparse_bucket_prints_each_choice_against_its_alternative():
     """bench/dev/bench_sparse_bucket.py, one process: the fold rows (mask sum, avg, auto),
     recursive doubling's block row, the hook's inline row and the backend's handover row, each
@@ -446,10 +471,15 @@ def test_json_to_stdout_is_all_that_stdout_carries(script, flags, tmp_path):
         assert read["decode_indices", "numpy"] < 2 * k  # the encoded stream: ~1 byte an index
         assert read["round_values", "float16"] == pytest.approx(4 * k)
         assert read["widen_values", "float16"] == pytest.approx(2 * k)
-    if script == "bench_dense.py":
-        rows = list(csv.DictReader(run("--csv", "-").stdout.splitlines()))
+    if script == "bench_dense.py":  # -c 0: nothing checked, none claimed
+        unchecked = () if "--vs-mpi" in flags else ("-c", "0")
+        done = run("--csv", "-", *unchecked)
+        rows = list(csv.DictReader(done.stdout.splitlines()))
         assert {r["size(B)"] for r in rows} == ({"8", "64"} if "--vs-mpi" in flags
                                                 else {"8", "16", "32", "64"})
+        if unchecked:
+            assert {r["#wrong"] for r in rows} == {"N/A"}, done.stdout
+            assert "# Out of bounds values : N/A (not checked: -c 0)" in done.stderr
     missing = run("--json", str(tmp_path / "no" / "r.json"), check=False)
     assert missing.returncode == 2 and "no folder" in missing.stderr, missing.stderr
 
