@@ -25,6 +25,9 @@ Four parts (rank 0 prints; volumes are the maximum over ranks, from ``comm.stats
 4. ``selection``: local selection at ``--selection-n`` (default 2^24) on rank 0, every selector
    beside one threshold pass ``|x| >= t`` (``select_abs_ge`` at the k-th magnitude), as ratios
    (target for Ok-Topk's per-step selection: <= 1.2x one pass).
+
+The rows of ``--json`` and ``--csv``: the phases and algorithms rows, then the compressor's
+steps, then the selectors' times.
 """
 
 from __future__ import annotations
@@ -280,10 +283,11 @@ def main() -> None:
                    help="vector length of the selection timing (0: skip it)")
     p.add_argument("--repeats", type=positive_int, default=3,
                    help="timed rounds of the selection timing")
-    wire_arguments(p, " of the phases and algorithms parts; x_coo = words / the coo row's; "
-                   "the compressor runs the first")
+    wire_arguments(p, " of the phases and algorithms parts (coo runs first); x_coo = words / "
+                   "the coo row's; the compressor runs the first listed")
     args = p.parse_args()
-    formats = [(w, None if v == "none" else v) for w in args.wire for v in args.wire_values]
+    asked = [(w, None if v == "none" else v) for w in args.wire for v in args.wire_values]
+    formats = sorted(asked, key=lambda f: f != ("coo", None))  # coo's rows before x_coo's
     parts = args.only or PARTS
     comm = cc.init("mpi")
     size, rank, n = comm.size, comm.rank, args.n
@@ -307,7 +311,7 @@ def main() -> None:
             oktopk_phases(comm, table, "drifting", inputs, n, k, args.tau_prime or 4)
         if "algorithms" in parts:
             all_algorithms(comm, table, inputs, n, k, args.tau_prime or 4)
-    FORMAT[0] = formats[0]
+    FORMAT[0] = asked[0]
     if "compressor" in parts:
         ctable = Table(CCOLUMNS, rank)
         ctable.header(f"compressor workload on {size} ranks: TopkCompressor(n={n}, density="
@@ -317,6 +321,7 @@ def main() -> None:
         rows = compressor(comm, ctable, n, args.density, args.steps or 40, args.tau,
                           args.tau_prime or 32)
         meta["compressor"] = rows
+        table.rows += rows
         if rank == 0:
             print("# non-refresh steps after the first (targets: local/k 0.8-1.25, nnz/k "
                   "0.9-1.1, data/bound <= 2.2):")
@@ -328,6 +333,8 @@ def main() -> None:
         for name, sec in sel["seconds"].items():
             print(f"#   {name:26s} {sec * 1e3:9.2f} ms  {sel['ratio'][name]:7.2f}x one pass")
     meta["selection"] = sel
+    table.rows += [{"selector": name, "time(ms)": sec * 1e3, "x one pass": sel["ratio"][name]}
+                   for name, sec in sel.get("seconds", {}).items()]
     table.finish(args, meta)
 
 

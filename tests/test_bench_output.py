@@ -258,6 +258,28 @@ def test_bench_sparse_bounds_widths_and_formats_on_two_ranks():
     assert "# Out of bounds values : N/A (not checked: -c 0)" in done.stderr
 
 
+def test_bench_topk_writes_every_part_and_x_coo_on_two_ranks(tmp_path):
+    """bench_topk.py on 2 ranks, three parts, --wire compact,coo: the CSV holds the phases',
+    the compressor's and the selection's rows; the compact rows have x_coo."""
+    import subprocess
+
+    from tests._mpi import mpiexec
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py",
+                           str(root / "bench" / "bench_topk.py"), "--only", "phases", "--only",
+                           "compressor", "--only", "selection", "--n", "4K", "--steps", "2",
+                           "--tau-prime", "2", "--wire", "compact,coo", "--selection-n", "4K",
+                           "--repeats", "1", "--csv", "-", "--json", str(tmp_path / "t.json")],
+                          capture_output=True, text=True, timeout=300, check=True, cwd=root,
+                          env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    rows = list(csv.DictReader(done.stdout.splitlines()))
+    assert {r["format"] for r in rows if r["phase"]} == {"coo", "compact"}, done.stdout
+    assert len([r for r in rows if r["workload"]]) == 2 * 2 * 2  # workloads x policies x steps
+    assert {r["selector"] for r in rows} >= {"one pass |x|>=t", "exact topk_abs"}
+    assert all(float(r["x_coo"]) > 0 for r in rows if r["phase"] in ("reduce", "3 phases"))
+    assert json.loads((tmp_path / "t.json").read_text())["rows"] != []
+
+
 def test_bench_sparse_bucket_prints_each_choice_against_its_alternative():
     """bench/dev/bench_sparse_bucket.py, one process: the fold rows (mask sum, avg, auto),
     recursive doubling's block row, the hook's inline row and the backend's handover row, each
