@@ -138,6 +138,11 @@ def test_bench_layers_prints_each_layer_of_each_verb_and_size():
         rows = [line.split() for line in block.splitlines()[1:] if line.strip()]
         rows = [r for r in rows if not r[0].startswith("#")]
         assert len(rows) == 6 and all(float(r[-2]) > 0 for r in rows), block
+    bad = subprocess.run([sys.executable, str(root / "bench" / "dev" / "bench_layers.py"),
+                          "--verbs", "broadcast", "-n", "1"], capture_output=True, text=True,
+                         timeout=300, cwd=root,
+                         env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert bad.returncode == 2 and "'broadcast'" in bad.stderr, bad.stderr  # it times no other
 
 
 @pytest.mark.parametrize("flags", [[], ["--block", "3"]])

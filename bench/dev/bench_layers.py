@@ -9,8 +9,8 @@ that request (``_launch``: the first test, ``wait``'s interruptible loop); the b
 public verb (``cc.allreduce`` / ``cc.allgather``). A last row is the nonblocking twin after
 ``--spin`` microseconds of pure Python before each post: how much wall time a microsecond of
 host work costs at this P. A time is the median over rounds of the slowest rank, the rows
-interleaved (rotating the order, a barrier before each call). ``bench/dev/bench_host.py`` gives the
-layers' host time in one process, where nothing waits.
+interleaved (each round in its own shuffled order, a barrier before each call).
+``bench/dev/bench_host.py`` gives the layers' host time in one process, where nothing waits.
 
 With one rank per core the layers add about their host time (P = 2 here, ~2-3 us a verb).
 With more ranks than cores (P = 4 on this 2-core machine) each microsecond of Python costs
@@ -33,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/
 
-from _common import interleaved, parse_size, print_medians  # noqa: E402
+from _common import interleaved, listed, one_of, parse_size, print_medians  # noqa: E402
 from bench_mpi_reduce import tested  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
@@ -77,13 +77,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default="8,256K,1M",
                         help="bytes of the output (allgather) or of the vector (allreduce)")
-    parser.add_argument("--verbs", default="allreduce,allgather")
+    parser.add_argument("--verbs", type=listed(one_of("allreduce", "allgather")),
+                        default="allreduce,allgather", help="comma list of allreduce, allgather")
     parser.add_argument("-n", "--iters", type=int, default=400)
     parser.add_argument("-w", "--warmup_iters", type=int, default=20)
     parser.add_argument("--spin", type=float, default=2.0, help="microseconds of Python")
     args = parser.parse_args()
     comm = cc.init("mpi")
-    for verb in args.verbs.split(","):
+    for verb in args.verbs:
         for size in args.sizes.split(","):
             calls = layers(comm, verb, parse_size(size), args.spin * 1e-6)
             samples = interleaved(calls, args.iters, args.warmup_iters, comm)
