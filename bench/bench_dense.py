@@ -102,10 +102,22 @@ def run_one(name: str, nbytes: int, args, comm, table: Table) -> None:
 WAYS = ("in-place", "out=", "fresh")
 
 
+#: nccl-tests' flags --vs-mpi does not honour: (flag, argparse's dest)
+VS_MPI_IGNORES = (("-b", "minbytes"), ("-e", "maxbytes"), ("-f", "stepfactor"), ("-c", "check"),
+                  ("-d", "datatype"), ("-o", "op"))
+
+
+def vs_count(nbytes: int, p: int) -> int:
+    """float32 elements of --vs-mpi's buffers for a size of ``nbytes``: P equal blocks of at
+    least one element."""
+    return max(p, nbytes // 4 // p * p)
+
+
 def twins(name: str, nbytes: int, comm, root: int) -> dict:
-    """(cupycoll call, mpi4py call) of ``name`` in each way, over float32 buffers of ``nbytes``."""
+    """(cupycoll call, mpi4py call) of ``name`` in each way, over float32 buffers of
+    ``vs_count(nbytes, P)`` elements."""
     p, rank, mc = comm.size, comm.rank, comm.mpi_comm
-    count = max(p, nbytes // 4 // p * p)
+    count = vs_count(nbytes, p)
     local = count // p if name == "allgather" else count
     x, whole = np.ones(local, np.float32), np.ones(count, np.float32)
     out = np.empty(count // p if name == "reduce_scatter" else count, np.float32)
@@ -157,6 +169,7 @@ def twins(name: str, nbytes: int, comm, root: int) -> dict:
 def side_by_side(args, comm, names) -> None:
     """Print and (--json) write cupycoll vs mpi4py per verb, way and size (see the docstring)."""
     rows = []
+    ran = [4 * vs_count(nbytes, comm.size) for nbytes in args.sizes]
     for name in names:
         for nbytes in args.sizes:
             iters = args.iters * (10 if nbytes < 1 << 20 else 1)
@@ -166,12 +179,13 @@ def side_by_side(args, comm, names) -> None:
                 samples = interleaved({"cc": ours, "mpi": theirs}, iters, args.warmup_iters,
                                       comm)
                 ours, theirs = (float(np.median(samples[who])) * 1e6 for who in ("cc", "mpi"))
-                rows.append({"collective": name, "way": way, "size(B)": nbytes,
+                rows.append({"collective": name, "way": way,
+                             "size(B)": 4 * vs_count(nbytes, comm.size),
                              "cupycoll(us)": ours, "mpi4py(us)": theirs, "ratio": ours / theirs})
     if comm.rank == 0:
         print(f"# ranks={comm.size}  float32 sum  root={args.root}  median of the slowest rank; "
               "cell: cupycoll us / mpi4py us = ratio")
-        head = "".join(f"{s:>28}" for s in args.sizes)
+        head = "".join(f"{s:>28}" for s in ran)
         print(f"# {'collective':<15}{'way':<9}{head}")
         for name in names:
             for way in WAYS:
@@ -192,18 +206,27 @@ def main() -> int:
                         help="root rank of broadcast and reduce (below the number of ranks)")
     parser.add_argument("--vs-mpi", action="store_true",
                         help="cupycoll next to mpi4py's blocking call (see the docstring)")
-    parser.add_argument("--sizes", type=listed(parse_size), default="8,1K,256K,16M",
-                        help="sizes of --vs-mpi (comma list)")
+    parser.add_argument("--sizes", type=listed(parse_size), default=None,
+                        help="sizes of --vs-mpi (comma list; default 8,1K,256K,16M)")
     args = parser.parse_args()
     if args.op not in REDUCTIONS:
         parser.error(f"-o/--op: one of {', '.join(REDUCTIONS)} (got {args.op!r})")
+    if args.vs_mpi:
+        if args.plot:
+            parser.error("--plot: --vs-mpi draws nothing (its table, --json and --csv hold it)")
+        given = [flag for flag, dest in VS_MPI_IGNORES
+                 if getattr(args, dest) != parser.get_default(dest)]
+        if given:
+            parser.error(f"{', '.join(given)}: --vs-mpi times float32 sum at --sizes and checks "
+                         "nothing")
+        args.sizes = args.sizes or listed(parse_size)("8,1K,256K,16M")
+    elif args.sizes is not None:
+        parser.error("--sizes: the sizes of --vs-mpi (the sweep's are -b, -e and -f)")
     comm = cc.init("mpi")
     if args.root >= comm.size:  # every rank alike: each one exits with the message
         parser.error(f"--root {args.root}: must be below the number of ranks, {comm.size}")
     names = COLLECTIVES if args.collective == "all" else (args.collective,)
     if args.vs_mpi:
-        if args.plot:  # every rank alike: each one exits with the message
-            parser.error("--plot: --vs-mpi draws nothing (its table, --json and --csv hold it)")
         side_by_side(args, comm, names)
         return 0
     table = Table(DENSE_COLUMNS, comm.rank)

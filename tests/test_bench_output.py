@@ -467,7 +467,7 @@ def test_bench_wire_runs_at_a_small_n(flags):
 
 
 @pytest.mark.parametrize("script,flags", [("bench_dense.py", ["-b", "8", "-e", "64"]),
-                                          ("bench_dense.py", ["--vs-mpi", "--sizes", "8,64",
+                                          ("bench_dense.py", ["--vs-mpi", "--sizes", "10,64",
                                                               "-n", "1", "-w", "0"]),
                                           ("bench_wire.py", ["--log2n", "12", "--impl",
                                                              "numpy", "--reps", "2"]),
@@ -562,6 +562,9 @@ FOLDER = str(Path(__file__).resolve().parent)  # an output path that is a folder
     ("topk", ["--plot", "p.png"], "unrecognized arguments: --plot"),
     ("sparse", ["--cases", "16/0.5/-2/random"], "every width >= 0"),
     ("dense", ["--vs-mpi", "--plot", "p.png"], "--vs-mpi draws nothing"),
+    ("dense", ["--vs-mpi", "-o", "max"], "-e, -o: --vs-mpi times float32 sum"),
+    ("dense", ["--vs-mpi", "-d", "float64"], "-d: --vs-mpi times float32 sum"),
+    ("dense", ["--sizes", "1M"], "--sizes: the sizes of --vs-mpi"),
     ("topk", ["--wire", "bogus"], "argument --wire: must be one of coo, compact, auto, got 'bogus'"),
     ("topk", ["--repeats", "0"], "argument --repeats"),
     ("small", ["-n", "0"], "argument -n/--iters"),
