@@ -285,17 +285,19 @@ def test_bench_topk_writes_every_part_and_x_coo_on_two_ranks(tmp_path):
     assert json.loads((tmp_path / "t.json").read_text())["rows"] != []
 
 
-def test_bench_sparse_bucket_prints_each_choice_against_its_alternative():
+def test_bench_sparse_bucket_prints_each_choice_against_its_alternative(tmp_path):
     """bench/dev/bench_sparse_bucket.py, one process: the fold rows (mask sum, avg, auto),
     recursive doubling's block row, the hook's inline row and the backend's handover row, each
-    two positive times and their ratio (figures only in the docs)."""
+    two positive times and their ratio (figures only in the docs); its gloo store's folder
+    is removed."""
     import subprocess
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-m", "mpi4py",
                           str(root / "bench" / "dev" / "bench_sparse_bucket.py"), "--vocab", "8K",
                           "-n", "2"], capture_output=True, text=True, timeout=300, check=True,
-                         cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root)}
-                         ).stdout
+                         cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root),
+                                        "TMPDIR": str(tmp_path)}).stdout
+    assert not list(tmp_path.glob("cupycoll-gloo-*"))
     rows = [line.split(None, 1) for line in out.splitlines() if not line.startswith("#")]
     assert [r[0] for r in rows] == ["fold"] * 3 + ["block", "inline", "handover"], out
     assert all(float(v) > 0 for line in out.splitlines() if not line.startswith("#")

@@ -14,8 +14,8 @@ the slowest rank's time; ratios of medians):
   taking the result's buffers (``.data``) against copying the result into it (``copy_``, which
   clones them).
 
-The gradient is bench_torch.py's (Zipf tokens, ``nn.Embedding(V, 64, sparse=True)``, 1.5% of the
-rows a rank). Milliseconds::
+The gradient is bench_torch.py's (Zipf tokens, ``nn.Embedding(V, 64, sparse=True)``, about 2% of
+the rows a rank). Milliseconds::
 
     mpiexec -n 2 python -m mpi4py bench/dev/bench_sparse_bucket.py --vocab 256K -n 40
     mpiexec -n 2 python -m mpi4py bench/dev/bench_sparse_bucket.py --only block
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -108,7 +109,19 @@ def main() -> int:
                    "block): each pair interleaved with nothing else")
     args = p.parse_args()
     comm = cc.init("mpi")
-    bt.init_gloo(comm)  # DDP's setting: a gloo group beside cupycoll
+    store = bt.init_gloo(comm)  # DDP's setting: a gloo group beside cupycoll
+    try:
+        run(args, comm)
+    finally:
+        dist.destroy_process_group()
+        comm.mpi_comm.Barrier()
+        if comm.rank == 0:
+            shutil.rmtree(store, ignore_errors=True)
+    return 0
+
+
+def run(args: argparse.Namespace, comm) -> None:
+    """Time every choice against its alternative; rank 0 prints."""
     hook_comm = comm.dup()
     _background.runner(hook_comm)
     vocab = parse_size(args.vocab)
@@ -128,8 +141,6 @@ def main() -> int:
             a, b = np.median(times[mine]) * 1e3, np.median(times[other]) * 1e3
             print(f"  {mine[0]:8s} {mine[1]:20s} {a:10.3f} {b:11.3f} {a / b:6.3f}   "
                   f"({mine[2]} / {other[2]})")
-    dist.destroy_process_group()
-    return 0
 
 
 if __name__ == "__main__":
