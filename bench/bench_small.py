@@ -11,8 +11,9 @@ allreduce (the agreement vector, its length set by P alone), and a dense ``Allre
 same n (what ``auto`` is compared with; raise ``--length`` to see where the round stops
 mattering). Calls are interleaved, one of each per round; a time is the median over rounds of the
 slowest rank. ``--block B`` times instead blocks of B calls of one kind back to back (as a
-training loop repeats one call), one block of each call per round (``-n`` rounds), in an order
-of its own; a time is then a block's seconds / B, the median over rounds of the slowest rank.
+training loop repeats one call), one block of each call per round (``-n`` rounds, each in an
+order of its own, after warm-up blocks of at least ``-w`` calls of each); a time is then a
+block's seconds / B, the median over rounds of the slowest rank.
 
     mpiexec -n 2 python -m mpi4py bench/bench_small.py -n 2000
     mpiexec -n 2 python -m mpi4py bench/bench_small.py -n 5 --block 500
@@ -31,14 +32,15 @@ import cupycoll as cc
 from cupycoll._agreement import length
 
 
-def blocked(calls: dict[str, Callable[[], Any]], rounds: int, block: int,
+def blocked(calls: dict[str, Callable[[], Any]], rounds: int, block: int, warmup: int,
             comm: Any) -> dict[str, Any]:
     """Seconds per call of each call run ``block`` times back to back: ``interleaved`` over
-    blocks (one warm-up block each, then one block of each per round, each round in an order
-    of its own; a sample is the slowest rank's), each sample divided by ``block``."""
+    blocks (warm-up blocks of at least ``warmup`` calls each, then one block of each per round,
+    each round in an order of its own; a sample is the slowest rank's), each sample divided by
+    ``block``."""
     runs = {name: (lambda f=f: [f() for _ in range(block)]) for name, f in calls.items()}
     return {name: seconds / block
-            for name, seconds in interleaved(runs, rounds, 1, comm).items()}
+            for name, seconds in interleaved(runs, rounds, -(-warmup // block), comm).items()}
 
 
 def main() -> None:
@@ -75,7 +77,7 @@ def main() -> None:
         f"topk_allreduce(k={args.k})": lambda: cc.topk_allreduce(dense, args.k, comm=comm),
     }
     if args.block:
-        samples = blocked(calls, args.iters, args.block, comm)
+        samples = blocked(calls, args.iters, args.block, args.warmup_iters, comm)
     else:
         samples = interleaved(calls, args.iters, args.warmup_iters, comm)
     if comm.rank == 0:

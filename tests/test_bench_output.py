@@ -160,6 +160,20 @@ def test_bench_small_prints_its_raw_bounds_and_calls(flags):
     assert "(validation)" in out and "MPI Allreduce of n=700 float32" in out
 
 
+def test_bench_small_blocks_warm_up_at_least_w_calls():
+    """bench_small.py --block B -w W: whole warm-up blocks of at least W calls each (none for
+    W = 0), then a block per round."""
+    pytest.importorskip("mpi4py")
+    import bench_small
+
+    made = []
+    comm = SimpleNamespace(size=1, barrier=lambda: None)
+    for warmup, blocks in ((0, 0), (1, 1), (3, 1), (4, 2)):
+        made.clear()
+        bench_small.blocked({"call": lambda: made.append(1)}, 2, 3, warmup, comm)
+        assert len(made) == 3 * (blocks + 2), warmup
+
+
 def test_regret_counts_for_other_profiles(capsys):
     """``--profiles``: each other profile's pick and predictions counted on the same rows."""
     pytest.importorskip("mpi4py")
