@@ -9,8 +9,8 @@ density drifting by up to +-10% from step to step (a training loop's gradient). 
 every method once, in an order of its own (a seeded shuffle, the same on every rank: a rotation
 would keep each method after the same one), after a barrier; a sample is the slowest rank's time.
 Per case: each method's cumulative time over the steps, over the best explicit algorithm's
-(``cum/best``), and its median per-step time over steps 31 to the end, over the best's over
-the same steps (``late/best``). Every algorithm runs before the loop on the first step and on
+(``cum/best``), its median per-step time over steps 31 to the end (``late(ms)``), and the
+median over those steps of its time over the best's in the same step (``late/best``). Every algorithm runs before the loop on the first step and on
 the steps of fewest and most entries in all (imports and compiled loops are not the loop's).
 """
 

@@ -33,8 +33,9 @@ many (their first calls are slower too): the rows show what a training loop runs
 done; bench_regret.py shows what the trials cost a loop.
 
 Table 2, one DDP training step (forward, backward, SGD) with the sparse embedding through the
-hook, the backend and gloo, and with a dense embedding on gloo. ``#wrong`` counts values off
-gloo's result by more than float32 summation order explains (rtol 1e-5, atol 1e-6).
+hook, the backend and gloo, and with a dense embedding on gloo (its steps are not checked).
+Table 1's ``#wrong`` counts values off gloo's result by more than float32 summation order
+explains (rtol 1e-5, atol 1e-6).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Single process. ``--sweep`` prints only the design comparison: bytes per index of varints
 and of bit-packed blocks of 8..128 gaps (the chosen format uses 32). Otherwise part 1 prints the encoded size of uniform random index streams per density
-(bytes per index, ratio to raw int32 and to the smaller of raw and a bitmap). Part 2 times
+(bytes per index, ratio to raw int32, to raw int64 and to a bitmap of the stream's span). Part 2 times
 encode/decode of the index stream of an n = 2**24 vector at 1 % (numpy loops, numba loops on one
 thread and on the default threads, and cupy when a GPU is there), and rounding values to
 bfloat16/float16, interleaved with a plain copy of the same input, medians:

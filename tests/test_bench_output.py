@@ -318,6 +318,18 @@ def test_bench_sparse_bucket_prints_each_choice_against_its_alternative(tmp_path
                for v in line.split("(")[0].split()[-3:]), out
 
 
+def test_bench_mpi_reduce_refuses_cupycoll_with_reduce_scatter():
+    """bench/dev/bench_mpi_reduce.py --cupycoll times cc.reduce only: with --verb
+    reduce_scatter it is a usage error, not a flag ignored."""
+    import subprocess
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "bench" / "dev" / "bench_mpi_reduce.py"),
+                           "--verb", "reduce_scatter", "--cupycoll", "--sizes", "8", "-n", "1"],
+                          capture_output=True, text=True, timeout=300, cwd=root,
+                          env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 2 and "--cupycoll" in done.stderr, done.stderr
+
+
 def test_bench_torch_settle_prints_every_way():
     """bench/dev/bench_torch_settle.py, one process, one short round: a positive median per
     way of completing the operation."""
@@ -336,7 +348,7 @@ def test_bench_torch_settle_prints_every_way():
 
 def test_bench_torch_algorithms_prints_every_algorithm_on_both_gradients():
     """bench/dev/bench_torch_algorithms.py, one process, both gradients: one positive median
-    per exact algorithm and auto (figures only in the docs)."""
+    per algorithm it runs (figures only in the docs)."""
     import subprocess
     root = Path(__file__).resolve().parents[1]
     for gradient in ("bench", "backend"):

@@ -11,7 +11,8 @@ one with the pairwise reduce and one with it off (as an allreduce), timed in the
 (blocking), ``Ireduce_scatter_block``, and a pairwise exchange (``Isend``/``Irecv`` of the
 blocks, then numpy adds them in rank order), which cupycoll runs from
 ``CUPYCOLL_REDUCE_SCATTER_PAIRWISE`` bytes a block. See docs/dense.md. A time is the median
-over rounds of the slowest rank (each call after a barrier); the calls alternate, twice.
+over rounds of the slowest rank (each call after a barrier), the lesser of two passes of
+each call run back to back.
 
     mpiexec -n 2 python -m mpi4py bench/dev/bench_mpi_reduce.py --sizes 64K,128K,256K,16M
     mpiexec -n 4 python -m mpi4py bench/dev/bench_mpi_reduce.py --sizes 256K,1M,4M,16M --cupycoll
@@ -147,6 +148,8 @@ def main() -> None:
     parser.add_argument("-n", "--rounds", type=int, default=300, help="rounds below 1 MiB "
                         "(a tenth from 1 MiB)")
     args = parser.parse_args()
+    if args.cupycoll and args.verb != "reduce":
+        parser.error("--cupycoll: cc.reduce's two ways, with --verb reduce only")
     comm = MPI.COMM_WORLD
     ours = cupycoll_comms() if args.cupycoll and args.verb == "reduce" else None
     make = (functools.partial(reduce_calls, ours=ours) if args.verb == "reduce"

@@ -1,4 +1,4 @@
-"""Every exact algorithm on a PyTorch embedding gradient through ``cct.sparse_allreduce``.
+"""allgather, mask, recursive_doubling, split and auto on a torch gradient (cct.sparse_allreduce).
 
 The gradient is uncoalesced, as DDP hands it: ``--gradient bench`` is bench_torch.py's (Zipf
 tokens scattered over the V rows, 1.5% of the rows a rank), ``--gradient backend`` that of
