@@ -24,6 +24,7 @@ from urllib.parse import parse_qs, urlparse
 from mpi4py import MPI
 
 from ._config import check_environment, parse_timeout, setting
+from .comm import use_world
 from ._torch_work import network_error
 from .errors import BackendUnavailable, InvalidArgument
 
@@ -42,6 +43,8 @@ def forget_world(mpi_comm: MPI.Comm) -> None:
     global _world
     if _world is mpi_comm:
         _world = None
+        if isinstance(mpi_comm, _SeparateWorlds):
+            use_world(None)
 
 
 def timeout_seconds(group_timeout: datetime.timedelta | None) -> float | None:
@@ -97,8 +100,10 @@ def _form_world(store: Any, rank: int, size: int, timeout: float | None) -> MPI.
             f"rank {rank}: Open MPI cannot connect processes started apart (each mpiexec "
             "has its own PMIx server, and Accept/Connect take no timeout there: they would "
             f"wait forever); launch with mpiexec -n {size}"))
-    if processes == 1:
-        return _SeparateWorlds(_connect_ports(store, rank, size, timeout))
+    if processes == 1:  # (cupycoll's default communicator spans them too)
+        joined = _SeparateWorlds(_connect_ports(store, rank, size, timeout))
+        use_world(joined)
+        return joined
     raise BackendUnavailable(
         f"rank {rank}: MPI's COMM_WORLD has {processes} processes but the process group has "
         f"{size}: launch one MPI process per rank (mpiexec -n {size}) or start each process "

@@ -17,6 +17,10 @@ __all__ = ["Communicator", "Stats", "OpStats", "Work", "bus_factor", "init", "ge
 
 _log = logging.getLogger("cupycoll")
 _default: Communicator | None = None
+#: the processes a default communicator spans when ``init()`` is given none: MPI's COMM_WORLD
+#: (None), or those a torch.distributed default group of the cupycoll backend joined when they
+#: were started apart (torchrun: each an MPI world of one)
+_world: Any = None
 _BACKENDS = ("auto", "mpi", "nccl")
 
 
@@ -45,7 +49,8 @@ def load_mpi() -> None:
 
 def init(backend: str | None = None, *, mpi_comm: Any = None,
          timeout: float | None = None) -> Communicator:
-    """Create a Communicator over ``mpi_comm`` (default COMM_WORLD) and make it the default.
+    """Create a Communicator over ``mpi_comm`` (default COMM_WORLD, or the processes a
+    ``cupycoll`` torch.distributed group joined: :func:`use_world`) and make it the default.
 
     Args:
         backend: "auto" (NCCL when CuPy, NCCL and a device are usable on every rank, else MPI;
@@ -66,6 +71,8 @@ def init(backend: str | None = None, *, mpi_comm: Any = None,
     from ._checks import agreed_settings
     from ._mpi_types import usable
 
+    if mpi_comm is None:
+        mpi_comm = _world
     group = MPI.COMM_WORLD if mpi_comm is None else usable(mpi_comm)
     backend, timeout = agreed_settings(group, lambda: _init_settings(backend, timeout),
                                        same=lambda settings: {"backend": settings[0]})
@@ -123,6 +130,16 @@ def _apply_log_level() -> None:
     level = log_level()
     if level is not None:
         _log.setLevel(level)
+
+
+def use_world(mpi_comm: Any) -> None:
+    """Make ``mpi_comm`` the processes of the default communicator (None: MPI's COMM_WORLD
+    again); a default made over others is let go, so the next :func:`get_comm` makes it over
+    these (the torch backend's joined world: hooks and calls without ``comm`` then reduce over
+    torch's whole world, not one process)."""
+    global _default, _world
+    if mpi_comm is not _world:
+        _world, _default = mpi_comm, None
 
 
 def get_comm() -> Communicator:

@@ -7,7 +7,9 @@ Each process is an MPI world of one (asserted); ``init_process_group("cupycoll")
 torchrun's store) joins them. Checks: the group's ranks are torch's; a dense and a sparse
 allreduce (one rank without rows) equal numpy on every rank's seeded input (each rank rebuilds
 the others'); a cupycoll subgroup of the first and last ranks; a DDP step of a sparse embedding
-leaves the parameters identical (a hash allgathered through the group). Every rank prints
+leaves the parameters identical (a hash allgathered through the group), and so does one
+through cupycoll's allreduce_hook, whose default communicator spans the joined processes
+(as cupycoll.torch.sparse_allreduce without a comm). Every rank prints
 "rank R of P: ok".
 """
 
@@ -72,6 +74,23 @@ digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.par
 hashes = [None] * P
 dist.all_gather_object(hashes, digest.hexdigest())
 assert len(set(hashes)) == 1, "parameters differ across ranks"
+
+# cupycoll without a comm (its default, the hooks') spans torch's whole world, not this
+# process alone (before: an MPI world of one, so the hooks left every rank its own gradient)
+import cupycoll as cc  # noqa: E402
+import cupycoll.torch as cct  # noqa: E402
+
+assert cc.get_comm().size == P, cc.get_comm().size
+again = cct.sparse_allreduce(torch.sparse_coo_tensor(
+    torch.from_numpy(index)[None], torch.from_numpy(rows), (10, 3), check_invariants=True))
+assert np.array_equal(again.to_dense().numpy(), want)
+hooked = DDP(model)
+hooked.register_comm_hook(None, cct.allreduce_hook)
+hooked(tokens).sum().backward()
+torch.optim.SGD(hooked.parameters(), lr=0.1).step()
+digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters()))
+dist.all_gather_object(hashes, digest.hexdigest())
+assert len(set(hashes)) == 1, "parameters differ across ranks after the hooked step"
 sys.stdout.write(f"rank {RANK} of {P}: ok\n")
 sys.stdout.flush()
 dist.destroy_process_group()
