@@ -107,10 +107,12 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
             self._mpi_comm.Free()
 
     def abort(self) -> None:
-        """Abort the group's communicators: every later call on them raises at once."""
+        """Abort the group's communicators: every later call on them raises at once (and a
+        later default group forms its world anew, as after :meth:`shutdown`)."""
         for comm in (self._device, self._host):
             if comm is not None:
                 comm.abort()
+        forget_world(self._mpi_comm)
 
     def __repr__(self) -> str:
         return f"ProcessGroupCupycoll(rank={self.rank()}, size={self.size()})"

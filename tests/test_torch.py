@@ -202,6 +202,15 @@ def test_futures_of_cuda_buckets_carry_their_device(monkeypatch):
     assert made == [[torch.device("cuda", 1)], None]
 
 
+def test_hooks_name_a_state_that_is_not_theirs():
+    """torch's own hooks take the process group as their state: given one (here any other
+    object), cupycoll's hooks say what they take instead of failing inside a call."""
+    for hook, state in ((cct.allreduce_hook, object()), (cct.topk_hook, None),
+                        (cct.topk_hook, object())):
+        with pytest.raises(InvalidType, match="'state'.*no process group"):
+            hook(state, None)
+
+
 @pytest.mark.parametrize("kwargs", [{"density": 0.0}, {"density": 1.5},
                                     {"density": 0.1, "warmup_steps": 0},
                                     {"density": 0.1, "wire": "zip"},

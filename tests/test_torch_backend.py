@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 import threading
+import types
 
 import numpy as np
 import pytest
@@ -146,6 +147,10 @@ def test_a_destroyed_default_groups_world_is_forgotten(monkeypatch):
     _torch_world.forget_world(object())  # another group's communicator: kept
     assert _torch_world._world is old
     _torch_world.forget_world(old)
+    assert _torch_world._world is None
+    monkeypatch.setattr(_torch_world, "_world", old)  # an aborted group's too (torch's abort
+    group = types.SimpleNamespace(_device=None, _host=None, _mpi_comm=old)  # calls abort,
+    backend.ProcessGroupCupycoll.abort(group)  # never shutdown)
     assert _torch_world._world is None
 
 

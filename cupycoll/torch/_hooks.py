@@ -20,7 +20,7 @@ from .._background import runner
 from .._result import SparseResult
 from .._types import ReduceOp
 from ..comm import Communicator, get_comm
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, InvalidType
 from ..topk import TopkCompressor
 from ..wire._choice import check_wire, check_wire_values
 from . import _sparse
@@ -44,6 +44,7 @@ def allreduce_hook(comm: Communicator | None,
     sparse allreduce. ``comm``: the communicator to run on (pass ``cc.get_comm().dup()`` to
     keep DDP's traffic apart from your own calls), or None for a duplicate of the default one,
     made once. A bfloat16 bucket is averaged in float32 and rounded back once."""
+    _checked_state(comm, Communicator, "a cupycoll Communicator or None")
     comm = comm or _hook_comm()
     buffer = bucket.buffer()
     if buffer.is_sparse:
@@ -66,6 +67,15 @@ def _sparse_bucket(comm: Communicator, buffer: torch.Tensor, last: bool
     working_dtype(buffer, comm.rank)  # a bad dtype raises here, before anything travels
     return _sparse.future(comm, buffer, {"op": ReduceOp.AVG, "in_place": True},
                           "torch.sparse_bucket", last)
+
+
+def _checked_state(state: Any, kind: type, wanted: str) -> None:
+    """Raise InvalidType naming ``state`` unless it is a ``kind`` (or None, for a
+    Communicator): torch's own hooks take the process group as their state, these do not."""
+    if state is not None and not isinstance(state, kind) or state is None and \
+            kind is not Communicator:
+        raise InvalidType("state", type(state).__name__, f"{wanted} (register_comm_hook's "
+                          "first argument; cupycoll's hooks take no process group)")
 
 
 #: the default communicator -> the hooks' duplicate of it
@@ -246,6 +256,7 @@ def topk_hook(state: TopkHookState,
     compressor as a float32 copy (float32 residual; the update is rounded to bfloat16 where it
     is written into the bucket).
     """
+    _checked_state(state, TopkHookState, "a cupycoll.torch.TopkHookState")
     buffer, comm = bucket.buffer(), state.attached()
     working_dtype(buffer, comm.rank)  # a bad dtype raises before the bucket counts
     if bucket.is_last():
