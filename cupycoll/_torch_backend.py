@@ -35,6 +35,7 @@ from ._torch_work import TorchWork, dist_error, network_error
 from ._torch_world import forget_world, group_comm, rendezvous, timeout_seconds
 from ._types import ReduceOp
 from .comm import Communicator
+from .comm._checks import agreed_settings
 from .comm.mpi import MPICommunicator
 from .errors import BackendUnavailable, CupycollError, InvalidArgument, InvalidType
 from .sparse import sparse_allreduce
@@ -354,8 +355,12 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
 
 def _create(options: Any, backend_options: Any = None) -> ProcessGroupCupycoll:
     """torch's creator of a ``cupycoll`` group (the extended API: it names the members)."""
-    timeout = timeout_seconds(options.timeout)
+    try:  # a bad CUPYCOLL_* setting: raised once the members can agree on it (all raise)
+        timeout, refused = timeout_seconds(options.timeout), None
+    except CupycollError as exc:
+        timeout, refused = timeout_seconds(options.timeout, environment=False), exc
     rank, size = options.group_rank, options.group_size
+    owned = bool(list(options.global_ranks_in_group))
     try:
         mpi_comm = group_comm(options.store, rank, size, list(options.global_ranks_in_group),
                               timeout)
@@ -364,8 +369,19 @@ def _create(options: Any, backend_options: Any = None) -> ProcessGroupCupycoll:
         if error is exc:
             raise
         raise error from exc
-    return ProcessGroupCupycoll(rank, size, mpi_comm, timeout,
-                                owned=bool(list(options.global_ranks_in_group)))
+    try:
+        agreed_settings(mpi_comm, lambda: _raised(refused))
+    except CupycollError:
+        forget_world(mpi_comm)
+        if owned:
+            mpi_comm.Free()
+        raise
+    return ProcessGroupCupycoll(rank, size, mpi_comm, timeout, owned=owned)
+
+
+def _raised(error: CupycollError | None) -> None:
+    if error is not None:
+        raise error
 
 
 def register() -> None:

@@ -47,11 +47,15 @@ def forget_world(mpi_comm: MPI.Comm) -> None:
             use_world(None)
 
 
-def timeout_seconds(group_timeout: datetime.timedelta | None) -> float | None:
+def timeout_seconds(group_timeout: datetime.timedelta | None,
+                    environment: bool = True) -> float | None:
     """Seconds a wait of the group may take: the shorter of the group's timeout and
-    ``CUPYCOLL_TIMEOUT`` (each where set and positive); None for no timeout."""
-    check_environment()
-    limits = [parse_timeout(setting("CUPYCOLL_TIMEOUT"))]
+    ``CUPYCOLL_TIMEOUT`` (each where set and positive; ``environment=False``: the group's
+    alone, the variables unread); None for no timeout."""
+    limits = []
+    if environment:
+        check_environment()
+        limits.append(parse_timeout(setting("CUPYCOLL_TIMEOUT")))
     if group_timeout is not None:
         limits.append(parse_timeout(group_timeout.total_seconds()))
     limits = [t for t in limits if t is not None]

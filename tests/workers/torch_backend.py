@@ -55,6 +55,16 @@ if WORLD.Get_size() > 1:  # a rank given on every rank, MPI's on the middle one:
         assert "'rank'" in str(exc) and "takes it from MPI" in str(exc), exc
     else:
         raise AssertionError("a rank that is not MPI's was taken")
+    if WORLD.Get_rank() == WORLD.Get_size() - 1:  # a bad setting on the last rank: every
+        os.environ["CUPYCOLL_TIMEOUT"] = "soon"  # rank raises naming it (before: that rank
+    try:  # alone, the others waiting in the group's making)
+        dist.init_process_group("cupycoll", init_method="cupycoll://")
+    except InvalidArgument as exc:
+        assert exc.argument == "CUPYCOLL_TIMEOUT" and exc.rank == WORLD.Get_size() - 1, exc
+    else:
+        raise AssertionError("a bad CUPYCOLL_TIMEOUT was taken")
+    finally:
+        os.environ.pop("CUPYCOLL_TIMEOUT", None)
 dist.init_process_group("cupycoll", init_method="cupycoll://")
 RANK, P = dist.get_rank(), dist.get_world_size()
 CC, GLOO = dist.group.WORLD, dist.new_group(backend="gloo")
