@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+import time
 import weakref
 from typing import Any, Callable
 
 from .comm import Communicator, Work
-from .errors import InvalidArgument
+from .comm._work import EXIT_WAIT
+from .errors import BackendError, InvalidArgument
 
 __all__ = ["runner", "run_async"]
 
@@ -34,6 +36,7 @@ class _Runner:
         self.comm = comm.dup()
         self.comm.stats = comm.stats  # traffic is booked on the caller's communicator
         self._pool = concurrent.futures.ThreadPoolExecutor(1, "cupycoll-background")
+        _leave_at_exit()
         self._last: concurrent.futures.Future | None = None
         on_close = getattr(comm, "on_close", None)
         if on_close is not None:
@@ -55,6 +58,31 @@ class _Runner:
         """Whether everything submitted has run (then the submitting thread may use
         :attr:`comm` itself, in the same call order)."""
         return self._last is None or self._last.done()
+
+
+_LEAVING: list[bool] = []
+
+
+def _leave_at_exit() -> None:
+    """At the interpreter's exit, before it joins the workers' threads (a hook registered
+    after concurrent.futures' own runs before it), give the calls still queued
+    :data:`~.comm._work.EXIT_WAIT` seconds, then end those still waiting for peers that never
+    come (an unmatched call held the exit for its timeout, for ever without one): their
+    communicators die, which ends their waits."""
+    if not _LEAVING:
+        _LEAVING.append(True)
+        threading._register_atexit(_end_waiting)  # type: ignore[attr-defined]
+
+
+def _end_waiting() -> None:
+    deadline = time.monotonic() + EXIT_WAIT
+    for worker in list(_RUNNERS.values()):
+        while not worker.idle() and time.monotonic() < deadline:
+            time.sleep(1e-3)
+        if not worker.idle():
+            worker.comm._die(BackendError(
+                f"the interpreter exits on rank {worker.comm.rank} with an asynchronous call "
+                "waiting for its peers"), "the interpreter's exit")
 
 
 _RUNNERS: "weakref.WeakKeyDictionary[Communicator, _Runner]" = weakref.WeakKeyDictionary()

@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 import types
 
 import numpy as np
@@ -161,6 +162,14 @@ def test_processes_with_a_gloo_subgroup_exit_cleanly():
     exception", in about half the runs at P = 4). Three runs, every rank exits 0."""
     for _ in range(3):
         run_mpi(4, "torch_exit.py", timeout=120)
+
+
+def test_exit_ends_a_background_call_its_peers_never_join():
+    """Rank 0 exits with an asynchronous sparse allreduce on the background worker that no
+    peer joins: the exit waits its few seconds, then ends the call; every rank exits 0."""
+    start = time.monotonic()
+    out = run_mpi(2, "torch_exit.py", "unmatched", timeout=90)
+    assert out.count(": leaves") == 2 and time.monotonic() - start < 60, out
 
 
 @pytest.mark.parametrize("nprocs", [1, 3])

@@ -9,7 +9,10 @@ asynchronous allreduce whose Future callback waits for a second one (torch's Pow
 does) and one whose callback only sleeps: the exit lets both finish, printing their results
 (before: the first was dropped and the second aborted the process, "terminate called without
 an active exception": the callback was still in torch's C++ when the interpreter ended; and,
-with a background worker's operation first, the nested one was dropped).
+with a background worker's operation first, the nested one was dropped). ``unmatched``: rank
+0 alone starts an asynchronous sparse allreduce, which the background worker runs, and exits:
+after the exit's waits it ends that call (before: the interpreter waited for the worker's
+thread for the group's timeout, 30 minutes).
 """
 
 import sys
@@ -41,6 +44,10 @@ if sys.argv[1:] == ["callbacks"]:
     # their collectives in one order
     dist.all_reduce(torch.full((2,), 2.0), async_op=True).get_future().then(sleepy)
     dist.all_reduce(torch.ones(2), async_op=True).get_future().then(nested)
+elif sys.argv[1:] == ["unmatched"]:  # rank 0 alone starts a sparse allreduce (on the
+    if dist.get_rank() == 0:  # background worker: its peers never join it) and exits
+        dist.all_reduce(torch.eye(2).to_sparse(), async_op=True)
+    print(f"rank {dist.get_rank()}: leaves", flush=True)
 else:
     gloo = dist.new_group(backend="gloo")
     for _ in range(8):
