@@ -75,14 +75,27 @@ def _leave_at_exit() -> None:
 
 
 def _end_waiting() -> None:
+    """(A forked child's workers, inherited, are dead: nothing to wait for there; while a
+    thread of the program's own runs on, it may be waiting for the calls: they run on.)"""
+    workers = [w for w in list(_RUNNERS.values()) if w.comm._fate.error is None]
+    while any(not w.idle() for w in workers) and _own_threads_run():
+        time.sleep(1e-3)
     deadline = time.monotonic() + EXIT_WAIT
-    for worker in list(_RUNNERS.values()):
+    for worker in workers:
         while not worker.idle() and time.monotonic() < deadline:
             time.sleep(1e-3)
         if not worker.idle():
             worker.comm._die(BackendError(
                 f"the interpreter exits on rank {worker.comm.rank} with an asynchronous call "
                 "waiting for its peers"), "the interpreter's exit")
+
+
+def _own_threads_run() -> bool:
+    """Whether a non-daemon thread of the program's own (not the main one, not an executor's
+    worker, which the interpreter ends after this) is still running."""
+    executors = getattr(concurrent.futures.thread, "_threads_queues", {})
+    return any(t.is_alive() and not t.daemon and t is not threading.main_thread()
+               and t not in executors for t in threading.enumerate())
 
 
 _RUNNERS: "weakref.WeakKeyDictionary[Communicator, _Runner]" = weakref.WeakKeyDictionary()

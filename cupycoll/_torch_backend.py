@@ -371,12 +371,12 @@ def _create(options: Any, backend_options: Any = None) -> ProcessGroupCupycoll:
         raise error from exc
     try:
         agreed_settings(mpi_comm, lambda: _raised(refused))
-    except CupycollError:
+        return ProcessGroupCupycoll(rank, size, mpi_comm, timeout, owned=owned)
+    except CupycollError:  # (the communicators' own settings are agreed as they are made)
         forget_world(mpi_comm)
         if owned:
             mpi_comm.Free()
         raise
-    return ProcessGroupCupycoll(rank, size, mpi_comm, timeout, owned=owned)
 
 
 def _raised(error: CupycollError | None) -> None:

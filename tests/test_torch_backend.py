@@ -170,6 +170,8 @@ def test_exit_ends_a_background_call_its_peers_never_join():
     start = time.monotonic()
     out = run_mpi(2, "torch_exit.py", "unmatched", timeout=90)
     assert out.count(": leaves") == 2 and time.monotonic() - start < 60, out
+    out = run_mpi(2, "torch_exit.py", "thread", timeout=90)  # but a call a thread of the
+    assert out.count("waited [[2.0, 0.0], [0.0, 2.0]]") == 2, out  # program waits for runs on
 
 
 @pytest.mark.parametrize("nprocs", [1, 3])

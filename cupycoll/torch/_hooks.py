@@ -102,7 +102,8 @@ class TopkHookState:
         algorithm: top-k algorithm (``cupycoll.algorithms("topk")``), default "oktopk".
         warmup_steps: iterations that send plain averaged allreduces first (>= 1: DDP rebuilds
             its buckets after the first iteration, so compression starts on the final buckets).
-        comm: communicator to duplicate for the hook (default: the default communicator).
+        comm: communicator to duplicate for the hook (default: the hooks' duplicate of the
+            default communicator, whichever it is at each call).
         tau, tau_prime: Ok-Topk's repartition ("auto": see ``TopkState``) and threshold-refresh
             periods.
         wire, wire_values: the wire format of every bucket's top-k allreduce (see
@@ -131,6 +132,8 @@ class TopkHookState:
     # the parameter shapes a loaded bucket was saved with, until DDP hands it again
     _resumed: int | None = dataclasses.field(default=None, init=False, repr=False)  # the
     # iteration this process loaded the state at (a warm-up one: DDP buckets anew)
+    _defaulted: bool = dataclasses.field(default=False, init=False, repr=False)  # comm: the
+    # hooks' duplicate of whichever communicator is the default (a torch group can change it)
 
     def __post_init__(self) -> None:
         if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) \
@@ -141,7 +144,8 @@ class TopkHookState:
             raise InvalidArgument("density", self.density, "must be a number in (0, 1]")
         check_wire(self.wire)
         check_wire_values(self.wire_values)
-        self.comm = _background(self.comm)
+        self._defaulted = self.comm is None
+        self.comm = _hook_comm() if self._defaulted else _background(self.comm)
 
     def __getstate__(self) -> dict[str, Any]:
         """What a checkpoint keeps (as PowerSGD's state: ``torch.save``, ``pickle``): the
@@ -158,15 +162,19 @@ class TopkHookState:
         laid out by; from the next iteration each bucket takes its saved compressor."""
         self.__dict__.update(saved)
         self._shapes = {**saved.get("_shapes", {}), **_shapes_of(self._params)}
-        self._params, self._resumed = {}, self.iteration
+        self._params, self._resumed, self._defaulted = {}, self.iteration, True
 
     def attached(self) -> Communicator:
-        """The hook's communicator; a loaded state's is the hooks' duplicate of the default
-        one, made here (collective: at the first hook call, on every rank)."""
-        if self.comm is None:
-            self.comm = _hook_comm()
-            for compressor in self.compressors.values():
-                compressor.comm = self.comm
+        """The hook's communicator. Without one given (and in a loaded state) it is the hooks'
+        duplicate of the current default communicator, made again where the default changed
+        (a ``cupycoll`` torch group under torchrun spans processes the one made before it did
+        not; collective: at a hook call, on every rank)."""
+        if self.comm is None or self._defaulted:
+            comm = _hook_comm()
+            if comm is not self.comm:
+                self.comm = comm
+                for compressor in self.compressors.values():
+                    compressor.comm = comm
         return self.comm
 
     @property

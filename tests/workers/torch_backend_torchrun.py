@@ -28,6 +28,10 @@ import cupycoll._torch_backend  # noqa: F401  registers "cupycoll"
 
 SEED = int(sys.argv[1])
 assert MPI.COMM_WORLD.Get_size() == 1, "each process must be started apart"
+import cupycoll as cc  # noqa: E402
+import cupycoll.torch as cct  # noqa: E402
+
+EARLY = cct.TopkHookState(0.5)  # made before the group: over this process alone, until then
 dist.init_process_group("cupycoll")
 RANK, P = dist.get_rank(), dist.get_world_size()
 
@@ -77,9 +81,6 @@ assert len(set(hashes)) == 1, "parameters differ across ranks"
 
 # cupycoll without a comm (its default, the hooks') spans torch's whole world, not this
 # process alone (before: an MPI world of one, so the hooks left every rank its own gradient)
-import cupycoll as cc  # noqa: E402
-import cupycoll.torch as cct  # noqa: E402
-
 assert cc.get_comm().size == P, cc.get_comm().size
 again = cct.sparse_allreduce(torch.sparse_coo_tensor(
     torch.from_numpy(index)[None], torch.from_numpy(rows), (10, 3), check_invariants=True))
@@ -91,6 +92,14 @@ torch.optim.SGD(hooked.parameters(), lr=0.1).step()
 digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters()))
 dist.all_gather_object(hashes, digest.hexdigest())
 assert len(set(hashes)) == 1, "parameters differ across ranks after the hooked step"
+topk = DDP(model)  # a state made before the group follows the default to torch's world
+topk.register_comm_hook(EARLY, cct.topk_hook)
+for _ in range(2):  # a warm-up step, then a compressed one
+    topk(tokens).sum().backward()
+    torch.optim.SGD(topk.parameters(), lr=0.1).step()
+digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters()))
+dist.all_gather_object(hashes, digest.hexdigest())
+assert len(set(hashes)) == 1, "parameters differ across ranks after the top-k steps"
 sys.stdout.write(f"rank {RANK} of {P}: ok\n")
 sys.stdout.flush()
 dist.destroy_process_group()

@@ -12,7 +12,8 @@ an active exception": the callback was still in torch's C++ when the interpreter
 with a background worker's operation first, the nested one was dropped). ``unmatched``: rank
 0 alone starts an asynchronous sparse allreduce, which the background worker runs, and exits:
 after the exit's waits it ends that call (before: the interpreter waited for the worker's
-thread for the group's timeout, 30 minutes).
+thread for the group's timeout, 30 minutes). ``thread``: a call the last rank joins 7 s late,
+which a thread of the program's own waits for after the main thread ended: it completes.
 """
 
 import sys
@@ -48,6 +49,17 @@ elif sys.argv[1:] == ["unmatched"]:  # rank 0 alone starts a sparse allreduce (o
     if dist.get_rank() == 0:  # background worker: its peers never join it) and exits
         dist.all_reduce(torch.eye(2).to_sparse(), async_op=True)
     print(f"rank {dist.get_rank()}: leaves", flush=True)
+elif sys.argv[1:] == ["thread"]:  # a call the last rank joins 7 s late, which a thread of
+    import threading  # the program's own waits for after the main thread ended: it completes
+
+    rank = dist.get_rank()
+    dist.all_reduce(torch.eye(2).to_sparse(), async_op=True).wait()  # (the workers exist)
+    if rank == dist.get_world_size() - 1:
+        time.sleep(7.0)
+    work = dist.all_reduce(torch.eye(2).to_sparse(), async_op=True)
+    threading.Thread(target=lambda: print(
+        f"rank {rank}: waited {work.wait() and work.result()[0].to_dense().tolist()}",
+        flush=True)).start()
 else:
     gloo = dist.new_group(backend="gloo")
     for _ in range(8):
