@@ -24,8 +24,8 @@ from urllib.parse import parse_qs, urlparse
 from mpi4py import MPI
 
 from ._config import check_environment, parse_timeout, setting
-from .comm import use_world
 from ._torch_work import network_error
+from .comm import use_world
 from .errors import BackendUnavailable, InvalidArgument
 
 __all__ = ["group_comm", "timeout_seconds", "rendezvous", "forget_world"]

@@ -72,8 +72,7 @@ def _sparse_bucket(comm: Communicator, buffer: torch.Tensor, last: bool
 def _checked_state(state: Any, kind: type, wanted: str) -> None:
     """Raise InvalidType naming ``state`` unless it is a ``kind`` (or None, for a
     Communicator): torch's own hooks take the process group as their state, these do not."""
-    if state is not None and not isinstance(state, kind) or state is None and \
-            kind is not Communicator:
+    if not (isinstance(state, kind) or state is None and kind is Communicator):
         raise InvalidType("state", type(state).__name__, f"{wanted} (register_comm_hook's "
                           "first argument; cupycoll's hooks take no process group)")
 

@@ -43,10 +43,11 @@ def sparse_allreduce(tensor: torch.Tensor, *, op: Any = "sum", comm: Communicato
 
     Args:
         tensor: sparse COO tensor of shape ``(n, *row)`` (n >= 1, a row of >= 1 elements),
-            any nnz (0 included), coalesced or not; float16, bfloat16 (reduced in float32, rounded back once), float32, float64,
-            int32 or int64 values; CPU (MPI) or CUDA (NCCL). The same shape and dtype on every
-            rank (what the ranks agree on is n, the row's element count and the dtype reduced:
-            rows of (1, 3) and of (3,), or bfloat16 and float32, are not told apart).
+            any nnz (0 included), coalesced or not; float16, bfloat16 (reduced in float32,
+            rounded back once), float32, float64, int32 or int64 values; CPU (MPI) or CUDA
+            (NCCL). The same shape and dtype on every rank (what the ranks agree on is n, the
+            row's element count and the dtype reduced: rows of (1, 3) and of (3,), or bfloat16
+            and float32, are not told apart).
         op: "sum" (default), "avg", "max", "min", "prod" (or a ReduceOp).
         comm: communicator (default ``cupycoll.get_comm()``).
         output: "sparse": a coalesced sparse tensor (indices sorted, unique), as
