@@ -77,7 +77,7 @@ def test_late_rank_named_for_every_verb(nprocs, prefix, late):
 
 @pytest.mark.parametrize("nprocs,debug,scenarios", [
     (2, "0", ("crossed", "stale", "skip", "interrupt", "first", "local", "learned",
-              "preempted", "dup", "async_late", "failed", "aborted")),
+              "preempted", "dup", "async_late", "failed", "aborted", "forked")),
     (3, "1", ("crossed", "stale", "interrupt", "first", "local", "learned", "preempted", "dup",
               "async_late", "failed")),
     (4, "0", ("crossed", "skip", "first", "learned", "aborted")),

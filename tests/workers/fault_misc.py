@@ -51,6 +51,9 @@ aborted    abort() from another thread on rank 0 while it waits, without a timeo
            (before: after the 60 s). Then every rank queues ten asynchronous sparse calls and
            aborts: each wait returns the right sum or raises cupycoll's error (before: a
            worker waiting in a call its peer never posted hung the wait and the exit).
+forked     rank 0 forks a child (a DataLoader worker) while its asynchronous call waits for the
+           last rank on the background worker: the child ends at once (before: its exit waited
+           5 s for the call it inherited), and the call completes.
 """
 
 from __future__ import annotations
@@ -550,10 +553,31 @@ def aborted() -> None:
     fresh_allreduce(cc.init("mpi", timeout=10))
 
 
+def forked() -> None:
+    import multiprocessing
+
+    comm = cc.init("mpi", timeout=30)
+    mine = np.array([RANK], np.int64)
+    cc.sparse_allreduce(mine, np.ones(1), P, comm=comm, async_op=True).wait()  # (the worker)
+    if RANK == P - 1:
+        time.sleep(3.0)
+    work = cc.sparse_allreduce(mine, np.ones(1), P, comm=comm, output="dense", async_op=True)
+    took = 0.0
+    if RANK == 0:  # a forked child (a DataLoader worker) that does nothing ends at once, though
+        start = time.monotonic()  # the parent's call still waits on the background worker
+        child = multiprocessing.get_context("fork").Process(target=lambda: None)
+        child.start()  # (before: the child's exit waited 5 s for the inherited worker's call)
+        child.join()
+        took = time.monotonic() - start
+        assert child.exitcode == 0 and took < 2.0, (child.exitcode, took)
+    assert np.array_equal(work.wait(), np.ones(P))
+    report("fork with a call in flight", "child ended", took)
+
+
 for name in sys.argv[1:]:
     {"stale": stale, "crossed": crossed, "skip": skip, "interrupt": interrupt, "first": first,
      "local": local, "learned": learned, "preempted": preempted, "dup": dup,
-     "async_late": async_late, "failed": failed, "aborted": aborted}[name]()
+     "async_late": async_late, "failed": failed, "aborted": aborted, "forked": forked}[name]()
     WORLD.Barrier()
 if RANK == 0:
     print("OK")
