@@ -9,8 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BackendError, CollectiveTimeout
+from ..errors import BackendError
 from ._nccl_guard import spin
+from ._watchdog import forsaken_error
 
 __all__ = ["HostWaits"]
 
@@ -51,13 +52,7 @@ class HostWaits:
         gone = self.board.never_start(self.rank, seq) if self.board is not None else {}
         if gone:
             verb = self._verb or op_name
-            why = "; ".join(f"rank {r} aborted or closed it at collective #{at}"
-                            for r, at in gone.items())
-            error = CollectiveTimeout(
-                f"{verb} (collective #{seq}) cannot complete on rank {self.rank} of {self.size}: "
-                f"{why}, before starting this one. The communicator is aborted: every later "
-                "call on it raises at once; call cupycoll.init() on every rank for a new one",
-                missing_ranks=list(gone), op_name=verb)
+            error = forsaken_error(gone, self.rank, self.size, verb, seq)
             self._die(error, f"{verb} (collective #{seq}, a peer gave up)")
             raise error
 

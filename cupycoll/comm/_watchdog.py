@@ -183,7 +183,7 @@ def timeout_error(board: Board | None, rank: int, size: int, verb: str, step: st
         if count < sequence:
             behind.append(r)
         if dead:
-            died.append(f"rank {r} aborted or closed it at collective #{dead - 1}")
+            died.append(_gave_up(r, dead - 1))
             gone.append(r)
     missing = behind or sorted(set(pending))
     if behind:
@@ -205,9 +205,27 @@ def timeout_error(board: Board | None, rank: int, size: int, verb: str, step: st
     return CollectiveTimeout(
         f"{verb} ({where}collective #{sequence}) did not complete {within}on rank {rank} of "
         f"{size}: "
-        f"{why}{'; ' + notes if notes else ''}. The communicator is aborted: every later call "
-        "on it raises at once; call cupycoll.init() on every rank for a new one",
-        missing_ranks=missing, op_name=verb)
+        f"{why}{'; ' + notes if notes else ''}. {_ABORTED}", missing_ranks=missing, op_name=verb)
+
+
+def forsaken_error(gone: dict[int, int], rank: int, size: int, verb: str,
+                   sequence: int) -> CollectiveTimeout:
+    """The CollectiveTimeout of a wait on collective number ``sequence`` that ``gone`` (rank ->
+    the collective it gave the communicator up at; :meth:`Board.never_start`) will never
+    start."""
+    why = "; ".join(_gave_up(r, at) for r, at in gone.items())
+    return CollectiveTimeout(
+        f"{verb} (collective #{sequence}) cannot complete on rank {rank} of {size}: {why}, "
+        f"before starting this one. {_ABORTED}", missing_ranks=list(gone), op_name=verb)
+
+
+#: how a wait's error ends once it has aborted its communicator
+_ABORTED = ("The communicator is aborted: every later call on it raises at once; call "
+            "cupycoll.init() on every rank for a new one")
+
+
+def _gave_up(rank: int, collective: int) -> str:
+    return f"rank {rank} aborted or closed it at collective #{collective}"
 
 
 def late_ranks(board: Board | None, rank: int, sequence: int) -> list[int]:
