@@ -11,21 +11,11 @@ tests/conftest.py fails the session when any test skips for a reason not startin
 
 from __future__ import annotations
 
-import ctypes
-
 import pytest
 
+from cupycoll.testing.selftest._device import no_device_error
+
 NO_DEVICE = "no CUDA device"
-CUDA_ERROR_INSUFFICIENT_DRIVER = 35
-CUDA_ERROR_NO_DEVICE = 100
-
-
-def _driver_installed() -> bool:
-    try:
-        ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return False
-    return True
 
 
 def no_device_reason(devices: int = 1) -> str | None:
@@ -40,8 +30,7 @@ def no_device_reason(devices: int = 1) -> str | None:
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except cupy.cuda.runtime.CUDARuntimeError as exc:
-        if exc.status == CUDA_ERROR_NO_DEVICE or (
-                exc.status == CUDA_ERROR_INSUFFICIENT_DRIVER and not _driver_installed()):
+        if no_device_error(exc):
             return f"{NO_DEVICE}: getDeviceCount() raised {exc} (no CUDA driver or device here)"
         pytest.fail(f"CUDA is installed but broken: getDeviceCount() raised {exc!r}")
     if count < devices:

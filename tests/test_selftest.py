@@ -304,3 +304,92 @@ def test_docs_list_every_check_with_its_budget():
     for devices in (1, 2):
         assert f"{estimate(_plan.gpu_plan(devices, ROOT)[0]):.0f} s" in text
     assert f"Estimate: {estimate(_plan.emulated_plan(ROOT)[0]):.0f} s." in text
+
+
+# ---------------------------------------------------------------- deadline, interruption, CUDA
+def _main(monkeypatch, tmp_path, checks, *args, device=None):
+    """Run the selftest's ``main`` in process on ``checks`` (the plan replaced); return its
+    exit status and the JSON document it wrote."""
+    import argparse
+
+    import cupycoll.testing.selftest as st
+
+    monkeypatch.setattr(st, "probe", lambda: device or {"count": 0, "why": "none here"})
+    monkeypatch.setattr(st, "plan", lambda devices, source, quick: ("emulated", list(checks),
+                                                                     [], 0.0))
+    parser = argparse.ArgumentParser()
+    st.add_arguments(parser)
+    out = tmp_path / "st.json"
+    try:
+        status = st.main(parser.parse_args([*args, "--json", str(out)]))
+    except (KeyboardInterrupt, SystemExit) as exc:
+        pytest.fail(f"main() let {exc!r} through")
+    return status, json.loads(out.read_text())
+
+
+def test_a_deadline_starts_only_the_checks_whose_budget_the_time_left_covers(
+        monkeypatch, tmp_path):
+    ran = []
+    checks = [Check("first", 1, "quick", lambda ctx: ran.append(ctx.timeout(100)) or
+                    Outcome(True, "fine")),
+              Check("second", 100, "longer than the deadline leaves",
+                    lambda ctx: ran.append("second") or Outcome(True, "fine"))]
+    status, doc = _main(monkeypatch, tmp_path, checks, "--deadline", "5")
+    assert status == 0 and doc["ok"] and [c["name"] for c in doc["checks"]] == ["first"]
+    assert len(ran) == 1 and ran[0] <= 5  # its launches end by the deadline
+    assert [(n["name"], n["reason"].split(":")[0]) for n in doc["not_run"]] == [
+        ("second", "not finished")] and "--deadline 5 s" in doc["not_run"][0]["reason"]
+    late = Context(quick=True, devices=0, source=None, tmp=tmp_path, deadline=time.monotonic())
+    assert late.timeout(100) == 1.0 and run_checks(checks, late) == []
+
+
+def test_an_interrupted_selftest_still_writes_the_checks_that_finished(monkeypatch, tmp_path):
+    """Ctrl-C (or SIGTERM, raised as SystemExit(143)) in the second check: the JSON holds the
+    first one's record, the run is not ok, and the exit status is the signal's."""
+    for stop, status_wanted in ((KeyboardInterrupt(), 130), (SystemExit(143), 143)):
+        def interrupted(ctx: Context, stop=stop) -> Outcome:
+            raise stop
+
+        checks = [Check("first", 1, "fine", lambda ctx: Outcome(True, "fine")),
+                  Check("second", 1, "interrupted", interrupted),
+                  Check("third", 1, "never started", lambda ctx: Outcome(True, "fine"))]
+        status, doc = _main(monkeypatch, tmp_path, checks)
+        assert status == status_wanted and doc["ok"] is False, doc
+        assert [c["name"] for c in doc["checks"]] == ["first"]
+        assert doc["interrupted"].startswith("interrupted")
+        assert [n["name"] for n in doc["not_run"]] == ["second", "third"]
+
+
+def test_a_broken_cuda_fails_the_selftest(monkeypatch, tmp_path):
+    """CUDA installed but broken (the probe's ``broken``): the emulated checks run, and a failed
+    check says why, so the run is not ok."""
+    broken = {"count": 0, "why": "getDeviceCount() raised CUDARuntimeError: 803",
+              "broken": "getDeviceCount() raised CUDARuntimeError: 803"}
+    checks = [Check("fine", 1, "fine", lambda ctx: Outcome(True, "fine"))]
+    status, doc = _main(monkeypatch, tmp_path, checks, device=broken)
+    assert status == 1 and doc["ok"] is False
+    assert [(c["name"], c["ok"]) for c in doc["checks"]] == [("cuda-runtime", False),
+                                                             ("fine", True)]
+    assert "CUDA is installed but broken" in doc["checks"][0]["detail"]
+
+
+def test_the_compile_check_stops_after_a_failed_cold_launch(monkeypatch, tmp_path):
+    """A cold launch that failed (or timed out) is not followed by the cached one."""
+    from cupycoll.testing.selftest import _checks
+
+    class Failed:
+        ok, timed_out = False, True
+
+        def result(self):
+            return None
+
+        def shown(self):
+            return "cmd"
+
+        def failure(self):
+            return "timed out after 120 s"
+
+    launched = []
+    monkeypatch.setattr(_checks, "launch", lambda *a, **k: launched.append(a) or Failed())
+    outcome = _checks.compile_check("compile", 40, True, False).run(_ctx(tmp_path))
+    assert not outcome.ok and "timed out" in outcome.detail and len(launched) == 1

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from cupycoll.testing.selftest import _device
 from tests import _gpu
 from tests._mpi import ROOT, Batch
 
@@ -40,13 +41,26 @@ class _FakeRuntime:
             super().__init__(f"status {status}")
             self.status = status
 
-    def __init__(self, status=None, count=0):
-        self.status, self.count = status, count
+    def __init__(self, status=None, count=0, query_status=None):
+        self.status, self.count, self.query_status = status, count, query_status
 
     def getDeviceCount(self):
         if self.status is not None:
             raise self.CUDARuntimeError(self.status)
         return self.count
+
+    def getDeviceProperties(self, device):
+        if self.query_status is not None:
+            raise self.CUDARuntimeError(self.query_status)
+        return {"name": b"Fake GPU", "major": 9, "minor": 0, "totalGlobalMem": 2**37}
+
+    def runtimeGetVersion(self):
+        return 12080
+
+    driverGetVersion = runtimeGetVersion
+
+    def deviceGetAttribute(self, attribute, device):
+        return {36: 2_619_000, 37: 6144}[attribute]
 
 
 @pytest.fixture
@@ -54,24 +68,46 @@ def fake_cupy(monkeypatch):
     """Install a stand-in cupy whose getDeviceCount behaves as each test says."""
     import types
 
-    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=_FakeRuntime()))
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=_FakeRuntime()),
+                                 __version__="14.0.0")
     monkeypatch.setitem(sys.modules, "cupy", fake)
     return fake.cuda
 
 
-@pytest.mark.parametrize("status,driver,skips", [
-    (_gpu.CUDA_ERROR_NO_DEVICE, True, True),
-    (_gpu.CUDA_ERROR_INSUFFICIENT_DRIVER, False, True),   # no driver installed: no device
-    (_gpu.CUDA_ERROR_INSUFFICIENT_DRIVER, True, False),   # a driver too old: a failure
-    (999, False, False)])                                 # anything else: a failure
+NO_DEVICE_CASES = [
+    (_device.CUDA_ERROR_NO_DEVICE, True, True),
+    (_device.CUDA_ERROR_INSUFFICIENT_DRIVER, False, True),   # no driver installed: no device
+    (_device.CUDA_ERROR_INSUFFICIENT_DRIVER, True, False),   # a driver too old: a failure
+    (803, True, False),                                      # a driver mismatch: a failure
+    (999, False, False)]                                     # anything else: a failure
+
+
+@pytest.mark.parametrize("status,driver,skips", NO_DEVICE_CASES)
 def test_only_no_device_errors_skip(fake_cupy, monkeypatch, status, driver, skips):
     fake_cupy.runtime = _FakeRuntime(status)
-    monkeypatch.setattr(_gpu, "_driver_installed", lambda: driver)
+    monkeypatch.setattr(_device, "_driver_installed", lambda: driver)
     if skips:
         assert _gpu.no_device_reason().startswith(_gpu.NO_DEVICE)
     else:
         with pytest.raises(pytest.fail.Exception, match="broken"):
             _gpu.no_device_reason()
+
+
+@pytest.mark.parametrize("status,driver,absent", NO_DEVICE_CASES)
+def test_the_selftest_calls_a_broken_cuda_broken(fake_cupy, monkeypatch, status, driver, absent):
+    """The selftest's probe follows the same rule: no device runs the emulated checks; a CUDA
+    that is installed and answers with another error is ``broken`` (a failed check, so the run
+    is not ok), whether the count or the device query raises."""
+    fake_cupy.runtime = _FakeRuntime(status)
+    monkeypatch.setattr(_device, "_driver_installed", lambda: driver)
+    found = _device.probe()
+    assert found["count"] == 0 and ("broken" not in found) == absent, found
+    fake_cupy.runtime = _FakeRuntime(count=1, query_status=999)
+    found = _device.probe()
+    assert found["count"] == 0 and "the device query raised" in found["broken"], found
+    fake_cupy.runtime = _FakeRuntime(count=2)
+    found = _device.probe()
+    assert found["count"] == 2 and found["name"] == "Fake GPU" and "broken" not in found
 
 
 def test_device_counts(fake_cupy):

@@ -1,6 +1,6 @@
 """``cupycoll selftest``: a one-command acceptance run, on a GPU machine or without one.
 
-    python -m cupycoll selftest [--json FILE] [--report FILE] [--quick] [--list]
+    python -m cupycoll selftest [--json FILE] [--report FILE] [--quick] [--list] [--deadline S]
 
 With a CUDA device it runs the GPU checks (the suite's gpu tests, kernel compile time, NCCL at
 P = 1, several processes sharing the device on the MPI backend, kernel throughput against the
@@ -8,7 +8,8 @@ memory bandwidth, host syncs and host time; with two or more GPUs the NCCL suite
 overlap buckets); without one, their emulated equivalents (docs/selftest.md lists every check,
 its budget and how to read the report). Each check runs in its own processes with a timeout;
 the markdown report goes to stdout (and ``--report``), the JSON document to ``--json``. The exit
-status is 0 only when every check that ran is ok.
+status is 0 only when every check that ran is ok. An interrupted run (Ctrl-C, SIGTERM) still
+writes both, with the checks that finished, and is not ok.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import contextlib
 import fnmatch
 import json
+import math
 import signal
 import sys
 import threading
@@ -24,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..._arguments import made_folder, output_file
+from ..._arguments import checked, made_folder, output_file
 from ._device import probe
 from ._launch import source_tree
 from ._plan import emulated_plan, gpu_plan
@@ -47,6 +49,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--only", metavar="PATTERNS",
                    help="run only the checks whose names match these comma-separated patterns "
                         "(fnmatch, e.g. 'compile*,mpi-cupy-*')")
+    p.add_argument("--deadline", metavar="SECONDS",
+                   type=checked(float, lambda v: 0 < v < math.inf, "a positive number"),
+                   help="end the run within SECONDS: a check starts only while the time left "
+                        "covers its budget, and its launches are killed when the time is up "
+                        "(the checks not started are listed as not run)")
     p.add_argument("--fail-check", action="store_true",
                    help="add a check that always fails (to test the selftest's failure path: "
                         "exit status 1, \"ok\": false)")
@@ -92,23 +99,40 @@ def main(args: argparse.Namespace) -> int:
     source = source_tree()
     mode, checks, not_run, gpu_estimate = plan(device["count"], source, args.quick)
     checks, not_run = _select(checks, not_run, args.only)
+    if device.get("broken"):
+        checks.insert(0, _checks.broken_cuda_check(device["broken"]))
     if args.fail_check:
         checks.append(_checks.failing_check())
     if args.list:
         print("\n".join(plan_markdown(mode, device, checks, not_run, gpu_estimate)))
         return 0
     start = time.perf_counter()
-    with _terminated_as_exit(), tempfile.TemporaryDirectory(prefix="cupycoll-selftest-") as tmp:
-        ctx = Context(args.quick, device["count"], source, Path(tmp))
-        records = run_checks(checks, ctx, _progress)
+    deadline = math.inf if args.deadline is None else time.monotonic() + args.deadline
+    records: list[dict] = []
+    stopped = None
+    try:
+        with _terminated_as_exit(), tempfile.TemporaryDirectory(prefix="cupycoll-selftest-") as tmp:
+            ctx = Context(args.quick, device["count"], source, Path(tmp), deadline)
+            run_checks(checks, ctx, _progress, records)
+    except (KeyboardInterrupt, SystemExit) as exc:  # the finished checks are still reported
+        stopped = exc
+    why = ("interrupted (Ctrl-C)" if isinstance(stopped, KeyboardInterrupt) else
+           f"interrupted (exit status {stopped.code})" if stopped is not None else
+           f"the time left before --deadline {args.deadline or 0:g} s did not cover its budget")
+    not_run = not_run + [NotRun(c.name, c.budget_s, c.what, f"not finished: {why}")
+                         for c in checks[len(records):]]
     doc = document(mode, device, checks, records, not_run, gpu_estimate, args.quick,
                    time.perf_counter() - start, None if source is None else str(source))
+    if stopped is not None:
+        doc["ok"], doc["interrupted"] = False, why
     text = markdown(doc, checks, not_run)
     print(text)
     if args.report:
         made_folder(args.report).write_text(text)
     if args.json:
         made_folder(args.json).write_text(json.dumps(doc, indent=1, default=str))
+    if stopped is not None:
+        return 130 if isinstance(stopped, KeyboardInterrupt) else int(stopped.code or 1)
     return 0 if doc["ok"] else 1
 
 

@@ -96,8 +96,10 @@ def compile_check(name: str, budget: float, emulated: bool, every: bool) -> Chec
     def run(ctx: Context) -> Outcome:
         cache = ctx.tmp / "compile-cache"
         env = {"CUPY_CACHE_DIR": str(cache)}
-        runs = [launch(worker_command("_w_compile", args, 1), ctx.timeout(budget), env=env)
-                for _ in ("cold", "cached")]
+        runs = [launch(worker_command("_w_compile", args, 1), ctx.timeout(budget), env=env)]
+        if runs[0].ok and runs[0].result() is not None:  # a failed cold run ends the check
+            runs.append(launch(worker_command("_w_compile", args, 1), ctx.timeout(budget),
+                               env=env))
         commands = [f"{label}: {r.shown()}" for label, r in zip(("cold", "cached"), runs)]
         bad = [r for r in runs if not r.ok or r.result() is None]
         if bad:
@@ -233,3 +235,11 @@ def failing_check() -> Check:
     return Check("injected-failure", 1, "a deliberately failing check (--fail-check, for "
                  "testing the selftest itself)",
                  lambda ctx: Outcome(False, "failed on purpose: --fail-check was given"))
+
+
+def broken_cuda_check(why: str) -> Check:
+    """A failed check saying CUDA is installed but broken (``probe`` found a driver and an
+    error other than "no device"): the emulated checks run, and the run is not ok."""
+    return Check("cuda-runtime", 1, "CUDA answers as a GPU machine's should (device count and "
+                 "properties)", lambda ctx: Outcome(False, f"CUDA is installed but broken: "
+                                                   f"{why}; the emulated checks ran instead"))

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
-__all__ = ["probe", "peak_bandwidth"]
+__all__ = ["probe", "peak_bandwidth", "no_device_error"]
+
+#: cudaError_t values of a machine without a CUDA device (the second: no driver installed)
+CUDA_ERROR_NO_DEVICE, CUDA_ERROR_INSUFFICIENT_DRIVER = 100, 35
 
 #: cudaDeviceAttr numbers (stable across CUDA versions): memory clock in kHz, bus width in bits
 _MEMORY_CLOCK_KHZ, _BUS_WIDTH_BITS = 36, 37
@@ -24,27 +28,49 @@ def peak_bandwidth(cupy: Any, device: int = 0) -> float | None:
     return float(clock_khz) * 1e3 * 2 * bus_bits / 8
 
 
+def _driver_installed() -> bool:
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+def no_device_error(exc: BaseException) -> bool:
+    """Whether ``getDeviceCount()``'s error says this machine has no CUDA device
+    (cudaErrorNoDevice, or cudaErrorInsufficientDriver while no driver library is installed at
+    all), not that an installed CUDA is broken (a driver too old or mismatched, anything else)."""
+    status = getattr(exc, "status", None)
+    return status == CUDA_ERROR_NO_DEVICE or (
+        status == CUDA_ERROR_INSUFFICIENT_DRIVER and not _driver_installed())
+
+
 def probe() -> dict[str, Any]:
     """``{"count": N, ...}``: the visible CUDA devices with device 0's name, compute
     capability, memory and peak bandwidth, and the versions; ``count`` 0 with ``why`` when
-    CuPy does not import or sees no device."""
+    CuPy does not import or sees no device, and with ``broken`` too when CUDA is installed but
+    answers with another error (:func:`no_device_error`)."""
     try:
         import cupy
     except Exception as exc:  # noqa: BLE001 - not installed or broken: the no-GPU selftest
         return {"count": 0, "why": f"cupy does not import ({type(exc).__name__}: {exc})"}
+    rt, stage = cupy.cuda.runtime, "getDeviceCount()"
     try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # noqa: BLE001 - no driver or no device
-        return {"count": 0, "why": f"getDeviceCount() raised {type(exc).__name__}: {exc}",
-                "cupy": cupy.__version__}
+        count = rt.getDeviceCount()
+        if count:
+            stage = "the device query"  # an error past the count: CUDA is there, and broken
+            props = rt.getDeviceProperties(0)
+            versions = rt.runtimeGetVersion(), rt.driverGetVersion()
+    except Exception as exc:  # noqa: BLE001 - no driver or no device, or a broken CUDA
+        why = f"{stage} raised {type(exc).__name__}: {exc}"
+        found = {"count": 0, "why": why, "cupy": cupy.__version__}
+        return found if stage == "getDeviceCount()" and no_device_error(exc) else {
+            **found, "broken": why}
     if count == 0:
         return {"count": 0, "why": "no CUDA device visible", "cupy": cupy.__version__}
-    props = cupy.cuda.runtime.getDeviceProperties(0)
     peak = peak_bandwidth(cupy)
     return {"count": count, "name": props["name"].decode(errors="replace"),
             "compute_capability": f"{props['major']}.{props['minor']}",
             "memory_gib": round(props["totalGlobalMem"] / 2**30, 1),
             "peak_bandwidth_gbs": None if peak is None else round(peak / 1e9, 1),
-            "cupy": cupy.__version__,
-            "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion(),
-            "cuda_driver": cupy.cuda.runtime.driverGetVersion()}
+            "cupy": cupy.__version__, "cuda_runtime": versions[0], "cuda_driver": versions[1]}

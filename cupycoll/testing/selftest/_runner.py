@@ -4,11 +4,13 @@ A :class:`Check` computes nothing itself: its ``run`` launches child processes (
 :mod:`._launch`) with timeouts derived from its budget, and returns an :class:`Outcome`. The
 runner times each one, turns an exception into a failed outcome (the next check still runs),
 and records the wall time against the budget. The estimate of a plan is the sum of its
-budgets.
+budgets. A run's deadline (``--deadline``) starts a check only while the time left covers its
+budget and cuts every launch's timeout to the time left.
 """
 
 from __future__ import annotations
 
+import math
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -31,10 +33,17 @@ class Context:
     devices: int  # CUDA devices seen (0: the emulated equivalents run)
     source: Path | None  # the source checkout (tests/ present), None for an installed copy
     tmp: Path
+    #: ``time.monotonic()`` by which the run ends (``--deadline``), inf for none
+    deadline: float = math.inf
+
+    def left(self) -> float:
+        """Seconds left before the deadline."""
+        return self.deadline - time.monotonic()
 
     def timeout(self, budget_s: float) -> float:
-        """The timeout of one launch of a check with this budget."""
-        return max(MIN_TIMEOUT, TIMEOUT_FACTOR * budget_s)
+        """The timeout of one launch of a check with this budget (no later than the
+        deadline)."""
+        return min(max(MIN_TIMEOUT, TIMEOUT_FACTOR * budget_s), max(self.left(), 1.0))
 
 
 @dataclass
@@ -95,10 +104,19 @@ def run_one(check: Check, ctx: Context) -> dict[str, Any]:
 
 
 def run_checks(checks: Sequence[Check], ctx: Context,
-               progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """Run ``checks`` in order; return their records. ``progress`` gets one line per check."""
-    records = []
+               progress: Callable[[str], None] | None = None,
+               records: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Run ``checks`` in order, each appending its record to ``records`` (a new list by
+    default: the caller's list holds the finished ones if the run is interrupted) as it ends,
+    until one whose budget the deadline's time left does not cover; return ``records``.
+    ``progress`` gets one line per check."""
+    records = [] if records is None else records
     for i, check in enumerate(checks, 1):
+        if ctx.left() < check.budget_s:
+            if progress:
+                progress(f"[{i}/{len(checks)}] {check.name}: not started, {ctx.left():.0f} s "
+                         f"left before the deadline (budget {check.budget_s:.0f} s)")
+            break
         if progress:
             progress(f"[{i}/{len(checks)}] {check.name} (budget {check.budget_s:.0f} s) ...")
         record = run_one(check, ctx)

@@ -75,12 +75,19 @@ def calls(cc: Any, comm: Any, xp: Any, seed: int, sizes: tuple[int, ...]):
                         got = _done(cc.reduce(x, root, op, comm=comm, **kw))
                         yield f"reduce root={root} {label}", got, \
                             (want if r == root else None), op
-            for root in range(p):
-                x = xp.asarray(per_rank[r])
-                yield f"broadcast root={root} {dtype} n={n * p}", _done(cc.broadcast(
-                    x, root, comm=comm)), per_rank[root], "copy"
-            yield f"allgather {dtype} n={n * p}", _done(cc.allgather(
-                xp.asarray(per_rank[r]), comm=comm)), np.concatenate(per_rank), "copy"
+            for how in ("new", "in_place", "async"):
+                kw = {"async_op": how == "async"}
+                for root in range(p):
+                    x = xp.asarray(per_rank[r])
+                    yield f"broadcast root={root} {dtype} n={n * p} {how}", _done(cc.broadcast(
+                        x, root, comm=comm, **({"out": x} if how == "in_place" else kw))), \
+                        per_rank[root], "copy"
+                whole = xp.asarray(np.concatenate([np.zeros_like(a) for a in per_rank]))
+                x = whole[r * n * p:(r + 1) * n * p]  # in place: this rank's block of out
+                x[...] = xp.asarray(per_rank[r])
+                yield f"allgather {dtype} n={n * p} {how}", _done(cc.allgather(
+                    x, comm=comm, **({"out": whole} if how == "in_place" else kw))), \
+                    np.concatenate(per_rank), "copy"
 
 
 def _done(result: Any) -> Any:
