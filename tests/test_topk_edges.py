@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import cupycoll as cc
-from cupycoll.topk import Exact, Threshold
+from cupycoll.errors import InvalidArgument, InvalidType
+from cupycoll.topk import Exact, Gaussian, Threshold
 from tests._mpi import Batch, run_mpi
 
 LAUNCHES = Batch({"topk_edges.py": {p: () for p in (1, 2, 3, 4)}}, timeout=300)
@@ -50,3 +51,34 @@ def test_histogram_threshold_from_a_threshold_at_the_top(dtype):
         t, count = histogram_threshold(comm, mags, 500, 20000, center, dtype)
         assert count == np.count_nonzero(mags.astype(np.float64) >= t), (center, t)
         assert 450 <= count <= 550, (center, t, count)
+
+
+@pytest.mark.parametrize("poison", [np.nan, np.inf, -np.inf])
+def test_gaussian_reference_fit_made_non_finite_selects_about_k(poison):
+    """One NaN or infinity in x makes the whole-vector fit non-finite: the reference policy
+    takes the k-th magnitude of x's numbers instead (it selected every nonzero), NaN never."""
+    x = np.random.default_rng(5).standard_normal(10000).astype(np.float32)
+    x[17] = poison
+    sel = Gaussian(policy="reference").select(x, 100)
+    assert 75 <= sel.count <= 125 and not np.isnan(sel.values).any(), sel.count
+    assert (17 in sel.indices.tolist()) == bool(np.isinf(poison))
+    numbers = np.abs(x[~np.isnan(x)])
+    assert np.all(np.abs(sel.values) >= np.sort(numbers)[-sel.count])
+
+
+@pytest.mark.parametrize("make,setting,value,kind", [
+    (Gaussian, "low", "0.75", InvalidType), (Gaussian, "high", 0.5, InvalidArgument),
+    (Gaussian, "max_corrections", None, InvalidType), (Gaussian, "scale", np.inf, InvalidArgument),
+    (Threshold, "scale", 0, InvalidArgument), (Threshold, "cap_tries", 1.5, InvalidType),
+    (Threshold, "cap", -1.0, InvalidArgument), (Threshold, "policy", "nope", InvalidArgument),
+    (Gaussian, "low", True, InvalidType)])
+def test_bad_selector_settings_raise_naming_the_selector(make, setting, value, kind):
+    """At construction and when set afterwards (check(), which every call runs)."""
+    with pytest.raises(kind) as info:
+        make(**{setting: value})
+    assert info.value.argument == "selector" and setting in str(info.value)
+    sel = make(policy="reference")
+    setattr(sel, setting, value)
+    with pytest.raises(kind) as info:
+        sel.check(rank=2)
+    assert (info.value.argument, info.value.rank) == ("selector", 2)

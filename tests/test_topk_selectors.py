@@ -268,6 +268,20 @@ def test_compressor_names_each_bad_argument(argument, args):
     assert cc.TopkCompressor(8, 1).k == 8 and cc.TopkCompressor(8, 1e-9).k == 1
 
 
+def test_compressor_k_is_the_floor_of_density_times_n_up_to_rounding():
+    """k = floor(density * n), where a product a few ulps below an integer counts as it: 0.29 *
+    100 is 29 (float arithmetic: 28.999999999999996), 2 / 6 * 6 is 2, 0.2899 * 100 is 28."""
+    import cupycoll as cc
+    for n in (100, 1000, 12345, 6, 2**20):
+        for d in (0.29, 0.57, 0.58, 0.07, 0.1, 1 / 3, 2 / 6, 0.2899, np.float64(0.29)):
+            exact = d * n
+            near = round(exact)
+            want = near if abs(exact - near) <= 1e-12 * exact else int(exact)
+            assert cc.TopkCompressor(n, d).k == max(1, want), (n, d)
+    assert cc.TopkCompressor(100, 0.29).k == 29 and cc.TopkCompressor(100, 0.58).k == 58
+    assert cc.TopkCompressor(100, 0.2899).k == 28
+
+
 def test_reference_threshold_recomputes_exactly_when_k_changes():
     """Reference policy: a call with another k recomputes the threshold exactly (the top k by
     magnitude), refresh or not; with the same k it reuses the previous threshold."""

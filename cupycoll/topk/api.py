@@ -142,6 +142,9 @@ def _local_checks(comm: Communicator, x: Any, k: Any, algorithm: Any, selector: 
                           "None or a selector (Exact, Threshold, Gaussian)", rank=rank)
     if state is not None and not isinstance(state, TopkState):
         raise InvalidType("state", type(state).__name__, "None or a TopkState", rank=rank)
+    chosen = selector if selector is not None else getattr(state, "selector", None)
+    if isinstance(chosen, Selector):
+        chosen.check(rank)
     arr = as_array(x, argument, rank=rank)
     check_device(arr, comm, argument)
     if arr.dtype not in _DTYPE_CODES:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from typing import Any
 
 import numpy as np
@@ -77,7 +78,8 @@ class TopkCompressor:
                 not 0 < density <= 1:
             raise InvalidArgument("density", density, "must be a number in (0, 1]")
         self.density: float = float(density)
-        self.k: int = max(1, math.floor(self.density * self.n))
+        # a few ulps up: 0.29 * 100 is 28.999999999999996, 2 / 6 * 6 is 2.0
+        self.k: int = max(1, math.floor(self.density * self.n * (1 + 4 * sys.float_info.epsilon)))
         self._algorithm_from = "algorithm" if algorithm is not None else \
             "CUPYCOLL_TOPK_ALGORITHM"
         self.algorithm: str = setting("CUPYCOLL_TOPK_ALGORITHM", algorithm)

@@ -40,13 +40,14 @@ from __future__ import annotations
 
 import abc
 import math
+import numbers
 import statistics
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from .._types import array_namespace
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, InvalidType
 from ..primitives import count_abs_ge, kth_abs, select_abs_ge, topk_abs
 from ..primitives._common import smallest_positive
 from ..primitives._numpy_select import abs_ge_kth
@@ -204,14 +205,40 @@ class Selector(abc.ABC):
         self.last_count = sel.count
         return sel
 
+    def check(self, rank: int | None = None) -> None:
+        """Raise ``InvalidArgument``/``InvalidType`` naming a setting this selector cannot
+        select with (given to it or changed since; ``rank`` in the message): a call checks its
+        selector with its other arguments, so every rank raises."""
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
 
-def _check_policy(policy: Any, allowed: tuple[str, ...]) -> str:
-    if policy not in allowed:
-        raise InvalidArgument("policy", policy, f"must be one of {allowed}")
-    return str(policy)
+def _check_settings(selector: Selector, policies: tuple[str, ...], counts: tuple[str, ...],
+                    rank: int | None) -> None:
+    """The policy one of ``policies``, ``counts`` whole numbers >= 0, every other setting of
+    ``selector.__init__`` a finite real > 0 (``low`` >= 0), ``high`` >= ``low``; the errors name
+    ``selector`` (the agreement's name for it) and say which setting."""
+    if selector.policy not in policies:
+        raise InvalidArgument("selector", selector.policy,
+                              f"its policy must be one of {policies}", rank=rank)
+    for name in ("low", "high", "scale", "cap", "cap_scale") + counts:
+        if not hasattr(selector, name):
+            continue
+        value, whole = getattr(selector, name), name in counts
+        kind = (numbers.Integral, np.integer) if whole else (numbers.Real, np.floating,
+                                                              np.integer)
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, kind):
+            raise InvalidType("selector", f"{name}={type(value).__name__}",
+                              f"a selector whose {name} is "
+                              + ("an int" if whole else "a real number"), rank=rank)
+        least = ">= 0" if whole or name == "low" else "> 0"
+        if not ((value >= 0 if least == ">= 0" else value > 0) and math.isfinite(value)):
+            raise InvalidArgument("selector", value, f"its {name} must be finite and {least}",
+                                  rank=rank)
+    if selector.high < selector.low:
+        raise InvalidArgument("selector", selector.high,
+                              f"its high must be >= its low = {selector.low}", rank=rank)
 
 
 class Exact(Selector):
@@ -246,11 +273,15 @@ class Threshold(Selector):
                  scale: float = 1.012, cap: float = 4 / 3, cap_scale: float = 1.03,
                  cap_tries: int = 5) -> None:
         super().__init__()
-        self.policy = _check_policy(policy, ("quantile", "reference"))
+        self.policy = policy
         self.low, self.high, self.scale = low, high, scale
         self.cap, self.cap_scale, self.cap_tries = cap, cap_scale, cap_tries
         self.threshold: float | None = None
         self._k: int | None = None
+        self.check()
+
+    def check(self, rank: int | None = None) -> None:
+        _check_settings(self, ("quantile", "reference"), ("cap_tries",), rank)
 
     def _select(self, x: Any, k: int, refresh: bool) -> Selection:
         if self.policy == "quantile":
@@ -314,8 +345,12 @@ class Gaussian(Selector):
     def __init__(self, *, policy: str = "corrected", low: float = 3 / 4, high: float = 5 / 4,
                  scale: float = 1.02, max_corrections: int = 20) -> None:
         super().__init__()
-        self.policy = _check_policy(policy, ("corrected", "reference"))
+        self.policy = policy
         self.low, self.high, self.scale, self.max_corrections = low, high, scale, max_corrections
+        self.check()
+
+    def check(self, rank: int | None = None) -> None:
+        _check_settings(self, ("corrected", "reference"), ("max_corrections",), rank)
 
     def estimate(self, x: Any, k: int) -> float:
         """Return the Gaussian estimate ``|mean| + z*std`` of the k-th magnitude of ``x``."""
@@ -336,7 +371,11 @@ class Gaussian(Selector):
         return Selection(idx, val, th)
 
     def _reference(self, x: Any, k: int) -> Selection:
-        th = positive_threshold(_normal_fit(x, k / x.shape[0], signed=True), x.dtype)
+        fit = _normal_fit(x, k / x.shape[0], signed=True)
+        if not math.isfinite(fit):  # a NaN or an infinity in x: the k-th magnitude of its numbers
+            top = top_numbers(x, k)[1]
+            fit = min_abs(top) if top.shape[0] else 0.0
+        th = positive_threshold(fit, x.dtype)
         low, high = math.floor(self.low * k), math.floor(self.high * k)
         count = count_abs_ge(x, th)
         factor = 1 / self.scale if count < low else self.scale if count > high else None

@@ -7,7 +7,8 @@ NaN: never selected by any algorithm or selector, never in a result, left in its
 residual by the compressor. An inf k-th magnitude on an Ok-Topk refresh step (inf inputs, a
 float16 sum that overflows): the state's global threshold stays finite and the next steps
 select 0.9k..1.1k, an upper set of the union of the local selections. A bad state on one rank
-(fields set after construction too): InvalidType / InvalidArgument naming 'state' on every rank.
+(fields set after construction too): InvalidType / InvalidArgument naming 'state' on every rank;
+a bad selector setting on one rank alike, naming 'selector' (the communicator lives on).
 Ranks restored from two runs' checkpoints at the same step: MismatchError on every rank.
 """
 
@@ -26,7 +27,8 @@ EMU = emulation(sys.argv)  # before cupycoll's communicators
 
 import cupycoll as cc  # noqa: E402
 from cupycoll.errors import InvalidArgument, InvalidType, MismatchError  # noqa: E402
-from cupycoll.topk import Threshold, TopkCompressor, TopkState, topk_allreduce  # noqa: E402
+from cupycoll.topk import (Gaussian, Threshold, TopkCompressor, TopkState,  # noqa: E402
+                           topk_allreduce)
 
 WORLD = MPI.COMM_WORLD
 
@@ -176,6 +178,25 @@ def mixed_checkpoints(comm) -> None:
     assert f"(step: 0 on {others}; 5 on rank {p - 1})" in str(exc), exc
 
 
+def bad_selectors(comm) -> None:
+    """A selector setting made bad on the last rank after construction: every rank raises
+    naming 'selector' and that rank (before any data moves); the next call runs."""
+    p, r, last = comm.size, comm.rank, comm.size - 1
+    x = exact_inputs(9, p, 2000, "float32")[r]
+    cases = [(Gaussian, "gaussiank", "low", "0.75", InvalidType),
+             (Gaussian, "gaussiank", "max_corrections", None, InvalidType),
+             (Threshold, "oktopk", "scale", 0, InvalidArgument),
+             (Threshold, "topka", "policy", "nope", InvalidArgument)]
+    for make, alg, setting, value, kind in cases:
+        sel = make(policy="reference")
+        if r == last:
+            setattr(sel, setting, value)
+        exc = expect_raises(kind, topk_allreduce, x, 100, comm=comm, algorithm=alg, selector=sel)
+        assert (exc.argument, exc.rank) == ("selector", last), (setting, exc)
+        assert r != last or setting in str(exc), exc
+        assert topk_allreduce(x, 100, comm=comm, algorithm=alg).nnz >= 1
+
+
 def main() -> None:
     if EMU is not None:
         nan_never_selected(cc.init("nccl"))
@@ -187,6 +208,7 @@ def main() -> None:
     nan_never_selected(comm)
     inf_threshold(comm)
     bad_states(comm)
+    bad_selectors(comm)
     mixed_checkpoints(comm)
     if comm.rank == 0:
         print("OK")
