@@ -17,7 +17,8 @@ from .._types import ReduceOp, to_host
 from ..errors import CupycollError
 from ._watchdog import late_ranks
 from ._work import Work
-from ._mpi_types import _MPI_TYPES, _address, _fold_blocks, _separate, averaged
+from ._mpi_staging import settings_first
+from ._mpi_types import _MPI_TYPES, _address, _fold_blocks, _separate, averaged, copied_into
 
 _TAG_BLOCKS = 8  # the blocks' messages (apart from exchange's)
 #: reduce's folded blocks on their way to the root: a tag of their own per call (the
@@ -51,6 +52,7 @@ def pairwise_reduce_scatter(comm: Any, send: Any, recv: Any, op: ReduceOp, op_na
     are booked as the native collective's; a timeout names the peers whose blocks are missing.
     Returns a Work, or None when ``blocking`` (done)."""
     size, rank = comm.size, comm.rank
+    settings_first(rank, op, send.dtype)
     comm._record_collective("reduce_scatter", send.nbytes, op_name=op_name)
     host, copy_back = comm._staged(recv)
     plain = type(send) is np.ndarray and send.flags.c_contiguous
@@ -155,7 +157,7 @@ def pairwise_reduce(comm: Any, send: Any, recv: Any, op: ReduceOp, root: int, op
         if at_root and op is ReduceOp.AVG:
             averaged(out, size)
         if staged:
-            recv[...] = comm.xp.asarray(out.reshape(recv.shape))
+            copied_into(recv, out.reshape(recv.shape), comm.xp)
             comm._release(out)
         comm._release(rows)
 

@@ -13,13 +13,21 @@ from .._config import check_run_settings
 from .._types import ReduceOp, to_host
 from ..primitives._numpy_reduce import canonical_nan
 from ._mpi_types import (_NATIVE, _address, _give, _mpi_op, _native, _separate, _take, _typed,
-                         _widened, averaged)
+                         _widened, averaged, copied_into)
 
-__all__ = ["Staging"]
+__all__ = ["Staging", "settings_first"]
 
 _AVG = ReduceOp.AVG  # a module constant: no Enum member lookup per call
 #: the float reductions whose MPI op or finish reads CUPYCOLL_NUMBA (max/min fold, avg divides)
 _PARSE_FIRST = frozenset((ReduceOp.MAX, ReduceOp.MIN, _AVG))
+
+
+def settings_first(rank: int, op: ReduceOp, dtype: Any) -> None:
+    """Raise a bad ``CUPYCOLL_NUMBA`` (read by the float max/min/avg folds) before anything is
+    posted: every rank that has it raises at once, not in MPI's callback (a fatal error), nor
+    mid-exchange on the one rank whose block reaches numba's size, nor on the root alone."""
+    if op in _PARSE_FIRST and np.dtype(dtype).kind == "f":
+        check_run_settings(rank)
 _MINMAX = frozenset((ReduceOp.MAX, ReduceOp.MIN))
 
 
@@ -39,8 +47,7 @@ class Staging:
         ``send`` C-contiguous, ``recv`` the same array (in place) or apart from it. Anything
         else is widened, staged or de-aliased by :meth:`_reduction_buffers`.
         """
-        if op in _PARSE_FIRST and send.dtype.kind == "f":  # before posting: a bad setting
-            check_run_settings(self.rank)  # raises here, not in MPI's callback (a fatal error)
+        settings_first(self.rank, op, send.dtype)
         if (type(send) is np.ndarray and send.flags.c_contiguous
                 and (recv is None or type(recv) is np.ndarray and recv.dtype is send.dtype)):
             spec = _NATIVE[op].get(send.dtype) or _native(op, send.dtype)
@@ -109,7 +116,7 @@ class Staging:
                     if isinstance(recv, np.ndarray):  # cast in the copy: no temporary
                         np.copyto(recv, host_recv, casting="unsafe")
                     else:
-                        recv[...] = self.xp.asarray(host_recv.astype(recv.dtype, copy=False))
+                        copied_into(recv, host_recv.astype(recv.dtype, copy=False), self.xp)
                 self._release(host_recv)
         return finalize
 
@@ -147,5 +154,5 @@ class Staging:
         if type(recv) is np.ndarray and recv.flags.c_contiguous:
             return recv, None
         host = np.empty(recv.shape, recv.dtype)
-        return host, lambda: recv.__setitem__(Ellipsis, self.xp.asarray(host))
+        return host, lambda: copied_into(recv, host, self.xp)
 

@@ -4,6 +4,7 @@ and the stand-in of a dead comm."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -243,3 +244,12 @@ def duplicate(base: Any, wait: Any = None) -> MPI.Intracomm:
     twin, request = base.Idup()
     wait(request, "a new communicator's duplicate")
     return twin
+
+
+def copied_into(recv: Any, host: np.ndarray, xp: Any) -> None:
+    """``recv[...] = host`` for a device array ``recv``, its device current: a Work's finalizer
+    runs on whichever thread completes it (a future's on cupycoll's own), whose current device
+    may be another."""
+    device = getattr(recv, "device", None)
+    with device if hasattr(device, "__enter__") else contextlib.nullcontext():
+        recv[...] = xp.asarray(host)

@@ -23,7 +23,7 @@ from ..errors import BackendError
 from ._base import Communicator
 from ._checks import agreed_settings, check_peers, rank_of
 from ._mpi_exit import settle_at_exit
-from ._mpi_staging import _AVG, Staging
+from ._mpi_staging import _AVG, Staging, settings_first
 from ._mpi_pairwise import (all_done, earlier_first, pairwise_blocks_apply, pairwise_reduce,
                              pairwise_reduce_applies, pairwise_reduce_scatter, progress_all,
                              unposted_left)
@@ -36,8 +36,6 @@ from ._work import Work
 __all__ = ["MPICommunicator"]
 
 _TAG = 7
-#: off the root a reduce-as-allreduce result is dropped: avg's division need not run there
-_AVG_AS_SUM = {_AVG: ReduceOp.SUM}
 _POLLS = 8  # tests between two yields (or naps, or deadline checks); docs/failures.md
 
 
@@ -230,9 +228,10 @@ class MPICommunicator(Staging, Communicator):
         reduces natively, as a pairwise reduce-scatter and a gather (:mod:`._mpi_pairwise`);
         else from ``CUPYCOLL_REDUCE_AS_ALLREDUCE`` bytes as an allreduce whose result only the
         root keeps (the other ranks reduce into a pooled scratch buffer): MPICH's nonblocking
-        reduce is slower than its allreduce from 256 KiB (docs/dense.md).
-        Every rank decides from the agreed byte count and dtype."""
+        reduce is slower than its allreduce from 256 KiB (docs/dense.md). Every rank decides
+        from the agreed byte count and dtype; a bad setting raises first (avg runs as a sum)."""
         at_root = self.rank == root
+        settings_first(self.rank, op, send.dtype)
         if pairwise_reduce_applies(self, send):
             return pairwise_reduce(self, send, recv if at_root else None, op, root, op_name,
                                    blocking)
@@ -247,7 +246,8 @@ class MPICommunicator(Staging, Communicator):
             args, finalize, keep = self._reduction(send, recv, op, True)
         else:
             scratch = self._scratch(send.shape, np.dtype(send.dtype))
-            args, finalize, keep = self._reduction(send, scratch, _AVG_AS_SUM.get(op, op), False)
+            summed = ReduceOp.SUM if op is _AVG else op  # the result is dropped: no division
+            args, finalize, keep = self._reduction(send, scratch, summed, False)
             finalize = self._then_release(finalize, scratch)
         return self._launch(blocking, op_name, comm.Allreduce, comm.Iallreduce, args,
                             finalize, keep)

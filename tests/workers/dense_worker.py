@@ -224,19 +224,31 @@ def bad_numba_setting(rank: int, p: int) -> int:
     from cupycoll.errors import InvalidArgument
 
     x = np.arange(20_000, dtype=np.float64) * (rank + 1)
+    # reduce and reduce_scatter past the thresholds: pairwise (float64, blocks of numba's size
+    # on some ranks only) and as an allreduce (float16, where only the root divides an avg)
+    big = np.arange(40_000 * p, dtype=np.float64) % 1000 * (rank + 1)
+    half = (np.arange(160_000) % 7).astype(np.float16)
+    calls = [(f"allreduce {op}", lambda op=op: cc.allreduce(x, op)) for op in ("max", "min", "avg")]
+    calls += [(f"reduce {op} root {root} {a.dtype}", lambda op=op, root=root, a=a: cc.reduce(
+        a, root, op)) for op in ("max", "avg") for root in {0, p - 1} for a in (big, half)]
+    calls += [(f"reduce_scatter {op}", lambda op=op: cc.reduce_scatter(big, op))
+              for op in ("max", "avg")]
     os.environ["CUPYCOLL_NUMBA"] = "maybe"
     try:
-        for op in ("max", "min", "avg"):
+        for label, call in calls:
             try:
-                cc.allreduce(x, op)
+                call()
             except InvalidArgument as exc:
-                assert exc.argument == "CUPYCOLL_NUMBA" and exc.rank == rank, exc
+                assert exc.argument == "CUPYCOLL_NUMBA" and exc.rank == rank, (label, exc)
             else:
-                raise AssertionError(f"{op}: no InvalidArgument")
+                raise AssertionError(f"{label}: no InvalidArgument")
     finally:
         del os.environ["CUPYCOLL_NUMBA"]
     check(cc.allreduce(x, "max"), x / (rank + 1) * p, "max after the setting is fixed")
-    return 3
+    got = cc.reduce(big, 0, "max")  # nothing of the refused calls was left posted
+    if rank == 0:
+        check(got, big * p, "reduce max after the setting is fixed")
+    return len(calls)
 
 
 def communicator_with(name: str, value: str, **more: str):

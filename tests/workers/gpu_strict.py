@@ -18,7 +18,9 @@ Modes:
   fidelity      CuPy behaviour the algorithms rely on: argsort is stable (numpy's default is
                 not: duplicates would be folded in another order); the MPI backend's in-place
                 broadcast of a device array at the root stages the root's data (it sent an
-                unfilled staging buffer); device work never raises numpy's floating-point
+                unfilled staging buffer), and its asynchronous reductions copy their results
+                back on the arrays' device whichever device is current where they complete (it
+                raised DeviceMismatch); device work never raises numpy's floating-point
                 errors (an overflowing cast under np.errstate(all="raise") raised)
   destroy       ncclCommDestroy with an operation a dead peer never joins blocks, without error,
                 until the emulated NCCL is released (P = 4, 2 devices per node; run it last)
@@ -408,6 +410,34 @@ def mode_fidelity():
         x = cupy.full(17, float(RANK + 1), cupy.float32)
         comm.broadcast(x, x, root).wait()
         assert x.get().tolist() == [root + 1.0] * 17, (root, x.get())
+    staged_results_on_their_device(comm)
+
+
+def staged_results_on_their_device(comm) -> None:
+    """Asynchronous reductions of device arrays on the MPI backend (staged through the host:
+    native, pairwise reduce and reduce_scatter), completed while another device is current (a
+    wait inside ``with Device(other)``, a future, on cupycoll's thread): the copy back runs on
+    the arrays' device (before: DeviceMismatch in the finalizer)."""
+    mine = RANK % DEVICES
+    with cupy.cuda.Device(mine):
+        for n in (4 * P, (1 << 16) * P):  # native; from the pairwise thresholds
+            x = cupy.full(n, float(RANK + 1), cupy.float32)
+            total = P * (P + 1) / 2
+            for how in ("switched", "future"):
+                calls = [("allreduce", cc.allreduce(x, "sum", comm=comm, async_op=True), n),
+                         ("reduce", cc.reduce(x, P - 1, "sum", comm=comm, async_op=True), n),
+                         ("reduce_scatter", cc.reduce_scatter(x, "sum", comm=comm,
+                                                              async_op=True), n // P)]
+                for verb, work, size in calls:
+                    if how == "future":
+                        got = work.get_future().result(timeout=60)
+                    else:
+                        with cupy.cuda.Device((mine + 1) % DEVICES):
+                            got = work.wait()
+                    if got is None:  # reduce off the root
+                        continue
+                    assert got.device.id == mine, (verb, how, n, got.device.id)
+                    assert got.get().tolist() == [total] * size, (verb, how, n)
 
 
 def mode_counts():
