@@ -112,7 +112,7 @@ class HostWaits:
                 return True
             if deadline is not None and time.monotonic() > deadline:
                 raise self._timed_out(op_name)
-            self._check_alive()  # abort() from another thread ends the wait
+            self._still_wanted(op_name)  # abort() from another thread, peers gone: it ends
             progress_all()  # a peer may wait in a pairwise call's second phase this rank holds
             return False
 

@@ -231,7 +231,8 @@ def _two_phases(comm: Any, first: list, first_peers: list[int], between: Any, fi
         return None
     work = Work(wait, test, finish, on_drop=lambda: comm._orphaned.append((test, keep)),
                 late=lambda: late_ranks(comm.board, comm.rank, sequence),
-                interrupted=lambda kind: comm._interrupted(op_name, kind))
+                interrupted=lambda kind: comm._interrupted(op_name, kind),
+                wanted=lambda: comm._still_wanted(op_name, sequence))
     comm._started.add(work)
     return work
 

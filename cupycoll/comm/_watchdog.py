@@ -60,9 +60,10 @@ class Board:
         for i, world in enumerate(members):
             buf, _ = self._shared.Shared_query(i)
             self._local[world] = np.frombuffer(buf, np.int64, 2)
-        self._remote = None
-        if node.Get_size() < size:  # ranks on other nodes: RMA reads of the same memory
-            self._remote = MPI.Win.Create(memory, 8, comm=mpi_comm)
+        self._remote, self._unread = None, []
+        if node.Get_size() < size:  # ranks on other nodes: RMA reads of the same memory, in
+            self._remote = MPI.Win.Create(memory, 8, comm=mpi_comm)  # one passive epoch:
+            self._remote.Lock_all(MPI.MODE_NOCHECK)  # local (nobody locks it exclusively)
         self.size = size
         node.Free()
 
@@ -95,20 +96,22 @@ class Board:
 
     def _read_remote(self, ranks: Sequence[int]) -> dict[int, tuple[int, int]]:
         """RMA reads of ranks on other nodes, given ``_REMOTE_GRACE`` s (a rank whose MPI
-        library needs its help to serve the read and is busy elsewhere stays unread)."""
+        library needs its help to serve the read and is busy elsewhere stays unread). The
+        epoch is open from the board's making: a lock taken here would wait for that help
+        itself, past any grace. A read left unfinished keeps its buffer (MPI may still write
+        it)."""
         from mpi4py import MPI
 
-        win, bufs, reqs = self._remote, {}, []
-        win.Lock_all()
+        bufs, reqs = {}, []
         for r in ranks:
             bufs[r] = np.zeros(2, np.int64)
-            reqs.append(win.Rget(bufs[r], r))
+            reqs.append(self._remote.Rget(bufs[r], r))
         deadline = time.monotonic() + _REMOTE_GRACE
         while not MPI.Request.Testall(reqs) and time.monotonic() < deadline:
             time.sleep(1e-3)
         done = {r: (int(b[0]), int(b[1])) for (r, b), q in zip(bufs.items(), reqs) if q.Test()}
-        if len(done) == len(ranks):
-            win.Unlock_all()
+        if len(done) < len(ranks):
+            self._unread.append((bufs, reqs))
         return done
 
 

@@ -55,7 +55,10 @@ class Work:
     then keeps what the operation still reads or writes: MPI's requests and buffers).
     ``late``: the ranks that have not started the operation yet (a ``wait(timeout)`` names
     them). ``interrupted``: called with the type of an exception that left a ``wait(timeout)``
-    (Ctrl-C): the backend's own wait's rule for an operation left pending.
+    (Ctrl-C): the backend's own wait's rule for an operation left pending. ``wanted``: raises
+    when the operation can no longer complete (``abort()`` from another thread, peers that
+    gave the communicator up before it), which ends a ``wait(timeout)`` as the backend's own
+    wait ends.
     """
 
     def __init__(self, wait_fn: Callable[[], None] | None = None,
@@ -66,8 +69,10 @@ class Work:
                  on_drop: Callable[[], None] | None = None,
                  stamp: Callable[[], Callable[[], None]] | None = None,
                  late: Callable[[], list[int]] | None = None,
-                 interrupted: Callable[[type], None] | None = None) -> None:
+                 interrupted: Callable[[type], None] | None = None,
+                 wanted: Callable[[], None] | None = None) -> None:
         self._on_drop, self._late, self._interrupted = on_drop, late, interrupted
+        self._wanted = wanted
         self._stamp, self._after = stamp, None
         self._wait_fn, self._test_fn, self._finalize = wait_fn, test_fn, finalize
         self._sync_fn = sync_fn if sync_fn is not None else wait_fn
@@ -108,6 +113,8 @@ class Work:
                             f"Work.wait(timeout={timeout}) expired before the operation "
                             f"completed{behind} (it goes on: wait again to complete it)",
                             missing_ranks=missing)
+                    if self._wanted is not None:
+                        self._wanted()
                     time.sleep(1e-4)
             except BaseException as exc:  # Ctrl-C: the operation is left pending
                 if self._interrupted is not None:
@@ -237,7 +244,8 @@ class Work:
                    sync_fn=getattr(work, "synchronize", None),
                    device=getattr(work, "_device", None), stamp=getattr(work, "_stamp", None),
                    late=getattr(work, "_late", None),
-                   interrupted=getattr(work, "_interrupted", None))
+                   interrupted=getattr(work, "_interrupted", None),
+                   wanted=getattr(work, "_wanted", None))
         then._host_waits = getattr(work, "_host_waits", False)
         return then
 

@@ -198,12 +198,12 @@ class MPICommunicator(Staging, Communicator):
                 raise
             keep_alive.clear()
 
-        sequence = self.sequence
-        keep_alive = list(keep)
+        sequence, keep_alive = self.sequence, list(keep)
         done = functools.partial(all_done, self, requests, op_name)
         work = Work(wait, done, finalize, on_drop=lambda: self._orphaned.append(
             (done, keep_alive)), late=lambda: late_ranks(self.board, self.rank, sequence),
-            interrupted=lambda kind: self._interrupted(op_name, kind))
+            interrupted=lambda kind: self._interrupted(op_name, kind),
+            wanted=lambda: self._still_wanted(op_name, sequence))
         self._started.add(work)
         return work
 

@@ -51,6 +51,15 @@ aborted    abort() from another thread on rank 0 while it waits, without a timeo
            (before: after the 60 s). Then every rank queues ten asynchronous sparse calls and
            aborts: each wait returns the right sum or raises cupycoll's error (before: a
            worker waiting in a call its peer never posted hung the wait and the exit).
+gave_up    the same early ends for a timed ``Work.wait(timeout=)`` (abort() from another thread on
+           rank 0 ends it with BackendError, before: it ran its whole timeout and raised
+           CollectiveTimeout saying "wait again"; the peers' timed wait on a collective rank 0
+           never started ends at once naming it) and for a host wait (the peers' ``dup()``
+           after rank 0 aborted, without a timeout: before, it waited for ever).
+remote     every rank on a node of its own (the communicator torchrun's join makes): the last
+           rank busy outside MPI for 5 s, the others time out after 1 s, their board reads
+           given 0.5 s, naming the last rank (before: the read's lock waited for the busy
+           rank, 5 s, and named nobody).
 forked     rank 0 forks a child (a DataLoader worker) while its asynchronous call waits for the
            last rank on the background worker: the child ends at once (before: its exit waited
            5 s for the call it inherited), and the call completes.
@@ -558,6 +567,76 @@ def aborted() -> None:
     fresh_allreduce(cc.init("mpi", timeout=10))
 
 
+def gave_up() -> None:
+    comm = cc.init("mpi", timeout=0)
+    fresh_allreduce(comm)
+    start = time.monotonic()
+    if RANK == 0:
+        work = cc.allreduce(np.ones(4), comm=comm, async_op=True)  # the others come 1.5 s late
+        threading.Timer(0.3, comm.abort).start()
+        try:
+            work.wait(timeout=30)
+            outcome = "completed"
+        except BackendError as exc:
+            assert "abort() was called on rank 0" in str(exc), str(exc)
+            outcome = "BackendError"
+    else:
+        time.sleep(1.5)
+        cc.allreduce(np.ones(4), comm=comm)  # against rank 0's abandoned one
+        work = cc.allreduce(np.ones(4), comm=comm, async_op=True)  # rank 0 never starts it
+        try:
+            work.wait(timeout=30)
+            outcome = "completed"
+        except CollectiveTimeout as exc:
+            assert exc.missing_ranks == [0] and "rank 0 aborted or closed it" in str(exc), \
+                str(exc)
+            outcome = "CollectiveTimeout[0]"
+    took = time.monotonic() - start
+    assert outcome == ("BackendError" if RANK == 0 else "CollectiveTimeout[0]") and took < 5, \
+        (outcome, took)
+    report("abort, timed waits", outcome, took)
+    WORLD.Barrier()
+    comm = cc.init("mpi", timeout=0)
+    fresh_allreduce(comm)
+    if RANK == 0:
+        comm.abort()
+    WORLD.Barrier()
+    start = time.monotonic()
+    try:
+        comm.dup()
+        outcome = "completed"
+    except CupycollError as exc:
+        outcome = type(exc).__name__
+        assert RANK == 0 or "rank 0 aborted or closed it" in str(exc), str(exc)
+    took = time.monotonic() - start
+    assert outcome == ("BackendError" if RANK == 0 else "CollectiveTimeout") and took < 5, \
+        (outcome, took)
+    report("abort, then the peers' dup", outcome, took)
+    fresh_allreduce(cc.init("mpi", timeout=10))
+
+
+def remote() -> None:
+    from cupycoll._torch_world import _SeparateWorlds
+    from cupycoll.comm.mpi import MPICommunicator
+
+    comm = MPICommunicator(_SeparateWorlds(WORLD), timeout=1.0)
+    fresh_allreduce(comm)
+    start = time.monotonic()
+    if RANK == P - 1:
+        time.sleep(5.0)  # busy: no MPI call
+    try:
+        fresh_allreduce(comm)
+        outcome = "completed"
+    except CollectiveTimeout as exc:
+        assert RANK != P - 1 and P - 1 in exc.missing_ranks, (exc.missing_ranks, str(exc))
+        outcome = "CollectiveTimeout"
+    took = time.monotonic() - start
+    if RANK != P - 1:
+        assert outcome == "CollectiveTimeout" and took < 3.5, (outcome, took)
+    report("a busy rank on another node", outcome, took)
+    WORLD.Barrier()
+
+
 def forked() -> None:
     import multiprocessing
 
@@ -582,7 +661,8 @@ def forked() -> None:
 for name in sys.argv[1:]:
     {"stale": stale, "crossed": crossed, "skip": skip, "interrupt": interrupt, "first": first,
      "local": local, "learned": learned, "preempted": preempted, "dup": dup,
-     "async_late": async_late, "failed": failed, "aborted": aborted, "forked": forked}[name]()
+     "async_late": async_late, "failed": failed, "aborted": aborted, "forked": forked,
+     "gave_up": gave_up, "remote": remote}[name]()
     WORLD.Barrier()
 if RANK == 0:
     print("OK")
