@@ -226,14 +226,12 @@ def _check_settings(selector: Selector, policies: tuple[str, ...], counts: tuple
         if not hasattr(selector, name):
             continue
         value, whole = getattr(selector, name), name in counts
-        kind = (numbers.Integral, np.integer) if whole else (numbers.Real, np.floating,
-                                                              np.integer)
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, kind):
-            raise InvalidType("selector", f"{name}={type(value).__name__}",
-                              f"a selector whose {name} is "
-                              + ("an int" if whole else "a real number"), rank=rank)
+        if isinstance(value, (bool, np.bool_)) or not isinstance(
+                value, numbers.Integral if whole else numbers.Real):
+            raise InvalidType("selector", f"{name}={type(value).__name__}", f"a selector whose "
+                              f"{name} is {'an int' if whole else 'a real number'}", rank=rank)
         least = ">= 0" if whole or name == "low" else "> 0"
-        if not ((value >= 0 if least == ">= 0" else value > 0) and math.isfinite(value)):
+        if not (math.isfinite(value) and (value >= 0 if least == ">= 0" else value > 0)):
             raise InvalidArgument("selector", value, f"its {name} must be finite and {least}",
                                   rank=rank)
     if selector.high < selector.low:
