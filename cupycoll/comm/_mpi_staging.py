@@ -20,6 +20,7 @@ __all__ = ["Staging", "settings_first"]
 _AVG = ReduceOp.AVG  # a module constant: no Enum member lookup per call
 #: the float reductions whose MPI op or finish reads CUPYCOLL_NUMBA (max/min fold, avg divides)
 _PARSE_FIRST = frozenset((ReduceOp.MAX, ReduceOp.MIN, _AVG))
+_MINMAX = frozenset((ReduceOp.MAX, ReduceOp.MIN))
 
 
 def settings_first(rank: int, op: ReduceOp, dtype: Any) -> None:
@@ -28,7 +29,6 @@ def settings_first(rank: int, op: ReduceOp, dtype: Any) -> None:
     mid-exchange on the one rank whose block reaches numba's size, nor on the root alone."""
     if op in _PARSE_FIRST and np.dtype(dtype).kind == "f":
         check_run_settings(rank)
-_MINMAX = frozenset((ReduceOp.MAX, ReduceOp.MIN))
 
 
 class Staging:
