@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, NoReturn, Sequence
 import numpy as np
 
 from cupycoll._arguments import (NO_MATPLOTLIB, checked, listed, one_of,  # noqa: F401
-                                 output_file, parse_length, parse_size)
+                                 output_file, parse_length, parse_size, positive_int)
 from cupycoll._types import DENSE_DTYPES
 from cupycoll.primitives._accel import ready
 from cupycoll.tuner.calibrate import interleaved
@@ -32,7 +32,6 @@ NOT_CHECKED = "N/A"
 
 
 #: argparse's types of the benchmarks' numbers (a bad value is a usage error before the run)
-positive_int = checked(int, lambda v: v >= 1, "an int >= 1")
 non_negative_int = checked(int, lambda v: v >= 0, "an int >= 0")
 non_negative_float = checked(float, lambda v: 0 <= v < math.inf, "a finite number >= 0")
 fraction = checked(float, lambda v: 0 < v <= 1, "a number in (0, 1]")

@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-__all__ = ["output_file", "plot_file", "made_folder", "checked", "one_of", "listed",
-           "parse_size", "parse_length", "SIZE_LIMIT", "NO_MATPLOTLIB"]
+__all__ = ["output_file", "plot_file", "made_folder", "checked", "positive_int", "one_of",
+           "listed", "parse_size", "parse_length", "SIZE_LIMIT", "NO_MATPLOTLIB"]
 
 
 def output_file(text: str) -> str:
@@ -75,6 +75,11 @@ def checked(convert: Callable[[str], Any], ok: Callable[[Any], bool], wanted: st
         return value
 
     return parse
+
+
+def positive_int(text: str) -> int:
+    """argparse's type of a count of repetitions, ranks, rows: an int >= 1."""
+    return checked(int, lambda v: v >= 1, "an int >= 1")(text)
 
 
 def one_of(*names: str) -> Callable[[str], str]:

@@ -629,3 +629,36 @@ def test_a_benchmark_refuses_a_bad_argument_before_it_runs(name, args, says, cap
     assert main(["bench", name, *short.get(name, []), *args]) == 2
     err = capsys.readouterr().err
     assert says in err and "error:" in err and "Traceback" not in err, err
+
+
+def test_the_developer_probes_refuse_zero_repetitions():
+    """Every count of repetitions, rounds or calls a probe under bench/dev takes is an int >= 1
+    (argparse's ``positive_int``: 0 timed nothing and printed a median of nothing, or raised),
+    read from each probe's parser; bench_merge_rows also refuses more entries than indices."""
+    import ast
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    counts = {"--repeats", "--reps", "--rounds", "--iters", "-n"}
+    seen = 0
+    for path in sorted((root / "bench" / "dev").glob("bench_*.py")):
+        for call in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(call, ast.Call) and getattr(call.func, "attr", "") ==
+                    "add_argument"):
+                continue
+            names = {a.value for a in call.args if isinstance(a, ast.Constant)}
+            if not names & counts:
+                continue
+            kind = {k.arg: k.value for k in call.keywords}.get("type")
+            assert getattr(kind, "id", None) == "positive_int", (path.name, names)
+            seen += 1
+    assert seen >= 14, seen
+    run = lambda *args: subprocess.run(  # noqa: E731
+        [sys.executable, str(root / "bench" / "dev" / "bench_merge_rows.py"), *args],
+        capture_output=True, text=True, timeout=120, cwd=root,
+        env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    for args, says in ((("--repeats", "0"), "an int >= 1"), (("--k", "10", "--n", "5"),
+                                                               "--k (10) must be at most")):
+        bad = run(*args)
+        assert bad.returncode == 2 and says in bad.stderr and "Traceback" not in bad.stderr, \
+            (args, bad.stderr)

@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from _common import parse_size  # noqa: E402
 from bench_sparse import make_input  # noqa: E402
 
+from cupycoll._arguments import positive_int
 import cupycoll  # noqa: E402
 from cupycoll._types import ReduceOp  # noqa: E402
 from cupycoll.primitives import _accel  # noqa: E402
@@ -58,7 +59,7 @@ def slowest_median(comm, call, repeats: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cases", default=CASES, help="n/density/width, comma-separated")
-    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--repeats", type=positive_int, default=9)
     args = parser.parse_args()
     comm = cupycoll.comm.init("mpi")
     _accel.ready()

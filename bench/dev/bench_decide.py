@@ -24,6 +24,7 @@ import time
 
 import numpy as np
 
+from cupycoll._arguments import positive_int
 import cupycoll as cc
 from cupycoll.sparse import api
 
@@ -66,8 +67,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=1 << 20)
     p.add_argument("--entries", type=int, default=10_000, help="entries per rank")
-    p.add_argument("--reps", type=int, default=200)
-    p.add_argument("--rounds", type=int, default=60)
+    p.add_argument("--reps", type=positive_int, default=200)
+    p.add_argument("--rounds", type=positive_int, default=60)
     p.add_argument("--calls", type=int, default=60, help="auto calls made first (timed)")
     args = p.parse_args()
     comm = cc.init("mpi")

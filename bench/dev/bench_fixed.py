@@ -19,6 +19,7 @@ import dataclasses
 import json
 import statistics
 
+from cupycoll._arguments import positive_int
 import cupycoll as cc
 from cupycoll.primitives import _accel
 from cupycoll.tuner import calibrate
@@ -28,7 +29,7 @@ from cupycoll.tuner.profile import profile_for
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--passes", type=int, default=5, help="fixed-cost passes (median)")
-    parser.add_argument("--repeats", type=int, default=15, help="calls a pass times each")
+    parser.add_argument("--repeats", type=positive_int, default=15, help="calls a pass times each")
     args = parser.parse_args()
     comm = cc.init("mpi")
     _accel.ready()  # numba's loops where they run, as tune measures them

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
+from cupycoll._arguments import positive_int
 import cupycoll as cc
 from cupycoll.sparse._validate import prepare
 from cupycoll.topk.api import validate
@@ -160,7 +161,7 @@ def dense_calls(comm: Any) -> dict[str, Callable[[], Any]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("-n", "--iters", type=int, default=3000)
+    parser.add_argument("-n", "--iters", type=positive_int, default=3000)
     parser.add_argument("--no-nccl", action="store_true", help="skip the NCCL rows")
     parser.add_argument("--cold", action="store_true",
                         help="cold caches: a 4 MiB buffer rewritten before every call, the "

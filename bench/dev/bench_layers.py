@@ -37,6 +37,7 @@ from _common import interleaved, listed, one_of, parse_size, print_medians  # no
 from bench_mpi_reduce import tested  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
+from cupycoll._arguments import positive_int
 import cupycoll as cc  # noqa: E402
 from cupycoll.comm._mpi_types import _typed  # noqa: E402
 
@@ -79,7 +80,7 @@ def main() -> None:
                         help="bytes of the output (allgather) or of the vector (allreduce)")
     parser.add_argument("--verbs", type=listed(one_of("allreduce", "allgather")),
                         default="allreduce,allgather", help="comma list of allreduce, allgather")
-    parser.add_argument("-n", "--iters", type=int, default=400)
+    parser.add_argument("-n", "--iters", type=positive_int, default=400)
     parser.add_argument("-w", "--warmup_iters", type=int, default=20)
     parser.add_argument("--spin", type=float, default=2.0, help="microseconds of Python")
     args = parser.parse_args()

@@ -29,6 +29,7 @@ import time
 
 import numpy as np
 
+from cupycoll._arguments import positive_int
 from cupycoll._config import setting
 from cupycoll._types import ReduceOp
 from cupycoll.primitives import _accel
@@ -86,12 +87,14 @@ def loop_seconds(parts, repeats: int) -> tuple[float, float] | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--widths", default="0,1,2,4,8,16,32,64")
-    parser.add_argument("--k", type=int, default=8192, help="entries of each rank")
-    parser.add_argument("--n", type=int, default=409600, help="dense length (rows)")
-    parser.add_argument("--repeats", type=int, default=40)
+    parser.add_argument("--k", type=positive_int, default=8192, help="entries of each rank")
+    parser.add_argument("--n", type=positive_int, default=409600, help="dense length (rows)")
+    parser.add_argument("--repeats", type=positive_int, default=40)
     parser.add_argument("--parts", type=int, default=2, choices=range(2, CHAIN_PARTS + 1),
                         help="ranks' parts merged (as many as the chain takes)")
     args = parser.parse_args()
+    if args.k > args.n:  # k distinct indices of n
+        parser.error(f"--k ({args.k}) must be at most --n ({args.n})")
     profile = load_profile(None, size=2)
     rng = np.random.default_rng(0)
     print(f"# loops: {loops_ready()}, profile: {profile.name}, k = {args.k}, n = {args.n}, "

@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from _common import parse_size  # noqa: E402
 from mpi4py import MPI  # noqa: E402
+from cupycoll._arguments import positive_int
 
 
 def tested(*requests: MPI.Request) -> None:
@@ -145,7 +146,7 @@ def main() -> None:
     parser.add_argument("--verb", choices=("reduce", "reduce_scatter"), default="reduce")
     parser.add_argument("--sizes", default="64K,128K,256K,1M,16M")
     parser.add_argument("--cupycoll", action="store_true", help="also time cc.reduce both ways")
-    parser.add_argument("-n", "--rounds", type=int, default=300, help="rounds below 1 MiB "
+    parser.add_argument("-n", "--rounds", type=positive_int, default=300, help="rounds below 1 MiB "
                         "(a tenth from 1 MiB)")
     args = parser.parse_args()
     if args.cupycoll and args.verb != "reduce":

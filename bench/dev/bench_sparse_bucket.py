@@ -36,6 +36,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import bench_torch as bt  # noqa: E402
+from cupycoll._arguments import positive_int
 import cupycoll as cc  # noqa: E402
 import cupycoll.torch as cct  # noqa: E402
 from _common import parse_size  # noqa: E402
@@ -104,7 +105,7 @@ def calls(grad, hook_comm, group, count: int) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--vocab", default="256K", help="embedding rows V")
-    p.add_argument("-n", "--iters", type=int, default=40, help="timed rounds")
+    p.add_argument("-n", "--iters", type=positive_int, default=40, help="timed rounds")
     p.add_argument("--only", default="", help="comma-separated choices to run alone (e.g. "
                    "block): each pair interleaved with nothing else")
     args = p.parse_args()

@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from _common import parse_size  # noqa: E402
 
+from cupycoll._arguments import positive_int
 import cupycoll as cc  # noqa: E402
 import cupycoll.torch as cct  # noqa: E402
 from cupycoll.tuner.calibrate import interleaved  # noqa: E402
@@ -45,7 +46,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--vocab", default="1M", help="embedding rows V")
     p.add_argument("--gradient", choices=("bench", "backend"), default="backend")
-    p.add_argument("-n", "--iters", type=int, default=25)
+    p.add_argument("-n", "--iters", type=positive_int, default=25)
     p.add_argument("-w", "--warmup", type=int, default=4)
     args = p.parse_args()
     torch.set_num_threads(1)

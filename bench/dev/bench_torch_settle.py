@@ -23,12 +23,13 @@ import torch.distributed as dist
 
 import cupycoll.torch  # noqa: F401  registers the backend
 from cupycoll import _torch_work
+from cupycoll._arguments import positive_int
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-n", type=int, default=2000, help="calls per round and way")
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("-n", type=positive_int, default=2000, help="calls per round and way")
+    parser.add_argument("--rounds", type=positive_int, default=6)
     parser.add_argument("--numel", type=int, default=16)
     args = parser.parse_args()
     dist.init_process_group("cupycoll", init_method="cupycoll://")

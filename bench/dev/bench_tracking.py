@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from _common import interleaved  # noqa: E402
 
+from cupycoll._arguments import positive_int
 import cupycoll as cc  # noqa: E402
 from cupycoll.comm.mpi import MPICommunicator  # noqa: E402
 
@@ -43,7 +44,7 @@ class Uninterruptible(MPICommunicator):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("-n", "--iters", type=int, default=2000)
+    parser.add_argument("-n", "--iters", type=positive_int, default=2000)
     parser.add_argument("-w", "--warmup_iters", type=int, default=100)
     args = parser.parse_args()
     comm = cc.init("mpi")

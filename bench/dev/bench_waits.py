@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from cupycoll._arguments import positive_int
 import cupycoll as cc
 from cupycoll.comm import _naps, _nccl_guard, _nccl_stream
 
@@ -104,7 +105,7 @@ def overheads(durations: list[float], iters: int
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("-n", "--iters", type=int, default=400)
+    parser.add_argument("-n", "--iters", type=positive_int, default=400)
     parser.add_argument("--durations", default="5e-6,1e-4,3e-3",
                         help="seconds of device work per call, comma-separated")
     args = parser.parse_args()
