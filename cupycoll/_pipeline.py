@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -55,8 +55,9 @@ def call(comm: Communicator, verb: str, agree: Callable[[], Any],
     in the call). ``stream`` False: the body keeps the caller's stream (a Communicator verb
     orders itself after it).
     """
+    values = run_settings_now()
     with comm.in_stream(join=not async_op) if stream else contextlib.nullcontext(), \
-            comm.calling(verb):
+            comm.calling(verb), pinned(values):
         agreed = agree()
         planned = plan(agreed)
         if async_op:
@@ -65,7 +66,7 @@ def call(comm: Communicator, verb: str, agree: Callable[[], Any],
                 work = planned.start(comm)
                 return Work.then(work, lambda: delivery(work.wait()))
             return run_async(comm, with_run_settings(functools.partial(_named, verb,
-                                                                       planned.run)),
+                                                                       planned.run), values),
                              delivery, verb)
         stop = planned.timer(comm) if planned.timer is not None else None
         result = planned.run(comm)
@@ -74,22 +75,40 @@ def call(comm: Communicator, verb: str, agree: Callable[[], Any],
     return deliver(agreed)(result)
 
 
-def with_run_settings(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` reading the :data:`~cupycoll._config.RUN_SETTINGS` as this thread reads them now,
-    in whatever thread it runs: an asynchronous call's algorithm runs on the background worker
-    after its validation agreed on them here (the node layout a later change of
-    ``CUPYCOLL_RANKS_PER_NODE`` would alter on one rank only)."""
-    values = {name: setting(name) for name in RUN_SETTINGS}
-
-    def run(*args: Any) -> Any:
-        pins = PINNED.__dict__
-        before = dict(pins)
-        pins.update(values)
+def run_settings_now() -> dict[str, Any]:
+    """The :data:`~cupycoll._config.RUN_SETTINGS` as this thread reads them now, those that
+    parse (a bad one is left to the validation, which raises it on every rank)."""
+    values = {}
+    for name in RUN_SETTINGS:
         try:
+            values[name] = setting(name)
+        except InvalidArgument:
+            pass
+    return values
+
+
+@contextlib.contextmanager
+def pinned(values: dict[str, Any]) -> Iterator[None]:
+    """This thread reads ``values`` for those settings inside the block: a call's validation,
+    plan and run read one layout, whatever another thread sets in ``os.environ`` meanwhile
+    (``CUPYCOLL_RANKS_PER_NODE`` changed mid-call ran another node layout on one rank)."""
+    pins = PINNED.__dict__
+    before = dict(pins)
+    pins.update(values)
+    try:
+        yield
+    finally:
+        pins.clear()
+        pins.update(before)
+
+
+def with_run_settings(fn: Callable[..., Any], values: dict[str, Any]) -> Callable[..., Any]:
+    """``fn`` reading ``values`` (:func:`run_settings_now` as the call's validation read them)
+    in whatever thread it runs: an asynchronous call's algorithm runs on the background
+    worker."""
+    def run(*args: Any) -> Any:
+        with pinned(values):
             return fn(*args)
-        finally:
-            pins.clear()
-            pins.update(before)
 
     return run
 
