@@ -8,6 +8,9 @@ order and the single worker runs them in that order.
 from __future__ import annotations
 
 import concurrent.futures
+# imported now: once the main thread has returned, its import fails (it registers an exit
+# hook), and a thread of the program's may call on
+import concurrent.futures.thread  # noqa: F401
 import threading
 import time
 import weakref
@@ -50,8 +53,19 @@ class _Runner:
 
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any
                ) -> concurrent.futures.Future:
-        """Queue ``fn(*args, **kwargs)`` behind everything submitted before it."""
-        self._last = self._pool.submit(fn, *args, **kwargs)
+        """Queue ``fn(*args, **kwargs)`` behind everything submitted before it. Where the pool
+        takes nothing more (the interpreter's exit shut it while a thread of the program's
+        calls on), it runs here, once the calls before it are done."""
+        try:
+            self._last = self._pool.submit(fn, *args, **kwargs)
+        except RuntimeError:  # "cannot schedule new futures after (interpreter) shutdown"
+            if self._last is not None:
+                concurrent.futures.wait([self._last])
+            self._last = concurrent.futures.Future()
+            try:
+                self._last.set_result(fn(*args, **kwargs))
+            except BaseException as exc:  # noqa: BLE001 - the future carries it to wait()
+                self._last.set_exception(exc)
         return self._last
 
     def idle(self) -> bool:
@@ -71,15 +85,19 @@ def _leave_at_exit() -> None:
     communicators die, which ends their waits."""
     if not _LEAVING:
         _LEAVING.append(True)
-        threading._register_atexit(_end_waiting)  # type: ignore[attr-defined]
+        try:
+            threading._register_atexit(_end_waiting)  # type: ignore[attr-defined]
+        except RuntimeError:  # the exit is under way (a thread of the program's made the
+            pass  # first runner after the main thread returned): its calls run in that thread
 
 
 def _end_waiting() -> None:
-    """(A forked child's workers, inherited, are dead: nothing to wait for there; while a
-    thread of the program's own runs on, it may be waiting for the calls: they run on.)"""
-    workers = [w for w in list(_RUNNERS.values()) if w.comm._fate.error is None]
-    while any(not w.idle() for w in workers) and _own_threads_run():
+    """(A forked child's workers, inherited, are dead: nothing to wait for there. A thread of
+    the program's own, which the interpreter would join after this, is joined first: it may
+    be waiting for the calls, or make more, which the pools must still take.)"""
+    while _own_threads_run():
         time.sleep(1e-3)
+    workers = [w for w in list(_RUNNERS.values()) if w.comm._fate.error is None]
     deadline = time.monotonic() + EXIT_WAIT
     for worker in workers:
         while not worker.idle() and time.monotonic() < deadline:

@@ -135,6 +135,34 @@ def test_stats_books_dense_collectives_from_threads_exactly():
     assert stats.bytes_sent == 0 and stats.by_op == {}
 
 
+def test_stats_by_op_and_calls_iterate_while_another_thread_books():
+    """``by_op`` and ``calls`` are copies: a loop over them while a background call books new
+    operations and algorithms does not raise "dictionary changed size during iteration"."""
+    import sys
+    import threading
+    stats = Stats()
+
+    def book():
+        for i in range(3000):
+            stats.record(f"op{i}", sent=1)
+            stats.count_call("sparse_allreduce", f"algorithm{i}", "coo")
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    worker = threading.Thread(target=book)
+    worker.start()
+    try:
+        while worker.is_alive():
+            assert sum(per.bytes_sent for per in stats.by_op.values()) >= 0
+            assert sum(count for count in stats.calls.values()) >= 0
+    finally:
+        worker.join()
+        sys.setswitchinterval(before)
+    taken = stats.by_op
+    taken[next(iter(taken))].bytes_sent += 100  # a copy: the counters stay
+    assert stats.bytes_sent == sum(per.bytes_sent for per in stats.by_op.values())
+
+
 def test_bus_factors_follow_nccl_tests():
     assert bus_factor("allreduce", 4) == 1.5
     assert bus_factor("allgather", 4) == bus_factor("reduce_scatter", 4) == 0.75
@@ -388,3 +416,21 @@ def test_close_ends_the_background_worker_and_closes_its_duplicate():
                 and t.is_alive() and t in worker._pool._threads]
     with pytest.raises(errors.BackendUnavailable):
         worker.comm.barrier()
+
+
+def test_a_work_completed_by_polling_gives_its_result_after_an_abort():
+    """``is_completed()`` finished the operation (a monitor thread polling it); the
+    communicator is aborted later: ``synchronize()`` and the future give the result, as
+    ``wait()`` does (they waited again and raised BackendError)."""
+    comm = MPICommunicator(MPI.COMM_SELF)
+    works = []
+    for _ in range(3):
+        y = np.empty(4)
+        work = comm.allreduce(np.ones(4), y, "sum")
+        while not work.is_completed():
+            pass
+        works.append((work, y))
+    comm.abort()
+    assert works[0][0].wait() is None and works[1][0].synchronize() is None
+    assert works[2][0].get_future().result(timeout=30) is None
+    assert all(np.array_equal(y, np.ones(4)) for _, y in works)

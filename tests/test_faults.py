@@ -135,6 +135,14 @@ def test_exit_with_work_a_peer_gave_up_is_prompt():
     assert out.count("leaves") == 2 and time.monotonic() - start < 30, out
 
 
+def test_a_thread_of_the_program_calls_on_after_the_main_thread_returned():
+    """A non-daemon thread's asynchronous calls and the numba pool's pieces of its synchronous
+    one run after the main thread returned (before: the exit hook had shut both pools)."""
+    out = run_mpi(2, "exit_pending.py", "thread", timeout=120,
+                  env={"CUPYCOLL_THREADS": "2", "CUPYCOLL_NUMBA": "on"})
+    assert out.count("thread done") == 2, out
+
+
 def test_soak_memory_flat():
     """2,000 random calls (dense, sparse, top-k; sync and async) at P=2: RSS grows < 3% over
     the last two thirds (a leak of ~1.5 KB per call fails it)."""

@@ -44,7 +44,8 @@ class Stats(OpStats):
     ``calls`` counts the sparse front doors' calls by (verb, algorithm, wire) — the algorithm
     that ran (``auto`` resolved; ``small`` for entries finished inside the validation) and the
     wire format of its entries (``coo`` or ``compact``, ``+bfloat16``/``+float16`` when values
-    travel rounded): what ``auto`` picked, without logging.
+    travel rounded): what ``auto`` picked, without logging. ``by_op`` and ``calls`` are copies
+    taken under the lock (a background call may add to them while the caller iterates).
 
     Dense collectives are booked without a lock (:meth:`book_collective`: one append to a
     thread-safe queue, which matters on a path that costs microseconds); the queue is folded
@@ -56,7 +57,7 @@ class Stats(OpStats):
         self._by_op: dict[str, OpStats] = {}
         self._lock = threading.Lock()
         self._booked: collections.deque = collections.deque()
-        self.calls: collections.Counter[tuple[str, str, str]] = collections.Counter()
+        self._calls: collections.Counter[tuple[str, str, str]] = collections.Counter()
 
     def record(self, op: str, sent: int = 0, received: int = 0, msgs_sent: int = 0,
                msgs_received: int = 0) -> None:
@@ -67,7 +68,7 @@ class Stats(OpStats):
     def count_call(self, verb: str, algorithm: str, wire: str) -> None:
         """Count one call of ``verb`` run by ``algorithm`` on ``wire`` (see ``calls``)."""
         with self._lock:
-            self.calls[(verb, algorithm, wire)] += 1
+            self._calls[(verb, algorithm, wire)] += 1
 
     def book_collective(self, op: str, collective: str, nbytes: int, at_root: bool,
                         size: int) -> None:
@@ -112,9 +113,16 @@ class Stats(OpStats):
 
     @property
     def by_op(self) -> dict[str, OpStats]:
-        """Operation name -> its :class:`OpStats`."""
+        """Operation name -> a copy of its :class:`OpStats`."""
         self._fold()
-        return self._by_op
+        with self._lock:
+            return {op: dataclasses.replace(per) for op, per in self._by_op.items()}
+
+    @property
+    def calls(self) -> collections.Counter[tuple[str, str, str]]:
+        """(verb, algorithm, wire) -> calls (a copy)."""
+        with self._lock:
+            return collections.Counter(self._calls)
 
     def reset(self) -> None:
         """Zero every counter (bookings queued before the call are dropped)."""
@@ -122,7 +130,7 @@ class Stats(OpStats):
             self._booked.clear()
             self._total = OpStats()
             self._by_op = {}
-            self.calls = collections.Counter()
+            self._calls = collections.Counter()
 
     def snapshot(self) -> dict[str, Any]:
         """Return the counters as a plain dict (for JSON output)."""
@@ -130,7 +138,7 @@ class Stats(OpStats):
         with self._lock:
             out = dataclasses.asdict(self._total)
             out["by_op"] = {k: dataclasses.asdict(v) for k, v in self._by_op.items()}
-            out["calls"] = {"/".join(key): count for key, count in self.calls.items()}
+            out["calls"] = {"/".join(key): count for key, count in self._calls.items()}
             return out
 
     def __repr__(self) -> str:

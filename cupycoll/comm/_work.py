@@ -129,8 +129,8 @@ class Work:
     def synchronize(self) -> Any:
         """Block the host until the operation is complete (under the communicator's timeout)
         and return its result."""
-        if not self._host_waits or not self._synced:  # a device wait: every calling thread
-            if self._done:  # learns the completion itself (cheap once the event is done)
+        if not self._host_waits or not (self._synced or self._done):  # a device wait: every
+            if self._done:  # calling thread learns the completion itself (cheap once done)
                 self._sync_fn()
             else:
                 self._complete(self._sync_fn)
@@ -233,7 +233,9 @@ class Work:
         return self._future
 
     def add_done_callback(self, fn: Callable[["Work"], Any]) -> None:
-        """Call ``fn(self)`` once the operation is complete (at once if it already is)."""
+        """Call ``fn(self)`` once the operation is complete, on cupycoll's completer thread,
+        like every callback of :meth:`get_future` (not in this thread, even when the
+        operation is already complete)."""
         self.get_future().add_done_callback(lambda _: fn(self))
 
     @classmethod

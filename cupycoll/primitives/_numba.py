@@ -81,17 +81,23 @@ def piece_count(size: int) -> int:
 def _in_threads(jobs: list[Callable[[], Any]]) -> list[Any]:
     """The results of the jobs (numba loops that release the GIL), run in parallel: the first
     in this thread, the others on the pool."""
-    others = []
+    others, here = [], []
     if len(jobs) > 1:
         pool = _POOLS.get(os.getpid())
         if pool is None:  # setdefault: a pool made by a racing thread wins, ours starts no thread
             pool = _POOLS.setdefault(os.getpid(), ThreadPoolExecutor(thread_name_prefix="cupycoll"))
-        others = [pool.submit(job) for job in jobs[1:]]
+        for i, job in enumerate(jobs[1:], 1):
+            try:
+                others.append(pool.submit(job))
+            except RuntimeError:  # the interpreter's exit shut the pool while a thread of the
+                here = jobs[i:]  # program's calls on: the rest run in this thread
+                break
     try:
         first = jobs[0]()
+        rest = [job() for job in here]
     finally:
         results = [future.result() for future in others]
-    return [first, *results]
+    return [first, *results, *rest]
 
 
 def _scratch(name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
