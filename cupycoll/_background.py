@@ -11,6 +11,7 @@ import concurrent.futures
 # imported now: once the main thread has returned, its import fails (it registers an exit
 # hook), and a thread of the program's may call on
 import concurrent.futures.thread  # noqa: F401
+import sys
 import threading
 import time
 import weakref
@@ -159,7 +160,34 @@ def run_async(comm: Communicator, fn: Callable[[Communicator], Any],
             result = fn(comm)
             done = stream_work(op_name)
         return Work.then(done, lambda: finalize(result))
+    device = _callers_device()
     worker = runner(comm)
-    future = worker.submit(fn, worker.comm)
+    future = worker.submit(_on(device, fn), worker.comm)
     return Work(lambda: concurrent.futures.wait([future]), future.done,
-                lambda: finalize(future.result()))
+                lambda: finalize(future.result()), device=device)
+
+
+def _callers_device() -> Callable[[], Any] | None:
+    """What makes the calling thread's current CUDA device current (CuPy's current device is
+    per thread: the worker's, and a waiting thread's, may be another), or None where CuPy is
+    not in use here."""
+    cupy = sys.modules.get("cupy")
+    if cupy is None:
+        return None
+    try:
+        number = cupy.cuda.runtime.getDevice()
+    except Exception:  # noqa: BLE001 - CuPy without a device: host arrays only
+        return None
+    return lambda: cupy.cuda.Device(number)
+
+
+def _on(device: Callable[[], Any] | None, fn: Callable[[Communicator], Any]
+        ) -> Callable[[Communicator], Any]:
+    """``fn`` run with ``device`` current (as it is)."""
+    if device is None:
+        return fn
+
+    def run(on: Communicator) -> Any:
+        with device():
+            return fn(on)
+    return run

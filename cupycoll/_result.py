@@ -20,7 +20,11 @@ class SparseResult(NamedTuple):
         return int(self.indices.shape[0])
 
     def to_dense(self) -> Any:
-        """Return the dense array of length ``n`` (absent entries are 0)."""
+        """Return the dense array of length ``n`` (absent entries are 0), in the values' array
+        library (a torch tensor for torch results)."""
+        from ._types import as_array, callers
         from .primitives import densify
 
-        return densify(self.indices, self.values, self.n)
+        dense = densify(as_array(self.indices, "indices"), as_array(self.values, "values"),
+                        self.n)
+        return callers(dense, self.values)

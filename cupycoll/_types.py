@@ -13,7 +13,7 @@ from .errors import CupycollError, InvalidArgument, InvalidType
 
 __all__ = ["ReduceOp", "UFUNCS", "parse_op", "array_namespace", "as_array", "check_dtype",
            "check_native", "check_current_device", "device_of", "distinct", "DENSE_DTYPES",
-           "to_host", "like_caller", "trunc_divide", "writable"]
+           "to_host", "like_caller", "callers", "trunc_divide", "writable"]
 
 
 class ReduceOp(str, enum.Enum):
@@ -236,3 +236,13 @@ def distinct(xp: Any, parts: Any) -> Any:
     keep[0] = True
     np.not_equal(a[1:], a[:-1], out=keep[1:])
     return a[keep]
+
+
+def callers(result: Any, original: Any) -> Any:
+    """``result`` in the array library (or DLPack type) of ``original``."""
+    if result is None or type(result) is type(original):
+        return result
+    xp = array_namespace(as_array(original, "values"))
+    if array_namespace(result) is not xp:
+        result = to_host(result) if xp is np else xp.asarray(result)
+    return like_caller(result, original)

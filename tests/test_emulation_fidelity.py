@@ -12,7 +12,8 @@ import threading
 import numpy as np
 import pytest
 
-P1 = ["inplace_writes", "contexts", "arith", "get_set", "syncs", "legacy_null", "empty_order"]
+P1 = ["inplace_writes", "contexts", "arith", "get_set", "syncs", "legacy_null", "empty_order",
+      "shares_memory"]
 P2 = ["after_destroy", "legal_groups"]
 P3 = ["split_uid"]
 _OUT: dict[int, str] = {}
@@ -182,6 +183,32 @@ def empty_order(cupy, emu, world):
     f = cupy.asfortranarray(cupy.arange(6, dtype=cupy.float32).reshape(2, 3))
     for a in (cupy.empty((2, 3), cupy.float32, order="F"), cupy.empty_like(f)):
         assert a.flags.f_contiguous and not a.flags.c_contiguous
+
+
+def shares_memory(cupy, emu, world):
+    """CuPy's shares_memory takes no integer search bound (NotImplementedError; numpy takes
+    one); its exact search and bounds check answer as numpy's. A sparse call's ``alloc_fn``
+    returning two views of one buffer is refused on device arrays too (before: the bound's
+    error read as "no overlap", and the values overwrote the indices)."""
+    import cupycoll as cc
+    from cupycoll.comm.mpi import MPICommunicator
+    from cupycoll.errors import InvalidArgument
+
+    whole = cupy.zeros(8, cupy.int64)
+    with pytest.raises(NotImplementedError):
+        cupy.shares_memory(whole[:4], whole[2:], max_work=10_000)
+    assert cupy.shares_memory(whole[:4], whole[2:]) and not cupy.shares_memory(whole[::2],
+                                                                                 whole[1::2])
+    assert cupy.shares_memory(whole[::2], whole[1::2], max_work="MAY_SHARE_BOUNDS")
+    comm = MPICommunicator(world, xp=cupy)
+    idx = cupy.asarray(np.array([1, 3, 5, 7], np.int64))
+    with pytest.raises(InvalidArgument, match="do not overlap"):
+        cc.sparse_allreduce(idx, cupy.ones(4, cupy.int64), 8, comm=comm,
+                            alloc_fn=lambda nnz, it, shape, vt, ctx: (whole[:nnz], whole[:nnz]))
+    buf = cupy.zeros(8, cupy.int64)  # interleaved, apart: taken
+    got = cc.sparse_allreduce(idx, cupy.ones(4, cupy.int64), 8, comm=comm,
+                              alloc_fn=lambda nnz, it, shape, vt, ctx: (buf[0::2], buf[1::2]))
+    assert got.indices.get().tolist() == [1, 3, 5, 7] and buf.get()[1::2].tolist() == [1] * 4
 
 
 def after_destroy(cupy, emu, world):

@@ -319,6 +319,23 @@ def test_out_is_the_callers_tensor(verb, async_op):
     assert got is out and torch.equal(out, torch.arange(6.0))
 
 
+@pytest.mark.parametrize("width", [0, 3])
+def test_a_sparse_result_of_tensors_densifies_to_a_tensor(width):
+    """``sparse_allreduce`` on torch tensors returns tensors; the result's ``to_dense()``
+    gives a tensor too (it raised InvalidType naming 'indices', an argument never passed)."""
+    comm = cc.init("mpi")
+    idx = torch.tensor([4, 1, 4], dtype=torch.int64)
+    val = torch.arange(3 * max(width, 1), dtype=torch.float32).reshape((3, width) if width
+                                                                      else (3,))
+    for async_op in (False, True):
+        res = cc.sparse_allreduce(idx, val, 6, comm=comm, async_op=async_op)
+        res = res.wait() if async_op else res
+        want = np.zeros((6, width) if width else 6, np.float32)
+        np.add.at(want, idx.numpy(), val.numpy())
+        dense = res.to_dense()
+        assert isinstance(dense, torch.Tensor) and np.array_equal(dense.numpy(), want)
+
+
 @pytest.mark.parametrize("hook", ["allreduce", "topk"])
 def test_the_last_sparse_bucket_runs_in_the_hook_once_the_worker_is_idle(hook, monkeypatch):
     """A sparse bucket runs on the background worker, except DDP's last one while the worker

@@ -18,10 +18,12 @@ Modes:
   fidelity      CuPy behaviour the algorithms rely on: argsort is stable (numpy's default is
                 not: duplicates would be folded in another order); the MPI backend's in-place
                 broadcast of a device array at the root stages the root's data (it sent an
-                unfilled staging buffer), and its asynchronous reductions copy their results
-                back on the arrays' device whichever device is current where they complete (it
-                raised DeviceMismatch); device work never raises numpy's floating-point
+                unfilled staging buffer); device work never raises numpy's floating-point
                 errors (an overflowing cast under np.errstate(all="raise") raised)
+  mpi_devices   the MPI backend with device arrays on two devices: its asynchronous reductions
+                copy their results back on the arrays' device whichever device is current
+                where they complete, its asynchronous sparse calls and compressor steps run and
+                deliver on the caller's device (each raised DeviceMismatch)
   destroy       ncclCommDestroy with an operation a dead peer never joins blocks, without error,
                 until the emulated NCCL is released (P = 4, 2 devices per node; run it last)
   counts        an allreduce of mismatched counts fails on every rank and check_logs names it
@@ -410,14 +412,16 @@ def mode_fidelity():
         x = cupy.full(17, float(RANK + 1), cupy.float32)
         comm.broadcast(x, x, root).wait()
         assert x.get().tolist() == [root + 1.0] * 17, (root, x.get())
-    staged_results_on_their_device(comm)
 
 
-def staged_results_on_their_device(comm) -> None:
+def mode_mpi_devices():
     """Asynchronous reductions of device arrays on the MPI backend (staged through the host:
     native, pairwise reduce and reduce_scatter), completed while another device is current (a
     wait inside ``with Device(other)``, a future, on cupycoll's thread): the copy back runs on
     the arrays' device (before: DeviceMismatch in the finalizer)."""
+    from cupycoll.comm.mpi import MPICommunicator
+
+    comm = MPICommunicator(xp=cupy)
     mine = RANK % DEVICES
     with cupy.cuda.Device(mine):
         for n in (4 * P, (1 << 16) * P):  # native; from the pairwise thresholds
@@ -438,6 +442,20 @@ def staged_results_on_their_device(comm) -> None:
                         continue
                     assert got.device.id == mine, (verb, how, n, got.device.id)
                     assert got.get().tolist() == [total] * size, (verb, how, n)
+        # the asynchronous sparse calls and compressor steps run on the background worker,
+        # whose current device is its own (before: device 0, DeviceMismatch on the others)
+        idx = cupy.asarray(np.array([RANK, P + RANK], np.int64))
+        for how in ("wait", "future"):
+            work = cc.sparse_allreduce(idx, cupy.ones(2, cupy.float32), 2 * P, comm=comm,
+                                       async_op=True)
+            got = work.wait() if how == "wait" else work.get_future().result(timeout=60)
+            assert got.indices.device.id == got.values.device.id == mine, (how, got)
+            assert got.indices.get().tolist() == list(range(2 * P)), (how, got)
+        comp = cc.TopkCompressor(64, 0.25, comm=comm, algorithm="topka")
+        for step in range(2):
+            got = comp.step(cupy.arange(64, dtype=cupy.float32), async_op=True).wait()
+            assert got.values.device.id == got.indices.device.id == mine, (step, got)
+            assert step or got.indices.get().tolist() == list(range(48, 64)), got
 
 
 def mode_counts():
@@ -467,7 +485,7 @@ def mode_counts():
         assert "posted another call" in str(exc), exc
 
 
-MODES = {"fidelity": mode_fidelity, "counts": mode_counts, "pool": mode_pool, "oktopk": mode_oktopk, "nccl_math": mode_nccl_math, "peer_dead": mode_peer_dead,
+MODES = {"fidelity": mode_fidelity, "mpi_devices": mode_mpi_devices, "counts": mode_counts, "pool": mode_pool, "oktopk": mode_oktopk, "nccl_math": mode_nccl_math, "peer_dead": mode_peer_dead,
          "destroy": mode_destroy}
 MODE = sys.argv[1]
 for mode in MODE.split(","):  # several modes per launch: each launch costs seconds

@@ -47,8 +47,20 @@ def from_dlpack(x: Any) -> ndarray:
     return asarray(np.from_dlpack(x))
 
 
+def _shares_memory(a: Any, b: Any, max_work: Any = None) -> bool:
+    """CuPy's: the exact search (``None``, ``"MAY_SHARE_EXACT"``) or the bounds check
+    (``"MAY_SHARE_BOUNDS"``); an integer bound raises NotImplementedError (CuPy 14
+    ``_misc/memory_ranges.py``), where numpy searches within it."""
+    if max_work == "MAY_SHARE_BOUNDS":
+        return bool(np.may_share_memory(a, b))
+    if max_work not in (None, "MAY_SHARE_EXACT"):
+        raise NotImplementedError("Not supported for integer `max_work`.")
+    return bool(np.shares_memory(a, b))
+
+
 _SPECIAL = {"ndarray": ndarray, "asarray": asarray, "array": array, "asnumpy": asnumpy,
             "get_array_module": get_array_module, "from_dlpack": from_dlpack,
+            "shares_memory": _creator(_shares_memory, "shares_memory"),
             "ascontiguousarray": _creator(np.ascontiguousarray, "ascontiguousarray"),
             "argsort": _creator(_stable_argsort, "argsort"),
             "copyto": _creator(arith_copyto, "copyto")}
