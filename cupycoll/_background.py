@@ -93,12 +93,14 @@ def _leave_at_exit() -> None:
 
 
 def _end_waiting() -> None:
-    """(A forked child's workers, inherited, are dead: nothing to wait for there. A thread of
-    the program's own, which the interpreter would join after this, is joined first: it may
-    be waiting for the calls, or make more, which the pools must still take.)"""
-    while _own_threads_run():
-        time.sleep(1e-3)
+    """(A forked child's workers, inherited, are dead: nothing to wait for there; while a
+    thread of the program's own runs on, it may be waiting for the calls: they run on. Such a
+    thread's calls after this, the pools shut, run in that thread: :meth:`_Runner.submit`.
+    Waiting here for the thread itself could wait for ever: one may end only after the
+    interpreter's later exit hooks, a process pool's manager or a thread joining the main one.)"""
     workers = [w for w in list(_RUNNERS.values()) if w.comm._fate.error is None]
+    while any(not w.idle() for w in workers) and _own_threads_run():
+        time.sleep(1e-3)
     deadline = time.monotonic() + EXIT_WAIT
     for worker in workers:
         while not worker.idle() and time.monotonic() < deadline:

@@ -143,6 +143,29 @@ def test_a_thread_of_the_program_calls_on_after_the_main_thread_returned():
     assert out.count("thread done") == 2, out
 
 
+def test_exit_after_an_async_call_leaves_threads_that_end_after_the_exit_hooks_alone():
+    """After an asynchronous call (which registers cupycoll's exit hook) the program leaves a
+    process pool open (its manager thread ends in a later exit hook) and a thread that ends
+    once the main thread has: the process exits at once (a hook joining them hung)."""
+    code = ("import concurrent.futures, threading, time\n"
+            "import numpy as np\nimport cupycoll as cc\n"
+            "comm = cc.init('mpi', timeout=20)\n"
+            "cc.sparse_allreduce(np.array([0]), np.ones(1), 4, comm=comm, async_op=True).wait()\n"
+            "pool = concurrent.futures.ProcessPoolExecutor(1)\n"
+            "assert pool.submit(abs, -3).result() == 3\n"
+            "def heartbeat():\n"
+            "    while threading.main_thread().is_alive():\n"
+            "        time.sleep(0.01)\n"
+            "    print('heartbeat ends', flush=True)\n"
+            "threading.Thread(target=heartbeat).start()\n")
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, start_new_session=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0 and "heartbeat ends" in done.stdout, done.stderr[-2000:]
+    assert time.monotonic() - start < 30
+
+
 def test_soak_memory_flat():
     """2,000 random calls (dense, sparse, top-k; sync and async) at P=2: RSS grows < 3% over
     the last two thirds (a leak of ~1.5 KB per call fails it)."""
