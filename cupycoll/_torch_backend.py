@@ -29,8 +29,9 @@ from ._background import runner
 from ._config import debug
 from ._torch_coalesced import CoalescedVerbs
 from ._torch_p2p import PointToPointVerbs
-from ._torch_tensors import (Refused, as_array, byte_tensor, copied_back, dtype_code, holding,
-                             reduce_op, reduction_tensor, sparse_parts, sparse_tensor)
+from ._torch_tensors import (Refused, as_array, byte_tensor, check_device, copied_back,
+                             dtype_code, holding, reduce_op, reduction_tensor, sparse_parts,
+                             sparse_tensor)
 from ._torch_work import TorchWork, dist_error, network_error
 from ._torch_world import forget_world, group_comm, rendezvous, timeout_seconds
 from ._types import ReduceOp
@@ -151,6 +152,7 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
                 raise InvalidType(f"{verb}: tensor", str(tensor.layout), "a dense (strided) "
                                   "tensor (only allreduce takes a sparse COO one)",
                                   rank=self.rank())
+            check_device(tensor, f"{verb}: tensor", self.rank())
 
     def _launch(self, verb: str, tensor: torch.Tensor, opts: Any,
                 finish: Callable[[Any], list[torch.Tensor]], call: Callable[..., Any],

@@ -23,7 +23,7 @@ from ._types import ReduceOp
 from .errors import InvalidArgument, InvalidType
 
 __all__ = ["reduce_op", "as_array", "byte_tensor", "reduction_tensor", "sparse_parts", "holding",
-           "sparse_tensor", "copied_back", "Refused", "dtype_code"]
+           "sparse_tensor", "copied_back", "Refused", "dtype_code", "check_device"]
 
 
 def as_array(tensor: torch.Tensor) -> Any:
@@ -34,6 +34,14 @@ def as_array(tensor: torch.Tensor) -> Any:
 
         return cupy.from_dlpack(tensor)
     return tensor.detach().numpy()
+
+
+def check_device(tensor: torch.Tensor, name: str, rank: int) -> None:
+    """Raise InvalidType unless ``tensor`` lives on the CPU or a CUDA device (a ``meta`` or
+    another backend's tensor has no memory cupycoll can read)."""
+    if tensor.device.type not in ("cpu", "cuda"):
+        raise InvalidType(name, f"a tensor on device {tensor.device.type!r}",
+                          "a tensor on the CPU or a CUDA device", rank=rank)
 
 
 class Refused:
@@ -143,10 +151,12 @@ def sparse_parts(tensor: torch.Tensor, op: ReduceOp, rank: int) -> tuple[Any, An
     copy first (their duplicates are summed in float32, as ``cupycoll.torch`` sums them).
 
     Raises:
-        InvalidType: values of a dtype cupycoll's sparse allreduce does not take.
+        InvalidType: values of a dtype cupycoll's sparse allreduce does not take, a tensor
+            on neither the CPU nor a CUDA device.
     """
     from .torch._coalesce import entries  # here: cupycoll.torch imports this module
 
+    check_device(tensor, "tensor", rank)
     if tensor.dtype != torch.bfloat16 and tensor.dtype not in _SPARSE_VALUES:
         raise InvalidType("tensor", str(tensor.dtype), "sparse values of dtype float16, "
                           "bfloat16, float32, float64, int32 or int64", rank=rank)

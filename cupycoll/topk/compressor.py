@@ -166,10 +166,12 @@ class TopkCompressor:
         those done; the crc where no asynchronous step was called since the last synchronous
         one, restore or construction (every rank calls alike, so every rank includes it or
         none)."""
-        crc = state_crc(self.state) if self._pending is None else None
+        state = self.state if isinstance(self.state, TopkState) else None  # (else the
+        crc = state_crc(state) if state is not None and self._pending is None else None
         return {"warmup": self._called < self.warmup_steps, "measure_xi": self.measure_xi,
-                "tau": self.state.tau, "tau_prime": self.state.tau_prime, "step": self._called,
-                "padded_allgather": self.state.padded_allgather, "state crc32": crc}
+                "tau": getattr(state, "tau", None), "step": self._called,  # validation names
+                "tau_prime": getattr(state, "tau_prime", None),  # the bad state on every rank)
+                "padded_allgather": getattr(state, "padded_allgather", None), "state crc32": crc}
 
     def _advance(self, comm: Communicator, arr: Any, k: int) -> SparseResult:
         """One validated step over ``comm`` (the compressor's communicator or its background

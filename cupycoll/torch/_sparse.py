@@ -21,7 +21,7 @@ import torch
 from .._background import run_async, runner
 from ..comm import Communicator, Work, get_comm
 from ..errors import InvalidArgument, InvalidType
-from .._torch_tensors import Refused, holding, sparse_tensor
+from .._torch_tensors import Refused, check_device, holding, sparse_tensor
 from .._types import check_flag
 from ..sparse import sparse_allreduce as _sparse_allreduce
 from ._coalesce import entries
@@ -171,6 +171,7 @@ def _check(tensor: Any, rank: int) -> None:
         raise InvalidType("tensor", type(tensor).__name__ if not isinstance(
             tensor, torch.Tensor) else f"a {tensor.layout} tensor",
             "a torch.sparse_coo_tensor", rank=rank)
+    check_device(tensor, "tensor", rank)
     if tensor.sparse_dim() != 1:
         raise InvalidArgument("tensor", f"sparse_dim={tensor.sparse_dim()}",
                               "one sparse dimension (rows), like an embedding gradient",

@@ -26,7 +26,8 @@ from _common import assert_identical_across_ranks, emulation, expect_raises, hos
 EMU = emulation(sys.argv)  # before cupycoll's communicators
 
 import cupycoll as cc  # noqa: E402
-from cupycoll.errors import InvalidArgument, InvalidType, MismatchError  # noqa: E402
+from cupycoll.errors import (CupycollError, InvalidArgument, InvalidType,  # noqa: E402
+                             MismatchError)
 from cupycoll.topk import (Gaussian, Threshold, TopkCompressor, TopkState,  # noqa: E402
                            topk_allreduce)
 
@@ -195,6 +196,14 @@ def bad_selectors(comm) -> None:
         assert (exc.argument, exc.rank) == ("selector", last), (setting, exc)
         assert r != last or setting in str(exc), exc
         assert topk_allreduce(x, 100, comm=comm, algorithm=alg).nnz >= 1
+    comp = TopkCompressor(2000, 0.05, comm=comm)  # its whole state replaced on one rank
+    comp.step(x)
+    good = comp.state
+    if r == last:
+        comp.state = None
+    expect_raises(CupycollError, comp.step, x)  # before: AttributeError there, timeouts here
+    comp.state = good
+    assert comp.step(x).nnz >= 1
 
 
 def main() -> None:

@@ -288,14 +288,16 @@ def check_keywords() -> None:
 
 
 def check_one_rank_passes_a_dense_tensor() -> None:
-    """A dense tensor, or an unknown keyword, on the last rank alone, sync and async: every
-    rank raises at once (the others used to run on against that rank's next call), naming
-    ``tensor`` (the keyword on that rank); the next call works everywhere."""
+    """A dense tensor, a sparse one on the ``meta`` device (before: a bare TypeError there,
+    the others timed out), or an unknown keyword, on the last rank alone, sync and async:
+    every rank raises at once (the others used to run on against that rank's next call),
+    naming ``tensor`` (the keyword on that rank); the next call works everywhere."""
     from cupycoll.errors import InvalidArgument, InvalidType
 
     tensor = case("rows", 5)
-    for async_op in (False, True):
-        mine = tensor.to_dense() if RANK == P - 1 else tensor
+    for async_op, bad in ((False, "dense"), (True, "dense"), (False, "meta"), (True, "meta")):
+        mine = tensor if RANK != P - 1 else tensor.to_dense() if bad == "dense" else \
+            tensor.to("meta")
         try:
             got = cct.sparse_allreduce(mine, async_op=async_op)
             got.wait() if async_op else None
