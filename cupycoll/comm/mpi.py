@@ -146,7 +146,7 @@ class MPICommunicator(Staging, Communicator):
         return BackendError(
             f"MPI failed {op_name} on rank {self.rank} of {self.size} "
             f"({'; '.join(sorted(reasons))}); a common cause is ranks that disagree on a "
-            "dense collective's count or dtype (CUPYCOLL_DEBUG=1 checks them first)")
+            "call's counts or dtype (CUPYCOLL_DEBUG=1 checks a dense collective's first)")
 
     def run(self, verb: str, *args: Any, op_name: str | None = None) -> None:
         """Run a dense verb to completion without a Work: post it and test it in the
