@@ -201,7 +201,8 @@ def bad_selectors(comm) -> None:
     good = comp.state
     if r == last:
         comp.state = None
-    expect_raises(CupycollError, comp.step, x)  # before: AttributeError there, timeouts here
+    if p > 1:  # before: AttributeError there, timeouts here (alone, it steps statelessly)
+        expect_raises(CupycollError, comp.step, x)
     comp.state = good
     assert comp.step(x).nnz >= 1
 
