@@ -77,9 +77,8 @@ def checked(convert: Callable[[str], Any], ok: Callable[[Any], bool], wanted: st
     return parse
 
 
-def positive_int(text: str) -> int:
-    """argparse's type of a count of repetitions, ranks, rows: an int >= 1."""
-    return checked(int, lambda v: v >= 1, "an int >= 1")(text)
+#: argparse's type of a count of repetitions, ranks, rows: an int >= 1
+positive_int = checked(int, lambda v: v >= 1, "an int >= 1")
 
 
 def one_of(*names: str) -> Callable[[str], str]:

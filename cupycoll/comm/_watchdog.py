@@ -38,6 +38,9 @@ __all__ = ["Board", "Fate", "NO_SLOT", "late_ranks", "timeout_error"]
 NO_SLOT = memoryview(np.zeros(2, np.int64)).cast("B").cast("q")
 _ARRIVED, _DIED = 0, 1
 _REMOTE_GRACE = 0.5  # seconds a timed-out rank waits for RMA reads of ranks on other nodes
+#: what every operation given up on in this process still reads or writes (see Fate.abandon,
+#: and a board read left unfinished)
+_ABANDONED: list[Any] = []
 
 
 class Board:
@@ -60,7 +63,7 @@ class Board:
         for i, world in enumerate(members):
             buf, _ = self._shared.Shared_query(i)
             self._local[world] = np.frombuffer(buf, np.int64, 2)
-        self._remote, self._unread = None, []
+        self._remote = None
         if node.Get_size() < size:  # ranks on other nodes: RMA reads of the same memory, in
             self._remote = MPI.Win.Create(memory, 8, comm=mpi_comm)  # one passive epoch:
             self._remote.Lock_all(MPI.MODE_NOCHECK)  # local (nobody locks it exclusively)
@@ -111,12 +114,8 @@ class Board:
             time.sleep(1e-3)
         done = {r: (int(b[0]), int(b[1])) for (r, b), q in zip(bufs.items(), reqs) if q.Test()}
         if len(done) < len(ranks):
-            self._unread.append((bufs, reqs))
+            _ABANDONED.append((bufs, reqs))
         return done
-
-
-#: what every operation given up on in this process still reads or writes (see Fate.abandon).
-_ABANDONED: list[Any] = []
 
 
 class Fate:

@@ -166,12 +166,14 @@ class TopkCompressor:
         those done; the crc where no asynchronous step was called since the last synchronous
         one, restore or construction (every rank calls alike, so every rank includes it or
         none)."""
-        state = self.state if isinstance(self.state, TopkState) else None  # (else the
+        # a state replaced by something else reads as None here: the validation names it
+        state = self.state if isinstance(self.state, TopkState) else None
         crc = state_crc(state) if state is not None and self._pending is None else None
         return {"warmup": self._called < self.warmup_steps, "measure_xi": self.measure_xi,
-                "tau": getattr(state, "tau", None), "step": self._called,  # validation names
-                "tau_prime": getattr(state, "tau_prime", None),  # the bad state on every rank)
-                "padded_allgather": getattr(state, "padded_allgather", None), "state crc32": crc}
+                "tau": getattr(state, "tau", None),
+                "tau_prime": getattr(state, "tau_prime", None), "step": self._called,
+                "padded_allgather": getattr(state, "padded_allgather", None),
+                "state crc32": crc}
 
     def _advance(self, comm: Communicator, arr: Any, k: int) -> SparseResult:
         """One validated step over ``comm`` (the compressor's communicator or its background

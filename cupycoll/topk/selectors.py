@@ -230,10 +230,10 @@ def _check_settings(selector: Selector, policies: tuple[str, ...], counts: tuple
                 value, numbers.Integral if whole else numbers.Real):
             raise InvalidType("selector", f"{name}={type(value).__name__}", f"a selector whose "
                               f"{name} is {'an int' if whole else 'a real number'}", rank=rank)
-        least = ">= 0" if whole or name == "low" else "> 0"
-        if not (math.isfinite(value) and (value >= 0 if least == ">= 0" else value > 0)):
-            raise InvalidArgument("selector", value, f"its {name} must be finite and {least}",
-                                  rank=rank)
+        zero_ok = whole or name == "low"
+        if not (math.isfinite(value) and (value >= 0 if zero_ok else value > 0)):
+            raise InvalidArgument("selector", value, f"its {name} must be finite and "
+                                  f"{'>= 0' if zero_ok else '> 0'}", rank=rank)
     if selector.high < selector.low:
         raise InvalidArgument("selector", selector.high,
                               f"its high must be >= its low = {selector.low}", rank=rank)
