@@ -21,7 +21,7 @@ from .comm import Communicator, Work
 from .comm._work import EXIT_WAIT
 from .errors import BackendError, InvalidArgument
 
-__all__ = ["runner", "run_async"]
+__all__ = ["runner", "run_async", "run_in_order", "in_call_order"]
 
 
 class _Runner:
@@ -167,6 +167,29 @@ def run_async(comm: Communicator, fn: Callable[[Communicator], Any],
     future = worker.submit(_on(device, fn), worker.comm)
     return Work(lambda: concurrent.futures.wait([future]), future.done,
                 lambda: finalize(future.result()), device=device)
+
+
+def run_in_order(comm: Communicator, fn: Callable[[Communicator], Any]) -> Any:
+    """``fn(communicator)``'s result, now, in call order with ``comm``'s asynchronous calls:
+    on MPI over the worker's duplicate, here when the worker has nothing left to run (no
+    thread switch), else behind what it has; on NCCL, or a communicator that has no duplicate
+    of its own, on ``comm``. A call that ranks make asynchronously on some and synchronously
+    on others so runs on one communicator in one order everywhere."""
+    if getattr(comm, "stream_work", None) is not None or \
+            getattr(type(comm), "dup", None) in (None, Communicator.dup):
+        return fn(comm)
+    worker = runner(comm)
+    if worker.idle():
+        return fn(worker.comm)
+    return run_async(comm, fn).wait()
+
+
+def in_call_order(verb: Callable[..., Any]) -> Callable[..., Any]:
+    """``verb`` (a front door that takes ``comm=`` and ``async_op=``) run synchronously by
+    :func:`run_in_order` on ``comm``, whatever ``async_op`` says."""
+    def run(*args: Any, comm: Communicator, async_op: bool = False, **kwargs: Any) -> Any:
+        return run_in_order(comm, lambda on: verb(*args, comm=on, **kwargs))
+    return run
 
 
 def _callers_device() -> Callable[[], Any] | None:

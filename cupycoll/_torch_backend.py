@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from . import collectives
-from ._background import runner
+from ._background import in_call_order, runner
 from ._config import debug
 from ._torch_coalesced import CoalescedVerbs
 from ._torch_p2p import PointToPointVerbs
@@ -233,12 +233,13 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
                             collectives.allreduce, array, op, out=array)
 
     def _sparse_allreduce(self, tensor: torch.Tensor, opts: Any) -> TorchWork:
-        """A blocking call (or a CUDA tensor's) runs as :meth:`_launch` runs it; an
-        asynchronous one on the host runs whole (validation included) on the host
-        communicator's background worker, in call order, which completes the Work itself: the
-        caller (DDP's autograd thread) does not wait for the other ranks, and no thread hop
-        through the completer follows. A bad op or dtype is raised by cupycoll's validation
-        round (:class:`Refused`), on every rank."""
+        """A blocking call (or a CUDA tensor's) runs as :meth:`_launch` runs it (on the host
+        over the worker's duplicate, :func:`~._background.in_call_order`: ranks may differ in
+        ``asyncOp``); an asynchronous one on the host runs whole (validation included) on the
+        host communicator's background worker, in call order, which completes the Work itself:
+        the caller (DDP's autograd thread) does not wait for the other ranks, and no thread
+        hop through the completer follows. A bad op or dtype is raised by cupycoll's
+        validation round (:class:`Refused`)."""
         try:
             op = self._op(opts, "allreduce")
             index, values, n = sparse_parts(tensor, op, self.rank())
@@ -250,8 +251,8 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
             return [holding(tensor, sparse_tensor(result, tensor))]
 
         if tensor.is_cuda or _blocking(opts):
-            return self._launch("allreduce", tensor, opts, finish, sparse_allreduce, index,
-                                values, n, op=op)
+            call = sparse_allreduce if tensor.is_cuda else in_call_order(sparse_allreduce)
+            return self._launch("allreduce", tensor, opts, finish, call, index, values, n, op=op)
         return TorchWork(self._worker.submit(sparse_allreduce, index, values, n, op=op,
                                              comm=self._worker.comm), finish, None, "allreduce")
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._background import run_async, runner
+from .._background import run_async, run_in_order, runner
 from ..comm import Communicator, Work, get_comm
 from ..errors import InvalidArgument, InvalidType
 from .._torch_tensors import Refused, check_device, holding, sparse_tensor
@@ -59,7 +59,10 @@ def sparse_allreduce(tensor: torch.Tensor, *, op: Any = "sum", comm: Communicato
         async_op: return a cupycoll :class:`Work` whose ``wait()`` returns the result. On MPI
             the whole call (coalescing, validation, reduction) runs on cupycoll's background
             worker over a duplicate communicator, in call order, so this thread does not wait
-            for the other ranks; on NCCL as ``cupycoll.sparse_allreduce(async_op=True)``.
+            for the other ranks; on NCCL as ``cupycoll.sparse_allreduce(async_op=True)``. A
+            synchronous call runs over the same duplicate, after the asynchronous calls
+            before it (in this thread when none is left), so ranks may differ in
+            ``async_op``.
         kwargs: ``algorithm``, ``accumulate_dtype``, ``wire``, ``wire_values``, ``alloc_fn``,
             ``completion_fn``, ``fn_ctx`` of :func:`cupycoll.sparse_allreduce` (callbacks see
             numpy (CPU) or CuPy (CUDA) arrays: int64 indices, rows flattened to
@@ -85,12 +88,12 @@ def sparse_allreduce(tensor: torch.Tensor, *, op: Any = "sum", comm: Communicato
         call = {key: value for key, value in call.items() if key not in kwargs or key in
                 _KEYWORDS}
         refused = functools.partial(_refused, error=exc, call=call)
-        if async_op is True:  # where the others' calls validate: the worker's communicator
+        if async_op is True:
             return run_async(comm, refused, op_name="torch.sparse_allreduce")
-        return refused(comm)
+        return run_in_order(comm, refused)  # where the others' calls validate
     if async_op:
         return start(comm, tensor, call)
-    return reduce(tensor, comm, **call)
+    return run_in_order(comm, lambda on: reduce(tensor, on, **call))
 
 
 #: the keywords of cupycoll.sparse_allreduce that pass through ``kwargs``: all but those this

@@ -443,6 +443,23 @@ def check_sparse_case(x: torch.Tensor, op, dtype: torch.dtype) -> None:
         same("sparse allreduce", mine.values(), theirs.values(), "vs gloo")
 
 
+def check_sparse_async_differs() -> None:
+    """A sparse ``dist.all_reduce`` with ``async_op`` True on some ranks and False on the
+    others (the even ranks, then rank 0 alone): every rank gets gloo's sum (before: the
+    asynchronous ranks ran on the background worker's communicator, the others on the
+    group's, and every rank timed out)."""
+    for overlaps in (RANK % 2 == 0, RANK == 0):
+        next_case()
+        x = sparse_input(9, (4,), torch.float32, -1)
+        mine, theirs = x.clone(), x.clone()
+        work = dist.all_reduce(mine, async_op=overlaps)
+        if overlaps:
+            work.wait()
+        dist.all_reduce(theirs, group=GLOO)
+        same("sparse allreduce", mine.indices(), theirs.indices(), "async differs, indices")
+        same("sparse allreduce", mine.values(), theirs.values(), "async differs, values")
+
+
 def check_errors() -> None:
     """Bad calls raise on every rank before anything travels, naming what was wrong."""
     for call, kind, words in (
@@ -612,6 +629,7 @@ check_coalesced_and_barrier()
 check_nested_wait()
 check_hook_then_wait()
 check_sparse()
+check_sparse_async_differs()
 check_errors()
 check_sparse_errors()
 check_one_rank_refuses()

@@ -318,6 +318,27 @@ def check_one_rank_passes_a_dense_tensor() -> None:
     assert same(cct.sparse_allreduce(tensor), gloo(tensor))
 
 
+def check_async_op_differs_across_ranks() -> None:
+    """``async_op`` True on some ranks, False on the others (even ranks async, then rank 0
+    alone, then every rank but 0), a sync call after pending async ones: every rank gets
+    gloo's sum of each call, in call order (before: the async ranks validated on the worker's
+    duplicate, the others on the communicator, and all timed out, or hung without a
+    timeout)."""
+    from cupycoll.comm.mpi import MPICommunicator
+
+    comm = MPICommunicator(timeout=20)  # not the default communicator: closed at the end
+    tensors = [case("rows", 40 + i) for i in range(3)]
+    expected = [gloo(t) for t in tensors]
+    for pattern in (lambda r: r % 2 == 0, lambda r: r == 0, lambda r: r != 0):
+        got = [cct.sparse_allreduce(t, comm=comm, async_op=pattern(RANK)) for t in tensors]
+        got = [g.wait() if isinstance(g, cc.Work) else g for g in got]
+        assert all(same(a, b) for a, b in zip(got, expected)), RANK
+    pending = cct.sparse_allreduce(tensors[0], comm=comm, async_op=True)
+    assert same(cct.sparse_allreduce(tensors[1], comm=comm), expected[1])
+    assert same(pending.wait(), expected[0])
+    comm.close()
+
+
 def check_float_gradients() -> float:
     """Float32 sums: within the summation bound of gloo's; at P <= 2 bitwise equal to each
     rank's duplicates added in input order, then the ranks' rows added (a + b = b + a); returns
@@ -357,6 +378,7 @@ def sparse_allreduce_checks() -> None:
         check_exact_case(kind, seed)
     check_keywords()
     check_one_rank_passes_a_dense_tensor()
+    check_async_op_differs_across_ranks()
     differ = check_float_gradients()
     if RANK == 0:
         print(f"P = {P}: float32 values differing from gloo in the last bits: {differ:.2%}")
