@@ -109,8 +109,9 @@ SETTINGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "CUPYCOLL_AUTO": (_auto_mode, "learn",
                       "how sparse_allreduce's auto picks: estimate (the least time the model "
                       "predicts), measure (its candidates timed on the first calls of each "
-                      "shape, then the fastest kept) or learn (every call of a recurring shape "
-                      "timed, its candidates tried in turn, the fastest kept and rechecked; "
+                      "shape, then the fastest kept) or learn (a recurring shape's candidates "
+                      "tried in turn, every trial and one in 4 of the choice's calls timed, "
+                      "the fastest kept and rechecked; "
                       "docs/tuning.md); the same on every rank"),
     "CUPYCOLL_TOPK_ALGORITHM": (str, "oktopk", "default topk_allreduce algorithm"),
     "CUPYCOLL_WIRE": (str, "auto", "default wire format of sparse entries in sparse_allreduce, "
