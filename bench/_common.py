@@ -53,10 +53,12 @@ def dtype_name(text: str) -> str:
 NCCL_TESTS_FLAGS = {
     "b": ("--minbytes", {"type": parse_size, "default": parse_size("8")}),
     "e": ("--maxbytes", {"type": parse_size, "default": parse_size("64M")}),
-    "f": ("--stepfactor", {"type": positive_int, "default": 2}),
+    "f": ("--stepfactor", {"type": checked(int, lambda v: v >= 2, "an int >= 2"),
+                           "default": 2}),
     "n": ("--iters", {"type": positive_int, "default": 20}),
     "w": ("--warmup_iters", {"type": non_negative_int, "default": 3}),
-    "c": ("--check", {"type": int, "default": 1, "help": "check correctness (1) or not (0)"}),
+    "c": ("--check", {"type": checked(int, lambda v: v in (0, 1), "0 or 1"), "default": 1,
+                      "help": "check correctness (1) or not (0)"}),
     "d": ("--datatype", {"type": dtype_name, "default": "float32"}),
     "o": ("--op", {"default": "sum"}),
 }
@@ -67,7 +69,7 @@ def common_parser(description: str, flags: str = "befnwcdo", plots: bool = False
     """Return an argparse parser with the nccl-tests flags among ``flags`` that the benchmark
     honours (a flag it would ignore is refused as unknown), --json, --csv and, for a benchmark
     that draws its rows (``plots``), --plot."""
-    p = Parser(description=description)
+    p = Parser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     for letter in flags:
         name, keywords = NCCL_TESTS_FLAGS[letter]
         p.add_argument(f"-{letter}", name, **keywords)
@@ -95,9 +97,14 @@ class Parser(argparse.ArgumentParser):
         global _DATA_OUT
         parsed = super().parse_args(*args, **kwargs)
         paths = {flag: getattr(parsed, flag, None) for flag in ("json", "csv", "plot")}
+        if getattr(parsed, "minbytes", 0) > getattr(parsed, "maxbytes", math.inf):
+            self.error(f"-b {parsed.minbytes} is above -e {parsed.maxbytes}: no size to run")
         if paths["json"] == "-" and paths["csv"] == "-":
             self.error("--json - and --csv -: only one of them can have stdout")
         for flag, path in paths.items():
+            if path and path != "-":  # ~ and ~user as a shell expands them (not in --json=~/x)
+                path = os.path.expanduser(path)
+                setattr(parsed, flag, path)
             if path and path != "-" and not os.path.isdir(os.path.dirname(path) or "."):
                 self.error(f"--{flag} {path}: no folder {os.path.dirname(path)!r}")
             try:  # a folder, or a file it may not write: refused now, not after the run
@@ -130,7 +137,7 @@ def sizes(minbytes: int, maxbytes: int, factor: int) -> list[int]:
     out, s = [], max(1, minbytes)
     while s <= maxbytes:
         out.append(s)
-        s *= max(2, factor)
+        s *= factor
     return out
 
 

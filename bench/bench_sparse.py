@@ -12,11 +12,12 @@ Algorithms are timed interleaved (one call of each per round) so drift hits them
         --overlap random --width 0 -n 15 --memory                         # the target row
     mpiexec -n 4 python -m mpi4py bench/bench_sparse.py --width 64 --json rows.json
     mpiexec -n 3 python -m mpi4py bench/bench_sparse.py --cases 64K/0.3/0/random/0.5,4K/0.01/16/hot
-    mpiexec -n 4 python -m mpi4py bench/bench_sparse.py --cases 16M/0.01/0/random \
+    mpiexec -n 4 python -m mpi4py bench/bench_sparse.py --cases 16M/0.01/0/random \\
         --algorithms split --wire coo,compact --wire-values none,bfloat16   # wire formats
 
 Every row also shows the time the tuner's model predicts (``pred(us)``, from the profile
-``auto`` uses: CUPYCOLL_PROFILE or the shipped one) and ``pred/meas``. The summary ends with the
+``auto`` uses: CUPYCOLL_PROFILE, else the file ``tune`` writes by default, else the shipped
+one) and ``pred/meas``. The summary ends with the
 regret table: per case, the best exact algorithm, auto's pick, auto / best, auto / plain dense
 Allreduce, the sparse result's bytes over the dense vector's, and the counts against the
 targets (auto <= 1.10x best; auto <= 1.15x dense where the sparse result is the smaller;

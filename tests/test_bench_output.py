@@ -201,7 +201,8 @@ def test_a_benchmark_refuses_the_nccl_tests_flags_it_does_not_honour(flags, take
     not a run of other sizes or types than asked."""
     parser = _common.common_parser("x", flags=flags)
     for letter in "befnwcdo":
-        value = "2" if letter in "nwcf" else "8" if letter in "be" else "float64"
+        value = "1" if letter == "c" else "2" if letter in "nwf" else "8" if letter in "be" \
+            else "float64"
         if f"-{letter}" in taken:
             assert parser.parse_args([f"-{letter}", value]) is not None
         else:
@@ -537,6 +538,10 @@ def test_json_to_stdout_is_all_that_stdout_carries(script, flags, tmp_path):
             assert "# Out of bounds values : N/A (not checked: -c 0)" in done.stderr
     missing = run("--json", str(tmp_path / "no" / "r.json"), check=False)
     assert missing.returncode == 2 and "no folder" in missing.stderr, missing.stderr
+    env["HOME"] = str(tmp_path)  # --json=~/r.json: the shell leaves ~ as it is there
+    run("--json=~/r.json")
+    assert json.loads((tmp_path / "r.json").read_text())["rows"]
+    assert not (root / "~").exists()
 
 
 def test_convergence_demo_json_to_stdout(tmp_path):

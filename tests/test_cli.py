@@ -217,6 +217,12 @@ def test_bench_dense_on_two_ranks():
 def test_bench_passes_arguments_and_exit_status():
     proc = run("bench", "sparse", "--help")
     assert proc.returncode == 0 and "--density" in proc.stdout
+    assert "\n    mpiexec -n 4 python -m mpi4py bench/bench_sparse.py --width 64 --json " \
+        "rows.json\n" in proc.stdout  # the examples as written, one a line
+    for flags, says in ((["-c", "7"], "0 or 1"), (["-f", "1"], "an int >= 2"),
+                        (["-b", "64", "-e", "8"], "no size to run")):
+        proc = run("bench", "dense", *flags)
+        assert proc.returncode == 2 and says in proc.stderr, (flags, proc.stderr)
     proc = run("bench", "dense", "--no-such-flag")
     assert proc.returncode == 2 and "--no-such-flag" in proc.stderr
     proc = run("bench", "nosuch")
@@ -356,3 +362,16 @@ def test_importing_cupycoll_torch_without_torch_names_the_extra(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, env=env, cwd=tmp_path, check=True).stdout
     assert out.startswith("torch cupycoll.torch needs PyTorch") and "'cupycoll[torch]'" in out
+
+
+def test_tune_writes_a_tilde_output_under_home(tmp_path):
+    """``--output=~/p.json`` (the shell leaves ``~`` there): written under $HOME, as the
+    argument's check reads it, not into a folder named ``~`` here."""
+    home, here = tmp_path / "home", tmp_path / "here"
+    home.mkdir(), here.mkdir()
+    env = dict(os.environ, HOME=str(home), PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env.pop("CUPYCOLL_PROFILE", None)
+    subprocess.run([sys.executable, "-m", "cupycoll", "tune", "--repeats", "1",
+                    "--output=~/p.json"], cwd=here, env=env, check=True, capture_output=True,
+                   timeout=600)
+    assert "fixed" in (home / "p.json").read_text() and not (here / "~").exists()

@@ -186,8 +186,8 @@ def load_profile(path: Path | str | None = None, size: int | None = None) -> Pro
     """The profile at ``path`` (default :func:`profile_path`) measured nearest ``size`` ranks,
     or the shipped default."""
     name = path if path is not None else setting("CUPYCOLL_PROFILE")
-    try:  # any unreadable file or name (too long, ~nosuchuser): never raise on one rank,
-        path = Path(path) if path is not None else profile_path()  # hanging the others
+    try:  # any unreadable file or name (too long, ~nosuchuser) warns: a raise on one rank
+        path = Path(path).expanduser() if path is not None else profile_path()  # hangs others
         if not path.exists():  # none measured yet (a folder warns below)
             return default_profile(size)
         return Profile.from_dict(_nearest(json.loads(path.read_text()), size))
@@ -200,9 +200,10 @@ def load_profile(path: Path | str | None = None, size: int | None = None) -> Pro
 
 
 def save_profile(profile: Profile, path: Path | str | None = None) -> Path:
-    """Write ``profile``; one measured at P ranks (``meta["ranks"]``) joins the file's profiles
-    of other rank counts (a set, see :func:`load_profile`), replacing one of the same P."""
-    path = Path(path) if path is not None else profile_path()
+    """Write ``profile`` (``~`` in ``path`` expanded, as ``tune --output`` checks it); one
+    measured at P ranks (``meta["ranks"]``) joins the file's profiles of other rank counts (a
+    set, see :func:`load_profile`), replacing one of the same P."""
+    path = Path(path).expanduser() if path is not None else profile_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     data: dict[str, Any] = profile.as_dict()
     ranks = _rank_count(profile.meta.get("ranks")) if isinstance(profile.meta, dict) else None
