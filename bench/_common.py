@@ -97,7 +97,7 @@ class Parser(argparse.ArgumentParser):
         global _DATA_OUT
         parsed = super().parse_args(*args, **kwargs)
         paths = {flag: getattr(parsed, flag, None) for flag in ("json", "csv", "plot")}
-        if getattr(parsed, "minbytes", 0) > getattr(parsed, "maxbytes", math.inf):
+        if max(1, getattr(parsed, "minbytes", 1)) > getattr(parsed, "maxbytes", math.inf):
             self.error(f"-b {parsed.minbytes} is above -e {parsed.maxbytes}: no size to run")
         if paths["json"] == "-" and paths["csv"] == "-":
             self.error("--json - and --csv -: only one of them can have stdout")

@@ -39,12 +39,18 @@ class _Runner:
             comm.barrier()
         self.comm = comm.dup()
         self.comm.stats = comm.stats  # traffic is booked on the caller's communicator
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, "cupycoll-background")
+        #: the worker's thread, once it runs
+        self.thread: threading.Thread | None = None
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, "cupycoll-background",
+                                                           initializer=self._started)
         _leave_at_exit()
         self._last: concurrent.futures.Future | None = None
         on_close = getattr(comm, "on_close", None)
         if on_close is not None:
             on_close(self.close)
+
+    def _started(self) -> None:
+        self.thread = threading.current_thread()
 
     def close(self) -> None:
         """When its communicator closes: the calls queued so far run on, then the duplicate
@@ -169,26 +175,30 @@ def run_async(comm: Communicator, fn: Callable[[Communicator], Any],
                 lambda: finalize(future.result()), device=device)
 
 
-def run_in_order(comm: Communicator, fn: Callable[[Communicator], Any]) -> Any:
+def run_in_order(comm: Communicator, fn: Callable[[Communicator], Any],
+                 op_name: str = "async") -> Any:
     """``fn(communicator)``'s result, now, in call order with ``comm``'s asynchronous calls:
-    on MPI over the worker's duplicate, here when the worker has nothing left to run (no
-    thread switch), else behind what it has; on NCCL, or a communicator that has no duplicate
-    of its own, on ``comm``. A call that ranks make asynchronously on some and synchronously
-    on others so runs on one communicator in one order everywhere."""
+    on MPI over the worker's duplicate, here when the worker has nothing left to run or this
+    is the worker's thread (a ``completion_fn`` of its call: no thread switch), else behind
+    what it has (a KeyboardInterrupt of that wait aborts ``comm``, as one of the call's own
+    waits does: the queued call then starts nothing); on NCCL, or a communicator that has no
+    duplicate of its own, on ``comm``. A call that ranks make asynchronously on some and
+    synchronously on others so runs on one communicator in one order everywhere."""
     if getattr(comm, "stream_work", None) is not None or \
             getattr(type(comm), "dup", None) in (None, Communicator.dup):
         return fn(comm)
     worker = runner(comm)
-    if worker.idle():
+    if worker.idle() or threading.current_thread() is worker.thread:
         return fn(worker.comm)
-    return run_async(comm, fn).wait()
+    with comm.calling(op_name):
+        return run_async(comm, fn).wait()
 
 
 def in_call_order(verb: Callable[..., Any]) -> Callable[..., Any]:
     """``verb`` (a front door that takes ``comm=`` and ``async_op=``) run synchronously by
     :func:`run_in_order` on ``comm``, whatever ``async_op`` says."""
     def run(*args: Any, comm: Communicator, async_op: bool = False, **kwargs: Any) -> Any:
-        return run_in_order(comm, lambda on: verb(*args, comm=on, **kwargs))
+        return run_in_order(comm, lambda on: verb(*args, comm=on, **kwargs), verb.__name__)
     return run
 
 

@@ -78,11 +78,10 @@ def test_late_rank_named_for_every_verb(nprocs, prefix, late):
 @pytest.mark.parametrize("nprocs,debug,scenarios", [
     (2, "0", ("crossed", "stale", "skip", "interrupt", "first", "local", "learned",
               "preempted", "dup", "async_late", "failed", "aborted", "forked", "gave_up",
-              "remote", "aborted_inside")),
+              "remote")),
     (3, "1", ("crossed", "stale", "interrupt", "first", "local", "learned", "preempted", "dup",
               "async_late", "failed")),
-    (4, "0", ("crossed", "skip", "first", "learned", "aborted", "gave_up", "remote",
-              "aborted_inside")),
+    (4, "0", ("crossed", "skip", "first", "learned", "aborted", "gave_up", "remote")),
 ])
 def test_crossed_stale_skip_interrupt(nprocs, debug, scenarios):
     out = run_mpi(nprocs, "fault_misc.py", *scenarios, timeout=150,

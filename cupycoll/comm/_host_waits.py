@@ -13,10 +13,7 @@ from ..errors import BackendError
 from ._nccl_guard import spin
 from ._watchdog import forsaken_error
 
-__all__ = ["HostWaits", "GAVE_UP_GRACE"]
-
-#: seconds a wait goes on after it sees a peer on its node abort inside the same collective
-GAVE_UP_GRACE = 2.0
+__all__ = ["HostWaits"]
 
 
 class HostWaits:
@@ -49,22 +46,13 @@ class HostWaits:
         """In a wait for collective ``sequence`` (default the latest): raise if this
         communicator died meanwhile (``abort()`` from another thread), or, as a
         CollectiveTimeout naming them, if peers on this node gave it up before they started
-        that collective (a dead communicator starts nothing: they never will), or inside it
-        :data:`GAVE_UP_GRACE` seconds ago or more (what they sent before has arrived by
-        then; they send nothing more)."""
+        that collective (a dead communicator starts nothing: they never will)."""
         self._check_alive()
         seq = self.sequence if sequence is None else sequence
-        if self.board is None:
-            return
-        gone, started = self.board.never_start(self.rank, seq), False
-        if not gone and self.board.gave_up_in(self.rank, seq):
-            noticed = self.__dict__.setdefault("_gave_up_noticed", {})
-            since = noticed.setdefault(seq, time.monotonic())
-            if time.monotonic() - since >= GAVE_UP_GRACE:
-                gone, started = self.board.gave_up_in(self.rank, seq), True
+        gone = self.board.never_start(self.rank, seq) if self.board is not None else {}
         if gone:
             verb = self._verb or op_name
-            error = forsaken_error(gone, self.rank, self.size, verb, seq, started)
+            error = forsaken_error(gone, self.rank, self.size, verb, seq)
             self._die(error, f"{verb} (collective #{seq}, a peer gave up)")
             raise error
 

@@ -97,12 +97,6 @@ class Board:
         return {r: int(view[_DIED]) - 1 for r, view in sorted(self._local.items())
                 if r != rank and view[_DIED] > 0 and view[_ARRIVED] < sequence}
 
-    def gave_up_in(self, rank: int, sequence: int) -> dict[int, int]:
-        """The ranks on this node (but ``rank``) that started collective ``sequence`` and then
-        aborted their communicator there (it sends nothing more): {rank: ``sequence``}."""
-        return {r: sequence for r, view in sorted(self._local.items())
-                if r != rank and view[_DIED] == sequence + 1 and view[_ARRIVED] >= sequence}
-
     def _read_remote(self, ranks: Sequence[int]) -> dict[int, tuple[int, int]]:
         """RMA reads of ranks on other nodes, given ``_REMOTE_GRACE`` s (a rank whose MPI
         library needs its help to serve the read and is busy elsewhere stays unread). The
@@ -217,15 +211,14 @@ def timeout_error(board: Board | None, rank: int, size: int, verb: str, step: st
 
 
 def forsaken_error(gone: dict[int, int], rank: int, size: int, verb: str,
-                   sequence: int, started: bool = False) -> CollectiveTimeout:
+                   sequence: int) -> CollectiveTimeout:
     """The CollectiveTimeout of a wait on collective number ``sequence`` that ``gone`` (rank ->
     the collective it gave the communicator up at; :meth:`Board.never_start`) will never
-    start, or (``started``: :meth:`Board.gave_up_in`) gave up inside."""
+    start."""
     why = "; ".join(_gave_up(r, at) for r, at in gone.items())
-    when = "inside this one, sending nothing more" if started else "before starting this one"
     return CollectiveTimeout(
         f"{verb} (collective #{sequence}) cannot complete on rank {rank} of {size}: {why}, "
-        f"{when}. {_ABORTED}", missing_ranks=list(gone), op_name=verb)
+        f"before starting this one. {_ABORTED}", missing_ranks=list(gone), op_name=verb)
 
 
 #: how a wait's error ends once it has aborted its communicator

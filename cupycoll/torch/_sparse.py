@@ -90,10 +90,10 @@ def sparse_allreduce(tensor: torch.Tensor, *, op: Any = "sum", comm: Communicato
         refused = functools.partial(_refused, error=exc, call=call)
         if async_op is True:
             return run_async(comm, refused, op_name="torch.sparse_allreduce")
-        return run_in_order(comm, refused)  # where the others' calls validate
+        return run_in_order(comm, refused, "torch.sparse_allreduce")  # where the others' run
     if async_op:
         return start(comm, tensor, call)
-    return run_in_order(comm, lambda on: reduce(tensor, on, **call))
+    return run_in_order(comm, lambda on: reduce(tensor, on, **call), "torch.sparse_allreduce")
 
 
 #: the keywords of cupycoll.sparse_allreduce that pass through ``kwargs``: all but those this

@@ -615,37 +615,6 @@ def gave_up() -> None:
     fresh_allreduce(cc.init("mpi", timeout=10))
 
 
-def aborted_inside() -> None:
-    """Rank 0 starts a collective, aborts inside it and then makes no MPI call (its part never
-    progresses): without a timeout the others' wait ends GAVE_UP_GRACE after they see it,
-    naming rank 0 (before: for ever)."""
-    from cupycoll.comm._host_waits import GAVE_UP_GRACE
-
-    comm = cc.init("mpi", timeout=0)
-    fresh_allreduce(comm)
-    WORLD.Barrier()
-    start = time.monotonic()
-    if RANK == 0:
-        cc.allreduce(np.ones(1 << 17), comm=comm, async_op=True)
-        comm.abort()
-        time.sleep(GAVE_UP_GRACE + 2.0)
-        outcome = "aborted"
-    else:
-        time.sleep(0.2)
-        try:
-            cc.allreduce(np.ones(1 << 17), comm=comm)
-            outcome = "completed"
-        except CollectiveTimeout as exc:
-            assert 0 in exc.missing_ranks and "inside this one" in str(exc), str(exc)
-            outcome = "CollectiveTimeout"  # (at P > 2 the peers that gave up too are named)
-    took = time.monotonic() - start
-    if RANK and P == 2:  # more ranks: MPI's schedule may finish without rank 0 on some
-        assert outcome == "CollectiveTimeout" and took < GAVE_UP_GRACE + 1.5, (outcome, took)
-    report("abort inside a started collective", outcome, took)
-    WORLD.Barrier()
-    fresh_allreduce(cc.init("mpi", timeout=10))
-
-
 def remote() -> None:
     from cupycoll._torch_world import _SeparateWorlds
     from cupycoll.comm.mpi import MPICommunicator
@@ -693,7 +662,7 @@ for name in sys.argv[1:]:
     {"stale": stale, "crossed": crossed, "skip": skip, "interrupt": interrupt, "first": first,
      "local": local, "learned": learned, "preempted": preempted, "dup": dup,
      "async_late": async_late, "failed": failed, "aborted": aborted, "forked": forked,
-     "gave_up": gave_up, "remote": remote, "aborted_inside": aborted_inside}[name]()
+     "gave_up": gave_up, "remote": remote}[name]()
     WORLD.Barrier()
 if RANK == 0:
     print("OK")

@@ -336,6 +336,38 @@ def check_async_op_differs_across_ranks() -> None:
     pending = cct.sparse_allreduce(tensors[0], comm=comm, async_op=True)
     assert same(cct.sparse_allreduce(tensors[1], comm=comm), expected[1])
     assert same(pending.wait(), expected[0])
+    nested = []  # a synchronous call in an async call's completion_fn (on the worker's thread)
+    work = cct.sparse_allreduce(tensors[0], comm=comm, async_op=True, completion_fn=lambda *_:
+                                nested.append(cct.sparse_allreduce(tensors[2], comm=comm)))
+    assert same(work.wait(), expected[0]) and same(nested[0], expected[2])
+    if P > 1:  # Ctrl-C while a synchronous call waits behind an async one: comm aborted
+        import signal
+        import threading
+
+        from cupycoll.errors import CupycollError
+
+        if RANK == 0:
+            threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        else:
+            time.sleep(2.0)  # rank 0's async call waits for this rank meanwhile
+        late = cct.sparse_allreduce(tensors[0], comm=comm, async_op=True)
+        try:
+            cct.sparse_allreduce(tensors[1], comm=comm)  # rank 0: queued behind ``late``
+            outcome = "completed"
+        except KeyboardInterrupt:
+            outcome = "interrupted"
+        except CupycollError:
+            outcome = "error"
+        assert outcome == ("interrupted" if RANK == 0 else "error"), (RANK, outcome)
+        try:
+            late.wait()
+        except CupycollError:
+            pass
+        try:
+            cct.sparse_allreduce(tensors[2], comm=comm)
+            raise AssertionError(f"rank {RANK}: an interrupted communicator ran a call")
+        except CupycollError:
+            pass
     comm.close()
 
 
