@@ -249,8 +249,9 @@ def _local(comm: Any, indices: Any, values: Any, n: Any, op: Any, algorithm: Any
         length = _length(n, rank)
         idx, val, width = _arrays(comm, indices, values, rank)
         acc = _accumulate(accumulate_dtype, np.dtype(val.dtype), red, rank)
-        if np.dtype(val.dtype).itemsize < 4:  # float16 values travel as they are: a 16-bit
-            wire_values = None  # format saves nothing and bfloat16 would drop bits
+        if np.dtype(val.dtype).itemsize < 4 or np.dtype(val.dtype).kind != "f":  # float16
+            wire_values = None  # and integer values travel as they are (a float accumulate
+            # dtype included): a 16-bit format saves nothing, or would round integers
         for arg, fn in (("alloc_fn", alloc_fn), ("completion_fn", completion_fn)):
             if fn is not None and not callable(fn):
                 raise InvalidType(arg, type(fn).__name__, "a callable or None", rank=rank)

@@ -284,11 +284,12 @@ def dense_result(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp, out
         block = finish(block)
     else:
         own_idx, own_val = reduce_parts(parts, op)
-        own_val = finish(own_val)
-        if not dense:
+        rounded = not dense and wire.rounds(own_val.dtype)  # as the sparse result: the sum
+        own_val = own_val if rounded else finish(own_val)  # rounded for the wire, then avg
+        if not dense:  # and the cast (not the finished value rounded)
             all_idx, all_val, _ = allgatherv_entries(comm, own_idx, own_val, "split.gather",
                                                      wire, lo, hi)
-            return densify_into(out, all_idx, all_val)
+            return densify_into(out, all_idx, finish(all_val) if rounded else all_val)
         block = densify_into(xp.empty((hi - lo,) + row, dtype=out.dtype), own_idx - lo,
                              own_val)
     comm.run("_allgatherv_into", block, out, np.diff(bounds), op_name="split.regions")

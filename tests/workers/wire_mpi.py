@@ -139,6 +139,19 @@ def check_rounded(comm, seed: int) -> int:
                                            comm=comm, wire=wire, wire_values=fmt)
                 assert np.array_equal(plain.values.view(np.uint16),
                                       rounded.values.view(np.uint16)), (fmt, algorithm, wire)
+                ints = [(i, (v * 1e6).astype(np.int64)) for i, v in inputs]  # as they are,
+                want = reference(ints, 5000, "sum", "float64", 0)[1]  # a float accumulate
+                got = sparse_allreduce(*ints[comm.rank], 5000, algorithm=algorithm,  # too
+                                       comm=comm, wire=wire, wire_values=fmt,
+                                       accumulate_dtype=np.float64)
+                assert np.array_equal(got.values, want.astype(np.int64)), (fmt, algorithm)
+                for op in ("avg", "sum"):  # a dense output rounds what the sparse one does
+                    call = dict(algorithm=algorithm, comm=comm, wire=wire, wire_values=fmt,
+                                op=op, accumulate_dtype=np.float64)  # (split rounded the
+                    dense = sparse_allreduce(*inputs[comm.rank], 5000, output="dense",
+                                             **call)  # finished value: twice, after avg)
+                    assert np.array_equal(dense, sparse_allreduce(
+                        *inputs[comm.rank], 5000, **call).to_dense()), (fmt, algorithm, op)
                 checked += 1
     return checked
 
