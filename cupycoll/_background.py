@@ -181,17 +181,23 @@ def run_in_order(comm: Communicator, fn: Callable[[Communicator], Any],
     on MPI over the worker's duplicate, here when the worker has nothing left to run or this
     is the worker's thread (a ``completion_fn`` of its call: no thread switch), else behind
     what it has (a KeyboardInterrupt of that wait aborts ``comm``, as one of the call's own
-    waits does: the queued call then starts nothing); on NCCL, or a communicator that has no
-    duplicate of its own, on ``comm``. A call that ranks make asynchronously on some and
-    synchronously on others so runs on one communicator in one order everywhere."""
+    waits does: the queued call then starts nothing; the call's own errors do not); on NCCL,
+    or a communicator that has no duplicate of its own, on ``comm``. A call that ranks make
+    asynchronously on some and synchronously on others so runs on one communicator in one
+    order everywhere."""
     if getattr(comm, "stream_work", None) is not None or \
             getattr(type(comm), "dup", None) in (None, Communicator.dup):
         return fn(comm)
     worker = runner(comm)
     if worker.idle() or threading.current_thread() is worker.thread:
         return fn(worker.comm)
-    with comm.calling(op_name):
+    try:
         return run_async(comm, fn).wait()
+    except Exception:  # the call's own error: raised where it arose, as in this thread
+        raise
+    except BaseException as exc:  # Ctrl-C, a signal handler's exit: the call may be queued
+        comm._interrupted(op_name, type(exc))
+        raise
 
 
 def in_call_order(verb: Callable[..., Any]) -> Callable[..., Any]:

@@ -340,6 +340,22 @@ def check_async_op_differs_across_ranks() -> None:
     work = cct.sparse_allreduce(tensors[0], comm=comm, async_op=True, completion_fn=lambda *_:
                                 nested.append(cct.sparse_allreduce(tensors[2], comm=comm)))
     assert same(work.wait(), expected[0]) and same(nested[0], expected[2])
+    if P > 1:  # a callback's error in a queued synchronous call: that rank's alone
+        def boom(*_):
+            if RANK == 0:
+                raise ValueError("boom")
+
+        if RANK:
+            time.sleep(0.5)  # rank 0's sync call waits behind its async one meanwhile
+        late = cct.sparse_allreduce(tensors[0], comm=comm, async_op=True)
+        try:
+            cct.sparse_allreduce(tensors[1], comm=comm, completion_fn=boom)
+            outcome = "ok"
+        except ValueError:
+            outcome = "ValueError"
+        assert outcome == ("ValueError" if RANK == 0 else "ok"), (RANK, outcome)
+        assert same(late.wait(), expected[0])
+        assert same(cct.sparse_allreduce(tensors[2], comm=comm), expected[2])  # usable
     if P > 1:  # Ctrl-C while a synchronous call waits behind an async one: comm aborted
         import signal
         import threading
