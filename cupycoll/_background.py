@@ -171,8 +171,17 @@ def run_async(comm: Communicator, fn: Callable[[Communicator], Any],
     device = _callers_device()
     worker = runner(comm)
     future = worker.submit(_on(device, fn), worker.comm)
-    return Work(lambda: concurrent.futures.wait([future]), future.done,
-                lambda: finalize(future.result()), device=device)
+
+    def wait() -> None:
+        if threading.current_thread() is worker.thread and not future.done():
+            raise InvalidArgument(  # (a call's callback: the worker waited for itself)
+                "completion_fn", "a wait on the background worker's thread", "a callback "
+                "run there (completion_fn, alloc_fn) cannot wait for an asynchronous call "
+                "queued behind the one it belongs to; make the call synchronous there",
+                rank=comm.rank)
+        concurrent.futures.wait([future])
+
+    return Work(wait, future.done, lambda: finalize(future.result()), device=device)
 
 
 def run_in_order(comm: Communicator, fn: Callable[[Communicator], Any],

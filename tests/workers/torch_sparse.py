@@ -340,6 +340,16 @@ def check_async_op_differs_across_ranks() -> None:
     work = cct.sparse_allreduce(tensors[0], comm=comm, async_op=True, completion_fn=lambda *_:
                                 nested.append(cct.sparse_allreduce(tensors[2], comm=comm)))
     assert same(work.wait(), expected[0]) and same(nested[0], expected[2])
+    from cupycoll.errors import InvalidArgument
+
+    def waits(*_):  # an async call waited for there: queued behind the running one
+        cct.sparse_allreduce(tensors[2], comm=comm, async_op=True).wait()
+
+    try:  # (before: the worker waited for itself, for ever)
+        cct.sparse_allreduce(tensors[0], comm=comm, async_op=True, completion_fn=waits).wait()
+        raise AssertionError("a wait on the worker for a call queued behind it returned")
+    except InvalidArgument as exc:
+        assert exc.argument == "completion_fn", exc
     if P > 1:  # a callback's error in a queued synchronous call: that rank's alone
         def boom(*_):
             if RANK == 0:
