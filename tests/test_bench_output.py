@@ -538,10 +538,11 @@ def test_json_to_stdout_is_all_that_stdout_carries(script, flags, tmp_path):
             assert "# Out of bounds values : N/A (not checked: -c 0)" in done.stderr
     missing = run("--json", str(tmp_path / "no" / "r.json"), check=False)
     assert missing.returncode == 2 and "no folder" in missing.stderr, missing.stderr
-    env["HOME"] = str(tmp_path)  # --json=~/r.json: the shell leaves ~ as it is there
-    run("--json=~/r.json")
-    assert json.loads((tmp_path / "r.json").read_text())["rows"]
-    assert not (root / "~").exists()
+    if script == "bench_syncs.py":  # --json=~/r.json: the shell leaves ~ as it is there
+        env["HOME"] = str(tmp_path)
+        run("--json=~/r.json")
+        assert json.loads((tmp_path / "r.json").read_text())["rows"]
+        assert not (root / "~").exists()
 
 
 def test_convergence_demo_json_to_stdout(tmp_path):

@@ -364,14 +364,15 @@ def test_importing_cupycoll_torch_without_torch_names_the_extra(tmp_path):
     assert out.startswith("torch cupycoll.torch needs PyTorch") and "'cupycoll[torch]'" in out
 
 
-def test_tune_writes_a_tilde_output_under_home(tmp_path):
-    """``--output=~/p.json`` (the shell leaves ``~`` there): written under $HOME, as the
-    argument's check reads it, not into a folder named ``~`` here."""
-    home, here = tmp_path / "home", tmp_path / "here"
-    home.mkdir(), here.mkdir()
-    env = dict(os.environ, HOME=str(home), PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    env.pop("CUPYCOLL_PROFILE", None)
-    subprocess.run([sys.executable, "-m", "cupycoll", "tune", "--repeats", "1",
-                    "--output=~/p.json"], cwd=here, env=env, check=True, capture_output=True,
-                   timeout=600)
-    assert "fixed" in (home / "p.json").read_text() and not (here / "~").exists()
+def test_tune_writes_a_tilde_output_under_home(tmp_path, monkeypatch):
+    """``--output=~/p.json`` (the shell leaves ``~`` there): the profile is written under
+    $HOME, as the argument's check reads it, not into a folder named ``~`` here."""
+    from cupycoll._arguments import output_file
+    from cupycoll.tuner.profile import default_profile, load_profile, save_profile
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    path = save_profile(default_profile(2), output_file("~/p.json"))
+    assert path == tmp_path / "home" / "p.json" and path.is_file()
+    assert not (tmp_path / "~").exists()
+    assert load_profile("~/p.json", 2) == load_profile(path, 2)
