@@ -97,8 +97,9 @@ class Parser(argparse.ArgumentParser):
         global _DATA_OUT
         parsed = super().parse_args(*args, **kwargs)
         paths = {flag: getattr(parsed, flag, None) for flag in ("json", "csv", "plot")}
-        if max(1, getattr(parsed, "minbytes", 1)) > getattr(parsed, "maxbytes", math.inf):
-            self.error(f"-b {parsed.minbytes} is above -e {parsed.maxbytes}: no size to run")
+        if hasattr(parsed, "minbytes") and not sizes(parsed.minbytes, parsed.maxbytes,
+                                                     getattr(parsed, "stepfactor", 2)):
+            self.error(f"-b {parsed.minbytes} to -e {parsed.maxbytes}: no size to run")
         if paths["json"] == "-" and paths["csv"] == "-":
             self.error("--json - and --csv -: only one of them can have stdout")
         for flag, path in paths.items():

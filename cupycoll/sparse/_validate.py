@@ -249,9 +249,8 @@ def _local(comm: Any, indices: Any, values: Any, n: Any, op: Any, algorithm: Any
         length = _length(n, rank)
         idx, val, width = _arrays(comm, indices, values, rank)
         acc = _accumulate(accumulate_dtype, np.dtype(val.dtype), red, rank)
-        if np.dtype(val.dtype).itemsize < 4 or np.dtype(val.dtype).kind != "f":  # float16
-            wire_values = None  # and integer values travel as they are (a float accumulate
-            # dtype included): a 16-bit format saves nothing, or would round integers
+        if not Wire(values=wire_values).rounds(val.dtype):  # float16 and integer values
+            wire_values = None  # travel as they are, a float accumulate dtype or not
         for arg, fn in (("alloc_fn", alloc_fn), ("completion_fn", completion_fn)):
             if fn is not None and not callable(fn):
                 raise InvalidType(arg, type(fn).__name__, "a callable or None", rank=rank)
