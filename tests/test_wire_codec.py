@@ -321,18 +321,18 @@ def test_bfloat16_of_float16_is_exact_rounding():
     assert rounded.dtype == np.float32
 
 
-def test_the_error_feedback_of_a_value_float16_cannot_hold_is_the_value():
-    """1e5 and -7e4 travel as +-inf in float16 (IEEE rounding): their error is themselves (a
-    residual stays finite), not value - inf; an infinite value travels as itself: error 0, not
-    NaN (an Ok-Topk owner's or gTopk root's sum made infinite by a sender's overflow left NaN
-    in that rank's residual for good)."""
+def test_a_value_that_travels_as_inf_keeps_no_error_feedback():
+    """1e5 and -7e4 travel as +-inf in float16 (IEEE rounding): their error is 0 (the update is
+    inf there and a residual that kept them sent them again at every step), not value - inf;
+    an infinite value travels as itself: error 0, not NaN (an Ok-Topk owner's or gTopk root's
+    sum made infinite by a sender's overflow left NaN in that rank's residual for good)."""
     from cupycoll.wire._values import rounding_error
 
     x = np.array([1e5, -7e4, 1.5, 65504.0, np.inf], np.float32)
     _, rounded = wire.round_values(x, "float16")
     assert np.isinf(rounded[:2]).all() and rounded[3] == 65504.0
     error = rounding_error(x, rounded)
-    np.testing.assert_array_equal(error, [1e5, -7e4, 0.0, 0.0, 0.0])
+    np.testing.assert_array_equal(error, [0.0, 0.0, 0.0, 0.0, 0.0])
     assert rounding_error(-x[4:], -rounded[4:])[0] == 0.0
 
 

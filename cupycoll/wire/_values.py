@@ -76,15 +76,16 @@ def widen_values(payload: Any, fmt: str, dtype: Any = np.float32) -> Any:
 def rounding_error(values: Any, rounded: Any) -> Any:
     """``values - rounded``, the sender's error feedback, computed quietly (the caller's numpy
     error state must not turn inf - inf into an exception on one rank in the middle of a
-    collective). An infinite value travels as itself: no error (an owner's sum that is
-    infinite because a sender's value overflowed keeps no NaN, which would stay for good). A
-    finite value that overflowed the format (float16 beyond +-65504 travels as +-inf, as IEEE
-    rounding and a half-precision sum make it) keeps itself whole: a residual stays a number,
-    where ``value - inf`` would be -inf, then NaN for good."""
+    collective). Whatever travels as +-inf keeps no error: an infinite value (an owner's sum
+    that a sender's overflow made infinite) and a finite one that overflowed the format
+    (float16 beyond +-65504, as IEEE rounding and a half-precision sum make it) alike. The
+    result is then +-inf there, which an AMP ``GradScaler`` sees and skips the step for,
+    discarding that gradient: a residual that kept the value would send it, and overflow,
+    again at every step, and ``value - inf`` would leave NaN in it for good."""
     xp = array_namespace(values)
     with np.errstate(invalid="ignore"):
         error = xp.where(values == rounded, 0, values - rounded)
-    return xp.where(xp.isinf(rounded) & xp.isfinite(values), values, error)
+    return xp.where(xp.isinf(rounded), 0, error)
 
 
 def round_values(values: Any, fmt: str) -> tuple[Any, Any]:

@@ -245,6 +245,28 @@ def check_mass(comm, seed: int) -> float:
     return worst
 
 
+def check_overflow_once(comm, seed: int) -> int:
+    """A gradient float16 cannot hold (rank 0's 1e5) makes one step's update inf there, as an
+    AMP GradScaler expects, and only one: the residual keeps nothing of it (before: it kept the
+    value, which overflowed again at every step, and the update stayed inf for good)."""
+    p, r, checked = comm.size, comm.rank, 0
+    n = 3000
+    for algorithm in cc.algorithms("topk"):
+        for wire in ("coo", "compact"):
+            comp = cc.TopkCompressor(n, 0.02, algorithm=algorithm, comm=comm, wire=wire,
+                                     wire_values="float16", tau=8, tau_prime=5)
+            for t in range(4):
+                g = np.random.default_rng([seed, 5, r, t]).standard_normal(n).astype(np.float32)
+                if t == 0 and r == 0:
+                    g[7] = 1e5
+                upd = comp.step(g)
+                finite = np.isfinite(upd.values).all() and np.isfinite(comp.residual).all()
+                assert finite or t == 0, (algorithm, wire, t, "inf after the overflowed step")
+                assert np.isfinite(comp.residual).all(), (algorithm, wire, t)
+            checked += 1
+    return checked
+
+
 def check_errors(comm) -> int:
     p, r, checked = comm.size, comm.rank, 0
     idx, val = np.array([1, 2], np.int32), np.ones(2, np.float32)
@@ -272,6 +294,7 @@ def main() -> None:
     counts = {"sparse": check_sparse(comm, seed), "rounded": check_rounded(comm, seed),
               "volume": check_volume(comm, seed), "topk": check_topk(comm, seed)}
     worst = check_mass(comm, seed)
+    counts["overflow"] = check_overflow_once(comm, seed)
     counts["errors"] = check_errors(comm)
     if comm.rank == 0:
         print(f"ok wire on {comm.size} ranks: {counts}, worst mass error {worst:.2e}")
