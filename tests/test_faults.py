@@ -80,7 +80,7 @@ def test_late_rank_named_for_every_verb(nprocs, prefix, late):
               "preempted", "dup", "async_late", "failed", "aborted", "forked", "gave_up",
               "remote")),
     (3, "1", ("crossed", "stale", "interrupt", "first", "local", "learned", "preempted", "dup",
-              "async_late", "failed")),
+              "async_late", "failed", "inside")),
     (4, "0", ("crossed", "skip", "first", "learned", "aborted", "gave_up", "remote")),
 ])
 def test_crossed_stale_skip_interrupt(nprocs, debug, scenarios):

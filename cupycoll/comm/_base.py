@@ -159,9 +159,8 @@ class Communicator(HostWaits, abc.ABC):
     def _watch(self, mpi_comm: Any) -> None:
         """Publish this rank's collective count on an arrival board over ``mpi_comm``
         (collective), so a timeout can name the ranks that never arrived."""
-        self.board = Board(mpi_comm)
+        self.board = Board(mpi_comm, self.sequence, finishes=self.backend == "mpi")
         self._slot = self.board.slot
-        self._slot[0] = self.sequence
 
     def _share_fate(self, parent: "Communicator") -> None:
         """Live and die with ``parent`` (a duplicate of it)."""
@@ -202,7 +201,7 @@ class Communicator(HostWaits, abc.ABC):
 
     def _stop_publishing(self) -> None:
         """Later collectives' counts go to a private slot, not the arrival board."""
-        self._slot = memoryview(bytearray(16)).cast("q")
+        self._slot = memoryview(bytearray(24)).cast("q")
 
     def _closed(self) -> None:
         """Say on the arrival board that this rank closed the communicator before its next

@@ -42,17 +42,25 @@ class HostWaits:
         board: a timeout names the ranks whose count is below it)."""
         self._slot[0] = self.sequence = self.sequence + 1
 
+    def _finished(self, sequence: int | None = None) -> None:
+        """Publish on the board that this rank finished collective ``sequence`` (default the
+        latest): a peer still waiting in it then knows this rank's later abort left it whole."""
+        seq = self.sequence if sequence is None else sequence
+        if self._slot[2] < seq:
+            self._slot[2] = seq
+
     def _still_wanted(self, op_name: str, sequence: int | None = None) -> None:
         """In a wait for collective ``sequence`` (default the latest): raise if this
         communicator died meanwhile (``abort()`` from another thread), or, as a
         CollectiveTimeout naming them, if peers on this node gave it up before they started
-        that collective (a dead communicator starts nothing: they never will)."""
+        that collective (a dead communicator starts nothing: they never will), or inside it
+        without finishing it, a grace period ago (:meth:`Board.given_up_on`)."""
         self._check_alive()
         seq = self.sequence if sequence is None else sequence
-        gone = self.board.never_start(self.rank, seq) if self.board is not None else {}
+        gone = self.board.given_up_on(self.rank, seq) if self.board is not None else {}
         if gone:
             verb = self._verb or op_name
-            error = forsaken_error(gone, self.rank, self.size, verb, seq)
+            error = forsaken_error(gone, self.rank, self.size, verb, seq, self.board)
             self._die(error, f"{verb} (collective #{seq}, a peer gave up)")
             raise error
 
@@ -122,3 +130,4 @@ class HostWaits:
             self._fate.abandon(request)
             self._interrupted(op_name, type(exc))  # against it, so say this rank gave up
             raise
+        self._finished()

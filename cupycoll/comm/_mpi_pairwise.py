@@ -215,7 +215,10 @@ def _two_phases(comm: Any, first: list, first_peers: list[int], between: Any, fi
     def test() -> bool:
         progress_all()  # a peer may wait in another communicator's call this rank holds up
         _post_ready(comm, advance)
-        return advance(blocking_first=False) and tested(comm, second[0][0], op_name)
+        if not (advance(blocking_first=False) and tested(comm, second[0][0], op_name)):
+            return False
+        comm._finished(sequence)
+        return True
 
     sequence = comm.sequence
     with comm._posting:
@@ -306,10 +309,14 @@ def progress_all() -> None:
                 pass
 
 
-def all_done(comm: Any, requests: list, op_name: str) -> bool:
-    """:func:`tested` after :func:`progress_all` (every ready second phase posted first)."""
+def all_done(comm: Any, requests: list, op_name: str, sequence: int | None = None) -> bool:
+    """:func:`tested` after :func:`progress_all` (every ready second phase posted first); once
+    done, collective ``sequence`` is published finished."""
     progress_all()
-    return tested(comm, requests, op_name)
+    if not tested(comm, requests, op_name):
+        return False
+    comm._finished(sequence)
+    return True
 
 
 def tested(comm: Any, requests: list, op_name: str) -> bool:

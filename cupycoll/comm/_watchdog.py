@@ -11,7 +11,10 @@ read that is given a short grace period -- and names the ranks whose count is be
 the collective it waited for.
 
 A second slot holds where the rank aborted the communicator (0 while it is alive), so a rank
-that times out after its peers gave up says so.
+that times out after its peers gave up says so; a third the last collective it finished (MPI:
+its wait, or a test, found it done; NCCL, whose collectives finish on a stream, keeps a count no
+collective reaches), so a peer waiting in a collective a rank aborted inside, without finishing
+it, need not wait for ever.
 
 The **fate** is shared by a communicator and its duplicates: after a timeout, an interrupt or an
 abort, every later call on any of them raises at once, naming the operation it died in, instead
@@ -35,8 +38,13 @@ if TYPE_CHECKING:
 __all__ = ["Board", "Fate", "NO_SLOT", "late_ranks", "timeout_error"]
 
 #: stand-in for the board slot of a communicator without a board (stores go nowhere useful).
-NO_SLOT = memoryview(np.zeros(2, np.int64)).cast("B").cast("q")
-_ARRIVED, _DIED = 0, 1
+NO_SLOT = memoryview(np.zeros(3, np.int64)).cast("B").cast("q")
+_ARRIVED, _DIED, _FINISHED = 0, 1, 2
+#: the finished count of a communicator that does not publish its finishes (NCCL)
+UNTRACKED = 1 << 62
+#: seconds a wait goes on after it first sees that a peer aborted inside its collective,
+#: unfinished (the peer may have sent its part: the wait can still complete)
+_INSIDE_GRACE = 2.0
 _REMOTE_GRACE = 0.5  # seconds a timed-out rank waits for RMA reads of ranks on other nodes
 #: what every operation given up on in this process still reads or writes (see Fate.abandon,
 #: and a board read left unfinished)
@@ -46,23 +54,27 @@ _ABANDONED: list[Any] = []
 class Board:
     """The arrival board of one MPI communicator (collective to create).
 
-    ``slot`` is this rank's ``[sequence, died at + 1]`` (int64 memoryview: a store is cheap).
+    ``slot`` is this rank's ``[sequence, died at + 1, finished]`` (int64 memoryview: a store is
+    cheap), from ``sequence`` (collectives started and finished so far); ``finishes``: the
+    communicator publishes the collectives it finishes (else ``UNTRACKED``).
     """
 
-    def __init__(self, mpi_comm: MPI.Comm) -> None:
+    def __init__(self, mpi_comm: MPI.Comm, sequence: int = 0, finishes: bool = True) -> None:
         from mpi4py import MPI  # here, not at import: `import cupycoll` works without an MPI library
 
         rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
         node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
-        self._shared = MPI.Win.Allocate_shared(16, 8, comm=node)
+        self._shared = MPI.Win.Allocate_shared(24, 8, comm=node)
         memory = self._shared.tomemory()
         self.slot = memoryview(memory).cast("B").cast("q")
-        self.slot[_ARRIVED] = self.slot[_DIED] = 0
+        self.slot[_ARRIVED], self.slot[_DIED] = sequence, 0
+        self.slot[_FINISHED] = sequence if finishes else UNTRACKED
+        self._inside_seen: dict[tuple[int, int], float] = {}
         members = node.allgather(rank)
         self._local = {}
         for i, world in enumerate(members):
             buf, _ = self._shared.Shared_query(i)
-            self._local[world] = np.frombuffer(buf, np.int64, 2)
+            self._local[world] = np.frombuffer(buf, np.int64, 3)
         self._remote = None
         if node.Get_size() < size:  # ranks on other nodes: RMA reads of the same memory, in
             self._remote = MPI.Win.Create(memory, 8, comm=mpi_comm)  # one passive epoch:
@@ -90,12 +102,24 @@ class Board:
                          for r, view in sorted(self._local.items())
                          if r != rank and 0 < view[_DIED] <= upto + 1)
 
-    def never_start(self, rank: int, sequence: int) -> dict[int, int]:
+    def given_up_on(self, rank: int, sequence: int) -> dict[int, int]:
         """The ranks on this node (but ``rank``) that aborted or closed their communicator
         before they started collective ``sequence`` (a dead or closed communicator starts
-        nothing more, and its count stays): {rank: the collective it gave up at}."""
-        return {r: int(view[_DIED]) - 1 for r, view in sorted(self._local.items())
-                if r != rank and view[_DIED] > 0 and view[_ARRIVED] < sequence}
+        nothing more, and its count stays), or that aborted it inside ``sequence`` (or a later
+        one) without finishing ``sequence``, seen so for ``_INSIDE_GRACE`` s by this rank:
+        {rank: the collective it gave up at}."""
+        gone, now = {}, time.monotonic()
+        for r, view in sorted(self._local.items()):
+            arrived, died, finished = (int(v) for v in view)
+            if r == rank or not died:
+                continue
+            if arrived < sequence:
+                gone[r] = died - 1
+            elif died - 1 == arrived and finished < sequence:  # aborted, not closed, inside
+                seen = self._inside_seen.setdefault((r, sequence), now)
+                if now - seen >= _INSIDE_GRACE:
+                    gone[r] = died - 1
+        return gone
 
     def _read_remote(self, ranks: Sequence[int]) -> dict[int, tuple[int, int]]:
         """RMA reads of ranks on other nodes, given ``_REMOTE_GRACE`` s (a rank whose MPI
@@ -210,15 +234,22 @@ def timeout_error(board: Board | None, rank: int, size: int, verb: str, step: st
         f"{why}{'; ' + notes if notes else ''}. {_ABORTED}", missing_ranks=missing, op_name=verb)
 
 
-def forsaken_error(gone: dict[int, int], rank: int, size: int, verb: str,
-                   sequence: int) -> CollectiveTimeout:
+def forsaken_error(gone: dict[int, int], rank: int, size: int, verb: str, sequence: int,
+                   board: Board) -> CollectiveTimeout:
     """The CollectiveTimeout of a wait on collective number ``sequence`` that ``gone`` (rank ->
-    the collective it gave the communicator up at; :meth:`Board.never_start`) will never
-    start."""
-    why = "; ".join(_gave_up(r, at) for r, at in gone.items())
+    the collective it gave the communicator up at; :meth:`Board.given_up_on`) will never
+    start or finish; where one aborted inside it, the live ranks that have not started it are
+    named too (the collective waits for them as well)."""
+    why = "; ".join(f"{_gave_up(r, at)}, "
+                    f"{'before starting' if at < sequence else 'without finishing'} this one"
+                    for r, at in gone.items())
+    inside = any(at >= sequence for at in gone.values())
+    late = [r for r in late_ranks(board, rank, sequence) if r not in gone] if inside else []
+    if late:
+        why += f"; {_ranks(late)} never arrived (started only collectives before #{sequence})"
     return CollectiveTimeout(
-        f"{verb} (collective #{sequence}) cannot complete on rank {rank} of {size}: {why}, "
-        f"before starting this one. {_ABORTED}", missing_ranks=list(gone), op_name=verb)
+        f"{verb} (collective #{sequence}) cannot complete on rank {rank} of {size}: {why}. "
+        f"{_ABORTED}", missing_ranks=sorted([*gone, *late]), op_name=verb)
 
 
 #: how a wait's error ends once it has aborted its communicator

@@ -71,8 +71,7 @@ class MPICommunicator(Staging, Communicator):
                        "_allgatherv_into": self._allgatherv_into}
         #: staging buffers of finished calls (bytes), reused: see _scratch
         self._spare: list[np.ndarray] = []
-        #: two-phase calls whose second phase is not posted yet, in call order
-        #: (:func:`._mpi_pairwise._two_phases`), and the lock of posting them
+        #: two-phase calls (._mpi_pairwise) whose second phase is unposted, in order; its lock
         self._unposted: collections.deque = collections.deque()
         self._posting = threading.Lock()
         #: operations whose Work was dropped before it completed: (whether done, buffers),
@@ -110,6 +109,7 @@ class MPICommunicator(Staging, Communicator):
         except BaseException as exc:  # Ctrl-C, a signal handler's exception: still pending
             self._interrupted(op_name, type(exc))
             raise
+        self._finished(sequence)
 
     def _poll(self, requests: list, statuses: list, op_name: str,
               peers: Sequence[int] | None, sequence: int | None = None) -> None:
@@ -152,6 +152,7 @@ class MPICommunicator(Staging, Communicator):
         """Run a dense verb to completion without a Work: post it and test it in the
         interruptible loop of :meth:`wait` (see :meth:`_launch`)."""
         self._verbs[verb](*args, op_name or verb, True)
+        self._finished()
 
     def run_fetch(self, verb: str, *args: Any, result: Any, op_name: str) -> np.ndarray:
         """``run`` (one blocking call), then ``result`` on the host."""
@@ -164,11 +165,10 @@ class MPICommunicator(Staging, Communicator):
         by testing the request in :meth:`wait`'s interruptible loop.
 
         ``call``, MPI's blocking twin, is not used here: it would ignore Ctrl-C and
-        ``CUPYCOLL_TIMEOUT`` until it returns, ranks may not mix it with the nonblocking call
-        (so the choice could not depend on anything ranks might disagree on), and on
-        oversubscribed cores it spins without giving its core to the peer it waits for, which
-        makes it mostly the slower one from 256 KiB (docs/dense.md has the measurement;
-        ``bench/dev/bench_tracking.py`` times both)."""
+        ``CUPYCOLL_TIMEOUT`` until it returns, ranks may not mix it with the nonblocking call (so
+        the choice could not depend on anything ranks might disagree on), and on oversubscribed
+        cores it spins without giving its core to the peer it waits for, which makes it mostly
+        the slower one from 256 KiB (docs/dense.md; ``bench/dev/bench_tracking.py`` times both)."""
         try:  # posting fails too, e.g. MPICH out of memory for its temporary buffer
             request = icall(*args)
             done = blocking and request.Test()
@@ -199,7 +199,7 @@ class MPICommunicator(Staging, Communicator):
             keep_alive.clear()
 
         sequence, keep_alive = self.sequence, list(keep)
-        done = functools.partial(all_done, self, requests, op_name)
+        done = functools.partial(all_done, self, requests, op_name, sequence)
         work = Work(wait, done, finalize, on_drop=lambda: self._orphaned.append(
             (done, keep_alive)), late=lambda: late_ranks(self.board, self.rank, sequence),
             interrupted=lambda kind: self._interrupted(op_name, kind),

@@ -56,6 +56,13 @@ gave_up    the same early ends for a timed ``Work.wait(timeout=)`` (abort() from
            CollectiveTimeout saying "wait again"; the peers' timed wait on a collective rank 0
            never started ends at once naming it) and for a host wait (the peers' ``dup()``
            after rank 0 aborted, without a timeout: before, it waited for ever).
+inside     (P >= 3) abort() from another thread on rank 0 inside a collective the last rank
+           starts 4 s late, without a timeout: the ranks between raise naming rank 0, which left
+           it unfinished, about 2 s after they see it (before: they waited for the late rank,
+           then for ever, as rank 0 had started it); the late rank completes against what rank 0
+           posted or raises so, never hangs; the same when rank 0 aborts inside the first of two
+           asynchronous collectives it started. A rank that finished its collective and aborted
+           after (a reduce's non-root) leaves its root's wait to complete.
 remote     every rank on a node of its own (the communicator torchrun's join makes): the last
            rank busy outside MPI for 3 s, the others time out after 1 s, their board reads
            given 0.5 s, naming the last rank (before: the read's lock waited for the busy
@@ -615,6 +622,64 @@ def gave_up() -> None:
     fresh_allreduce(cc.init("mpi", timeout=10))
 
 
+def inside() -> None:
+    def late_peer_waits(two: bool) -> str:
+        comm = cc.init("mpi", timeout=0)  # no timeout: only the board can end the waits
+        fresh_allreduce(comm)
+        start = time.monotonic()
+        try:
+            if RANK == 0:
+                threading.Timer(0.3, comm.abort).start()
+                if two:  # two collectives started, neither finished
+                    works = [cc.allreduce(np.ones(3), comm=comm, async_op=True)
+                             for _ in range(2)]
+                    works[0].wait()
+                else:
+                    fresh_allreduce(comm)
+            else:
+                time.sleep(4.0 if RANK == P - 1 else 0.0)
+                fresh_allreduce(comm)
+            outcome = "completed"
+        except BackendError as exc:
+            assert RANK == 0 and "abort() was called" in str(exc), str(exc)
+            outcome = "BackendError"
+        except CollectiveTimeout as exc:  # the late rank: maybe in the next collective
+            assert 0 in exc.missing_ranks and "rank 0 aborted" in str(exc), str(exc)
+            outcome = f"CollectiveTimeout{exc.missing_ranks}"
+            assert RANK == P - 1 or "without finishing this one" in str(exc) and \
+                f"rank {P - 1} never arrived" in str(exc) and exc.missing_ranks == [0, P - 1], \
+                str(exc)
+        took = time.monotonic() - start
+        if RANK == 0:
+            assert outcome == "BackendError", outcome
+            time.sleep(6.0)  # no MPI call: its abandoned requests do not progress
+        elif RANK < P - 1:  # the late rank's part is missing: only the board ends the wait
+            assert outcome == f"CollectiveTimeout[0, {P - 1}]" and took < 4.0, (outcome, took)
+        else:  # what rank 0 posted before it aborted may let it complete
+            assert (outcome == "completed" or outcome.startswith("CollectiveTimeout")) and \
+                took < 7.5, (outcome, took)
+        return outcome
+
+    for two in (False, True):
+        start = time.monotonic()
+        outcome = late_peer_waits(two)
+        report(f"abort inside, {'two started' if two else 'late peer'}", outcome,
+               time.monotonic() - start)
+        WORLD.Barrier()
+    comm = cc.init("mpi", timeout=0)  # a non-root that finished a reduce, then aborted
+    fresh_allreduce(comm)
+    if RANK == P - 1:
+        time.sleep(2.5)  # past the board's grace
+    got = cc.reduce(np.full(3, 1.0), 0, comm=comm)
+    if RANK not in (0, P - 1):
+        comm.abort()
+    if RANK == 0:
+        assert np.array_equal(got, np.full(3, float(P))), got
+    report("abort after finishing a reduce", "completed", 0.0)
+    WORLD.Barrier()
+    fresh_allreduce(cc.init("mpi", timeout=10))
+
+
 def remote() -> None:
     from cupycoll._torch_world import _SeparateWorlds
     from cupycoll.comm.mpi import MPICommunicator
@@ -662,7 +727,7 @@ for name in sys.argv[1:]:
     {"stale": stale, "crossed": crossed, "skip": skip, "interrupt": interrupt, "first": first,
      "local": local, "learned": learned, "preempted": preempted, "dup": dup,
      "async_late": async_late, "failed": failed, "aborted": aborted, "forked": forked,
-     "gave_up": gave_up, "remote": remote}[name]()
+     "gave_up": gave_up, "remote": remote, "inside": inside}[name]()
     WORLD.Barrier()
 if RANK == 0:
     print("OK")
