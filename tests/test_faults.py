@@ -58,6 +58,43 @@ def test_a_timeout_says_why_no_rank_is_named():
     assert "every rank started it and no peer owes this rank a message" in str(seen)
 
 
+def test_a_peer_that_closed_or_aborted_is_told_apart(monkeypatch):
+    """The board's rules on peers' [arrived, died at + 1, finished] slots: closed after
+    collective 2 (died 4) or aborted before starting 3: "before starting" at once, late ranks
+    not named; aborted inside 3, unfinished: named only after the grace, "without finishing",
+    with the live ranks that never arrived; aborted after finishing 3: never named."""
+    from cupycoll.comm import _watchdog as w
+
+    board = w.Board(MPI.COMM_SELF)
+    clock = [100.0]
+    monkeypatch.setattr(w.time, "monotonic", lambda: clock[0])
+
+    def views(**slots):
+        board._local = {0: np.array([3, 0, 2])} | {
+            int(r[1:]): np.array(v) for r, v in slots.items()}
+        board._remote, board.size = None, 3
+
+    views(r1=[2, 4, 2], r2=[2, 0, 2])  # rank 1 closed after 2, rank 2 alive before 3
+    assert board.given_up_on(0, 3) == {1: (3, False)}
+    error = w.forsaken_error(board.given_up_on(0, 3), 0, 3, "allreduce", 3, board)
+    assert error.missing_ranks == [1] and "rank 1 aborted or closed it at collective #3, " \
+        "before starting this one" in str(error), error
+    views(r1=[3, 4, 2], r2=[2, 0, 2])  # aborted inside 3, unfinished
+    assert board.given_up_on(0, 3) == {}
+    clock[0] += w._INSIDE_GRACE - 0.1
+    assert board.given_up_on(0, 3) == {}
+    clock[0] += 0.2
+    assert board.given_up_on(0, 3) == {1: (3, True)}
+    error = w.forsaken_error(board.given_up_on(0, 3), 0, 3, "allreduce", 3, board)
+    assert error.missing_ranks == [1, 2] and "without finishing this one" in str(error) and \
+        "rank 2 never arrived" in str(error), error
+    views(r1=[3, 4, 3], r2=[3, 0, 2])  # finished 3, then aborted: its part is in
+    clock[0] += 10
+    assert board.given_up_on(0, 3) == {}
+    views(r1=[3, 4, w.UNTRACKED], r2=[3, 0, 2])  # finishes not published (NCCL)
+    assert board.given_up_on(0, 3) == {}
+
+
 def test_abort_kills_the_communicator_and_init_gives_a_fresh_one():
     comm = cc.init("mpi", mpi_comm=MPI.COMM_SELF)
     comm.abort()

@@ -102,23 +102,23 @@ class Board:
                          for r, view in sorted(self._local.items())
                          if r != rank and 0 < view[_DIED] <= upto + 1)
 
-    def given_up_on(self, rank: int, sequence: int) -> dict[int, int]:
+    def given_up_on(self, rank: int, sequence: int) -> dict[int, tuple[int, bool]]:
         """The ranks on this node (but ``rank``) that aborted or closed their communicator
         before they started collective ``sequence`` (a dead or closed communicator starts
         nothing more, and its count stays), or that aborted it inside ``sequence`` (or a later
         one) without finishing ``sequence``, seen so for ``_INSIDE_GRACE`` s by this rank:
-        {rank: the collective it gave up at}."""
+        {rank: (the collective it gave up at, whether it had started ``sequence``)}."""
         gone, now = {}, time.monotonic()
         for r, view in sorted(self._local.items()):
             arrived, died, finished = (int(v) for v in view)
             if r == rank or not died:
                 continue
             if arrived < sequence:
-                gone[r] = died - 1
+                gone[r] = (died - 1, False)
             elif died - 1 == arrived and finished < sequence:  # aborted, not closed, inside
                 seen = self._inside_seen.setdefault((r, sequence), now)
                 if now - seen >= _INSIDE_GRACE:
-                    gone[r] = died - 1
+                    gone[r] = (died - 1, True)
         return gone
 
     def _read_remote(self, ranks: Sequence[int]) -> dict[int, tuple[int, int]]:
@@ -234,16 +234,15 @@ def timeout_error(board: Board | None, rank: int, size: int, verb: str, step: st
         f"{why}{'; ' + notes if notes else ''}. {_ABORTED}", missing_ranks=missing, op_name=verb)
 
 
-def forsaken_error(gone: dict[int, int], rank: int, size: int, verb: str, sequence: int,
-                   board: Board) -> CollectiveTimeout:
-    """The CollectiveTimeout of a wait on collective number ``sequence`` that ``gone`` (rank ->
-    the collective it gave the communicator up at; :meth:`Board.given_up_on`) will never
-    start or finish; where one aborted inside it, the live ranks that have not started it are
-    named too (the collective waits for them as well)."""
+def forsaken_error(gone: dict[int, tuple[int, bool]], rank: int, size: int, verb: str,
+                   sequence: int, board: Board) -> CollectiveTimeout:
+    """The CollectiveTimeout of a wait on collective number ``sequence`` that ``gone``
+    (:meth:`Board.given_up_on`) will never start or finish; where one aborted inside it, the
+    live ranks that have not started it are named too (the collective waits for them too)."""
     why = "; ".join(f"{_gave_up(r, at)}, "
-                    f"{'before starting' if at < sequence else 'without finishing'} this one"
-                    for r, at in gone.items())
-    inside = any(at >= sequence for at in gone.values())
+                    f"{'without finishing' if started else 'before starting'} this one"
+                    for r, (at, started) in gone.items())
+    inside = any(started for _, started in gone.values())
     late = [r for r in late_ranks(board, rank, sequence) if r not in gone] if inside else []
     if late:
         why += f"; {_ranks(late)} never arrived (started only collectives before #{sequence})"
