@@ -24,7 +24,7 @@ from ._config import debug
 from ._pipeline import Delivery, Plan, call
 from ._types import (DENSE_DTYPES, ReduceOp, array_namespace, as_array, check_device,
                      check_dtype, check_flag, device_of, parse_op, writable)
-from .comm import Communicator, Work, get_comm
+from .comm import Communicator, Work, comm_or_default
 from .errors import CupycollError, InvalidArgument, InvalidType, MismatchError
 
 __all__ = ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "all_reduce",
@@ -284,7 +284,7 @@ def allreduce(x: Any, op: Any = "sum", *, comm: Communicator | None = None, out:
 
         cc.allreduce(np.array([rank + 1]))    # rank 0: [3]  rank 1: [3]
     """
-    comm = comm or get_comm()
+    comm = comm_or_default(comm)
     async_op = _async_flag(comm, "allreduce", async_op)
     red = _plain_op(op)
     dst = _plain_output(x, out, comm) if red is not None else None
@@ -302,7 +302,7 @@ def allreduce(x: Any, op: Any = "sum", *, comm: Communicator | None = None, out:
 def broadcast(x: Any, root: int = 0, *, comm: Communicator | None = None, out: Any = None,
               async_op: bool = False) -> Any:
     """Copy root's ``x`` to every rank (``x`` on other ranks only gives shape and dtype)."""
-    comm = comm or get_comm()
+    comm = comm_or_default(comm)
     async_op = _async_flag(comm, "broadcast", async_op)
     dst = _plain_output(x, out, comm) if _plain_root(root, comm) else None
     if dst is not None:
@@ -319,7 +319,7 @@ def broadcast(x: Any, root: int = 0, *, comm: Communicator | None = None, out: A
 def reduce(x: Any, root: int = 0, op: Any = "sum", *, comm: Communicator | None = None,
            out: Any = None, async_op: bool = False) -> Any:
     """Reduce ``x`` over all ranks onto ``root``; return the result on root and None elsewhere."""
-    comm = comm or get_comm()
+    comm = comm_or_default(comm)
     async_op = _async_flag(comm, "reduce", async_op)
     red = _plain_op(op)
     dst = None
@@ -342,7 +342,7 @@ def reduce(x: Any, root: int = 0, op: Any = "sum", *, comm: Communicator | None 
 def allgather(x: Any, *, comm: Communicator | None = None, out: Any = None,
               async_op: bool = False) -> Any:
     """Concatenate every rank's ``x`` along axis 0 in rank order; identical on every rank."""
-    comm = comm or get_comm()
+    comm = comm_or_default(comm)
     async_op = _async_flag(comm, "allgather", async_op)
     dst = _plain_output(x, out, comm, grow=comm.size)
     if dst is not None:
@@ -359,7 +359,7 @@ def allgather(x: Any, *, comm: Communicator | None = None, out: Any = None,
 def reduce_scatter(x: Any, op: Any = "sum", *, comm: Communicator | None = None, out: Any = None,
                    async_op: bool = False) -> Any:
     """Reduce ``x`` over ranks and return this rank's block (axis 0 split into P equal blocks)."""
-    comm = comm or get_comm()
+    comm = comm_or_default(comm)
     async_op = _async_flag(comm, "reduce_scatter", async_op)
     red = _plain_op(op)
     dst = _plain_output(x, out, comm, grow=1, shrink=comm.size) if red is not None else None

@@ -85,3 +85,23 @@ def test_a_compressor_loaded_before_any_communicator_makes_none(comm, monkeypatc
     assert loaded.comm is None and np.array_equal(loaded.residual, comp.residual)
     loaded.step(np.ones(100, np.float32))
     assert loaded.comm is comm
+
+
+def test_a_comm_that_is_not_a_communicator_is_named(comm):
+    """``comm=`` given an mpi4py communicator, a string or a number: InvalidType naming
+    ``comm`` from every front door (none falls back to the default for a falsy one)."""
+    from mpi4py import MPI
+
+    x = np.ones(4, np.float32)
+    calls = [lambda c: cc.allreduce(x, comm=c), lambda c: cc.broadcast(x, 0, comm=c),
+             lambda c: cc.reduce(x, 0, comm=c), lambda c: cc.allgather(x, comm=c),
+             lambda c: cc.reduce_scatter(x, comm=c),
+             lambda c: cc.sparse_allreduce(np.array([1]), x[:1], 4, comm=c),
+             lambda c: cc.topk_allreduce(x, 2, comm=c),
+             lambda c: cc.TopkCompressor(4, 0.5, comm=c)]
+    for bad in (MPI.COMM_WORLD, MPI.COMM_NULL, "x", 3, 0):
+        for call in calls:
+            with pytest.raises(cc.errors.InvalidType) as info:
+                call(bad)
+            assert info.value.argument == "comm" and info.value.rank == comm.rank, info.value
+            assert "a cupycoll Communicator" in str(info.value), info.value

@@ -11,6 +11,7 @@ import pytest
 
 import cupycoll as cc
 from cupycoll._types import ReduceOp
+from cupycoll.primitives import coo_reduce
 from cupycoll.errors import InvalidArgument, InvalidType, MismatchError
 from cupycoll.sparse import _terms as t
 from cupycoll.sparse import _validate as v
@@ -408,6 +409,31 @@ def test_ranks_raise_together_on_bad_input_or_a_disagreement(p):
     got = call()
     for prepared in got:
         assert prepared.nnz == (3,) * p and prepared.indices.tolist() == [1, 4, 7]
+
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_an_accumulate_dtype_of_the_other_byte_order_is_its_native_twin(p):
+    """``accumulate_dtype=">f8"`` names float64 arithmetic: every rank reduces in native
+    float64, a rank that wrote ``np.float64`` agrees with it, and the sums are the float64 sums
+    of the numbers (reference: np.add.at); the primitives take it the same way."""
+    orders = {0: ">f8", 1: np.float64, 2: "<f8"}
+
+    def fn(comm):
+        return v.prepare(comm, IDX, VAL, 10, op="sum", algorithm="allgather",
+                         accumulate_dtype=orders[comm.rank], alloc_fn=None, completion_fn=None,
+                         async_op=False, wire="coo")
+
+    want = np.zeros(10)
+    np.add.at(want, IDX, VAL.astype(np.float64))
+    for prepared in _outcomes(p, fn):
+        assert not isinstance(prepared, Exception), prepared
+        assert prepared.accumulate_dtype == np.dtype(np.float64)
+        assert prepared.accumulate_dtype.isnative
+        assert np.array_equal(prepared.values, want[prepared.indices])
+    for order in (">f8", "<f8"):
+        idx, val = coo_reduce(IDX, VAL, accumulate_dtype=order)
+        assert idx.tolist() == [1, 4, 7] and val.dtype == np.float32
+        assert np.array_equal(val, want[[1, 4, 7]].astype(np.float32))
 
 
 def test_a_rank_in_another_verb_stops_the_validation():

@@ -7,13 +7,13 @@ import os
 from typing import Any
 
 from .._config import check_environment, chosen, parse_timeout, setting
-from ..errors import BackendUnavailable, InvalidArgument
+from ..errors import BackendUnavailable, InvalidArgument, InvalidType
 from ._base import Communicator
 from ._stats import OpStats, Stats, bus_factor
 from ._work import Work
 
 __all__ = ["Communicator", "Stats", "OpStats", "Work", "bus_factor", "init", "get_comm",
-           "nccl_usable", "load_mpi", "made_comm"]
+           "nccl_usable", "load_mpi", "made_comm", "comm_or_default"]
 
 _log = logging.getLogger("cupycoll")
 _default: Communicator | None = None
@@ -145,6 +145,19 @@ def use_world(mpi_comm: Any) -> None:
 def get_comm() -> Communicator:
     """Return the default Communicator, initialising it (``init()``) on first use."""
     return _default if _default is not None else init()
+
+
+def comm_or_default(comm: Any) -> Communicator:
+    """``comm`` if it is a Communicator, the default one (:func:`get_comm`) for None; else
+    InvalidType naming ``comm`` (an mpi4py communicator is not one: ``cupycoll.init(mpi_comm=...)``
+    makes one of it)."""
+    if comm is None:
+        return get_comm()
+    if not isinstance(comm, Communicator):
+        raise InvalidType("comm", type(comm).__name__, "a cupycoll Communicator (cupycoll.init"
+                          "(), or init(mpi_comm=) over an mpi4py communicator) or None",
+                          rank=None if _default is None else _default.rank)
+    return comm
 
 
 def made_comm() -> Communicator | None:

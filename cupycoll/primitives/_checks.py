@@ -142,8 +142,8 @@ def _reduce_op(op: Any) -> np.ufunc:
 def _accumulate(accumulate_dtype: Any, dtype: np.dtype) -> np.dtype:
     if accumulate_dtype is None:
         return dtype
-    try:
-        acc = np.dtype(accumulate_dtype)
+    try:  # the arithmetic's dtype: its byte order is this machine's, whatever was named
+        acc = np.dtype(accumulate_dtype).newbyteorder("=")
     except TypeError:
         raise InvalidType("accumulate_dtype", accumulate_dtype, "a dtype") from None
     if acc not in VALUE_DTYPES:

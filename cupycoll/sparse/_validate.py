@@ -188,8 +188,8 @@ def _accumulate(accumulate_dtype: Any, value_dtype: np.dtype, op: ReduceOp,
         if op is ReduceOp.AVG and value_dtype == np.float16:
             return np.dtype(np.float32)
         return value_dtype
-    try:
-        acc = np.dtype(accumulate_dtype)
+    try:  # the arithmetic's dtype: its byte order is this machine's, whatever was named
+        acc = np.dtype(accumulate_dtype).newbyteorder("=")
     except TypeError:
         raise InvalidType("accumulate_dtype", accumulate_dtype, "a dtype", rank=rank) from None
     if acc.name not in _VALUE_NAMES:

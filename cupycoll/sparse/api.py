@@ -22,7 +22,7 @@ from .._pipeline import Delivery, Plan, call
 from .._registry import Algorithm, bind_prices, record
 from .._result import SparseResult
 from .._types import ReduceOp, trunc_divide
-from ..comm import Communicator, get_comm
+from ..comm import Communicator, comm_or_default
 from ..errors import InvalidArgument, OutOfMemory
 from ..primitives._unfolded import Unfolded, folded
 from . import auto as _auto
@@ -108,7 +108,7 @@ def sparse_allreduce(indices: Any, values: Any, n: int, *, op: Any = "sum",
         res = cc.sparse_allreduce(idx, val, n=8)
         res.indices, res.values                      # both ranks: [1, 5, 7], [1., 12., 20.]
     """
-    comm = comm or get_comm()
+    comm = comm_or_default(comm)
     return call(comm, "sparse_allreduce",
                 lambda: prepare(comm, indices, values, n, op=op, algorithm=algorithm,
                                 accumulate_dtype=accumulate_dtype, alloc_fn=alloc_fn,

@@ -26,7 +26,7 @@ from .._pipeline import Delivery, Plan, call
 from .._registry import algorithms, record
 from .._result import SparseResult
 from .._types import as_array, check_device, check_dtype, check_flag
-from ..comm import Communicator, get_comm
+from ..comm import Communicator, comm_or_default
 from ..errors import CupycollError, InvalidArgument, InvalidType
 from ..wire._choice import check_wire, check_wire_values, decode_code, wire_code
 from ..wire._pack import COO
@@ -318,7 +318,7 @@ def topk_allreduce(x: Any, k: int, *, algorithm: str | None = None,
 
         res = cc.topk_allreduce(grad, k=grad.size // 100, state=st)   # every rank: same res
     """
-    comm = comm or get_comm()
+    comm = comm_or_default(comm)
     algorithm_from = "algorithm" if algorithm is not None else "CUPYCOLL_TOPK_ALGORITHM"
     algorithm = setting("CUPYCOLL_TOPK_ALGORITHM", algorithm)
     small = None  # a stateless Ok-Topk call may be finished by its validation allreduce

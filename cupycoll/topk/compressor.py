@@ -28,7 +28,7 @@ from .._config import setting
 from .._result import SparseResult
 from .._pipeline import Delivery, Plan, call
 from .._types import ReduceOp, array_namespace, as_array
-from ..comm import Communicator, get_comm, made_comm
+from ..comm import Communicator, comm_or_default, get_comm, made_comm
 from ..errors import InvalidArgument
 from ..primitives import densify, topk_abs
 from ._common import TopkState, check_int, to_namespace
@@ -84,7 +84,7 @@ class TopkCompressor:
             "CUPYCOLL_TOPK_ALGORITHM"
         self.algorithm: str = setting("CUPYCOLL_TOPK_ALGORITHM", algorithm)
         self.wire, self.wire_values = wire, wire_values
-        self.comm: Communicator = comm or get_comm()
+        self.comm: Communicator = comm_or_default(comm)
         self.state: TopkState = TopkState(tau=tau, tau_prime=tau_prime, selector=selector)
         self.warmup_steps: int = check_int("warmup_steps", warmup_steps, 0)
         self.measure_xi: bool = bool(measure_xi)

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from .._background import runner
 from .._result import SparseResult
 from .._types import ReduceOp
-from ..comm import Communicator, get_comm
+from ..comm import Communicator, comm_or_default, get_comm
 from ..errors import InvalidArgument, InvalidType
 from ..topk import TopkCompressor
 from ..wire._choice import check_wire, check_wire_values
@@ -33,7 +33,7 @@ def _background(comm: Communicator | None) -> Communicator:
     """The hooks' own communicator: a duplicate, so DDP's buckets never cross the user's calls,
     and its background worker (both collective: made here, not in the first sparse bucket's
     hook, which must not wait for the other ranks)."""
-    own = (comm or get_comm()).dup()
+    own = (comm_or_default(comm)).dup()
     runner(own)
     return own
 

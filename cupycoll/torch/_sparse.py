@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .._background import run_async, run_in_order, runner
-from ..comm import Communicator, Work, get_comm
+from ..comm import Communicator, Work, comm_or_default
 from ..errors import InvalidArgument, InvalidType
 from .._torch_tensors import Refused, check_device, holding, sparse_tensor
 from .._types import check_flag
@@ -78,7 +78,7 @@ def sparse_allreduce(tensor: torch.Tensor, *, op: Any = "sum", comm: Communicato
         # rank 0: rows {1: [1., 1.]}            rank 1: rows {1: [2., 2.], 4: [5., 5.]}
         cct.sparse_allreduce(emb.weight.grad)   # both: rows {1: [3., 3.], 4: [5., 5.]}
     """
-    comm = comm or get_comm()
+    comm = comm_or_default(comm)
     call = dict(kwargs, op=op, output=output, out=out)
     try:
         async_op = check_flag(async_op, "async_op", comm.rank)
