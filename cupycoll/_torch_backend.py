@@ -213,9 +213,9 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
                                    verb, exc)
             raise
 
-    def _op(self, opts: Any, verb: str) -> ReduceOp:
+    def _op(self, opts: Any, verb: str, tensor: Any = None) -> ReduceOp:
         return reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, verb,
-                         self.rank())
+                         self.rank(), getattr(tensor, "dtype", None))
 
     # verbs
     def allreduce(self, tensors: Any, opts: Any = None) -> TorchWork:
@@ -226,7 +226,7 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
         if tensor.layout == torch.sparse_coo:
             return self._sparse_allreduce(tensor, opts)
         with self._checks("allreduce", tensor):
-            op = self._op(opts, "allreduce")
+            op = self._op(opts, "allreduce", tensor)
             worked = reduction_tensor(tensor, op, "tensor", self.rank())
         array = as_array(worked)
         return self._launch("allreduce", tensor, opts, lambda _: [copied_back(tensor, worked)],
@@ -271,7 +271,7 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
         root = opts.rootRank if opts is not None else 0
         with self._checks("reduce", tensors):
             tensor = self._single(tensors, "reduce")
-            op = self._op(opts, "reduce")
+            op = self._op(opts, "reduce", tensor)
             worked = reduction_tensor(tensor, op, "tensor", self.rank())
         array = as_array(worked)
         out = array if self.rank() == root else None
@@ -341,7 +341,7 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
     def _reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, opts: Any,
                         verb: str) -> TorchWork:
         with self._checks("reduce_scatter", output):
-            op = self._op(opts, verb)
+            op = self._op(opts, verb, input)
             send_t = reduction_tensor(input, op, "input", self.rank())
             recv_t = reduction_tensor(output, op, "output", self.rank())
         send, recv = as_array(send_t.reshape(-1)), as_array(recv_t.reshape(-1))

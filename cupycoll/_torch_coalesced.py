@@ -36,7 +36,7 @@ class CoalescedVerbs:
         """Dense allreduce of every tensor of the list, in place, as one collective."""
         with self._checks("allreduce", tensors):
             self._one_dtype("allreduce_coalesced", tensors)
-            op = self._op(opts, "allreduce_coalesced")
+            op = self._op(opts, "allreduce_coalesced", tensors[0])
             worked = reduction_tensor(torch.cat([t.reshape(-1) for t in tensors]), op,
                                       "tensors", self.rank())
         array = as_array(worked)
@@ -104,7 +104,7 @@ class CoalescedVerbs:
             self._pairs(verb, outputs, inputs, lambda o, i: i.numel() == o.numel() * p,
                         f"1/{p} of its input's elements")
             self._one_dtype(verb, list(inputs) + list(outputs))
-            op = self._op(opts, verb)
+            op = self._op(opts, verb, inputs[0])
             rows = torch.cat([t.reshape(p, -1) for t in inputs], dim=1)  # rank r's: row r
             send_t = reduction_tensor(rows, op, "inputs", self.rank())
             recv_t = reduction_tensor(torch.empty(rows.shape[1], dtype=rows.dtype,

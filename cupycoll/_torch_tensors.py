@@ -72,17 +72,25 @@ _SPARSE_VALUES = frozenset({torch.float16, torch.float32, torch.float64, torch.i
 _COMPLEX_OPS = frozenset({ReduceOp.SUM, ReduceOp.AVG})
 
 
-def reduce_op(op: Any, verb: str, rank: int) -> ReduceOp:
-    """cupycoll's op for torch's ``op`` (a ``dist.ReduceOp`` or its ``RedOpType``).
+def reduce_op(op: Any, verb: str, rank: int, dtype: torch.dtype | None = None) -> ReduceOp:
+    """cupycoll's op for torch's ``op`` (a ``dist.ReduceOp`` or its ``RedOpType``) on a tensor
+    of ``dtype``: a bool tensor (reduced as its uint8 bytes) sums as MAX and multiplies as MIN
+    (logical or, and: gloo's and NCCL's results).
 
     Raises:
-        InvalidArgument: BAND, BOR, BXOR, PREMUL_SUM (named, with the verb and rank).
+        InvalidArgument: BAND, BOR, BXOR, PREMUL_SUM; AVG of a bool tensor (named, with the
+            verb and rank).
     """
     kind = getattr(op, "op", op)  # opts.reduceOp is a ReduceOp; its .op the RedOpType
     found = _TORCH_OPS.get(kind)
     if found is None:
         raise InvalidArgument(f"{verb}: op", kind, "cupycoll's process group reduces with "
                               "SUM, PRODUCT, MIN, MAX or AVG", rank=rank)
+    if dtype == torch.bool and found not in (ReduceOp.MIN, ReduceOp.MAX):
+        if found is ReduceOp.AVG:
+            raise InvalidArgument(f"{verb}: op", kind, "a bool tensor reduces with SUM, "
+                                  "PRODUCT, MIN or MAX (an average is no bool)", rank=rank)
+        return ReduceOp.MAX if found is ReduceOp.SUM else ReduceOp.MIN
     return found
 
 
@@ -108,7 +116,8 @@ def byte_tensor(tensor: torch.Tensor) -> torch.Tensor:
 
 def reduction_tensor(tensor: torch.Tensor, op: ReduceOp, name: str, rank: int) -> torch.Tensor:
     """The tensor a reduction of ``tensor`` with ``op`` runs on: ``tensor`` itself, its real
-    view (complex, SUM/AVG), a float32 copy (bfloat16) or a contiguous copy. Where it is not
+    view (complex, SUM/AVG), its uint8 view (bool: :func:`reduce_op` says how), a float32 copy
+    (bfloat16) or a contiguous copy. Where it is not
     ``tensor``'s own memory, :func:`copied_back` writes the result back.
 
     Raises:
@@ -118,10 +127,12 @@ def reduction_tensor(tensor: torch.Tensor, op: ReduceOp, name: str, rank: int) -
         return _contiguous(tensor)
     if tensor.dtype == torch.bfloat16:
         return tensor.to(torch.float32, memory_format=torch.contiguous_format)
+    if tensor.dtype == torch.bool:
+        return _contiguous(tensor).view(torch.uint8)
     if tensor.is_complex() and op in _COMPLEX_OPS:
         return torch.view_as_real(_contiguous(tensor))
     raise InvalidType(name, str(tensor.dtype), "a float16, bfloat16, float32, float64, int8, "
-                      "uint8, int32 or int64 tensor (complex for SUM and AVG)", rank=rank)
+                      "uint8, int32, int64 or bool tensor (complex for SUM and AVG)", rank=rank)
 
 
 def copied_back(tensor: torch.Tensor, worked: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ the same ranks runs the same calls on clones of the same inputs. Inputs are smal
 (seeded per rank), so sums, products and averages are exact and results are compared bit for
 bit with numpy on every rank's gathered inputs (gathered over mpi4py, not the code under test)
 and with gloo wherever gloo has the operation. Cases cover float16/32/64, bfloat16, int8,
-uint8, int32, int64, complex64, bool (bytes only), empty and zero-row tensors, dense trailing
+uint8, int32, int64, complex64, bool (or for SUM, and for PRODUCT), empty and zero-row tensors, dense trailing
 dimensions, tensors that are not contiguous, the first and last roots, uneven all-to-all
 splits, sparse COO tensors with duplicates and ranks without rows, async Works and their
 futures, unsupported ops and verbs, and a group timeout naming the late rank. The DDP part is in
@@ -121,14 +121,22 @@ def same(verb: str, got: torch.Tensor, want: torch.Tensor, what: str = "") -> No
     CHECKS[verb] += 1
 
 
+def ops_for(dtype: torch.dtype) -> tuple:
+    """The ops a dtype reduces with: complex SUM and AVG; bool all but AVG (SUM is or,
+    PRODUCT and: numpy's sum and product of bools, cast back)."""
+    if dtype.is_complex:
+        return (O.SUM, O.AVG)
+    return tuple(op for op in OPS if dtype != torch.bool or op != O.AVG)
+
+
 def gloo_has(op, dtype: torch.dtype) -> bool:
     """Whether gloo reduces ``dtype`` with ``op`` (it has no AVG of integers)."""
     return not (op == O.AVG and not dtype.is_floating_point and not dtype.is_complex)
 
 
 def check_allreduce() -> None:
-    for dtype in REDUCED + (torch.complex64,):
-        for op in OPS if dtype != torch.complex64 else (O.SUM, O.AVG):
+    for dtype in REDUCED + (torch.complex64, torch.bool):
+        for op in ops_for(dtype):
             for shape in SHAPES:
                 next_case()
                 x = values(shape, dtype)
@@ -152,8 +160,8 @@ def check_allreduce() -> None:
 
 
 def check_reduce() -> None:
-    for dtype in REDUCED:
-        for op in OPS:
+    for dtype in REDUCED + (torch.bool,):
+        for op in ops_for(dtype):
             for root in ROOTS:
                 next_case()
                 x = values((5,), dtype)
@@ -214,10 +222,10 @@ def check_allgather() -> None:
 
 
 def check_reduce_scatter() -> None:
-    for dtype in REDUCED:
-        for op in OPS:
+    for dtype in REDUCED + (torch.bool,):
+        for op in ops_for(dtype):
             next_case()
-            inputs = [values((3, 2), dtype) + r for r in range(P)]
+            inputs = [(values((3, 2), dtype).long() + r).to(dtype) for r in range(P)]
             want = reduced(gathered(torch.stack(inputs)), op, dtype)
             out, lst = torch.empty((3, 2), dtype=dtype), torch.empty((3, 2), dtype=dtype)
             dist.reduce_scatter_tensor(out, torch.cat(inputs), op=op)
@@ -286,7 +294,7 @@ def check_gather_scatter() -> None:
 
 
 def check_coalesced_and_barrier() -> None:
-    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+    for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.bool):
         next_case()
         xs = [values(s, dtype) for s in ((3,), (0,), (2, 2))]
         wants = [reduced(gathered(x), O.SUM, dtype) for x in xs]
@@ -465,7 +473,8 @@ def check_errors() -> None:
     for call, kind, words in (
             (lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32), op=O.BAND),
              InvalidArgument, "op"),
-            (lambda: dist.all_reduce(torch.ones(2, dtype=torch.bool)), InvalidType, "bool"),
+            (lambda: dist.all_reduce(torch.ones(2, dtype=torch.bool), op=O.AVG),
+             InvalidArgument, "a bool tensor reduces with SUM, PRODUCT, MIN or MAX"),
             (lambda: dist.recv(torch.empty(1)), NotImplementedError, "has no recv_anysource"),
             (lambda: dist.all_gather_into_tensor(torch.empty(P + 1), torch.ones(1)),
              InvalidArgument, "all_gather_into_tensor"),
@@ -523,7 +532,7 @@ def check_one_rank_refuses() -> None:
                                         group=group, async_op=a), InvalidType),
              (lambda a: dist.all_reduce(sparse(torch.int32), op=O.BAND if bad else O.SUM,
                                         group=group, async_op=a), InvalidArgument)]
-    dense = [(lambda a: dist.all_reduce(torch.ones(4, dtype=torch.bool if bad else torch.int32),
+    dense = [(lambda a: dist.all_reduce(torch.ones(4, dtype=torch.int16 if bad else torch.int32),
                                         group=group, async_op=a), InvalidType),
              (lambda a: dist.all_reduce(torch.ones(4, dtype=torch.int32),
                                         op=O.BAND if bad else O.SUM, group=group, async_op=a),
