@@ -105,3 +105,19 @@ def test_a_comm_that_is_not_a_communicator_is_named(comm):
                 call(bad)
             assert info.value.argument == "comm" and info.value.rank == comm.rank, info.value
             assert "a cupycoll Communicator" in str(info.value), info.value
+
+
+def test_an_exception_in_completion_fn_reaches_the_caller_as_it_is(comm):
+    """The user's completion_fn raising: the call (or its Work's wait) raises that exception,
+    and the communicator stays usable (the collective itself completed)."""
+    idx, val = np.array([3, 1]), np.array([1.0, 2.0], np.float32)
+
+    def boom(indices, values, ctx):
+        raise ZeroDivisionError(f"boom {ctx}")
+
+    with pytest.raises(ZeroDivisionError, match="boom 7"):
+        cc.sparse_allreduce(idx, val, 5, completion_fn=boom, fn_ctx=7)
+    work = cc.sparse_allreduce(idx, val, 5, completion_fn=boom, fn_ctx=8, async_op=True)
+    with pytest.raises(ZeroDivisionError, match="boom 8"):
+        work.wait()
+    assert cc.sparse_allreduce(idx, val, 5).to_dense().tolist() == [0, 2, 0, 1, 0]
