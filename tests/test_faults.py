@@ -60,9 +60,9 @@ def test_a_timeout_says_why_no_rank_is_named():
 
 def test_a_peer_that_closed_or_aborted_is_told_apart(monkeypatch):
     """The board's rules on peers' [arrived, died at + 1, finished] slots: closed after
-    collective 2 (died 4) or aborted before starting 3: "before starting" at once, late ranks
-    not named; aborted inside 3, unfinished: named only after the grace, "without finishing",
-    with the live ranks that never arrived; aborted after finishing 3: never named."""
+    collective 2 (died 4) or aborted before starting 3: "before starting" at once; aborted
+    inside 3, unfinished: named "without finishing" only once every live rank started 3 and
+    the grace has passed since; aborted after finishing 3, or finishes not published: never."""
     from cupycoll.comm import _watchdog as w
 
     board = w.Board(MPI.COMM_SELF)
@@ -76,18 +76,21 @@ def test_a_peer_that_closed_or_aborted_is_told_apart(monkeypatch):
 
     views(r1=[2, 4, 2], r2=[2, 0, 2])  # rank 1 closed after 2, rank 2 alive before 3
     assert board.given_up_on(0, 3) == {1: (3, False)}
-    error = w.forsaken_error(board.given_up_on(0, 3), 0, 3, "allreduce", 3, board)
+    error = w.forsaken_error(board.given_up_on(0, 3), 0, 3, "allreduce", 3)
     assert error.missing_ranks == [1] and "rank 1 aborted or closed it at collective #3, " \
         "before starting this one" in str(error), error
-    views(r1=[3, 4, 2], r2=[2, 0, 2])  # aborted inside 3, unfinished
+    views(r1=[3, 4, 2], r2=[2, 0, 2])  # aborted inside 3, unfinished; rank 2 not there yet
+    clock[0] += 10 * w._INSIDE_GRACE
+    assert board.given_up_on(0, 3) == {}  # rank 2's arrival may complete it
+    views(r1=[3, 4, 2], r2=[3, 0, 2])
     assert board.given_up_on(0, 3) == {}
     clock[0] += w._INSIDE_GRACE - 0.1
     assert board.given_up_on(0, 3) == {}
     clock[0] += 0.2
     assert board.given_up_on(0, 3) == {1: (3, True)}
-    error = w.forsaken_error(board.given_up_on(0, 3), 0, 3, "allreduce", 3, board)
-    assert error.missing_ranks == [1, 2] and "without finishing this one" in str(error) and \
-        "rank 2 never arrived" in str(error), error
+    error = w.forsaken_error(board.given_up_on(0, 3), 0, 3, "allreduce", 3)
+    assert error.missing_ranks == [1] and "rank 1 aborted or closed it at collective #3, " \
+        "without finishing this one" in str(error), error
     views(r1=[3, 4, 3], r2=[3, 0, 2])  # finished 3, then aborted: its part is in
     clock[0] += 10
     assert board.given_up_on(0, 3) == {}

@@ -60,7 +60,7 @@ class HostWaits:
         gone = self.board.given_up_on(self.rank, seq) if self.board is not None else {}
         if gone:
             verb = self._verb or op_name
-            error = forsaken_error(gone, self.rank, self.size, verb, seq, self.board)
+            error = forsaken_error(gone, self.rank, self.size, verb, seq)
             self._die(error, f"{verb} (collective #{seq}, a peer gave up)")
             raise error
 

@@ -208,6 +208,7 @@ def _two_phases(comm: Any, first: list, first_peers: list[int], between: Any, fi
             advance()  # this call's own (nothing where it is posted already)
             requests = second[0][0]
             comm.wait(requests, op_name, second[0][1], sequence)
+            comm._finished(sequence)  # (the waits on peers' requests publish nothing)
         except BaseException:
             comm._fate.abandon(requests, list(keep))
             raise
@@ -311,11 +312,13 @@ def progress_all() -> None:
 
 def all_done(comm: Any, requests: list, op_name: str, sequence: int | None = None) -> bool:
     """:func:`tested` after :func:`progress_all` (every ready second phase posted first); once
-    done, collective ``sequence`` is published finished."""
+    done, collective ``sequence`` (None: the requests finish no collective) is published
+    finished."""
     progress_all()
     if not tested(comm, requests, op_name):
         return False
-    comm._finished(sequence)
+    if sequence is not None:
+        comm._finished(sequence)
     return True
 
 

@@ -106,19 +106,27 @@ class Board:
         """The ranks on this node (but ``rank``) that aborted or closed their communicator
         before they started collective ``sequence`` (a dead or closed communicator starts
         nothing more, and its count stays), or that aborted it inside ``sequence`` (or a later
-        one) without finishing ``sequence``, seen so for ``_INSIDE_GRACE`` s by this rank:
-        {rank: (the collective it gave up at, whether it had started ``sequence``)}."""
-        gone, now = {}, time.monotonic()
+        one) without finishing ``sequence``, seen so for ``_INSIDE_GRACE`` s by this rank after
+        every live rank started it (what the aborted rank posted may let the collective
+        complete once they have; only where every rank is on this node: a late rank elsewhere
+        is not seen): {rank: (the collective it gave up at, whether it had started
+        ``sequence``)}."""
+        gone, inside, live_late = {}, {}, False
         for r, view in sorted(self._local.items()):
             arrived, died, finished = (int(v) for v in view)
-            if r == rank or not died:
+            if r == rank:
                 continue
-            if arrived < sequence:
+            if not died:
+                live_late |= arrived < sequence
+            elif arrived < sequence:
                 gone[r] = (died - 1, False)
             elif died - 1 == arrived and finished < sequence:  # aborted, not closed, inside
-                seen = self._inside_seen.setdefault((r, sequence), now)
-                if now - seen >= _INSIDE_GRACE:
-                    gone[r] = (died - 1, True)
+                inside[r] = (died - 1, True)
+        if inside and not live_late and self._remote is None:
+            now = time.monotonic()
+            for r, why in inside.items():
+                if now - self._inside_seen.setdefault((r, sequence), now) >= _INSIDE_GRACE:
+                    gone[r] = why
         return gone
 
     def _read_remote(self, ranks: Sequence[int]) -> dict[int, tuple[int, int]]:
@@ -235,20 +243,15 @@ def timeout_error(board: Board | None, rank: int, size: int, verb: str, step: st
 
 
 def forsaken_error(gone: dict[int, tuple[int, bool]], rank: int, size: int, verb: str,
-                   sequence: int, board: Board) -> CollectiveTimeout:
+                   sequence: int) -> CollectiveTimeout:
     """The CollectiveTimeout of a wait on collective number ``sequence`` that ``gone``
-    (:meth:`Board.given_up_on`) will never start or finish; where one aborted inside it, the
-    live ranks that have not started it are named too (the collective waits for them too)."""
+    (:meth:`Board.given_up_on`) will never start or finish."""
     why = "; ".join(f"{_gave_up(r, at)}, "
                     f"{'without finishing' if started else 'before starting'} this one"
                     for r, (at, started) in gone.items())
-    inside = any(started for _, started in gone.values())
-    late = [r for r in late_ranks(board, rank, sequence) if r not in gone] if inside else []
-    if late:
-        why += f"; {_ranks(late)} never arrived (started only collectives before #{sequence})"
     return CollectiveTimeout(
         f"{verb} (collective #{sequence}) cannot complete on rank {rank} of {size}: {why}. "
-        f"{_ABORTED}", missing_ranks=sorted([*gone, *late]), op_name=verb)
+        f"{_ABORTED}", missing_ranks=sorted(gone), op_name=verb)
 
 
 #: how a wait's error ends once it has aborted its communicator

@@ -91,9 +91,9 @@ class MPICommunicator(Staging, Communicator):
         """Block on the requests under ``self.timeout`` (interruptible: a Python loop of tests).
 
         ``sequence``: the collective the requests belong to (default the latest started);
-        ``peers``: the peer rank of each point-to-point request. A timeout names the ranks that
-        never started that collective (or else the peers still owing messages).
-        """
+        ``peers``: the peer rank of each point-to-point request (they finish no collective). A
+        timeout names the ranks that never started that collective (or else the peers still
+        owing messages)."""
         self._check_alive()  # also for a Work started before the communicator died
         requests = list(handles)
         if not requests:
@@ -109,17 +109,17 @@ class MPICommunicator(Staging, Communicator):
         except BaseException as exc:  # Ctrl-C, a signal handler's exception: still pending
             self._interrupted(op_name, type(exc))
             raise
-        self._finished(sequence)
+        if peers is None:
+            self._finished(sequence)
 
     def _poll(self, requests: list, statuses: list, op_name: str,
               peers: Sequence[int] | None, sequence: int | None = None) -> None:
         """Test the requests until done or ``self.timeout`` passes: back to back, yielding the
         core every ``_POLLS`` tests (as MPICH's blocking progress loop does) for the first
         ``CUPYCOLL_SPIN`` seconds, then napping between rounds, longer as the wait goes on
-        (:func:`._naps.nap`; on oversubscribed cores this beats napping at once, a scheduler
-        time slice, and spinning without yielding, which starves a peer on the core). Ctrl-C
-        ends it; once napping, so do ``abort()`` from another thread and peers on the node that
-        gave the communicator up before starting the collective (:meth:`_still_wanted`)."""
+        (:func:`._naps.nap`: on oversubscribed cores this beats napping at once and spinning
+        without yielding). Ctrl-C ends it; once napping, so do ``abort()`` from another thread
+        and peers on the node that gave the collective up (:meth:`_still_wanted`)."""
         test = requests[0].Test if not statuses else functools.partial(
             MPI.Request.Testall, requests, statuses)
         if test():
@@ -198,8 +198,8 @@ class MPICommunicator(Staging, Communicator):
                 raise
             keep_alive.clear()
 
-        sequence, keep_alive = self.sequence, list(keep)
-        done = functools.partial(all_done, self, requests, op_name, sequence)
+        sequence, keep_alive, p2p = self.sequence, list(keep), peers is not None
+        done = functools.partial(all_done, self, requests, op_name, None if p2p else sequence)
         work = Work(wait, done, finalize, on_drop=lambda: self._orphaned.append(
             (done, keep_alive)), late=lambda: late_ranks(self.board, self.rank, sequence),
             interrupted=lambda kind: self._interrupted(op_name, kind),
