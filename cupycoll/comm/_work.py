@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from .._agreement import ranks_text
-from ..errors import CollectiveTimeout, InvalidArgument
+from ..errors import BackendError, CollectiveTimeout, InvalidArgument
 
 if TYPE_CHECKING:
     from ._base import Communicator
@@ -158,7 +158,12 @@ class Work:
         orders the calling thread's current stream, which may not be the first caller's."""
         if not self._done or not self._host_waits:
             if wait_fn is not None:
-                wait_fn()
+                try:
+                    wait_fn()
+                except BackendError as exc:  # the transfer failed (MPI nulls its request: a
+                    if not self._done:  # later wait would find it done): every wait raises it
+                        self._error, self._done = exc, True
+                    raise
             if self._after is not None:  # and after the finalizer's device work
                 self._after()
         if not self._done:
