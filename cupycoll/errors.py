@@ -2,7 +2,9 @@
 
 Every error names what was wrong, the argument and the rank, so a message from one rank of a
 large job is enough to find the cause. Cross-rank problems (a bad argument on one rank, ranks that
-disagree) are detected collectively and raised on every rank, never left to hang.
+disagree) are detected collectively and raised on every rank, never left to hang: always in the
+sparse and top-k calls, in the dense verbs with ``CUPYCOLL_DEBUG`` (without it, as in NCCL, the
+other ranks wait until ``CUPYCOLL_TIMEOUT``, and a disagreement may go unseen).
 """
 
 from __future__ import annotations
