@@ -85,7 +85,7 @@ class PointToPointVerbs:
         recvs = [byte_tensor(t) for t in outputs]
         recvs[root] = torch.empty(0, dtype=torch.uint8)  # root's own: copied at the end
         return self._exchange("gather", tensor, opts, [], recvs, lambda _: [
-            copied_back(o, b) if r != root else o.copy_(tensor.reshape(o.shape))
+            copied_back(o, b if r != root else tensor)
             for r, (o, b) in enumerate(zip(outputs, recvs))], root)
 
     def scatter(self, output_tensors: list[torch.Tensor],
@@ -104,7 +104,7 @@ class PointToPointVerbs:
         sends = [byte_tensor(t) if r != root else torch.empty(0, dtype=torch.uint8)
                  for r, t in enumerate(inputs)]
         return self._exchange("scatter", output, opts, sends, [],
-                              lambda _: [output.copy_(inputs[root].reshape(output.shape))], root)
+                              lambda _: [copied_back(output, inputs[root])], root)
 
     def _to(self, peer: int, data: torch.Tensor) -> list[torch.Tensor]:
         """Per-rank blocks: ``data`` for ``peer``, nothing for the others."""

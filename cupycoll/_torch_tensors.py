@@ -23,7 +23,7 @@ from ._types import ReduceOp
 from .errors import InvalidArgument, InvalidType
 
 __all__ = ["reduce_op", "as_array", "byte_tensor", "reduction_tensor", "sparse_parts", "holding",
-           "sparse_tensor", "copied_back", "Refused", "dtype_code", "check_device"]
+           "sparse_tensor", "copied_back", "Refused", "dtype_code", "check_device", "NO_ELEMENTS"]
 
 
 def as_array(tensor: torch.Tensor) -> Any:
@@ -138,7 +138,9 @@ def reduction_tensor(tensor: torch.Tensor, op: ReduceOp, name: str, rank: int) -
 def copied_back(tensor: torch.Tensor, worked: torch.Tensor) -> torch.Tensor:
     """Write ``worked`` (what :func:`reduction_tensor` or :func:`byte_tensor` returned, now
     holding the result) into ``tensor`` unless it is ``tensor``'s own memory; return
-    ``tensor``."""
+    ``tensor``. Elements of ``tensor`` that share memory (an ``expand``-ed dimension) take the
+    result of the first of them (what every verb gives them all when they hold one value on
+    each rank: gloo's result)."""
     if worked.data_ptr() == tensor.data_ptr() and tensor.is_contiguous():
         return tensor
     if worked.dtype == torch.uint8 and tensor.dtype != torch.uint8:
@@ -147,13 +149,24 @@ def copied_back(tensor: torch.Tensor, worked: torch.Tensor) -> torch.Tensor:
         worked = worked.view(tensor.dtype)
     elif tensor.is_complex() and not worked.is_complex():
         worked = torch.view_as_complex(worked)
+    target, worked = tensor, worked.reshape(tensor.shape)
+    for dim in range(tensor.dim()):
+        if tensor.stride(dim) == 0 and tensor.shape[dim] > 1:  # one memory location
+            target, worked = target.narrow(dim, 0, 1), worked.narrow(dim, 0, 1)
     with torch.no_grad():  # a parameter (a leaf that requires grad) or a view of one
-        return tensor.copy_(worked.reshape(tensor.shape))
+        target.copy_(worked)
+    return tensor
+
+
+#: the dense length a sparse tensor without elements (no rows, or rows of width 0) is reduced
+#: as, with no entries and rows of width 1: its ranks agree on that call as on any other (a
+#: rank whose tensor has elements is a mismatch), and its result is empty
+NO_ELEMENTS = 2**62 - 1
 
 
 def sparse_parts(tensor: torch.Tensor, op: ReduceOp, rank: int) -> tuple[Any, Any, int]:
     """(row indices, values, n) of a sparse COO tensor for :func:`cupycoll.sparse_allreduce`
-    with ``op``.
+    with ``op`` (a tensor without elements: :data:`NO_ELEMENTS`).
 
     Its duplicates are summed as torch's COO means them whatever the reduction, each row's in
     input order (``cupycoll.torch``'s :func:`entries`: by cupycoll's sum where ``op`` sums).
@@ -175,6 +188,10 @@ def sparse_parts(tensor: torch.Tensor, op: ReduceOp, rank: int) -> tuple[Any, An
     n = math.prod(shape[:tensor.sparse_dim()])
     if tensor.dtype == torch.bfloat16:
         tensor = tensor.to(torch.float32)
+    if not tensor.numel():  # no rows or no width: an empty result, agreed as a stand-in call
+        values = torch.empty((0, 1), dtype=tensor.dtype, device=tensor.device)
+        return as_array(torch.empty(0, dtype=torch.int64, device=tensor.device)), \
+            as_array(values), NO_ELEMENTS
     index, values = entries(_one_sparse_dim(tensor, n), op)
     if values.dim() > 2:
         values = values.reshape(values.shape[0], math.prod(values.shape[1:]))
@@ -210,7 +227,7 @@ def sparse_tensor(result: SparseResult, like: torch.Tensor) -> torch.Tensor:
         indices = torch.stack(rows[::-1]) if rows else index.new_empty((0, len(index)))
     values = torch.as_tensor(np.asarray(result.values) if not like.is_cuda else result.values,
                              device=like.device)
-    values = values.reshape((-1, *shape[sparse_dims:])).to(like.dtype)
+    values = values.reshape((len(index), *shape[sparse_dims:])).to(like.dtype)
     return torch.sparse_coo_tensor(indices, values, shape, is_coalesced=True,
                                    check_invariants=False)  # sorted and unique by construction
 

@@ -157,6 +157,11 @@ def check_allreduce() -> None:
         want = reduced(gathered(y), O.SUM, dtype)
         dist.all_reduce(y)
         same("allreduce", y, want, "transposed")
+        next_case()  # expanded: elements that share memory hold their one result (gloo
+        mine = values((3, 1), dtype).expand(3, 4)  # writes 12 elements into 3: not compared)
+        want = reduced(gathered(values((3, 1), dtype)), O.SUM, dtype).expand(3, 4)
+        dist.all_reduce(mine)
+        same("allreduce", mine, want, "expanded")
 
 
 def check_reduce() -> None:
@@ -195,6 +200,10 @@ def check_broadcast() -> None:
     y = values((3, 4), torch.float32).t()
     dist.broadcast(y, 0)
     same("broadcast", y, values((3, 4), torch.float32, rank=0).t(), "transposed")
+    next_case()  # expanded: each shared location holds the root's value
+    mine = values((1, 3), torch.int32).expand(2, 3)
+    dist.broadcast(mine, P - 1)
+    same("broadcast", mine, values((1, 3), torch.int32, rank=P - 1).expand(2, 3), "expanded")
 
 
 def check_allgather() -> None:
@@ -423,6 +432,18 @@ def check_sparse() -> None:
     dense = gathered(x.to_dense())
     dist.all_reduce(x)
     same("sparse allreduce", x.to_dense(), reduced(dense, O.SUM, torch.float32), "sparse_dim 0")
+    for shape, sparse_dims in (((0, 4), 1), ((5, 0), 1), ((0,), 1), ((3, 0, 2), 2)):
+        next_case()  # no elements (no rows, or rows of width 0): empty
+        nnz = 2 if shape[0] and RANK % 2 else 0
+        index = torch.zeros(sparse_dims, nnz, dtype=torch.long)
+        mine, theirs = (torch.sparse_coo_tensor(index, torch.zeros((nnz, *shape[sparse_dims:])),
+                                                shape) for _ in range(2))
+        dist.all_reduce(mine)
+        assert mine.is_coalesced() and not mine._nnz(), f"rank {RANK}: {shape}"
+        same("sparse allreduce", mine.to_dense(), torch.zeros(shape), f"{shape}")
+        if sparse_dims == 1:  # (gloo's result of two sparse dimensions is no valid tensor)
+            dist.all_reduce(theirs, group=GLOO)
+            same("sparse allreduce", mine.to_dense(), theirs.to_dense(), f"{shape} vs gloo")
     for op in (O.SUM, O.AVG):  # complex: torch hands the backend view_as_real(x), a new
         next_case()  # sparse tensor; x itself holds the result (gloo leaves x as it was)
         x = sparse_input(9, (2,), torch.complex64, 0)
@@ -528,10 +549,19 @@ def check_one_rank_refuses() -> None:
     def sparse(dtype):
         return torch.sparse_coo_tensor([[1, 2]], torch.ones(2, 3, dtype=dtype), (10, 3))
 
+    def rowless(dtype):
+        return torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.long),
+                                       torch.ones(0, 3, dtype=dtype), (0, 3))
+
     cases = [(lambda a: dist.all_reduce(sparse(torch.int8 if bad else torch.float32),
                                         group=group, async_op=a), InvalidType),
              (lambda a: dist.all_reduce(sparse(torch.int32), op=O.BAND if bad else O.SUM,
-                                        group=group, async_op=a), InvalidArgument)]
+                                        group=group, async_op=a), InvalidArgument),
+             # no rows anywhere, a bad dtype on rank 0; no rows on rank 0 alone (a mismatch)
+             (lambda a: dist.all_reduce(rowless(torch.int8 if bad else torch.float32),
+                                        group=group, async_op=a), InvalidType),
+             (lambda a: dist.all_reduce(rowless(torch.float32) if bad else sparse(
+                 torch.float32), group=group, async_op=a), MismatchError)][:3 if P == 1 else 4]
     dense = [(lambda a: dist.all_reduce(torch.ones(4, dtype=torch.int16 if bad else torch.int32),
                                         group=group, async_op=a), InvalidType),
              (lambda a: dist.all_reduce(torch.ones(4, dtype=torch.int32),
