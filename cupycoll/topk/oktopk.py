@@ -237,7 +237,7 @@ def cut_ties(comm: Any, idx: Any, val: Any, counts: np.ndarray, k: int
 def oktopk(comm: Any, x: Any, k: int, state: TopkState) -> TopkOutcome:
     """Ok-Topk: split-and-reduce over balanced regions, then a thresholded, balanced allgather."""
     n, p = int(x.shape[0]), comm.size
-    refresh = state.refresh or state.global_th is None or state.k != k
+    refresh = state.refresh or state.global_th is None or state.k != k or k >= n
     state.k = k
     sel = state.selector.select(x, k, refresh=state.refresh)
     state.last = {"refresh": refresh, "local_count": sel.count}

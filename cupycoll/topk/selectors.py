@@ -33,7 +33,7 @@ Three selectors (Ok-Topk spec section 2), two of them with two policies:
 
 Every selector returns a :class:`Selection` (ascending indices, their values, the threshold) and
 keeps the count in ``last_count``. Zeros are never selected by the threshold selectors, NaN by
-none of them.
+none; a k of every entry selects every nonzero number, whatever the selector.
 """
 
 from __future__ import annotations
@@ -107,8 +107,7 @@ class Selection(NamedTuple):
     threshold: float | None
 
     @property
-    def count(self) -> int:
-        """Number of selected entries."""
+    def count(self) -> int:  # the number of selected entries
         return int(self.indices.shape[0])
 
 
@@ -147,9 +146,7 @@ def _below_kth(sample: Any, scale: float, k: int, low: float) -> float:
     r = k if scale == 1.0 else max(1, math.ceil(h))
     while scale != 1.0 and r / h * (1 - 3 / math.sqrt(r)) < low and r <= size:
         r += 1 + r // 16
-    if r > size:
-        return 0.0
-    return float(kth_abs(sample, r))
+    return float(kth_abs(sample, r)) if r <= size else 0.0
 
 
 def _exact_top(idx: Any, val: Any, k: int) -> tuple[Any, Any, float]:
@@ -160,8 +157,7 @@ def _exact_top(idx: Any, val: Any, k: int) -> tuple[Any, Any, float]:
     xp = array_namespace(val)
     mag = xp.abs(val)
     kth = xp.partition(mag, mag.shape[0] - k)[mag.shape[0] - k]  # stays on the device
-    above = mag > kth
-    tied = mag == kth
+    above, tied = mag > kth, mag == kth
     keep = xp.flatnonzero(above | (tied & (xp.cumsum(tied) <= k - xp.count_nonzero(above))))
     return idx[keep], val[keep], positive_threshold(float(kth), val.dtype)  # (inf: finite)
 
@@ -201,7 +197,12 @@ class Selector(abc.ABC):
     def select(self, x: Any, k: int, *, refresh: bool = True) -> Selection:
         """Return this rank's selection from ``x``; ``refresh`` asks stateful selectors to
         recompute their threshold exactly (Ok-Topk's ``t % tau' == 0``)."""
-        sel = self._select(x, k, refresh)
+        if k >= x.shape[0] and self.name != "exact":  # every number: nothing to estimate
+            idx, val = select_abs_ge(x, positive_threshold(0.0, x.dtype))
+            least = min_abs(val) if val.shape[0] else 0.0  # (the k-th magnitude, as an exact
+            sel = Selection(idx, val, positive_threshold(least, x.dtype))  # selection's)
+        else:
+            sel = self._select(x, k, refresh)
         self.last_count = sel.count
         return sel
 
@@ -382,8 +383,7 @@ class Gaussian(Selector):
             count = count_abs_ge(x, th)
             if (count >= low) if factor < 1 else (count <= high):
                 break  # one direction only, as the reference code corrects
-        idx, val = select_abs_ge(x, th)
-        return Selection(idx, val, th)
+        return Selection(*select_abs_ge(x, th), th)
 
     def __repr__(self) -> str:
         return f"Gaussian(policy={self.policy!r})"

@@ -193,6 +193,23 @@ def tied_kth(comm) -> None:
                 (np.dtype(dtype).name, step, got.indices.size)
 
 
+def every_entry(comm, n: int = 2000, steps: int = 12) -> None:
+    """Density 1 with every algorithm: each step's update is the ranks' average of the whole
+    gradient and the residuals sum to zero (before, reused thresholds kept an entry back now
+    and then, and Gaussian-k some on every step)."""
+    for alg in cc.algorithms("topk"):
+        comp = TopkCompressor(n, 1.0, algorithm=alg, comm=comm, tau=5, tau_prime=3)
+        for t in range(steps):
+            grads = ref.inputs(2000 + t, comm.size, n, "float32")
+            grads = [g * (1 + t % 4) for g in grads]  # scales that move the thresholds
+            want = np.sum([g.astype(np.float64) for g in grads], axis=0) / comm.size
+            got = comp.step(grads[comm.rank]).to_dense().astype(np.float64)
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max(),
+                                       err_msg=f"{alg}: density 1, step {t}")
+            assert not np.count_nonzero(rank_sum(comp.residual)), (alg, t)  # (sums of 0
+            # stay where they are: each rank keeps its part of a row that cancels out)
+
+
 def _padded(comp: TopkCompressor, padded: bool) -> TopkCompressor:
     comp.state.padded_allgather = padded
     return comp
@@ -201,6 +218,7 @@ def _padded(comp: TopkCompressor, padded: bool) -> TopkCompressor:
 def main() -> None:
     comm = cc.init("mpi")
     tied_kth(comm)
+    every_entry(comm)
     n, steps = 2000, 14
     for alg in cc.algorithms("topk"):
         conservation(comm, alg, n, steps)
