@@ -98,6 +98,26 @@ def test_a_peer_that_closed_or_aborted_is_told_apart(monkeypatch):
     assert board.given_up_on(0, 3) == {}
 
 
+def test_the_finished_count_published_has_no_gap():
+    """A collective started asynchronously and not finished holds the published finished
+    count below itself, whatever finishes after it; NCCL's board publishes none."""
+    from cupycoll.comm import _watchdog as w
+
+    board, slot = w.Board(MPI.COMM_SELF, sequence=4), np.zeros(3, np.int64)
+    board.started(5)  # async 5, then 6 and 7 finish (6 blocking, 7 async)
+    board.finish(6, slot)
+    assert slot[2] == 4
+    board.started(7)
+    board.finish(7, slot)
+    assert slot[2] == 4
+    board.finish(5, slot)
+    assert slot[2] == 7
+    untracked = w.Board(MPI.COMM_SELF, finishes=False)
+    untracked.started(1)
+    untracked.finish(1, slot)
+    assert slot[2] == 7 and untracked.slot[2] == w.UNTRACKED
+
+
 def test_abort_kills_the_communicator_and_init_gives_a_fresh_one():
     comm = cc.init("mpi", mpi_comm=MPI.COMM_SELF)
     comm.abort()

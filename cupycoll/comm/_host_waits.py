@@ -44,10 +44,10 @@ class HostWaits:
 
     def _finished(self, sequence: int | None = None) -> None:
         """Publish on the board that this rank finished collective ``sequence`` (default the
-        latest): a peer still waiting in it then knows this rank's later abort left it whole."""
-        seq = self.sequence if sequence is None else sequence
-        if self._slot[2] < seq:
-            self._slot[2] = seq
+        latest): a peer still waiting in it then knows this rank's later abort left it whole
+        (once every collective before it finished too: :meth:`Board.finish`)."""
+        if self.board is not None:
+            self.board.finish(self.sequence if sequence is None else sequence, self._slot)
 
     def _still_wanted(self, op_name: str, sequence: int | None = None) -> None:
         """In a wait for collective ``sequence`` (default the latest): raise if this

@@ -11,10 +11,11 @@ read that is given a short grace period -- and names the ranks whose count is be
 the collective it waited for.
 
 A second slot holds where the rank aborted the communicator (0 while it is alive), so a rank
-that times out after its peers gave up says so; a third the last collective it finished (MPI:
-its wait, or a test, found it done; NCCL, whose collectives finish on a stream, keeps a count no
-collective reaches), so a peer waiting in a collective a rank aborted inside, without finishing
-it, need not wait for ever.
+that times out after its peers gave up says so; a third the last collective it finished with
+every one before it finished too (MPI: its wait, or a test, found it done; an asynchronous one
+started earlier and not finished holds the count below itself; NCCL, whose collectives finish
+on a stream, keeps a count no collective reaches), so a peer waiting in a collective a rank
+aborted inside, without finishing it, need not wait for ever.
 
 The **fate** is shared by a communicator and its duplicates: after a timeout, an interrupt or an
 abort, every later call on any of them raises at once, naming the operation it died in, instead
@@ -24,6 +25,7 @@ builds a fresh communicator over a new MPI communicator.
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
 from typing import TYPE_CHECKING, Any, Sequence
@@ -69,6 +71,8 @@ class Board:
         self.slot = memoryview(memory).cast("B").cast("q")
         self.slot[_ARRIVED], self.slot[_DIED] = sequence, 0
         self.slot[_FINISHED] = sequence if finishes else UNTRACKED
+        self._tracked, self._done, self._lock = finishes, sequence, threading.Lock()
+        self._unfinished: set[int] = set()  # asynchronous collectives started, not finished
         self._inside_seen: dict[tuple[int, int], float] = {}
         members = node.allgather(rank)
         self._local = {}
@@ -81,6 +85,22 @@ class Board:
             self._remote.Lock_all(MPI.MODE_NOCHECK)  # local (nobody locks it exclusively)
         self.size = size
         node.Free()
+
+    def started(self, sequence: int) -> None:
+        """Collective ``sequence`` goes on asynchronously: the finished count published stays
+        below it until it finishes."""
+        with self._lock:
+            self._unfinished.add(sequence)
+
+    def finish(self, sequence: int, slot: memoryview) -> None:
+        """Publish in ``slot`` (this rank's, or a dead communicator's private one) that
+        collective ``sequence`` finished: the last collective finished with all before it."""
+        if not self._tracked:
+            return
+        with self._lock:
+            self._unfinished.discard(sequence)
+            self._done = max(self._done, sequence)
+            slot[_FINISHED] = min(self._done, min(self._unfinished, default=self._done + 1) - 1)
 
     def read(self) -> list[tuple[int, int] | None]:
         """Return every rank's (sequence, died at + 1), or None where it could not be read."""

@@ -59,7 +59,6 @@ class MPICommunicator(Staging, Communicator):
             agreed_settings(base, made_settings, _wait, shared_thresholds)  # a dead base: why
         try:
             self.mpi_comm = duplicate(base, _wait)
-            self._owned = True
             self.rank, self.size = self.mpi_comm.Get_rank(), self.mpi_comm.Get_size()
             self._watch(self.mpi_comm)
         except MPI.Exception as exc:  # e.g. "Too many communicators"
@@ -199,6 +198,8 @@ class MPICommunicator(Staging, Communicator):
             keep_alive.clear()
 
         sequence, keep_alive, p2p = self.sequence, list(keep), peers is not None
+        if not p2p:
+            self.board.started(sequence)
         done = functools.partial(all_done, self, requests, op_name, None if p2p else sequence)
         work = Work(wait, done, finalize, on_drop=lambda: self._orphaned.append(
             (done, keep_alive)), late=lambda: late_ranks(self.board, self.rank, sequence),
@@ -384,8 +385,7 @@ class MPICommunicator(Staging, Communicator):
         comm, self.mpi_comm = self.mpi_comm, _ClosedComm(self.rank)
         if isinstance(comm, (_DeadComm, _ClosedComm)):
             return  # its pending operations may never complete: leave it to MPI_Finalize
-        if comm is not None and self._owned and not MPI.Is_finalized() \
-                and not unposted_left(self):
+        if comm is not None and not MPI.Is_finalized() and not unposted_left(self):
             comm.Free()
 
     def _forsake(self) -> None:

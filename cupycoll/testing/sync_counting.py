@@ -254,9 +254,7 @@ class SyncCountingCommunicator(MPICommunicator):
         super().__init__(mpi_comm, timeout=timeout, xp=xp)
 
     def dup(self) -> "SyncCountingCommunicator":
-        twin = SyncCountingCommunicator(self.mpi_comm.Dup(), timeout=self.timeout)
-        twin._owned = True
-        return twin
+        return SyncCountingCommunicator(self.mpi_comm, timeout=self.timeout)  # (a duplicate)
 
     def run(self, verb: str, *args: Any, op_name: str | None = None) -> None:
         """Post and wait, as NCCL must (one sync), not MPI's blocking call."""

@@ -662,12 +662,16 @@ def inside() -> None:
         assert not big or "CollectiveTimeout[0]" in WORLD.allgather(outcome)  # one waited
         return outcome
 
-    for two, big in ((False, False), (True, False), (False, True), (True, True)):
+    for two, big in ((False, False), (False, True), (True, True)):
         start = time.monotonic()
         outcome = late_peer_waits(two, big)
         report(f"abort inside{', two started' if two else ''}, {'8 MB' if big else 'small'}",
                outcome, time.monotonic() - start)
         WORLD.Barrier()
+    start = time.monotonic()  # aborted in an asynchronous one after finishing a later one
+    outcome = _aborted_in_the_earlier()
+    report("abort inside, a later one finished", outcome, time.monotonic() - start)
+    WORLD.Barrier()
     comm = cc.init("mpi", timeout=0)  # a non-root that finished a reduce, then aborted
     fresh_allreduce(comm)
     if RANK == P - 1:
@@ -680,6 +684,40 @@ def inside() -> None:
     report("abort after finishing a reduce", "completed", 0.0)
     WORLD.Barrier()
     fresh_allreduce(cc.init("mpi", timeout=10))
+
+
+def _aborted_in_the_earlier() -> str:
+    """Every rank starts an 8 MB allreduce, then runs a small one to completion; rank 0 then
+    aborts 0.5 s into its wait for the first, while the last rank makes no MPI call for 3 s
+    (the first cannot complete without its progress). Rank 0 finished a later collective, not
+    the one its peers wait in: they must not wait for ever (no timeout)."""
+    comm = cc.init("mpi", timeout=0)
+    fresh_allreduce(comm)
+    x, got = np.full(1 << 20, RANK + 1.0), np.empty(1 << 20)
+    small = np.ones(2)
+    work = comm.allreduce(x, got, "sum")
+    comm.allreduce(small, small, "sum").wait()
+    start = time.monotonic()
+    if RANK == 0:
+        threading.Timer(0.5, comm.abort).start()
+    elif RANK == P - 1:
+        time.sleep(3.0)
+    try:
+        work.wait()
+        assert RANK != 0 and np.array_equal(got, np.full(x.size, P * (P + 1) / 2)), got[:3]
+        outcome = "completed"
+    except BackendError as exc:
+        assert RANK == 0 and "abort() was called" in str(exc), str(exc)
+        outcome = "BackendError"
+    except CollectiveTimeout as exc:
+        assert exc.missing_ranks == [0] and "without finishing this one" in str(exc), str(exc)
+        outcome = f"CollectiveTimeout{exc.missing_ranks}"
+    if RANK == 0:
+        time.sleep(8.0)  # no MPI call: its abandoned requests do not progress
+    else:  # (they progress once rank 0 calls MPI again: the others would complete then)
+        assert time.monotonic() - start < 7.0, outcome
+    assert "CollectiveTimeout[0]" in WORLD.allgather(outcome)  # one waited for rank 0's part
+    return outcome
 
 
 def remote() -> None:
