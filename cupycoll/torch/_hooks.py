@@ -33,7 +33,7 @@ def _background(comm: Communicator | None) -> Communicator:
     """The hooks' own communicator: a duplicate, so DDP's buckets never cross the user's calls,
     and its background worker (both collective: made here, not in the first sparse bucket's
     hook, which must not wait for the other ranks)."""
-    own = (comm_or_default(comm)).dup()
+    own = comm_or_default(comm).dup()
     runner(own)
     return own
 
