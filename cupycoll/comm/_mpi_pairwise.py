@@ -79,12 +79,13 @@ def pairwise_reduce_scatter(comm: Any, send: Any, recv: Any, op: ReduceOp, op_na
 
     keep = (send, recv, blocks, host, scratch)
     if not blocking:
-        return comm._work(requests, op_name, fold, keep, peers)
+        return comm._work(requests, op_name, fold, keep, peers, collective=True)
     try:
         comm.wait(requests, op_name, peers)
     except BaseException:
         comm._fate.abandon(requests, keep)
         raise
+    comm._finished()  # (its messages make a collective)
     fold()
     return None
 

@@ -187,8 +187,10 @@ class MPICommunicator(Staging, Communicator):
         return None
 
     def _work(self, requests: list, op_name: str, finalize=None, keep: tuple = (),
-              peers: list[int] | None = None) -> Work:
-        """Wrap requests; ``keep`` holds every buffer alive until the transfers are done."""
+              peers: list[int] | None = None, collective: bool = False) -> Work:
+        """Wrap requests; ``keep`` holds every buffer alive until the transfers are done.
+        ``peers``: the peer of each (point-to-point) request; they finish no collective
+        unless they make one (``collective``: a pairwise reduce-scatter's)."""
         def wait() -> None:
             try:
                 self.wait(requests, op_name, peers, sequence)
@@ -196,11 +198,13 @@ class MPICommunicator(Staging, Communicator):
                 self._fate.abandon(requests, keep_alive)
                 raise
             keep_alive.clear()
+            if collective:
+                self._finished(sequence)
 
-        sequence, keep_alive, p2p = self.sequence, list(keep), peers is not None
-        if not p2p:
+        sequence, keep_alive, tracked = self.sequence, list(keep), peers is None or collective
+        if tracked:
             self.board.started(sequence)
-        done = functools.partial(all_done, self, requests, op_name, None if p2p else sequence)
+        done = functools.partial(all_done, self, requests, op_name, sequence if tracked else None)
         work = Work(wait, done, finalize, on_drop=lambda: self._orphaned.append(
             (done, keep_alive)), late=lambda: late_ranks(self.board, self.rank, sequence),
             interrupted=lambda kind: self._interrupted(op_name, kind),
@@ -225,12 +229,11 @@ class MPICommunicator(Staging, Communicator):
 
     def _reduce(self, send: Any, recv: Any, op: ReduceOp, root: int, op_name: str,
                 blocking: bool):
-        """Reduce onto ``root``; from ``CUPYCOLL_REDUCE_PAIRWISE`` bytes, for dtypes MPI
-        reduces natively, as a pairwise reduce-scatter and a gather (:mod:`._mpi_pairwise`);
-        else from ``CUPYCOLL_REDUCE_AS_ALLREDUCE`` bytes as an allreduce whose result only the
-        root keeps (the other ranks reduce into a pooled scratch buffer): MPICH's nonblocking
-        reduce is slower than its allreduce from 256 KiB (docs/dense.md). Every rank decides
-        from the agreed byte count and dtype; a bad setting raises first (avg runs as a sum)."""
+        """Reduce onto ``root``: from ``CUPYCOLL_REDUCE_PAIRWISE`` bytes (dtypes MPI reduces
+        natively) a pairwise reduce-scatter and a gather (:mod:`._mpi_pairwise`); else from
+        ``CUPYCOLL_REDUCE_AS_ALLREDUCE`` bytes an allreduce only the root keeps (the others into
+        pooled scratch: MPICH's nonblocking reduce is slower from 256 KiB, docs/dense.md). Every
+        rank decides from the agreed byte count and dtype; a bad setting raises first."""
         at_root = self.rank == root
         settings_first(self.rank, op, send.dtype)
         if pairwise_reduce_applies(self, send):
@@ -282,14 +285,9 @@ class MPICommunicator(Staging, Communicator):
 
     def _bcast(self, buf: list, root: int) -> None:
         """The blocking twin of Ibcast (for comparisons, see :meth:`_launch`): Bcast on two
-        ranks, Ibcast + Wait on more.
-
-        When ranks disagree on the count, MPICH's blocking tree stops at the rank that detects
-        the truncation and its subtree waits forever, while the nonblocking schedule still
-        forwards, so every rank returns (BackendError where the buffer was too small). With two
-        ranks nobody forwards, and Bcast is faster than Ibcast + Wait on small messages
-        (docs/dense.md).
-        """
+        ranks (nobody forwards; faster on small messages, docs/dense.md), Ibcast + Wait on more:
+        ranks that disagree on the count stop MPICH's blocking tree at the rank that detects
+        the truncation (its subtree waits for ever), while the nonblocking schedule forwards."""
         if self.size == 2:
             self.mpi_comm.Bcast(buf, root)
         else:

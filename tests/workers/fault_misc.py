@@ -668,6 +668,13 @@ def inside() -> None:
         report(f"abort inside{', two started' if two else ''}, {'8 MB' if big else 'small'}",
                outcome, time.monotonic() - start)
         WORLD.Barrier()
+    comm = cc.init("mpi")  # a pairwise reduce-scatter (messages) is published as a collective
+    work = comm.reduce_scatter(np.ones(P << 15), np.empty(1 << 15), "sum")  # 256 KiB blocks
+    first, small = comm.sequence, np.ones(2)
+    comm.allreduce(small, small, "sum").wait()
+    assert comm.board.slot[2] == first - 1, (int(comm.board.slot[2]), first)
+    work.wait()
+    assert comm.board.slot[2] == first + 1, (int(comm.board.slot[2]), first)
     start = time.monotonic()  # aborted in an asynchronous one after finishing a later one
     outcome = _aborted_in_the_earlier()
     report("abort inside, a later one finished", outcome, time.monotonic() - start)
