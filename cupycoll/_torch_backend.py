@@ -17,7 +17,6 @@ docs/torch_backend.md.
 from __future__ import annotations
 
 import contextlib
-import math
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -29,8 +28,8 @@ from ._background import in_call_order, runner
 from ._config import debug
 from ._torch_coalesced import CoalescedVerbs
 from ._torch_p2p import PointToPointVerbs
-from ._torch_tensors import (NO_ELEMENTS, Refused, as_array, byte_tensor, check_device,
-                             copied_back, dtype_code, holding, reduce_op, reduction_tensor,
+from ._torch_tensors import (Refused, as_array, byte_tensor, check_device, copied_back,
+                             dense_length, dtype_code, holding, reduce_op, reduction_tensor,
                              sparse_parts, sparse_tensor)
 from ._torch_work import TorchWork, dist_error, network_error
 from ._torch_world import forget_world, group_comm, rendezvous, timeout_seconds
@@ -245,7 +244,7 @@ class ProcessGroupCupycoll(CoalescedVerbs, PointToPointVerbs, dist.ProcessGroup)
             index, values, n = sparse_parts(tensor, op, self.rank())
         except CupycollError as exc:
             op, index, values = ReduceOp.SUM, np.empty(0, np.int64), Refused(exc)
-            n = math.prod(tuple(tensor.shape)[:tensor.sparse_dim()]) or NO_ELEMENTS
+            n = dense_length(tensor)
 
         def finish(result: Any) -> list[torch.Tensor]:
             return [holding(tensor, sparse_tensor(result, tensor))]

@@ -23,7 +23,7 @@ from ._types import ReduceOp
 from .errors import InvalidArgument, InvalidType
 
 __all__ = ["reduce_op", "as_array", "byte_tensor", "reduction_tensor", "sparse_parts", "holding",
-           "sparse_tensor", "copied_back", "Refused", "dtype_code", "check_device", "NO_ELEMENTS"]
+           "sparse_tensor", "copied_back", "Refused", "dtype_code", "check_device", "dense_length"]
 
 
 def as_array(tensor: torch.Tensor) -> Any:
@@ -158,15 +158,20 @@ def copied_back(tensor: torch.Tensor, worked: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-#: the dense length a sparse tensor without elements (no rows, or rows of width 0) is reduced
-#: as, with no entries and rows of width 1: its ranks agree on that call as on any other (a
-#: rank whose tensor has elements is a mismatch), and its result is empty
-NO_ELEMENTS = 2**62 - 1
+def dense_length(tensor: torch.Tensor) -> int:
+    """The dense length (rows) a sparse tensor is reduced as: its sparse dimensions' product;
+    for one without elements (no rows, or rows of width 0), reduced with no entries and rows of
+    width 1 so its ranks agree on the call as on any other, 2**62 - 1 less a crc32 of its
+    shape: a length that differs between shapes (a rank with another shape is a mismatch) and
+    that no tensor with elements has."""
+    if not tensor.numel():
+        return 2**62 - 1 - zlib.crc32(repr(tuple(tensor.shape)).encode())
+    return math.prod(tensor.shape[:tensor.sparse_dim()])
 
 
 def sparse_parts(tensor: torch.Tensor, op: ReduceOp, rank: int) -> tuple[Any, Any, int]:
     """(row indices, values, n) of a sparse COO tensor for :func:`cupycoll.sparse_allreduce`
-    with ``op`` (a tensor without elements: :data:`NO_ELEMENTS`).
+    with ``op`` (n: :func:`dense_length`).
 
     Its duplicates are summed as torch's COO means them whatever the reduction, each row's in
     input order (``cupycoll.torch``'s :func:`entries`: by cupycoll's sum where ``op`` sums).
@@ -184,14 +189,13 @@ def sparse_parts(tensor: torch.Tensor, op: ReduceOp, rank: int) -> tuple[Any, An
     if tensor.dtype != torch.bfloat16 and tensor.dtype not in _SPARSE_VALUES:
         raise InvalidType("tensor", str(tensor.dtype), "sparse values of dtype float16, "
                           "bfloat16, float32, float64, int32 or int64", rank=rank)
-    shape = tuple(tensor.shape)
-    n = math.prod(shape[:tensor.sparse_dim()])
+    n = dense_length(tensor)
     if tensor.dtype == torch.bfloat16:
         tensor = tensor.to(torch.float32)
     if not tensor.numel():  # no rows or no width: an empty result, agreed as a stand-in call
         values = torch.empty((0, 1), dtype=tensor.dtype, device=tensor.device)
         return as_array(torch.empty(0, dtype=torch.int64, device=tensor.device)), \
-            as_array(values), NO_ELEMENTS
+            as_array(values), n
     index, values = entries(_one_sparse_dim(tensor, n), op)
     if values.dim() > 2:
         values = values.reshape(values.shape[0], math.prod(values.shape[1:]))

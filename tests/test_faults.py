@@ -100,7 +100,8 @@ def test_a_peer_that_closed_or_aborted_is_told_apart(monkeypatch):
 
 def test_the_finished_count_published_has_no_gap():
     """A collective started asynchronously and not finished holds the published finished
-    count below itself, whatever finishes after it; NCCL's board publishes none."""
+    count below itself, whatever finishes after it, until its Work is dropped; NCCL's board
+    publishes none."""
     from cupycoll.comm import _watchdog as w
 
     board, slot = w.Board(MPI.COMM_SELF, sequence=4), np.zeros(3, np.int64)
@@ -112,10 +113,15 @@ def test_the_finished_count_published_has_no_gap():
     assert slot[2] == 4
     board.finish(5, slot)
     assert slot[2] == 7
+    board.started(8)  # a Work dropped unfinished holds the count down no longer
+    board.finish(9, slot)
+    assert slot[2] == 7
+    board.finish(8, slot, dropped=True)
+    assert slot[2] == 9
     untracked = w.Board(MPI.COMM_SELF, finishes=False)
     untracked.started(1)
     untracked.finish(1, slot)
-    assert slot[2] == 7 and untracked.slot[2] == w.UNTRACKED
+    assert slot[2] == 9 and untracked.slot[2] == w.UNTRACKED
 
 
 def test_abort_kills_the_communicator_and_init_gives_a_fresh_one():

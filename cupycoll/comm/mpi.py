@@ -205,8 +205,9 @@ class MPICommunicator(Staging, Communicator):
         if tracked:
             self.board.started(sequence)
         done = functools.partial(all_done, self, requests, op_name, sequence if tracked else None)
-        work = Work(wait, done, finalize, on_drop=lambda: self._orphaned.append(
-            (done, keep_alive)), late=lambda: late_ranks(self.board, self.rank, sequence),
+        work = Work(wait, done, finalize, on_drop=lambda: self._dropped(
+            done, keep_alive, sequence if tracked else None),
+            late=lambda: late_ranks(self.board, self.rank, sequence),
             interrupted=lambda kind: self._interrupted(op_name, kind),
             wanted=lambda: self._still_wanted(op_name, sequence))
         self._started.add(work)

@@ -675,6 +675,10 @@ def inside() -> None:
     assert comm.board.slot[2] == first - 1, (int(comm.board.slot[2]), first)
     work.wait()
     assert comm.board.slot[2] == first + 1, (int(comm.board.slot[2]), first)
+    work = comm.allreduce(small, np.empty(2), "sum")  # dropped unfinished: holds nothing down
+    del work
+    comm.allreduce(small, small, "sum").wait()
+    assert comm.board.slot[2] == comm.sequence, (int(comm.board.slot[2]), comm.sequence)
     start = time.monotonic()  # aborted in an asynchronous one after finishing a later one
     outcome = _aborted_in_the_earlier()
     report("abort inside, a later one finished", outcome, time.monotonic() - start)

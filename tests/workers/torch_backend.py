@@ -549,19 +549,22 @@ def check_one_rank_refuses() -> None:
     def sparse(dtype):
         return torch.sparse_coo_tensor([[1, 2]], torch.ones(2, 3, dtype=dtype), (10, 3))
 
-    def rowless(dtype):
+    def rowless(dtype, width=3):
         return torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.long),
-                                       torch.ones(0, 3, dtype=dtype), (0, 3))
+                                       torch.ones(0, width, dtype=dtype), (0, width))
 
     cases = [(lambda a: dist.all_reduce(sparse(torch.int8 if bad else torch.float32),
                                         group=group, async_op=a), InvalidType),
              (lambda a: dist.all_reduce(sparse(torch.int32), op=O.BAND if bad else O.SUM,
                                         group=group, async_op=a), InvalidArgument),
-             # no rows anywhere, a bad dtype on rank 0; no rows on rank 0 alone (a mismatch)
+             # no rows anywhere, a bad dtype on rank 0; no rows on rank 0 alone, or rows of
+             # another width (mismatches)
              (lambda a: dist.all_reduce(rowless(torch.int8 if bad else torch.float32),
                                         group=group, async_op=a), InvalidType),
              (lambda a: dist.all_reduce(rowless(torch.float32) if bad else sparse(
-                 torch.float32), group=group, async_op=a), MismatchError)][:3 if P == 1 else 4]
+                 torch.float32), group=group, async_op=a), MismatchError),
+             (lambda a: dist.all_reduce(rowless(torch.float32, 4 if bad else 3), group=group,
+                                        async_op=a), MismatchError)][:3 if P == 1 else 5]
     dense = [(lambda a: dist.all_reduce(torch.ones(4, dtype=torch.int16 if bad else torch.int32),
                                         group=group, async_op=a), InvalidType),
              (lambda a: dist.all_reduce(torch.ones(4, dtype=torch.int32),
