@@ -116,7 +116,7 @@ def test_the_finished_count_published_has_no_gap():
     board.started(8)  # a Work dropped unfinished holds the count down no longer
     board.finish(9, slot)
     assert slot[2] == 7
-    board.finish(8, slot, dropped=True)
+    board.finish(8, slot, released=True)
     assert slot[2] == 9
     untracked = w.Board(MPI.COMM_SELF, finishes=False)
     untracked.started(1)

@@ -49,13 +49,18 @@ class HostWaits:
         if self.board is not None:
             self.board.finish(self.sequence if sequence is None else sequence, self._slot)
 
+    def _released(self, sequence: int | None) -> None:
+        """Collective ``sequence`` (None: messages only) will not be seen finished here (its
+        Work failed, or was dropped): it holds the finished count down no longer
+        (:meth:`Board.finish`)."""
+        if sequence is not None and self.board is not None:
+            self.board.finish(sequence, self._slot, released=True)
+
     def _dropped(self, test: Any, keep: Any, sequence: int | None) -> None:
         """A Work of collective ``sequence`` (None: of messages) was dropped unfinished: its
-        operation is kept (``test``: whether done; ``keep``: its buffers) until it is done, and
-        it no longer holds the finished count down (:meth:`Board.finish`)."""
+        operation is kept (``test``: whether done; ``keep``: its buffers) until it is done."""
         self._orphaned.append((test, keep))
-        if sequence is not None and self.board is not None:
-            self.board.finish(sequence, self._slot, dropped=True)
+        self._released(sequence)
 
     def _still_wanted(self, op_name: str, sequence: int | None = None) -> None:
         """In a wait for collective ``sequence`` (default the latest): raise if this

@@ -212,13 +212,18 @@ def _two_phases(comm: Any, first: list, first_peers: list[int], between: Any, fi
             comm._finished(sequence)  # (the waits on peers' requests publish nothing)
         except BaseException:
             comm._fate.abandon(requests, list(keep))
+            comm._released(sequence)
             raise
 
     def test() -> bool:
         progress_all()  # a peer may wait in another communicator's call this rank holds up
         _post_ready(comm, advance)
-        if not (advance(blocking_first=False) and tested(comm, second[0][0], op_name)):
-            return False
+        try:
+            if not (advance(blocking_first=False) and tested(comm, second[0][0], op_name)):
+                return False
+        except CupycollError:
+            comm._released(sequence)
+            raise
         comm._finished(sequence)
         return True
 
@@ -317,8 +322,12 @@ def all_done(comm: Any, requests: list, op_name: str, sequence: int | None = Non
     done, collective ``sequence`` (None: the requests finish no collective) is published
     finished."""
     progress_all()
-    if not tested(comm, requests, op_name):
-        return False
+    try:
+        if not tested(comm, requests, op_name):
+            return False
+    except CupycollError:  # failed: it holds the finished count down no longer
+        comm._released(sequence)
+        raise
     if sequence is not None:
         comm._finished(sequence)
     return True

@@ -92,16 +92,16 @@ class Board:
         with self._lock:
             self._unfinished.add(sequence)
 
-    def finish(self, sequence: int, slot: memoryview, dropped: bool = False) -> None:
+    def finish(self, sequence: int, slot: memoryview, released: bool = False) -> None:
         """Publish in ``slot`` (this rank's, or a dead communicator's private one) that
         collective ``sequence`` finished: the last collective finished with all before it.
-        ``dropped``: its Work was dropped unfinished; it holds the count down no longer (it
-        counts as finished once a later one is)."""
+        ``released``: its Work failed or was dropped unfinished; it holds the count down no
+        longer (it counts as finished once a later one is)."""
         if not self._tracked:
             return
         with self._lock:
             self._unfinished.discard(sequence)
-            self._done = self._done if dropped else max(self._done, sequence)
+            self._done = self._done if released else max(self._done, sequence)
             slot[_FINISHED] = min(self._done, min(self._unfinished, default=self._done + 1) - 1)
 
     def read(self) -> list[tuple[int, int] | None]:

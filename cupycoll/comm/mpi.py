@@ -196,6 +196,7 @@ class MPICommunicator(Staging, Communicator):
                 self.wait(requests, op_name, peers, sequence)
             except BaseException:
                 self._fate.abandon(requests, keep_alive)
+                self._released(sequence if tracked else None)
                 raise
             keep_alive.clear()
             if collective:

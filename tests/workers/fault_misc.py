@@ -463,6 +463,8 @@ def failed() -> None:
         if RANK == 0:
             assert outcomes[1:] == ["BackendError"] * 2, outcomes  # 4 floats for 400
         report(f"failed broadcast, {how}", "/".join(outcomes), 0.0)
+        fresh_allreduce(comm)  # the failed one holds the published finished count down no more
+        assert comm.board.slot[2] == comm.sequence, (int(comm.board.slot[2]), comm.sequence)
     comm = cc.init("mpi", timeout=5.0)
     work = _mismatched_broadcast(comm)
     time.sleep(0.3)
