@@ -113,15 +113,17 @@ def test_the_finished_count_published_has_no_gap():
     assert slot[2] == 4
     board.finish(5, slot)
     assert slot[2] == 7
-    board.started(8)  # a Work dropped unfinished holds the count down no longer
+    board.started(8)  # a Work dropped (or failed) unfinished: released from the next finish
     board.finish(9, slot)
     assert slot[2] == 7
-    board.finish(8, slot, released=True)
-    assert slot[2] == 9
+    board.release(8)
+    assert slot[2] == 7
+    board.finish(10, slot)
+    assert slot[2] == 10
     untracked = w.Board(MPI.COMM_SELF, finishes=False)
     untracked.started(1)
     untracked.finish(1, slot)
-    assert slot[2] == 9 and untracked.slot[2] == w.UNTRACKED
+    assert slot[2] == 10 and untracked.slot[2] == w.UNTRACKED
 
 
 def test_abort_kills_the_communicator_and_init_gives_a_fresh_one():

@@ -52,9 +52,9 @@ class HostWaits:
     def _released(self, sequence: int | None) -> None:
         """Collective ``sequence`` (None: messages only) will not be seen finished here (its
         Work failed, or was dropped): it holds the finished count down no longer
-        (:meth:`Board.finish`)."""
+        (:meth:`Board.release`)."""
         if sequence is not None and self.board is not None:
-            self.board.finish(sequence, self._slot, released=True)
+            self.board.release(sequence)
 
     def _dropped(self, test: Any, keep: Any, sequence: int | None) -> None:
         """A Work of collective ``sequence`` (None: of messages) was dropped unfinished: its

@@ -73,6 +73,7 @@ class Board:
         self.slot[_FINISHED] = sequence if finishes else UNTRACKED
         self._tracked, self._done, self._lock = finishes, sequence, threading.Lock()
         self._unfinished: set[int] = set()  # asynchronous collectives started, not finished
+        self._let_go: list[int] = []  # of those, the ones released (see release)
         self._inside_seen: dict[tuple[int, int], float] = {}
         members = node.allgather(rank)
         self._local = {}
@@ -92,16 +93,22 @@ class Board:
         with self._lock:
             self._unfinished.add(sequence)
 
-    def finish(self, sequence: int, slot: memoryview, released: bool = False) -> None:
+    def release(self, sequence: int) -> None:
+        """Collective ``sequence``'s Work failed or was dropped unfinished: from the next
+        :meth:`finish` on it holds the count down no longer (it counts as finished once a later
+        one is). Takes no lock: a Work's ``__del__`` calls it, maybe inside :meth:`finish`."""
+        self._let_go.append(sequence)
+
+    def finish(self, sequence: int, slot: memoryview) -> None:
         """Publish in ``slot`` (this rank's, or a dead communicator's private one) that
-        collective ``sequence`` finished: the last collective finished with all before it.
-        ``released``: its Work failed or was dropped unfinished; it holds the count down no
-        longer (it counts as finished once a later one is)."""
+        collective ``sequence`` finished: the last collective finished with all before it."""
         if not self._tracked:
             return
         with self._lock:
+            while self._let_go:
+                self._unfinished.discard(self._let_go.pop())
             self._unfinished.discard(sequence)
-            self._done = self._done if released else max(self._done, sequence)
+            self._done = max(self._done, sequence)
             slot[_FINISHED] = min(self._done, min(self._unfinished, default=self._done + 1) - 1)
 
     def read(self) -> list[tuple[int, int] | None]:
