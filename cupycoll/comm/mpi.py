@@ -188,29 +188,29 @@ class MPICommunicator(Staging, Communicator):
 
     def _work(self, requests: list, op_name: str, finalize=None, keep: tuple = (),
               peers: list[int] | None = None, collective: bool = False) -> Work:
-        """Wrap requests; ``keep`` holds every buffer alive until the transfers are done.
-        ``peers``: the peer of each (point-to-point) request; they finish no collective
-        unless they make one (``collective``: a pairwise reduce-scatter's)."""
+        """Wrap requests; ``keep`` holds every buffer alive until the transfers are done;
+        ``peers``: each request's peer (they finish no collective unless ``collective``)."""
         def wait() -> None:
             try:
                 self.wait(requests, op_name, peers, sequence)
             except BaseException:
                 self._fate.abandon(requests, keep_alive)
-                self._released(sequence if tracked else None)
+                self._released(finishes)
                 raise
             keep_alive.clear()
             if collective:
                 self._finished(sequence)
 
-        sequence, keep_alive, tracked = self.sequence, list(keep), peers is None or collective
-        if tracked:
+        sequence, keep_alive = self.sequence, list(keep)
+        finishes = sequence if peers is None or collective else None  # the collective finished
+        if finishes is not None:
             self.board.started(sequence)
-        done = functools.partial(all_done, self, requests, op_name, sequence if tracked else None)
-        work = Work(wait, done, finalize, on_drop=lambda: self._dropped(
-            done, keep_alive, sequence if tracked else None),
-            late=lambda: late_ranks(self.board, self.rank, sequence),
-            interrupted=lambda kind: self._interrupted(op_name, kind),
-            wanted=lambda: self._still_wanted(op_name, sequence))
+        done = functools.partial(all_done, self, requests, op_name, finishes)
+        work = Work(wait, done, finalize,
+                    on_drop=lambda: self._dropped(done, keep_alive, finishes),
+                    late=lambda: late_ranks(self.board, self.rank, sequence),
+                    interrupted=lambda kind: self._interrupted(op_name, kind),
+                    wanted=lambda: self._still_wanted(op_name, sequence))
         self._started.add(work)
         return work
 
