@@ -59,10 +59,11 @@ def test_a_timeout_says_why_no_rank_is_named():
 
 
 def test_a_peer_that_closed_or_aborted_is_told_apart(monkeypatch):
-    """The board's rules on peers' [arrived, died at + 1, finished] slots: closed after
-    collective 2 (died 4) or aborted before starting 3: "before starting" at once; aborted
-    inside 3, unfinished: named "without finishing" only once every live rank started 3 and
-    the grace has passed since; aborted after finishing 3, or finishes not published: never."""
+    """The board's rules on peers' [arrived, died at + 1, finished, given up] slots: closed
+    after collective 2 (died 4) or aborted before starting 3: "before starting" at once;
+    aborted inside 3, unfinished (or given up: its Work failed or was dropped): named "without
+    finishing" only once every live rank started 3 and the grace has passed since; aborted
+    after finishing 3, or finishes not published: never."""
     from cupycoll.comm import _watchdog as w
 
     board = w.Board(MPI.COMM_SELF)
@@ -70,19 +71,19 @@ def test_a_peer_that_closed_or_aborted_is_told_apart(monkeypatch):
     monkeypatch.setattr(w.time, "monotonic", lambda: clock[0])
 
     def views(**slots):
-        board._local = {0: np.array([3, 0, 2])} | {
+        board._local = {0: np.array([3, 0, 2, 0])} | {
             int(r[1:]): np.array(v) for r, v in slots.items()}
         board._remote, board.size = None, 3
 
-    views(r1=[2, 4, 2], r2=[2, 0, 2])  # rank 1 closed after 2, rank 2 alive before 3
+    views(r1=[2, 4, 2, 0], r2=[2, 0, 2, 0])  # rank 1 closed after 2, rank 2 alive before 3
     assert board.given_up_on(0, 3) == {1: (3, False)}
     error = w.forsaken_error(board.given_up_on(0, 3), 0, 3, "allreduce", 3)
     assert error.missing_ranks == [1] and "rank 1 aborted or closed it at collective #3, " \
         "before starting this one" in str(error), error
-    views(r1=[3, 4, 2], r2=[2, 0, 2])  # aborted inside 3, unfinished; rank 2 not there yet
+    views(r1=[3, 4, 2, 0], r2=[2, 0, 2, 0])  # aborted inside 3, unfinished; rank 2 not there
     clock[0] += 10 * w._INSIDE_GRACE
     assert board.given_up_on(0, 3) == {}  # rank 2's arrival may complete it
-    views(r1=[3, 4, 2], r2=[3, 0, 2])
+    views(r1=[3, 4, 2, 0], r2=[3, 0, 2, 0])
     assert board.given_up_on(0, 3) == {}
     clock[0] += w._INSIDE_GRACE - 0.1
     assert board.given_up_on(0, 3) == {}
@@ -91,11 +92,17 @@ def test_a_peer_that_closed_or_aborted_is_told_apart(monkeypatch):
     error = w.forsaken_error(board.given_up_on(0, 3), 0, 3, "allreduce", 3)
     assert error.missing_ranks == [1] and "rank 1 aborted or closed it at collective #3, " \
         "without finishing this one" in str(error), error
-    views(r1=[3, 4, 3], r2=[3, 0, 2])  # finished 3, then aborted: its part is in
+    views(r1=[3, 4, 3, 0], r2=[3, 0, 2, 0])  # finished 3, then aborted: its part is in
     clock[0] += 10
     assert board.given_up_on(0, 3) == {}
-    views(r1=[3, 4, w.UNTRACKED], r2=[3, 0, 2])  # finishes not published (NCCL)
+    views(r1=[3, 4, w.UNTRACKED, 0], r2=[3, 0, 2, 0])  # finishes not published (NCCL)
     assert board.given_up_on(0, 3) == {}
+    board._inside_seen.clear()  # finished 4 and 5, gave 3 up: inside, unfinished
+    views(r1=[5, 6, 5, 1 << 2], r2=[3, 0, 2, 0])
+    assert board.given_up_on(0, 3) == {}
+    clock[0] += w._INSIDE_GRACE + 0.1
+    assert board.given_up_on(0, 3) == {1: (5, True)}
+    assert board.given_up_on(0, 4) == {}  # but 4 it finished
 
 
 def test_the_finished_count_published_has_no_gap():
@@ -104,7 +111,7 @@ def test_the_finished_count_published_has_no_gap():
     publishes none."""
     from cupycoll.comm import _watchdog as w
 
-    board, slot = w.Board(MPI.COMM_SELF, sequence=4), np.zeros(3, np.int64)
+    board, slot = w.Board(MPI.COMM_SELF, sequence=4), np.zeros(w.SLOT_WORDS, np.int64)
     board.started(5)  # async 5, then 6 and 7 finish (6 blocking, 7 async)
     board.finish(6, slot)
     assert slot[2] == 4
@@ -117,13 +124,23 @@ def test_the_finished_count_published_has_no_gap():
     board.finish(9, slot)
     assert slot[2] == 7
     board.release(8)
-    assert slot[2] == 7
-    board.finish(10, slot)
-    assert slot[2] == 10
+    assert slot[2] == 7 and slot[3] == 0
+    board.finish(10, slot)  # 8 holds the count down no more: published as given up
+    assert slot[2] == 10 and slot[3] == 1 << 2
+    board.release(11)  # a blocking one that failed
+    board.finish(12, slot)
+    assert slot[2] == 12 and slot[3] == 1 << 4 | 1 << 1
+    board.finish(8, slot)  # a test of the dropped Work found it done
+    assert slot[2] == 12 and slot[3] == 1 << 1
+    for sequence in range(13, 74):  # a window of 62 behind the count
+        board.finish(sequence, slot)
+    assert slot[2] == 73 and slot[3] == 1 << 62
+    board.finish(74, slot)
+    assert slot[3] == 0
     untracked = w.Board(MPI.COMM_SELF, finishes=False)
     untracked.started(1)
     untracked.finish(1, slot)
-    assert slot[2] == 10 and untracked.slot[2] == w.UNTRACKED
+    assert slot[2] == 74 and untracked.slot[2] == w.UNTRACKED
 
 
 def test_abort_kills_the_communicator_and_init_gives_a_fresh_one():

@@ -24,7 +24,7 @@ from ..errors import (BackendError, BackendUnavailable, CollectiveTimeout, Cupyc
 from ._checks import check_counts, check_sends
 from ._host_waits import HostWaits
 from ._stats import Stats
-from ._watchdog import NO_SLOT, Board, Fate, timeout_error
+from ._watchdog import NO_SLOT, SLOT_WORDS, Board, Fate, timeout_error
 from ._work import Overlap, Work
 
 __all__ = ["Communicator"]
@@ -201,7 +201,7 @@ class Communicator(HostWaits, abc.ABC):
 
     def _stop_publishing(self) -> None:
         """Later collectives' counts go to a private slot, not the arrival board."""
-        self._slot = memoryview(bytearray(24)).cast("q")
+        self._slot = memoryview(bytearray(8 * SLOT_WORDS)).cast("q")
 
     def _closed(self) -> None:
         """Say on the arrival board that this rank closed the communicator before its next

@@ -14,8 +14,10 @@ A second slot holds where the rank aborted the communicator (0 while it is alive
 that times out after its peers gave up says so; a third the last collective it finished with
 every one before it finished too (MPI: its wait, or a test, found it done; an asynchronous one
 started earlier and not finished holds the count below itself; NCCL, whose collectives finish
-on a stream, keeps a count no collective reaches), so a peer waiting in a collective a rank
-aborted inside, without finishing it, need not wait for ever.
+on a stream, keeps a count no collective reaches), and a fourth, as bits, which of the
+collectives just below that count it gave up unfinished (its Work failed or was dropped), so
+a peer waiting in a collective a rank aborted inside, without finishing it, need not wait for
+ever.
 
 The **fate** is shared by a communicator and its duplicates: after a timeout, an interrupt or an
 abort, every later call on any of them raises at once, naming the operation it died in, instead
@@ -37,11 +39,17 @@ from ..errors import BackendError, CollectiveTimeout, CupycollError
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-__all__ = ["Board", "Fate", "NO_SLOT", "late_ranks", "timeout_error"]
+__all__ = ["Board", "Fate", "NO_SLOT", "SLOT_WORDS", "late_ranks", "timeout_error"]
 
+#: int64 words of a rank's board slot: arrived, died at + 1, finished, given up unfinished
+SLOT_WORDS = 4
 #: stand-in for the board slot of a communicator without a board (stores go nowhere useful).
-NO_SLOT = memoryview(np.zeros(3, np.int64)).cast("B").cast("q")
-_ARRIVED, _DIED, _FINISHED = 0, 1, 2
+NO_SLOT = memoryview(np.zeros(SLOT_WORDS, np.int64)).cast("B").cast("q")
+_ARRIVED, _DIED, _FINISHED, _GIVEN_UP = range(SLOT_WORDS)
+#: the given-up word's bit d stands for collective finished - d, for 0 < d < _WINDOW (an int64
+#: without its sign bit); older ones count as finished (no peer waits that far behind a rank
+#: that finished a later collective: every collective needs every rank)
+_WINDOW = 63
 #: the finished count of a communicator that does not publish its finishes (NCCL)
 UNTRACKED = 1 << 62
 #: seconds a wait goes on after it first sees that a peer aborted inside its collective,
@@ -56,9 +64,9 @@ _ABANDONED: list[Any] = []
 class Board:
     """The arrival board of one MPI communicator (collective to create).
 
-    ``slot`` is this rank's ``[sequence, died at + 1, finished]`` (int64 memoryview: a store is
-    cheap), from ``sequence`` (collectives started and finished so far); ``finishes``: the
-    communicator publishes the collectives it finishes (else ``UNTRACKED``).
+    ``slot`` is this rank's ``[sequence, died at + 1, finished, given up]`` (int64 memoryview:
+    a store is cheap), from ``sequence`` (collectives started and finished so far);
+    ``finishes``: the communicator publishes the collectives it finishes (else ``UNTRACKED``).
     """
 
     def __init__(self, mpi_comm: MPI.Comm, sequence: int = 0, finishes: bool = True) -> None:
@@ -66,20 +74,21 @@ class Board:
 
         rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
         node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
-        self._shared = MPI.Win.Allocate_shared(24, 8, comm=node)
+        self._shared = MPI.Win.Allocate_shared(8 * SLOT_WORDS, 8, comm=node)
         memory = self._shared.tomemory()
         self.slot = memoryview(memory).cast("B").cast("q")
-        self.slot[_ARRIVED], self.slot[_DIED] = sequence, 0
+        self.slot[_ARRIVED], self.slot[_DIED], self.slot[_GIVEN_UP] = sequence, 0, 0
         self.slot[_FINISHED] = sequence if finishes else UNTRACKED
         self._tracked, self._done, self._lock = finishes, sequence, threading.Lock()
         self._unfinished: set[int] = set()  # asynchronous collectives started, not finished
-        self._let_go: list[int] = []  # of those, the ones released (see release)
+        self._let_go: list[int] = []  # collectives released, not yet taken in (see release)
+        self._given_up: set[int] = set()  # released ones that hold the count down no longer
         self._inside_seen: dict[tuple[int, int], float] = {}
         members = node.allgather(rank)
         self._local = {}
         for i, world in enumerate(members):
             buf, _ = self._shared.Shared_query(i)
-            self._local[world] = np.frombuffer(buf, np.int64, 3)
+            self._local[world] = np.frombuffer(buf, np.int64, SLOT_WORDS)
         self._remote = None
         if node.Get_size() < size:  # ranks on other nodes: RMA reads of the same memory, in
             self._remote = MPI.Win.Create(memory, 8, comm=mpi_comm)  # one passive epoch:
@@ -95,21 +104,30 @@ class Board:
 
     def release(self, sequence: int) -> None:
         """Collective ``sequence``'s Work failed or was dropped unfinished: from the next
-        :meth:`finish` on it holds the count down no longer (it counts as finished once a later
-        one is). Takes no lock: a Work's ``__del__`` calls it, maybe inside :meth:`finish`."""
+        :meth:`finish` on it holds the count down no longer, and is published as given up
+        (until a test of the dropped Work finds it done). Takes no lock: a Work's ``__del__``
+        calls it, maybe inside :meth:`finish`."""
         self._let_go.append(sequence)
 
     def finish(self, sequence: int, slot: memoryview) -> None:
         """Publish in ``slot`` (this rank's, or a dead communicator's private one) that
-        collective ``sequence`` finished: the last collective finished with all before it."""
+        collective ``sequence`` finished: the last collective finished with all before it but
+        those given up, and which of the ones below it were given up."""
         if not self._tracked:
             return
         with self._lock:
             while self._let_go:
-                self._unfinished.discard(self._let_go.pop())
+                let_go = self._let_go.pop()
+                if let_go in self._unfinished or let_go > self._done:  # not finished here
+                    self._unfinished.discard(let_go)
+                    self._given_up.add(let_go)
             self._unfinished.discard(sequence)
+            self._given_up.discard(sequence)
             self._done = max(self._done, sequence)
-            slot[_FINISHED] = min(self._done, min(self._unfinished, default=self._done + 1) - 1)
+            finished = min(self._done, min(self._unfinished, default=self._done + 1) - 1)
+            self._given_up = {s for s in self._given_up if finished - s < _WINDOW}
+            slot[_GIVEN_UP] = sum(1 << (finished - s) for s in self._given_up if s < finished)
+            slot[_FINISHED] = finished
 
     def read(self) -> list[tuple[int, int] | None]:
         """Return every rank's (sequence, died at + 1), or None where it could not be read."""
@@ -142,14 +160,15 @@ class Board:
         ``sequence``)}."""
         gone, inside, live_late = {}, {}, False
         for r, view in sorted(self._local.items()):
-            arrived, died, finished = (int(v) for v in view)
+            arrived, died, finished, given_up = (int(v) for v in view)
             if r == rank:
                 continue
             if not died:
                 live_late |= arrived < sequence
             elif arrived < sequence:
                 gone[r] = (died - 1, False)
-            elif died - 1 == arrived and finished < sequence:  # aborted, not closed, inside
+            elif died - 1 == arrived and not _finished(finished, given_up, sequence):
+                # aborted (not closed) inside its latest collective, without finishing this
                 inside[r] = (died - 1, True)
         if inside and not live_late and self._remote is None:
             now = time.monotonic()
@@ -177,6 +196,12 @@ class Board:
         if len(done) < len(ranks):
             _ABANDONED.append((bufs, reqs))
         return done
+
+
+def _finished(finished: int, given_up: int, sequence: int) -> bool:
+    """Whether a rank whose slot reads ``finished`` and ``given_up`` finished ``sequence``."""
+    behind = finished - sequence
+    return behind >= 0 and not (0 < behind < _WINDOW and given_up >> behind & 1)
 
 
 class Fate:

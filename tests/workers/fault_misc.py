@@ -681,10 +681,12 @@ def inside() -> None:
     del work
     comm.allreduce(small, small, "sum").wait()
     assert comm.board.slot[2] == comm.sequence, (int(comm.board.slot[2]), comm.sequence)
-    start = time.monotonic()  # aborted in an asynchronous one after finishing a later one
-    outcome = _aborted_in_the_earlier()
-    report("abort inside, a later one finished", outcome, time.monotonic() - start)
-    WORLD.Barrier()
+    for dropped in (False, True):  # aborted in (or after dropping) an asynchronous one, after
+        start = time.monotonic()  # finishing a later one
+        outcome = _aborted_in_the_earlier(dropped)
+        report(f"abort {'after dropping' if dropped else 'inside'} one, a later one finished",
+               outcome, time.monotonic() - start)
+        WORLD.Barrier()
     comm = cc.init("mpi", timeout=0)  # a non-root that finished a reduce, then aborted
     fresh_allreduce(comm)
     if RANK == P - 1:
@@ -699,26 +701,34 @@ def inside() -> None:
     fresh_allreduce(cc.init("mpi", timeout=10))
 
 
-def _aborted_in_the_earlier() -> str:
+def _aborted_in_the_earlier(dropped: bool) -> str:
     """Every rank starts an 8 MB allreduce, then runs a small one to completion; rank 0 then
-    aborts 0.5 s into its wait for the first, while the last rank makes no MPI call for 3 s
-    (the first cannot complete without its progress). Rank 0 finished a later collective, not
-    the one its peers wait in: they must not wait for ever (no timeout)."""
+    aborts 0.5 s into its wait for the first (``dropped``: drops the first's Work before the
+    small one and aborts after it), while the last rank makes no MPI call for 3 s (the first
+    cannot complete without its progress). Rank 0 finished a later collective, not the one
+    its peers wait in: they must not wait for ever (no timeout)."""
     comm = cc.init("mpi", timeout=0)
     fresh_allreduce(comm)
     x, got = np.full(1 << 20, RANK + 1.0), np.empty(1 << 20)
     small = np.ones(2)
     work = comm.allreduce(x, got, "sum")
+    if dropped and RANK == 0:
+        del work
     comm.allreduce(small, small, "sum").wait()
     start = time.monotonic()
-    if RANK == 0:
+    if RANK == 0 and not dropped:
         threading.Timer(0.5, comm.abort).start()
     elif RANK == P - 1:
         time.sleep(3.0)
     try:
-        work.wait()
-        assert RANK != 0 and np.array_equal(got, np.full(x.size, P * (P + 1) / 2)), got[:3]
-        outcome = "completed"
+        if dropped and RANK == 0:
+            comm.abort()
+            outcome = "aborted"
+        else:
+            work.wait()
+            assert RANK != 0 and np.array_equal(got, np.full(x.size, P * (P + 1) / 2)), \
+                got[:3]
+            outcome = "completed"
     except BackendError as exc:
         assert RANK == 0 and "abort() was called" in str(exc), str(exc)
         outcome = "BackendError"
