@@ -149,6 +149,14 @@ SETTINGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                                          "the blocks folded locally, or off: from there "
                                          "MPICH's reduce-scatter is slower on one node "
                                          "(docs/dense.md); the same on every rank"),
+    "CUPYCOLL_ALLREDUCE_PAIRWISE": (_bytes_or_off, 1 << 21,
+                                    "bytes of input from which the MPI backend runs allreduce, "
+                                    "on a number of ranks that is not a power of two and for "
+                                    "dtypes MPI reduces natively, as a pairwise reduce-scatter "
+                                    "and an allgather of the folded blocks, or off: from there "
+                                    "MPICH's allreduce, which folds the ranks beyond a power "
+                                    "of two in and out whole, is the slower one on one node "
+                                    "(docs/dense.md); the same on every rank"),
     "CUPYCOLL_LOG_LEVEL": (str, "WARNING", "level of the 'cupycoll' logger"),
     "CUPYCOLL_EMULATION_CACHE": (str, None, "folder of the CPU builds of the CUDA kernels (the "
                                  "GPU emulation tier's and the kernel tests'; default: "
@@ -235,13 +243,14 @@ PINNED = threading.local()
 
 
 #: the reductions' thresholds an MPI communicator reads as it is made
-_THRESHOLDS = tuple(f"CUPYCOLL_REDUCE_{name}" for name in
-                    ("AS_ALLREDUCE", "PAIRWISE", "SCATTER_PAIRWISE"))
+_THRESHOLDS = tuple(f"CUPYCOLL_{name}" for name in
+                    ("REDUCE_AS_ALLREDUCE", "REDUCE_PAIRWISE", "REDUCE_SCATTER_PAIRWISE",
+                     "ALLREDUCE_PAIRWISE"))
 
 
 def made_settings() -> tuple[float, tuple]:
     """The settings an MPI communicator reads as it is made: CUPYCOLL_SPIN and the reductions'
-    thresholds (CUPYCOLL_REDUCE_AS_ALLREDUCE, _PAIRWISE, _SCATTER_PAIRWISE)."""
+    thresholds (:data:`_THRESHOLDS`)."""
     return setting("CUPYCOLL_SPIN"), tuple(setting(name) for name in _THRESHOLDS)
 
 

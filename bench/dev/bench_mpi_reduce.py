@@ -1,6 +1,6 @@
-"""Which MPI calls a cupycoll ``reduce`` or ``reduce_scatter`` should post, raw mpi4py side
-by side per size, float32 sum (run under mpiexec; nonblocking calls are tested in a loop that
-yields the core every 8 tests, as cupycoll's wait does).
+"""Which MPI calls a cupycoll ``reduce``, ``reduce_scatter`` or ``allreduce`` should post, raw
+mpi4py side by side per size, float32 sum (run under mpiexec; nonblocking calls are tested in a
+loop that yields the core every 8 tests, as cupycoll's wait does).
 
 ``reduce`` (onto rank 0): ``Reduce`` (blocking), ``Ireduce``, ``Iallreduce``, and a pairwise
 reduce-scatter followed by a gather of the folded blocks at the root, which cupycoll's MPI
@@ -10,7 +10,10 @@ one with the pairwise reduce and one with it off (as an allreduce), timed in the
 ``--verb reduce_scatter`` (the size is the whole input, P blocks): ``Reduce_scatter_block``
 (blocking), ``Ireduce_scatter_block``, and a pairwise exchange (``Isend``/``Irecv`` of the
 blocks, then numpy adds them in rank order), which cupycoll runs from
-``CUPYCOLL_REDUCE_SCATTER_PAIRWISE`` bytes a block. See docs/dense.md. A time is the median
+``CUPYCOLL_REDUCE_SCATTER_PAIRWISE`` bytes a block. ``--verb allreduce``: ``Allreduce``,
+``Iallreduce``, and the pairwise reduce-scatter followed by every folded block sent to every
+rank, which cupycoll runs from ``CUPYCOLL_ALLREDUCE_PAIRWISE`` bytes where P is not a power of
+two; ``--cupycoll`` adds ``cc.allreduce`` with it and with it off. See docs/dense.md. A time is the median
 over rounds of the slowest rank (each call after a barrier), the lesser of two passes of
 each call run back to back.
 
@@ -18,6 +21,8 @@ each call run back to back.
     mpiexec -n 4 python -m mpi4py bench/dev/bench_mpi_reduce.py --sizes 256K,1M,4M,16M --cupycoll
     mpiexec -n 4 python -m mpi4py bench/dev/bench_mpi_reduce.py --verb reduce_scatter \
         --sizes 64K,128K,256K,1M,16M
+    mpiexec -n 3 python -m mpi4py bench/dev/bench_mpi_reduce.py --verb allreduce --cupycoll \
+        --sizes 256K,512K,1M,4M,16M
 """
 
 from __future__ import annotations
@@ -81,6 +86,39 @@ def scatter_gather(comm: MPI.Comm, x: np.ndarray, out: np.ndarray, scratch: np.n
              else [comm.Isend(mine, 0, 8)]))
 
 
+def scatter_allgather(comm: MPI.Comm, x: np.ndarray, out: np.ndarray,
+                      scratch: np.ndarray) -> None:
+    """Allreduce as a pairwise reduce-scatter, then every folded block sent to every rank
+    (``x.size`` a multiple of P)."""
+    size, rank = comm.size, comm.rank
+    blocks = out.reshape(size, -1)
+    pairwise(comm, x, blocks[rank], scratch[:size])
+    requests = []
+    for step in range(1, size):
+        source, dest = (rank - step) % size, (rank + step) % size
+        requests += [comm.Irecv(blocks[source], source, 8), comm.Isend(blocks[rank], dest, 8)]
+    tested(*requests)
+
+
+def allreduce_calls(comm: MPI.Comm, count: int, ours: dict | None = None) -> dict:
+    """The allreduce twins on ``count`` float32 elements (and cupycoll's on each communicator
+    of ``ours``)."""
+    count = max(comm.size, count // comm.size * comm.size)
+    x, out = np.ones(count, np.float32), np.empty(count, np.float32)
+    rows = np.empty((comm.size, count // comm.size), np.float32)
+    return {"Allreduce": lambda: comm.Allreduce(x, out),
+            "Iallreduce": lambda: tested(comm.Iallreduce(x, out)),
+            "scatter+allgather": lambda: scatter_allgather(comm, x, out, rows),
+            **{name: functools.partial(cc_allreduce, x, out, on)
+               for name, on in (ours or {}).items()}}
+
+
+def cc_allreduce(x: np.ndarray, out: np.ndarray, comm) -> None:
+    import cupycoll as cc
+
+    cc.allreduce(x, out=out, comm=comm)
+
+
 def reduce_calls(comm: MPI.Comm, count: int, ours: dict | None = None) -> dict:
     """The reduce twins on ``count`` float32 elements (and cupycoll's on each communicator of
     ``ours``)."""
@@ -102,15 +140,18 @@ def cc_reduce(x: np.ndarray, out: np.ndarray | None, comm) -> None:
     cc.reduce(x, 0, out=out, comm=comm)
 
 
-def cupycoll_comms() -> dict:
-    """cupycoll communicators: reduce as a pairwise exchange and gather, and as an allreduce."""
+def cupycoll_comms(verb: str) -> dict:
+    """cupycoll communicators: ``verb`` (reduce or allreduce) as a pairwise exchange and
+    gather (allgather), and with that off (reduce: as an allreduce; allreduce: MPI's)."""
     from cupycoll.comm.mpi import MPICommunicator
 
+    variable = "CUPYCOLL_ALLREDUCE_PAIRWISE" if verb == "allreduce" else "CUPYCOLL_REDUCE_PAIRWISE"
     comms = {}
-    for name, value in (("cc pairwise", "0"), ("cc as-allreduce", "off")):
-        os.environ["CUPYCOLL_REDUCE_PAIRWISE"] = value
+    for name, value in (("cc pairwise", "0"), ("cc " + ("native" if verb == "allreduce" else
+                                                        "as-allreduce"), "off")):
+        os.environ[variable] = value
         comms[name] = MPICommunicator()
-    del os.environ["CUPYCOLL_REDUCE_PAIRWISE"]
+    del os.environ[variable]
     return comms
 
 
@@ -143,25 +184,29 @@ def median_of_slowest(comm: MPI.Comm, call, rounds: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--verb", choices=("reduce", "reduce_scatter"), default="reduce")
+    parser.add_argument("--verb", choices=("reduce", "reduce_scatter", "allreduce"),
+                        default="reduce")
     parser.add_argument("--sizes", default="64K,128K,256K,1M,16M")
-    parser.add_argument("--cupycoll", action="store_true", help="also time cc.reduce both ways")
+    parser.add_argument("--cupycoll", action="store_true", help="also time cc.reduce (or "
+                        "cc.allreduce) both ways")
     parser.add_argument("-n", "--rounds", type=positive_int, default=300, help="rounds below 1 MiB "
                         "(a tenth from 1 MiB)")
     args = parser.parse_args()
-    if args.cupycoll and args.verb != "reduce":
-        parser.error("--cupycoll: cc.reduce's two ways, with --verb reduce only")
+    if args.cupycoll and args.verb == "reduce_scatter":
+        parser.error("--cupycoll: with --verb reduce or allreduce only")
     comm = MPI.COMM_WORLD
-    ours = cupycoll_comms() if args.cupycoll and args.verb == "reduce" else None
-    make = (functools.partial(reduce_calls, ours=ours) if args.verb == "reduce"
-            else reduce_scatter_calls)
+    ours = cupycoll_comms(args.verb) if args.cupycoll else None
+    make = {"reduce": functools.partial(reduce_calls, ours=ours), "reduce_scatter":
+            reduce_scatter_calls, "allreduce": functools.partial(allreduce_calls, ours=ours)
+            }[args.verb]
     header = False
     for text in args.sizes.split(","):
         count = parse_size(text) // 4
         calls = make(comm, count)
         if comm.rank == 0 and not header:
             header = True
-            where = "onto rank 0" if args.verb == "reduce" else "of the whole input"
+            where = {"reduce": "onto rank 0", "allreduce": "onto every rank"}.get(
+                args.verb, "of the whole input")
             print(f"# ranks={comm.size}  float32 sum {where}  median of the slowest rank, us")
             print(f"# {'size':>10}" + "".join(f"{name:>23}" for name in calls))
         rounds = args.rounds if count * 4 < 1 << 20 else max(5, args.rounds // 10)

@@ -1,8 +1,11 @@
 """The MPI backend's reduce-scatter as a pairwise exchange: every rank sends block j of its input
 to rank j and folds the P blocks of its own in rank order (docs/dense.md: MPICH's
-reduce-scatter is the slower one on one node from 64 KiB blocks); and its reduce as that
+reduce-scatter is the slower one on one node from 64 KiB blocks); its reduce as that
 exchange followed by every rank's folded block sent to the root (Rabenseifner's reduce: faster
-than reduce as an allreduce from 256 KiB on one node, docs/dense.md)."""
+than reduce as an allreduce from 256 KiB on one node, docs/dense.md); and its allreduce, on a
+number of ranks that is not a power of two, as that exchange followed by every rank's folded
+block sent to every rank (MPICH folds the ranks beyond a power of two in and out whole, about
+twice the bytes on the critical path: the slower one from 2 MiB on one node, docs/dense.md)."""
 
 from __future__ import annotations
 
@@ -100,6 +103,16 @@ def pairwise_reduce_applies(comm: Any, send: Any) -> bool:
             and send.dtype in _MPI_TYPES)
 
 
+def pairwise_allreduce_applies(comm: Any, send: Any) -> bool:
+    """Whether ``allreduce`` runs as a pairwise exchange and an allgather: from
+    ``CUPYCOLL_ALLREDUCE_PAIRWISE`` bytes of input, on a P > 1 that is not a power of two
+    (MPICH's own allreduce moves as few bytes on the others), for a dtype MPI reduces
+    natively. Only what every rank agrees on decides."""
+    threshold, size = comm._pairwise_allreduce, comm.size
+    return (threshold is not None and size & (size - 1) != 0 and send.nbytes >= threshold
+            and send.dtype in _MPI_TYPES)
+
+
 def _bounds(count: int, size: int) -> list[int]:
     """Offsets of P near-equal blocks of ``count`` elements (the first ``count % P`` one
     longer)."""
@@ -120,14 +133,19 @@ def _root_output(comm: Any, send: np.ndarray, recv: Any) -> tuple[np.ndarray, bo
     return comm._scratch((send.size,), send.dtype), False, True
 
 
-def pairwise_reduce(comm: Any, send: Any, recv: Any, op: ReduceOp, root: int, op_name: str,
-                    blocking: bool):
-    """Reduce onto ``root``: block j of ``send`` (P near-equal blocks) to rank j, every rank's
-    block of this rank folded in rank order (:func:`._mpi_types._fold_blocks`), then each
-    rank's folded block to the root, received straight into its output (avg divides there).
-    Bytes are booked as the native reduce's. Returns a Work, or None when ``blocking``."""
-    size, rank, at_root = comm.size, comm.rank, comm.rank == root
-    comm._record_collective("reduce", send.nbytes, root, op_name=op_name)
+def pairwise_reduce(comm: Any, send: Any, recv: Any, op: ReduceOp, root: int | None,
+                    op_name: str, blocking: bool):
+    """Reduce onto ``root`` (None: onto every rank, an allreduce): block j of ``send`` (P
+    near-equal blocks) to rank j, every rank's block of this rank folded in rank order
+    (:func:`._mpi_types._fold_blocks`), then each rank's folded block to the root (to every
+    rank), received straight into its output (avg divides there): every rank's result has
+    the same bits. Bytes are booked as the native reduce's (allreduce's). Returns a Work, or
+    None when ``blocking``."""
+    size, rank, every = comm.size, comm.rank, root is None
+    at_root = every or rank == root
+    settings_first(rank, op, send.dtype)
+    comm._record_collective("allreduce" if every else "reduce", send.nbytes, root,
+                            op_name=op_name)
     gather_tag = _GATHER_BASE + comm.sequence % _GATHER_TAGS
     flat = np.ascontiguousarray(to_host(send)).reshape(-1)
     bounds = _bounds(flat.size, size)
@@ -148,6 +166,15 @@ def pairwise_reduce(comm: Any, send: Any, recv: Any, op: ReduceOp, root: int, op
         _fold_blocks(blocks, rows[:, :hi - lo], mine, rank, op, in_place)
         # aborted since the call: raises the library's error; closed: close() kept it for this
         now = comm.mpi_comm if comm._fate.error is not None else mpi_comm
+        if every:  # the folded block to every rank, every rank's block from it
+            sends, receives, others = [], [], []
+            for step in range(1, size):
+                source, dest = (rank - step) % size, (rank + step) % size
+                receives.append(now.Irecv([out[bounds[source]:bounds[source + 1]], MPI.BYTE],
+                                          source, gather_tag))
+                sends.append(now.Isend([mine, MPI.BYTE], dest, gather_tag))
+                others += [source, dest]
+            return [q for pair in zip(receives, sends) for q in pair], others
         if not at_root:
             return [now.Isend([mine, MPI.BYTE], root, gather_tag)], [root]
         sources = [r for r in range(size) if r != root]

@@ -24,9 +24,9 @@ from ._base import Communicator
 from ._checks import agreed_settings, check_peers, rank_of
 from ._mpi_exit import settle_at_exit
 from ._mpi_staging import _AVG, Staging, settings_first
-from ._mpi_pairwise import (all_done, earlier_first, pairwise_blocks_apply, pairwise_reduce,
-                             pairwise_reduce_applies, pairwise_reduce_scatter, progress_all,
-                             unposted_left)
+from ._mpi_pairwise import (all_done, earlier_first, pairwise_allreduce_applies,
+                             pairwise_blocks_apply, pairwise_reduce, pairwise_reduce_applies,
+                             pairwise_reduce_scatter, progress_all, unposted_left)
 from ._mpi_types import (_ClosedComm, _DeadComm, _address, _bytes, _pending, _separate,
                          duplicate, out_of_communicators, usable)
 from ._naps import nap
@@ -54,9 +54,10 @@ class MPICommunicator(Staging, Communicator):
         base = usable(mpi_comm if mpi_comm is not None else MPI.COMM_WORLD)
         #: seconds a wait tests (and yields) before it starts to nap; bytes from which reduce
         #: runs as an allreduce, reduce is a pairwise exchange and a gather, reduce_scatter a
-        #: pairwise exchange (None: never; see _reduce, _reduce_scatter)
-        self._spin, (self._reduce_as_allreduce, self._pairwise_reduce, self._pairwise_blocks) = \
-            agreed_settings(base, made_settings, _wait, shared_thresholds)  # a dead base: why
+        #: pairwise exchange, allreduce one and an allgather (None: never; see the verbs)
+        self._spin, (self._reduce_as_allreduce, self._pairwise_reduce, self._pairwise_blocks,
+                     self._pairwise_allreduce) = agreed_settings(
+            base, made_settings, _wait, shared_thresholds)  # a dead base: why
         try:
             self.mpi_comm = duplicate(base, _wait)
             self.rank, self.size = self.mpi_comm.Get_rank(), self.mpi_comm.Get_size()
@@ -73,8 +74,7 @@ class MPICommunicator(Staging, Communicator):
         #: two-phase calls (._mpi_pairwise) whose second phase is unposted, in order; its lock
         self._unposted: collections.deque = collections.deque()
         self._posting = threading.Lock()
-        #: operations whose Work was dropped before it completed: (whether done, buffers),
-        #: kept until done (:meth:`_record_collective` lets go of them)
+        #: (whether done, buffers) of Works dropped unfinished, kept until done (earlier_first)
         self._orphaned: list[tuple[Any, Any]] = []
         self._started: "weakref.WeakSet[Work]" = weakref.WeakSet()  # waited for at exit
         settle_at_exit(self)
@@ -218,6 +218,8 @@ class MPICommunicator(Staging, Communicator):
         return self._allreduce(send, recv, parse_op(op, rank=self.rank), op_name, False)
 
     def _allreduce(self, send: Any, recv: Any, op: ReduceOp, op_name: str, blocking: bool):
+        if pairwise_allreduce_applies(self, send):  # (a pairwise exchange and an allgather)
+            return pairwise_reduce(self, send, recv, op, None, op_name, blocking)
         args, finalize, keep = self._reduction(send, recv, op, True)
         self._record_collective("allreduce", send.nbytes, op_name=op_name)
         comm = self.mpi_comm
@@ -300,9 +302,7 @@ class MPICommunicator(Staging, Communicator):
 
     def _allgather(self, send: Any, recv: Any, op_name: str, blocking: bool):
         host, copy_back = self._staged(recv)
-        sbuf = send if type(send) is np.ndarray else to_host(send)
-        if not sbuf.flags.c_contiguous:
-            sbuf = np.ascontiguousarray(sbuf)
+        sbuf = np.ascontiguousarray(to_host(send))  # (a C-contiguous ndarray as it is)
         if not _separate(sbuf, host):
             own = _address(host) + self.rank * sbuf.nbytes  # NCCL's in place: this rank's block
             if _address(sbuf) == own and sbuf.nbytes * self.size == host.nbytes:

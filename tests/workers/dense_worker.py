@@ -357,6 +357,51 @@ def pairwise_reduce(seed: int, rank: int, p: int) -> int:
     return cases
 
 
+def pairwise_allreduce(seed: int, rank: int, p: int) -> int:
+    """``allreduce`` as a pairwise reduce-scatter and an allgather (CUPYCOLL_ALLREDUCE_PAIRWISE=0:
+    every size, where P is not a power of two; elsewhere MPI's own): every dtype, op and size
+    against numpy, the same bits on every rank, in place, async, into an ``out`` overlapping
+    the input (staged) and from a strided input; float sums equal a fold in rank order bit for
+    bit; NaN and +-0 as the native path; the scratch went back to the pool."""
+
+    comm = communicator_with("CUPYCOLL_ALLREDUCE_PAIRWISE", "0")
+    pairwise = p & (p - 1) != 0
+    cases = 0
+    for dtype, op, count, inputs, want in matrix(seed + 9, p):
+        x = inputs[rank].copy()
+        got = cc.allreduce(x, op=op, comm=comm)
+        assert np.array_equal(x, inputs[rank], equal_nan=True), "allreduce wrote its input"
+        check(got, want, f"pairwise allreduce {dtype} {op} {count}")
+        assert_identical_across_ranks(got)
+        if pairwise and op == "sum" and dtype in ("float32", "float64"):
+            in_order = functools.reduce(np.add, inputs)
+            assert got.tobytes() == in_order.tobytes(), "not a rank-order fold"
+        cc.allreduce(x, op=op, comm=comm, out=x, async_op=True).wait()
+        check(x, want, f"pairwise allreduce in place {dtype} {op} {count}")
+        both = np.concatenate([inputs[rank], np.full(1, 7, dtype)])
+        cc.allreduce(both[:count], op=op, comm=comm, out=both[1:])
+        check(both[1:], want, f"pairwise allreduce overlapping {dtype} {op} {count}")
+        strided = np.repeat(inputs[rank], 2)[::2]
+        check(cc.allreduce(strided, op=op, comm=comm), want,
+              f"pairwise allreduce strided {dtype} {op} {count}")
+        cases += 4
+    for dtype in ("float32", "float64"):  # NaN wins, a +0/-0 tie has one answer
+        for op, fn in (("max", np.max), ("min", np.min)):
+            rows = [np.array([np.nan if r == 0 else 1.0, -0.0 if r % 2 else 0.0,
+                              0.0 if r == p - 1 else -0.0, 2.0 + r] * p, dtype)
+                    for r in range(p)]
+            stack = np.stack(rows)
+            want = fn(stack, axis=0)
+            negative = np.signbit(stack).any(0) if op == "min" else np.signbit(stack).all(0)
+            want[want == 0] = np.where(negative, -0.0, 0.0)[want == 0]
+            got = cc.allreduce(rows[rank], op=op, comm=comm)
+            assert got.tobytes() == want.tobytes(), (dtype, op, got, want)
+            cases += 1
+    if pairwise:  # the largest case's scratch went back to the pool
+        assert comm._spare, "allreduce did not run as a pairwise exchange"
+    return cases
+
+
 def pairwise_reduce_scatter(seed: int, rank: int, p: int) -> int:
     """``reduce_scatter`` as a pairwise exchange (CUPYCOLL_REDUCE_SCATTER_PAIRWISE=0: every
     size): every dtype, op and size against numpy, into ``out``, in place (nothing outside the
@@ -495,6 +540,7 @@ def main(seed: int) -> None:
     cases += reduce_as_allreduce(seed, rank, p)
     cases += pairwise_reduce(seed, rank, p)
     cases += pairwise_reduce_scatter(seed, rank, p)
+    cases += pairwise_allreduce(seed, rank, p)
     print(f"rank {rank}: {cases} dense cases ok")
 
 

@@ -629,6 +629,10 @@ def gave_up() -> None:
 
 
 def inside() -> None:
+    # MPI's own allreduce, whose schedule needs the late rank's progress after the call (a
+    # pairwise exchange's first round completes as a rank's next call posts its second)
+    os.environ["CUPYCOLL_ALLREDUCE_PAIRWISE"] = "off"
+
     def late_peer_waits(two: bool, big: bool) -> str:
         comm = cc.init("mpi", timeout=0)  # no timeout: only the board can end the waits
         fresh_allreduce(comm)
@@ -698,6 +702,7 @@ def inside() -> None:
         assert np.array_equal(got, np.full(3, float(P))), got
     report("abort after finishing a reduce", "completed", 0.0)
     WORLD.Barrier()
+    del os.environ["CUPYCOLL_ALLREDUCE_PAIRWISE"]
     fresh_allreduce(cc.init("mpi", timeout=10))
 
 
