@@ -143,6 +143,28 @@ def test_the_finished_count_published_has_no_gap():
     assert slot[2] == 74 and untracked.slot[2] == w.UNTRACKED
 
 
+def test_a_given_up_collective_at_the_count_is_marked():
+    """Async 1, 2 and 3 start, 2 is dropped, blocking 4 finishes, then 1: the count reads 2,
+    and 2 itself is marked given up (bit 0), so a peer waiting in 2 is not told it finished."""
+    from cupycoll.comm import _watchdog as w
+
+    board, slot = w.Board(MPI.COMM_SELF), np.zeros(w.SLOT_WORDS, np.int64)
+    for sequence in (1, 2, 3):
+        board.started(sequence)
+    board.release(2)
+    board.finish(4, slot)
+    assert slot[2] == 0
+    board.finish(1, slot)
+    assert slot[2] == 2 and slot[3] == 1
+    assert w._finished(int(slot[2]), int(slot[3]), 1)
+    assert not w._finished(int(slot[2]), int(slot[3]), 2)
+    assert not w._finished(int(slot[2]), int(slot[3]), 3)
+    board.finish(3, slot)
+    assert slot[2] == 4 and slot[3] == 1 << 2
+    assert [w._finished(4, int(slot[3]), s) for s in (1, 2, 3, 4, 5)] == [
+        True, False, True, True, False]
+
+
 def test_abort_kills_the_communicator_and_init_gives_a_fresh_one():
     comm = cc.init("mpi", mpi_comm=MPI.COMM_SELF)
     comm.abort()

@@ -46,7 +46,7 @@ SLOT_WORDS = 4
 #: stand-in for the board slot of a communicator without a board (stores go nowhere useful).
 NO_SLOT = memoryview(np.zeros(SLOT_WORDS, np.int64)).cast("B").cast("q")
 _ARRIVED, _DIED, _FINISHED, _GIVEN_UP = range(SLOT_WORDS)
-#: the given-up word's bit d stands for collective finished - d, for 0 < d < _WINDOW (an int64
+#: the given-up word's bit d stands for collective finished - d, for 0 <= d < _WINDOW (an int64
 #: without its sign bit); older ones count as finished (no peer waits that far behind a rank
 #: that finished a later collective: every collective needs every rank)
 _WINDOW = 63
@@ -112,7 +112,7 @@ class Board:
     def finish(self, sequence: int, slot: memoryview) -> None:
         """Publish in ``slot`` (this rank's, or a dead communicator's private one) that
         collective ``sequence`` finished: the last collective finished with all before it but
-        those given up, and which of the ones below it were given up."""
+        those given up, and which of the ones up to it were given up."""
         if not self._tracked:
             return
         with self._lock:
@@ -126,7 +126,7 @@ class Board:
             self._done = max(self._done, sequence)
             finished = min(self._done, min(self._unfinished, default=self._done + 1) - 1)
             self._given_up = {s for s in self._given_up if finished - s < _WINDOW}
-            slot[_GIVEN_UP] = sum(1 << (finished - s) for s in self._given_up if s < finished)
+            slot[_GIVEN_UP] = sum(1 << (finished - s) for s in self._given_up if s <= finished)
             slot[_FINISHED] = finished
 
     def read(self) -> list[tuple[int, int] | None]:
@@ -201,7 +201,7 @@ class Board:
 def _finished(finished: int, given_up: int, sequence: int) -> bool:
     """Whether a rank whose slot reads ``finished`` and ``given_up`` finished ``sequence``."""
     behind = finished - sequence
-    return behind >= 0 and not (0 < behind < _WINDOW and given_up >> behind & 1)
+    return behind >= 0 and not (behind < _WINDOW and given_up >> behind & 1)
 
 
 class Fate:
