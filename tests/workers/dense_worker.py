@@ -304,6 +304,22 @@ def reduce_as_allreduce(seed: int, rank: int, p: int) -> int:
     return cases
 
 
+def nan_and_zero_cases(p: int):
+    """(dtype, op, every rank's row, the reduction's bits) of max and min over rows holding a
+    NaN (it wins) and +0/-0 ties (one answer: -0 for min where any rank has it, +0 for max
+    unless every rank has -0), float32 and float64."""
+    for dtype in ("float32", "float64"):
+        for op, fn in (("max", np.max), ("min", np.min)):
+            rows = [np.array([np.nan if r == 0 else 1.0, -0.0 if r % 2 else 0.0,
+                              0.0 if r == p - 1 else -0.0, 2.0 + r] * p, dtype)
+                    for r in range(p)]
+            stack = np.stack(rows)
+            want = fn(stack, axis=0)
+            negative = np.signbit(stack).any(0) if op == "min" else np.signbit(stack).all(0)
+            want[want == 0] = np.where(negative, -0.0, 0.0)[want == 0]
+            yield dtype, op, rows, want
+
+
 def pairwise_reduce(seed: int, rank: int, p: int) -> int:
     """``reduce`` as a pairwise reduce-scatter and a gather (CUPYCOLL_REDUCE_PAIRWISE=0: every
     size, P near-equal blocks): every dtype, op and size (the root rotating over the ranks)
@@ -339,19 +355,11 @@ def pairwise_reduce(seed: int, rank: int, p: int) -> int:
         else:
             assert np.array_equal(both[:count], inputs[rank]) and both[-1] == 7
         cases += 3
-    for dtype in ("float32", "float64"):  # NaN wins, a +0/-0 tie has one answer
-        for op, fn in (("max", np.max), ("min", np.min)):
-            rows = [np.array([np.nan if r == 0 else 1.0, -0.0 if r % 2 else 0.0,
-                              0.0 if r == p - 1 else -0.0, 2.0 + r] * p, dtype)
-                    for r in range(p)]
-            stack = np.stack(rows)
-            want = fn(stack, axis=0)
-            negative = np.signbit(stack).any(0) if op == "min" else np.signbit(stack).all(0)
-            want[want == 0] = np.where(negative, -0.0, 0.0)[want == 0]
-            got = cc.reduce(rows[rank], root=p - 1, op=op, comm=comm)
-            if rank == p - 1:
-                assert got.tobytes() == want.tobytes(), (dtype, op, got, want)
-            cases += 1
+    for dtype, op, rows, want in nan_and_zero_cases(p):
+        got = cc.reduce(rows[rank], root=p - 1, op=op, comm=comm)
+        if rank == p - 1:
+            assert got.tobytes() == want.tobytes(), (dtype, op, got, want)
+        cases += 1
     if p > 1:  # the largest case's scratch went back to the pool
         assert comm._spare, "reduce did not run as a pairwise exchange"
     return cases
@@ -385,18 +393,10 @@ def pairwise_allreduce(seed: int, rank: int, p: int) -> int:
         check(cc.allreduce(strided, op=op, comm=comm), want,
               f"pairwise allreduce strided {dtype} {op} {count}")
         cases += 4
-    for dtype in ("float32", "float64"):  # NaN wins, a +0/-0 tie has one answer
-        for op, fn in (("max", np.max), ("min", np.min)):
-            rows = [np.array([np.nan if r == 0 else 1.0, -0.0 if r % 2 else 0.0,
-                              0.0 if r == p - 1 else -0.0, 2.0 + r] * p, dtype)
-                    for r in range(p)]
-            stack = np.stack(rows)
-            want = fn(stack, axis=0)
-            negative = np.signbit(stack).any(0) if op == "min" else np.signbit(stack).all(0)
-            want[want == 0] = np.where(negative, -0.0, 0.0)[want == 0]
-            got = cc.allreduce(rows[rank], op=op, comm=comm)
-            assert got.tobytes() == want.tobytes(), (dtype, op, got, want)
-            cases += 1
+    for dtype, op, rows, want in nan_and_zero_cases(p):
+        got = cc.allreduce(rows[rank], op=op, comm=comm)
+        assert got.tobytes() == want.tobytes(), (dtype, op, got, want)
+        cases += 1
     if pairwise:  # the largest case's scratch went back to the pool
         assert comm._spare, "allreduce did not run as a pairwise exchange"
     return cases
