@@ -239,10 +239,10 @@ class MPICommunicator(Staging, Communicator):
         pooled scratch: MPICH's nonblocking reduce is slower from 256 KiB, docs/dense.md). Every
         rank decides from the agreed byte count and dtype; a bad setting raises first."""
         at_root = self.rank == root
-        settings_first(self.rank, op, send.dtype)
-        if pairwise_reduce_applies(self, send):
+        if pairwise_reduce_applies(self, send):  # (checks the settings itself)
             return pairwise_reduce(self, send, recv if at_root else None, op, root, op_name,
                                    blocking)
+        settings_first(self.rank, op, send.dtype)
         self._record_collective("reduce", send.nbytes, root, op_name=op_name)
         comm = self.mpi_comm
         threshold = self._reduce_as_allreduce

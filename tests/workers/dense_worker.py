@@ -233,6 +233,10 @@ def bad_numba_setting(rank: int, p: int) -> int:
         a, root, op)) for op in ("max", "avg") for root in {0, p - 1} for a in (big, half)]
     calls += [(f"reduce_scatter {op}", lambda op=op: cc.reduce_scatter(big, op))
               for op in ("max", "avg")]
+    # allreduce past CUPYCOLL_ALLREDUCE_PAIRWISE (2 MiB): pairwise where P is not a power of two
+    large = np.arange(300_000, dtype=np.float64) * (rank + 1)
+    calls += [(f"allreduce {op} 2.4 MB", lambda op=op: cc.allreduce(large, op))
+              for op in ("max", "avg")]
     os.environ["CUPYCOLL_NUMBA"] = "maybe"
     try:
         for label, call in calls:
