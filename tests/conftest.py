@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import compileall
 import os
+import re
+import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -81,13 +83,57 @@ def _bad_reasons(reasons: Counter) -> list[str]:
     return [r for r in reasons if not r.startswith(NO_DEVICE)]
 
 
+#: what a run may leave in the checkout: bytecode (compiled above), pytest's own cache, and what
+#: an install made before it (a virtual environment, an editable install's build files)
+_MAY_STAY = re.compile(r"(^|/)(__pycache__|\.pytest_cache|\.venv)/|^build/|\.egg-info/")
+
+
+def stray_paths(root: Path = ROOT) -> set[str] | None:
+    """The untracked paths of the checkout at ``root``, ignored ones too (a new folder as one
+    entry), but those a run may leave; None outside a git checkout."""
+    try:
+        listed = subprocess.run(["git", "status", "--porcelain", "--ignored", "-z"], cwd=root,
+                                capture_output=True, text=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {entry[3:] for entry in listed.split("\0")
+            if entry[:3] in ("?? ", "!! ") and not _MAY_STAY.search(entry[3:])}
+
+
+def pytest_sessionstart(session):
+    """The controlling process notes the checkout's stray paths before any test runs."""
+    if not hasattr(session.config, "workerinput"):
+        session.config.stash[_STRAY_BEFORE] = stray_paths()
+
+
+_STRAY_BEFORE = pytest.StashKey[set[str] | None]()
+
+
+def _left_behind(config) -> list[str]:
+    """Paths the run added to the checkout (tests write only in temporary folders)."""
+    before = config.stash.get(_STRAY_BEFORE, None)
+    after = stray_paths() if before is not None else None
+    return sorted(after - before) if after is not None else []
+
+
 def pytest_sessionfinish(session, exitstatus):
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None and _bad_reasons(skip_reasons(reporter.stats.get("skipped", []))):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if not hasattr(session.config, "workerinput"):
+        left = session.config.stash[_LEFT] = _left_behind(session.config)
+        if left:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_LEFT = pytest.StashKey[list[str]]()
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    left = config.stash.get(_LEFT, [])
+    if left:
+        terminalreporter.line(f"FAILED: the run left {left} in the checkout: tests write only "
+                              "in temporary folders (docs/testing.md)", red=True)
     reasons = skip_reasons(terminalreporter.stats.get("skipped", []))
     if not reasons:
         return

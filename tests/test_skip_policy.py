@@ -167,3 +167,19 @@ def test_every_mutation_selection_names_tests_that_exist():
                            "-p", "no:cacheprovider", *ids], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_stray_paths_lists_what_a_run_must_not_leave(tmp_path):
+    """The conftest's check of files left in the checkout: untracked and ignored paths count,
+    bytecode, pytest's cache and an install's files do not; no git checkout: no check."""
+    from tests.conftest import stray_paths
+
+    assert stray_paths(tmp_path) is None
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("*.png\n__pycache__/\nbuild/\n")
+    for name in ("pkg/m.py", "examples/plot.png", "notes.txt", "pkg/__pycache__/m.pyc",
+                 "build/lib/x.py", ".pytest_cache/v", "pkg.egg-info/PKG-INFO", ".venv/bin/py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    subprocess.run(["git", "-C", str(tmp_path), "add", "pkg/m.py", ".gitignore"], check=True)
+    assert stray_paths(tmp_path) == {"examples/", "notes.txt"}

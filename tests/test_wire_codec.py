@@ -139,7 +139,7 @@ def test_numpy_path_choice(monkeypatch):
     assert wire.fast(1 << 20) is None
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, database=None)  # (no .hypothesis/ in the tree)
 @given(values=st.sets(st.integers(0, 2**41), max_size=300), lo=st.integers(0, 50),
        pad=st.integers(1, 2**20), int32=st.booleans())
 def test_round_trip_property(values, lo, pad, int32):
