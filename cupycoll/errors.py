@@ -9,6 +9,8 @@ other ranks wait until ``CUPYCOLL_TIMEOUT``, and a disagreement may go unseen).
 
 from __future__ import annotations
 
+import enum
+
 __all__ = [
     "CupycollError",
     "InvalidArgument",
@@ -19,7 +21,20 @@ __all__ = [
     "BackendError",
     "OutOfMemory",
     "CupycollWarning",
+    "ELSEWHERE",
 ]
+
+
+class _Elsewhere(enum.Enum):
+    ELSEWHERE = "passed on another rank"
+
+    def __repr__(self) -> str:
+        return "<passed on another rank>"
+
+
+#: the ``value`` (``got``) of an :class:`InvalidArgument` (:class:`InvalidType`) a rank raises for
+#: another rank's bad argument, which it never saw (the message then shows no value)
+ELSEWHERE = _Elsewhere.ELSEWHERE
 
 
 class CupycollError(Exception):
@@ -32,7 +47,8 @@ class InvalidArgument(CupycollError, ValueError):
     def __init__(self, argument: str, value: object, reason: str, *, rank: int | None = None):
         self.argument, self.value, self.reason, self.rank = argument, value, reason, rank
         where = f" on rank {rank}" if rank is not None else ""
-        super().__init__(f"invalid argument {argument!r}{where}: {reason} (got {_short(value)})")
+        got = "" if value is ELSEWHERE else f" (got {_short(value)})"
+        super().__init__(f"invalid argument {argument!r}{where}: {reason}{got}")
 
     def __reduce__(self) -> tuple:
         return _remade, (type(self), self.argument, self.value, self.reason, self.rank), \
@@ -45,7 +61,8 @@ class InvalidType(CupycollError, TypeError):
     def __init__(self, argument: str, got: object, expected: str, *, rank: int | None = None):
         self.argument, self.got, self.expected, self.rank = argument, got, expected, rank
         where = f" on rank {rank}" if rank is not None else ""
-        super().__init__(f"argument {argument!r}{where} must be {expected}, got {_short(got)}")
+        shown = "" if got is ELSEWHERE else f", got {_short(got)}"
+        super().__init__(f"argument {argument!r}{where} must be {expected}{shown}")
 
     def __reduce__(self) -> tuple:
         return _remade, (type(self), self.argument, self.got, self.expected, self.rank), \

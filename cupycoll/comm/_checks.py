@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .._agreement import ranks_text
-from ..errors import CupycollError, InvalidArgument, MismatchError
+from ..errors import ELSEWHERE, CupycollError, InvalidArgument, MismatchError
 
 __all__ = ["rank_of", "check_peers", "check_counts", "check_sends", "agreed_settings"]
 
@@ -50,7 +50,7 @@ def agreed_settings(group: Any, parse: Callable[[], Any],
         raise error
     if failed:
         bad, (argument, message) = failed[0]
-        raise InvalidArgument(argument or "settings", f"see rank {bad}", f"rank {bad} refused "
+        raise InvalidArgument(argument or "settings", ELSEWHERE, f"rank {bad} refused "
                               f"its settings ({message}); every rank raises", rank=bad)
     if same is not None:
         _same_everywhere([shared for _, shared in gathered])

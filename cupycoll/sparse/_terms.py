@@ -9,7 +9,7 @@ import numpy as np
 from .. import _agreement as agreement
 from .._registry import algorithms
 from .._types import ReduceOp
-from ..errors import CupycollError, InvalidArgument, InvalidType
+from ..errors import ELSEWHERE, CupycollError, InvalidArgument, InvalidType
 from ..primitives import VALUE_DTYPES
 from ..wire._choice import decode_code
 from ._cost import VALIDATION_FIELDS
@@ -37,12 +37,12 @@ def _peer_error(failure: agreement.Failure, draft: agreement.Draft) -> CupycollE
         return InvalidArgument("indices", failure.detail, f"index out of range [0, n="
                                f"{draft.context.n}) on rank {rank}{also}", rank=rank)
     if failure.kind is InvalidType:
-        return InvalidType(argument, f"a bad {argument} on rank {rank}",
+        return InvalidType(argument, ELSEWHERE,
                            f"valid on every rank (rank {rank} raised the precise error{also})",
                            rank=rank)
     passed = "invalid arguments (that rank's error names them)" if argument == "arguments" \
         else f"an invalid {argument}"
-    return InvalidArgument(argument, f"see rank {rank}", f"rank {rank} passed {passed}{also}",
+    return InvalidArgument(argument, ELSEWHERE, f"rank {rank} passed {passed}{also}",
                            rank=rank)
 
 

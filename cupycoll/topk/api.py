@@ -27,7 +27,7 @@ from .._registry import algorithms, record
 from .._result import SparseResult
 from .._types import as_array, check_device, check_dtype, check_flag
 from ..comm import Communicator, comm_or_default
-from ..errors import CupycollError, InvalidArgument, InvalidType
+from ..errors import ELSEWHERE, CupycollError, InvalidArgument, InvalidType
 from ..wire._choice import check_wire, check_wire_values, decode_code, wire_code
 from ..wire._pack import COO
 from ._common import TopkOutcome, TopkState, to_namespace
@@ -48,9 +48,9 @@ def _peer_error(failure: agreement.Failure, draft: agreement.Draft) -> CupycollE
     name, rank = failure.argument or "argument", failure.rank
     reason = f"rank {rank} passed an invalid {name!r} (see that rank's error); every rank raises"
     if failure.kind is InvalidType:
-        return InvalidType(name, "(on another rank)", f"valid on every rank: {reason}", rank=rank)
+        return InvalidType(name, ELSEWHERE, f"valid on every rank: {reason}", rank=rank)
     if failure.kind is InvalidArgument:
-        return InvalidArgument(name, "(on another rank)", reason, rank=rank)
+        return InvalidArgument(name, ELSEWHERE, reason, rank=rank)
     return CupycollError(reason)
 
 
