@@ -21,7 +21,9 @@ from __future__ import annotations
 import compileall
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -35,6 +37,13 @@ os.environ.setdefault("CUPYCOLL_NUMBA", "off")
 os.environ.setdefault("CUPYCOLL_SPIN", "0")
 for _name, _value in OVERSUBSCRIBE.items():  # under Open MPI too, launches of 3-8 ranks
     os.environ.setdefault(_name, _value)
+#: hypothesis's storage (its example database, the constants it collects from the code) in a
+#: folder of this run's, not ``.hypothesis/`` in the checkout, for the test processes and the
+#: ranks they launch; removed at the end by the process that made it
+_HYPOTHESIS_HOME = None
+if "HYPOTHESIS_STORAGE_DIRECTORY" not in os.environ:
+    _HYPOTHESIS_HOME = os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = tempfile.mkdtemp(
+        prefix="cupycoll-hypothesis-")
 
 
 def pytest_configure(config):
@@ -120,6 +129,8 @@ def pytest_sessionfinish(session, exitstatus):
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None and _bad_reasons(skip_reasons(reporter.stats.get("skipped", []))):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if _HYPOTHESIS_HOME is not None:
+        shutil.rmtree(_HYPOTHESIS_HOME, ignore_errors=True)
     if not hasattr(session.config, "workerinput"):
         left = session.config.stash[_LEFT] = _left_behind(session.config)
         if left:
