@@ -165,6 +165,20 @@ def test_a_given_up_collective_at_the_count_is_marked():
         True, False, True, True, False]
 
 
+def test_a_blocking_collective_publishes_its_finish_once():
+    """A blocking dense verb publishes on the board that it finished, also where its request
+    is done at the first test (one rank: no wait), and only once."""
+    comm = cc.init("mpi", mpi_comm=MPI.COMM_SELF)
+    x, calls = np.ones(3), []
+    finish = comm.board.finish
+    comm.board.finish = lambda *args: (calls.append(args[0]), finish(*args))
+    for verb in (lambda: cc.allreduce(x, out=x), lambda: cc.broadcast(x, root=0),
+                 lambda: cc.allgather(x), lambda: cc.reduce(x, root=0)):
+        verb()
+        assert comm._slot[2] == comm.sequence and calls[-1] == comm.sequence
+    assert calls == [1, 2, 3, 4]
+
+
 def test_abort_kills_the_communicator_and_init_gives_a_fresh_one():
     comm = cc.init("mpi", mpi_comm=MPI.COMM_SELF)
     comm.abort()

@@ -122,11 +122,14 @@ class Board:
                     self._unfinished.discard(let_go)
                     self._given_up.add(let_go)
             self._unfinished.discard(sequence)
-            self._given_up.discard(sequence)
-            self._done = max(self._done, sequence)
-            finished = min(self._done, min(self._unfinished, default=self._done + 1) - 1)
-            self._given_up = {s for s in self._given_up if finished - s < _WINDOW}
-            slot[_GIVEN_UP] = sum(1 << (finished - s) for s in self._given_up if s <= finished)
+            self._done = done = max(self._done, sequence)
+            finished = min(done, min(self._unfinished) - 1) if self._unfinished else done
+            mask = 0
+            if self._given_up:  # (none: the usual case)
+                self._given_up.discard(sequence)
+                self._given_up = {s for s in self._given_up if finished - s < _WINDOW}
+                mask = sum(1 << (finished - s) for s in self._given_up if s <= finished)
+            slot[_GIVEN_UP] = mask
             slot[_FINISHED] = finished
 
     def read(self) -> list[tuple[int, int] | None]:

@@ -149,9 +149,8 @@ class MPICommunicator(Staging, Communicator):
 
     def run(self, verb: str, *args: Any, op_name: str | None = None) -> None:
         """Run a dense verb to completion without a Work: post it and test it in the
-        interruptible loop of :meth:`wait` (see :meth:`_launch`)."""
+        interruptible loop of :meth:`wait` (see :meth:`_launch`), which publishes it finished."""
         self._verbs[verb](*args, op_name or verb, True)
-        self._finished()
 
     def run_fetch(self, verb: str, *args: Any, result: Any, op_name: str) -> np.ndarray:
         """``run`` (one blocking call), then ``result`` on the host."""
@@ -173,13 +172,14 @@ class MPICommunicator(Staging, Communicator):
             done = blocking and request.Test()
         except MPI.Exception as exc:
             raise self._failure(op_name, {str(exc)}) from exc
-        if blocking:
-            if not done:
-                try:
-                    self.wait([request], op_name)
-                except BaseException:
-                    self._fate.abandon(request, args)
-                    raise
+        if blocking and not done:
+            try:
+                self.wait([request], op_name)  # (which publishes it finished)
+            except BaseException:
+                self._fate.abandon(request, args)
+                raise
+        elif blocking:
+            self._finished()
         else:
             return self._work([request], op_name, finalize, keep + args)
         if finalize is not None:
