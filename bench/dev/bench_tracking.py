@@ -1,7 +1,8 @@
 """What the reliability machinery costs small calls, side by side in one run (rank 0 prints).
 
-The late-rank tracking adds exactly one thing to a collective that does not time out: one store
-of the collective count into this rank's slot of the arrival board (``cupycoll/comm/_watchdog.py``).
+The late-rank tracking adds two things to a collective that does not time out: one store of the
+collective count into this rank's slot of the arrival board as it starts, and the publication
+of its finish (``Board.finish``, ``cupycoll/comm/_watchdog.py``), both in the calls timed here.
 Interruptible waits add another: a blocking call is posted nonblocking and tested from Python
 (MPI's blocking call would ignore Ctrl-C). This times, interleaved one of each per round:
 ``cc.allreduce`` of 8 bytes and a 10-entry ``sparse_allreduce`` as they are, the same two on a
