@@ -574,6 +574,48 @@ def test_reduce_parts_loop_is_the_numpy_sum(monkeypatch: pytest.MonkeyPatch, dty
             same(results[1], (want_idx.astype(np.int32), want_val))
 
 
+@pytest.mark.parametrize("dtype, acc", [("float32", None), ("float64", None), ("int32", None),
+                                        ("float16", "float32")])
+@pytest.mark.parametrize("nparts, width", [(2, 0), (2, 1), (2, 5), (3, 0), (3, 4), (4, 0)])
+def test_reduce_parts_two_way_merge_gives_absent_entries_their_zero(
+        monkeypatch: pytest.MonkeyPatch, dtype: str, acc: str | None, nparts: int,
+        width: int) -> None:
+    """reduce_parts' sums through numba's chained two-way merge: a float sum in its own dtype
+    gets the +0 of absent entries in the merge's pass (no ``fill_absent`` scan after it), any
+    other (integers, a cast back from the accumulate dtype) through ``fill_absent``; each is
+    the dense left fold with absent entries counting +0 (-0 only where every part adds -0)."""
+    from cupycoll._types import ReduceOp
+    from cupycoll.primitives import _numba
+    from cupycoll.sparse import _common as sparse_common
+    from cupycoll.sparse._common import reduce_parts
+
+    merges, scans = [], []
+    monkeypatch.setattr(_numba, "sum_two", lambda *a, f=_numba.sum_two: merges.append(a[-1])
+                        or f(*a))
+    monkeypatch.setattr(sparse_common, "fill_absent", lambda *a, f=sparse_common.fill_absent:
+                        scans.append(1) or f(*a))
+    monkeypatch.setattr(_accel, "_FAST_FROM", 0)
+    monkeypatch.setenv("CUPYCOLL_NUMBA", "on")
+    monkeypatch.setenv("CUPYCOLL_THREADS", "1")
+    rng = np.random.default_rng([nparts, width, len(dtype)])
+    row = (width,) if width else ()
+    for itype in (np.int32, np.int64):
+        parts = [(np.sort(rng.choice(300, size, replace=False)).astype(itype),
+                  values(rng, dtype, (size,) + row)) for size in rng.integers(0, 200, nparts)]
+        merges.clear(), scans.clear()
+        got = reduce_parts(parts, ReduceOp.SUM, acc)
+        settles = acc is None and dtype.startswith("float")
+        assert merges == [settles] * (nparts - 1) and scans == ([] if settles else [1])
+        work = acc or dtype  # summed in the accumulate dtype, cast back, then +0 where absent
+        want_idx, want_val = _dense_sum([(i, v.astype(work)) for i, v in parts], 300, row,
+                                        work, False)
+        held = sum(np.isin(want_idx, i).astype(int) for i, _ in parts)
+        with np.errstate(all="ignore"):
+            want_val = want_val.astype(dtype)
+            want_val[held < nparts] += np.dtype(dtype).type(0)
+        same(got, (want_idx.astype(itype), want_val))
+
+
 @pytest.mark.parametrize("size", [2, 3, 4, 8])
 def test_small_merge_loop_reads_the_slots_pack_wrote(monkeypatch: pytest.MonkeyPatch,
                                                      size: int) -> None:

@@ -14,7 +14,7 @@ the profile's gamma: ``tuner.predict.local_time``):
 profile's: where it is above 1 the model prices that width's merge low relative to a 1-D merge,
 below 1 high. ``k-way`` and ``2-way``: numba's two loops on the same parts (the k-way loop
 and the two-way merge ``merge_sorted`` chooses between, ``_numpy_few.chained_first``). Medians
-of ``--repeats`` calls, after the numba loops are loaded. ``--parts 3`` (up to
+(``--stat min``: minima) of ``--repeats`` calls, after the numba loops are loaded. ``--parts 3`` (up to
 ``CHAIN_PARTS``) times the two loops on that many parts, the two-way merge chained in part
 order (``_numpy_few.two_summed``), and prints no model (the model's merge is recursive
 doubling's, of two parts):
@@ -61,27 +61,28 @@ def ranks_parts(k: int, n: int, width: int, rng, count: int = 2
              rng.standard_normal(row).astype(np.float32)) for _ in range(count)]
 
 
-def median_seconds(call, repeats: int) -> float:
-    """Median seconds of ``call()`` over ``repeats`` calls."""
+def seconds(call, repeats: int, stat=np.median) -> float:
+    """``stat`` (median, or min on a busy machine) of ``call()``'s seconds over ``repeats``
+    calls."""
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         call()
         times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    return float(stat(times))
 
 
-def loop_seconds(parts, repeats: int) -> tuple[float, float] | None:
-    """Median seconds of numba's k-way loop and of its two-way merge (chained in part order
-    beyond two parts) on ``parts`` (the two loops ``merge_sorted`` chooses between), or None
-    without numba."""
+def loop_seconds(parts, repeats: int, stat=np.median) -> tuple[float, float] | None:
+    """Seconds (``stat`` of ``repeats`` calls) of numba's k-way loop and of its two-way merge
+    (chained in part order beyond two parts) on ``parts`` (the two loops ``merge_sorted``
+    chooses between), or None without numba."""
     loops = _accel.loops()
     if loops is None:
         return None
     indices, values = [i for i, _ in parts], [v for _, v in parts]
     f32, i32 = np.dtype(np.float32), np.dtype(np.int32)
-    return (median_seconds(lambda: loops.merge(indices, values, np.add, f32, i32), repeats),
-            median_seconds(lambda: two_summed(indices, values, f32, i32), repeats))
+    return (seconds(lambda: loops.merge(indices, values, np.add, f32, i32), repeats, stat),
+            seconds(lambda: two_summed(indices, values, f32, i32), repeats, stat))
 
 
 def main() -> None:
@@ -90,9 +91,12 @@ def main() -> None:
     parser.add_argument("--k", type=positive_int, default=8192, help="entries of each rank")
     parser.add_argument("--n", type=positive_int, default=409600, help="dense length (rows)")
     parser.add_argument("--repeats", type=positive_int, default=40)
+    parser.add_argument("--stat", choices=("median", "min"), default="median",
+                        help="of the repeats (min: the least disturbed call)")
     parser.add_argument("--parts", type=int, default=2, choices=range(2, CHAIN_PARTS + 1),
                         help="ranks' parts merged (as many as the chain takes)")
     args = parser.parse_args()
+    stat = np.median if args.stat == "median" else np.min
     if args.k > args.n:  # k distinct indices of n
         parser.error(f"--k ({args.k}) must be at most --n ({args.n})")
     profile = load_profile(None, size=2)
@@ -104,9 +108,9 @@ def main() -> None:
     base = None
     for width in (int(w) for w in args.widths.split(",")):
         parts = ranks_parts(args.k, args.n, width, rng, args.parts)
-        measured = median_seconds(
-            lambda: reduce_parts(parts, ReduceOp.SUM, np.dtype(np.float32)), args.repeats)
-        loops = loop_seconds(parts, args.repeats)
+        measured = seconds(lambda: reduce_parts(parts, ReduceOp.SUM, np.dtype(np.float32)),
+                           args.repeats, stat)
+        loops = loop_seconds(parts, args.repeats, stat)
         both = " ".join(f"{t * 1e6:10.0f}" for t in loops) if loops else f"{'-':>10} {'-':>10}"
         if args.parts != 2:
             print(f"  {width:5d} {measured * 1e6:10.0f} {'-':>10} {'-':>11} {'-':>7} {both}")

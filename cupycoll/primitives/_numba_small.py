@@ -88,7 +88,7 @@ def sum_parts(keys: np.ndarray, rows: np.ndarray, key_starts: Sequence[int],
 
 
 @njit(cache=True, nogil=True)
-def _two_1d(a, va, b, vb, out_idx, out_val):  # type: ignore[no-untyped-def]
+def _two_1d(a, va, b, vb, zero, absent_zero, out_idx, out_val):  # type: ignore[no-untyped-def]
     i, j, k, na, nb = 0, 0, 0, a.size, b.size
     while i < na and j < nb:  # the smaller index out; a shared one's values added, a before b
         x, y = a[i], b[j]
@@ -97,11 +97,26 @@ def _two_1d(a, va, b, vb, out_idx, out_val):  # type: ignore[no-untyped-def]
         out_val[k] = both if in_a and in_b else (va[i] if in_a else vb[j])
         out_idx[k] = x if in_a else y
         i, j, k = i + in_a, j + in_b, k + 1
-    return _tails(a, va, b, vb, i, j, k, out_idx, out_val)
+    return _tails(a, va, b, vb, i, j, k, zero, absent_zero, out_idx, out_val)
 
 
 @njit(cache=True, nogil=True)
-def _two_rows(a, va, b, vb, out_idx, out_val):  # type: ignore[no-untyped-def]
+def _two_1d_zero(a, va, b, vb, zero, absent_zero, out_idx,
+                 out_val):  # type: ignore[no-untyped-def]
+    """:func:`_two_1d` with ``absent_zero``: a value of one part + ``zero``, as one add (a
+    missing side counts ``zero``; ``0 + v`` is ``v + 0``, NaN payloads included)."""
+    i, j, k, na, nb = 0, 0, 0, a.size, b.size
+    while i < na and j < nb:
+        x, y = a[i], b[j]
+        in_a, in_b = x <= y, y <= x
+        out_val[k] = (va[i] if in_a else zero) + (vb[j] if in_b else zero)
+        out_idx[k] = x if in_a else y
+        i, j, k = i + in_a, j + in_b, k + 1
+    return _tails(a, va, b, vb, i, j, k, zero, absent_zero, out_idx, out_val)
+
+
+@njit(cache=True, nogil=True)
+def _two_rows(a, va, b, vb, zero, absent_zero, out_idx, out_val):  # type: ignore[no-untyped-def]
     """Rows as 2-D arrays ``(entries, width)``, each element addressed by its two indices,
     which LLVM vectorizes; it does not vectorize a flat array addressed by ``entry * width + e``
     (docs/primitives.md)."""
@@ -111,13 +126,11 @@ def _two_rows(a, va, b, vb, out_idx, out_val):  # type: ignore[no-untyped-def]
         x, y = a[i], b[j]
         if x < y:
             out_idx[k] = x
-            for e in range(width):
-                out_val[k, e] = va[i, e]
+            _one_row(va, i, zero, absent_zero, out_val, k)
             i += 1
         elif y < x:
             out_idx[k] = y
-            for e in range(width):
-                out_val[k, e] = vb[j, e]
+            _one_row(vb, j, zero, absent_zero, out_val, k)
             j += 1
         else:
             out_idx[k] = x
@@ -125,28 +138,45 @@ def _two_rows(a, va, b, vb, out_idx, out_val):  # type: ignore[no-untyped-def]
                 out_val[k, e] = va[i, e] + vb[j, e]
             i, j = i + 1, j + 1
         k += 1
-    return _tails(a, va, b, vb, i, j, k, out_idx, out_val)
+    return _tails(a, va, b, vb, i, j, k, zero, absent_zero, out_idx, out_val)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _one_row(rows, at, zero, absent_zero, out_val, k):  # type: ignore[no-untyped-def]
+    """Row ``at`` of one part into ``out_val[k]``, + ``zero`` where ``absent_zero``."""
+    if absent_zero:
+        for e in range(rows.shape[1]):
+            out_val[k, e] = rows[at, e] + zero
+    else:
+        for e in range(rows.shape[1]):
+            out_val[k, e] = rows[at, e]
 
 
 @njit(cache=True, nogil=True)
-def _tails(a, va, b, vb, i, j, k, out_idx, out_val):  # type: ignore[no-untyped-def]
-    """Copy what is left of either part (one of them is done) after entry ``k``; the count
-    (values 1-D, or rows 2-D)."""
+def _tails(a, va, b, vb, i, j, k, zero, absent_zero, out_idx,
+           out_val):  # type: ignore[no-untyped-def]
+    """Copy what is left of either part (one of them is done) after entry ``k``, + ``zero``
+    where ``absent_zero``; the count (values 1-D, or rows 2-D)."""
     rest_a, rest_b = a.size - i, b.size - j
     out_idx[k:k + rest_a] = a[i:]
     out_val[k:k + rest_a] = va[i:]
+    if absent_zero:
+        out_val[k:k + rest_a] += zero
     k += rest_a
     out_idx[k:k + rest_b] = b[j:]
     out_val[k:k + rest_b] = vb[j:]
+    if absent_zero:
+        out_val[k:k + rest_b] += zero
     return k + rest_b
 
 
 def sum_two(a: np.ndarray, va: np.ndarray, b: np.ndarray, vb: np.ndarray, acc: np.dtype,
-            itype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+            itype: np.dtype, absent_zero: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """The sum of two sorted unique parts (values in ``acc``, one of ``SUM_DTYPES``): every
     index once, ascending, as ``itype``; a shared index's rows added a's first (a left fold
     in part order, the bits of ``merge_sorted``'s other paths), faster than the one-sort path
-    (docs/primitives.md)."""
+    (docs/primitives.md). ``absent_zero``: a row of one part gets + 0 (an absent entry counts
+    as +0: a -0 becomes +0, as ``fill_absent`` makes it) in the same pass."""
     row = tuple(va.shape[1:])
     width = math.prod(row)
     shape = (-1,) if width == 1 else (-1, width)
@@ -154,10 +184,9 @@ def sum_two(a: np.ndarray, va: np.ndarray, b: np.ndarray, vb: np.ndarray, acc: n
     vb = np.ascontiguousarray(vb, acc).reshape(shape)
     total = a.shape[0] + b.shape[0]
     out_idx, out_val = np.empty(total, itype), np.empty((total,) + shape[1:], acc)
-    if width == 1:
-        found = _two_1d(a, va, b, vb, out_idx, out_val)
-    else:
-        found = _two_rows(a, va, b, vb, out_idx, out_val)
+    absent_zero = absent_zero and acc.kind == "f"
+    loop = _two_rows if width != 1 else _two_1d_zero if absent_zero else _two_1d
+    found = loop(a, va, b, vb, acc.type(0), absent_zero, out_idx, out_val)
     return out_idx[:found], out_val[:found].reshape((found,) + row)
 
 

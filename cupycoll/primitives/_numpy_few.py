@@ -71,9 +71,12 @@ def few_summed(indices: Sequence[np.ndarray], values: Sequence[np.ndarray], acc:
 
 
 def two_summed(indices: Sequence[np.ndarray], values: Sequence[np.ndarray], acc: np.dtype,
-               itype: np.dtype) -> tuple[np.ndarray, np.ndarray] | None:
+               itype: np.dtype, absent_zero: bool = False
+               ) -> tuple[np.ndarray, np.ndarray] | None:
     """The sum of two to :data:`CHAIN_PARTS` parts by numba's two-way merge, chained in part
-    order (:data:`TWO_WAY`), in ``acc`` (one numba adds in), or None (another path sums them)."""
+    order (:data:`TWO_WAY`), in ``acc`` (one numba adds in), or None (another path sums them).
+    ``absent_zero``: each merge adds +0 to the rows of one side, which makes the chain's result
+    ``fill_absent``'s (a sum is -0 only where every part holds the index and adds -0)."""
     if not TWO_WAY or not 2 <= len(indices) <= CHAIN_PARTS or values[0].shape[1:] == (0,):
         return None  # (rows of no element: the numpy loops)
     loops = _accel.loops()
@@ -83,7 +86,7 @@ def two_summed(indices: Sequence[np.ndarray], values: Sequence[np.ndarray], acc:
     with np.errstate(all="ignore") if cast else contextlib.nullcontext():
         idx, val = indices[0], values[0]
         for more, rows in zip(indices[1:], values[1:]):
-            idx, val = loops.sum_two(idx, val, more, rows, acc, itype)
+            idx, val = loops.sum_two(idx, val, more, rows, acc, itype, absent_zero)
         return idx, val
 
 

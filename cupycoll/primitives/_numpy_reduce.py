@@ -204,33 +204,39 @@ def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",
     device read on a GPU).
     """
     pairs = _sorted_parts(parts, checked)
-    return merged_pairs(pairs, _reduce_op(op), _accumulate(accumulate_dtype, pairs[0][1].dtype))
+    idx, val, _ = merged_pairs(pairs, _reduce_op(op),
+                               _accumulate(accumulate_dtype, pairs[0][1].dtype))
+    return idx, val
 
 
 def merged_pairs(pairs: Sequence[tuple[np.ndarray, np.ndarray]], ufunc: np.ufunc,
-                 acc: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+                 acc: np.dtype, absent_zero: bool = False
+                 ) -> tuple[np.ndarray, np.ndarray, bool]:
     """:func:`merge_sorted` of host parts its caller knows valid (sorted unique indices; values
     of one dtype and row shape), by the ufunc of the op, accumulating in ``acc``: the sparse
-    algorithms' merges, without the checks of a public call."""
+    algorithms' merges, without the checks of a public call. ``absent_zero``: a float sum
+    that needs no cast back may count absent entries as +0 (``fill_absent``'s rule) in the
+    two-way merge's pass; the third item says whether it did."""
     ref = pairs[0][1]
     itype = np.result_type(*(i.dtype for i, _ in pairs))
     indices = [i for i, _ in pairs]
     if len(pairs) == 1:
         return _narrowed(indices[0].astype(itype), pairs[0][1].astype(acc), indices[0].size,
-                         ref.dtype)
+                         ref.dtype) + (False,)
     values = [v for _, v in pairs]
     total = sum(i.size for i in indices)
     elements = total * math.prod(ref.shape[1:])  # wide rows
     if ufunc is np.add and few_enough(elements):
-        return few_summed(indices, values, acc, ref.dtype)
+        return few_summed(indices, values, acc, ref.dtype) + (False,)
     chained = ufunc is np.add and chained_first(len(pairs), total, ref.shape[1:])
-    two = two_summed(indices, values, acc, itype) if chained else None
+    settles = absent_zero and acc == ref.dtype and acc.kind == "f"
+    two = two_summed(indices, values, acc, itype, settles) if chained else None
     if two is not None:
-        return _narrowed(*two, two[0].shape[0], ref.dtype)
+        return _narrowed(*two, two[0].shape[0], ref.dtype) + (settles,)
     fast = _fast(elements)
     merged = None if fast is None else fast.merge(indices, values, ufunc, acc, itype)
     if merged is not None:
-        return _narrowed(*merged, ref.dtype)
+        return _narrowed(*merged, ref.dtype) + (False,)
     cuts = _block_cuts(indices, total)
     out_idx, out_val = np.empty(total, itype), np.empty((total,) + ref.shape[1:], acc)
     done = 0
@@ -241,7 +247,7 @@ def merged_pairs(pairs: Sequence[tuple[np.ndarray, np.ndarray]], ufunc: np.ufunc
                 lo, hi = min(int(p[0]) for p in pieces), max(int(p[-1]) for p in pieces)
                 val = np.concatenate([v[c[b]:c[b + 1]] for (_, v), c in zip(pairs, cuts)])
                 done += _coalesce(pieces, lo, hi, val, ufunc, out_idx[done:], out_val[done:])
-    return _narrowed(out_idx, out_val, done, ref.dtype)
+    return _narrowed(out_idx, out_val, done, ref.dtype) + (False,)
 
 
 def _narrowed(out_idx: np.ndarray, out_val: np.ndarray, done: int,

@@ -204,7 +204,8 @@ def reduce_parts(parts: Sequence[tuple[Any, Any]], op: ReduceOp,
 
     A host merge takes ``merge_sorted``'s own paths directly, without its checks and dispatch
     (the parts are known sorted and unique here; a sum of fewer than ``SMALL`` value elements
-    its few-entry path): the same operations, so the same bits.
+    its few-entry path): the same operations, so the same bits. A float sum's absent entries
+    get their +0 in the two-way merge's own pass where it runs, else by :func:`fill_absent`.
     """
     if len(parts) == 1:
         return parts[0]
@@ -217,7 +218,10 @@ def reduce_parts(parts: Sequence[tuple[Any, Any]], op: ReduceOp,
                                                       * math.prod(parts[0][1].shape[1:]))):
         idx, val = _numpy_few.few_summed(indices, [p[1] for p in parts], acc, dtype)
     else:
-        idx, val = _numpy_reduce.merged_pairs(parts, UFUNCS[op], acc)
+        idx, val, settled = _numpy_reduce.merged_pairs(parts, UFUNCS[op], acc,
+                                                       absent_zero=op is ReduceOp.SUM)
+        if settled:
+            return idx, val
     return idx, fill_absent(idx, val, indices, op)
 
 
