@@ -36,6 +36,18 @@ def test_random_cases_in_threaded_numba_loops(nprocs):
     assert f"ok 200 cases on {nprocs} ranks" in out
 
 
+def test_recursive_doubling_merges_into_the_block_it_sends():
+    """At P = 5 (a fold-in, then two rounds), numba's loops at every size on one thread:
+    recursive doubling's float sums whose result is sent on are written by the two-way merge
+    straight into the block the next round sends; results against the dense reference, and
+    such merges ran."""
+    out = run_mpi(5, "sparse_random.py", 4005, 150, "recursive_doubling", timeout=240,
+                  env={"CC_TEST_NUMBA_THREADS": "1", "CUPYCOLL_THREADS": "1",
+                       "CUPYCOLL_NUMBA": "on"})
+    assert "ok 150 cases on 5 ranks" in out
+    assert int(out.split("sent next on rank 0: ")[1].split()[0]) > 0, out
+
+
 @pytest.mark.parametrize("nprocs", LAUNCHES.ranks("sparse_volume.py"))
 def test_volume_equals_cost_models(nprocs):
     out = LAUNCHES.output("sparse_volume.py", nprocs)

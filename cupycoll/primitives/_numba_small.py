@@ -20,7 +20,8 @@ from numba import njit
 
 from ._numba_cache import make_process_safe
 
-__all__ = ["sum_parts", "sum_two", "sum_unsorted", "distinct_sorted", "fold_rows", "SUM_DTYPES"]
+__all__ = ["sum_parts", "sum_two", "union_count", "sum_unsorted", "distinct_sorted", "fold_rows",
+           "SUM_DTYPES"]
 
 #: accumulate dtypes the loop adds in (float16 has no native numba arithmetic).
 SUM_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "int32", "int64"))
@@ -170,20 +171,34 @@ def _tails(a, va, b, vb, i, j, k, zero, absent_zero, out_idx,
     return k + rest_b
 
 
+@njit(cache=True, nogil=True)
+def union_count(a, b):  # type: ignore[no-untyped-def]
+    """How many distinct indices two sorted unique index arrays hold together."""
+    i, j, k, na, nb = 0, 0, 0, a.size, b.size
+    while i < na and j < nb:
+        x, y = a[i], b[j]
+        i, j, k = i + (x <= y), j + (y <= x), k + 1
+    return k + na - i + nb - j
+
+
 def sum_two(a: np.ndarray, va: np.ndarray, b: np.ndarray, vb: np.ndarray, acc: np.dtype,
-            itype: np.dtype, absent_zero: bool = False) -> tuple[np.ndarray, np.ndarray]:
+            itype: np.dtype, absent_zero: bool = False,
+            out: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The sum of two sorted unique parts (values in ``acc``, one of ``SUM_DTYPES``): every
     index once, ascending, as ``itype``; a shared index's rows added a's first (a left fold
     in part order, the bits of ``merge_sorted``'s other paths), faster than the one-sort path
     (docs/primitives.md). ``absent_zero``: a row of one part gets + 0 (an absent entry counts
-    as +0: a -0 becomes +0, as ``fill_absent`` makes it) in the same pass."""
+    as +0: a -0 becomes +0, as ``fill_absent`` makes it) in the same pass. ``out``: the
+    indices and rows written there (C-contiguous, :func:`union_count` entries: a packed
+    block's parts), else into new arrays."""
     row = tuple(va.shape[1:])
     width = math.prod(row)
     shape = (-1,) if width == 1 else (-1, width)
     va = np.ascontiguousarray(va, acc).reshape(shape)
     vb = np.ascontiguousarray(vb, acc).reshape(shape)
     total = a.shape[0] + b.shape[0]
-    out_idx, out_val = np.empty(total, itype), np.empty((total,) + shape[1:], acc)
+    out_idx, out_val = (np.empty(total, itype), np.empty((total,) + shape[1:], acc)) \
+        if out is None else (out[0], out[1].reshape(shape))
     absent_zero = absent_zero and acc.kind == "f"
     loop = _two_rows if width != 1 else _two_1d_zero if absent_zero else _two_1d
     found = loop(a, va, b, vb, acc.type(0), absent_zero, out_idx, out_val)

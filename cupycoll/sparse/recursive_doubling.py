@@ -29,15 +29,17 @@ about log2(P) rounds with the union growing each round: best at small sizes, lat
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
 
 from .._registry import register
 from .._types import ReduceOp, distinct, to_host
-from ..primitives import combine, densify, gather
+from ..primitives import _accel, combine, densify, gather
+from ..primitives._numpy_few import chained_first, few_enough
 from ..primitives._unfolded import folded
-from ..wire._pack import (COO, Packed, Wire, coo_nbytes, pack, pack_dense, unpack,
+from ..wire._pack import (COO, Packed, Wire, coo_nbytes, pack, pack_dense, raw_block, unpack,
                           unpack_dense, value_nbytes)
 from ._common import presence, reduce_parts, union_of_presence
 from ._cost import Cost, Shape, estimate_union
@@ -61,10 +63,12 @@ def prefer_dense(nnz: int, n: int, index_bytes: int, row_bytes: int) -> bool:
 
 class _State:
     """A partial result: sparse (``first`` = indices, ``second`` = rows) or dense
-    (``first`` = rows over n, ``second`` = presence mask)."""
+    (``first`` = rows over n, ``second`` = presence mask); ``block``: the packed block that
+    holds it already (a merge written into it, :meth:`_Rounds.packed_sum`)."""
 
-    def __init__(self, dense: bool, first: Any, second: Any) -> None:
-        self.dense, self.first, self.second = dense, first, second
+    def __init__(self, dense: bool, first: Any, second: Any, block: Packed | None = None
+                 ) -> None:
+        self.dense, self.first, self.second, self.block = dense, first, second, block
 
     def pack(self, xp: Any, n: int, wire: Wire, buffer: Any = None
              ) -> tuple[Packed, "_State"]:
@@ -72,6 +76,8 @@ class _State:
         rounded when the wire rounds: both partners then merge the same numbers); a sparse
         block's bytes in ``buffer(nbytes)`` where given (:func:`~cupycoll.wire._pack.pack`; a
         dense block is packed into a new array)."""
+        if self.block is not None:
+            return self.block, self
         if self.dense:
             block = pack_dense(xp, self.first, xp.packbits(self.second), wire)
             return block, _State(True, block.values, self.second)
@@ -162,15 +168,44 @@ class _Rounds:
         return state, _State(False, *unpack(buf, got[0], self.row, self.index_dtype,
                                             self.value_dtype, wire))
 
-    def merge(self, lower: _State, higher: _State) -> _State:
-        """Combine two partial results of disjoint groups, lower rank's first."""
+    def merge(self, lower: _State, higher: _State, sends_next: bool = False) -> _State:
+        """Combine two partial results of disjoint groups, lower rank's first; ``sends_next``:
+        the result is sent on (then written into its block where :meth:`packed_sum` can)."""
         if not lower.dense and not higher.dense:
+            packed = self.packed_sum(lower, higher) if sends_next else None
+            if packed is not None:
+                return self.released(packed)
             merged = reduce_parts([(lower.first, lower.second), (higher.first, higher.second)],
                                   self.op, self.accumulate_dtype)
             return self.released(self.switch(_State(False, *merged)))
         lo, hi = _as_dense(lower, self.n), _as_dense(higher, self.n)
         return self.released(_State(True, combine(lo.first, hi.first, self.op),
                                     lo.second | hi.second))
+
+    def packed_sum(self, lower: _State, higher: _State) -> _State | None:
+        """The float sum of two sparse states written by numba's two-way merge straight into
+        the raw coo block that sends it (:func:`~cupycoll.wire._pack.raw_block`; the bits of
+        :func:`reduce_parts`, absent entries' +0 included), or None where another path merges
+        (device arrays, another op or wire, a cast, a few entries, numba's k-way loop, or a
+        union that goes dense)."""
+        a, va, b, vb = lower.first, lower.second, higher.first, higher.second
+        acc, row = np.dtype(self.value_dtype if self.accumulate_dtype is None
+                            else self.accumulate_dtype), self.row
+        total = int(a.shape[0]) + int(b.shape[0])
+        if (self.xp is not np or self.op is not ReduceOp.SUM or self.wire != COO
+                or acc != self.value_dtype or acc.kind != "f" or va.dtype != acc
+                or vb.dtype != acc or few_enough(total * math.prod(row))
+                or not chained_first(2, total, row)):
+            return None
+        loops = _accel.loops()
+        if loops is None or acc not in loops.SUM_DTYPES:
+            return None
+        count = int(loops.union_count(a, b))
+        if prefer_dense(count, self.n, self.index_dtype.itemsize, self.row_bytes):
+            return None
+        buf, idx, val = raw_block(count, row, self.index_dtype, acc, self.comm.send_buffer)
+        loops.sum_two(a, va, b, vb, acc, self.index_dtype, True, (idx, val))
+        return _State(False, idx, val, Packed(buf, count, val))
 
     def released(self, state: _State) -> _State:
         """Hand the blocks exchanged so far back to the communicator, but those ``state``
@@ -206,16 +241,19 @@ def recursive_doubling(comm: Any, indices: Any, values: Any, n: int, op: ReduceO
     if rank >= p2:  # fold in, then wait for the result
         pair.transfer(state, rank - p2, None, mine_own=True)
         return pair.finish(pair.transfer(None, None, rank - p2)[1])
-    if rank + p2 < p:
-        state = pair.merge(state, pair.transfer(None, None, rank + p2, theirs_own=True)[1])
+    folds_out = rank + p2 < p  # sends the result to its fold-in partner at the end
+    if folds_out:
+        state = pair.merge(state, pair.transfer(None, None, rank + p2, theirs_own=True)[1],
+                           sends_next=True)
     d = 1
     while d < p2:
         peer = rank ^ d
         state, other = pair.transfer(state, peer, peer, mine_own=d == 1 and rank + p2 >= p,
                                      theirs_own=d == 1 and peer + p2 >= p)
-        state = pair.merge(state, other) if rank < peer else pair.merge(other, state)
+        lower, higher = (state, other) if rank < peer else (other, state)
         d <<= 1
-    if rank + p2 < p:
+        state = pair.merge(lower, higher, sends_next=d < p2 or folds_out)
+    if folds_out:
         state = pair.transfer(state, rank + p2, None)[0]
     elif p > 1 and wire.rounds(state.first.dtype if state.dense else state.second.dtype):
         state = state.pack(comm.xp, n, wire)[1]  # as a fold-out partner would receive it

@@ -144,6 +144,19 @@ def _pack_folding(xp: Any, idx: Any, rows: Any, wire: Wire, lo: int, hi: int,
     return Packed(buf, int(idx.shape[0]), values)
 
 
+def raw_block(count: int, row: tuple, index_dtype: Any, dtype: Any,
+              buffer: Callable[[int], Any]) -> tuple[Any, Any, Any]:
+    """A block of ``count`` entries on the raw coo wire, laid out as :func:`pack` lays it out,
+    to be written in place (a merge's result sent without a copy): the block
+    (``buffer(nbytes)``), its indices' part and its rows' part, shaped ``(count,) + row``."""
+    index_dtype, dtype = np.dtype(index_dtype), np.dtype(dtype)
+    ibytes, vbytes = count * index_dtype.itemsize, value_nbytes(count, row, dtype, COO)
+    buf = buffer(ibytes + vbytes)
+    vpart, ipart = ((buf[:vbytes], buf[vbytes:]) if _values_first(index_dtype, dtype, COO)
+                    else (buf[ibytes:], buf[:ibytes]))
+    return buf, ipart.view(index_dtype), vpart.view(dtype).reshape((count,) + row)
+
+
 def unpack(buf: Any, count: int, row: tuple, index_dtype: Any, dtype: Any,
            wire: Wire) -> tuple[Any, Any]:
     """Return (indices, rows) of a block; rows in ``dtype`` (widened from a rounded payload).

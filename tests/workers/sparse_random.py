@@ -241,10 +241,27 @@ def every_loop_in_numba_threads() -> None:
     assert _accel.loops() is _numba, "CUPYCOLL_NUMBA=on is needed: the numba loops do not run"
 
 
+def count_packed_sums() -> list[int]:
+    """Count recursive doubling's merges written straight into the block the next round sends
+    (``_Rounds.packed_sum``; printed at the end: its test asserts some ran)."""
+    from cupycoll.sparse import recursive_doubling
+
+    made, packed_sum = [0], recursive_doubling._Rounds.packed_sum
+
+    def counted(self, lower, higher):  # type: ignore[no-untyped-def]
+        state = packed_sum(self, lower, higher)
+        made[0] += state is not None
+        return state
+
+    recursive_doubling._Rounds.packed_sum = counted
+    return made
+
+
 def main() -> None:
     seed, ncases = int(sys.argv[1]), int(sys.argv[2])
     if os.environ.get("CC_TEST_NUMBA_THREADS"):
         every_loop_in_numba_threads()
+    packed = count_packed_sums()
     algorithms = sys.argv[3:] or ALGORITHMS
     comm = MPICommunicator(MPI.COMM_WORLD, timeout=60)
     size, rank = comm.size, comm.rank
@@ -273,6 +290,7 @@ def main() -> None:
             f"case {case} differs across ranks: {case_params(seed, case, size, algorithms)}"
     if rank == 0:
         print(f"ok {ncases} cases on {size} ranks, algorithms {algorithms}")
+        print(f"merges written into the block sent next on rank 0: {packed[0]}")
 
 
 if __name__ == "__main__":
