@@ -897,6 +897,26 @@ def test_division_finding_specials_is_numpys_division(dtype):
         assert got.tobytes() == want.tobytes()
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("size", [2, 3, 4, 5, 8, 64, 1024, 1 << 20])
+def test_division_by_a_power_of_two_is_numpys_division(dtype, size):
+    """A power of two divides by multiplying with its inverse: numpy's ``/=`` bits all the same,
+    on quotients that round to subnormals or to 0, on the largest and least values, +-0, NaN
+    and infinities."""
+    from cupycoll.primitives import _numba
+
+    info = np.finfo(dtype)
+    rng = np.random.default_rng([size, len(dtype)])
+    tiny = (rng.random(400) * 2.0 ** -rng.integers(0, 60, 400)) * float(info.tiny)
+    edges = [0.0, -0.0, np.nan, -np.nan, np.inf, -np.inf, float(info.max), -float(info.max),
+             float(info.tiny), float(info.smallest_subnormal), -3 * float(info.smallest_subnormal)]
+    v = np.concatenate([tiny, -tiny, values(rng, dtype, (400,)), edges]).astype(dtype)
+    got, want = v.copy(), v.copy()
+    assert _numba.divide_finding_specials(got, size)
+    want /= size
+    assert got.tobytes() == want.tobytes()
+
+
 def canonical(a: np.ndarray) -> np.ndarray:
     """``a`` with every NaN as numpy's (its sign and payload follow the order of operands)."""
     return np.where(np.isnan(a), np.nan, a) if a.dtype.kind == "f" else a

@@ -15,7 +15,8 @@ interleaved in the same repetitions.
 The ``dense pass`` rows time the ``dense`` sparse algorithm's host work at 1/10/50% density
 against the plain-numpy fill, scan and gather it replaced (docs/tuning.md); the ``densify``
 rows the dense output's write of sorted entries into zeros (``sparse.dense.densify_into``) at
-1/10/25/50% against a numpy fill and fancy assignment.
+1/10/25/50% against a numpy fill and fancy assignment; the ``average`` rows an average's
+division with its NaN check (``canonical_nan(values, P)``) at P = 2, 3, 4 against numpy's.
 
 Targets (issue 3): select_abs_ge <= 3x the time of x.copy() (speedup >= 0.33) and >= 10x faster
 than an np.argpartition top-k; merge_sorted of 4 x 2**18 parts >= 3x faster than
@@ -205,6 +206,35 @@ def bench_densify(table: Table, rng: np.random.Generator, n: int, reps: int, che
                        "target": "", "#wrong": wrong})
 
 
+def divided(out: np.ndarray, src: np.ndarray, size: int) -> None:
+    """numpy's average: a fresh copy of ``src`` divided by ``size`` in place."""
+    np.copyto(out, src)
+    out /= size
+
+
+def bench_average(table: Table, rng: np.random.Generator, n: int, reps: int, check: bool,
+                  impls: list[str]) -> None:
+    """An average's division with the NaN check (``canonical_nan(values, P)``, a fresh copy of
+    the values each call) against numpy's copy and ``/=``, at P = 2, 3, 4: a power of two
+    multiplies by its inverse (the same bits)."""
+    from cupycoll.primitives._numpy_reduce import canonical_nan
+
+    src = rng.standard_normal(n // 8).astype(np.float32)
+    out, ref = np.empty_like(src), np.empty_like(src)
+    for size in (2, 3, 4):
+        fns = {impl: under(impl, lambda: canonical_nan(np.copyto(out, src) or out, size))
+               for impl in impls}
+        times = measure({**fns, "plain": lambda: divided(ref, src, size)}, reps)
+        for impl in impls:
+            fns[impl]()
+            wrong = int(check and out.tobytes() != ref.tobytes())
+            table.add({"primitive": "average", "impl": impl,
+                       "case": f"2^{int(np.log2(src.size))} / {size}",
+                       "time(ms)": times[impl] * 1e3, "reference": "copy+/=",
+                       "ref(ms)": times["plain"] * 1e3, "speedup": times["plain"] / times[impl],
+                       "target": "", "#wrong": wrong})
+
+
 def table_grid(reps: int) -> int:
     """``coo_reduce``'s two sum paths side by side over index spans 2^14-2^24, 1-256 slots an
     entry, widths 1-64 (the data of ``_numpy_reduce.TABLE_*``): the table / the sort."""
@@ -273,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_coo(table, rng, coo_cases(rng, 4 * k, n), args.reps, bool(args.check), impls)
     bench_dense_pass(table, rng, n, args.reps, bool(args.check), impls)
     bench_densify(table, rng, n, args.reps, bool(args.check), impls)
+    bench_average(table, rng, n, args.reps, bool(args.check), impls)
     return table.finish(args, {"n": n, "density": args.density, "k_per_part": k,
                                "reps": args.reps, "impls": impls, "cpus": os.cpu_count()})
 
