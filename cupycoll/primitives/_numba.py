@@ -33,12 +33,11 @@ from ._numba_dense import (add_rows, copy_hit_rows, copy_hits, copy_unequal,  # 
                            MAGNITUDE, OUTSIDE, positions_in, row_hits, scatter_rows,
                            special_values, UNEQUAL, union_sorted)
 from ._numba_small import (SUM_DTYPES, distinct_sorted, fold_rows, sum_parts,  # noqa: F401
-                           sum_two, sum_unsorted, union_count)
+                           sum_two, sum_unsorted)
 
 __all__ = ["merge", "select", "select_unequal", "select_unequal_rows", "count", "densify_sorted",
            "scatter_rows", "add_rows", "special_values", "divide_finding_specials",
-           "index_stats", "positions_in", "union_sorted", "sum_parts", "sum_two", "union_count",
-           "sum_unsorted",
+           "index_stats", "positions_in", "union_sorted", "sum_parts", "sum_two", "sum_unsorted",
            "distinct_sorted", "fold_rows", "SUM_DTYPES", "threads", "piece_count",
            "free_scratch"]
 

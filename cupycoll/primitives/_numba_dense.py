@@ -136,16 +136,10 @@ def special_values(values: np.ndarray, limit: float = np.inf) -> tuple[bool, boo
 def _divided_specials(flat, by, inverse):  # type: ignore[no-untyped-def]
     """``flat /= by``, or ``flat *= by`` where ``inverse`` (``by`` is then 1 / P)."""
     nonfinite = False
-    if inverse:
-        for i in range(flat.size):
-            x = flat[i] * by
-            flat[i] = x
-            nonfinite |= not np.isfinite(x)
-    else:
-        for i in range(flat.size):
-            x = flat[i] / by
-            flat[i] = x
-            nonfinite |= not np.isfinite(x)
+    for i in range(flat.size):
+        x = flat[i] * by if inverse else flat[i] / by
+        flat[i] = x
+        nonfinite |= not np.isfinite(x)
     return nonfinite
 
 

@@ -20,8 +20,7 @@ from numba import njit
 
 from ._numba_cache import make_process_safe
 
-__all__ = ["sum_parts", "sum_two", "union_count", "sum_unsorted", "distinct_sorted", "fold_rows",
-           "SUM_DTYPES"]
+__all__ = ["sum_parts", "sum_two", "sum_unsorted", "distinct_sorted", "fold_rows", "SUM_DTYPES"]
 
 #: accumulate dtypes the loop adds in (float16 has no native numba arithmetic).
 SUM_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "int32", "int64"))
@@ -171,16 +170,6 @@ def _tails(a, va, b, vb, i, j, k, zero, absent_zero, out_idx,
     return k + rest_b
 
 
-@njit(cache=True, nogil=True)
-def union_count(a, b):  # type: ignore[no-untyped-def]
-    """How many distinct indices two sorted unique index arrays hold together."""
-    i, j, k, na, nb = 0, 0, 0, a.size, b.size
-    while i < na and j < nb:
-        x, y = a[i], b[j]
-        i, j, k = i + (x <= y), j + (y <= x), k + 1
-    return k + na - i + nb - j
-
-
 def sum_two(a: np.ndarray, va: np.ndarray, b: np.ndarray, vb: np.ndarray, acc: np.dtype,
             itype: np.dtype, absent_zero: bool = False,
             out: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -189,8 +178,8 @@ def sum_two(a: np.ndarray, va: np.ndarray, b: np.ndarray, vb: np.ndarray, acc: n
     in part order, the bits of ``merge_sorted``'s other paths), faster than the one-sort path
     (docs/primitives.md). ``absent_zero``: a row of one part gets + 0 (an absent entry counts
     as +0: a -0 becomes +0, as ``fill_absent`` makes it) in the same pass. ``out``: the
-    indices and rows written there (C-contiguous, :func:`union_count` entries: a packed
-    block's parts), else into new arrays."""
+    indices and rows written there (C-contiguous, as many entries as the union holds: a
+    packed block's parts), else into new arrays."""
     row = tuple(va.shape[1:])
     width = math.prod(row)
     shape = (-1,) if width == 1 else (-1, width)

@@ -200,7 +200,7 @@ class _Rounds:
         loops = _accel.loops()
         if loops is None or acc not in loops.SUM_DTYPES:
             return None
-        count = int(loops.union_count(a, b))
+        count = int(loops.union_sorted([a, b], self.index_dtype).shape[0])
         if prefer_dense(count, self.n, self.index_dtype.itemsize, self.row_bytes):
             return None
         buf, idx, val = raw_block(count, row, self.index_dtype, acc, self.comm.send_buffer)
