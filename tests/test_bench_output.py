@@ -349,19 +349,26 @@ def test_bench_torch_settle_prints_every_way():
 
 def test_bench_torch_algorithms_prints_every_algorithm_on_both_gradients():
     """bench/dev/bench_torch_algorithms.py, one process, both gradients: one positive median
-    per algorithm it runs (figures only in the docs)."""
+    per algorithm it runs (figures only in the docs); with ``--cpu``, a row per algorithm of
+    the rank's user and system milliseconds per call, user above zero."""
     import subprocess
     root = Path(__file__).resolve().parents[1]
-    for gradient in ("bench", "backend"):
+    names = ["allgather", "mask", "recursive_doubling", "split", "auto"]
+    for gradient, cpu in (("bench", ["--cpu"]), ("backend", [])):
         out = subprocess.run([sys.executable, "-m", "mpi4py",
                               str(root / "bench" / "dev" / "bench_torch_algorithms.py"),
-                              "--vocab", "8K", "--gradient", gradient, "-n", "2", "-w", "1"],
+                              "--vocab", "8K", "--gradient", gradient, "-n", "2", "-w", "1",
+                              *cpu],
                              capture_output=True, text=True, timeout=300, check=True, cwd=root,
                              env={**__import__("os").environ, "PYTHONPATH": str(root)}).stdout
-        (line,) = [line for line in out.splitlines() if not line.startswith("#")]
+        line, *rows = [line for line in out.splitlines() if not line.startswith("#")]
         words = line.split()
-        assert words[::2] == ["allgather", "mask", "recursive_doubling", "split", "auto"], out
+        assert words[::2] == names, out
         assert all(float(t) > 0 for t in words[1::2]), out
+        assert [row.split()[0] for row in rows] == (names if cpu else []), out
+        for row in rows:  # "<name> <user> + <system>" (one rank)
+            _, user, plus, system = row.split()
+            assert plus == "+" and float(user) > 0 and float(system) >= 0, out
 
 
 def test_bench_learn_rule_runs_both_learners_side_by_side():

@@ -8,12 +8,18 @@ shuffled order, after a barrier; a sample is the slowest rank's time); rank 0 pr
 in milliseconds::
 
     OMP_NUM_THREADS=1 mpiexec -n 2 python -m mpi4py bench/dev/bench_torch_algorithms.py --vocab 1M
+
+``--cpu`` also prints, per algorithm, each rank's CPU time per timed call, user and system
+(``getrusage`` around each call): where ranks outnumber cores, a call's time is about the
+CPU of the ranks sharing a core, and MPICH's single-copy transfers between ranks count as
+system time.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 
 import numpy as np
@@ -48,6 +54,7 @@ def main() -> int:
     p.add_argument("--gradient", choices=("bench", "backend"), default="backend")
     p.add_argument("-n", "--iters", type=positive_int, default=25)
     p.add_argument("-w", "--warmup", type=int, default=4)
+    p.add_argument("--cpu", action="store_true", help="also each rank's CPU time per call")
     args = p.parse_args()
     torch.set_num_threads(1)
     comm = cc.init("mpi")
@@ -58,14 +65,32 @@ def main() -> int:
         grad = bench_torch.gradient(vocab, *bench_torch.batches(vocab, 0.015, comm.rank)[0])
     else:
         grad = backend_gradient(vocab, comm.rank)
-    calls = {name: (lambda a: lambda: cct.sparse_allreduce(grad, comm=comm, algorithm=a))(name)
+    used: dict[str, list] = {name: [] for name in ALGORITHMS}  # each call's (user, system) s
+    calls = {name: (lambda a: lambda: cpu_of(
+        lambda: cct.sparse_allreduce(grad, comm=comm, algorithm=a), used[a]))(name)
              for name in ALGORITHMS}
     samples = interleaved(calls, args.iters, args.warmup, comm)
     if comm.rank == 0:
         print(f"# P = {comm.size}, V = {vocab}, {args.gradient} gradient ({grad._nnz()} rows); "
               "ms, median of the slowest rank")
         print("  ".join(f"{name} {np.median(t) * 1e3:.2f}" for name, t in samples.items()))
+    if args.cpu:
+        per_call = comm.mpi_comm.gather({a: np.median(used[a][args.warmup:], axis=0) * 1e3
+                                         for a in ALGORITHMS}, root=0)
+        if comm.rank == 0:
+            print("# CPU per timed call, ms (user + system), medians, rank 0, 1, ...")
+            for a in ALGORITHMS:
+                print(f"{a:<20}" + "  ".join(f"{u:.1f} + {s:.1f}"
+                                             for u, s in (ranks[a] for ranks in per_call)))
     return 0
+
+
+def cpu_of(call, used: list) -> None:
+    """Run ``call``; append the user and system CPU seconds it took to ``used``."""
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    call()
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    used.append((after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime))
 
 
 if __name__ == "__main__":
