@@ -18,6 +18,7 @@ LAUNCHES = Batch({
     "sparse_semantics.py": {p: (5,) for p in (1, 2, 3, 4)},
     "sparse_errors.py": {3: (), 4: ()},
     "sparse_delivery.py": {1: (11,), 3: (11,)},
+    "sparse_arena.py": {p: (13,) for p in (2, 3, 4, 5)},
 })
 
 
@@ -46,6 +47,15 @@ def test_recursive_doubling_merges_into_the_block_it_sends():
                        "CUPYCOLL_NUMBA": "on"})
     assert "ok 150 cases on 5 ranks" in out
     assert int(out.split("sent next on rank 0: ")[1].split()[0]) > 0, out
+
+
+@pytest.mark.parametrize("nprocs", LAUNCHES.ranks("sparse_arena.py"))
+def test_recursive_doubling_reads_blocks_in_place_and_keeps_no_result_there(nprocs):
+    """Ranks of one node: recursive doubling's sparse blocks are read where their senders
+    wrote them (the exchange arena, made again larger when a call outgrows it); every result
+    of a sequence of calls equals the dense reference after the sequence, none in the
+    window (tests/workers/sparse_arena.py)."""
+    assert f"ok 7 arena calls on {nprocs} ranks" in LAUNCHES.output("sparse_arena.py", nprocs)
 
 
 @pytest.mark.parametrize("nprocs", LAUNCHES.ranks("sparse_volume.py"))

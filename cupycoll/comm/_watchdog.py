@@ -96,6 +96,11 @@ class Board:
         self.size = size
         node.Free()
 
+    @property
+    def one_node(self) -> bool:
+        """Whether every rank of the communicator is on this rank's node."""
+        return len(self._local) == self.size
+
     def started(self, sequence: int) -> None:
         """Collective ``sequence`` goes on asynchronously: the finished count published stays
         below it until it finishes."""

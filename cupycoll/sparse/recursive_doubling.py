@@ -103,6 +103,18 @@ class _Rounds:
         self.accumulate_dtype = accumulate_dtype
         self.counts = None if wire.compact else counts
         self._held: list[Any] = []  # the blocks of this call's exchanges (send_buffer)
+        self.arena = None  # where this rank's sparse blocks go, read there by its peers
+        if self.xp is np and counts is not None and wire == COO and comm.size > 1:
+            from ..comm._mpi_arena import arena_for
+
+            self.arena = arena_for(comm, arena_bytes(counts, n, self.row, index_dtype,
+                                                     values.dtype))
+            if self.arena is not None:
+                self.arena.begin()
+
+    def block_buffer(self, nbytes: int) -> Any:
+        """Memory for a sparse block this rank sends: in its arena where it has one."""
+        return self.comm.send_buffer(nbytes) if self.arena is None else self.arena.block(nbytes)
 
     def header_of(self, rank: int, own: bool) -> int | None:
         """The header ``rank`` sends, when the receiver knows it without the message: a block
@@ -135,7 +147,7 @@ class _Rounds:
         words = 2 if wire.compact else 1
         block = None
         if send_to is not None:
-            block, state = state.pack(xp, self.n, wire, comm.send_buffer)
+            block, state = state.pack(xp, self.n, wire, self.block_buffer)
         head = [block.count, int(block.buf.shape[0])] if block is not None else [0, 0]
         mine = xp.asarray(head[:words], dtype=np.int64)
         theirs = xp.empty(words, dtype=np.int64)
@@ -154,12 +166,17 @@ class _Rounds:
         nbytes = got[1] if wire.compact else (
             dense_nbytes(self.n, self.row, self.value_dtype, wire) if got[0] < 0 else
             coo_nbytes(got[0], self.row, self.index_dtype, self.value_dtype, wire))
-        buf = comm.send_buffer(nbytes)
-        self._held.append(buf)
-        if block is not None and not state.dense:  # a dense block is not a send buffer
-            self._held.append(block.buf)
-        comm.exchange([(send_to, block.buf)] if block is not None else [],
-                      [(recv_from, buf)] if recv_from is not None else [], _OP).wait()
+        sends = [(send_to, block.buf)] if block is not None else []
+        if self.arena is not None:  # a sparse block read where its sender wrote it
+            recvs = [] if recv_from is None else [
+                (recv_from, nbytes if got[0] >= 0 else self.held(comm.send_buffer(nbytes)))]
+            buf = (self.arena.exchange(comm, sends, recvs, _OP) or [None])[0]
+        else:
+            buf = self.held(comm.send_buffer(nbytes))
+            if block is not None and not state.dense:  # a dense block is not a send buffer
+                self._held.append(block.buf)
+            comm.exchange(sends, [(recv_from, buf)] if recv_from is not None else [],
+                          _OP).wait()
         if recv_from is None:
             return state, None
         if got[0] < 0:
@@ -203,9 +220,14 @@ class _Rounds:
         count = int(loops.union_sorted([a, b], self.index_dtype).shape[0])
         if prefer_dense(count, self.n, self.index_dtype.itemsize, self.row_bytes):
             return None
-        buf, idx, val = raw_block(count, row, self.index_dtype, acc, self.comm.send_buffer)
+        buf, idx, val = raw_block(count, row, self.index_dtype, acc, self.block_buffer)
         loops.sum_two(a, va, b, vb, acc, self.index_dtype, True, (idx, val))
         return _State(False, idx, val, Packed(buf, count, val))
+
+    def held(self, buf: Any) -> Any:
+        """``buf`` (from ``send_buffer``), handed back by :meth:`released`."""
+        self._held.append(buf)
+        return buf
 
     def released(self, state: _State) -> _State:
         """Hand the blocks exchanged so far back to the communicator, but those ``state``
@@ -222,7 +244,10 @@ class _Rounds:
             union = union_of_presence(state.second, self.index_dtype)
             state = _State(False, union, gather(state.first, union))
         state = self.released(state)
-        return state.first, state.second
+        if self.arena is None:
+            return state.first, state.second
+        # a result outlives the call; the window's halves do not
+        return tuple(a.copy() if self.arena.holds(a) else a for a in (state.first, state.second))
 
 
 def recursive_doubling(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
@@ -258,6 +283,37 @@ def recursive_doubling(comm: Any, indices: Any, values: Any, n: int, op: ReduceO
     elif p > 1 and wire.rounds(state.first.dtype if state.dense else state.second.dtype):
         state = state.pack(comm.xp, n, wire)[1]  # as a fold-out partner would receive it
     return pair.finish(state)
+
+
+def arena_bytes(counts: Sequence[int], n: int, row: tuple, index_dtype: Any,
+                value_dtype: Any) -> int:
+    """The most bytes of sparse blocks (raw coo wire) any rank sends in one call with these
+    per-rank counts: each block holds at most the entries of the ranks whose input it
+    carries (its group; the whole result for a fold-out rank's last send), and at most the
+    entries a block stays sparse with (:func:`prefer_dense`); + 64 bytes each (alignment)."""
+    p = len(counts)
+    p2 = 1 << (p.bit_length() - 1)
+    row_bytes = value_nbytes(1, row, value_dtype, COO)
+    entry = np.dtype(index_dtype).itemsize + row_bytes
+    sparse_most = int(DELTA * (n * row_bytes + (n + 7) // 8) // entry)
+    ends = np.concatenate([[0], np.cumsum(np.asarray(counts, np.int64))])
+
+    def block(first: np.ndarray, last: np.ndarray) -> np.ndarray:
+        """Bytes of blocks holding virtual ranks [first, last) and their fold-in partners."""
+        held = ends[last] - ends[first] + ends[np.minimum(last + p2, p)] \
+            - ends[np.minimum(first + p2, p)]
+        return np.minimum(np.minimum(held, n), sparse_most) * entry + 64
+
+    ranks = np.arange(p2)
+    sent = np.zeros(p2, np.int64)
+    d = 1
+    while d < p2:  # the block of each round: the rank's group of d virtual ranks
+        sent += block(ranks // d * d, ranks // d * d + d)
+        d <<= 1
+    sent += np.where(ranks + p2 < p, block(np.zeros_like(ranks), np.full_like(ranks, p2)), 0)
+    inputs = np.asarray(counts[p2:], np.int64)  # fold-in ranks send their own input once
+    folded = np.minimum(np.minimum(inputs, n), sparse_most) * entry + 64
+    return int(max(sent.max(initial=0), folded.max(initial=0)))
 
 
 def cost(shape: Shape, rank: int, profile: Any = None) -> Cost:

@@ -96,11 +96,11 @@ def unique(a: np.ndarray) -> np.ndarray:
 
 
 def union_reference(parts, n: int, width: int):
-    """The exact sum of every rank's (indices, values): the union and its rows (float64 sums of
-    small integers, cast to float32: what every algorithm returns for them)."""
+    """The exact sum of every rank's (indices, values; an index may repeat): the union and its
+    rows (float64 sums of small integers, cast to float32: what every algorithm returns)."""
     dense = np.zeros((n, width) if width else n, np.float64)
     for idx, val in parts:
-        dense[idx] += val
+        np.add.at(dense, idx, val)
     union = unique(np.concatenate([idx for idx, _ in parts]))
     return union, dense[union].astype(np.float32)
 

@@ -1,0 +1,73 @@
+"""recursive_doubling's blocks read in place from the exchange arena (comm/_mpi_arena.py).
+
+A sequence of calls on one communicator, small, then large enough that the window is made
+again larger, then small again, with empty ranks, duplicate indices, 1-D values and rows, and
+a case dense enough that the rounds go dense: every result against a dense reference after
+the whole sequence ran (a result that still lay in the window would have been overwritten by
+the calls after it), none in the window, and every call used it. Then the same calls on a
+communicator where one rank has no room for a window: none is made, on any rank.
+
+Usage: sparse_arena.py SEED
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+from _common import check_result, rng_for, union_reference
+from mpi4py import MPI
+
+import cupycoll as cc
+from cupycoll.comm import _mpi_arena
+from cupycoll.sparse import sparse_allreduce
+
+#: (n, entries a rank, width): the fourth outgrows the window the first three made
+CASES = [(1000, 40, 0), (5000, 300, 3), (200, 150, 0), (400_000, 60_000, 4), (3000, 20, 2),
+         (64, 60, 0), (1000, 0, 0)]
+
+
+def inputs(seed: int, rank: int, case: int) -> tuple[np.ndarray, np.ndarray]:
+    n, entries, width = CASES[case]
+    rng = rng_for(seed, rank, case)
+    count = 0 if rank == 1 and case == 2 else entries  # rank 1 holds nothing there
+    idx = rng.integers(0, n, count)  # duplicates: coalesced on the way
+    shape = (count, width) if width else (count,)
+    return idx, rng.integers(-8, 9, shape).astype(np.float32)  # exact sums in any order
+
+
+def expected(seed: int, size: int, case: int) -> tuple[np.ndarray, np.ndarray]:
+    n, _, width = CASES[case]
+    return union_reference([inputs(seed, r, case) for r in range(size)], n, width)
+
+
+def main() -> None:
+    seed = int(sys.argv[1])
+    world = MPI.COMM_WORLD
+    comm = cc.init("mpi")
+    begun, begin = [], _mpi_arena.Arena.begin
+    _mpi_arena.Arena.begin = lambda self: begun.append(self) or begin(self)
+    results = [sparse_allreduce(*inputs(seed, comm.rank, case), CASES[case][0], comm=comm,
+                                algorithm="recursive_doubling") for case in range(len(CASES))]
+    arena = _mpi_arena._ARENAS.get(comm)
+    assert arena is not None and len(begun) >= 4 and begun[-1] is arena, begun  # (the
+    # smallest calls ride in the validation: sparse/small.py)
+    assert arena.half >= 2 * _mpi_arena._LEAST, arena.half  # made again, larger
+    for case, result in enumerate(results):
+        check_result(result, expected(seed, comm.size, case))
+        assert not arena.holds(result.indices) and not arena.holds(result.values), case
+    # rank 0 without room for a window: no rank makes one, and every call copies its blocks
+    _mpi_arena._room = lambda nbytes: comm.rank != 0
+    other = cc.init("mpi")
+    for case in range(len(CASES)):
+        check_result(sparse_allreduce(*inputs(seed, comm.rank, case), CASES[case][0],
+                                      comm=other, algorithm="recursive_doubling"),
+                     expected(seed, comm.size, case))
+    assert _mpi_arena._ARENAS.get(other) is None
+    world.Barrier()
+    if comm.rank == 0:
+        print(f"ok {len(CASES)} arena calls on {comm.size} ranks, half {arena.half}")
+
+
+if __name__ == "__main__":
+    main()
