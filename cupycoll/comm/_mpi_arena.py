@@ -68,9 +68,9 @@ class Arena:
 
     def block(self, nbytes: int) -> np.ndarray:
         """``nbytes`` of this call's half, after the blocks taken before it in the call."""
-        start = (self.calls % 2) * self.half + self._used
         if self._used + nbytes > self.half:  # the call's bound (arena_for) keeps it in
             raise AssertionError(f"exchange arena: {nbytes} bytes past a half of {self.half}")
+        start = (self.calls % 2) * self.half + self._used
         self._used += -(-nbytes // _ALIGN) * _ALIGN
         return self.mine[start:start + nbytes]
 
@@ -128,13 +128,13 @@ def arena_for(comm: Any, half: int) -> Arena | None:
     size = _LEAST
     while size < half:
         size *= 2
-    if size > min(MOST, _REFUSED.get(comm, MOST)):
+    if size > MOST or size >= _REFUSED.get(comm, size + 1):
         return None
     from mpi4py import MPI
 
     comm.host_arrival("the exchange arena")  # MPI's calls below have no timeout of their own
     if not comm.mpi_comm.allreduce(_room(2 * size * comm.size), op=MPI.LAND):
-        _REFUSED[comm] = size // 2  # (every rank alike: none asks again at this size)
+        _REFUSED[comm] = size  # (every rank alike: none asks again at this size or more)
         return None
     if found is not None:  # every rank is past the calls that read it (see above)
         found.free()

@@ -107,8 +107,8 @@ class _Rounds:
         if self.xp is np and counts is not None and wire == COO and comm.size > 1:
             from ..comm._mpi_arena import arena_for
 
-            self.arena = arena_for(comm, arena_bytes(counts, n, self.row, index_dtype,
-                                                     values.dtype))
+            self.arena = arena_for(comm, arena_bytes(counts, n, self.index_dtype.itemsize,
+                                                     self.row_bytes))
             if self.arena is not None:
                 self.arena.begin()
 
@@ -285,35 +285,25 @@ def recursive_doubling(comm: Any, indices: Any, values: Any, n: int, op: ReduceO
     return pair.finish(state)
 
 
-def arena_bytes(counts: Sequence[int], n: int, row: tuple, index_dtype: Any,
-                value_dtype: Any) -> int:
-    """The most bytes of sparse blocks (raw coo wire) any rank sends in one call with these
-    per-rank counts: each block holds at most the entries of the ranks whose input it
-    carries (its group; the whole result for a fold-out rank's last send), and at most the
-    entries a block stays sparse with (:func:`prefer_dense`); + 64 bytes each (alignment)."""
-    p = len(counts)
+def arena_bytes(counts: Sequence[int], n: int, index_bytes: int, row_bytes: int) -> int:
+    """An upper bound of the bytes of sparse blocks (raw coo wire, ``row_bytes`` a row) any
+    rank sends in one call with these per-rank counts, in O(log P) (it runs on every call):
+    the round of distance d sends a block of d virtual ranks (each one rank, or two where
+    P is not a power of two), so at most that many times the largest count; no block holds
+    more than all entries, n, or the entries a block stays sparse with (:func:`prefer_dense`);
+    a fold-out rank's last send holds the result. + 64 bytes a block (alignment)."""
+    p, largest, total = len(counts), max(counts, default=0), sum(counts)
     p2 = 1 << (p.bit_length() - 1)
-    row_bytes = value_nbytes(1, row, value_dtype, COO)
-    entry = np.dtype(index_dtype).itemsize + row_bytes
-    sparse_most = int(DELTA * (n * row_bytes + (n + 7) // 8) // entry)
-    ends = np.concatenate([[0], np.cumsum(np.asarray(counts, np.int64))])
+    entry = index_bytes + row_bytes
+    most = min(n, int(DELTA * (n * row_bytes + (n + 7) // 8) // entry))
 
-    def block(first: np.ndarray, last: np.ndarray) -> np.ndarray:
-        """Bytes of blocks holding virtual ranks [first, last) and their fold-in partners."""
-        held = ends[last] - ends[first] + ends[np.minimum(last + p2, p)] \
-            - ends[np.minimum(first + p2, p)]
-        return np.minimum(np.minimum(held, n), sparse_most) * entry + 64
+    def block(entries: int) -> int:
+        return min(entries, total, most) * entry + 64
 
-    ranks = np.arange(p2)
-    sent = np.zeros(p2, np.int64)
-    d = 1
-    while d < p2:  # the block of each round: the rank's group of d virtual ranks
-        sent += block(ranks // d * d, ranks // d * d + d)
-        d <<= 1
-    sent += np.where(ranks + p2 < p, block(np.zeros_like(ranks), np.full_like(ranks, p2)), 0)
-    inputs = np.asarray(counts[p2:], np.int64)  # fold-in ranks send their own input once
-    folded = np.minimum(np.minimum(inputs, n), sparse_most) * entry + 64
-    return int(max(sent.max(initial=0), folded.max(initial=0)))
+    per_virtual = 1 if p == p2 else 2
+    rounds = [1 << j for j in range(p2.bit_length() - 1)]
+    return (sum(block(d * per_virtual * largest) for d in rounds)
+            + (block(total) if p > p2 else 0))
 
 
 def cost(shape: Shape, rank: int, profile: Any = None) -> Cost:
