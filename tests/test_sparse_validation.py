@@ -252,13 +252,15 @@ def test_local_prepares_the_coalesced_input_in_the_accumulate_dtype(op):
 def test_prepared_shape_and_fields():
     prepared, _ = _local(acc=np.float64, algorithm="mask", wire="coo", op="max")
     prepared.nnz = (3, 5)
-    mpi = types.SimpleNamespace(size=2, backend="mpi")
+    mpi = types.SimpleNamespace(size=2, backend="mpi", xp=np)  # (no MPICommunicator: copies)
     assert prepared.shape(mpi) == Shape(2, 10, 0, 8, 8, (3, 5), wire=COO, float_values=True,
-                                        result_bytes=4)  # float32 values summed in float64
-    nccl = types.SimpleNamespace(size=4, backend="nccl")
+                                        result_bytes=4, host=True, in_place=False)  # float32
+    # values summed in float64
+    nccl = types.SimpleNamespace(size=4, backend="nccl", xp=types)  # device arrays
     assert prepared.shape(nccl, Wire(True, None)).wire == Wire(True, None)
     traits = prepared.shape(nccl)  # NCCL's max/min drop NaN, its sum need not keep -0
     assert traits.native_minmax_drops_nan and not traits.native_sum_keeps_minus_zero
+    assert not traits.host and not traits.in_place
     assert prepared.reduce_op is ReduceOp.MAX
     ints, _ = _local(values=VAL.astype(np.int32), op="avg")
     assert ints.shape(mpi).float_values is False and ints.reduce_op is ReduceOp.SUM

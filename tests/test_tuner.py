@@ -13,7 +13,7 @@ import pytest
 import cupycoll as cc
 from cupycoll._registry import priced
 from cupycoll.sparse import auto
-from cupycoll.sparse._cost import Shape
+from cupycoll.sparse._cost import Cost, Shape
 from cupycoll.tuner import Profile, default_profile, load_profile, save_profile
 from cupycoll.tuner.simulate import TOPK_MODELS, sparse_rows, topk_rows
 
@@ -103,7 +103,11 @@ def test_a_merge_of_rows_costs_its_entries_and_folds_and_only_the_own_rows_are_c
     profile without ``fold2`` prices it as ``fold``); ``row`` counts only the rows the rank
     packs to send (its own), as the received blocks merge where they arrive. A ``row`` on
     every merged element counts the elements twice (it priced merges of 16-64-wide rows
-    2-2.7x high against 1-D ones: bench/dev/bench_merge_rows.py)."""
+    2-2.7x high against 1-D ones: bench/dev/bench_merge_rows.py). Recursive doubling packs
+    its own rows in its first round; a later round's block is written by the merge before it
+    where that merge is a host float sum of numba's size on the raw coo wire
+    (``_Rounds.packed_sum``), else packed from the merge's result."""
+    from cupycoll.primitives._numpy_few import few_enough
     from cupycoll.tuner.predict import work
 
     for p, width in ((2, 0), (2, 1), (2, 16), (3, 4), (4, 64)):
@@ -115,7 +119,15 @@ def test_a_merge_of_rows_costs_its_entries_and_folds_and_only_the_own_rows_are_c
                              "fold": case.total_nnz * (w - 1)}
         units = work("recursive_doubling", case, 0)
         assert units["fold2"] == units["merge2"] * (w - 1) and units["dense"] == 0
-        assert units["row"] == units["merge2"] / 2 * w  # its half of each round's merge
+        packed = units["merge2"] / 2 * w  # its half of each round's merge
+        for copied in (dataclasses.replace(case, host=False), dataclasses.replace(case, op="max"),
+                       dataclasses.replace(case, result_bytes=2)):
+            assert work("recursive_doubling", copied, 0)["row"] == packed
+        first = case.nnz[0] * w
+        merged_into_block = p > 2 and not few_enough(2 * case.nnz[0] * w)
+        assert units["row"] == (first if p == 2 or merged_into_block else packed)
+        assert (p, width, units["row"] < packed) in ((2, width, False), (3, 4, False),
+                                                     (4, 64, True))
     older = Profile("o", 0.0, 0.0, 0.0, 0.0, {**ZERO_WORK, "fold": 3.0})
     assert older.price("fold2") == 3.0
     assert dataclasses.replace(older, gamma={**older.gamma, "fold2": 1.0}).price("fold2") == 1.0
@@ -195,6 +207,46 @@ def test_recursive_doublings_rounds_are_priced_as_two_way_merges():
         cheap, dear = (auto.predicted_times(case, f) for f in (cheap_two, dear_two))
         assert cheap["recursive_doubling"] < dear["recursive_doubling"]
         assert cheap["allgather"] == dear["allgather"] and cheap["split"] == dear["split"]
+
+
+def test_blocks_read_in_place_are_booked_as_received_but_priced_as_not_copied():
+    """Where a rank's peers read its sparse blocks where it wrote them (``Shape.in_place``: an
+    MPI communicator of host arrays on one node), recursive doubling's cost books the same
+    bytes, messages and rounds as copied blocks (``comm.stats`` books them so) and counts its
+    sparse blocks in ``in_place_bytes``; the time model prices those bytes at nothing (the
+    merge that reads them is priced as before), and the wire choice saves no copy by coding
+    them. Dense blocks, the compact wire and every other algorithm are copied."""
+    from cupycoll.sparse import allgather, recursive_doubling as rd
+    from cupycoll.tuner.predict import comm_time, predict
+    from cupycoll.wire._pack import Wire
+
+    profile = Profile("t", 1e-5, 1e-9, 1e-5, 1e-9, dict(ZERO_WORK))
+    for p in (2, 3, 4, 8):
+        case = shape(p, 1 << 20, 1 << 12, 16)
+        here = dataclasses.replace(case, in_place=True)
+        for r in range(p):
+            copied, read = rd.cost(case, r), rd.cost(here, r)
+            assert (read.received, read.messages, read.rounds) == (
+                copied.received, copied.messages, copied.rounds)
+            assert copied.in_place_bytes == 0 and read.copied_bytes == copied.bytes_received - (
+                read.in_place_bytes)
+            assert read.in_place_bytes == copied.received["recursive_doubling"] > 0
+            assert comm_time(read, profile) == pytest.approx(
+                comm_time(copied, profile) - 1e-9 * read.in_place_bytes)
+            assert allgather.cost(here, r) == allgather.cost(case, r)
+        assert predict("recursive_doubling", here, profile) < predict("recursive_doubling",
+                                                                      case, profile)
+        compact = dataclasses.replace(here, wire=Wire(True, None))
+        assert all(rd.cost(compact, r).in_place_bytes == 0 for r in range(p))
+    dense = dataclasses.replace(shape(4, 4096, 4000), in_place=True)  # every round dense
+    assert all(rd.cost(dense, r).in_place_bytes == 0 for r in range(4))
+    both = Cost().book("a", 100, 1, in_place=True).add(Cost().book("b", 50, 1))
+    assert (both.bytes_received, both.in_place_bytes, both.copied_bytes) == (150, 100, 50)
+    coded = Profile("w", 1e-5, 1e-6, 1e-5, 1e-9, {**ZERO_WORK, "code": 1e-12})
+    big = shape(4, 1 << 24, 1 << 14)
+    assert auto.choose_wire("recursive_doubling", big, "auto", profile=coded).compact
+    assert not auto.choose_wire("recursive_doubling", dataclasses.replace(big, in_place=True),
+                                "auto", profile=coded).compact
 
 
 def test_rounds_booked_by_the_models():
@@ -552,7 +604,7 @@ def test_simulator_prices_dense_outputs(capsys):
 class _OneRank:
     """A communicator of one rank for the tuner's timing helpers (no MPI needed)."""
 
-    size, rank = 1, 0
+    size, rank, xp = 1, 0, np
 
     def __init__(self):
         self.barriers = 0

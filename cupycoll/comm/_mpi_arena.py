@@ -29,7 +29,7 @@ from ._checks import check_peers
 from ._mpi_pairwise import earlier_first
 from .mpi import _TAG, MPICommunicator
 
-__all__ = ["Arena", "arena_for"]
+__all__ = ["Arena", "arena_for", "shares_node", "fits"]
 
 _ALIGN = 64  # bytes: each block starts on a cache line
 #: the fewest bytes a half of the window holds (a smaller first call's window grows less often)
@@ -120,16 +120,12 @@ def arena_for(comm: Any, half: int) -> Arena | None:
     communicator of host arrays, its ranks on more than one node, or the window too large
     (more than :data:`MOST` a half, or more than half the free space of the shared-memory file
     system on some rank: a window past the free space faults, SIGBUS, when written)."""
-    if type(comm) is not MPICommunicator or comm.board is None or not comm.board.one_node:
+    if not (shares_node(comm) and fits(comm, half)):
         return None
     found = _ARENAS.get(comm)
     if found is not None and found.half >= half:
         return found
-    size = _LEAST
-    while size < half:
-        size *= 2
-    if size > MOST or size >= _REFUSED.get(comm, size + 1):
-        return None
+    size = _rounded(half)
     from mpi4py import MPI
 
     comm.host_arrival("the exchange arena")  # MPI's calls below have no timeout of their own
@@ -140,6 +136,29 @@ def arena_for(comm: Any, half: int) -> Arena | None:
         found.free()
     found = _ARENAS[comm] = Arena(comm.mpi_comm, size)
     return found
+
+
+def shares_node(comm: Any) -> bool:
+    """Whether ``comm`` may have an arena: an MPI communicator of host arrays, two ranks or
+    more, all on one node (every rank alike)."""
+    return (type(comm) is MPICommunicator and comm.size > 1 and comm.xp is np
+            and comm.board is not None and comm.board.one_node)
+
+
+def fits(comm: Any, half: int) -> bool:
+    """Whether ``comm``'s arena (:func:`shares_node`) may hold ``half`` bytes a half: within
+    :data:`MOST` and below a size refused for room (every rank alike)."""
+    size = _rounded(half)
+    return size <= MOST and size < _REFUSED.get(comm, size + 1)
+
+
+def _rounded(half: int) -> int:
+    """The half a window is made with for ``half`` bytes: a power of two, :data:`_LEAST` at
+    least."""
+    size = _LEAST
+    while size < half:
+        size *= 2
+    return size
 
 
 def _room(nbytes: int) -> bool:

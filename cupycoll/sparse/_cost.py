@@ -67,6 +67,11 @@ class Shape:
             (:func:`~._common.native_drops_nan`): NCCL's float max/min drop NaN and its sum
             need not keep -0, so ``mask``/``dense`` reduce float max/min as order keys and
             ``dense`` carries presence without -0 fills there. Defaults: MPI.
+        host: the arrays are numpy arrays (numba's two-way merge then writes a float sum
+            straight into the block that sends it: recursive doubling packs no merged rows).
+        in_place: a rank's peers read its sparse blocks where it wrote them (an MPI
+            communicator of host arrays on one node: :mod:`cupycoll.comm._mpi_arena`), so
+            recursive doubling's blocks are booked but not copied (:attr:`Cost.in_place_bytes`).
     """
 
     size: int
@@ -84,6 +89,8 @@ class Shape:
     result_bytes: int = 0
     native_minmax_drops_nan: bool = False
     native_sum_keeps_minus_zero: bool = True
+    host: bool = True
+    in_place: bool = False
 
     @classmethod
     def from_inputs(cls, inputs: Sequence[np.ndarray], n: int, width: int, index_bytes: int,
@@ -154,6 +161,8 @@ class Cost:
     a collective, an exchange, a count exchange), ``native_rounds`` those of native collectives,
     and ``native_volumes`` the booked bytes of each native collective (a profile with a measured
     curve prices each by its own size: :meth:`cupycoll.tuner.profile.Profile.native_time`).
+    ``in_place_bytes`` counts the point-to-point bytes a rank reads where their sender wrote
+    them (booked as received, as ``comm.stats`` books them, but not copied).
     """
 
     received: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -163,6 +172,7 @@ class Cost:
     rounds: int = 0
     native_rounds: int = 0
     native_volumes: list[int] = dataclasses.field(default_factory=list)
+    in_place_bytes: int = 0
 
     @property
     def bytes_received(self) -> int:
@@ -172,12 +182,19 @@ class Cost:
     def messages_received(self) -> int:
         return sum(self.messages.values())
 
-    def book(self, op: str, nbytes: int, messages: int) -> "Cost":
-        """Add ``nbytes`` in ``messages`` messages under ``op``; zero entries are not kept."""
+    @property
+    def copied_bytes(self) -> int:
+        """Bytes received that travel as bytes (all but :attr:`in_place_bytes`)."""
+        return self.bytes_received - self.in_place_bytes
+
+    def book(self, op: str, nbytes: int, messages: int, in_place: bool = False) -> "Cost":
+        """Add ``nbytes`` in ``messages`` messages under ``op`` (``in_place``: read where the
+        sender wrote them); zero entries are not kept."""
         if nbytes or messages:
             self.rounds += 1
             self.received[op] = self.received.get(op, 0) + int(nbytes)
             self.messages[op] = self.messages.get(op, 0) + int(messages)
+            self.in_place_bytes += int(nbytes) if in_place else 0
         return self
 
     def add(self, other: "Cost") -> "Cost":
@@ -190,6 +207,7 @@ class Cost:
         self.rounds += other.rounds
         self.native_rounds += other.native_rounds
         self.native_volumes += other.native_volumes
+        self.in_place_bytes += other.in_place_bytes
         return self
 
     def _native(self, op: str, nbytes: int, messages: int) -> "Cost":

@@ -44,6 +44,7 @@ from ..wire._pack import COO, Wire
 from . import learn, small
 from ._common import native_drops_nan, native_keeps_minus_zero
 from ._cost import Shape
+from .recursive_doubling import reads_in_place
 from ._terms import (_INDEX_CODES, _INDEX_NAMES, _OP_CODES, _VALUE_CODES, _VALUE_NAMES,
                      AUTO_MODES, OUTPUTS, TERMS)
 
@@ -82,7 +83,9 @@ class Prepared:
         return ReduceOp.SUM if self.op is ReduceOp.AVG else self.op
 
     def shape(self, comm: Any, wire: Wire = COO) -> Shape:
-        """The call as the cost models see it, on ``comm`` (its size and native reductions)."""
+        """The call as the cost models see it, on ``comm`` (its size, native reductions, array
+        namespace, and whether its blocks are read in place)."""
+        row_bytes = self.value_dtype.itemsize * max(self.width, 1)
         return Shape(comm.size, self.n, self.width, self.index_dtype.itemsize,
                      self.accumulate_dtype.itemsize, self.nnz, wire=wire,
                      float_values=self.accumulate_dtype.kind == "f"
@@ -90,7 +93,9 @@ class Prepared:
                      result_bytes=self.value_dtype.itemsize
                      if self.value_dtype != self.accumulate_dtype else 0,
                      native_minmax_drops_nan=native_drops_nan(comm),
-                     native_sum_keeps_minus_zero=native_keeps_minus_zero(comm))
+                     native_sum_keeps_minus_zero=native_keeps_minus_zero(comm),
+                     host=comm.xp is np, in_place=reads_in_place(
+                         comm, self.nnz, self.n, self.index_dtype.itemsize, row_bytes))
 
     def fields(self, names: list[str]) -> tuple[int, ...]:
         """The agreement fields (VALIDATION_FIELDS but async_op; ``names``: the sparse

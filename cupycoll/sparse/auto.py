@@ -19,6 +19,8 @@ import dataclasses
 import math
 from typing import Any, Callable
 
+import numpy as np
+
 from .._config import setting
 from .._registry import lookup, priced, record, register
 from .._types import ReduceOp
@@ -27,6 +29,7 @@ from ..wire._choice import could_pay, prefer_compact
 from ..wire._pack import COO, Wire
 from ._common import native_drops_nan, native_keeps_minus_zero
 from ._cost import Cost, Shape, validation_cost
+from .recursive_doubling import reads_in_place
 
 __all__ = ["choose", "remembered", "shape_class", "class_counts", "choose_wire", "auto", "prices",
            "call_cost", "predicted_times", "resolved", "comm_table", "Recent", "bounded_table",
@@ -245,7 +248,7 @@ def choose_wire(name: str, shape: Shape, request: str, values: str | None = None
     def cost_of(wire: Wire) -> tuple[int, int]:
         costs = [model.cost(dataclasses.replace(shape, wire=wire, inputs=None), r, profile)
                  for r in ranks]
-        worst = max(c.bytes_received for c in costs)
+        worst = max(c.copied_bytes for c in costs)
         return worst, 2 * worst // max(shape.entry_bytes, 1)
 
     return Wire(prefer_compact(cost_of, values, profile), values)
@@ -260,10 +263,13 @@ def auto(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,
     """
     counts = comm.allgather_counts(int(indices.shape[0]), "auto.counts")
     width = int(values.shape[1]) if values.ndim == 2 else 0
-    shape = Shape(comm.size, n, width, indices.dtype.itemsize, values.dtype.itemsize,
-                  tuple(int(c) for c in counts),
+    nnz = tuple(int(c) for c in counts)
+    shape = Shape(comm.size, n, width, indices.dtype.itemsize, values.dtype.itemsize, nnz,
                   native_minmax_drops_nan=native_drops_nan(comm),
-                  native_sum_keeps_minus_zero=native_keeps_minus_zero(comm))
+                  native_sum_keeps_minus_zero=native_keeps_minus_zero(comm),
+                  host=comm.xp is np, in_place=reads_in_place(
+                      comm, nnz, n, indices.dtype.itemsize,
+                      values.dtype.itemsize * max(width, 1)))
     name = choose(shape, comm=comm, op=op)
     return lookup("sparse", name, counts=shape.nnz, **prices(comm, name))(
         comm, indices, values, n, op, accumulate_dtype, wire)

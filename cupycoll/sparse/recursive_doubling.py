@@ -44,7 +44,8 @@ from ..wire._pack import (COO, Packed, Wire, coo_nbytes, pack, pack_dense, raw_b
 from ._common import presence, reduce_parts, union_of_presence
 from ._cost import Cost, Shape, estimate_union
 
-__all__ = ["recursive_doubling", "cost", "work", "DELTA", "prefer_dense", "ALGORITHM"]
+__all__ = ["recursive_doubling", "cost", "work", "DELTA", "prefer_dense", "reads_in_place",
+           "ALGORITHM"]
 
 #: switch to dense when sparse bytes exceed DELTA * dense bytes (1.0: at equal bytes).
 DELTA = 1.0
@@ -104,7 +105,8 @@ class _Rounds:
         self.counts = None if wire.compact else counts
         self._held: list[Any] = []  # the blocks of this call's exchanges (send_buffer)
         self.arena = None  # where this rank's sparse blocks go, read there by its peers
-        if self.xp is np and counts is not None and wire == COO and comm.size > 1:
+        if counts is not None and wire == COO and reads_in_place(
+                comm, counts, n, self.index_dtype.itemsize, self.row_bytes):
             from ..comm._mpi_arena import arena_for
 
             self.arena = arena_for(comm, arena_bytes(counts, n, self.index_dtype.itemsize,
@@ -285,6 +287,18 @@ def recursive_doubling(comm: Any, indices: Any, values: Any, n: int, op: ReduceO
     return pair.finish(state)
 
 
+def reads_in_place(comm: Any, counts: Sequence[int], n: int, index_bytes: int,
+                   row_bytes: int) -> bool:
+    """Whether a call with these agreed counts on ``comm`` writes its sparse blocks (raw coo,
+    ``row_bytes`` a row) where its peers read them: the exchange arena serves it
+    (:mod:`cupycoll.comm._mpi_arena`; the same answer on every rank)."""
+    if getattr(comm, "backend", None) != "mpi" or comm.xp is not np or comm.size < 2:
+        return False
+    from ..comm._mpi_arena import fits, shares_node
+
+    return shares_node(comm) and fits(comm, arena_bytes(counts, n, index_bytes, row_bytes))
+
+
 def arena_bytes(counts: Sequence[int], n: int, index_bytes: int, row_bytes: int) -> int:
     """An upper bound of the bytes of sparse blocks (raw coo wire, ``row_bytes`` a row) any
     rank sends in one call with these per-rank counts, in O(log P) (it runs on every call):
@@ -314,8 +328,10 @@ def cost(shape: Shape, rank: int, profile: Any = None) -> Cost:
     dense iff its union prefers dense: unions only grow as groups merge and
     :func:`prefer_dense` is monotone in the size, so a dense part always makes a dense whole.
     Only the ~log2 P groups this rank receives are priced (O(P log P), not O(P^2 log P)).
+    Sparse blocks are booked as read in place where ``shape.in_place`` on the raw coo wire.
     """
     p, c = shape.size, Cost()
+    in_place = shape.in_place and shape.wire == COO
     p2 = 1 << (p.bit_length() - 1)
     dense_bytes = shape.n * shape.wire_row_bytes + (shape.n + 7) // 8
 
@@ -328,7 +344,7 @@ def cost(shape: Shape, rank: int, profile: Any = None) -> Cost:
             return
         union = (distinct(np, [shape.inputs[r] for r in group])
                  if shape.inputs is not None else None)
-        c.book(_OP, shape.block_bytes(size, union), 1)
+        c.book(_OP, shape.block_bytes(size, union), 1, in_place)
 
     def block(first: int, count: int) -> list[int]:
         """The ranks behind virtual ranks [first, first + count) after the fold-in."""
@@ -347,12 +363,18 @@ def cost(shape: Shape, rank: int, profile: Any = None) -> Cost:
 
 
 def work(shape: Shape, rank: int, profile: Any = None) -> dict[str, float]:
-    """Rounds of a homogeneous estimate: group unions of 2^j ranks' mean nnz (a sparse round
-    packs the rank's partial result and merges both partners')."""
+    """Rounds of a homogeneous estimate: group unions of 2^j ranks' mean nnz. A sparse round
+    merges both partners' partial results; the rows it sends are packed (copied) into its
+    block in the first round (the rank's own input) and after a merge that cannot write its
+    sum straight into the block (:meth:`_Rounds.packed_sum`: a host float sum of enough
+    elements on the raw coo wire does, with numba's loops)."""
     w, p = max(shape.width, 1), shape.size
     mean = shape.total_nnz / max(p, 1)
     out = {"merge2": 0.0, "row": 0.0, "dense": 0.0, "scan": 0.0, "fold2": 0.0}
     rounds = max(p.bit_length() - 1, 0) + (1 if p & (p - 1) else 0)
+    into_block = (shape.host and shape.op == "sum" and shape.float_values
+                  and not shape.result_bytes and shape.wire == COO)
+    merged = 0.0  # entries entering the merge that made the partial result sent
     for j in range(rounds):
         group = estimate_union(shape.n, [mean] * min(2 ** j, p))
         if prefer_dense(group, shape.n, shape.index_bytes, shape.wire_row_bytes):
@@ -361,7 +383,9 @@ def work(shape: Shape, rank: int, profile: Any = None) -> dict[str, float]:
         else:
             out["merge2"] += 2 * group  # the merge of both partial results
             out["fold2"] += 2 * group * (w - 1)
-            out["row"] += group * w  # its own partial result packed to send
+            if j == 0 or not into_block or few_enough(int(merged * w)):
+                out["row"] += group * w  # its partial result packed to send
+        merged = 2 * group
     return out
 
 

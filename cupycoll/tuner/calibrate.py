@@ -49,6 +49,7 @@ from .._registry import priced
 from ..sparse._common import positions_in, presence, union_of, union_of_presence
 from ..sparse._cost import Cost, Shape
 from ..sparse.dense import densify_into, local_pass
+from ..sparse.recursive_doubling import reads_in_place
 from ..wire import decode_indices, encode_indices
 from .predict import rank_time
 from .profile import Profile
@@ -283,8 +284,9 @@ def _fixed_pass(comm: Any, repeats: int) -> dict[str, float]:
 def _fixed(comm: Any, passes: list[dict[str, float]], profile: Profile) -> dict[str, float]:
     """Per-call cost of every algorithm beyond its modelled traffic and work: the median of the
     passes' times of the small call, minus what ``profile`` predicts for it."""
-    p = comm.size
-    shape = Shape(p, FIXED_N, 0, 4, 4, (FIXED_ENTRIES,) * p)
+    p, counts = comm.size, (FIXED_ENTRIES,) * comm.size
+    shape = Shape(p, FIXED_N, 0, 4, 4, counts, host=comm.xp is np,
+                  in_place=reads_in_place(comm, counts, FIXED_N, 4, 4))
     fixed = {}
     for name in passes[0]:
         model = max(rank_time(name, shape, r, profile) for r in range(p))

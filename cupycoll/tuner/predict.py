@@ -52,10 +52,10 @@ def work(algorithm: str, shape: Shape, rank: int, profile: Profile | None = None
 
 
 def comm_time(cost: Cost, profile: Profile) -> float:
-    """alpha x rounds + alpha_msg x messages + beta x bytes point-to-point; native collectives
-    each by the profile's measured curve (:meth:`Profile.native_time`), else alpha + beta x
-    bytes."""
-    p2p_bytes = cost.bytes_received - cost.native_bytes
+    """alpha x rounds + alpha_msg x messages + beta x bytes point-to-point (bytes read in
+    place: none, the merge that reads them prices them); native collectives each by the
+    profile's measured curve (:meth:`Profile.native_time`), else alpha + beta x bytes."""
+    p2p_bytes = cost.copied_bytes - cost.native_bytes
     p2p_messages = cost.messages_received - cost.native_messages
     p2p = (profile.alpha_p2p * (cost.rounds - cost.native_rounds)
            + profile.alpha_msg * p2p_messages + profile.beta_p2p * p2p_bytes)

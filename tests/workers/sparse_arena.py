@@ -4,8 +4,9 @@ A sequence of calls on one communicator, small, then large enough that the windo
 again larger, then small again, with empty ranks, duplicate indices, 1-D values and rows, and
 a case dense enough that the rounds go dense: every result against a dense reference after
 the whole sequence ran (a result that still lay in the window would have been overwritten by
-the calls after it), none in the window, and every call used it. Then the same calls on a
-communicator where one rank has no room for a window: none is made, on any rank.
+the calls after it), none in the window, and every call used it; ``auto`` prices such a call
+as read in place (``Shape.in_place``). Then the same calls on a communicator where one rank has
+no room for a window: none is made, on any rank, and ``auto`` prices its blocks as copied.
 
 Usage: sparse_arena.py SEED
 """
@@ -13,6 +14,7 @@ Usage: sparse_arena.py SEED
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import numpy as np
 from _common import check_result, rng_for, union_reference
@@ -20,7 +22,8 @@ from mpi4py import MPI
 
 import cupycoll as cc
 from cupycoll.comm import _mpi_arena
-from cupycoll.sparse import sparse_allreduce
+from cupycoll.sparse import _validate, sparse_allreduce
+from cupycoll.sparse._cost import Shape
 
 #: (n, entries a rank, width): the fourth outgrows the window the first three made
 CASES = [(1000, 40, 0), (5000, 300, 3), (200, 150, 0), (400_000, 60_000, 4), (3000, 20, 2),
@@ -41,10 +44,23 @@ def expected(seed: int, size: int, case: int) -> tuple[np.ndarray, np.ndarray]:
     return union_reference([inputs(seed, r, case) for r in range(size)], n, width)
 
 
+def priced_shape(seed: int, comm: Any) -> Shape:
+    """The Shape ``auto`` prices the largest case by on ``comm`` (the front door's)."""
+    made, shape_of = [], _validate.Prepared.shape
+    _validate.Prepared.shape = lambda *a, **k: made.append(shape_of(*a, **k)) or made[-1]
+    try:
+        sparse_allreduce(*inputs(seed, comm.rank, 3), CASES[3][0], comm=comm, algorithm="auto")
+    finally:
+        _validate.Prepared.shape = shape_of
+    assert made and made[-1].host, made
+    return made[-1]
+
+
 def main() -> None:
     seed = int(sys.argv[1])
     world = MPI.COMM_WORLD
     comm = cc.init("mpi")
+    assert priced_shape(seed, comm).in_place
     begun, begin = [], _mpi_arena.Arena.begin
     _mpi_arena.Arena.begin = lambda self: begun.append(self) or begin(self)
     results = [sparse_allreduce(*inputs(seed, comm.rank, case), CASES[case][0], comm=comm,
@@ -63,7 +79,7 @@ def main() -> None:
         check_result(sparse_allreduce(*inputs(seed, comm.rank, case), CASES[case][0],
                                       comm=other, algorithm="recursive_doubling"),
                      expected(seed, comm.size, case))
-    assert _mpi_arena._ARENAS.get(other) is None
+    assert _mpi_arena._ARENAS.get(other) is None and not priced_shape(seed, other).in_place
     world.Barrier()
     if comm.rank == 0:
         print(f"ok {len(CASES)} arena calls on {comm.size} ranks, half {arena.half}")

@@ -25,6 +25,7 @@ from cupycoll.comm.mpi import MPICommunicator
 from cupycoll.sparse import sparse_allreduce
 from cupycoll.sparse._cost import Shape
 from cupycoll.sparse.auto import call_cost
+from cupycoll.sparse.recursive_doubling import reads_in_place
 
 ALGORITHMS = ["allgather", "mask", "dense", "recursive_doubling", "split", "auto"]
 #: hierarchical runs once per emulated node size (CUPYCOLL_RANKS_PER_NODE), the last node short.
@@ -135,9 +136,12 @@ def main() -> None:
         # every rank's input, gathered by raw mpi4py: O(1) generation per rank, not O(P)
         inputs = MPI.COMM_WORLD.allgather((idx, rng.integers(-9, 10, shape).astype(dtype)))
         vbytes = np.dtype(acc or dtype).itemsize
-        model_shape = dataclasses.replace(Shape.from_inputs(
-            [i for i, _ in inputs], n, width, np.dtype(itype).itemsize, vbytes),
-            float_values=np.dtype(acc or dtype).kind == "f" and vbytes >= 4)
+        model_shape = Shape.from_inputs([i for i, _ in inputs], n, width,
+                                        np.dtype(itype).itemsize, vbytes)
+        model_shape = dataclasses.replace(  # blocks read in place as the front door sees them
+            model_shape, float_values=np.dtype(acc or dtype).kind == "f" and vbytes >= 4,
+            in_place=reads_in_place(comm, model_shape.nnz, n, np.dtype(itype).itemsize,
+                                    np.dtype(dtype).itemsize * max(width, 1)))
         runs = [("hierarchical", 1, o) for o in ("sparse", "dense")] if cases[c] is RAIL_SPLIT \
             else ([(a, None, "sparse") for a in ALGORITHMS]
                   + [("hierarchical", r, "sparse") for r in RANKS_PER_NODE]
