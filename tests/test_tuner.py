@@ -123,6 +123,7 @@ def test_a_merge_of_rows_costs_its_entries_and_folds_and_only_the_own_rows_are_c
         for copied in (dataclasses.replace(case, host=False), dataclasses.replace(case, op="max"),
                        dataclasses.replace(case, result_bytes=2)):
             assert work("recursive_doubling", copied, 0)["row"] == packed
+        assert work("recursive_doubling", dataclasses.replace(case, op="avg"), 0) == units
         first = case.nnz[0] * w
         merged_into_block = p > 2 and not few_enough(2 * case.nnz[0] * w)
         assert units["row"] == (first if p == 2 or merged_into_block else packed)

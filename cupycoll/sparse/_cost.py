@@ -111,6 +111,11 @@ class Shape:
         return (self.result_bytes or self.value_bytes) * max(self.width, 1)
 
     @property
+    def sums(self) -> bool:
+        """Whether the reduction is a sum (avg reduces as one)."""
+        return str(getattr(self.op, "value", self.op)) in ("sum", "avg")
+
+    @property
     def entry_bytes(self) -> int:
         """Bytes of one sparse entry: an index and its row."""
         return self.index_bytes + self.row_bytes

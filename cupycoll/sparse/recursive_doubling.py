@@ -372,7 +372,7 @@ def work(shape: Shape, rank: int, profile: Any = None) -> dict[str, float]:
     mean = shape.total_nnz / max(p, 1)
     out = {"merge2": 0.0, "row": 0.0, "dense": 0.0, "scan": 0.0, "fold2": 0.0}
     rounds = max(p.bit_length() - 1, 0) + (1 if p & (p - 1) else 0)
-    into_block = (shape.host and shape.op == "sum" and shape.float_values
+    into_block = (shape.host and shape.sums and shape.float_values
                   and not shape.result_bytes and shape.wire == COO)
     merged = 0.0  # entries entering the merge that made the partial result sent
     for j in range(rounds):
