@@ -409,6 +409,26 @@ def test_bench_allgather_phases_prices_both_phases():
     assert rows[1][3] == rows[1][6] == "-", out
 
 
+def test_bench_arena_times_blocks_in_place_and_copied():
+    """bench/dev/bench_arena.py on 2 ranks, two sizes: a row each with the arena's bound of
+    the call's bytes, positive medians of recursive doubling in place and copied and of
+    allgather, and their ratio."""
+    import subprocess
+
+    from tests._mpi import mpiexec
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py",
+                          str(root / "bench" / "dev" / "bench_arena.py"), "--entries", "100,2K",
+                          "-n", "3", "-w", "1"],
+                         capture_output=True, text=True, timeout=300, check=True, cwd=root,
+                         env={**__import__("os").environ, "PYTHONPATH": str(root)}).stdout
+    rows = [line.split() for line in out.splitlines() if line and not line.startswith("#")]
+    assert [r[0] for r in rows[1:]] == ["100", "2048"], out  # (after the header)
+    from cupycoll.sparse.recursive_doubling import arena_bytes
+    assert int(rows[2][1]) == arena_bytes([2048, 2048], 20480, 4, 4), out
+    assert all(float(v) > 0 for r in rows[1:] for v in r[2:]), out
+
+
 def test_bench_fixed_reprices_every_priced_algorithm():
     """bench/dev/bench_fixed.py on 2 ranks, one short pass: a row per priced algorithm with the
     profile's fixed cost, today's and the re-priced one (today's times the median ratio, so

@@ -29,13 +29,17 @@ from ._checks import check_peers
 from ._mpi_pairwise import earlier_first
 from .mpi import _TAG, MPICommunicator
 
-__all__ = ["Arena", "arena_for", "shares_node", "fits"]
+__all__ = ["Arena", "arena_for", "shares_node", "fits", "FROM", "MOST"]
 
 _ALIGN = 64  # bytes: each block starts on a cache line
 #: the fewest bytes a half of the window holds (a smaller first call's window grows less often)
 _LEAST = 1 << 20
 #: the most bytes a half of the window holds; a call that needs more copies its blocks
 MOST = 1 << 30
+#: the fewest bytes (a call's bound, :func:`~cupycoll.sparse.recursive_doubling.arena_bytes`)
+#: for which a call uses the arena: its own steps cost a call some tens of microseconds, what
+#: MPI's copy of some tens of KiB costs (bench/dev/bench_arena.py, docs/sparse.md)
+FROM = 64 << 10
 #: where MPICH maps shared-memory windows from (tmpfs, often small in containers)
 SHARED_FS = "/dev/shm"
 _ARENAS: "weakref.WeakKeyDictionary[Any, Arena]" = weakref.WeakKeyDictionary()
@@ -54,6 +58,7 @@ class Arena:
         self.segments = [np.frombuffer(self._window.Shared_query(r)[0], np.uint8)
                          for r in range(mpi_comm.Get_size())]
         self.mine = self.segments[mpi_comm.Get_rank()]
+        self._base = self.mine.ctypes.data  # the address blocks' offsets count from
         self.calls, self._used = 0, 0
 
     def free(self) -> None:
@@ -101,7 +106,7 @@ class Arena:
         for peer, block in sends:
             data = block.reshape(-1).view(np.uint8)
             if np.may_share_memory(block, self.mine):
-                offset = data.ctypes.data - self.mine.ctypes.data
+                offset = data.ctypes.data - self._base
                 data = np.array([offset, block.nbytes], np.int64)
             landed.append(data)  # (kept alive until sent)
             requests.append(mpi.Isend(data, dest=peer, tag=_TAG))
@@ -117,7 +122,8 @@ class Arena:
 def arena_for(comm: Any, half: int) -> Arena | None:
     """``comm``'s arena with at least ``half`` bytes a half (made or remade so: collective, at
     the same call on every rank), or None where ``comm`` has none for this call: not an MPI
-    communicator of host arrays, its ranks on more than one node, or the window too large
+    communicator of host arrays, its ranks on more than one node, the call below
+    :data:`FROM` bytes, or the window too large
     (more than :data:`MOST` a half, or more than half the free space of the shared-memory file
     system on some rank: a window past the free space faults, SIGBUS, when written)."""
     if not (shares_node(comm) and fits(comm, half)):
@@ -146,10 +152,11 @@ def shares_node(comm: Any) -> bool:
 
 
 def fits(comm: Any, half: int) -> bool:
-    """Whether ``comm``'s arena (:func:`shares_node`) may hold ``half`` bytes a half: within
-    :data:`MOST` and below a size refused for room (every rank alike)."""
+    """Whether a call of ``half`` bytes takes ``comm``'s arena (:func:`shares_node`): from
+    :data:`FROM` bytes, within :data:`MOST` and below a size refused for room (every rank
+    alike)."""
     size = _rounded(half)
-    return size <= MOST and size < _REFUSED.get(comm, size + 1)
+    return half >= FROM and size <= MOST and size < _REFUSED.get(comm, size + 1)
 
 
 def _rounded(half: int) -> int:

@@ -105,8 +105,7 @@ class _Rounds:
         self.counts = None if wire.compact else counts
         self._held: list[Any] = []  # the blocks of this call's exchanges (send_buffer)
         self.arena = None  # where this rank's sparse blocks go, read there by its peers
-        if counts is not None and wire == COO and reads_in_place(
-                comm, counts, n, self.index_dtype.itemsize, self.row_bytes):
+        if counts is not None and wire == COO and _may_share(comm):
             from ..comm._mpi_arena import arena_for
 
             self.arena = arena_for(comm, arena_bytes(counts, n, self.index_dtype.itemsize,
@@ -292,11 +291,17 @@ def reads_in_place(comm: Any, counts: Sequence[int], n: int, index_bytes: int,
     """Whether a call with these agreed counts on ``comm`` writes its sparse blocks (raw coo,
     ``row_bytes`` a row) where its peers read them: the exchange arena serves it
     (:mod:`cupycoll.comm._mpi_arena`; the same answer on every rank)."""
-    if getattr(comm, "backend", None) != "mpi" or comm.xp is not np or comm.size < 2:
+    if not _may_share(comm):
         return False
     from ..comm._mpi_arena import fits, shares_node
 
     return shares_node(comm) and fits(comm, arena_bytes(counts, n, index_bytes, row_bytes))
+
+
+def _may_share(comm: Any) -> bool:
+    """Whether ``comm`` may have an exchange arena (an MPI communicator of host arrays, more
+    than one rank), asked without importing it."""
+    return getattr(comm, "backend", None) == "mpi" and comm.xp is np and comm.size > 1
 
 
 def arena_bytes(counts: Sequence[int], n: int, index_bytes: int, row_bytes: int) -> int:

@@ -4,7 +4,8 @@ A sequence of calls on one communicator, small, then large enough that the windo
 again larger, then small again, with empty ranks, duplicate indices, 1-D values and rows, and
 a case dense enough that the rounds go dense: every result against a dense reference after
 the whole sequence ran (a result that still lay in the window would have been overwritten by
-the calls after it), none in the window, and every call used it; ``auto`` prices such a call
+the calls after it), none in the window, and every call used it (the least size a call takes
+the arena from lowered to 0; by default a call below it copies); ``auto`` prices such a call
 as read in place (``Shape.in_place``). Then the same calls on a communicator where one rank has
 no room for a window: none is made, on any rank, and ``auto`` prices its blocks as copied.
 
@@ -59,6 +60,15 @@ def priced_shape(seed: int, comm: Any) -> Shape:
 def main() -> None:
     seed = int(sys.argv[1])
     world = MPI.COMM_WORLD
+    least = _mpi_arena.FROM
+    small = cc.init("mpi")  # a call below FROM bytes copies; one above takes the arena
+    sparse_allreduce(*inputs(seed, small.rank, 1), CASES[1][0], comm=small,
+                     algorithm="recursive_doubling")
+    assert _mpi_arena._ARENAS.get(small) is None
+    sparse_allreduce(*inputs(seed, small.rank, 3), CASES[3][0], comm=small,
+                     algorithm="recursive_doubling")
+    assert _mpi_arena._ARENAS.get(small) is not None
+    _mpi_arena.FROM = 0  # every call below takes the arena
     comm = cc.init("mpi")
     assert priced_shape(seed, comm).in_place
     begun, begin = [], _mpi_arena.Arena.begin
@@ -80,6 +90,7 @@ def main() -> None:
                                       comm=other, algorithm="recursive_doubling"),
                      expected(seed, comm.size, case))
     assert _mpi_arena._ARENAS.get(other) is None and not priced_shape(seed, other).in_place
+    _mpi_arena.FROM = least
     world.Barrier()
     if comm.rank == 0:
         print(f"ok {len(CASES)} arena calls on {comm.size} ranks, half {arena.half}")
