@@ -53,6 +53,7 @@ from cupycoll.sparse._cost import Shape
 from cupycoll._config import setting
 from cupycoll.sparse import learn, measure
 from cupycoll.sparse.auto import choose, prices, resolved
+from cupycoll.sparse.recursive_doubling import reads_in_place
 from cupycoll.tuner.predict import predict
 from cupycoll.tuner.profile import load_profile, profile_for
 from cupycoll.wire._pack import Wire
@@ -127,8 +128,10 @@ def run_group(args, comm, table: Table, n: int, width: int, density: float, over
     p, rank = comm.size, comm.rank
     k = max(1, int(round(density * n)))
     inputs = [make_input(args.seed, r, p, n, k, width, overlap, skew) for r in range(p)]
-    shape = Shape(p, n, width, inputs[0][0].dtype.itemsize, 4,
-                  tuple(int(i.size) for i, _ in inputs), output=args.output)
+    nnz, index_bytes = tuple(int(i.size) for i, _ in inputs), inputs[0][0].dtype.itemsize
+    shape = Shape(p, n, width, index_bytes, 4, nnz, output=args.output,  # as auto sees it
+                  host=comm.xp is np, in_place=reads_in_place(comm, nnz, n, index_bytes,
+                                                              4 * max(width, 1)))
     union = np.unique(np.concatenate([i for i, _ in inputs])).size
     profile = profile_for(comm)
     pick = choose(shape, profile)  # auto's pick may be outside --algorithms: priced anyway
