@@ -123,15 +123,20 @@ def peak_ratio(call, comm) -> float:
     return float(comm.mpi_comm.allreduce(peak / received, op=MPI.MAX))
 
 
+def auto_shape(comm, inputs: list, n: int, width: int, output: str) -> Shape:
+    """The Shape ``auto`` prices a case of float32 ``inputs`` (every rank's) by, as the front
+    door builds it: host arrays, blocks read in place where the exchange arena serves it."""
+    nnz, index_bytes = tuple(int(i.size) for i, _ in inputs), inputs[0][0].dtype.itemsize
+    return Shape(comm.size, n, width, index_bytes, 4, nnz, output=output, host=comm.xp is np,
+                 in_place=reads_in_place(comm, nnz, n, index_bytes, 4 * max(width, 1)))
+
+
 def run_group(args, comm, table: Table, n: int, width: int, density: float, overlap: str,
               algorithms: list[str], skew: float = 0.0) -> dict:
     p, rank = comm.size, comm.rank
     k = max(1, int(round(density * n)))
     inputs = [make_input(args.seed, r, p, n, k, width, overlap, skew) for r in range(p)]
-    nnz, index_bytes = tuple(int(i.size) for i, _ in inputs), inputs[0][0].dtype.itemsize
-    shape = Shape(p, n, width, index_bytes, 4, nnz, output=args.output,  # as auto sees it
-                  host=comm.xp is np, in_place=reads_in_place(comm, nnz, n, index_bytes,
-                                                              4 * max(width, 1)))
+    shape = auto_shape(comm, inputs, n, width, args.output)
     union = np.unique(np.concatenate([i for i, _ in inputs])).size
     profile = profile_for(comm)
     pick = choose(shape, profile)  # auto's pick may be outside --algorithms: priced anyway

@@ -455,6 +455,31 @@ def test_bench_fixed_reprices_every_priced_algorithm():
     assert abs(statistics.median(ratios) - 1) < 0.02, out
 
 
+def test_bench_sparse_prices_a_case_as_the_front_door_does(monkeypatch):
+    """bench_sparse's Shape of a case (its pick) has the front door's ``host`` and
+    ``in_place``: blocks read in place on a communicator whose ranks share a node, from the
+    arena's least size on; copied below it and where the ranks do not share a node."""
+    pytest.importorskip("mpi4py")
+    import bench_sparse
+    from cupycoll.comm import _mpi_arena
+    from cupycoll._types import ReduceOp
+    from cupycoll.sparse._validate import Prepared
+
+    comm = type("Comm", (), {"size": 2, "backend": "mpi", "xp": np})()  # (weakly referable)
+    n, width = 1 << 20, 4
+    for shared in (True, False):
+        monkeypatch.setattr(_mpi_arena, "shares_node", lambda c, shared=shared: shared)
+        for k in (100, 1 << 14):
+            inputs = [(np.arange(r, 2 * k, 2, dtype=np.int32), np.ones((k, width), np.float32))
+                      for r in range(2)]
+            bench = bench_sparse.auto_shape(comm, inputs, n, width, "sparse")
+            door = Prepared(None, None, n, ReduceOp.SUM, "auto", np.dtype(np.int32),
+                            np.dtype(np.float32), np.dtype(np.float32), width,
+                            nnz=(k, k)).shape(comm)
+            assert (bench.host, bench.in_place) == (door.host, door.in_place) == (
+                True, shared and k > 100), (shared, k)
+
+
 def test_bench_sparse_runs_learns_trials_untimed_and_shows_its_choice(monkeypatch):
     """bench_sparse under CUPYCOLL_AUTO=learn: each auto call runs 1 + learn.TRIAL_CALLS
     untimed calls first, and the pick shown is the choice of the class those calls fed (an
