@@ -25,11 +25,17 @@ from ..comm import bus_factor
 from ..wire._model import block_nbytes
 from ..wire._pack import COO, Wire
 
-__all__ = ["Shape", "Cost", "estimate_union", "validation_cost", "VALIDATION_FIELDS"]
+__all__ = ["Shape", "Cost", "is_sum", "estimate_union", "validation_cost", "VALIDATION_FIELDS"]
 
 #: agreement fields of the validation allreduce (each sent as max(x) and max(-x)); see _validate.
 VALIDATION_FIELDS = ("n", "index_dtype", "value_dtype", "width", "op", "algorithm",
                      "accumulate_dtype", "wire", "output", "async_op")
+
+
+def is_sum(op: Any) -> bool:
+    """Whether ``op`` (a ReduceOp or its name) reduces as a sum: sum, or avg (a sum divided
+    afterwards)."""
+    return str(getattr(op, "value", op)) in ("sum", "avg")
 
 
 def estimate_union(n: int, nnz: Iterable[int]) -> int:
@@ -112,8 +118,8 @@ class Shape:
 
     @property
     def sums(self) -> bool:
-        """Whether the reduction is a sum (avg reduces as one)."""
-        return str(getattr(self.op, "value", self.op)) in ("sum", "avg")
+        """Whether the reduction is a sum (:func:`is_sum`)."""
+        return is_sum(self.op)
 
     @property
     def entry_bytes(self) -> int:

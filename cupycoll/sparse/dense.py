@@ -55,7 +55,7 @@ from ..primitives._unfolded import Unfolded
 from ._common import (allreduce_values, bitmap_chunk, bitmap_or_allreduce, has_minus_zero,
                       members, minus_zero_rows, native_keeps_minus_zero, presence,
                       union_of_presence, value_row_bytes)
-from ._cost import Cost, Shape
+from ._cost import Cost, Shape, is_sum
 
 __all__ = ["dense", "dense_result", "densify_into", "scatter_into", "add_into", "row_bits", "cost",
            "settle_cost", "folds_presence", "signed_zero_fill", "local_pass", "FOLD_WIDTH",
@@ -64,25 +64,20 @@ __all__ = ["dense", "dense_result", "densify_into", "scatter_into", "add_into", 
 #: integer rows at least this wide carry their presence count in the values' allreduce.
 FOLD_WIDTH = 8
 
-_SUMS = ("sum", "avg")
 #: the operation name of settling -0 inputs (the bitmap; ``.counts``: the count allreduce).
 SETTLE = "dense.signed_zeros"
-
-
-def _op_name(op: Any) -> str:
-    return str(getattr(op, "value", op))
 
 
 def signed_zero_fill(op: Any, float_values: bool, keeps_minus_zero: bool = True) -> bool:
     """True when absent entries are filled with -0 and presence costs one tail element: float
     sums on a backend whose native sum ``keeps_minus_zero``."""
-    return keeps_minus_zero and float_values and _op_name(op) in _SUMS
+    return keeps_minus_zero and float_values and is_sum(op)
 
 
 def folds_presence(size: int, itemsize: int, op: Any, width: int) -> bool:
     """True when (integer) rows carry a presence count each in the values' allreduce."""
     exact_bits = {2: 11, 4: 24, 8: 53}.get(itemsize, 0)
-    return _op_name(op) in _SUMS and width >= FOLD_WIDTH and size < (1 << exact_bits)
+    return is_sum(op) and width >= FOLD_WIDTH and size < (1 << exact_bits)
 
 
 def dense(comm: Any, indices: Any, values: Any, n: int, op: ReduceOp,

@@ -107,7 +107,6 @@ class _Rounds:
         self.arena = None  # where this rank's sparse blocks go, read there by its peers
         if counts is not None and wire == COO and _may_share(comm):
             from ..comm._mpi_arena import arena_for
-
             self.arena = arena_for(comm, arena_bytes(counts, n, self.index_dtype.itemsize,
                                                      self.row_bytes))
             if self.arena is not None:
@@ -288,20 +287,23 @@ def recursive_doubling(comm: Any, indices: Any, values: Any, n: int, op: ReduceO
 
 def reads_in_place(comm: Any, counts: Sequence[int], n: int, index_bytes: int,
                    row_bytes: int) -> bool:
-    """Whether a call with these agreed counts on ``comm`` writes its sparse blocks (raw coo,
-    ``row_bytes`` a row) where its peers read them: the exchange arena serves it
-    (:mod:`cupycoll.comm._mpi_arena`; the same answer on every rank)."""
+    """Whether the exchange arena (:mod:`cupycoll.comm._mpi_arena`) serves a call of these
+    agreed counts on ``comm`` (raw coo, ``row_bytes`` a row): the same on every rank."""
     if not _may_share(comm):
         return False
-    from ..comm._mpi_arena import fits, shares_node
+    from ..comm._mpi_arena import fits
 
-    return shares_node(comm) and fits(comm, arena_bytes(counts, n, index_bytes, row_bytes))
+    return fits(comm, arena_bytes(counts, n, index_bytes, row_bytes))
 
 
 def _may_share(comm: Any) -> bool:
-    """Whether ``comm`` may have an exchange arena (an MPI communicator of host arrays, more
-    than one rank), asked without importing it."""
-    return getattr(comm, "backend", None) == "mpi" and comm.xp is np and comm.size > 1
+    """Whether ``comm`` may have an exchange arena (``_mpi_arena.shares_node``), asked
+    without importing MPI for another backend's communicator."""
+    if getattr(comm, "backend", None) != "mpi":
+        return False
+    from ..comm._mpi_arena import shares_node
+
+    return shares_node(comm)
 
 
 def arena_bytes(counts: Sequence[int], n: int, index_bytes: int, row_bytes: int) -> int:
