@@ -196,14 +196,16 @@ def sum_two(a: np.ndarray, va: np.ndarray, b: np.ndarray, vb: np.ndarray, acc: n
 
 @njit(cache=True, nogil=True)
 def _distinct(idx, lo, table, keys):  # type: ignore[no-untyped-def]
-    """List each index once (``table`` at it set from -1 to 0); returns how many."""
+    """List each index once (``table`` at it set from -1 to 0); returns how many. Branch-free:
+    every index is written at the next place, which only a new one keeps (a branch on the
+    table's random reads mispredicts on every other index: docs/primitives.md)."""
     found = 0
     for j in range(idx.size):
         slot = idx[j] - lo
-        if table[slot] < 0:
-            table[slot] = 0
-            keys[found] = idx[j]
-            found += 1
+        new = table[slot] < 0
+        table[slot] = 0
+        keys[found] = idx[j]
+        found += new
     return found
 
 
@@ -222,9 +224,12 @@ def fold_rows(idx, lo, table, keys, slots, rows, out):  # type: ignore[no-untype
     its slot for the walk."""
     for i in range(keys.size):
         table[keys[i] - lo] = slots[i]
+    ats = np.empty(idx.size, np.int32)  # each entry's slot first, in a pass of its own: the
+    for j in range(idx.size):  # table's random reads overlap there, not stalled behind the
+        ats[j] = table[idx[j] - lo]  # branch below (docs/primitives.md)
     seen, width = np.zeros(out.shape[0], np.bool_), rows.shape[1]
     for j in range(idx.size):
-        at = table[idx[j] - lo]
+        at = ats[j]
         if seen[at]:
             for e in range(width):
                 out[at, e] += rows[j, e]
