@@ -246,7 +246,7 @@ def table_grid(reps: int) -> int:
           f"{'table/sort':>10}")
     try:
         for width, span_log, per in itertools.product((1, 2, 8, 64), range(14, 25, 2),
-                                                      (1, 4, 16, 64, 256)):
+                                                      (1, 2, 4, 16, 64, 256)):
             span, entries = 1 << span_log, (1 << span_log) // per
             if entries < 1 << 14 or entries * width > 1 << 24:
                 continue

@@ -29,7 +29,7 @@ _ZERO_TIE = {np.maximum: False, np.minimum: True}
 #: sort is as fast or faster once the table outgrows the cache or most slots stay empty). 4
 #: bytes a slot, kept per thread: 64 MiB at most.
 TABLE_SPAN, TABLE_PER_ENTRY = 1 << 24, 256
-TABLE_SPAN_1D, TABLE_PER_ENTRY_1D = 1 << 18, 2
+TABLE_SPAN_1D, TABLE_PER_ENTRY_1D = 1 << 20, 2
 
 
 def combine(a: Any, b: Any, op: Any) -> Any:
