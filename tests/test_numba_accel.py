@@ -408,11 +408,14 @@ def test_special_values_flags_nan_inf_and_minus_zero(dtype):
             values = np.insert(plain, at, np.array(special, dtype))
             assert _numba.special_values(values) == flags, (special, at)
             assert _numba.special_values(values.reshape(-1, 1)) == flags
+            # without the -0 search: the first flag alone, the second always False
+            assert _numba.special_values(values, minus_zero=False) == (flags[0], False)
     assert _numba.special_values(np.array([-0.0, np.inf], dtype)) == (True, True)
     limit = 2.0 ** (info.maxexp // 2)  # a magnitude at or above it flagged, NaN too
     for values, large in (([limit], True), ([-limit], True), ([np.nextafter(limit, 0, dtype=dtype)],
                           False), ([1.0, np.nan], True), ([np.inf], True)):
         assert _numba.special_values(np.array(values, dtype), limit)[0] is large, values
+        assert _numba.special_values(np.array(values, dtype), limit, False) == (large, False)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])

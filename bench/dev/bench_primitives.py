@@ -16,7 +16,9 @@ The ``dense pass`` rows time the ``dense`` sparse algorithm's host work at 1/10/
 against the plain-numpy fill, scan and gather it replaced (docs/tuning.md); the ``densify``
 rows the dense output's write of sorted entries into zeros (``sparse.dense.densify_into``) at
 1/10/25/50% against a numpy fill and fancy assignment; the ``average`` rows an average's
-division with its NaN check (``canonical_nan(values, P)``) at P = 2, 3, 4 against numpy's.
+division with its NaN check (``canonical_nan(values, P)``) at P = 2, 3, 4 against numpy's; the
+``nan check`` rows a sum's check of its result (``canonical_nan(values)``) against
+``isnan(values).any()``.
 
 Targets (issue 3): select_abs_ge <= 3x the time of x.copy() (speedup >= 0.33) and >= 10x faster
 than an np.argpartition top-k; merge_sorted of 4 x 2**18 parts >= 3x faster than
@@ -235,6 +237,25 @@ def bench_average(table: Table, rng: np.random.Generator, n: int, reps: int, che
                        "target": "", "#wrong": wrong})
 
 
+def bench_nan_check(table: Table, rng: np.random.Generator, n: int, reps: int, check: bool,
+                    impls: list[str]) -> None:
+    """A sum's NaN check of its result (``canonical_nan(values)``: a read of the bits, no NaN
+    here, so nothing written) against numpy's ``isnan(values).any()``, on rows of 64 float32
+    (a reduced embedding gradient's: 2^12 to 2^15 of them)."""
+    from cupycoll.primitives._numpy_reduce import canonical_nan
+
+    for log2rows in (12, 15):
+        src = rng.standard_normal((1 << log2rows, 64)).astype(np.float32)
+        fns = {impl: under(impl, lambda: canonical_nan(src)) for impl in impls}
+        times = measure({**fns, "plain": lambda: bool(np.isnan(src).any())}, reps)
+        for impl in impls:
+            wrong = int(check and canonical_nan(src) is not src)
+            table.add({"primitive": "nan check", "impl": impl, "case": f"2^{log2rows} x 64",
+                       "time(ms)": times[impl] * 1e3, "reference": "isnan.any",
+                       "ref(ms)": times["plain"] * 1e3, "speedup": times["plain"] / times[impl],
+                       "target": "", "#wrong": wrong})
+
+
 def table_grid(reps: int) -> int:
     """``coo_reduce``'s two sum paths side by side over index spans 2^14-2^24, 1-256 slots an
     entry, widths 1-64 (the data of ``_numpy_reduce.TABLE_*``): the table / the sort."""
@@ -304,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_dense_pass(table, rng, n, args.reps, bool(args.check), impls)
     bench_densify(table, rng, n, args.reps, bool(args.check), impls)
     bench_average(table, rng, n, args.reps, bool(args.check), impls)
+    bench_nan_check(table, rng, n, args.reps, bool(args.check), impls)
     return table.finish(args, {"n": n, "density": args.density, "k_per_part": k,
                                "reps": args.reps, "impls": impls, "cpus": os.cpu_count()})
 

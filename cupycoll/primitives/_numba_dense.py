@@ -119,16 +119,28 @@ def _specials(bits, exponent, limit, minus_zero):  # type: ignore[no-untyped-def
     return large, negative_zero
 
 
-def special_values(values: np.ndarray, limit: float = np.inf) -> tuple[bool, bool]:
+@njit(cache=True, nogil=True)
+def _large(bits, exponent, limit):  # type: ignore[no-untyped-def]
+    large = False
+    for i in range(bits.size):
+        large |= (bits[i] & exponent) >= limit
+    return large
+
+
+def special_values(values: np.ndarray, limit: float = np.inf,
+                   minus_zero: bool = True) -> tuple[bool, bool]:
     """(any NaN or any magnitude at or above ``limit``, a power of two or inf: by default any
-    NaN or infinity; any -0) of float ``values``, from their bits in one pass."""
+    NaN or infinity; any -0) of float ``values``, from their bits in one pass. Without
+    ``minus_zero`` the second item is False and the pass looks for the first alone, in about
+    half the time."""
     size = values.dtype.itemsize
     bits = np.ascontiguousarray(values).reshape(-1).view(f"u{size}")
     mantissa = np.finfo(values.dtype).nmant
-    exponent = ((1 << (8 * size - 1)) - 1) >> mantissa << mantissa
-    at = int(np.array(limit, values.dtype).view(bits.dtype))  # a power of two: its exponent
-    large, negative_zero = _specials(bits, bits.dtype.type(exponent), bits.dtype.type(at),
-                                     bits.dtype.type(1 << (8 * size - 1)))
+    exponent = bits.dtype.type(((1 << (8 * size - 1)) - 1) >> mantissa << mantissa)
+    at = bits.dtype.type(int(np.array(limit, values.dtype).view(bits.dtype)))  # a power of
+    if not minus_zero:  # two: its exponent
+        return bool(_large(bits, exponent, at)), False
+    large, negative_zero = _specials(bits, exponent, at, bits.dtype.type(1 << (8 * size - 1)))
     return bool(large), bool(negative_zero)
 
 

@@ -328,7 +328,7 @@ def canonical_nan(values: Any, divide_by: int = 1) -> Any:
         if divide_by > 1:
             with np.errstate(all="ignore"):  # a subnormal's quotient: 0, never a raise here
                 values /= divide_by
-        special = fast is None or fast.special_values(values)[0]  # one read
+        special = fast is None or fast.special_values(values, minus_zero=False)[0]
     if not special:  # no NaN: done
         return values
     xp = array_namespace(values)
