@@ -9,6 +9,11 @@ in milliseconds::
 
     OMP_NUM_THREADS=1 mpiexec -n 2 python -m mpi4py bench/dev/bench_torch_algorithms.py --vocab 1M
 
+``--idle MS``: each rank sleeps MS milliseconds before each call's barrier, so the call starts
+on a core that was idle, as one after a call that blocks in its waits (gloo's) does; a
+``numpy sort`` of a fixed array runs interleaved with the calls as a control of the machine's
+own slowdown after idling. ``--gloo`` adds gloo's sparse ``all_reduce`` of the same gradient.
+
 ``--cpu`` also prints, per algorithm, each rank's CPU time per timed call, user and system
 (``getrusage`` around each call): where ranks outnumber cores, a call's time is about the
 CPU of the ranks sharing a core, and MPICH's single-copy transfers between ranks count as
@@ -55,6 +60,10 @@ def main() -> int:
     p.add_argument("-n", "--iters", type=positive_int, default=25)
     p.add_argument("-w", "--warmup", type=int, default=4)
     p.add_argument("--cpu", action="store_true", help="also each rank's CPU time per call")
+    p.add_argument("--idle", type=float, default=0.0,
+                   help="milliseconds each rank sleeps before each call's barrier")
+    p.add_argument("--gloo", action="store_true",
+                   help="also gloo's sparse all_reduce of the gradient (a fresh clone each)")
     args = p.parse_args()
     torch.set_num_threads(1)
     comm = cc.init("mpi")
@@ -69,10 +78,19 @@ def main() -> int:
     calls = {name: (lambda a: lambda: cpu_of(
         lambda: cct.sparse_allreduce(grad, comm=comm, algorithm=a), used[a]))(name)
              for name in ALGORITHMS}
-    samples = interleaved(calls, args.iters, args.warmup, comm)
+    if args.gloo:
+        import torch.distributed as dist
+        from bench_torch import init_gloo
+
+        init_gloo(comm)
+        clones = [grad.clone() for _ in range(args.iters + args.warmup)]
+        calls["gloo"] = lambda: dist.all_reduce(clones.pop())
+    control = np.random.default_rng(0).standard_normal(1 << 15)
+    calls["numpy sort"] = lambda: np.sort(control)
+    samples = interleaved(calls, args.iters, args.warmup, comm, pause=args.idle / 1e3)
     if comm.rank == 0:
-        print(f"# P = {comm.size}, V = {vocab}, {args.gradient} gradient ({grad._nnz()} rows); "
-              "ms, median of the slowest rank")
+        print(f"# P = {comm.size}, V = {vocab}, {args.gradient} gradient ({grad._nnz()} rows), "
+              f"idle {args.idle:g} ms before each call; ms, median of the slowest rank")
         print("  ".join(f"{name} {np.median(t) * 1e3:.2f}" for name, t in samples.items()))
     if args.cpu:
         per_call = comm.mpi_comm.gather({a: np.median(used[a][args.warmup:], axis=0) * 1e3

@@ -65,13 +65,15 @@ ORDER_SEED = 20261129
 
 
 def interleaved(calls: dict[str, Callable[[], Any]], iters: int, warmup: int,
-                comm: Any) -> dict[str, np.ndarray]:
+                comm: Any, pause: float = 0.0) -> dict[str, np.ndarray]:
     """Time every call ``iters`` times, one of each per round, after a barrier each; a sample
     is the slowest rank's seconds. So drift on a shared machine hits the calls alike, and each
     call runs after the others, as it does in a job (between other work, not in a tight loop of
     itself, where a call runs faster than in a job). Each round takes its own order (a seeded
     shuffle, the same on every rank): a rotation would keep every call after the same one,
-    whose caches and buffers it then always inherits (docs/tuning.md)."""
+    whose caches and buffers it then always inherits (docs/tuning.md). ``pause``: seconds each
+    rank sleeps before each barrier, so every call starts on a core that was idle (as one
+    after a library call that blocks in its waits does)."""
     names = list(calls)
     for _ in range(warmup):
         for name in names:
@@ -80,6 +82,8 @@ def interleaved(calls: dict[str, Callable[[], Any]], iters: int, warmup: int,
     orders = np.random.default_rng(ORDER_SEED)
     for i in range(iters):
         for name in (names[j] for j in orders.permutation(len(names))):
+            if pause:
+                time.sleep(pause)
             comm.barrier()
             t0 = time.perf_counter()
             calls[name]()
