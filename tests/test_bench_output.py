@@ -349,12 +349,13 @@ def test_bench_torch_settle_prints_every_way():
 
 def test_bench_torch_algorithms_prints_every_algorithm_on_both_gradients():
     """bench/dev/bench_torch_algorithms.py, one process, both gradients: one positive median
-    per algorithm it runs (figures only in the docs); with ``--cpu``, a row per algorithm of
-    the rank's user and system milliseconds per call, user above zero."""
+    per algorithm it runs and the numpy sort that controls the machine (figures only in the
+    docs); with ``--cpu``, a row per algorithm of the rank's user and system milliseconds per
+    call, user above zero; with ``--gloo`` gloo's call too, and ``--idle`` taken."""
     import subprocess
     root = Path(__file__).resolve().parents[1]
     names = ["allgather", "mask", "recursive_doubling", "split", "auto"]
-    for gradient, cpu in (("bench", ["--cpu"]), ("backend", [])):
+    for gradient, cpu in (("bench", ["--cpu"]), ("backend", ["--gloo", "--idle", "1"])):
         out = subprocess.run([sys.executable, "-m", "mpi4py",
                               str(root / "bench" / "dev" / "bench_torch_algorithms.py"),
                               "--vocab", "8K", "--gradient", gradient, "-n", "2", "-w", "1",
@@ -363,9 +364,10 @@ def test_bench_torch_algorithms_prints_every_algorithm_on_both_gradients():
                              env={**__import__("os").environ, "PYTHONPATH": str(root)}).stdout
         line, *rows = [line for line in out.splitlines() if not line.startswith("#")]
         words = line.split()
-        assert words[::2] == names, out
+        assert words[::2] == names + (["gloo"] if "--gloo" in cpu else []) + ["numpy.sort"], out
+        assert ("idle 1 ms" in out) == ("--idle" in cpu), out
         assert all(float(t) > 0 for t in words[1::2]), out
-        assert [row.split()[0] for row in rows] == (names if cpu else []), out
+        assert [row.split()[0] for row in rows] == (names if "--cpu" in cpu else []), out
         for row in rows:  # "<name> <user> + <system>" (one rank)
             _, user, plus, system = row.split()
             assert plus == "+" and float(user) > 0 and float(system) >= 0, out

@@ -637,6 +637,25 @@ def test_interleaved_shuffles_the_calls_and_times_each_after_a_barrier():
     assert orders() == order
 
 
+def test_interleaved_pause_idles_before_each_barrier_outside_the_samples():
+    """``pause``: each call starts at least that long after the one before it ended, and the
+    idle time is not in its sample."""
+    import time
+
+    from cupycoll.tuner.calibrate import interleaved
+
+    stamps: list[tuple[float, float]] = []
+
+    def call():
+        start = time.perf_counter()
+        stamps.append((start, time.perf_counter()))
+
+    samples = interleaved({"a": call, "b": call}, 4, 0, _OneRank(), pause=0.02)
+    gaps = [later[0] - earlier[1] for earlier, later in zip(stamps, stamps[1:])]
+    assert len(gaps) == 7 and min(gaps) >= 0.02
+    assert max(max(s) for s in samples.values()) < 0.02
+
+
 def test_fixed_cost_is_the_median_of_the_passes_minus_the_model():
     """Each algorithm's fixed cost: the median of its passes' times of the small call, minus
     what alpha, beta and gamma predict for that call (never below 0)."""

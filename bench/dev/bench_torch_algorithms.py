@@ -11,7 +11,7 @@ in milliseconds::
 
 ``--idle MS``: each rank sleeps MS milliseconds before each call's barrier, so the call starts
 on a core that was idle, as one after a call that blocks in its waits (gloo's) does; a
-``numpy sort`` of a fixed array runs interleaved with the calls as a control of the machine's
+``numpy.sort`` of a fixed array runs interleaved with the calls as a control of the machine's
 own slowdown after idling. ``--gloo`` adds gloo's sparse ``all_reduce`` of the same gradient.
 
 ``--cpu`` also prints, per algorithm, each rank's CPU time per timed call, user and system
@@ -86,7 +86,7 @@ def main() -> int:
         clones = [grad.clone() for _ in range(args.iters + args.warmup)]
         calls["gloo"] = lambda: dist.all_reduce(clones.pop())
     control = np.random.default_rng(0).standard_normal(1 << 15)
-    calls["numpy sort"] = lambda: np.sort(control)
+    calls["numpy.sort"] = lambda: np.sort(control)
     samples = interleaved(calls, args.iters, args.warmup, comm, pause=args.idle / 1e3)
     if comm.rank == 0:
         print(f"# P = {comm.size}, V = {vocab}, {args.gradient} gradient ({grad._nnz()} rows), "
