@@ -30,13 +30,66 @@ def run(record: learn.Record, speed: dict[str, float], calls: int) -> list[str]:
 def test_trials_run_in_the_models_order_then_the_fastest_is_kept():
     record = learn.Record(["a", "b", "c"])
     speed = {"a": 2.0, "b": 1.0, "c": 1.2}
-    ran = run(record, speed, 1 + 3 * (1 + learn.SAMPLES))
+    ran = run(record, speed, 2 + 3 * (1 + learn.SAMPLES))
     trial = 1 + learn.SAMPLES  # a warm-up, then SAMPLES timed calls
-    assert ran[:3 * trial] == ["a"] * trial + ["b"] * trial + ["c"] * trial
-    assert record.warmed == ["a", "b", "c"]
-    assert record.seconds == {name: [speed[name]] * (learn.SAMPLES + (name == "b"))
-                              for name in "abc"}  # the last call ran the choice, b
+    # b and c would leave the pick: it is timed again, its first samples dropped (and, over
+    # ABANDON times b there, stopped after that call)
+    assert ran[:3 * trial + 1] == ["a"] * trial + ["b"] * trial + ["c"] * trial + ["a"]
+    assert record.warmed == ["a", "b", "c"] and record.abandoned == ["a"]
+    assert record.seconds == {"a": [2.0], "b": [1.0] * (learn.SAMPLES + 1),
+                              "c": [1.2] * learn.SAMPLES}  # the last call ran the choice, b
     assert record.exploring() is None and record.choice() == "b" and ran[-1] == "b"
+
+
+def first_calls_slow(speed: dict[str, float], slow: dict[str, float], first: int):
+    """A speed table whose algorithms in ``slow`` take that many seconds on their ``first``
+    calls (a class's first calls: the heap grows, fresh pages are touched), then ``speed``."""
+    calls: dict[str, int] = {}
+
+    def seconds(name: str) -> float:
+        calls[name] = calls.get(name, 0) + 1
+        return slow[name] if name in slow and calls[name] <= first else speed[name]
+
+    return seconds
+
+
+@pytest.mark.parametrize("later, kept", [(1.0, True), (1.3, False)])
+def test_the_models_pick_is_timed_again_before_the_others_leave_it(later, kept):
+    """The model's pick, tried first, pays for the class's first calls: its first samples are
+    slow, the others' are not. Before they leave it, it is timed again (SAMPLES calls, its
+    warm-up done): at its later speed it is kept; still clearly slower, it is left. Either
+    way the first trials take at most TRIAL_CALLS calls, and the pick is timed again once."""
+    record = learn.Record(["a", "b", "c"])
+    seconds = first_calls_slow({"a": later, "b": 1.2, "c": 1.25}, {"a": 1.45}, 1 + learn.SAMPLES)
+    ran = []
+    for _ in range(learn.TRIAL_CALLS + 2 * learn.RECHECK):
+        name = record.next()
+        ran.append(name)
+        record.add(name, seconds(name))
+    trial = 1 + learn.SAMPLES
+    assert ran[:learn.TRIAL_CALLS] == (["a"] * trial + ["b"] * trial + ["c"] * trial
+                                       + ["a"] * learn.SAMPLES)
+    assert record.choice() == ("a" if kept else "b") and "a" not in record.abandoned
+    assert record.seconds["a"][:learn.SAMPLES] == [later] * learn.SAMPLES
+    settled = ran[learn.TRIAL_CALLS:]
+    assert settled.count(record.choice()) >= len(settled) - 2 * learn.SAMPLES  # rechecks
+
+
+def test_a_record_of_measured_samples_does_not_time_the_pick_again(tmp_path):
+    """A neighbour's or a loaded record whose samples leave the model's pick runs the choice
+    at once: its samples were not a class's first calls."""
+    done = learn.Record(["mask", "split"])
+    run(done, {"mask": 1.3, "split": 1.0}, 30)
+    assert done.choice() == "split"
+    near = learn._neighbour({("x", 9, "sum"): done}, ("x", 10, "sum"))
+    assert near.exploring() is None and near.choice() == "split" and near.next() == "split"
+    comm = SimpleNamespace(rank=0, size=1, barrier=lambda: None)
+    learn.records(comm)[("k",)] = done
+    learn.save(comm, str(tmp_path / "learned.json"))
+    other = SimpleNamespace(rank=0, size=1, barrier=lambda: None)
+    assert learn.load(other, str(tmp_path / "learned.json")) == 1
+    loaded = learn.records(other)[("k",)]
+    assert loaded.exploring() is None and loaded.next() == "split"
 
 
 def test_a_far_slower_candidate_stops_after_one_timed_call():
@@ -129,6 +182,9 @@ def test_the_models_pick_is_left_only_for_a_clearly_faster_candidate(faster, swi
     model; a real gain does."""
     record = learn.Record(["a", "b"])
     feed(record, {"a": [1.0, 1.00, 1.10, 0.95], "b": [1.0] + faster})  # warm-ups first
+    if switches:  # b would leave the pick: it is timed again first, as fast as before
+        assert record.exploring() == "a" and "a" not in record.seconds
+        feed(record, {"a": [1.00, 1.10, 0.95]})
     assert record.exploring() is None and record.median("b") < record.median("a")
     assert record.choice() == ("b" if switches else "a")
     assert learn.clearly_faster(faster, [1.00, 1.10, 0.95]) is switches

@@ -7,7 +7,10 @@ and each time, agreed as the slowest rank's, feeds a :class:`Record` of the clas
 calls run the model's pick and then, in turn, the other algorithms the model prices within
 :data:`WITHIN` of it (at most :data:`CANDIDATES` in all): each a warm-up call (imports,
 compiled loops, buffers: not counted) and :data:`SAMPLES` timed ones, a candidate stopped after
-one if it takes over :data:`ABANDON` times the best so far. From then on the model's pick runs
+one if it takes over :data:`ABANDON` times the best so far. Where the others would then leave
+the model's pick, the pick is timed again first (``SAMPLES`` calls, its first samples
+dropped): a class's first calls pay for what its size needs anew, and the pick took them. From
+then on the model's pick runs
 unless another candidate is clearly faster than it (:func:`clearly_faster`: faster in at least
 :data:`FASTER_PAIRS` of the pairs of one sample of each, over each one's latest :data:`WINDOW`
 samples; then, of those, the one of least median time): on a shared machine a call's time
@@ -18,7 +21,7 @@ for a faster one. Every :data:`RECHECK` calls one of the others, in turn, starts
 again (its old samples dropped: one call if it takes over :data:`RETRY_WITHIN` times the pick's
 median, ``SAMPLES`` if it is that close: a recheck looks for a change, and one clearly slower
 call says there is none). A class's exploration costs at most
-``(CANDIDATES - 1) * (1 + SAMPLES)`` calls, then one to ``SAMPLES`` calls in ``RECHECK``; a new
+``(CANDIDATES - 1) * (1 + SAMPLES) + SAMPLES`` calls, then one to ``SAMPLES`` calls in ``RECHECK``; a new
 class next to one that finished its trials (half or twice the total nnz: a loop's drift across
 a power of two) starts from that class's record, its times scaled by the sizes' ratio, without
 trials of its own.
@@ -76,8 +79,9 @@ RETRY_WITHIN = 1.1
 #: one in this many of a choice's calls is timed once the trials are done (a trial or recheck:
 #: every call; the timing is most of learn's cost): its window spans ~WINDOW x TIME_EVERY calls
 TIME_EVERY = 4
-#: the most calls of a new shape class's first trials (a warm-up and SAMPLES timed calls each)
-TRIAL_CALLS = CANDIDATES * (1 + SAMPLES)
+#: the most calls of a new shape class's first trials (a warm-up and SAMPLES timed calls each,
+#: and SAMPLES more of the model's pick where the others would leave it)
+TRIAL_CALLS = CANDIDATES * (1 + SAMPLES) + SAMPLES
 #: the ``learned`` value of a call not to count (see the module): above any time in us
 DISTURBED = 1 << 62
 
@@ -105,6 +109,10 @@ class Record:
     _rivals: float = dataclasses.field(default=np.inf, repr=False, compare=False)
     #: no candidate in its first trials (kept until a recheck drops a candidate's samples)
     _explored: bool = dataclasses.field(default=False, repr=False, compare=False)
+    #: the model's pick was timed again after the others' first trials, where they would
+    #: leave it (:meth:`exploring`); a record made from measured samples (a neighbour's, a
+    #: loaded one) starts so
+    _confirmed: bool = dataclasses.field(default=False, repr=False, compare=False)
 
     def median(self, name: str) -> float:
         found = self._medians.get(name)
@@ -138,12 +146,22 @@ class Record:
         self._choice = None
 
     def exploring(self) -> str | None:
-        """The candidate still in its first trials, if any (the model's order)."""
+        """The candidate still in its first trials, if any (the model's order). Where the
+        others' first trials would leave the model's pick, its samples are dropped and it is
+        timed again first, once: a class's first calls pay for what its size needs anew (the
+        heap's growth, its pages' first touch), and the pick, tried first, took them."""
         if self._explored:
             return None
         for name in self.candidates:
             if name not in self.abandoned and len(self.seconds.get(name, ())) < SAMPLES:
                 return name
+        if not self._confirmed:
+            self._confirmed = True
+            pick = self.candidates[0]
+            if pick in self.seconds and self.choice() != pick:
+                self.seconds.pop(pick)
+                self._changed(pick)
+                return pick
         self._explored = True
         return None
 
@@ -275,7 +293,7 @@ def _neighbour(table: dict[tuple, Record], key: tuple) -> Record | None:
             return Record(list(near.candidates), list(near.warmed),
                           {name: [t * scale for t in window]
                            for name, window in near.seconds.items()},
-                          list(near.abandoned), near.calls)
+                          list(near.abandoned), near.calls, _confirmed=True)
     return None
 
 
@@ -355,7 +373,7 @@ def _record(entry: dict) -> Record:
     warm-up)."""
     if not isinstance(entry, dict) or not set(entry) <= set(_SAVED):  # what save wrote only
         raise ValueError(f"a record with other fields than {list(_SAVED)}: {entry}")
-    record, pickable = Record(**{**entry, "warmed": []}), priced("sparse")
+    record, pickable = Record(**{**entry, "warmed": []}, _confirmed=True), priced("sparse")
     seconds = record.seconds  # each clause below reads only what the ones before it checked
     if not (type(seconds) is dict and record.candidates
             and all(type(field) is list for field in (record.candidates, record.abandoned,
