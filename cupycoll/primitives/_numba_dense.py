@@ -137,8 +137,9 @@ def special_values(values: np.ndarray, limit: float = np.inf,
     bits = np.ascontiguousarray(values).reshape(-1).view(f"u{size}")
     mantissa = np.finfo(values.dtype).nmant
     exponent = bits.dtype.type(((1 << (8 * size - 1)) - 1) >> mantissa << mantissa)
-    at = bits.dtype.type(int(np.array(limit, values.dtype).view(bits.dtype)))  # a power of
-    if not minus_zero:  # two: its exponent
+    # ``limit``, a power of two: its bits are its exponent's
+    at = bits.dtype.type(int(np.array(limit, values.dtype).view(bits.dtype)))
+    if not minus_zero:
         return bool(_large(bits, exponent, at)), False
     large, negative_zero = _specials(bits, exponent, at, bits.dtype.type(1 << (8 * size - 1)))
     return bool(large), bool(negative_zero)

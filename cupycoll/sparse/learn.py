@@ -21,10 +21,10 @@ for a faster one. Every :data:`RECHECK` calls one of the others, in turn, starts
 again (its old samples dropped: one call if it takes over :data:`RETRY_WITHIN` times the pick's
 median, ``SAMPLES`` if it is that close: a recheck looks for a change, and one clearly slower
 call says there is none). A class's exploration costs at most
-``(CANDIDATES - 1) * (1 + SAMPLES) + SAMPLES`` calls, then one to ``SAMPLES`` calls in ``RECHECK``; a new
-class next to one that finished its trials (half or twice the total nnz: a loop's drift across
-a power of two) starts from that class's record, its times scaled by the sizes' ratio, without
-trials of its own.
+``(CANDIDATES - 1) * (1 + SAMPLES) + SAMPLES`` calls, then one to ``SAMPLES`` calls in
+``RECHECK``; a new class next to one that finished its trials (half or twice the total nnz: a
+loop's drift across a power of two) starts from that class's record, its times scaled by the
+sizes' ratio, without trials of its own.
 
 No collective is added: a call's time travels in the validation allreduce of the next
 ``sparse_allreduce`` on the communicator (a maximum of the agreement, ``learned``), so every
