@@ -124,21 +124,36 @@ def test_an_interrupted_selftest_kills_the_running_checks_processes(how, tmp_pat
     marker = tmp_path / "child.pid"
     child_code = f"import os, time; open({str(marker)!r}, 'w').write(str(os.getpid())); " \
         "time.sleep(120)"
+    stack = tmp_path / "stack.txt"
     script = tmp_path / "selftest_like.py"
-    script.write_text(
-        "import sys\n"
+    script.write_text(  # the signals as a terminal's shell leaves them, whatever pytest's are;
+        # SIGUSR1 dumps the stacks should it not end
+        "import faulthandler, signal, sys\n"
+        "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        f"faulthandler.register(signal.SIGUSR1, open({str(stack)!r}, 'w'), all_threads=True)\n"
         "from cupycoll.testing.selftest import _terminated_as_exit\n"
         "from cupycoll.testing.selftest._launch import launch\n"
         "with _terminated_as_exit():\n"
         f"    launch([sys.executable, '-c', {child_code!r}], timeout=200)\n")
-    proc = subprocess.Popen([sys.executable, str(script)], cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     deadline = time.monotonic() + 60
     while not (marker.exists() and marker.read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
     child = int(marker.read_text())
     proc.send_signal(getattr(signal, how))
-    proc.wait(timeout=60)
+    try:
+        proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        status = [ln for ln in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+                  if ln.startswith("Sig")]
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(1.0)
+        proc.kill()
+        os.kill(child, signal.SIGKILL)
+        pytest.fail(f"still running 60 s after {how}: {status}\n{stack.read_text()}\n"
+                    f"{proc.communicate()[1]}")
     time.sleep(0.5)
     assert not Path(f"/proc/{child}").exists() or \
         Path(f"/proc/{child}/stat").read_text().split()[2] == "Z", "the check's child lives on"
