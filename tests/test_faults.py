@@ -73,7 +73,6 @@ def test_a_peer_that_closed_or_aborted_is_told_apart(monkeypatch):
     def views(**slots):
         board._local = {0: np.array([3, 0, 2, 0])} | {
             int(r[1:]): np.array(v) for r, v in slots.items()}
-        board._words = tuple(memoryview(view) for view in board._local.values())
         board._remote, board.size = None, 3
 
     views(r1=[2, 4, 2, 0], r2=[2, 0, 2, 0])  # rank 1 closed after 2, rank 2 alive before 3

@@ -88,10 +88,8 @@ class Board:
         self._local = {}
         for i, world in enumerate(members):
             buf, _ = self._shared.Shared_query(i)
-            self._local[world] = np.frombuffer(buf, np.int64, SLOT_WORDS)
-        #: the slots as memoryviews (a word reads as a Python int): a waiting rank's check
-        #: that no rank here gave up reads one word of each, not every word as a numpy scalar
-        self._words = tuple(memoryview(view) for view in self._local.values())
+            # (a memoryview: a word reads as a Python int, not a numpy scalar)
+            self._local[world] = memoryview(np.frombuffer(buf, np.int64, SLOT_WORDS))
         self._remote = None
         if node.Get_size() < size:  # ranks on other nodes: RMA reads of the same memory, in
             self._remote = MPI.Win.Create(memory, 8, comm=mpi_comm)  # one passive epoch:
@@ -169,8 +167,8 @@ class Board:
         complete once they have; only where every rank is on this node: a late rank elsewhere
         is not seen): {rank: (the collective it gave up at, whether it had started
         ``sequence``)}."""
-        if not any(words[_DIED] for words in self._words):  # nobody here gave up: the usual
-            return {}  # case, in every poll round of a wait
+        if not any(view[_DIED] for view in self._local.values()):  # nobody here gave up:
+            return {}  # the usual case, in every poll round of a wait
         gone, inside, live_late = {}, {}, False
         for r, view in sorted(self._local.items()):
             arrived, died, finished, given_up = (int(v) for v in view)
