@@ -90,6 +90,7 @@ from mpi4py import MPI
 
 import cupycoll as cc
 from cupycoll.errors import BackendError, CollectiveTimeout, CupycollError, MismatchError
+from _common import napping_barrier
 
 WORLD = MPI.COMM_WORLD
 P, RANK = WORLD.size, WORLD.rank
@@ -97,6 +98,7 @@ DEBUG = os.environ.get("CUPYCOLL_DEBUG", "") not in ("", "0")
 
 
 def report(name: str, outcome: str, took: float) -> None:
+    napping_barrier()  # a rank kept waiting for a late peer leaves its core to the others
     every = WORLD.gather((outcome, took), root=0)
     if RANK == 0:
         cells = ", ".join(f"r{r}: {o} {t:.2f}s" for r, (o, t) in enumerate(every))
@@ -357,7 +359,7 @@ def async_late() -> None:
         done = cc.sparse_allreduce(mine, np.ones(mine.size), 5000, comm=comm, async_op=async_op)
         if async_op:
             done.wait()
-    WORLD.Barrier()
+    napping_barrier()
     start = time.monotonic()
     if RANK == P - 1:
         time.sleep(2.0)
@@ -532,7 +534,7 @@ def aborted() -> None:
     took = time.monotonic() - start
     assert took < 10, took
     report("abort from a thread, peers late", outcome, took)
-    WORLD.Barrier()
+    napping_barrier()
     comm = cc.init("mpi", timeout=0)
     mine = np.arange(RANK, 5000, P)
     expected = np.ones(5000)  # every index on one rank
@@ -555,7 +557,7 @@ def aborted() -> None:
     took = time.monotonic() - start
     assert took < 10, took
     report("ten async calls, then abort", "+".join(sorted(outcomes)), took)
-    WORLD.Barrier()
+    napping_barrier()
     comm = cc.init("mpi", timeout=0)  # abort() ends a host wait (a broadcast) on the others:
     magic = 0x0BADC0DE  # its request and buffer are kept, so the root's late broadcast writes
     if RANK == 0:  # no memory freed and reused meanwhile (before: an 8-byte array of theirs)
@@ -608,12 +610,12 @@ def gave_up() -> None:
     assert outcome == ("BackendError" if RANK == 0 else "CollectiveTimeout[0]") and took < 5, \
         (outcome, took)
     report("abort, timed waits", outcome, took)
-    WORLD.Barrier()
+    napping_barrier()
     comm = cc.init("mpi", timeout=0)
     fresh_allreduce(comm)
     if RANK == 0:
         comm.abort()
-    WORLD.Barrier()
+    napping_barrier()
     start = time.monotonic()
     try:
         comm.dup()
@@ -665,7 +667,9 @@ def inside() -> None:
                 5.5 < took < 8.5, (outcome, took)  # after the late rank started, not before
         else:  # what rank 0 posted lets it complete once the late rank comes
             assert outcome == "completed" and took < 7.5, (outcome, took)
-        assert not big or "CollectiveTimeout[0]" in WORLD.allgather(outcome)  # one waited
+        if big:
+            napping_barrier()  # rank 0 sleeps
+            assert "CollectiveTimeout[0]" in WORLD.allgather(outcome)  # one waited
         return outcome
 
     for two, big in ((False, False), (False, True), (True, True)):
@@ -673,7 +677,7 @@ def inside() -> None:
         outcome = late_peer_waits(two, big)
         report(f"abort inside{', two started' if two else ''}, {'8 MB' if big else 'small'}",
                outcome, time.monotonic() - start)
-        WORLD.Barrier()
+        napping_barrier()
     comm = cc.init("mpi")  # a pairwise reduce-scatter (messages) is published as a collective
     work = comm.reduce_scatter(np.ones(P << 15), np.empty(1 << 15), "sum")  # 256 KiB blocks
     first, small = comm.sequence, np.ones(2)
@@ -690,7 +694,7 @@ def inside() -> None:
         outcome = _aborted_in_the_earlier(dropped)
         report(f"abort {'after dropping' if dropped else 'inside'} one, a later one finished",
                outcome, time.monotonic() - start)
-        WORLD.Barrier()
+        napping_barrier()
     comm = cc.init("mpi", timeout=0)  # a non-root that finished a reduce, then aborted
     fresh_allreduce(comm)
     if RANK == P - 1:
@@ -701,7 +705,7 @@ def inside() -> None:
     if RANK == 0:
         assert np.array_equal(got, np.full(3, float(P))), got
     report("abort after finishing a reduce", "completed", 0.0)
-    WORLD.Barrier()
+    napping_barrier()
     del os.environ["CUPYCOLL_ALLREDUCE_PAIRWISE"]
     fresh_allreduce(cc.init("mpi", timeout=10))
 
@@ -744,6 +748,7 @@ def _aborted_in_the_earlier(dropped: bool) -> str:
         time.sleep(8.0)  # no MPI call: its abandoned requests do not progress
     else:  # (they progress once rank 0 calls MPI again: the others would complete then)
         assert time.monotonic() - start < 7.0, outcome
+    napping_barrier()  # rank 0 sleeps
     assert "CollectiveTimeout[0]" in WORLD.allgather(outcome)  # one waited for rank 0's part
     return outcome
 
@@ -767,7 +772,7 @@ def remote() -> None:
     if RANK != P - 1:
         assert outcome == "CollectiveTimeout" and took < 2.5, (outcome, took)
     report("a busy rank on another node", outcome, took)
-    WORLD.Barrier()
+    napping_barrier()
 
 
 def forked() -> None:
@@ -796,6 +801,6 @@ for name in sys.argv[1:]:
      "local": local, "learned": learned, "preempted": preempted, "dup": dup,
      "async_late": async_late, "failed": failed, "aborted": aborted, "forked": forked,
      "gave_up": gave_up, "remote": remote, "inside": inside}[name]()
-    WORLD.Barrier()
+    napping_barrier()
 if RANK == 0:
     print("OK")
