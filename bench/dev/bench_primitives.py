@@ -261,8 +261,7 @@ def table_grid(reps: int) -> int:
     entry, widths 1-64 (the data of ``_numpy_reduce.TABLE_*``): the table / the sort."""
     from cupycoll.primitives import _numpy_reduce as R
 
-    rng, kept = np.random.default_rng(0), (R.TABLE_SPAN, R.TABLE_PER_ENTRY, R.TABLE_SPAN_1D,
-                                            R.TABLE_PER_ENTRY_1D)
+    rng, kept = np.random.default_rng(0), (R.TABLE_SPAN, R.TABLE_PER_ENTRY)
     print(f"{'span':>10} {'entries':>9} {'width':>5} {'table(ms)':>10} {'sort(ms)':>9} "
           f"{'table/sort':>10}")
     try:
@@ -278,7 +277,7 @@ def table_grid(reps: int) -> int:
             print(f"{span:>10} {entries:>9} {width:>5} {times['table'] * 1e3:>10.2f} "
                   f"{times['sort'] * 1e3:>9.2f} {times['table'] / times['sort']:>10.2f}")
     finally:
-        R.TABLE_SPAN, R.TABLE_PER_ENTRY, R.TABLE_SPAN_1D, R.TABLE_PER_ENTRY_1D = kept
+        R.TABLE_SPAN, R.TABLE_PER_ENTRY = kept
     return 0
 
 
@@ -286,7 +285,7 @@ def bounded(bound: int, idx: np.ndarray, val: np.ndarray) -> Any:
     """``coo_reduce`` with every table bound set to ``bound`` (0: the sort path only)."""
     from cupycoll.primitives import _numpy_reduce as R
 
-    R.TABLE_SPAN = R.TABLE_PER_ENTRY = R.TABLE_SPAN_1D = R.TABLE_PER_ENTRY_1D = bound
+    R.TABLE_SPAN = R.TABLE_PER_ENTRY = bound
     return P.coo_reduce(idx, val)
 
 

@@ -7,7 +7,7 @@ arithmetic; one compiled pass over the parts does the same additions in the same
 the same bits. Sums of exactly two parts (allgather's at P = 2, every round of recursive
 doubling) take :func:`sum_two` at any size: a two-way merge whose 1-D loop has no branch to
 mispredict. :func:`sum_unsorted` coalesces unsorted entries (``coo_reduce``'s sums) through a
-table over the index span instead of a sort of every entry.
+bitmap over the index span instead of a sort of every entry.
 """
 
 from __future__ import annotations
@@ -194,39 +194,61 @@ def sum_two(a: np.ndarray, va: np.ndarray, b: np.ndarray, vb: np.ndarray, acc: n
     return out_idx[:found], out_val[:found].reshape((found,) + row)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _popcount(word):  # type: ignore[no-untyped-def]
+    """The set bits of a uint64, as int64 (LLVM makes this one ``popcnt``)."""
+    word = word - ((word >> np.uint64(1)) & np.uint64(0x5555555555555555))
+    word = (word & np.uint64(0x3333333333333333)) + \
+        ((word >> np.uint64(2)) & np.uint64(0x3333333333333333))
+    word = (word + (word >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
+    return np.int64((word * np.uint64(0x0101010101010101)) >> np.uint64(56))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _bit(at):  # type: ignore[no-untyped-def]
+    return np.uint64(1) << np.uint64(at & 63)
+
+
 @njit(cache=True, nogil=True)
-def _distinct(idx, lo, table, keys):  # type: ignore[no-untyped-def]
-    """List each index once (``table`` at it set from -1 to 0); returns how many. Branch-free:
-    every index is written at the next place, which only a new one keeps (a branch on the
-    table's random reads mispredicts on every other index: docs/primitives.md)."""
-    found = 0
+def distinct_sorted(idx, lo, marks):  # type: ignore[no-untyped-def]
+    """The ascending distinct values of ``idx`` (all in [lo, lo + 64 * marks.size)).
+    ``marks``: uint64, a bit an index from ``lo``, all clear, as it is again on return. Each
+    index sets its bit, then the set bits are read in index order, each word cleared once
+    read: no sort, and the random writes go to 1/32 of the bytes an int32 slot each takes."""
     for j in range(idx.size):
-        slot = idx[j] - lo
-        new = table[slot] < 0
-        table[slot] = 0
-        keys[found] = idx[j]
-        found += new
-    return found
+        marks[(idx[j] - lo) >> 6] |= _bit(idx[j] - lo)
+    found = 0
+    for w in range(marks.size):
+        found += _popcount(marks[w])
+    keys, k = np.empty(found, idx.dtype), 0
+    for w in range(marks.size):
+        word, first = marks[w], lo + (w << 6)
+        marks[w] = 0
+        while word:
+            low = word & (~word + np.uint64(1))
+            keys[k] = first + _popcount(low - np.uint64(1))
+            k, word = k + 1, word ^ low
+    return keys
 
 
 @njit(cache=True, nogil=True)
-def _unmark(keys, lo, table):  # type: ignore[no-untyped-def]
-    for i in range(keys.size):
-        table[keys[i] - lo] = -1
-
-
-@njit(cache=True, nogil=True)
-def fold_rows(idx, lo, table, keys, slots, rows, out):  # type: ignore[no-untyped-def]
+def fold_rows(idx, lo, marks, keys, slots, rows, out):  # type: ignore[no-untyped-def]
     """Sum the rows of the entries of each index into ``out[slots[i]]`` for ``keys[i]``
     (:func:`distinct_sorted` of ``idx``), left-folded in input order, the first copied (so -0
     and every bit as ``coo_reduce``). ``rows``: 2-D, ``out``: C-contiguous 2-D of their dtype,
-    one of ``SUM_DTYPES``; ``table`` as :func:`distinct_sorted` takes it, pointing each key at
-    its slot for the walk."""
+    one of ``SUM_DTYPES``; ``marks`` as :func:`distinct_sorted` takes it: the keys' bits are
+    set again, so an entry's key is the first key of its word plus the set bits below its
+    own (all in cache, where a slot an index is not)."""
+    firsts = np.empty(marks.size, np.int32)
     for i in range(keys.size):
-        table[keys[i] - lo] = slots[i]
+        word = (keys[i] - lo) >> 6
+        if marks[word] == 0:
+            firsts[word] = i
+        marks[word] |= _bit(keys[i] - lo)
     ats = np.empty(idx.size, np.int32)  # each entry's slot first, in a pass of its own: the
-    for j in range(idx.size):  # table's random reads overlap there, not stalled behind the
-        ats[j] = table[idx[j] - lo]  # branch below (docs/primitives.md)
+    for j in range(idx.size):  # reads overlap there, not stalled behind the branch below
+        word, below = (idx[j] - lo) >> 6, _bit(idx[j] - lo) - np.uint64(1)  # (docs/primitives.md)
+        ats[j] = slots[firsts[word] + _popcount(marks[word] & below)]
     seen, width = np.zeros(out.shape[0], np.bool_), rows.shape[1]
     for j in range(idx.size):
         at = ats[j]
@@ -237,30 +259,22 @@ def fold_rows(idx, lo, table, keys, slots, rows, out):  # type: ignore[no-untype
             seen[at] = True
             for e in range(width):
                 out[at, e] = rows[j, e]
-    _unmark(keys, lo, table)
-
-
-def distinct_sorted(idx: np.ndarray, lo: int, table: np.ndarray) -> np.ndarray:
-    """The ascending distinct values of ``idx`` (all in [lo, lo + table.size)). ``table``:
-    int32, all -1, as it is again on return."""
-    keys = np.empty(idx.size, idx.dtype)
-    keys = np.sort(keys[:_distinct(idx, lo, table, keys)])
-    _unmark(keys, lo, table)
-    return keys
+    for i in range(keys.size):
+        marks[(keys[i] - lo) >> 6] = 0
 
 
 def sum_unsorted(idx: np.ndarray, val: np.ndarray, acc: np.dtype, lo: int,
-                 table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                 marks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``coo_reduce``'s sum of unsorted entries (indices in [lo, hi]) in ``acc`` (one of
     ``SUM_DTYPES``): the ascending unique indices and, for each, its rows left-folded in input
-    order, so the same bits as the sort path. ``table``: int32, a slot for each index from
-    ``lo``, all -1 (so again on return); it numbers the distinct indices, so only those are
-    sorted and the rows are read once, in input order (docs/primitives.md)."""
-    keys = distinct_sorted(idx, lo, table)
+    order, so the same bits as the sort path. ``marks``: as :func:`distinct_sorted` takes it;
+    it lists the distinct indices in order, so nothing is sorted and the rows are read once,
+    in input order (docs/primitives.md)."""
+    keys = distinct_sorted(idx, lo, marks)
     row = tuple(val.shape[1:])
     rows = np.ascontiguousarray(val, acc).reshape(idx.size, math.prod(row))
     out_val = np.empty((keys.size, rows.shape[1]), acc)
-    fold_rows(idx, lo, table, keys, np.arange(keys.size, dtype=np.int32), rows, out_val)
+    fold_rows(idx, lo, marks, keys, np.arange(keys.size, dtype=np.int32), rows, out_val)
     return keys, out_val.reshape((keys.size,) + row)
 
 

@@ -22,14 +22,12 @@ from ._numpy_few import chained_first, few_enough, few_summed, two_summed
 #: the zero each op returns on a +0/-0 tie (the sign bit's value).
 _ZERO_TIE = {np.maximum: False, np.minimum: True}
 
-#: unsorted sums (``coo_reduce``) take numba's table (``sum_unsorted``) over an index span
-#: (max - min + 1) of at most ``TABLE_SPAN`` slots and ``TABLE_PER_ENTRY`` slots an entry for
-#: rows (the sort path's ``ufunc.at`` on rows costs more than the table: docs/primitives.md), of
-#: at most ``TABLE_SPAN_1D`` and ``TABLE_PER_ENTRY_1D`` for one value an index (the integer
-#: sort is as fast or faster once the table outgrows the cache or most slots stay empty). 4
-#: bytes a slot, kept per thread: 64 MiB at most.
+#: unsorted sums (``coo_reduce``) take numba's table path (``sum_unsorted``: a bitmap over the
+#: index span) over a span (max - min + 1) of at most ``TABLE_SPAN`` slots and
+#: ``TABLE_PER_ENTRY`` slots an entry, one value an index or rows (the bounds of the measured
+#: grid, where it takes 0.06-0.72x the sort path's time: docs/primitives.md). A bit a slot, kept
+#: per thread: 2 MiB at most.
 TABLE_SPAN, TABLE_PER_ENTRY = 1 << 24, 256
-TABLE_SPAN_1D, TABLE_PER_ENTRY_1D = 1 << 20, 2
 
 
 def combine(a: Any, b: Any, op: Any) -> Any:
@@ -155,8 +153,8 @@ def coo_reduce(indices: Any, values: Any, op: Any = "sum", n: int | None = None,
     lo = int(idx.min())
     loops = _table_loops(idx, val, ufunc, acc, lo, hi)
     if loops is not None:
-        with _index_table(lo, hi) as table, np.errstate(all="ignore"):  # the cast into acc
-            keys, rows = loops.sum_unsorted(idx, val, acc, lo, table)
+        with _index_marks(lo, hi) as marks, np.errstate(all="ignore"):  # the cast into acc
+            keys, rows = loops.sum_unsorted(idx, val, acc, lo, marks)
         return _narrowed(keys, rows, keys.size, val.dtype)
     out_idx, out_val = np.empty_like(idx), np.empty(val.shape, acc)
     with np.errstate(all="ignore"):
@@ -167,29 +165,20 @@ def coo_reduce(indices: Any, values: Any, op: Any = "sum", n: int | None = None,
 def _table_loops(idx: np.ndarray, val: np.ndarray, ufunc: Any, acc: np.dtype, lo: int,
                  hi: int) -> Any:
     """numba's loops where an unsorted reduction of ``idx``, ``val`` in ``acc`` takes its table
-    (a sum, of a size numba takes, over a span :func:`_table_fits`, in a dtype it adds);
-    else None."""
-    wide = math.prod(val.shape[1:]) > 1  # rows; _fast counts elements, as merges do
-    loops = _fast(val.size) if ufunc is np.add and _table_fits(hi - lo + 1, idx.size, wide) \
-        else None
+    path (a sum, of a size numba takes, over a span within the bounds above, in a dtype it
+    adds); else None."""
+    fits = hi - lo + 1 <= min(TABLE_SPAN, TABLE_PER_ENTRY * idx.size)
+    loops = _fast(val.size) if ufunc is np.add and fits else None  # (elements, as merges count)
     return loops if loops is not None and acc in loops.SUM_DTYPES else None
 
 
 @contextlib.contextmanager
-def _index_table(lo: int, hi: int) -> Iterator[np.ndarray]:
-    """numba's index table over [lo, hi] (this thread's, kept): all -1 before, and declared
-    so again after (not after an error: the next call fills it)."""
-    table = _accel.kept_filled(hi - lo + 1, np.int32, -1)
-    yield table
-    _accel.mark_filled(table, -1)
-
-
-def _table_fits(span: int, entries: int, rows: bool) -> bool:
-    """Whether an unsorted sum of ``entries`` over ``span`` indices takes numba's table (the
-    bounds above)."""
-    if rows:
-        return span <= min(TABLE_SPAN, TABLE_PER_ENTRY * entries)
-    return span <= min(TABLE_SPAN_1D, TABLE_PER_ENTRY_1D * entries)
+def _index_marks(lo: int, hi: int) -> Iterator[np.ndarray]:
+    """numba's bitmap over [lo, hi], a bit an index (this thread's, kept): all clear before,
+    and declared so again after (not after an error: the next call clears it)."""
+    marks = _accel.kept_filled(((hi - lo) >> 6) + 1, np.uint64, 0)
+    yield marks
+    _accel.mark_filled(marks, 0)
 
 
 def merge_sorted(parts: Sequence[tuple[Any, Any]], op: Any = "sum",

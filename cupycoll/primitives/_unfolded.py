@@ -1,5 +1,5 @@
 """Entries with duplicate indices whose sum is left for where their rows land
-(:class:`Unfolded`): ``coo_reduce``'s table walk split in two, so that an algorithm which
+(:class:`Unfolded`): ``coo_reduce``'s bitmap walk split in two, so that an algorithm which
 scatters a rank's rows into a larger buffer sums them there (:mod:`cupycoll.sparse.mask`)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ._numpy_reduce import _index_table, _table_loops
+from ._numpy_reduce import _index_marks, _table_loops
 
 __all__ = ["Unfolded", "unfold", "folded"]
 
@@ -27,8 +27,8 @@ class Unfolded:
     def __init__(self, loops: Any, indices: np.ndarray, rows: np.ndarray, lo: int, hi: int,
                  row: tuple) -> None:
         self._loops, self._indices, self._rows, self._span = loops, indices, rows, (lo, hi)
-        with _index_table(*self._span) as table:
-            self.keys = loops.distinct_sorted(indices, lo, table)
+        with _index_marks(*self._span) as marks:
+            self.keys = loops.distinct_sorted(indices, lo, marks)
         self.dtype = rows.dtype
         self.shape = (self.keys.shape[0],) + row
         self.ndim = len(self.shape)
@@ -38,8 +38,8 @@ class Unfolded:
         """Fold the rows of ``keys[i]`` into ``out[slots[i]]`` (``out``: C-contiguous, of
         ``dtype``, rows of this row shape; its other rows untouched) and return ``out``."""
         lo = self._span[0]
-        with _index_table(*self._span) as table:
-            self._loops.fold_rows(self._indices, lo, table, self.keys, slots, self._rows,
+        with _index_marks(*self._span) as marks:
+            self._loops.fold_rows(self._indices, lo, marks, self.keys, slots, self._rows,
                                   out.reshape(out.shape[0], self._rows.shape[1]))
         return out
 
