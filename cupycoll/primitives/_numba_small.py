@@ -206,6 +206,7 @@ def _popcount(word):  # type: ignore[no-untyped-def]
 
 @njit(cache=True, nogil=True, inline="always")
 def _bit(at):  # type: ignore[no-untyped-def]
+    """Index offset ``at``'s bit in its word (word ``at >> 6``)."""
     return np.uint64(1) << np.uint64(at & 63)
 
 
