@@ -160,20 +160,38 @@ def clones(tensor: torch.Tensor, count: int):
     return lambda: pool.pop()
 
 
-def reduce_calls(grad: torch.Tensor, hook_comm, group, args) -> dict:
-    """The calls of table 1 (each returns its result; the hook's is the average)."""
-    count = args.iters + args.warmup_iters + 1  # and one for the check
-    sparse, dense = clones(grad, count), grad.to_dense()  # gloo dense: summed in place
-    hooked = clones(grad, count + 1)  # and one for its bytes; it leaves its result there
-    calls = {"hook": lambda: cct.allreduce_hook(hook_comm, Bucket(hooked())).wait(),
+class Fresh:
+    """A fresh copy of ``tensor`` for each call of one kind (gloo, the hook and the backend
+    leave their result in their input): :meth:`make` clones it before the call, untimed
+    (``interleaved``'s ``prepare``), as DDP hands over a gradient the backward pass has just
+    written; :meth:`take` hands it to the call (a clone made there outside ``interleaved``).
+    One copy at a time, where a pool made up front held one a call (gigabytes a rank at
+    V = 1.5M)."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self._tensor, self._copy = tensor, None
+
+    def make(self) -> None:
+        self._copy = self._tensor.clone()
+
+    def take(self) -> torch.Tensor:
+        copy, self._copy = self._copy, None
+        return self._tensor.clone() if copy is None else copy
+
+
+def reduce_calls(grad: torch.Tensor, hook_comm, group) -> tuple[dict, dict]:
+    """The calls of table 1 (each returns its result; the hook's is the average), and what
+    runs before each, untimed."""
+    dense = grad.to_dense()  # gloo dense: summed in place
+    fresh = {name: Fresh(grad) for name in ("hook", "gloo", "backend")}
+    calls = {"hook": lambda: cct.allreduce_hook(hook_comm, Bucket(fresh["hook"].take())).wait(),
              "cupycoll": lambda: cct.sparse_allreduce(grad),
              "coalesce+cupycoll": lambda: cct.sparse_allreduce(grad.coalesce()),
-             "gloo": lambda: _reduced(sparse()),
+             "gloo": lambda: _reduced(fresh["gloo"].take()),
              "gloo dense": lambda: _reduced(dense)}
     if group is not None:
-        theirs = clones(grad, count)
-        calls["backend"] = lambda: _reduced(theirs(), group)
-    return calls
+        calls["backend"] = lambda: _reduced(fresh["backend"].take(), group)
+    return calls, {name: copies.make for name, copies in fresh.items() if name in calls}
 
 
 def coalesced(grad: torch.Tensor) -> torch.Tensor:
@@ -207,7 +225,7 @@ def wrong(result: torch.Tensor, expected: torch.Tensor, scale: float) -> int:
 def table_reduce(table: Table, vocab: int, grad: torch.Tensor, hook_comm, group, args,
                  comm) -> dict:
     """Time table 1's calls for ``grad``; add one row each; return the medians."""
-    calls = reduce_calls(grad, hook_comm, group, args)
+    calls, prepare = reduce_calls(grad, hook_comm, group)
     for _ in range(TRIALS):  # auto's learn trials, untimed, on fresh copies where consumed;
         cct.allreduce_hook(hook_comm, Bucket(grad.clone())).wait()  # gloo's calls as many
         cct.sparse_allreduce(grad)  # times (its first calls are slower too)
@@ -228,7 +246,7 @@ def table_reduce(table: Table, vocab: int, grad: torch.Tensor, hook_comm, group,
         before = stats.bytes_sent
         calls[name]()
         sent[name] = stats.bytes_sent - before
-    samples = interleaved(calls, args.iters, args.warmup_iters, comm)
+    samples = interleaved(calls, args.iters, args.warmup_iters, comm, prepare=prepare)
     medians = {name: float(np.median(s)) for name, s in samples.items()}
     nbytes, nnz = vocab * WIDTH * 4, comm.mpi_comm.allreduce(grad.coalesce()._nnz()) / comm.size
     for name, s in samples.items():

@@ -656,6 +656,23 @@ def test_interleaved_pause_idles_before_each_barrier_outside_the_samples():
     assert max(max(s) for s in samples.values()) < 0.02
 
 
+def test_interleaved_prepare_runs_before_each_of_its_calls_outside_the_samples():
+    """``prepare``: before every call of its name, the warm-up's too, and not in its sample;
+    a call without one runs without."""
+    import time
+
+    from cupycoll.tuner.calibrate import interleaved
+
+    log: list[str] = []
+    calls = {"a": lambda: log.append("a"), "b": lambda: log.append("b")}
+    prepare = {"a": lambda: (log.append("made"), time.sleep(0.02))}
+    samples = interleaved(calls, 3, 1, _OneRank(), prepare=prepare)
+    assert log.count("made") == log.count("a") == log.count("b") == 4
+    assert all(log[i - 1] == "made" for i, name in enumerate(log) if name == "a")
+    assert "made" not in [log[i - 1] for i, name in enumerate(log) if name == "b" and i]
+    assert max(samples["a"]) < 0.02
+
+
 def test_fixed_cost_is_the_median_of_the_passes_minus_the_model():
     """Each algorithm's fixed cost: the median of its passes' times of the small call, minus
     what alpha, beta and gamma predict for that call (never below 0)."""

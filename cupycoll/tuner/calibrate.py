@@ -65,7 +65,8 @@ ORDER_SEED = 20261129
 
 
 def interleaved(calls: dict[str, Callable[[], Any]], iters: int, warmup: int,
-                comm: Any, pause: float = 0.0) -> dict[str, np.ndarray]:
+                comm: Any, pause: float = 0.0,
+                prepare: dict[str, Callable[[], Any]] | None = None) -> dict[str, np.ndarray]:
     """Time every call ``iters`` times, one of each per round, after a barrier each; a sample
     is the slowest rank's seconds. So drift on a shared machine hits the calls alike, and each
     call runs after the others, as it does in a job (between other work, not in a tight loop of
@@ -73,15 +74,20 @@ def interleaved(calls: dict[str, Callable[[], Any]], iters: int, warmup: int,
     shuffle, the same on every rank): a rotation would keep every call after the same one,
     whose caches and buffers it then always inherits (docs/tuning.md). ``pause``: seconds each
     rank sleeps before each barrier, so every call starts on a core that was idle (as one
-    after a library call that blocks in its waits does)."""
-    names = list(calls)
+    after a library call that blocks in its waits does). ``prepare``: name -> what runs before
+    each of that call's barriers, untimed (a fresh copy of an input the call overwrites)."""
+    names, prepare = list(calls), prepare or {}
     for _ in range(warmup):
         for name in names:
+            if name in prepare:
+                prepare[name]()
             calls[name]()
     samples = {name: np.empty(iters) for name in names}
     orders = np.random.default_rng(ORDER_SEED)
     for i in range(iters):
         for name in (names[j] for j in orders.permutation(len(names))):
+            if name in prepare:
+                prepare[name]()
             if pause:
                 time.sleep(pause)
             comm.barrier()
