@@ -165,6 +165,35 @@ def test_a_given_up_collective_at_the_count_is_marked():
         True, False, True, True, False]
 
 
+@pytest.mark.parametrize("cpus, expected", [
+    ([frozenset({0, 1})] * 2, False),  # two ranks free on two cores
+    ([frozenset({0}), frozenset({1})], False),  # bound, one a core
+    ([frozenset({0, 1})] * 4, True),  # four ranks on two cores
+    ([frozenset({0}), frozenset({1}), frozenset({0}), frozenset({1})], True),  # bound, two a core
+    ([frozenset({0, 1, 2, 3}), frozenset({0})], False),
+    ([2, 2, 2], True), ([4, 4], False),  # core counts only (no affinity call)
+])
+def test_a_node_is_crowded_where_its_ranks_outnumber_their_cores(cpus, expected):
+    from cupycoll.comm import _watchdog
+
+    assert _watchdog.crowded(cpus) is expected
+
+
+@pytest.mark.parametrize("spin_set", [False, True])
+def test_waits_on_a_crowded_node_nap_unless_cupycoll_spin_says(monkeypatch, spin_set):
+    """Where a node's ranks outnumber their cores, a wait spins CROWDED_SPIN at most before
+    it naps (a spinning one holds a core a peer needs); CUPYCOLL_SPIN, where set, wins."""
+    from cupycoll.comm import _watchdog
+
+    monkeypatch.delenv("CUPYCOLL_SPIN", raising=False)
+    if spin_set:
+        monkeypatch.setenv("CUPYCOLL_SPIN", "0.02")
+    assert not _watchdog.crowded([_watchdog._cpus()])  # one rank: never crowded
+    assert cc.init("mpi", mpi_comm=MPI.COMM_SELF)._spin == (0.02 if spin_set else 0.05)
+    monkeypatch.setattr(_watchdog, "crowded", lambda cpus: True)
+    assert cc.init("mpi", mpi_comm=MPI.COMM_SELF)._spin == (0.02 if spin_set else 0.001)
+
+
 def test_a_blocking_collective_publishes_its_finish_once():
     """A blocking dense verb publishes on the board that it finished, also where its request
     is done at the first test (one rank: no wait), and only once."""

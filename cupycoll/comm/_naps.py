@@ -5,12 +5,17 @@ Both backends' waits sleep this way (``comm.mpi``'s ``_poll``, ``_nccl_guard.spi
 
 from __future__ import annotations
 
-__all__ = ["nap", "NAP_MIN", "NAP_MAX", "NAP_SHARE"]
+__all__ = ["nap", "NAP_MIN", "NAP_MAX", "NAP_SHARE", "CROWDED_SPIN"]
 
 #: the shortest and the longest sleep between two polls (seconds)
 NAP_MIN, NAP_MAX = 1e-4, 1e-3
 #: a sleep is at most this share of the time waited so far (unless NAP_MIN is more)
 NAP_SHARE = 0.02
+#: the most seconds an MPI wait spins before it naps where its node's ranks outnumber the cores
+#: they may run on (unless ``CUPYCOLL_SPIN`` is set): it covers a small call's wait for peers
+#: that are communicating too, and leaves the core soon to a peer that computes
+#: (docs/failures.md)
+CROWDED_SPIN = 1e-3
 
 
 def nap(waited: float) -> float:

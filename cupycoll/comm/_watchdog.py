@@ -27,6 +27,7 @@ builds a fresh communicator over a new MPI communicator.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import weakref
@@ -95,6 +96,8 @@ class Board:
             self._remote = MPI.Win.Create(memory, 8, comm=mpi_comm)  # one passive epoch:
             self._remote.Lock_all(MPI.MODE_NOCHECK)  # local (nobody locks it exclusively)
         self.size = size
+        #: whether this node's ranks outnumber the cores they may run on (see :func:`crowded`)
+        self.crowded = crowded(node.allgather(_cpus()))
         node.Free()
 
     @property
@@ -334,3 +337,20 @@ def late_ranks(board: Board | None, rank: int, sequence: int) -> list[int]:
     seen = board.read() if board is not None else []
     return [r for r, entry in enumerate(seen)
             if r != rank and entry is not None and entry[0] < sequence]
+
+
+def _cpus() -> frozenset[int] | int:
+    """The cores this process may run on (their count where the OS does not say which)."""
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except AttributeError:  # (not on Linux)
+        return os.cpu_count() or 1
+
+
+def crowded(cpus: Sequence[frozenset[int] | int]) -> bool:
+    """Whether the ranks of a node (``cpus``: each one's :func:`_cpus`) outnumber the cores
+    they may run on together: ranks sharing a core, so a wait that spins holds a core that a
+    peer it waits for needs (MPI's default spin is then ``_naps.CROWDED_SPIN``)."""
+    if all(isinstance(c, frozenset) for c in cpus):
+        return len(cpus) > len(frozenset().union(*cpus))
+    return len(cpus) > max(c if isinstance(c, int) else len(c) for c in cpus)

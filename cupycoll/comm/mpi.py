@@ -29,7 +29,7 @@ from ._mpi_pairwise import (all_done, earlier_first, pairwise_allreduce_applies,
                              pairwise_reduce_scatter, progress_all, unposted_left)
 from ._mpi_types import (_ClosedComm, _DeadComm, _address, _bytes, _pending, _separate,
                          duplicate, out_of_communicators, usable)
-from ._naps import nap
+from ._naps import CROWDED_SPIN, nap
 from ._watchdog import late_ranks
 from ._work import Work
 
@@ -62,6 +62,8 @@ class MPICommunicator(Staging, Communicator):
             self.mpi_comm = duplicate(base, _wait)
             self.rank, self.size = self.mpi_comm.Get_rank(), self.mpi_comm.Get_size()
             self._watch(self.mpi_comm)
+            if self.board.crowded and "CUPYCOLL_SPIN" not in os.environ:
+                self._spin = min(self._spin, CROWDED_SPIN)  # spinning holds a core a peer needs
         except MPI.Exception as exc:  # e.g. "Too many communicators"
             raise out_of_communicators(exc, base.Get_rank()) from exc
         self.xp = xp
@@ -160,13 +162,10 @@ class MPICommunicator(Staging, Communicator):
     def _launch(self, blocking: bool, op_name: str, call: Any, icall: Any, args: tuple,
                 finalize: Any = None, keep: tuple = ()) -> Work | None:
         """Start ``icall(*args)`` and return its Work, or (``blocking``) complete the operation
-        by testing the request in :meth:`wait`'s interruptible loop.
-
-        ``call``, MPI's blocking twin, is not used here: it would ignore Ctrl-C and
-        ``CUPYCOLL_TIMEOUT`` until it returns, ranks may not mix it with the nonblocking call (so
-        the choice could not depend on anything ranks might disagree on), and on oversubscribed
-        cores it spins without giving its core to the peer it waits for, which makes it mostly
-        the slower one from 256 KiB (docs/dense.md; ``bench/dev/bench_tracking.py`` times both)."""
+        by testing the request in :meth:`wait`'s interruptible loop. ``call``, MPI's blocking
+        twin, is not used: it ignores Ctrl-C and ``CUPYCOLL_TIMEOUT``, ranks may not mix it with
+        the nonblocking call, and on oversubscribed cores it spins without giving its core to
+        the peer it waits for (docs/dense.md; ``bench/dev/bench_tracking.py`` times both)."""
         try:  # posting fails too, e.g. MPICH out of memory for its temporary buffer
             request = icall(*args)
             done = blocking and request.Test()
