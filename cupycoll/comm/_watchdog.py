@@ -85,7 +85,9 @@ class Board:
         self._let_go: list[int] = []  # collectives released, not yet taken in (see release)
         self._given_up: set[int] = set()  # released ones that hold the count down no longer
         self._inside_seen: dict[tuple[int, int], float] = {}
-        members = node.allgather(rank)
+        members, cpus = zip(*node.allgather((rank, _cpus())))
+        #: whether this node's ranks outnumber the cores they may run on (see :func:`crowded`)
+        self.crowded = crowded(cpus)
         self._local = {}
         for i, world in enumerate(members):
             buf, _ = self._shared.Shared_query(i)
@@ -96,8 +98,6 @@ class Board:
             self._remote = MPI.Win.Create(memory, 8, comm=mpi_comm)  # one passive epoch:
             self._remote.Lock_all(MPI.MODE_NOCHECK)  # local (nobody locks it exclusively)
         self.size = size
-        #: whether this node's ranks outnumber the cores they may run on (see :func:`crowded`)
-        self.crowded = crowded(node.allgather(_cpus()))
         node.Free()
 
     @property
