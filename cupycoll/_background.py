@@ -18,6 +18,7 @@ import weakref
 from typing import Any, Callable
 
 from .comm import Communicator, Work
+from .comm._naps import helper_thread
 from .comm._work import EXIT_WAIT
 from .errors import BackendError, InvalidArgument
 
@@ -51,6 +52,7 @@ class _Runner:
 
     def _started(self) -> None:
         self.thread = threading.current_thread()
+        helper_thread()
 
     def close(self) -> None:
         """When its communicator closes: the calls queued so far run on, then the duplicate

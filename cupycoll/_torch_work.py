@@ -25,6 +25,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from .comm._naps import helper_thread
 from .comm._work import EXIT_WAIT, _completer
 from .errors import BackendError, BackendUnavailable, CollectiveTimeout, MismatchError
 
@@ -121,6 +122,7 @@ class _Settlers:
         return thread
 
     def _serve(self) -> None:
+        helper_thread()
         while True:
             with self._cv:
                 while not (self._pending and self._running < self._slots):

@@ -189,9 +189,78 @@ def test_waits_on_a_crowded_node_nap_unless_cupycoll_spin_says(monkeypatch, spin
     if spin_set:
         monkeypatch.setenv("CUPYCOLL_SPIN", "0.02")
     assert not _watchdog.crowded([_watchdog._cpus()])  # one rank: never crowded
-    assert cc.init("mpi", mpi_comm=MPI.COMM_SELF)._spin == (0.02 if spin_set else 0.05)
+    spin = 0.02 if spin_set else 0.05
+    comm = cc.init("mpi", mpi_comm=MPI.COMM_SELF)
+    assert comm._spin == comm._spin_alone == spin
     monkeypatch.setattr(_watchdog, "crowded", lambda cpus: True)
-    assert cc.init("mpi", mpi_comm=MPI.COMM_SELF)._spin == (0.02 if spin_set else 0.001)
+    comm = cc.init("mpi", mpi_comm=MPI.COMM_SELF)
+    assert (comm._spin, comm._spin_alone) == (spin, spin if spin_set else 0.001)
+
+
+def test_the_board_tells_whether_every_rank_of_the_node_started_a_collective():
+    comm = cc.init("mpi", mpi_comm=MPI.COMM_SELF)
+    cc.allreduce(np.ones(2), comm=comm)
+    assert comm.board.arrived(comm.sequence) and not comm.board.arrived(comm.sequence + 1)
+
+
+class _Clock:
+    """A fake ``time`` for a wait: every reading advances 10 us; ``naps`` holds when each
+    sleep began."""
+
+    def __init__(self) -> None:
+        self.now, self.naps = 0.0, []
+
+    def monotonic(self) -> float:
+        self.now += 1e-5
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.naps.append(self.now)
+        self.now += seconds
+
+
+class _Pending:
+    """A request that completes once ``clock`` reads past ``until`` seconds."""
+
+    def __init__(self, clock: _Clock, until: float) -> None:
+        self.clock, self.until = clock, until
+
+    def Test(self) -> bool:
+        return self.clock.now > self.until
+
+
+@pytest.mark.parametrize("arrived, helper, naps_from", [
+    (True, False, 0.05),  # the caller's wait, every rank of the node in the collective: spin
+    (False, False, 0.001),  # a peer not there yet (it computes): nap after CROWDED_SPIN
+    (True, True, 0.001),  # cupycoll's own thread (its caller's thread may compute): nap too
+])
+def test_a_crowded_wait_spins_on_only_while_its_caller_waits_for_peers_that_all_arrived(
+        monkeypatch, arrived, helper, naps_from):
+    """On a crowded node a wait naps after CROWDED_SPIN unless it is the calling thread's own
+    and the board shows every rank of the node started the collective (then it spins
+    CUPYCOLL_SPIN, as where each rank has a core)."""
+    import threading
+
+    from cupycoll.comm import _naps, _watchdog, mpi
+
+    monkeypatch.delenv("CUPYCOLL_SPIN", raising=False)
+    monkeypatch.setattr(_watchdog, "crowded", lambda cpus: True)
+    comm = cc.init("mpi", mpi_comm=MPI.COMM_SELF)
+    seen = []
+    monkeypatch.setattr(comm.board, "arrived", lambda sequence: seen.append(sequence) or arrived)
+    clock = _Clock()
+    monkeypatch.setattr(mpi, "time", clock)
+
+    def wait() -> None:
+        if helper:
+            _naps.helper_thread()
+        comm._poll([_Pending(clock, 0.06)], [], "test", None, 5)
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    thread.join()
+    assert clock.naps and naps_from <= clock.naps[0] < naps_from + 1e-3
+    assert not helper and set(seen) == {5} or helper and not seen
 
 
 def test_a_blocking_collective_publishes_its_finish_once():

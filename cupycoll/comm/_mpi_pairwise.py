@@ -18,6 +18,7 @@ from mpi4py import MPI
 
 from .._types import ReduceOp, to_host
 from ..errors import CupycollError
+from ._mpi_types import mpi_failure
 from ._watchdog import late_ranks
 from ._work import Work
 from ._mpi_staging import settings_first
@@ -366,7 +367,7 @@ def tested(comm: Any, requests: list, op_name: str) -> bool:
     try:
         return bool(MPI.Request.Testall(requests))
     except MPI.Exception as exc:
-        raise comm._failure(op_name, {str(exc)}) from exc
+        raise mpi_failure(comm, op_name, {str(exc)}) from exc
 
 
 def unposted_left(comm: Any) -> bool:

@@ -14,7 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .._types import UFUNCS, ReduceOp, trunc_divide
-from ..errors import BackendUnavailable, InvalidArgument, InvalidType
+from ..errors import BackendError, BackendUnavailable, InvalidArgument, InvalidType
 from ..primitives import combine
 from ..primitives._numpy_reduce import canonical_nan
 
@@ -209,6 +209,14 @@ class _DeadComm:
 
     def __getattr__(self, name: str) -> Any:
         raise self._fate.dead_error()
+
+
+def mpi_failure(comm: Any, op_name: str, reasons: set[str]) -> BackendError:
+    """The error of MPI failing ``op_name`` on ``comm`` (a communicator) for ``reasons``."""
+    return BackendError(
+        f"MPI failed {op_name} on rank {comm.rank} of {comm.size} "
+        f"({'; '.join(sorted(reasons))}); a common cause is ranks that disagree on a "
+        "call's counts or dtype (CUPYCOLL_DEBUG=1 checks a dense collective's first)")
 
 
 def out_of_communicators(exc: MPI.Exception, rank: int) -> BackendUnavailable:

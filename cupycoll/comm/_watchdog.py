@@ -105,6 +105,10 @@ class Board:
         """Whether every rank of the communicator is on this rank's node."""
         return len(self._local) == self.size
 
+    def arrived(self, sequence: int) -> bool:
+        """Whether every rank on this node has started collective ``sequence``."""
+        return all(view[_ARRIVED] >= sequence for view in self._local.values())
+
     def started(self, sequence: int) -> None:
         """Collective ``sequence`` goes on asynchronously: the finished count published stays
         below it until it finishes."""

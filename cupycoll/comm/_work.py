@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from .._agreement import ranks_text
 from ..errors import BackendError, CollectiveTimeout, InvalidArgument
+from ._naps import helper_thread
 
 if TYPE_CHECKING:
     from ._base import Communicator
@@ -263,6 +264,7 @@ class Work:
 
 
 def _complete_forever(pending: "queue.SimpleQueue[tuple[Work, concurrent.futures.Future]]") -> None:
+    helper_thread()
     while True:
         item = pending.get()
         if item is None:  # the interpreter exits: what was queued before has completed

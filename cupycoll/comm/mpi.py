@@ -28,8 +28,8 @@ from ._mpi_pairwise import (all_done, earlier_first, pairwise_allreduce_applies,
                              pairwise_blocks_apply, pairwise_reduce, pairwise_reduce_applies,
                              pairwise_reduce_scatter, progress_all, unposted_left)
 from ._mpi_types import (_ClosedComm, _DeadComm, _address, _bytes, _pending, _separate,
-                         duplicate, out_of_communicators, usable)
-from ._naps import CROWDED_SPIN, nap
+                         duplicate, mpi_failure, out_of_communicators, usable)
+from ._naps import CROWDED_SPIN, in_helper_thread, nap
 from ._watchdog import late_ranks
 from ._work import Work
 
@@ -52,9 +52,10 @@ class MPICommunicator(Staging, Communicator):
         late ranks. ``_wait(request, op_name)``: the timed wait of the one duplicated (dup)."""
         super().__init__(timeout)
         base = usable(mpi_comm if mpi_comm is not None else MPI.COMM_WORLD)
-        #: seconds a wait tests (and yields) before it starts to nap; bytes from which reduce
-        #: runs as an allreduce, reduce is a pairwise exchange and a gather, reduce_scatter a
-        #: pairwise exchange, allreduce one and an allgather (None: never; see the verbs)
+        #: seconds a wait tests (and yields) before it naps (``_spin_alone``: unless it is a
+        #: caller's and every rank on the node started its collective: see _poll); bytes from
+        #: which reduce runs as an allreduce, reduce is a pairwise exchange and a gather,
+        #: reduce_scatter a pairwise exchange, allreduce one and an allgather (None: never)
         self._spin, (self._reduce_as_allreduce, self._pairwise_reduce, self._pairwise_blocks,
                      self._pairwise_allreduce) = agreed_settings(
             base, made_settings, _wait, shared_thresholds)  # a dead base: why
@@ -62,8 +63,8 @@ class MPICommunicator(Staging, Communicator):
             self.mpi_comm = duplicate(base, _wait)
             self.rank, self.size = self.mpi_comm.Get_rank(), self.mpi_comm.Get_size()
             self._watch(self.mpi_comm)
-            if self.board.crowded and "CUPYCOLL_SPIN" not in os.environ:
-                self._spin = min(self._spin, CROWDED_SPIN)  # spinning holds a core a peer needs
+            self._spin_alone = self._spin if not self.board.crowded or "CUPYCOLL_SPIN" in \
+                os.environ else min(self._spin, CROWDED_SPIN)
         except MPI.Exception as exc:  # e.g. "Too many communicators"
             raise out_of_communicators(exc, base.Get_rank()) from exc
         self.xp = xp
@@ -106,7 +107,7 @@ class MPICommunicator(Staging, Communicator):
         except MPI.Exception as exc:
             reasons = {MPI.Get_error_string(s.Get_error()).split(",")[0] for s in statuses
                        if s.Get_error() != MPI.SUCCESS}
-            raise self._failure(op_name, reasons or {str(exc)}) from exc
+            raise mpi_failure(self, op_name, reasons or {str(exc)}) from exc
         except BaseException as exc:  # Ctrl-C, a signal handler's exception: still pending
             self._interrupted(op_name, type(exc))
             raise
@@ -119,15 +120,19 @@ class MPICommunicator(Staging, Communicator):
         core every ``_POLLS`` tests (as MPICH's blocking progress loop does) for the first
         ``CUPYCOLL_SPIN`` seconds, then napping between rounds, longer as the wait goes on
         (:func:`._naps.nap`: on oversubscribed cores this beats napping at once and spinning
-        without yielding). Ctrl-C ends it; once napping, so do ``abort()`` from another thread
-        and peers on the node that gave the collective up (:meth:`_still_wanted`)."""
+        without yielding). Where the node is crowded, it naps after ``CROWDED_SPIN`` while a
+        peer on the node has not started the collective, or on one of cupycoll's own threads
+        (their caller's thread may compute): the spin would hold a core they need. Ctrl-C
+        ends it; past that first spin, so do ``abort()`` from another thread and peers on the
+        node that gave the collective up (:meth:`_still_wanted`)."""
         test = requests[0].Test if not statuses else functools.partial(
             MPI.Request.Testall, requests, statuses)
         if test():
             return
         start = time.monotonic()
         deadline = start + self.timeout if self.timeout is not None else float("inf")
-        spun, polls = start + self._spin, 0
+        spun, alone, polls = start + self._spin, start + self._spin_alone, 0
+        spun = alone if in_helper_thread() else spun
         while not test():
             polls += 1
             if polls % _POLLS:
@@ -135,19 +140,14 @@ class MPICommunicator(Staging, Communicator):
             now = time.monotonic()
             if now > deadline:
                 raise self._timed_out(op_name, sequence, _pending(requests, peers))
-            if now > spun:  # abort() from another thread, or peers that gave it up first
+            if now > alone:  # abort() from another thread, or peers that gave it up first
                 self._still_wanted(op_name, sequence)
             progress_all()
-            if now > spun:
+            if now > spun or now > alone and not self.board.arrived(
+                    self.sequence if sequence is None else sequence):
                 time.sleep(nap(now - start))
             else:
                 os.sched_yield()
-
-    def _failure(self, op_name: str, reasons: set[str]) -> BackendError:
-        return BackendError(
-            f"MPI failed {op_name} on rank {self.rank} of {self.size} "
-            f"({'; '.join(sorted(reasons))}); a common cause is ranks that disagree on a "
-            "call's counts or dtype (CUPYCOLL_DEBUG=1 checks a dense collective's first)")
 
     def run(self, verb: str, *args: Any, op_name: str | None = None) -> None:
         """Run a dense verb to completion without a Work: post it and test it in the
@@ -170,7 +170,7 @@ class MPICommunicator(Staging, Communicator):
             request = icall(*args)
             done = blocking and request.Test()
         except MPI.Exception as exc:
-            raise self._failure(op_name, {str(exc)}) from exc
+            raise mpi_failure(self, op_name, {str(exc)}) from exc
         if blocking and not done:
             try:
                 self.wait([request], op_name)  # (which publishes it finished)
