@@ -14,9 +14,10 @@ __all__ = ["nap", "NAP_MIN", "NAP_MAX", "NAP_SHARE", "CROWDED_SPIN", "helper_thr
 NAP_MIN, NAP_MAX = 1e-4, 1e-3
 #: a sleep is at most this share of the time waited so far (unless NAP_MIN is more)
 NAP_SHARE = 0.02
-#: the most seconds an MPI wait spins before it naps where its node's ranks outnumber the cores
-#: they may run on (unless ``CUPYCOLL_SPIN`` is set): it covers a small call's wait for peers
-#: that are communicating too, and leaves the core soon to a peer that computes
+#: the seconds an MPI wait spins before it naps where its node's ranks outnumber the cores
+#: they may run on (unless ``CUPYCOLL_SPIN`` is set), except a caller's own wait while every
+#: rank of the node is inside the collective (``Board.arrived``): it covers a small call's wait
+#: for peers that are communicating too, and leaves the core soon to a peer that computes
 #: (docs/failures.md)
 CROWDED_SPIN = 1e-3
 _HELPER = threading.local()  # .on: this thread is one of cupycoll's own (see helper_thread)

@@ -354,7 +354,8 @@ def _cpus() -> frozenset[int] | int:
 def crowded(cpus: Sequence[frozenset[int] | int]) -> bool:
     """Whether the ranks of a node (``cpus``: each one's :func:`_cpus`) outnumber the cores
     they may run on together: ranks sharing a core, so a wait that spins holds a core that a
-    peer it waits for needs (MPI's default spin is then ``_naps.CROWDED_SPIN``)."""
+    peer it waits for needs (MPI's waits then spin ``_naps.CROWDED_SPIN`` unless the caller's
+    own wait finds every rank of the node inside the collective)."""
     if all(isinstance(c, frozenset) for c in cpus):
         return len(cpus) > len(frozenset().union(*cpus))
     return len(cpus) > max(c if isinstance(c, int) else len(c) for c in cpus)
