@@ -8,10 +8,12 @@ A case is ``n/density/width``: each rank draws ``density * n`` random indices a 
 density drifting by up to +-10% from step to step (a training loop's gradient). Every step runs
 every method once, in an order of its own (a seeded shuffle, the same on every rank: a rotation
 would keep each method after the same one), after a barrier; a sample is the slowest rank's time.
-Per case: each method's cumulative time over the steps, over the best explicit algorithm's
-(``cum/best``), its median per-step time over steps 31 to the end (``late(ms)``), and the
-median over those steps of its time over the best's in the same step (``late/best``). Every algorithm runs before the loop on the first step and on
-the steps of fewest and most entries in all (imports and compiled loops are not the loop's).
+Per case: each method's cumulative time over the first 100 steps (all of a shorter loop), over
+the best explicit algorithm's there (``cum/best``), its median per-step time over steps 31 to the
+end (``late(ms)``), and the median over those steps of its time over that of the explicit
+algorithm of least time in them, in the same step (``late/best``: the longer the loop, the less
+noise in it). Every algorithm runs before the loop on the first step and on the steps of fewest
+and most entries in all (imports and compiled loops are not the loop's).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ COLUMNS = ["case", "method", "cum(ms)", "cum/best", "late(ms)", "late/best", "la
            "#wrong"]
 CASES = "200000/0.05/0,3000000/0.01/0,50000/0.2/16,400000/0.02/4"
 LATE = 30
+#: the steps whose cumulative time ``cum/best`` compares
+CUMULATIVE = 100
 #: further methods (name -> factory(n) of a call with a ``comm`` attribute, the communicator
 #: whose stats say what ran), e.g. a variant of learn in bench/dev/bench_learn_rule.py
 EXTRA: dict = {}
@@ -127,9 +131,10 @@ def run_case(comm, table: Table, text: str, n: int, density: float, width: int, 
                 ran[m].update(key[1] for key in stats.calls - before)
             wrong[m] += count_wrong(res, want)
     wrong = {m: int(comm.mpi_comm.allreduce(w)) for m, w in wrong.items()}
-    cum = {m: float(times[m].sum()) for m in methods}
+    cum = {m: float(times[m][:CUMULATIVE].sum()) for m in methods}
     best = min(explicit, key=cum.__getitem__)
-    late = {m: float(np.median(times[m][start:] / times[best][start:])) for m in methods}
+    best_late = min(explicit, key=lambda m: times[m][start:].sum())
+    late = {m: float(np.median(times[m][start:] / times[best_late][start:])) for m in methods}
     for m in methods:
         table.add({"case": text, "method": m, "cum(ms)": cum[m] * 1e3,
                    "cum/best": cum[m] / cum[best],
@@ -148,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     p = common_parser(__doc__.splitlines()[0], flags="")
     p.add_argument("--cases", type=listed(case), default=CASES,
                    help="comma-separated n/density/width")
-    p.add_argument("--steps", type=positive_int, default=100,
+    p.add_argument("--steps", type=positive_int, default=300,
                    help="calls of each method per case")
     p.add_argument("--seed", type=non_negative_int, default=0)
     args = p.parse_args(argv)
@@ -156,9 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     learn.records(comm).clear()
     table = Table(COLUMNS, rank=comm.rank)
     table.widths = [16, 20, 10, 10, 10, 10, 24, 7]
-    table.header(f"P = {comm.size}, {args.steps} steps a case; best = the explicit algorithm "
-                 f"of least cumulative time; late = median over steps "
-                 f"{late_start(args.steps) + 1}-{args.steps}")
+    table.header(f"P = {comm.size}, {args.steps} steps a case; cum = steps "
+                 f"1-{min(args.steps, CUMULATIVE)} over the explicit algorithm of least time "
+                 f"there; late = median over steps {late_start(args.steps) + 1}-{args.steps} "
+                 f"over the explicit algorithm of least time there")
     for text, n, density, width in args.cases:
         run_case(comm, table, text, n, density, width, args.steps, args.seed)
     return table.finish(args, {"steps": args.steps,

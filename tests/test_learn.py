@@ -1,7 +1,8 @@
 """The learning record of ``CUPYCOLL_AUTO=learn`` (cupycoll/sparse/learn.py) fed by hand: the
 order of its trials, warm-ups not counted, a far slower candidate abandoned after one timed
 call, the model's pick kept unless another is clearly faster, the choice by median, the
-others' trials started again every RECHECK calls, the share of calls spent off the choice,
+others' trials started again at rechecks that grow further apart while the choice stands,
+the share of calls spent off the choice,
 and saving and loading. The multi-rank behaviour (agreed times, a slowed pick left) is
 tests/workers/auto_learn.py's."""
 
@@ -153,10 +154,43 @@ def test_a_recheck_stops_after_one_call_of_a_candidate_still_clearly_slower(slow
     is still over RETRY_WITHIN times the choice (though within ABANDON), SAMPLES when close."""
     record = learn.Record(["a", "b"])
     speed = {"a": 1.0, "b": slower}
-    run(record, speed, 2 * (1 + learn.SAMPLES))  # both trials done
+    trials = 2 * (1 + learn.SAMPLES)
+    run(record, speed, trials)  # both trials done
     assert record.exploring() is None and record.choice() == "a" and not record.abandoned
-    ran = run(record, speed, 4 * learn.RECHECK)
+    # rechecks at 1, 2, 4 and 8 RECHECK calls, the last one's calls included
+    ran = run(record, speed, 8 * learn.RECHECK - trials + learn.SAMPLES)
     assert ran.count("b") == 4 * calls and record.choice() == "a"
+
+
+def recheck_calls(record: learn.Record, speed: dict[str, float], calls: int) -> list[int]:
+    """The calls (numbered from the record's first) at which a recheck's candidate ran, once
+    the first trials are done."""
+    start, ran = record.calls, run(record, speed, calls)
+    pick = record.choice()
+    return [start + i + 1 for i, name in enumerate(ran)
+            if start + i >= learn.TRIAL_CALLS and name != pick and ran[i - 1] == pick]
+
+
+def test_rechecks_grow_apart_while_the_choice_stands_and_close_in_when_it_changes():
+    """The first recheck comes RECHECK calls in; while each one finds the choice of the last,
+    the calls between them double up to RECHECK_MAX (a settled loop explores ever less); a
+    changed choice brings them back to RECHECK, so a candidate that became faster after a
+    change is found as soon as before."""
+    record = learn.Record(["a", "b", "c"])
+    speed = {"a": 1.0, "b": 1.3, "c": 1.35}
+    at = recheck_calls(record, speed, 6 * learn.RECHECK_MAX)
+    r, top = learn.RECHECK, learn.RECHECK_MAX
+    assert at[:5] == [r, 2 * r, 4 * r, 8 * r, 8 * r + top]
+    gaps = [b - a for a, b in zip(at, at[1:])]
+    assert gaps[3:] == [top] * len(gaps[3:]) and len(gaps) >= 6
+    off = len(at) / (6 * top)  # one call a recheck here (b, c over RETRY_WITHIN)
+    assert off <= 1 / top * 1.5
+    record.seconds["a"] = [5.0] * learn.WINDOW  # the choice slowed: the others take over
+    record._changed("a")
+    assert record.choice() == "b"
+    later = recheck_calls(record, {**speed, "a": 5.0}, top + 2 * learn.RECHECK)
+    # the recheck after the change finds another choice: the next comes RECHECK calls on
+    assert later[0] <= at[-1] + top and later[1] - later[0] == learn.RECHECK
 
 
 def feed(record: learn.Record, samples: dict[str, list[float]]) -> list[str]:

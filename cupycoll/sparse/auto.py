@@ -71,9 +71,10 @@ class Recent(collections.OrderedDict):
 
     def use(self, key: Any) -> Any:
         """The entry of ``key`` (None without one), now the one used most recently."""
-        if key not in self:
+        try:
+            self.move_to_end(key)
+        except KeyError:
             return None
-        self.move_to_end(key)
         return self[key]
 
     def __setitem__(self, key: Any, value: Any) -> None:

@@ -17,12 +17,14 @@ samples; then, of those, the one of least median time): on a shared machine a ca
 varies by more than the algorithms near the model's pick differ, and a median of a few samples
 alone would follow that noise. The choice's own calls keep its window current (one in
 :data:`TIME_EVERY` of them timed once the trials are done), so a pick that slows down is left
-for a faster one. Every :data:`RECHECK` calls one of the others, in turn, starts its trials
+for a faster one. After :data:`RECHECK` calls one of the others, in turn, starts its trials
 again (its old samples dropped: one call if it takes over :data:`RETRY_WITHIN` times the pick's
 median, ``SAMPLES`` if it is that close: a recheck looks for a change, and one clearly slower
-call says there is none). A class's exploration costs at most
-``(CANDIDATES - 1) * (1 + SAMPLES) + SAMPLES`` calls, then one to ``SAMPLES`` calls in
-``RECHECK``; a new class next to one that finished its trials (half or twice the total nnz: a
+call says there is none); each recheck that finds the choice of the last one still standing
+doubles the calls to the next, up to :data:`RECHECK_MAX` (a loop that settled pays ever less
+for looking), and a changed choice brings them back to ``RECHECK``. A class's exploration costs
+at most ``(CANDIDATES - 1) * (1 + SAMPLES) + SAMPLES`` calls, then one to ``SAMPLES`` calls in
+``RECHECK``, falling to one to ``SAMPLES`` in ``RECHECK_MAX``; a new class next to one that finished its trials (half or twice the total nnz: a
 loop's drift across a power of two) starts from that class's record, its times scaled by the
 sizes' ratio, without trials of its own.
 
@@ -57,7 +59,7 @@ from .measure import kind
 
 __all__ = ["Record", "plan", "class_key", "with_total", "finish", "absorb", "pending_us", "save",
            "load", "records", "WITHIN", "CANDIDATES", "SAMPLES", "ABANDON", "WINDOW", "RECHECK",
-           "RETRY_WITHIN", "TRIAL_CALLS", "TIME_EVERY", "DISTURBED"]
+           "RECHECK_MAX", "RETRY_WITHIN", "TRIAL_CALLS", "TIME_EVERY", "DISTURBED"]
 
 #: candidates: the algorithms the model prices within this factor of its best
 WITHIN = 2.0
@@ -71,8 +73,11 @@ ABANDON = 1.5
 FASTER_PAIRS = 0.85
 #: the latest timed calls of each candidate that its median counts
 WINDOW = 8
-#: calls of a class between two timed calls of the runner-up, once the first choice is made
+#: calls of a class from its first choice (or a changed choice) to the next recheck
 RECHECK = 32
+#: the most calls between two rechecks: each recheck that leaves the choice as it stood at the
+#: last one doubles the calls to the next, up to this
+RECHECK_MAX = 256
 #: a candidate tried again at a recheck whose first timed call takes over this factor of the
 #: best median stops there (its first trials stop at ABANDON)
 RETRY_WITHIN = 1.1
@@ -113,6 +118,18 @@ class Record:
     #: leave it (:meth:`exploring`); a record made from measured samples (a neighbour's, a
     #: loaded one) starts so
     _confirmed: bool = dataclasses.field(default=False, repr=False, compare=False)
+    #: the call of the next recheck (0: RECHECK calls after those the record starts with),
+    #: the calls between the last two, the rechecks so far and the choice at the last one
+    #: (see :meth:`next`)
+    _recheck_at: int = dataclasses.field(default=0, repr=False, compare=False)
+    _interval: int = dataclasses.field(default=RECHECK, repr=False, compare=False)
+    _rechecks: int = dataclasses.field(default=0, repr=False, compare=False)
+    _checked: str | None = dataclasses.field(default=None, repr=False, compare=False)
+    #: whether the call :meth:`next` returned last is timed (:meth:`timed`)
+    _timed: bool = dataclasses.field(default=True, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._recheck_at = self._recheck_at or self.calls + RECHECK
 
     def median(self, name: str) -> float:
         found = self._medians.get(name)
@@ -166,26 +183,33 @@ class Record:
         return None
 
     def next(self) -> str:
-        """The algorithm of the next timed call (counted). Every :data:`RECHECK` calls one of
-        the others, in turn, starts its trials again (its old samples dropped)."""
+        """The algorithm of the next call (counted). At a recheck (:data:`RECHECK` calls
+        after the first choice, then twice the calls before while the choice stands, up to
+        :data:`RECHECK_MAX`) one of the others, in turn, starts its trials again (its old
+        samples dropped)."""
         self.calls += 1
-        if self.calls % RECHECK == 0 and self.exploring() is None:
+        if self.calls >= self._recheck_at and self.exploring() is None:
             pick = self.choice()
+            kept = pick == self._checked
+            self._interval = min(2 * self._interval, RECHECK_MAX) if kept else RECHECK
+            self._recheck_at, self._checked = self.calls + self._interval, pick
             others = [c for c in self.candidates if c != pick]
             if others:
-                again = others[(self.calls // RECHECK) % len(others)]
+                again = others[self._rechecks % len(others)]
+                self._rechecks += 1
                 self.seconds.pop(again, None)
                 self._changed(again)
                 self._retrying, self._explored = again, False
                 if again in self.abandoned:
                     self.abandoned.remove(again)
         name = self.exploring()
+        self._timed = name is not None or self.calls % TIME_EVERY == 0
         return self.choice() if name is None else name
 
     def timed(self) -> bool:
         """Whether the call :meth:`next` returned last is timed: every call of a candidate in
         its trials or tried again, one in :data:`TIME_EVERY` of the choice's."""
-        return self.exploring() is not None or self.calls % TIME_EVERY == 0
+        return self._timed
 
     def add(self, name: str, seconds: float) -> None:
         """An agreed time of ``name``: its first is the warm-up; then it joins the window, and
@@ -293,7 +317,9 @@ def _neighbour(table: dict[tuple, Record], key: tuple) -> Record | None:
             return Record(list(near.candidates), list(near.warmed),
                           {name: [t * scale for t in window]
                            for name, window in near.seconds.items()},
-                          list(near.abandoned), near.calls, _confirmed=True)
+                          list(near.abandoned), near.calls, _confirmed=True,
+                          _recheck_at=near._recheck_at, _interval=near._interval,
+                          _rechecks=near._rechecks, _checked=near._checked)
     return None
 
 
