@@ -428,3 +428,55 @@ def test_learn_is_auto_s_default_mode(monkeypatch):
 
     monkeypatch.delenv("CUPYCOLL_AUTO", raising=False)
     assert setting("CUPYCOLL_AUTO") == "learn"
+
+
+def test_a_steady_call_decides_as_the_full_path_does(monkeypatch):
+    """The front door's steady path (a call of the kind of the last one, in its class, running
+    the choice untimed: that call's algorithm and wire reused) gives, call for call, what the
+    full path gives: over a loop whose counts drift across classes and the wire's repricing
+    band, whose choice slows down and changes, with rechecks, and whose records are cleared."""
+    from mpi4py import MPI
+
+    import cupycoll as cc
+    from cupycoll.sparse import api
+    from cupycoll.sparse._validate import prepare
+
+    monkeypatch.setenv("CUPYCOLL_AUTO", "learn")
+    monkeypatch.setattr(learn, "_fresh", lambda shape, profile: learn.Record(
+        ["recursive_doubling", "allgather", "mask"]))
+    # rechecks that fall on calls the timing leaves untimed, too
+    monkeypatch.setattr(learn, "RECHECK", 30)
+    monkeypatch.setattr(learn, "RECHECK_MAX", 120)
+    steady, taken = learn.Record.steady, []
+    monkeypatch.setattr(learn.Record, "steady",
+                        lambda self, name: taken.append(steady(self, name)) or taken[-1])
+    comms = [cc.init("mpi", mpi_comm=MPI.COMM_SELF) for _ in range(2)]  # steady, full
+    rng, n, kind, density, seen = np.random.default_rng(5), 1 << 16, ("a kind",), 0.02, []
+    for step in range(900):
+        density = min(max(density * rng.uniform(0.85, 1.15), 0.004), 0.1)
+        idx = np.sort(rng.choice(n, int(density * n), replace=False))
+        val = np.ones(idx.size, np.float32)
+        speed = {"recursive_doubling": 1.0 if step < 400 else 2.0, "allgather": 1.3,
+                 "mask": 1.2 + 0.3 * rng.random()}
+        if step in (500, 650, 651, 777):
+            for comm in comms:
+                learn.records(comm).clear()
+        decided = []
+        for comm in comms:
+            if comm is comms[1]:
+                vars(comm).pop("_learn_steady", None)  # the full path every call
+            prepared = prepare(comm, idx, val, n, op="sum", algorithm="auto",
+                               accumulate_dtype=None, alloc_fn=None, completion_fn=None,
+                               async_op=False)
+            name, wire, timer = api._learned(comm, kind, prepared, False)
+            key, record = comm._learn_steady[kind][:2]
+            if timer is not None:
+                record.add(name, speed[name])
+            decided.append((name, wire, timer is None, key))
+        assert decided[0] == decided[1], step
+        assert comms[0]._auto_choices == comms[1]._auto_choices, step  # the wire's memo
+        seen.append(decided[0][0])
+    assert learn.records(comms[0]) == learn.records(comms[1])
+    assert sum(taken) > 300  # most calls took the steady path
+    assert {"recursive_doubling", "allgather", "mask"} <= set(seen)
+    assert len({key for key in learn.records(comms[0])}) > 1  # the counts crossed classes
