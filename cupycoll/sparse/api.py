@@ -181,40 +181,13 @@ def _decide(comm: Communicator, prepared: Prepared, async_op: bool
             timer = lambda on: functools.partial(  # noqa: E731
                 _measure.record, on, trials, name, _measure.settled(on))
     else:
-        return _learned(comm, kind, prepared, async_op)
-    return name, _wire_of(comm, kind, prepared, name), timer
-
-
-def _wire_of(comm: Communicator, kind: tuple, prepared: Prepared, name: str) -> Wire:
-    """The wire of the call of ``kind`` running ``name``, :func:`~.auto.remembered`."""
-    return _auto.remembered(comm, kind + (name,), prepared.nnz, prepared.n,
+        learned = _learn.with_total(_learn_kind(comm, kind, prepared), sum(prepared.nnz))
+        name, learning = _learn.plan(comm, learned, lambda: _shape(comm, prepared),
+                                     prepared.op, not async_op)
+        if learning is not None:
+            timer = lambda on: functools.partial(_learn.finish, on, learning)  # noqa: E731
+    wire = _auto.remembered(comm, kind + (name,), prepared.nnz, prepared.n,
                             lambda: _wire(comm, prepared, name, _shape(comm, prepared)))
-
-
-def _learned(comm: Communicator, kind: tuple, prepared: Prepared, async_op: bool
-             ) -> tuple[str, Wire, Callable | None]:
-    """learn's (algorithm, wire, timer) of a call of ``kind``. A synchronous call that runs its
-    class's choice untimed and without a recheck (:meth:`~.learn.Record.steady`), in the
-    class, the nodes and the wire's memo entry of the last call of ``kind``, takes that
-    call's algorithm and wire: the same answer, without building the class key or deciding
-    the wire again (most of a loop's calls)."""
-    steady, total = _auto.bounded_table(comm, "_learn_steady"), sum(prepared.nnz)
-    last = steady.get(kind)
-    if last is not None and not async_op:
-        key, record, name, wire_key, kept = last
-        if (key[-2] == total.bit_length() and wire_key == _auto.memo_key(kind + (name,))
-                and _learn.records(comm).use(key) is record
-                and _auto.still_remembered(comm, wire_key, kept, prepared.nnz)
-                and record.steady(name)):
-            return name, kept[1], None
-    key = _learn.with_total(_learn_kind(comm, kind, prepared), total)
-    name, learning = _learn.plan(comm, key, lambda: _shape(comm, prepared), prepared.op,
-                                 not async_op)
-    wire = _wire_of(comm, kind, prepared, name)
-    wire_key = _auto.memo_key(kind + (name,))
-    steady[kind] = (key, _learn.records(comm).get(key), name, wire_key,
-                    _auto.comm_table(comm, "_auto_choices").get(wire_key))
-    timer = learning and (lambda on: functools.partial(_learn.finish, on, learning))
     return name, wire, timer
 
 

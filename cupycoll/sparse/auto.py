@@ -186,26 +186,13 @@ def remembered(comm: Any, key: tuple, nnz: tuple[int, ...], n: int, decide: Call
     beyond it is decided and becomes the reference. Every rank sees the same agreed calls,
     so every rank keeps the same references and decisions."""
     memo = bounded_table(comm, "_auto_choices")
-    key = memo_key(key)
+    key = key + (setting("CUPYCOLL_RANKS_PER_NODE"),)  # the nodes the models saw
     kept = memo.get(key)
     if kept is not None and _near(nnz, kept[0]):
         return kept[1]
     decided = decide()
     memo[key] = (_classed(nnz, n), decided)
     return decided
-
-
-def memo_key(key: tuple) -> tuple:
-    """The key :func:`remembered` keeps ``key``'s decision under: with the nodes the models
-    saw."""
-    return key + (setting("CUPYCOLL_RANKS_PER_NODE"),)
-
-
-def still_remembered(comm: Any, key: tuple, kept: tuple, nnz: tuple[int, ...]) -> bool:
-    """Whether :func:`remembered` would return ``kept``'s decision for a call of ``nnz`` (its
-    memo entry under the :func:`memo_key` ``key``), without deciding anything."""
-    memo = comm_table(comm, "_auto_choices")
-    return len(memo) < _DECISIONS_MAX and memo.get(key) is kept and _near(nnz, kept[0])
 
 
 def _near(counts: tuple[int, ...], reference: tuple[int, ...]) -> bool:
