@@ -11,8 +11,8 @@ would keep each method after the same one), after a barrier; a sample is the slo
 Per case: each method's cumulative time over the first 100 steps (all of a shorter loop), over
 the best explicit algorithm's there (``cum/best``), its median per-step time over steps 31 to the
 end (``late(ms)``), and the median over those steps of its time over that of the explicit
-algorithm of least time in them, in the same step (``late/best``: the longer the loop, the less
-noise in it). Every algorithm runs before the loop on the first step and on the steps of fewest
+algorithm of least median time in them, in the same step (``late/best``: the longer the loop,
+the less noise in it). Every algorithm runs before the loop on the first step and on the steps of fewest
 and most entries in all (imports and compiled loops are not the loop's).
 """
 
@@ -133,7 +133,7 @@ def run_case(comm, table: Table, text: str, n: int, density: float, width: int, 
     wrong = {m: int(comm.mpi_comm.allreduce(w)) for m, w in wrong.items()}
     cum = {m: float(times[m][:CUMULATIVE].sum()) for m in methods}
     best = min(explicit, key=cum.__getitem__)
-    best_late = min(explicit, key=lambda m: times[m][start:].sum())
+    best_late = min(explicit, key=lambda m: np.median(times[m][start:]))
     late = {m: float(np.median(times[m][start:] / times[best_late][start:])) for m in methods}
     for m in methods:
         table.add({"case": text, "method": m, "cum(ms)": cum[m] * 1e3,
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     table.header(f"P = {comm.size}, {args.steps} steps a case; cum = steps "
                  f"1-{min(args.steps, CUMULATIVE)} over the explicit algorithm of least time "
                  f"there; late = median over steps {late_start(args.steps) + 1}-{args.steps} "
-                 f"over the explicit algorithm of least time there")
+                 f"over the explicit algorithm of least median there")
     for text, n, density, width in args.cases:
         run_case(comm, table, text, n, density, width, args.steps, args.seed)
     return table.finish(args, {"steps": args.steps,

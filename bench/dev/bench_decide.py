@@ -11,7 +11,10 @@ slowest rank's. A shared VM's speed changes from minute to minute (by 2x here): 
 rounds put every mode in each phase alike, and the least round is the code's cost in the
 quietest one.
 The plan is what a call adds between its validation and its algorithm (deciding the algorithm
-and its wire format); a repeated shape class is what a training loop makes.
+and its wire format); a repeated shape class is what a training loop makes. A plan learn times
+(its trials and rechecks, one in 4 of its choice's calls) is followed, inside the timing, by
+what the next validation does with its time (``learn.absorb``, here of the call's median, the
+same on every rank), so the record moves on as in a loop: its rechecks end.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import numpy as np
 
 from cupycoll._arguments import positive_int
 import cupycoll as cc
-from cupycoll.sparse import api
+from cupycoll.sparse import api, learn
 
 MODES = ("explicit", "estimate", "learn")
 
@@ -55,12 +58,20 @@ def prepared_call(comm, n: int, k: int, calls: int = 20):
     return seen["prepared"], float(np.median(seconds[calls // 2:]))
 
 
-def time_plan(comm, prepared, reps: int) -> float:
-    api.plan(comm, prepared)
+def time_plan(comm, prepared, reps: int, agreed_us: int) -> float:
+    plan_once(comm, prepared, agreed_us)
     start = time.perf_counter()
     for _ in range(reps):
-        api.plan(comm, prepared)
+        plan_once(comm, prepared, agreed_us)
     return (time.perf_counter() - start) / reps
+
+
+def plan_once(comm, prepared, agreed_us: int) -> None:
+    """``plan()``; a timed one's time (``agreed_us``) then joins learn's record."""
+    planned = api.plan(comm, prepared)
+    if planned.timer is not None:
+        planned.timer(comm)()
+        learn.absorb(comm, agreed_us)
 
 
 def main() -> int:
@@ -79,7 +90,8 @@ def main() -> int:
     seconds = {mode: [] for mode in MODES}
     for _ in range(args.rounds):
         for mode in MODES:
-            seconds[mode].append(time_plan(comm, calls[mode], args.reps))
+            seconds[mode].append(time_plan(comm, calls[mode], args.reps,
+                                           int(call_seconds * 1e6)))
     slowest = {(mode, stat.__name__): comm.mpi_comm.allreduce(float(stat(s)), op=_max())
                for mode, s in seconds.items() for stat in (np.median, np.min)}
     if comm.rank == 0:
