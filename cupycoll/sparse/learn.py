@@ -1,42 +1,33 @@
 """``CUPYCOLL_AUTO=learn``: ``auto`` learns from the calls a training loop repeats.
 
-A training loop calls ``sparse_allreduce`` with nearly the same shape every step. Here the
-synchronous ``auto`` calls of a shape class (:func:`.measure.kind`: P, element sizes, op,
+The synchronous ``auto`` calls of a shape class (:func:`.measure.kind`: P, element sizes, op,
 output, wire, and n, width and total nnz to a power of two) are timed (:meth:`Record.timed`),
-and each time, agreed as the slowest rank's, feeds a :class:`Record` of the class. The first
-calls run the model's pick and then, in turn, the other algorithms the model prices within
-:data:`WITHIN` of it (at most :data:`CANDIDATES` in all): each a warm-up call (imports,
-compiled loops, buffers: not counted) and :data:`SAMPLES` timed ones, a candidate stopped after
-one if it takes over :data:`ABANDON` times the best so far. Where the others would then leave
-the model's pick, the pick is timed again first (``SAMPLES`` calls, its first samples
-dropped): a class's first calls pay for what its size needs anew, and the pick took them. From
-then on the model's pick runs
-unless another candidate is clearly faster than it (:func:`clearly_faster`: faster in at least
-:data:`FASTER_PAIRS` of the pairs of one sample of each, over each one's latest :data:`WINDOW`
-samples; then, of those, the one of least median time): on a shared machine a call's time
-varies by more than the algorithms near the model's pick differ, and a median of a few samples
-alone would follow that noise. The choice's own calls keep its window current (one in
-:data:`TIME_EVERY` of them timed once the trials are done), so a pick that slows down is left
-for a faster one. After :data:`RECHECK` calls one of the others, in turn, starts its trials
-again (its old samples dropped: one call if it takes over :data:`RETRY_WITHIN` times the pick's
-median, ``SAMPLES`` if it is that close: a recheck looks for a change, and one clearly slower
-call says there is none); each recheck that finds the choice of the last one still standing
-doubles the calls to the next, up to :data:`RECHECK_MAX` (a loop that settled pays ever less
-for looking), and a changed choice brings them back to ``RECHECK``. A class's exploration costs
-at most ``(CANDIDATES - 1) * (1 + SAMPLES) + SAMPLES`` calls, then one to ``SAMPLES`` calls in
-``RECHECK``, falling to one to ``SAMPLES`` in ``RECHECK_MAX``; a new class next to one that finished its trials (half or twice the total nnz: a
-loop's drift across a power of two) starts from that class's record, its times scaled by the
-sizes' ratio, without trials of its own.
+each time, agreed as the slowest rank's, feeding the class's :class:`Record`. The first calls
+run the model's pick, then in turn the others it prices within :data:`WITHIN` of it (at most
+:data:`CANDIDATES` in all): each a warm-up call (not counted) and :data:`SAMPLES` timed ones,
+stopped after one over :data:`ABANDON` times the best so far. Where the others would leave the
+pick, it is timed again first (a class's first calls pay for what its size needs anew). Then
+the pick runs unless another is clearly faster (:func:`clearly_faster`, over each one's latest
+:data:`WINDOW` samples; then the least median of those): a call's time varies by more than
+the algorithms near the pick differ, and a median of a few samples would follow that noise.
+One in :data:`TIME_EVERY` of the choice's calls is timed, so a choice that slows down is left.
+At a recheck (the class's :data:`RECHECK`-th call, then twice the calls before while the
+choice stands, up to :data:`RECHECK_MAX`; ``RECHECK`` again once it changes) one of the
+others, in turn, starts its trials again: one call if it takes over :data:`RETRY_WITHIN` times
+the pick's median, ``SAMPLES`` if it is that close. A class's exploration costs at most
+:data:`TRIAL_CALLS` calls, then up to ``SAMPLES`` calls a recheck. A new class next to one that
+finished its trials (half or twice the total nnz: a loop's drift across a power of two) starts
+from that class's record, its times scaled by the sizes' ratio, without trials of its own.
 
 No collective is added: a call's time travels in the validation allreduce of the next
 ``sparse_allreduce`` on the communicator (a maximum of the agreement, ``learned``), so every
 rank adds the same number to the same record and makes the same choice. A call during which
-numba's background import ran on some rank (a process's first second or so:
-:func:`cupycoll.primitives._accel.loading`) is not counted on any rank: that rank sends
-:data:`DISTURBED`, which the maximum gives everyone. Asynchronous and small calls are not
-timed; an asynchronous call runs the current choice. What a communicator learned can be saved and loaded (:func:`save`, :func:`load`; the
-records are rank 0's, broadcast). Results stay bitwise identical across ranks; which algorithm
-computed them (so the rounding of a float sum) can change between calls.
+numba's background import ran on some rank (:func:`cupycoll.primitives._accel.loading`) is
+not counted on any rank: that rank sends :data:`DISTURBED`, which the maximum gives everyone.
+Asynchronous and small calls are not timed; an asynchronous call runs the current choice.
+What a communicator learned can be saved and loaded (:func:`save`, :func:`load`: rank 0's
+records, broadcast). Results stay bitwise identical across ranks; which algorithm computed
+them (so the rounding of a float sum) can change between calls.
 """
 
 from __future__ import annotations
@@ -73,10 +64,9 @@ ABANDON = 1.5
 FASTER_PAIRS = 0.85
 #: the latest timed calls of each candidate that its median counts
 WINDOW = 8
-#: calls of a class from its first choice (or a changed choice) to the next recheck
+#: the call of a class's first recheck, and the calls to the next after a changed choice
 RECHECK = 32
-#: the most calls between two rechecks: each recheck that leaves the choice as it stood at the
-#: last one doubles the calls to the next, up to this
+#: the most calls between two rechecks (each that finds the choice standing doubles them)
 RECHECK_MAX = 256
 #: a candidate tried again at a recheck whose first timed call takes over this factor of the
 #: best median stops there (its first trials stop at ABANDON)
@@ -87,8 +77,7 @@ TIME_EVERY = 4
 #: the most calls of a new shape class's first trials (a warm-up and SAMPLES timed calls each,
 #: and SAMPLES more of the model's pick where the others would leave it)
 TRIAL_CALLS = CANDIDATES * (1 + SAMPLES) + SAMPLES
-#: the ``learned`` value of a call not to count (see the module): above any time in us
-DISTURBED = 1 << 62
+DISTURBED = 1 << 62  #: the ``learned`` value of a call not to count: above any time in us
 
 
 @dataclasses.dataclass
@@ -118,9 +107,8 @@ class Record:
     #: leave it (:meth:`exploring`); a record made from measured samples (a neighbour's, a
     #: loaded one) starts so
     _confirmed: bool = dataclasses.field(default=False, repr=False, compare=False)
-    #: the call of the next recheck (0: RECHECK calls after those the record starts with),
-    #: the calls between the last two, the rechecks so far and the choice at the last one
-    #: (see :meth:`next`)
+    #: the call of the next recheck (0: RECHECK after the record's first), the calls between
+    #: the last two, the rechecks so far and the choice at the last one (see :meth:`next`)
     _recheck_at: int = dataclasses.field(default=0, repr=False, compare=False)
     _interval: int = dataclasses.field(default=RECHECK, repr=False, compare=False)
     _rechecks: int = dataclasses.field(default=0, repr=False, compare=False)
@@ -183,10 +171,8 @@ class Record:
         return None
 
     def next(self) -> str:
-        """The algorithm of the next call (counted). At a recheck (:data:`RECHECK` calls
-        after the first choice, then twice the calls before while the choice stands, up to
-        :data:`RECHECK_MAX`) one of the others, in turn, starts its trials again (its old
-        samples dropped)."""
+        """The algorithm of the next call (counted). At a recheck (see the module) one of the
+        others, in turn, starts its trials again (its old samples dropped)."""
         self.calls += 1
         if self.calls >= self._recheck_at and self.exploring() is None:
             pick = self.choice()
