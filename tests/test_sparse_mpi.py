@@ -49,6 +49,16 @@ def test_recursive_doubling_merges_into_the_block_it_sends():
     assert int(out.split("sent next on rank 0: ")[1].split()[0]) > 0, out
 
 
+def test_recursive_doubling_keeps_its_last_merge_sparse():
+    """At P = 2 the one merge is the last: where its union prefers dense it stays sparse (a
+    result not sent on is not densified to be read back; results against the dense
+    reference), and such merges ran."""
+    out = run_mpi(2, "sparse_random.py", 4005, 150, "recursive_doubling", timeout=240)
+    assert "ok 150 cases on 2 ranks" in out
+    seen = out.split("last merges preferring dense on rank 0: ")[1]
+    assert int(seen.split(",")[0]) > 0 and seen.split("made dense: ")[1].split()[0] == "0", out
+
+
 @pytest.mark.parametrize("nprocs", LAUNCHES.ranks("sparse_arena.py"))
 def test_recursive_doubling_reads_blocks_in_place_and_keeps_no_result_there(nprocs):
     """Ranks of one node: recursive doubling's sparse blocks are read where their senders

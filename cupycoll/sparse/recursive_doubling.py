@@ -15,7 +15,7 @@ dense and stays dense. R is the row's bytes on the wire (``wire_values`` rounds 
 index's bytes uncoded (a compact wire's coded indices are known only once encoded; both
 partners must decide from the nnz alone). ``DELTA`` = 1 switches at equal bytes, i.e. at union
 density (R + 1/8) / (I + R): about 0.52 for float32 values and int32 indices. Both partners see
-the same merged nnz, so they switch together.
+the same merged nnz, so they switch together; the last merge (not sent on) stays sparse.
 
 Cost per rank and round: an 8-byte header (nnz, or -1 for dense; compact wire: + the block's
 bytes, 16 bytes) and the partner's partial result as one packed block (|union of its group| * E,
@@ -187,14 +187,14 @@ class _Rounds:
 
     def merge(self, lower: _State, higher: _State, sends_next: bool = False) -> _State:
         """Combine two partial results of disjoint groups, lower rank's first; ``sends_next``:
-        the result is sent on (then written into its block where :meth:`packed_sum` can)."""
+        it is sent on (into its block where :meth:`packed_sum` can; dense where it prefers)."""
         if not lower.dense and not higher.dense:
             packed = self.packed_sum(lower, higher) if sends_next else None
             if packed is not None:
                 return self.released(packed)
-            merged = reduce_parts([(lower.first, lower.second), (higher.first, higher.second)],
-                                  self.op, self.accumulate_dtype)
-            return self.released(self.switch(_State(False, *merged)))
+            parts = [(lower.first, lower.second), (higher.first, higher.second)]
+            merged = _State(False, *reduce_parts(parts, self.op, self.accumulate_dtype))
+            return self.released(self.switch(merged) if sends_next else merged)
         lo, hi = _as_dense(lower, self.n), _as_dense(higher, self.n)
         return self.released(_State(True, combine(lo.first, hi.first, self.op),
                                     lo.second | hi.second))

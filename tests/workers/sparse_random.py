@@ -257,11 +257,32 @@ def count_packed_sums() -> list[int]:
     return made
 
 
+def count_last_merges() -> list[int]:
+    """Count recursive doubling's last sparse merges (not sent on) whose union prefers dense
+    and those whose result came back dense (printed: their test asserts the first some and
+    the second none: a result not sent on is not densified to be read back)."""
+    from cupycoll.sparse import recursive_doubling as rd
+
+    seen, merge = [0, 0], rd._Rounds.merge
+
+    def counted(self, lower, higher, sends_next=False):  # type: ignore[no-untyped-def]
+        state = merge(self, lower, higher, sends_next)
+        if not (sends_next or lower.dense or higher.dense):
+            seen[0] += state.dense or rd.prefer_dense(int(state.first.shape[0]), self.n,
+                                                      self.index_dtype.itemsize, self.row_bytes)
+            seen[1] += state.dense
+        return state
+
+    rd._Rounds.merge = counted
+    return seen
+
+
 def main() -> None:
     seed, ncases = int(sys.argv[1]), int(sys.argv[2])
     if os.environ.get("CC_TEST_NUMBA_THREADS"):
         every_loop_in_numba_threads()
     packed = count_packed_sums()
+    last = count_last_merges()
     algorithms = sys.argv[3:] or ALGORITHMS
     comm = MPICommunicator(MPI.COMM_WORLD, timeout=60)
     size, rank = comm.size, comm.rank
@@ -291,6 +312,7 @@ def main() -> None:
     if rank == 0:
         print(f"ok {ncases} cases on {size} ranks, algorithms {algorithms}")
         print(f"merges written into the block sent next on rank 0: {packed[0]}")
+        print(f"last merges preferring dense on rank 0: {last[0]}, made dense: {last[1]}")
 
 
 if __name__ == "__main__":
