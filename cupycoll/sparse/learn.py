@@ -14,10 +14,10 @@ One in :data:`TIME_EVERY` of the choice's calls is timed, so a choice that slows
 At a recheck (the class's :data:`RECHECK`-th call, then twice the calls before while the
 choice stands, up to :data:`RECHECK_MAX`; ``RECHECK`` again once it changes) one of the
 others, in turn, starts its trials again: one call if it takes over :data:`RETRY_WITHIN` times
-the pick's median, ``SAMPLES`` if it is that close. A class's exploration costs at most
-:data:`TRIAL_CALLS` calls, then up to ``SAMPLES`` calls a recheck. A new class next to one that
-finished its trials (half or twice the total nnz: a loop's drift across a power of two) starts
-from that class's record, its times scaled by the sizes' ratio, without trials of its own.
+the pick's median, ``SAMPLES`` if it is that close. A class's first trials take at most
+:data:`TRIAL_CALLS` calls (its pick's included), a recheck up to ``SAMPLES``. A new class
+next to one that finished its trials (half or twice the total nnz: a loop's drift across a
+power of two) starts from that class's record, its times scaled, without trials of its own.
 
 No collective is added: a call's time travels in the validation allreduce of the next
 ``sparse_allreduce`` on the communicator (a maximum of the agreement, ``learned``), so every
