@@ -17,7 +17,8 @@ others, in turn, starts its trials again: one call if it takes over :data:`RETRY
 the pick's median, ``SAMPLES`` if it is that close. A class's first trials take at most
 :data:`TRIAL_CALLS` calls (its pick's included), a recheck up to ``SAMPLES``. A new class
 next to one that finished its trials (half or twice the total nnz: a loop's drift across a
-power of two) starts from that class's record, its times scaled, without trials of its own.
+power of two) starts from that class's record, its times scaled by the sizes' ratio, without
+trials of its own.
 
 No collective is added: a call's time travels in the validation allreduce of the next
 ``sparse_allreduce`` on the communicator (a maximum of the agreement, ``learned``), so every
