@@ -12,8 +12,8 @@ Per case: each method's cumulative time over the first 100 steps (all of a short
 the best explicit algorithm's there (``cum/best``), its median per-step time over steps 31 to the
 end (``late(ms)``), and the median over those steps of its time over that of the explicit
 algorithm of least median time in them, in the same step (``late/best``: the longer the loop,
-the less noise in it). Every algorithm runs before the loop on the first step and on the steps of fewest
-and most entries in all (imports and compiled loops are not the loop's).
+the less noise in it). Every algorithm runs before the loop on the first step and on the steps
+of fewest and most entries in all (imports and compiled loops are not the loop's).
 """
 
 from __future__ import annotations
