@@ -61,28 +61,33 @@ def ranks_parts(k: int, n: int, width: int, rng, count: int = 2
              rng.standard_normal(row).astype(np.float32)) for _ in range(count)]
 
 
-def seconds(call, repeats: int, stat=np.median) -> float:
-    """``stat`` (median, or min on a busy machine) of ``call()``'s seconds over ``repeats``
-    calls."""
+def seconds(call, sets: list, repeats: int, stat=np.median) -> float:
+    """``stat`` (median, or min on a busy machine) of ``call(parts)``'s seconds over
+    ``repeats`` calls, cycling through ``sets`` of parts."""
     times = []
-    for _ in range(repeats):
+    for i in range(repeats):
+        parts = sets[i % len(sets)]
         start = time.perf_counter()
-        call()
+        call(parts)
         times.append(time.perf_counter() - start)
     return float(stat(times))
 
 
-def loop_seconds(parts, repeats: int, stat=np.median) -> tuple[float, float] | None:
-    """Seconds (``stat`` of ``repeats`` calls) of numba's k-way loop and of its two-way merge
-    (chained in part order beyond two parts) on ``parts`` (the two loops ``merge_sorted``
-    chooses between), or None without numba."""
+def loop_seconds(sets: list, repeats: int, stat=np.median) -> tuple[float, float] | None:
+    """Seconds (``stat`` of ``repeats`` calls over ``sets`` of parts) of numba's k-way loop
+    and of its two-way merge (chained in part order beyond two parts), the two loops
+    ``merge_sorted`` chooses between, or None without numba."""
     loops = _accel.loops()
     if loops is None:
         return None
-    indices, values = [i for i, _ in parts], [v for _, v in parts]
     f32, i32 = np.dtype(np.float32), np.dtype(np.int32)
-    return (seconds(lambda: loops.merge(indices, values, np.add, f32, i32), repeats, stat),
-            seconds(lambda: two_summed(indices, values, f32, i32), repeats, stat))
+
+    def k_way(parts):
+        return loops.merge([i for i, _ in parts], [v for _, v in parts], np.add, f32, i32)
+
+    def two_way(parts):
+        return two_summed([i for i, _ in parts], [v for _, v in parts], f32, i32)
+    return seconds(k_way, sets, repeats, stat), seconds(two_way, sets, repeats, stat)
 
 
 def main() -> None:
@@ -91,6 +96,8 @@ def main() -> None:
     parser.add_argument("--k", type=positive_int, default=8192, help="entries of each rank")
     parser.add_argument("--n", type=positive_int, default=409600, help="dense length (rows)")
     parser.add_argument("--repeats", type=positive_int, default=40)
+    parser.add_argument("--sets", type=positive_int, default=8,
+                        help="draws of the parts the calls cycle through")
     parser.add_argument("--stat", choices=("median", "min"), default="median",
                         help="of the repeats (min: the least disturbed call)")
     parser.add_argument("--parts", type=int, default=2, choices=range(2, CHAIN_PARTS + 1),
@@ -107,10 +114,10 @@ def main() -> None:
           f" {'k-way(us)':>10} {'2-way(us)':>10}")
     base = None
     for width in (int(w) for w in args.widths.split(",")):
-        parts = ranks_parts(args.k, args.n, width, rng, args.parts)
-        measured = seconds(lambda: reduce_parts(parts, ReduceOp.SUM, np.dtype(np.float32)),
-                           args.repeats, stat)
-        loops = loop_seconds(parts, args.repeats, stat)
+        sets = [ranks_parts(args.k, args.n, width, rng, args.parts) for _ in range(args.sets)]
+        measured = seconds(lambda parts: reduce_parts(parts, ReduceOp.SUM, np.dtype(np.float32)),
+                           sets, args.repeats, stat)
+        loops = loop_seconds(sets, args.repeats, stat)
         both = " ".join(f"{t * 1e6:10.0f}" for t in loops) if loops else f"{'-':>10} {'-':>10}"
         if args.parts != 2:
             print(f"  {width:5d} {measured * 1e6:10.0f} {'-':>10} {'-':>11} {'-':>7} {both}")

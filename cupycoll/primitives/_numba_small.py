@@ -104,12 +104,15 @@ def _two_1d(a, va, b, vb, zero, absent_zero, out_idx, out_val):  # type: ignore[
 def _two_1d_zero(a, va, b, vb, zero, absent_zero, out_idx,
                  out_val):  # type: ignore[no-untyped-def]
     """:func:`_two_1d` with ``absent_zero``: a value of one part + ``zero``, as one add (a
-    missing side counts ``zero``; ``0 + v`` is ``v + 0``, NaN payloads included)."""
+    missing side counts ``zero``; ``0 + v`` is ``v + 0``, NaN payloads included). Both values
+    are read before the selects, as :func:`_two_1d` reads them for its sum: a read inside a
+    select compiles to a branch on the comparison, which new indices mispredict about every
+    other entry (docs/primitives.md)."""
     i, j, k, na, nb = 0, 0, 0, a.size, b.size
     while i < na and j < nb:
-        x, y = a[i], b[j]
+        x, y, p, q = a[i], b[j], va[i], vb[j]
         in_a, in_b = x <= y, y <= x
-        out_val[k] = (va[i] if in_a else zero) + (vb[j] if in_b else zero)
+        out_val[k] = (p if in_a else zero) + (q if in_b else zero)
         out_idx[k] = x if in_a else y
         i, j, k = i + in_a, j + in_b, k + 1
     return _tails(a, va, b, vb, i, j, k, zero, absent_zero, out_idx, out_val)
