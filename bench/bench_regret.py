@@ -2,24 +2,31 @@
 (estimate) and auto that learns (learn), side by side over the same drifting steps.
 
     mpiexec -n 2 python -m mpi4py bench/bench_regret.py
-    mpiexec -n 2 python -m mpi4py bench/bench_regret.py --steps 100 --cases 200000/0.05/0
+    mpiexec -n 2 python -m mpi4py bench/bench_regret.py --steps 100 --repeats 1 \
+        --cases 200000/0.05/0
 
 A case is ``n/density/width``: each rank draws ``density * n`` random indices a step, the
 density drifting by up to +-10% from step to step (a training loop's gradient). Every step runs
 every method once, in an order of its own (a seeded shuffle, the same on every rank: a rotation
-would keep each method after the same one), after a barrier; a sample is the slowest rank's time.
-Per case: each method's cumulative time over the first 100 steps (all of a shorter loop), over
-the best explicit algorithm's there (``cum/best``), its median per-step time over steps 31 to the
-end (``late(ms)``), and the median over those steps of its time over that of the explicit
-algorithm of least median time in them, in the same step (``late/best``: the longer the loop,
-the less noise in it). Every algorithm runs before the loop on the first step and on the steps
-of fewest and most entries in all (imports and compiled loops are not the loop's).
+would keep each method after the same one), after a barrier; a sample is the slowest rank's time,
+with Python's garbage collector off during the call (:func:`no_collection`). A case runs
+``--repeats`` such loops, each with draws of its own and learn's records cleared (a loop is a
+new training run): a loop's first 100 steps are few samples of a noisy time, and the repeats
+add up. Per case: each method's cumulative time over the first 100 steps of every loop (all of
+a shorter loop), over the best explicit algorithm's there (``cum/best``; ``cum(ms)`` is a
+loop's mean), its median per-step time over steps 31 to the end of every loop (``late(ms)``),
+and the median over those steps of its time over that of the explicit algorithm of least
+median time in them, in the same step (``late/best``). Every algorithm runs before a loop on its
+first step and on its steps of fewest and most entries in all (imports and compiled loops are
+not the loop's).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import gc
 import os
 import sys
 
@@ -95,6 +102,20 @@ def count_wrong(res, want: tuple) -> int:
     return int(np.count_nonzero(res.values != total))
 
 
+@contextlib.contextmanager
+def no_collection():
+    """Python's cyclic garbage collector off for a timed call, as :mod:`timeit` has it: a
+    collection runs when any code's allocations reach a threshold, so it lands in whichever
+    method runs then (one of 0.1-40 ms in a call of 0.4 ms); every method allocates alike."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def case(text: str) -> tuple[str, int, float, int]:
     """argparse's type of a case ``n/density/width``: (text, n, density, width)."""
     parts = text.split("/")
@@ -104,14 +125,41 @@ def case(text: str) -> tuple[str, int, float, int]:
 
 
 def run_case(comm, table: Table, text: str, n: int, density: float, width: int, steps: int,
-             seed: int) -> None:
-    steps_data = draws(comm, n, density, width, steps, seed)
+             seed: int, repeats: int = 1) -> None:
     explicit = [a for a in cc.algorithms("sparse") if a != "auto"]
     methods = explicit + ["estimate", "learn"] + list(EXTRA)
+    loops = [run_loop(comm, methods, explicit,
+                      draws(comm, n, density, width, steps, seed + r), n, seed + r)
+             for r in range(repeats)]
+    times = {m: np.concatenate([loop[0][m] for loop in loops]) for m in methods}
+    start = late_start(steps)
+    late_steps = np.concatenate([np.arange(r * steps + start, (r + 1) * steps)
+                                 for r in range(repeats)])
+    cum = {m: sum(float(loop[0][m][:CUMULATIVE].sum()) for loop in loops) for m in methods}
+    best = min(explicit, key=cum.__getitem__)
+    best_late = min(explicit, key=lambda m: np.median(times[m][late_steps]))
+    for m in methods:
+        ran = sum((loop[1][m] for loop in loops), collections.Counter())
+        wrong = sum(loop[2][m] for loop in loops)
+        table.add({"case": text, "method": m, "cum(ms)": cum[m] / repeats * 1e3,
+                   "cum/best": cum[m] / cum[best],
+                   "late(ms)": float(np.median(times[m][late_steps])) * 1e3,
+                   "late/best": float(np.median(times[m][late_steps]
+                                                / times[best_late][late_steps])),
+                   "late ran": _most(ran), "#wrong": wrong})
+
+
+def run_loop(comm, methods: list[str], explicit: list[str], steps_data: list, n: int,
+             seed: int) -> tuple[dict, dict, dict]:
+    """One loop over ``steps_data``, every method once a step, learn's records cleared first:
+    each method's agreed seconds per step, what it ran in the late window and its wrong
+    values."""
+    learn.records(comm).clear()
     calls = {m: EXTRA[m](n) if m in EXTRA else method_call(comm, m, n) for m in methods}
     for step in warm_steps(comm, steps_data):  # every code path the loop reaches, once
         for m in explicit:
             calls[m](*steps_data[step])
+    steps = len(steps_data)
     times = {m: np.empty(steps) for m in methods}
     wrong = dict.fromkeys(methods, 0)
     ran = {m: collections.Counter() for m in methods}
@@ -124,22 +172,15 @@ def run_case(comm, table: Table, text: str, n: int, density: float, width: int, 
             stats = getattr(calls[m], "comm", comm).stats
             before = collections.Counter(stats.calls)
             comm.barrier()
-            t0 = MPI.Wtime()
-            res = calls[m](idx, val)
-            times[m][i] = comm.mpi_comm.allreduce(MPI.Wtime() - t0, op=MPI.MAX)
+            with no_collection():
+                t0 = MPI.Wtime()
+                res = calls[m](idx, val)
+                elapsed = MPI.Wtime() - t0
+            times[m][i] = comm.mpi_comm.allreduce(elapsed, op=MPI.MAX)
             if i >= start:
                 ran[m].update(key[1] for key in stats.calls - before)
             wrong[m] += count_wrong(res, want)
-    wrong = {m: int(comm.mpi_comm.allreduce(w)) for m, w in wrong.items()}
-    cum = {m: float(times[m][:CUMULATIVE].sum()) for m in methods}
-    best = min(explicit, key=cum.__getitem__)
-    best_late = min(explicit, key=lambda m: np.median(times[m][start:]))
-    late = {m: float(np.median(times[m][start:] / times[best_late][start:])) for m in methods}
-    for m in methods:
-        table.add({"case": text, "method": m, "cum(ms)": cum[m] * 1e3,
-                   "cum/best": cum[m] / cum[best],
-                   "late(ms)": float(np.median(times[m][start:])) * 1e3,
-                   "late/best": late[m], "late ran": _most(ran[m]), "#wrong": wrong[m]})
+    return times, ran, {m: int(comm.mpi_comm.allreduce(w)) for m, w in wrong.items()}
 
 
 def _most(counter: collections.Counter) -> str:
@@ -153,21 +194,23 @@ def main(argv: list[str] | None = None) -> int:
     p = common_parser(__doc__.splitlines()[0], flags="")
     p.add_argument("--cases", type=listed(case), default=CASES,
                    help="comma-separated n/density/width")
-    p.add_argument("--steps", type=positive_int, default=300,
-                   help="calls of each method per case")
+    p.add_argument("--steps", type=positive_int, default=200,
+                   help="calls of each method per loop")
+    p.add_argument("--repeats", type=positive_int, default=3,
+                   help="loops per case, each with fresh draws and learn's records cleared")
     p.add_argument("--seed", type=non_negative_int, default=0)
     args = p.parse_args(argv)
     comm = cc.init("mpi")
-    learn.records(comm).clear()
     table = Table(COLUMNS, rank=comm.rank)
     table.widths = [16, 20, 10, 10, 10, 10, 24, 7]
-    table.header(f"P = {comm.size}, {args.steps} steps a case; cum = steps "
-                 f"1-{min(args.steps, CUMULATIVE)} over the explicit algorithm of least time "
+    table.header(f"P = {comm.size}, {args.repeats} loops of {args.steps} steps a case; cum = "
+                 f"steps 1-{min(args.steps, CUMULATIVE)} over the explicit algorithm of least time "
                  f"there; late = median over steps {late_start(args.steps) + 1}-{args.steps} "
                  f"over the explicit algorithm of least median there")
     for text, n, density, width in args.cases:
-        run_case(comm, table, text, n, density, width, args.steps, args.seed)
-    return table.finish(args, {"steps": args.steps,
+        run_case(comm, table, text, n, density, width, args.steps, args.seed,
+                 args.repeats)
+    return table.finish(args, {"steps": args.steps, "repeats": args.repeats,
                                "cases": ",".join(text for text, *_ in args.cases)})
 
 
