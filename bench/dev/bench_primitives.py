@@ -18,7 +18,8 @@ rows the dense output's write of sorted entries into zeros (``sparse.dense.densi
 1/10/25/50% against a numpy fill and fancy assignment; the ``average`` rows an average's
 division with its NaN check (``canonical_nan(values, P)``) at P = 2, 3, 4 against numpy's; the
 ``nan check`` rows a sum's check of its result (``canonical_nan(values)``) against
-``isnan(values).any()``.
+``isnan(values).any()``; the ``positions_in`` rows mask's lookup of one rank's indices in the
+union of P ranks' (each 5% of n) against ``searchsorted``.
 
 Targets (issue 3): select_abs_ge <= 3x the time of x.copy() (speedup >= 0.33) and >= 10x faster
 than an np.argpartition top-k; merge_sorted of 4 x 2**18 parts >= 3x faster than
@@ -118,6 +119,26 @@ def bench_merge(table: Table, rng: np.random.Generator, n_parts: int, k: int, un
                    "time(ms)": times[impl] * 1e3, "reference": "unique+add.at",
                    "ref(ms)": times["unique"] * 1e3, "speedup": times["unique"] / times[impl],
                    "target": ">= 3" if n_parts == 4 and universe > n_parts * k else "",
+                   "#wrong": wrong})
+
+
+def bench_positions(table: Table, rng: np.random.Generator, parts: int, k: int, universe: int,
+                    reps: int, check: bool, impls: list[str]) -> None:
+    """mask's lookup of one rank's indices in the union of ``parts`` ranks' (``positions_in``)
+    against numpy's ``searchsorted``."""
+    from cupycoll.sparse._common import positions_in
+
+    sets = [idx for idx, _ in sorted_parts(rng, parts, k, universe, np.dtype(np.float32))]
+    union = np.unique(np.concatenate(sets))
+    fns = {impl: under(impl, lambda: positions_in(union, sets[0])) for impl in impls}
+    times = measure({**fns, "searchsorted": lambda: np.searchsorted(union, sets[0])}, reps)
+    for impl in impls:
+        wrong = int(check and not np.array_equal(fns[impl](), np.searchsorted(union, sets[0])))
+        table.add({"primitive": "positions_in", "impl": impl,
+                   "case": f"P={parts} k=2^{int(np.log2(k))} in 2^{int(np.log2(universe))}",
+                   "time(ms)": times[impl] * 1e3, "reference": "searchsorted",
+                   "ref(ms)": times["searchsorted"] * 1e3,
+                   "speedup": times["searchsorted"] / times[impl], "target": "",
                    "#wrong": wrong})
 
 
@@ -321,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     for n_parts in (4, 8):
         bench_merge(table, rng, n_parts, k, 2 * k, args.reps, bool(args.check), impls)
     bench_coo(table, rng, coo_cases(rng, 4 * k, n), args.reps, bool(args.check), impls)
+    for parts in (2, 4):
+        bench_positions(table, rng, parts, k, 20 * k, args.reps, bool(args.check), impls)
     bench_dense_pass(table, rng, n, args.reps, bool(args.check), impls)
     bench_densify(table, rng, n, args.reps, bool(args.check), impls)
     bench_average(table, rng, n, args.reps, bool(args.check), impls)
