@@ -204,9 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     table = Table(COLUMNS, rank=comm.rank)
     table.widths = [16, 20, 10, 10, 10, 10, 24, 7]
     table.header(f"P = {comm.size}, {args.repeats} loops of {args.steps} steps a case; cum = "
-                 f"steps 1-{min(args.steps, CUMULATIVE)} over the explicit algorithm of least time "
-                 f"there; late = median over steps {late_start(args.steps) + 1}-{args.steps} "
-                 f"over the explicit algorithm of least median there")
+                 f"steps 1-{min(args.steps, CUMULATIVE)} over the explicit algorithm of least "
+                 f"time there; late = median over steps {late_start(args.steps) + 1}-"
+                 f"{args.steps} over the explicit algorithm of least median there")
     for text, n, density, width in args.cases:
         run_case(comm, table, text, n, density, width, args.steps, args.seed,
                  args.repeats)

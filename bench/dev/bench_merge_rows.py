@@ -13,9 +13,9 @@ the profile's gamma: ``tuner.predict.local_time``):
 ``meas/model`` divided by the 1-D row's (``x 1-D``) cancels the machine's speed against the
 profile's: where it is above 1 the model prices that width's merge low relative to a 1-D merge,
 below 1 high. ``k-way`` and ``2-way``: numba's two loops on the same parts (the k-way loop
-and the two-way merge ``merge_sorted`` chooses between, ``_numpy_few.chained_first``). Medians
-(``--stat min``: minima) of ``--repeats`` calls, after the numba loops are loaded. ``--parts 3`` (up to
-``CHAIN_PARTS``) times the two loops on that many parts, the two-way merge chained in part
+and the two-way merge ``merge_sorted`` chooses between, ``_numpy_few.chained_first``).
+Medians (``--stat min``: minima) of ``--repeats`` calls, after the numba loops are loaded.
+``--parts 3`` (up to ``CHAIN_PARTS``) times the two loops on that many parts, the two-way merge chained in part
 order (``_numpy_few.two_summed``), and prints no model (the model's merge is recursive
 doubling's, of two parts):
 
