@@ -15,9 +15,9 @@ profile's: where it is above 1 the model prices that width's merge low relative 
 below 1 high. ``k-way`` and ``2-way``: numba's two loops on the same parts (the k-way loop
 and the two-way merge ``merge_sorted`` chooses between, ``_numpy_few.chained_first``).
 Medians (``--stat min``: minima) of ``--repeats`` calls, after the numba loops are loaded.
-``--parts 3`` (up to ``CHAIN_PARTS``) times the two loops on that many parts, the two-way merge chained in part
-order (``_numpy_few.two_summed``), and prints no model (the model's merge is recursive
-doubling's, of two parts):
+``--parts 3`` (up to ``CHAIN_PARTS``) times the two loops on that many parts, the two-way
+merge chained in part order (``_numpy_few.two_summed``), and prints no model (the model's merge
+is recursive doubling's, of two parts):
 
     CUPYCOLL_THREADS=1 python bench/dev/bench_merge_rows.py --parts 3 --widths 2,4,16,64
 """
