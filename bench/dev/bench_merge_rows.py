@@ -63,7 +63,7 @@ def ranks_parts(k: int, n: int, width: int, rng, count: int = 2
 
 def seconds(call, sets: list, repeats: int, stat=np.median) -> float:
     """``stat`` (median, or min on a busy machine) of ``call(parts)``'s seconds over
-    ``repeats`` calls, cycling through ``sets`` of parts."""
+    ``repeats`` calls, cycling through ``sets`` (each one call's arguments)."""
     times = []
     for i in range(repeats):
         parts = sets[i % len(sets)]
@@ -81,13 +81,9 @@ def loop_seconds(sets: list, repeats: int, stat=np.median) -> tuple[float, float
     if loops is None:
         return None
     f32, i32 = np.dtype(np.float32), np.dtype(np.int32)
-
-    def k_way(parts):
-        return loops.merge([i for i, _ in parts], [v for _, v in parts], np.add, f32, i32)
-
-    def two_way(parts):
-        return two_summed([i for i, _ in parts], [v for _, v in parts], f32, i32)
-    return seconds(k_way, sets, repeats, stat), seconds(two_way, sets, repeats, stat)
+    split = [([i for i, _ in parts], [v for _, v in parts]) for parts in sets]  # untimed
+    return (seconds(lambda both: loops.merge(*both, np.add, f32, i32), split, repeats, stat),
+            seconds(lambda both: two_summed(*both, f32, i32), split, repeats, stat))
 
 
 def main() -> None:
