@@ -673,6 +673,36 @@ def test_interleaved_prepare_runs_before_each_of_its_calls_outside_the_samples()
     assert max(samples["a"]) < 0.02
 
 
+def test_a_cold_measurement_sweeps_the_caches_then_reads_its_inputs_before_each_repeat(
+        monkeypatch):
+    """``_timed(..., cold=inputs)``: before every repeat (the warm-up's too) the sweep reads
+    SWEEP_BYTES of its own data, then the inputs, outside the samples; without ``cold`` no
+    sweep runs. The sweep's buffer is at least 64 MiB, written (pages that exist to read)."""
+    from cupycoll.tuner import calibrate
+
+    log: list[str] = []
+
+    class Input(np.ndarray):
+        def sum(self, *args, **kwargs):
+            log.append("input")
+            return super().sum(*args, **kwargs)
+
+    swept = []
+    monkeypatch.setattr(calibrate, "_SWEPT", {np: type("Swept", (), {
+        "sum": lambda self: swept.append(len(log)) or log.append("swept")})()})
+    a = np.ones(4).view(Input)
+    calibrate._timed(_OneRank(), lambda: log.append("call"), 3, cold=(a,))
+    assert log == ["swept", "input", "call"] * 4
+    log.clear()
+    calibrate._timed(_OneRank(), lambda: log.append("call"), 3)
+    assert log == ["call"] * 4
+    assert calibrate.SWEEP_BYTES >= 64 << 20
+    monkeypatch.setattr(calibrate, "_SWEPT", {})
+    monkeypatch.setattr(calibrate, "SWEEP_BYTES", 4096)
+    calibrate._sweep(np, ())
+    assert calibrate._SWEPT[np].nbytes == 4096 and (calibrate._SWEPT[np] == 1).all()
+
+
 def test_fixed_cost_is_the_median_of_the_passes_minus_the_model():
     """Each algorithm's fixed cost: the median of its passes' times of the small call, minus
     what alpha, beta and gamma predict for that call (never below 0)."""

@@ -36,6 +36,7 @@ so the contention of a real call is in the numbers):
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Callable
 
@@ -104,13 +105,37 @@ def interleaved(calls: dict[str, Callable[[], Any]], iters: int, warmup: int,
     return slowest
 
 
-def _timed(comm: Any, fn: Callable[[], Any], repeats: int) -> float:
-    """Median over ``repeats`` of the slowest rank's seconds for ``fn()`` (one warm-up)."""
-    return float(np.median(interleaved({"fn": fn}, repeats, 1, comm)["fn"]))
+def _timed(comm: Any, fn: Callable[[], Any], repeats: int, cold: tuple | None = None
+           ) -> float:
+    """Median over ``repeats`` of the slowest rank's seconds for ``fn()`` (one warm-up).
+    ``cold``: the caches are swept before each repeat (:func:`_sweep`, untimed) and these
+    inputs of ``fn`` read again, so ``fn``'s own kept buffers start out of the caches and its
+    inputs in them, as in a job, where other work runs between two calls."""
+    prepare = None if cold is None else {"fn": lambda: _sweep(comm.xp, cold)}
+    return float(np.median(interleaved({"fn": fn}, repeats, 1, comm, prepare=prepare)["fn"]))
+
+
+#: bytes :func:`_sweep` reads: twice the last-level cache, at least 64 MiB.
+SWEEP_BYTES = max(2 * max(os.sysconf("SC_LEVEL3_CACHE_SIZE")
+                          if "SC_LEVEL3_CACHE_SIZE" in os.sysconf_names else 0, 0), 64 << 20)
+_SWEPT: dict[Any, Any] = {}
+
+
+def _sweep(xp: Any, inputs: tuple) -> None:
+    """Read SWEEP_BYTES of other data (evicting what the last repeat left in the caches),
+    then ``inputs`` (a call's input is fresh from the work that made it)."""
+    if xp not in _SWEPT:
+        _SWEPT[xp] = xp.ones(SWEEP_BYTES // 4, np.float32)  # written: real pages to read
+    _SWEPT[xp].sum()
+    for a in inputs:
+        a.sum()
 
 
 #: bytes of the native allreduces ``tune`` times (the curve of Profile.native_time).
 CURVE_SIZES = (8, 2 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, LARGE)
+#: native allreduces of this many bytes or more are timed cold (``_timed``): their buffers
+#: and the transport's exceed a core's cache, and a job's calls find them swept out.
+COLD_FROM = 1 << 20
 
 
 def _native(comm: Any, repeats: int) -> tuple[float, float, list[list[float]]]:
@@ -122,7 +147,8 @@ def _native(comm: Any, repeats: int) -> tuple[float, float, list[list[float]]]:
     for nbytes in CURVE_SIZES:
         a = xp.ones(nbytes // 4, np.float32)
         seconds = _timed(comm, lambda a=a, b=xp.empty_like(a): comm.allreduce(
-            a, b, ReduceOp.SUM, op_name="tune").wait(), repeats)
+            a, b, ReduceOp.SUM, op_name="tune").wait(), repeats,
+            (a,) if nbytes >= COLD_FROM else None)
         volume = Cost().allreduce("tune", p, a.nbytes).native_bytes
         curve.append([float(volume), max(seconds, curve[-1][1] if curve else 0.0)])
     (b_small, t_small), (b_large, t_large) = curve[0], curve[-1]
@@ -224,7 +250,8 @@ def _local(comm: Any, repeats: int, k: int = 1 << 16, n: int = 1 << 20) -> dict[
     # scattered rows and the union's copied ones, 2 per entry of one rank) and per position
     many = xp.asarray(np.sort(rng.choice(n, 3 * n // 10, replace=False)).astype(np.int32))
     few = idx[::10]
-    dense_many, dense_few = (_timed(comm, lambda: dense_local(i), repeats) for i in (many, few))
+    dense_many, dense_few = (_timed(comm, lambda: dense_local(i), repeats, (i, ones))
+                             for i in (many, few))
     dense_row = max(dense_many - dense_few, 0.0) / (2 * (many.shape[0] - few.shape[0]))
     # the same pass over n elements as rows of 2 and of 32 at 1%: a 2-D buffer's union scan
     # tests each row, so its cost per element falls with the width (a part per row, a part
@@ -233,7 +260,7 @@ def _local(comm: Any, repeats: int, k: int = 1 << 16, n: int = 1 << 20) -> dict[
     for width in WIDE_ROWS:
         picked = xp.asarray(np.sort(rng.choice(n // width, n // width // 100, replace=False))
                             .astype(np.int32))
-        seconds = _timed(comm, lambda: dense_local(picked, width), repeats)
+        seconds = _timed(comm, lambda: dense_local(picked, width), repeats, (picked, ones))
         written = 2 * picked.shape[0] * width * dense_row
         row_pass[width] = max(seconds - written, 0.0) / (n // width)
     narrow_row, wide_row = (row_pass[w] for w in WIDE_ROWS)
@@ -257,7 +284,7 @@ def _local(comm: Any, repeats: int, k: int = 1 << 16, n: int = 1 << 20) -> dict[
             "code": _timed(comm, code, repeats) / (2 * idx.shape[0]),
             "union": _timed(comm, union, repeats) / (len(parts) * k),
             "fill": _timed(comm, lambda: densify_into(out, idx, ones[:idx.shape[0]]),
-                           repeats) / n}
+                           repeats, (idx, ones)) / n}
 
 
 #: the row widths whose dense passes give ``dense_rows`` and ``dense_wide`` (per row and per
