@@ -28,6 +28,9 @@ so the contention of a real call is in the numbers):
   ``CUPYCOLL_RANKS_PER_NODE``): the point-to-point measurement again among the ranks of each
   node (``links["intra"]``) and along the rails between nodes (``links["inter"]``), which the
   node-aware algorithms' phases are priced by (``Profile.link``);
+- cold: the dense passes, the densify and the native allreduces of ``COLD_FROM`` bytes or more
+  run after a sweep of the caches (their inputs read again): in a job other work runs between
+  two calls, and a tight loop would price them with their buffers in the caches;
 - ``fixed``: every algorithm on a small call (``FIXED_N``, ``FIXED_ENTRIES`` a rank: nothing
   but its rounds and overheads), the algorithms timed in turn as bench_sparse times them, in
   ``FIXED_PASSES`` passes spread over the tune (their median), minus what alpha, beta and
@@ -371,6 +374,7 @@ def tune(comm: Any, repeats: int = 15, name: str = "tuned", runs: int = 1) -> Pr
         meta["nodes"] = len(set(_node_ids(comm)))
     profile = Profile(name, alpha_p, beta_p, alpha_n, beta_n, gamma, alpha_m, fixed, meta,
                       links, curve)
+    _SWEPT.clear()  # the sweep's buffer is not kept past the tune
     if getattr(comm, "mpi_comm", None) is not None and comm.size > 1:
         profile = Profile.from_dict(comm.mpi_comm.bcast(profile.as_dict(), root=0))
     return profile
