@@ -118,9 +118,16 @@ def _timed(comm: Any, fn: Callable[[], Any], repeats: int, cold: tuple | None = 
     return float(np.median(interleaved({"fn": fn}, repeats, 1, comm, prepare=prepare)["fn"]))
 
 
+def _last_level_cache() -> int:
+    """Bytes of the L3 cache as the system reports them (0 where it does not)."""
+    try:
+        return max(os.sysconf("SC_LEVEL3_CACHE_SIZE"), 0)
+    except (ValueError, OSError):  # a name this system does not know
+        return 0
+
+
 #: bytes :func:`_sweep` reads: twice the last-level cache, at least 64 MiB.
-SWEEP_BYTES = max(2 * max(os.sysconf("SC_LEVEL3_CACHE_SIZE")
-                          if "SC_LEVEL3_CACHE_SIZE" in os.sysconf_names else 0, 0), 64 << 20)
+SWEEP_BYTES = max(2 * _last_level_cache(), 64 << 20)
 _SWEPT: dict[Any, Any] = {}
 
 
