@@ -174,34 +174,38 @@ def _decide(comm: Communicator, prepared: Prepared, async_op: bool
         kind += (prepared.auto_mode,) if prepared.algorithm == "auto" else ()
         return _auto.remembered(comm, kind, prepared.nnz, prepared.n,
                                 lambda: _priced(comm, prepared, _shape(comm, prepared)))
+    if prepared.auto_mode == "learn":
+        return _learned(comm, kind, prepared, async_op)
     timer = None
-    if prepared.auto_mode == "measure":
-        name, trials = _measure.plan(comm, _shape(comm, prepared), prepared.op, not async_op)
-        if trials is not None:
-            timer = lambda on: functools.partial(  # noqa: E731
-                _measure.record, on, trials, name, _measure.settled(on))
-    else:
-        learned = _learn.with_total(_learn_kind(comm, kind, prepared), sum(prepared.nnz))
-        name, learning = _learn.plan(comm, learned, lambda: _shape(comm, prepared),
-                                     prepared.op, not async_op)
-        if learning is not None:
-            timer = lambda on: functools.partial(_learn.finish, on, learning)  # noqa: E731
+    name, trials = _measure.plan(comm, _shape(comm, prepared), prepared.op, not async_op)
+    if trials is not None:
+        timer = lambda on: functools.partial(  # noqa: E731
+            _measure.record, on, trials, name, _measure.settled(on))
     wire = _auto.remembered(comm, kind + (name,), prepared.nnz, prepared.n,
                             lambda: _wire(comm, prepared, name, _shape(comm, prepared)))
     return name, wire, timer
 
 
-def _learn_kind(comm: Communicator, kind: tuple, prepared: Prepared) -> tuple:
-    """learn's class key of a call of ``kind`` (:func:`~.learn.class_key`, the ranks' nodes
-    in it), built once per kind and node setting: a loop's calls differ only in their counts
-    (:func:`~.learn.with_total`)."""
-    keys = _auto.bounded_table(comm, "_learn_kinds")
-    kind += (setting("CUPYCOLL_RANKS_PER_NODE"),)
-    key = keys.get(kind)
-    if key is None:
-        shape, _ = _auto.resolved(_shape(comm, prepared), comm=comm)
-        key = keys[kind] = _learn.class_key(shape, prepared.op)
-    return key
+def _learned(comm: Communicator, kind: tuple, prepared: Prepared, async_op: bool
+             ) -> tuple[str, Wire, Callable | None]:
+    """learn's (algorithm, wire, timer) of a call of ``kind``. The call's class key, record and
+    each algorithm's wire are :func:`~.auto.remembered` together (:class:`~.learn.Kind`): a
+    loop's call finds them in one lookup while its counts stay near those of the call that
+    set them, and keeps that call's class (a total nnz hovering at a power of two stays in
+    one)."""
+    kept = _auto.remembered(comm, kind + ("learn",), prepared.nnz, prepared.n,
+                            lambda: _learn.Kind(_learn.class_key(
+                                _auto.resolved(_shape(comm, prepared), comm=comm)[0],
+                                prepared.op)))
+    name, learning = _learn.plan(comm, kept, lambda: _shape(comm, prepared), prepared.op,
+                                 not async_op)
+    timer = None
+    if learning is not None:
+        timer = lambda on: functools.partial(_learn.finish, on, learning)  # noqa: E731
+    wire = kept.wires.get(name)
+    if wire is None:
+        wire = kept.wires[name] = _wire(comm, prepared, name, _shape(comm, prepared))
+    return name, wire, timer
 
 
 def _shape(comm: Communicator, prepared: Prepared) -> Shape:

@@ -1,11 +1,12 @@
 """``CUPYCOLL_AUTO=learn``: ``auto`` learns from the calls a training loop repeats.
 
 The synchronous ``auto`` calls of a shape class (:func:`.measure.kind`: P, element sizes, op,
-output, wire, and n, width and total nnz to a power of two) are timed (:meth:`Record.timed`),
-each time, agreed as the slowest rank's, feeding the class's :class:`Record`. The first calls
-run the model's pick, then in turn the others it prices within :data:`WITHIN` of it (at most
-:data:`CANDIDATES` in all): each a warm-up call (not counted) and :data:`SAMPLES` timed ones,
-stopped after one over :data:`ABANDON` times the best so far. Where the others would leave the
+output, wire, and n, width and total nnz to a power of two: those of the call that made the
+front door's :class:`Kind`, kept while every rank's count stays near that call's) are timed
+(:meth:`Record.timed`), agreed as the slowest rank's, feeding the class's :class:`Record`.
+The first calls run the model's pick, then in turn the others it prices within :data:`WITHIN`
+of it (at most :data:`CANDIDATES` in all): each a warm-up call (not counted) and
+:data:`SAMPLES` timed ones, stopped after one over :data:`ABANDON` times the best so far. Where the others would leave the
 pick, it is timed again first (a class's first calls pay for what its size needs anew). Then
 the pick runs unless another is clearly faster (:func:`clearly_faster`, over each one's latest
 :data:`WINDOW` samples; then the least median of those): a call's time varies by more than
@@ -35,23 +36,21 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import json
-import math
 import time
 from typing import Any, Callable
 
 import numpy as np
 
-from .._registry import priced
 from ..primitives import _accel
-from ._learn_file import from_rank_zero, hashable, jsonable
+from ._learn_file import read_records, write_records
+from ._learn_kept import Kind, Records
 from . import auto as _auto
 from ._cost import Shape
 from .measure import kind
 
-__all__ = ["Record", "plan", "class_key", "with_total", "finish", "absorb", "pending_us", "save",
-           "load", "records", "WITHIN", "CANDIDATES", "SAMPLES", "ABANDON", "WINDOW", "RECHECK",
-           "RECHECK_MAX", "RETRY_WITHIN", "TRIAL_CALLS", "TIME_EVERY", "DISTURBED"]
+__all__ = ["Record", "Records", "Kind", "plan", "class_key", "finish", "absorb", "pending_us",
+           "save", "load", "records", "WITHIN", "CANDIDATES", "SAMPLES", "ABANDON", "WINDOW",
+           "RECHECK", "RECHECK_MAX", "RETRY_WITHIN", "TRIAL_CALLS", "TIME_EVERY", "DISTURBED"]
 
 #: candidates: the algorithms the model prices within this factor of its best
 WITHIN = 2.0
@@ -116,6 +115,9 @@ class Record:
     _checked: str | None = dataclasses.field(default=None, repr=False, compare=False)
     #: whether the call :meth:`next` returned last is timed (:meth:`timed`)
     _timed: bool = dataclasses.field(default=True, repr=False, compare=False)
+    #: let go by its table (:class:`Records`): a :class:`Kind` holding it looks its class up
+    #: again, and a time pending for it is not added
+    _dropped: bool = dataclasses.field(default=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._recheck_at = self._recheck_at or self.calls + RECHECK
@@ -175,6 +177,9 @@ class Record:
         """The algorithm of the next call (counted). At a recheck (see the module) one of the
         others, in turn, starts its trials again (its old samples dropped)."""
         self.calls += 1
+        if self._explored and self.calls < self._recheck_at and self._choice is not None:
+            self._timed = self.calls % TIME_EVERY == 0  # a settled class's call: its choice
+            return self._choice
         if self.calls >= self._recheck_at and self.exploring() is None:
             pick = self.choice()
             kept = pick == self._checked
@@ -239,39 +244,41 @@ def clearly_faster(these: list[float], than: list[float]) -> bool:
     return faster >= FASTER_PAIRS * len(these) * len(ordered)
 
 
-def records(comm: Any) -> dict[tuple, Record]:
+def records(comm: Any) -> Records:
     """``comm``'s records by shape class (the same on every rank)."""
-    return _auto.comm_table(comm, "_learned", _auto.Recent)
+    return _auto.comm_table(comm, "_learned", Records)
 
 
 def class_key(shape: Shape, op: Any) -> tuple:
     """The key of ``shape``'s class in :func:`records`: :func:`.measure.kind` (the ranks'
-    nodes in it) and the op. Its last but one element is the total nnz's bit length
-    (:func:`with_total`)."""
+    nodes in it) and the op. Its last but one element is the total nnz's bit length."""
     return kind(shape) + (str(getattr(op, "value", op)),)
 
 
-def with_total(key: tuple, total_nnz: int) -> tuple:
-    """``key`` of a class with another total nnz (a call of the same kind)."""
-    return key[:-2] + (total_nnz.bit_length(), key[-1])
-
-
-def plan(comm: Any, key: tuple, shape: Callable[[], Shape], op: Any, timed: bool
+def plan(comm: Any, kept: Kind, shape: Callable[[], Shape], op: Any, timed: bool
          ) -> tuple[str, tuple | None]:
-    """The algorithm the call of class ``key`` runs (``shape()`` prices a new class) and, for
-    a call it times (synchronous, :meth:`Record.timed`), the token to pass to :func:`finish`;
-    else None."""
-    table = records(comm)
-    record = table.use(key)
-    if record is None:
-        priced, profile = _auto.resolved(shape(), comm=comm, op=op)
-        record = table[key] = _neighbour(table, key) or _fresh(priced, profile)
+    """The algorithm the call of class ``kept.key`` runs (``shape()`` prices a new class) and,
+    for a call it times (synchronous, :meth:`Record.timed`), the token to pass to
+    :func:`finish`; else None. The record is looked up in :func:`records` where ``kept``
+    holds none or a dropped one, and used (the table forgets the class used least recently
+    first) then and on every timed call (trials, rechecks, one in :data:`TIME_EVERY` of the
+    choice's): a class a loop calls stays. Its other calls touch ``kept`` and the record
+    alone."""
+    record = kept.record
+    if record is None or record._dropped:
+        table = records(comm)
+        record = table.use(kept.key)
+        if record is None:
+            priced, profile = _auto.resolved(shape(), comm=comm, op=op)
+            record = table[kept.key] = _neighbour(table, kept.key) or _fresh(priced, profile)
+        kept.record = record
     if not timed:
         return record.choice(), None
     name = record.next()
     if not record.timed():
         return name, None
-    return name, (key, name, _mark(comm), _accel.loading())
+    records(comm).use(kept.key)
+    return name, (record, name, _mark(comm), _accel.loading())
 
 
 def _mark(comm: Any) -> Any:
@@ -313,8 +320,8 @@ def _neighbour(table: dict[tuple, Record], key: tuple) -> Record | None:
 def finish(comm: Any, token: tuple) -> None:
     """After a timed call: its seconds wait for the next validation to be agreed (and whether
     numba's background import ran at its start or end)."""
-    key, name, started, disturbed = token
-    comm._learn_pending = (key, name, started, _mark(comm), disturbed or _accel.loading())
+    record, name, started, disturbed = token
+    comm._learn_pending = (record, name, started, _mark(comm), disturbed or _accel.loading())
 
 
 def pending_us(comm: Any) -> int:
@@ -329,21 +336,17 @@ def pending_us(comm: Any) -> int:
 
 
 def absorb(comm: Any, agreed_us: int) -> None:
-    """The agreed (slowest rank's) time of the last timed call joins its record (unless the
-    records were cleared or loaded since, or some rank's call was :data:`DISTURBED`: then it
-    is dropped, and the candidate's next timed call takes its place)."""
+    """The agreed (slowest rank's) time of the last timed call joins its record (unless its
+    table let the record go since, e.g. cleared or loaded, or some rank's call was
+    :data:`DISTURBED`: then it is dropped, and the candidate's next timed call takes its
+    place)."""
     pending = getattr(comm, "_learn_pending", None)
     if pending is None or agreed_us < 0:
         return
     comm._learn_pending = None
-    key, name = pending[:2]
-    record = records(comm).use(key)
-    if record is not None and agreed_us < DISTURBED:
+    record, name = pending[:2]
+    if not record._dropped and agreed_us < DISTURBED:
         record.add(name, agreed_us * 1e-6)
-
-
-#: the fields of a Record that :func:`save` writes and :func:`load` takes
-_SAVED = tuple(f.name for f in dataclasses.fields(Record) if not f.name.startswith("_"))
 
 
 def save(comm: Any, path: str) -> None:
@@ -351,13 +354,7 @@ def save(comm: Any, path: str) -> None:
 
     Raises:
         InvalidArgument: on every rank, when rank 0 could not write ``path``."""
-    def written() -> None:
-        data = [{"kind": jsonable(key), **{k: getattr(record, k) for k in _SAVED}}
-                for key, record in records(comm).items()]
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump({"learned": data}, f, indent=1)
-
-    from_rank_zero(comm, "learn.save", written, path, "could not be written")
+    write_records(comm, records(comm), path)
 
 
 def load(comm: Any, path: str) -> int:
@@ -368,33 +365,8 @@ def load(comm: Any, path: str) -> int:
     Raises:
         InvalidArgument: on every rank, when rank 0 could not read ``path`` as a table
             :func:`save` wrote (the records are left as they were)."""
-    def read() -> dict:
-        with open(path, encoding="utf-8") as f:
-            entries = json.load(f)["learned"]
-        return {hashable(entry.pop("kind")): _record(entry) for entry in entries}
-
-    loaded = from_rank_zero(comm, "learn.load", read, path, "is not a table learn.save wrote")
+    loaded = read_records(comm, path, Record)
     records(comm).clear()
     records(comm).update(loaded)
     comm._learn_pending = None  # a time measured before: not of a loaded record
     return len(loaded)
-
-
-def _record(entry: dict) -> Record:
-    """A :class:`Record` of a saved entry, its fields checked (its candidates algorithms
-    ``auto`` may pick by price here); warmed nothing (in this process, its first call is a
-    warm-up)."""
-    if not isinstance(entry, dict) or not set(entry) <= set(_SAVED):  # what save wrote only
-        raise ValueError(f"a record with other fields than {list(_SAVED)}: {entry}")
-    record, pickable = Record(**{**entry, "warmed": []}, _confirmed=True), priced("sparse")
-    seconds = record.seconds  # each clause below reads only what the ones before it checked
-    if not (type(seconds) is dict and record.candidates
-            and all(type(field) is list for field in (record.candidates, record.abandoned,
-                                                      *seconds.values()))
-            and all(type(name) is str and name in pickable
-                    for name in (*record.candidates, *record.abandoned, *seconds))
-            and all(type(t) in (int, float) and 0 <= t < math.inf
-                    for window in seconds.values() for t in window)
-            and type(record.calls) is int and record.calls >= 0):
-        raise ValueError(f"a record with bad fields: {entry}")
-    return record
