@@ -6,9 +6,9 @@ front door's :class:`Kind`, kept while every rank's count stays near that call's
 (:meth:`Record.timed`), agreed as the slowest rank's, feeding the class's :class:`Record`.
 The first calls run the model's pick, then in turn the others it prices within :data:`WITHIN`
 of it (at most :data:`CANDIDATES` in all): each a warm-up call (not counted) and
-:data:`SAMPLES` timed ones, stopped after one over :data:`ABANDON` times the best so far. Where the others would leave the
-pick, it is timed again first (a class's first calls pay for what its size needs anew). Then
-the pick runs unless another is clearly faster (:func:`clearly_faster`, over each one's latest
+:data:`SAMPLES` timed ones, stopped after one over :data:`ABANDON` times the best so far.
+Where the others would leave the pick, it is timed again first (a class's first calls pay for
+what its size needs anew). Then the pick runs unless another is clearly faster (:func:`clearly_faster`, over each one's latest
 :data:`WINDOW` samples; then the least median of those): a call's time varies by more than
 the algorithms near the pick differ, and a median of a few samples would follow that noise.
 One in :data:`TIME_EVERY` of the choice's calls is timed, so a choice that slows down is left.
