@@ -8,9 +8,10 @@ The first calls run the model's pick, then in turn the others it prices within :
 of it (at most :data:`CANDIDATES` in all): each a warm-up call (not counted) and
 :data:`SAMPLES` timed ones, stopped after one over :data:`ABANDON` times the best so far.
 Where the others would leave the pick, it is timed again first (a class's first calls pay for
-what its size needs anew). Then the pick runs unless another is clearly faster (:func:`clearly_faster`, over each one's latest
-:data:`WINDOW` samples; then the least median of those): a call's time varies by more than
-the algorithms near the pick differ, and a median of a few samples would follow that noise.
+what its size needs anew). Then the pick runs unless another is clearly faster
+(:func:`clearly_faster`, over each one's latest :data:`WINDOW` samples; then the least median
+of those): a call's time varies by more than the algorithms near the pick differ, and a median
+of a few samples would follow that noise.
 One in :data:`TIME_EVERY` of the choice's calls is timed, so a choice that slows down is left.
 At a recheck (the class's :data:`RECHECK`-th call, then twice the calls before while the
 choice stands, up to :data:`RECHECK_MAX`; ``RECHECK`` again once it changes) one of the
