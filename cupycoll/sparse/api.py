@@ -194,9 +194,8 @@ def _learned(comm: Communicator, kind: tuple, prepared: Prepared, async_op: bool
     set them, and keeps that call's class (a total nnz hovering at a power of two stays in
     one)."""
     kept = _auto.remembered(comm, kind + ("learn",), prepared.nnz, prepared.n,
-                            lambda: _learn.Kind(_learn.class_key(
-                                _auto.resolved(_shape(comm, prepared), comm=comm)[0],
-                                prepared.op)))
+                            lambda: _learn.Kind(_learn.with_total(
+                                _learn_kind(comm, kind, prepared), sum(prepared.nnz))))
     name, learning = _learn.plan(comm, kept, lambda: _shape(comm, prepared), prepared.op,
                                  not async_op)
     timer = None
@@ -206,6 +205,20 @@ def _learned(comm: Communicator, kind: tuple, prepared: Prepared, async_op: bool
     if wire is None:
         wire = kept.wires[name] = _wire(comm, prepared, name, _shape(comm, prepared))
     return name, wire, timer
+
+
+def _learn_kind(comm: Communicator, kind: tuple, prepared: Prepared) -> tuple:
+    """learn's class key of a call of ``kind`` (:func:`~.learn.class_key`, the ranks' nodes
+    in it), built once per kind and node setting: a new :class:`~.learn.Kind` of a loop (its
+    counts moved, or a rank's count of 4 or fewer changed) takes another total nnz alone
+    (:func:`~.learn.with_total`)."""
+    keys = _auto.bounded_table(comm, "_learn_kinds")
+    kind += (setting("CUPYCOLL_RANKS_PER_NODE"),)
+    key = keys.get(kind)
+    if key is None:
+        shape, _ = _auto.resolved(_shape(comm, prepared), comm=comm)
+        key = keys[kind] = _learn.class_key(shape, prepared.op)
+    return key
 
 
 def _shape(comm: Communicator, prepared: Prepared) -> Shape:

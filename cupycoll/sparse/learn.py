@@ -49,9 +49,10 @@ from . import auto as _auto
 from ._cost import Shape
 from .measure import kind
 
-__all__ = ["Record", "Records", "Kind", "plan", "class_key", "finish", "absorb", "pending_us",
-           "save", "load", "records", "WITHIN", "CANDIDATES", "SAMPLES", "ABANDON", "WINDOW",
-           "RECHECK", "RECHECK_MAX", "RETRY_WITHIN", "TRIAL_CALLS", "TIME_EVERY", "DISTURBED"]
+__all__ = ["Record", "Records", "Kind", "plan", "class_key", "with_total", "finish", "absorb",
+           "pending_us", "save", "load", "records", "WITHIN", "CANDIDATES", "SAMPLES", "ABANDON",
+           "WINDOW", "RECHECK", "RECHECK_MAX", "RETRY_WITHIN", "TRIAL_CALLS", "TIME_EVERY",
+           "DISTURBED"]
 
 #: candidates: the algorithms the model prices within this factor of its best
 WITHIN = 2.0
@@ -252,8 +253,14 @@ def records(comm: Any) -> Records:
 
 def class_key(shape: Shape, op: Any) -> tuple:
     """The key of ``shape``'s class in :func:`records`: :func:`.measure.kind` (the ranks'
-    nodes in it) and the op. Its last but one element is the total nnz's bit length."""
+    nodes in it) and the op. Its last but one element is the total nnz's bit length
+    (:func:`with_total`)."""
     return kind(shape) + (str(getattr(op, "value", op)),)
+
+
+def with_total(key: tuple, total_nnz: int) -> tuple:
+    """``key`` of a class with another total nnz (a call of the same kind)."""
+    return key[:-2] + (total_nnz.bit_length(), key[-1])
 
 
 def plan(comm: Any, kept: Kind, shape: Callable[[], Shape], op: Any, timed: bool
