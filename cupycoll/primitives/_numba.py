@@ -271,6 +271,11 @@ def _count_then_copy(units: int, pieces: int, mark: Callable, copy: Callable, it
     ``mark(first, last)`` notes and counts a span's hits, then ``copy(first, last, out_idx,
     out_val)`` writes them into its slice of outputs of exactly the total size (positions as
     itype, values of ``row`` shape and ``dtype``)."""
+    if pieces == 1:  # one span in this thread: no pool, no per-span slices
+        hits = mark(0, units)
+        out_idx, out_val = np.empty(hits, itype), np.empty((hits,) + tuple(row), dtype)
+        copy(0, units, out_idx, out_val)
+        return out_idx, out_val
     edges = [(p * units) // pieces for p in range(pieces + 1)]
     spans = list(zip(edges[:-1], edges[1:]))
     hits = _in_threads([partial(mark, a, b) for a, b in spans])
