@@ -22,12 +22,12 @@ def saved_fields(record_type: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(record_type) if not f.name.startswith("_"))
 
 
-def write_records(comm: Any, table: dict, path: Any) -> None:
-    """Write ``table`` (records by shape class) to ``path`` as JSON: rank 0 writes, the others
-    wait for it (:func:`from_rank_zero`)."""
+def write_records(comm: Any, table: dict, path: Any, record_type: type) -> None:
+    """Write ``table`` (``record_type`` records by shape class) to ``path`` as JSON: rank 0
+    writes, the others wait for it (:func:`from_rank_zero`)."""
     def written() -> None:
-        data = [{"kind": jsonable(key), **{k: getattr(record, k)
-                                           for k in saved_fields(type(record))}}
+        fields = saved_fields(record_type)
+        data = [{"kind": jsonable(key), **{k: getattr(record, k) for k in fields}}
                 for key, record in table.items()]
         with open(path, "w", encoding="utf-8") as f:
             json.dump({"learned": data}, f, indent=1)

@@ -362,7 +362,7 @@ def save(comm: Any, path: str) -> None:
 
     Raises:
         InvalidArgument: on every rank, when rank 0 could not write ``path``."""
-    write_records(comm, records(comm), path)
+    write_records(comm, records(comm), path, Record)
 
 
 def load(comm: Any, path: str) -> int:
