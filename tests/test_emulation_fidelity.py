@@ -1,6 +1,7 @@
 """The emulation tier against what CuPy, CUDA and NCCL do (review rv_emu): in-place writes booked
 as writes, commSplit ids, per-thread `with` stacks and events' devices, CuPy's NaN and cast
-bits, get/set, host syncs, a destroyed communicator, legal programs accepted, empty's order.
+bits, get/set, host syncs, a destroyed communicator, legal programs accepted, empty's order,
+a peer's abort notice that overtakes what it sent before.
 Each case failed on the emulator before its fix. This file is also the worker: pytest launches
 it under mpiexec with the emulation installed (``main``), one job per rank count."""
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 P1 = ["inplace_writes", "contexts", "arith", "get_set", "syncs", "legacy_null", "empty_order",
-      "shares_memory"]
+      "shares_memory", "overtaken_abort"]
 P2 = ["after_destroy", "legal_groups"]
 P3 = ["split_uid"]
 _OUT: dict[int, str] = {}
@@ -209,6 +210,29 @@ def shares_memory(cupy, emu, world):
     got = cc.sparse_allreduce(idx, cupy.ones(4, cupy.int64), 8, comm=comm,
                               alloc_fn=lambda nnz, it, shape, vt, ctx: (buf[0::2], buf[1::2]))
     assert got.indices.get().tolist() == [1, 3, 5, 7] and buf.get()[1::2].tolist() == [1] * 4
+
+
+def overtaken_abort(cupy, emu, world):
+    """A host wait that sees a peer's abort notice still completes what the peer sent before
+    aborting (the notice can overtake it: a rank in a lazy connect's handshake failed with
+    ncclRemoteError although every peer had finished it); with nothing coming it fails."""
+    from cupycoll.testing.emulation import nccl_core
+
+    class PeerGone:
+        aborted = False
+
+        def peer_aborted(self):
+            return True
+
+    tests = []
+    nccl_core.poll(lambda: tests.append(1) or len(tests) > 3, PeerGone(), "handshake")
+    assert len(tests) == 4, tests
+    try:
+        nccl_core.poll(lambda: False, PeerGone(), "handshake")
+    except cupy.cuda.nccl.NcclError as exc:
+        assert "REMOTE" in str(exc), exc
+    else:
+        raise AssertionError("a wait on a dead peer returned")
 
 
 def after_destroy(cupy, emu, world):

@@ -25,6 +25,7 @@ _ids = itertools.count(1)
 _SHUTDOWN = threading.Event()
 # ncclResult_t values
 INTERNAL, INVALID_ARGUMENT, INVALID_USAGE, REMOTE = 3, 4, 5, 6
+_GRACE_TESTS, _GRACE_SECONDS = 20, 0.1
 
 
 def release_blocked() -> None:
@@ -39,15 +40,21 @@ def error(status: int) -> BaseException:
 def poll(done: Callable[[], bool], comm: Any, what: str, kernel: bool = False) -> None:
     """Wait for ``done()``; an abort of ``comm`` (or a release) makes it raise NcclError.
 
-    A peer's abort sets ``comm``'s asynchronous error; a host call then fails at once, while a
+    A peer's abort sets ``comm``'s asynchronous error; a host call then fails, while a
     ``kernel`` (a task on a stream) keeps spinning, as NCCL's kernels do, until ``comm`` aborts.
+    The abort notice travels apart from what the peer sent before it and can overtake it, so a
+    host call fails only after ``done()`` stayed false for a grace of at least
+    ``_GRACE_TESTS`` tests and ``_GRACE_SECONDS`` (a handshake every peer finished completes).
     """
-    pause = 2e-5
+    pause, grace = 2e-5, None
     while not done():
         if (comm is not None and comm.aborted) or _SHUTDOWN.is_set():
             raise error(INTERNAL if comm is not None and comm.aborted else REMOTE)
-        if comm is not None and comm.peer_aborted() and not kernel:
-            raise error(REMOTE)
+        if comm is not None and comm.peer_aborted() and not kernel:  # sets the async error
+            grace = grace or [_GRACE_TESTS, time.monotonic() + _GRACE_SECONDS]
+            grace[0] -= 1
+            if grace[0] < 0 and time.monotonic() > grace[1]:
+                raise error(REMOTE)
         time.sleep(pause)
         pause = min(pause * 2, 2e-3)
 
