@@ -46,14 +46,14 @@ def poll(done: Callable[[], bool], comm: Any, what: str, kernel: bool = False) -
     host call fails only after ``done()`` stayed false for a grace of at least
     ``_GRACE_TESTS`` tests and ``_GRACE_SECONDS`` (a handshake every peer finished completes).
     """
-    pause, grace = 2e-5, None
+    pause, tests_left, until = 2e-5, _GRACE_TESTS, None
     while not done():
         if (comm is not None and comm.aborted) or _SHUTDOWN.is_set():
             raise error(INTERNAL if comm is not None and comm.aborted else REMOTE)
         if comm is not None and comm.peer_aborted() and not kernel:  # sets the async error
-            grace = grace or [_GRACE_TESTS, time.monotonic() + _GRACE_SECONDS]
-            grace[0] -= 1
-            if grace[0] < 0 and time.monotonic() > grace[1]:
+            until = until or time.monotonic() + _GRACE_SECONDS
+            tests_left -= 1
+            if tests_left < 0 and time.monotonic() > until:
                 raise error(REMOTE)
         time.sleep(pause)
         pause = min(pause * 2, 2e-3)
