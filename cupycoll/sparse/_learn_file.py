@@ -41,19 +41,21 @@ def read_records(comm: Any, path: Any, record_type: type) -> dict:
     def read() -> dict:
         with open(path, encoding="utf-8") as f:
             entries = json.load(f)["learned"]
-        return {hashable(entry.pop("kind")): _record(entry, record_type) for entry in entries}
+        fields, pickable = saved_fields(record_type), priced("sparse")
+        return {hashable(entry.pop("kind")): _record(entry, record_type, fields, pickable)
+                for entry in entries}
 
     return from_rank_zero(comm, "learn.load", read, path, "is not a table learn.save wrote")
 
 
-def _record(entry: dict, record_type: type) -> Any:
-    """A record of a saved entry, its fields checked (its candidates algorithms ``auto`` may
-    pick by price here); warmed nothing (in this process, its first call is a warm-up)."""
-    fields = saved_fields(record_type)
+def _record(entry: dict, record_type: type, fields: tuple[str, ...], pickable: Any) -> Any:
+    """A record of a saved entry, its fields checked (only the saved ``fields``; its
+    candidates among ``pickable``, the algorithms ``auto`` may pick by price here); warmed
+    nothing (in this process, its first call is a warm-up)."""
     if not isinstance(entry, dict) or not set(entry) <= set(fields):  # what save wrote only
         raise ValueError(f"a record with other fields than {list(fields)}: {entry}")
     record = record_type(**{**entry, "warmed": []}, _confirmed=True)
-    seconds, pickable = record.seconds, priced("sparse")
+    seconds = record.seconds
     # each clause below reads only what the ones before it checked
     if not (type(seconds) is dict and record.candidates
             and all(type(field) is list for field in (record.candidates, record.abandoned,
