@@ -277,7 +277,8 @@ def test_prepared_shape_and_fields():
 def test_a_peers_error_comes_back_naming_the_rank_argument_and_every_bad_rank():
     """``_peer_error`` rebuilds from a travelled :class:`Failure` the error the other ranks
     raise: the same type naming the rank, the argument ("arguments" where it named none) and
-    every bad rank; an index out of range shows its value and this rank's n."""
+    every bad rank; an index out of range shows its value and this rank's n (which the peer's
+    n is not where the index is inside it)."""
     from types import SimpleNamespace
 
     from cupycoll._agreement import Failure
@@ -303,6 +304,9 @@ def test_a_peers_error_comes_back_naming_the_rank_argument_and_every_bad_rank():
     e = t._peer_error(Failure(1, InvalidArgument, "indices", -3, [1, 2]), draft)
     assert str(e) == ("invalid argument 'indices' on rank 1: index out of range [0, n=7) on "
                       "rank 1; ranks with bad input: [1, 2] (got -3)")
+    e = t._peer_error(Failure(3, InvalidArgument, "indices", 4, [3]), draft)  # rank 3's n <= 4
+    assert str(e) == ("invalid argument 'indices' on rank 3: index out of range [0, n) on rank "
+                      "3, whose n is at most 4 (n = 7 here) (got 4)")
     e = t._peer_error(Failure(5, InvalidArgument, None, None, [5]), draft)
     assert e.argument == "arguments" and "rank 5 passed invalid arguments (that rank's error " \
         "names them)" in str(e)

@@ -34,8 +34,8 @@ def _peer_error(failure: agreement.Failure, draft: agreement.Draft) -> CupycollE
     rank, argument = failure.rank, failure.argument or "arguments"
     also = f"; ranks with bad input: {failure.ranks}" if len(failure.ranks) > 1 else ""
     if failure.detail is not None:  # an index out of range
-        return InvalidArgument("indices", failure.detail, f"index out of range [0, n="
-                               f"{draft.context.n}) on rank {rank}{also}", rank=rank)
+        return InvalidArgument("indices", failure.detail, _out_of_range(
+            failure.detail, draft.context.n, rank) + also, rank=rank)
     if failure.kind is InvalidType:
         return InvalidType(argument, ELSEWHERE,
                            f"valid on every rank (rank {rank} raised the precise error{also})",
@@ -44,6 +44,15 @@ def _peer_error(failure: agreement.Failure, draft: agreement.Draft) -> CupycollE
         else f"an invalid {argument}"
     return InvalidArgument(argument, ELSEWHERE, f"rank {rank} passed {passed}{also}",
                            rank=rank)
+
+
+def _out_of_range(index: int, n: int, rank: int) -> str:
+    """Why peer ``rank``'s ``index`` is out of range, naming this rank's ``n`` as the peer's
+    only where it may be: an index inside [0, n) here fails only under a smaller n there."""
+    if 0 <= index < n:
+        return f"index out of range [0, n) on rank {rank}, whose n is at most {index} (n = {n} " \
+            "here)"
+    return f"index out of range [0, n={n}) on rank {rank}"
 
 
 def _mismatch(differs: list[agreement.Differ], draft: agreement.Draft) -> str:
