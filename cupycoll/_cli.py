@@ -138,6 +138,23 @@ def info_lines() -> list[tuple[str, str]]:
     return lines
 
 
+def _profile_shown() -> str:
+    from .tuner.profile import profile_path
+
+    path = profile_path()
+    return f"None: {path}" + ("" if path.is_file() else " (absent: the shipped profile)")
+
+
+def _emulation_cache_shown() -> str:
+    from .testing.kernel_shim import cache_folder
+
+    return f"None: {cache_folder()}"
+
+
+#: settings whose default (None) stands for a path worked out where it is used: info shows it
+_PATHS = {"CUPYCOLL_PROFILE": _profile_shown, "CUPYCOLL_EMULATION_CACHE": _emulation_cache_shown}
+
+
 def _setting_shown(name: str) -> str:
     """A setting's value as info shows it; a name a call would refuse (an algorithm, a wire
     format, a backend or a log level that does not exist) raises InvalidArgument saying so."""
@@ -147,6 +164,8 @@ def _setting_shown(name: str) -> str:
 
     if name == "CUPYCOLL_LOG_LEVEL":
         log_level()  # (raises for a name logging does not know)
+    if name in _PATHS and setting(name) is None:
+        return _PATHS[name]()
     valid = {"CUPYCOLL_ALGORITHM": algorithms("sparse"), "CUPYCOLL_WIRE": list(WIRES),
              "CUPYCOLL_TOPK_ALGORITHM": algorithms("topk"),
              "CUPYCOLL_BACKEND": _BACKENDS}.get(name)

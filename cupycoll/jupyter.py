@@ -46,7 +46,11 @@ def find_mpiexec() -> str:
 def _mpi_args(mpi_args: Any) -> list[str]:
     """``mpi_args`` as mpiexec's argument list (a string split as a shell would)."""
     if isinstance(mpi_args, str):
-        return shlex.split(mpi_args)
+        try:
+            return shlex.split(mpi_args)
+        except ValueError as exc:  # an unclosed quote, a trailing escape
+            raise InvalidArgument("mpi_args", mpi_args, f"a shell would not split it: {exc}") \
+                from None
     if mpi_args is None:
         return []
     if not isinstance(mpi_args, (list, tuple)) or not all(isinstance(a, str) for a in mpi_args):
@@ -76,8 +80,11 @@ def mpi_cluster(n: int = 4, *, mpi_args: list[str] | str | None = None, **kwargs
                                  "pip install 'cupycoll[notebook]'") from exc
     if "engines" in kwargs:
         raise InvalidArgument("engines", kwargs["engines"], "mpi_cluster sets it (mpi)")
+    mine = kwargs.pop("config", None)
+    if mine is not None and not isinstance(mine, dict):  # a Config is a dict
+        raise InvalidType("config", type(mine).__name__, "a traitlets Config, a dict or None")
     config = Config()
-    config.merge(kwargs.pop("config", None) or Config())  # the caller's settings, then ours
+    config.merge(Config(mine or {}))  # the caller's settings, then ours
     config.MPILauncher.mpi_cmd = [find_mpiexec()]
     config.MPILauncher.mpi_args = args
     return ipyparallel.Cluster(engines="mpi", n=n, config=config, **kwargs)

@@ -45,6 +45,25 @@ def test_info_shows_where_each_setting_comes_from(monkeypatch):
     assert lines["init() backend"] == "mpi (CUPYCOLL_BACKEND says so)"
 
 
+def test_info_shows_the_paths_that_stand_for_an_unset_path_setting(monkeypatch, tmp_path):
+    """CUPYCOLL_PROFILE and CUPYCOLL_EMULATION_CACHE unset: the file and folder in effect."""
+    for name in ("CUPYCOLL_PROFILE", "CUPYCOLL_EMULATION_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # what gettempdir() says
+    profile = tmp_path / "cupycoll" / "profile.json"
+    lines = dict(info_lines())
+    assert lines["CUPYCOLL_PROFILE"] == f"None: {profile} (absent: the shipped profile) (default)"
+    folder = tmp_path / "tmp" / f"cupycoll-emulation-{os.getuid()}"
+    assert lines["CUPYCOLL_EMULATION_CACHE"] == f"None: {folder} (default)"
+    assert not folder.exists()  # info makes nothing
+    profile.parent.mkdir()
+    profile.write_text("{}")
+    assert dict(info_lines())["CUPYCOLL_PROFILE"] == f"None: {profile} (default)"
+
+
 @pytest.mark.parametrize("name, value", [("CUPYCOLL_TIMEOUT", "soon"),
                                          ("CUPYCOLL_ALGORITHM", "nope"),
                                          ("CUPYCOLL_WIRE", "zzz"),

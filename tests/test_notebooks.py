@@ -61,6 +61,15 @@ def test_mpi_cluster_rejects_bad_mpi_args(bad):
         cupycoll.jupyter.mpi_cluster(2, mpi_args=bad)
 
 
+def test_mpi_cluster_rejects_unsplittable_mpi_args_and_a_config_of_another_type():
+    with pytest.raises(InvalidArgument, match="'mpi_args': a shell would not split it"):
+        cupycoll.jupyter.mpi_cluster(2, mpi_args="-genv 'FOO")
+    with pytest.raises(InvalidType, match="'config' must be a traitlets Config, a dict or None"):
+        cupycoll.jupyter.mpi_cluster(2, config=5)
+    as_dict = cupycoll.jupyter.mpi_cluster(2, config={"Cluster": {"controller_ip": "127.0.0.1"}})
+    assert as_dict.config.Cluster.controller_ip == "127.0.0.1"
+
+
 @pytest.mark.parametrize("bad", [0, -1, 2.0, True, "4"])
 def test_mpi_cluster_rejects_bad_engine_counts(bad):
     with pytest.raises(InvalidArgument, match="invalid argument 'n'"):

@@ -45,10 +45,15 @@ def compiler() -> str | None:
     return shutil.which("g++") or shutil.which("c++")
 
 
-def cache_dir() -> Path:
-    """Folder of the built libraries (``CUPYCOLL_EMULATION_CACHE``), created if missing."""
+def cache_folder() -> Path:
+    """Where the built libraries go (``CUPYCOLL_EMULATION_CACHE`` or its default), unmade."""
     named = setting("CUPYCOLL_EMULATION_CACHE")
-    folder = Path(named or Path(tempfile.gettempdir()) / f"cupycoll-emulation-{os.getuid()}")
+    return Path(named or Path(tempfile.gettempdir()) / f"cupycoll-emulation-{os.getuid()}")
+
+
+def cache_dir() -> Path:
+    """Folder of the built libraries (:func:`cache_folder`), created if missing."""
+    named, folder = setting("CUPYCOLL_EMULATION_CACHE"), cache_folder()
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
