@@ -155,6 +155,11 @@ def test_disagreement_messages_name_what_differs():
     assert api._disagreement(Differ("algorithm", 123, 5, 900, (123, 123, 900)), 1, "gtopk") == (
         "ranks disagree on the algorithm of topk_allreduce (ranks 0-1 asked for 'gtopk', "
         "rank 2 for another one; seen on rank 1)")
+    dense, gtopk = api._algorithm_code("dense"), api._algorithm_code("gtopk")
+    assert api._disagreement(Differ("algorithm", gtopk, 0, 0, (dense, gtopk, dense)), 1,
+                             "gtopk") == ("ranks disagree on the algorithm of topk_allreduce "
+                                          "('dense' on ranks 0, 2; 'gtopk' on rank 1; seen on "
+                                          "rank 1)")
     assert api._disagreement(Differ("wire", 4, 0, 8, (0, 4, 8)), 2, "oktopk") == (
         "ranks disagree on wire / wire_values in topk_allreduce (coo/None on rank 0; "
         "compact/bfloat16 on rank 1; auto/float16 on rank 2; seen on rank 2)")
@@ -386,10 +391,8 @@ def test_ranks_raise_together_on_a_bad_argument_or_a_disagreement(p):
                    + ("float32 on ranks 1-2; float64 on rank 0" if p == 3 else
                       "float64 on rank 0; float32 on rank 1") + f"; seen on rank {r})"),
         ({"algorithm": {1: "gtopk"}},
-         lambda r: "ranks disagree on the algorithm of topk_allreduce ("
-                   + ("rank 1 asked for 'gtopk', " + not_1 if r == 1 else
-                      f"{not_1} asked for 'dense', rank 1") + f" for another one; seen on rank "
-                   f"{r})"),
+         lambda r: f"ranks disagree on the algorithm of topk_allreduce ('dense' on {not_1}; "
+                   f"'gtopk' on rank 1; seen on rank {r})"),
         ({"wire": {0: "compact"}},
          lambda r: "ranks disagree on wire / wire_values in topk_allreduce ("
                    + (f"coo/None on {rest}; compact/None on rank 0" if p == 3 else

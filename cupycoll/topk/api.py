@@ -238,10 +238,15 @@ def _algorithm_code(algorithm: str) -> int:
 def _disagreement(d: agreement.Differ, rank: int, algorithm: str,
                   verb: str = "topk_allreduce") -> str:
     """The message of a MismatchError: each value and the ranks that passed it, dtypes by
-    name, algorithms by this rank's name (the validation allreduce carries only a hash of the
-    others'), a compressor's fields by the arguments they come from."""
+    name, algorithms by name (the validation allreduce carries a hash of each: one that no
+    registered algorithm has is "another one"), a compressor's fields by the arguments they
+    come from."""
     name = d.field if verb == "topk_allreduce" else _COMPRESSOR_FIELDS.get(d.field, d.field)
     if name == "algorithm":
+        known = {_algorithm_code(a): a for a in algorithms("topk")}
+        if all(code in known for code in d.ranks):
+            return (f"ranks disagree on the algorithm of {verb} "
+                    f"({d.by_rank(lambda code: repr(known[code]))}; seen on rank {rank})")
         mine = [r for r, code in enumerate(d.ranks) if code == d.mine]
         others = [r for r in range(len(d.ranks)) if r not in mine]
         return (f"ranks disagree on the algorithm of {verb} ({ranks_text(mine)} asked for "
