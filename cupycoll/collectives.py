@@ -121,7 +121,10 @@ def _input(x: Any, comm: Communicator, name: str = "x") -> Any:
     arr = as_array(x, name, rank=comm.rank)
     check_dtype(arr, name, rank=comm.rank)
     check_device(arr, comm, name)
-    return arr if arr.flags.c_contiguous else array_namespace(arr).ascontiguousarray(arr)
+    if arr.flags.c_contiguous:
+        return arr
+    with comm.in_stream(join=False):  # NCCL: the copy on its stream, not on the caller's
+        return array_namespace(arr).ascontiguousarray(arr)
 
 
 def _output(out: Any, x: Any, shape: tuple, comm: Communicator) -> Any:

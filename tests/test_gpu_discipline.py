@@ -16,6 +16,6 @@ pytestmark = pytest.mark.mpi
 def test_stream_completion_and_lifetime_discipline(nprocs):
     modes = ("null_stream,completer_device,waits_per_stream,stream_switch,future_streams,"
              "device_thread,inflight_threads,alloc_synced,result_after_abort,late_step,connecting,"
-             "dup_board,close_paths")
+             "dup_board,close_paths,null_stream_copies,future_wait,connect_waits")
     out = run_mpi(nprocs, "gpu_discipline.py", modes, timeout=300)
     assert f"gpu_discipline {modes}: ok on {nprocs} ranks" in out

@@ -35,12 +35,13 @@ class _Handle:
     collection can abort it (``ncclCommDestroy``, which CuPy's destructor calls, blocks forever
     while a kernel waits for a peer)."""
 
-    __slots__ = ("comm", "lock", "nonblocking", "aborting", "__weakref__")
+    __slots__ = ("comm", "lock", "nonblocking", "aborting", "connecting", "__weakref__")
 
     def __init__(self, comm: Any, nonblocking: bool) -> None:
         self.comm, self.nonblocking = comm, nonblocking
         self.lock = threading.RLock()
         self.aborting = False  # set before the lock is taken: a call connecting under it stops
+        self.connecting = False  # a call holds the lock until its peers connect (_settle)
 
     def abort(self) -> None:
         self.aborting = True
@@ -160,7 +161,11 @@ class _StreamOrder:
                 return False
             return True
 
-        spin(issued)
+        self._handle.connecting = True  # (host waits of other threads skip the lock meanwhile)
+        try:
+            spin(issued)
+        finally:
+            self._handle.connecting = False
 
     def _arrived(self) -> None:
         """Count the collective just posted and number its in-flight entry with it (a timeout
@@ -304,13 +309,18 @@ class _StreamOrder:
         """Raise (after aborting) if NCCL reports an asynchronous error, or if the
         communicator died meanwhile (the watchdog timed it out)."""
         handle = self._handle
+        while not handle.lock.acquire(timeout=_ASYNC_POLL_S):
+            if handle.connecting:  # that call polls the asynchronous error itself until its
+                self._check_alive()  # peers connect (up to connect_timeout) and aborts on one:
+                return  # this wait, its operation complete, does not wait for them
         try:
-            with handle.lock:
-                comm = handle.comm
-                if comm is not None:
-                    comm.check_async_error()
+            comm = handle.comm
+            if comm is not None:
+                comm.check_async_error()
         except self._errors as exc:
             raise self._failed(op_name, exc) from exc
+        finally:
+            handle.lock.release()
         self._check_alive()
 
     def _expire(self) -> None:

@@ -39,14 +39,15 @@ class _NcclVerbs:
         self._order(event)
 
     def _apart(self, send: Any, dst: Any, in_place_at: int) -> Any:
-        """``send`` as NCCL may read it beside ``dst``: contiguous, and a copy (in the caller's
-        stream order) where it overlaps ``dst`` other than in place (its pointer ``dst``'s plus
+        """``send`` as NCCL may read it beside ``dst``: contiguous, and a copy (on the
+        communicator's stream, in the caller's stream order) where it overlaps ``dst`` other
+        than in place (its pointer ``dst``'s plus
         ``in_place_at`` bytes): NCCL leaves any other overlap undefined."""
         src = self._contiguous(send)
         if src is send and src.nbytes and dst.nbytes:
             s, d = self._ptr(src), self._ptr(dst)
             if s != d + in_place_at and s < d + dst.nbytes and d < s + src.nbytes:
-                return src.copy()
+                return self._on_stream(src.copy)
         return src
 
     def _types(self, dtype: Any, op: Any) -> tuple[int, int | None]:
@@ -179,9 +180,10 @@ class _NcclVerbs:
                 if not local:
                     raise InvalidArgument("recvs", peer, "a receive from this rank needs a send "
                                           "to this rank", rank=self.rank)
-                buf[...] = local.popleft()
+                self._on_stream(lambda b=buf, a=local.popleft(): b.__setitem__(Ellipsis, a))
                 continue
-            dst = buf if buf.flags.c_contiguous else self.xp.empty(buf.shape, buf.dtype)
+            dst = buf if buf.flags.c_contiguous else self._on_stream(
+                lambda b=buf: self.xp.empty(b.shape, b.dtype))
             if dst is not buf:
                 staged.append((buf, dst))
             posted_recvs.append((int(peer), dst))

@@ -134,11 +134,27 @@ class Work:
             if self._done:  # calling thread learns the completion itself (cheap once done)
                 self._sync_fn()
             else:
+                if not self._host_waits:
+                    self._host_sync()
                 self._complete(self._sync_fn)
                 if self._after is not None:  # the finalizer queued device work (a copy into
                     self._sync_fn()  # alloc_fn's buffers): the host waits for it too
             self._synced = True
         return self.wait()
+
+    def _host_sync(self) -> None:
+        """Block the host until the device's operation is done, without the lock: a
+        ``wait()`` meanwhile (another thread's, e.g. the caller's while the completer thread
+        completes its future) orders its stream at once instead of waiting for this. A failure
+        is the Work's error, as in :meth:`_completed`."""
+        self._not_finalizing()
+        try:
+            self._sync_fn()
+        except BackendError as exc:
+            with self._lock:
+                if not self._done:
+                    self._error, self._done = exc, True
+            raise
 
     def _not_finalizing(self) -> None:
         """Raise if the calling thread is running this Work's finalizer (it would wait for

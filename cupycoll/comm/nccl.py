@@ -225,7 +225,16 @@ class NCCLCommunicator(_StreamOrder, _NcclVerbs, Communicator):
         return self._device.pointer(a)
 
     def _contiguous(self, a: Any) -> Any:
-        return a if a.flags.c_contiguous else self.xp.ascontiguousarray(a)
+        return a if a.flags.c_contiguous else self._on_stream(
+            lambda: self.xp.ascontiguousarray(a))
+
+    def _on_stream(self, make: Any) -> Any:
+        """``make()`` (device work an operation reads: a copy of the caller's input, a token)
+        on the communicator's stream, after what the caller's current stream has queued: never
+        on the caller's stream (by default the legacy NULL stream, which serialises with every
+        blocking stream of the device)."""
+        with self.in_stream(join=False):
+            return make()
 
     def _buffer(self, a: Any, argument: str) -> Any:
         if not a.flags.c_contiguous:
@@ -236,7 +245,7 @@ class NCCLCommunicator(_StreamOrder, _NcclVerbs, Communicator):
     def barrier(self) -> None:
         """Allreduce one int32 on the device and wait for it (not booked in ``stats``; a
         collective on the arrival board: a timeout names the ranks that never came)."""
-        token = self.xp.zeros(1, dtype=np.int32)
+        token = self._on_stream(lambda: self.xp.zeros(1, dtype=np.int32))
         dtype, red = nccl_types(token.dtype, ReduceOp.SUM, nccl=self._nccl, rank=self.rank)
         event = self._post("barrier", lambda c, s: c.allReduce(
             self._ptr(token), self._ptr(token), 1, dtype, red, s), token, arrival=True)

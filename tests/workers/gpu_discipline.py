@@ -52,6 +52,17 @@ Modes (each failed before its fix, as noted):
                      operation: StreamOrderError on the read)
   result_after_abort a Work whose synchronize() returned gives its result again after an abort
                      of its communicator, as on MPI (before: BackendError "aborted")
+  null_stream_copies the copies NCCL reads instead of a strided input and barrier()'s token
+                     are made on the communicator's stream (before: on the caller's, the
+                     legacy NULL stream: "ascontiguousarray", "zeros" there)
+  future_wait        a Work whose future was asked for (the completer thread waits for it on
+                     the host) is still waited by the caller's stream at once: rank 0's wait()
+                     returns before rank 1 has posted, which it does only after that (before:
+                     wait() waited for the completer's host wait, on the Work's lock: a
+                     CollectiveTimeout, the peer never posting)
+  connect_waits      a host wait of a complete operation in one thread while another thread's
+                     call waits for its peers to connect (up to the connect timeout) returns
+                     at once (before: it waited for the connection, on the communicator's lock)
   late_step          a rank late inside an algorithm's point-to-point step (split's
                      reduce-scatter): a punctual rank that waits for its messages names it
                      (before: "step fetch", no rank named: the wait was on the host copy, no
@@ -373,6 +384,89 @@ def mode_device_thread():
     assert not errors or "device" in str(errors[0]), errors
 
 
+def mode_null_stream_copies():
+    comm = cc.init("nccl", timeout=60.0)
+    wide = cupy.arange(16 * P, dtype=cupy.float32) + RANK
+    x = wide[::2]  # strided: NCCL reads a contiguous copy of it
+    calls = {verb: (lambda v=verb: getattr(cc, v)(x, comm=comm))
+             for verb in ("allreduce", "allgather", "reduce_scatter")}
+    calls["broadcast"] = lambda: cc.broadcast(x, root=P - 1, comm=comm)
+    calls["reduce"] = lambda: cc.reduce(x, root=0, comm=comm)
+    calls["allreduce async"] = lambda: cc.allreduce(x, comm=comm, async_op=True).wait()
+    calls["barrier"] = comm.barrier
+    for call in calls.values():
+        call()  # warm
+    log = NullStreamLog()
+    for name, call in calls.items():
+        log.entries.clear()
+        got = call()
+        work = log.work()
+        assert not work, f"{name} put device work on the legacy NULL stream: {work}"
+        if name == "allreduce":
+            want = sum(cupy.asnumpy(wide[::2]) - RANK + r for r in range(P))
+            assert np.array_equal(cupy.asnumpy(got), want), (got, want)
+    comm.barrier()
+
+
+def mode_future_wait():
+    comm = cc.init("nccl", timeout=15.0)
+    x = cupy.ones(4, cupy.float32)
+    cc.allreduce(x, comm=comm)  # connected
+    comm.synchronize()
+    WORLD.Barrier()
+    if RANK == 1:
+        WORLD.recv(source=0)  # posts only once rank 0's wait() has returned
+    work = cc.allreduce(x, comm=comm, async_op=True)
+    if RANK == 0:
+        future = work.get_future()
+        time.sleep(0.3)  # the completer thread is in its host wait now
+        start = time.monotonic()
+        work.wait()
+        took = time.monotonic() - start
+        if P > 1:
+            WORLD.send(took, dest=1)
+        assert took < 2.0, f"wait() took {took:.2f} s: it waited on the host"
+        got = future.result(timeout=30)
+        assert np.array_equal(cupy.asnumpy(got), np.full(4, P, np.float32)), got
+    else:
+        work.synchronize()
+    WORLD.Barrier()
+
+
+def mode_connect_waits():
+    comm = cc.init("nccl", timeout=20.0)
+    x = cupy.ones(8, cupy.float32)
+    cc.allreduce(x, comm=comm)
+    comm.synchronize()  # the collectives' connections are made
+    WORLD.Barrier()
+    done = cc.allreduce(x, comm=comm, async_op=True)  # every rank posts it: it completes
+    if P == 1 or RANK > 1:
+        done.synchronize()
+        WORLD.Barrier()
+        return
+    if RANK == 1:
+        time.sleep(3.0)  # late for the first point-to-point call: rank 0's waits to connect
+    took = []
+
+    def waiter():
+        cupy.cuda.Device(comm.device_id).use()
+        time.sleep(0.5)  # rank 0's exchange is connecting now
+        start = time.monotonic()
+        done.synchronize()
+        took.append(time.monotonic() - start)
+
+    thread = threading.Thread(target=waiter)
+    if RANK == 0:
+        thread.start()
+    peer, got = 1 - RANK, cupy.zeros(4, cupy.float32)
+    comm.exchange([(peer, cupy.full(4, RANK + 0.5, cupy.float32))], [(peer, got)]).synchronize()
+    assert np.array_equal(cupy.asnumpy(got), np.full(4, peer + 0.5, np.float32)), got
+    if RANK == 0:
+        thread.join()
+        assert took and took[0] < 1.5, f"the wait of a complete operation took {took} s"
+    WORLD.Barrier()
+
+
 def mode_connecting():
     """A fresh communicator's first call waits for its peers to connect: past the connect
     timeout it names the rank that never came; abort() from another thread stops it at once."""
@@ -537,7 +631,8 @@ MODES = {"inflight_threads": mode_inflight_threads, "alloc_synced": mode_alloc_s
          "dup_board": mode_dup_board, "completer_device": mode_completer_device,
          "close_paths": mode_close_paths, "waits_per_stream": mode_waits_per_stream,
          "device_thread": mode_device_thread, "stream_switch": mode_stream_switch,
-         "future_streams": mode_future_streams}
+         "future_streams": mode_future_streams, "null_stream_copies": mode_null_stream_copies,
+         "future_wait": mode_future_wait, "connect_waits": mode_connect_waits}
 for mode in MODE.split(","):
     MODES[mode]()
     if mode not in ("close_paths", "connecting", "dup_board", "result_after_abort",
