@@ -65,11 +65,12 @@ def test_rules_and_defects(nprocs):
     """The emulator catches device mismatches, host arrays, NCCL memory/units/overlap errors,
     unordered stream reads, log differences; abort unblocks (P = 2). Async sparse_allreduce on
     the communicator's device and in one launch order (defects 1, 2); dup() (3); a missing peer
-    times out, a failed init raises everywhere (4); an array on another GPU on one rank
+    times out, a failed init raises everywhere (4), an init past its timeout aborts what it made;
+    an array on another GPU on one rank
     raises on every rank; ``out`` overlapping ``x`` and a result read after the completer
     thread's wait."""
     modes = ["async_device", "async_order", "wrong_device", "dense_views", "missing_peer",
-             "init_fails"]
+             "init_given_up", "init_fails"]
     if nprocs == 2:
         modes = ["rules", "dup"] + modes
     _run(nprocs, modes, timeout=200)

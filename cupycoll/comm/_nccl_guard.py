@@ -96,6 +96,17 @@ class Watchdog:
 WATCHDOG = Watchdog()
 
 
+def _give_up(box: dict[str, Any], lock: threading.Lock) -> None:
+    """This rank raises instead of returning its communicator: abort it, now if its init has
+    made it, else as the init thread makes it (NCCL cannot cancel an init)."""
+    with lock:
+        box["given_up"] = True
+        comm = box.pop("comm", None)
+    if comm is not None:
+        with contextlib.suppress(Exception):
+            comm.abort()
+
+
 def agreed_init(mpi_comm: Any, init: Callable[[], Any], timeout: float | None,
                 describe: str) -> Any:
     """Run ``init()`` (a blocking ``ncclCommInitRank``) so that no rank waits forever (collective).
@@ -104,16 +115,24 @@ def agreed_init(mpi_comm: Any, init: Callable[[], Any], timeout: float | None,
     Returns this rank's communicator once every rank reported success. Raises
     :class:`BackendUnavailable` on every rank as soon as any rank's init failed (naming it), and
     :class:`CollectiveTimeout` when ``timeout`` seconds pass first (naming the ranks that never
-    reported). A helper thread still blocked then is left behind (NCCL cannot cancel an init).
+    reported). Raising, it aborts this rank's communicator, or leaves that to a helper thread
+    still blocked in its init (NCCL cannot cancel an init), which aborts it once made.
     """
     rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
     box: dict[str, Any] = {}
+    lock = threading.Lock()
 
     def run() -> None:
         try:
-            box["comm"] = init()
+            comm = init()
         except Exception as exc:  # reported to every rank below
             box["error"] = f"{type(exc).__name__}: {exc}"
+            return
+        with lock:
+            box["comm"] = comm
+            if not box.get("given_up"):
+                return
+        _give_up(box, lock)  # made after this rank raised: nobody will use it
 
     if size == 1:
         run()
@@ -145,15 +164,14 @@ def agreed_init(mpi_comm: Any, init: Callable[[], Any], timeout: float | None,
                 request.wait()
             return box["comm"]
         if deadline is not None and time.monotonic() > deadline:
+            _give_up(box, lock)
             missing = sorted(set(range(size)) - set(outcome))
             raise CollectiveTimeout(f"ncclCommInitRank did not complete within {timeout} s on "
                                     f"rank {rank} of {size} ({describe}): no outcome from "
                                     f"rank(s) {missing}")
         time.sleep(pause)
         pause = min(2 * pause, 1e-2)
-    if "comm" in box:
-        with contextlib.suppress(Exception):
-            box["comm"].abort()
+    _give_up(box, lock)
     _log.warning("cupycoll: rank %d gives up NCCL init (failed on ranks %s)", rank, failed)
     shown = rank if rank in failed else failed[0]
     raise BackendUnavailable(f"ncclCommInitRank failed on rank(s) {failed} of {size}; rank "

@@ -19,6 +19,9 @@ Modes:
                               writes (defect 7)
   init_fails                  ncclCommInitRank fails on one rank: every rank raises in time
                               (leaves the emulated NCCL released: run it last)
+  init_given_up               an init past its timeout: every rank raises CollectiveTimeout
+                              and aborts its communicator, the late rank's once its init
+                              thread makes it (before: left, as garbage, unaborted)
   device_choice               init() keeps a device the application made current
   auto_agrees                 init("auto") picks NCCL only if every rank can
   rules                       every rule of the emulator fires on a program that breaks it
@@ -398,6 +401,32 @@ def mode_init_fails():
     assert f"rank {P - 1}" in str(err) or f"rank(s) [{P - 1}]" in str(err), err
     assert time.monotonic() - start < 30
     emu.release_blocked()  # the init threads of the others stop waiting for the last rank
+
+
+def mode_init_given_up():
+    """agreed_init past its timeout (the last rank's init takes 1.5 s, the timeout is 0.5 s):
+    every rank raises CollectiveTimeout and aborts the communicator its init made, the last
+    rank once its init thread has made it."""
+    from cupycoll.comm._nccl_guard import agreed_init
+
+    class Made:
+        aborted = False
+
+        def abort(self):
+            self.aborted = True
+
+    made = Made()
+
+    def init():
+        if RANK == P - 1:
+            time.sleep(1.5)
+        return made
+
+    status = WORLD.Dup()
+    expect_raises(cc.errors.CollectiveTimeout, agreed_init, status, init, 0.5, "fake init")
+    time.sleep(2.0 if RANK == P - 1 else 0.1)
+    assert made.aborted, f"rank {RANK}: the communicator of an init given up was not aborted"
+    status.Free()
 
 
 def mode_device_choice():
@@ -924,6 +953,7 @@ MODES = {"wire": mode_wire, "late_named": mode_late_named, "late_after_abort": m
          "late_verbs": mode_late_verbs, "interrupt": mode_interrupt, "suites": mode_suites, "rules": mode_rules, "async_device": mode_async_device,
          "async_order": mode_async_order, "dup": mode_dup, "missing_peer": mode_missing_peer,
          "peer_aborts": mode_peer_aborts, "late_fetch": mode_late_fetch, "init_fails": mode_init_fails,
+         "init_given_up": mode_init_given_up,
          "device_choice": mode_device_choice, "auto_agrees": mode_auto_agrees,
          "wrong_device": mode_wrong_device, "dense_views": mode_dense_views}
 from cupycoll.primitives._accel import ready  # noqa: E402
