@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from .comm import Communicator, Work
 from .comm._naps import helper_thread
+from .comm._watchdog import late_ranks
 from .comm._work import EXIT_WAIT
 from .errors import BackendError, InvalidArgument
 
@@ -181,9 +182,16 @@ def run_async(comm: Communicator, fn: Callable[[Communicator], Any],
                 "run there (completion_fn, alloc_fn) cannot wait for an asynchronous call "
                 "queued behind the one it belongs to; make the call synchronous there",
                 rank=comm.rank)
-        concurrent.futures.wait([future])
+        try:
+            concurrent.futures.wait([future])
+        except BaseException as exc:  # Ctrl-C: the call runs on in the worker, its peers wait
+            comm._interrupted(op_name, type(exc))
+            raise
 
-    return Work(wait, future.done, lambda: finalize(future.result()), device=device)
+    on = worker.comm  # the duplicate the call's collectives run on: its board names the late
+    return Work(wait, future.done, lambda: finalize(future.result()), device=device,
+                late=lambda: late_ranks(on.board, on.rank, on.sequence),
+                interrupted=lambda kind: comm._interrupted(op_name, kind), op_name=op_name)
 
 
 def run_in_order(comm: Communicator, fn: Callable[[Communicator], Any],

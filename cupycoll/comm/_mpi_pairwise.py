@@ -271,7 +271,7 @@ def _two_phases(comm: Any, first: list, first_peers: list[int], between: Any, fi
     work = Work(wait, test, finish, on_drop=lambda: comm._dropped(test, keep, sequence),
                 late=lambda: late_ranks(comm.board, comm.rank, sequence),
                 interrupted=lambda kind: comm._interrupted(op_name, kind),
-                wanted=lambda: comm._still_wanted(op_name, sequence))
+                wanted=lambda: comm._still_wanted(op_name, sequence), op_name=op_name)
     comm._started.add(work)
     return work
 

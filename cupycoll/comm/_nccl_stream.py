@@ -211,7 +211,7 @@ class _StreamOrder:
 
         work = Work(lambda: self._order(event, seen), lambda: self._query(event),
                     sync_fn=synchronize, device=lambda: self._readers.handing(self.device_id),
-                    stamp=stamp)
+                    stamp=stamp, op_name=op_name)
         work.events = [event]  # type: ignore[attr-defined]  # for stream-side waits (overlap)
         return work
 

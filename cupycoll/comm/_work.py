@@ -59,7 +59,7 @@ class Work:
     (Ctrl-C): the backend's own wait's rule for an operation left pending. ``wanted``: raises
     when the operation can no longer complete (``abort()`` from another thread, peers that
     gave the communicator up before it), which ends a ``wait(timeout)`` as the backend's own
-    wait ends.
+    wait ends. ``op_name``: what the operation is, as a ``wait(timeout)``'s timeout names it.
     """
 
     def __init__(self, wait_fn: Callable[[], None] | None = None,
@@ -71,8 +71,9 @@ class Work:
                  stamp: Callable[[], Callable[[], None]] | None = None,
                  late: Callable[[], list[int]] | None = None,
                  interrupted: Callable[[type], None] | None = None,
-                 wanted: Callable[[], None] | None = None) -> None:
+                 wanted: Callable[[], None] | None = None, op_name: str | None = None) -> None:
         self._on_drop, self._late, self._interrupted = on_drop, late, interrupted
+        self._op_name = op_name
         self._wanted = wanted
         self._stamp, self._after = stamp, None
         self._wait_fn, self._test_fn, self._finalize = wait_fn, test_fn, finalize
@@ -110,10 +111,11 @@ class Work:
                         missing = self._late() if self._late is not None else []
                         behind = f"; {ranks_text(missing)} had not started it" if missing \
                             else ""
+                        what = self._op_name or "the operation"
                         raise CollectiveTimeout(
-                            f"Work.wait(timeout={timeout}) expired before the operation "
-                            f"completed{behind} (it goes on: wait again to complete it)",
-                            missing_ranks=missing)
+                            f"Work.wait(timeout={timeout}) expired before {what} completed"
+                            f"{behind} (it goes on: wait again to complete it)",
+                            missing_ranks=missing, op_name=self._op_name)
                     if self._wanted is not None:
                         self._wanted()
                     time.sleep(1e-4)
@@ -269,7 +271,7 @@ class Work:
                    device=getattr(work, "_device", None), stamp=getattr(work, "_stamp", None),
                    late=getattr(work, "_late", None),
                    interrupted=getattr(work, "_interrupted", None),
-                   wanted=getattr(work, "_wanted", None))
+                   wanted=getattr(work, "_wanted", None), op_name=getattr(work, "_op_name", None))
         then._host_waits = getattr(work, "_host_waits", False)
         return then
 

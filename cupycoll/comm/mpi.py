@@ -209,7 +209,7 @@ class MPICommunicator(Staging, Communicator):
                     on_drop=lambda: self._dropped(done, keep_alive, finishes),
                     late=lambda: late_ranks(self.board, self.rank, sequence),
                     interrupted=lambda kind: self._interrupted(op_name, kind),
-                    wanted=lambda: self._still_wanted(op_name, sequence))
+                    wanted=lambda: self._still_wanted(op_name, sequence), op_name=op_name)
         self._started.add(work)
         return work
 

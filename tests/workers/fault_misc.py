@@ -245,6 +245,57 @@ def interrupt() -> None:
     report("interrupt in wait(timeout)", "KeyboardInterrupt, then dead" if RANK == 0 else
            "waited", 0.0)
     fresh_allreduce(cc.init("mpi", timeout=5))
+    _interrupt_async_sparse()
+
+
+def _interrupt_async_sparse() -> None:
+    """An asynchronous sparse_allreduce whose rank 1 is 2 s late inside the algorithm (its
+    validation done): rank 0's ``wait(timeout=0.3)`` names rank 1 (absent from the first
+    collective of ``mask`` on the worker's duplicate) and the call (before: neither); then
+    SIGINT in its ``wait()``: KeyboardInterrupt, and the communicator is dead (before: alive,
+    its next call waited for the timeout, for ever without one, on the call left in the
+    worker). The others complete (what rank 0's worker posted suffices) or raise."""
+    from cupycoll.sparse import api
+
+    comm = cc.init("mpi", timeout=5)
+    run = api._run
+    if RANK == 1:
+        api._run = lambda *args, **kwargs: (time.sleep(2.0), run(*args, **kwargs))[1]
+    idx = np.arange(RANK, 40, P, dtype=np.int64)
+    work = cc.sparse_allreduce(idx, np.ones(idx.size), 40, algorithm="mask", comm=comm,
+                               async_op=True)
+    outcome = "waited"
+    try:
+        if RANK == 0:
+            try:
+                work.wait(timeout=0.3)
+                raise AssertionError("the call completed without rank 1's algorithm")
+            except CollectiveTimeout as exc:
+                assert exc.missing_ranks == [1] and exc.op_name == "sparse_allreduce", exc
+                assert "before sparse_allreduce completed; rank 1 had not started it" in \
+                    str(exc), exc
+            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+            try:
+                work.wait()
+                raise AssertionError("the call completed without rank 1's algorithm")
+            except KeyboardInterrupt:
+                pass
+            try:
+                fresh_allreduce(comm)
+                raise AssertionError("a communicator interrupted in an async wait answered")
+            except cc.errors.BackendError as exc:
+                assert "interrupted" in str(exc), str(exc)
+            outcome = "named, KeyboardInterrupt, then dead"
+        else:  # completes where what rank 0's worker posted suffices, else raises
+            assert np.array_equal(work.wait().values, np.ones(40)), "a wrong sum"
+            outcome = "completed"
+    except cc.errors.CupycollError as exc:
+        assert RANK != 0, exc
+        outcome = type(exc).__name__
+    finally:
+        api._run = run
+    report("interrupt in an async sparse wait", outcome, 0.0)
+    fresh_allreduce(cc.init("mpi", timeout=5))
 
 
 class Preempted(Exception):
