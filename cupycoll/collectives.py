@@ -24,7 +24,7 @@ from ._config import debug
 from ._pipeline import Delivery, Plan, call
 from ._types import (DENSE_DTYPES, ReduceOp, array_namespace, as_array, check_device,
                      check_dtype, check_flag, device_of, parse_op, writable)
-from .comm import Communicator, Work, comm_or_default
+from .comm import Communicator, Work, _checks, comm_or_default
 from .errors import CupycollError, InvalidArgument, InvalidType, MismatchError
 
 __all__ = ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "all_reduce",
@@ -231,6 +231,9 @@ def agree_exchange(comm: Communicator, verb: str, root: int = -1, dtype: int = -
     if debug():
         _agree(comm, verb, {"collective": (_VERBS + _EXCHANGES).index(verb), "op": -1,
                             "root": root, "dtype": dtype, "count": count})
+
+
+_checks.BARRIER_CHECKS.append(lambda comm: agree_exchange(comm, "barrier"))
 
 
 def refuse(comm: Communicator, verb: str, error: CupycollError) -> None:

@@ -13,7 +13,17 @@ import numpy as np
 from .._agreement import ranks_text
 from ..errors import ELSEWHERE, CupycollError, InvalidArgument, MismatchError
 
-__all__ = ["rank_of", "check_peers", "check_counts", "check_sends", "agreed_settings"]
+__all__ = ["rank_of", "check_peers", "check_counts", "check_sends", "agreed_settings",
+           "BARRIER_CHECKS", "before_barrier"]
+
+#: what a Communicator's ``barrier()`` runs first: cupycoll.collectives adds its CUPYCOLL_DEBUG
+#: agreement (a barrier crossed with another verb then raises MismatchError on every rank)
+BARRIER_CHECKS: list[Callable[[Any], None]] = []
+
+
+def before_barrier(comm: Any) -> None:
+    for check in BARRIER_CHECKS:
+        check(comm)
 
 
 def agreed_settings(group: Any, parse: Callable[[], Any],

@@ -21,7 +21,7 @@ from .._config import made_settings, shared_thresholds
 from .._types import ReduceOp, parse_op, to_host
 from ..errors import BackendError
 from ._base import Communicator
-from ._checks import agreed_settings, check_peers, rank_of
+from ._checks import agreed_settings, before_barrier, check_peers, rank_of
 from ._mpi_exit import settle_at_exit
 from ._mpi_staging import _AVG, Staging, settings_first
 from ._mpi_pairwise import (all_done, earlier_first, pairwise_allreduce_applies,
@@ -359,6 +359,7 @@ class MPICommunicator(Staging, Communicator):
         return self._work(requests, op_name, finalize, tuple(buffers), peers)
 
     def barrier(self) -> None:
+        before_barrier(self)
         earlier_first(self)
         request = self.mpi_comm.Ibarrier()
         self._arrived()

@@ -40,7 +40,7 @@ from .._config import setting
 from .._types import ReduceOp
 from ..errors import BackendError, BackendUnavailable, CollectiveTimeout, InvalidArgument
 from ._base import Communicator
-from ._checks import agreed_settings
+from ._checks import agreed_settings, before_barrier
 from ._cuda import CudaDevice, _SideStreamOverlap
 from ._nccl_guard import WATCHDOG
 from ._nccl_readers import Readers
@@ -245,6 +245,7 @@ class NCCLCommunicator(_StreamOrder, _NcclVerbs, Communicator):
     def barrier(self) -> None:
         """Allreduce one int32 on the device and wait for it (not booked in ``stats``; a
         collective on the arrival board: a timeout names the ranks that never came)."""
+        before_barrier(self)
         token = self._on_stream(lambda: self.xp.zeros(1, dtype=np.int32))
         dtype, red = nccl_types(token.dtype, ReduceOp.SUM, nccl=self._nccl, rank=self.rank)
         event = self._post("barrier", lambda c, s: c.allReduce(

@@ -6,7 +6,8 @@ stale      the notebook case: rank 0 (short timeout) gives up on an allreduce th
            later; the next allreduce must not match the stale one: rank 0 raises at once, the
            others time out naming rank 0 as aborted; init() on every rank works again.
 crossed    ranks call different verbs at the same point: sparse_allreduce vs topk_allreduce vs
-           TopkCompressor.step always, dense verbs too when CUPYCOLL_DEBUG=1 is set; every rank
+           TopkCompressor.step always, dense verbs and ``comm.barrier()`` too when
+           CUPYCOLL_DEBUG=1 is set; every rank
            raises MismatchError naming both verbs and the communicator stays usable.
 skip       one rank raises (and catches) an exception between collectives and skips a call;
            calls match by order, so the others time out at the end naming it; init() recovers.
@@ -158,6 +159,7 @@ def crossed() -> None:
             "allreduce": lambda: cc.allreduce(x, comm=comm),
             "broadcast": lambda: cc.broadcast(x, root=0, comm=comm),
             "allgather": lambda: cc.allgather(x, comm=comm),
+            "barrier": comm.barrier,  # (before: not checked, crossed ones timed out)
         })
     names = list(verbs)
     pairs = [(a, b) for a in names for b in names if a != b]
