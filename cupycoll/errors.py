@@ -76,8 +76,9 @@ class MismatchError(CupycollError, ValueError):
 class CollectiveTimeout(CupycollError, TimeoutError):
     """A collective did not complete in time: some peer never arrived.
 
-    ``missing_ranks``: sorted ranks that had not reached this operation when the wait gave up
-    (``[]`` only when that cannot be known); ``op_name``: the operation that timed out.
+    ``missing_ranks``: sorted ranks that had not reached this operation when the wait gave up,
+    or, every rank having reached it, those that gave the communicator up (``[]`` only when
+    that cannot be known); ``op_name``: the operation that timed out.
     """
 
     def __init__(self, message: str, *, missing_ranks: list[int] | None = None,

@@ -56,6 +56,10 @@ def test_a_timeout_says_why_no_rank_is_named():
     seen = timeout_error(board, 0, 3, "sparse_allreduce", "sparse_allreduce", 1.0, 5)
     assert seen.missing_ranks == [] and "no arrival board" not in str(seen)
     assert "every rank started it and no peer owes this rank a message" in str(seen)
+    board = SimpleNamespace(read=lambda: [(5, 0), (5, 6), (5, 6)])  # ranks 1, 2 gave it up
+    seen = timeout_error(board, 0, 3, "TopkCompressor.step", "topk.validate", 1.0, 5)
+    assert seen.missing_ranks == [1, 2], seen.missing_ranks  # (before: [], named in the text)
+    assert "rank 1 aborted or closed it at collective #5" in str(seen), str(seen)
 
 
 def test_a_peer_that_closed_or_aborted_is_told_apart(monkeypatch):

@@ -275,7 +275,7 @@ def timeout_error(board: Board | None, rank: int, size: int, verb: str, step: st
 
     Missing: ranks whose board count is below ``sequence`` (they never started it); when every
     rank has started it (a point-to-point step inside a call), the peers whose messages are still
-    pending (``pending``).
+    pending (``pending``), else those that gave the communicator up.
     """
     seen = board.read() if board is not None else [None] * size
     behind, died, unread, gone = [], [], [], []
@@ -305,6 +305,7 @@ def timeout_error(board: Board | None, rank: int, size: int, verb: str, step: st
     else:  # e.g. a peer gave up the call and started another before this rank came
         why = "every rank started it and no peer owes this rank a message (a peer may have " \
             "given it up, or be in another operation)"
+        missing = gone  # those that gave it up, as where they never started it
     notes = "; ".join(died)
     within = f"within {waited} s " if waited is not None else ""
     where = f"step {step}, " if step != verb else ""
