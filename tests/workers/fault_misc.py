@@ -106,6 +106,16 @@ def report(name: str, outcome: str, took: float) -> None:
         print(f"MISC {name:<28} P={P}  {cells}", flush=True)
 
 
+def dead_after_interrupt(comm, what: str) -> None:
+    """An interrupted communicator's next call raises BackendError saying so (``what``: the
+    failure if it answers)."""
+    try:
+        fresh_allreduce(comm)
+        raise AssertionError(what)
+    except cc.errors.BackendError as exc:
+        assert "interrupted" in str(exc), str(exc)
+
+
 def fresh_allreduce(comm) -> None:
     got = cc.allreduce(np.full(3, RANK + 1.0), comm=comm)
     assert np.array_equal(got, np.full(3, P * (P + 1) / 2)), got
@@ -220,11 +230,7 @@ def interrupt() -> None:
             took = time.monotonic() - sent[0]
             assert took < 1.0, took
             outcome = "KeyboardInterrupt"
-        try:
-            fresh_allreduce(comm)
-            raise AssertionError("an interrupted communicator answered")
-        except cc.errors.BackendError as exc:
-            assert "interrupted" in str(exc), str(exc)
+        dead_after_interrupt(comm, "an interrupted communicator answered")
     report("interrupt (no timeout)", outcome, took)
     comm = cc.init("mpi", timeout=5)
     fresh_allreduce(comm)
@@ -239,11 +245,7 @@ def interrupt() -> None:
             raise AssertionError("the allreduce completed without rank 1")
         except KeyboardInterrupt:
             pass
-        try:
-            fresh_allreduce(comm)
-            raise AssertionError("a communicator interrupted in wait(timeout) answered")
-        except cc.errors.BackendError as exc:
-            assert "interrupted" in str(exc), str(exc)
+        dead_after_interrupt(comm, "a communicator interrupted in wait(timeout) answered")
     report("interrupt in wait(timeout)", "KeyboardInterrupt, then dead" if RANK == 0 else
            "waited", 0.0)
     fresh_allreduce(cc.init("mpi", timeout=5))
@@ -282,11 +284,7 @@ def _interrupt_async_sparse() -> None:
                 raise AssertionError("the call completed without rank 1's algorithm")
             except KeyboardInterrupt:
                 pass
-            try:
-                fresh_allreduce(comm)
-                raise AssertionError("a communicator interrupted in an async wait answered")
-            except cc.errors.BackendError as exc:
-                assert "interrupted" in str(exc), str(exc)
+            dead_after_interrupt(comm, "a communicator interrupted in an async wait answered")
             outcome = "named, KeyboardInterrupt, then dead"
         else:  # completes where what rank 0's worker posted suffices, else raises
             assert np.array_equal(work.wait().values, np.ones(40)), "a wrong sum"
@@ -470,11 +468,7 @@ def _local_interrupt(name: str, module, function: str, call) -> None:
         raise AssertionError("the call completed")
     except KeyboardInterrupt:
         assert RANK == 0
-        try:
-            fresh_allreduce(comm)
-            raise AssertionError("an interrupted communicator answered")
-        except cc.errors.BackendError as exc:
-            assert "interrupted" in str(exc), str(exc)
+        dead_after_interrupt(comm, "an interrupted communicator answered")
         outcome = "KeyboardInterrupt, then dead"
     except CollectiveTimeout as exc:
         assert RANK != 0
