@@ -129,10 +129,12 @@ def agreed_init(mpi_comm: Any, init: Callable[[], Any], timeout: float | None,
             box["error"] = f"{type(exc).__name__}: {exc}"
             return
         with lock:
-            box["comm"] = comm
-            if not box.get("given_up"):
-                return
-        _give_up(box, lock)  # made after this rank raised: nobody will use it
+            late = box.get("given_up", False)  # made after this rank raised: nobody uses it
+            if not late:
+                box["comm"] = comm
+        if late:
+            with contextlib.suppress(Exception):
+                comm.abort()
 
     if size == 1:
         run()

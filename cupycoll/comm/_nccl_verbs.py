@@ -180,10 +180,11 @@ class _NcclVerbs:
                 if not local:
                     raise InvalidArgument("recvs", peer, "a receive from this rank needs a send "
                                           "to this rank", rank=self.rank)
-                self._on_stream(lambda b=buf, a=local.popleft(): b.__setitem__(Ellipsis, a))
+                with self.in_stream(join=False):  # on the communicator's stream
+                    buf[...] = local.popleft()
                 continue
             dst = buf if buf.flags.c_contiguous else self._on_stream(
-                lambda b=buf: self.xp.empty(b.shape, b.dtype))
+                lambda: self.xp.empty(buf.shape, buf.dtype))
             if dst is not buf:
                 staged.append((buf, dst))
             posted_recvs.append((int(peer), dst))
